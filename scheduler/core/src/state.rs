@@ -1,0 +1,239 @@
+//! The instance state machine: the one place that says which transitions are legal.
+//!
+//! ```text
+//! WAITING → DISPATCHED → RUNNING → SUCCESS
+//!                     ↘          ↘ FAILED | TIMEOUT → (retries left) WAITING as attempt+1
+//!                      ↘ (worker rejected / lost before start) WAITING, same attempt
+//! any non-terminal → CANCELLED
+//! ```
+//! The store carries a transition out as a conditional update keyed by (instance, attempt, from
+//! state), so two nodes racing on one instance cannot both win.
+
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InstanceState {
+    Waiting,
+    Dispatched,
+    Running,
+    Success,
+    Failed,
+    Timeout,
+    Cancelled,
+}
+
+impl InstanceState {
+    pub const ALL: [InstanceState; 7] = [
+        InstanceState::Waiting,
+        InstanceState::Dispatched,
+        InstanceState::Running,
+        InstanceState::Success,
+        InstanceState::Failed,
+        InstanceState::Timeout,
+        InstanceState::Cancelled,
+    ];
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Success | Self::Failed | Self::Timeout | Self::Cancelled)
+    }
+
+    /// The spelling stored in the database and shown to users.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Waiting => "WAITING",
+            Self::Dispatched => "DISPATCHED",
+            Self::Running => "RUNNING",
+            Self::Success => "SUCCESS",
+            Self::Failed => "FAILED",
+            Self::Timeout => "TIMEOUT",
+            Self::Cancelled => "CANCELLED",
+        }
+    }
+}
+
+impl fmt::Display for InstanceState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown instance state {0:?}")]
+pub struct UnknownState(pub String);
+
+impl FromStr for InstanceState {
+    type Err = UnknownState;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| UnknownState(s.to_string()))
+    }
+}
+
+/// How an attempt ended, as reported by the worker (or decided by the scheduler's backstop).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Success,
+    Failed,
+    Timeout,
+}
+
+impl Outcome {
+    pub fn state(self) -> InstanceState {
+        match self {
+            Outcome::Success => InstanceState::Success,
+            Outcome::Failed => InstanceState::Failed,
+            Outcome::Timeout => InstanceState::Timeout,
+        }
+    }
+}
+
+/// Something that happens to an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The scheduler sent the current attempt to a worker.
+    Dispatch,
+    /// The worker refused the dispatch, or was lost before it started the process.
+    Reject,
+    /// The worker started the process.
+    Start,
+    /// The process ended. `retries_left` says whether the retry policy allows another attempt.
+    Finish { outcome: Outcome, retries_left: bool },
+    /// The process could not be started at all (counts as a failed attempt).
+    SpawnFailed { retries_left: bool },
+    /// A person (or a replacing run) stopped the instance.
+    Cancel,
+    /// A person asked for another attempt of a finished, unsuccessful instance.
+    ManualRetry,
+}
+
+/// The effect of a legal transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    pub to: InstanceState,
+    /// The instance moves on to its next attempt (a retry); the old attempt's record is kept.
+    pub next_attempt: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("illegal transition: {event:?} in state {from}")]
+pub struct IllegalTransition {
+    pub from: InstanceState,
+    pub event: Event,
+}
+
+/// The transition table. Everything not listed is illegal.
+pub fn transition(from: InstanceState, event: Event) -> Result<Transition, IllegalTransition> {
+    use InstanceState::*;
+    let stay = |to| Ok(Transition { to, next_attempt: false });
+    let retry = Ok(Transition { to: Waiting, next_attempt: true });
+    match (from, event) {
+        (Waiting, Event::Dispatch) => stay(Dispatched),
+        (Dispatched, Event::Reject) => stay(Waiting),
+        (Dispatched, Event::Start) => stay(Running),
+        (Dispatched, Event::SpawnFailed { retries_left: true }) => retry,
+        (Dispatched, Event::SpawnFailed { retries_left: false }) => stay(Failed),
+        (Running, Event::Finish { outcome: Outcome::Success, .. }) => stay(Success),
+        (Running, Event::Finish { retries_left: true, .. }) => retry,
+        (Running, Event::Finish { outcome, retries_left: false }) => stay(outcome.state()),
+        (Waiting | Dispatched | Running, Event::Cancel) => stay(Cancelled),
+        (Failed | Timeout | Cancelled, Event::ManualRetry) => retry,
+        _ => Err(IllegalTransition { from, event }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InstanceState::*;
+    use super::*;
+
+    fn events() -> Vec<Event> {
+        let mut all = vec![
+            Event::Dispatch,
+            Event::Reject,
+            Event::Start,
+            Event::Cancel,
+            Event::ManualRetry,
+        ];
+        for retries_left in [false, true] {
+            all.push(Event::SpawnFailed { retries_left });
+            for outcome in [Outcome::Success, Outcome::Failed, Outcome::Timeout] {
+                all.push(Event::Finish { outcome, retries_left });
+            }
+        }
+        all
+    }
+
+    /// The whole table, as data: (from, event, expected to-state and attempt bump). Every pair not
+    /// listed here must be illegal.
+    fn legal() -> Vec<(InstanceState, Event, InstanceState, bool)> {
+        let fin = |outcome, retries_left| Event::Finish { outcome, retries_left };
+        vec![
+            (Waiting, Event::Dispatch, Dispatched, false),
+            (Dispatched, Event::Reject, Waiting, false),
+            (Dispatched, Event::Start, Running, false),
+            (Dispatched, Event::SpawnFailed { retries_left: true }, Waiting, true),
+            (Dispatched, Event::SpawnFailed { retries_left: false }, Failed, false),
+            (Running, fin(Outcome::Success, false), Success, false),
+            (Running, fin(Outcome::Success, true), Success, false),
+            (Running, fin(Outcome::Failed, false), Failed, false),
+            (Running, fin(Outcome::Failed, true), Waiting, true),
+            (Running, fin(Outcome::Timeout, false), Timeout, false),
+            (Running, fin(Outcome::Timeout, true), Waiting, true),
+            (Waiting, Event::Cancel, Cancelled, false),
+            (Dispatched, Event::Cancel, Cancelled, false),
+            (Running, Event::Cancel, Cancelled, false),
+            (Failed, Event::ManualRetry, Waiting, true),
+            (Timeout, Event::ManualRetry, Waiting, true),
+            (Cancelled, Event::ManualRetry, Waiting, true),
+        ]
+    }
+
+    #[test]
+    fn every_pair_of_state_and_event_follows_the_table() {
+        let table = legal();
+        let mut checked = 0;
+        for from in InstanceState::ALL {
+            for event in events() {
+                let expected = table
+                    .iter()
+                    .find(|(f, e, _, _)| *f == from && *e == event)
+                    .map(|&(_, _, to, next_attempt)| Transition { to, next_attempt });
+                match (transition(from, event), expected) {
+                    (Ok(got), Some(want)) => assert_eq!(got, want, "{from} on {event:?}"),
+                    (Err(err), None) => {
+                        assert_eq!(err, IllegalTransition { from, event });
+                    }
+                    (got, want) => panic!("{from} on {event:?}: got {got:?}, want {want:?}"),
+                }
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 7 * 13);
+    }
+
+    #[test]
+    fn terminal_states_accept_only_a_manual_retry_and_success_accepts_nothing() {
+        for from in InstanceState::ALL.into_iter().filter(|s| s.is_terminal()) {
+            for event in events() {
+                let ok = transition(from, event).is_ok();
+                let expected = event == Event::ManualRetry && from != Success;
+                assert_eq!(ok, expected, "{from} on {event:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn state_names_round_trip() {
+        for state in InstanceState::ALL {
+            assert_eq!(state.as_str().parse::<InstanceState>(), Ok(state));
+        }
+        assert_eq!(
+            "RUNNING ".parse::<InstanceState>(),
+            Err(UnknownState("RUNNING ".into()))
+        );
+    }
+}

@@ -1,0 +1,411 @@
+//! The store of record: one trait, a MySQL and a SQLite backend.
+//!
+//! Only this module knows SQL. Every instance transition is a conditional update keyed by
+//! (instance, attempt, from-state); the decisions themselves (is the transition legal, is a
+//! downstream task ready, does the run end, when does a retry start) come from `ax-core`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ax_core::Millis;
+use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
+use ax_core::run::RunState;
+use ax_core::spec::{TriggerKind, WorkflowSpec};
+use ax_core::state::{InstanceState, Outcome};
+
+mod sql;
+#[cfg(test)]
+mod tests;
+
+pub use sql::SqlStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("unsupported store url {0:?}: expected sqlite://PATH or mysql://USER@HOST/DB")]
+    UnsupportedUrl(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    MySql,
+}
+
+/// Opens the store at `url` (`sqlite://PATH` or `mysql://…`) and runs its migrations.
+pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
+    let _ = SqlStore::connect(url).await?;
+    Err(StoreError::UnsupportedUrl(url.to_string()))
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkflowRecord {
+    pub id: WorkflowId,
+    pub name: String,
+    /// Starts at 1; a new version is stored only when the applied spec differs.
+    pub version: u32,
+    pub spec: WorkflowSpec,
+    /// The workflow file's text as applied.
+    pub source: String,
+    pub paused: bool,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    Created,
+    Updated,
+    Unchanged,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRecord {
+    pub id: RunId,
+    pub workflow_id: WorkflowId,
+    pub workflow: String,
+    pub workflow_version: u32,
+    pub state: RunState,
+    pub trigger: TriggerKind,
+    pub logical_time: Millis,
+    pub idempotency_key: Option<String>,
+    pub params: BTreeMap<String, String>,
+    pub triggered_by: String,
+    pub created_at: Millis,
+    pub finished_at: Option<Millis>,
+    pub cancel_requested: bool,
+}
+
+/// A run to create. Unique per (workflow, dedup key): a second create with the same key returns
+/// the first run and creates nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRun {
+    pub workflow_id: WorkflowId,
+    pub workflow_version: u32,
+    pub trigger: TriggerKind,
+    pub logical_time: Millis,
+    /// `cron:<logical ms>` for cron fires, `key:<idempotency key>` for keyed triggers, none else.
+    pub dedup_key: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub params: BTreeMap<String, String>,
+    pub triggered_by: String,
+    pub now: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceRecord {
+    pub id: InstanceId,
+    pub run_id: RunId,
+    pub workflow_id: WorkflowId,
+    pub workflow: String,
+    pub workflow_version: u32,
+    pub task: String,
+    pub state: InstanceState,
+    /// The current attempt: the fencing token every report must carry.
+    pub attempt: Attempt,
+    pub worker_id: Option<String>,
+    pub priority: i32,
+    /// A retry waits until this instant (its backoff).
+    pub not_before: Millis,
+    pub created_at: Millis,
+    pub started_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
+    pub exit_code: Option<i32>,
+}
+
+/// One try of an instance; never erased by a retry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptRecord {
+    pub instance_id: InstanceId,
+    pub attempt: Attempt,
+    pub state: InstanceState,
+    pub worker_id: Option<String>,
+    pub dispatched_at: Option<Millis>,
+    pub started_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub pid: Option<u32>,
+    pub log_lines: u64,
+    pub message: String,
+}
+
+/// A WAITING instance whose backoff has passed, with what a dispatch needs from its run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WaitingInstance {
+    pub instance: InstanceRecord,
+    pub logical_time: Millis,
+    pub params: BTreeMap<String, String>,
+}
+
+/// The decision to send one attempt to one worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DispatchClaim {
+    pub instance_id: InstanceId,
+    pub attempt: Attempt,
+    pub worker_id: String,
+    pub node_id: String,
+    pub at: Millis,
+}
+
+/// How an attempt ended, as far as the store is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptEnd {
+    Finished(Outcome),
+    /// The process never started.
+    SpawnFailed,
+}
+
+/// A worker's report about one attempt. Applied only if (instance, attempt) is current and the
+/// instance is in the state the report expects; otherwise the result is `Stale`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Report {
+    /// DISPATCHED → WAITING, same attempt.
+    Rejected { instance_id: InstanceId, attempt: Attempt, reason: String },
+    /// DISPATCHED → RUNNING.
+    Started {
+        instance_id: InstanceId,
+        attempt: Attempt,
+        worker_id: String,
+        pid: u32,
+        at: Millis,
+    },
+    /// Last-active time of a RUNNING attempt.
+    TaskHeartbeat { instance_id: InstanceId, attempt: Attempt, at: Millis },
+    /// RUNNING (or DISPATCHED for a spawn failure) → terminal, or → WAITING as the next attempt
+    /// when the task's retries allow. A success advances the run's DAG in the same transaction.
+    Finished {
+        instance_id: InstanceId,
+        attempt: Attempt,
+        end: AttemptEnd,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        at: Millis,
+        log_lines: u64,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReportResult {
+    Applied(Applied),
+    /// The attempt is not current, or the instance is not in the state the report expects.
+    Stale { current_attempt: Attempt, state: InstanceState },
+    NotFound,
+}
+
+/// What an applied report changed, so the engine knows whom to wake.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Applied {
+    /// Instances that became WAITING (downstream created, or a retry scheduled).
+    pub new_waiting: u32,
+    /// The instance's attempt ended (its start lock can be released).
+    pub attempt_ended: bool,
+    /// The run reached a terminal state.
+    pub run_finished: Option<(RunId, RunState)>,
+}
+
+/// An instance that was DISPATCHED or RUNNING when it was cancelled: its worker must kill it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CancelledAttempt {
+    pub instance_id: InstanceId,
+    pub attempt: Attempt,
+    pub worker_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct InstanceCounts {
+    pub waiting: u32,
+    pub dispatched: u32,
+    pub running: u32,
+    pub success: u32,
+    pub failed: u32,
+    pub timeout: u32,
+    pub cancelled: u32,
+    /// Tasks of the run's workflow version with no instance yet.
+    pub not_created: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogStream {
+    Stdout,
+    Stderr,
+}
+
+/// Consecutive lines of one attempt, stored as one row. Appending a chunk whose
+/// (instance, attempt, first_seq) is already stored is a no-op (a resend after a reconnect).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogChunk {
+    pub instance_id: InstanceId,
+    pub attempt: Attempt,
+    /// 1-based line number of `lines[0]`.
+    pub first_seq: u64,
+    pub lines: Vec<(LogStream, String)>,
+    pub at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredLine {
+    pub seq: u64,
+    pub stream: LogStream,
+    pub text: String,
+    pub at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerRecord {
+    pub id: String,
+    pub version: String,
+    pub hostname: String,
+    pub labels: BTreeMap<String, String>,
+    pub capacity: u32,
+    pub running: u32,
+    pub started_at: Millis,
+    pub last_heartbeat: Millis,
+    pub node_id: String,
+    pub draining: bool,
+    pub connected: bool,
+}
+
+/// A cron schedule whose next fire time has come.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DueSchedule {
+    pub workflow_id: WorkflowId,
+    pub workflow: String,
+    pub workflow_version: u32,
+    pub cron: String,
+    pub timezone: String,
+    pub next_fire_at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditRecord {
+    pub at: Millis,
+    /// Who: the actor the client named, or "anonymous".
+    pub actor: String,
+    /// What: `apply`, `trigger`, `cancel`, `pause`, `resume`, …
+    pub action: String,
+    /// Which object: `workflow/NAME`, `run/ID`, `instance/ID`.
+    pub target: String,
+    /// Free text (JSON is fine).
+    pub detail: String,
+    /// From where: the client's address.
+    pub remote: String,
+}
+
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + 'static {
+    fn backend(&self) -> Backend;
+
+    // --- workflows ---
+
+    /// Stores `spec` as the workflow's next version unless it equals the latest one.
+    /// `next_fire_at` is the schedule's next cron fire (None when not cron-triggered); it is
+    /// stored only when the version changes or the workflow is new.
+    /// Writes the version, its task definitions and dependency edges, and the schedule plan in
+    /// one transaction.
+    async fn apply_workflow(
+        &self,
+        spec: &WorkflowSpec,
+        source: &str,
+        next_fire_at: Option<Millis>,
+        now: Millis,
+    ) -> Result<(WorkflowRecord, ApplyOutcome)>;
+    /// The latest version.
+    async fn get_workflow(&self, name: &str) -> Result<Option<WorkflowRecord>>;
+    async fn get_workflow_version(
+        &self,
+        id: WorkflowId,
+        version: u32,
+    ) -> Result<Option<WorkflowRecord>>;
+    async fn list_workflows(&self, app: Option<&str>) -> Result<Vec<WorkflowRecord>>;
+    /// Pauses or resumes a workflow's schedule. On resume `next_fire_at` replaces the stored one.
+    async fn set_paused(
+        &self,
+        name: &str,
+        paused: bool,
+        next_fire_at: Option<Millis>,
+        now: Millis,
+    ) -> Result<Option<WorkflowRecord>>;
+
+    // --- schedules ---
+
+    async fn due_schedules(&self, now: Millis, limit: u32) -> Result<Vec<DueSchedule>>;
+    /// Moves a schedule's next fire time from `from` to `to`; false if someone else did.
+    async fn advance_schedule(&self, workflow_id: WorkflowId, from: Millis, to: Millis)
+    -> Result<bool>;
+
+    // --- runs ---
+
+    /// Creates the run and a WAITING first attempt for each root task of its version, in one
+    /// transaction. Returns the existing run and `false` when the dedup key is taken.
+    async fn create_run(&self, run: &NewRun) -> Result<(RunRecord, bool)>;
+    async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>>;
+    /// Newest first.
+    async fn list_runs(
+        &self,
+        workflow: Option<&str>,
+        state: Option<RunState>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>>;
+    async fn run_counts(&self, id: RunId) -> Result<InstanceCounts>;
+    /// Marks the run cancel-requested, cancels its unfinished instances, ends it CANCELLED and
+    /// returns the attempts that were dispatched or running (their workers must kill them).
+    async fn cancel_run(&self, id: RunId, now: Millis) -> Result<Option<Vec<CancelledAttempt>>>;
+
+    // --- instances ---
+
+    async fn get_instance(&self, id: InstanceId) -> Result<Option<InstanceRecord>>;
+    async fn list_instances(&self, run: RunId) -> Result<Vec<InstanceRecord>>;
+    async fn list_attempts(&self, id: InstanceId) -> Result<Vec<AttemptRecord>>;
+    /// Cancels one unfinished instance (ending its run if nothing is left). `Ok(None)` when it
+    /// does not exist; the returned attempt is set when it was dispatched or running.
+    async fn cancel_instance(
+        &self,
+        id: InstanceId,
+        now: Millis,
+    ) -> Result<Option<(InstanceRecord, Option<CancelledAttempt>)>>;
+
+    // --- dispatch ---
+
+    /// WAITING instances with `not_before <= now`, highest priority first, then oldest.
+    async fn waiting(&self, now: Millis, limit: u32) -> Result<Vec<WaitingInstance>>;
+    /// WAITING → DISPATCHED for each claim, each a conditional update on (id, attempt, WAITING),
+    /// all in one transaction; records the attempt's worker and dispatch time. Returns, per
+    /// claim, whether this call won it.
+    async fn mark_dispatched(&self, claims: &[DispatchClaim]) -> Result<Vec<bool>>;
+    /// Applies worker reports in one transaction, in order; one result per report.
+    async fn apply_reports(&self, reports: &[Report], now: Millis) -> Result<Vec<ReportResult>>;
+
+    // --- logs ---
+
+    async fn append_logs(&self, chunks: &[LogChunk]) -> Result<()>;
+    /// Lines with seq > `after_seq`, in order, at most `limit`.
+    async fn read_logs(
+        &self,
+        instance: InstanceId,
+        attempt: Attempt,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredLine>>;
+
+    // --- workers ---
+
+    async fn upsert_worker(&self, worker: &WorkerRecord) -> Result<()>;
+    async fn list_workers(&self) -> Result<Vec<WorkerRecord>>;
+
+    // --- audit ---
+
+    async fn insert_audit(&self, record: &AuditRecord) -> Result<()>;
+    /// Newest first.
+    async fn list_audit(&self, limit: u32) -> Result<Vec<AuditRecord>>;
+}

@@ -2,7 +2,20 @@
 //! over their streams, and records every transition in the store.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
+
+use anyhow::Context;
+use ax_proto::v1::control_service_server::ControlServiceServer;
+use ax_proto::v1::worker_service_server::WorkerServiceServer;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::grpc::control::ControlApi;
+use crate::grpc::worker::WorkerApi;
+use crate::guards::{Guards, LocalGuards, RedisGuards};
+use crate::log_writer::LogWriter;
+use crate::node::Node;
 
 pub use ax_core::placement::Strategy;
 
@@ -47,6 +60,9 @@ impl Default for SchedulerOptions {
 /// A started scheduler node. Dropping it does not stop it; call [`RunningScheduler::shutdown`].
 pub struct RunningScheduler {
     local_addr: SocketAddr,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+    background: CancellationToken,
 }
 
 impl RunningScheduler {
@@ -55,13 +71,135 @@ impl RunningScheduler {
         self.local_addr
     }
 
-    /// Stops accepting, drains, flushes logs and returns.
+    /// Stops accepting, drains the report and log queues into the store, and returns.
     pub async fn shutdown(self) -> anyhow::Result<()> {
+        self.cancel.cancel();
+        self.background.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
         Ok(())
     }
 }
 
 /// Opens the store, runs migrations, binds the listener and starts serving.
 pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler> {
-    anyhow::bail!("scheduler not built yet (listen {})", options.listen)
+    let store = ax_store::open(&options.store_url)
+        .await
+        .with_context(|| format!("opening the store at {}", redact(&options.store_url)))?;
+    let guards: Arc<dyn Guards> = match &options.redis_url {
+        Some(url) => Arc::new(
+            RedisGuards::connect(url).with_context(|| format!("redis url {}", redact(url)))?,
+        ),
+        None => Arc::new(LocalGuards::new()),
+    };
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .with_context(|| format!("binding {}", options.listen))?;
+    let local_addr = listener.local_addr()?;
+
+    let (report_sender, report_inbox) = reporter::channel();
+    let (log_writer, log_inbox) = LogWriter::channel();
+    let flush_interval = options.log_flush_interval;
+    tracing::info!(
+        addr = %local_addr,
+        store = %redact(&options.store_url),
+        guards = guards.kind(),
+        node = %options.node_id,
+        strategy = %options.strategy,
+        "scheduler starting"
+    );
+    let node = Arc::new(Node::new(options, store, guards, report_sender, log_writer));
+
+    // The server stops first; the queues it fed are drained after it (background token).
+    let cancel = CancellationToken::new();
+    let background = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    tasks.spawn(reporter::run(
+        node.clone(),
+        report_inbox,
+        background.clone(),
+    ));
+    tasks.spawn(log_writer::run(
+        node.clone(),
+        log_inbox,
+        flush_interval,
+        background.clone(),
+    ));
+    tasks.spawn(dispatcher::run(node.clone(), cancel.clone()));
+    tasks.spawn(schedules::run(node.clone(), cancel.clone()));
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
+    health
+        .set_serving::<ControlServiceServer<ControlApi>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ax_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+    let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(WorkerServiceServer::new(WorkerApi::new(node.clone())))
+        .add_service(ControlServiceServer::new(ControlApi::new(node.clone())))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            cancel.clone().cancelled_owned(),
+        );
+    let server_background = background.clone();
+    tasks.spawn(async move {
+        if let Err(err) = server.await {
+            tracing::error!(error = %err, "gRPC server failed");
+        }
+        // Open worker streams end with the server; then the queues drain.
+        server_background.cancel();
+    });
+    Ok(RunningScheduler {
+        local_addr,
+        cancel,
+        tasks,
+        background,
+    })
+}
+
+/// A url without its password, for logs and errors.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+mod clock;
+pub mod config;
+mod dispatcher;
+mod grpc;
+pub mod guards;
+mod log_writer;
+mod node;
+mod registry;
+mod reporter;
+mod schedules;
+mod specs;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn redact_hides_only_the_password() {
+        assert_eq!(
+            super::redact("mysql://root:secret@db:3306/ax"),
+            "mysql://root:***@db:3306/ax"
+        );
+        assert_eq!(super::redact("mysql://root@db/ax"), "mysql://root@db/ax");
+        assert_eq!(super::redact("sqlite://.ax/ax.db"), "sqlite://.ax/ax.db");
+    }
 }

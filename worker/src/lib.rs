@@ -36,5 +36,8 @@ impl Default for WorkerOptions {
 /// finish and reports them, and returns.
 pub async fn run(options: WorkerOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
     let _ = shutdown;
-    anyhow::bail!("worker not built yet ({} endpoints)", options.endpoints.len())
+    anyhow::bail!(
+        "worker not built yet ({} endpoints)",
+        options.endpoints.len()
+    )
 }

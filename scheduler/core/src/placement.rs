@@ -1,11 +1,457 @@
 //! Worker choice: which live worker gets an attempt.
+//!
+//! The caller passes only live workers (heartbeat within the threshold); placement then filters
+//! those that can take the attempt now and picks one by the configured [`Strategy`]. A worker is
+//! eligible when it is accepting work, has a free slot (`running < capacity`) and carries every
+//! label the task requires with the same value. The choice is a pure function of its inputs and
+//! the placer's round-robin cursor; randomness comes in as an argument.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
 
 /// How to pick among the workers that can take an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Strategy {
     /// Fewest running attempts first (the default).
     #[default]
     LeastRunning,
+    /// Each eligible worker in turn, in the order of worker ids.
     RoundRobin,
+    /// Uniformly at random among the eligible workers.
     Random,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 3] = [
+        Strategy::LeastRunning,
+        Strategy::RoundRobin,
+        Strategy::Random,
+    ];
+
+    /// The name used in configuration files and flags.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::LeastRunning => "least_running",
+            Strategy::RoundRobin => "round_robin",
+            Strategy::Random => "random",
+        }
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A placement strategy name that is not one of the allowed values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown placement strategy \"{0}\"; expected one of least_running, round_robin, random")]
+pub struct UnknownStrategy(pub String);
+
+impl FromStr for Strategy {
+    type Err = UnknownStrategy;
+
+    /// Accepts the names of [`Strategy::as_str`]; case and `-` for `_` are forgiven because the
+    /// value often comes from a command-line flag or an environment variable.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let normalized = s.trim().to_ascii_lowercase().replace('-', "_");
+        Strategy::ALL
+            .into_iter()
+            .find(|strategy| strategy.as_str() == normalized)
+            .ok_or_else(|| UnknownStrategy(s.to_string()))
+    }
+}
+
+/// One live worker as placement sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate<'a> {
+    pub id: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    /// Attempts the worker runs at once at most.
+    pub capacity: u32,
+    /// Attempts the worker runs now (including those dispatched to it and not yet started).
+    pub running: u32,
+    /// False while the worker drains for shutdown or has been cordoned.
+    pub accepting: bool,
+}
+
+impl Candidate<'_> {
+    /// Whether this worker may take an attempt that requires `required` labels.
+    pub fn is_eligible(&self, required: &BTreeMap<String, String>) -> bool {
+        self.accepting
+            && self.running < self.capacity
+            && required
+                .iter()
+                .all(|(key, value)| self.labels.get(key) == Some(value))
+    }
+}
+
+/// Picks workers by a strategy, remembering where round robin left off.
+#[derive(Debug, Clone, Default)]
+pub struct Placer {
+    strategy: Strategy,
+    /// Id of the worker round robin chose last. Keyed by id rather than by position so that
+    /// workers joining or leaving the list do not make the rotation skip or repeat anyone.
+    last_chosen: Option<String>,
+}
+
+impl Placer {
+    pub fn new(strategy: Strategy) -> Placer {
+        Placer {
+            strategy,
+            last_chosen: None,
+        }
+    }
+
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+
+    /// Index of the chosen candidate, or None if none is accepting, has a free slot
+    /// (running < capacity) and carries every required label with the same value.
+    /// `random` is any random number; only the `Random` strategy uses it.
+    pub fn choose(
+        &mut self,
+        candidates: &[Candidate<'_>],
+        required: &BTreeMap<String, String>,
+        random: u64,
+    ) -> Option<usize> {
+        let eligible: Vec<usize> = candidates
+            .iter()
+            .enumerate()
+            .filter(|(_, candidate)| candidate.is_eligible(required))
+            .map(|(index, _)| index)
+            .collect();
+        if eligible.is_empty() {
+            return None;
+        }
+        match self.strategy {
+            Strategy::LeastRunning => eligible
+                .into_iter()
+                .min_by(|&a, &b| compare_load(&candidates[a], &candidates[b]).then(a.cmp(&b))),
+            Strategy::RoundRobin => {
+                let id_of = |index: usize| candidates[index].id;
+                let lowest = |indices: &mut dyn Iterator<Item = usize>| {
+                    // The first index among equal ids, so duplicates resolve deterministically.
+                    indices.min_by(|&a, &b| id_of(a).cmp(id_of(b)).then(a.cmp(&b)))
+                };
+                let after_cursor = match &self.last_chosen {
+                    Some(last) => lowest(
+                        &mut eligible
+                            .iter()
+                            .copied()
+                            .filter(|&i| id_of(i) > last.as_str()),
+                    ),
+                    None => None,
+                };
+                let chosen = after_cursor.or_else(|| lowest(&mut eligible.iter().copied()))?;
+                self.last_chosen = Some(id_of(chosen).to_string());
+                Some(chosen)
+            }
+            Strategy::Random => {
+                // Multiply-shift maps the 64-bit number onto 0..len with a bias of at most
+                // len / 2^64, and uses its high bits, which are the best ones of weak generators.
+                let len = eligible.len() as u128;
+                let pick = ((random as u128 * len) >> 64) as usize;
+                eligible.get(pick).copied()
+            }
+        }
+    }
+}
+
+/// Fewer running attempts first; on a tie the lower share of capacity in use.
+fn compare_load(a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
+    a.running.cmp(&b.running).then_with(|| {
+        // running_a / capacity_a against running_b / capacity_b without division; capacities
+        // are positive here because an eligible worker has running < capacity.
+        let left = u64::from(a.running) * u64::from(b.capacity);
+        let right = u64::from(b.running) * u64::from(a.capacity);
+        left.cmp(&right)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Owned worker data, so tests can build `Candidate`s that borrow from it.
+    struct Worker {
+        id: String,
+        labels: BTreeMap<String, String>,
+        capacity: u32,
+        running: u32,
+        accepting: bool,
+    }
+
+    fn worker(id: &str, capacity: u32, running: u32) -> Worker {
+        Worker {
+            id: id.to_string(),
+            labels: BTreeMap::new(),
+            capacity,
+            running,
+            accepting: true,
+        }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn candidates(workers: &[Worker]) -> Vec<Candidate<'_>> {
+        workers
+            .iter()
+            .map(|w| Candidate {
+                id: &w.id,
+                labels: &w.labels,
+                capacity: w.capacity,
+                running: w.running,
+                accepting: w.accepting,
+            })
+            .collect()
+    }
+
+    fn choose(
+        placer: &mut Placer,
+        workers: &[Worker],
+        required: &BTreeMap<String, String>,
+    ) -> Option<usize> {
+        placer.choose(&candidates(workers), required, 0)
+    }
+
+    /// A small deterministic generator (SplitMix64) for the property-style tests.
+    fn next_random(state: &mut u64) -> u64 {
+        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    #[test]
+    fn least_running_picks_fewest_then_lowest_share_then_first() {
+        let none = BTreeMap::new();
+        let mut placer = Placer::new(Strategy::LeastRunning);
+        let workers = [worker("a", 20, 5), worker("b", 20, 2), worker("c", 20, 3)];
+        assert_eq!(choose(&mut placer, &workers, &none), Some(1));
+        // Same running count: the larger capacity has the lower share in use.
+        let workers = [worker("a", 10, 4), worker("b", 40, 4), worker("c", 20, 4)];
+        assert_eq!(choose(&mut placer, &workers, &none), Some(1));
+        // A complete tie goes to the lowest index, every time.
+        let workers = [worker("z", 20, 1), worker("a", 20, 1)];
+        for _ in 0..3 {
+            assert_eq!(choose(&mut placer, &workers, &none), Some(0));
+        }
+    }
+
+    #[test]
+    fn round_robin_rotates_fairly_over_three_workers() {
+        let none = BTreeMap::new();
+        let mut placer = Placer::new(Strategy::RoundRobin);
+        // Listed out of id order: the rotation follows ids, not positions.
+        let workers = [
+            worker("w2", 20, 0),
+            worker("w1", 20, 0),
+            worker("w3", 20, 0),
+        ];
+        let mut counts = BTreeMap::new();
+        let mut order = Vec::new();
+        for _ in 0..30 {
+            let index = choose(&mut placer, &workers, &none).unwrap();
+            order.push(workers[index].id.clone());
+            *counts.entry(workers[index].id.clone()).or_insert(0) += 1;
+        }
+        assert_eq!(order[..4], ["w1", "w2", "w3", "w1"]);
+        assert_eq!(counts.values().copied().collect::<Vec<_>>(), [10, 10, 10]);
+    }
+
+    #[test]
+    fn round_robin_stays_fair_when_the_list_changes() {
+        let none = BTreeMap::new();
+        let mut placer = Placer::new(Strategy::RoundRobin);
+        let all = [worker("a", 20, 0), worker("b", 20, 0), worker("c", 20, 0)];
+        assert_eq!(all[choose(&mut placer, &all, &none).unwrap()].id, "a");
+        // "b" left; the next after "a" is "c", not a repeat of "a".
+        let without_b = [worker("a", 20, 0), worker("c", 20, 0)];
+        assert_eq!(
+            without_b[choose(&mut placer, &without_b, &none).unwrap()].id,
+            "c"
+        );
+        // "b" is back and "c" went last, so the rotation wraps to "a", then "b".
+        assert_eq!(all[choose(&mut placer, &all, &none).unwrap()].id, "a");
+        assert_eq!(all[choose(&mut placer, &all, &none).unwrap()].id, "b");
+        // An ineligible worker is skipped, not waited for.
+        let c_full = [worker("a", 20, 0), worker("b", 20, 0), worker("c", 1, 1)];
+        assert_eq!(c_full[choose(&mut placer, &c_full, &none).unwrap()].id, "a");
+    }
+
+    #[test]
+    fn random_is_spread_over_the_eligible_workers_by_the_given_number() {
+        let none = BTreeMap::new();
+        let mut placer = Placer::new(Strategy::Random);
+        let workers = [
+            worker("a", 20, 0),
+            worker("full", 1, 1),
+            worker("b", 20, 0),
+            worker("c", 20, 0),
+        ];
+        let list = candidates(&workers);
+        assert_eq!(placer.choose(&list, &none, 0), Some(0));
+        assert_eq!(placer.choose(&list, &none, u64::MAX), Some(3));
+        assert_eq!(placer.choose(&list, &none, u64::MAX / 2), Some(2));
+        let mut counts = [0u32; 4];
+        let mut state = 7;
+        for _ in 0..3_000 {
+            counts[placer
+                .choose(&list, &none, next_random(&mut state))
+                .unwrap()] += 1;
+        }
+        assert_eq!(counts[1], 0);
+        for index in [0, 2, 3] {
+            assert!((850..1150).contains(&counts[index]), "{counts:?}");
+        }
+    }
+
+    #[test]
+    fn capacity_is_never_exceeded_when_choosing_repeatedly() {
+        let none = BTreeMap::new();
+        for strategy in Strategy::ALL {
+            let mut placer = Placer::new(strategy);
+            let mut workers = [worker("a", 3, 0), worker("b", 1, 0), worker("c", 2, 1)];
+            let mut state = 1;
+            let mut placed = 0;
+            while let Some(index) =
+                placer.choose(&candidates(&workers), &none, next_random(&mut state))
+            {
+                workers[index].running += 1;
+                placed += 1;
+                assert!(placed <= 100, "{strategy}: placement never stops");
+            }
+            // 3 + 1 + 1 free slots in all.
+            assert_eq!(placed, 5, "{strategy}");
+            assert!(
+                workers.iter().all(|w| w.running == w.capacity),
+                "{strategy}"
+            );
+        }
+    }
+
+    #[test]
+    fn required_labels_must_all_match() {
+        let mut placer = Placer::new(Strategy::LeastRunning);
+        let mut gpu = worker("gpu", 20, 5);
+        gpu.labels = labels(&[("gpu", "a100"), ("zone", "east")]);
+        let mut other_gpu = worker("other-gpu", 20, 0);
+        other_gpu.labels = labels(&[("gpu", "t4"), ("zone", "east")]);
+        let plain = worker("plain", 20, 0);
+        let workers = [plain, other_gpu, gpu];
+        assert_eq!(
+            choose(&mut placer, &workers, &labels(&[("gpu", "a100")])),
+            Some(2)
+        );
+        assert_eq!(
+            choose(&mut placer, &workers, &labels(&[("zone", "east")])),
+            Some(1)
+        );
+        assert_eq!(
+            choose(
+                &mut placer,
+                &workers,
+                &labels(&[("gpu", "a100"), ("zone", "west")])
+            ),
+            None
+        );
+        assert_eq!(choose(&mut placer, &workers, &BTreeMap::new()), Some(0));
+    }
+
+    #[test]
+    fn none_eligible_gives_none() {
+        let none = BTreeMap::new();
+        let mut draining = worker("draining", 20, 0);
+        draining.accepting = false;
+        let workers = [draining, worker("full", 2, 2), worker("zero", 0, 0)];
+        for strategy in Strategy::ALL {
+            assert_eq!(
+                Placer::new(strategy).choose(&candidates(&workers), &none, 42),
+                None
+            );
+            assert_eq!(Placer::new(strategy).choose(&[], &none, 42), None);
+        }
+    }
+
+    #[test]
+    fn the_chosen_worker_is_always_eligible_and_least_running_is_minimal() {
+        let label_values = ["x", "y"];
+        let mut state = 2026;
+        for round in 0..2_000 {
+            let strategy = Strategy::ALL[round % 3];
+            let mut placer = Placer::new(strategy);
+            let count = (next_random(&mut state) % 6) as usize;
+            let workers: Vec<Worker> = (0..count)
+                .map(|_| {
+                    let capacity = (next_random(&mut state) % 4) as u32;
+                    let mut w = worker(&format!("w{}", next_random(&mut state) % 5), capacity, 0);
+                    w.running = (next_random(&mut state) % 5) as u32;
+                    w.accepting = !next_random(&mut state).is_multiple_of(5);
+                    if next_random(&mut state).is_multiple_of(2) {
+                        let value = label_values[(next_random(&mut state) % 2) as usize];
+                        w.labels = labels(&[("pool", value)]);
+                    }
+                    w
+                })
+                .collect();
+            let required = match next_random(&mut state) % 3 {
+                0 => BTreeMap::new(),
+                1 => labels(&[("pool", "x")]),
+                _ => labels(&[("pool", "y")]),
+            };
+            let list = candidates(&workers);
+            let any_eligible = list.iter().any(|c| c.is_eligible(&required));
+            // Several choices in a row exercise the round-robin cursor too.
+            for _ in 0..3 {
+                let chosen = placer.choose(&list, &required, next_random(&mut state));
+                assert_eq!(chosen.is_some(), any_eligible, "{strategy}");
+                if let Some(index) = chosen {
+                    let c = &list[index];
+                    assert!(c.accepting && c.running < c.capacity, "{strategy}");
+                    assert!(
+                        required.iter().all(|(k, v)| c.labels.get(k) == Some(v)),
+                        "{strategy}"
+                    );
+                    if strategy == Strategy::LeastRunning {
+                        let min = list
+                            .iter()
+                            .filter(|c| c.is_eligible(&required))
+                            .map(|c| c.running)
+                            .min();
+                        assert_eq!(Some(c.running), min);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn strategy_names_round_trip() {
+        for strategy in Strategy::ALL {
+            assert_eq!(strategy.to_string().parse::<Strategy>(), Ok(strategy));
+        }
+        assert_eq!("Round-Robin".parse::<Strategy>(), Ok(Strategy::RoundRobin));
+        assert_eq!(
+            "fastest".parse::<Strategy>().unwrap_err().to_string(),
+            "unknown placement strategy \"fastest\"; expected one of least_running, round_robin, random"
+        );
+        assert_eq!(Strategy::default(), Strategy::LeastRunning);
+        assert_eq!(Placer::new(Strategy::Random).strategy(), Strategy::Random);
+        let json = serde_json::to_string(&Strategy::RoundRobin).unwrap();
+        assert_eq!(json, "\"round_robin\"");
+    }
 }

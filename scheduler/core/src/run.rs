@@ -87,7 +87,12 @@ mod tests {
     use super::*;
 
     fn progress(tasks: u32, unfinished: u32, succeeded: u32) -> RunProgress {
-        RunProgress { tasks, unfinished, succeeded, ..RunProgress::default() }
+        RunProgress {
+            tasks,
+            unfinished,
+            succeeded,
+            ..RunProgress::default()
+        }
     }
 
     #[test]
@@ -108,9 +113,15 @@ mod tests {
 
     #[test]
     fn a_cancelled_run_ends_cancelled() {
-        let p = RunProgress { cancelled: 1, ..progress(3, 0, 1) };
+        let p = RunProgress {
+            cancelled: 1,
+            ..progress(3, 0, 1)
+        };
         assert_eq!(run_outcome(p), Some(RunState::Cancelled));
-        let p = RunProgress { cancel_requested: true, ..progress(3, 0, 1) };
+        let p = RunProgress {
+            cancel_requested: true,
+            ..progress(3, 0, 1)
+        };
         assert_eq!(run_outcome(p), Some(RunState::Cancelled));
     }
 }

@@ -35,7 +35,10 @@ impl InstanceState {
     ];
 
     pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Success | Self::Failed | Self::Timeout | Self::Cancelled)
+        matches!(
+            self,
+            Self::Success | Self::Failed | Self::Timeout | Self::Cancelled
+        )
     }
 
     /// The spelling stored in the database and shown to users.
@@ -101,7 +104,10 @@ pub enum Event {
     /// The worker started the process.
     Start,
     /// The process ended. `retries_left` says whether the retry policy allows another attempt.
-    Finish { outcome: Outcome, retries_left: bool },
+    Finish {
+        outcome: Outcome,
+        retries_left: bool,
+    },
     /// The process could not be started at all (counts as a failed attempt).
     SpawnFailed { retries_left: bool },
     /// A person (or a replacing run) stopped the instance.
@@ -128,17 +134,47 @@ pub struct IllegalTransition {
 /// The transition table. Everything not listed is illegal.
 pub fn transition(from: InstanceState, event: Event) -> Result<Transition, IllegalTransition> {
     use InstanceState::*;
-    let stay = |to| Ok(Transition { to, next_attempt: false });
-    let retry = Ok(Transition { to: Waiting, next_attempt: true });
+    let stay = |to| {
+        Ok(Transition {
+            to,
+            next_attempt: false,
+        })
+    };
+    let retry = Ok(Transition {
+        to: Waiting,
+        next_attempt: true,
+    });
     match (from, event) {
         (Waiting, Event::Dispatch) => stay(Dispatched),
         (Dispatched, Event::Reject) => stay(Waiting),
         (Dispatched, Event::Start) => stay(Running),
         (Dispatched, Event::SpawnFailed { retries_left: true }) => retry,
-        (Dispatched, Event::SpawnFailed { retries_left: false }) => stay(Failed),
-        (Running, Event::Finish { outcome: Outcome::Success, .. }) => stay(Success),
-        (Running, Event::Finish { retries_left: true, .. }) => retry,
-        (Running, Event::Finish { outcome, retries_left: false }) => stay(outcome.state()),
+        (
+            Dispatched,
+            Event::SpawnFailed {
+                retries_left: false,
+            },
+        ) => stay(Failed),
+        (
+            Running,
+            Event::Finish {
+                outcome: Outcome::Success,
+                ..
+            },
+        ) => stay(Success),
+        (
+            Running,
+            Event::Finish {
+                retries_left: true, ..
+            },
+        ) => retry,
+        (
+            Running,
+            Event::Finish {
+                outcome,
+                retries_left: false,
+            },
+        ) => stay(outcome.state()),
         (Waiting | Dispatched | Running, Event::Cancel) => stay(Cancelled),
         (Failed | Timeout | Cancelled, Event::ManualRetry) => retry,
         _ => Err(IllegalTransition { from, event }),
@@ -161,7 +197,10 @@ mod tests {
         for retries_left in [false, true] {
             all.push(Event::SpawnFailed { retries_left });
             for outcome in [Outcome::Success, Outcome::Failed, Outcome::Timeout] {
-                all.push(Event::Finish { outcome, retries_left });
+                all.push(Event::Finish {
+                    outcome,
+                    retries_left,
+                });
             }
         }
         all
@@ -170,13 +209,28 @@ mod tests {
     /// The whole table, as data: (from, event, expected to-state and attempt bump). Every pair not
     /// listed here must be illegal.
     fn legal() -> Vec<(InstanceState, Event, InstanceState, bool)> {
-        let fin = |outcome, retries_left| Event::Finish { outcome, retries_left };
+        let fin = |outcome, retries_left| Event::Finish {
+            outcome,
+            retries_left,
+        };
         vec![
             (Waiting, Event::Dispatch, Dispatched, false),
             (Dispatched, Event::Reject, Waiting, false),
             (Dispatched, Event::Start, Running, false),
-            (Dispatched, Event::SpawnFailed { retries_left: true }, Waiting, true),
-            (Dispatched, Event::SpawnFailed { retries_left: false }, Failed, false),
+            (
+                Dispatched,
+                Event::SpawnFailed { retries_left: true },
+                Waiting,
+                true,
+            ),
+            (
+                Dispatched,
+                Event::SpawnFailed {
+                    retries_left: false,
+                },
+                Failed,
+                false,
+            ),
             (Running, fin(Outcome::Success, false), Success, false),
             (Running, fin(Outcome::Success, true), Success, false),
             (Running, fin(Outcome::Failed, false), Failed, false),

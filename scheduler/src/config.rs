@@ -1,0 +1,197 @@
+//! Configuration of the `ax-scheduler` binary: flags, then environment, then a TOML file, then
+//! the embedded defaults (SQLite under `.ax/`, in-process guards).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use ax_core::placement::Strategy;
+use ax_core::spec::parse_duration_ms;
+use clap::Parser;
+use serde::Deserialize;
+
+use crate::SchedulerOptions;
+
+#[derive(Debug, Parser)]
+#[command(name = "ax-scheduler", version, about = "The ax scheduler node")]
+pub struct Args {
+    /// A TOML file with any of the settings below (keys as the long flags, with underscores).
+    #[arg(long, env = "AX_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// gRPC listen address.
+    #[arg(long, env = "AX_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Store url: sqlite://PATH (default sqlite://.ax/ax.db) or mysql://USER:PASS@HOST:PORT/DB.
+    #[arg(long, env = "AX_STORE")]
+    pub store: Option<String>,
+    /// Redis url for start locks and dedup markers; in-process guards without it.
+    #[arg(long, env = "AX_REDIS")]
+    pub redis: Option<String>,
+    /// This node's name in the cluster (default: hostname).
+    #[arg(long, env = "AX_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Worker choice: least_running, round_robin or random.
+    #[arg(long, env = "AX_STRATEGY")]
+    pub strategy: Option<Strategy>,
+    /// Expected worker heartbeat interval, e.g. 5s.
+    #[arg(long, env = "AX_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
+    pub heartbeat_interval: Option<Duration>,
+    /// Expected task heartbeat interval, e.g. 30s.
+    #[arg(long, env = "AX_TASK_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
+    pub task_heartbeat_interval: Option<Duration>,
+    /// Missed worker heartbeats before a worker is dead.
+    #[arg(long, env = "AX_DEAD_AFTER_MISSED_HEARTBEATS")]
+    pub dead_after_missed_heartbeats: Option<u32>,
+    /// How long the log writer waits to fill a batch, e.g. 20ms.
+    #[arg(long, env = "AX_LOG_FLUSH_INTERVAL", value_parser = parse_duration)]
+    pub log_flush_interval: Option<Duration>,
+}
+
+/// The same settings as they appear in the TOML file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    store: Option<String>,
+    redis: Option<String>,
+    node_id: Option<String>,
+    strategy: Option<String>,
+    heartbeat_interval: Option<String>,
+    task_heartbeat_interval: Option<String>,
+    dead_after_missed_heartbeats: Option<u32>,
+    log_flush_interval: Option<String>,
+}
+
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    parse_duration_ms(text).map(Duration::from_millis)
+}
+
+fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("config file {}", path.display()))
+}
+
+fn file_duration(
+    value: Option<String>,
+    key: &str,
+    path: &Path,
+) -> anyhow::Result<Option<Duration>> {
+    value
+        .map(|text| parse_duration(&text))
+        .transpose()
+        .map_err(|err| anyhow::anyhow!("config file {}: {key}: {err}", path.display()))
+}
+
+impl Args {
+    pub fn into_options(self) -> anyhow::Result<SchedulerOptions> {
+        let defaults = SchedulerOptions::default();
+        let (file, path) = match &self.config {
+            Some(path) => (read_file(path)?, path.clone()),
+            None => (FileConfig::default(), PathBuf::new()),
+        };
+        let file_strategy = file
+            .strategy
+            .map(|text| text.parse::<Strategy>())
+            .transpose()
+            .map_err(|err| anyhow::anyhow!("config file {}: strategy: {err}", path.display()))?;
+        let options = SchedulerOptions {
+            listen: self.listen.or(file.listen).unwrap_or(defaults.listen),
+            store_url: self.store.or(file.store).unwrap_or(defaults.store_url),
+            redis_url: self.redis.or(file.redis).filter(|url| !url.is_empty()),
+            node_id: self
+                .node_id
+                .or(file.node_id)
+                .unwrap_or_else(|| hostname().unwrap_or(defaults.node_id)),
+            strategy: self.strategy.or(file_strategy).unwrap_or(defaults.strategy),
+            heartbeat_interval: self
+                .heartbeat_interval
+                .or(file_duration(
+                    file.heartbeat_interval,
+                    "heartbeat_interval",
+                    &path,
+                )?)
+                .unwrap_or(defaults.heartbeat_interval),
+            task_heartbeat_interval: self
+                .task_heartbeat_interval
+                .or(file_duration(
+                    file.task_heartbeat_interval,
+                    "task_heartbeat_interval",
+                    &path,
+                )?)
+                .unwrap_or(defaults.task_heartbeat_interval),
+            dead_after_missed_heartbeats: self
+                .dead_after_missed_heartbeats
+                .or(file.dead_after_missed_heartbeats)
+                .unwrap_or(defaults.dead_after_missed_heartbeats),
+            log_flush_interval: self
+                .log_flush_interval
+                .or(file_duration(
+                    file.log_flush_interval,
+                    "log_flush_interval",
+                    &path,
+                )?)
+                .unwrap_or(defaults.log_flush_interval),
+        };
+        if options.heartbeat_interval.is_zero() || options.task_heartbeat_interval.is_zero() {
+            bail!("heartbeat intervals must be greater than zero");
+        }
+        if options.dead_after_missed_heartbeats < 2 {
+            // A threshold equal to one interval kills healthy workers on any jitter.
+            bail!("dead_after_missed_heartbeats must be at least 2");
+        }
+        Ok(options)
+    }
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_beat_the_file_and_the_file_beats_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ax.toml");
+        std::fs::write(
+            &path,
+            "store = \"mysql://root@127.0.0.1/ax\"\nstrategy = \"random\"\nheartbeat_interval = \"2s\"\n",
+        )
+        .unwrap();
+        let args = Args::parse_from([
+            "ax-scheduler",
+            "--config",
+            path.to_str().unwrap(),
+            "--strategy",
+            "round_robin",
+        ]);
+        let options = args.into_options().unwrap();
+        assert_eq!(options.store_url, "mysql://root@127.0.0.1/ax");
+        assert_eq!(options.strategy, Strategy::RoundRobin);
+        assert_eq!(options.heartbeat_interval, Duration::from_secs(2));
+        assert_eq!(options.task_heartbeat_interval, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_bad_file_names_the_file_and_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ax.toml");
+        std::fs::write(&path, "heartbeat_interval = \"soon\"\n").unwrap();
+        let err = Args::parse_from(["ax-scheduler", "--config", path.to_str().unwrap()])
+            .into_options()
+            .unwrap_err();
+        assert!(err.to_string().contains("heartbeat_interval"), "{err}");
+        std::fs::write(&path, "colour = \"blue\"\n").unwrap();
+        let err = Args::parse_from(["ax-scheduler", "--config", path.to_str().unwrap()])
+            .into_options()
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("colour"), "{err:#}");
+    }
+}

@@ -1,0 +1,753 @@
+//! `ControlService`: what axctl, the UI and other services call. Any node serves it.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ax_core::cron::{CronSchedule, parse_timezone};
+use ax_core::ids::{Attempt, InstanceId, RunId};
+use ax_core::spec::{TriggerKind, WorkflowSpec, parse_workflow};
+use ax_proto::v1 as pb;
+use ax_proto::v1::control_service_server::ControlService;
+use ax_store::{AuditRecord, CancelledAttempt, LogStream, NewRun, WorkflowRecord};
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::convert::{self, store_status};
+use crate::clock::now_ms;
+use crate::node::Node;
+
+/// Workflow files larger than this are refused.
+const MAX_SOURCE_BYTES: usize = 4 << 20;
+const MAX_PARAMS: usize = 256;
+const MAX_PARAM_VALUE_BYTES: usize = 64 << 10;
+const MAX_KEY_BYTES: usize = 255;
+/// Lines per GetLogs chunk.
+const LOG_PAGE: u32 = 2_000;
+
+pub struct ControlApi {
+    node: Arc<Node>,
+}
+
+impl ControlApi {
+    pub fn new(node: Arc<Node>) -> Self {
+        ControlApi { node }
+    }
+
+    async fn audit(&self, actor: &str, action: &str, target: String, detail: String, remote: &str) {
+        let record = AuditRecord {
+            at: now_ms(),
+            actor: if actor.trim().is_empty() {
+                "anonymous".into()
+            } else {
+                actor.trim().into()
+            },
+            action: action.into(),
+            target,
+            detail,
+            remote: remote.into(),
+        };
+        if let Err(err) = self.node.store.insert_audit(&record).await {
+            tracing::error!(error = %err, action, "writing the audit row failed");
+        }
+    }
+
+    async fn workflow_named(&self, name: &str) -> Result<WorkflowRecord, Status> {
+        if name.trim().is_empty() {
+            return Err(Status::invalid_argument("workflow name is empty"));
+        }
+        self.node
+            .store
+            .get_workflow(name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("workflow {name:?} not found")))
+    }
+
+    /// Tells the workers of cancelled attempts to kill them.
+    fn send_cancels(&self, cancelled: &[CancelledAttempt], reason: &str) {
+        for attempt in cancelled {
+            let Some(worker) = &attempt.worker_id else {
+                continue;
+            };
+            let Some(sender) = self.node.registry.sender(worker) else {
+                continue;
+            };
+            let message = pb::SchedulerMessage {
+                body: Some(pb::scheduler_message::Body::Cancel(pb::CancelAttempt {
+                    instance_id: attempt.instance_id.0,
+                    attempt: attempt.attempt.0,
+                    reason: reason.to_string(),
+                })),
+            };
+            let _ = sender.try_send(Ok(message));
+        }
+    }
+}
+
+fn remote<T>(request: &Request<T>) -> String {
+    request
+        .remote_addr()
+        .map(|addr| addr.to_string())
+        .unwrap_or_default()
+}
+
+/// The next fire of a cron-triggered spec after `now`, if any.
+fn next_fire(spec: &WorkflowSpec, now: i64) -> Result<Option<i64>, Status> {
+    if spec.schedule.trigger != TriggerKind::Cron {
+        return Ok(None);
+    }
+    let Some(expression) = spec.schedule.cron.as_deref() else {
+        return Ok(None);
+    };
+    let cron = CronSchedule::parse(expression)
+        .map_err(|err| Status::invalid_argument(format!("schedule.cron: {err}")))?;
+    let tz = parse_timezone(&spec.schedule.timezone)
+        .map_err(|err| Status::invalid_argument(format!("schedule.timezone: {err}")))?;
+    Ok(cron.next_after(now, tz))
+}
+
+/// Environment variable names: what a param must be to become `AX_PARAM_<NAME>`.
+fn valid_param_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+fn validate_params(params: &std::collections::HashMap<String, String>) -> Result<(), Status> {
+    if params.len() > MAX_PARAMS {
+        return Err(Status::invalid_argument(format!(
+            "too many params: {} (max {MAX_PARAMS})",
+            params.len()
+        )));
+    }
+    let mut names: Vec<&String> = params.keys().collect();
+    names.sort();
+    for name in names {
+        if !valid_param_name(name) {
+            return Err(Status::invalid_argument(format!(
+                "param {name:?}: a param name must be a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+            )));
+        }
+        let value = &params[name];
+        if value.len() > MAX_PARAM_VALUE_BYTES || value.contains('\0') {
+            return Err(Status::invalid_argument(format!(
+                "param {name:?}: value must be under 64 KiB and contain no NUL byte"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn positive_id(id: i64, what: &str) -> Result<i64, Status> {
+    if id <= 0 {
+        return Err(Status::invalid_argument(format!(
+            "{what} id must be a positive number, got {id}"
+        )));
+    }
+    Ok(id)
+}
+
+type LogStreamOut = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ControlService for ControlApi {
+    async fn apply_workflow(
+        &self,
+        request: Request<pb::ApplyWorkflowRequest>,
+    ) -> Result<Response<pb::ApplyWorkflowResponse>, Status> {
+        let remote = remote(&request);
+        let request = request.into_inner();
+        let source_name = if request.source_name.is_empty() {
+            "<request>"
+        } else {
+            &request.source_name
+        };
+        if request.source.len() > MAX_SOURCE_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "{source_name}: workflow file is {} bytes; the limit is {MAX_SOURCE_BYTES}",
+                request.source.len()
+            )));
+        }
+        let validate_cron = |expression: &str| {
+            CronSchedule::parse(expression)
+                .map(|_| ())
+                .map_err(|err| err.to_string())
+        };
+        let parsed = parse_workflow(&request.source, source_name, &validate_cron)
+            .map_err(|err| Status::invalid_argument(err.to_string()))?;
+        let now = now_ms();
+        let next = next_fire(&parsed.spec, now)?;
+        if request.dry_run {
+            let record = WorkflowRecord {
+                id: ax_core::ids::WorkflowId(0),
+                name: parsed.spec.name.clone(),
+                version: 0,
+                spec: parsed.spec,
+                source: request.source,
+                paused: false,
+                created_at: now,
+                updated_at: now,
+            };
+            return Ok(Response::new(pb::ApplyWorkflowResponse {
+                workflow: Some(convert::workflow(&record, now)),
+                outcome: pb::ApplyOutcome::Valid as i32,
+                warnings: parsed.warnings,
+            }));
+        }
+        let (record, outcome) = self
+            .node
+            .store
+            .apply_workflow(&parsed.spec, &request.source, next, now)
+            .await
+            .map_err(store_status)?;
+        let outcome = match outcome {
+            ax_store::ApplyOutcome::Created => pb::ApplyOutcome::Created,
+            ax_store::ApplyOutcome::Updated => pb::ApplyOutcome::Updated,
+            ax_store::ApplyOutcome::Unchanged => pb::ApplyOutcome::Unchanged,
+        };
+        let detail = format!("version {} ({})", record.version, outcome.as_str_name());
+        self.audit(
+            &request.actor,
+            "apply",
+            format!("workflow/{}", record.name),
+            detail,
+            &remote,
+        )
+        .await;
+        self.node.schedule_wake.notify_one();
+        Ok(Response::new(pb::ApplyWorkflowResponse {
+            workflow: Some(convert::workflow(&record, now)),
+            outcome: outcome as i32,
+            warnings: parsed.warnings,
+        }))
+    }
+
+    async fn list_workflows(
+        &self,
+        request: Request<pb::ListWorkflowsRequest>,
+    ) -> Result<Response<pb::ListWorkflowsResponse>, Status> {
+        let app = request.into_inner().app;
+        let app = (!app.is_empty()).then_some(app.as_str());
+        let records = self
+            .node
+            .store
+            .list_workflows(app)
+            .await
+            .map_err(store_status)?;
+        let now = now_ms();
+        let workflows = records
+            .iter()
+            .map(|record| convert::workflow(record, now))
+            .collect();
+        Ok(Response::new(pb::ListWorkflowsResponse { workflows }))
+    }
+
+    async fn get_workflow(
+        &self,
+        request: Request<pb::GetWorkflowRequest>,
+    ) -> Result<Response<pb::Workflow>, Status> {
+        let record = self.workflow_named(&request.into_inner().name).await?;
+        Ok(Response::new(convert::workflow(&record, now_ms())))
+    }
+
+    async fn pause_workflow(
+        &self,
+        request: Request<pb::PauseWorkflowRequest>,
+    ) -> Result<Response<pb::Workflow>, Status> {
+        let remote = remote(&request);
+        let request = request.into_inner();
+        self.workflow_named(&request.name).await?;
+        let now = now_ms();
+        let record = self
+            .node
+            .store
+            .set_paused(&request.name, true, None, now)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("workflow {:?} not found", request.name)))?;
+        self.audit(
+            &request.actor,
+            "pause",
+            format!("workflow/{}", record.name),
+            String::new(),
+            &remote,
+        )
+        .await;
+        self.node.schedule_wake.notify_one();
+        Ok(Response::new(convert::workflow(&record, now)))
+    }
+
+    async fn resume_workflow(
+        &self,
+        request: Request<pb::ResumeWorkflowRequest>,
+    ) -> Result<Response<pb::Workflow>, Status> {
+        let remote = remote(&request);
+        let request = request.into_inner();
+        let current = self.workflow_named(&request.name).await?;
+        let now = now_ms();
+        // Slots that passed while paused are skipped: the schedule resumes from now.
+        let next = next_fire(&current.spec, now)?;
+        let record = self
+            .node
+            .store
+            .set_paused(&request.name, false, next, now)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("workflow {:?} not found", request.name)))?;
+        self.audit(
+            &request.actor,
+            "resume",
+            format!("workflow/{}", record.name),
+            String::new(),
+            &remote,
+        )
+        .await;
+        self.node.schedule_wake.notify_one();
+        Ok(Response::new(convert::workflow(&record, now)))
+    }
+
+    async fn trigger_workflow(
+        &self,
+        request: Request<pb::TriggerWorkflowRequest>,
+    ) -> Result<Response<pb::TriggerWorkflowResponse>, Status> {
+        let remote = remote(&request);
+        let request = request.into_inner();
+        validate_params(&request.params)?;
+        if request.idempotency_key.len() > MAX_KEY_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "idempotency_key is {} bytes; the limit is {MAX_KEY_BYTES}",
+                request.idempotency_key.len()
+            )));
+        }
+        if request.logical_time_ms < 0 {
+            return Err(Status::invalid_argument(
+                "logical_time_ms must not be negative",
+            ));
+        }
+        let workflow = self.workflow_named(&request.name).await?;
+        let now = now_ms();
+        let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
+        let actor = if request.actor.is_empty() {
+            "anonymous".to_string()
+        } else {
+            request.actor.clone()
+        };
+        let new_run = NewRun {
+            workflow_id: workflow.id,
+            workflow_version: workflow.version,
+            trigger: if key.is_some() {
+                TriggerKind::Api
+            } else {
+                TriggerKind::Manual
+            },
+            logical_time: if request.logical_time_ms > 0 {
+                request.logical_time_ms
+            } else {
+                now
+            },
+            dedup_key: key.as_ref().map(|key| format!("key:{key}")),
+            idempotency_key: key,
+            params: request
+                .params
+                .clone()
+                .into_iter()
+                .collect::<BTreeMap<_, _>>(),
+            triggered_by: actor.clone(),
+            now,
+        };
+        let (run, created) = self
+            .node
+            .store
+            .create_run(&new_run)
+            .await
+            .map_err(store_status)?;
+        if created {
+            let detail = format!("run {} params {:?}", run.id, new_run.params);
+            self.audit(
+                &actor,
+                "trigger",
+                format!("workflow/{}", workflow.name),
+                detail,
+                &remote,
+            )
+            .await;
+            self.node.dispatch_wake.notify_one();
+            self.node.bump_progress();
+        }
+        let counts = self
+            .node
+            .store
+            .run_counts(run.id)
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(pb::TriggerWorkflowResponse {
+            run: Some(convert::run(&run, Some(&counts))),
+            created,
+        }))
+    }
+
+    async fn list_runs(
+        &self,
+        request: Request<pb::ListRunsRequest>,
+    ) -> Result<Response<pb::ListRunsResponse>, Status> {
+        let request = request.into_inner();
+        let state = convert::run_state_from(request.state)?;
+        let workflow = (!request.workflow.is_empty()).then_some(request.workflow.as_str());
+        if let Some(name) = workflow {
+            self.workflow_named(name).await?;
+        }
+        let limit = if request.limit == 0 {
+            50
+        } else {
+            request.limit.min(1_000)
+        };
+        let records = self
+            .node
+            .store
+            .list_runs(workflow, state, limit)
+            .await
+            .map_err(store_status)?;
+        let mut runs = Vec::with_capacity(records.len());
+        for record in &records {
+            let counts = self
+                .node
+                .store
+                .run_counts(record.id)
+                .await
+                .map_err(store_status)?;
+            runs.push(convert::run(record, Some(&counts)));
+        }
+        Ok(Response::new(pb::ListRunsResponse { runs }))
+    }
+
+    async fn get_run(
+        &self,
+        request: Request<pb::GetRunRequest>,
+    ) -> Result<Response<pb::Run>, Status> {
+        let id = RunId(positive_id(request.into_inner().id, "run")?);
+        let record = self
+            .node
+            .store
+            .get_run(id)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
+        let counts = self.node.store.run_counts(id).await.map_err(store_status)?;
+        Ok(Response::new(convert::run(&record, Some(&counts))))
+    }
+
+    async fn cancel_run(
+        &self,
+        request: Request<pb::CancelRunRequest>,
+    ) -> Result<Response<pb::Run>, Status> {
+        let remote = remote(&request);
+        let request = request.into_inner();
+        let id = RunId(positive_id(request.id, "run")?);
+        let cancelled = self
+            .node
+            .store
+            .cancel_run(id, now_ms())
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
+        let reason = if request.reason.is_empty() {
+            "run cancelled".to_string()
+        } else {
+            request.reason.clone()
+        };
+        self.send_cancels(&cancelled, &reason);
+        let detail = format!("{} attempts stopped; {reason}", cancelled.len());
+        self.audit(
+            &request.actor,
+            "cancel",
+            format!("run/{id}"),
+            detail,
+            &remote,
+        )
+        .await;
+        self.node.bump_progress();
+        let record = self
+            .node
+            .store
+            .get_run(id)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
+        let counts = self.node.store.run_counts(id).await.map_err(store_status)?;
+        Ok(Response::new(convert::run(&record, Some(&counts))))
+    }
+
+    async fn list_instances(
+        &self,
+        request: Request<pb::ListInstancesRequest>,
+    ) -> Result<Response<pb::ListInstancesResponse>, Status> {
+        let id = RunId(positive_id(request.into_inner().run_id, "run")?);
+        if self
+            .node
+            .store
+            .get_run(id)
+            .await
+            .map_err(store_status)?
+            .is_none()
+        {
+            return Err(Status::not_found(format!("run {id} not found")));
+        }
+        let records = self
+            .node
+            .store
+            .list_instances(id)
+            .await
+            .map_err(store_status)?;
+        let instances = records
+            .iter()
+            .map(|record| convert::instance(record, &[]))
+            .collect();
+        Ok(Response::new(pb::ListInstancesResponse { instances }))
+    }
+
+    async fn get_instance(
+        &self,
+        request: Request<pb::GetInstanceRequest>,
+    ) -> Result<Response<pb::Instance>, Status> {
+        let id = InstanceId(positive_id(request.into_inner().id, "instance")?);
+        let record = self
+            .node
+            .store
+            .get_instance(id)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("instance {id} not found")))?;
+        let attempts = self
+            .node
+            .store
+            .list_attempts(id)
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(convert::instance(&record, &attempts)))
+    }
+
+    async fn cancel_instance(
+        &self,
+        request: Request<pb::CancelInstanceRequest>,
+    ) -> Result<Response<pb::Instance>, Status> {
+        let remote = remote(&request);
+        let request = request.into_inner();
+        let id = InstanceId(positive_id(request.id, "instance")?);
+        let (record, cancelled) = self
+            .node
+            .store
+            .cancel_instance(id, now_ms())
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("instance {id} not found")))?;
+        let reason = if request.reason.is_empty() {
+            "instance cancelled".to_string()
+        } else {
+            request.reason.clone()
+        };
+        self.send_cancels(cancelled.as_slice(), &reason);
+        self.audit(
+            &request.actor,
+            "cancel",
+            format!("instance/{id}"),
+            reason,
+            &remote,
+        )
+        .await;
+        self.node.bump_progress();
+        let attempts = self
+            .node
+            .store
+            .list_attempts(id)
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(convert::instance(&record, &attempts)))
+    }
+
+    type GetLogsStream = LogStreamOut;
+
+    async fn get_logs(
+        &self,
+        request: Request<pb::GetLogsRequest>,
+    ) -> Result<Response<Self::GetLogsStream>, Status> {
+        let request = request.into_inner();
+        let id = InstanceId(positive_id(request.instance_id, "instance")?);
+        let instance = self
+            .node
+            .store
+            .get_instance(id)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("instance {id} not found")))?;
+        let attempt = match request.attempt {
+            0 => instance.attempt,
+            n if n > instance.attempt.0 => {
+                return Err(Status::invalid_argument(format!(
+                    "instance {id} has no attempt {n} (current attempt is {})",
+                    instance.attempt
+                )));
+            }
+            n => Attempt(n),
+        };
+        let (sender, receiver) = mpsc::channel(16);
+        let node = self.node.clone();
+        tokio::spawn(async move {
+            if let Err(status) = stream_logs(
+                &node,
+                id,
+                attempt,
+                request.after_seq,
+                request.follow,
+                &sender,
+            )
+            .await
+            {
+                let _ = sender.send(Err(status)).await;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+
+    async fn list_workers(
+        &self,
+        _request: Request<pb::ListWorkersRequest>,
+    ) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        let now = now_ms();
+        let options = &self.node.options;
+        let dead_after = options.heartbeat_interval.as_millis() as i64
+            * options.dead_after_missed_heartbeats as i64;
+        let mut workers: BTreeMap<String, pb::WorkerInfo> = BTreeMap::new();
+        // Workers of other nodes come from the store; this node's own view is fresher.
+        for record in self.node.store.list_workers().await.map_err(store_status)? {
+            let alive = record.connected && now - record.last_heartbeat <= dead_after;
+            let state = if alive {
+                pb::WorkerState::Live
+            } else {
+                pb::WorkerState::Dead
+            };
+            workers.insert(
+                record.id.clone(),
+                pb::WorkerInfo {
+                    id: record.id,
+                    version: record.version,
+                    labels: record.labels.into_iter().collect(),
+                    capacity: record.capacity,
+                    running: if alive { record.running } else { 0 },
+                    hostname: record.hostname,
+                    started_at_ms: record.started_at,
+                    last_heartbeat_ms: record.last_heartbeat,
+                    state: state as i32,
+                    scheduler_node: record.node_id,
+                },
+            );
+        }
+        for view in self.node.registry.views() {
+            let state = if view.draining {
+                pb::WorkerState::Draining
+            } else {
+                pb::WorkerState::Live
+            };
+            let profile = view.profile;
+            workers.insert(
+                profile.id.clone(),
+                pb::WorkerInfo {
+                    id: profile.id,
+                    version: profile.version,
+                    labels: profile.labels.into_iter().collect(),
+                    capacity: profile.capacity,
+                    running: view.running,
+                    hostname: profile.hostname,
+                    started_at_ms: profile.started_at,
+                    last_heartbeat_ms: view.last_heartbeat,
+                    state: state as i32,
+                    scheduler_node: options.node_id.clone(),
+                },
+            );
+        }
+        Ok(Response::new(pb::ListWorkersResponse {
+            workers: workers.into_values().collect(),
+        }))
+    }
+}
+
+/// Sends an attempt's stored lines in order; with `follow`, keeps going until the attempt has
+/// ended and every line it produced was sent.
+async fn stream_logs(
+    node: &Node,
+    instance: InstanceId,
+    attempt: Attempt,
+    mut after: u64,
+    follow: bool,
+    sender: &mpsc::Sender<Result<pb::LogChunk, Status>>,
+) -> Result<(), Status> {
+    let mut progress = node.watch_progress();
+    // Lines queued on this node are made readable first, so a finished attempt reads whole.
+    node.logs.flush().await;
+    let mut idle_since_end: Option<tokio::time::Instant> = None;
+    loop {
+        let lines = node
+            .store
+            .read_logs(instance, attempt, after, LOG_PAGE)
+            .await
+            .map_err(store_status)?;
+        let full_page = lines.len() as u32 == LOG_PAGE;
+        if let Some(last) = lines.last() {
+            after = last.seq;
+            idle_since_end = None;
+            let chunk = pb::LogChunk {
+                attempt: attempt.0,
+                lines: lines
+                    .into_iter()
+                    .map(|line| pb::StoredLogLine {
+                        seq: line.seq,
+                        stream: match line.stream {
+                            LogStream::Stdout => pb::LogStream::Stdout,
+                            LogStream::Stderr => pb::LogStream::Stderr,
+                        } as i32,
+                        text: line.text,
+                        at_ms: line.at,
+                    })
+                    .collect(),
+            };
+            if sender.send(Ok(chunk)).await.is_err() {
+                return Ok(());
+            }
+        }
+        if full_page {
+            continue;
+        }
+        if !follow {
+            return Ok(());
+        }
+        let attempts = node
+            .store
+            .list_attempts(instance)
+            .await
+            .map_err(store_status)?;
+        let record = attempts.iter().find(|record| record.attempt == attempt);
+        if let Some(record) =
+            record.filter(|record| record.state.is_terminal() && record.finished_at.is_some())
+        {
+            if after >= record.log_lines {
+                return Ok(());
+            }
+            // The attempt ended but some lines are not stored yet: wait for them, within reason.
+            let since = *idle_since_end.get_or_insert_with(tokio::time::Instant::now);
+            if since.elapsed() > Duration::from_secs(10) {
+                return Err(Status::data_loss(format!(
+                    "attempt {attempt} of instance {instance} produced {} lines but only {after} are stored",
+                    record.log_lines
+                )));
+            }
+        }
+        tokio::select! {
+            _ = progress.changed() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = sender.closed() => return Ok(()),
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Store records to protobuf messages. Protobuf types stop at the gRPC layer.
+
+use ax_core::cron::{CronSchedule, parse_timezone};
+use ax_core::run::RunState;
+use ax_core::spec::{TaskSpec, TriggerKind};
+use ax_core::state::InstanceState;
+use ax_proto::v1 as pb;
+use ax_store::{
+    AttemptRecord, InstanceCounts, InstanceRecord, RunRecord, StoreError, WorkflowRecord,
+};
+use tonic::Status;
+
+pub fn store_status(err: StoreError) -> Status {
+    match err {
+        StoreError::NotFound(what) => Status::not_found(format!("{what} not found")),
+        StoreError::Database(_) => Status::unavailable(err.to_string()),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+pub fn instance_state(state: InstanceState) -> pb::InstanceState {
+    match state {
+        InstanceState::Waiting => pb::InstanceState::Waiting,
+        InstanceState::Dispatched => pb::InstanceState::Dispatched,
+        InstanceState::Running => pb::InstanceState::Running,
+        InstanceState::Success => pb::InstanceState::Success,
+        InstanceState::Failed => pb::InstanceState::Failed,
+        InstanceState::Timeout => pb::InstanceState::Timeout,
+        InstanceState::Cancelled => pb::InstanceState::Cancelled,
+    }
+}
+
+pub fn run_state(state: RunState) -> pb::RunState {
+    match state {
+        RunState::Running => pb::RunState::Running,
+        RunState::Success => pb::RunState::Success,
+        RunState::Failed => pb::RunState::Failed,
+        RunState::Cancelled => pb::RunState::Cancelled,
+    }
+}
+
+pub fn run_state_from(state: i32) -> Result<Option<RunState>, Status> {
+    match pb::RunState::try_from(state) {
+        Ok(pb::RunState::Unspecified) => Ok(None),
+        Ok(pb::RunState::Running) => Ok(Some(RunState::Running)),
+        Ok(pb::RunState::Success) => Ok(Some(RunState::Success)),
+        Ok(pb::RunState::Failed) => Ok(Some(RunState::Failed)),
+        Ok(pb::RunState::Cancelled) => Ok(Some(RunState::Cancelled)),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "unknown run state {state}"
+        ))),
+    }
+}
+
+pub fn trigger(kind: TriggerKind) -> pb::TriggerKind {
+    match kind {
+        TriggerKind::Cron => pb::TriggerKind::Cron,
+        TriggerKind::Manual => pb::TriggerKind::Manual,
+        TriggerKind::Api => pb::TriggerKind::Api,
+        TriggerKind::Dependency => pb::TriggerKind::Dependency,
+    }
+}
+
+fn task(task: &TaskSpec) -> pb::TaskSpec {
+    pb::TaskSpec {
+        name: task.name.clone(),
+        command: task.command.clone(),
+        argv: task.argv.clone(),
+        env: task.env.clone().into_iter().collect(),
+        working_dir: task.working_dir.clone().unwrap_or_default(),
+        timeout_ms: task.timeout_ms,
+        retries: task.retries,
+        retry_backoff_ms: task.retry_backoff_ms,
+        labels: task.labels.clone().into_iter().collect(),
+        priority: task.priority,
+        upstream: task.upstream.clone(),
+    }
+}
+
+/// The next fire times of a cron workflow (none when paused or not cron-triggered).
+pub fn next_fires(record: &WorkflowRecord, now: i64, count: usize) -> Vec<i64> {
+    let schedule = &record.spec.schedule;
+    let Some(expression) = schedule.cron.as_deref() else {
+        return Vec::new();
+    };
+    if record.paused {
+        return Vec::new();
+    }
+    match (
+        CronSchedule::parse(expression),
+        parse_timezone(&schedule.timezone),
+    ) {
+        (Ok(cron), Ok(tz)) => cron.next_n(now, tz, count),
+        _ => Vec::new(),
+    }
+}
+
+pub fn workflow(record: &WorkflowRecord, now: i64) -> pb::Workflow {
+    let spec = &record.spec;
+    pb::Workflow {
+        name: record.name.clone(),
+        app: spec.app.clone(),
+        owner: spec.owner.clone(),
+        description: spec.description.clone(),
+        version: record.version,
+        schedule: Some(pb::Schedule {
+            trigger: trigger(spec.schedule.trigger) as i32,
+            cron: spec.schedule.cron.clone().unwrap_or_default(),
+            timezone: spec.schedule.timezone.clone(),
+        }),
+        paused: record.paused,
+        tasks: spec.tasks.iter().map(task).collect(),
+        created_at_ms: record.created_at,
+        updated_at_ms: record.updated_at,
+        next_fires_ms: next_fires(record, now, 5),
+        source: record.source.clone(),
+    }
+}
+
+pub fn counts(counts: &InstanceCounts) -> pb::InstanceCounts {
+    pb::InstanceCounts {
+        waiting: counts.waiting,
+        dispatched: counts.dispatched,
+        running: counts.running,
+        success: counts.success,
+        failed: counts.failed,
+        timeout: counts.timeout,
+        cancelled: counts.cancelled,
+        not_created: counts.not_created,
+    }
+}
+
+pub fn run(record: &RunRecord, instance_counts: Option<&InstanceCounts>) -> pb::Run {
+    pb::Run {
+        id: record.id.0,
+        workflow: record.workflow.clone(),
+        workflow_version: record.workflow_version,
+        state: run_state(record.state) as i32,
+        trigger: trigger(record.trigger) as i32,
+        logical_time_ms: record.logical_time,
+        idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
+        params: record.params.clone().into_iter().collect(),
+        triggered_by: record.triggered_by.clone(),
+        created_at_ms: record.created_at,
+        finished_at_ms: record.finished_at.unwrap_or(0),
+        counts: instance_counts.map(counts),
+    }
+}
+
+pub fn attempt(record: &AttemptRecord) -> pb::Attempt {
+    pb::Attempt {
+        attempt: record.attempt.0,
+        state: instance_state(record.state) as i32,
+        worker_id: record.worker_id.clone().unwrap_or_default(),
+        dispatched_at_ms: record.dispatched_at.unwrap_or(0),
+        started_at_ms: record.started_at.unwrap_or(0),
+        finished_at_ms: record.finished_at.unwrap_or(0),
+        exit_code: record.exit_code,
+        signal: record.signal,
+        pid: record.pid.unwrap_or(0),
+        log_lines: record.log_lines,
+        message: record.message.clone(),
+    }
+}
+
+pub fn instance(record: &InstanceRecord, attempts: &[AttemptRecord]) -> pb::Instance {
+    pb::Instance {
+        id: record.id.0,
+        run_id: record.run_id.0,
+        workflow: record.workflow.clone(),
+        task: record.task.clone(),
+        state: instance_state(record.state) as i32,
+        attempt: record.attempt.0,
+        worker_id: record.worker_id.clone().unwrap_or_default(),
+        created_at_ms: record.created_at,
+        started_at_ms: record.started_at.unwrap_or(0),
+        finished_at_ms: record.finished_at.unwrap_or(0),
+        exit_code: record.exit_code,
+        attempts: attempts.iter().map(attempt).collect(),
+        priority: record.priority,
+    }
+}

@@ -1,0 +1,5 @@
+//! The gRPC edge: protobuf in, domain calls, protobuf out.
+
+pub mod control;
+pub mod convert;
+pub mod worker;

@@ -1,0 +1,283 @@
+//! `WorkerService.Connect`: one bidirectional stream per worker.
+//!
+//! The worker's first frame must be `Register`, within a deadline; the node answers
+//! `Registered`, listing the attempts the worker claims to run that are not current (the worker
+//! kills them). Reports then flow to the reporter (transitions) and the log writer (lines).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ax_core::ids::{Attempt, InstanceId};
+use ax_core::state::{InstanceState, Outcome};
+use ax_proto::v1::worker_service_server::WorkerService;
+use ax_proto::v1::{
+    AttemptOutcome, LogStream as ProtoStream, ProtocolVersion, Register, Registered,
+    SchedulerMessage, WorkerMessage, scheduler_message, worker_message,
+};
+use ax_store::{AttemptEnd, LogChunk, LogStream, Report, WorkerRecord};
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::clock::now_ms;
+use crate::node::Node;
+use crate::registry::WorkerProfile;
+use crate::reporter::Envelope;
+
+/// How long a new stream may take to send its Register frame.
+const REGISTER_DEADLINE: Duration = Duration::from_secs(10);
+/// Frames queued towards one worker before dispatches to it fail over.
+const OUTBOUND_QUEUE: usize = 1024;
+
+pub struct WorkerApi {
+    node: Arc<Node>,
+}
+
+impl WorkerApi {
+    pub fn new(node: Arc<Node>) -> Self {
+        WorkerApi { node }
+    }
+}
+
+type OutboundStream = Pin<Box<dyn Stream<Item = Result<SchedulerMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl WorkerService for WorkerApi {
+    type ConnectStream = OutboundStream;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<WorkerMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        let remote = request
+            .remote_addr()
+            .map(|addr| addr.to_string())
+            .unwrap_or_default();
+        let mut inbound = request.into_inner();
+        let first = tokio::time::timeout(REGISTER_DEADLINE, inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no Register frame within 10 s"))??;
+        let register = match first.and_then(|message| message.body) {
+            Some(worker_message::Body::Register(register)) => register,
+            Some(_) => {
+                return Err(Status::invalid_argument("the first frame must be Register"));
+            }
+            None => {
+                return Err(Status::invalid_argument(
+                    "empty first frame; expected Register",
+                ));
+            }
+        };
+        let profile = validate_register(&register)?;
+        let node = self.node.clone();
+
+        // Re-attach: attempts the worker runs that are still current are adopted; the rest are
+        // stale and the worker kills them.
+        let mut adopted = Vec::new();
+        let mut stale = Vec::new();
+        for running in &register.running {
+            let instance = InstanceId(running.instance_id);
+            let attempt = Attempt(running.attempt);
+            let current = node
+                .store
+                .get_instance(instance)
+                .await
+                .map_err(|err| Status::unavailable(format!("store: {err}")))?;
+            match current {
+                Some(record)
+                    if record.attempt == attempt
+                        && matches!(
+                            record.state,
+                            InstanceState::Dispatched | InstanceState::Running
+                        ) =>
+                {
+                    adopted.push((instance, attempt))
+                }
+                _ => stale.push(running.clone()),
+            }
+        }
+
+        let (sender, receiver) = mpsc::channel(OUTBOUND_QUEUE);
+        let now = now_ms();
+        let connection =
+            node.registry
+                .connect(profile.clone(), sender.clone(), adopted.clone(), now);
+        let welcome = SchedulerMessage {
+            body: Some(scheduler_message::Body::Registered(Registered {
+                protocol: ProtocolVersion::ProtocolVersion1 as i32,
+                scheduler_node: node.options.node_id.clone(),
+                heartbeat_interval_ms: node.options.heartbeat_interval.as_millis() as u32,
+                task_heartbeat_interval_ms: node.options.task_heartbeat_interval.as_millis() as u32,
+                stale: stale.clone(),
+            })),
+        };
+        sender
+            .send(Ok(welcome))
+            .await
+            .map_err(|_| Status::cancelled("worker went away during registration"))?;
+        tracing::info!(worker = %profile.id, %remote, capacity = profile.capacity, adopted = adopted.len(), stale = stale.len(), "worker connected");
+        save_worker(&node, &profile, 0, now, true).await;
+        node.dispatch_wake.notify_one();
+
+        tokio::spawn(async move {
+            let reason = serve(&node, &profile.id, connection, &mut inbound).await;
+            if node.registry.disconnect(&profile.id, connection) {
+                tracing::info!(worker = %profile.id, reason = %reason, "worker disconnected");
+                save_worker(&node, &profile, 0, now_ms(), false).await;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+}
+
+fn validate_register(register: &Register) -> Result<WorkerProfile, Status> {
+    if register.protocol != ProtocolVersion::ProtocolVersion1 as i32 {
+        return Err(Status::failed_precondition(format!(
+            "unsupported protocol version {}; this scheduler speaks 1",
+            register.protocol
+        )));
+    }
+    let id = register.worker_id.trim();
+    if id.is_empty() || id.len() > 128 {
+        return Err(Status::invalid_argument(
+            "Register.worker_id must be 1 to 128 characters",
+        ));
+    }
+    Ok(WorkerProfile {
+        id: id.to_string(),
+        version: register.version.clone(),
+        hostname: register.hostname.clone(),
+        labels: register.labels.clone().into_iter().collect(),
+        capacity: if register.capacity == 0 {
+            20
+        } else {
+            register.capacity
+        },
+        started_at: register.started_at_ms,
+    })
+}
+
+async fn save_worker(node: &Node, profile: &WorkerProfile, running: u32, at: i64, connected: bool) {
+    let record = WorkerRecord {
+        id: profile.id.clone(),
+        version: profile.version.clone(),
+        hostname: profile.hostname.clone(),
+        labels: profile.labels.clone(),
+        capacity: profile.capacity,
+        running,
+        started_at: profile.started_at,
+        last_heartbeat: at,
+        node_id: node.options.node_id.clone(),
+        draining: false,
+        connected,
+    };
+    if let Err(err) = node.store.upsert_worker(&record).await {
+        tracing::warn!(worker = %profile.id, error = %err, "saving the worker record failed");
+    }
+}
+
+/// Handles the worker's frames until the stream ends; returns why it ended.
+async fn serve(
+    node: &Node,
+    worker: &str,
+    connection: u64,
+    inbound: &mut Streaming<WorkerMessage>,
+) -> String {
+    loop {
+        let message = match inbound.message().await {
+            Ok(Some(message)) => message,
+            Ok(None) => return "stream closed".into(),
+            Err(status) => return format!("stream error: {}", status.message()),
+        };
+        let Some(body) = message.body else { continue };
+        let report = match body {
+            worker_message::Body::Register(_) => {
+                tracing::warn!(worker, "second Register on one stream ignored");
+                continue;
+            }
+            worker_message::Body::Accepted(_) => continue,
+            worker_message::Body::Heartbeat(heartbeat) => {
+                node.registry
+                    .heartbeat(worker, connection, heartbeat.draining, now_ms());
+                continue;
+            }
+            worker_message::Body::Logs(batch) => {
+                if batch.lines.is_empty() || batch.first_seq == 0 {
+                    continue;
+                }
+                let chunk = LogChunk {
+                    instance_id: InstanceId(batch.instance_id),
+                    attempt: Attempt(batch.attempt),
+                    first_seq: batch.first_seq,
+                    lines: batch
+                        .lines
+                        .into_iter()
+                        .map(|line| {
+                            let stream = if line.stream == ProtoStream::Stderr as i32 {
+                                LogStream::Stderr
+                            } else {
+                                LogStream::Stdout
+                            };
+                            (stream, line.text)
+                        })
+                        .collect(),
+                    at: batch.sent_at_ms,
+                };
+                if !node.logs.append(worker.to_string(), chunk).await {
+                    return "log writer stopped".into();
+                }
+                continue;
+            }
+            worker_message::Body::Rejected(rejected) => Report::Rejected {
+                instance_id: InstanceId(rejected.instance_id),
+                attempt: Attempt(rejected.attempt),
+                reason: rejected.reason,
+            },
+            worker_message::Body::Started(started) => Report::Started {
+                instance_id: InstanceId(started.instance_id),
+                attempt: Attempt(started.attempt),
+                worker_id: worker.to_string(),
+                pid: started.pid,
+                at: started.started_at_ms,
+            },
+            worker_message::Body::TaskHeartbeat(heartbeat) => Report::TaskHeartbeat {
+                instance_id: InstanceId(heartbeat.instance_id),
+                attempt: Attempt(heartbeat.attempt),
+                at: heartbeat.sent_at_ms,
+            },
+            worker_message::Body::Finished(finished) => {
+                let end = match AttemptOutcome::try_from(finished.outcome) {
+                    Ok(AttemptOutcome::Success) => AttemptEnd::Finished(Outcome::Success),
+                    Ok(AttemptOutcome::Timeout) => AttemptEnd::Finished(Outcome::Timeout),
+                    Ok(AttemptOutcome::SpawnFailed) => AttemptEnd::SpawnFailed,
+                    // A cancelled attempt's instance is already CANCELLED; recording the
+                    // attempt as failed is refused as stale, which is what we want.
+                    _ => AttemptEnd::Finished(Outcome::Failed),
+                };
+                Report::Finished {
+                    instance_id: InstanceId(finished.instance_id),
+                    attempt: Attempt(finished.attempt),
+                    end,
+                    exit_code: finished.exit_code,
+                    signal: finished.signal,
+                    at: finished.finished_at_ms,
+                    log_lines: finished.log_lines,
+                    message: finished.message,
+                }
+            }
+        };
+        if node
+            .reports
+            .send(Envelope {
+                worker: worker.to_string(),
+                report,
+            })
+            .await
+            .is_err()
+        {
+            return "reporter stopped".into();
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! What every part of one scheduler node shares.
+
+use std::sync::Arc;
+
+use ax_core::placement::Placer;
+use ax_store::Store;
+use tokio::sync::{Mutex, Notify, watch};
+
+use crate::SchedulerOptions;
+use crate::guards::Guards;
+use crate::log_writer::LogWriter;
+use crate::registry::Registry;
+use crate::reporter::ReportSender;
+use crate::specs::SpecCache;
+
+pub struct Node {
+    pub options: SchedulerOptions,
+    pub store: Arc<dyn Store>,
+    pub guards: Arc<dyn Guards>,
+    pub registry: Registry,
+    pub specs: SpecCache,
+    pub placer: Mutex<Placer>,
+    pub reports: ReportSender,
+    pub logs: LogWriter,
+    /// Wakes the dispatcher: new WAITING instances, or a worker with a free slot.
+    pub dispatch_wake: Notify,
+    /// Wakes the cron loop: a schedule was applied, paused or resumed.
+    pub schedule_wake: Notify,
+    /// Bumped whenever runs, instances or logs change, for followers (`logs -f`).
+    progress: watch::Sender<u64>,
+}
+
+impl Node {
+    pub fn new(
+        options: SchedulerOptions,
+        store: Arc<dyn Store>,
+        guards: Arc<dyn Guards>,
+        reports: ReportSender,
+        logs: LogWriter,
+    ) -> Node {
+        Node {
+            placer: Mutex::new(Placer::new(options.strategy)),
+            specs: SpecCache::new(store.clone()),
+            registry: Registry::new(),
+            options,
+            store,
+            guards,
+            reports,
+            logs,
+            dispatch_wake: Notify::new(),
+            schedule_wake: Notify::new(),
+            progress: watch::channel(0).0,
+        }
+    }
+
+    pub fn bump_progress(&self) {
+        self.progress.send_modify(|generation| *generation += 1);
+    }
+
+    pub fn watch_progress(&self) -> watch::Receiver<u64> {
+        self.progress.subscribe()
+    }
+}

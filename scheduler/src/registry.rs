@@ -1,0 +1,236 @@
+//! The workers connected to this node, fed by their streams.
+//!
+//! A worker is known by its id; a reconnect replaces its entry (a new connection number), and
+//! the old stream's end does not remove the new one. The attempts in flight on each worker are
+//! tracked here from dispatch to their final report, so a worker's load is exact between
+//! heartbeats.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ax_core::Millis;
+use ax_core::ids::{Attempt, InstanceId};
+use ax_proto::v1::SchedulerMessage;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+pub type WorkerSender = mpsc::Sender<Result<SchedulerMessage, Status>>;
+
+#[derive(Debug, Clone)]
+pub struct WorkerProfile {
+    pub id: String,
+    pub version: String,
+    pub hostname: String,
+    pub labels: BTreeMap<String, String>,
+    pub capacity: u32,
+    pub started_at: Millis,
+}
+
+struct Entry {
+    profile: WorkerProfile,
+    connection: u64,
+    sender: WorkerSender,
+    in_flight: HashSet<(InstanceId, Attempt)>,
+    last_heartbeat: Millis,
+    draining: bool,
+}
+
+/// A worker as dispatch sees it.
+#[derive(Debug, Clone)]
+pub struct WorkerSlot {
+    pub id: String,
+    pub labels: BTreeMap<String, String>,
+    pub capacity: u32,
+    pub running: u32,
+    pub accepting: bool,
+}
+
+/// A worker as operators see it.
+#[derive(Debug, Clone)]
+pub struct WorkerView {
+    pub profile: WorkerProfile,
+    pub running: u32,
+    pub last_heartbeat: Millis,
+    pub draining: bool,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    workers: Mutex<HashMap<String, Entry>>,
+    next_connection: AtomicU64,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.workers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Registers a (re)connected worker with the attempts it already runs; returns the
+    /// connection number that later calls from this stream must present.
+    pub fn connect(
+        &self,
+        profile: WorkerProfile,
+        sender: WorkerSender,
+        running: impl IntoIterator<Item = (InstanceId, Attempt)>,
+        now: Millis,
+    ) -> u64 {
+        let connection = self.next_connection.fetch_add(1, Ordering::Relaxed) + 1;
+        let entry = Entry {
+            profile: profile.clone(),
+            connection,
+            sender,
+            in_flight: running.into_iter().collect(),
+            last_heartbeat: now,
+            draining: false,
+        };
+        self.lock().insert(profile.id, entry);
+        connection
+    }
+
+    /// Forgets the worker if `connection` is still its current stream.
+    pub fn disconnect(&self, worker: &str, connection: u64) -> bool {
+        let mut workers = self.lock();
+        if workers
+            .get(worker)
+            .is_some_and(|entry| entry.connection == connection)
+        {
+            workers.remove(worker);
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn heartbeat(&self, worker: &str, connection: u64, draining: bool, now: Millis) {
+        if let Some(entry) = self.lock().get_mut(worker)
+            && entry.connection == connection
+        {
+            entry.last_heartbeat = now;
+            entry.draining = draining;
+        }
+    }
+
+    pub fn slots(&self) -> Vec<WorkerSlot> {
+        let mut slots: Vec<WorkerSlot> = self
+            .lock()
+            .values()
+            .map(|entry| WorkerSlot {
+                id: entry.profile.id.clone(),
+                labels: entry.profile.labels.clone(),
+                capacity: entry.profile.capacity,
+                running: entry.in_flight.len() as u32,
+                accepting: !entry.draining,
+            })
+            .collect();
+        // A stable order keeps round robin and tie-breaking deterministic.
+        slots.sort_by(|a, b| a.id.cmp(&b.id));
+        slots
+    }
+
+    pub fn views(&self) -> Vec<WorkerView> {
+        let mut views: Vec<WorkerView> = self
+            .lock()
+            .values()
+            .map(|entry| WorkerView {
+                profile: entry.profile.clone(),
+                running: entry.in_flight.len() as u32,
+                last_heartbeat: entry.last_heartbeat,
+                draining: entry.draining,
+            })
+            .collect();
+        views.sort_by(|a, b| a.profile.id.cmp(&b.profile.id));
+        views
+    }
+
+    /// Records an attempt as in flight on the worker and returns its sender, or `None` when the
+    /// worker is gone.
+    pub fn begin_attempt(
+        &self,
+        worker: &str,
+        instance: InstanceId,
+        attempt: Attempt,
+    ) -> Option<WorkerSender> {
+        let mut workers = self.lock();
+        let entry = workers.get_mut(worker)?;
+        entry.in_flight.insert((instance, attempt));
+        Some(entry.sender.clone())
+    }
+
+    /// The attempt is no longer in flight on the worker (it ended, or was rejected).
+    pub fn end_attempt(&self, worker: &str, instance: InstanceId, attempt: Attempt) {
+        if let Some(entry) = self.lock().get_mut(worker) {
+            entry.in_flight.remove(&(instance, attempt));
+        }
+    }
+
+    /// The worker's current sender, to tell it something.
+    pub fn sender(&self, worker: &str) -> Option<WorkerSender> {
+        self.lock().get(worker).map(|entry| entry.sender.clone())
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile(id: &str) -> WorkerProfile {
+        WorkerProfile {
+            id: id.into(),
+            version: "test".into(),
+            hostname: "host".into(),
+            labels: BTreeMap::new(),
+            capacity: 2,
+            started_at: 0,
+        }
+    }
+
+    #[test]
+    fn a_reconnect_replaces_the_entry_and_the_old_stream_cannot_remove_it() {
+        let registry = Registry::new();
+        let (tx, _rx) = mpsc::channel(1);
+        let old = registry.connect(profile("w1"), tx.clone(), [], 0);
+        let new = registry.connect(profile("w1"), tx, [(InstanceId(7), Attempt(1))], 1);
+        assert!(!registry.disconnect("w1", old));
+        assert_eq!(registry.slots()[0].running, 1, "re-attached attempt counts");
+        assert!(registry.disconnect("w1", new));
+        assert_eq!(registry.len(), 0);
+    }
+
+    #[test]
+    fn in_flight_attempts_make_the_load() {
+        let registry = Registry::new();
+        let (tx, _rx) = mpsc::channel(1);
+        let conn = registry.connect(profile("w1"), tx, [], 0);
+        assert!(
+            registry
+                .begin_attempt("w1", InstanceId(1), Attempt(1))
+                .is_some()
+        );
+        assert!(
+            registry
+                .begin_attempt("w1", InstanceId(2), Attempt(1))
+                .is_some()
+        );
+        assert!(
+            registry
+                .begin_attempt("nobody", InstanceId(3), Attempt(1))
+                .is_none()
+        );
+        assert_eq!(registry.slots()[0].running, 2);
+        registry.end_attempt("w1", InstanceId(1), Attempt(1));
+        registry.heartbeat("w1", conn, true, 5);
+        let slot = &registry.slots()[0];
+        assert_eq!((slot.running, slot.accepting), (1, false));
+    }
+}

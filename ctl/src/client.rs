@@ -77,7 +77,10 @@ mod tests {
     #[test]
     fn server_without_scheme_gets_http() {
         assert_eq!(normalize_server("127.0.0.1:7070"), "http://127.0.0.1:7070");
-        assert_eq!(normalize_server("https://ax.example/"), "https://ax.example");
+        assert_eq!(
+            normalize_server("https://ax.example/"),
+            "https://ax.example"
+        );
     }
 
     #[test]

@@ -73,18 +73,33 @@ pub fn from_status(status: &Status, server: &str) -> CtlError {
         },
         Code::Unavailable => CtlError::new(
             Exit::Unavailable,
-            format!("the ax server at {server} is unavailable: {}", or("no details")),
+            format!(
+                "the ax server at {server} is unavailable: {}",
+                or("no details")
+            ),
         ),
         Code::DeadlineExceeded => CtlError::new(
             Exit::Unavailable,
-            format!("the ax server at {server} did not answer in time: {}", or("deadline exceeded")),
+            format!(
+                "the ax server at {server} did not answer in time: {}",
+                or("deadline exceeded")
+            ),
         ),
         Code::FailedPrecondition | Code::AlreadyExists | Code::Aborted => {
             CtlError::new(Exit::Conflict, or("failed precondition"))
         }
-        Code::Unauthenticated => CtlError::new(Exit::Other, format!("not authenticated: {}", or("no details"))),
-        Code::PermissionDenied => CtlError::new(Exit::Other, format!("permission denied: {}", or("no details"))),
-        code => CtlError::new(Exit::Other, format!("server error ({code:?}): {}", or("no details"))),
+        Code::Unauthenticated => CtlError::new(
+            Exit::Other,
+            format!("not authenticated: {}", or("no details")),
+        ),
+        Code::PermissionDenied => CtlError::new(
+            Exit::Other,
+            format!("permission denied: {}", or("no details")),
+        ),
+        code => CtlError::new(
+            Exit::Other,
+            format!("server error ({code:?}): {}", or("no details")),
+        ),
     }
 }
 
@@ -97,7 +112,10 @@ pub fn unreachable(server: &str, err: &(dyn std::error::Error + 'static)) -> Ctl
     }
     CtlError::new(
         Exit::Unavailable,
-        format!("cannot reach the ax server at {server}: {}", one_line(&cause.to_string())),
+        format!(
+            "cannot reach the ax server at {server}: {}",
+            one_line(&cause.to_string())
+        ),
     )
 }
 
@@ -111,7 +129,9 @@ pub fn report(err: &anyhow::Error) -> Exit {
             return Exit::Ok;
         }
     }
-    let ctl = err.chain().find_map(|cause| cause.downcast_ref::<CtlError>());
+    let ctl = err
+        .chain()
+        .find_map(|cause| cause.downcast_ref::<CtlError>());
     let exit = ctl.map_or(Exit::Other, |ctl| ctl.exit);
     match ctl {
         // Context added around a verbatim diagnostic would break its FILE:LINE shape.
@@ -142,14 +162,21 @@ mod tests {
             (Code::Internal, Exit::Other),
         ];
         for (code, exit) in cases {
-            assert_eq!(from_status(&Status::new(code, "x"), server).exit, exit, "{code:?}");
+            assert_eq!(
+                from_status(&Status::new(code, "x"), server).exit,
+                exit,
+                "{code:?}"
+            );
         }
     }
 
     #[test]
     fn invalid_argument_is_verbatim_and_unavailable_names_the_server() {
         let server = "http://10.0.0.1:7070";
-        let err = from_status(&Status::invalid_argument("wf.yaml:3: tasks[0].cron: bad"), server);
+        let err = from_status(
+            &Status::invalid_argument("wf.yaml:3: tasks[0].cron: bad"),
+            server,
+        );
         assert!(err.verbatim);
         assert_eq!(err.message, "wf.yaml:3: tasks[0].cron: bad");
         let err = from_status(&Status::unavailable("connection reset"), server);

@@ -41,7 +41,12 @@ Exit codes:
 #[command(name = "axctl", version, about = "The ax command line", long_about = LONG_ABOUT)]
 struct Cli {
     /// Scheduler URL (any node of the cluster).
-    #[arg(long, global = true, env = "AX_SERVER", default_value = "http://127.0.0.1:7070")]
+    #[arg(
+        long,
+        global = true,
+        env = "AX_SERVER",
+        default_value = "http://127.0.0.1:7070"
+    )]
     server: String,
 
     /// Output format of the data written to stdout.

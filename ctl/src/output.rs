@@ -142,7 +142,10 @@ fn datetime(ms: i64) -> Option<DateTime<Utc>> {
 /// A time for tables: local, to the second, `2024-05-01 14:03:22`; `-` when unset (0).
 pub fn time(ms: i64) -> String {
     match datetime(ms) {
-        Some(t) => t.with_timezone(&Local).format("%Y-%m-%d %H:%M:%S").to_string(),
+        Some(t) => t
+            .with_timezone(&Local)
+            .format("%Y-%m-%d %H:%M:%S")
+            .to_string(),
         None => "-".into(),
     }
 }
@@ -188,7 +191,11 @@ pub fn ago(ms: i64) -> String {
 
 /// `-` for empty cells, so columns never look shifted.
 pub fn or_dash(text: &str) -> String {
-    if text.is_empty() { "-".into() } else { text.to_string() }
+    if text.is_empty() {
+        "-".into()
+    } else {
+        text.to_string()
+    }
 }
 
 #[cfg(test)]
@@ -211,8 +218,8 @@ mod tests {
         assert_eq!(duration_ms(850), "850ms");
         assert_eq!(duration_ms(4_200), "4.2s");
         assert_eq!(duration_ms(185_000), "3m05s");
-        assert_eq!(duration_ms(2 * 3600_000 + 7 * 60_000), "2h07m");
-        assert_eq!(duration_ms(3 * 86_400_000 + 4 * 3600_000), "3d04h");
+        assert_eq!(duration_ms(2 * 3_600_000 + 7 * 60_000), "2h07m");
+        assert_eq!(duration_ms(3 * 86_400_000 + 4 * 3_600_000), "3d04h");
         assert_eq!(duration_ms(-5), "0ms");
     }
 
@@ -220,13 +227,17 @@ mod tests {
     fn unset_times_are_dashes_and_absent() {
         assert_eq!(time(0), "-");
         assert_eq!(rfc3339(0), None);
-        assert_eq!(rfc3339(1_700_000_000_123).as_deref(), Some("2023-11-14T22:13:20.123Z"));
+        assert_eq!(
+            rfc3339(1_700_000_000_123).as_deref(),
+            Some("2023-11-14T22:13:20.123Z")
+        );
         assert_eq!(time(1_700_000_000_123).len(), "2023-11-14 22:13:20".len());
     }
 
     #[test]
     fn yaml_round_trips_json_shapes() {
-        let value = serde_json::json!({"a": 1, "b": [true, null, "x"], "c": {"d": 1.5}, "e": u64::MAX});
+        let value =
+            serde_json::json!({"a": 1, "b": [true, null, "x"], "c": {"d": 1.5}, "e": u64::MAX});
         let text = to_yaml(&value).unwrap();
         let docs = yaml_rust2::YamlLoader::load_from_str(&text).unwrap();
         let doc = &docs[0];

@@ -18,11 +18,17 @@ fn enum_name(name: Option<&'static str>, prefix: &str, raw: i32) -> String {
 }
 
 pub fn run_state(raw: i32) -> String {
-    enum_name(pb::RunState::try_from(raw).ok().map(|s| s.as_str_name()), "RUN_STATE_", raw)
+    enum_name(
+        pb::RunState::try_from(raw).ok().map(|s| s.as_str_name()),
+        "RUN_STATE_",
+        raw,
+    )
 }
 
 pub fn instance_state(raw: i32) -> String {
-    let state = pb::InstanceState::try_from(raw).ok().map(|s| s.as_str_name());
+    let state = pb::InstanceState::try_from(raw)
+        .ok()
+        .map(|s| s.as_str_name());
     enum_name(state, "INSTANCE_STATE_", raw)
 }
 
@@ -37,12 +43,18 @@ pub fn worker_state(raw: i32) -> String {
 }
 
 pub fn apply_outcome(raw: i32) -> String {
-    let outcome = pb::ApplyOutcome::try_from(raw).ok().map(|s| s.as_str_name());
+    let outcome = pb::ApplyOutcome::try_from(raw)
+        .ok()
+        .map(|s| s.as_str_name());
     enum_name(outcome, "APPLY_OUTCOME_", raw)
 }
 
 pub fn log_stream(raw: i32) -> String {
-    enum_name(pb::LogStream::try_from(raw).ok().map(|s| s.as_str_name()), "LOG_STREAM_", raw)
+    enum_name(
+        pb::LogStream::try_from(raw).ok().map(|s| s.as_str_name()),
+        "LOG_STREAM_",
+        raw,
+    )
 }
 
 fn sorted(map: &std::collections::HashMap<String, String>) -> BTreeMap<String, String> {
@@ -123,7 +135,11 @@ impl From<&pb::Workflow> for WorkflowView {
             tasks: w.tasks.iter().map(TaskView::from).collect(),
             created_at: rfc3339(w.created_at_ms),
             updated_at: rfc3339(w.updated_at_ms),
-            next_fires: w.next_fires_ms.iter().filter_map(|ms| rfc3339(*ms)).collect(),
+            next_fires: w
+                .next_fires_ms
+                .iter()
+                .filter_map(|ms| rfc3339(*ms))
+                .collect(),
             source: w.source.clone(),
         }
     }

@@ -99,23 +99,21 @@ pub async fn wait_for_run(ctx: &Ctx, client: &mut Client, run_id: i64) -> anyhow
             }
         };
         let line = progress_line(&run);
-        let mut stderr = std::io::stderr().lock();
         if tty {
             let elapsed = duration_ms(started.elapsed().as_millis() as i64);
             // Carriage return plus "erase line" redraws the same line.
-            let _ = write!(stderr, "\r\x1b[2K{line} ({elapsed})");
-            let _ = stderr.flush();
+            eprint!("\r\x1b[2K{line} ({elapsed})");
+            let _ = std::io::stderr().flush();
         } else if line != last_line {
-            let _ = writeln!(stderr, "{line}");
+            eprintln!("{line}");
         }
         last_line = line;
         if is_final(run.state) {
             if tty {
-                let _ = writeln!(stderr);
+                eprintln!();
             }
             return Ok(run);
         }
-        drop(stderr);
         tokio::time::sleep(POLL_INTERVAL).await;
     }
 }

@@ -1,6 +1,6 @@
 //! `axctl apply -f FILE [--dry-run]`
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use ax_proto::v1::{ApplyOutcome, ApplyWorkflowRequest, ApplyWorkflowResponse};
@@ -12,7 +12,12 @@ use crate::view::ApplyView;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The workflow file (YAML).
-    #[arg(short = 'f', long = "filename", visible_alias = "file", value_name = "FILE")]
+    #[arg(
+        short = 'f',
+        long = "filename",
+        visible_alias = "file",
+        value_name = "FILE"
+    )]
     pub file: PathBuf,
 
     /// Validate only; store nothing.
@@ -21,24 +26,31 @@ pub struct Args {
 }
 
 pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
+    // The file is read before connecting, so a typo in its name is reported as such even when
+    // the server is down.
+    let source = read_source(&args.file)?;
     let mut client = ctx.connect().await?;
-    let response = apply_file(ctx, &mut client, &args.file, args.dry_run).await?;
+    let response = apply_source(ctx, &mut client, &args.file, source, args.dry_run).await?;
     if ctx.output != Output::Table {
         output::emit(ctx.output, &ApplyView::from(&response), String::new)?;
     }
     Ok(())
 }
 
-/// Reads and applies one file, printing the outcome line (stdout in table mode) and warnings
+pub fn read_source(file: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read workflow file {}", file.display()))
+}
+
+/// Applies the text of `file`, printing the outcome line (stdout in table mode) and warnings
 /// (stderr). Shared with `axctl dev --run`.
-pub async fn apply_file(
+pub async fn apply_source(
     ctx: &Ctx,
     client: &mut Client,
-    file: &std::path::Path,
+    file: &Path,
+    source: String,
     dry_run: bool,
 ) -> anyhow::Result<ApplyWorkflowResponse> {
-    let source = std::fs::read_to_string(file)
-        .with_context(|| format!("cannot read workflow file {}", file.display()))?;
     let request = ApplyWorkflowRequest {
         source,
         // The path as the user typed it, so server diagnostics point where they expect.

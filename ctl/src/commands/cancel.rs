@@ -61,7 +61,11 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
                 .map_err(|status| ctx.status(status))?
                 .into_inner();
             output::emit(ctx.output, &InstanceView::from(&instance), || {
-                format!("instance {} {}\n", instance.id, instance_state(instance.state))
+                format!(
+                    "instance {} {}\n",
+                    instance.id,
+                    instance_state(instance.state)
+                )
             })
         }
     }

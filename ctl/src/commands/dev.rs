@@ -67,7 +67,10 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<Exit> {
         ..defaults
     };
     let mut worker = Worker {
-        handle: Some(tokio::spawn(ax_worker::run(worker_options, shutdown.clone()))),
+        handle: Some(tokio::spawn(ax_worker::run(
+            worker_options,
+            shutdown.clone(),
+        ))),
     };
     let dev_ctx = Ctx {
         server: url,
@@ -83,7 +86,9 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<Exit> {
     if let Some(handle) = worker.handle.take() {
         match handle.await {
             Ok(Ok(())) => {}
-            Ok(Err(err)) => eprintln!("warning: the embedded worker stopped with an error: {err:#}"),
+            Ok(Err(err)) => {
+                eprintln!("warning: the embedded worker stopped with an error: {err:#}")
+            }
             Err(err) => eprintln!("warning: the embedded worker panicked: {err}"),
         }
     }
@@ -138,7 +143,9 @@ async fn serve(ctx: &Ctx, args: &Args, worker: &mut Worker) -> anyhow::Result<Ex
 /// A wildcard listen address is not something to connect to; the loopback of the same family is.
 fn client_addr(addr: SocketAddr) -> SocketAddr {
     match addr.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), addr.port()),
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), addr.port())
+        }
         IpAddr::V6(ip) if ip.is_unspecified() => {
             SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port())
         }
@@ -149,8 +156,9 @@ fn client_addr(addr: SocketAddr) -> SocketAddr {
 /// Apply, trigger, wait, then print every instance's log under a header. Returns the exit code
 /// the run's outcome calls for.
 pub async fn run_file(ctx: &Ctx, file: &Path, out: &mut impl Write) -> anyhow::Result<Exit> {
+    let source = apply::read_source(file)?;
     let mut client = ctx.connect().await?;
-    let applied = apply::apply_file(ctx, &mut client, file, false).await?;
+    let applied = apply::apply_source(ctx, &mut client, file, source, false).await?;
     let name = applied
         .workflow
         .map(|w| w.name)

@@ -73,7 +73,11 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
             let request = pb::ListWorkflowsRequest {
                 app: app.unwrap_or_default(),
             };
-            let list = client.list_workflows(request).await.map_err(st)?.into_inner();
+            let list = client
+                .list_workflows(request)
+                .await
+                .map_err(st)?
+                .into_inner();
             let views: Vec<WorkflowView> = list.workflows.iter().map(WorkflowView::from).collect();
             output::emit(ctx.output, &views, || workflows_table(&list.workflows))
         }
@@ -99,9 +103,17 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
             output::emit(ctx.output, &views, || runs_table(&list.runs))
         }
         What::Run { id } => {
-            let run = client.get_run(pb::GetRunRequest { id }).await.map_err(st)?.into_inner();
+            let run = client
+                .get_run(pb::GetRunRequest { id })
+                .await
+                .map_err(st)?
+                .into_inner();
             let request = pb::ListInstancesRequest { run_id: id };
-            let instances = client.list_instances(request).await.map_err(st)?.into_inner();
+            let instances = client
+                .list_instances(request)
+                .await
+                .map_err(st)?
+                .into_inner();
             let view = RunDetailView {
                 run: RunView::from(&run),
                 instances: instances.instances.iter().map(InstanceView::from).collect(),
@@ -116,7 +128,11 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
         }
         What::Instances { run_id } => {
             let request = pb::ListInstancesRequest { run_id };
-            let list = client.list_instances(request).await.map_err(st)?.into_inner();
+            let list = client
+                .list_instances(request)
+                .await
+                .map_err(st)?
+                .into_inner();
             let views: Vec<InstanceView> = list.instances.iter().map(InstanceView::from).collect();
             output::emit(ctx.output, &views, || instances_table(&list.instances))
         }
@@ -133,7 +149,11 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
 fn schedule_text(schedule: Option<&pb::Schedule>) -> String {
     match schedule {
         Some(s) if !s.cron.is_empty() => {
-            let tz = if s.timezone.is_empty() { "UTC" } else { &s.timezone };
+            let tz = if s.timezone.is_empty() {
+                "UTC"
+            } else {
+                &s.timezone
+            };
             format!("{} ({tz})", s.cron)
         }
         Some(s) => trigger_kind(s.trigger),
@@ -142,7 +162,15 @@ fn schedule_text(schedule: Option<&pb::Schedule>) -> String {
 }
 
 pub fn workflows_table(workflows: &[pb::Workflow]) -> String {
-    let mut table = Table::new(&["NAME", "APP", "VERSION", "SCHEDULE", "PAUSED", "TASKS", "NEXT FIRE"]);
+    let mut table = Table::new(&[
+        "NAME",
+        "APP",
+        "VERSION",
+        "SCHEDULE",
+        "PAUSED",
+        "TASKS",
+        "NEXT FIRE",
+    ]);
     for w in workflows {
         table.row(vec![
             w.name.clone(),
@@ -162,7 +190,11 @@ pub fn workflow_detail(w: &pb::Workflow) -> String {
         Some(s) => (
             trigger_kind(s.trigger),
             or_dash(&s.cron),
-            if s.timezone.is_empty() { "UTC".into() } else { s.timezone.clone() },
+            if s.timezone.is_empty() {
+                "UTC".into()
+            } else {
+                s.timezone.clone()
+            },
         ),
         None => ("-".into(), "-".into(), "-".into()),
     };
@@ -181,12 +213,24 @@ pub fn workflow_detail(w: &pb::Workflow) -> String {
     out.push('\n');
     let mut tasks = Table::new(&["TASK", "UPSTREAM", "RETRIES", "TIMEOUT", "COMMAND"]);
     for t in &w.tasks {
-        let command = if t.argv.is_empty() { t.command.clone() } else { t.argv.join(" ") };
+        let command = if t.argv.is_empty() {
+            t.command.clone()
+        } else {
+            t.argv.join(" ")
+        };
         tasks.row(vec![
             t.name.clone(),
-            if t.upstream.is_empty() { "-".into() } else { t.upstream.join(",") },
+            if t.upstream.is_empty() {
+                "-".into()
+            } else {
+                t.upstream.join(",")
+            },
             t.retries.to_string(),
-            if t.timeout_ms == 0 { "-".into() } else { output::duration_ms(t.timeout_ms as i64) },
+            if t.timeout_ms == 0 {
+                "-".into()
+            } else {
+                output::duration_ms(t.timeout_ms as i64)
+            },
             command,
         ]);
     }
@@ -251,7 +295,10 @@ fn run_detail(r: &pb::Run) -> String {
     params.sort();
     fields(&[
         ("Run", r.id.to_string()),
-        ("Workflow", format!("{} (version {})", r.workflow, r.workflow_version)),
+        (
+            "Workflow",
+            format!("{} (version {})", r.workflow, r.workflow_version),
+        ),
         ("State", run_state(r.state)),
         ("Trigger", trigger_kind(r.trigger)),
         ("Triggered by", or_dash(&r.triggered_by)),
@@ -314,7 +361,11 @@ fn instance_detail(i: &pb::Instance) -> String {
             a.attempt.to_string(),
             instance_state(a.state),
             or_dash(&a.worker_id),
-            if a.pid == 0 { "-".into() } else { a.pid.to_string() },
+            if a.pid == 0 {
+                "-".into()
+            } else {
+                a.pid.to_string()
+            },
             time(a.started_at_ms),
             elapsed(a.started_at_ms, a.finished_at_ms),
             exit_text(a.exit_code),

@@ -82,7 +82,11 @@ pub async fn copy_logs(
         .map_err(|status| ctx.status(status))?
         .into_inner();
     let mut written = 0;
-    while let Some(chunk) = stream.message().await.map_err(|status| ctx.status(status))? {
+    while let Some(chunk) = stream
+        .message()
+        .await
+        .map_err(|status| ctx.status(status))?
+    {
         for line in &chunk.lines {
             write_line(out, chunk.attempt, line, format)?;
             written += 1;

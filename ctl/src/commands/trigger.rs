@@ -6,7 +6,7 @@ use ax_proto::v1::{Run, TriggerWorkflowRequest};
 
 use crate::client::{Client, Ctx};
 use crate::error::{CtlError, Exit};
-use crate::output::{self, Output};
+use crate::output;
 use crate::view::{RunView, TriggerView};
 use crate::wait;
 
@@ -53,11 +53,14 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<Exit> {
     let mut params = HashMap::new();
     for (key, value) in args.params {
         if params.insert(key.clone(), value).is_some() {
-            return Err(CtlError::usage(format!("parameter {key:?} is given more than once")).into());
+            return Err(
+                CtlError::usage(format!("parameter {key:?} is given more than once")).into(),
+            );
         }
     }
     let mut client = ctx.connect().await?;
-    let (run, created) = trigger(ctx, &mut client, &args.name, params, args.idempotency_key).await?;
+    let (run, created) =
+        trigger(ctx, &mut client, &args.name, params, args.idempotency_key).await?;
     if !args.wait {
         let view = TriggerView {
             created,
@@ -69,7 +72,9 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<Exit> {
     }
     let run = wait::wait_for_run(ctx, &mut client, run.id).await?;
     let view = RunView::from(&run);
-    output::emit(ctx.output, &view, || super::get::runs_table(std::slice::from_ref(&run)))?;
+    output::emit(ctx.output, &view, || {
+        super::get::runs_table(std::slice::from_ref(&run))
+    })?;
     Ok(wait::exit_for(run.state))
 }
 
@@ -96,16 +101,14 @@ pub async fn trigger(
     let run = response
         .run
         .ok_or_else(|| anyhow::anyhow!("the server answered the trigger without a run"))?;
-    if ctx.output == Output::Table {
-        if response.created {
-            eprintln!("triggered workflow {name}: run {} created", run.id);
-        } else {
-            eprintln!(
-                "workflow {name}: run {} already existed for idempotency key {:?}",
-                run.id,
-                idempotency_key.unwrap_or_default()
-            );
-        }
+    if response.created {
+        eprintln!("triggered workflow {name}: run {} created", run.id);
+    } else {
+        eprintln!(
+            "workflow {name}: run {} already existed for idempotency key {:?}",
+            run.id,
+            idempotency_key.unwrap_or_default()
+        );
     }
     Ok((run, response.created))
 }
@@ -116,11 +119,18 @@ mod tests {
 
     #[test]
     fn params_need_an_env_var_name_and_an_equals_sign() {
-        assert_eq!(parse_param("DATE=2024-01-01"), Ok(("DATE".into(), "2024-01-01".into())));
+        assert_eq!(
+            parse_param("DATE=2024-01-01"),
+            Ok(("DATE".into(), "2024-01-01".into()))
+        );
         assert_eq!(parse_param("_x1=a=b"), Ok(("_x1".into(), "a=b".into())));
         assert_eq!(parse_param("EMPTY="), Ok(("EMPTY".into(), String::new())));
         assert!(parse_param("1abc=x").unwrap_err().contains("\"1abc\""));
-        assert!(parse_param("bad-name=x").unwrap_err().contains("\"bad-name\""));
+        assert!(
+            parse_param("bad-name=x")
+                .unwrap_err()
+                .contains("\"bad-name\"")
+        );
         assert!(parse_param("=x").is_err());
         assert!(parse_param("novalue").unwrap_err().contains("KEY=VALUE"));
     }

@@ -22,7 +22,15 @@ pub async fn run(ctx: &Ctx, _args: Args) -> anyhow::Result<()> {
 
 fn workers_table(workers: &[WorkerInfo]) -> String {
     let mut table = Table::new(&[
-        "ID", "STATE", "HOST", "VERSION", "RUNNING", "LABELS", "STARTED", "HEARTBEAT", "NODE",
+        "ID",
+        "STATE",
+        "HOST",
+        "VERSION",
+        "RUNNING",
+        "LABELS",
+        "STARTED",
+        "HEARTBEAT",
+        "NODE",
     ]);
     for w in workers {
         let mut labels: Vec<String> = w.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();

@@ -204,7 +204,10 @@ fn counts(run: &FakeRun) -> pb::InstanceCounts {
 
 /// Finds the line of `needle` in `source`, 1-based, like a real validator would.
 fn line_of(source: &str, needle: &str) -> Option<usize> {
-    source.lines().position(|l| l.contains(needle)).map(|i| i + 1)
+    source
+        .lines()
+        .position(|l| l.contains(needle))
+        .map(|i| i + 1)
 }
 
 #[tonic::async_trait]
@@ -321,7 +324,10 @@ impl ControlService for Fake {
         self.with(|s| {
             s.triggers.push(req.clone());
             let Some(workflow) = s.workflows.iter().find(|w| w.name == req.name).cloned() else {
-                return Err(Status::not_found(format!("workflow \"{}\" not found", req.name)));
+                return Err(Status::not_found(format!(
+                    "workflow \"{}\" not found",
+                    req.name
+                )));
             };
             if let Some(id) = s.idempotency.get(&req.idempotency_key)
                 && let Some(existing) = s.runs.iter().find(|r| r.run.id == *id)
@@ -377,7 +383,11 @@ impl ControlService for Fake {
                 .map(|r| r.run.clone())
                 .filter(|r| req.workflow.is_empty() || r.workflow == req.workflow)
                 .filter(|r| req.state == 0 || r.state == req.state)
-                .take(if req.limit == 0 { usize::MAX } else { req.limit as usize })
+                .take(if req.limit == 0 {
+                    usize::MAX
+                } else {
+                    req.limit as usize
+                })
                 .collect()
         });
         Ok(Response::new(pb::ListRunsResponse { runs }))
@@ -414,7 +424,9 @@ impl ControlService for Fake {
                 return Err(Status::not_found(format!("run {id} not found")));
             };
             if r.run.state != pb::RunState::Running as i32 {
-                return Err(Status::failed_precondition(format!("run {id} already ended")));
+                return Err(Status::failed_precondition(format!(
+                    "run {id} already ended"
+                )));
             }
             r.run.state = pb::RunState::Cancelled as i32;
             Ok(Response::new(r.run.clone()))
@@ -428,7 +440,11 @@ impl ControlService for Fake {
         self.record("ListInstances");
         let run_id = request.into_inner().run_id;
         let instances = self.with(|s| {
-            s.instances.iter().filter(|i| i.run_id == run_id).cloned().collect()
+            s.instances
+                .iter()
+                .filter(|i| i.run_id == run_id)
+                .cloned()
+                .collect()
         });
         Ok(Response::new(pb::ListInstancesResponse { instances }))
     }
@@ -467,12 +483,20 @@ impl ControlService for Fake {
     ) -> Result<Response<Self::GetLogsStream>, Status> {
         self.record("GetLogs");
         let req = request.into_inner();
-        let (attempt, lines) = self.with(|s| {
-            let instance = s.instances.iter().find(|i| i.id == req.instance_id)?;
-            let attempt = if req.attempt == 0 { instance.attempt } else { req.attempt };
-            Some((attempt, s.logs.get(&req.instance_id).cloned().unwrap_or_default()))
-        })
-        .ok_or_else(|| Status::not_found(format!("instance {} not found", req.instance_id)))?;
+        let (attempt, lines) = self
+            .with(|s| {
+                let instance = s.instances.iter().find(|i| i.id == req.instance_id)?;
+                let attempt = if req.attempt == 0 {
+                    instance.attempt
+                } else {
+                    req.attempt
+                };
+                Some((
+                    attempt,
+                    s.logs.get(&req.instance_id).cloned().unwrap_or_default(),
+                ))
+            })
+            .ok_or_else(|| Status::not_found(format!("instance {} not found", req.instance_id)))?;
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         // Two lines per chunk with a pause between chunks, so the client sees a real stream.
         tokio::spawn(async move {

@@ -1,1 +1,124 @@
-fn main() {}
+//! `axctl`: the ax command line. Every command drives a scheduler node over the gRPC
+//! `ControlService`; `axctl dev` additionally hosts a scheduler and a worker in this process.
+
+mod client;
+mod commands;
+mod error;
+mod output;
+mod view;
+mod wait;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::client::Ctx;
+use crate::commands::{apply, cancel, dev, get, logs, pause, resume, trigger, workers};
+use crate::error::Exit;
+use crate::output::Output;
+
+const LONG_ABOUT: &str = "\
+axctl drives an ax scheduler over its gRPC ControlService: apply workflow files, inspect workflows,
+runs, instances and workers, trigger runs and follow them, read task logs, and run a scheduler plus
+a worker in one process with `axctl dev`.
+
+Data meant for pipes (tables, JSON, YAML, log lines, run ids) goes to stdout; progress, warnings
+and errors go to stderr.
+
+Exit codes:
+    0    ok
+    1    any other error
+    2    usage error (bad flags or arguments, e.g. a malformed --param)
+    3    not found (workflow, run, instance)
+    4    invalid argument (e.g. a workflow file the server refused, printed as FILE:LINE: FIELD: message)
+    5    server unreachable or unavailable
+    6    failed precondition or conflict (e.g. cancelling a finished run)
+    10   a waited run ended FAILED
+    11   a waited run ended CANCELLED
+    130  interrupted (Ctrl-C) before a waited run ended";
+
+#[derive(Debug, Parser)]
+#[command(name = "axctl", version, about = "The ax command line", long_about = LONG_ABOUT)]
+struct Cli {
+    /// Scheduler URL (any node of the cluster).
+    #[arg(
+        long,
+        global = true,
+        env = "AX_SERVER",
+        default_value = "http://127.0.0.1:7070"
+    )]
+    server: String,
+
+    /// Output format of the data written to stdout.
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+
+    /// Who is acting, recorded in the audit trail of applies, triggers, pauses and cancels.
+    #[arg(long, global = true, default_value_t = client::default_actor())]
+    actor: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply (create or update) a workflow from a file, or validate it with --dry-run.
+    Apply(apply::Args),
+    /// Show workflows, runs, instances (kubectl-like: `get runs`, `get run ID`).
+    #[command(visible_alias = "list")]
+    Get(get::Args),
+    /// Start a run of a workflow now, optionally waiting for it to end.
+    Trigger(trigger::Args),
+    /// Print the log lines of an instance's attempt, optionally following them.
+    Logs(logs::Args),
+    /// List the workers known to the scheduler cluster.
+    Workers(workers::Args),
+    /// Pause a workflow's schedule: no new cron runs until it is resumed.
+    Pause(pause::Args),
+    /// Resume a paused workflow's schedule.
+    Resume(resume::Args),
+    /// Cancel a run or a single instance.
+    Cancel(cancel::Args),
+    /// Run a scheduler and a worker in this process (SQLite store, no Redis).
+    Dev(dev::Args),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(matches!(cli.command, Command::Dev(_)));
+    let ctx = Ctx {
+        server: client::normalize_server(&cli.server),
+        output: cli.output,
+        actor: cli.actor,
+    };
+    let result = match cli.command {
+        Command::Apply(args) => apply::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Get(args) => get::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Trigger(args) => trigger::run(&ctx, args).await,
+        Command::Logs(args) => logs::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Workers(args) => workers::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Pause(args) => pause::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Resume(args) => resume::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Cancel(args) => cancel::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Dev(args) => dev::run(&ctx, args).await,
+    };
+    let exit = match result {
+        Ok(exit) => exit,
+        Err(err) => error::report(&err),
+    };
+    ExitCode::from(exit as u8)
+}
+
+/// Library logs go to stderr. They are quiet for ordinary commands, whose own messages say what
+/// matters, and at `info` for `axctl dev`, where they are the embedded scheduler's and worker's log.
+fn init_tracing(dev: bool) {
+    let default = if dev { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,92 @@
+//! The connection to a scheduler node and what every command shares.
+
+use std::time::Duration;
+
+use ax_proto::v1::control_service_client::ControlServiceClient;
+use tonic::Status;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::{self, CtlError};
+use crate::output::Output;
+
+pub type Client = ControlServiceClient<Channel>;
+
+/// How long to wait for the TCP/HTTP2 connection before calling the server unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The global options, resolved once in `main` and passed to every command.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    pub server: String,
+    pub output: Output,
+    pub actor: String,
+}
+
+impl Ctx {
+    /// Opens the connection eagerly, so an unreachable server is reported once, up front, with
+    /// its address, rather than as an opaque transport error from the first call.
+    pub async fn connect(&self) -> Result<Client, CtlError> {
+        let endpoint = Endpoint::from_shared(self.server.clone())
+            .map_err(|e| CtlError::usage(format!("invalid --server URL {:?}: {e}", self.server)))?
+            .connect_timeout(CONNECT_TIMEOUT);
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| error::unreachable(&self.server, &e))?;
+        Ok(ControlServiceClient::new(channel))
+    }
+
+    /// Turns a failed call into the error `main` reports (message and exit code).
+    pub fn status(&self, status: Status) -> anyhow::Error {
+        error::from_status(&status, &self.server).into()
+    }
+}
+
+/// `host:port` is accepted for convenience; gRPC needs a scheme.
+pub fn normalize_server(server: &str) -> String {
+    let server = server.trim().trim_end_matches('/');
+    if server.contains("://") {
+        server.to_string()
+    } else {
+        format!("http://{server}")
+    }
+}
+
+/// `$USER@hostname`, the default audit identity.
+pub fn default_actor() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("USERNAME"))
+        .unwrap_or_else(|_| "unknown".into());
+    format!("{user}@{}", hostname())
+}
+
+fn hostname() -> String {
+    // Linux exposes the hostname as a file; the environment is a fallback elsewhere.
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_without_scheme_gets_http() {
+        assert_eq!(normalize_server("127.0.0.1:7070"), "http://127.0.0.1:7070");
+        assert_eq!(
+            normalize_server("https://ax.example/"),
+            "https://ax.example"
+        );
+    }
+
+    #[test]
+    fn actor_has_user_and_host() {
+        let actor = default_actor();
+        let (user, host) = actor.split_once('@').expect("user@host");
+        assert!(!user.is_empty() && !host.is_empty(), "{actor}");
+    }
+}

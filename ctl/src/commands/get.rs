@@ -1,0 +1,379 @@
+//! `axctl get workflows|workflow NAME|runs|run ID|instances --run ID|instance ID`
+
+use ax_proto::v1 as pb;
+use clap::Subcommand;
+
+use crate::client::Ctx;
+use crate::output::{self, Table, elapsed, fields, or_dash, time};
+use crate::view::{
+    InstanceView, RunDetailView, RunView, WorkflowView, instance_state, run_state, trigger_kind,
+};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub what: What,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum What {
+    /// All workflows.
+    Workflows {
+        /// Only the workflows of this app.
+        #[arg(long)]
+        app: Option<String>,
+    },
+    /// One workflow: schedule, tasks and their upstreams, next fire times.
+    Workflow { name: String },
+    /// Recent runs, newest first.
+    Runs {
+        #[arg(long)]
+        workflow: Option<String>,
+        /// Only runs in this state.
+        #[arg(long, value_enum)]
+        state: Option<StateFilter>,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// One run and its instances.
+    Run { id: i64 },
+    /// The instances of a run.
+    Instances {
+        #[arg(long = "run", value_name = "RUN_ID")]
+        run_id: i64,
+    },
+    /// One instance and the history of its attempts.
+    Instance { id: i64 },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum StateFilter {
+    Running,
+    Success,
+    Failed,
+    Cancelled,
+}
+
+impl From<StateFilter> for pb::RunState {
+    fn from(s: StateFilter) -> Self {
+        match s {
+            StateFilter::Running => pb::RunState::Running,
+            StateFilter::Success => pb::RunState::Success,
+            StateFilter::Failed => pb::RunState::Failed,
+            StateFilter::Cancelled => pb::RunState::Cancelled,
+        }
+    }
+}
+
+pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
+    let mut client = ctx.connect().await?;
+    let st = |status| ctx.status(status);
+    match args.what {
+        What::Workflows { app } => {
+            let request = pb::ListWorkflowsRequest {
+                app: app.unwrap_or_default(),
+            };
+            let list = client
+                .list_workflows(request)
+                .await
+                .map_err(st)?
+                .into_inner();
+            let views: Vec<WorkflowView> = list.workflows.iter().map(WorkflowView::from).collect();
+            output::emit(ctx.output, &views, || workflows_table(&list.workflows))
+        }
+        What::Workflow { name } => {
+            let request = pb::GetWorkflowRequest { name };
+            let workflow = client.get_workflow(request).await.map_err(st)?.into_inner();
+            output::emit(ctx.output, &WorkflowView::from(&workflow), || {
+                workflow_detail(&workflow)
+            })
+        }
+        What::Runs {
+            workflow,
+            state,
+            limit,
+        } => {
+            let request = pb::ListRunsRequest {
+                workflow: workflow.unwrap_or_default(),
+                limit,
+                state: state.map_or(0, |s| pb::RunState::from(s) as i32),
+            };
+            let list = client.list_runs(request).await.map_err(st)?.into_inner();
+            let views: Vec<RunView> = list.runs.iter().map(RunView::from).collect();
+            output::emit(ctx.output, &views, || runs_table(&list.runs))
+        }
+        What::Run { id } => {
+            let run = client
+                .get_run(pb::GetRunRequest { id })
+                .await
+                .map_err(st)?
+                .into_inner();
+            let request = pb::ListInstancesRequest { run_id: id };
+            let instances = client
+                .list_instances(request)
+                .await
+                .map_err(st)?
+                .into_inner();
+            let view = RunDetailView {
+                run: RunView::from(&run),
+                instances: instances.instances.iter().map(InstanceView::from).collect(),
+            };
+            output::emit(ctx.output, &view, || {
+                format!(
+                    "{}\n{}",
+                    run_detail(&run),
+                    instances_table(&instances.instances)
+                )
+            })
+        }
+        What::Instances { run_id } => {
+            let request = pb::ListInstancesRequest { run_id };
+            let list = client
+                .list_instances(request)
+                .await
+                .map_err(st)?
+                .into_inner();
+            let views: Vec<InstanceView> = list.instances.iter().map(InstanceView::from).collect();
+            output::emit(ctx.output, &views, || instances_table(&list.instances))
+        }
+        What::Instance { id } => {
+            let request = pb::GetInstanceRequest { id };
+            let instance = client.get_instance(request).await.map_err(st)?.into_inner();
+            output::emit(ctx.output, &InstanceView::from(&instance), || {
+                instance_detail(&instance)
+            })
+        }
+    }
+}
+
+fn schedule_text(schedule: Option<&pb::Schedule>) -> String {
+    match schedule {
+        Some(s) if !s.cron.is_empty() => {
+            let tz = if s.timezone.is_empty() {
+                "UTC"
+            } else {
+                &s.timezone
+            };
+            format!("{} ({tz})", s.cron)
+        }
+        Some(s) => trigger_kind(s.trigger),
+        None => "-".into(),
+    }
+}
+
+pub fn workflows_table(workflows: &[pb::Workflow]) -> String {
+    let mut table = Table::new(&[
+        "NAME",
+        "APP",
+        "VERSION",
+        "SCHEDULE",
+        "PAUSED",
+        "TASKS",
+        "NEXT FIRE",
+    ]);
+    for w in workflows {
+        table.row(vec![
+            w.name.clone(),
+            or_dash(&w.app),
+            w.version.to_string(),
+            schedule_text(w.schedule.as_ref()),
+            if w.paused { "yes" } else { "no" }.into(),
+            w.tasks.len().to_string(),
+            w.next_fires_ms.first().map_or("-".into(), |ms| time(*ms)),
+        ]);
+    }
+    table.render()
+}
+
+pub fn workflow_detail(w: &pb::Workflow) -> String {
+    let (trigger, cron, tz) = match &w.schedule {
+        Some(s) => (
+            trigger_kind(s.trigger),
+            or_dash(&s.cron),
+            if s.timezone.is_empty() {
+                "UTC".into()
+            } else {
+                s.timezone.clone()
+            },
+        ),
+        None => ("-".into(), "-".into(), "-".into()),
+    };
+    let mut out = fields(&[
+        ("Name", w.name.clone()),
+        ("App", or_dash(&w.app)),
+        ("Owner", or_dash(&w.owner)),
+        ("Description", or_dash(&w.description)),
+        ("Version", w.version.to_string()),
+        ("Trigger", trigger),
+        ("Schedule", cron),
+        ("Time zone", tz),
+        ("Paused", if w.paused { "yes" } else { "no" }.into()),
+        ("Updated", time(w.updated_at_ms)),
+    ]);
+    out.push('\n');
+    let mut tasks = Table::new(&["TASK", "UPSTREAM", "RETRIES", "TIMEOUT", "COMMAND"]);
+    for t in &w.tasks {
+        let command = if t.argv.is_empty() {
+            t.command.clone()
+        } else {
+            t.argv.join(" ")
+        };
+        tasks.row(vec![
+            t.name.clone(),
+            if t.upstream.is_empty() {
+                "-".into()
+            } else {
+                t.upstream.join(",")
+            },
+            t.retries.to_string(),
+            if t.timeout_ms == 0 {
+                "-".into()
+            } else {
+                output::duration_ms(t.timeout_ms as i64)
+            },
+            command,
+        ]);
+    }
+    out.push_str(&tasks.render());
+    if !w.next_fires_ms.is_empty() {
+        out.push_str("\nNext fires:\n");
+        for ms in w.next_fires_ms.iter().take(5) {
+            out.push_str(&format!("  {}\n", time(*ms)));
+        }
+    }
+    out
+}
+
+/// `3/5 success, 1 failed, 1 running`: what a person scanning a list of runs wants to see.
+fn progress(run: &pb::Run) -> String {
+    let Some(c) = run.counts else {
+        return "-".into();
+    };
+    let total = c.waiting
+        + c.dispatched
+        + c.running
+        + c.success
+        + c.failed
+        + c.timeout
+        + c.cancelled
+        + c.not_created;
+    let mut text = format!("{}/{total} success", c.success);
+    for (n, label) in [
+        (c.failed + c.timeout, "failed"),
+        (c.dispatched + c.running, "running"),
+        (c.cancelled, "cancelled"),
+    ] {
+        if n > 0 {
+            text.push_str(&format!(", {n} {label}"));
+        }
+    }
+    text
+}
+
+pub fn runs_table(runs: &[pb::Run]) -> String {
+    let mut table = Table::new(&[
+        "ID", "WORKFLOW", "VERSION", "STATE", "TRIGGER", "TASKS", "CREATED", "DURATION", "BY",
+    ]);
+    for r in runs {
+        table.row(vec![
+            r.id.to_string(),
+            r.workflow.clone(),
+            r.workflow_version.to_string(),
+            run_state(r.state),
+            trigger_kind(r.trigger),
+            progress(r),
+            time(r.created_at_ms),
+            elapsed(r.created_at_ms, r.finished_at_ms),
+            or_dash(&r.triggered_by),
+        ]);
+    }
+    table.render()
+}
+
+fn run_detail(r: &pb::Run) -> String {
+    let mut params: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    params.sort();
+    fields(&[
+        ("Run", r.id.to_string()),
+        (
+            "Workflow",
+            format!("{} (version {})", r.workflow, r.workflow_version),
+        ),
+        ("State", run_state(r.state)),
+        ("Trigger", trigger_kind(r.trigger)),
+        ("Triggered by", or_dash(&r.triggered_by)),
+        ("Logical time", time(r.logical_time_ms)),
+        ("Idempotency key", or_dash(&r.idempotency_key)),
+        ("Params", or_dash(&params.join(" "))),
+        ("Created", time(r.created_at_ms)),
+        ("Finished", time(r.finished_at_ms)),
+        ("Duration", elapsed(r.created_at_ms, r.finished_at_ms)),
+        ("Tasks", progress(r)),
+    ])
+}
+
+fn exit_text(code: Option<i32>) -> String {
+    code.map_or("-".into(), |c| c.to_string())
+}
+
+pub fn instances_table(instances: &[pb::Instance]) -> String {
+    let mut table = Table::new(&[
+        "ID", "TASK", "STATE", "ATTEMPT", "WORKER", "EXIT", "STARTED", "DURATION",
+    ]);
+    for i in instances {
+        table.row(vec![
+            i.id.to_string(),
+            i.task.clone(),
+            instance_state(i.state),
+            i.attempt.to_string(),
+            or_dash(&i.worker_id),
+            exit_text(i.exit_code),
+            time(i.started_at_ms),
+            elapsed(i.started_at_ms, i.finished_at_ms),
+        ]);
+    }
+    table.render()
+}
+
+fn instance_detail(i: &pb::Instance) -> String {
+    let mut out = fields(&[
+        ("Instance", i.id.to_string()),
+        ("Run", i.run_id.to_string()),
+        ("Workflow", i.workflow.clone()),
+        ("Task", i.task.clone()),
+        ("State", instance_state(i.state)),
+        ("Attempt", i.attempt.to_string()),
+        ("Worker", or_dash(&i.worker_id)),
+        ("Priority", i.priority.to_string()),
+        ("Exit code", exit_text(i.exit_code)),
+        ("Created", time(i.created_at_ms)),
+        ("Started", time(i.started_at_ms)),
+        ("Finished", time(i.finished_at_ms)),
+        ("Duration", elapsed(i.started_at_ms, i.finished_at_ms)),
+    ]);
+    out.push('\n');
+    let mut table = Table::new(&[
+        "ATTEMPT", "STATE", "WORKER", "PID", "STARTED", "DURATION", "EXIT", "SIGNAL", "LINES",
+        "MESSAGE",
+    ]);
+    for a in &i.attempts {
+        table.row(vec![
+            a.attempt.to_string(),
+            instance_state(a.state),
+            or_dash(&a.worker_id),
+            if a.pid == 0 {
+                "-".into()
+            } else {
+                a.pid.to_string()
+            },
+            time(a.started_at_ms),
+            elapsed(a.started_at_ms, a.finished_at_ms),
+            exit_text(a.exit_code),
+            exit_text(a.signal),
+            a.log_lines.to_string(),
+            or_dash(&a.message),
+        ]);
+    }
+    out.push_str(&table.render());
+    out
+}

@@ -1,0 +1,11 @@
+//! One file per command, each with an `Args` struct and a thin `run`.
+
+pub mod apply;
+pub mod cancel;
+pub mod dev;
+pub mod get;
+pub mod logs;
+pub mod pause;
+pub mod resume;
+pub mod trigger;
+pub mod workers;

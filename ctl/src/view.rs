@@ -1,0 +1,375 @@
+//! Serializable views of the protobuf messages, for `-o json` and `-o yaml`. The generated
+//! types do not derive `Serialize`, and a view lets the output use names and shapes meant for
+//! people: enum names without their prefix, RFC 3339 times, ordered maps.
+
+use std::collections::BTreeMap;
+
+use ax_proto::v1 as pb;
+use serde::Serialize;
+
+use crate::output::rfc3339;
+
+/// `RUN_STATE_SUCCESS` → `SUCCESS`; an enum value this build does not know stays visible.
+fn enum_name(name: Option<&'static str>, prefix: &str, raw: i32) -> String {
+    match name {
+        Some(name) => name.strip_prefix(prefix).unwrap_or(name).to_string(),
+        None => format!("UNKNOWN({raw})"),
+    }
+}
+
+pub fn run_state(raw: i32) -> String {
+    enum_name(
+        pb::RunState::try_from(raw).ok().map(|s| s.as_str_name()),
+        "RUN_STATE_",
+        raw,
+    )
+}
+
+pub fn instance_state(raw: i32) -> String {
+    let state = pb::InstanceState::try_from(raw)
+        .ok()
+        .map(|s| s.as_str_name());
+    enum_name(state, "INSTANCE_STATE_", raw)
+}
+
+pub fn trigger_kind(raw: i32) -> String {
+    let kind = pb::TriggerKind::try_from(raw).ok().map(|s| s.as_str_name());
+    enum_name(kind, "TRIGGER_KIND_", raw)
+}
+
+pub fn worker_state(raw: i32) -> String {
+    let state = pb::WorkerState::try_from(raw).ok().map(|s| s.as_str_name());
+    enum_name(state, "WORKER_STATE_", raw)
+}
+
+pub fn apply_outcome(raw: i32) -> String {
+    let outcome = pb::ApplyOutcome::try_from(raw)
+        .ok()
+        .map(|s| s.as_str_name());
+    enum_name(outcome, "APPLY_OUTCOME_", raw)
+}
+
+pub fn log_stream(raw: i32) -> String {
+    enum_name(
+        pb::LogStream::try_from(raw).ok().map(|s| s.as_str_name()),
+        "LOG_STREAM_",
+        raw,
+    )
+}
+
+fn sorted(map: &std::collections::HashMap<String, String>) -> BTreeMap<String, String> {
+    map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+#[derive(Debug, Serialize)]
+pub struct ScheduleView {
+    pub trigger: String,
+    pub cron: String,
+    pub timezone: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TaskView {
+    pub name: String,
+    pub command: String,
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub working_dir: String,
+    pub timeout_ms: u64,
+    pub retries: u32,
+    pub retry_backoff_ms: u64,
+    pub labels: BTreeMap<String, String>,
+    pub priority: i32,
+    pub upstream: Vec<String>,
+}
+
+impl From<&pb::TaskSpec> for TaskView {
+    fn from(t: &pb::TaskSpec) -> Self {
+        TaskView {
+            name: t.name.clone(),
+            command: t.command.clone(),
+            argv: t.argv.clone(),
+            env: sorted(&t.env),
+            working_dir: t.working_dir.clone(),
+            timeout_ms: t.timeout_ms,
+            retries: t.retries,
+            retry_backoff_ms: t.retry_backoff_ms,
+            labels: sorted(&t.labels),
+            priority: t.priority,
+            upstream: t.upstream.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct WorkflowView {
+    pub name: String,
+    pub app: String,
+    pub owner: String,
+    pub description: String,
+    pub version: u32,
+    pub schedule: Option<ScheduleView>,
+    pub paused: bool,
+    pub tasks: Vec<TaskView>,
+    pub created_at: Option<String>,
+    pub updated_at: Option<String>,
+    pub next_fires: Vec<String>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub source: String,
+}
+
+impl From<&pb::Workflow> for WorkflowView {
+    fn from(w: &pb::Workflow) -> Self {
+        WorkflowView {
+            name: w.name.clone(),
+            app: w.app.clone(),
+            owner: w.owner.clone(),
+            description: w.description.clone(),
+            version: w.version,
+            schedule: w.schedule.as_ref().map(|s| ScheduleView {
+                trigger: trigger_kind(s.trigger),
+                cron: s.cron.clone(),
+                timezone: s.timezone.clone(),
+            }),
+            paused: w.paused,
+            tasks: w.tasks.iter().map(TaskView::from).collect(),
+            created_at: rfc3339(w.created_at_ms),
+            updated_at: rfc3339(w.updated_at_ms),
+            next_fires: w
+                .next_fires_ms
+                .iter()
+                .filter_map(|ms| rfc3339(*ms))
+                .collect(),
+            source: w.source.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ApplyView {
+    pub outcome: String,
+    pub warnings: Vec<String>,
+    pub workflow: Option<WorkflowView>,
+}
+
+impl From<&pb::ApplyWorkflowResponse> for ApplyView {
+    fn from(r: &pb::ApplyWorkflowResponse) -> Self {
+        ApplyView {
+            outcome: apply_outcome(r.outcome),
+            warnings: r.warnings.clone(),
+            workflow: r.workflow.as_ref().map(WorkflowView::from),
+        }
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct CountsView {
+    pub waiting: u32,
+    pub dispatched: u32,
+    pub running: u32,
+    pub success: u32,
+    pub failed: u32,
+    pub timeout: u32,
+    pub cancelled: u32,
+    pub not_created: u32,
+}
+
+impl From<&pb::InstanceCounts> for CountsView {
+    fn from(c: &pb::InstanceCounts) -> Self {
+        CountsView {
+            waiting: c.waiting,
+            dispatched: c.dispatched,
+            running: c.running,
+            success: c.success,
+            failed: c.failed,
+            timeout: c.timeout,
+            cancelled: c.cancelled,
+            not_created: c.not_created,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct RunView {
+    pub id: i64,
+    pub workflow: String,
+    pub workflow_version: u32,
+    pub state: String,
+    pub trigger: String,
+    pub logical_time: Option<String>,
+    pub idempotency_key: String,
+    pub params: BTreeMap<String, String>,
+    pub triggered_by: String,
+    pub created_at: Option<String>,
+    pub finished_at: Option<String>,
+    pub counts: CountsView,
+}
+
+impl From<&pb::Run> for RunView {
+    fn from(r: &pb::Run) -> Self {
+        RunView {
+            id: r.id,
+            workflow: r.workflow.clone(),
+            workflow_version: r.workflow_version,
+            state: run_state(r.state),
+            trigger: trigger_kind(r.trigger),
+            logical_time: rfc3339(r.logical_time_ms),
+            idempotency_key: r.idempotency_key.clone(),
+            params: sorted(&r.params),
+            triggered_by: r.triggered_by.clone(),
+            created_at: rfc3339(r.created_at_ms),
+            finished_at: rfc3339(r.finished_at_ms),
+            counts: r.counts.as_ref().map(CountsView::from).unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct TriggerView {
+    pub created: bool,
+    pub run: Option<RunView>,
+}
+
+/// A run together with its instances, for `get run ID`.
+#[derive(Debug, Serialize)]
+pub struct RunDetailView {
+    #[serde(flatten)]
+    pub run: RunView,
+    pub instances: Vec<InstanceView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AttemptView {
+    pub attempt: u32,
+    pub state: String,
+    pub worker_id: String,
+    pub dispatched_at: Option<String>,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub pid: u32,
+    pub log_lines: u64,
+    pub message: String,
+}
+
+impl From<&pb::Attempt> for AttemptView {
+    fn from(a: &pb::Attempt) -> Self {
+        AttemptView {
+            attempt: a.attempt,
+            state: instance_state(a.state),
+            worker_id: a.worker_id.clone(),
+            dispatched_at: rfc3339(a.dispatched_at_ms),
+            started_at: rfc3339(a.started_at_ms),
+            finished_at: rfc3339(a.finished_at_ms),
+            exit_code: a.exit_code,
+            signal: a.signal,
+            pid: a.pid,
+            log_lines: a.log_lines,
+            message: a.message.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct InstanceView {
+    pub id: i64,
+    pub run_id: i64,
+    pub workflow: String,
+    pub task: String,
+    pub state: String,
+    pub attempt: u32,
+    pub worker_id: String,
+    pub priority: i32,
+    pub created_at: Option<String>,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    pub exit_code: Option<i32>,
+    pub attempts: Vec<AttemptView>,
+}
+
+impl From<&pb::Instance> for InstanceView {
+    fn from(i: &pb::Instance) -> Self {
+        InstanceView {
+            id: i.id,
+            run_id: i.run_id,
+            workflow: i.workflow.clone(),
+            task: i.task.clone(),
+            state: instance_state(i.state),
+            attempt: i.attempt,
+            worker_id: i.worker_id.clone(),
+            priority: i.priority,
+            created_at: rfc3339(i.created_at_ms),
+            started_at: rfc3339(i.started_at_ms),
+            finished_at: rfc3339(i.finished_at_ms),
+            exit_code: i.exit_code,
+            attempts: i.attempts.iter().map(AttemptView::from).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct WorkerView {
+    pub id: String,
+    pub state: String,
+    pub hostname: String,
+    pub version: String,
+    pub labels: BTreeMap<String, String>,
+    pub capacity: u32,
+    pub running: u32,
+    pub started_at: Option<String>,
+    pub last_heartbeat: Option<String>,
+    pub scheduler_node: String,
+}
+
+impl From<&pb::WorkerInfo> for WorkerView {
+    fn from(w: &pb::WorkerInfo) -> Self {
+        WorkerView {
+            id: w.id.clone(),
+            state: worker_state(w.state),
+            hostname: w.hostname.clone(),
+            version: w.version.clone(),
+            labels: sorted(&w.labels),
+            capacity: w.capacity,
+            running: w.running,
+            started_at: rfc3339(w.started_at_ms),
+            last_heartbeat: rfc3339(w.last_heartbeat_ms),
+            scheduler_node: w.scheduler_node.clone(),
+        }
+    }
+}
+
+/// One log line, for `logs -o json` (one object per line, so it streams).
+#[derive(Debug, Serialize)]
+pub struct LogLineView {
+    pub attempt: u32,
+    pub seq: u64,
+    pub stream: String,
+    pub at: Option<String>,
+    pub text: String,
+}
+
+impl LogLineView {
+    pub fn new(attempt: u32, line: &pb::StoredLogLine) -> Self {
+        LogLineView {
+            attempt,
+            seq: line.seq,
+            stream: log_stream(line.stream),
+            at: rfc3339(line.at_ms),
+            text: line.text.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enum_names_lose_their_prefix_and_unknown_values_stay_visible() {
+        assert_eq!(run_state(pb::RunState::Success as i32), "SUCCESS");
+        assert_eq!(instance_state(pb::InstanceState::Timeout as i32), "TIMEOUT");
+        assert_eq!(trigger_kind(pb::TriggerKind::Cron as i32), "CRON");
+        assert_eq!(run_state(99), "UNKNOWN(99)");
+    }
+}

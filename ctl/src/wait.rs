@@ -1,0 +1,155 @@
+//! Waiting for a run to end, with live progress on stderr.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use ax_proto::v1::{GetRunRequest, InstanceCounts, Run, RunState};
+use tonic::Code;
+
+use crate::client::{Client, Ctx};
+use crate::error::Exit;
+use crate::output::duration_ms;
+use crate::view::run_state;
+
+/// How often the run is polled.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// How long a server that went away mid-wait (a restart, a failover to another node) is waited
+/// for before giving up; the run itself goes on without us.
+const UNAVAILABLE_GRACE: Duration = Duration::from_secs(10);
+
+/// True once the run can no longer change.
+pub fn is_final(state: i32) -> bool {
+    matches!(
+        RunState::try_from(state),
+        Ok(RunState::Success | RunState::Failed | RunState::Cancelled)
+    )
+}
+
+/// The exit code a waited run ends the process with.
+pub fn exit_for(state: i32) -> Exit {
+    match RunState::try_from(state) {
+        Ok(RunState::Success) => Exit::Ok,
+        Ok(RunState::Failed) => Exit::RunFailed,
+        Ok(RunState::Cancelled) => Exit::RunCancelled,
+        _ => Exit::Other,
+    }
+}
+
+/// `run 42 RUNNING: 2 success, 1 running, 1 waiting, 0 failed, 1 pending`. Dispatched counts as
+/// running and timeout as failed, because that is what a person watching cares about; tasks
+/// without an instance yet (upstream not done, or upstream failed) are "pending".
+pub fn progress_line(run: &Run) -> String {
+    let c = run.counts.unwrap_or_default();
+    let InstanceCounts {
+        waiting,
+        dispatched,
+        running,
+        success,
+        failed,
+        timeout,
+        cancelled,
+        not_created,
+    } = c;
+    let mut line = format!(
+        "run {} {}: {success} success, {} running, {waiting} waiting, {} failed",
+        run.id,
+        run_state(run.state),
+        dispatched + running,
+        failed + timeout,
+    );
+    if cancelled > 0 {
+        line.push_str(&format!(", {cancelled} cancelled"));
+    }
+    if not_created > 0 {
+        line.push_str(&format!(", {not_created} pending"));
+    }
+    line
+}
+
+/// Polls the run until it ends and returns its last state. On a terminal, progress is one line
+/// rewritten in place; otherwise (CI logs, files) a line is written each time it changes.
+pub async fn wait_for_run(ctx: &Ctx, client: &mut Client, run_id: i64) -> anyhow::Result<Run> {
+    let tty = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let mut last_line = String::new();
+    let mut unavailable_since: Option<Instant> = None;
+    loop {
+        let run = match client.get_run(GetRunRequest { id: run_id }).await {
+            Ok(response) => {
+                unavailable_since = None;
+                response.into_inner()
+            }
+            Err(status) if status.code() == Code::Unavailable => {
+                let since = *unavailable_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > UNAVAILABLE_GRACE {
+                    if tty {
+                        eprintln!();
+                    }
+                    return Err(ctx.status(status));
+                }
+                tokio::time::sleep(POLL_INTERVAL).await;
+                continue;
+            }
+            Err(status) => {
+                if tty && !last_line.is_empty() {
+                    eprintln!();
+                }
+                return Err(ctx.status(status));
+            }
+        };
+        let line = progress_line(&run);
+        if tty {
+            let elapsed = duration_ms(started.elapsed().as_millis() as i64);
+            // Carriage return plus "erase line" redraws the same line.
+            eprint!("\r\x1b[2K{line} ({elapsed})");
+            let _ = std::io::stderr().flush();
+        } else if line != last_line {
+            eprintln!("{line}");
+        }
+        last_line = line;
+        if is_final(run.state) {
+            if tty {
+                eprintln!();
+            }
+            return Ok(run);
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_line_groups_states() {
+        let run = Run {
+            id: 7,
+            state: RunState::Running as i32,
+            counts: Some(InstanceCounts {
+                waiting: 1,
+                dispatched: 1,
+                running: 1,
+                success: 2,
+                failed: 1,
+                timeout: 1,
+                cancelled: 0,
+                not_created: 3,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            progress_line(&run),
+            "run 7 RUNNING: 2 success, 2 running, 1 waiting, 2 failed, 3 pending"
+        );
+    }
+
+    #[test]
+    fn exit_codes_follow_the_final_state() {
+        assert_eq!(exit_for(RunState::Success as i32), Exit::Ok);
+        assert_eq!(exit_for(RunState::Failed as i32), Exit::RunFailed);
+        assert_eq!(exit_for(RunState::Cancelled as i32), Exit::RunCancelled);
+        assert!(!is_final(RunState::Running as i32));
+    }
+}

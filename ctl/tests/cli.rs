@@ -1,0 +1,466 @@
+//! The `axctl` binary against an in-process fake `ControlService`: what it prints, what it sends
+//! and the exit codes scripts rely on.
+
+mod fake;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use ax_proto::v1 as pb;
+use fake::Fake;
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Debug for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs `axctl --server SERVER --actor tester@host ARGS` in `dir`.
+async fn axctl_in(dir: &Path, server: &str, args: &[&str]) -> Out {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_axctl"))
+        .current_dir(dir)
+        .env_remove("AX_SERVER")
+        .env("RUST_LOG", "off")
+        .args(["--server", server, "--actor", "tester@host"])
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    Out {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(output.stdout).unwrap(),
+        stderr: String::from_utf8(output.stderr).unwrap(),
+    }
+}
+
+async fn axctl(server: &str, args: &[&str]) -> Out {
+    axctl_in(&std::env::temp_dir(), server, args).await
+}
+
+/// A fake that knows workflow `etl` (version 1) with a finished run 100 and its two instances.
+async fn seeded() -> (Fake, String) {
+    let fake = Fake::default();
+    fake.with(|s| {
+        s.workflows.push(fake::workflow("etl", 1));
+        s.instances = vec![
+            fake::instance(1, 100, "extract", pb::InstanceState::Success, Some(0)),
+            fake::instance(2, 100, "load", pb::InstanceState::Failed, Some(3)),
+        ];
+        s.logs
+            .insert(1, fake::lines(&["one", "!two", "three", "four", "!five"]));
+        s.workers.push(pb::WorkerInfo {
+            id: "w1".into(),
+            version: "0.1.0".into(),
+            labels: HashMap::from([("gpu".into(), "true".into())]),
+            capacity: 20,
+            running: 3,
+            hostname: "box-1".into(),
+            state: pb::WorkerState::Live as i32,
+            scheduler_node: "node-1".into(),
+            ..Default::default()
+        });
+    });
+    let server = fake.clone().start().await;
+    (fake, server)
+}
+
+/// Triggers `etl` once through the fake so run 100 exists, finished as `state`.
+async fn finished_run(fake: &Fake, server: &str, state: pb::RunState) {
+    fake.with(|s| s.run_script = (1, state));
+    let out = axctl(server, &["trigger", "etl", "--wait"]).await;
+    assert!(out.code == 0 || out.code >= 10, "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn apply_reports_created_unchanged_updated_and_valid() {
+    let fake = Fake::default();
+    let server = fake.clone().start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("wf.yaml"), "name: etl\n").unwrap();
+
+    let out = axctl_in(dir.path(), &server, &["apply", "-f", "wf.yaml"]).await;
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "workflow etl created (version 1)\n"),
+        "{out:?}"
+    );
+    let out = axctl_in(dir.path(), &server, &["apply", "-f", "wf.yaml"]).await;
+    assert_eq!(
+        out.stdout, "workflow etl unchanged (version 1)\n",
+        "{out:?}"
+    );
+
+    std::fs::write(dir.path().join("wf.yaml"), "name: etl\n# deprecated key\n").unwrap();
+    let out = axctl_in(dir.path(), &server, &["apply", "-f", "wf.yaml"]).await;
+    assert_eq!(out.stdout, "workflow etl updated (version 2)\n", "{out:?}");
+    assert!(
+        out.stderr
+            .starts_with("warning: `schedule.cron_tz` is deprecated"),
+        "{out:?}"
+    );
+
+    let out = axctl_in(
+        dir.path(),
+        &server,
+        &["apply", "--dry-run", "-f", "wf.yaml"],
+    )
+    .await;
+    assert_eq!(out.stdout, "workflow etl is valid\n", "{out:?}");
+
+    let applies = fake.with(|s| s.applies.clone());
+    assert_eq!(applies.len(), 4);
+    assert_eq!(applies[0].source, "name: etl\n");
+    assert_eq!(applies[0].source_name, "wf.yaml");
+    assert_eq!(applies[0].actor, "tester@host");
+    assert!(!applies[0].dry_run && applies[3].dry_run);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn apply_error_from_server_is_printed_verbatim_with_exit_4() {
+    let fake = Fake::default();
+    let server = fake.clone().start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = "name: etl\ntasks:\n  - name: load\n    upstream: [nope]\n";
+    std::fs::write(dir.path().join("bad.yaml"), text).unwrap();
+
+    let out = axctl_in(dir.path(), &server, &["apply", "-f", "bad.yaml"]).await;
+    assert_eq!(out.code, 4, "{out:?}");
+    assert_eq!(
+        out.stderr,
+        "bad.yaml:4: tasks.load.upstream: unknown task \"nope\"\n"
+    );
+    assert_eq!(out.stdout, "");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn apply_of_a_missing_file_names_it_and_sends_nothing() {
+    let fake = Fake::default();
+    let server = fake.clone().start().await;
+    let out = axctl(&server, &["apply", "-f", "no/such/wf.yaml"]).await;
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.stderr
+            .contains("cannot read workflow file no/such/wf.yaml"),
+        "{out:?}"
+    );
+    assert!(fake.calls().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn not_found_exits_3() {
+    let (_fake, server) = seeded().await;
+    let out = axctl(&server, &["get", "workflow", "nosuch"]).await;
+    assert_eq!(out.code, 3, "{out:?}");
+    assert_eq!(out.stderr, "error: workflow \"nosuch\" not found\n");
+    for args in [
+        &["get", "run", "999"][..],
+        &["logs", "999"],
+        &["pause", "nosuch"],
+        &["trigger", "nosuch"],
+    ] {
+        let out = axctl(&server, args).await;
+        assert_eq!(out.code, 3, "{args:?}: {out:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unreachable_server_exits_5_and_names_the_address() {
+    // Bind then drop a listener: the port is free and nothing answers on it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let server = format!("http://{addr}");
+    let out = axctl(&server, &["get", "workflows"]).await;
+    assert_eq!(out.code, 5, "{out:?}");
+    assert!(
+        out.stderr
+            .starts_with(&format!("error: cannot reach the ax server at {server}")),
+        "{out:?}"
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_comes_from_ax_server_env_when_no_flag() {
+    let (fake, server) = seeded().await;
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_axctl"))
+        .env("AX_SERVER", server.trim_start_matches("http://"))
+        .args(["get", "workflows"])
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(fake.calls(), ["ListWorkflows"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn trigger_refuses_a_bad_param_name_before_any_rpc() {
+    let (fake, server) = seeded().await;
+    let out = axctl(
+        &server,
+        &[
+            "trigger",
+            "etl",
+            "--param",
+            "DATE=1",
+            "--param",
+            "bad-name=x",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(
+        out.stderr
+            .contains("\"bad-name\" is not a valid environment variable name"),
+        "{out:?}"
+    );
+    let out = axctl(&server, &["trigger", "etl", "--param", "novalue"]).await;
+    assert_eq!(out.code, 2, "{out:?}");
+    let out = axctl(&server, &["trigger", "etl", "-p", "A=1", "-p", "A=2"]).await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(
+        out.stderr.contains("\"A\" is given more than once"),
+        "{out:?}"
+    );
+    assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn trigger_prints_the_run_id_and_says_when_it_already_existed() {
+    let (fake, server) = seeded().await;
+    let args = [
+        "trigger",
+        "etl",
+        "--param",
+        "DATE=2024-05-01",
+        "--idempotency-key",
+        "k1",
+    ];
+    let out = axctl(&server, &args).await;
+    assert_eq!((out.code, out.stdout.as_str()), (0, "100\n"), "{out:?}");
+    assert!(out.stderr.contains("run 100 created"), "{out:?}");
+    let out = axctl(&server, &args).await;
+    assert_eq!(out.stdout, "100\n", "{out:?}");
+    assert!(out.stderr.contains("run 100 already existed"), "{out:?}");
+
+    let triggers = fake.with(|s| s.triggers.clone());
+    assert_eq!(
+        triggers[0].params,
+        HashMap::from([("DATE".into(), "2024-05-01".into())])
+    );
+    assert_eq!(triggers[0].idempotency_key, "k1");
+    assert_eq!(triggers[0].actor, "tester@host");
+
+    let out = axctl(
+        &server,
+        &["-o", "json", "trigger", "etl", "--idempotency-key", "k1"],
+    )
+    .await;
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(json["created"], false);
+    assert_eq!(json["run"]["id"], 100);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn trigger_wait_exit_code_follows_the_run() {
+    for (state, code, name) in [
+        (pb::RunState::Success, 0, "SUCCESS"),
+        (pb::RunState::Failed, 10, "FAILED"),
+        (pb::RunState::Cancelled, 11, "CANCELLED"),
+    ] {
+        let (fake, server) = seeded().await;
+        fake.with(|s| s.run_script = (4, state));
+        let out = axctl(&server, &["trigger", "etl", "--wait"]).await;
+        assert_eq!(out.code, code, "{out:?}");
+        // stderr is a pipe here, so progress is a line per change, not a redrawn line.
+        let progress: Vec<&str> = out
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("run 100 "))
+            .collect();
+        assert_eq!(
+            progress.first(),
+            Some(&"run 100 RUNNING: 0 success, 0 running, 1 waiting, 0 failed, 1 pending"),
+            "{out:?}"
+        );
+        assert!(progress.iter().any(|l| l.contains(" 1 running")), "{out:?}");
+        assert!(
+            progress
+                .last()
+                .unwrap()
+                .starts_with(&format!("run 100 {name}: ")),
+            "{out:?}"
+        );
+        assert!(!out.stderr.contains('\r'), "{out:?}");
+        let table = out.stdout.lines().nth(1).unwrap_or_default();
+        assert!(table.starts_with("100 ") && table.contains(name), "{out:?}");
+        let polls = fake.calls().iter().filter(|c| *c == "GetRun").count();
+        assert_eq!(polls, 4);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn logs_print_lines_in_order_with_optional_prefixes() {
+    let (fake, server) = seeded().await;
+    let out = axctl(&server, &["logs", "1"]).await;
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "one\ntwo\nthree\nfour\nfive\n"),
+        "{out:?}"
+    );
+    let out = axctl(&server, &["logs", "1", "--streams", "--attempt", "1", "-f"]).await;
+    assert_eq!(
+        out.stdout, "out|one\nerr|two\nout|three\nout|four\nerr|five\n",
+        "{out:?}"
+    );
+    let out = axctl(&server, &["logs", "1", "--timestamps"]).await;
+    let first = out.stdout.lines().next().unwrap();
+    assert!(
+        first.ends_with(" one") && first.len() == "2023-11-14 22:13:21 one".len(),
+        "{out:?}"
+    );
+    let out = axctl(&server, &["-o", "json", "logs", "1"]).await;
+    let seqs: Vec<u64> = out
+        .stdout
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(seqs, [1, 2, 3, 4, 5]);
+    assert_eq!(fake.calls().iter().filter(|c| *c == "GetLogs").count(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_and_yaml_output_parse_back() {
+    let (fake, server) = seeded().await;
+    finished_run(&fake, &server, pb::RunState::Failed).await;
+
+    let out = axctl(&server, &["-o", "json", "get", "workflows"]).await;
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(json[0]["name"], "etl");
+    assert_eq!(json[0]["schedule"]["timezone"], "Europe/Paris");
+    assert_eq!(json[0]["tasks"][1]["upstream"][0], "extract");
+    assert_eq!(json[0]["next_fires"][0], "2023-11-15T01:00:00.000Z");
+
+    let out = axctl(&server, &["-o", "yaml", "get", "run", "100"]).await;
+    let docs = yaml_rust2::YamlLoader::load_from_str(&out.stdout).unwrap();
+    let run = &docs[0];
+    assert_eq!(run["id"].as_i64(), Some(100), "{out:?}");
+    assert_eq!(run["state"].as_str(), Some("FAILED"));
+    assert_eq!(run["counts"]["failed"].as_i64(), Some(1));
+    assert_eq!(run["instances"][1]["task"].as_str(), Some("load"));
+    assert_eq!(run["instances"][1]["exit_code"].as_i64(), Some(3));
+
+    let out = axctl(&server, &["-o", "yaml", "get", "instance", "2"]).await;
+    let docs = yaml_rust2::YamlLoader::load_from_str(&out.stdout).unwrap();
+    assert_eq!(
+        docs[0]["attempts"][0]["pid"].as_i64(),
+        Some(4242),
+        "{out:?}"
+    );
+    assert!(docs[0]["attempts"][0]["signal"].is_null());
+
+    let out = axctl(&server, &["-o", "json", "workers"]).await;
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(json[0]["state"], "LIVE");
+    assert_eq!(json[0]["labels"]["gpu"], "true");
+
+    let out = axctl(&server, &["-o", "json", "get", "runs"]).await;
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(json[0]["triggered_by"], "tester@host");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tables_show_what_matters() {
+    let (fake, server) = seeded().await;
+    finished_run(&fake, &server, pb::RunState::Failed).await;
+
+    let out = axctl(&server, &["get", "workflows"]).await;
+    let header = out.stdout.lines().next().unwrap();
+    assert!(
+        header.starts_with("NAME   APP    VERSION   SCHEDULE"),
+        "{out:?}"
+    );
+    assert!(out.stdout.contains("0 2 * * * (Europe/Paris)"), "{out:?}");
+
+    let out = axctl(&server, &["get", "workflow", "etl"]).await;
+    assert!(out.stdout.contains("Time zone:    Europe/Paris"), "{out:?}");
+    assert!(out.stdout.contains("load      extract"), "{out:?}");
+    assert!(out.stdout.contains("Next fires:"), "{out:?}");
+
+    let out = axctl(
+        &server,
+        &[
+            "list",
+            "runs",
+            "--workflow",
+            "etl",
+            "--state",
+            "failed",
+            "--limit",
+            "5",
+        ],
+    )
+    .await;
+    assert!(out.stdout.contains("1/2 success, 1 failed"), "{out:?}");
+    let request = fake.with(|s| s.list_runs[0].clone());
+    assert_eq!(
+        (request.workflow.as_str(), request.state, request.limit),
+        ("etl", pb::RunState::Failed as i32, 5)
+    );
+
+    let out = axctl(&server, &["get", "instances", "--run", "100"]).await;
+    let rows: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(rows.len(), 3, "{out:?}");
+    assert!(
+        rows[2].starts_with("2    load      FAILED    1         w1       3      "),
+        "{out:?}"
+    );
+
+    let out = axctl(&server, &["get", "instance", "2"]).await;
+    assert!(out.stdout.contains("ATTEMPT   STATE"), "{out:?}");
+    assert!(out.stdout.contains("4242"), "{out:?}");
+
+    let out = axctl(&server, &["workers"]).await;
+    assert!(out.stdout.contains("3/20"), "{out:?}");
+    assert!(out.stdout.contains("gpu=true"), "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pause_resume_and_cancel() {
+    let (fake, server) = seeded().await;
+    let out = axctl(&server, &["pause", "etl"]).await;
+    assert_eq!(out.stdout, "workflow etl paused\n", "{out:?}");
+    assert!(fake.with(|s| s.workflows[0].paused));
+    let out = axctl(&server, &["resume", "etl"]).await;
+    assert_eq!(out.stdout, "workflow etl resumed\n", "{out:?}");
+    assert!(!fake.with(|s| s.workflows[0].paused));
+
+    // A run still going can be cancelled; one that ended is a conflict (exit 6).
+    fake.with(|s| s.run_script = (1000, pb::RunState::Success));
+    axctl(&server, &["trigger", "etl"]).await;
+    let out = axctl(&server, &["cancel", "run", "100", "--reason", "test"]).await;
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "run 100 CANCELLED\n"),
+        "{out:?}"
+    );
+    let out = axctl(&server, &["cancel", "run", "100"]).await;
+    assert_eq!(out.code, 6, "{out:?}");
+    assert_eq!(out.stderr, "error: run 100 already ended\n");
+    let out = axctl(&server, &["cancel", "instance", "1"]).await;
+    assert_eq!(out.stdout, "instance 1 CANCELLED\n", "{out:?}");
+}

@@ -1,0 +1,537 @@
+//! An in-process `ControlService` with canned data that records what it was asked. Shared by the
+//! binary's tests (ctl/tests/cli.rs) and the `dev --run` unit test (via `#[path]`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ax_proto::v1 as pb;
+use pb::control_service_server::{ControlService, ControlServiceServer};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status};
+
+/// The first run id the fake hands out; runs count up from here.
+pub const FIRST_RUN_ID: i64 = 100;
+
+pub struct FakeRun {
+    pub run: pb::Run,
+    pub polls: u32,
+    pub ends_after: u32,
+    pub final_state: pb::RunState,
+}
+
+pub struct State {
+    /// Method names in call order.
+    pub calls: Vec<String>,
+    pub applies: Vec<pb::ApplyWorkflowRequest>,
+    pub triggers: Vec<pb::TriggerWorkflowRequest>,
+    pub list_runs: Vec<pb::ListRunsRequest>,
+    pub workflows: Vec<pb::Workflow>,
+    pub runs: Vec<FakeRun>,
+    pub instances: Vec<pb::Instance>,
+    pub logs: HashMap<i64, Vec<pb::StoredLogLine>>,
+    pub workers: Vec<pb::WorkerInfo>,
+    /// New runs end in this state after this many GetRun polls.
+    pub run_script: (u32, pb::RunState),
+    pub idempotency: HashMap<String, i64>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            calls: Vec::new(),
+            applies: Vec::new(),
+            triggers: Vec::new(),
+            list_runs: Vec::new(),
+            workflows: Vec::new(),
+            runs: Vec::new(),
+            instances: Vec::new(),
+            logs: HashMap::new(),
+            workers: Vec::new(),
+            run_script: (3, pb::RunState::Success),
+            idempotency: HashMap::new(),
+        }
+    }
+}
+
+#[derive(Clone, Default)]
+pub struct Fake {
+    pub state: Arc<Mutex<State>>,
+}
+
+impl Fake {
+    /// Serves on 127.0.0.1 with a free port and returns the URL to reach it.
+    pub async fn start(self) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(ControlServiceServer::new(self))
+                .serve_with_incoming(TcpListenerStream::new(listener)),
+        );
+        format!("http://{addr}")
+    }
+
+    pub fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        f(&mut self.state.lock().unwrap())
+    }
+
+    pub fn calls(&self) -> Vec<String> {
+        self.with(|s| s.calls.clone())
+    }
+
+    fn record(&self, method: &str) {
+        self.with(|s| s.calls.push(method.to_string()));
+    }
+}
+
+pub fn workflow(name: &str, version: u32) -> pb::Workflow {
+    pb::Workflow {
+        name: name.into(),
+        app: "data".into(),
+        owner: "ops".into(),
+        version,
+        schedule: Some(pb::Schedule {
+            trigger: pb::TriggerKind::Cron as i32,
+            cron: "0 2 * * *".into(),
+            timezone: "Europe/Paris".into(),
+        }),
+        tasks: vec![
+            pb::TaskSpec {
+                name: "extract".into(),
+                command: "./extract.sh".into(),
+                retries: 2,
+                timeout_ms: 600_000,
+                ..Default::default()
+            },
+            pb::TaskSpec {
+                name: "load".into(),
+                command: "./load.sh".into(),
+                upstream: vec!["extract".into()],
+                ..Default::default()
+            },
+        ],
+        created_at_ms: 1_700_000_000_000,
+        updated_at_ms: 1_700_000_000_000,
+        next_fires_ms: vec![1_700_010_000_000, 1_700_096_400_000],
+        ..Default::default()
+    }
+}
+
+pub fn instance(
+    id: i64,
+    run_id: i64,
+    task: &str,
+    state: pb::InstanceState,
+    exit_code: Option<i32>,
+) -> pb::Instance {
+    pb::Instance {
+        id,
+        run_id,
+        workflow: "etl".into(),
+        task: task.into(),
+        state: state as i32,
+        attempt: 1,
+        worker_id: "w1".into(),
+        created_at_ms: 1_700_000_000_000 + id,
+        started_at_ms: 1_700_000_001_000,
+        finished_at_ms: 1_700_000_004_200,
+        exit_code,
+        attempts: vec![pb::Attempt {
+            attempt: 1,
+            state: state as i32,
+            worker_id: "w1".into(),
+            started_at_ms: 1_700_000_001_000,
+            finished_at_ms: 1_700_000_004_200,
+            exit_code,
+            pid: 4242,
+            log_lines: 2,
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// Stdout lines numbered from 1, except that lines starting with `!` are stderr.
+pub fn lines(texts: &[&str]) -> Vec<pb::StoredLogLine> {
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let (stream, text) = match text.strip_prefix('!') {
+                Some(rest) => (pb::LogStream::Stderr, rest),
+                None => (pb::LogStream::Stdout, *text),
+            };
+            pb::StoredLogLine {
+                seq: i as u64 + 1,
+                stream: stream as i32,
+                text: text.into(),
+                at_ms: 1_700_000_001_000 + i as i64,
+            }
+        })
+        .collect()
+}
+
+fn counts(run: &FakeRun) -> pb::InstanceCounts {
+    let finished = run.polls >= run.ends_after;
+    match (finished, run.final_state) {
+        (false, _) if run.polls <= 1 => pb::InstanceCounts {
+            waiting: 1,
+            not_created: 1,
+            ..Default::default()
+        },
+        (false, _) => pb::InstanceCounts {
+            running: 1,
+            not_created: 1,
+            ..Default::default()
+        },
+        (true, pb::RunState::Success) => pb::InstanceCounts {
+            success: 2,
+            ..Default::default()
+        },
+        (true, pb::RunState::Cancelled) => pb::InstanceCounts {
+            success: 1,
+            cancelled: 1,
+            ..Default::default()
+        },
+        (true, _) => pb::InstanceCounts {
+            success: 1,
+            failed: 1,
+            ..Default::default()
+        },
+    }
+}
+
+/// Finds the line of `needle` in `source`, 1-based, like a real validator would.
+fn line_of(source: &str, needle: &str) -> Option<usize> {
+    source
+        .lines()
+        .position(|l| l.contains(needle))
+        .map(|i| i + 1)
+}
+
+#[tonic::async_trait]
+impl ControlService for Fake {
+    async fn apply_workflow(
+        &self,
+        request: Request<pb::ApplyWorkflowRequest>,
+    ) -> Result<Response<pb::ApplyWorkflowResponse>, Status> {
+        self.record("ApplyWorkflow");
+        let req = request.into_inner();
+        self.with(|s| s.applies.push(req.clone()));
+        if let Some(line) = line_of(&req.source, "nope") {
+            return Err(Status::invalid_argument(format!(
+                "{}:{line}: tasks.load.upstream: unknown task \"nope\"",
+                req.source_name
+            )));
+        }
+        let Some(name) = req
+            .source
+            .lines()
+            .find_map(|l| l.strip_prefix("name:"))
+            .map(|n| n.trim().to_string())
+        else {
+            return Err(Status::invalid_argument(format!(
+                "{}:1: name: missing",
+                req.source_name
+            )));
+        };
+        let warnings = if req.source.contains("deprecated") {
+            vec!["`schedule.cron_tz` is deprecated, use `schedule.timezone`".to_string()]
+        } else {
+            vec![]
+        };
+        let response = self.with(|s| {
+            let existing = s.workflows.iter_mut().find(|w| w.name == name);
+            let (outcome, workflow) = match (existing, req.dry_run) {
+                (Some(w), true) => (pb::ApplyOutcome::Valid, w.clone()),
+                (None, true) => (pb::ApplyOutcome::Valid, workflow(&name, 0)),
+                (Some(w), false) if w.source == req.source => {
+                    (pb::ApplyOutcome::Unchanged, w.clone())
+                }
+                (Some(w), false) => {
+                    w.version += 1;
+                    w.source = req.source.clone();
+                    (pb::ApplyOutcome::Updated, w.clone())
+                }
+                (None, false) => {
+                    let mut w = workflow(&name, 1);
+                    w.source = req.source.clone();
+                    s.workflows.push(w.clone());
+                    (pb::ApplyOutcome::Created, w)
+                }
+            };
+            pb::ApplyWorkflowResponse {
+                workflow: Some(workflow),
+                outcome: outcome as i32,
+                warnings,
+            }
+        });
+        Ok(Response::new(response))
+    }
+
+    async fn list_workflows(
+        &self,
+        request: Request<pb::ListWorkflowsRequest>,
+    ) -> Result<Response<pb::ListWorkflowsResponse>, Status> {
+        self.record("ListWorkflows");
+        let app = request.into_inner().app;
+        let workflows = self.with(|s| {
+            s.workflows
+                .iter()
+                .filter(|w| app.is_empty() || w.app == app)
+                .cloned()
+                .collect()
+        });
+        Ok(Response::new(pb::ListWorkflowsResponse { workflows }))
+    }
+
+    async fn get_workflow(
+        &self,
+        request: Request<pb::GetWorkflowRequest>,
+    ) -> Result<Response<pb::Workflow>, Status> {
+        self.record("GetWorkflow");
+        let name = request.into_inner().name;
+        self.with(|s| s.workflows.iter().find(|w| w.name == name).cloned())
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(format!("workflow \"{name}\" not found")))
+    }
+
+    async fn pause_workflow(
+        &self,
+        request: Request<pb::PauseWorkflowRequest>,
+    ) -> Result<Response<pb::Workflow>, Status> {
+        self.record("PauseWorkflow");
+        let name = request.into_inner().name;
+        self.set_paused(&name, true)
+    }
+
+    async fn resume_workflow(
+        &self,
+        request: Request<pb::ResumeWorkflowRequest>,
+    ) -> Result<Response<pb::Workflow>, Status> {
+        self.record("ResumeWorkflow");
+        let name = request.into_inner().name;
+        self.set_paused(&name, false)
+    }
+
+    async fn trigger_workflow(
+        &self,
+        request: Request<pb::TriggerWorkflowRequest>,
+    ) -> Result<Response<pb::TriggerWorkflowResponse>, Status> {
+        self.record("TriggerWorkflow");
+        let req = request.into_inner();
+        self.with(|s| {
+            s.triggers.push(req.clone());
+            let Some(workflow) = s.workflows.iter().find(|w| w.name == req.name).cloned() else {
+                return Err(Status::not_found(format!(
+                    "workflow \"{}\" not found",
+                    req.name
+                )));
+            };
+            if let Some(id) = s.idempotency.get(&req.idempotency_key)
+                && let Some(existing) = s.runs.iter().find(|r| r.run.id == *id)
+            {
+                return Ok(Response::new(pb::TriggerWorkflowResponse {
+                    run: Some(existing.run.clone()),
+                    created: false,
+                }));
+            }
+            let id = FIRST_RUN_ID + s.runs.len() as i64;
+            if !req.idempotency_key.is_empty() {
+                s.idempotency.insert(req.idempotency_key.clone(), id);
+            }
+            let (ends_after, final_state) = s.run_script;
+            let mut fake_run = FakeRun {
+                run: pb::Run {
+                    id,
+                    workflow: workflow.name.clone(),
+                    workflow_version: workflow.version,
+                    state: pb::RunState::Running as i32,
+                    trigger: pb::TriggerKind::Api as i32,
+                    idempotency_key: req.idempotency_key.clone(),
+                    params: req.params.clone(),
+                    triggered_by: req.actor.clone(),
+                    created_at_ms: 1_700_000_000_000,
+                    ..Default::default()
+                },
+                polls: 0,
+                ends_after,
+                final_state,
+            };
+            fake_run.run.counts = Some(counts(&fake_run));
+            let run = fake_run.run.clone();
+            s.runs.push(fake_run);
+            Ok(Response::new(pb::TriggerWorkflowResponse {
+                run: Some(run),
+                created: true,
+            }))
+        })
+    }
+
+    async fn list_runs(
+        &self,
+        request: Request<pb::ListRunsRequest>,
+    ) -> Result<Response<pb::ListRunsResponse>, Status> {
+        self.record("ListRuns");
+        let req = request.into_inner();
+        let runs = self.with(|s| {
+            s.list_runs.push(req.clone());
+            s.runs
+                .iter()
+                .rev()
+                .map(|r| r.run.clone())
+                .filter(|r| req.workflow.is_empty() || r.workflow == req.workflow)
+                .filter(|r| req.state == 0 || r.state == req.state)
+                .take(if req.limit == 0 {
+                    usize::MAX
+                } else {
+                    req.limit as usize
+                })
+                .collect()
+        });
+        Ok(Response::new(pb::ListRunsResponse { runs }))
+    }
+
+    async fn get_run(
+        &self,
+        request: Request<pb::GetRunRequest>,
+    ) -> Result<Response<pb::Run>, Status> {
+        self.record("GetRun");
+        let id = request.into_inner().id;
+        self.with(|s| {
+            let Some(r) = s.runs.iter_mut().find(|r| r.run.id == id) else {
+                return Err(Status::not_found(format!("run {id} not found")));
+            };
+            r.polls += 1;
+            if r.polls >= r.ends_after && r.run.state == pb::RunState::Running as i32 {
+                r.run.state = r.final_state as i32;
+                r.run.finished_at_ms = r.run.created_at_ms + 4_200;
+            }
+            r.run.counts = Some(counts(r));
+            Ok(Response::new(r.run.clone()))
+        })
+    }
+
+    async fn cancel_run(
+        &self,
+        request: Request<pb::CancelRunRequest>,
+    ) -> Result<Response<pb::Run>, Status> {
+        self.record("CancelRun");
+        let id = request.into_inner().id;
+        self.with(|s| {
+            let Some(r) = s.runs.iter_mut().find(|r| r.run.id == id) else {
+                return Err(Status::not_found(format!("run {id} not found")));
+            };
+            if r.run.state != pb::RunState::Running as i32 {
+                return Err(Status::failed_precondition(format!(
+                    "run {id} already ended"
+                )));
+            }
+            r.run.state = pb::RunState::Cancelled as i32;
+            Ok(Response::new(r.run.clone()))
+        })
+    }
+
+    async fn list_instances(
+        &self,
+        request: Request<pb::ListInstancesRequest>,
+    ) -> Result<Response<pb::ListInstancesResponse>, Status> {
+        self.record("ListInstances");
+        let run_id = request.into_inner().run_id;
+        let instances = self.with(|s| {
+            s.instances
+                .iter()
+                .filter(|i| i.run_id == run_id)
+                .cloned()
+                .collect()
+        });
+        Ok(Response::new(pb::ListInstancesResponse { instances }))
+    }
+
+    async fn get_instance(
+        &self,
+        request: Request<pb::GetInstanceRequest>,
+    ) -> Result<Response<pb::Instance>, Status> {
+        self.record("GetInstance");
+        let id = request.into_inner().id;
+        self.with(|s| s.instances.iter().find(|i| i.id == id).cloned())
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(format!("instance {id} not found")))
+    }
+
+    async fn cancel_instance(
+        &self,
+        request: Request<pb::CancelInstanceRequest>,
+    ) -> Result<Response<pb::Instance>, Status> {
+        self.record("CancelInstance");
+        let id = request.into_inner().id;
+        self.with(|s| {
+            let Some(i) = s.instances.iter_mut().find(|i| i.id == id) else {
+                return Err(Status::not_found(format!("instance {id} not found")));
+            };
+            i.state = pb::InstanceState::Cancelled as i32;
+            Ok(Response::new(i.clone()))
+        })
+    }
+
+    type GetLogsStream = ReceiverStream<Result<pb::LogChunk, Status>>;
+
+    async fn get_logs(
+        &self,
+        request: Request<pb::GetLogsRequest>,
+    ) -> Result<Response<Self::GetLogsStream>, Status> {
+        self.record("GetLogs");
+        let req = request.into_inner();
+        let (attempt, lines) = self
+            .with(|s| {
+                let instance = s.instances.iter().find(|i| i.id == req.instance_id)?;
+                let attempt = if req.attempt == 0 {
+                    instance.attempt
+                } else {
+                    req.attempt
+                };
+                Some((
+                    attempt,
+                    s.logs.get(&req.instance_id).cloned().unwrap_or_default(),
+                ))
+            })
+            .ok_or_else(|| Status::not_found(format!("instance {} not found", req.instance_id)))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        // Two lines per chunk with a pause between chunks, so the client sees a real stream.
+        tokio::spawn(async move {
+            for chunk in lines.chunks(2) {
+                let chunk = pb::LogChunk {
+                    attempt,
+                    lines: chunk.to_vec(),
+                };
+                if tx.send(Ok(chunk)).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn list_workers(
+        &self,
+        _request: Request<pb::ListWorkersRequest>,
+    ) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        self.record("ListWorkers");
+        let workers = self.with(|s| s.workers.clone());
+        Ok(Response::new(pb::ListWorkersResponse { workers }))
+    }
+}
+
+impl Fake {
+    fn set_paused(&self, name: &str, paused: bool) -> Result<Response<pb::Workflow>, Status> {
+        self.with(|s| {
+            let Some(w) = s.workflows.iter_mut().find(|w| w.name == name) else {
+                return Err(Status::not_found(format!("workflow \"{name}\" not found")));
+            };
+            w.paused = paused;
+            Ok(Response::new(w.clone()))
+        })
+    }
+}

@@ -169,7 +169,11 @@ pub enum AttemptEnd {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Report {
     /// DISPATCHED → WAITING, same attempt.
-    Rejected { instance_id: InstanceId, attempt: Attempt, reason: String },
+    Rejected {
+        instance_id: InstanceId,
+        attempt: Attempt,
+        reason: String,
+    },
     /// DISPATCHED → RUNNING.
     Started {
         instance_id: InstanceId,
@@ -179,7 +183,11 @@ pub enum Report {
         at: Millis,
     },
     /// Last-active time of a RUNNING attempt.
-    TaskHeartbeat { instance_id: InstanceId, attempt: Attempt, at: Millis },
+    TaskHeartbeat {
+        instance_id: InstanceId,
+        attempt: Attempt,
+        at: Millis,
+    },
     /// RUNNING (or DISPATCHED for a spawn failure) → terminal, or → WAITING as the next attempt
     /// when the task's retries allow. A success advances the run's DAG in the same transaction.
     Finished {
@@ -198,7 +206,10 @@ pub enum Report {
 pub enum ReportResult {
     Applied(Applied),
     /// The attempt is not current, or the instance is not in the state the report expects.
-    Stale { current_attempt: Attempt, state: InstanceState },
+    Stale {
+        current_attempt: Attempt,
+        state: InstanceState,
+    },
     NotFound,
 }
 
@@ -340,8 +351,12 @@ pub trait Store: Send + Sync + 'static {
 
     async fn due_schedules(&self, now: Millis, limit: u32) -> Result<Vec<DueSchedule>>;
     /// Moves a schedule's next fire time from `from` to `to`; false if someone else did.
-    async fn advance_schedule(&self, workflow_id: WorkflowId, from: Millis, to: Millis)
-    -> Result<bool>;
+    async fn advance_schedule(
+        &self,
+        workflow_id: WorkflowId,
+        from: Millis,
+        to: Millis,
+    ) -> Result<bool>;
 
     // --- runs ---
 

@@ -25,10 +25,13 @@ use ids::IdBlocks;
 pub(crate) const MAX_TRIES: u32 = 6;
 
 /// The embedded migrations of each backend, paired by number (a test checks the pairing).
-const MYSQL_MIGRATIONS: &[(i64, &str, &str)] =
+pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] =
     &[(1, "init", include_str!("../migrations/mysql/0001_init.sql"))];
-const SQLITE_MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "init", include_str!("../migrations/sqlite/0001_init.sql"))];
+pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[(
+    1,
+    "init",
+    include_str!("../migrations/sqlite/0001_init.sql"),
+)];
 
 /// The statements that differ between the backends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,14 +62,22 @@ impl Dialect {
     pub(crate) fn upsert_tail(self, key: &[&str], columns: &[&str]) -> String {
         match self {
             Dialect::MySql => {
-                let sets: Vec<String> =
-                    columns.iter().map(|c| format!("{c} = VALUES({c})")).collect();
+                let sets: Vec<String> = columns
+                    .iter()
+                    .map(|c| format!("{c} = VALUES({c})"))
+                    .collect();
                 format!(" ON DUPLICATE KEY UPDATE {}", sets.join(", "))
             }
             Dialect::Sqlite => {
-                let sets: Vec<String> =
-                    columns.iter().map(|c| format!("{c} = excluded.{c}")).collect();
-                format!(" ON CONFLICT ({}) DO UPDATE SET {}", key.join(", "), sets.join(", "))
+                let sets: Vec<String> = columns
+                    .iter()
+                    .map(|c| format!("{c} = excluded.{c}"))
+                    .collect();
+                format!(
+                    " ON CONFLICT ({}) DO UPDATE SET {}",
+                    key.join(", "),
+                    sets.join(", ")
+                )
             }
         }
     }
@@ -97,7 +108,9 @@ pub struct SqlStore {
 
 impl std::fmt::Debug for SqlStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqlStore").field("dialect", &self.dialect).finish_non_exhaustive()
+        f.debug_struct("SqlStore")
+            .field("dialect", &self.dialect)
+            .finish_non_exhaustive()
     }
 }
 
@@ -131,7 +144,10 @@ impl SqlStore {
             if file.is_empty() {
                 return Err(StoreError::UnsupportedUrl(url.to_string()));
             }
-            if let Some(parent) = Path::new(file).parent().filter(|p| !p.as_os_str().is_empty()) {
+            if let Some(parent) = Path::new(file)
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+            {
                 std::fs::create_dir_all(parent).map_err(|err| {
                     StoreError::Database(sqlx::Error::Configuration(
                         format!("cannot create {}: {err}", parent.display()).into(),
@@ -149,8 +165,16 @@ impl SqlStore {
         let pool = AnyPoolOptions::new()
             .max_connections(max)
             .min_connections(if memory { 1 } else { 0 })
-            .idle_timeout(if memory { None } else { Some(Duration::from_secs(600)) })
-            .max_lifetime(if memory { None } else { Some(Duration::from_secs(1800)) })
+            .idle_timeout(if memory {
+                None
+            } else {
+                Some(Duration::from_secs(600))
+            })
+            .max_lifetime(if memory {
+                None
+            } else {
+                Some(Duration::from_secs(1800))
+            })
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     // busy_timeout is 5 s by default in sqlx; NORMAL is durable enough with WAL.
@@ -184,7 +208,8 @@ impl SqlStore {
                 Box::pin(async move {
                     // Each statement sees the latest committed rows; the fan-in check relies on
                     // it after it has locked the run row.
-                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await?;
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
                     Ok(())
                 })
             })
@@ -210,10 +235,18 @@ impl SqlStore {
         let migrations = migrations
             .iter()
             .map(|&(version, description, sql)| {
-                Migration::new(version, description.into(), MigrationType::Simple, sqlx::SqlSafeStr::into_sql_str(sql), false)
+                Migration::new(
+                    version,
+                    description.into(),
+                    MigrationType::Simple,
+                    sqlx::SqlSafeStr::into_sql_str(sql),
+                    false,
+                )
             })
             .collect();
-        Migrator::with_migrations(migrations).run(&self.pool).await?;
+        Migrator::with_migrations(migrations)
+            .run(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -288,7 +321,10 @@ pub(crate) fn is_retryable(err: &StoreError) -> bool {
         return matches!(mysql.number(), 1213 | 1205);
     }
     // SQLITE_BUSY and its extended codes (another process holds the write lock too long).
-    matches!(db.code().as_deref(), Some("5" | "261" | "517" | "6" | "262"))
+    matches!(
+        db.code().as_deref(),
+        Some("5" | "261" | "517" | "6" | "262")
+    )
 }
 
 pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {

@@ -43,7 +43,10 @@ pub(crate) struct IdBlocks {
 impl IdBlocks {
     /// Takes up to `n` ids from memory; returns how many were taken.
     fn take_cached(&self, kind: IdKind, n: usize, out: &mut Vec<i64>) {
-        let mut blocks = self.blocks.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut blocks = self
+            .blocks
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
         if let Some((next, end)) = blocks.get_mut(&kind) {
             while out.len() < n && *next < *end {
                 out.push(*next);
@@ -72,14 +75,20 @@ impl IdBlocks {
         let size = missing.max(BLOCK_SIZE);
         let start = reserve(conn, kind, size).await?;
         out.extend(start..start + missing);
-        let mut blocks = self.blocks.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut blocks = self
+            .blocks
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
         blocks.insert(kind, (start + missing, start + size));
         Ok(out)
     }
 
     /// Drops every cached block: they may come from a reservation that was rolled back.
     pub(crate) fn forget(&self) {
-        self.blocks.lock().unwrap_or_else(|poison| poison.into_inner()).clear();
+        self.blocks
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .clear();
     }
 }
 

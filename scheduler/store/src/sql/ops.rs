@@ -16,9 +16,8 @@ use super::rows::{self, corrupt, instance_state, map_json, to_json, to_u32};
 use super::{SqlStore, is_unique_violation, placeholders, values_rows, write_tx};
 use crate::{
     ApplyOutcome, AttemptRecord, AuditRecord, Backend, CancelledAttempt, DispatchClaim,
-    DueSchedule, InstanceCounts, InstanceRecord, LogChunk, LogStream, NewRun, Report,
-    ReportResult, Result, RunRecord, Store, StoredLine, WaitingInstance, WorkerRecord,
-    WorkflowRecord,
+    DueSchedule, InstanceCounts, InstanceRecord, LogChunk, LogStream, NewRun, Report, ReportResult,
+    Result, RunRecord, Store, StoredLine, WaitingInstance, WorkerRecord, WorkflowRecord,
 };
 
 /// Rows per multi-row insert: far below both backends' limits on bound parameters.
@@ -27,20 +26,32 @@ const INSERT_CHUNK: usize = 500;
 const UNFINISHED: &str = "('WAITING', 'DISPATCHED', 'RUNNING')";
 
 async fn workflow_by_name(c: &mut AnyConnection, name: &str) -> Result<Option<WorkflowRecord>> {
-    let sql = format!("{} AND v.version = w.latest_version WHERE w.name = ?", rows::WORKFLOW_SELECT);
-    let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(name).fetch_optional(&mut *c).await?;
+    let sql = format!(
+        "{} AND v.version = w.latest_version WHERE w.name = ?",
+        rows::WORKFLOW_SELECT
+    );
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(name)
+        .fetch_optional(&mut *c)
+        .await?;
     row.as_ref().map(rows::workflow).transpose()
 }
 
 async fn run_by_id(c: &mut AnyConnection, id: RunId) -> Result<Option<RunRecord>> {
     let sql = format!("{} WHERE r.id = ?", rows::RUN_SELECT);
-    let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.0).fetch_optional(&mut *c).await?;
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id.0)
+        .fetch_optional(&mut *c)
+        .await?;
     row.as_ref().map(rows::run).transpose()
 }
 
 async fn instance_by_id(c: &mut AnyConnection, id: InstanceId) -> Result<Option<InstanceRecord>> {
     let sql = format!("{} WHERE ti.id = ?", rows::INSTANCE_SELECT);
-    let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.0).fetch_optional(&mut *c).await?;
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id.0)
+        .fetch_optional(&mut *c)
+        .await?;
     row.as_ref().map(rows::instance).transpose()
 }
 
@@ -60,8 +71,10 @@ async fn apply_workflow_tx(
         "SELECT id, latest_version FROM workflow WHERE name = ?{}",
         store.dialect.for_update()
     );
-    let existing =
-        sqlx::query(sqlx::AssertSqlSafe(sql)).bind(spec.name.as_str()).fetch_optional(&mut *c).await?;
+    let existing = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(spec.name.as_str())
+        .fetch_optional(&mut *c)
+        .await?;
     let spec_json = to_json(spec)?;
     let (workflow_id, version, outcome) = match existing {
         Some(row) => {
@@ -143,8 +156,11 @@ async fn apply_workflow_tx(
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for (task, upstreams) in chunk {
-            let command =
-                if task.argv.is_empty() { task.command.clone() } else { task.argv.join(" ") };
+            let command = if task.argv.is_empty() {
+                task.command.clone()
+            } else {
+                task.argv.join(" ")
+            };
             query = query
                 .bind(workflow_id)
                 .bind(version)
@@ -184,7 +200,14 @@ async fn apply_workflow_tx(
          next_fire_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?){}",
         store.dialect.upsert_tail(
             &["workflow_id"],
-            &["trigger_type", "cron", "timezone", "paused", "next_fire_at", "updated_at"]
+            &[
+                "trigger_type",
+                "cron",
+                "timezone",
+                "paused",
+                "next_fire_at",
+                "updated_at"
+            ]
         )
     );
     sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -259,7 +282,9 @@ async fn create_run_tx(store: &SqlStore, c: &mut AnyConnection, run: &NewRun) ->
         // unique key decides, and the first run is the answer.
         Err(err) if is_unique_violation(&err) => {
             let existing = run_by_dedup(c, run).await?;
-            return existing.map(Created::Existing).ok_or(crate::StoreError::Database(err));
+            return existing
+                .map(Created::Existing)
+                .ok_or(crate::StoreError::Database(err));
         }
         Err(err) => return Err(err.into()),
     }
@@ -300,12 +325,19 @@ async fn create_run_tx(store: &SqlStore, c: &mut AnyConnection, run: &NewRun) ->
         }
     }
     let record = run_by_id(c, RunId(run_id)).await?;
-    Ok(Created::New(record.ok_or_else(|| corrupt("run vanished during create"))?))
+    Ok(Created::New(
+        record.ok_or_else(|| corrupt("run vanished during create"))?,
+    ))
 }
 
 async fn run_by_dedup(c: &mut AnyConnection, run: &NewRun) -> Result<Option<RunRecord>> {
-    let Some(key) = &run.dedup_key else { return Ok(None) };
-    let sql = format!("{} WHERE r.workflow_id = ? AND r.dedup_key = ?", rows::RUN_SELECT);
+    let Some(key) = &run.dedup_key else {
+        return Ok(None);
+    };
+    let sql = format!(
+        "{} WHERE r.workflow_id = ? AND r.dedup_key = ?",
+        rows::RUN_SELECT
+    );
     let row = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(run.workflow_id.0)
         .bind(key.as_str())
@@ -358,7 +390,9 @@ async fn cancel_run_tx(
     now: Millis,
 ) -> Result<Option<Vec<CancelledAttempt>>> {
     lock_runs(store, c, &BTreeSet::from([id.0])).await?;
-    let Some(run) = run_by_id(c, id).await? else { return Ok(None) };
+    let Some(run) = run_by_id(c, id).await? else {
+        return Ok(None);
+    };
     if run.state.is_terminal() {
         return Ok(Some(Vec::new()));
     }
@@ -370,7 +404,10 @@ async fn cancel_run_tx(
         "SELECT id, attempt, state, worker_id FROM task_instance \
          WHERE run_id = ? AND state IN {UNFINISHED} ORDER BY id"
     );
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.0).fetch_all(&mut *c).await?;
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id.0)
+        .fetch_all(&mut *c)
+        .await?;
     let mut killed = Vec::new();
     for row in rows {
         let instance = InstanceId(row.try_get("id")?);
@@ -400,10 +437,14 @@ async fn cancel_instance_tx(
     id: InstanceId,
     now: Millis,
 ) -> Result<Option<(InstanceRecord, Option<CancelledAttempt>)>> {
-    let Some(key) = load_key(c, id).await? else { return Ok(None) };
+    let Some(key) = load_key(c, id).await? else {
+        return Ok(None);
+    };
     lock_runs(store, c, &BTreeSet::from([key.run_id.0])).await?;
     // Read again under the run lock: a report may have moved it meanwhile.
-    let Some(key) = load_key(c, id).await? else { return Ok(None) };
+    let Some(key) = load_key(c, id).await? else {
+        return Ok(None);
+    };
     let mut killed = None;
     if !key.state.is_terminal() && cancel_one(c, id, key.attempt, key.state, now).await? {
         if was_started(key.state) {
@@ -472,8 +513,15 @@ async fn mark_dispatched_tx(c: &mut AnyConnection, claims: &[DispatchClaim]) -> 
     Ok(won)
 }
 
-async fn append_logs_tx(store: &SqlStore, c: &mut AnyConnection, chunks: &[LogChunk]) -> Result<()> {
-    let chunks: Vec<&LogChunk> = chunks.iter().filter(|chunk| !chunk.lines.is_empty()).collect();
+async fn append_logs_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    chunks: &[LogChunk],
+) -> Result<()> {
+    let chunks: Vec<&LogChunk> = chunks
+        .iter()
+        .filter(|chunk| !chunk.lines.is_empty())
+        .collect();
     for batch in chunks.chunks(INSERT_CHUNK) {
         let sql = format!(
             "{} execution_log (instance_id, attempt, first_seq, line_count, streams, body, \
@@ -493,8 +541,11 @@ async fn append_logs_tx(store: &SqlStore, c: &mut AnyConnection, chunks: &[LogCh
                 .collect();
             // Lines are joined by '\n'; a stray one inside a line would shift every later line,
             // so it is replaced (the worker splits lines before they get here).
-            let body: Vec<String> =
-                chunk.lines.iter().map(|(_, text)| text.replace('\n', " ")).collect();
+            let body: Vec<String> = chunk
+                .lines
+                .iter()
+                .map(|(_, text)| text.replace('\n', " "))
+                .collect();
             query = query
                 .bind(chunk.instance_id.0)
                 .bind(i64::from(chunk.attempt.0))
@@ -525,8 +576,14 @@ impl Store for SqlStore {
         let mut tries = 0;
         loop {
             tries += 1;
-            let result =
-                write_tx!(self, |c| apply_workflow_tx(self, c, spec, source, next_fire_at, now));
+            let result = write_tx!(self, |c| apply_workflow_tx(
+                self,
+                c,
+                spec,
+                source,
+                next_fire_at,
+                now
+            ));
             match result {
                 // Two nodes created the same new workflow at once: the loser applies again and
                 // finds the winner's version.
@@ -567,7 +624,12 @@ impl Store for SqlStore {
         if let Some(app) = app {
             query = query.bind(app);
         }
-        query.fetch_all(&self.pool).await?.iter().map(rows::workflow).collect()
+        query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(rows::workflow)
+            .collect()
     }
 
     async fn set_paused(
@@ -591,11 +653,13 @@ impl Store for SqlStore {
                 .execute(&mut *c)
                 .await?;
             if paused {
-                sqlx::query("UPDATE schedule_plan SET paused = 1, updated_at = ? WHERE workflow_id = ?")
-                    .bind(now)
-                    .bind(id)
-                    .execute(&mut *c)
-                    .await?;
+                sqlx::query(
+                    "UPDATE schedule_plan SET paused = 1, updated_at = ? WHERE workflow_id = ?",
+                )
+                .bind(now)
+                .bind(id)
+                .execute(&mut *c)
+                .await?;
             } else {
                 sqlx::query(
                     "UPDATE schedule_plan SET paused = 0, next_fire_at = ?, updated_at = ? \
@@ -628,7 +692,9 @@ impl Store for SqlStore {
                     workflow_id: WorkflowId(row.try_get("workflow_id")?),
                     workflow: row.try_get("name")?,
                     workflow_version: to_u32(row.try_get("latest_version")?, "version")?,
-                    cron: row.try_get::<Option<String>, _>("cron")?.unwrap_or_default(),
+                    cron: row
+                        .try_get::<Option<String>, _>("cron")?
+                        .unwrap_or_default(),
                     timezone: row.try_get("timezone")?,
                     next_fire_at: row.try_get("next_fire_at")?,
                 })
@@ -738,14 +804,26 @@ impl Store for SqlStore {
     }
 
     async fn list_instances(&self, run: RunId) -> Result<Vec<InstanceRecord>> {
-        let sql = format!("{} WHERE ti.run_id = ? ORDER BY ti.id", rows::INSTANCE_SELECT);
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(run.0).fetch_all(&self.pool).await?;
+        let sql = format!(
+            "{} WHERE ti.run_id = ? ORDER BY ti.id",
+            rows::INSTANCE_SELECT
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(run.0)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(rows::instance).collect()
     }
 
     async fn list_attempts(&self, id: InstanceId) -> Result<Vec<AttemptRecord>> {
-        let sql = format!("{} WHERE instance_id = ? ORDER BY attempt", rows::ATTEMPT_SELECT);
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.0).fetch_all(&self.pool).await?;
+        let sql = format!(
+            "{} WHERE instance_id = ? ORDER BY attempt",
+            rows::ATTEMPT_SELECT
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.0)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(rows::attempt).collect()
     }
 
@@ -836,8 +914,8 @@ impl Store for SqlStore {
             let body: String = row.try_get("body")?;
             let at: Millis = row.try_get("created_at")?;
             for (offset, (stream, text)) in streams.chars().zip(body.split('\n')).enumerate() {
-                let seq = u64::try_from(first).map_err(|_| corrupt("negative log seq"))?
-                    + offset as u64;
+                let seq =
+                    u64::try_from(first).map_err(|_| corrupt("negative log seq"))? + offset as u64;
                 // Overlapping chunks (a resend cut differently) never repeat a line.
                 if seq <= last {
                     continue;
@@ -845,8 +923,17 @@ impl Store for SqlStore {
                 if lines.len() as u64 >= u64::from(limit) {
                     break 'chunks;
                 }
-                let stream = if stream == 'e' { LogStream::Stderr } else { LogStream::Stdout };
-                lines.push(StoredLine { seq, stream, text: text.to_string(), at });
+                let stream = if stream == 'e' {
+                    LogStream::Stderr
+                } else {
+                    LogStream::Stdout
+                };
+                lines.push(StoredLine {
+                    seq,
+                    stream,
+                    text: text.to_string(),
+                    at,
+                });
                 last = seq;
             }
         }
@@ -894,7 +981,9 @@ impl Store for SqlStore {
 
     async fn list_workers(&self) -> Result<Vec<WorkerRecord>> {
         let sql = format!("{} ORDER BY id", rows::WORKER_SELECT);
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(rows::worker).collect()
     }
 
@@ -918,8 +1007,10 @@ impl Store for SqlStore {
 
     async fn list_audit(&self, limit: u32) -> Result<Vec<AuditRecord>> {
         let sql = format!("{} ORDER BY at DESC, id DESC LIMIT ?", rows::AUDIT_SELECT);
-        let rows =
-            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(rows::audit).collect()
     }
 }

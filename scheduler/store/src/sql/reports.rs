@@ -70,10 +70,26 @@ pub(crate) async fn lock_runs(
 
 fn report_key(report: &Report) -> (InstanceId, Attempt) {
     match report {
-        Report::Rejected { instance_id, attempt, .. }
-        | Report::Started { instance_id, attempt, .. }
-        | Report::TaskHeartbeat { instance_id, attempt, .. }
-        | Report::Finished { instance_id, attempt, .. } => (*instance_id, *attempt),
+        Report::Rejected {
+            instance_id,
+            attempt,
+            ..
+        }
+        | Report::Started {
+            instance_id,
+            attempt,
+            ..
+        }
+        | Report::TaskHeartbeat {
+            instance_id,
+            attempt,
+            ..
+        }
+        | Report::Finished {
+            instance_id,
+            attempt,
+            ..
+        } => (*instance_id, *attempt),
     }
 }
 
@@ -109,7 +125,10 @@ pub(crate) async fn apply_reports(
 /// The report's result when the instance is not where the report expects it.
 async fn stale(c: &mut AnyConnection, id: InstanceId) -> Result<ReportResult> {
     Ok(match load_key(c, id).await? {
-        Some(key) => ReportResult::Stale { current_attempt: key.attempt, state: key.state },
+        Some(key) => ReportResult::Stale {
+            current_attempt: key.attempt,
+            state: key.state,
+        },
         None => ReportResult::NotFound,
     })
 }
@@ -148,14 +167,19 @@ async fn apply_one(
     let Some(key) = load_key(c, id).await? else {
         return Ok(ReportResult::NotFound);
     };
-    let stale_now = ReportResult::Stale { current_attempt: key.attempt, state: key.state };
+    let stale_now = ReportResult::Stale {
+        current_attempt: key.attempt,
+        state: key.state,
+    };
     if key.attempt != attempt {
         return Ok(stale_now);
     }
     let attempt_no = i64::from(attempt.0);
     match report {
         Report::Rejected { reason, .. } => {
-            let Ok(next) = transition(key.state, Event::Reject) else { return Ok(stale_now) };
+            let Ok(next) = transition(key.state, Event::Reject) else {
+                return Ok(stale_now);
+            };
             if !move_instance(c, &key, next.to, ", worker_id = NULL", vec![]).await? {
                 return stale(c, id).await;
             }
@@ -168,10 +192,17 @@ async fn apply_one(
             .bind(attempt_no)
             .execute(&mut *c)
             .await?;
-            Ok(ReportResult::Applied(Applied { new_waiting: 1, ..Applied::default() }))
+            Ok(ReportResult::Applied(Applied {
+                new_waiting: 1,
+                ..Applied::default()
+            }))
         }
-        Report::Started { worker_id, pid, at, .. } => {
-            let Ok(next) = transition(key.state, Event::Start) else { return Ok(stale_now) };
+        Report::Started {
+            worker_id, pid, at, ..
+        } => {
+            let Ok(next) = transition(key.state, Event::Start) else {
+                return Ok(stale_now);
+            };
             let sql = "UPDATE task_instance SET state = ?, started_at = ?, worker_id = ?, \
                        last_heartbeat_at = ? WHERE id = ? AND attempt = ? AND state = ?";
             let done = sqlx::query(sql)
@@ -219,7 +250,15 @@ async fn apply_one(
             }
             Ok(ReportResult::Applied(Applied::default()))
         }
-        Report::Finished { end, exit_code, signal, at, log_lines, message, .. } => {
+        Report::Finished {
+            end,
+            exit_code,
+            signal,
+            at,
+            log_lines,
+            message,
+            ..
+        } => {
             let policy = sqlx::query(
                 "SELECT retries, retry_backoff_ms FROM task_definition \
                  WHERE workflow_id = ? AND version = ? AND name = ?",
@@ -238,14 +277,21 @@ async fn apply_one(
             };
             let left = retries_left(attempt.0, retries);
             let (event, attempt_state) = match end {
-                AttemptEnd::Finished(outcome) => {
-                    (Event::Finish { outcome: *outcome, retries_left: left }, outcome.state())
-                }
-                AttemptEnd::SpawnFailed => {
-                    (Event::SpawnFailed { retries_left: left }, InstanceState::Failed)
-                }
+                AttemptEnd::Finished(outcome) => (
+                    Event::Finish {
+                        outcome: *outcome,
+                        retries_left: left,
+                    },
+                    outcome.state(),
+                ),
+                AttemptEnd::SpawnFailed => (
+                    Event::SpawnFailed { retries_left: left },
+                    InstanceState::Failed,
+                ),
             };
-            let Ok(next) = transition(key.state, event) else { return Ok(stale_now) };
+            let Ok(next) = transition(key.state, event) else {
+                return Ok(stale_now);
+            };
             let exit = exit_code.map(i64::from);
             let moved = if next.next_attempt {
                 let delay = retry_delay_ms(backoff, attempt.0, rand::random::<f64>());
@@ -287,7 +333,10 @@ async fn apply_one(
             .bind(attempt_no)
             .execute(&mut *c)
             .await?;
-            let mut applied = Applied { attempt_ended: true, ..Applied::default() };
+            let mut applied = Applied {
+                attempt_ended: true,
+                ..Applied::default()
+            };
             if next.next_attempt {
                 applied.new_waiting = 1;
                 return Ok(ReportResult::Applied(applied));
@@ -429,14 +478,15 @@ pub(crate) async fn finish_run_if_done(
             }
         }
     }
-    let Some(end) = run_outcome(progress) else { return Ok(None) };
-    let done = sqlx::query(
-        "UPDATE run SET state = ?, finished_at = ? WHERE id = ? AND state = 'RUNNING'",
-    )
-    .bind(end.as_str())
-    .bind(now)
-    .bind(run_id.0)
-    .execute(&mut *c)
-    .await?;
+    let Some(end) = run_outcome(progress) else {
+        return Ok(None);
+    };
+    let done =
+        sqlx::query("UPDATE run SET state = ?, finished_at = ? WHERE id = ? AND state = 'RUNNING'")
+            .bind(end.as_str())
+            .bind(now)
+            .bind(run_id.0)
+            .execute(&mut *c)
+            .await?;
     Ok((done.rows_affected() == 1).then_some((run_id, end)))
 }

@@ -43,8 +43,7 @@ pub enum Backend {
 
 /// Opens the store at `url` (`sqlite://PATH` or `mysql://…`) and runs its migrations.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
-    let _ = SqlStore::connect(url).await?;
-    Err(StoreError::UnsupportedUrl(url.to_string()))
+    Ok(Arc::new(SqlStore::connect(url).await?))
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -1,12 +1,377 @@
 //! The SQL implementation of [`Store`](crate::Store) for MySQL and SQLite.
+//!
+//! One implementation over `sqlx::AnyPool`; the few statements that differ between the two
+//! backends come from [`Dialect`]. Every write runs in a transaction through [`write_tx!`], which
+//! serializes SQLite writers (one process lock plus `BEGIN IMMEDIATE`, so a reader never has to
+//! upgrade its lock and fail with SQLITE_BUSY) and retries a MySQL deadlock a few times.
 
-use crate::{Result, StoreError};
+mod ids;
+mod ops;
+mod reports;
+mod rows;
 
-/// Placeholder until the SQL backends land; `connect` refuses every url.
-pub struct SqlStore;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
 
-impl SqlStore {
-    pub async fn connect(url: &str) -> Result<SqlStore> {
-        Err(StoreError::UnsupportedUrl(url.to_string()))
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{AnyConnection, AnyPool, Executor};
+
+use crate::{Backend, Result, StoreError};
+use ids::IdBlocks;
+
+/// How often a transaction that deadlocked (MySQL) or found the database busy (SQLite) is tried.
+pub(crate) const MAX_TRIES: u32 = 6;
+
+/// The embedded migrations of each backend, paired by number (a test checks the pairing).
+pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] =
+    &[(1, "init", include_str!("../migrations/mysql/0001_init.sql"))];
+pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[(
+    1,
+    "init",
+    include_str!("../migrations/sqlite/0001_init.sql"),
+)];
+
+/// The statements that differ between the backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    MySql,
+    Sqlite,
+}
+
+impl Dialect {
+    /// An insert that skips rows whose unique key is taken (and reports only inserted rows).
+    pub(crate) fn insert_ignore(self) -> &'static str {
+        match self {
+            Dialect::MySql => "INSERT IGNORE INTO",
+            Dialect::Sqlite => "INSERT OR IGNORE INTO",
+        }
+    }
+
+    /// Row lock for a read inside a transaction. SQLite writers are serialized already.
+    pub(crate) fn for_update(self) -> &'static str {
+        match self {
+            Dialect::MySql => " FOR UPDATE",
+            Dialect::Sqlite => "",
+        }
+    }
+
+    /// The tail of an insert that updates `columns` when the row with the same `key` exists.
+    /// `VALUES(col)` works on MySQL 8 and MariaDB alike (the `AS new` alias is MySQL-only).
+    pub(crate) fn upsert_tail(self, key: &[&str], columns: &[&str]) -> String {
+        match self {
+            Dialect::MySql => {
+                let sets: Vec<String> = columns
+                    .iter()
+                    .map(|c| format!("{c} = VALUES({c})"))
+                    .collect();
+                format!(" ON DUPLICATE KEY UPDATE {}", sets.join(", "))
+            }
+            Dialect::Sqlite => {
+                let sets: Vec<String> = columns
+                    .iter()
+                    .map(|c| format!("{c} = excluded.{c}"))
+                    .collect();
+                format!(
+                    " ON CONFLICT ({}) DO UPDATE SET {}",
+                    key.join(", "),
+                    sets.join(", ")
+                )
+            }
+        }
     }
 }
+
+/// `(?, ?, …), (?, ?, …)` for a multi-row insert.
+pub(crate) fn values_rows(rows: usize, columns: usize) -> String {
+    let one = format!("({})", vec!["?"; columns].join(", "));
+    vec![one; rows].join(", ")
+}
+
+/// `?, ?, …` for an `IN (…)` list.
+pub(crate) fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+/// The store over one pool, for MySQL or SQLite.
+pub struct SqlStore {
+    pub(crate) pool: AnyPool,
+    pub(crate) dialect: Dialect,
+    /// MySQL only: a small pool of its own for id reservations, so a transaction that needs a new
+    /// block never waits for a connection its own pool may not have.
+    id_pool: Option<AnyPool>,
+    pub(crate) ids: IdBlocks,
+    /// SQLite only: one writer at a time in this process.
+    write_lock: Option<tokio::sync::Mutex<()>>,
+}
+
+impl std::fmt::Debug for SqlStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlStore")
+            .field("dialect", &self.dialect)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqlStore {
+    /// Connects to `sqlite://PATH` (file and parent directory created when missing),
+    /// `sqlite::memory:` (one connection, gone when the store is dropped) or `mysql://…`, and
+    /// runs the backend's migrations.
+    pub async fn connect(url: &str) -> Result<SqlStore> {
+        sqlx::any::install_default_drivers();
+        if url.starts_with("sqlite:") {
+            Self::connect_sqlite(url).await
+        } else if url.starts_with("mysql://") {
+            Self::connect_mysql(url).await
+        } else {
+            Err(StoreError::UnsupportedUrl(url.to_string()))
+        }
+    }
+
+    async fn connect_sqlite(url: &str) -> Result<SqlStore> {
+        let rest = url.trim_start_matches("sqlite:");
+        let memory = rest == ":memory:" || rest == "//:memory:";
+        let (url, max) = if memory {
+            // Every connection to `:memory:` would see its own database: keep exactly one.
+            ("sqlite::memory:".to_string(), 1)
+        } else {
+            let path = rest.trim_start_matches("//");
+            let (file, query) = match path.split_once('?') {
+                Some((file, query)) => (file, Some(query)),
+                None => (path, None),
+            };
+            if file.is_empty() {
+                return Err(StoreError::UnsupportedUrl(url.to_string()));
+            }
+            if let Some(parent) = Path::new(file)
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+            {
+                std::fs::create_dir_all(parent).map_err(|err| {
+                    StoreError::Database(sqlx::Error::Configuration(
+                        format!("cannot create {}: {err}", parent.display()).into(),
+                    ))
+                })?;
+            }
+            let query = match query {
+                Some(q) if q.contains("mode=") => q.to_string(),
+                Some(q) => format!("{q}&mode=rwc"),
+                None => "mode=rwc".to_string(),
+            };
+            (format!("sqlite://{file}?{query}"), 4)
+        };
+        let options = AnyConnectOptions::from_str(&url)?;
+        let pool = AnyPoolOptions::new()
+            .max_connections(max)
+            .min_connections(if memory { 1 } else { 0 })
+            .idle_timeout(if memory {
+                None
+            } else {
+                Some(Duration::from_secs(600))
+            })
+            .max_lifetime(if memory {
+                None
+            } else {
+                Some(Duration::from_secs(1800))
+            })
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    // busy_timeout is 5 s by default in sqlx; NORMAL is durable enough with WAL.
+                    conn.execute("PRAGMA synchronous = NORMAL").await?;
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await?;
+        if !memory {
+            // WAL lets readers go on beside the writer. It is a property of the file, set once;
+            // switching needs an exclusive lock, so it is done before the pool is shared.
+            pool.execute("PRAGMA journal_mode = WAL").await?;
+        }
+        let store = SqlStore {
+            pool,
+            dialect: Dialect::Sqlite,
+            id_pool: None,
+            ids: IdBlocks::default(),
+            write_lock: Some(tokio::sync::Mutex::new(())),
+        };
+        store.migrate(SQLITE_MIGRATIONS).await?;
+        Ok(store)
+    }
+
+    async fn connect_mysql(url: &str) -> Result<SqlStore> {
+        let options = AnyConnectOptions::from_str(url)?;
+        let pool = AnyPoolOptions::new()
+            .max_connections(16)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    // Each statement sees the latest committed rows; the fan-in check relies on
+                    // it after it has locked the run row.
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
+                    Ok(())
+                })
+            })
+            .connect_with(options.clone())
+            .await?;
+        let id_pool = AnyPoolOptions::new()
+            .max_connections(2)
+            .idle_timeout(Some(Duration::from_secs(300)))
+            .connect_with(options)
+            .await?;
+        let store = SqlStore {
+            pool,
+            dialect: Dialect::MySql,
+            id_pool: Some(id_pool),
+            ids: IdBlocks::default(),
+            write_lock: None,
+        };
+        store.migrate(MYSQL_MIGRATIONS).await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self, migrations: &[(i64, &'static str, &'static str)]) -> Result<()> {
+        let migrations = migrations
+            .iter()
+            .map(|&(version, description, sql)| {
+                Migration::new(
+                    version,
+                    description.into(),
+                    MigrationType::Simple,
+                    sqlx::SqlSafeStr::into_sql_str(sql),
+                    false,
+                )
+            })
+            .collect();
+        Migrator::with_migrations(migrations)
+            .run(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) fn backend_kind(&self) -> Backend {
+        match self.dialect {
+            Dialect::MySql => Backend::MySql,
+            Dialect::Sqlite => Backend::Sqlite,
+        }
+    }
+
+    /// Closes the pools (tests drop their MySQL database afterwards).
+    pub async fn close(&self) {
+        self.pool.close().await;
+        if let Some(pool) = &self.id_pool {
+            pool.close().await;
+        }
+    }
+
+    /// Begins a write transaction; on SQLite also takes the process's writer lock.
+    pub(crate) async fn begin_write(&self) -> Result<WriteTx<'_>> {
+        let guard = match &self.write_lock {
+            Some(lock) => Some(lock.lock().await),
+            None => None,
+        };
+        let tx = match self.dialect {
+            Dialect::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            Dialect::MySql => self.pool.begin().await?,
+        };
+        Ok(WriteTx { tx, _guard: guard })
+    }
+
+    /// Fresh ids of `kind`, reserved through the transaction's connection on SQLite and through
+    /// the allocator pool on MySQL.
+    pub(crate) async fn take_ids(
+        &self,
+        conn: &mut AnyConnection,
+        kind: ids::IdKind,
+        n: usize,
+    ) -> Result<Vec<i64>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        match &self.id_pool {
+            Some(pool) => {
+                let mut own = pool.acquire().await?;
+                self.ids.take(&mut own, kind, n).await
+            }
+            None => self.ids.take(conn, kind, n).await,
+        }
+    }
+
+    /// After a failed transaction: SQLite may have rolled back a block reservation.
+    pub(crate) fn after_failed_tx(&self) {
+        if self.dialect == Dialect::Sqlite {
+            self.ids.forget();
+        }
+    }
+}
+
+pub(crate) struct WriteTx<'a> {
+    pub(crate) tx: sqlx::Transaction<'static, sqlx::Any>,
+    _guard: Option<tokio::sync::MutexGuard<'a, ()>>,
+}
+
+/// Whether a failed transaction may succeed when simply tried again.
+pub(crate) fn is_retryable(err: &StoreError) -> bool {
+    let StoreError::Database(sqlx::Error::Database(db)) = err else {
+        return false;
+    };
+    if let Some(mysql) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        // ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT.
+        return matches!(mysql.number(), 1213 | 1205);
+    }
+    // SQLITE_BUSY and its extended codes (another process holds the write lock too long).
+    matches!(
+        db.code().as_deref(),
+        Some("5" | "261" | "517" | "6" | "262")
+    )
+}
+
+pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+/// Runs `$body` (an expression using the connection `$conn`) in a write transaction, commits,
+/// and retries the whole transaction after a deadlock or a busy database.
+macro_rules! write_tx {
+    ($store:expr, |$conn:ident| $body:expr) => {{
+        let store: &$crate::sql::SqlStore = $store;
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let result = async {
+                let mut w = store.begin_write().await?;
+                let value = {
+                    let $conn: &mut sqlx::AnyConnection = &mut w.tx;
+                    $body.await
+                };
+                match value {
+                    Ok(value) => {
+                        w.tx.commit().await?;
+                        Ok(value)
+                    }
+                    Err(err) => {
+                        // A failed rollback leaves nothing behind: the connection is reset.
+                        let _ = w.tx.rollback().await;
+                        Err(err)
+                    }
+                }
+            }
+            .await;
+            match result {
+                Ok(value) => break Ok(value),
+                Err(err) => {
+                    store.after_failed_tx();
+                    if tries < $crate::sql::MAX_TRIES && $crate::sql::is_retryable(&err) {
+                        tracing::debug!(tries, error = %err, "retrying a store transaction");
+                        let pause = 5u64 * (1 << tries) + rand::random_range(0..10u64);
+                        tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                        continue;
+                    }
+                    break Err(err);
+                }
+            }
+        }
+    }};
+}
+pub(crate) use write_tx;

@@ -1,1 +1,1617 @@
+//! The store conformance suite: every scenario is written once against `dyn Store` and runs on
+//! SQLite (a fresh file per test) and on MySQL/MariaDB when `AX_TEST_MYSQL_URL` is set (a fresh
+//! database per test, dropped afterwards). Under `CI=true` a missing MySQL url fails the MySQL
+//! variants instead of skipping them.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ax_core::Millis;
+use ax_core::ids::{Attempt, InstanceId, RunId};
+use ax_core::run::RunState;
+use ax_core::spec::{ScheduleSpec, TaskSpec, TriggerKind, WorkflowSpec};
+use ax_core::state::{InstanceState, Outcome};
+use sqlx::Connection;
+
+use crate::*;
+
+const T0: Millis = 1_700_000_000_000;
+
+/// What a scenario gets: the store, and its url to open a second store on the same database.
+#[derive(Clone)]
+struct Ctx {
+    store: Arc<SqlStore>,
+    url: String,
+}
+
+impl Ctx {
+    fn s(&self) -> &dyn Store {
+        self.store.as_ref()
+    }
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn unique_suffix() -> String {
+    format!(
+        "{}_{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        rand::random_range(0..1_000_000u32)
+    )
+}
+
+/// Runs `scenario` in its own task so that a failed assertion still lets the caller clean up.
+async fn run_scenario<F, Fut>(ctx: Ctx, scenario: F) -> Result<(), tokio::task::JoinError>
+where
+    F: FnOnce(Ctx) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(scenario(ctx)).await
+}
+
+async fn on_sqlite<F, Fut>(scenario: F)
+where
+    F: FnOnce(Ctx) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}/nested/ax.db", dir.path().display());
+    let store = Arc::new(SqlStore::connect(&url).await.expect("open sqlite store"));
+    assert_eq!(store.backend(), Backend::Sqlite);
+    let result = run_scenario(
+        Ctx {
+            store: store.clone(),
+            url,
+        },
+        scenario,
+    )
+    .await;
+    store.close().await;
+    if let Err(err) = result {
+        std::panic::resume_unwind(err.into_panic());
+    }
+}
+
+/// `mysql://user@host:port` without the database path.
+fn mysql_server_url(url: &str) -> String {
+    let (scheme, rest) = url
+        .split_once("://")
+        .expect("AX_TEST_MYSQL_URL has a scheme");
+    let rest = rest.split(['?', '#']).next().unwrap_or(rest);
+    let host = rest.split('/').next().unwrap_or(rest);
+    format!("{scheme}://{host}")
+}
+
+async fn on_mysql<F, Fut>(scenario: F)
+where
+    F: FnOnce(Ctx) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let Ok(url) = std::env::var("AX_TEST_MYSQL_URL") else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "AX_TEST_MYSQL_URL must be set in CI: the MySQL store suite may not be skipped"
+        );
+        eprintln!("AX_TEST_MYSQL_URL is not set: skipping the MySQL variant");
+        return;
+    };
+    let server = mysql_server_url(&url);
+    let database = format!("ax_test_{}", unique_suffix());
+    let mut admin = sqlx::MySqlConnection::connect(&server)
+        .await
+        .expect("connect to MySQL");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE DATABASE {database} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    )))
+    .execute(&mut admin)
+    .await
+    .expect("create test database");
+    let db_url = format!("{server}/{database}");
+    let opened = SqlStore::connect(&db_url).await;
+    let result = match opened {
+        Ok(store) => {
+            let store = Arc::new(store);
+            assert_eq!(store.backend(), Backend::MySql);
+            let result = run_scenario(
+                Ctx {
+                    store: store.clone(),
+                    url: db_url,
+                },
+                scenario,
+            )
+            .await;
+            store.close().await;
+            Some(result)
+        }
+        Err(err) => {
+            eprintln!("cannot open the MySQL store: {err}");
+            None
+        }
+    };
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE {database}")))
+        .execute(&mut admin)
+        .await
+        .expect("drop test database");
+    match result {
+        Some(Ok(())) => {}
+        Some(Err(err)) => std::panic::resume_unwind(err.into_panic()),
+        None => panic!("the MySQL store did not open"),
+    }
+}
+
+/// Each scenario becomes `tests::sqlite::NAME` and `tests::mysql::NAME`.
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::on_sqlite(super::scenarios::$name).await;
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::on_mysql(super::scenarios::$name).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    apply_creates_then_keeps_then_updates_versions,
+    create_run_inserts_only_root_tasks,
+    dedup_key_returns_the_existing_run,
+    concurrent_creates_with_one_dedup_key_make_one_run,
+    waiting_orders_by_priority_then_id_and_respects_backoff,
+    mark_dispatched_is_a_conditional_claim,
+    started_and_finished_end_a_one_task_run,
+    rejected_dispatch_returns_to_waiting_and_reuses_its_attempt_row,
+    heartbeat_applies_only_to_a_running_attempt,
+    retry_with_backoff_keeps_every_attempt,
+    spawn_failure_retries_then_fails,
+    stale_report_changes_nothing,
+    unknown_instance_is_not_found,
+    diamond_creates_the_sink_only_after_both_branches,
+    concurrent_fan_in_creates_the_sink_once,
+    failure_leaves_downstream_uncreated_and_fails_the_run,
+    run_counts_include_tasks_not_created,
+    cancel_run_returns_live_attempts_and_ends_cancelled,
+    cancel_instance_ends_the_run_when_nothing_is_left,
+    logs_round_trip_in_chunks,
+    schedules_are_due_and_advance_conditionally,
+    pause_and_resume_keep_across_versions,
+    workers_and_audit_round_trip,
+    ids_are_unique_across_two_stores,
+    advance_creates_exactly_the_ready_downstream_in_a_large_workflow,
+    list_runs_newest_first_with_filters,
+);
+
+mod scenarios {
+    use super::*;
+
+    pub(super) fn task(name: &str, upstream: &[&str]) -> TaskSpec {
+        TaskSpec {
+            name: name.to_string(),
+            command: format!("echo {name}"),
+            upstream: upstream.iter().map(|s| s.to_string()).collect(),
+            ..TaskSpec::default()
+        }
+    }
+
+    pub(super) fn spec(name: &str, tasks: Vec<TaskSpec>) -> WorkflowSpec {
+        WorkflowSpec {
+            name: name.to_string(),
+            app: "etl".into(),
+            owner: "alice".into(),
+            description: String::new(),
+            schedule: ScheduleSpec::default(),
+            tasks,
+        }
+    }
+
+    async fn apply(s: &dyn Store, spec: &WorkflowSpec) -> WorkflowRecord {
+        s.apply_workflow(spec, "source", None, T0)
+            .await
+            .expect("apply")
+            .0
+    }
+
+    fn new_run(wf: &WorkflowRecord, dedup_key: Option<&str>) -> NewRun {
+        NewRun {
+            workflow_id: wf.id,
+            workflow_version: wf.version,
+            trigger: TriggerKind::Manual,
+            logical_time: T0,
+            dedup_key: dedup_key.map(str::to_string),
+            idempotency_key: None,
+            params: BTreeMap::from([("day".to_string(), "2024-01-01".to_string())]),
+            triggered_by: "tester".into(),
+            now: T0,
+        }
+    }
+
+    async fn start_run(s: &dyn Store, wf: &WorkflowRecord) -> RunRecord {
+        let (run, created) = s.create_run(&new_run(wf, None)).await.expect("create run");
+        assert!(created);
+        run
+    }
+
+    async fn instance_of(s: &dyn Store, run: RunId, task: &str) -> Option<InstanceRecord> {
+        let all = s.list_instances(run).await.expect("list instances");
+        all.into_iter().find(|i| i.task == task)
+    }
+
+    async fn tasks_of(s: &dyn Store, run: RunId) -> BTreeSet<String> {
+        let all = s.list_instances(run).await.expect("list instances");
+        all.into_iter().map(|i| i.task).collect()
+    }
+
+    fn claim(id: InstanceId, attempt: u32, worker: &str) -> DispatchClaim {
+        DispatchClaim {
+            instance_id: id,
+            attempt: Attempt(attempt),
+            worker_id: worker.into(),
+            node_id: "node-1".into(),
+            at: T0 + 10,
+        }
+    }
+
+    fn started(id: InstanceId, attempt: u32) -> Report {
+        Report::Started {
+            instance_id: id,
+            attempt: Attempt(attempt),
+            worker_id: "w1".into(),
+            pid: 4242,
+            at: T0 + 20,
+        }
+    }
+
+    fn finished(id: InstanceId, attempt: u32, outcome: Outcome, exit: i32) -> Report {
+        Report::Finished {
+            instance_id: id,
+            attempt: Attempt(attempt),
+            end: AttemptEnd::Finished(outcome),
+            exit_code: Some(exit),
+            signal: None,
+            at: T0 + 30,
+            log_lines: 3,
+            message: format!("exit {exit}"),
+        }
+    }
+
+    fn applied(result: &ReportResult) -> &Applied {
+        match result {
+            ReportResult::Applied(applied) => applied,
+            other => panic!("expected Applied, got {other:?}"),
+        }
+    }
+
+    /// Dispatches and starts the current attempt of `task` in `run`.
+    async fn launch(s: &dyn Store, run: RunId, task: &str) -> InstanceRecord {
+        let inst = instance_of(s, run, task).await.expect("instance exists");
+        assert_eq!(inst.state, InstanceState::Waiting, "{task}");
+        let won = s
+            .mark_dispatched(&[claim(inst.id, inst.attempt.0, "w1")])
+            .await
+            .unwrap();
+        assert_eq!(won, vec![true]);
+        let results = s
+            .apply_reports(&[started(inst.id, inst.attempt.0)], T0)
+            .await
+            .unwrap();
+        applied(&results[0]);
+        s.get_instance(inst.id).await.unwrap().expect("instance")
+    }
+
+    /// Runs `task` to `outcome` and returns what the finish changed.
+    async fn run_task(s: &dyn Store, run: RunId, task: &str, outcome: Outcome) -> Applied {
+        let inst = launch(s, run, task).await;
+        let exit = if outcome == Outcome::Success { 0 } else { 1 };
+        let results = s
+            .apply_reports(&[finished(inst.id, inst.attempt.0, outcome, exit)], T0 + 30)
+            .await
+            .unwrap();
+        applied(&results[0]).clone()
+    }
+
+    pub(super) async fn apply_creates_then_keeps_then_updates_versions(ctx: Ctx) {
+        let s = ctx.s();
+        let v1 = spec("daily", vec![task("a", &[]), task("b", &["a"])]);
+        let (rec, outcome) = s.apply_workflow(&v1, "file v1", None, T0).await.unwrap();
+        assert_eq!(outcome, ApplyOutcome::Created);
+        assert_eq!(
+            (rec.version, rec.name.as_str(), rec.source.as_str()),
+            (1, "daily", "file v1")
+        );
+        assert_eq!(rec.spec, v1);
+        assert!(!rec.paused);
+
+        let (same, outcome) = s
+            .apply_workflow(&v1, "file v1 again", None, T0 + 1)
+            .await
+            .unwrap();
+        assert_eq!(outcome, ApplyOutcome::Unchanged);
+        assert_eq!(
+            (same.id, same.version, same.source.as_str()),
+            (rec.id, 1, "file v1")
+        );
+
+        let mut v2 = v1.clone();
+        v2.tasks.push(task("c", &["a", "b"]));
+        let (rec2, outcome) = s
+            .apply_workflow(&v2, "file v2", None, T0 + 2)
+            .await
+            .unwrap();
+        assert_eq!(outcome, ApplyOutcome::Updated);
+        assert_eq!((rec2.id, rec2.version), (rec.id, 2));
+        assert_eq!(rec2.updated_at, T0 + 2);
+
+        let latest = s.get_workflow("daily").await.unwrap().unwrap();
+        assert_eq!((latest.version, latest.spec.tasks.len()), (2, 3));
+        let old = s.get_workflow_version(rec.id, 1).await.unwrap().unwrap();
+        assert_eq!(
+            (old.version, old.spec.clone(), old.source.as_str()),
+            (1, v1, "file v1")
+        );
+        assert!(s.get_workflow_version(rec.id, 3).await.unwrap().is_none());
+        assert!(s.get_workflow("nope").await.unwrap().is_none());
+
+        s.apply_workflow(&spec("other", vec![task("x", &[])]), "", None, T0)
+            .await
+            .unwrap();
+        let mut misc = spec("zeta", vec![task("x", &[])]);
+        misc.app = "misc".into();
+        s.apply_workflow(&misc, "", None, T0).await.unwrap();
+        let names: Vec<String> = s
+            .list_workflows(None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|w| w.name)
+            .collect();
+        assert_eq!(names, ["daily", "other", "zeta"]);
+        let etl: Vec<String> = s
+            .list_workflows(Some("etl"))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|w| w.name)
+            .collect();
+        assert_eq!(etl, ["daily", "other"]);
+
+        // Runs of version 1 still see version 1's DAG after the update.
+        let run = start_run(s, &old).await;
+        run_task(s, run.id, "a", Outcome::Success).await;
+        run_task(s, run.id, "b", Outcome::Success).await;
+        let run = s.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(run.state, RunState::Success);
+    }
+
+    pub(super) async fn create_run_inserts_only_root_tasks(ctx: Ctx) {
+        let s = ctx.s();
+        let mut root_b = task("b", &[]);
+        root_b.priority = 7;
+        let wf = apply(
+            s,
+            &spec("wf", vec![task("a", &[]), root_b, task("c", &["a", "b"])]),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        assert_eq!(run.state, RunState::Running);
+        assert_eq!((run.workflow.as_str(), run.workflow_version), ("wf", 1));
+        assert_eq!(
+            run.params.get("day").map(String::as_str),
+            Some("2024-01-01")
+        );
+        assert_eq!(run.trigger, TriggerKind::Manual);
+        assert_eq!(run.finished_at, None);
+        let instances = s.list_instances(run.id).await.unwrap();
+        let names: Vec<&str> = instances.iter().map(|i| i.task.as_str()).collect();
+        assert_eq!(names.len(), 2);
+        assert!(names.contains(&"a") && names.contains(&"b"));
+        for inst in &instances {
+            assert_eq!(inst.state, InstanceState::Waiting);
+            assert_eq!(inst.attempt, Attempt::FIRST);
+            assert_eq!((inst.run_id, inst.workflow.as_str()), (run.id, "wf"));
+            assert_eq!(inst.priority, if inst.task == "b" { 7 } else { 0 });
+        }
+        assert_eq!(s.get_run(run.id).await.unwrap().unwrap(), run);
+        let missing = NewRun {
+            workflow_version: 9,
+            ..new_run(&wf, None)
+        };
+        assert!(matches!(
+            s.create_run(&missing).await,
+            Err(StoreError::NotFound(_))
+        ));
+    }
+
+    pub(super) async fn dedup_key_returns_the_existing_run(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("wf", vec![task("a", &[])])).await;
+        let (first, created) = s.create_run(&new_run(&wf, Some("cron:1"))).await.unwrap();
+        assert!(created);
+        let (again, created) = s.create_run(&new_run(&wf, Some("cron:1"))).await.unwrap();
+        assert!(!created);
+        assert_eq!(again, first);
+        assert_eq!(s.list_instances(first.id).await.unwrap().len(), 1);
+        // Runs without a key never collide; another key is another run.
+        let (a, ca) = s.create_run(&new_run(&wf, None)).await.unwrap();
+        let (b, cb) = s.create_run(&new_run(&wf, None)).await.unwrap();
+        let (c, cc) = s.create_run(&new_run(&wf, Some("cron:2"))).await.unwrap();
+        assert!(ca && cb && cc);
+        let ids: BTreeSet<RunId> = [first.id, a.id, b.id, c.id].into();
+        assert_eq!(ids.len(), 4);
+        assert_eq!(s.list_runs(Some("wf"), None, 100).await.unwrap().len(), 4);
+    }
+
+    pub(super) async fn concurrent_creates_with_one_dedup_key_make_one_run(ctx: Ctx) {
+        let wf = apply(ctx.s(), &spec("wf", vec![task("a", &[]), task("b", &[])])).await;
+        let barrier = Arc::new(tokio::sync::Barrier::new(8));
+        let mut handles = Vec::new();
+        for _ in 0..8 {
+            let (store, barrier, run) = (
+                ctx.store.clone(),
+                barrier.clone(),
+                new_run(&wf, Some("key:k1")),
+            );
+            handles.push(tokio::spawn(async move {
+                barrier.wait().await;
+                store.create_run(&run).await.expect("create run")
+            }));
+        }
+        let mut ids = BTreeSet::new();
+        let mut created = 0;
+        for handle in handles {
+            let (run, new) = handle.await.unwrap();
+            ids.insert(run.id);
+            created += usize::from(new);
+        }
+        assert_eq!((ids.len(), created), (1, 1));
+        let runs = ctx.s().list_runs(Some("wf"), None, 100).await.unwrap();
+        assert_eq!(runs.len(), 1);
+        assert_eq!(ctx.s().list_instances(runs[0].id).await.unwrap().len(), 2);
+    }
+
+    pub(super) async fn waiting_orders_by_priority_then_id_and_respects_backoff(ctx: Ctx) {
+        let s = ctx.s();
+        let mut hi = task("hi", &[]);
+        hi.priority = 10;
+        let mut lo = task("lo", &[]);
+        lo.priority = -1;
+        let mut flaky = task("flaky", &[]);
+        flaky.priority = 20;
+        flaky.retries = 1;
+        flaky.retry_backoff_ms = 60_000;
+        let wf = apply(s, &spec("wf", vec![lo, task("mid", &[]), hi, flaky])).await;
+        let r1 = start_run(s, &wf).await;
+        let r2 = start_run(s, &wf).await;
+        // r1's flaky fails once: its retry waits out its backoff.
+        run_task(s, r1.id, "flaky", Outcome::Failed).await;
+        let waiting = s.waiting(T0 + 100, 100).await.unwrap();
+        let order: Vec<(RunId, &str)> = waiting
+            .iter()
+            .map(|w| (w.instance.run_id, w.instance.task.as_str()))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                (r2.id, "flaky"),
+                (r1.id, "hi"),
+                (r2.id, "hi"),
+                (r1.id, "mid"),
+                (r2.id, "mid"),
+                (r1.id, "lo"),
+                (r2.id, "lo"),
+            ]
+        );
+        assert!(waiting.windows(2).all(|w| {
+            let (a, b) = (&w[0].instance, &w[1].instance);
+            a.priority > b.priority || (a.priority == b.priority && a.id < b.id)
+        }));
+        let first = &waiting[0];
+        assert_eq!(first.logical_time, T0);
+        assert_eq!(
+            first.params.get("day").map(String::as_str),
+            Some("2024-01-01")
+        );
+        assert_eq!(first.instance.workflow, "wf");
+        assert_eq!(s.waiting(T0 + 100, 2).await.unwrap().len(), 2);
+        // After the longest possible backoff the retry is waiting too, first by priority.
+        let later = s.waiting(T0 + 30 + 60_000, 100).await.unwrap();
+        assert_eq!(later.len(), 8);
+        assert_eq!(
+            (later[0].instance.task.as_str(), later[0].instance.attempt),
+            ("flaky", Attempt(2))
+        );
+    }
+
+    pub(super) async fn mark_dispatched_is_a_conditional_claim(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("wf", vec![task("a", &[]), task("b", &[])])).await;
+        let run = start_run(s, &wf).await;
+        let a = instance_of(s, run.id, "a").await.unwrap();
+        let b = instance_of(s, run.id, "b").await.unwrap();
+        let won = s
+            .mark_dispatched(&[
+                claim(b.id, 1, "w1"),
+                claim(a.id, 2, "w1"),
+                claim(a.id, 1, "w2"),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(won, [true, false, true], "a stale attempt loses");
+        let again = s.mark_dispatched(&[claim(a.id, 1, "w3")]).await.unwrap();
+        assert_eq!(again, [false], "a second claim of the same attempt loses");
+        let a = s.get_instance(a.id).await.unwrap().unwrap();
+        assert_eq!(
+            (a.state, a.worker_id.as_deref()),
+            (InstanceState::Dispatched, Some("w2"))
+        );
+        let attempts = s.list_attempts(a.id).await.unwrap();
+        assert_eq!(attempts.len(), 1);
+        assert_eq!(attempts[0].attempt, Attempt(1));
+        assert_eq!(attempts[0].state, InstanceState::Dispatched);
+        assert_eq!(attempts[0].worker_id.as_deref(), Some("w2"));
+        assert_eq!(attempts[0].dispatched_at, Some(T0 + 10));
+        assert!(s.waiting(T0, 10).await.unwrap().is_empty());
+        assert_eq!(s.mark_dispatched(&[]).await.unwrap(), Vec::<bool>::new());
+    }
+
+    pub(super) async fn started_and_finished_end_a_one_task_run(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("wf", vec![task("only", &[])])).await;
+        let run = start_run(s, &wf).await;
+        let inst = launch(s, run.id, "only").await;
+        assert_eq!(inst.state, InstanceState::Running);
+        assert_eq!(inst.started_at, Some(T0 + 20));
+        assert_eq!(inst.worker_id.as_deref(), Some("w1"));
+        // A duplicate start of the running attempt is refused.
+        let dup = s.apply_reports(&[started(inst.id, 1)], T0).await.unwrap();
+        assert_eq!(
+            dup,
+            [ReportResult::Stale {
+                current_attempt: Attempt(1),
+                state: InstanceState::Running
+            }]
+        );
+
+        let results = s
+            .apply_reports(&[finished(inst.id, 1, Outcome::Success, 0)], T0 + 40)
+            .await
+            .unwrap();
+        let applied = applied(&results[0]);
+        assert!(applied.attempt_ended);
+        assert_eq!(applied.new_waiting, 0);
+        assert_eq!(applied.run_finished, Some((run.id, RunState::Success)));
+        let inst = s.get_instance(inst.id).await.unwrap().unwrap();
+        assert_eq!(
+            (inst.state, inst.exit_code, inst.finished_at),
+            (InstanceState::Success, Some(0), Some(T0 + 30))
+        );
+        let attempt = &s.list_attempts(inst.id).await.unwrap()[0];
+        assert_eq!(attempt.state, InstanceState::Success);
+        assert_eq!(
+            (attempt.pid, attempt.exit_code, attempt.log_lines),
+            (Some(4242), Some(0), 3)
+        );
+        assert_eq!(
+            (attempt.started_at, attempt.finished_at),
+            (Some(T0 + 20), Some(T0 + 30))
+        );
+        assert_eq!(attempt.message, "exit 0");
+        let run = s.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(
+            (run.state, run.finished_at),
+            (RunState::Success, Some(T0 + 40))
+        );
+    }
+
+    pub(super) async fn rejected_dispatch_returns_to_waiting_and_reuses_its_attempt_row(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("wf", vec![task("a", &[])])).await;
+        let run = start_run(s, &wf).await;
+        let a = instance_of(s, run.id, "a").await.unwrap();
+        assert_eq!(
+            s.mark_dispatched(&[claim(a.id, 1, "w1")]).await.unwrap(),
+            [true]
+        );
+        let reject = Report::Rejected {
+            instance_id: a.id,
+            attempt: Attempt(1),
+            reason: "full".into(),
+        };
+        let results = s
+            .apply_reports(std::slice::from_ref(&reject), T0)
+            .await
+            .unwrap();
+        assert_eq!(applied(&results[0]).new_waiting, 1);
+        let now = s.get_instance(a.id).await.unwrap().unwrap();
+        assert_eq!(
+            (now.state, now.attempt, now.worker_id),
+            (InstanceState::Waiting, Attempt(1), None)
+        );
+        // Rejecting again is stale: it is no longer dispatched.
+        let again = s.apply_reports(&[reject], T0).await.unwrap();
+        assert_eq!(
+            again,
+            [ReportResult::Stale {
+                current_attempt: Attempt(1),
+                state: InstanceState::Waiting
+            }]
+        );
+        assert_eq!(
+            s.mark_dispatched(&[claim(a.id, 1, "w2")]).await.unwrap(),
+            [true]
+        );
+        let attempts = s.list_attempts(a.id).await.unwrap();
+        assert_eq!(attempts.len(), 1);
+        assert_eq!(
+            (attempts[0].state, attempts[0].worker_id.as_deref()),
+            (InstanceState::Dispatched, Some("w2"))
+        );
+        assert_eq!(attempts[0].message, "");
+    }
+
+    pub(super) async fn heartbeat_applies_only_to_a_running_attempt(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("wf", vec![task("a", &[])])).await;
+        let run = start_run(s, &wf).await;
+        let a = instance_of(s, run.id, "a").await.unwrap();
+        let beat = |attempt| Report::TaskHeartbeat {
+            instance_id: a.id,
+            attempt: Attempt(attempt),
+            at: T0 + 50,
+        };
+        let early = s.apply_reports(&[beat(1)], T0).await.unwrap();
+        assert_eq!(
+            early,
+            [ReportResult::Stale {
+                current_attempt: Attempt(1),
+                state: InstanceState::Waiting
+            }]
+        );
+        launch(s, run.id, "a").await;
+        let results = s.apply_reports(&[beat(1), beat(2)], T0).await.unwrap();
+        assert_eq!(results[0], ReportResult::Applied(Applied::default()));
+        assert_eq!(
+            results[1],
+            ReportResult::Stale {
+                current_attempt: Attempt(1),
+                state: InstanceState::Running
+            }
+        );
+    }
+
+    pub(super) async fn retry_with_backoff_keeps_every_attempt(ctx: Ctx) {
+        let s = ctx.s();
+        let mut flaky = task("flaky", &[]);
+        flaky.retries = 2;
+        flaky.retry_backoff_ms = 1_000;
+        let wf = apply(s, &spec("wf", vec![flaky, task("after", &["flaky"])])).await;
+        let run = start_run(s, &wf).await;
+        let inst = launch(s, run.id, "flaky").await;
+        let fail = Report::Finished {
+            instance_id: inst.id,
+            attempt: Attempt(1),
+            end: AttemptEnd::Finished(Outcome::Timeout),
+            exit_code: None,
+            signal: Some(9),
+            at: T0 + 30,
+            log_lines: 7,
+            message: "killed after timeout".into(),
+        };
+        let results = s.apply_reports(&[fail], T0 + 100).await.unwrap();
+        let applied1 = applied(&results[0]);
+        assert_eq!(
+            (
+                applied1.new_waiting,
+                applied1.attempt_ended,
+                applied1.run_finished
+            ),
+            (1, true, None)
+        );
+        let now = s.get_instance(inst.id).await.unwrap().unwrap();
+        assert_eq!(
+            (now.state, now.attempt),
+            (InstanceState::Waiting, Attempt(2))
+        );
+        // Backoff: 1 s × jitter in [0.5, 1.0] from the report's `now`.
+        assert!(
+            (T0 + 600..=T0 + 1_100).contains(&now.not_before),
+            "{}",
+            now.not_before
+        );
+        assert_eq!((now.worker_id, now.started_at), (None, None));
+        assert!(s.waiting(T0 + 100, 10).await.unwrap().is_empty());
+        assert_eq!(s.waiting(T0 + 1_100, 10).await.unwrap().len(), 1);
+        assert_eq!(
+            s.list_attempts(inst.id).await.unwrap().len(),
+            1,
+            "no row before dispatch"
+        );
+
+        run_task(s, run.id, "flaky", Outcome::Success).await;
+        let attempts = s.list_attempts(inst.id).await.unwrap();
+        assert_eq!(attempts.len(), 2);
+        let (first, second) = (&attempts[0], &attempts[1]);
+        assert_eq!(
+            (first.attempt, first.state),
+            (Attempt(1), InstanceState::Timeout)
+        );
+        assert_eq!(
+            (first.exit_code, first.signal, first.log_lines),
+            (None, Some(9), 7)
+        );
+        assert_eq!(first.message, "killed after timeout");
+        assert_eq!(
+            (second.attempt, second.state, second.exit_code),
+            (Attempt(2), InstanceState::Success, Some(0))
+        );
+        assert!(instance_of(s, run.id, "after").await.is_some());
+    }
+
+    pub(super) async fn spawn_failure_retries_then_fails(ctx: Ctx) {
+        let s = ctx.s();
+        let mut t = task("t", &[]);
+        t.retries = 1;
+        let wf = apply(s, &spec("wf", vec![t])).await;
+        let run = start_run(s, &wf).await;
+        let spawn_failed = |id, attempt| Report::Finished {
+            instance_id: id,
+            attempt: Attempt(attempt),
+            end: AttemptEnd::SpawnFailed,
+            exit_code: None,
+            signal: None,
+            at: T0 + 5,
+            log_lines: 0,
+            message: "no such file".into(),
+        };
+        let inst = instance_of(s, run.id, "t").await.unwrap();
+        s.mark_dispatched(&[claim(inst.id, 1, "w1")]).await.unwrap();
+        let r = s
+            .apply_reports(&[spawn_failed(inst.id, 1)], T0)
+            .await
+            .unwrap();
+        assert_eq!(applied(&r[0]).new_waiting, 1);
+        s.mark_dispatched(&[claim(inst.id, 2, "w1")]).await.unwrap();
+        let r = s
+            .apply_reports(&[spawn_failed(inst.id, 2)], T0)
+            .await
+            .unwrap();
+        assert_eq!(
+            applied(&r[0]).run_finished,
+            Some((run.id, RunState::Failed))
+        );
+        let attempts = s.list_attempts(inst.id).await.unwrap();
+        assert!(
+            attempts
+                .iter()
+                .all(|a| a.state == InstanceState::Failed && a.message == "no such file")
+        );
+        assert_eq!(attempts.len(), 2);
+    }
+
+    pub(super) async fn stale_report_changes_nothing(ctx: Ctx) {
+        let s = ctx.s();
+        let mut t = task("t", &[]);
+        t.retries = 1;
+        let wf = apply(s, &spec("wf", vec![t])).await;
+        let run = start_run(s, &wf).await;
+        run_task(s, run.id, "t", Outcome::Failed).await;
+        let inst = instance_of(s, run.id, "t").await.unwrap();
+        assert_eq!(inst.attempt, Attempt(2));
+        let before = (
+            s.get_instance(inst.id).await.unwrap(),
+            s.list_attempts(inst.id).await.unwrap(),
+        );
+        let old = [
+            started(inst.id, 1),
+            finished(inst.id, 1, Outcome::Success, 0),
+            Report::TaskHeartbeat {
+                instance_id: inst.id,
+                attempt: Attempt(1),
+                at: T0,
+            },
+            Report::Rejected {
+                instance_id: inst.id,
+                attempt: Attempt(1),
+                reason: String::new(),
+            },
+        ];
+        let results = s.apply_reports(&old, T0 + 500).await.unwrap();
+        let stale = ReportResult::Stale {
+            current_attempt: Attempt(2),
+            state: InstanceState::Waiting,
+        };
+        assert_eq!(results, vec![stale; 4]);
+        // A report for the current attempt in the wrong state is stale too.
+        let wrong = s
+            .apply_reports(&[finished(inst.id, 2, Outcome::Success, 0)], T0)
+            .await
+            .unwrap();
+        assert_eq!(
+            wrong,
+            [ReportResult::Stale {
+                current_attempt: Attempt(2),
+                state: InstanceState::Waiting
+            }]
+        );
+        let after = (
+            s.get_instance(inst.id).await.unwrap(),
+            s.list_attempts(inst.id).await.unwrap(),
+        );
+        assert_eq!(before, after);
+        assert_eq!(
+            s.get_run(run.id).await.unwrap().unwrap().state,
+            RunState::Running
+        );
+    }
+
+    pub(super) async fn unknown_instance_is_not_found(ctx: Ctx) {
+        let s = ctx.s();
+        let ghost = InstanceId(987_654_321);
+        let results = s
+            .apply_reports(
+                &[started(ghost, 1), finished(ghost, 1, Outcome::Success, 0)],
+                T0,
+            )
+            .await
+            .unwrap();
+        assert_eq!(results, [ReportResult::NotFound, ReportResult::NotFound]);
+        assert_eq!(
+            s.mark_dispatched(&[claim(ghost, 1, "w")]).await.unwrap(),
+            [false]
+        );
+        assert!(s.get_instance(ghost).await.unwrap().is_none());
+        assert!(s.cancel_instance(ghost, T0).await.unwrap().is_none());
+        assert!(s.cancel_run(RunId(424_242), T0).await.unwrap().is_none());
+        assert!(matches!(
+            s.run_counts(RunId(424_242)).await,
+            Err(StoreError::NotFound(_))
+        ));
+    }
+
+    pub(super) async fn diamond_creates_the_sink_only_after_both_branches(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(
+            s,
+            &spec(
+                "diamond",
+                vec![
+                    task("a", &[]),
+                    task("b", &["a"]),
+                    task("c", &["a"]),
+                    task("d", &["b", "c"]),
+                ],
+            ),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        assert_eq!(tasks_of(s, run.id).await, BTreeSet::from(["a".to_string()]));
+        let after_a = run_task(s, run.id, "a", Outcome::Success).await;
+        assert_eq!((after_a.new_waiting, after_a.run_finished), (2, None));
+        assert_eq!(tasks_of(s, run.id).await.len(), 3);
+        let after_b = run_task(s, run.id, "b", Outcome::Success).await;
+        assert_eq!(after_b.new_waiting, 0);
+        assert!(instance_of(s, run.id, "d").await.is_none(), "d waits for c");
+        let after_c = run_task(s, run.id, "c", Outcome::Success).await;
+        assert_eq!(after_c.new_waiting, 1);
+        let d = instance_of(s, run.id, "d").await.expect("d created");
+        assert_eq!((d.state, d.attempt), (InstanceState::Waiting, Attempt(1)));
+        let after_d = run_task(s, run.id, "d", Outcome::Success).await;
+        assert_eq!(after_d.run_finished, Some((run.id, RunState::Success)));
+    }
+
+    pub(super) async fn concurrent_fan_in_creates_the_sink_once(ctx: Ctx) {
+        let s = ctx.s();
+        let mut tasks: Vec<TaskSpec> = (0..8).map(|i| task(&format!("u{i}"), &[])).collect();
+        let ups: Vec<String> = (0..8).map(|i| format!("u{i}")).collect();
+        let ups: Vec<&str> = ups.iter().map(String::as_str).collect();
+        tasks.push(task("sink", &ups));
+        let wf = apply(s, &spec("fan", tasks)).await;
+        for round in 0..3 {
+            let run = start_run(s, &wf).await;
+            let mut running = Vec::new();
+            for up in &ups {
+                running.push(launch(s, run.id, up).await);
+            }
+            let barrier = Arc::new(tokio::sync::Barrier::new(running.len()));
+            let mut handles = Vec::new();
+            for inst in running {
+                let (store, barrier) = (ctx.store.clone(), barrier.clone());
+                handles.push(tokio::spawn(async move {
+                    barrier.wait().await;
+                    let report = finished(inst.id, 1, Outcome::Success, 0);
+                    store
+                        .apply_reports(&[report], T0 + 50)
+                        .await
+                        .expect("apply")
+                }));
+            }
+            let mut created = 0;
+            for handle in handles {
+                created += applied(&handle.await.unwrap()[0]).new_waiting;
+            }
+            assert_eq!(
+                created, 1,
+                "round {round}: the sink is created exactly once"
+            );
+            let sinks = s.list_instances(run.id).await.unwrap();
+            assert_eq!(sinks.iter().filter(|i| i.task == "sink").count(), 1);
+            let done = run_task(s, run.id, "sink", Outcome::Success).await;
+            assert_eq!(done.run_finished, Some((run.id, RunState::Success)));
+        }
+    }
+
+    pub(super) async fn failure_leaves_downstream_uncreated_and_fails_the_run(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(
+            s,
+            &spec(
+                "wf",
+                vec![
+                    task("a", &[]),
+                    task("bad", &["a"]),
+                    task("below", &["bad"]),
+                    task("good", &["a"]),
+                    task("good2", &["good"]),
+                ],
+            ),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        run_task(s, run.id, "a", Outcome::Success).await;
+        let failed = run_task(s, run.id, "bad", Outcome::Failed).await;
+        assert_eq!(
+            (
+                failed.new_waiting,
+                failed.run_finished,
+                failed.attempt_ended
+            ),
+            (0, None, true)
+        );
+        assert!(instance_of(s, run.id, "below").await.is_none());
+        let good = run_task(s, run.id, "good", Outcome::Success).await;
+        assert_eq!(
+            (good.new_waiting, good.run_finished),
+            (1, None),
+            "the other branch goes on"
+        );
+        let last = run_task(s, run.id, "good2", Outcome::Success).await;
+        assert_eq!(last.run_finished, Some((run.id, RunState::Failed)));
+        assert!(instance_of(s, run.id, "below").await.is_none());
+        let counts = s.run_counts(run.id).await.unwrap();
+        assert_eq!(
+            (counts.success, counts.failed, counts.not_created),
+            (3, 1, 1)
+        );
+        let failed_runs = s.list_runs(None, Some(RunState::Failed), 10).await.unwrap();
+        assert_eq!(failed_runs.len(), 1);
+    }
+
+    pub(super) async fn run_counts_include_tasks_not_created(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(
+            s,
+            &spec(
+                "wf",
+                vec![
+                    task("a", &[]),
+                    task("b", &[]),
+                    task("c", &[]),
+                    task("d", &["a"]),
+                    task("e", &["d"]),
+                ],
+            ),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        run_task(s, run.id, "a", Outcome::Success).await;
+        launch(s, run.id, "b").await;
+        let c = instance_of(s, run.id, "c").await.unwrap();
+        s.mark_dispatched(&[claim(c.id, 1, "w1")]).await.unwrap();
+        let counts = s.run_counts(run.id).await.unwrap();
+        assert_eq!(
+            counts,
+            InstanceCounts {
+                waiting: 1,
+                dispatched: 1,
+                running: 1,
+                success: 1,
+                not_created: 1,
+                ..InstanceCounts::default()
+            }
+        );
+    }
+
+    pub(super) async fn cancel_run_returns_live_attempts_and_ends_cancelled(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(
+            s,
+            &spec(
+                "wf",
+                vec![
+                    task("done", &[]),
+                    task("run", &[]),
+                    task("disp", &[]),
+                    task("wait", &[]),
+                    task("later", &["done"]),
+                ],
+            ),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        run_task(s, run.id, "done", Outcome::Success).await;
+        let running = launch(s, run.id, "run").await;
+        let disp = instance_of(s, run.id, "disp").await.unwrap();
+        s.mark_dispatched(&[claim(disp.id, 1, "w2")]).await.unwrap();
+        let killed = s
+            .cancel_run(run.id, T0 + 99)
+            .await
+            .unwrap()
+            .expect("run exists");
+        let mut killed: Vec<(InstanceId, Attempt, Option<String>)> = killed
+            .into_iter()
+            .map(|k| (k.instance_id, k.attempt, k.worker_id))
+            .collect();
+        killed.sort();
+        let mut want = vec![
+            (running.id, Attempt(1), Some("w1".to_string())),
+            (disp.id, Attempt(1), Some("w2".to_string())),
+        ];
+        want.sort();
+        assert_eq!(killed, want);
+        let run_now = s.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(
+            (run_now.state, run_now.cancel_requested, run_now.finished_at),
+            (RunState::Cancelled, true, Some(T0 + 99))
+        );
+        for inst in s.list_instances(run.id).await.unwrap() {
+            let want = if inst.task == "done" {
+                InstanceState::Success
+            } else {
+                InstanceState::Cancelled
+            };
+            assert_eq!(inst.state, want, "{}", inst.task);
+        }
+        for id in [running.id, disp.id] {
+            let attempt = &s.list_attempts(id).await.unwrap()[0];
+            assert_eq!(
+                (attempt.state, attempt.finished_at),
+                (InstanceState::Cancelled, Some(T0 + 99))
+            );
+        }
+        // The killed process's late report is stale; cancelling again is a no-op.
+        let late = s
+            .apply_reports(&[finished(running.id, 1, Outcome::Success, 0)], T0)
+            .await
+            .unwrap();
+        assert!(matches!(
+            late[0],
+            ReportResult::Stale {
+                state: InstanceState::Cancelled,
+                ..
+            }
+        ));
+        assert_eq!(
+            s.cancel_run(run.id, T0 + 100).await.unwrap(),
+            Some(Vec::new())
+        );
+        assert!(s.waiting(T0 + 1_000, 10).await.unwrap().is_empty());
+    }
+
+    pub(super) async fn cancel_instance_ends_the_run_when_nothing_is_left(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("wf", vec![task("a", &[]), task("b", &[])])).await;
+        let run = start_run(s, &wf).await;
+        run_task(s, run.id, "a", Outcome::Success).await;
+        let b = launch(s, run.id, "b").await;
+        let (record, killed) = s
+            .cancel_instance(b.id, T0 + 7)
+            .await
+            .unwrap()
+            .expect("exists");
+        assert_eq!(
+            (record.state, record.finished_at),
+            (InstanceState::Cancelled, Some(T0 + 7))
+        );
+        assert_eq!(
+            killed,
+            Some(CancelledAttempt {
+                instance_id: b.id,
+                attempt: Attempt(1),
+                worker_id: Some("w1".into())
+            })
+        );
+        assert_eq!(
+            s.get_run(run.id).await.unwrap().unwrap().state,
+            RunState::Cancelled
+        );
+        // Cancelling a finished instance changes nothing and kills nothing.
+        let (again, none) = s.cancel_instance(b.id, T0 + 8).await.unwrap().unwrap();
+        assert_eq!((again.finished_at, none), (Some(T0 + 7), None));
+
+        // A waiting instance has no attempt to kill, and the run goes on while others run.
+        let run2 = start_run(s, &wf).await;
+        let a2 = instance_of(s, run2.id, "a").await.unwrap();
+        let (_, killed) = s.cancel_instance(a2.id, T0).await.unwrap().unwrap();
+        assert_eq!(killed, None);
+        assert_eq!(
+            s.get_run(run2.id).await.unwrap().unwrap().state,
+            RunState::Running
+        );
+    }
+
+    pub(super) async fn logs_round_trip_in_chunks(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("wf", vec![task("a", &[])])).await;
+        let run = start_run(s, &wf).await;
+        let id = instance_of(s, run.id, "a").await.unwrap().id;
+        let odd = "tab\there \u{1F600} \u{FFFD} caf\u{e9} \\n not a newline \u{0} nul";
+        let chunk = |first: u64, lines: Vec<(LogStream, String)>, at: Millis| LogChunk {
+            instance_id: id,
+            attempt: Attempt(1),
+            first_seq: first,
+            lines,
+            at,
+        };
+        let c1 = chunk(
+            1,
+            vec![
+                (LogStream::Stdout, "line 1".into()),
+                (LogStream::Stderr, "err 2".into()),
+                (LogStream::Stdout, String::new()),
+            ],
+            T0 + 1,
+        );
+        let c2 = chunk(
+            4,
+            vec![
+                (LogStream::Stdout, odd.into()),
+                (LogStream::Stderr, "err 5".into()),
+            ],
+            T0 + 2,
+        );
+        let c3 = chunk(
+            6,
+            (6..=1_005)
+                .map(|i| (LogStream::Stdout, format!("bulk {i}")))
+                .collect(),
+            T0 + 3,
+        );
+        let other_attempt = LogChunk {
+            attempt: Attempt(2),
+            ..chunk(1, vec![(LogStream::Stdout, "attempt 2".into())], T0)
+        };
+        s.append_logs(&[c2.clone(), c1.clone()]).await.unwrap();
+        s.append_logs(&[c3, other_attempt]).await.unwrap();
+        // A resend of the same chunk (even with other content) is ignored.
+        let resend = chunk(1, vec![(LogStream::Stdout, "changed".into())], T0 + 9);
+        s.append_logs(&[resend, c1]).await.unwrap();
+        s.append_logs(&[]).await.unwrap();
+
+        let all = s.read_logs(id, Attempt(1), 0, 10_000).await.unwrap();
+        assert_eq!(all.len(), 1_005);
+        assert!(
+            all.iter()
+                .enumerate()
+                .all(|(i, line)| line.seq == i as u64 + 1)
+        );
+        assert_eq!(
+            (all[0].text.as_str(), all[0].stream, all[0].at),
+            ("line 1", LogStream::Stdout, T0 + 1)
+        );
+        assert_eq!(
+            (all[1].text.as_str(), all[1].stream),
+            ("err 2", LogStream::Stderr)
+        );
+        assert_eq!(all[2].text, "");
+        assert_eq!(
+            (all[3].text.as_str(), all[3].stream, all[3].at),
+            (odd, LogStream::Stdout, T0 + 2)
+        );
+        assert_eq!(
+            (all[4].text.as_str(), all[4].stream),
+            ("err 5", LogStream::Stderr)
+        );
+        assert_eq!(all[1_004].text, "bulk 1005");
+
+        let page = s.read_logs(id, Attempt(1), 2, 3).await.unwrap();
+        let seqs: Vec<u64> = page.iter().map(|l| l.seq).collect();
+        assert_eq!(seqs, [3, 4, 5]);
+        let tail = s.read_logs(id, Attempt(1), 1_000, 100).await.unwrap();
+        assert_eq!(
+            tail.iter().map(|l| l.seq).collect::<Vec<_>>(),
+            [1_001, 1_002, 1_003, 1_004, 1_005]
+        );
+        assert!(
+            s.read_logs(id, Attempt(1), 1_005, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert!(s.read_logs(id, Attempt(1), 0, 0).await.unwrap().is_empty());
+        let second = s.read_logs(id, Attempt(2), 0, 10).await.unwrap();
+        assert_eq!(second.len(), 1);
+        assert_eq!(second[0].text, "attempt 2");
+        assert!(s.read_logs(id, Attempt(3), 0, 10).await.unwrap().is_empty());
+
+        // Many chunks in one call go in several statements.
+        let many: Vec<LogChunk> = (0..1_200u64)
+            .map(|i| LogChunk {
+                attempt: Attempt(5),
+                ..chunk(i + 1, vec![(LogStream::Stderr, format!("n{i}"))], T0)
+            })
+            .collect();
+        s.append_logs(&many).await.unwrap();
+        let read = s.read_logs(id, Attempt(5), 1_150, 1_000).await.unwrap();
+        assert_eq!(read.len(), 50);
+        assert_eq!(read[0].text, "n1150");
+    }
+
+    pub(super) async fn schedules_are_due_and_advance_conditionally(ctx: Ctx) {
+        let s = ctx.s();
+        let mut cron = spec("nightly", vec![task("a", &[])]);
+        cron.schedule = ScheduleSpec {
+            trigger: TriggerKind::Cron,
+            cron: Some("0 0 2 * * *".into()),
+            timezone: "Asia/Shanghai".into(),
+        };
+        let (wf, _) = s
+            .apply_workflow(&cron, "", Some(T0 + 1_000), T0)
+            .await
+            .unwrap();
+        s.apply_workflow(&spec("manual", vec![task("a", &[])]), "", None, T0)
+            .await
+            .unwrap();
+        let mut later = cron.clone();
+        later.name = "later".into();
+        s.apply_workflow(&later, "", Some(T0 + 5_000), T0)
+            .await
+            .unwrap();
+
+        assert!(s.due_schedules(T0 + 999, 10).await.unwrap().is_empty());
+        let due = s.due_schedules(T0 + 1_000, 10).await.unwrap();
+        assert_eq!(
+            due,
+            [DueSchedule {
+                workflow_id: wf.id,
+                workflow: "nightly".into(),
+                workflow_version: 1,
+                cron: "0 0 2 * * *".into(),
+                timezone: "Asia/Shanghai".into(),
+                next_fire_at: T0 + 1_000,
+            }]
+        );
+        assert_eq!(s.due_schedules(T0 + 10_000, 10).await.unwrap().len(), 2);
+        assert_eq!(s.due_schedules(T0 + 10_000, 1).await.unwrap().len(), 1);
+
+        assert!(
+            s.advance_schedule(wf.id, T0 + 1_000, T0 + 2_000)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !s.advance_schedule(wf.id, T0 + 1_000, T0 + 3_000)
+                .await
+                .unwrap(),
+            "someone else advanced it"
+        );
+        let due = s.due_schedules(T0 + 2_000, 10).await.unwrap();
+        assert_eq!(due[0].next_fire_at, T0 + 2_000);
+
+        // An unchanged apply keeps the stored fire time; a new version replaces it and is the
+        // version a due schedule names.
+        s.apply_workflow(&cron, "", Some(T0 + 50_000), T0)
+            .await
+            .unwrap();
+        assert_eq!(s.due_schedules(T0 + 2_000, 10).await.unwrap().len(), 1);
+        let mut v2 = cron.clone();
+        v2.tasks.push(task("b", &["a"]));
+        s.apply_workflow(&v2, "", Some(T0 + 3_000), T0)
+            .await
+            .unwrap();
+        assert!(
+            s.due_schedules(T0 + 2_999, 10)
+                .await
+                .unwrap()
+                .iter()
+                .all(|d| d.workflow != "nightly")
+        );
+        let due = s.due_schedules(T0 + 3_000, 10).await.unwrap();
+        let nightly = due.iter().find(|d| d.workflow == "nightly").unwrap();
+        assert_eq!(
+            (nightly.workflow_version, nightly.next_fire_at),
+            (2, T0 + 3_000)
+        );
+    }
+
+    pub(super) async fn pause_and_resume_keep_across_versions(ctx: Ctx) {
+        let s = ctx.s();
+        let mut cron = spec("nightly", vec![task("a", &[])]);
+        cron.schedule = ScheduleSpec {
+            trigger: TriggerKind::Cron,
+            cron: Some("0 * * * *".into()),
+            timezone: "UTC".into(),
+        };
+        s.apply_workflow(&cron, "", Some(T0), T0).await.unwrap();
+        let paused = s
+            .set_paused("nightly", true, None, T0 + 1)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(paused.paused);
+        assert_eq!(paused.updated_at, T0 + 1);
+        assert!(s.due_schedules(T0 + 10, 10).await.unwrap().is_empty());
+        let mut v2 = cron.clone();
+        v2.description = "changed".into();
+        let (rec, outcome) = s
+            .apply_workflow(&v2, "", Some(T0 + 5), T0 + 2)
+            .await
+            .unwrap();
+        assert_eq!(outcome, ApplyOutcome::Updated);
+        assert!(rec.paused, "pausing keeps across versions");
+        assert!(s.due_schedules(T0 + 10, 10).await.unwrap().is_empty());
+        let resumed = s
+            .set_paused("nightly", false, Some(T0 + 100), T0 + 3)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!resumed.paused);
+        assert!(s.due_schedules(T0 + 99, 10).await.unwrap().is_empty());
+        assert_eq!(
+            s.due_schedules(T0 + 100, 10).await.unwrap()[0].next_fire_at,
+            T0 + 100
+        );
+        assert!(
+            s.set_paused("ghost", true, None, T0)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(!s.list_workflows(None).await.unwrap()[0].paused);
+    }
+
+    pub(super) async fn workers_and_audit_round_trip(ctx: Ctx) {
+        let s = ctx.s();
+        let mut w = WorkerRecord {
+            id: "host-1:77".into(),
+            version: "0.1.0".into(),
+            hostname: "host-1".into(),
+            labels: BTreeMap::from([("gpu".to_string(), "a100".to_string())]),
+            capacity: 20,
+            running: 3,
+            started_at: T0,
+            last_heartbeat: T0 + 5_000,
+            node_id: "sched-a".into(),
+            draining: false,
+            connected: true,
+        };
+        s.upsert_worker(&w).await.unwrap();
+        let other = WorkerRecord {
+            id: "a-first".into(),
+            labels: BTreeMap::new(),
+            ..w.clone()
+        };
+        s.upsert_worker(&other).await.unwrap();
+        w.running = 0;
+        w.draining = true;
+        w.connected = false;
+        w.last_heartbeat = T0 + 10_000;
+        s.upsert_worker(&w).await.unwrap();
+        assert_eq!(s.list_workers().await.unwrap(), [other, w]);
+
+        let audit = |at, action: &str| AuditRecord {
+            at,
+            actor: "alice".into(),
+            action: action.into(),
+            target: "workflow/daily".into(),
+            detail: r#"{"version":2,"note":"caf\u00e9 \ud83d\ude00"}"#.into(),
+            remote: "10.0.0.1:5555".into(),
+        };
+        s.insert_audit(&audit(T0, "apply")).await.unwrap();
+        s.insert_audit(&audit(T0 + 2, "pause")).await.unwrap();
+        s.insert_audit(&audit(T0 + 1, "trigger")).await.unwrap();
+        let listed = s.list_audit(10).await.unwrap();
+        assert_eq!(
+            listed,
+            [
+                audit(T0 + 2, "pause"),
+                audit(T0 + 1, "trigger"),
+                audit(T0, "apply")
+            ]
+        );
+        assert_eq!(s.list_audit(1).await.unwrap().len(), 1);
+    }
+
+    pub(super) async fn ids_are_unique_across_two_stores(ctx: Ctx) {
+        let other = Arc::new(SqlStore::connect(&ctx.url).await.expect("second store"));
+        let wf = apply(
+            ctx.s(),
+            &spec("wf", vec![task("a", &[]), task("b", &[]), task("c", &[])]),
+        )
+        .await;
+        let mut handles = Vec::new();
+        for (i, store) in [ctx.store.clone(), other.clone()].into_iter().enumerate() {
+            let wf = wf.clone();
+            handles.push(tokio::spawn(async move {
+                let mut runs = Vec::new();
+                for k in 0..40 {
+                    let key = format!("s{i}-{k}");
+                    let (run, created) = store
+                        .create_run(&new_run(&wf, Some(&key)))
+                        .await
+                        .expect("create");
+                    assert!(created);
+                    runs.push(run.id);
+                }
+                runs
+            }));
+        }
+        let mut runs = BTreeSet::new();
+        for handle in handles {
+            runs.extend(handle.await.unwrap());
+        }
+        assert_eq!(runs.len(), 80, "run ids never repeat");
+        let mut instances = BTreeSet::new();
+        for run in &runs {
+            for inst in ctx.s().list_instances(*run).await.unwrap() {
+                assert!(
+                    instances.insert(inst.id),
+                    "instance id {} repeated",
+                    inst.id
+                );
+            }
+        }
+        assert_eq!(instances.len(), 240);
+        // Ids stay small and readable: two blocks of a thousand at most per kind and store.
+        assert!(runs.iter().all(|r| r.0 < 5_000), "{runs:?}");
+        other.close().await;
+    }
+
+    pub(super) async fn advance_creates_exactly_the_ready_downstream_in_a_large_workflow(ctx: Ctx) {
+        let s = ctx.s();
+        let mut tasks: Vec<TaskSpec> = (0..2_000)
+            .map(|i| task(&format!("solo{i:04}"), &[]))
+            .collect();
+        tasks.push(task("a", &[]));
+        tasks.push(task("b", &["a"]));
+        let wf = apply(s, &spec("big", tasks)).await;
+        let run = start_run(s, &wf).await;
+        assert_eq!(s.list_instances(run.id).await.unwrap().len(), 2_001);
+        let before = s.run_counts(run.id).await.unwrap();
+        assert_eq!((before.waiting, before.not_created), (2_001, 1));
+        let done = run_task(s, run.id, "a", Outcome::Success).await;
+        assert_eq!((done.new_waiting, done.run_finished), (1, None));
+        let instances = s.list_instances(run.id).await.unwrap();
+        assert_eq!(instances.len(), 2_002);
+        let b = instances.iter().find(|i| i.task == "b").expect("b created");
+        assert_eq!(b.state, InstanceState::Waiting);
+        assert_eq!(s.run_counts(run.id).await.unwrap().not_created, 0);
+    }
+
+    pub(super) async fn list_runs_newest_first_with_filters(ctx: Ctx) {
+        let s = ctx.s();
+        let one = apply(s, &spec("one", vec![task("a", &[])])).await;
+        let two = apply(s, &spec("two", vec![task("a", &[])])).await;
+        let r1 = start_run(s, &one).await;
+        let r2 = start_run(s, &two).await;
+        let r3 = start_run(s, &one).await;
+        run_task(s, r3.id, "a", Outcome::Success).await;
+        let ids = |runs: Vec<RunRecord>| runs.into_iter().map(|r| r.id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(s.list_runs(None, None, 10).await.unwrap()),
+            [r3.id, r2.id, r1.id]
+        );
+        assert_eq!(
+            ids(s.list_runs(Some("one"), None, 10).await.unwrap()),
+            [r3.id, r1.id]
+        );
+        assert_eq!(
+            ids(s
+                .list_runs(Some("one"), Some(RunState::Running), 10)
+                .await
+                .unwrap()),
+            [r1.id]
+        );
+        assert_eq!(
+            ids(s
+                .list_runs(None, Some(RunState::Success), 10)
+                .await
+                .unwrap()),
+            [r3.id]
+        );
+        assert_eq!(ids(s.list_runs(None, None, 1).await.unwrap()), [r3.id]);
+        assert!(
+            s.list_runs(Some("ghost"), None, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+}
+
+#[tokio::test]
+async fn other_url_schemes_are_refused() {
+    for url in ["postgres://localhost/ax", "redis://localhost", "ax.db", ""] {
+        match SqlStore::connect(url).await {
+            Err(StoreError::UnsupportedUrl(got)) => assert_eq!(got, url),
+            other => panic!("{url}: expected UnsupportedUrl, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        open("file:///tmp/x").await,
+        Err(StoreError::UnsupportedUrl(_))
+    ));
+}
+
+#[tokio::test]
+async fn open_returns_a_working_store_and_in_memory_sqlite_works() {
+    let store = open("sqlite::memory:").await.expect("in-memory store");
+    assert_eq!(store.backend(), Backend::Sqlite);
+    let wf = store
+        .apply_workflow(
+            &scenarios::spec("m", vec![scenarios::task("a", &[])]),
+            "",
+            None,
+            T0,
+        )
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(store.get_workflow("m").await.unwrap().unwrap().id, wf.id);
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("deep/er/ax.db");
+    let store = open(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("file store");
+    assert!(path.exists());
+    drop(store);
+    // Opening again runs no migration twice and keeps the data.
+    let again = SqlStore::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    assert!(again.list_workflows(None).await.unwrap().is_empty());
+}
+
+#[test]
+fn migrations_are_paired_per_backend() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let list = |backend: &str| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir.join(backend))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(list("mysql"), list("sqlite"));
+    let embedded: Vec<String> = crate::sql::MYSQL_MIGRATIONS
+        .iter()
+        .map(|(v, d, _)| format!("{v:04}_{d}.sql"))
+        .collect();
+    assert_eq!(embedded, list("mysql"), "every migration file is embedded");
+    let sqlite: Vec<i64> = crate::sql::SQLITE_MIGRATIONS.iter().map(|m| m.0).collect();
+    let mysql: Vec<i64> = crate::sql::MYSQL_MIGRATIONS.iter().map(|m| m.0).collect();
+    assert_eq!(sqlite, mysql);
+}
+
+#[test]
+fn mysql_server_url_strips_the_database() {
+    assert_eq!(
+        mysql_server_url("mysql://root@127.0.0.1:3306"),
+        "mysql://root@127.0.0.1:3306"
+    );
+    assert_eq!(
+        mysql_server_url("mysql://u:p@h:1/db?x=1"),
+        "mysql://u:p@h:1"
+    );
+}

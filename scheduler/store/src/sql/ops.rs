@@ -1,0 +1,1016 @@
+//! The [`Store`] trait for [`SqlStore`]: workflows, schedules, runs, dispatch, cancellation,
+//! logs, workers and audit. Worker reports live in `reports.rs`.
+
+use std::collections::BTreeSet;
+
+use ax_core::Millis;
+use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
+use ax_core::run::{RunProgress, RunState, run_outcome};
+use ax_core::spec::WorkflowSpec;
+use ax_core::state::InstanceState;
+use sqlx::{AnyConnection, Row};
+
+use super::ids::IdKind;
+use super::reports::{self, finish_run_if_done, load_key, lock_runs};
+use super::rows::{self, corrupt, instance_state, map_json, to_json, to_u32};
+use super::{SqlStore, is_unique_violation, placeholders, values_rows, write_tx};
+use crate::{
+    ApplyOutcome, AttemptRecord, AuditRecord, Backend, CancelledAttempt, DispatchClaim,
+    DueSchedule, InstanceCounts, InstanceRecord, LogChunk, LogStream, NewRun, Report, ReportResult,
+    Result, RunRecord, Store, StoredLine, WaitingInstance, WorkerRecord, WorkflowRecord,
+};
+
+/// Rows per multi-row insert: far below both backends' limits on bound parameters.
+const INSERT_CHUNK: usize = 500;
+
+const UNFINISHED: &str = "('WAITING', 'DISPATCHED', 'RUNNING')";
+
+async fn workflow_by_name(c: &mut AnyConnection, name: &str) -> Result<Option<WorkflowRecord>> {
+    let sql = format!(
+        "{} AND v.version = w.latest_version WHERE w.name = ?",
+        rows::WORKFLOW_SELECT
+    );
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(name)
+        .fetch_optional(&mut *c)
+        .await?;
+    row.as_ref().map(rows::workflow).transpose()
+}
+
+async fn run_by_id(c: &mut AnyConnection, id: RunId) -> Result<Option<RunRecord>> {
+    let sql = format!("{} WHERE r.id = ?", rows::RUN_SELECT);
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id.0)
+        .fetch_optional(&mut *c)
+        .await?;
+    row.as_ref().map(rows::run).transpose()
+}
+
+async fn instance_by_id(c: &mut AnyConnection, id: InstanceId) -> Result<Option<InstanceRecord>> {
+    let sql = format!("{} WHERE ti.id = ?", rows::INSTANCE_SELECT);
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id.0)
+        .fetch_optional(&mut *c)
+        .await?;
+    row.as_ref().map(rows::instance).transpose()
+}
+
+fn spec_value(spec: &WorkflowSpec) -> Result<serde_json::Value> {
+    serde_json::to_value(spec).map_err(|err| corrupt(format!("cannot encode spec: {err}")))
+}
+
+async fn apply_workflow_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    spec: &WorkflowSpec,
+    source: &str,
+    next_fire_at: Option<Millis>,
+    now: Millis,
+) -> Result<(WorkflowRecord, ApplyOutcome)> {
+    let sql = format!(
+        "SELECT id, latest_version FROM workflow WHERE name = ?{}",
+        store.dialect.for_update()
+    );
+    let existing = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(spec.name.as_str())
+        .fetch_optional(&mut *c)
+        .await?;
+    let spec_json = to_json(spec)?;
+    let (workflow_id, version, outcome) = match existing {
+        Some(row) => {
+            let id: i64 = row.try_get("id")?;
+            let latest: i64 = row.try_get("latest_version")?;
+            let stored: String = sqlx::query(
+                "SELECT spec_json FROM workflow_version WHERE workflow_id = ? AND version = ?",
+            )
+            .bind(id)
+            .bind(latest)
+            .fetch_one(&mut *c)
+            .await?
+            .try_get("spec_json")?;
+            let stored: serde_json::Value = serde_json::from_str(&stored)
+                .map_err(|err| corrupt(format!("stored workflow spec: {err}")))?;
+            if stored == spec_value(spec)? {
+                let record = workflow_by_name(c, &spec.name).await?;
+                let record = record.ok_or_else(|| corrupt("workflow vanished during apply"))?;
+                return Ok((record, ApplyOutcome::Unchanged));
+            }
+            sqlx::query(
+                "UPDATE workflow SET latest_version = ?, app = ?, owner = ?, updated_at = ? \
+                 WHERE id = ?",
+            )
+            .bind(latest + 1)
+            .bind(spec.app.as_str())
+            .bind(spec.owner.as_str())
+            .bind(now)
+            .bind(id)
+            .execute(&mut *c)
+            .await?;
+            (id, latest + 1, ApplyOutcome::Updated)
+        }
+        None => {
+            let id = store.take_ids(c, IdKind::Workflow, 1).await?[0];
+            sqlx::query(
+                "INSERT INTO workflow (id, app, name, owner, latest_version, paused, created_at, \
+                 updated_at) VALUES (?, ?, ?, ?, 1, 0, ?, ?)",
+            )
+            .bind(id)
+            .bind(spec.app.as_str())
+            .bind(spec.name.as_str())
+            .bind(spec.owner.as_str())
+            .bind(now)
+            .bind(now)
+            .execute(&mut *c)
+            .await?;
+            (id, 1, ApplyOutcome::Created)
+        }
+    };
+
+    sqlx::query(
+        "INSERT INTO workflow_version (workflow_id, version, spec_json, source, task_count, \
+         created_at) VALUES (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(workflow_id)
+    .bind(version)
+    .bind(spec_json)
+    .bind(source)
+    .bind(spec.tasks.len() as i64)
+    .bind(now)
+    .execute(&mut *c)
+    .await?;
+
+    let mut edges: Vec<(&str, &str)> = Vec::new();
+    let mut upstream_counts = Vec::with_capacity(spec.tasks.len());
+    for task in &spec.tasks {
+        let upstreams: BTreeSet<&str> = task.upstream.iter().map(String::as_str).collect();
+        upstream_counts.push(upstreams.len() as i64);
+        edges.extend(upstreams.into_iter().map(|up| (up, task.name.as_str())));
+    }
+    let tasks: Vec<_> = spec.tasks.iter().zip(upstream_counts).collect();
+    for chunk in tasks.chunks(INSERT_CHUNK) {
+        let sql = format!(
+            "INSERT INTO task_definition (workflow_id, version, name, command, timeout_ms, \
+             retries, retry_backoff_ms, priority, labels_json, upstream_count, app, owner) \
+             VALUES {}",
+            values_rows(chunk.len(), 12)
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (task, upstreams) in chunk {
+            let command = if task.argv.is_empty() {
+                task.command.clone()
+            } else {
+                task.argv.join(" ")
+            };
+            query = query
+                .bind(workflow_id)
+                .bind(version)
+                .bind(task.name.as_str())
+                .bind(command)
+                .bind(i64::try_from(task.timeout_ms).unwrap_or(i64::MAX))
+                .bind(i64::from(task.retries))
+                .bind(i64::try_from(task.retry_backoff_ms).unwrap_or(i64::MAX))
+                .bind(i64::from(task.priority))
+                .bind(to_json(&task.labels)?)
+                .bind(*upstreams)
+                .bind(spec.app.as_str())
+                .bind(spec.owner.as_str());
+        }
+        query.execute(&mut *c).await?;
+    }
+    for chunk in edges.chunks(INSERT_CHUNK) {
+        let sql = format!(
+            "INSERT INTO task_dependency (workflow_id, version, upstream, downstream) VALUES {}",
+            values_rows(chunk.len(), 4)
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (up, down) in chunk {
+            query = query.bind(workflow_id).bind(version).bind(*up).bind(*down);
+        }
+        query.execute(&mut *c).await?;
+    }
+
+    // The plan follows the new version; `paused` belongs to the workflow and is kept.
+    let paused: i64 = sqlx::query("SELECT paused FROM workflow WHERE id = ?")
+        .bind(workflow_id)
+        .fetch_one(&mut *c)
+        .await?
+        .try_get("paused")?;
+    let sql = format!(
+        "INSERT INTO schedule_plan (workflow_id, trigger_type, cron, timezone, paused, \
+         next_fire_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?){}",
+        store.dialect.upsert_tail(
+            &["workflow_id"],
+            &[
+                "trigger_type",
+                "cron",
+                "timezone",
+                "paused",
+                "next_fire_at",
+                "updated_at"
+            ]
+        )
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(workflow_id)
+        .bind(spec.schedule.trigger.as_str())
+        .bind(spec.schedule.cron.clone())
+        .bind(spec.schedule.timezone.as_str())
+        .bind(paused)
+        .bind(next_fire_at)
+        .bind(now)
+        .execute(&mut *c)
+        .await?;
+
+    let record = workflow_by_name(c, &spec.name).await?;
+    let record = record.ok_or_else(|| corrupt("workflow vanished during apply"))?;
+    Ok((record, outcome))
+}
+
+/// Outcome of the insert part of `create_run`.
+enum Created {
+    New(RunRecord),
+    Existing(RunRecord),
+}
+
+async fn create_run_tx(store: &SqlStore, c: &mut AnyConnection, run: &NewRun) -> Result<Created> {
+    if let Some(existing) = run_by_dedup(c, run).await? {
+        return Ok(Created::Existing(existing));
+    }
+    let version = sqlx::query(
+        "SELECT task_count FROM workflow_version WHERE workflow_id = ? AND version = ?",
+    )
+    .bind(run.workflow_id.0)
+    .bind(i64::from(run.workflow_version))
+    .fetch_optional(&mut *c)
+    .await?;
+    let Some(version) = version else {
+        return Err(crate::StoreError::NotFound(format!(
+            "workflow {} version {}",
+            run.workflow_id, run.workflow_version
+        )));
+    };
+    let task_count: i64 = version.try_get("task_count")?;
+    let roots = sqlx::query(
+        "SELECT name, priority FROM task_definition \
+         WHERE workflow_id = ? AND version = ? AND upstream_count = 0 ORDER BY name",
+    )
+    .bind(run.workflow_id.0)
+    .bind(i64::from(run.workflow_version))
+    .fetch_all(&mut *c)
+    .await?;
+    let run_id = store.take_ids(c, IdKind::Run, 1).await?[0];
+    let inserted = sqlx::query(
+        "INSERT INTO run (id, workflow_id, workflow_version, state, trigger_type, logical_time, \
+         dedup_key, idempotency_key, params_json, triggered_by, cancel_requested, created_at) \
+         VALUES (?, ?, ?, 'RUNNING', ?, ?, ?, ?, ?, ?, 0, ?)",
+    )
+    .bind(run_id)
+    .bind(run.workflow_id.0)
+    .bind(i64::from(run.workflow_version))
+    .bind(run.trigger.as_str())
+    .bind(run.logical_time)
+    .bind(run.dedup_key.clone())
+    .bind(run.idempotency_key.clone())
+    .bind(to_json(&run.params)?)
+    .bind(run.triggered_by.as_str())
+    .bind(run.now)
+    .execute(&mut *c)
+    .await;
+    match inserted {
+        Ok(_) => {}
+        // Another node created the run with this key between our read and our insert: the
+        // unique key decides, and the first run is the answer.
+        Err(err) if is_unique_violation(&err) => {
+            let existing = run_by_dedup(c, run).await?;
+            return existing
+                .map(Created::Existing)
+                .ok_or(crate::StoreError::Database(err));
+        }
+        Err(err) => return Err(err.into()),
+    }
+    let ids = store.take_ids(c, IdKind::Instance, roots.len()).await?;
+    let roots: Vec<_> = roots.iter().zip(ids).collect();
+    for chunk in roots.chunks(INSERT_CHUNK) {
+        let sql = format!(
+            "INSERT INTO task_instance (id, run_id, workflow_id, workflow_version, task_name, \
+             state, attempt, priority, not_before, created_at) VALUES {}",
+            values_rows(chunk.len(), 10)
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (row, id) in chunk {
+            query = query
+                .bind(*id)
+                .bind(run_id)
+                .bind(run.workflow_id.0)
+                .bind(i64::from(run.workflow_version))
+                .bind(row.try_get::<String, _>("name")?)
+                .bind(InstanceState::Waiting.as_str())
+                .bind(1i64)
+                .bind(row.try_get::<i64, _>("priority")?)
+                .bind(run.now)
+                .bind(run.now);
+        }
+        query.execute(&mut *c).await?;
+    }
+    if task_count == 0 {
+        // Nothing to run: the run is over as soon as it exists.
+        let progress = RunProgress::default();
+        if let Some(end) = run_outcome(progress) {
+            sqlx::query("UPDATE run SET state = ?, finished_at = ? WHERE id = ?")
+                .bind(end.as_str())
+                .bind(run.now)
+                .bind(run_id)
+                .execute(&mut *c)
+                .await?;
+        }
+    }
+    let record = run_by_id(c, RunId(run_id)).await?;
+    Ok(Created::New(
+        record.ok_or_else(|| corrupt("run vanished during create"))?,
+    ))
+}
+
+async fn run_by_dedup(c: &mut AnyConnection, run: &NewRun) -> Result<Option<RunRecord>> {
+    let Some(key) = &run.dedup_key else {
+        return Ok(None);
+    };
+    let sql = format!(
+        "{} WHERE r.workflow_id = ? AND r.dedup_key = ?",
+        rows::RUN_SELECT
+    );
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(run.workflow_id.0)
+        .bind(key.as_str())
+        .fetch_optional(&mut *c)
+        .await?;
+    row.as_ref().map(rows::run).transpose()
+}
+
+/// Cancels one unfinished instance and its current attempt row; returns whether it did.
+async fn cancel_one(
+    c: &mut AnyConnection,
+    id: InstanceId,
+    attempt: Attempt,
+    from: InstanceState,
+    now: Millis,
+) -> Result<bool> {
+    let done = sqlx::query(
+        "UPDATE task_instance SET state = 'CANCELLED', finished_at = ? \
+         WHERE id = ? AND attempt = ? AND state = ?",
+    )
+    .bind(now)
+    .bind(id.0)
+    .bind(i64::from(attempt.0))
+    .bind(from.as_str())
+    .execute(&mut *c)
+    .await?;
+    if done.rows_affected() != 1 {
+        return Ok(false);
+    }
+    sqlx::query(
+        "UPDATE task_attempt SET state = 'CANCELLED', finished_at = ? \
+         WHERE instance_id = ? AND attempt = ?",
+    )
+    .bind(now)
+    .bind(id.0)
+    .bind(i64::from(attempt.0))
+    .execute(&mut *c)
+    .await?;
+    Ok(true)
+}
+
+fn was_started(state: InstanceState) -> bool {
+    matches!(state, InstanceState::Dispatched | InstanceState::Running)
+}
+
+async fn cancel_run_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    id: RunId,
+    now: Millis,
+) -> Result<Option<Vec<CancelledAttempt>>> {
+    lock_runs(store, c, &BTreeSet::from([id.0])).await?;
+    let Some(run) = run_by_id(c, id).await? else {
+        return Ok(None);
+    };
+    if run.state.is_terminal() {
+        return Ok(Some(Vec::new()));
+    }
+    sqlx::query("UPDATE run SET cancel_requested = 1 WHERE id = ?")
+        .bind(id.0)
+        .execute(&mut *c)
+        .await?;
+    let sql = format!(
+        "SELECT id, attempt, state, worker_id FROM task_instance \
+         WHERE run_id = ? AND state IN {UNFINISHED} ORDER BY id"
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id.0)
+        .fetch_all(&mut *c)
+        .await?;
+    let mut killed = Vec::new();
+    for row in rows {
+        let instance = InstanceId(row.try_get("id")?);
+        let attempt = Attempt(to_u32(row.try_get("attempt")?, "attempt")?);
+        let state = instance_state(&row.try_get::<String, _>("state")?)?;
+        if cancel_one(c, instance, attempt, state, now).await? && was_started(state) {
+            killed.push(CancelledAttempt {
+                instance_id: instance,
+                attempt,
+                worker_id: row.try_get("worker_id")?,
+            });
+        }
+    }
+    sqlx::query(
+        "UPDATE run SET state = 'CANCELLED', finished_at = ? WHERE id = ? AND state = 'RUNNING'",
+    )
+    .bind(now)
+    .bind(id.0)
+    .execute(&mut *c)
+    .await?;
+    Ok(Some(killed))
+}
+
+async fn cancel_instance_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    id: InstanceId,
+    now: Millis,
+) -> Result<Option<(InstanceRecord, Option<CancelledAttempt>)>> {
+    let Some(key) = load_key(c, id).await? else {
+        return Ok(None);
+    };
+    lock_runs(store, c, &BTreeSet::from([key.run_id.0])).await?;
+    // Read again under the run lock: a report may have moved it meanwhile.
+    let Some(key) = load_key(c, id).await? else {
+        return Ok(None);
+    };
+    let mut killed = None;
+    if !key.state.is_terminal() && cancel_one(c, id, key.attempt, key.state, now).await? {
+        if was_started(key.state) {
+            killed = Some(CancelledAttempt {
+                instance_id: id,
+                attempt: key.attempt,
+                worker_id: key.worker_id.clone(),
+            });
+        }
+        finish_run_if_done(c, key.run_id, now).await?;
+    }
+    let record = instance_by_id(c, id).await?;
+    Ok(record.map(|r| (r, killed)))
+}
+
+async fn mark_dispatched_tx(c: &mut AnyConnection, claims: &[DispatchClaim]) -> Result<Vec<bool>> {
+    // Lock instance rows in id order whatever the claim order, so two batches cannot deadlock.
+    let mut order: Vec<usize> = (0..claims.len()).collect();
+    order.sort_by_key(|&i| (claims[i].instance_id, claims[i].attempt));
+    let mut won = vec![false; claims.len()];
+    for i in order {
+        let claim = &claims[i];
+        let attempt = i64::from(claim.attempt.0);
+        let done = sqlx::query(
+            "UPDATE task_instance SET state = 'DISPATCHED', worker_id = ? \
+             WHERE id = ? AND attempt = ? AND state = 'WAITING'",
+        )
+        .bind(claim.worker_id.as_str())
+        .bind(claim.instance_id.0)
+        .bind(attempt)
+        .execute(&mut *c)
+        .await?;
+        if done.rows_affected() != 1 {
+            continue;
+        }
+        won[i] = true;
+        // A rejected attempt dispatched again reuses its row; the instance row lock taken above
+        // makes this update-then-insert safe.
+        let updated = sqlx::query(
+            "UPDATE task_attempt SET state = 'DISPATCHED', worker_id = ?, node_id = ?, \
+             dispatched_at = ?, started_at = NULL, finished_at = NULL, exit_code = NULL, \
+             signal_num = NULL, pid = NULL, log_lines = 0, message = '' \
+             WHERE instance_id = ? AND attempt = ?",
+        )
+        .bind(claim.worker_id.as_str())
+        .bind(claim.node_id.as_str())
+        .bind(claim.at)
+        .bind(claim.instance_id.0)
+        .bind(attempt)
+        .execute(&mut *c)
+        .await?;
+        if updated.rows_affected() == 0 {
+            sqlx::query(
+                "INSERT INTO task_attempt (instance_id, attempt, state, worker_id, node_id, \
+                 dispatched_at, log_lines, message) VALUES (?, ?, 'DISPATCHED', ?, ?, ?, 0, '')",
+            )
+            .bind(claim.instance_id.0)
+            .bind(attempt)
+            .bind(claim.worker_id.as_str())
+            .bind(claim.node_id.as_str())
+            .bind(claim.at)
+            .execute(&mut *c)
+            .await?;
+        }
+    }
+    Ok(won)
+}
+
+async fn append_logs_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    chunks: &[LogChunk],
+) -> Result<()> {
+    let chunks: Vec<&LogChunk> = chunks
+        .iter()
+        .filter(|chunk| !chunk.lines.is_empty())
+        .collect();
+    for batch in chunks.chunks(INSERT_CHUNK) {
+        let sql = format!(
+            "{} execution_log (instance_id, attempt, first_seq, line_count, streams, body, \
+             created_at) VALUES {}",
+            store.dialect.insert_ignore(),
+            values_rows(batch.len(), 7)
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for chunk in batch {
+            let streams: String = chunk
+                .lines
+                .iter()
+                .map(|(stream, _)| match stream {
+                    LogStream::Stdout => 'o',
+                    LogStream::Stderr => 'e',
+                })
+                .collect();
+            // Lines are joined by '\n'; a stray one inside a line would shift every later line,
+            // so it is replaced (the worker splits lines before they get here).
+            let body: Vec<String> = chunk
+                .lines
+                .iter()
+                .map(|(_, text)| text.replace('\n', " "))
+                .collect();
+            query = query
+                .bind(chunk.instance_id.0)
+                .bind(i64::from(chunk.attempt.0))
+                .bind(i64::try_from(chunk.first_seq).unwrap_or(i64::MAX))
+                .bind(chunk.lines.len() as i64)
+                .bind(streams)
+                .bind(body.join("\n"))
+                .bind(chunk.at);
+        }
+        query.execute(&mut *c).await?;
+    }
+    Ok(())
+}
+
+#[async_trait::async_trait]
+impl Store for SqlStore {
+    fn backend(&self) -> Backend {
+        self.backend_kind()
+    }
+
+    async fn apply_workflow(
+        &self,
+        spec: &WorkflowSpec,
+        source: &str,
+        next_fire_at: Option<Millis>,
+        now: Millis,
+    ) -> Result<(WorkflowRecord, ApplyOutcome)> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let result = write_tx!(self, |c| apply_workflow_tx(
+                self,
+                c,
+                spec,
+                source,
+                next_fire_at,
+                now
+            ));
+            match result {
+                // Two nodes created the same new workflow at once: the loser applies again and
+                // finds the winner's version.
+                Err(crate::StoreError::Database(err)) if is_unique_violation(&err) && tries < 3 => {
+                    continue;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn get_workflow(&self, name: &str) -> Result<Option<WorkflowRecord>> {
+        let mut c = self.pool.acquire().await?;
+        workflow_by_name(&mut c, name).await
+    }
+
+    async fn get_workflow_version(
+        &self,
+        id: WorkflowId,
+        version: u32,
+    ) -> Result<Option<WorkflowRecord>> {
+        let sql = format!("{} WHERE w.id = ? AND v.version = ?", rows::WORKFLOW_SELECT);
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.0)
+            .bind(i64::from(version))
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(rows::workflow).transpose()
+    }
+
+    async fn list_workflows(&self, app: Option<&str>) -> Result<Vec<WorkflowRecord>> {
+        let mut sql = format!("{} AND v.version = w.latest_version", rows::WORKFLOW_SELECT);
+        if app.is_some() {
+            sql.push_str(" WHERE w.app = ?");
+        }
+        sql.push_str(" ORDER BY w.name");
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        if let Some(app) = app {
+            query = query.bind(app);
+        }
+        query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(rows::workflow)
+            .collect()
+    }
+
+    async fn set_paused(
+        &self,
+        name: &str,
+        paused: bool,
+        next_fire_at: Option<Millis>,
+        now: Millis,
+    ) -> Result<Option<WorkflowRecord>> {
+        write_tx!(self, |c| async move {
+            let row = sqlx::query("SELECT id FROM workflow WHERE name = ?")
+                .bind(name)
+                .fetch_optional(&mut *c)
+                .await?;
+            let Some(row) = row else { return Ok(None) };
+            let id: i64 = row.try_get("id")?;
+            sqlx::query("UPDATE workflow SET paused = ?, updated_at = ? WHERE id = ?")
+                .bind(i64::from(paused))
+                .bind(now)
+                .bind(id)
+                .execute(&mut *c)
+                .await?;
+            if paused {
+                sqlx::query(
+                    "UPDATE schedule_plan SET paused = 1, updated_at = ? WHERE workflow_id = ?",
+                )
+                .bind(now)
+                .bind(id)
+                .execute(&mut *c)
+                .await?;
+            } else {
+                sqlx::query(
+                    "UPDATE schedule_plan SET paused = 0, next_fire_at = ?, updated_at = ? \
+                     WHERE workflow_id = ?",
+                )
+                .bind(next_fire_at)
+                .bind(now)
+                .bind(id)
+                .execute(&mut *c)
+                .await?;
+            }
+            workflow_by_name(c, name).await
+        })
+    }
+
+    async fn due_schedules(&self, now: Millis, limit: u32) -> Result<Vec<DueSchedule>> {
+        let rows = sqlx::query(
+            "SELECT sp.workflow_id, w.name, w.latest_version, sp.cron, sp.timezone, \
+             sp.next_fire_at FROM schedule_plan sp JOIN workflow w ON w.id = sp.workflow_id \
+             WHERE sp.paused = 0 AND sp.next_fire_at <= ? AND sp.trigger_type = 'cron' \
+             AND sp.cron IS NOT NULL ORDER BY sp.next_fire_at, sp.workflow_id LIMIT ?",
+        )
+        .bind(now)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(DueSchedule {
+                    workflow_id: WorkflowId(row.try_get("workflow_id")?),
+                    workflow: row.try_get("name")?,
+                    workflow_version: to_u32(row.try_get("latest_version")?, "version")?,
+                    cron: row
+                        .try_get::<Option<String>, _>("cron")?
+                        .unwrap_or_default(),
+                    timezone: row.try_get("timezone")?,
+                    next_fire_at: row.try_get("next_fire_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn advance_schedule(
+        &self,
+        workflow_id: WorkflowId,
+        from: Millis,
+        to: Millis,
+    ) -> Result<bool> {
+        write_tx!(self, |c| async move {
+            let done = sqlx::query(
+                "UPDATE schedule_plan SET next_fire_at = ? WHERE workflow_id = ? AND next_fire_at = ?",
+            )
+            .bind(to)
+            .bind(workflow_id.0)
+            .bind(from)
+            .execute(&mut *c)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    async fn create_run(&self, run: &NewRun) -> Result<(RunRecord, bool)> {
+        match write_tx!(self, |c| create_run_tx(self, c, run))? {
+            Created::New(record) => Ok((record, true)),
+            Created::Existing(record) => Ok((record, false)),
+        }
+    }
+
+    async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
+        let mut c = self.pool.acquire().await?;
+        run_by_id(&mut c, id).await
+    }
+
+    async fn list_runs(
+        &self,
+        workflow: Option<&str>,
+        state: Option<RunState>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>> {
+        let mut sql = format!("{} WHERE 1 = 1", rows::RUN_SELECT);
+        if workflow.is_some() {
+            sql.push_str(" AND w.name = ?");
+        }
+        if state.is_some() {
+            sql.push_str(" AND r.state = ?");
+        }
+        sql.push_str(" ORDER BY r.id DESC LIMIT ?");
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        if let Some(workflow) = workflow {
+            query = query.bind(workflow);
+        }
+        if let Some(state) = state {
+            query = query.bind(state.as_str());
+        }
+        let rows = query.bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        rows.iter().map(rows::run).collect()
+    }
+
+    async fn run_counts(&self, id: RunId) -> Result<InstanceCounts> {
+        let run = sqlx::query(
+            "SELECT v.task_count FROM run r JOIN workflow_version v \
+             ON v.workflow_id = r.workflow_id AND v.version = r.workflow_version WHERE r.id = ?",
+        )
+        .bind(id.0)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| crate::StoreError::NotFound(format!("run {id}")))?;
+        let tasks: i64 = run.try_get("task_count")?;
+        let rows = sqlx::query(
+            "SELECT state, COUNT(*) AS n FROM task_instance WHERE run_id = ? GROUP BY state",
+        )
+        .bind(id.0)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut counts = InstanceCounts::default();
+        let mut total = 0i64;
+        for row in rows {
+            let n: i64 = row.try_get("n")?;
+            total += n;
+            let n = to_u32(n, "instance count")?;
+            match instance_state(&row.try_get::<String, _>("state")?)? {
+                InstanceState::Waiting => counts.waiting = n,
+                InstanceState::Dispatched => counts.dispatched = n,
+                InstanceState::Running => counts.running = n,
+                InstanceState::Success => counts.success = n,
+                InstanceState::Failed => counts.failed = n,
+                InstanceState::Timeout => counts.timeout = n,
+                InstanceState::Cancelled => counts.cancelled = n,
+            }
+        }
+        counts.not_created = to_u32((tasks - total).max(0), "task count")?;
+        Ok(counts)
+    }
+
+    async fn cancel_run(&self, id: RunId, now: Millis) -> Result<Option<Vec<CancelledAttempt>>> {
+        write_tx!(self, |c| cancel_run_tx(self, c, id, now))
+    }
+
+    async fn get_instance(&self, id: InstanceId) -> Result<Option<InstanceRecord>> {
+        let mut c = self.pool.acquire().await?;
+        instance_by_id(&mut c, id).await
+    }
+
+    async fn list_instances(&self, run: RunId) -> Result<Vec<InstanceRecord>> {
+        let sql = format!(
+            "{} WHERE ti.run_id = ? ORDER BY ti.id",
+            rows::INSTANCE_SELECT
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(run.0)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(rows::instance).collect()
+    }
+
+    async fn list_attempts(&self, id: InstanceId) -> Result<Vec<AttemptRecord>> {
+        let sql = format!(
+            "{} WHERE instance_id = ? ORDER BY attempt",
+            rows::ATTEMPT_SELECT
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.0)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(rows::attempt).collect()
+    }
+
+    async fn cancel_instance(
+        &self,
+        id: InstanceId,
+        now: Millis,
+    ) -> Result<Option<(InstanceRecord, Option<CancelledAttempt>)>> {
+        write_tx!(self, |c| cancel_instance_tx(self, c, id, now))
+    }
+
+    async fn waiting(&self, now: Millis, limit: u32) -> Result<Vec<WaitingInstance>> {
+        let sql = format!(
+            "{} JOIN run r ON r.id = ti.run_id \
+             WHERE ti.state = 'WAITING' AND ti.not_before <= ? \
+             ORDER BY ti.priority DESC, ti.id LIMIT ?",
+            rows::INSTANCE_SELECT.replace(
+                "ti.exit_code FROM",
+                "ti.exit_code, r.logical_time, r.params_json FROM"
+            )
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(now)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let params: String = row.try_get("params_json")?;
+                Ok(WaitingInstance {
+                    instance: rows::instance(row)?,
+                    logical_time: row.try_get("logical_time")?,
+                    params: map_json(&params, "run params")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn mark_dispatched(&self, claims: &[DispatchClaim]) -> Result<Vec<bool>> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        write_tx!(self, |c| mark_dispatched_tx(c, claims))
+    }
+
+    async fn apply_reports(&self, reports: &[Report], now: Millis) -> Result<Vec<ReportResult>> {
+        if reports.is_empty() {
+            return Ok(Vec::new());
+        }
+        write_tx!(self, |c| reports::apply_reports(self, c, reports, now))
+    }
+
+    async fn append_logs(&self, chunks: &[LogChunk]) -> Result<()> {
+        if chunks.iter().all(|chunk| chunk.lines.is_empty()) {
+            return Ok(());
+        }
+        write_tx!(self, |c| append_logs_tx(self, c, chunks))
+    }
+
+    async fn read_logs(
+        &self,
+        instance: InstanceId,
+        attempt: Attempt,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredLine>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
+        // Every chunk holds at least one line past `after_seq`, so `limit` chunks are enough.
+        let rows = sqlx::query(
+            "SELECT first_seq, line_count, streams, body, created_at FROM execution_log \
+             WHERE instance_id = ? AND attempt = ? AND first_seq + line_count > ? \
+             ORDER BY first_seq LIMIT ?",
+        )
+        .bind(instance.0)
+        .bind(i64::from(attempt.0))
+        .bind(after + 1)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut lines = Vec::new();
+        let mut last = after_seq;
+        'chunks: for row in rows {
+            let first: i64 = row.try_get("first_seq")?;
+            let streams: String = row.try_get("streams")?;
+            let body: String = row.try_get("body")?;
+            let at: Millis = row.try_get("created_at")?;
+            for (offset, (stream, text)) in streams.chars().zip(body.split('\n')).enumerate() {
+                let seq =
+                    u64::try_from(first).map_err(|_| corrupt("negative log seq"))? + offset as u64;
+                // Overlapping chunks (a resend cut differently) never repeat a line.
+                if seq <= last {
+                    continue;
+                }
+                if lines.len() as u64 >= u64::from(limit) {
+                    break 'chunks;
+                }
+                let stream = if stream == 'e' {
+                    LogStream::Stderr
+                } else {
+                    LogStream::Stdout
+                };
+                lines.push(StoredLine {
+                    seq,
+                    stream,
+                    text: text.to_string(),
+                    at,
+                });
+                last = seq;
+            }
+        }
+        Ok(lines)
+    }
+
+    async fn upsert_worker(&self, worker: &WorkerRecord) -> Result<()> {
+        let columns = [
+            "version",
+            "hostname",
+            "labels_json",
+            "capacity",
+            "running",
+            "started_at",
+            "last_heartbeat",
+            "node_id",
+            "draining",
+            "connected",
+        ];
+        let sql = format!(
+            "INSERT INTO worker (id, {}) VALUES ({}){}",
+            columns.join(", "),
+            placeholders(columns.len() + 1),
+            self.dialect.upsert_tail(&["id"], &columns)
+        );
+        let labels = to_json(&worker.labels)?;
+        write_tx!(self, |c| async {
+            sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(worker.id.as_str())
+                .bind(worker.version.as_str())
+                .bind(worker.hostname.as_str())
+                .bind(labels.as_str())
+                .bind(i64::from(worker.capacity))
+                .bind(i64::from(worker.running))
+                .bind(worker.started_at)
+                .bind(worker.last_heartbeat)
+                .bind(worker.node_id.as_str())
+                .bind(i64::from(worker.draining))
+                .bind(i64::from(worker.connected))
+                .execute(&mut *c)
+                .await?;
+            Ok(())
+        })
+    }
+
+    async fn list_workers(&self) -> Result<Vec<WorkerRecord>> {
+        let sql = format!("{} ORDER BY id", rows::WORKER_SELECT);
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(rows::worker).collect()
+    }
+
+    async fn insert_audit(&self, record: &AuditRecord) -> Result<()> {
+        write_tx!(self, |c| async {
+            sqlx::query(
+                "INSERT INTO audit_log (at, actor, action, target, detail, remote) \
+                 VALUES (?, ?, ?, ?, ?, ?)",
+            )
+            .bind(record.at)
+            .bind(record.actor.as_str())
+            .bind(record.action.as_str())
+            .bind(record.target.as_str())
+            .bind(record.detail.as_str())
+            .bind(record.remote.as_str())
+            .execute(&mut *c)
+            .await?;
+            Ok(())
+        })
+    }
+
+    async fn list_audit(&self, limit: u32) -> Result<Vec<AuditRecord>> {
+        let sql = format!("{} ORDER BY at DESC, id DESC LIMIT ?", rows::AUDIT_SELECT);
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(rows::audit).collect()
+    }
+}

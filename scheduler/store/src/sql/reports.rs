@@ -1,0 +1,492 @@
+//! Worker reports, the dependency advance and the end of a run: the transitions of an instance
+//! after its dispatch, each a conditional update on (instance, attempt, from-state).
+
+use std::collections::BTreeSet;
+
+use ax_core::Millis;
+use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
+use ax_core::retry::{retries_left, retry_delay_ms};
+use ax_core::run::{RunProgress, RunState, run_outcome};
+use ax_core::state::{Event, InstanceState, transition};
+use sqlx::{AnyConnection, Row};
+
+use super::ids::IdKind;
+use super::rows::{instance_state, run_state, to_u32};
+use super::{Dialect, SqlStore, placeholders, values_rows};
+use crate::{Applied, AttemptEnd, Report, ReportResult, Result};
+
+/// The facts about an instance a transition needs.
+#[derive(Debug, Clone)]
+pub(crate) struct InstanceKey {
+    pub(crate) id: InstanceId,
+    pub(crate) run_id: RunId,
+    pub(crate) workflow_id: WorkflowId,
+    pub(crate) version: i64,
+    pub(crate) task: String,
+    pub(crate) state: InstanceState,
+    pub(crate) attempt: Attempt,
+    pub(crate) worker_id: Option<String>,
+}
+
+pub(crate) async fn load_key(c: &mut AnyConnection, id: InstanceId) -> Result<Option<InstanceKey>> {
+    let row = sqlx::query(
+        "SELECT run_id, workflow_id, workflow_version, task_name, state, attempt, worker_id \
+         FROM task_instance WHERE id = ?",
+    )
+    .bind(id.0)
+    .fetch_optional(&mut *c)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(InstanceKey {
+        id,
+        run_id: RunId(row.try_get("run_id")?),
+        workflow_id: WorkflowId(row.try_get("workflow_id")?),
+        version: row.try_get("workflow_version")?,
+        task: row.try_get("task_name")?,
+        state: instance_state(&row.try_get::<String, _>("state")?)?,
+        attempt: Attempt(to_u32(row.try_get("attempt")?, "attempt")?),
+        worker_id: row.try_get("worker_id")?,
+    }))
+}
+
+/// Locks the rows of `runs` in ascending id order, so that two transactions finishing upstreams
+/// of one fan-in cannot both miss it, and two batches never lock runs in opposite orders.
+pub(crate) async fn lock_runs(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    runs: &BTreeSet<i64>,
+) -> Result<()> {
+    if store.dialect != Dialect::MySql {
+        return Ok(());
+    }
+    for run in runs {
+        sqlx::query("SELECT id FROM run WHERE id = ? FOR UPDATE")
+            .bind(*run)
+            .fetch_optional(&mut *c)
+            .await?;
+    }
+    Ok(())
+}
+
+fn report_key(report: &Report) -> (InstanceId, Attempt) {
+    match report {
+        Report::Rejected {
+            instance_id,
+            attempt,
+            ..
+        }
+        | Report::Started {
+            instance_id,
+            attempt,
+            ..
+        }
+        | Report::TaskHeartbeat {
+            instance_id,
+            attempt,
+            ..
+        }
+        | Report::Finished {
+            instance_id,
+            attempt,
+            ..
+        } => (*instance_id, *attempt),
+    }
+}
+
+pub(crate) async fn apply_reports(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    reports: &[Report],
+    now: Millis,
+) -> Result<Vec<ReportResult>> {
+    let ids: BTreeSet<i64> = reports.iter().map(|r| report_key(r).0.0).collect();
+    if store.dialect == Dialect::MySql && !ids.is_empty() {
+        let sql = format!(
+            "SELECT DISTINCT run_id FROM task_instance WHERE id IN ({})",
+            placeholders(ids.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for id in &ids {
+            query = query.bind(*id);
+        }
+        let mut runs = BTreeSet::new();
+        for row in query.fetch_all(&mut *c).await? {
+            runs.insert(row.try_get::<i64, _>("run_id")?);
+        }
+        lock_runs(store, c, &runs).await?;
+    }
+    let mut results = Vec::with_capacity(reports.len());
+    for report in reports {
+        results.push(apply_one(store, c, report, now).await?);
+    }
+    Ok(results)
+}
+
+/// The report's result when the instance is not where the report expects it.
+async fn stale(c: &mut AnyConnection, id: InstanceId) -> Result<ReportResult> {
+    Ok(match load_key(c, id).await? {
+        Some(key) => ReportResult::Stale {
+            current_attempt: key.attempt,
+            state: key.state,
+        },
+        None => ReportResult::NotFound,
+    })
+}
+
+/// Moves the instance from `from` to `to` with extra assignments; true when this call did it.
+async fn move_instance(
+    c: &mut AnyConnection,
+    key: &InstanceKey,
+    to: InstanceState,
+    sets: &str,
+    binds: Vec<Option<i64>>,
+) -> Result<bool> {
+    let sql = format!(
+        "UPDATE task_instance SET state = ?{sets} WHERE id = ? AND attempt = ? AND state = ?"
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(to.as_str());
+    for value in binds {
+        query = query.bind(value);
+    }
+    let done = query
+        .bind(key.id.0)
+        .bind(i64::from(key.attempt.0))
+        .bind(key.state.as_str())
+        .execute(&mut *c)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+async fn apply_one(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    report: &Report,
+    now: Millis,
+) -> Result<ReportResult> {
+    let (id, attempt) = report_key(report);
+    let Some(key) = load_key(c, id).await? else {
+        return Ok(ReportResult::NotFound);
+    };
+    let stale_now = ReportResult::Stale {
+        current_attempt: key.attempt,
+        state: key.state,
+    };
+    if key.attempt != attempt {
+        return Ok(stale_now);
+    }
+    let attempt_no = i64::from(attempt.0);
+    match report {
+        Report::Rejected { reason, .. } => {
+            let Ok(next) = transition(key.state, Event::Reject) else {
+                return Ok(stale_now);
+            };
+            if !move_instance(c, &key, next.to, ", worker_id = NULL", vec![]).await? {
+                return stale(c, id).await;
+            }
+            sqlx::query(
+                "UPDATE task_attempt SET state = ?, message = ? WHERE instance_id = ? AND attempt = ?",
+            )
+            .bind(next.to.as_str())
+            .bind(reason.as_str())
+            .bind(id.0)
+            .bind(attempt_no)
+            .execute(&mut *c)
+            .await?;
+            Ok(ReportResult::Applied(Applied {
+                new_waiting: 1,
+                ..Applied::default()
+            }))
+        }
+        Report::Started {
+            worker_id, pid, at, ..
+        } => {
+            let Ok(next) = transition(key.state, Event::Start) else {
+                return Ok(stale_now);
+            };
+            let sql = "UPDATE task_instance SET state = ?, started_at = ?, worker_id = ?, \
+                       last_heartbeat_at = ? WHERE id = ? AND attempt = ? AND state = ?";
+            let done = sqlx::query(sql)
+                .bind(next.to.as_str())
+                .bind(*at)
+                .bind(worker_id.as_str())
+                .bind(*at)
+                .bind(id.0)
+                .bind(attempt_no)
+                .bind(key.state.as_str())
+                .execute(&mut *c)
+                .await?;
+            if done.rows_affected() != 1 {
+                return stale(c, id).await;
+            }
+            sqlx::query(
+                "UPDATE task_attempt SET state = ?, started_at = ?, pid = ?, worker_id = ? \
+                 WHERE instance_id = ? AND attempt = ?",
+            )
+            .bind(next.to.as_str())
+            .bind(*at)
+            .bind(i64::from(*pid))
+            .bind(worker_id.as_str())
+            .bind(id.0)
+            .bind(attempt_no)
+            .execute(&mut *c)
+            .await?;
+            Ok(ReportResult::Applied(Applied::default()))
+        }
+        Report::TaskHeartbeat { at, .. } => {
+            if key.state != InstanceState::Running {
+                return Ok(stale_now);
+            }
+            let done = sqlx::query(
+                "UPDATE task_instance SET last_heartbeat_at = ? \
+                 WHERE id = ? AND attempt = ? AND state = 'RUNNING'",
+            )
+            .bind(*at)
+            .bind(id.0)
+            .bind(attempt_no)
+            .execute(&mut *c)
+            .await?;
+            if done.rows_affected() != 1 {
+                return stale(c, id).await;
+            }
+            Ok(ReportResult::Applied(Applied::default()))
+        }
+        Report::Finished {
+            end,
+            exit_code,
+            signal,
+            at,
+            log_lines,
+            message,
+            ..
+        } => {
+            let policy = sqlx::query(
+                "SELECT retries, retry_backoff_ms FROM task_definition \
+                 WHERE workflow_id = ? AND version = ? AND name = ?",
+            )
+            .bind(key.workflow_id.0)
+            .bind(key.version)
+            .bind(key.task.as_str())
+            .fetch_optional(&mut *c)
+            .await?;
+            let (retries, backoff) = match policy {
+                Some(row) => (
+                    to_u32(row.try_get("retries")?, "retries")?,
+                    row.try_get::<i64, _>("retry_backoff_ms")?.max(0) as u64,
+                ),
+                None => (0, 0),
+            };
+            let left = retries_left(attempt.0, retries);
+            let (event, attempt_state) = match end {
+                AttemptEnd::Finished(outcome) => (
+                    Event::Finish {
+                        outcome: *outcome,
+                        retries_left: left,
+                    },
+                    outcome.state(),
+                ),
+                AttemptEnd::SpawnFailed => (
+                    Event::SpawnFailed { retries_left: left },
+                    InstanceState::Failed,
+                ),
+            };
+            let Ok(next) = transition(key.state, event) else {
+                return Ok(stale_now);
+            };
+            let exit = exit_code.map(i64::from);
+            let moved = if next.next_attempt {
+                let delay = retry_delay_ms(backoff, attempt.0, rand::random::<f64>());
+                let not_before = now.saturating_add(i64::try_from(delay).unwrap_or(i64::MAX));
+                move_instance(
+                    c,
+                    &key,
+                    next.to,
+                    ", attempt = attempt + 1, worker_id = NULL, not_before = ?, \
+                     started_at = NULL, finished_at = NULL, exit_code = NULL, \
+                     last_heartbeat_at = NULL",
+                    vec![Some(not_before)],
+                )
+                .await?
+            } else {
+                move_instance(
+                    c,
+                    &key,
+                    next.to,
+                    ", finished_at = ?, exit_code = ?",
+                    vec![Some(*at), exit],
+                )
+                .await?
+            };
+            if !moved {
+                return stale(c, id).await;
+            }
+            sqlx::query(
+                "UPDATE task_attempt SET state = ?, finished_at = ?, exit_code = ?, \
+                 signal_num = ?, log_lines = ?, message = ? WHERE instance_id = ? AND attempt = ?",
+            )
+            .bind(attempt_state.as_str())
+            .bind(*at)
+            .bind(exit)
+            .bind(signal.map(i64::from))
+            .bind(i64::try_from(*log_lines).unwrap_or(i64::MAX))
+            .bind(message.as_str())
+            .bind(id.0)
+            .bind(attempt_no)
+            .execute(&mut *c)
+            .await?;
+            let mut applied = Applied {
+                attempt_ended: true,
+                ..Applied::default()
+            };
+            if next.next_attempt {
+                applied.new_waiting = 1;
+                return Ok(ReportResult::Applied(applied));
+            }
+            if next.to == InstanceState::Success {
+                applied.new_waiting = advance(store, c, &key, now).await?;
+            }
+            applied.run_finished = finish_run_if_done(c, key.run_id, now).await?;
+            Ok(ReportResult::Applied(applied))
+        }
+    }
+}
+
+/// Creates the WAITING first attempt of each direct downstream task of `done` whose upstreams
+/// have all succeeded in this run. Reads only the finished task's edges and, per downstream, its
+/// upstreams' instances, through indexes: the cost does not depend on the size of the workflow,
+/// the number of runs or the history.
+async fn advance(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    done: &InstanceKey,
+    now: Millis,
+) -> Result<u32> {
+    let rows = sqlx::query(
+        "SELECT downstream FROM task_dependency \
+         WHERE workflow_id = ? AND version = ? AND upstream = ? ORDER BY downstream",
+    )
+    .bind(done.workflow_id.0)
+    .bind(done.version)
+    .bind(done.task.as_str())
+    .fetch_all(&mut *c)
+    .await?;
+    let mut ready: Vec<(String, i64)> = Vec::new();
+    for row in rows {
+        let task: String = row.try_get("downstream")?;
+        let def = sqlx::query(
+            "SELECT upstream_count, priority FROM task_definition \
+             WHERE workflow_id = ? AND version = ? AND name = ?",
+        )
+        .bind(done.workflow_id.0)
+        .bind(done.version)
+        .bind(task.as_str())
+        .fetch_optional(&mut *c)
+        .await?;
+        let Some(def) = def else { continue };
+        let upstreams: i64 = def.try_get("upstream_count")?;
+        let succeeded: i64 = sqlx::query(
+            "SELECT COUNT(*) AS n FROM task_dependency d JOIN task_instance ti \
+             ON ti.run_id = ? AND ti.task_name = d.upstream \
+             WHERE d.workflow_id = ? AND d.version = ? AND d.downstream = ? \
+             AND ti.state = 'SUCCESS'",
+        )
+        .bind(done.run_id.0)
+        .bind(done.workflow_id.0)
+        .bind(done.version)
+        .bind(task.as_str())
+        .fetch_one(&mut *c)
+        .await?
+        .try_get("n")?;
+        if succeeded >= upstreams {
+            ready.push((task, def.try_get("priority")?));
+        }
+    }
+    if ready.is_empty() {
+        return Ok(0);
+    }
+    let ids = store.take_ids(c, IdKind::Instance, ready.len()).await?;
+    let sql = format!(
+        "{} task_instance (id, run_id, workflow_id, workflow_version, task_name, state, \
+         attempt, priority, not_before, created_at) VALUES {}",
+        store.dialect.insert_ignore(),
+        values_rows(ready.len(), 10)
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for ((task, priority), id) in ready.iter().zip(ids) {
+        query = query
+            .bind(id)
+            .bind(done.run_id.0)
+            .bind(done.workflow_id.0)
+            .bind(done.version)
+            .bind(task.as_str())
+            .bind(InstanceState::Waiting.as_str())
+            .bind(1i64)
+            .bind(*priority)
+            .bind(now)
+            .bind(now);
+    }
+    let inserted = query.execute(&mut *c).await?.rows_affected();
+    Ok(u32::try_from(inserted).unwrap_or(u32::MAX))
+}
+
+/// Ends the run when nothing of it can run any more (after an instance became terminal).
+/// The common case, an unfinished instance left, is one index probe.
+pub(crate) async fn finish_run_if_done(
+    c: &mut AnyConnection,
+    run_id: RunId,
+    now: Millis,
+) -> Result<Option<(RunId, RunState)>> {
+    let busy = sqlx::query(
+        "SELECT id FROM task_instance WHERE run_id = ? \
+         AND state IN ('WAITING', 'DISPATCHED', 'RUNNING') LIMIT 1",
+    )
+    .bind(run_id.0)
+    .fetch_optional(&mut *c)
+    .await?;
+    if busy.is_some() {
+        return Ok(None);
+    }
+    let run = sqlx::query(
+        "SELECT r.state, r.cancel_requested, v.task_count FROM run r JOIN workflow_version v \
+         ON v.workflow_id = r.workflow_id AND v.version = r.workflow_version WHERE r.id = ?",
+    )
+    .bind(run_id.0)
+    .fetch_optional(&mut *c)
+    .await?;
+    let Some(run) = run else { return Ok(None) };
+    if run_state(&run.try_get::<String, _>("state")?)? != RunState::Running {
+        return Ok(None);
+    }
+    let mut progress = RunProgress {
+        tasks: to_u32(run.try_get("task_count")?, "task count")?,
+        cancel_requested: run.try_get::<i64, _>("cancel_requested")? != 0,
+        ..RunProgress::default()
+    };
+    let counts = sqlx::query(
+        "SELECT state, COUNT(*) AS n FROM task_instance WHERE run_id = ? GROUP BY state",
+    )
+    .bind(run_id.0)
+    .fetch_all(&mut *c)
+    .await?;
+    for row in counts {
+        let n = to_u32(row.try_get("n")?, "instance count")?;
+        match instance_state(&row.try_get::<String, _>("state")?)? {
+            InstanceState::Success => progress.succeeded += n,
+            InstanceState::Cancelled => progress.cancelled += n,
+            InstanceState::Failed | InstanceState::Timeout => {}
+            InstanceState::Waiting | InstanceState::Dispatched | InstanceState::Running => {
+                progress.unfinished += n
+            }
+        }
+    }
+    let Some(end) = run_outcome(progress) else {
+        return Ok(None);
+    };
+    let done =
+        sqlx::query("UPDATE run SET state = ?, finished_at = ? WHERE id = ? AND state = 'RUNNING'")
+            .bind(end.as_str())
+            .bind(now)
+            .bind(run_id.0)
+            .execute(&mut *c)
+            .await?;
+    Ok((done.rows_affected() == 1).then_some((run_id, end)))
+}

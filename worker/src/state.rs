@@ -260,7 +260,7 @@ impl Attempts {
             return None;
         }
         let epoch = link.as_ref().map(|link| link.epoch);
-        entry.started = Some((message.clone(), epoch));
+        entry.started = Some((message, epoch));
         Some((link?, wrap(Body::Started(message))))
     }
 
@@ -442,7 +442,7 @@ impl Attempts {
                 && *sent_on != Some(epoch)
             {
                 *sent_on = Some(epoch);
-                out.push(wrap(Body::Started(started.clone())));
+                out.push(wrap(Body::Started(*started)));
             }
             for batch in entry
                 .logs

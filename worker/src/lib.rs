@@ -1,9 +1,31 @@
 //! The ax worker: holds a stream to a scheduler node and runs dispatched attempts.
+//!
+//! Codemap: `session` is one stream (handshake, dispatch, heartbeats, drain); `runner` is one
+//! attempt's process (spawn, timeout, kill, final report); `logs` reads output into numbered
+//! batches; `state` is what survives a reconnect (running attempts, unacknowledged logs, finished
+//! reports); `backoff` paces reconnects.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+pub mod backoff;
+pub mod logs;
+mod runner;
+mod session;
+mod state;
+
+pub use logs::BatchLimits;
+pub use session::SessionError;
+
+use backoff::Backoff;
+use runner::RunnerSettings;
+use state::Attempts;
 
 /// Everything a worker needs to start.
 #[derive(Debug, Clone)]
@@ -17,6 +39,26 @@ pub struct WorkerOptions {
     pub capacity: u32,
     pub heartbeat_interval: Duration,
     pub task_heartbeat_interval: Duration,
+    /// Between SIGTERM and SIGKILL when the worker kills an attempt's process group.
+    pub kill_grace: Duration,
+    /// How long the handshake (connect, Register → Registered) may take.
+    pub register_timeout: Duration,
+    /// First and largest reconnect delay (exponential, full jitter).
+    pub reconnect_initial: Duration,
+    pub reconnect_max: Duration,
+    /// Longer output lines are split into several lines.
+    pub max_line_bytes: usize,
+    /// Unacknowledged log lines kept in memory across all attempts; beyond it the oldest batches
+    /// are dropped (with a log line). Spilling them to disk instead is future work.
+    pub max_retained_log_bytes: usize,
+    pub log_batch: BatchLimits,
+    /// How long a sent finished report is kept and replayed on every new stream.
+    pub finished_retention: Duration,
+    /// On shutdown, after the last report, how long to wait for log acknowledgements (or for a
+    /// stream to deliver reports on when disconnected).
+    pub drain_flush_timeout: Duration,
+    /// Reported in Register; the machine's host name when `None`.
+    pub hostname: Option<String>,
 }
 
 impl Default for WorkerOptions {
@@ -28,16 +70,135 @@ impl Default for WorkerOptions {
             capacity: 20,
             heartbeat_interval: Duration::from_secs(5),
             task_heartbeat_interval: Duration::from_secs(30),
+            kill_grace: Duration::from_secs(5),
+            register_timeout: Duration::from_secs(10),
+            reconnect_initial: Duration::from_millis(100),
+            reconnect_max: Duration::from_secs(10),
+            max_line_bytes: 64 * 1024,
+            max_retained_log_bytes: 64 * 1024 * 1024,
+            log_batch: BatchLimits::default(),
+            finished_retention: Duration::from_secs(300),
+            drain_flush_timeout: Duration::from_secs(5),
+            hostname: None,
         }
     }
+}
+
+/// Why the worker could not run at all.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("no scheduler endpoint configured")]
+    NoEndpoints,
+    #[error("capacity must be at least 1")]
+    ZeroCapacity,
+}
+
+/// What the connection and the runners share.
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub(crate) options: WorkerOptions,
+    pub(crate) attempts: Arc<Attempts>,
+    pub(crate) runner: Arc<RunnerSettings>,
+    pub(crate) tracker: TaskTracker,
+    pub(crate) started_at_ms: i64,
+    pub(crate) hostname: String,
 }
 
 /// Runs the worker until `shutdown` is cancelled, then stops taking work, lets running attempts
 /// finish and reports them, and returns.
 pub async fn run(options: WorkerOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let _ = shutdown;
-    anyhow::bail!(
-        "worker not built yet ({} endpoints)",
-        options.endpoints.len()
-    )
+    if options.endpoints.is_empty() {
+        return Err(WorkerError::NoEndpoints.into());
+    }
+    if options.capacity == 0 {
+        return Err(WorkerError::ZeroCapacity.into());
+    }
+    let context = Arc::new(Context {
+        attempts: Arc::new(Attempts::new(options.max_retained_log_bytes)),
+        runner: Arc::new(RunnerSettings {
+            kill_grace: options.kill_grace,
+            max_line_bytes: options.max_line_bytes,
+            batch: options.log_batch,
+            task_heartbeat_interval: options.task_heartbeat_interval,
+        }),
+        tracker: TaskTracker::new(),
+        started_at_ms: now_ms(),
+        hostname: options.hostname.clone().unwrap_or_else(hostname),
+        options,
+    });
+    let endpoints = &context.options.endpoints;
+    let mut backoff = Backoff::new(
+        context.options.reconnect_initial,
+        context.options.reconnect_max,
+    );
+    let mut epoch = 0u64;
+    // Set once shutdown was requested and nothing runs any more: reports not yet delivered get
+    // until then to find a stream.
+    let mut give_up_at: Option<Instant> = None;
+    tracing::info!(worker_id = %context.options.worker_id, endpoints = ?endpoints, "worker starting");
+    loop {
+        if shutdown.is_cancelled() {
+            context.attempts.set_draining();
+            if context.attempts.running_count() == 0 {
+                if context.attempts.all_reported() && context.attempts.all_acked() {
+                    break;
+                }
+                let deadline = *give_up_at
+                    .get_or_insert_with(|| Instant::now() + context.options.drain_flush_timeout);
+                if Instant::now() >= deadline {
+                    tracing::warn!("shutting down with reports no scheduler acknowledged");
+                    break;
+                }
+            }
+        }
+        let endpoint = &endpoints[(epoch % endpoints.len() as u64) as usize];
+        epoch += 1;
+        let span = tracing::info_span!("connection", endpoint = %endpoint, epoch);
+        let outcome = session::run_session(&context, endpoint, epoch, &shutdown)
+            .instrument(span.clone())
+            .await;
+        match outcome.result {
+            Ok(()) => break,
+            Err(error) => {
+                span.in_scope(
+                    || tracing::warn!(%error, registered = outcome.registered, "connection ended"),
+                );
+            }
+        }
+        if outcome.registered {
+            backoff.reset();
+        }
+        let delay = backoff.next_delay();
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            // A shutdown while idle must not wait out a long backoff.
+            () = shutdown.cancelled(), if context.attempts.running_count() == 0 && !shutdown.is_cancelled() => {}
+        }
+    }
+    context.tracker.close();
+    context.tracker.wait().await;
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// The machine's host name, or an empty string if it cannot be read.
+pub fn hostname() -> String {
+    let mut buffer = [0u8; 256];
+    // SAFETY: the buffer is valid for its whole length, which is what we pass.
+    let result = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) };
+    if result != 0 {
+        return String::new();
+    }
+    let end = buffer
+        .iter()
+        .position(|&byte| byte == 0)
+        .unwrap_or(buffer.len());
+    String::from_utf8_lossy(&buffer[..end]).into_owned()
 }

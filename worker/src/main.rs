@@ -1,1 +1,167 @@
-fn main() {}
+//! The `ax-worker` binary: parses flags, sets up tracing, and runs the worker until a signal.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use ax_worker::WorkerOptions;
+use clap::Parser;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+/// Runs ax tasks dispatched by a scheduler cluster.
+#[derive(Debug, Parser)]
+#[command(name = "ax-worker", version)]
+struct Args {
+    /// Scheduler endpoint (http://host:port); repeat it or separate with commas.
+    #[arg(
+        long = "scheduler",
+        env = "AX_SCHEDULER",
+        value_delimiter = ',',
+        required = true
+    )]
+    schedulers: Vec<String>,
+    /// Worker id; defaults to <hostname>-<pid>.
+    #[arg(long)]
+    id: Option<String>,
+    /// A label the scheduler can match tasks against, as key=value; repeatable.
+    #[arg(long = "label", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+    /// Attempts run at once.
+    #[arg(long, default_value_t = 20)]
+    capacity: u32,
+    /// Worker heartbeat interval, e.g. 5s or 500ms.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    heartbeat_interval: Duration,
+    /// Per-attempt heartbeat interval.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    task_heartbeat_interval: Duration,
+    /// Time between SIGTERM and SIGKILL when an attempt is killed.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    kill_grace: Duration,
+}
+
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
+        _ => Err(format!("expected key=value, got {text:?}")),
+    }
+}
+
+/// Parses `500ms`, `5s`, `2m`, `1h`, or a plain number of seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("invalid duration {text:?}"))?;
+    let seconds = match unit.trim() {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        other => {
+            return Err(format!(
+                "unknown duration unit {other:?} in {text:?} (use ms, s, m, h)"
+            ));
+        }
+    };
+    Duration::try_from_secs_f64(seconds)
+        .map_err(|error| format!("invalid duration {text:?}: {error}"))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let schedulers: Vec<String> = args
+        .schedulers
+        .into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let worker_id = args
+        .id
+        .unwrap_or_else(|| format!("{}-{}", ax_worker::hostname(), std::process::id()));
+    let options = WorkerOptions {
+        endpoints: schedulers,
+        worker_id,
+        labels: args.labels.into_iter().collect::<BTreeMap<_, _>>(),
+        capacity: args.capacity,
+        heartbeat_interval: args.heartbeat_interval,
+        task_heartbeat_interval: args.task_heartbeat_interval,
+        kill_grace: args.kill_grace,
+        ..WorkerOptions::default()
+    };
+
+    let shutdown = CancellationToken::new();
+    let mut terminate =
+        signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let worker = tokio::spawn(ax_worker::run(options, shutdown.clone()));
+    tokio::pin!(worker);
+    let mut signals = 0;
+    loop {
+        tokio::select! {
+            result = &mut worker => return result.context("the worker task panicked")?,
+            _ = terminate.recv() => signals += 1,
+            _ = interrupt.recv() => signals += 1,
+        }
+        if signals == 1 {
+            tracing::info!("signal received: draining (send another to exit at once)");
+            shutdown.cancel();
+        } else {
+            // Running tasks die with us through their parent-death signal.
+            tracing::warn!("second signal: exiting without waiting for running attempts");
+            std::process::exit(130);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_humanely() {
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("s").is_err());
+    }
+
+    #[test]
+    fn flags_parse_with_comma_lists_and_labels() {
+        let args = Args::try_parse_from([
+            "ax-worker",
+            "--scheduler",
+            "http://a:1,http://b:2",
+            "--scheduler",
+            "http://c:3",
+            "--label",
+            "gpu=true",
+            "--heartbeat-interval",
+            "500ms",
+        ])
+        .expect("valid flags");
+        assert_eq!(args.schedulers, ["http://a:1", "http://b:2", "http://c:3"]);
+        assert_eq!(args.labels, [("gpu".to_string(), "true".to_string())]);
+        assert_eq!(args.heartbeat_interval, Duration::from_millis(500));
+        assert_eq!(args.capacity, 20);
+        assert!(
+            Args::try_parse_from(["ax-worker", "--scheduler", "x", "--label", "novalue"]).is_err()
+        );
+    }
+}

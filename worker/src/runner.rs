@@ -1,0 +1,441 @@
+//! One attempt's process: spawn, log pump, timeout, cancellation, and the final report.
+
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ax_proto::v1::{
+    AttemptFinished, AttemptOutcome, AttemptStarted, Dispatch, LogLine, LogStream, TaskHeartbeat,
+    WorkerMessage, worker_message::Body,
+};
+use tokio::process::Command;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, MissedTickBehavior, sleep_until};
+use tracing::Instrument;
+
+use crate::logs::{BatchLimits, Batcher, pump_lines};
+use crate::now_ms;
+use crate::state::{AttemptKey, Attempts, Control};
+
+/// Lines buffered between the pipe readers and the batcher of one attempt. Small on purpose: when
+/// the stream cannot keep up, a chatty task blocks on its pipe instead of growing our memory.
+const LINE_CHANNEL: usize = 256;
+
+/// How long the output pipes may stay open after the process group is gone (a daemonised
+/// grandchild in another group can hold them forever).
+const PIPE_DRAIN_GRACE: Duration = Duration::from_secs(1);
+
+/// The settings a runner needs.
+#[derive(Debug, Clone)]
+pub struct RunnerSettings {
+    pub kill_grace: Duration,
+    pub max_line_bytes: usize,
+    pub batch: BatchLimits,
+    pub task_heartbeat_interval: Duration,
+}
+
+/// Why the worker is killing an attempt.
+#[derive(Debug, Clone)]
+enum KillReason {
+    Timeout,
+    Cancel(String),
+    Forget,
+}
+
+/// Runs one admitted attempt to its end and records every report in `attempts`.
+pub async fn run_attempt(
+    attempts: Arc<Attempts>,
+    settings: Arc<RunnerSettings>,
+    dispatch: Dispatch,
+    control: mpsc::UnboundedReceiver<Control>,
+) {
+    let span = tracing::info_span!(
+        "attempt",
+        instance = dispatch.instance_id,
+        attempt = dispatch.attempt,
+        task = %dispatch.task,
+    );
+    Runner {
+        attempts,
+        settings,
+        key: key_of(&dispatch),
+        dispatch,
+        control,
+    }
+    .run()
+    .instrument(span)
+    .await;
+}
+
+fn key_of(dispatch: &Dispatch) -> AttemptKey {
+    AttemptKey {
+        instance_id: dispatch.instance_id,
+        attempt: dispatch.attempt,
+    }
+}
+
+struct Runner {
+    attempts: Arc<Attempts>,
+    settings: Arc<RunnerSettings>,
+    key: AttemptKey,
+    dispatch: Dispatch,
+    control: mpsc::UnboundedReceiver<Control>,
+}
+
+impl Runner {
+    async fn run(mut self) {
+        let mut child = match build_command(&self.dispatch).and_then(|mut command| command.spawn())
+        {
+            Ok(child) => child,
+            Err(error) => {
+                tracing::warn!(%error, "attempt could not be started");
+                let report = AttemptFinished {
+                    instance_id: self.key.instance_id,
+                    attempt: self.key.attempt,
+                    outcome: AttemptOutcome::SpawnFailed as i32,
+                    finished_at_ms: now_ms(),
+                    message: format!("spawn failed: {error}"),
+                    ..AttemptFinished::default()
+                };
+                self.send_finished(report).await;
+                return;
+            }
+        };
+        let start = Instant::now();
+        let pid = child.id().unwrap_or(0);
+        // The child leads its own process group, so its pid is the group id.
+        let pgid = i32::try_from(pid).unwrap_or(0);
+        tracing::info!(pid, "attempt started");
+        let started = AttemptStarted {
+            instance_id: self.key.instance_id,
+            attempt: self.key.attempt,
+            pid,
+            started_at_ms: now_ms(),
+        };
+        if let Some((link, message)) = self.attempts.started(self.key, started) {
+            link.send(message).await;
+        }
+
+        let (line_tx, mut lines) = mpsc::channel::<LogLine>(LINE_CHANNEL);
+        let mut readers = Vec::new();
+        if let Some(stdout) = child.stdout.take() {
+            let tx = line_tx.clone();
+            let max = self.settings.max_line_bytes;
+            readers.push(tokio::spawn(
+                async move { pump_lines(stdout, LogStream::Stdout, max, tx).await }
+                    .in_current_span(),
+            ));
+        }
+        if let Some(stderr) = child.stderr.take() {
+            let tx = line_tx.clone();
+            let max = self.settings.max_line_bytes;
+            readers.push(tokio::spawn(
+                async move { pump_lines(stderr, LogStream::Stderr, max, tx).await }
+                    .in_current_span(),
+            ));
+        }
+        drop(line_tx);
+
+        let timeout = (self.dispatch.timeout_ms > 0)
+            .then(|| start + Duration::from_millis(self.dispatch.timeout_ms));
+        let heartbeat_every = self
+            .settings
+            .task_heartbeat_interval
+            .max(Duration::from_millis(10));
+        let mut heartbeat = tokio::time::interval_at(start + heartbeat_every, heartbeat_every);
+        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+
+        let mut batcher = Batcher::new(self.settings.batch);
+        let mut kill: Option<KillReason> = None;
+        let mut sigkill_at: Option<Instant> = None;
+        let mut exit: Option<io::Result<ExitStatus>> = None;
+        let mut drain_until: Option<Instant> = None;
+        let mut readers_done = false;
+        let mut control_open = true;
+
+        loop {
+            if exit.is_some() && (readers_done || drain_until.is_some_and(|t| Instant::now() >= t))
+            {
+                break;
+            }
+            tokio::select! {
+                request = self.control.recv(), if control_open => match request {
+                    Some(Control::Cancel { reason }) => {
+                        tracing::info!(%reason, "cancelling attempt");
+                        self.start_kill(&mut kill, &mut sigkill_at, pgid, KillReason::Cancel(reason), exit.is_some());
+                    }
+                    Some(Control::Kill) => {
+                        tracing::info!("killing attempt the scheduler no longer considers current");
+                        self.start_kill(&mut kill, &mut sigkill_at, pgid, KillReason::Forget, exit.is_some());
+                    }
+                    None => control_open = false,
+                },
+                () = sleep_until(timeout.unwrap_or(start)), if timeout.is_some() && kill.is_none() && exit.is_none() => {
+                    tracing::info!(timeout_ms = self.dispatch.timeout_ms, "attempt timed out");
+                    self.start_kill(&mut kill, &mut sigkill_at, pgid, KillReason::Timeout, false);
+                }
+                () = sleep_until(sigkill_at.unwrap_or(start)), if sigkill_at.is_some() => {
+                    sigkill_at = None;
+                    if signal_group(pgid, 0) {
+                        tracing::info!("process group outlived the grace period; sending SIGKILL");
+                        signal_group(pgid, libc::SIGKILL);
+                    }
+                }
+                status = child.wait(), if exit.is_none() => {
+                    self.after_exit(&status, pgid, &mut sigkill_at);
+                    exit = Some(status);
+                    drain_until = Some(Instant::now() + self.settings.kill_grace + PIPE_DRAIN_GRACE);
+                }
+                line = lines.recv(), if !readers_done => match line {
+                    Some(line) => if batcher.push(line) {
+                        self.flush(&mut batcher).await;
+                    },
+                    None => readers_done = true,
+                },
+                () = sleep_until(batcher.deadline().unwrap_or(start)), if batcher.deadline().is_some() => {
+                    self.flush(&mut batcher).await;
+                }
+                _ = heartbeat.tick() => self.task_heartbeat().await,
+                () = sleep_until(drain_until.unwrap_or(start)), if drain_until.is_some() && !readers_done => {
+                    tracing::warn!("output pipes still open after the process group ended; closing them");
+                }
+            }
+        }
+        for reader in &readers {
+            reader.abort();
+        }
+        // Lines already queued by the readers still belong to the attempt.
+        while let Ok(line) = lines.try_recv() {
+            if batcher.push(line) {
+                self.flush(&mut batcher).await;
+            }
+        }
+        self.flush(&mut batcher).await;
+        if matches!(kill, Some(KillReason::Forget)) {
+            // Finished removes the forgotten entry and sends nothing.
+            self.attempts.finished(self.key, AttemptFinished::default());
+            return;
+        }
+        let report = self.report(exit, kill, batcher.lines_taken());
+        tracing::info!(
+            outcome = ?AttemptOutcome::try_from(report.outcome).unwrap_or_default(),
+            exit_code = ?report.exit_code,
+            signal = ?report.signal,
+            log_lines = report.log_lines,
+            "attempt finished"
+        );
+        self.send_finished(report).await;
+    }
+
+    fn start_kill(
+        &self,
+        kill: &mut Option<KillReason>,
+        sigkill_at: &mut Option<Instant>,
+        pgid: i32,
+        reason: KillReason,
+        exited: bool,
+    ) {
+        match (&kill, &reason) {
+            // A refused attempt must not be reported, whatever happened before.
+            (_, KillReason::Forget) => *kill = Some(reason),
+            (None, _) if !exited => *kill = Some(reason),
+            _ => {}
+        }
+        if sigkill_at.is_none() && signal_group(pgid, libc::SIGTERM) {
+            *sigkill_at = Some(Instant::now() + self.settings.kill_grace);
+        }
+    }
+
+    /// The attempt owns its process group: when its main process ends, whatever it left behind
+    /// in the group is ended too (SIGTERM, then SIGKILL after the grace), so nothing outlives an
+    /// attempt and holds its output pipes open.
+    fn after_exit(
+        &self,
+        status: &io::Result<ExitStatus>,
+        pgid: i32,
+        sigkill_at: &mut Option<Instant>,
+    ) {
+        if let Err(error) = status {
+            tracing::warn!(%error, "waiting for the attempt's process failed");
+        }
+        if signal_group(pgid, 0) {
+            tracing::info!("attempt left processes behind in its group; terminating them");
+            if signal_group(pgid, libc::SIGTERM) && sigkill_at.is_none() {
+                *sigkill_at = Some(Instant::now() + self.settings.kill_grace);
+            }
+        }
+    }
+
+    fn report(
+        &self,
+        exit: Option<io::Result<ExitStatus>>,
+        kill: Option<KillReason>,
+        log_lines: u64,
+    ) -> AttemptFinished {
+        let mut report = AttemptFinished {
+            instance_id: self.key.instance_id,
+            attempt: self.key.attempt,
+            finished_at_ms: now_ms(),
+            log_lines,
+            ..AttemptFinished::default()
+        };
+        let status = match exit {
+            Some(Ok(status)) => status,
+            Some(Err(error)) => {
+                report.outcome = AttemptOutcome::Failed as i32;
+                report.message = format!("waiting for the process failed: {error}");
+                return report;
+            }
+            None => {
+                report.outcome = AttemptOutcome::Failed as i32;
+                report.message = "the process was not observed to exit".into();
+                return report;
+            }
+        };
+        report.exit_code = status.code();
+        report.signal = status.signal();
+        let (outcome, message) = match kill {
+            Some(KillReason::Timeout) => (
+                AttemptOutcome::Timeout,
+                format!(
+                    "killed after the timeout of {} ms",
+                    self.dispatch.timeout_ms
+                ),
+            ),
+            Some(KillReason::Cancel(reason)) => (AttemptOutcome::Cancelled, reason),
+            Some(KillReason::Forget) | None => match (status.code(), status.signal()) {
+                (Some(0), _) => (AttemptOutcome::Success, String::new()),
+                (Some(code), _) => (AttemptOutcome::Failed, format!("exited with code {code}")),
+                (None, Some(signal)) => {
+                    (AttemptOutcome::Failed, format!("killed by signal {signal}"))
+                }
+                (None, None) => (
+                    AttemptOutcome::Failed,
+                    "ended without exit code or signal".into(),
+                ),
+            },
+        };
+        report.outcome = outcome as i32;
+        report.message = message;
+        report
+    }
+
+    async fn flush(&self, batcher: &mut Batcher) {
+        if let Some(batch) = batcher.take(self.key.instance_id, self.key.attempt, now_ms())
+            && let Some((link, message)) = self.attempts.logs(self.key, batch)
+        {
+            // A failed send is fine: the batch is retained and replayed on the next stream.
+            link.send(message).await;
+        }
+    }
+
+    async fn send_finished(&self, report: AttemptFinished) {
+        if let Some((link, message)) = self.attempts.finished(self.key, report) {
+            link.send(message).await;
+        }
+    }
+
+    async fn task_heartbeat(&self) {
+        // Heartbeats are not replayed: a stale one says nothing.
+        if let Some(link) = self.attempts.link() {
+            let heartbeat = TaskHeartbeat {
+                instance_id: self.key.instance_id,
+                attempt: self.key.attempt,
+                sent_at_ms: now_ms(),
+            };
+            link.send(WorkerMessage {
+                body: Some(Body::TaskHeartbeat(heartbeat)),
+            })
+            .await;
+        }
+    }
+}
+
+/// Sends `signal` to the whole process group `pgid` (0 only probes). Returns whether the group
+/// still has members. Signalling the group, not the pid, is what takes grandchildren such as
+/// `sh -c 'sleep 100 & wait'` down with the attempt.
+fn signal_group(pgid: i32, signal: i32) -> bool {
+    if pgid <= 1 {
+        return false;
+    }
+    // SAFETY: kill(2) has no memory-safety preconditions; a negative pid addresses a group.
+    unsafe { libc::kill(-pgid, signal) == 0 }
+}
+
+/// Builds the command of a dispatch: `/bin/sh -c command`, or `argv` when it is given.
+fn build_command(dispatch: &Dispatch) -> io::Result<Command> {
+    let mut command = match dispatch.argv.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args);
+            command
+        }
+        None => {
+            let mut command = Command::new("/bin/sh");
+            command.arg("-c").arg(&dispatch.command);
+            command
+        }
+    };
+    command
+        .envs(&dispatch.env)
+        .env("AX_INSTANCE_ID", dispatch.instance_id.to_string())
+        .env("AX_ATTEMPT", dispatch.attempt.to_string())
+        .env("AX_RUN_ID", dispatch.run_id.to_string())
+        .env("AX_WORKFLOW", &dispatch.workflow)
+        .env("AX_TASK", &dispatch.task)
+        .env("AX_LOGICAL_TIME", rfc3339(dispatch.logical_time_ms))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(false)
+        // Its own process group, so that a kill reaches everything the task started and a
+        // Ctrl-C at the worker's terminal does not reach the task directly.
+        .process_group(0);
+    if !dispatch.working_dir.is_empty() {
+        command.current_dir(&dispatch.working_dir);
+    }
+    // SAFETY: getpid is async-signal-safe; it is called before the fork.
+    let worker_pid = unsafe { libc::getpid() };
+    // SAFETY: the closure runs between fork and exec and only calls the async-signal-safe
+    // prctl(2) and getppid(2); it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            // The kernel sends SIGKILL to the child when the worker dies, even by `kill -9`, so a
+            // crashed worker does not leave tasks running that no scheduler can see or fence.
+            // Note: the signal follows the *thread* that forked; tokio's runtime threads live as
+            // long as the worker, so that is the worker's lifetime. It reaches the direct child
+            // only; grandchildren in the group outlive a killed worker.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The worker may have died before prctl took effect.
+            if libc::getppid() != worker_pid {
+                return Err(io::Error::other(
+                    "the worker exited while the task was starting",
+                ));
+            }
+            Ok(())
+        });
+    }
+    Ok(command)
+}
+
+/// The logical time as RFC 3339 in UTC, e.g. `2024-05-01T02:00:00Z`.
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|time| time.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logical_time_is_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_714_528_800_500), "2024-05-01T02:00:00.500Z");
+    }
+}

@@ -1,0 +1,381 @@
+//! One stream to one scheduler node: handshake, replay, dispatches, heartbeats and draining.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ax_proto::v1::{
+    Dispatch, DispatchAccepted, DispatchRejected, ProtocolVersion, Register, Registered,
+    SchedulerMessage, WorkerHeartbeat, WorkerMessage, scheduler_message, worker_message::Body,
+    worker_service_client::WorkerServiceClient,
+};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, MissedTickBehavior, timeout};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Endpoint;
+
+use crate::runner::run_attempt;
+use crate::state::{Admission, AttemptKey, Link};
+use crate::{Context, now_ms};
+
+/// Messages queued towards the scheduler. Every sender (connection, runners, log pumps) shares
+/// this one bounded channel, so a slow scheduler back-pressures the log pumps.
+const OUTBOUND_CAPACITY: usize = 256;
+
+/// How often a draining connection checks whether everything has been reported.
+const DRAIN_POLL: Duration = Duration::from_millis(50);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("invalid scheduler endpoint {endpoint}: {source}")]
+    Endpoint {
+        endpoint: String,
+        source: tonic::transport::Error,
+    },
+    #[error("connecting failed: {0}")]
+    Connect(tonic::transport::Error),
+    #[error("stream failed: {0}")]
+    Status(#[from] tonic::Status),
+    #[error("no Registered within {0:?}")]
+    HandshakeTimeout(Duration),
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("the scheduler closed the stream")]
+    Closed,
+    #[error("the outgoing stream closed")]
+    OutgoingClosed,
+}
+
+/// How a connection ended.
+#[derive(Debug)]
+pub struct SessionOutcome {
+    /// Whether the scheduler answered Register: the connection was healthy at some point.
+    pub registered: bool,
+    /// `Ok` when the worker drained and reported everything after shutdown.
+    pub result: Result<(), SessionError>,
+}
+
+/// Runs one connection until it breaks or, after `shutdown`, until the worker has drained.
+pub async fn run_session(
+    context: &Arc<Context>,
+    endpoint: &str,
+    epoch: u64,
+    shutdown: &CancellationToken,
+) -> SessionOutcome {
+    let closed = CancellationToken::new();
+    let mut session = Session {
+        context: Arc::clone(context),
+        epoch,
+        closed: closed.clone(),
+        registered: false,
+    };
+    let result = session.run(endpoint, shutdown).await;
+    // Runners blocked on this stream's full channel give up; what they held is replayed later.
+    context.attempts.detach(epoch);
+    closed.cancel();
+    SessionOutcome {
+        registered: session.registered,
+        result,
+    }
+}
+
+struct Session {
+    context: Arc<Context>,
+    epoch: u64,
+    closed: CancellationToken,
+    registered: bool,
+}
+
+impl Session {
+    async fn run(
+        &mut self,
+        endpoint: &str,
+        shutdown: &CancellationToken,
+    ) -> Result<(), SessionError> {
+        let context = Arc::clone(&self.context);
+        let options = &context.options;
+        let channel = Endpoint::from_shared(endpoint.to_string())
+            .map_err(|source| SessionError::Endpoint {
+                endpoint: endpoint.to_string(),
+                source,
+            })?
+            .connect_timeout(options.register_timeout)
+            .connect()
+            .await
+            .map_err(SessionError::Connect)?;
+        let mut client = WorkerServiceClient::new(channel);
+        let (tx, rx) = mpsc::channel(OUTBOUND_CAPACITY);
+        let link = Link {
+            epoch: self.epoch,
+            tx,
+            closed: self.closed.clone(),
+        };
+
+        // Register is queued before the stream opens, so it is the first frame.
+        let register = Register {
+            protocol: ProtocolVersion::ProtocolVersion1 as i32,
+            worker_id: options.worker_id.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            labels: options.labels.clone().into_iter().collect(),
+            capacity: options.capacity,
+            started_at_ms: self.context.started_at_ms,
+            hostname: self.context.hostname.clone(),
+            running: self.context.attempts.running(),
+        };
+        let running = register.running.len();
+        if !link.send(wrap(Body::Register(register))).await {
+            return Err(SessionError::OutgoingClosed);
+        }
+        let deadline = options.register_timeout;
+        let response = timeout(deadline, client.connect(ReceiverStream::new(rx)))
+            .await
+            .map_err(|_| SessionError::HandshakeTimeout(deadline))??;
+        let mut inbound = response.into_inner();
+        let first = timeout(deadline, inbound.next())
+            .await
+            .map_err(|_| SessionError::HandshakeTimeout(deadline))?;
+        let registered = match first {
+            Some(Ok(SchedulerMessage {
+                body: Some(scheduler_message::Body::Registered(registered)),
+            })) => registered,
+            Some(Ok(other)) => {
+                return Err(SessionError::Protocol(format!(
+                    "expected Registered first, got {other:?}"
+                )));
+            }
+            Some(Err(status)) => return Err(status.into()),
+            None => return Err(SessionError::Closed),
+        };
+        self.on_registered(&registered, running)?;
+
+        // Replay what earlier streams may have lost, then let runners send directly.
+        loop {
+            let replay = self.context.attempts.replay_or_install(&link);
+            if replay.is_empty() {
+                break;
+            }
+            tracing::info!(
+                messages = replay.len(),
+                "replaying reports not acknowledged on an earlier stream"
+            );
+            for message in replay {
+                if !link.send(message).await {
+                    return Err(SessionError::OutgoingClosed);
+                }
+            }
+        }
+
+        let mut heartbeat =
+            tokio::time::interval(options.heartbeat_interval.max(Duration::from_millis(10)));
+        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut drain_poll = tokio::time::interval(DRAIN_POLL);
+        let mut draining = false;
+        let mut flush_deadline: Option<Instant> = None;
+        loop {
+            if shutdown.is_cancelled() && !draining {
+                draining = true;
+                self.context.attempts.set_draining();
+                tracing::info!(
+                    running = self.context.attempts.running_count(),
+                    "draining: no new attempts"
+                );
+                self.heartbeat(&link).await?;
+            }
+            if draining && self.context.attempts.all_reported() {
+                let deadline = *flush_deadline
+                    .get_or_insert_with(|| Instant::now() + options.drain_flush_timeout);
+                if self.context.attempts.all_acked() {
+                    tracing::info!("drained: every attempt finished and was reported");
+                    return Ok(());
+                }
+                if Instant::now() >= deadline {
+                    tracing::warn!("drained, but some log lines were not acknowledged in time");
+                    return Ok(());
+                }
+            }
+            tokio::select! {
+                message = inbound.next() => match message {
+                    Some(Ok(message)) => self.handle(message, &link).await?,
+                    Some(Err(status)) => return Err(status.into()),
+                    None => return Err(SessionError::Closed),
+                },
+                _ = heartbeat.tick() => {
+                    self.context.attempts.prune(options.finished_retention);
+                    self.heartbeat(&link).await?;
+                }
+                _ = drain_poll.tick(), if draining => {}
+                () = shutdown.cancelled(), if !draining => {}
+            }
+        }
+    }
+
+    fn on_registered(
+        &mut self,
+        registered: &Registered,
+        running: usize,
+    ) -> Result<(), SessionError> {
+        if registered.protocol != ProtocolVersion::ProtocolVersion1 as i32 {
+            return Err(SessionError::Protocol(format!(
+                "scheduler answered with protocol version {}, this worker speaks 1",
+                registered.protocol
+            )));
+        }
+        self.registered = true;
+        tracing::info!(scheduler_node = %registered.scheduler_node, running, "registered");
+        let options = &self.context.options;
+        let expected = [
+            (
+                "heartbeat_interval",
+                registered.heartbeat_interval_ms,
+                options.heartbeat_interval,
+            ),
+            (
+                "task_heartbeat_interval",
+                registered.task_heartbeat_interval_ms,
+                options.task_heartbeat_interval,
+            ),
+        ];
+        for (name, scheduler_ms, ours) in expected {
+            if scheduler_ms != 0 && u128::from(scheduler_ms) != ours.as_millis() {
+                tracing::warn!(
+                    interval = name,
+                    scheduler_ms,
+                    worker_ms = ours.as_millis() as u64,
+                    "the scheduler expects a different interval; keeping the worker's configuration"
+                );
+            }
+        }
+        for stale in &registered.stale {
+            let key = AttemptKey::from(stale);
+            tracing::warn!(
+                instance = key.instance_id,
+                attempt = key.attempt,
+                "scheduler does not know this attempt; killing it"
+            );
+            self.context.attempts.forget(key, true);
+        }
+        Ok(())
+    }
+
+    async fn handle(&mut self, message: SchedulerMessage, link: &Link) -> Result<(), SessionError> {
+        let attempts = &self.context.attempts;
+        match message.body {
+            Some(scheduler_message::Body::Dispatch(dispatch)) => {
+                self.dispatch(dispatch, link).await?
+            }
+            Some(scheduler_message::Body::Cancel(cancel)) => {
+                let key = AttemptKey {
+                    instance_id: cancel.instance_id,
+                    attempt: cancel.attempt,
+                };
+                if !attempts.cancel(key, cancel.reason) {
+                    tracing::info!(
+                        instance = key.instance_id,
+                        attempt = key.attempt,
+                        "cancel for an attempt not running here"
+                    );
+                }
+            }
+            Some(scheduler_message::Body::Refused(refused)) => {
+                let key = AttemptKey {
+                    instance_id: refused.instance_id,
+                    attempt: refused.attempt,
+                };
+                tracing::warn!(
+                    instance = key.instance_id,
+                    attempt = key.attempt,
+                    reason = %refused.reason,
+                    kill = refused.kill,
+                    "scheduler refused a report"
+                );
+                attempts.forget(key, refused.kill);
+            }
+            Some(scheduler_message::Body::LogAck(ack)) => {
+                attempts.ack(
+                    AttemptKey {
+                        instance_id: ack.instance_id,
+                        attempt: ack.attempt,
+                    },
+                    ack.seq,
+                );
+            }
+            Some(scheduler_message::Body::Registered(_)) => {
+                tracing::warn!("ignoring a second Registered on one stream");
+            }
+            None => tracing::warn!("ignoring an empty message from the scheduler"),
+        }
+        Ok(())
+    }
+
+    async fn dispatch(&mut self, dispatch: Dispatch, link: &Link) -> Result<(), SessionError> {
+        let key = AttemptKey {
+            instance_id: dispatch.instance_id,
+            attempt: dispatch.attempt,
+        };
+        let context = &self.context;
+        let reply = match context.attempts.admit(key, context.options.capacity) {
+            Admission::Accepted(control) => {
+                let accepted = DispatchAccepted {
+                    instance_id: key.instance_id,
+                    attempt: key.attempt,
+                };
+                if !link.send(wrap(Body::Accepted(accepted))).await {
+                    context.attempts.unadmit(key);
+                    return Err(SessionError::OutgoingClosed);
+                }
+                tracing::info!(instance = key.instance_id, attempt = key.attempt, task = %dispatch.task, "dispatch accepted");
+                context.tracker.spawn(run_attempt(
+                    Arc::clone(&context.attempts),
+                    Arc::clone(&context.runner),
+                    dispatch,
+                    control,
+                ));
+                return Ok(());
+            }
+            Admission::Duplicate => DispatchRejected {
+                instance_id: key.instance_id,
+                attempt: key.attempt,
+                reason: "this attempt already runs or ran on this worker".into(),
+                duplicate: true,
+            },
+            Admission::Rejected(reason) => DispatchRejected {
+                instance_id: key.instance_id,
+                attempt: key.attempt,
+                reason,
+                duplicate: false,
+            },
+        };
+        tracing::info!(
+            instance = key.instance_id,
+            attempt = key.attempt,
+            reason = %reply.reason,
+            duplicate = reply.duplicate,
+            "dispatch rejected"
+        );
+        if link.send(wrap(Body::Rejected(reply))).await {
+            Ok(())
+        } else {
+            Err(SessionError::OutgoingClosed)
+        }
+    }
+
+    async fn heartbeat(&self, link: &Link) -> Result<(), SessionError> {
+        let attempts = &self.context.attempts;
+        let heartbeat = WorkerHeartbeat {
+            sent_at_ms: now_ms(),
+            running: u32::try_from(attempts.running_count()).unwrap_or(u32::MAX),
+            capacity: self.context.options.capacity,
+            draining: attempts.draining(),
+        };
+        if link.send(wrap(Body::Heartbeat(heartbeat))).await {
+            Ok(())
+        } else {
+            Err(SessionError::OutgoingClosed)
+        }
+    }
+}
+
+fn wrap(body: Body) -> WorkerMessage {
+    WorkerMessage { body: Some(body) }
+}

@@ -1,0 +1,851 @@
+//! End-to-end tests of the worker against a fake scheduler: a real tonic server on 127.0.0.1 that
+//! accepts Register, sends what a test tells it to, and records everything the worker reports.
+//! Timeouts here only guard against hangs; nothing asserts on timing.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ax_proto::v1::worker_service_server::{WorkerService, WorkerServiceServer};
+use ax_proto::v1::{
+    AttemptFinished, AttemptOutcome, AttemptRef, CancelAttempt, Dispatch, LogAck, LogStream,
+    ProtocolVersion, Register, Registered, ReportRefused, SchedulerMessage, WorkerHeartbeat,
+    WorkerMessage, scheduler_message, worker_message::Body,
+};
+use ax_worker::WorkerOptions;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+const HANG_GUARD: Duration = Duration::from_secs(20);
+
+type Outbound = mpsc::Sender<Result<SchedulerMessage, Status>>;
+
+#[derive(Default)]
+struct FakeState {
+    received: Mutex<Vec<WorkerMessage>>,
+    connection: Mutex<Option<Outbound>>,
+    auto_ack: AtomicBool,
+    stale: Mutex<Vec<AttemptRef>>,
+}
+
+#[derive(Clone)]
+struct FakeService(Arc<FakeState>);
+
+#[tonic::async_trait]
+impl WorkerService for FakeService {
+    type ConnectStream = ReceiverStream<Result<SchedulerMessage, Status>>;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<WorkerMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(1024);
+        let state = Arc::clone(&self.0);
+        tokio::spawn(async move {
+            let Ok(Some(first)) = inbound.message().await else {
+                return;
+            };
+            assert!(
+                matches!(first.body, Some(Body::Register(_))),
+                "first frame must be Register"
+            );
+            state.received.lock().unwrap().push(first);
+            let stale = state.stale.lock().unwrap().clone();
+            let registered = Registered {
+                protocol: ProtocolVersion::ProtocolVersion1 as i32,
+                scheduler_node: "fake".into(),
+                heartbeat_interval_ms: 200,
+                task_heartbeat_interval_ms: 200,
+                stale,
+            };
+            if tx
+                .send(Ok(message(scheduler_message::Body::Registered(registered))))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            *state.connection.lock().unwrap() = Some(tx.clone());
+            while let Ok(Some(received)) = inbound.message().await {
+                if let Some(Body::Logs(batch)) = &received.body
+                    && state.auto_ack.load(Ordering::SeqCst)
+                {
+                    let ack = LogAck {
+                        instance_id: batch.instance_id,
+                        attempt: batch.attempt,
+                        seq: batch.first_seq + batch.lines.len() as u64 - 1,
+                    };
+                    let _ = tx
+                        .send(Ok(message(scheduler_message::Body::LogAck(ack))))
+                        .await;
+                }
+                state.received.lock().unwrap().push(received);
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+fn message(body: scheduler_message::Body) -> SchedulerMessage {
+    SchedulerMessage { body: Some(body) }
+}
+
+struct FakeScheduler {
+    url: String,
+    state: Arc<FakeState>,
+    server: JoinHandle<()>,
+}
+
+impl FakeScheduler {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let state = Arc::new(FakeState::default());
+        state.auto_ack.store(true, Ordering::SeqCst);
+        let service = WorkerServiceServer::new(FakeService(Arc::clone(&state)));
+        let server = tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(TcpListenerStream::new(listener))
+                .await
+                .unwrap();
+        });
+        FakeScheduler { url, state, server }
+    }
+
+    fn received(&self) -> Vec<WorkerMessage> {
+        self.state.received.lock().unwrap().clone()
+    }
+
+    /// Polls the recorded messages until `probe` finds what it looks for.
+    async fn wait_for<T>(&self, what: &str, probe: impl Fn(&[WorkerMessage]) -> Option<T>) -> T {
+        let deadline = tokio::time::Instant::now() + HANG_GUARD;
+        loop {
+            if let Some(found) = probe(&self.received()) {
+                return found;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}; got {:#?}",
+                self.received()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn send(&self, body: scheduler_message::Body) {
+        let deadline = tokio::time::Instant::now() + HANG_GUARD;
+        let tx = loop {
+            if let Some(tx) = self.state.connection.lock().unwrap().clone() {
+                break tx;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no worker connected"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        tx.send(Ok(message(body)))
+            .await
+            .expect("worker stream open");
+    }
+
+    async fn dispatch(&self, dispatch: Dispatch) {
+        self.send(scheduler_message::Body::Dispatch(dispatch)).await;
+    }
+
+    /// Ends the current stream with an error status, as a dying scheduler node would.
+    async fn drop_connection(&self) {
+        let tx = self
+            .state
+            .connection
+            .lock()
+            .unwrap()
+            .take()
+            .expect("a connection");
+        let _ = tx
+            .send(Err(Status::unavailable("scheduler node going away")))
+            .await;
+    }
+
+    async fn finished(&self, instance_id: i64, attempt: u32) -> AttemptFinished {
+        self.wait_for("AttemptFinished", |messages| {
+            messages.iter().find_map(|m| match &m.body {
+                Some(Body::Finished(f)) if f.instance_id == instance_id && f.attempt == attempt => {
+                    Some(f.clone())
+                }
+                _ => None,
+            })
+        })
+        .await
+    }
+
+    async fn started_pid(&self, instance_id: i64) -> u32 {
+        self.wait_for("AttemptStarted", |messages| {
+            messages.iter().find_map(|m| match &m.body {
+                Some(Body::Started(s)) if s.instance_id == instance_id => Some(s.pid),
+                _ => None,
+            })
+        })
+        .await
+    }
+
+    /// Log lines of one attempt as (seq, stream, text), ordered by seq, duplicates removed.
+    fn lines(&self, instance_id: i64) -> Vec<(u64, LogStream, String)> {
+        let mut lines = BTreeMap::new();
+        for m in self.received() {
+            if let Some(Body::Logs(batch)) = m.body
+                && batch.instance_id == instance_id
+            {
+                for (offset, line) in batch.lines.into_iter().enumerate() {
+                    let stream = LogStream::try_from(line.stream).unwrap();
+                    lines.insert(batch.first_seq + offset as u64, (stream, line.text));
+                }
+            }
+        }
+        lines
+            .into_iter()
+            .map(|(seq, (stream, text))| (seq, stream, text))
+            .collect()
+    }
+
+    fn rejections(&self, instance_id: i64) -> Vec<(String, bool)> {
+        self.received()
+            .into_iter()
+            .filter_map(|m| match m.body {
+                Some(Body::Rejected(r)) if r.instance_id == instance_id => {
+                    Some((r.reason, r.duplicate))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn heartbeats(&self) -> Vec<WorkerHeartbeat> {
+        self.received()
+            .into_iter()
+            .filter_map(|m| match m.body {
+                Some(Body::Heartbeat(h)) => Some(h),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn registers(&self) -> Vec<Register> {
+        self.received()
+            .into_iter()
+            .filter_map(|m| match m.body {
+                Some(Body::Register(r)) => Some(r),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl Drop for FakeScheduler {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+struct Worker {
+    handle: JoinHandle<anyhow::Result<()>>,
+    shutdown: CancellationToken,
+}
+
+impl Worker {
+    fn start(endpoints: &[&FakeScheduler], tweak: impl FnOnce(&mut WorkerOptions)) -> Self {
+        let mut options = WorkerOptions {
+            endpoints: endpoints.iter().map(|fake| fake.url.clone()).collect(),
+            worker_id: "test-worker".into(),
+            capacity: 4,
+            heartbeat_interval: Duration::from_millis(200),
+            task_heartbeat_interval: Duration::from_millis(200),
+            kill_grace: Duration::from_secs(1),
+            reconnect_initial: Duration::from_millis(20),
+            reconnect_max: Duration::from_millis(200),
+            ..WorkerOptions::default()
+        };
+        options.labels.insert("pool".into(), "test".into());
+        tweak(&mut options);
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(ax_worker::run(options, shutdown.clone()));
+        Worker { handle, shutdown }
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(HANG_GUARD, self.handle)
+            .await
+            .expect("worker stops")
+            .expect("worker task")
+            .expect("worker result");
+    }
+}
+
+fn dispatch(instance_id: i64, command: impl Into<String>) -> Dispatch {
+    Dispatch {
+        instance_id,
+        attempt: 1,
+        run_id: 42,
+        workflow: "wf".into(),
+        task: format!("task{instance_id}"),
+        command: command.into(),
+        logical_time_ms: 1_714_528_800_000,
+        ..Dispatch::default()
+    }
+}
+
+fn outcome(finished: &AttemptFinished) -> AttemptOutcome {
+    AttemptOutcome::try_from(finished.outcome).unwrap()
+}
+
+/// True while `pid` is a live process (a zombie waiting for its reaper counts as gone).
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only probes.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+async fn wait_for_file(path: &Path) -> String {
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && text.ends_with('\n')
+        {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn stdout_and_stderr_lines_arrive_numbered_with_their_streams() {
+    let fake = FakeScheduler::start().await;
+    let worker = Worker::start(&[&fake], |_| {});
+    let mut task = dispatch(
+        1,
+        "echo out1; echo err1 >&2; echo \"$AX_INSTANCE_ID $AX_ATTEMPT $AX_RUN_ID $AX_WORKFLOW $AX_TASK \
+         $AX_LOGICAL_TIME $AX_PARAM_CITY\"; echo err2 >&2",
+    );
+    task.env.insert("AX_PARAM_CITY".into(), "Lyon".into());
+    fake.dispatch(task).await;
+    let finished = fake.finished(1, 1).await;
+    assert_eq!(outcome(&finished), AttemptOutcome::Success);
+    assert_eq!(finished.exit_code, Some(0));
+    assert_eq!(finished.log_lines, 4);
+
+    let lines = fake.lines(1);
+    assert_eq!(
+        lines.iter().map(|(seq, ..)| *seq).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    let of = |stream| {
+        lines
+            .iter()
+            .filter(|(_, s, _)| *s == stream)
+            .map(|(_, _, t)| t.as_str())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        of(LogStream::Stdout),
+        ["out1", "1 1 42 wf task1 2024-05-01T02:00:00Z Lyon"]
+    );
+    assert_eq!(of(LogStream::Stderr), ["err1", "err2"]);
+
+    // Accepted, then Started, then every log batch, then Finished.
+    let order: Vec<&str> = fake
+        .received()
+        .iter()
+        .filter_map(|m| match &m.body {
+            Some(Body::Accepted(_)) => Some("accepted"),
+            Some(Body::Started(_)) => Some("started"),
+            Some(Body::Logs(_)) => Some("logs"),
+            Some(Body::Finished(_)) => Some("finished"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(order.first(), Some(&"accepted"));
+    assert_eq!(order.get(1), Some(&"started"));
+    assert_eq!(order.last(), Some(&"finished"));
+
+    let register = &fake.registers()[0];
+    assert_eq!(register.protocol, ProtocolVersion::ProtocolVersion1 as i32);
+    assert_eq!(register.worker_id, "test-worker");
+    assert_eq!(register.capacity, 4);
+    assert_eq!(
+        register.labels.get("pool").map(String::as_str),
+        Some("test")
+    );
+    assert!(register.running.is_empty());
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn non_zero_exit_is_failed_with_its_code() {
+    let fake = FakeScheduler::start().await;
+    let worker = Worker::start(&[&fake], |_| {});
+    fake.dispatch(dispatch(2, "exit 3")).await;
+    let finished = fake.finished(2, 1).await;
+    assert_eq!(outcome(&finished), AttemptOutcome::Failed);
+    assert_eq!(finished.exit_code, Some(3));
+    assert_eq!(finished.signal, None);
+    assert_eq!(finished.log_lines, 0);
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn argv_runs_without_a_shell_and_a_bad_working_dir_is_a_spawn_failure() {
+    let fake = FakeScheduler::start().await;
+    let worker = Worker::start(&[&fake], |_| {});
+    let mut task = dispatch(3, "");
+    task.argv = vec!["/bin/echo".into(), "a b".into(), "$HOME".into()];
+    fake.dispatch(task).await;
+    assert_eq!(outcome(&fake.finished(3, 1).await), AttemptOutcome::Success);
+    assert_eq!(
+        fake.lines(3),
+        [(1, LogStream::Stdout, "a b $HOME".to_string())]
+    );
+
+    let mut task = dispatch(4, "true");
+    task.working_dir = "/nonexistent/ax-worker-test".into();
+    fake.dispatch(task).await;
+    let finished = fake.finished(4, 1).await;
+    assert_eq!(outcome(&finished), AttemptOutcome::SpawnFailed);
+    assert!(!finished.message.is_empty());
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_duplicate_dispatch_starts_one_process_and_is_rejected_as_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("runs");
+    let go = dir.path().join("go");
+    let fake = FakeScheduler::start().await;
+    let worker = Worker::start(&[&fake], |_| {});
+    let command = format!(
+        "echo run >> {}; while [ ! -e {} ]; do sleep 0.02; done",
+        marker.display(),
+        go.display()
+    );
+    fake.dispatch(dispatch(5, command.clone())).await;
+    fake.dispatch(dispatch(5, command.clone())).await;
+    fake.wait_for("a rejection", |_| {
+        (!fake.rejections(5).is_empty()).then_some(())
+    })
+    .await;
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(outcome(&fake.finished(5, 1).await), AttemptOutcome::Success);
+    // Once finished, the attempt is still known here.
+    fake.dispatch(dispatch(5, command)).await;
+    fake.wait_for("a second rejection", |_| {
+        (fake.rejections(5).len() == 2).then_some(())
+    })
+    .await;
+
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "run\n");
+    assert!(fake.rejections(5).iter().all(|(_, duplicate)| *duplicate));
+    let starts = fake
+        .received()
+        .iter()
+        .filter(|m| matches!(m.body, Some(Body::Started(_))))
+        .count();
+    assert_eq!(starts, 1);
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn capacity_is_respected() {
+    let fake = FakeScheduler::start().await;
+    let worker = Worker::start(&[&fake], |options| options.capacity = 2);
+    for instance in 10..13 {
+        fake.dispatch(dispatch(instance, "sleep 100")).await;
+    }
+    fake.wait_for("a rejection", |_| {
+        (!fake.rejections(12).is_empty()).then_some(())
+    })
+    .await;
+    let (reason, duplicate) = fake.rejections(12).remove(0);
+    assert!(!duplicate);
+    assert!(reason.contains("capacity"), "{reason}");
+    for instance in [10, 11] {
+        fake.started_pid(instance).await;
+        let cancel = CancelAttempt {
+            instance_id: instance,
+            attempt: 1,
+            reason: "test over".into(),
+        };
+        fake.send(scheduler_message::Body::Cancel(cancel)).await;
+        assert_eq!(
+            outcome(&fake.finished(instance, 1).await),
+            AttemptOutcome::Cancelled
+        );
+    }
+    assert!(
+        fake.heartbeats()
+            .iter()
+            .any(|h| h.running == 2 && h.capacity == 2)
+    );
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn timeout_kills_the_whole_process_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("grandchild.pid");
+    let fake = FakeScheduler::start().await;
+    let worker = Worker::start(&[&fake], |_| {});
+    let mut task = dispatch(
+        20,
+        format!("sleep 100 & echo $! > {}; wait", pid_file.display()),
+    );
+    task.timeout_ms = 300;
+    fake.dispatch(task).await;
+    let grandchild: i32 = wait_for_file(&pid_file).await.trim().parse().unwrap();
+    let finished = fake.finished(20, 1).await;
+    assert_eq!(outcome(&finished), AttemptOutcome::Timeout);
+    assert_eq!(finished.signal, Some(libc::SIGTERM));
+    fake.wait_for("the grandchild to die", |_| {
+        (!alive(grandchild)).then_some(())
+    })
+    .await;
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_task_ignoring_sigterm_is_killed_after_the_grace() {
+    let fake = FakeScheduler::start().await;
+    let worker = Worker::start(&[&fake], |options| {
+        options.kill_grace = Duration::from_millis(300)
+    });
+    let mut task = dispatch(
+        21,
+        "trap '' TERM; echo ready; while true; do sleep 0.05; done",
+    );
+    task.timeout_ms = 200;
+    fake.dispatch(task).await;
+    let finished = fake.finished(21, 1).await;
+    assert_eq!(outcome(&finished), AttemptOutcome::Timeout);
+    assert_eq!(finished.signal, Some(libc::SIGKILL));
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_kills_and_reports_cancelled() {
+    let fake = FakeScheduler::start().await;
+    let worker = Worker::start(&[&fake], |_| {});
+    fake.dispatch(dispatch(30, "echo started; sleep 100")).await;
+    let pid = fake.started_pid(30).await;
+    fake.wait_for("the first line", |_| {
+        (!fake.lines(30).is_empty()).then_some(())
+    })
+    .await;
+    let cancel = CancelAttempt {
+        instance_id: 30,
+        attempt: 1,
+        reason: "stopped by alice".into(),
+    };
+    fake.send(scheduler_message::Body::Cancel(cancel)).await;
+    let finished = fake.finished(30, 1).await;
+    assert_eq!(outcome(&finished), AttemptOutcome::Cancelled);
+    assert_eq!(finished.message, "stopped by alice");
+    assert_eq!(finished.log_lines, 1);
+    assert!(!alive(pid as i32));
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_report_with_kill_kills_and_reports_nothing_more() {
+    let fake = FakeScheduler::start().await;
+    let worker = Worker::start(&[&fake], |_| {});
+    fake.dispatch(dispatch(31, "sleep 100")).await;
+    let pid = fake.started_pid(31).await as i32;
+    let refused = ReportRefused {
+        instance_id: 31,
+        attempt: 1,
+        reason: "attempt 2 is current".into(),
+        kill: true,
+    };
+    fake.send(scheduler_message::Body::Refused(refused)).await;
+    fake.wait_for("the process to die", |_| (!alive(pid)).then_some(()))
+        .await;
+    // The worker reports its load without the forgotten attempt, and never reports it finished.
+    fake.wait_for("an idle heartbeat", |_| {
+        fake.heartbeats()
+            .last()
+            .is_some_and(|h| h.running == 0)
+            .then_some(())
+    })
+    .await;
+    worker.stop().await;
+    assert!(
+        !fake
+            .received()
+            .iter()
+            .any(|m| matches!(m.body, Some(Body::Finished(_))))
+    );
+}
+
+#[tokio::test]
+async fn a_long_line_is_split() {
+    let fake = FakeScheduler::start().await;
+    let worker = Worker::start(&[&fake], |_| {});
+    fake.dispatch(dispatch(
+        40,
+        "head -c 204800 /dev/zero | tr '\\0' a; echo; echo tail",
+    ))
+    .await;
+    let finished = fake.finished(40, 1).await;
+    assert_eq!(outcome(&finished), AttemptOutcome::Success);
+    let lines = fake.lines(40);
+    let lengths: Vec<usize> = lines.iter().map(|(_, _, text)| text.len()).collect();
+    assert_eq!(lengths, [65536, 65536, 65536, 8192, 4]);
+    assert!(
+        lines[..4]
+            .iter()
+            .all(|(_, _, text)| text.bytes().all(|b| b == b'a'))
+    );
+    assert_eq!(finished.log_lines, 5);
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_utf8_is_replaced() {
+    let fake = FakeScheduler::start().await;
+    let worker = Worker::start(&[&fake], |_| {});
+    fake.dispatch(dispatch(41, "printf 'a\\377b\\n'; printf 'no newline'"))
+        .await;
+    assert_eq!(
+        outcome(&fake.finished(41, 1).await),
+        AttemptOutcome::Success
+    );
+    let texts: Vec<String> = fake
+        .lines(41)
+        .into_iter()
+        .map(|(_, _, text)| text)
+        .collect();
+    assert_eq!(texts, ["a\u{FFFD}b", "no newline"]);
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_running_attempt_survives_a_reconnect_to_another_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let first = FakeScheduler::start().await;
+    let second = FakeScheduler::start().await;
+    // The first node never acknowledges logs, so its lines must be replayed to the second.
+    first.state.auto_ack.store(false, Ordering::SeqCst);
+    let worker = Worker::start(&[&first, &second], |_| {});
+    let command = format!(
+        "echo before; while [ ! -e {} ]; do sleep 0.02; done; echo after",
+        go.display()
+    );
+    first.dispatch(dispatch(50, command)).await;
+    let pid = first.started_pid(50).await;
+    first
+        .wait_for("the first line", |_| {
+            (!first.lines(50).is_empty()).then_some(())
+        })
+        .await;
+
+    first.drop_connection().await;
+    let register = second
+        .wait_for("a Register", |messages| {
+            messages.iter().find_map(|m| match &m.body {
+                Some(Body::Register(r)) => Some(r.clone()),
+                _ => None,
+            })
+        })
+        .await;
+    assert_eq!(
+        register.running,
+        [AttemptRef {
+            instance_id: 50,
+            attempt: 1
+        }]
+    );
+    assert!(
+        alive(pid as i32),
+        "the child keeps running across a reconnect"
+    );
+
+    std::fs::write(&go, "").unwrap();
+    let finished = second.finished(50, 1).await;
+    assert_eq!(outcome(&finished), AttemptOutcome::Success);
+    assert_eq!(finished.log_lines, 2);
+    let texts: Vec<(u64, String)> = second
+        .lines(50)
+        .into_iter()
+        .map(|(seq, _, text)| (seq, text))
+        .collect();
+    assert_eq!(texts, [(1, "before".to_string()), (2, "after".to_string())]);
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_report_finished_during_an_outage_is_delivered_after_reconnecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let first = FakeScheduler::start().await;
+    let worker = Worker::start(&[&first], |_| {});
+    first
+        .dispatch(dispatch(
+            51,
+            format!(
+                "while [ ! -e {} ]; do sleep 0.02; done; echo done",
+                go.display()
+            ),
+        ))
+        .await;
+    first.started_pid(51).await;
+    // Stop the only node, let the attempt finish while nobody listens, then bring a node back on
+    // the same address.
+    let address = first.url.trim_start_matches("http://").to_string();
+    first.drop_connection().await;
+    drop(first);
+    std::fs::write(&go, "").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let listener = loop {
+        // The old server may still hold the port for a moment.
+        match tokio::net::TcpListener::bind(&address).await {
+            Ok(listener) => break listener,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let state = Arc::new(FakeState::default());
+    state.auto_ack.store(true, Ordering::SeqCst);
+    let service = WorkerServiceServer::new(FakeService(Arc::clone(&state)));
+    let server = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(TcpListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+    let revived = FakeScheduler {
+        url: format!("http://{address}"),
+        state,
+        server,
+    };
+    let finished = revived.finished(51, 1).await;
+    assert_eq!(outcome(&finished), AttemptOutcome::Success);
+    assert_eq!(finished.log_lines, 1);
+    assert_eq!(
+        revived.lines(51),
+        [(1, LogStream::Stdout, "done".to_string())]
+    );
+    assert!(revived.registers()[0].running.is_empty());
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn stale_attempts_are_killed_after_a_reconnect() {
+    let first = FakeScheduler::start().await;
+    let second = FakeScheduler::start().await;
+    second.state.stale.lock().unwrap().push(AttemptRef {
+        instance_id: 52,
+        attempt: 1,
+    });
+    let worker = Worker::start(&[&first, &second], |_| {});
+    first.dispatch(dispatch(52, "sleep 100")).await;
+    let pid = first.started_pid(52).await as i32;
+    first.drop_connection().await;
+    second
+        .wait_for("a Register", |_| {
+            (!second.registers().is_empty()).then_some(())
+        })
+        .await;
+    second
+        .wait_for("the stale process to die", |_| (!alive(pid)).then_some(()))
+        .await;
+    worker.stop().await;
+    assert!(
+        !second
+            .received()
+            .iter()
+            .any(|m| matches!(m.body, Some(Body::Finished(_))))
+    );
+}
+
+#[tokio::test]
+async fn graceful_shutdown_waits_for_a_running_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let fake = FakeScheduler::start().await;
+    let worker = Worker::start(&[&fake], |_| {});
+    fake.dispatch(dispatch(
+        60,
+        format!(
+            "while [ ! -e {} ]; do sleep 0.02; done; echo finished",
+            go.display()
+        ),
+    ))
+    .await;
+    fake.started_pid(60).await;
+    worker.shutdown.cancel();
+    fake.wait_for("a draining heartbeat", |_| {
+        fake.heartbeats().iter().any(|h| h.draining).then_some(())
+    })
+    .await;
+    fake.dispatch(dispatch(61, "true")).await;
+    fake.wait_for("a rejection", |_| {
+        (!fake.rejections(61).is_empty()).then_some(())
+    })
+    .await;
+    assert!(fake.rejections(61)[0].0.contains("draining"));
+    // The attempt is blocked on the go file, so the worker cannot have stopped yet.
+    assert!(!worker.handle.is_finished());
+
+    std::fs::write(&go, "").unwrap();
+    tokio::time::timeout(HANG_GUARD, worker.handle)
+        .await
+        .expect("worker stops")
+        .unwrap()
+        .unwrap();
+    let finished = fake.finished(60, 1).await;
+    assert_eq!(outcome(&finished), AttemptOutcome::Success);
+    assert_eq!(
+        fake.lines(60),
+        [(1, LogStream::Stdout, "finished".to_string())]
+    );
+}
+
+#[tokio::test]
+async fn shutdown_with_nothing_running_returns_promptly_even_without_a_scheduler() {
+    // Nothing listens on this port; the worker keeps retrying until told to stop.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let shutdown = CancellationToken::new();
+    let options = WorkerOptions {
+        endpoints: vec![url],
+        ..WorkerOptions::default()
+    };
+    let handle = tokio::spawn(ax_worker::run(options, shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    shutdown.cancel();
+    tokio::time::timeout(HANG_GUARD, handle)
+        .await
+        .expect("worker stops")
+        .unwrap()
+        .unwrap();
+}

@@ -178,9 +178,10 @@ pub async fn run(options: WorkerOptions, shutdown: CancellationToken) -> anyhow:
         match outcome.result {
             Ok(()) => break,
             Err(error) => {
-                span.in_scope(
-                    || tracing::warn!(%error, registered = outcome.registered, "connection ended"),
-                );
+                let error = error_chain(&error);
+                span.in_scope(|| {
+                    tracing::warn!(%error, registered = outcome.registered, "connection ended");
+                });
             }
         }
         if outcome.registered {
@@ -231,6 +232,18 @@ async fn self_fence(attempts: Arc<Attempts>, after: Duration, stop: Cancellation
             }
         }
     }
+}
+
+/// An error with its sources, because tonic's transport errors say little on their own.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 pub(crate) fn now_ms() -> i64 {

@@ -57,6 +57,14 @@ pub struct WorkerOptions {
     /// On shutdown, after the last report, how long to wait for log acknowledgements (or for a
     /// stream to deliver reports on when disconnected).
     pub drain_flush_timeout: Duration,
+    /// Self-fencing: when no scheduler has been reachable for this long, running attempts are
+    /// killed and reported FAILED, before a scheduler could declare them lost and run them
+    /// elsewhere. The scheduler's earliest lost verdict comes about 0.5 × the task heartbeat
+    /// interval after the stream breaks (the last task heartbeat may be one interval old and the
+    /// threshold is 1.5 intervals), and no earlier than its dead-worker grace (4 × 5 s after the
+    /// last worker heartbeat), so the default of 10 s leaves a margin of about 5 s with the
+    /// default intervals. `None` disables it.
+    pub self_fence_after: Option<Duration>,
     /// Reported in Register; the machine's host name when `None`.
     pub hostname: Option<String>,
 }
@@ -79,6 +87,7 @@ impl Default for WorkerOptions {
             log_batch: BatchLimits::default(),
             finished_retention: Duration::from_secs(300),
             drain_flush_timeout: Duration::from_secs(5),
+            self_fence_after: Some(Duration::from_secs(10)),
             hostname: None,
         }
     }
@@ -126,6 +135,15 @@ pub async fn run(options: WorkerOptions, shutdown: CancellationToken) -> anyhow:
         hostname: options.hostname.clone().unwrap_or_else(hostname),
         options,
     });
+    let fencing = CancellationToken::new();
+    if let Some(after) = context.options.self_fence_after {
+        tokio::spawn(self_fence(
+            Arc::clone(&context.attempts),
+            after,
+            fencing.clone(),
+        ));
+    }
+    let _stop_fencing = fencing.drop_guard();
     let endpoints = &context.options.endpoints;
     let mut backoff = Backoff::new(
         context.options.reconnect_initial,
@@ -160,9 +178,10 @@ pub async fn run(options: WorkerOptions, shutdown: CancellationToken) -> anyhow:
         match outcome.result {
             Ok(()) => break,
             Err(error) => {
-                span.in_scope(
-                    || tracing::warn!(%error, registered = outcome.registered, "connection ended"),
-                );
+                let error = error_chain(&error);
+                span.in_scope(|| {
+                    tracing::warn!(%error, registered = outcome.registered, "connection ended");
+                });
             }
         }
         if outcome.registered {
@@ -179,6 +198,52 @@ pub async fn run(options: WorkerOptions, shutdown: CancellationToken) -> anyhow:
     context.tracker.wait().await;
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// Kills the running attempts once no stream has been up for `after` (see
+/// `WorkerOptions::self_fence_after`). Fences once per outage.
+async fn self_fence(attempts: Arc<Attempts>, after: Duration, stop: CancellationToken) {
+    let mut last_connected = Instant::now();
+    let mut fenced = false;
+    let mut tick =
+        tokio::time::interval((after / 4).clamp(Duration::from_millis(10), Duration::from_secs(1)));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        let now = Instant::now();
+        if attempts.link().is_some() {
+            last_connected = now;
+            fenced = false;
+        } else if !fenced && now.duration_since(last_connected) >= after {
+            fenced = true;
+            let reason = format!(
+                "killed by the worker: no scheduler reachable for {} ms (self-fencing)",
+                after.as_millis()
+            );
+            let killed = attempts.fence_all(&reason);
+            if killed > 0 {
+                tracing::warn!(
+                    killed,
+                    after_ms = after.as_millis() as u64,
+                    "no scheduler reachable; self-fencing running attempts"
+                );
+            }
+        }
+    }
+}
+
+/// An error with its sources, because tonic's transport errors say little on their own.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 pub(crate) fn now_ms() -> i64 {

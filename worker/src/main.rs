@@ -39,6 +39,20 @@ struct Args {
     /// Time between SIGTERM and SIGKILL when an attempt is killed.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     kill_grace: Duration,
+    /// Kill running attempts when no scheduler was reachable for this long ("off" disables).
+    #[arg(long, default_value = "10s", value_parser = parse_optional_duration)]
+    self_fence_after: OptionalDuration,
+}
+
+/// A duration that may be switched off; clap would read `Option<Duration>` as an optional flag.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct OptionalDuration(Option<Duration>);
+
+fn parse_optional_duration(text: &str) -> Result<OptionalDuration, String> {
+    match text.trim() {
+        "off" | "none" | "0" => Ok(OptionalDuration(None)),
+        other => parse_duration(other).map(|duration| OptionalDuration(Some(duration))),
+    }
 }
 
 fn parse_label(text: &str) -> Result<(String, String), String> {
@@ -100,6 +114,7 @@ async fn main() -> anyhow::Result<()> {
         heartbeat_interval: args.heartbeat_interval,
         task_heartbeat_interval: args.task_heartbeat_interval,
         kill_grace: args.kill_grace,
+        self_fence_after: args.self_fence_after.0,
         ..WorkerOptions::default()
     };
 
@@ -140,6 +155,11 @@ mod tests {
         assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("s").is_err());
+        assert_eq!(parse_optional_duration("off"), Ok(OptionalDuration(None)));
+        assert_eq!(
+            parse_optional_duration("10s"),
+            Ok(OptionalDuration(Some(Duration::from_secs(10))))
+        );
     }
 
     #[test]
@@ -160,6 +180,10 @@ mod tests {
         assert_eq!(args.labels, [("gpu".to_string(), "true".to_string())]);
         assert_eq!(args.heartbeat_interval, Duration::from_millis(500));
         assert_eq!(args.capacity, 20);
+        assert_eq!(
+            args.self_fence_after,
+            OptionalDuration(Some(Duration::from_secs(10)))
+        );
         assert!(
             Args::try_parse_from(["ax-worker", "--scheduler", "x", "--label", "novalue"]).is_err()
         );

@@ -41,6 +41,7 @@ pub struct RunnerSettings {
 enum KillReason {
     Timeout,
     Cancel(String),
+    Fence(String),
     Forget,
 }
 
@@ -59,10 +60,20 @@ pub async fn run_attempt(
     );
     Runner {
         attempts,
-        settings,
         key: key_of(&dispatch),
+        watch: Watch {
+            control,
+            control_open: true,
+            pgid: 0,
+            grace: settings.kill_grace,
+            timeout: None,
+            timeout_ms: dispatch.timeout_ms,
+            reason: None,
+            sigkill_at: None,
+            exited: false,
+        },
+        settings,
         dispatch,
-        control,
     }
     .run()
     .instrument(span)
@@ -81,7 +92,91 @@ struct Runner {
     settings: Arc<RunnerSettings>,
     key: AttemptKey,
     dispatch: Dispatch,
+    watch: Watch,
+}
+
+/// Everything that can end an attempt from the outside: cancel and kill requests, the timeout,
+/// and the SIGKILL that follows a SIGTERM after the grace. It is polled both by the main loop and
+/// while a log send waits for a slow stream, so back-pressure never delays a timeout or a cancel.
+struct Watch {
     control: mpsc::UnboundedReceiver<Control>,
+    control_open: bool,
+    /// The process group to signal; 0 until the process is started.
+    pgid: i32,
+    grace: Duration,
+    timeout: Option<Instant>,
+    timeout_ms: u64,
+    reason: Option<KillReason>,
+    sigkill_at: Option<Instant>,
+    exited: bool,
+}
+
+impl Watch {
+    /// Waits for the next outside event and acts on it; never completes when nothing is armed.
+    /// Cancel safe: every branch is.
+    async fn step(&mut self) {
+        let now = Instant::now();
+        let timeout_armed = self.timeout.is_some() && self.reason.is_none() && !self.exited;
+        tokio::select! {
+            request = self.control.recv(), if self.control_open => match request {
+                Some(Control::Cancel { reason }) => {
+                    tracing::info!(%reason, "cancelling attempt");
+                    self.kill(KillReason::Cancel(reason));
+                }
+                Some(Control::Fence { reason }) => {
+                    tracing::warn!(%reason, "self-fencing: killing attempt");
+                    self.kill(KillReason::Fence(reason));
+                }
+                Some(Control::Kill) => {
+                    tracing::info!("killing attempt the scheduler no longer considers current");
+                    self.kill(KillReason::Forget);
+                }
+                None => self.control_open = false,
+            },
+            () = sleep_until(self.timeout.unwrap_or(now)), if timeout_armed => {
+                tracing::info!(timeout_ms = self.timeout_ms, "attempt timed out");
+                self.kill(KillReason::Timeout);
+            }
+            () = sleep_until(self.sigkill_at.unwrap_or(now)), if self.sigkill_at.is_some() => {
+                self.sigkill_at = None;
+                if signal_group(self.pgid, 0) {
+                    tracing::info!("process group outlived the grace period; sending SIGKILL");
+                    signal_group(self.pgid, libc::SIGKILL);
+                }
+            }
+            else => std::future::pending::<()>().await,
+        }
+    }
+
+    /// Sends SIGTERM to the group and arms the SIGKILL. The first reason is the one reported,
+    /// except that a refused attempt is never reported, and a process that already exited on its
+    /// own is reported as it ended.
+    fn kill(&mut self, reason: KillReason) {
+        match (&self.reason, &reason) {
+            (_, KillReason::Forget) => self.reason = Some(reason),
+            (None, _) if !self.exited => self.reason = Some(reason),
+            _ => {}
+        }
+        if self.sigkill_at.is_none() && signal_group(self.pgid, libc::SIGTERM) {
+            self.sigkill_at = Some(Instant::now() + self.grace);
+        }
+    }
+
+    /// The attempt owns its process group: when its main process ends, whatever it left behind
+    /// in the group is ended too (SIGTERM, then SIGKILL after the grace), so nothing outlives an
+    /// attempt and holds its output pipes open.
+    fn exited(&mut self, status: &io::Result<ExitStatus>) {
+        self.exited = true;
+        if let Err(error) = status {
+            tracing::warn!(%error, "waiting for the attempt's process failed");
+        }
+        if signal_group(self.pgid, 0) {
+            tracing::info!("attempt left processes behind in its group; terminating them");
+            if signal_group(self.pgid, libc::SIGTERM) && self.sigkill_at.is_none() {
+                self.sigkill_at = Some(Instant::now() + self.grace);
+            }
+        }
+    }
 }
 
 impl Runner {
@@ -106,7 +201,9 @@ impl Runner {
         let start = Instant::now();
         let pid = child.id().unwrap_or(0);
         // The child leads its own process group, so its pid is the group id.
-        let pgid = i32::try_from(pid).unwrap_or(0);
+        self.watch.pgid = i32::try_from(pid).unwrap_or(0);
+        self.watch.timeout = (self.dispatch.timeout_ms > 0)
+            .then(|| start + Duration::from_millis(self.dispatch.timeout_ms));
         tracing::info!(pid, "attempt started");
         let started = AttemptStarted {
             instance_id: self.key.instance_id,
@@ -138,8 +235,6 @@ impl Runner {
         }
         drop(line_tx);
 
-        let timeout = (self.dispatch.timeout_ms > 0)
-            .then(|| start + Duration::from_millis(self.dispatch.timeout_ms));
         let heartbeat_every = self
             .settings
             .task_heartbeat_interval
@@ -148,12 +243,9 @@ impl Runner {
         heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
 
         let mut batcher = Batcher::new(self.settings.batch);
-        let mut kill: Option<KillReason> = None;
-        let mut sigkill_at: Option<Instant> = None;
         let mut exit: Option<io::Result<ExitStatus>> = None;
         let mut drain_until: Option<Instant> = None;
         let mut readers_done = false;
-        let mut control_open = true;
 
         loop {
             if exit.is_some() && (readers_done || drain_until.is_some_and(|t| Instant::now() >= t))
@@ -161,30 +253,9 @@ impl Runner {
                 break;
             }
             tokio::select! {
-                request = self.control.recv(), if control_open => match request {
-                    Some(Control::Cancel { reason }) => {
-                        tracing::info!(%reason, "cancelling attempt");
-                        self.start_kill(&mut kill, &mut sigkill_at, pgid, KillReason::Cancel(reason), exit.is_some());
-                    }
-                    Some(Control::Kill) => {
-                        tracing::info!("killing attempt the scheduler no longer considers current");
-                        self.start_kill(&mut kill, &mut sigkill_at, pgid, KillReason::Forget, exit.is_some());
-                    }
-                    None => control_open = false,
-                },
-                () = sleep_until(timeout.unwrap_or(start)), if timeout.is_some() && kill.is_none() && exit.is_none() => {
-                    tracing::info!(timeout_ms = self.dispatch.timeout_ms, "attempt timed out");
-                    self.start_kill(&mut kill, &mut sigkill_at, pgid, KillReason::Timeout, false);
-                }
-                () = sleep_until(sigkill_at.unwrap_or(start)), if sigkill_at.is_some() => {
-                    sigkill_at = None;
-                    if signal_group(pgid, 0) {
-                        tracing::info!("process group outlived the grace period; sending SIGKILL");
-                        signal_group(pgid, libc::SIGKILL);
-                    }
-                }
+                () = self.watch.step() => {}
                 status = child.wait(), if exit.is_none() => {
-                    self.after_exit(&status, pgid, &mut sigkill_at);
+                    self.watch.exited(&status);
                     exit = Some(status);
                     drain_until = Some(Instant::now() + self.settings.kill_grace + PIPE_DRAIN_GRACE);
                 }
@@ -213,6 +284,7 @@ impl Runner {
             }
         }
         self.flush(&mut batcher).await;
+        let kill = self.watch.reason.take();
         if matches!(kill, Some(KillReason::Forget)) {
             // Finished removes the forgotten entry and sends nothing.
             self.attempts.finished(self.key, AttemptFinished::default());
@@ -227,45 +299,6 @@ impl Runner {
             "attempt finished"
         );
         self.send_finished(report).await;
-    }
-
-    fn start_kill(
-        &self,
-        kill: &mut Option<KillReason>,
-        sigkill_at: &mut Option<Instant>,
-        pgid: i32,
-        reason: KillReason,
-        exited: bool,
-    ) {
-        match (&kill, &reason) {
-            // A refused attempt must not be reported, whatever happened before.
-            (_, KillReason::Forget) => *kill = Some(reason),
-            (None, _) if !exited => *kill = Some(reason),
-            _ => {}
-        }
-        if sigkill_at.is_none() && signal_group(pgid, libc::SIGTERM) {
-            *sigkill_at = Some(Instant::now() + self.settings.kill_grace);
-        }
-    }
-
-    /// The attempt owns its process group: when its main process ends, whatever it left behind
-    /// in the group is ended too (SIGTERM, then SIGKILL after the grace), so nothing outlives an
-    /// attempt and holds its output pipes open.
-    fn after_exit(
-        &self,
-        status: &io::Result<ExitStatus>,
-        pgid: i32,
-        sigkill_at: &mut Option<Instant>,
-    ) {
-        if let Err(error) = status {
-            tracing::warn!(%error, "waiting for the attempt's process failed");
-        }
-        if signal_group(pgid, 0) {
-            tracing::info!("attempt left processes behind in its group; terminating them");
-            if signal_group(pgid, libc::SIGTERM) && sigkill_at.is_none() {
-                *sigkill_at = Some(Instant::now() + self.settings.kill_grace);
-            }
-        }
     }
 
     fn report(
@@ -305,6 +338,7 @@ impl Runner {
                 ),
             ),
             Some(KillReason::Cancel(reason)) => (AttemptOutcome::Cancelled, reason),
+            Some(KillReason::Fence(reason)) => (AttemptOutcome::Failed, reason),
             Some(KillReason::Forget) | None => match (status.code(), status.signal()) {
                 (Some(0), _) => (AttemptOutcome::Success, String::new()),
                 (Some(code), _) => (AttemptOutcome::Failed, format!("exited with code {code}")),
@@ -322,12 +356,19 @@ impl Runner {
         report
     }
 
-    async fn flush(&self, batcher: &mut Batcher) {
+    async fn flush(&mut self, batcher: &mut Batcher) {
         if let Some(batch) = batcher.take(self.key.instance_id, self.key.attempt, now_ms())
             && let Some((link, message)) = self.attempts.logs(self.key, batch)
         {
             // A failed send is fine: the batch is retained and replayed on the next stream.
-            link.send(message).await;
+            let send = link.send(message);
+            tokio::pin!(send);
+            loop {
+                tokio::select! {
+                    _ = &mut send => break,
+                    () = self.watch.step() => {}
+                }
+            }
         }
     }
 

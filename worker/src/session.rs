@@ -33,8 +33,8 @@ pub enum SessionError {
         endpoint: String,
         source: tonic::transport::Error,
     },
-    #[error("connecting failed: {0}")]
-    Connect(tonic::transport::Error),
+    #[error("connecting failed")]
+    Connect(#[source] tonic::transport::Error),
     #[error("stream failed: {0}")]
     Status(#[from] tonic::Status),
     #[error("no Registered within {0:?}")]

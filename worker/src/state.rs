@@ -55,6 +55,9 @@ pub enum Control {
     /// Kill the process group and report nothing more: the scheduler no longer considers this
     /// attempt current (a refused report or a stale attempt after a reconnect).
     Kill,
+    /// Kill the process group and report FAILED: the worker lost every scheduler for so long
+    /// that the scheduler may already consider the attempt lost (self-fencing).
+    Fence { reason: String },
 }
 
 /// The outgoing half of the current stream.
@@ -382,6 +385,23 @@ impl Attempts {
             Some(_) => {}
             None => Self::remove(&mut state, key),
         }
+    }
+
+    /// Asks every running attempt to fence itself; returns how many were asked.
+    pub fn fence_all(&self, reason: &str) -> usize {
+        let state = self.lock();
+        state
+            .attempts
+            .values()
+            .filter_map(|entry| entry.control.as_ref())
+            .filter(|control| {
+                control
+                    .send(Control::Fence {
+                        reason: reason.to_string(),
+                    })
+                    .is_ok()
+            })
+            .count()
     }
 
     /// The scheduler stored every line up to `seq`.

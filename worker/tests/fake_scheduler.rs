@@ -30,6 +30,8 @@ struct FakeState {
     received: Mutex<Vec<WorkerMessage>>,
     connection: Mutex<Option<Outbound>>,
     auto_ack: AtomicBool,
+    /// While set, the fake stops reading the worker's stream, as an overloaded node would.
+    paused: AtomicBool,
     stale: Mutex<Vec<AttemptRef>>,
 }
 
@@ -72,7 +74,13 @@ impl WorkerService for FakeService {
                 return;
             }
             *state.connection.lock().unwrap() = Some(tx.clone());
-            while let Ok(Some(received)) = inbound.message().await {
+            loop {
+                while state.paused.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                let Ok(Some(received)) = inbound.message().await else {
+                    break;
+                };
                 if let Some(Body::Logs(batch)) = &received.body
                     && state.auto_ack.load(Ordering::SeqCst)
                 {
@@ -848,4 +856,81 @@ async fn shutdown_with_nothing_running_returns_promptly_even_without_a_scheduler
         .expect("worker stops")
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test]
+async fn attempts_are_self_fenced_when_no_scheduler_is_reachable() {
+    let fake = FakeScheduler::start().await;
+    let worker = Worker::start(&[&fake], |options| {
+        options.self_fence_after = Some(Duration::from_millis(300));
+        options.drain_flush_timeout = Duration::from_millis(200);
+    });
+    fake.dispatch(dispatch(70, "sleep 100")).await;
+    let pid = fake.started_pid(70).await as i32;
+    // The only scheduler goes away for good.
+    fake.drop_connection().await;
+    drop(fake);
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    while alive(pid) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the attempt was not fenced"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_chatty_task_is_back_pressured_and_still_timed_out() {
+    let fake = FakeScheduler::start().await;
+    let worker = Worker::start(&[&fake], |options| {
+        options.kill_grace = Duration::from_millis(300);
+        options.self_fence_after = None;
+    });
+    fake.wait_for("a heartbeat", |_| {
+        (!fake.heartbeats().is_empty()).then_some(())
+    })
+    .await;
+    fake.state.paused.store(true, Ordering::SeqCst);
+    // `yes` writes as fast as it can; with the scheduler not reading, the worker's stream, its
+    // outgoing channel and then the pipe fill up, and `yes` blocks.
+    let mut task = dispatch(80, "yes");
+    task.timeout_ms = 500;
+    fake.dispatch(task).await;
+    // Started is queued behind nothing yet, but the fake does not read: find the pid by group.
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    let pid = loop {
+        let found = std::fs::read_dir("/proc").unwrap().filter_map(|entry| {
+            let pid: i32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            (cmdline.starts_with(b"yes\0") || cmdline.starts_with(b"/bin/sh\0-c\0yes\0"))
+                .then_some(pid)
+                .filter(|_| stat.contains("(sh)") || stat.contains("(yes)"))
+        });
+        if let Some(pid) = found.into_iter().next() {
+            break pid;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the task did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // The timeout fires although every send towards the scheduler is blocked.
+    while alive(pid) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the timeout did not kill a back-pressured task"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    fake.state.paused.store(false, Ordering::SeqCst);
+    let finished = fake.finished(80, 1).await;
+    assert_eq!(outcome(&finished), AttemptOutcome::Timeout);
+    let lines = fake.lines(80);
+    assert_eq!(lines.len() as u64, finished.log_lines);
+    assert!(lines.iter().all(|(_, _, text)| text == "y"));
+    worker.stop().await;
 }

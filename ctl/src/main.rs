@@ -87,7 +87,8 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(matches!(cli.command, Command::Dev(_)));
+    // `axctl dev` logs at info while it serves; with `--run` the run's own output is the show.
+    init_tracing(matches!(&cli.command, Command::Dev(args) if args.run.is_none()));
     let ctx = Ctx {
         server: client::normalize_server(&cli.server),
         output: cli.output,
@@ -112,7 +113,8 @@ async fn main() -> ExitCode {
 }
 
 /// Library logs go to stderr. They are quiet for ordinary commands, whose own messages say what
-/// matters, and at `info` for `axctl dev`, where they are the embedded scheduler's and worker's log.
+/// matters, and at `info` for a serving `axctl dev`, where they are the embedded scheduler's and
+/// worker's log.
 fn init_tracing(dev: bool) {
     let default = if dev { "info" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

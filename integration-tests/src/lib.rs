@@ -1,1 +1,391 @@
+//! A sandbox for end-to-end tests: a scheduler on loopback gRPC over a real store (a fresh SQLite
+//! file, or a fresh MySQL database), real workers running real shell commands, and `wait_for`
+//! helpers that give up after a timeout instead of hanging.
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use ax_proto::v1 as pb;
+use ax_proto::v1::control_service_client::ControlServiceClient;
+use ax_scheduler::{RunningScheduler, SchedulerOptions, Strategy};
+use ax_worker::WorkerOptions;
+use sqlx::Connection;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+/// Which store a test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    MySql,
+}
+
+/// `AX_TEST_MYSQL_URL` (server url without a database), or `None` when unset outside CI.
+/// Under `CI=true` a missing url is a failure, never a silent skip.
+pub fn mysql_server_url() -> Option<String> {
+    match std::env::var("AX_TEST_MYSQL_URL") {
+        Ok(url) if !url.is_empty() => Some(url.trim_end_matches('/').to_string()),
+        _ if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("CI=true but AX_TEST_MYSQL_URL is not set: MySQL tests cannot be skipped")
+        }
+        _ => None,
+    }
+}
+
+/// `AX_TEST_REDIS_URL`, with the same rule as [`mysql_server_url`].
+pub fn redis_url() -> Option<String> {
+    match std::env::var("AX_TEST_REDIS_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("CI=true but AX_TEST_REDIS_URL is not set: Redis tests cannot be skipped")
+        }
+        _ => None,
+    }
+}
+
+/// A database of one test: created fresh, dropped by [`TestDb::drop_database`].
+pub struct TestDb {
+    pub url: String,
+    server: Option<(String, String)>,
+}
+
+static DB_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+impl TestDb {
+    pub async fn create(backend: Backend, dir: &Path) -> anyhow::Result<Option<TestDb>> {
+        match backend {
+            Backend::Sqlite => Ok(Some(TestDb {
+                url: format!("sqlite://{}", dir.join("ax.db").display()),
+                server: None,
+            })),
+            Backend::MySql => {
+                let Some(server) = mysql_server_url() else {
+                    return Ok(None);
+                };
+                let name = format!("ax_e2e_{}", unique_suffix());
+                let mut conn = sqlx::MySqlConnection::connect(&server)
+                    .await
+                    .with_context(|| format!("connecting to {server}"))?;
+                // The name is ours (digits and underscores), never user input.
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+                    .execute(&mut conn)
+                    .await?;
+                Ok(Some(TestDb {
+                    url: format!("{server}/{name}"),
+                    server: Some((server, name)),
+                }))
+            }
+        }
+    }
+
+    pub async fn drop_database(self) -> anyhow::Result<()> {
+        if let Some((server, name)) = self.server {
+            let mut conn = sqlx::MySqlConnection::connect(&server).await?;
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS `{name}`"
+            )))
+            .execute(&mut conn)
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// `<pid>_<counter>_<nanos>`: unique across the tests of one run and across parallel runs.
+fn unique_suffix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{}_{}_{}",
+        std::process::id(),
+        DB_COUNTER.fetch_add(1, Ordering::Relaxed),
+        nanos % 1_000_000
+    )
+}
+
+/// A worker of the sandbox.
+pub struct WorkerSpec {
+    pub id: String,
+    pub capacity: u32,
+    pub labels: BTreeMap<String, String>,
+}
+
+pub struct ClusterBuilder {
+    backend: Backend,
+    strategy: Strategy,
+    workers: Vec<WorkerSpec>,
+    redis: bool,
+}
+
+impl ClusterBuilder {
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    pub fn worker(mut self, id: &str, capacity: u32) -> Self {
+        self.workers.push(WorkerSpec {
+            id: id.into(),
+            capacity,
+            labels: BTreeMap::new(),
+        });
+        self
+    }
+
+    /// Dedup markers and start locks through the test Redis (when `AX_TEST_REDIS_URL` is set).
+    pub fn redis(mut self) -> Self {
+        self.redis = true;
+        self
+    }
+
+    /// Starts the sandbox, or `None` when its backend is not configured here (never under CI).
+    pub async fn start(self) -> anyhow::Result<Option<Cluster>> {
+        let dir = tempfile::tempdir()?;
+        let Some(db) = TestDb::create(self.backend, dir.path()).await? else {
+            return Ok(None);
+        };
+        let redis_url = if self.redis { redis_url() } else { None };
+        let options = SchedulerOptions {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            store_url: db.url.clone(),
+            redis_url,
+            // Test stores all number their instances from 1; their Redis keys must not meet.
+            redis_namespace: format!("ax-test-{}", unique_suffix()),
+            node_id: "test-node".into(),
+            strategy: self.strategy,
+            heartbeat_interval: Duration::from_millis(500),
+            task_heartbeat_interval: Duration::from_secs(2),
+            dead_after_missed_heartbeats: 4,
+            log_flush_interval: Duration::from_millis(10),
+        };
+        let scheduler = ax_scheduler::start(options).await?;
+        let addr = scheduler.local_addr();
+        let mut cluster = Cluster {
+            scheduler,
+            addr,
+            workers: Vec::new(),
+            dir,
+            db,
+        };
+        for spec in self.workers {
+            cluster.add_worker(spec);
+        }
+        Ok(Some(cluster))
+    }
+}
+
+pub struct Cluster {
+    pub scheduler: RunningScheduler,
+    pub addr: SocketAddr,
+    workers: Vec<(String, CancellationToken, JoinHandle<anyhow::Result<()>>)>,
+    dir: tempfile::TempDir,
+    db: TestDb,
+}
+
+impl Cluster {
+    pub fn builder(backend: Backend) -> ClusterBuilder {
+        ClusterBuilder {
+            backend,
+            strategy: Strategy::LeastRunning,
+            workers: Vec::new(),
+            redis: false,
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A scratch directory that lives as long as the cluster.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn add_worker(&mut self, spec: WorkerSpec) {
+        let options = WorkerOptions {
+            endpoints: vec![self.endpoint()],
+            worker_id: spec.id.clone(),
+            labels: spec.labels,
+            capacity: spec.capacity,
+            heartbeat_interval: Duration::from_millis(500),
+            task_heartbeat_interval: Duration::from_secs(2),
+            ..WorkerOptions::default()
+        };
+        let cancel = CancellationToken::new();
+        let handle = tokio::spawn(ax_worker::run(options, cancel.clone()));
+        self.workers.push((spec.id, cancel, handle));
+    }
+
+    pub async fn control(&self) -> anyhow::Result<ControlServiceClient<Channel>> {
+        let channel = Channel::from_shared(self.endpoint())?.connect().await?;
+        Ok(ControlServiceClient::new(channel))
+    }
+
+    pub async fn apply(&self, source: &str) -> anyhow::Result<pb::ApplyWorkflowResponse> {
+        let request = pb::ApplyWorkflowRequest {
+            source: source.into(),
+            source_name: "test.yaml".into(),
+            dry_run: false,
+            actor: "tester".into(),
+        };
+        Ok(self
+            .control()
+            .await?
+            .apply_workflow(request)
+            .await?
+            .into_inner())
+    }
+
+    pub async fn trigger(
+        &self,
+        name: &str,
+        params: &[(&str, &str)],
+        key: &str,
+    ) -> anyhow::Result<pb::TriggerWorkflowResponse> {
+        let request = pb::TriggerWorkflowRequest {
+            name: name.into(),
+            params: params
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            idempotency_key: key.into(),
+            actor: "tester".into(),
+            logical_time_ms: 0,
+        };
+        Ok(self
+            .control()
+            .await?
+            .trigger_workflow(request)
+            .await?
+            .into_inner())
+    }
+
+    /// Waits until the run is terminal, or fails after `timeout`.
+    pub async fn wait_run(&self, id: i64, timeout: Duration) -> anyhow::Result<pb::Run> {
+        let mut control = self.control().await?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let run = control
+                .get_run(pb::GetRunRequest { id })
+                .await?
+                .into_inner();
+            if run.state != pb::RunState::Running as i32 {
+                return Ok(run);
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("run {id} still running after {timeout:?}: {:?}", run.counts);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn instances(&self, run: i64) -> anyhow::Result<Vec<pb::Instance>> {
+        let mut control = self.control().await?;
+        let list = control
+            .list_instances(pb::ListInstancesRequest { run_id: run })
+            .await?;
+        let mut full = Vec::new();
+        for instance in list.into_inner().instances {
+            full.push(
+                control
+                    .get_instance(pb::GetInstanceRequest { id: instance.id })
+                    .await?
+                    .into_inner(),
+            );
+        }
+        Ok(full)
+    }
+
+    pub async fn logs(&self, instance: i64) -> anyhow::Result<Vec<pb::StoredLogLine>> {
+        let mut control = self.control().await?;
+        let request = pb::GetLogsRequest {
+            instance_id: instance,
+            attempt: 0,
+            follow: false,
+            after_seq: 0,
+        };
+        let mut stream = control.get_logs(request).await?.into_inner();
+        let mut lines = Vec::new();
+        while let Some(chunk) = stream.message().await? {
+            lines.extend(chunk.lines);
+        }
+        Ok(lines)
+    }
+
+    /// Waits until `count` workers are connected.
+    pub async fn wait_for_workers(&self, count: usize, timeout: Duration) -> anyhow::Result<()> {
+        let mut control = self.control().await?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let workers = control
+                .list_workers(pb::ListWorkersRequest {})
+                .await?
+                .into_inner()
+                .workers;
+            let live = workers
+                .iter()
+                .filter(|w| w.state == pb::WorkerState::Live as i32)
+                .count();
+            if live >= count {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("{live} of {count} workers connected after {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Runs the real `axctl` binary against this cluster.
+    pub fn axctl(&self, args: &[&str]) -> anyhow::Result<Output> {
+        std::process::Command::new(binary("axctl")?)
+            .args(args)
+            .env("AX_SERVER", self.endpoint())
+            .output()
+            .context("running axctl")
+    }
+
+    /// Stops the workers (draining), then the scheduler, then drops the test database.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        for (_, cancel, _) in &self.workers {
+            cancel.cancel();
+        }
+        for (id, _, handle) in self.workers {
+            match tokio::time::timeout(Duration::from_secs(30), handle).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(err))) => bail!("worker {id} failed: {err:#}"),
+                Ok(Err(err)) => bail!("worker {id} panicked: {err}"),
+                Err(_) => bail!("worker {id} did not stop within 30 s"),
+            }
+        }
+        self.scheduler.shutdown().await?;
+        self.db.drop_database().await
+    }
+}
+
+/// A binary of this workspace, built next to the test executable (`cargo test --workspace`
+/// builds every binary before it runs any test).
+pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test binary> → target/<profile>/<name>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("locating the target directory")?;
+    let path = profile_dir.join(name);
+    if !path.exists() {
+        bail!(
+            "{} is not built; run `cargo build --bins` (or `cargo test --workspace`) first",
+            path.display()
+        );
+    }
+    Ok(path)
+}

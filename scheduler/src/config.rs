@@ -28,6 +28,9 @@ pub struct Args {
     /// Redis url for start locks and dedup markers; in-process guards without it.
     #[arg(long, env = "AX_REDIS")]
     pub redis: Option<String>,
+    /// Prefix of this cluster's Redis keys.
+    #[arg(long, env = "AX_REDIS_NAMESPACE")]
+    pub redis_namespace: Option<String>,
     /// This node's name in the cluster (default: hostname).
     #[arg(long, env = "AX_NODE_ID")]
     pub node_id: Option<String>,
@@ -55,6 +58,7 @@ struct FileConfig {
     listen: Option<SocketAddr>,
     store: Option<String>,
     redis: Option<String>,
+    redis_namespace: Option<String>,
     node_id: Option<String>,
     strategy: Option<String>,
     heartbeat_interval: Option<String>,
@@ -100,6 +104,10 @@ impl Args {
             listen: self.listen.or(file.listen).unwrap_or(defaults.listen),
             store_url: self.store.or(file.store).unwrap_or(defaults.store_url),
             redis_url: self.redis.or(file.redis).filter(|url| !url.is_empty()),
+            redis_namespace: self
+                .redis_namespace
+                .or(file.redis_namespace)
+                .unwrap_or(defaults.redis_namespace),
             node_id: self
                 .node_id
                 .or(file.node_id)

@@ -28,6 +28,8 @@ pub struct SchedulerOptions {
     pub store_url: String,
     /// With Redis, dispatch dedup markers and start locks go through it; else in-process.
     pub redis_url: Option<String>,
+    /// Prefix of this cluster's Redis keys (several clusters may share one Redis).
+    pub redis_namespace: String,
     /// This node's name in the cluster (worker records, leases, logs).
     pub node_id: String,
     pub strategy: Strategy,
@@ -47,6 +49,7 @@ impl Default for SchedulerOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             store_url: "sqlite://.ax/ax.db".into(),
             redis_url: None,
+            redis_namespace: "ax".into(),
             node_id: "node-1".into(),
             strategy: Strategy::LeastRunning,
             heartbeat_interval: Duration::from_secs(5),
@@ -88,7 +91,8 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         .with_context(|| format!("opening the store at {}", redact(&options.store_url)))?;
     let guards: Arc<dyn Guards> = match &options.redis_url {
         Some(url) => Arc::new(
-            RedisGuards::connect(url).with_context(|| format!("redis url {}", redact(url)))?,
+            RedisGuards::connect(url, &options.redis_namespace)
+                .with_context(|| format!("redis url {}", redact(url)))?,
         ),
         None => Arc::new(LocalGuards::new()),
     };

@@ -95,7 +95,7 @@ impl WorkerService for WorkerApi {
                 {
                     adopted.push((instance, attempt))
                 }
-                _ => stale.push(running.clone()),
+                _ => stale.push(*running),
             }
         }
 

@@ -48,7 +48,7 @@ impl Guards for LocalGuards {
         attempt: Attempt,
         ttl: Duration,
     ) -> StartLock {
-        self.with_key(&lock_key(instance), |entry| match *entry {
+        self.with_key(&lock_key("", instance), |entry| match *entry {
             Some((holder, _)) if holder != attempt.0 => StartLock::HeldBy(Attempt(holder)),
             _ => {
                 *entry = Some((attempt.0, Instant::now() + ttl));
@@ -58,7 +58,7 @@ impl Guards for LocalGuards {
     }
 
     async fn release_start(&self, instance: InstanceId, attempt: Attempt) {
-        self.with_key(&lock_key(instance), |entry| {
+        self.with_key(&lock_key("", instance), |entry| {
             if matches!(*entry, Some((holder, _)) if holder == attempt.0) {
                 *entry = None;
             }
@@ -71,18 +71,20 @@ impl Guards for LocalGuards {
         attempt: Attempt,
         ttl: Duration,
     ) -> Option<bool> {
-        Some(self.with_key(&dispatch_key(instance, attempt), |entry| {
-            if entry.is_some() {
-                false
-            } else {
-                *entry = Some((attempt.0, Instant::now() + ttl));
-                true
-            }
-        }))
+        Some(
+            self.with_key(&dispatch_key("", instance, attempt), |entry| {
+                if entry.is_some() {
+                    false
+                } else {
+                    *entry = Some((attempt.0, Instant::now() + ttl));
+                    true
+                }
+            }),
+        )
     }
 
     async fn clear_dispatch(&self, instance: InstanceId, attempt: Attempt) {
-        self.with_key(&dispatch_key(instance, attempt), |entry| *entry = None)
+        self.with_key(&dispatch_key("", instance, attempt), |entry| *entry = None)
     }
 
     fn kind(&self) -> &'static str {

@@ -59,12 +59,12 @@ pub trait Guards: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
 }
 
-fn lock_key(instance: InstanceId) -> String {
-    format!("ax:lock:instance:{instance}")
+fn lock_key(namespace: &str, instance: InstanceId) -> String {
+    format!("{namespace}:lock:instance:{instance}")
 }
 
-fn dispatch_key(instance: InstanceId, attempt: Attempt) -> String {
-    format!("ax:dispatch:{instance}:{attempt}")
+fn dispatch_key(namespace: &str, instance: InstanceId, attempt: Attempt) -> String {
+    format!("{namespace}:dispatch:{instance}:{attempt}")
 }
 
 #[cfg(test)]

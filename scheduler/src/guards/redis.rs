@@ -32,6 +32,8 @@ return 0
 
 pub struct RedisGuards {
     connection: ConnectionManager,
+    /// Prefix of every key, so several ax clusters (or test stores) can share one Redis.
+    namespace: String,
     acquire: redis::Script,
     release: redis::Script,
     /// True while Redis is unreachable, so an outage is logged once, not per call.
@@ -43,7 +45,7 @@ pub struct RedisGuards {
 impl RedisGuards {
     /// Connects lazily: a Redis that is down at start-up is an outage like any other, not a
     /// reason to refuse to schedule. A malformed url is an error.
-    pub fn connect(url: &str) -> redis::RedisResult<RedisGuards> {
+    pub fn connect(url: &str, namespace: &str) -> redis::RedisResult<RedisGuards> {
         let client = redis::Client::open(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_millis(500)))
@@ -53,6 +55,7 @@ impl RedisGuards {
         let connection = ConnectionManager::new_lazy_with_config(client, config)?;
         Ok(RedisGuards {
             connection,
+            namespace: namespace.to_string(),
             acquire: redis::Script::new(ACQUIRE),
             release: redis::Script::new(RELEASE),
             degraded: AtomicBool::new(false),
@@ -106,7 +109,7 @@ impl Guards for RedisGuards {
         let mut connection = self.connection.clone();
         let result: redis::RedisResult<u32> = self
             .acquire
-            .key(lock_key(instance))
+            .key(lock_key(&self.namespace, instance))
             .arg(attempt.0)
             .arg(millis(ttl))
             .invoke_async(&mut connection)
@@ -122,7 +125,7 @@ impl Guards for RedisGuards {
         let mut connection = self.connection.clone();
         let result: redis::RedisResult<u32> = self
             .release
-            .key(lock_key(instance))
+            .key(lock_key(&self.namespace, instance))
             .arg(attempt.0)
             .invoke_async(&mut connection)
             .await;
@@ -137,7 +140,7 @@ impl Guards for RedisGuards {
     ) -> Option<bool> {
         let mut connection = self.connection.clone();
         let result: redis::RedisResult<Option<String>> = redis::cmd("SET")
-            .arg(dispatch_key(instance, attempt))
+            .arg(dispatch_key(&self.namespace, instance, attempt))
             .arg(1)
             .arg("NX")
             .arg("PX")
@@ -150,7 +153,7 @@ impl Guards for RedisGuards {
     async fn clear_dispatch(&self, instance: InstanceId, attempt: Attempt) {
         let mut connection = self.connection.clone();
         let result: redis::RedisResult<u32> = redis::cmd("DEL")
-            .arg(dispatch_key(instance, attempt))
+            .arg(dispatch_key(&self.namespace, instance, attempt))
             .query_async(&mut connection)
             .await;
         self.ok(result);
@@ -192,7 +195,7 @@ mod tests {
     #[tokio::test]
     async fn redis_guards_keep_the_contract() {
         let Some(url) = test_url() else { return };
-        let guards = RedisGuards::connect(&url).expect("redis url");
+        let guards = RedisGuards::connect(&url, "ax-test").expect("redis url");
         contract::start_lock_is_exclusive_per_instance(&guards, unique_instance(1)).await;
         contract::start_lock_expires(&guards, unique_instance(2)).await;
         contract::dispatch_marker_detects_duplicates(&guards, unique_instance(3)).await;
@@ -202,7 +205,7 @@ mod tests {
     #[tokio::test]
     async fn an_unreachable_redis_degrades_instead_of_failing() {
         // Nothing listens on port 1.
-        let guards = RedisGuards::connect("redis://127.0.0.1:1/").expect("well-formed url");
+        let guards = RedisGuards::connect("redis://127.0.0.1:1/", "ax").expect("well-formed url");
         let ttl = Duration::from_secs(1);
         assert_eq!(
             guards.acquire_start(InstanceId(1), Attempt(1), ttl).await,

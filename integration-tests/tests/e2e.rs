@@ -1,0 +1,560 @@
+//! End to end: a scheduler on loopback gRPC, a real store, real workers running real shell
+//! commands. Every scenario runs against SQLite, and against MySQL when `AX_TEST_MYSQL_URL` is set
+//! (always under CI).
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use ax_integration_tests::{Backend, Cluster};
+use ax_proto::v1 as pb;
+use ax_scheduler::Strategy;
+
+/// A hang guard, not a timing assertion.
+const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+
+macro_rules! on_every_backend {
+    ($($scenario:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $scenario() {
+                    super::$scenario(ax_integration_tests::Backend::Sqlite).await;
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $scenario() {
+                    super::$scenario(ax_integration_tests::Backend::MySql).await;
+                }
+            )*
+        }
+    };
+}
+
+on_every_backend!(
+    example_etl_runs_every_task_and_keeps_its_logs,
+    a_failed_task_leaves_its_downstream_unrun,
+    a_per_second_cron_schedule_fires_on_time,
+    two_workers_share_forty_tasks_within_capacity,
+    a_repeated_idempotency_key_creates_one_run,
+    bad_input_is_refused_and_changes_nothing,
+);
+
+async fn cluster(backend: Backend, workers: &[(&str, u32)]) -> Option<Cluster> {
+    cluster_with(backend, workers, Strategy::LeastRunning).await
+}
+
+async fn cluster_with(
+    backend: Backend,
+    workers: &[(&str, u32)],
+    strategy: Strategy,
+) -> Option<Cluster> {
+    let mut builder = Cluster::builder(backend).redis().strategy(strategy);
+    for (id, capacity) in workers {
+        builder = builder.worker(id, *capacity);
+    }
+    let cluster = builder.start().await.expect("cluster starts")?;
+    cluster
+        .wait_for_workers(workers.len(), Duration::from_secs(20))
+        .await
+        .expect("workers connect");
+    Some(cluster)
+}
+
+fn state_of(instance: &pb::Instance) -> pb::InstanceState {
+    pb::InstanceState::try_from(instance.state).expect("known state")
+}
+
+async fn example_etl_runs_every_task_and_keeps_its_logs(backend: Backend) {
+    let Some(cluster) = cluster(backend, &[("w1", 4)]).await else {
+        return;
+    };
+    let source =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/etl.yaml"))
+            .expect("example file");
+    // Keep the example's files inside the test's scratch dir.
+    let source = source.replace(
+        "/tmp/ax-etl",
+        &cluster.dir().join("etl").display().to_string(),
+    );
+    let applied = cluster.apply(&source).await.expect("apply");
+    assert_eq!(applied.outcome, pb::ApplyOutcome::Created as i32);
+    let workflow = applied.workflow.expect("workflow");
+    assert_eq!(workflow.tasks.len(), 5);
+    assert_eq!(
+        workflow.next_fires_ms.len(),
+        5,
+        "a cron workflow shows its next fires"
+    );
+
+    let run = cluster
+        .trigger("daily-sales-etl", &[], "")
+        .await
+        .expect("trigger")
+        .run
+        .expect("run");
+    let finished = cluster
+        .wait_run(run.id, RUN_TIMEOUT)
+        .await
+        .expect("run ends");
+    assert_eq!(finished.state, pb::RunState::Success as i32, "{finished:?}");
+
+    let instances = cluster.instances(run.id).await.expect("instances");
+    let mut by_task: BTreeMap<String, pb::Instance> = instances
+        .into_iter()
+        .map(|instance| (instance.task.clone(), instance))
+        .collect();
+    assert_eq!(by_task.len(), 5);
+    for instance in by_task.values() {
+        assert_eq!(
+            state_of(instance),
+            pb::InstanceState::Success,
+            "{}",
+            instance.task
+        );
+        assert_eq!(instance.worker_id, "w1");
+        assert_eq!(instance.exit_code, Some(0));
+        assert_eq!(instance.attempts.len(), 1);
+    }
+    // The fan-in started only after both extracts ended.
+    let clean = by_task.remove("clean").expect("clean");
+    for upstream in ["extract_orders", "extract_refunds"] {
+        let upstream = &by_task[upstream];
+        assert!(
+            clean.started_at_ms >= upstream.finished_at_ms,
+            "clean started before {}",
+            upstream.task
+        );
+    }
+
+    // Both streams, each in its order, through the API. The two pipes are read concurrently,
+    // so the order *between* stdout and stderr is the order of arrival, not of writing.
+    let refunds = &by_task["extract_refunds"];
+    let lines = cluster.logs(refunds.id).await.expect("logs");
+    let of_stream = |stream: pb::LogStream| -> Vec<&str> {
+        lines
+            .iter()
+            .filter(|line| line.stream == stream as i32)
+            .map(|line| line.text.as_str())
+            .collect()
+    };
+    assert_eq!(of_stream(pb::LogStream::Stdout), vec!["extracting refunds"]);
+    assert_eq!(
+        of_stream(pb::LogStream::Stderr),
+        vec!["1 refund is older than 30 days and was skipped"]
+    );
+    assert_eq!(
+        lines.iter().map(|line| line.seq).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    let orders = &by_task["extract_orders"];
+    let order_lines: Vec<String> = cluster
+        .logs(orders.id)
+        .await
+        .expect("logs")
+        .into_iter()
+        .map(|line| line.text)
+        .collect();
+    assert_eq!(
+        order_lines,
+        vec![
+            format!("extracting orders for run {}", run.id),
+            "wrote 5 orders".into()
+        ]
+    );
+    let report = &by_task["report"];
+    let report_lines = cluster.logs(report.id).await.expect("logs");
+    assert_eq!(report_lines.len(), 1);
+    assert_eq!(
+        report_lines[0].text,
+        format!("daily revenue report for run {}: 1560", run.id)
+    );
+
+    // …and through the real axctl binary.
+    let output = cluster
+        .axctl(&["logs", &refunds.id.to_string()])
+        .expect("axctl logs");
+    assert!(
+        output.status.success(),
+        "axctl logs failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let expected: String = lines
+        .iter()
+        .map(|line| format!("{}\n", line.text))
+        .collect();
+    assert_eq!(stdout, expected, "axctl prints the stored lines in order");
+    cluster.shutdown().await.expect("shutdown");
+}
+
+async fn a_failed_task_leaves_its_downstream_unrun(backend: Backend) {
+    let Some(cluster) = cluster(backend, &[("w1", 4)]).await else {
+        return;
+    };
+    let marker = cluster.dir().join("after_ran");
+    let source = format!(
+        r#"
+name: breaks
+tasks:
+  - name: broken
+    command: echo about to fail; exit 3
+  - name: after
+    upstream: [broken]
+    command: touch {marker}
+  - name: other_branch
+    command: echo fine
+"#,
+        marker = marker.display()
+    );
+    cluster.apply(&source).await.expect("apply");
+    let run = cluster
+        .trigger("breaks", &[], "")
+        .await
+        .expect("trigger")
+        .run
+        .expect("run");
+    let finished = cluster
+        .wait_run(run.id, RUN_TIMEOUT)
+        .await
+        .expect("run ends");
+    assert_eq!(finished.state, pb::RunState::Failed as i32);
+    let counts = finished.counts.expect("counts");
+    assert_eq!(
+        (counts.failed, counts.success, counts.not_created),
+        (1, 1, 1)
+    );
+
+    let instances = cluster.instances(run.id).await.expect("instances");
+    let broken = instances
+        .iter()
+        .find(|i| i.task == "broken")
+        .expect("broken");
+    assert_eq!(state_of(broken), pb::InstanceState::Failed);
+    assert_eq!(broken.exit_code, Some(3));
+    assert_eq!(broken.attempts[0].exit_code, Some(3));
+    assert!(
+        instances.iter().all(|i| i.task != "after"),
+        "downstream of a failure was created"
+    );
+    assert!(!marker.exists(), "downstream of a failure ran");
+    let other = instances
+        .iter()
+        .find(|i| i.task == "other_branch")
+        .expect("other branch");
+    assert_eq!(state_of(other), pb::InstanceState::Success);
+    cluster.shutdown().await.expect("shutdown");
+}
+
+async fn a_per_second_cron_schedule_fires_on_time(backend: Backend) {
+    let Some(cluster) = cluster(backend, &[("w1", 4)]).await else {
+        return;
+    };
+    let source = r#"
+name: every-second
+schedule:
+  cron: "* * * * * *"
+tasks:
+  - name: tick
+    command: echo tick
+"#;
+    cluster.apply(source).await.expect("apply");
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let mut control = cluster.control().await.expect("control");
+    control
+        .pause_workflow(pb::PauseWorkflowRequest {
+            name: "every-second".into(),
+            actor: "tester".into(),
+        })
+        .await
+        .expect("pause");
+    let runs = control
+        .list_runs(pb::ListRunsRequest {
+            workflow: "every-second".into(),
+            limit: 100,
+            state: 0,
+        })
+        .await
+        .expect("runs")
+        .into_inner()
+        .runs;
+    assert!(runs.len() >= 2, "only {} fires in 3.5 s", runs.len());
+    let mut logical: Vec<i64> = runs.iter().map(|run| run.logical_time_ms).collect();
+    logical.sort();
+    for pair in logical.windows(2) {
+        assert_eq!(
+            pair[1] - pair[0],
+            1_000,
+            "fires are one second apart: {logical:?}"
+        );
+    }
+    for run in &runs {
+        assert_eq!(run.trigger, pb::TriggerKind::Cron as i32);
+        assert_eq!(run.logical_time_ms % 1_000, 0, "fires on the second");
+        // A generous bound that catches a fire a whole slot late, not a timing measurement.
+        let lateness = run.created_at_ms - run.logical_time_ms;
+        assert!(
+            (0..900).contains(&lateness),
+            "run {} created {lateness} ms after its second",
+            run.id
+        );
+    }
+    for run in &runs {
+        let ended = cluster
+            .wait_run(run.id, RUN_TIMEOUT)
+            .await
+            .expect("run ends");
+        assert_eq!(ended.state, pb::RunState::Success as i32);
+    }
+    cluster.shutdown().await.expect("shutdown");
+}
+
+async fn two_workers_share_forty_tasks_within_capacity(backend: Backend) {
+    let workers = [("w1", 8), ("w2", 8)];
+    let Some(cluster) = cluster_with(backend, &workers, Strategy::RoundRobin).await else {
+        return;
+    };
+    let mut source = String::from("name: forty\ntasks:\n");
+    for i in 0..40 {
+        source.push_str(&format!("  - name: t{i:02}\n    command: sleep 0.2\n"));
+    }
+    cluster.apply(&source).await.expect("apply");
+    let run = cluster
+        .trigger("forty", &[], "")
+        .await
+        .expect("trigger")
+        .run
+        .expect("run");
+    let finished = cluster
+        .wait_run(run.id, RUN_TIMEOUT)
+        .await
+        .expect("run ends");
+    assert_eq!(finished.state, pb::RunState::Success as i32);
+
+    let instances = cluster.instances(run.id).await.expect("instances");
+    assert_eq!(instances.len(), 40);
+    let mut per_worker: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
+    for instance in &instances {
+        let attempt = instance.attempts.last().expect("attempt");
+        per_worker
+            .entry(attempt.worker_id.clone())
+            .or_default()
+            .push((attempt.started_at_ms, attempt.finished_at_ms));
+    }
+    assert_eq!(
+        per_worker.keys().cloned().collect::<Vec<_>>(),
+        vec!["w1", "w2"],
+        "both workers got work"
+    );
+    for (worker, spans) in &per_worker {
+        // Round robin alternates between the two whenever both have a free slot.
+        assert!(spans.len() >= 12, "{worker} ran only {} of 40", spans.len());
+        assert!(
+            max_overlap(spans) <= 8,
+            "{worker} ran more than its capacity at once"
+        );
+    }
+    cluster.shutdown().await.expect("shutdown");
+}
+
+/// The most intervals that overlap at any instant.
+fn max_overlap(spans: &[(i64, i64)]) -> usize {
+    let mut events: Vec<(i64, i32)> = Vec::new();
+    for &(start, end) in spans {
+        events.push((start, 1));
+        events.push((end, -1));
+    }
+    // Ends sort before starts at the same instant.
+    events.sort();
+    let (mut now, mut max) = (0i32, 0i32);
+    for (_, delta) in events {
+        now += delta;
+        max = max.max(now);
+    }
+    max as usize
+}
+
+async fn a_repeated_idempotency_key_creates_one_run(backend: Backend) {
+    let Some(cluster) = cluster(backend, &[("w1", 4)]).await else {
+        return;
+    };
+    let source = r#"
+name: keyed
+tasks:
+  - name: greet
+    command: echo "hello $AX_PARAM_customer"
+"#;
+    cluster.apply(source).await.expect("apply");
+    let first = cluster
+        .trigger("keyed", &[("customer", "acme")], "order-42")
+        .await
+        .expect("trigger");
+    let second = cluster
+        .trigger("keyed", &[("customer", "acme")], "order-42")
+        .await
+        .expect("trigger");
+    assert!(first.created);
+    assert!(!second.created);
+    let first_run = first.run.expect("run");
+    assert_eq!(first_run.id, second.run.expect("run").id);
+    let other = cluster
+        .trigger("keyed", &[("customer", "zeta")], "order-43")
+        .await
+        .expect("trigger");
+    assert!(other.created);
+
+    let mut control = cluster.control().await.expect("control");
+    let runs = control
+        .list_runs(pb::ListRunsRequest {
+            workflow: "keyed".into(),
+            limit: 10,
+            state: 0,
+        })
+        .await
+        .expect("runs")
+        .into_inner()
+        .runs;
+    assert_eq!(runs.len(), 2);
+    cluster
+        .wait_run(first_run.id, RUN_TIMEOUT)
+        .await
+        .expect("run ends");
+    let instance = &cluster.instances(first_run.id).await.expect("instances")[0];
+    let lines = cluster.logs(instance.id).await.expect("logs");
+    assert_eq!(
+        lines.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(),
+        vec!["hello acme"]
+    );
+    cluster.shutdown().await.expect("shutdown");
+}
+
+async fn bad_input_is_refused_and_changes_nothing(backend: Backend) {
+    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else {
+        return;
+    };
+    cluster
+        .apply("name: good\ntasks:\n  - name: a\n    command: 'true'\n")
+        .await
+        .expect("apply");
+    let mut control = cluster.control().await.expect("control");
+    let before = control
+        .list_workflows(pb::ListWorkflowsRequest::default())
+        .await
+        .expect("list")
+        .into_inner();
+
+    let cases = [
+        (
+            "name: bad\ntasks:\n  - name: a\n    command: x\n    colour: red\n",
+            "test.yaml:5: tasks[0].colour",
+        ),
+        (
+            "name: bad\ntasks:\n  - name: a\n    command: x\n    upstream: [nope]\n",
+            "test.yaml:5: tasks[0].upstream[0]",
+        ),
+        (
+            "name: bad\ntasks:\n  - name: a\n    command: x\n    upstream: [b]\n  - name: b\n    command: x\n    upstream: [a]\n",
+            "a → b → a",
+        ),
+        (
+            "name: bad\nschedule:\n  cron: \"0 0 30 2 *\"\ntasks:\n  - name: a\n    command: x\n",
+            "test.yaml:3: schedule.cron",
+        ),
+        (
+            "name: bad\nschedule:\n  cron: \"* * * * *\"\n  timezone: Mars/Olympus\ntasks:\n  - name: a\n    command: x\n",
+            "schedule.timezone",
+        ),
+        (
+            "name: good\ntasks:\n  - name: a\n    command: x\n  - name: a\n    command: y\n",
+            "test.yaml:5: tasks[1].name",
+        ),
+    ];
+    for (source, expected) in cases {
+        let status = cluster.apply(source).await.expect_err("refused");
+        let status = status.downcast::<tonic::Status>().expect("a gRPC status");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{source}");
+        assert!(
+            status.message().contains(expected),
+            "{:?} does not name {expected:?}",
+            status.message()
+        );
+    }
+
+    let not_found = [
+        control
+            .trigger_workflow(pb::TriggerWorkflowRequest {
+                name: "nope".into(),
+                ..Default::default()
+            })
+            .await
+            .err(),
+        control
+            .get_run(pb::GetRunRequest { id: 987_654 })
+            .await
+            .err(),
+        control
+            .get_instance(pb::GetInstanceRequest { id: 987_654 })
+            .await
+            .err(),
+        control
+            .get_workflow(pb::GetWorkflowRequest {
+                name: "nope".into(),
+            })
+            .await
+            .err(),
+    ];
+    for status in not_found {
+        let status = status.expect("refused");
+        assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+        assert!(
+            status.message().contains("not found"),
+            "{}",
+            status.message()
+        );
+    }
+    let bad_param = control
+        .trigger_workflow(pb::TriggerWorkflowRequest {
+            name: "good".into(),
+            params: [("bad-name".to_string(), "x".to_string())].into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("refused");
+    assert_eq!(bad_param.code(), tonic::Code::InvalidArgument);
+    assert!(
+        bad_param.message().contains("bad-name"),
+        "{}",
+        bad_param.message()
+    );
+    let bad_id = control
+        .get_run(pb::GetRunRequest { id: -1 })
+        .await
+        .expect_err("refused");
+    assert_eq!(bad_id.code(), tonic::Code::InvalidArgument);
+
+    let after = control
+        .list_workflows(pb::ListWorkflowsRequest::default())
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(before, after, "a refused apply changed the store");
+    let runs = control
+        .list_runs(pb::ListRunsRequest::default())
+        .await
+        .expect("runs")
+        .into_inner()
+        .runs;
+    assert!(runs.is_empty(), "a refused trigger created a run");
+    let names: HashSet<&str> = after.workflows.iter().map(|w| w.name.as_str()).collect();
+    assert_eq!(names, HashSet::from(["good"]));
+    cluster.shutdown().await.expect("shutdown");
+}
+
+#[test]
+fn max_overlap_counts_concurrent_spans() {
+    assert_eq!(max_overlap(&[(0, 10), (5, 15), (10, 20)]), 2);
+    assert_eq!(max_overlap(&[(0, 1), (1, 2)]), 1);
+    assert_eq!(max_overlap(&[]), 0);
+}

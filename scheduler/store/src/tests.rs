@@ -572,15 +572,16 @@ mod scenarios {
         assert_eq!(inst.state, InstanceState::Running);
         assert_eq!(inst.started_at, Some(T0 + 20));
         assert_eq!(inst.worker_id.as_deref(), Some("w1"));
-        // A duplicate start of the running attempt is refused.
-        let dup = s.apply_reports(&[started(inst.id, 1)], T0).await.unwrap();
-        assert_eq!(
-            dup,
-            [ReportResult::Stale {
-                current_attempt: Attempt(1),
-                state: InstanceState::Running
-            }]
-        );
+        // A repeated start of the running attempt (a worker re-attaching after a reconnect
+        // replays it) is the same fact again: accepted, and it changes nothing.
+        let dup = s
+            .apply_reports(&[started(inst.id, 1)], T0 + 30)
+            .await
+            .unwrap();
+        assert_eq!(dup, [ReportResult::Applied(Applied::default())]);
+        let again = s.get_instance(inst.id).await.unwrap().unwrap();
+        assert_eq!(again.started_at, Some(T0 + 20));
+        assert_eq!(again.state, InstanceState::Running);
 
         let results = s
             .apply_reports(&[finished(inst.id, 1, Outcome::Success, 0)], T0 + 40)

@@ -200,6 +200,11 @@ async fn apply_one(
         Report::Started {
             worker_id, pid, at, ..
         } => {
+            // A worker replays Started for the attempts it re-attaches after a reconnect; the
+            // current attempt already RUNNING is the same fact again, not a stale report.
+            if key.state == InstanceState::Running {
+                return Ok(ReportResult::Applied(Applied::default()));
+            }
             let Ok(next) = transition(key.state, Event::Start) else {
                 return Ok(stale_now);
             };

@@ -556,7 +556,9 @@ async fn bad_input_is_refused_and_changes_nothing(backend: Backend) {
 }
 
 async fn a_failed_attempt_is_retried_and_each_attempt_keeps_its_logs(backend: Backend) {
-    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else { return };
+    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else {
+        return;
+    };
     let source = r#"
 name: flaky
 tasks:
@@ -568,24 +570,50 @@ tasks:
       if [ "$AX_ATTEMPT" -lt 2 ]; then echo "not yet" >&2; exit 1; fi
 "#;
     cluster.apply(source).await.expect("apply");
-    let run = cluster.trigger("flaky", &[], "").await.expect("trigger").run.expect("run");
-    let finished = cluster.wait_run(run.id, RUN_TIMEOUT).await.expect("run ends");
+    let run = cluster
+        .trigger("flaky", &[], "")
+        .await
+        .expect("trigger")
+        .run
+        .expect("run");
+    let finished = cluster
+        .wait_run(run.id, RUN_TIMEOUT)
+        .await
+        .expect("run ends");
     assert_eq!(finished.state, pb::RunState::Success as i32);
-    let instance = cluster.instances(run.id).await.expect("instances").remove(0);
+    let instance = cluster
+        .instances(run.id)
+        .await
+        .expect("instances")
+        .remove(0);
     assert_eq!(instance.attempt, 2);
-    let attempts: Vec<(u32, i32, Option<i32>)> =
-        instance.attempts.iter().map(|a| (a.attempt, a.state, a.exit_code)).collect();
+    let attempts: Vec<(u32, i32, Option<i32>)> = instance
+        .attempts
+        .iter()
+        .map(|a| (a.attempt, a.state, a.exit_code))
+        .collect();
     assert_eq!(
         attempts,
-        vec![(1, pb::InstanceState::Failed as i32, Some(1)), (2, pb::InstanceState::Success as i32, Some(0))]
+        vec![
+            (1, pb::InstanceState::Failed as i32, Some(1)),
+            (2, pb::InstanceState::Success as i32, Some(0))
+        ]
     );
     let first_end = instance.attempts[0].finished_at_ms;
     let second_start = instance.attempts[1].started_at_ms;
-    assert!(second_start >= first_end + 50, "the retry waited for its backoff (jitter keeps at least half)");
+    assert!(
+        second_start >= first_end + 50,
+        "the retry waited for its backoff (jitter keeps at least half)"
+    );
 
     let mut control = cluster.control().await.expect("control");
     for (attempt, expected) in [(1, vec!["attempt 1", "not yet"]), (2, vec!["attempt 2"])] {
-        let request = pb::GetLogsRequest { instance_id: instance.id, attempt, follow: false, after_seq: 0 };
+        let request = pb::GetLogsRequest {
+            instance_id: instance.id,
+            attempt,
+            follow: false,
+            after_seq: 0,
+        };
         let mut stream = control.get_logs(request).await.expect("logs").into_inner();
         let mut texts = Vec::new();
         while let Some(chunk) = stream.message().await.expect("chunk") {
@@ -595,7 +623,12 @@ tasks:
         texts.sort();
         assert_eq!(texts, expected, "logs of attempt {attempt}");
     }
-    let no_such = pb::GetLogsRequest { instance_id: instance.id, attempt: 3, follow: false, after_seq: 0 };
+    let no_such = pb::GetLogsRequest {
+        instance_id: instance.id,
+        attempt: 3,
+        follow: false,
+        after_seq: 0,
+    };
     let status = control.get_logs(no_such).await.expect_err("refused");
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     cluster.shutdown().await.expect("shutdown");
@@ -611,10 +644,16 @@ async fn wait_for_instance(
     let deadline = tokio::time::Instant::now() + RUN_TIMEOUT;
     loop {
         let instances = cluster.instances(run).await.expect("instances");
-        if let Some(found) = instances.into_iter().find(|i| i.task == task && i.state == state as i32) {
+        if let Some(found) = instances
+            .into_iter()
+            .find(|i| i.task == task && i.state == state as i32)
+        {
             return found;
         }
-        assert!(tokio::time::Instant::now() < deadline, "{task} never reached {state:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{task} never reached {state:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -629,7 +668,9 @@ fn process_alive(pid: i32) -> bool {
 }
 
 async fn cancelling_a_run_kills_its_process_and_starts_nothing_more(backend: Backend) {
-    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else { return };
+    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else {
+        return;
+    };
     let pid_file = cluster.dir().join("pid");
     let source = format!(
         r#"
@@ -644,10 +685,18 @@ tasks:
         pid = pid_file.display()
     );
     cluster.apply(&source).await.expect("apply");
-    let run = cluster.trigger("long", &[], "").await.expect("trigger").run.expect("run");
+    let run = cluster
+        .trigger("long", &[], "")
+        .await
+        .expect("trigger")
+        .run
+        .expect("run");
     wait_for_instance(&cluster, run.id, "long", pb::InstanceState::Running).await;
     let pid: i32 = loop {
-        if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|text| text.trim().parse().ok()) {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+        {
             break pid;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -656,21 +705,36 @@ tasks:
 
     let mut control = cluster.control().await.expect("control");
     let cancelled = control
-        .cancel_run(pb::CancelRunRequest { id: run.id, actor: "tester".into(), reason: "test".into() })
+        .cancel_run(pb::CancelRunRequest {
+            id: run.id,
+            actor: "tester".into(),
+            reason: "test".into(),
+        })
         .await
         .expect("cancel")
         .into_inner();
     assert_eq!(cancelled.state, pb::RunState::Cancelled as i32);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while process_alive(pid) {
-        assert!(tokio::time::Instant::now() < deadline, "the cancelled task's process {pid} still runs");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the cancelled task's process {pid} still runs"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let instances = cluster.instances(run.id).await.expect("instances");
-    assert_eq!(instances.len(), 1, "the downstream of a cancelled task was created");
+    assert_eq!(
+        instances.len(),
+        1,
+        "the downstream of a cancelled task was created"
+    );
     assert_eq!(instances[0].state, pb::InstanceState::Cancelled as i32);
     let again = control
-        .cancel_run(pb::CancelRunRequest { id: run.id, actor: "tester".into(), reason: String::new() })
+        .cancel_run(pb::CancelRunRequest {
+            id: run.id,
+            actor: "tester".into(),
+            reason: String::new(),
+        })
         .await
         .expect("cancelling twice is harmless")
         .into_inner();
@@ -679,7 +743,9 @@ tasks:
 }
 
 async fn following_logs_streams_lines_until_the_attempt_ends(backend: Backend) {
-    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else { return };
+    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else {
+        return;
+    };
     let source = r#"
 name: chatty
 tasks:
@@ -687,11 +753,25 @@ tasks:
     command: for i in 1 2 3 4 5; do echo "line $i"; sleep 0.2; done
 "#;
     cluster.apply(source).await.expect("apply");
-    let run = cluster.trigger("chatty", &[], "").await.expect("trigger").run.expect("run");
+    let run = cluster
+        .trigger("chatty", &[], "")
+        .await
+        .expect("trigger")
+        .run
+        .expect("run");
     let instance = wait_for_instance(&cluster, run.id, "chatty", pb::InstanceState::Running).await;
     let mut control = cluster.control().await.expect("control");
-    let request = pb::GetLogsRequest { instance_id: instance.id, attempt: 0, follow: true, after_seq: 0 };
-    let mut stream = control.get_logs(request).await.expect("follow").into_inner();
+    let request = pb::GetLogsRequest {
+        instance_id: instance.id,
+        attempt: 0,
+        follow: true,
+        after_seq: 0,
+    };
+    let mut stream = control
+        .get_logs(request)
+        .await
+        .expect("follow")
+        .into_inner();
     let mut texts = Vec::new();
     let mut chunks = 0;
     let follow = async {
@@ -700,11 +780,19 @@ tasks:
             texts.extend(chunk.lines.into_iter().map(|line| (line.seq, line.text)));
         }
     };
-    tokio::time::timeout(RUN_TIMEOUT, follow).await.expect("the follow ends when the attempt does");
+    tokio::time::timeout(RUN_TIMEOUT, follow)
+        .await
+        .expect("the follow ends when the attempt does");
     let expected: Vec<(u64, String)> = (1..=5).map(|i| (i, format!("line {i}"))).collect();
     assert_eq!(texts, expected);
-    assert!(chunks >= 2, "lines arrived while the task ran, not all at the end");
-    let ended = cluster.wait_run(run.id, RUN_TIMEOUT).await.expect("run ends");
+    assert!(
+        chunks >= 2,
+        "lines arrived while the task ran, not all at the end"
+    );
+    let ended = cluster
+        .wait_run(run.id, RUN_TIMEOUT)
+        .await
+        .expect("run ends");
     assert_eq!(ended.state, pb::RunState::Success as i32);
     cluster.shutdown().await.expect("shutdown");
 }

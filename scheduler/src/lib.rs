@@ -74,12 +74,21 @@ impl RunningScheduler {
         self.local_addr
     }
 
-    /// Stops accepting, drains the report and log queues into the store, and returns.
+    /// Stops accepting, ends the worker streams, drains the report and log queues into the
+    /// store, and returns.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         self.cancel.cancel();
-        self.background.cancel();
         self.tasks.close();
-        self.tasks.wait().await;
+        // The server task drains the queues once the server has stopped; if a connection keeps
+        // it from stopping, the queues are drained anyway after a grace.
+        if tokio::time::timeout(Duration::from_secs(10), self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the gRPC server did not stop within 10 s; draining anyway");
+            self.background.cancel();
+            self.tasks.wait().await;
+        }
         Ok(())
     }
 }
@@ -153,6 +162,12 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
             tokio_stream::wrappers::TcpListenerStream::new(listener),
             cancel.clone().cancelled_owned(),
         );
+    let closing = node.clone();
+    let closing_token = cancel.clone();
+    tasks.spawn(async move {
+        closing_token.cancelled().await;
+        closing.registry.disconnect_all();
+    });
     let server_background = background.clone();
     tasks.spawn(async move {
         if let Err(err) = server.await {

@@ -36,6 +36,17 @@ struct Entry {
     draining: bool,
 }
 
+impl Entry {
+    fn view(&self) -> WorkerView {
+        WorkerView {
+            profile: self.profile.clone(),
+            running: self.in_flight.len() as u32,
+            last_heartbeat: self.last_heartbeat,
+            draining: self.draining,
+        }
+    }
+}
+
 /// A worker as dispatch sees it.
 #[derive(Debug, Clone)]
 pub struct WorkerSlot {
@@ -135,18 +146,19 @@ impl Registry {
     }
 
     pub fn views(&self) -> Vec<WorkerView> {
-        let mut views: Vec<WorkerView> = self
-            .lock()
-            .values()
-            .map(|entry| WorkerView {
-                profile: entry.profile.clone(),
-                running: entry.in_flight.len() as u32,
-                last_heartbeat: entry.last_heartbeat,
-                draining: entry.draining,
-            })
-            .collect();
+        let mut views: Vec<WorkerView> = self.lock().values().map(Entry::view).collect();
         views.sort_by(|a, b| a.profile.id.cmp(&b.profile.id));
         views
+    }
+
+    pub fn view(&self, worker: &str) -> Option<WorkerView> {
+        self.lock().get(worker).map(Entry::view)
+    }
+
+    /// Forgets every worker, dropping the senders of their streams so the streams end (on
+    /// shutdown: the server waits for open streams before it stops).
+    pub fn disconnect_all(&self) {
+        self.lock().clear();
     }
 
     /// Records an attempt as in flight on the worker and returns its sender, or `None` when the

@@ -101,9 +101,6 @@ impl WorkerService for WorkerApi {
 
         let (sender, receiver) = mpsc::channel(OUTBOUND_QUEUE);
         let now = now_ms();
-        let connection =
-            node.registry
-                .connect(profile.clone(), sender.clone(), adopted.clone(), now);
         let welcome = SchedulerMessage {
             body: Some(scheduler_message::Body::Registered(Registered {
                 protocol: ProtocolVersion::ProtocolVersion1 as i32,
@@ -113,10 +110,15 @@ impl WorkerService for WorkerApi {
                 stale: stale.clone(),
             })),
         };
+        // The welcome is queued before the worker is visible to the dispatcher, so no Dispatch
+        // can overtake it.
         sender
             .send(Ok(welcome))
             .await
             .map_err(|_| Status::cancelled("worker went away during registration"))?;
+        let connection = node
+            .registry
+            .connect(profile.clone(), sender, adopted.clone(), now);
         tracing::info!(worker = %profile.id, %remote, capacity = profile.capacity, adopted = adopted.len(), stale = stale.len(), "worker connected");
         save_worker(&node, &profile, 0, now, true).await;
         node.dispatch_wake.notify_one();
@@ -185,6 +187,8 @@ async fn serve(
     connection: u64,
     inbound: &mut Streaming<WorkerMessage>,
 ) -> String {
+    let save_every = node.options.heartbeat_interval.as_millis() as i64 * 2;
+    let mut last_saved = now_ms();
     loop {
         let message = match inbound.message().await {
             Ok(Some(message)) => message,
@@ -199,8 +203,17 @@ async fn serve(
             }
             worker_message::Body::Accepted(_) => continue,
             worker_message::Body::Heartbeat(heartbeat) => {
+                let now = now_ms();
                 node.registry
-                    .heartbeat(worker, connection, heartbeat.draining, now_ms());
+                    .heartbeat(worker, connection, heartbeat.draining, now);
+                // Other nodes see this worker through the store; refresh its row now and then,
+                // well within the dead-worker threshold, not on every heartbeat.
+                if now - last_saved >= save_every {
+                    last_saved = now;
+                    if let Some(view) = node.registry.view(worker) {
+                        save_worker(node, &view.profile, view.running, now, true).await;
+                    }
+                }
                 continue;
             }
             worker_message::Body::Logs(batch) => {

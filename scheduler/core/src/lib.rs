@@ -7,6 +7,7 @@
 pub mod cron;
 pub mod dag;
 pub mod ids;
+pub mod liveness;
 pub mod placement;
 pub mod retry;
 pub mod run;

@@ -213,6 +213,32 @@ pub enum ReportResult {
     NotFound,
 }
 
+/// An attempt the store believes is on a worker (DISPATCHED or RUNNING), with what the
+/// liveness rules of `ax_core::liveness` need.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActiveAttempt {
+    pub instance_id: InstanceId,
+    pub run_id: RunId,
+    pub attempt: Attempt,
+    pub state: InstanceState,
+    pub worker_id: Option<String>,
+    pub dispatched_at: Option<Millis>,
+    pub started_at: Option<Millis>,
+    pub last_heartbeat_at: Option<Millis>,
+    /// The task's timeout in its workflow version; 0 means none.
+    pub timeout_ms: u64,
+}
+
+/// The answer to a manual retry of one instance.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ManualRetry {
+    /// The instance is WAITING again as its next attempt; its run is running again.
+    Retried(InstanceRecord),
+    /// Only FAILED, TIMEOUT and CANCELLED instances can be retried.
+    NotRetryable(InstanceState),
+    NotFound,
+}
+
 /// What an applied report changed, so the engine knows whom to wake.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Applied {
@@ -389,7 +415,18 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
     ) -> Result<Option<(InstanceRecord, Option<CancelledAttempt>)>>;
 
+    /// A person asks for another attempt of a finished, unsuccessful instance: it becomes
+    /// WAITING as attempt + 1 (the earlier attempts keep their records), and its run, if it had
+    /// ended, is running again.
+    async fn retry_instance(&self, id: InstanceId, now: Millis) -> Result<ManualRetry>;
+    /// Retries every FAILED, TIMEOUT and CANCELLED instance of a run (their downstream follows
+    /// when they succeed). Returns the retried instances, or `None` when the run does not exist.
+    async fn rerun_failed(&self, run: RunId, now: Millis) -> Result<Option<Vec<InstanceId>>>;
+
     // --- dispatch ---
+
+    /// Attempts that are DISPATCHED or RUNNING, oldest first, for the liveness backstop.
+    async fn active_attempts(&self, limit: u32) -> Result<Vec<ActiveAttempt>>;
 
     /// WAITING instances with `not_before <= now`, highest priority first, then oldest.
     async fn waiting(&self, now: Millis, limit: u32) -> Result<Vec<WaitingInstance>>;

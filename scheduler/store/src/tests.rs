@@ -190,6 +190,9 @@ conformance!(
     ids_are_unique_across_two_stores,
     advance_creates_exactly_the_ready_downstream_in_a_large_workflow,
     list_runs_newest_first_with_filters,
+    a_manual_retry_reopens_the_run_and_keeps_the_history,
+    rerun_failed_retries_the_failed_part_and_its_downstream_follows,
+    active_attempts_list_what_is_on_workers_with_their_timeouts,
 );
 
 mod scenarios {
@@ -1536,6 +1539,140 @@ mod scenarios {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    pub(super) async fn a_manual_retry_reopens_the_run_and_keeps_the_history(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("wf", vec![task("only", &[])])).await;
+        let run = start_run(s, &wf).await;
+        let failed = run_task(s, run.id, "only", Outcome::Failed).await;
+        assert_eq!(failed.run_finished, Some((run.id, RunState::Failed)));
+        let inst = instance_of(s, run.id, "only").await.unwrap();
+
+        let retried = s.retry_instance(inst.id, T0 + 100).await.unwrap();
+        let ManualRetry::Retried(record) = retried else {
+            panic!("{retried:?}")
+        };
+        assert_eq!(
+            (record.state, record.attempt),
+            (InstanceState::Waiting, Attempt(2))
+        );
+        assert_eq!(
+            s.get_run(run.id).await.unwrap().unwrap().state,
+            RunState::Running
+        );
+        let attempts = s.list_attempts(inst.id).await.unwrap();
+        assert_eq!(
+            attempts.len(),
+            1,
+            "attempt 2 has no row until it is dispatched"
+        );
+        assert_eq!(attempts[0].state, InstanceState::Failed);
+
+        let done = run_task(s, run.id, "only", Outcome::Success).await;
+        assert_eq!(done.run_finished, Some((run.id, RunState::Success)));
+        let attempts = s.list_attempts(inst.id).await.unwrap();
+        let states: Vec<_> = attempts.iter().map(|a| (a.attempt, a.state)).collect();
+        assert_eq!(
+            states,
+            vec![
+                (Attempt(1), InstanceState::Failed),
+                (Attempt(2), InstanceState::Success)
+            ]
+        );
+        assert_eq!(
+            s.retry_instance(inst.id, T0).await.unwrap(),
+            ManualRetry::NotRetryable(InstanceState::Success)
+        );
+        assert_eq!(
+            s.retry_instance(InstanceId(987_654), T0).await.unwrap(),
+            ManualRetry::NotFound
+        );
+    }
+
+    pub(super) async fn rerun_failed_retries_the_failed_part_and_its_downstream_follows(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(
+            s,
+            &spec(
+                "wf",
+                vec![task("a", &[]), task("bad", &["a"]), task("below", &["bad"])],
+            ),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        run_task(s, run.id, "a", Outcome::Success).await;
+        let failed = run_task(s, run.id, "bad", Outcome::Failed).await;
+        assert_eq!(failed.run_finished, Some((run.id, RunState::Failed)));
+
+        let bad = instance_of(s, run.id, "bad").await.unwrap();
+        let retried = s.rerun_failed(run.id, T0 + 100).await.unwrap();
+        assert_eq!(retried, Some(vec![bad.id]));
+        assert_eq!(
+            s.get_run(run.id).await.unwrap().unwrap().state,
+            RunState::Running
+        );
+        run_task(s, run.id, "bad", Outcome::Success).await;
+        let last = run_task(s, run.id, "below", Outcome::Success).await;
+        assert_eq!(last.run_finished, Some((run.id, RunState::Success)));
+        assert_eq!(s.rerun_failed(run.id, T0).await.unwrap(), Some(vec![]));
+        assert_eq!(s.rerun_failed(RunId(987_654), T0).await.unwrap(), None);
+    }
+
+    pub(super) async fn active_attempts_list_what_is_on_workers_with_their_timeouts(ctx: Ctx) {
+        let s = ctx.s();
+        let mut slow = task("slow", &[]);
+        slow.timeout_ms = 60_000;
+        let wf = apply(
+            s,
+            &spec("wf", vec![slow, task("queued", &[]), task("done", &[])]),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        run_task(s, run.id, "done", Outcome::Success).await;
+        let running = launch(s, run.id, "slow").await;
+        assert!(
+            s.active_attempts(100).await.unwrap().len() == 1,
+            "WAITING and finished are not active"
+        );
+
+        let queued = instance_of(s, run.id, "queued").await.unwrap();
+        s.mark_dispatched(&[claim(queued.id, 1, "w2")])
+            .await
+            .unwrap();
+        let active = s.active_attempts(100).await.unwrap();
+        assert!(
+            active
+                .windows(2)
+                .all(|w| w[0].instance_id < w[1].instance_id),
+            "oldest first"
+        );
+        let find = |id: InstanceId| active.iter().find(|a| a.instance_id == id).expect("listed");
+        let slow = find(running.id);
+        assert_eq!(
+            (
+                slow.state,
+                slow.worker_id.as_deref(),
+                slow.timeout_ms,
+                slow.started_at
+            ),
+            (InstanceState::Running, Some("w1"), 60_000, Some(T0 + 20))
+        );
+        assert_eq!(slow.last_heartbeat_at, Some(T0 + 20));
+        let dispatched = find(queued.id);
+        assert_eq!(
+            (
+                dispatched.state,
+                dispatched.worker_id.as_deref(),
+                dispatched.timeout_ms
+            ),
+            (InstanceState::Dispatched, Some("w2"), 0)
+        );
+        assert_eq!(
+            (dispatched.started_at, dispatched.dispatched_at),
+            (None, Some(T0 + 10))
+        );
+        assert_eq!(active.len(), 2);
     }
 }
 

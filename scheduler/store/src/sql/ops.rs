@@ -7,7 +7,7 @@ use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::run::{RunProgress, RunState, run_outcome};
 use ax_core::spec::WorkflowSpec;
-use ax_core::state::InstanceState;
+use ax_core::state::{Event, InstanceState, transition};
 use sqlx::{AnyConnection, Row};
 
 use super::ids::IdKind;
@@ -15,9 +15,10 @@ use super::reports::{self, finish_run_if_done, load_key, lock_runs};
 use super::rows::{self, corrupt, instance_state, map_json, to_json, to_u32};
 use super::{SqlStore, is_unique_violation, placeholders, values_rows, write_tx};
 use crate::{
-    ApplyOutcome, AttemptRecord, AuditRecord, Backend, CancelledAttempt, DispatchClaim,
-    DueSchedule, InstanceCounts, InstanceRecord, LogChunk, LogStream, NewRun, Report, ReportResult,
-    Result, RunRecord, Store, StoredLine, WaitingInstance, WorkerRecord, WorkflowRecord,
+    ActiveAttempt, ApplyOutcome, AttemptRecord, AuditRecord, Backend, CancelledAttempt,
+    DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord, LogChunk, LogStream, ManualRetry,
+    NewRun, Report, ReportResult, Result, RunRecord, Store, StoredLine, WaitingInstance,
+    WorkerRecord, WorkflowRecord,
 };
 
 /// Rows per multi-row insert: far below both backends' limits on bound parameters.
@@ -460,6 +461,87 @@ async fn cancel_instance_tx(
     Ok(record.map(|r| (r, killed)))
 }
 
+/// Moves one finished, unsuccessful instance to its next attempt (a person asked for it), and
+/// reopens its run. False when the instance is not in `key.state` any more.
+async fn retry_one(c: &mut AnyConnection, key: &reports::InstanceKey, now: Millis) -> Result<bool> {
+    if transition(key.state, Event::ManualRetry).is_err() {
+        return Ok(false);
+    }
+    let done = sqlx::query(
+        "UPDATE task_instance SET state = 'WAITING', attempt = attempt + 1, not_before = ?, \
+         worker_id = NULL, started_at = NULL, finished_at = NULL, exit_code = NULL \
+         WHERE id = ? AND attempt = ? AND state = ?",
+    )
+    .bind(now)
+    .bind(key.id.0)
+    .bind(i64::from(key.attempt.0))
+    .bind(key.state.as_str())
+    .execute(&mut *c)
+    .await?;
+    if done.rows_affected() != 1 {
+        return Ok(false);
+    }
+    sqlx::query(
+        "UPDATE run SET state = 'RUNNING', finished_at = NULL, cancel_requested = 0 \
+         WHERE id = ? AND state <> 'RUNNING'",
+    )
+    .bind(key.run_id.0)
+    .execute(&mut *c)
+    .await?;
+    Ok(true)
+}
+
+async fn retry_instance_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    id: InstanceId,
+    now: Millis,
+) -> Result<ManualRetry> {
+    let Some(key) = load_key(c, id).await? else {
+        return Ok(ManualRetry::NotFound);
+    };
+    lock_runs(store, c, &BTreeSet::from([key.run_id.0])).await?;
+    let Some(key) = load_key(c, id).await? else {
+        return Ok(ManualRetry::NotFound);
+    };
+    if !retry_one(c, &key, now).await? {
+        return Ok(ManualRetry::NotRetryable(key.state));
+    }
+    let record = instance_by_id(c, id)
+        .await?
+        .ok_or_else(|| corrupt("retried instance vanished"))?;
+    Ok(ManualRetry::Retried(record))
+}
+
+async fn rerun_failed_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    run: RunId,
+    now: Millis,
+) -> Result<Option<Vec<InstanceId>>> {
+    lock_runs(store, c, &BTreeSet::from([run.0])).await?;
+    if run_by_id(c, run).await?.is_none() {
+        return Ok(None);
+    }
+    let ids = sqlx::query(
+        "SELECT id FROM task_instance WHERE run_id = ? \
+         AND state IN ('FAILED', 'TIMEOUT', 'CANCELLED') ORDER BY id",
+    )
+    .bind(run.0)
+    .fetch_all(&mut *c)
+    .await?;
+    let mut retried = Vec::new();
+    for row in ids {
+        let id = InstanceId(row.try_get("id")?);
+        if let Some(key) = load_key(c, id).await?
+            && retry_one(c, &key, now).await?
+        {
+            retried.push(id);
+        }
+    }
+    Ok(Some(retried))
+}
+
 async fn mark_dispatched_tx(c: &mut AnyConnection, claims: &[DispatchClaim]) -> Result<Vec<bool>> {
     // Lock instance rows in id order whatever the claim order, so two batches cannot deadlock.
     let mut order: Vec<usize> = (0..claims.len()).collect();
@@ -857,6 +939,45 @@ impl Store for SqlStore {
                     instance: rows::instance(row)?,
                     logical_time: row.try_get("logical_time")?,
                     params: map_json(&params, "run params")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn retry_instance(&self, id: InstanceId, now: Millis) -> Result<ManualRetry> {
+        write_tx!(self, |c| retry_instance_tx(self, c, id, now))
+    }
+
+    async fn rerun_failed(&self, run: RunId, now: Millis) -> Result<Option<Vec<InstanceId>>> {
+        write_tx!(self, |c| rerun_failed_tx(self, c, run, now))
+    }
+
+    async fn active_attempts(&self, limit: u32) -> Result<Vec<ActiveAttempt>> {
+        let rows = sqlx::query(
+            "SELECT ti.id, ti.run_id, ti.attempt, ti.state, ti.worker_id, ti.started_at, \
+             ti.last_heartbeat_at, ta.dispatched_at, td.timeout_ms \
+             FROM task_instance ti \
+             JOIN task_definition td ON td.workflow_id = ti.workflow_id \
+               AND td.version = ti.workflow_version AND td.name = ti.task_name \
+             LEFT JOIN task_attempt ta ON ta.instance_id = ti.id AND ta.attempt = ti.attempt \
+             WHERE ti.state IN ('DISPATCHED', 'RUNNING') ORDER BY ti.id LIMIT ?",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let timeout: i64 = row.try_get("timeout_ms")?;
+                Ok(ActiveAttempt {
+                    instance_id: InstanceId(row.try_get("id")?),
+                    run_id: RunId(row.try_get("run_id")?),
+                    attempt: Attempt(to_u32(row.try_get("attempt")?, "attempt")?),
+                    state: instance_state(&row.try_get::<String, _>("state")?)?,
+                    worker_id: row.try_get("worker_id")?,
+                    dispatched_at: row.try_get("dispatched_at")?,
+                    started_at: row.try_get("started_at")?,
+                    last_heartbeat_at: row.try_get("last_heartbeat_at")?,
+                    timeout_ms: u64::try_from(timeout).unwrap_or(0),
                 })
             })
             .collect()

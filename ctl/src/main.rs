@@ -13,7 +13,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::client::Ctx;
-use crate::commands::{apply, cancel, dev, get, logs, pause, resume, trigger, workers};
+use crate::commands::{
+    apply, cancel, dev, get, logs, pause, rerun, resume, retry, trigger, workers,
+};
 use crate::error::Exit;
 use crate::output::Output;
 
@@ -80,6 +82,10 @@ enum Command {
     Resume(resume::Args),
     /// Cancel a run or a single instance.
     Cancel(cancel::Args),
+    /// Retry one failed, timed-out or cancelled instance as a new attempt.
+    Retry(retry::Args),
+    /// Rerun the failed part of a run as new attempts.
+    Rerun(rerun::Args),
     /// Run a scheduler and a worker in this process (SQLite store, no Redis).
     Dev(dev::Args),
 }
@@ -103,6 +109,8 @@ async fn main() -> ExitCode {
         Command::Pause(args) => pause::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Resume(args) => resume::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Cancel(args) => cancel::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Retry(args) => retry::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Rerun(args) => rerun::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Dev(args) => dev::run(&ctx, args).await,
     };
     let exit = match result {

@@ -192,6 +192,7 @@ async fn dispatch_batch(node: &Node, waiting: Vec<WaitingInstance>) -> anyhow::R
                 .send(Envelope {
                     worker: plan.worker,
                     report,
+                    from_worker: false,
                 })
                 .await;
         }

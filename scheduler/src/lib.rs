@@ -140,6 +140,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     ));
     tasks.spawn(dispatcher::run(node.clone(), cancel.clone()));
     tasks.spawn(schedules::run(node.clone(), cancel.clone()));
+    tasks.spawn(backstop::run(node.clone(), cancel.clone()));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
@@ -198,6 +199,7 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+mod backstop;
 mod clock;
 pub mod config;
 mod dispatcher;

@@ -20,9 +20,12 @@ use crate::node::Node;
 const MAX_BATCH: usize = 512;
 
 pub struct Envelope {
-    /// The worker that sent the report (to answer a stale one).
+    /// The worker the attempt is on (the sender, when `from_worker`).
     pub worker: String,
     pub report: Report,
+    /// Sent by the worker itself (a stale one is answered), rather than decided by this node
+    /// (the liveness backstop, an undeliverable dispatch).
+    pub from_worker: bool,
 }
 
 pub type ReportSender = mpsc::Sender<Envelope>;
@@ -104,7 +107,12 @@ async fn apply(node: &Node, batch: &[Envelope]) {
                     node.bump_progress();
                 }
             }
-            (report, refusal) => refuse(node, &envelope.worker, report, &refusal).await,
+            (report, refusal) if envelope.from_worker => {
+                refuse(node, &envelope.worker, report, &refusal).await
+            }
+            // This node's own verdict lost a race (the worker reported first, or another node
+            // judged it): nothing to undo.
+            (_, _) => {}
         }
     }
     node.bump_progress();

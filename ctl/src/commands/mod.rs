@@ -6,6 +6,8 @@ pub mod dev;
 pub mod get;
 pub mod logs;
 pub mod pause;
+pub mod rerun;
 pub mod resume;
+pub mod retry;
 pub mod trigger;
 pub mod workers;

@@ -475,6 +475,42 @@ impl ControlService for Fake {
         })
     }
 
+    async fn retry_instance(
+        &self,
+        request: Request<pb::RetryInstanceRequest>,
+    ) -> Result<Response<pb::Instance>, Status> {
+        self.record("RetryInstance");
+        let id = request.into_inner().id;
+        self.with(|s| {
+            let Some(i) = s.instances.iter_mut().find(|i| i.id == id) else {
+                return Err(Status::not_found(format!("instance {id} not found")));
+            };
+            if i.state == pb::InstanceState::Success as i32 {
+                return Err(Status::failed_precondition(format!(
+                    "instance {id} is SUCCESS; only FAILED, TIMEOUT and CANCELLED instances can be retried"
+                )));
+            }
+            i.state = pb::InstanceState::Waiting as i32;
+            i.attempt += 1;
+            Ok(Response::new(i.clone()))
+        })
+    }
+
+    async fn rerun_run(
+        &self,
+        request: Request<pb::RerunRunRequest>,
+    ) -> Result<Response<pb::Run>, Status> {
+        self.record("RerunRun");
+        let id = request.into_inner().id;
+        self.with(|s| {
+            let Some(r) = s.runs.iter_mut().find(|r| r.run.id == id) else {
+                return Err(Status::not_found(format!("run {id} not found")));
+            };
+            r.run.state = pb::RunState::Running as i32;
+            Ok(Response::new(r.run.clone()))
+        })
+    }
+
     type GetLogsStream = ReceiverStream<Result<pb::LogChunk, Status>>;
 
     async fn get_logs(

@@ -10,7 +10,7 @@ use ax_core::ids::{Attempt, InstanceId, RunId};
 use ax_core::spec::{TriggerKind, WorkflowSpec, parse_workflow};
 use ax_proto::v1 as pb;
 use ax_proto::v1::control_service_server::ControlService;
-use ax_store::{AuditRecord, CancelledAttempt, LogStream, NewRun, WorkflowRecord};
+use ax_store::{AuditRecord, CancelledAttempt, LogStream, ManualRetry, NewRun, WorkflowRecord};
 use futures::Stream;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -447,6 +447,20 @@ impl ControlService for ControlApi {
         let remote = remote(&request);
         let request = request.into_inner();
         let id = RunId(positive_id(request.id, "run")?);
+        let before = self
+            .node
+            .store
+            .get_run(id)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
+        // Cancelling a cancelled run again is harmless; a run that ended otherwise stays as it is.
+        if before.state.is_terminal() && before.state != ax_core::run::RunState::Cancelled {
+            return Err(Status::failed_precondition(format!(
+                "run {id} already ended {}",
+                before.state
+            )));
+        }
         let cancelled = self
             .node
             .store
@@ -537,6 +551,19 @@ impl ControlService for ControlApi {
         let remote = remote(&request);
         let request = request.into_inner();
         let id = InstanceId(positive_id(request.id, "instance")?);
+        let before = self
+            .node
+            .store
+            .get_instance(id)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("instance {id} not found")))?;
+        if before.state.is_terminal() && before.state != ax_core::state::InstanceState::Cancelled {
+            return Err(Status::failed_precondition(format!(
+                "instance {id} already ended {}",
+                before.state
+            )));
+        }
         let (record, cancelled) = self
             .node
             .store
@@ -566,6 +593,96 @@ impl ControlService for ControlApi {
             .await
             .map_err(store_status)?;
         Ok(Response::new(convert::instance(&record, &attempts)))
+    }
+
+    async fn retry_instance(
+        &self,
+        request: Request<pb::RetryInstanceRequest>,
+    ) -> Result<Response<pb::Instance>, Status> {
+        let remote = remote(&request);
+        let request = request.into_inner();
+        let id = InstanceId(positive_id(request.id, "instance")?);
+        let record = match self
+            .node
+            .store
+            .retry_instance(id, now_ms())
+            .await
+            .map_err(store_status)?
+        {
+            ManualRetry::Retried(record) => record,
+            ManualRetry::NotFound => {
+                return Err(Status::not_found(format!("instance {id} not found")));
+            }
+            ManualRetry::NotRetryable(state) => {
+                return Err(Status::failed_precondition(format!(
+                    "instance {id} is {state}; only FAILED, TIMEOUT and CANCELLED instances can be retried"
+                )));
+            }
+        };
+        let detail = format!("attempt {}", record.attempt);
+        self.audit(
+            &request.actor,
+            "retry",
+            format!("instance/{id}"),
+            detail,
+            &remote,
+        )
+        .await;
+        self.node.dispatch_wake.notify_one();
+        self.node.bump_progress();
+        let attempts = self
+            .node
+            .store
+            .list_attempts(id)
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(convert::instance(&record, &attempts)))
+    }
+
+    async fn rerun_run(
+        &self,
+        request: Request<pb::RerunRunRequest>,
+    ) -> Result<Response<pb::Run>, Status> {
+        let remote = remote(&request);
+        let request = request.into_inner();
+        let id = RunId(positive_id(request.id, "run")?);
+        if !request.failed {
+            return Err(Status::invalid_argument(
+                "say what to rerun: failed = true reruns the failed part",
+            ));
+        }
+        let retried = self
+            .node
+            .store
+            .rerun_failed(id, now_ms())
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
+        if retried.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "run {id} has no FAILED, TIMEOUT or CANCELLED instance to rerun"
+            )));
+        }
+        let detail = format!("failed part: instances {retried:?}");
+        self.audit(
+            &request.actor,
+            "rerun",
+            format!("run/{id}"),
+            detail,
+            &remote,
+        )
+        .await;
+        self.node.dispatch_wake.notify_one();
+        self.node.bump_progress();
+        let record = self
+            .node
+            .store
+            .get_run(id)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
+        let counts = self.node.store.run_counts(id).await.map_err(store_status)?;
+        Ok(Response::new(convert::run(&record, Some(&counts))))
     }
 
     type GetLogsStream = LogStreamOut;

@@ -4,6 +4,7 @@
 //! `Registered`, listing the attempts the worker claims to run that are not current (the worker
 //! kills them). Reports then flow to the reporter (transitions) and the log writer (lines).
 
+use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -97,6 +98,38 @@ impl WorkerService for WorkerApi {
                 }
                 _ => stale.push(*running),
             }
+        }
+
+        // Attempts dispatched to this worker before it registered that it does not run never
+        // reached it (the stream broke on the way, or the scheduler restarted): back to WAITING.
+        let listed: HashSet<(i64, u32)> = register
+            .running
+            .iter()
+            .map(|r| (r.instance_id, r.attempt))
+            .collect();
+        let registered_at = now_ms();
+        let active = node
+            .store
+            .active_attempts(100_000)
+            .await
+            .map_err(|err| Status::unavailable(format!("store: {err}")))?;
+        for lost in active.into_iter().filter(|a| {
+            a.state == InstanceState::Dispatched
+                && a.worker_id.as_deref() == Some(profile.id.as_str())
+                && !listed.contains(&(a.instance_id.0, a.attempt.0))
+                && a.dispatched_at.is_some_and(|at| at < registered_at)
+        }) {
+            let report = Report::Rejected {
+                instance_id: lost.instance_id,
+                attempt: lost.attempt,
+                reason: format!("worker {} re-registered without it", profile.id),
+            };
+            let envelope = Envelope {
+                worker: profile.id.clone(),
+                report,
+                from_worker: false,
+            };
+            let _ = node.reports.send(envelope).await;
         }
 
         let (sender, receiver) = mpsc::channel(OUTBOUND_QUEUE);
@@ -286,6 +319,7 @@ async fn serve(
             .send(Envelope {
                 worker: worker.to_string(),
                 report,
+                from_worker: true,
             })
             .await
             .is_err()

@@ -1,0 +1,152 @@
+//! The scheduler's backstop for attempts whose worker went quiet: judged by
+//! `ax_core::liveness`, carried out as ordinary reports through the reporter, so each verdict is
+//! the same conditional transition a worker's report would be (and a node racing another on the
+//! same verdict simply loses).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ax_core::Millis;
+use ax_core::liveness::{AttemptFacts, Intervals, Verdict, judge};
+use ax_core::state::Outcome;
+use ax_proto::v1::{CancelAttempt, SchedulerMessage, scheduler_message};
+use ax_store::{ActiveAttempt, AttemptEnd, Report};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::now_ms;
+use crate::node::Node;
+use crate::reporter::Envelope;
+
+/// Attempts judged per pass.
+const MAX_ACTIVE: u32 = 100_000;
+
+pub fn intervals(node: &Node) -> Intervals {
+    Intervals {
+        worker_heartbeat_ms: node.options.heartbeat_interval.as_millis() as Millis,
+        task_heartbeat_ms: node.options.task_heartbeat_interval.as_millis() as Millis,
+        dead_after_missed: node.options.dead_after_missed_heartbeats,
+    }
+}
+
+pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
+    // Judging once per worker heartbeat interval keeps every verdict within one interval of
+    // its threshold.
+    let mut tick = tokio::time::interval(node.options.heartbeat_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = cancel.cancelled() => return,
+        }
+        if let Err(err) = judge_active(&node).await {
+            tracing::error!(error = %err, "liveness pass failed");
+        }
+    }
+}
+
+/// When each worker was last seen, by this node (fresh) or by any node (through the store).
+async fn workers_last_seen(node: &Node) -> anyhow::Result<HashMap<String, Millis>> {
+    let mut seen: HashMap<String, Millis> = node
+        .store
+        .list_workers()
+        .await?
+        .into_iter()
+        .map(|worker| (worker.id, worker.last_heartbeat))
+        .collect();
+    for view in node.registry.views() {
+        let entry = seen.entry(view.profile.id).or_insert(view.last_heartbeat);
+        *entry = (*entry).max(view.last_heartbeat);
+    }
+    Ok(seen)
+}
+
+async fn judge_active(node: &Node) -> anyhow::Result<()> {
+    let active = node.store.active_attempts(MAX_ACTIVE).await?;
+    if active.is_empty() {
+        return Ok(());
+    }
+    let seen = workers_last_seen(node).await?;
+    let intervals = intervals(node);
+    let now = now_ms();
+    for attempt in active {
+        let worker = attempt.worker_id.clone().unwrap_or_default();
+        let facts = AttemptFacts {
+            state: attempt.state,
+            dispatched_at: attempt.dispatched_at,
+            started_at: attempt.started_at,
+            last_task_heartbeat: attempt.last_heartbeat_at,
+            timeout_ms: attempt.timeout_ms,
+            worker_last_seen: seen.get(&worker).copied(),
+        };
+        let verdict = judge(&facts, &intervals, now);
+        if let Some(report) = carry_out(node, &attempt, &worker, verdict, now) {
+            let envelope = Envelope {
+                worker,
+                report,
+                from_worker: false,
+            };
+            if node.reports.send(envelope).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn carry_out(
+    node: &Node,
+    attempt: &ActiveAttempt,
+    worker: &str,
+    verdict: Verdict,
+    now: Millis,
+) -> Option<Report> {
+    let (instance_id, number) = (attempt.instance_id, attempt.attempt);
+    let finished = |outcome, message: String| Report::Finished {
+        instance_id,
+        attempt: number,
+        end: AttemptEnd::Finished(outcome),
+        exit_code: None,
+        signal: None,
+        at: now,
+        log_lines: 0,
+        message,
+    };
+    match verdict {
+        Verdict::Healthy => None,
+        Verdict::TimedOut => {
+            let message = format!(
+                "timed out: running longer than its timeout of {} ms plus the {} ms grace, and no report from worker {worker}",
+                attempt.timeout_ms,
+                intervals(node).timeout_grace_ms()
+            );
+            tracing::warn!(instance = %instance_id, attempt = %number, worker, "backstop timeout");
+            // If the worker is still connected here, it must kill the process.
+            if let Some(sender) = node.registry.sender(worker) {
+                let cancel = SchedulerMessage {
+                    body: Some(scheduler_message::Body::Cancel(CancelAttempt {
+                        instance_id: instance_id.0,
+                        attempt: number.0,
+                        reason: message.clone(),
+                    })),
+                };
+                let _ = sender.try_send(Ok(cancel));
+            }
+            Some(finished(Outcome::Timeout, message))
+        }
+        Verdict::Lost => {
+            tracing::warn!(instance = %instance_id, attempt = %number, worker, "attempt lost with its worker");
+            Some(finished(
+                Outcome::Failed,
+                format!("lost: worker {worker} is dead and the attempt went silent"),
+            ))
+        }
+        Verdict::NeverStarted => {
+            tracing::warn!(instance = %instance_id, attempt = %number, worker, "dispatch never started; back to waiting");
+            Some(Report::Rejected {
+                instance_id,
+                attempt: number,
+                reason: format!("worker {worker} died before starting it"),
+            })
+        }
+    }
+}

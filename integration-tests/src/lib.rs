@@ -1,6 +1,7 @@
 //! A sandbox for end-to-end tests: a scheduler on loopback gRPC over a real store (a fresh SQLite
 //! file, or a fresh MySQL database), real workers running real shell commands, and `wait_for`
 //! helpers that give up after a timeout instead of hanging.
+pub mod process;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

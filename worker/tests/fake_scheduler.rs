@@ -65,6 +65,7 @@ impl WorkerService for FakeService {
                 heartbeat_interval_ms: 200,
                 task_heartbeat_interval_ms: 200,
                 stale,
+                worker_dead_after_ms: 0,
             };
             if tx
                 .send(Ok(message(scheduler_message::Body::Registered(registered))))

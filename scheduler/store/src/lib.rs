@@ -246,6 +246,10 @@ pub struct Applied {
     pub new_waiting: u32,
     /// The instance's attempt ended (its start lock can be released).
     pub attempt_ended: bool,
+    /// How it ended (SUCCESS, FAILED or TIMEOUT), for a Finished report.
+    pub attempt_state: Option<InstanceState>,
+    /// The instance goes on to its next attempt (a retry after its backoff).
+    pub retry_scheduled: bool,
     /// The run reached a terminal state.
     pub run_finished: Option<(RunId, RunState)>,
 }

@@ -721,6 +721,10 @@ mod scenarios {
             ),
             (1, true, None)
         );
+        assert_eq!(
+            (applied1.attempt_state, applied1.retry_scheduled),
+            (Some(InstanceState::Timeout), true)
+        );
         let now = s.get_instance(inst.id).await.unwrap().unwrap();
         assert_eq!(
             (now.state, now.attempt),
@@ -980,6 +984,10 @@ mod scenarios {
                 failed.attempt_ended
             ),
             (0, None, true)
+        );
+        assert_eq!(
+            (failed.attempt_state, failed.retry_scheduled),
+            (Some(InstanceState::Failed), false)
         );
         assert!(instance_of(s, run.id, "below").await.is_none());
         let good = run_task(s, run.id, "good", Outcome::Success).await;

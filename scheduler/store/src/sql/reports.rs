@@ -340,6 +340,8 @@ async fn apply_one(
             .await?;
             let mut applied = Applied {
                 attempt_ended: true,
+                attempt_state: Some(attempt_state),
+                retry_scheduled: next.next_attempt,
                 ..Applied::default()
             };
             if next.next_attempt {

@@ -150,6 +150,10 @@ async fn refuse(node: &Node, worker: &str, report: &Report, result: &ReportResul
     if finished {
         node.registry.end_attempt(worker, instance_id, attempt);
     }
+    let code = match result {
+        ReportResult::NotFound => tonic::Code::NotFound,
+        _ => tonic::Code::FailedPrecondition,
+    };
     let reason = match result {
         ReportResult::Stale {
             current_attempt,
@@ -167,6 +171,7 @@ async fn refuse(node: &Node, worker: &str, report: &Report, result: &ReportResul
                 attempt: attempt.0,
                 reason,
                 kill: !finished,
+                code: code as i32,
             })),
         };
         let _ = sender.try_send(Ok(message));

@@ -592,6 +592,7 @@ async fn a_refused_report_with_kill_kills_and_reports_nothing_more() {
         attempt: 1,
         reason: "attempt 2 is current".into(),
         kill: true,
+        code: tonic::Code::FailedPrecondition as i32,
     };
     fake.send(scheduler_message::Body::Refused(refused)).await;
     fake.wait_for("the process to die", |_| (!alive(pid)).then_some(()))

@@ -198,6 +198,7 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+pub mod alerts;
 mod clock;
 pub mod config;
 mod dispatcher;

@@ -199,6 +199,7 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+pub mod alerts;
 mod backstop;
 mod clock;
 pub mod config;

@@ -124,6 +124,7 @@ pub struct ClusterBuilder {
     strategy: Strategy,
     workers: Vec<WorkerSpec>,
     redis: bool,
+    alerts: Vec<ax_scheduler::alerts::ChannelConfig>,
 }
 
 impl ClusterBuilder {
@@ -138,6 +139,12 @@ impl ClusterBuilder {
             capacity,
             labels: BTreeMap::new(),
         });
+        self
+    }
+
+    /// Failures are announced to these channels.
+    pub fn alert_channel(mut self, channel: ax_scheduler::alerts::ChannelConfig) -> Self {
+        self.alerts.push(channel);
         self
     }
 
@@ -166,6 +173,7 @@ impl ClusterBuilder {
             task_heartbeat_interval: Duration::from_secs(2),
             dead_after_missed_heartbeats: 4,
             log_flush_interval: Duration::from_millis(10),
+            alerts: self.alerts,
         };
         let scheduler = ax_scheduler::start(options).await?;
         let addr = scheduler.local_addr();
@@ -198,6 +206,7 @@ impl Cluster {
             strategy: Strategy::LeastRunning,
             workers: Vec::new(),
             redis: false,
+            alerts: Vec::new(),
         }
     }
 
@@ -369,6 +378,79 @@ impl Cluster {
         }
         self.scheduler.shutdown().await?;
         self.db.drop_database().await
+    }
+}
+
+/// A minimal HTTP endpoint on loopback that answers 200 to every POST and keeps the bodies,
+/// standing in for a webhook receiver.
+pub struct WebhookReceiver {
+    pub url: String,
+    bodies: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    task: JoinHandle<()>,
+}
+
+impl WebhookReceiver {
+    pub async fn start() -> anyhow::Result<WebhookReceiver> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/hook", listener.local_addr()?);
+        let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = bodies.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let kept = kept.clone();
+                tokio::spawn(async move {
+                    let mut buffer = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let Ok(n) = socket.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buffer.extend_from_slice(&chunk[..n]);
+                        let text = String::from_utf8_lossy(&buffer).to_string();
+                        let Some(head_end) = text.find("\r\n\r\n") else {
+                            continue;
+                        };
+                        let length = text[..head_end]
+                            .lines()
+                            .find_map(|line| {
+                                let (name, value) = line.split_once(':')?;
+                                name.eq_ignore_ascii_case("content-length")
+                                    .then(|| value.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        if buffer.len() < head_end + 4 + length {
+                            continue;
+                        }
+                        let body =
+                            String::from_utf8_lossy(&buffer[head_end + 4..head_end + 4 + length])
+                                .to_string();
+                        kept.lock().unwrap_or_else(|p| p.into_inner()).push(body);
+                        let _ = socket
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                            .await;
+                        buffer.clear();
+                    }
+                });
+            }
+        });
+        Ok(WebhookReceiver { url, bodies, task })
+    }
+
+    pub fn bodies(&self) -> Vec<String> {
+        self.bodies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl Drop for WebhookReceiver {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 

@@ -44,6 +44,7 @@ on_every_backend!(
     cancelling_a_run_kills_its_process_and_starts_nothing_more,
     following_logs_streams_lines_until_the_attempt_ends,
     rerun_of_the_failed_part_and_retry_of_an_instance_through_axctl,
+    failures_are_announced_to_the_alert_channels,
 );
 
 async fn cluster(backend: Backend, workers: &[(&str, u32)]) -> Option<Cluster> {
@@ -799,7 +800,9 @@ tasks:
 }
 
 async fn rerun_of_the_failed_part_and_retry_of_an_instance_through_axctl(backend: Backend) {
-    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else { return };
+    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else {
+        return;
+    };
     let ready = cluster.dir().join("ready");
     let source = format!(
         r#"
@@ -814,44 +817,188 @@ tasks:
         ready = ready.display()
     );
     cluster.apply(&source).await.expect("apply");
-    let run = cluster.trigger("needs-data", &[], "").await.expect("trigger").run.expect("run");
-    let failed = cluster.wait_run(run.id, RUN_TIMEOUT).await.expect("run ends");
+    let run = cluster
+        .trigger("needs-data", &[], "")
+        .await
+        .expect("trigger")
+        .run
+        .expect("run");
+    let failed = cluster
+        .wait_run(run.id, RUN_TIMEOUT)
+        .await
+        .expect("run ends");
     assert_eq!(failed.state, pb::RunState::Failed as i32);
 
     // Nothing to retry in a successful instance; an unknown id is not found.
     let output = cluster.axctl(&["retry", "987654"]).expect("axctl");
-    assert_eq!(output.status.code(), Some(3), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 
     std::fs::write(&ready, "").expect("marker");
-    let output = cluster.axctl(&["rerun", &run.id.to_string(), "--failed"]).expect("axctl rerun");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let rerun = cluster.wait_run(run.id, RUN_TIMEOUT).await.expect("rerun ends");
+    let output = cluster
+        .axctl(&["rerun", &run.id.to_string(), "--failed"])
+        .expect("axctl rerun");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let rerun = cluster
+        .wait_run(run.id, RUN_TIMEOUT)
+        .await
+        .expect("rerun ends");
     assert_eq!(rerun.state, pb::RunState::Success as i32, "{rerun:?}");
     let instances = cluster.instances(run.id).await.expect("instances");
     let load = instances.iter().find(|i| i.task == "load").expect("load");
     let history: Vec<(u32, i32)> = load.attempts.iter().map(|a| (a.attempt, a.state)).collect();
     assert_eq!(
         history,
-        vec![(1, pb::InstanceState::Failed as i32), (2, pb::InstanceState::Success as i32)]
+        vec![
+            (1, pb::InstanceState::Failed as i32),
+            (2, pb::InstanceState::Success as i32)
+        ]
     );
-    assert!(instances.iter().any(|i| i.task == "publish" && i.state == pb::InstanceState::Success as i32));
+    assert!(
+        instances
+            .iter()
+            .any(|i| i.task == "publish" && i.state == pb::InstanceState::Success as i32)
+    );
 
-    let output = cluster.axctl(&["rerun", &run.id.to_string(), "--failed"]).expect("axctl rerun");
-    assert_eq!(output.status.code(), Some(6), "nothing failed is left to rerun");
-    let output = cluster.axctl(&["retry", &load.id.to_string()]).expect("axctl retry");
-    assert_eq!(output.status.code(), Some(6), "a successful instance is not retried");
+    let output = cluster
+        .axctl(&["rerun", &run.id.to_string(), "--failed"])
+        .expect("axctl rerun");
+    assert_eq!(
+        output.status.code(),
+        Some(6),
+        "nothing failed is left to rerun"
+    );
+    let output = cluster
+        .axctl(&["retry", &load.id.to_string()])
+        .expect("axctl retry");
+    assert_eq!(
+        output.status.code(),
+        Some(6),
+        "a successful instance is not retried"
+    );
     assert!(String::from_utf8_lossy(&output.stderr).contains("SUCCESS"));
 
     // A single instance, retried by hand after it failed.
     std::fs::remove_file(&ready).expect("marker");
-    let second = cluster.trigger("needs-data", &[], "").await.expect("trigger").run.expect("run");
-    cluster.wait_run(second.id, RUN_TIMEOUT).await.expect("run ends");
-    let load = cluster.instances(second.id).await.expect("instances").remove(0);
+    let second = cluster
+        .trigger("needs-data", &[], "")
+        .await
+        .expect("trigger")
+        .run
+        .expect("run");
+    cluster
+        .wait_run(second.id, RUN_TIMEOUT)
+        .await
+        .expect("run ends");
+    let load = cluster
+        .instances(second.id)
+        .await
+        .expect("instances")
+        .remove(0);
     std::fs::write(&ready, "").expect("marker");
-    let output = cluster.axctl(&["retry", &load.id.to_string()]).expect("axctl retry");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let done = cluster.wait_run(second.id, RUN_TIMEOUT).await.expect("run ends");
+    let output = cluster
+        .axctl(&["retry", &load.id.to_string()])
+        .expect("axctl retry");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let done = cluster
+        .wait_run(second.id, RUN_TIMEOUT)
+        .await
+        .expect("run ends");
     assert_eq!(done.state, pb::RunState::Success as i32);
+    cluster.shutdown().await.expect("shutdown");
+}
+
+async fn failures_are_announced_to_the_alert_channels(backend: Backend) {
+    use ax_scheduler::alerts::{ChannelConfig, ChannelFormat};
+    let receiver = ax_integration_tests::WebhookReceiver::start()
+        .await
+        .expect("receiver");
+    let channel = ChannelConfig::new("ops", ChannelFormat::Webhook, receiver.url.clone());
+    let cluster = Cluster::builder(backend)
+        .worker("w1", 2)
+        .alert_channel(channel)
+        .start()
+        .await;
+    let Some(cluster) = cluster.expect("cluster starts") else {
+        return;
+    };
+    cluster
+        .wait_for_workers(1, Duration::from_secs(20))
+        .await
+        .expect("worker");
+    let source = r#"
+name: alerting
+tasks:
+  - name: doomed
+    retries: 1
+    retry_backoff: 100ms
+    command: echo "attempt $AX_ATTEMPT"; exit 4
+"#;
+    cluster.apply(source).await.expect("apply");
+    let run = cluster
+        .trigger("alerting", &[], "")
+        .await
+        .expect("trigger")
+        .run
+        .expect("run");
+    let ended = cluster
+        .wait_run(run.id, RUN_TIMEOUT)
+        .await
+        .expect("run ends");
+    assert_eq!(ended.state, pb::RunState::Failed as i32);
+
+    let wanted = ["instance_failed", "retries_exhausted", "run_failed"];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let alerts = loop {
+        let alerts: Vec<serde_json::Value> = receiver
+            .bodies()
+            .iter()
+            .map(|body| serde_json::from_str(body).expect("json body"))
+            .collect();
+        let kinds: HashSet<String> = alerts
+            .iter()
+            .filter_map(|alert| alert["kind"].as_str().map(str::to_string))
+            .collect();
+        if wanted.iter().all(|kind| kinds.contains(*kind)) {
+            break alerts;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "alerts received: {alerts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for alert in &alerts {
+        assert_eq!(alert["version"], 1);
+        assert_eq!(alert["workflow"], "alerting");
+        assert_eq!(alert["run_id"], run.id);
+    }
+    let exhausted = alerts
+        .iter()
+        .find(|a| a["kind"] == "retries_exhausted")
+        .expect("exhausted");
+    assert_eq!(exhausted["task"], "doomed");
+    assert_eq!(exhausted["attempt"], 2);
+    assert_eq!(
+        alerts
+            .iter()
+            .filter(|a| a["kind"] == "instance_failed")
+            .count(),
+        1,
+        "a failed attempt that is retried raises no failure alert"
+    );
     cluster.shutdown().await.expect("shutdown");
 }
 

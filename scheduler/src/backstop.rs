@@ -13,6 +13,7 @@ use ax_proto::v1::{CancelAttempt, SchedulerMessage, scheduler_message};
 use ax_store::{ActiveAttempt, AttemptEnd, Report};
 use tokio_util::sync::CancellationToken;
 
+use crate::alerts::{Alert, AlertKind};
 use crate::clock::now_ms;
 use crate::node::Node;
 use crate::reporter::Envelope;
@@ -68,6 +69,7 @@ async fn judge_active(node: &Node) -> anyhow::Result<()> {
     let seen = workers_last_seen(node).await?;
     let intervals = intervals(node);
     let now = now_ms();
+    let mut lost_workers: HashMap<String, Vec<ActiveAttempt>> = HashMap::new();
     for attempt in active {
         let worker = attempt.worker_id.clone().unwrap_or_default();
         let facts = AttemptFacts {
@@ -79,6 +81,12 @@ async fn judge_active(node: &Node) -> anyhow::Result<()> {
             worker_last_seen: seen.get(&worker).copied(),
         };
         let verdict = judge(&facts, &intervals, now);
+        if verdict == Verdict::Lost {
+            lost_workers
+                .entry(worker.clone())
+                .or_default()
+                .push(attempt.clone());
+        }
         if let Some(report) = carry_out(node, &attempt, &worker, verdict, now) {
             let envelope = Envelope {
                 worker,
@@ -90,7 +98,34 @@ async fn judge_active(node: &Node) -> anyhow::Result<()> {
             }
         }
     }
+    for (worker, attempts) in lost_workers {
+        alert_worker_lost(node, &worker, &attempts, now).await;
+    }
     Ok(())
+}
+
+/// One alert per dead worker, naming what it was running.
+async fn alert_worker_lost(node: &Node, worker: &str, attempts: &[ActiveAttempt], now: Millis) {
+    if !node.alerter.is_enabled() {
+        return;
+    }
+    let mut workflow = String::new();
+    if let Some(first) = attempts.first()
+        && let Ok(Some(instance)) = node.store.get_instance(first.instance_id).await
+    {
+        workflow = instance.workflow;
+    }
+    let ids: Vec<String> = attempts
+        .iter()
+        .map(|a| format!("{}#{}", a.instance_id, a.attempt))
+        .collect();
+    let message = format!(
+        "worker {worker} is dead; {} running attempts lost and retried where retries allow: {}",
+        attempts.len(),
+        ids.join(", ")
+    );
+    node.alerter
+        .notify(Alert::new(AlertKind::WorkerLost, workflow, message, now).with_worker(worker));
 }
 
 fn carry_out(

@@ -65,6 +65,7 @@ struct FileConfig {
     task_heartbeat_interval: Option<String>,
     dead_after_missed_heartbeats: Option<u32>,
     log_flush_interval: Option<String>,
+    alerts: Option<crate::alerts::AlertsConfig>,
 }
 
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -141,7 +142,16 @@ impl Args {
                     &path,
                 )?)
                 .unwrap_or(defaults.log_flush_interval),
+            alerts: file
+                .alerts
+                .map(|alerts| alerts.channels)
+                .unwrap_or_default(),
         };
+        for channel in &options.alerts {
+            channel
+                .validate()
+                .map_err(|err| anyhow::anyhow!("config file {}: {err}", path.display()))?;
+        }
         if options.heartbeat_interval.is_zero() || options.task_heartbeat_interval.is_zero() {
             bail!("heartbeat intervals must be greater than zero");
         }

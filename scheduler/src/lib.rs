@@ -41,6 +41,8 @@ pub struct SchedulerOptions {
     pub dead_after_missed_heartbeats: u32,
     /// How long the log writer waits to fill a batch.
     pub log_flush_interval: Duration,
+    /// Where failures are announced (webhooks); none by default.
+    pub alerts: Vec<alerts::ChannelConfig>,
 }
 
 impl Default for SchedulerOptions {
@@ -56,6 +58,7 @@ impl Default for SchedulerOptions {
             task_heartbeat_interval: Duration::from_secs(30),
             dead_after_missed_heartbeats: 4,
             log_flush_interval: Duration::from_millis(20),
+            alerts: Vec::new(),
         }
     }
 }
@@ -105,6 +108,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         ),
         None => Arc::new(LocalGuards::new()),
     };
+    let alerter = alerts::Alerter::new(options.alerts.clone()).context("alert channels")?;
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .with_context(|| format!("binding {}", options.listen))?;
@@ -121,7 +125,14 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         strategy = %options.strategy,
         "scheduler starting"
     );
-    let node = Arc::new(Node::new(options, store, guards, report_sender, log_writer));
+    let node = Arc::new(Node::new(
+        options,
+        store,
+        guards,
+        report_sender,
+        log_writer,
+        alerter,
+    ));
 
     // The server stops first; the queues it fed are drained after it (background token).
     let cancel = CancellationToken::new();
@@ -170,12 +181,26 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         closing.registry.disconnect_all();
     });
     let server_background = background.clone();
+    let alerting = node.clone();
     tasks.spawn(async move {
         if let Err(err) = server.await {
             tracing::error!(error = %err, "gRPC server failed");
         }
         // Open worker streams end with the server; then the queues drain.
         server_background.cancel();
+    });
+    // Alerts raised while the queues drain still go out, within a bound.
+    let alerts_done = background.clone();
+    tasks.spawn(async move {
+        alerts_done.cancelled().await;
+        let stats = alerting
+            .alerter
+            .clone()
+            .shutdown(Duration::from_secs(5))
+            .await;
+        if stats.failed > 0 {
+            tracing::warn!(failed = stats.failed, "some alerts could not be delivered");
+        }
     });
     Ok(RunningScheduler {
         local_addr,

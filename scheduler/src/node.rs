@@ -7,6 +7,7 @@ use ax_store::Store;
 use tokio::sync::{Mutex, Notify, watch};
 
 use crate::SchedulerOptions;
+use crate::alerts::Alerter;
 use crate::guards::Guards;
 use crate::log_writer::LogWriter;
 use crate::registry::Registry;
@@ -22,6 +23,7 @@ pub struct Node {
     pub placer: Mutex<Placer>,
     pub reports: ReportSender,
     pub logs: LogWriter,
+    pub alerter: Alerter,
     /// Wakes the dispatcher: new WAITING instances, or a worker with a free slot.
     pub dispatch_wake: Notify,
     /// Wakes the cron loop: a schedule was applied, paused or resumed.
@@ -37,6 +39,7 @@ impl Node {
         guards: Arc<dyn Guards>,
         reports: ReportSender,
         logs: LogWriter,
+        alerter: Alerter,
     ) -> Node {
         Node {
             placer: Mutex::new(Placer::new(options.strategy)),
@@ -47,6 +50,7 @@ impl Node {
             guards,
             reports,
             logs,
+            alerter,
             dispatch_wake: Notify::new(),
             schedule_wake: Notify::new(),
             progress: watch::channel(0).0,

@@ -8,11 +8,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ax_core::ids::{Attempt, InstanceId, RunId};
+use ax_core::run::RunState;
+use ax_core::state::InstanceState;
 use ax_proto::v1::{ReportRefused, SchedulerMessage, scheduler_message};
-use ax_store::{Report, ReportResult};
+use ax_store::{Applied, Report, ReportResult};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::alerts::{Alert, AlertKind};
 use crate::clock::now_ms;
 use crate::node::Node;
 
@@ -54,7 +58,7 @@ pub async fn run(node: Arc<Node>, mut inbox: mpsc::Receiver<Envelope>, cancel: C
     }
 }
 
-async fn apply(node: &Node, batch: &[Envelope]) {
+async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
     let reports: Vec<Report> = batch
         .iter()
         .map(|envelope| envelope.report.clone())
@@ -73,6 +77,7 @@ async fn apply(node: &Node, batch: &[Envelope]) {
         }
     };
     let mut wake_dispatch = false;
+    let mut failures = Vec::new();
     for (envelope, result) in batch.iter().zip(results) {
         match (&envelope.report, result) {
             (report, ReportResult::Applied(applied)) => {
@@ -92,8 +97,20 @@ async fn apply(node: &Node, batch: &[Envelope]) {
                     Report::Finished {
                         instance_id,
                         attempt,
+                        message,
                         ..
                     } => {
+                        if applied
+                            .attempt_state
+                            .is_some_and(|state| state != InstanceState::Success)
+                        {
+                            failures.push(Failure {
+                                instance: *instance_id,
+                                attempt: *attempt,
+                                applied: applied.clone(),
+                                message: message.clone(),
+                            });
+                        }
                         node.registry
                             .end_attempt(&envelope.worker, *instance_id, *attempt);
                         node.guards.release_start(*instance_id, *attempt).await;
@@ -104,6 +121,9 @@ async fn apply(node: &Node, batch: &[Envelope]) {
                 }
                 if let Some((run, state)) = applied.run_finished {
                     tracing::info!(run = %run, state = %state, "run finished");
+                    if state == RunState::Failed {
+                        failures.push(Failure::run(run));
+                    }
                     node.bump_progress();
                 }
             }
@@ -118,6 +138,85 @@ async fn apply(node: &Node, batch: &[Envelope]) {
     node.bump_progress();
     if wake_dispatch {
         node.dispatch_wake.notify_one();
+    }
+    if !failures.is_empty() && node.alerter.is_enabled() {
+        // Alerts need names from the store; they are built off the reporter's path.
+        tokio::spawn(raise_alerts(node.clone(), failures));
+    }
+}
+
+/// A failure worth an alert: an attempt that did not succeed, or a run that failed.
+struct Failure {
+    instance: InstanceId,
+    attempt: Attempt,
+    applied: Applied,
+    message: String,
+}
+
+impl Failure {
+    fn run(run: RunId) -> Failure {
+        Failure {
+            instance: InstanceId(0),
+            attempt: Attempt(0),
+            applied: Applied {
+                run_finished: Some((run, RunState::Failed)),
+                ..Applied::default()
+            },
+            message: String::new(),
+        }
+    }
+}
+
+async fn raise_alerts(node: Arc<Node>, failures: Vec<Failure>) {
+    let now = now_ms();
+    for failure in failures {
+        if failure.instance.0 == 0 {
+            let Some((run, _)) = failure.applied.run_finished else {
+                continue;
+            };
+            let Ok(Some(record)) = node.store.get_run(run).await else {
+                continue;
+            };
+            let counts = node.store.run_counts(run).await.unwrap_or_default();
+            let message = format!(
+                "run failed: {} succeeded, {} failed, {} timed out, {} not run",
+                counts.success, counts.failed, counts.timeout, counts.not_created
+            );
+            node.alerter.notify(
+                Alert::new(AlertKind::RunFailed, record.workflow, message, now).with_run(run.0),
+            );
+            continue;
+        }
+        let Ok(Some(instance)) = node.store.get_instance(failure.instance).await else {
+            continue;
+        };
+        let alert = |kind, message: String| {
+            Alert::new(kind, instance.workflow.clone(), message, now)
+                .with_run(instance.run_id.0)
+                .with_instance(instance.id.0, instance.task.clone(), failure.attempt.0)
+        };
+        let detail = if failure.message.is_empty() {
+            "failed".to_string()
+        } else {
+            failure.message.clone()
+        };
+        let timed_out = failure.applied.attempt_state == Some(InstanceState::Timeout);
+        if timed_out {
+            node.alerter
+                .notify(alert(AlertKind::InstanceTimeout, detail.clone()));
+        }
+        if failure.applied.retry_scheduled {
+            continue;
+        }
+        if !timed_out {
+            node.alerter
+                .notify(alert(AlertKind::InstanceFailed, detail.clone()));
+        }
+        if failure.attempt.0 > 1 {
+            let message = format!("gave up after {} attempts: {detail}", failure.attempt.0);
+            node.alerter
+                .notify(alert(AlertKind::RetriesExhausted, message));
+        }
     }
 }
 

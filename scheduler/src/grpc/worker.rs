@@ -141,7 +141,8 @@ impl WorkerService for WorkerApi {
                 heartbeat_interval_ms: node.options.heartbeat_interval.as_millis() as u32,
                 task_heartbeat_interval_ms: node.options.task_heartbeat_interval.as_millis() as u32,
                 stale: stale.clone(),
-                worker_dead_after_ms: crate::backstop::intervals(&node).worker_dead_after_ms() as u32,
+                worker_dead_after_ms: crate::backstop::intervals(&node).worker_dead_after_ms()
+                    as u32,
             })),
         };
         // The welcome is queued before the worker is visible to the dispatcher, so no Dispatch

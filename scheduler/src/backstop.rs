@@ -139,6 +139,7 @@ fn carry_out(
     let finished = |outcome, message: String| Report::Finished {
         instance_id,
         attempt: number,
+        worker_id: None,
         end: AttemptEnd::Finished(outcome),
         exit_code: None,
         signal: None,
@@ -180,6 +181,7 @@ fn carry_out(
             Some(Report::Rejected {
                 instance_id,
                 attempt: number,
+                worker_id: None,
                 reason: format!("worker {worker} died before starting it"),
             })
         }

@@ -185,6 +185,7 @@ async fn dispatch_batch(node: &Node, waiting: Vec<WaitingInstance>) -> anyhow::R
             let report = Report::Rejected {
                 instance_id: instance,
                 attempt,
+                worker_id: None,
                 reason: "worker unreachable at dispatch".into(),
             };
             let _ = node

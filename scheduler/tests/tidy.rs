@@ -33,6 +33,10 @@ fn the_example_config_parses() {
         .expect("example config");
     assert_eq!(options.node_id, "scheduler-1");
     assert_eq!(options.redis_url.as_deref(), Some("redis://127.0.0.1:6379"));
-    let channels: Vec<&str> = options.alerts.iter().map(|channel| channel.name.as_str()).collect();
+    let channels: Vec<&str> = options
+        .alerts
+        .iter()
+        .map(|channel| channel.name.as_str())
+        .collect();
     assert_eq!(channels, vec!["ops-feishu", "pager"]);
 }

@@ -122,6 +122,7 @@ impl WorkerService for WorkerApi {
             let report = Report::Rejected {
                 instance_id: lost.instance_id,
                 attempt: lost.attempt,
+                worker_id: None,
                 reason: format!("worker {} re-registered without it", profile.id),
             };
             let envelope = Envelope {
@@ -281,6 +282,7 @@ async fn serve(
             worker_message::Body::Rejected(rejected) => Report::Rejected {
                 instance_id: InstanceId(rejected.instance_id),
                 attempt: Attempt(rejected.attempt),
+                worker_id: Some(worker.to_string()),
                 reason: rejected.reason,
             },
             worker_message::Body::Started(started) => Report::Started {
@@ -293,6 +295,7 @@ async fn serve(
             worker_message::Body::TaskHeartbeat(heartbeat) => Report::TaskHeartbeat {
                 instance_id: InstanceId(heartbeat.instance_id),
                 attempt: Attempt(heartbeat.attempt),
+                worker_id: Some(worker.to_string()),
                 at: heartbeat.sent_at_ms,
             },
             worker_message::Body::Finished(finished) => {
@@ -307,6 +310,7 @@ async fn serve(
                 Report::Finished {
                     instance_id: InstanceId(finished.instance_id),
                     attempt: Attempt(finished.attempt),
+                    worker_id: Some(worker.to_string()),
                     end,
                     exit_code: finished.exit_code,
                     signal: finished.signal,

@@ -164,14 +164,17 @@ pub enum AttemptEnd {
     SpawnFailed,
 }
 
-/// A worker's report about one attempt. Applied only if (instance, attempt) is current and the
-/// instance is in the state the report expects; otherwise the result is `Stale`.
+/// A worker's report about one attempt. Applied only if (instance, attempt) is current, the
+/// instance is in the state the report expects, and the report comes from the worker the
+/// attempt was dispatched to; otherwise the result is `Stale`. `worker_id` is `None` for the
+/// scheduler's own verdicts (the liveness backstop, an undeliverable dispatch).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Report {
     /// DISPATCHED → WAITING, same attempt.
     Rejected {
         instance_id: InstanceId,
         attempt: Attempt,
+        worker_id: Option<String>,
         reason: String,
     },
     /// DISPATCHED → RUNNING.
@@ -186,6 +189,7 @@ pub enum Report {
     TaskHeartbeat {
         instance_id: InstanceId,
         attempt: Attempt,
+        worker_id: Option<String>,
         at: Millis,
     },
     /// RUNNING (or DISPATCHED for a spawn failure) → terminal, or → WAITING as the next attempt
@@ -193,6 +197,7 @@ pub enum Report {
     Finished {
         instance_id: InstanceId,
         attempt: Attempt,
+        worker_id: Option<String>,
         end: AttemptEnd,
         exit_code: Option<i32>,
         signal: Option<i32>,

@@ -193,6 +193,7 @@ conformance!(
     a_manual_retry_reopens_the_run_and_keeps_the_history,
     rerun_failed_retries_the_failed_part_and_its_downstream_follows,
     active_attempts_list_what_is_on_workers_with_their_timeouts,
+    a_report_from_another_worker_is_stale,
 );
 
 mod scenarios {
@@ -279,6 +280,7 @@ mod scenarios {
         Report::Finished {
             instance_id: id,
             attempt: Attempt(attempt),
+            worker_id: None,
             end: AttemptEnd::Finished(outcome),
             exit_code: Some(exit),
             signal: None,
@@ -629,6 +631,7 @@ mod scenarios {
         let reject = Report::Rejected {
             instance_id: a.id,
             attempt: Attempt(1),
+            worker_id: None,
             reason: "full".into(),
         };
         let results = s
@@ -671,6 +674,7 @@ mod scenarios {
         let beat = |attempt| Report::TaskHeartbeat {
             instance_id: a.id,
             attempt: Attempt(attempt),
+            worker_id: None,
             at: T0 + 50,
         };
         let early = s.apply_reports(&[beat(1)], T0).await.unwrap();
@@ -704,6 +708,7 @@ mod scenarios {
         let fail = Report::Finished {
             instance_id: inst.id,
             attempt: Attempt(1),
+            worker_id: None,
             end: AttemptEnd::Finished(Outcome::Timeout),
             exit_code: None,
             signal: Some(9),
@@ -774,6 +779,7 @@ mod scenarios {
         let spawn_failed = |id, attempt| Report::Finished {
             instance_id: id,
             attempt: Attempt(attempt),
+            worker_id: None,
             end: AttemptEnd::SpawnFailed,
             exit_code: None,
             signal: None,
@@ -825,11 +831,13 @@ mod scenarios {
             Report::TaskHeartbeat {
                 instance_id: inst.id,
                 attempt: Attempt(1),
+                worker_id: None,
                 at: T0,
             },
             Report::Rejected {
                 instance_id: inst.id,
                 attempt: Attempt(1),
+                worker_id: None,
                 reason: String::new(),
             },
         ];
@@ -1681,6 +1689,58 @@ mod scenarios {
             (None, Some(T0 + 10))
         );
         assert_eq!(active.len(), 2);
+    }
+
+    pub(super) async fn a_report_from_another_worker_is_stale(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("wf", vec![task("only", &[])])).await;
+        let run = start_run(s, &wf).await;
+        let inst = instance_of(s, run.id, "only").await.unwrap();
+        s.mark_dispatched(&[claim(inst.id, 1, "w1")]).await.unwrap();
+        let impostor = Report::Started {
+            instance_id: inst.id,
+            attempt: Attempt(1),
+            worker_id: "w2".into(),
+            pid: 1,
+            at: T0 + 20,
+        };
+        let stale = ReportResult::Stale {
+            current_attempt: Attempt(1),
+            state: InstanceState::Dispatched,
+        };
+        assert_eq!(s.apply_reports(&[impostor], T0).await.unwrap(), [stale]);
+        let inst = launch_dispatched(s, inst.id).await;
+        let mut report = finished(inst.id, 1, Outcome::Success, 0);
+        if let Report::Finished { worker_id, .. } = &mut report {
+            *worker_id = Some("w2".into());
+        }
+        let stale = ReportResult::Stale {
+            current_attempt: Attempt(1),
+            state: InstanceState::Running,
+        };
+        assert_eq!(
+            s.apply_reports(&[report.clone()], T0).await.unwrap(),
+            [stale]
+        );
+        if let Report::Finished { worker_id, .. } = &mut report {
+            *worker_id = Some("w1".into());
+        }
+        let results = s.apply_reports(&[report], T0).await.unwrap();
+        assert_eq!(
+            applied(&results[0]).run_finished,
+            Some((run.id, RunState::Success))
+        );
+    }
+
+    /// Starts an attempt already dispatched to w1.
+    async fn launch_dispatched(s: &dyn Store, id: InstanceId) -> InstanceRecord {
+        let inst = s.get_instance(id).await.unwrap().unwrap();
+        let results = s
+            .apply_reports(&[started(id, inst.attempt.0)], T0)
+            .await
+            .unwrap();
+        applied(&results[0]);
+        s.get_instance(id).await.unwrap().unwrap()
     }
 }
 

@@ -174,6 +174,18 @@ async fn apply_one(
     if key.attempt != attempt {
         return Ok(stale_now);
     }
+    // Fencing by identity too: only the worker the attempt was dispatched to may report on it.
+    let reporter = match report {
+        Report::Started { worker_id, .. } => Some(worker_id),
+        Report::Rejected { worker_id, .. }
+        | Report::TaskHeartbeat { worker_id, .. }
+        | Report::Finished { worker_id, .. } => worker_id.as_ref(),
+    };
+    if let (Some(reporter), Some(assigned)) = (reporter, key.worker_id.as_ref())
+        && reporter != assigned
+    {
+        return Ok(stale_now);
+    }
     let attempt_no = i64::from(attempt.0);
     match report {
         Report::Rejected { reason, .. } => {

@@ -163,7 +163,10 @@ mod tests {
     fn the_scheduler_threshold_shortens_the_delay_and_is_kept() {
         let configured = Duration::from_secs(60);
         let liveness = Liveness::new();
-        assert_eq!(effective_delay(configured, liveness.dead_after()), configured);
+        assert_eq!(
+            effective_delay(configured, liveness.dead_after()),
+            configured
+        );
         liveness.learn_dead_after(2000);
         assert_eq!(
             effective_delay(configured, liveness.dead_after()),

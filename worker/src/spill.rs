@@ -287,7 +287,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut spill = SpillFile::create(dir.path(), KEY).unwrap();
         for first_seq in [1, 4, 6] {
-            spill.append(&batch(first_seq, if first_seq == 1 { 3 } else { 2 })).unwrap();
+            spill
+                .append(&batch(first_seq, if first_seq == 1 { 3 } else { 2 }))
+                .unwrap();
         }
         let mut seqs = Vec::new();
         while let Some(batch) = spill.next_unsent(1).unwrap() {

@@ -850,10 +850,7 @@ mod tests {
         let (second, _rx) = link(2);
         let replay = attempts.replay_or_install(&second);
         assert!(matches!(replay.as_slice(), [Replay::Spilled(k)] if *k == key(1)));
-        assert_eq!(
-            log_seqs(&drain_spill(&attempts, key(1), 2)),
-            [2, 3, 4, 5]
-        );
+        assert_eq!(log_seqs(&drain_spill(&attempts, key(1), 2)), [2, 3, 4, 5]);
         assert!(attempts.take_spilled(key(1), 1).is_none());
         assert!(attempts.replay_or_install(&second).is_empty());
         assert!(!attempts.all_acked());
@@ -879,7 +876,10 @@ mod tests {
         let (first, _rx) = link(1);
         // The replay hands over batches 1 and 2; before the stream is installed, batch 3 spills
         // them to disk.
-        assert_eq!(log_seqs(&messages(attempts.replay_or_install(&first))), [1, 2]);
+        assert_eq!(
+            log_seqs(&messages(attempts.replay_or_install(&first))),
+            [1, 2]
+        );
         assert!(matches!(
             attempts.logs(key(1), batch(3, 1, 100)),
             LogsSend::Keep

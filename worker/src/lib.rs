@@ -3,9 +3,11 @@
 //! Codemap: `session` is one stream (handshake, dispatch, heartbeats, drain); `runner` is one
 //! attempt's process (spawn, timeout, kill, final report); `logs` reads output into numbered
 //! batches; `state` is what survives a reconnect (running attempts, unacknowledged logs, finished
-//! reports); `backoff` paces reconnects.
+//! reports); `spill` keeps unacknowledged log batches on disk past the memory bound; `fence` kills
+//! attempts when no scheduler has been reachable for too long; `backoff` paces reconnects.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,15 +17,19 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 pub mod backoff;
+mod fence;
 pub mod logs;
 mod runner;
 mod session;
+mod spill;
 mod state;
 
 pub use logs::BatchLimits;
 pub use session::SessionError;
+pub use spill::LogStats;
 
 use backoff::Backoff;
+use fence::Liveness;
 use runner::RunnerSettings;
 use state::Attempts;
 
@@ -48,9 +54,14 @@ pub struct WorkerOptions {
     pub reconnect_max: Duration,
     /// Longer output lines are split into several lines.
     pub max_line_bytes: usize,
-    /// Unacknowledged log lines kept in memory across all attempts; beyond it the oldest batches
-    /// are dropped (with a log line). Spilling them to disk instead is future work.
+    /// Bytes of unacknowledged log lines kept in memory across all attempts. A batch that does
+    /// not fit goes to its attempt's spill file in `spill_dir` instead, and so does every later
+    /// batch of that attempt until the file is fully acknowledged and deleted.
     pub max_retained_log_bytes: usize,
+    /// Where spill files live; `<temp dir>/ax-worker-<worker id>` when `None`. Spill files left
+    /// there by an earlier process with the same worker id are deleted at start: their attempts
+    /// died with that process.
+    pub spill_dir: Option<PathBuf>,
     pub log_batch: BatchLimits,
     /// How long a sent finished report is kept and replayed on every new stream.
     pub finished_retention: Duration,
@@ -59,11 +70,8 @@ pub struct WorkerOptions {
     pub drain_flush_timeout: Duration,
     /// Self-fencing: when no scheduler has been reachable for this long, running attempts are
     /// killed and reported FAILED, before a scheduler could declare them lost and run them
-    /// elsewhere. The scheduler's earliest lost verdict comes about 0.5 × the task heartbeat
-    /// interval after the stream breaks (the last task heartbeat may be one interval old and the
-    /// threshold is 1.5 intervals), and no earlier than its dead-worker grace (4 × 5 s after the
-    /// last worker heartbeat), so the default of 10 s leaves a margin of about 5 s with the
-    /// default intervals. `None` disables it.
+    /// elsewhere. A scheduler that sends its dead-worker threshold shortens this to 3/4 of that
+    /// threshold (see the `fence` module for the margin). `None` disables it.
     pub self_fence_after: Option<Duration>,
     /// Reported in Register; the machine's host name when `None`.
     pub hostname: Option<String>,
@@ -84,6 +92,7 @@ impl Default for WorkerOptions {
             reconnect_max: Duration::from_secs(10),
             max_line_bytes: 64 * 1024,
             max_retained_log_bytes: 64 * 1024 * 1024,
+            spill_dir: None,
             log_batch: BatchLimits::default(),
             finished_retention: Duration::from_secs(300),
             drain_flush_timeout: Duration::from_secs(5),
@@ -107,6 +116,7 @@ pub enum WorkerError {
 pub(crate) struct Context {
     pub(crate) options: WorkerOptions,
     pub(crate) attempts: Arc<Attempts>,
+    pub(crate) liveness: Arc<Liveness>,
     pub(crate) runner: Arc<RunnerSettings>,
     pub(crate) tracker: TaskTracker,
     pub(crate) started_at_ms: i64,
@@ -116,14 +126,32 @@ pub(crate) struct Context {
 /// Runs the worker until `shutdown` is cancelled, then stops taking work, lets running attempts
 /// finish and reports them, and returns.
 pub async fn run(options: WorkerOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_with_stats(options, shutdown, Arc::new(LogStats::default())).await
+}
+
+/// [`run`], counting the fate of unacknowledged log lines in `stats` (memory use, spills, drops).
+pub async fn run_with_stats(
+    options: WorkerOptions,
+    shutdown: CancellationToken,
+    stats: Arc<LogStats>,
+) -> anyhow::Result<()> {
     if options.endpoints.is_empty() {
         return Err(WorkerError::NoEndpoints.into());
     }
     if options.capacity == 0 {
         return Err(WorkerError::ZeroCapacity.into());
     }
+    let spill_dir = options.spill_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("ax-worker-{}", sanitize(&options.worker_id)))
+    });
+    spill::remove_stale(&spill_dir);
     let context = Arc::new(Context {
-        attempts: Arc::new(Attempts::new(options.max_retained_log_bytes)),
+        attempts: Arc::new(Attempts::new(
+            options.max_retained_log_bytes,
+            spill_dir,
+            stats,
+        )),
+        liveness: Arc::new(Liveness::new()),
         runner: Arc::new(RunnerSettings {
             kill_grace: options.kill_grace,
             max_line_bytes: options.max_line_bytes,
@@ -137,8 +165,9 @@ pub async fn run(options: WorkerOptions, shutdown: CancellationToken) -> anyhow:
     });
     let fencing = CancellationToken::new();
     if let Some(after) = context.options.self_fence_after {
-        tokio::spawn(self_fence(
+        tokio::spawn(fence::self_fence(
             Arc::clone(&context.attempts),
+            Arc::clone(&context.liveness),
             after,
             fencing.clone(),
         ));
@@ -200,40 +229,6 @@ pub async fn run(options: WorkerOptions, shutdown: CancellationToken) -> anyhow:
     Ok(())
 }
 
-/// Kills the running attempts once no stream has been up for `after` (see
-/// `WorkerOptions::self_fence_after`). Fences once per outage.
-async fn self_fence(attempts: Arc<Attempts>, after: Duration, stop: CancellationToken) {
-    let mut last_connected = Instant::now();
-    let mut fenced = false;
-    let mut tick =
-        tokio::time::interval((after / 4).clamp(Duration::from_millis(10), Duration::from_secs(1)));
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = stop.cancelled() => return,
-        }
-        let now = Instant::now();
-        if attempts.link().is_some() {
-            last_connected = now;
-            fenced = false;
-        } else if !fenced && now.duration_since(last_connected) >= after {
-            fenced = true;
-            let reason = format!(
-                "killed by the worker: no scheduler reachable for {} ms (self-fencing)",
-                after.as_millis()
-            );
-            let killed = attempts.fence_all(&reason);
-            if killed > 0 {
-                tracing::warn!(
-                    killed,
-                    after_ms = after.as_millis() as u64,
-                    "no scheduler reachable; self-fencing running attempts"
-                );
-            }
-        }
-    }
-}
-
 /// An error with its sources, because tonic's transport errors say little on their own.
 fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
@@ -244,6 +239,20 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// A worker id as a file name: anything but ASCII letters, digits, `-`, `_` and `.` becomes `_`.
+fn sanitize(worker_id: &str) -> String {
+    worker_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 pub(crate) fn now_ms() -> i64 {

@@ -1,6 +1,7 @@
 //! The `ax-worker` binary: parses flags, sets up tracing, and runs the worker until a signal.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -42,6 +43,10 @@ struct Args {
     /// Kill running attempts when no scheduler was reachable for this long ("off" disables).
     #[arg(long, default_value = "10s", value_parser = parse_optional_duration)]
     self_fence_after: OptionalDuration,
+    /// Directory for log lines kept on disk while the scheduler has not acknowledged them;
+    /// defaults to <temp dir>/ax-worker-<id>.
+    #[arg(long)]
+    spill_dir: Option<PathBuf>,
 }
 
 /// A duration that may be switched off; clap would read `Option<Duration>` as an optional flag.
@@ -115,6 +120,7 @@ async fn main() -> anyhow::Result<()> {
         task_heartbeat_interval: args.task_heartbeat_interval,
         kill_grace: args.kill_grace,
         self_fence_after: args.self_fence_after.0,
+        spill_dir: args.spill_dir,
         ..WorkerOptions::default()
     };
 
@@ -174,12 +180,15 @@ mod tests {
             "gpu=true",
             "--heartbeat-interval",
             "500ms",
+            "--spill-dir",
+            "/var/tmp/ax",
         ])
         .expect("valid flags");
         assert_eq!(args.schedulers, ["http://a:1", "http://b:2", "http://c:3"]);
         assert_eq!(args.labels, [("gpu".to_string(), "true".to_string())]);
         assert_eq!(args.heartbeat_interval, Duration::from_millis(500));
         assert_eq!(args.capacity, 20);
+        assert_eq!(args.spill_dir, Some(PathBuf::from("/var/tmp/ax")));
         assert_eq!(
             args.self_fence_after,
             OptionalDuration(Some(Duration::from_secs(10)))

@@ -17,7 +17,7 @@ use tracing::Instrument;
 
 use crate::logs::{BatchLimits, Batcher, pump_lines};
 use crate::now_ms;
-use crate::state::{AttemptKey, Attempts, Control};
+use crate::state::{AttemptKey, Attempts, Control, Link, LogsSend};
 
 /// Lines buffered between the pipe readers and the batcher of one attempt. Small on purpose: when
 /// the stream cannot keep up, a chatty task blocks on its pipe instead of growing our memory.
@@ -357,17 +357,38 @@ impl Runner {
     }
 
     async fn flush(&mut self, batcher: &mut Batcher) {
-        if let Some(batch) = batcher.take(self.key.instance_id, self.key.attempt, now_ms())
-            && let Some((link, message)) = self.attempts.logs(self.key, batch)
-        {
-            // A failed send is fine: the batch is retained and replayed on the next stream.
-            let send = link.send(message);
-            tokio::pin!(send);
-            loop {
-                tokio::select! {
-                    _ = &mut send => break,
-                    () = self.watch.step() => {}
+        let Some(batch) = batcher.take(self.key.instance_id, self.key.attempt, now_ms()) else {
+            return;
+        };
+        // A failed send is fine: the batch is retained (in memory or spilled) and replayed on the
+        // next stream.
+        match self.attempts.logs(self.key, batch) {
+            LogsSend::Keep => {}
+            LogsSend::Send(link, message) => {
+                self.send_watched(&link, message).await;
+            }
+            // The runner is the only sender of its attempt's logs once a stream is installed, so
+            // reading the spill file in order and sending keeps the lines in order. Waiting for
+            // each send keeps the back-pressure of a slow stream on the task.
+            LogsSend::Pump(link) => {
+                while let Some(message) = self.attempts.take_spilled(self.key, link.epoch) {
+                    if !self.send_watched(&link, message).await {
+                        break;
+                    }
                 }
+            }
+        }
+    }
+
+    /// Sends on `link` while still acting on cancels, kills and the timeout; returns whether the
+    /// stream took the message.
+    async fn send_watched(&mut self, link: &Link, message: WorkerMessage) -> bool {
+        let send = link.send(message);
+        tokio::pin!(send);
+        loop {
+            tokio::select! {
+                sent = &mut send => return sent,
+                () = self.watch.step() => {}
             }
         }
     }

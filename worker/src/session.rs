@@ -1,6 +1,7 @@
 //! One stream to one scheduler node: handshake, replay, dispatches, heartbeats and draining.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ax_proto::v1::{
@@ -15,8 +16,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
 
+use crate::fence;
 use crate::runner::run_attempt;
-use crate::state::{Admission, AttemptKey, Link};
+use crate::state::{Admission, AttemptKey, Link, Replay};
 use crate::{Context, now_ms};
 
 /// Messages queued towards the scheduler. Every sender (connection, runners, log pumps) shares
@@ -101,6 +103,11 @@ impl Session {
                 source,
             })?
             .connect_timeout(options.register_timeout)
+            // A silent network partition would otherwise keep a dead stream "up" until the
+            // outgoing channel fills, and the worker would neither reconnect nor self-fence.
+            .http2_keep_alive_interval(options.heartbeat_interval.max(Duration::from_millis(100)))
+            .keep_alive_timeout(options.heartbeat_interval.max(Duration::from_secs(1)))
+            .keep_alive_while_idle(true)
             .connect()
             .await
             .map_err(SessionError::Connect)?;
@@ -127,8 +134,22 @@ impl Session {
         if !link.send(wrap(Body::Register(register))).await {
             return Err(SessionError::OutgoingClosed);
         }
+        // A frame the transport takes counts as contact for self-fencing, but only once the
+        // scheduler answered: a Register pushed into a connection that is then refused proves
+        // nothing.
+        let answered = Arc::new(AtomicBool::new(false));
+        let outgoing = {
+            let answered = Arc::clone(&answered);
+            let liveness = Arc::clone(&self.context.liveness);
+            ReceiverStream::new(rx).map(move |message| {
+                if answered.load(Ordering::Relaxed) {
+                    liveness.touch();
+                }
+                message
+            })
+        };
         let deadline = options.register_timeout;
-        let response = timeout(deadline, client.connect(ReceiverStream::new(rx)))
+        let response = timeout(deadline, client.connect(outgoing))
             .await
             .map_err(|_| SessionError::HandshakeTimeout(deadline))??;
         let mut inbound = response.into_inner();
@@ -148,20 +169,36 @@ impl Session {
             None => return Err(SessionError::Closed),
         };
         self.on_registered(&registered, running)?;
+        self.context.liveness.touch();
+        answered.store(true, Ordering::Relaxed);
 
         // Replay what earlier streams may have lost, then let runners send directly.
+        let attempts = &self.context.attempts;
         loop {
-            let replay = self.context.attempts.replay_or_install(&link);
+            let replay = attempts.replay_or_install(&link);
             if replay.is_empty() {
                 break;
             }
             tracing::info!(
-                messages = replay.len(),
+                items = replay.len(),
                 "replaying reports not acknowledged on an earlier stream"
             );
-            for message in replay {
-                if !link.send(message).await {
-                    return Err(SessionError::OutgoingClosed);
+            for item in replay {
+                match item {
+                    Replay::Message(message) => {
+                        if !link.send(message).await {
+                            return Err(SessionError::OutgoingClosed);
+                        }
+                    }
+                    // Spilled batches are read one at a time, so a large spill file never sits
+                    // in memory whole.
+                    Replay::Spilled(key) => {
+                        while let Some(message) = attempts.take_spilled(key, link.epoch) {
+                            if !link.send(message).await {
+                                return Err(SessionError::OutgoingClosed);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -196,7 +233,10 @@ impl Session {
             }
             tokio::select! {
                 message = inbound.next() => match message {
-                    Some(Ok(message)) => self.handle(message, &link).await?,
+                    Some(Ok(message)) => {
+                        self.context.liveness.touch();
+                        self.handle(message, &link).await?
+                    }
                     Some(Err(status)) => return Err(status.into()),
                     None => return Err(SessionError::Closed),
                 },
@@ -222,7 +262,12 @@ impl Session {
             )));
         }
         self.registered = true;
-        tracing::info!(scheduler_node = %registered.scheduler_node, running, "registered");
+        tracing::info!(
+            scheduler_node = %registered.scheduler_node,
+            running,
+            worker_dead_after_ms = registered.worker_dead_after_ms,
+            "registered"
+        );
         let options = &self.context.options;
         let expected = [
             (
@@ -245,6 +290,14 @@ impl Session {
                     "the scheduler expects a different interval; keeping the worker's configuration"
                 );
             }
+        }
+        self.context
+            .liveness
+            .learn_dead_after(registered.worker_dead_after_ms);
+        if let (Some(configured), Some(dead_after)) =
+            (options.self_fence_after, self.context.liveness.dead_after())
+        {
+            fence::check_margin(configured, dead_after, options.kill_grace);
         }
         for stale in &registered.stale {
             let key = AttemptKey::from(stale);

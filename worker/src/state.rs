@@ -3,12 +3,19 @@
 //! Everything a scheduler must eventually see (an `AttemptStarted`, log batches, an
 //! `AttemptFinished`) is recorded here first and only then sent, if a stream is up. When a stream
 //! breaks, the next connection replays whatever the old one may have lost, so a reconnect loses
-//! nothing that is still in memory. A record remembers the connection ("epoch") it was last handed
+//! nothing that is still recorded. A record remembers the connection ("epoch") it was last handed
 //! to, which is how a replay avoids sending an item twice on one stream.
+//!
+//! Unacknowledged log batches are kept in memory up to a bound across all attempts. A batch that
+//! does not fit sends its attempt into spill mode: the attempt's batches in memory move to its
+//! spill file (see `spill`), and every later batch of the attempt is appended there too, so that
+//! the file always holds the attempt's oldest unacknowledged lines in order. Once the scheduler
+//! acknowledges the whole file it is deleted and the attempt returns to memory.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
-use std::sync::{Mutex, MutexGuard};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ax_proto::v1::{
@@ -17,6 +24,8 @@ use ax_proto::v1::{
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use crate::spill::{LogStats, SpillError, SpillFile};
 
 /// How many finished attempt keys are remembered for duplicate detection after their reports are
 /// dropped. A scheduler redispatches an attempt within seconds, so a large window is plenty.
@@ -88,13 +97,32 @@ pub enum Admission {
     Rejected(String),
 }
 
+/// What a runner does with a log batch it just recorded.
+#[derive(Debug)]
+pub enum LogsSend {
+    /// Nothing now: there is no stream (the batch is replayed on the next one), or the attempt
+    /// was forgotten.
+    Keep,
+    /// Send this message on this stream.
+    Send(Link, WorkerMessage),
+    /// The batch went to the attempt's spill file: send what the file holds that this stream has
+    /// not seen, one batch at a time with [`Attempts::take_spilled`].
+    Pump(Link),
+}
+
+/// One item of a replay on a new stream.
+#[derive(Debug)]
+pub enum Replay {
+    Message(WorkerMessage),
+    /// Send the unsent batches of this attempt's spill file with [`Attempts::take_spilled`].
+    Spilled(AttemptKey),
+}
+
 #[derive(Debug)]
 struct RetainedBatch {
     batch: LogBatch,
     last_seq: u64,
     bytes: usize,
-    /// A worker-wide counter, so that the oldest batch can be found when memory runs out.
-    order: u64,
     sent_on: Option<u64>,
 }
 
@@ -109,7 +137,10 @@ struct FinishedReport {
 struct AttemptEntry {
     control: Option<mpsc::UnboundedSender<Control>>,
     started: Option<(AttemptStarted, Option<u64>)>,
+    /// Unacknowledged batches in memory, oldest first; empty while `spill` is set.
     logs: VecDeque<RetainedBatch>,
+    /// The attempt's oldest unacknowledged batches on disk, when memory ran out.
+    spill: Option<SpillFile>,
     finished: Option<FinishedReport>,
     /// Set when the scheduler refused this attempt: it is killed and nothing more is reported.
     forgotten: bool,
@@ -147,8 +178,8 @@ struct State {
     attempts: HashMap<AttemptKey, AttemptEntry>,
     seen: SeenSet,
     retained_bytes: usize,
-    next_order: u64,
-    dropped_batches: u64,
+    /// The newest stream that replayed or was installed.
+    newest_epoch: u64,
     draining: bool,
 }
 
@@ -157,13 +188,17 @@ struct State {
 pub struct Attempts {
     state: Mutex<State>,
     max_retained_bytes: usize,
+    spill_dir: PathBuf,
+    stats: Arc<LogStats>,
 }
 
 impl Attempts {
-    pub fn new(max_retained_bytes: usize) -> Self {
+    pub fn new(max_retained_bytes: usize, spill_dir: PathBuf, stats: Arc<LogStats>) -> Self {
         Attempts {
             state: Mutex::new(State::default()),
             max_retained_bytes,
+            spill_dir,
+            stats,
         }
     }
 
@@ -208,7 +243,7 @@ impl Attempts {
     /// the scheduler may dispatch the attempt again.
     pub fn unadmit(&self, key: AttemptKey) {
         let mut state = self.lock();
-        Self::remove(&mut state, key);
+        self.remove(&mut state, key);
         if state.seen.keys.remove(&key) {
             state.seen.order.retain(|seen| *seen != key);
         }
@@ -267,62 +302,160 @@ impl Attempts {
         Some((link?, wrap(Body::Started(message))))
     }
 
-    /// Records a log batch until the scheduler acknowledges it; returns the stream to send it on.
-    pub fn logs(&self, key: AttemptKey, batch: LogBatch) -> Option<(Link, WorkerMessage)> {
-        let mut state = self.lock();
+    /// Records a log batch until the scheduler acknowledges it, in memory while it fits and in
+    /// the attempt's spill file otherwise; says how to send it.
+    pub fn logs(&self, key: AttemptKey, batch: LogBatch) -> LogsSend {
+        let mut guard = self.lock();
+        let state = &mut *guard;
         let link = state.link.clone();
-        let order = state.next_order;
-        state.next_order += 1;
-        let entry = state.attempts.get_mut(&key)?;
+        let Some(entry) = state.attempts.get_mut(&key) else {
+            return LogsSend::Keep;
+        };
         if entry.forgotten {
-            return None;
+            return LogsSend::Keep;
         }
         let bytes: usize = batch
             .lines
             .iter()
             .map(|line| line.text.len() + LINE_OVERHEAD)
             .sum();
-        let last_seq = batch.first_seq + batch.lines.len() as u64 - 1;
-        entry.logs.push_back(RetainedBatch {
-            batch: batch.clone(),
-            last_seq,
-            bytes,
-            order,
-            sent_on: link.as_ref().map(|link| link.epoch),
-        });
-        state.retained_bytes += bytes;
-        self.enforce_memory_limit(&mut state);
-        Some((link?, wrap(Body::Logs(batch))))
+        if entry.spill.is_none() && state.retained_bytes + bytes <= self.max_retained_bytes {
+            let last_seq = batch.first_seq + (batch.lines.len() as u64).saturating_sub(1);
+            entry.logs.push_back(RetainedBatch {
+                batch: batch.clone(),
+                last_seq,
+                bytes,
+                sent_on: link.as_ref().map(|link| link.epoch),
+            });
+            state.retained_bytes += bytes;
+            self.stats.set_retained(state.retained_bytes);
+            return match link {
+                Some(link) => LogsSend::Send(link, wrap(Body::Logs(batch))),
+                None => LogsSend::Keep,
+            };
+        }
+        if entry.spill.is_none() {
+            match self.start_spill(key, entry, state.newest_epoch) {
+                Ok(freed) => {
+                    state.retained_bytes -= freed;
+                    self.stats.set_retained(state.retained_bytes);
+                }
+                Err(error) => {
+                    self.stats.count_error();
+                    self.stats.count_dropped();
+                    tracing::warn!(
+                        instance = key.instance_id,
+                        attempt = key.attempt,
+                        first_seq = batch.first_seq,
+                        lines = batch.lines.len(),
+                        %error,
+                        "unacknowledged log lines exceed the memory limit and cannot be spilled; \
+                         dropping the batch"
+                    );
+                    return LogsSend::Keep;
+                }
+            }
+        }
+        if let Some(spill) = entry.spill.as_mut() {
+            match spill.append(&batch) {
+                Ok(()) => self.stats.count_spilled(),
+                Err(error) => {
+                    self.stats.count_error();
+                    self.stats.count_dropped();
+                    tracing::warn!(
+                        instance = key.instance_id,
+                        attempt = key.attempt,
+                        first_seq = batch.first_seq,
+                        lines = batch.lines.len(),
+                        %error,
+                        "writing to the spill file failed; dropping the batch"
+                    );
+                }
+            }
+        }
+        match link {
+            Some(link) => LogsSend::Pump(link),
+            None => LogsSend::Keep,
+        }
     }
 
-    /// Drops the oldest unacknowledged batches while more than the limit is retained. Those lines
-    /// are lost if the stream they were sent on broke; keeping them on disk is future work.
-    fn enforce_memory_limit(&self, state: &mut State) {
-        while state.retained_bytes > self.max_retained_bytes {
-            let oldest = state
-                .attempts
-                .iter()
-                .filter_map(|(key, entry)| entry.logs.front().map(|batch| (batch.order, *key)))
-                .min();
-            let Some((_, key)) = oldest else { break };
-            let Some(batch) = state
-                .attempts
-                .get_mut(&key)
-                .and_then(|entry| entry.logs.pop_front())
-            else {
-                break;
-            };
-            state.retained_bytes -= batch.bytes;
-            state.dropped_batches += 1;
-            tracing::warn!(
-                instance = key.instance_id,
-                attempt = key.attempt,
-                first_seq = batch.batch.first_seq,
-                last_seq = batch.last_seq,
-                limit_bytes = self.max_retained_bytes,
-                "unacknowledged log lines exceed the memory limit; dropping the oldest batch \
-                 (lines are lost if its stream broke)"
-            );
+    /// Puts an attempt into spill mode: creates its spill file and moves its batches in memory
+    /// there, keeping what the newest stream already saw marked as sent on it. Returns the bytes
+    /// freed in memory. On failure nothing changes.
+    fn start_spill(
+        &self,
+        key: AttemptKey,
+        entry: &mut AttemptEntry,
+        newest_epoch: u64,
+    ) -> Result<usize, SpillError> {
+        let mut spill = SpillFile::create(&self.spill_dir, key)?;
+        // The batches the newest stream saw are a prefix: a replay hands over everything unsent
+        // before the stream is installed, and only then do runners send directly.
+        let sent_prefix = entry
+            .logs
+            .iter()
+            .take_while(|retained| retained.sent_on == Some(newest_epoch))
+            .count();
+        for (index, retained) in entry.logs.iter().enumerate() {
+            if let Err(error) = spill.append(&retained.batch) {
+                if let Err(error) = spill.delete() {
+                    tracing::warn!(%error, "deleting a half-written spill file failed");
+                }
+                return Err(error);
+            }
+            self.stats.count_spilled();
+            if index + 1 == sent_prefix {
+                spill.mark_all_sent(newest_epoch);
+            }
+        }
+        tracing::info!(
+            instance = key.instance_id,
+            attempt = key.attempt,
+            path = %spill.path().display(),
+            limit_bytes = self.max_retained_bytes,
+            "unacknowledged log lines exceed the memory limit; spilling this attempt's lines to disk"
+        );
+        entry.spill = Some(spill);
+        Ok(entry.logs.drain(..).map(|retained| retained.bytes).sum())
+    }
+
+    /// The next batch of `key`'s spill file that stream `epoch` has not seen, marked as sent on
+    /// it; `None` when there is none (or `epoch` is no longer the newest stream).
+    pub fn take_spilled(&self, key: AttemptKey, epoch: u64) -> Option<WorkerMessage> {
+        let mut state = self.lock();
+        let entry = state.attempts.get_mut(&key)?;
+        if entry.forgotten {
+            return None;
+        }
+        loop {
+            let spill = entry.spill.as_mut()?;
+            match spill.next_unsent(epoch) {
+                Ok(Some(batch)) => return Some(wrap(Body::Logs(batch))),
+                Ok(None) => return None,
+                Err(error) => {
+                    self.stats.count_error();
+                    self.stats.count_dropped();
+                    tracing::warn!(
+                        instance = key.instance_id,
+                        attempt = key.attempt,
+                        %error,
+                        "reading the spill file failed; dropping the batch"
+                    );
+                    if spill.is_empty() {
+                        if let Some(spill) = entry.spill.take() {
+                            self.delete_spill(spill);
+                        }
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    fn delete_spill(&self, spill: SpillFile) {
+        if let Err(error) = spill.delete() {
+            self.stats.count_error();
+            tracing::warn!(%error, "deleting a spill file failed");
         }
     }
 
@@ -337,7 +470,7 @@ impl Attempts {
         let entry = state.attempts.get_mut(&key)?;
         entry.control = None;
         if entry.forgotten {
-            Self::remove(&mut state, key);
+            self.remove(&mut state, key);
             return None;
         }
         entry.finished = Some(FinishedReport {
@@ -348,9 +481,13 @@ impl Attempts {
         Some((link?, wrap(Body::Finished(message))))
     }
 
-    fn remove(state: &mut State, key: AttemptKey) {
+    fn remove(&self, state: &mut State, key: AttemptKey) {
         if let Some(entry) = state.attempts.remove(&key) {
             state.retained_bytes -= entry.logs.iter().map(|batch| batch.bytes).sum::<usize>();
+            self.stats.set_retained(state.retained_bytes);
+            if let Some(spill) = entry.spill {
+                self.delete_spill(spill);
+            }
         }
     }
 
@@ -379,11 +516,16 @@ impl Attempts {
                 entry.forgotten = true;
                 let _ = control.send(Control::Kill);
                 let freed: usize = entry.logs.drain(..).map(|batch| batch.bytes).sum();
+                let spill = entry.spill.take();
                 state.retained_bytes -= freed;
+                self.stats.set_retained(state.retained_bytes);
+                if let Some(spill) = spill {
+                    self.delete_spill(spill);
+                }
             }
             // Without kill the process is left alone; its later reports will be refused again.
             Some(_) => {}
-            None => Self::remove(&mut state, key),
+            None => self.remove(&mut state, key),
         }
     }
 
@@ -420,7 +562,18 @@ impl Attempts {
                 freed += batch.bytes;
             }
         }
+        let spill_done = entry.spill.as_mut().is_some_and(|spill| spill.ack(seq));
+        let acked_spill = if spill_done { entry.spill.take() } else { None };
         state.retained_bytes -= freed;
+        self.stats.set_retained(state.retained_bytes);
+        if let Some(spill) = acked_spill {
+            tracing::info!(
+                instance = key.instance_id,
+                attempt = key.attempt,
+                "every spilled log line is acknowledged; deleting the spill file"
+            );
+            self.delete_spill(spill);
+        }
     }
 
     /// Drops the finished reports that were sent longer than `retention` ago. Until then a report
@@ -442,19 +595,22 @@ impl Attempts {
             .map(|(key, _)| *key)
             .collect();
         for key in expired {
-            Self::remove(&mut state, key);
+            self.remove(&mut state, key);
         }
     }
 
     /// Collects what the stream `link` has not seen yet (in per-attempt order: started, logs,
-    /// finished) and marks it as sent on it. When there is nothing left, installs `link` as the
-    /// current stream, in the same critical section, so no runner's message slips in between.
-    pub fn replay_or_install(&self, link: &Link) -> Vec<WorkerMessage> {
+    /// spilled logs, finished) and marks it as sent on it, except spilled batches, which the
+    /// caller reads one at a time with [`Attempts::take_spilled`]. When there is nothing left,
+    /// installs `link` as the current stream, in the same critical section, so no runner's message
+    /// slips in between.
+    pub fn replay_or_install(&self, link: &Link) -> Vec<Replay> {
         let mut state = self.lock();
         let epoch = link.epoch;
+        state.newest_epoch = state.newest_epoch.max(epoch);
         let now = Instant::now();
         let mut out = Vec::new();
-        for entry in state.attempts.values_mut() {
+        for (key, entry) in &mut state.attempts {
             if entry.forgotten {
                 continue;
             }
@@ -462,7 +618,7 @@ impl Attempts {
                 && *sent_on != Some(epoch)
             {
                 *sent_on = Some(epoch);
-                out.push(wrap(Body::Started(*started)));
+                out.push(Replay::Message(wrap(Body::Started(*started))));
             }
             for batch in entry
                 .logs
@@ -470,14 +626,23 @@ impl Attempts {
                 .filter(|batch| batch.sent_on != Some(epoch))
             {
                 batch.sent_on = Some(epoch);
-                out.push(wrap(Body::Logs(batch.batch.clone())));
+                out.push(Replay::Message(wrap(Body::Logs(batch.batch.clone()))));
+            }
+            if entry
+                .spill
+                .as_ref()
+                .is_some_and(|spill| spill.has_unsent(epoch))
+            {
+                out.push(Replay::Spilled(*key));
             }
             if let Some(report) = &mut entry.finished
                 && report.sent_on != Some(epoch)
             {
                 report.sent_on = Some(epoch);
                 report.first_sent_at.get_or_insert(now);
-                out.push(wrap(Body::Finished(report.message.clone())));
+                out.push(Replay::Message(wrap(Body::Finished(
+                    report.message.clone(),
+                ))));
             }
         }
         if out.is_empty() {
@@ -510,10 +675,10 @@ impl Attempts {
         self.lock()
             .attempts
             .values()
-            .all(|entry| entry.logs.is_empty())
+            .all(|entry| entry.logs.is_empty() && entry.spill.is_none())
     }
 
-    /// Bytes of log lines kept until acknowledged.
+    /// Bytes of log lines kept in memory until acknowledged.
     #[cfg(test)]
     pub fn retained_bytes(&self) -> usize {
         self.lock().retained_bytes
@@ -551,6 +716,42 @@ mod tests {
         }
     }
 
+    fn attempts(max_retained_bytes: usize) -> (Attempts, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let attempts = Attempts::new(
+            max_retained_bytes,
+            dir.path().join("spill"),
+            Arc::new(LogStats::default()),
+        );
+        (attempts, dir)
+    }
+
+    /// The messages of a replay that holds no spilled attempt.
+    fn messages(replay: Vec<Replay>) -> Vec<WorkerMessage> {
+        replay
+            .into_iter()
+            .map(|item| match item {
+                Replay::Message(message) => message,
+                Replay::Spilled(key) => panic!("unexpected spill of {key}"),
+            })
+            .collect()
+    }
+
+    fn log_seqs(messages: &[WorkerMessage]) -> Vec<u64> {
+        messages
+            .iter()
+            .filter_map(|m| match &m.body {
+                Some(Body::Logs(batch)) => Some(batch.first_seq),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Everything `key`'s spill file holds that stream `epoch` has not seen.
+    fn drain_spill(attempts: &Attempts, key: AttemptKey, epoch: u64) -> Vec<WorkerMessage> {
+        std::iter::from_fn(|| attempts.take_spilled(key, epoch)).collect()
+    }
+
     fn link(epoch: u64) -> (Link, mpsc::Receiver<WorkerMessage>) {
         let (tx, rx) = mpsc::channel(16);
         (
@@ -565,7 +766,7 @@ mod tests {
 
     #[test]
     fn admission_dedupes_and_respects_capacity_and_draining() {
-        let attempts = Attempts::new(1 << 20);
+        let (attempts, _dir) = attempts(1 << 20);
         assert!(matches!(attempts.admit(key(1), 1), Admission::Accepted(_)));
         assert!(matches!(attempts.admit(key(1), 1), Admission::Duplicate));
         assert!(matches!(attempts.admit(key(2), 1), Admission::Rejected(_)));
@@ -579,58 +780,157 @@ mod tests {
 
     #[test]
     fn replay_sends_unacknowledged_items_once_per_stream() {
-        let attempts = Attempts::new(1 << 20);
+        let (attempts, _dir) = attempts(1 << 20);
         let _control = attempts.admit(key(1), 1);
         assert!(
             attempts
                 .started(key(1), AttemptStarted::default())
                 .is_none()
         );
-        assert!(attempts.logs(key(1), batch(1, 2, 3)).is_none());
-        assert!(attempts.logs(key(1), batch(3, 2, 3)).is_none());
+        assert!(matches!(
+            attempts.logs(key(1), batch(1, 2, 3)),
+            LogsSend::Keep
+        ));
+        assert!(matches!(
+            attempts.logs(key(1), batch(3, 2, 3)),
+            LogsSend::Keep
+        ));
         let (first, _rx) = link(1);
         assert_eq!(attempts.replay_or_install(&first).len(), 3);
         assert_eq!(attempts.replay_or_install(&first).len(), 0);
-        assert!(attempts.logs(key(1), batch(5, 1, 3)).is_some());
+        assert!(matches!(
+            attempts.logs(key(1), batch(5, 1, 3)),
+            LogsSend::Send(..)
+        ));
         attempts.ack(key(1), 2);
         attempts.detach(1);
         let (second, _rx) = link(2);
         // Started again, batches 3..4 and 5; batch 1..2 was acknowledged.
-        let replay = attempts.replay_or_install(&second);
-        let seqs: Vec<u64> = replay
-            .iter()
-            .filter_map(|m| match &m.body {
-                Some(Body::Logs(batch)) => Some(batch.first_seq),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(seqs, [3, 5]);
+        let replay = messages(attempts.replay_or_install(&second));
+        assert_eq!(log_seqs(&replay), [3, 5]);
         assert_eq!(replay.len(), 3);
     }
 
     #[test]
-    fn memory_limit_drops_the_oldest_batches() {
-        let attempts = Attempts::new(3 * (100 + LINE_OVERHEAD));
+    fn past_the_memory_bound_batches_spill_and_come_back_in_order() {
+        let one = 100 + LINE_OVERHEAD;
+        let (attempts, dir) = attempts(3 * one);
+        let spill_dir = dir.path().join("spill");
         let _control = attempts.admit(key(1), 1);
-        for seq in 1..=5 {
-            attempts.logs(key(1), batch(seq, 1, 100));
-        }
-        assert_eq!(attempts.retained_bytes(), 3 * (100 + LINE_OVERHEAD));
         let (first, _rx) = link(1);
-        let seqs: Vec<u64> = attempts
-            .replay_or_install(&first)
-            .iter()
-            .filter_map(|m| match &m.body {
-                Some(Body::Logs(batch)) => Some(batch.first_seq),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(seqs, [3, 4, 5]);
+        assert!(attempts.replay_or_install(&first).is_empty());
+        for seq in 1..=3 {
+            assert!(matches!(
+                attempts.logs(key(1), batch(seq, 1, 100)),
+                LogsSend::Send(..)
+            ));
+        }
+        assert_eq!(attempts.retained_bytes(), 3 * one);
+        // The fourth batch does not fit: the attempt's batches move to disk, and only the new one
+        // is still to be sent on the current stream.
+        assert!(matches!(
+            attempts.logs(key(1), batch(4, 1, 100)),
+            LogsSend::Pump(_)
+        ));
+        assert_eq!(attempts.retained_bytes(), 0);
+        assert_eq!(log_seqs(&drain_spill(&attempts, key(1), 1)), [4]);
+        // While spilled lines exist, later batches follow them to disk although memory is free.
+        assert!(matches!(
+            attempts.logs(key(1), batch(5, 1, 100)),
+            LogsSend::Pump(_)
+        ));
+        assert_eq!(log_seqs(&drain_spill(&attempts, key(1), 1)), [5]);
+        assert_eq!(attempts.stats.spilled_batches(), 5);
+        assert_eq!(attempts.stats.peak_retained_bytes(), 3 * one);
+
+        // A new stream gets everything unacknowledged, read back from the file in order, and a
+        // runner still holding the old stream gets nothing more.
+        attempts.ack(key(1), 1);
+        attempts.detach(1);
+        let (second, _rx) = link(2);
+        let replay = attempts.replay_or_install(&second);
+        assert!(matches!(replay.as_slice(), [Replay::Spilled(k)] if *k == key(1)));
+        assert_eq!(log_seqs(&drain_spill(&attempts, key(1), 2)), [2, 3, 4, 5]);
+        assert!(attempts.take_spilled(key(1), 1).is_none());
+        assert!(attempts.replay_or_install(&second).is_empty());
+        assert!(!attempts.all_acked());
+
+        // Once everything spilled is acknowledged the file goes, and memory is used again.
+        attempts.ack(key(1), 5);
+        assert!(attempts.all_acked());
+        assert_eq!(std::fs::read_dir(&spill_dir).unwrap().count(), 0);
+        assert!(matches!(
+            attempts.logs(key(1), batch(6, 1, 100)),
+            LogsSend::Send(..)
+        ));
+        assert_eq!(attempts.stats.dropped_batches(), 0);
+    }
+
+    #[test]
+    fn batches_spilled_during_a_replay_are_not_sent_twice() {
+        let one = 100 + LINE_OVERHEAD;
+        let (attempts, _dir) = attempts(2 * one);
+        let _control = attempts.admit(key(1), 1);
+        attempts.logs(key(1), batch(1, 1, 100));
+        attempts.logs(key(1), batch(2, 1, 100));
+        let (first, _rx) = link(1);
+        // The replay hands over batches 1 and 2; before the stream is installed, batch 3 spills
+        // them to disk.
+        assert_eq!(
+            log_seqs(&messages(attempts.replay_or_install(&first))),
+            [1, 2]
+        );
+        assert!(matches!(
+            attempts.logs(key(1), batch(3, 1, 100)),
+            LogsSend::Keep
+        ));
+        let replay = attempts.replay_or_install(&first);
+        assert!(matches!(replay.as_slice(), [Replay::Spilled(_)]));
+        assert_eq!(log_seqs(&drain_spill(&attempts, key(1), 1)), [3]);
+        assert!(attempts.replay_or_install(&first).is_empty());
+    }
+
+    #[test]
+    fn a_spill_that_cannot_be_written_drops_the_batch_and_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        // A regular file where the spill directory should be.
+        let not_a_dir = dir.path().join("file");
+        std::fs::write(&not_a_dir, b"").unwrap();
+        let stats = Arc::new(LogStats::default());
+        let attempts = Attempts::new(100 + LINE_OVERHEAD, not_a_dir, Arc::clone(&stats));
+        let _control = attempts.admit(key(1), 1);
+        assert!(matches!(
+            attempts.logs(key(1), batch(1, 1, 100)),
+            LogsSend::Keep
+        ));
+        assert!(matches!(
+            attempts.logs(key(1), batch(2, 1, 100)),
+            LogsSend::Keep
+        ));
+        assert_eq!(stats.spill_errors(), 1);
+        assert_eq!(stats.dropped_batches(), 1);
+        assert_eq!(attempts.retained_bytes(), 100 + LINE_OVERHEAD);
+        let (first, _rx) = link(1);
+        assert_eq!(log_seqs(&messages(attempts.replay_or_install(&first))), [1]);
+    }
+
+    #[test]
+    fn forgetting_a_spilled_attempt_deletes_its_file() {
+        let (attempts, dir) = attempts(10);
+        let Admission::Accepted(_control) = attempts.admit(key(1), 1) else {
+            panic!()
+        };
+        attempts.logs(key(1), batch(1, 1, 100));
+        let spill_dir = dir.path().join("spill");
+        assert_eq!(std::fs::read_dir(&spill_dir).unwrap().count(), 1);
+        attempts.forget(key(1), true);
+        assert_eq!(std::fs::read_dir(&spill_dir).unwrap().count(), 0);
+        assert!(attempts.all_acked());
     }
 
     #[test]
     fn forgetting_a_running_attempt_kills_it_and_drops_its_reports() {
-        let attempts = Attempts::new(1 << 20);
+        let (attempts, _dir) = attempts(1 << 20);
         let Admission::Accepted(mut control) = attempts.admit(key(1), 1) else {
             panic!()
         };

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use ax_proto::v1::{
     ProtocolVersion, Register, Registered, ReportRefused, SchedulerMessage, WorkerHeartbeat,
     WorkerMessage, scheduler_message, worker_message::Body,
 };
-use ax_worker::WorkerOptions;
+use ax_worker::{LogStats, WorkerOptions};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -33,6 +33,10 @@ struct FakeState {
     /// While set, the fake stops reading the worker's stream, as an overloaded node would.
     paused: AtomicBool,
     stale: Mutex<Vec<AttemptRef>>,
+    /// Sent as `Registered.worker_dead_after_ms`.
+    dead_after_ms: AtomicU32,
+    /// While set, the fake refuses new streams, as a node that is down would.
+    refuse: AtomicBool,
 }
 
 #[derive(Clone)]
@@ -46,6 +50,9 @@ impl WorkerService for FakeService {
         &self,
         request: Request<Streaming<WorkerMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
+        if self.0.refuse.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("the fake refuses connections"));
+        }
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(1024);
         let state = Arc::clone(&self.0);
@@ -65,7 +72,7 @@ impl WorkerService for FakeService {
                 heartbeat_interval_ms: 200,
                 task_heartbeat_interval_ms: 200,
                 stale,
-                worker_dead_after_ms: 0,
+                worker_dead_after_ms: state.dead_after_ms.load(Ordering::SeqCst),
             };
             if tx
                 .send(Ok(message(scheduler_message::Body::Registered(registered))))
@@ -270,6 +277,14 @@ struct Worker {
 
 impl Worker {
     fn start(endpoints: &[&FakeScheduler], tweak: impl FnOnce(&mut WorkerOptions)) -> Self {
+        Self::start_with_stats(endpoints, Arc::new(LogStats::default()), tweak)
+    }
+
+    fn start_with_stats(
+        endpoints: &[&FakeScheduler],
+        stats: Arc<LogStats>,
+        tweak: impl FnOnce(&mut WorkerOptions),
+    ) -> Self {
         let mut options = WorkerOptions {
             endpoints: endpoints.iter().map(|fake| fake.url.clone()).collect(),
             worker_id: "test-worker".into(),
@@ -284,7 +299,7 @@ impl Worker {
         options.labels.insert("pool".into(), "test".into());
         tweak(&mut options);
         let shutdown = CancellationToken::new();
-        let handle = tokio::spawn(ax_worker::run(options, shutdown.clone()));
+        let handle = tokio::spawn(ax_worker::run_with_stats(options, shutdown.clone(), stats));
         Worker { handle, shutdown }
     }
 
@@ -881,6 +896,121 @@ async fn attempts_are_self_fenced_when_no_scheduler_is_reachable() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     worker.stop().await;
+}
+
+#[tokio::test]
+async fn self_fencing_comes_before_the_schedulers_dead_worker_threshold() {
+    let fake = FakeScheduler::start().await;
+    // The scheduler counts the worker dead after 2 s of silence; the worker's own setting would
+    // wait a minute, so only the scheduler's threshold can explain a fence within the hang guard.
+    fake.state.dead_after_ms.store(2000, Ordering::SeqCst);
+    let worker = Worker::start(&[&fake], |options| {
+        options.self_fence_after = Some(Duration::from_secs(60));
+        options.drain_flush_timeout = Duration::from_millis(200);
+    });
+    fake.dispatch(dispatch(71, "sleep 100")).await;
+    let pid = fake.started_pid(71).await as i32;
+    // A healthy stream is never fenced, however long it lasts compared with the fence delay.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(alive(pid), "fenced while the stream was healthy");
+
+    fake.state.refuse.store(true, Ordering::SeqCst);
+    fake.drop_connection().await;
+    let dropped = tokio::time::Instant::now();
+    let guard = Duration::from_secs(10);
+    while alive(pid) {
+        assert!(
+            dropped.elapsed() < guard,
+            "the attempt was not fenced within {guard:?} of losing the scheduler"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The fence waits 3/4 of the threshold after the last contact (the last heartbeat, at most
+    // 200 ms before the drop), never less.
+    let fenced_after = dropped.elapsed();
+    assert!(
+        fenced_after >= Duration::from_millis(1200),
+        "fenced after only {fenced_after:?}"
+    );
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn log_lines_past_the_memory_bound_are_spilled_and_all_delivered_once_in_order() {
+    const LINES: u64 = 20_000;
+    const BOUND: usize = 64 * 1024;
+    let spill_dir = tempfile::tempdir().unwrap();
+    let first = FakeScheduler::start().await;
+    let second = FakeScheduler::start().await;
+    // The first node stores nothing, so every line stays unacknowledged.
+    first.state.auto_ack.store(false, Ordering::SeqCst);
+    let stats = Arc::new(LogStats::default());
+    let worker = Worker::start_with_stats(&[&first, &second], Arc::clone(&stats), |options| {
+        options.max_retained_log_bytes = BOUND;
+        options.spill_dir = Some(spill_dir.path().to_path_buf());
+        options.self_fence_after = None;
+    });
+    first.dispatch(dispatch(90, format!("seq 1 {LINES}"))).await;
+    let finished = first.finished(90, 1).await;
+    assert_eq!(outcome(&finished), AttemptOutcome::Success);
+    assert_eq!(finished.log_lines, LINES);
+    let spill_files = || std::fs::read_dir(spill_dir.path()).unwrap().count();
+    assert_eq!(spill_files(), 1, "the attempt's lines were spilled");
+    assert!(stats.spilled_batches() > 0);
+
+    first.state.refuse.store(true, Ordering::SeqCst);
+    first.drop_connection().await;
+    let finished = second.finished(90, 1).await;
+    assert_eq!(finished.log_lines, LINES);
+    second
+        .wait_for("the spill file to be deleted", |_| {
+            (spill_files() == 0).then_some(())
+        })
+        .await;
+
+    // Every line exactly once and in order, across batches in arrival order, all before the
+    // finished report.
+    let received = second.received();
+    let mut seqs = Vec::new();
+    let mut texts_match = true;
+    for m in &received {
+        if let Some(Body::Logs(batch)) = &m.body
+            && batch.instance_id == 90
+        {
+            for (offset, line) in batch.lines.iter().enumerate() {
+                let seq = batch.first_seq + offset as u64;
+                texts_match &= line.text == seq.to_string();
+                seqs.push(seq);
+            }
+        }
+    }
+    assert_eq!(seqs.len() as u64, LINES);
+    assert!(
+        seqs.iter().copied().eq(1..=LINES),
+        "lines out of order or duplicated"
+    );
+    assert!(texts_match, "a line's text does not match its seq");
+    let last_logs = received
+        .iter()
+        .rposition(|m| matches!(m.body, Some(Body::Logs(_))));
+    let finished_at = received
+        .iter()
+        .position(|m| matches!(m.body, Some(Body::Finished(_))));
+    assert!(
+        last_logs < finished_at,
+        "the finished report overtook its lines"
+    );
+
+    assert!(
+        stats.peak_retained_bytes() <= BOUND,
+        "{} bytes held in memory, bound {BOUND}",
+        stats.peak_retained_bytes()
+    );
+    assert!(stats.peak_retained_bytes() > 0);
+    assert_eq!(stats.dropped_batches(), 0);
+    assert_eq!(stats.spill_errors(), 0);
+    worker.stop().await;
+    assert_eq!(stats.retained_bytes(), 0);
 }
 
 #[tokio::test]

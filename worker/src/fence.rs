@@ -1,0 +1,195 @@
+//! Self-fencing: a worker cut off from every scheduler kills its running attempts before a
+//! scheduler could count it dead and retry those attempts on another worker.
+//!
+//! The scheduler tells the worker its threshold in `Registered.worker_dead_after_ms`: after that
+//! much silence from the worker it counts the worker dead, and its attempts may be retried
+//! elsewhere. The worker fences after
+//!
+//! ```text
+//! delay = min(self_fence_after, worker_dead_after × 3/4)
+//! ```
+//!
+//! of lost contact (just `self_fence_after` when no scheduler has sent a threshold: an old
+//! scheduler sends 0). The last threshold learned is kept across reconnects, because the fence
+//! matters exactly when no scheduler can be asked. Lost contact is measured from the last moment
+//! the worker had a working stream, the last frame received from a scheduler or handed to the
+//! transport after the handshake, not from when the reconnect loop noticed the break, so time
+//! spent detecting the break counts against the delay.
+//!
+//! The margin is the remaining quarter of the threshold (5 s with the default 20 s threshold).
+//! It must absorb:
+//! - the fence check's tick (at most a tenth of the delay, capped at 500 ms);
+//! - the kill itself: SIGTERM, then SIGKILL after `kill_grace` (5 s by default) for a task that
+//!   ignores SIGTERM, so with the defaults such a task is gone only at the threshold itself
+//!   (a warning is logged when `kill_grace` does not fit in the margin);
+//! - frames the transport accepted but that never reached the scheduler. After a clean break
+//!   (node exit, connection reset) that is nothing. In a silent network partition the stream
+//!   stays up until HTTP/2 keepalive (one heartbeat interval between pings, one to answer)
+//!   notices, and heartbeats sent meanwhile count as contact; the scheduler does not answer
+//!   heartbeats, so the worker cannot tell them apart.
+//!
+//! Beyond the margin, the scheduler's start lock still stops a retry from starting beside a
+//! survivor.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::state::Attempts;
+
+/// The fraction of the scheduler's dead-worker threshold after which the worker fences.
+const FENCE_NUMERATOR: u32 = 3;
+const FENCE_DENOMINATOR: u32 = 4;
+
+/// When the worker last had a working stream, and the scheduler's threshold it learned.
+#[derive(Debug)]
+pub(crate) struct Liveness {
+    base: Instant,
+    /// Milliseconds after `base` of the last contact.
+    last_contact_ms: AtomicU64,
+    /// The scheduler's `worker_dead_after_ms`; 0 until one was learned.
+    dead_after_ms: AtomicU32,
+}
+
+impl Liveness {
+    pub(crate) fn new() -> Self {
+        Liveness {
+            base: Instant::now(),
+            last_contact_ms: AtomicU64::new(0),
+            dead_after_ms: AtomicU32::new(0),
+        }
+    }
+
+    /// Records that a stream just worked: a frame was received or handed to the transport.
+    pub(crate) fn touch(&self) {
+        let now = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_contact_ms.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// How long ago a stream last worked.
+    pub(crate) fn since_contact(&self) -> Duration {
+        let last = Duration::from_millis(self.last_contact_ms.load(Ordering::Relaxed));
+        self.base.elapsed().saturating_sub(last)
+    }
+
+    /// Keeps the scheduler's dead-worker threshold; 0 (an old scheduler) keeps the last one.
+    pub(crate) fn learn_dead_after(&self, dead_after_ms: u32) {
+        if dead_after_ms != 0 {
+            self.dead_after_ms.store(dead_after_ms, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn dead_after(&self) -> Option<Duration> {
+        match self.dead_after_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(u64::from(ms))),
+        }
+    }
+}
+
+/// The self-fence delay: the configured one, shortened to 3/4 of the scheduler's threshold.
+pub(crate) fn effective_delay(configured: Duration, dead_after: Option<Duration>) -> Duration {
+    match dead_after {
+        Some(dead_after) => configured.min(dead_after * FENCE_NUMERATOR / FENCE_DENOMINATOR),
+        None => configured,
+    }
+}
+
+/// Warns when the kill grace does not fit in the margin the scheduler's threshold leaves.
+pub(crate) fn check_margin(configured: Duration, dead_after: Duration, kill_grace: Duration) {
+    let delay = effective_delay(configured, Some(dead_after));
+    let margin = dead_after.saturating_sub(delay);
+    if kill_grace >= margin {
+        tracing::warn!(
+            dead_after_ms = dead_after.as_millis() as u64,
+            fence_after_ms = delay.as_millis() as u64,
+            kill_grace_ms = kill_grace.as_millis() as u64,
+            "the kill grace exceeds the self-fencing margin: a task ignoring SIGTERM may outlive \
+             the scheduler's dead-worker threshold"
+        );
+    }
+}
+
+/// Kills the running attempts once no stream has worked for the effective delay. Fences once per
+/// outage.
+pub(crate) async fn self_fence(
+    attempts: Arc<Attempts>,
+    liveness: Arc<Liveness>,
+    configured: Duration,
+    stop: CancellationToken,
+) {
+    let mut fenced = false;
+    loop {
+        let delay = effective_delay(configured, liveness.dead_after());
+        let tick = (delay / 10).clamp(Duration::from_millis(10), Duration::from_millis(500));
+        tokio::select! {
+            () = tokio::time::sleep(tick) => {}
+            () = stop.cancelled() => return,
+        }
+        if attempts.link().is_some() {
+            fenced = false;
+            continue;
+        }
+        let silent = liveness.since_contact();
+        if fenced || silent < delay {
+            continue;
+        }
+        fenced = true;
+        let reason = format!(
+            "killed by the worker: no scheduler reachable for {} ms (self-fencing after {} ms)",
+            silent.as_millis(),
+            delay.as_millis()
+        );
+        let killed = attempts.fence_all(&reason);
+        if killed > 0 {
+            tracing::warn!(
+                killed,
+                silent_ms = silent.as_millis() as u64,
+                fence_after_ms = delay.as_millis() as u64,
+                "no scheduler reachable; self-fencing running attempts"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scheduler_threshold_shortens_the_delay_and_is_kept() {
+        let configured = Duration::from_secs(60);
+        let liveness = Liveness::new();
+        assert_eq!(
+            effective_delay(configured, liveness.dead_after()),
+            configured
+        );
+        liveness.learn_dead_after(2000);
+        assert_eq!(
+            effective_delay(configured, liveness.dead_after()),
+            Duration::from_millis(1500)
+        );
+        // An old scheduler sends 0: the threshold learned earlier stays.
+        liveness.learn_dead_after(0);
+        assert_eq!(liveness.dead_after(), Some(Duration::from_secs(2)));
+        // A configured delay shorter than 3/4 of the threshold wins.
+        assert_eq!(
+            effective_delay(Duration::from_secs(1), Some(Duration::from_secs(20))),
+            Duration::from_secs(1)
+        );
+    }
+
+    #[tokio::test]
+    async fn contact_is_measured_from_the_last_touch() {
+        let liveness = Liveness::new();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        liveness.touch();
+        assert!(liveness.since_contact() < Duration::from_millis(30));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let silent = liveness.since_contact();
+        assert!(silent >= Duration::from_millis(49), "{silent:?}");
+    }
+}

@@ -1,0 +1,322 @@
+//! Spill files: the unacknowledged log batches of one attempt, kept on disk once the worker's
+//! in-memory bound is reached, so that a long outage or a slow scheduler loses no log line.
+//!
+//! A spill file is a sequence of `LogBatch` messages, each length-delimited (a varint length,
+//! then the protobuf bytes), in seq order. Alongside it the worker keeps a small index (offset,
+//! length and last seq of every unacknowledged batch), so that batches are read back one at a
+//! time, never a whole file at once, and an acknowledgement frees the index without touching the
+//! file. The file is deleted once every batch in it is acknowledged. Writes are positional at the
+//! end of the last complete record, so a failed or partial write is simply overwritten by the
+//! next one. Spill files are not a durable store (no fsync): their attempts die with the worker,
+//! and a new worker process deletes what an earlier one left behind.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use ax_proto::v1::LogBatch;
+use prost::Message;
+
+use crate::state::AttemptKey;
+
+/// File name suffix of spill files.
+const SUFFIX: &str = "spill";
+
+/// What happened to the worker's unacknowledged log lines, for tests and operators.
+#[derive(Debug, Default)]
+pub struct LogStats {
+    retained_bytes: AtomicUsize,
+    peak_retained_bytes: AtomicUsize,
+    spilled_batches: AtomicU64,
+    spill_errors: AtomicU64,
+    dropped_batches: AtomicU64,
+}
+
+impl LogStats {
+    /// Bytes of unacknowledged log lines held in memory now.
+    pub fn retained_bytes(&self) -> usize {
+        self.retained_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The most bytes of unacknowledged log lines ever held in memory at once.
+    pub fn peak_retained_bytes(&self) -> usize {
+        self.peak_retained_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Batches written to a spill file.
+    pub fn spilled_batches(&self) -> u64 {
+        self.spilled_batches.load(Ordering::Relaxed)
+    }
+
+    /// Spill file operations that failed (create, write, read, delete).
+    pub fn spill_errors(&self) -> u64 {
+        self.spill_errors.load(Ordering::Relaxed)
+    }
+
+    /// Batches lost because they could be neither kept in memory nor spilled nor read back.
+    pub fn dropped_batches(&self) -> u64 {
+        self.dropped_batches.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_retained(&self, bytes: usize) {
+        self.retained_bytes.store(bytes, Ordering::Relaxed);
+        self.peak_retained_bytes.fetch_max(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_spilled(&self) {
+        self.spilled_batches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_error(&self) {
+        self.spill_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_dropped(&self) {
+        self.dropped_batches.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpillError {
+    #[error("spill file {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("spill file {path}: undecodable batch at offset {offset}: {source}")]
+    Decode {
+        path: PathBuf,
+        offset: u64,
+        source: prost::DecodeError,
+    },
+}
+
+/// One batch in the file.
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    start: u64,
+    len: usize,
+    last_seq: u64,
+}
+
+/// The spill file of one attempt and the index of its unacknowledged batches.
+#[derive(Debug)]
+pub(crate) struct SpillFile {
+    path: PathBuf,
+    file: File,
+    /// End of the last complete record: where the next one is written.
+    written: u64,
+    /// Unacknowledged records, oldest first.
+    records: VecDeque<Record>,
+    /// Everything before this offset was handed to a sender on this stream ("epoch").
+    sent: Option<(u64, u64)>,
+}
+
+impl SpillFile {
+    /// Creates (or truncates) the spill file of `key` in `dir`.
+    pub(crate) fn create(dir: &Path, key: AttemptKey) -> Result<Self, SpillError> {
+        let path = dir.join(format!("{}-{}.{SUFFIX}", key.instance_id, key.attempt));
+        let io_error = |source| SpillError::Io {
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(io_error)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(io_error)?;
+        Ok(SpillFile {
+            path,
+            file,
+            written: 0,
+            records: VecDeque::new(),
+            sent: None,
+        })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends a batch at the end of the file.
+    pub(crate) fn append(&mut self, batch: &LogBatch) -> Result<(), SpillError> {
+        let bytes = batch.encode_length_delimited_to_vec();
+        self.file
+            .write_all_at(&bytes, self.written)
+            .map_err(|source| SpillError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
+        self.records.push_back(Record {
+            start: self.written,
+            len: bytes.len(),
+            last_seq: batch.first_seq + (batch.lines.len() as u64).saturating_sub(1),
+        });
+        self.written += bytes.len() as u64;
+        Ok(())
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Marks everything written so far as handed to a sender on stream `epoch`.
+    pub(crate) fn mark_all_sent(&mut self, epoch: u64) {
+        self.sent = Some((epoch, self.written));
+    }
+
+    /// The index of the first record not yet handed to stream `epoch`, or `None` when `epoch` is
+    /// older than the stream the file is being sent on (a runner still holding a dead stream).
+    fn first_unsent(&self, epoch: u64) -> Option<usize> {
+        let from = match self.sent {
+            Some((sent_epoch, offset)) if sent_epoch == epoch => offset,
+            Some((sent_epoch, _)) if sent_epoch > epoch => return None,
+            _ => 0,
+        };
+        let index = self.records.partition_point(|record| record.start < from);
+        (index < self.records.len()).then_some(index)
+    }
+
+    pub(crate) fn has_unsent(&self, epoch: u64) -> bool {
+        self.first_unsent(epoch).is_some()
+    }
+
+    /// Reads the next batch not yet handed to stream `epoch` and marks it handed. A batch that
+    /// cannot be read back is dropped from the index (so later acknowledgements still free the
+    /// file) and its error returned; the caller may go on with the next one.
+    pub(crate) fn next_unsent(&mut self, epoch: u64) -> Result<Option<LogBatch>, SpillError> {
+        let Some(index) = self.first_unsent(epoch) else {
+            return Ok(None);
+        };
+        let record = self.records[index];
+        self.sent = Some((epoch, record.start + record.len as u64));
+        let mut bytes = vec![0; record.len];
+        let read = self
+            .file
+            .read_exact_at(&mut bytes, record.start)
+            .map_err(|source| SpillError::Io {
+                path: self.path.clone(),
+                source,
+            })
+            .and_then(|()| {
+                LogBatch::decode_length_delimited(bytes.as_slice()).map_err(|source| {
+                    SpillError::Decode {
+                        path: self.path.clone(),
+                        offset: record.start,
+                        source,
+                    }
+                })
+            });
+        if read.is_err() {
+            self.records.remove(index);
+        }
+        read.map(Some)
+    }
+
+    /// The scheduler stored every line up to `seq`; returns true when nothing in the file is
+    /// unacknowledged any more.
+    pub(crate) fn ack(&mut self, seq: u64) -> bool {
+        while self
+            .records
+            .front()
+            .is_some_and(|record| record.last_seq <= seq)
+        {
+            self.records.pop_front();
+        }
+        self.records.is_empty()
+    }
+
+    /// Deletes the file.
+    pub(crate) fn delete(self) -> Result<(), SpillError> {
+        drop(self.file);
+        std::fs::remove_file(&self.path).map_err(|source| SpillError::Io {
+            path: self.path,
+            source,
+        })
+    }
+}
+
+/// Deletes the spill files an earlier worker process left in `dir`.
+pub(crate) fn remove_stale(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|ext| ext == SUFFIX) {
+            match std::fs::remove_file(&path) {
+                Ok(()) => tracing::info!(path = %path.display(), "deleted a stale spill file"),
+                Err(error) => {
+                    tracing::warn!(path = %path.display(), %error, "deleting a stale spill file failed")
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ax_proto::v1::{LogLine, LogStream};
+
+    fn batch(first_seq: u64, lines: usize) -> LogBatch {
+        LogBatch {
+            instance_id: 7,
+            attempt: 1,
+            first_seq,
+            lines: (0..lines)
+                .map(|n| LogLine {
+                    stream: LogStream::Stdout as i32,
+                    text: format!("line {}", first_seq + n as u64),
+                })
+                .collect(),
+            sent_at_ms: 0,
+        }
+    }
+
+    const KEY: AttemptKey = AttemptKey {
+        instance_id: 7,
+        attempt: 1,
+    };
+
+    #[test]
+    fn batches_come_back_in_order_once_per_stream_and_acks_empty_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spill = SpillFile::create(dir.path(), KEY).unwrap();
+        for first_seq in [1, 4, 6] {
+            spill
+                .append(&batch(first_seq, if first_seq == 1 { 3 } else { 2 }))
+                .unwrap();
+        }
+        let mut seqs = Vec::new();
+        while let Some(batch) = spill.next_unsent(1).unwrap() {
+            seqs.push(batch.first_seq);
+        }
+        assert_eq!(seqs, [1, 4, 6]);
+        assert!(!spill.has_unsent(1));
+        // A stale stream gets nothing once a newer one reads.
+        assert_eq!(spill.next_unsent(2).unwrap().unwrap().first_seq, 1);
+        assert!(spill.next_unsent(1).unwrap().is_none());
+        assert!(!spill.ack(3));
+        // Stream 3 starts after what is acknowledged.
+        assert_eq!(spill.next_unsent(3).unwrap().unwrap().first_seq, 4);
+        assert!(spill.ack(7));
+        let path = spill.path().to_path_buf();
+        assert!(path.exists());
+        spill.delete().unwrap();
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn stale_files_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("1-1.spill"), b"x").unwrap();
+        std::fs::write(dir.path().join("keep.txt"), b"x").unwrap();
+        remove_stale(dir.path());
+        assert!(!dir.path().join("1-1.spill").exists());
+        assert!(dir.path().join("keep.txt").exists());
+    }
+}

@@ -6,9 +6,9 @@ use std::time::Duration;
 use ax_integration_tests::{Backend, Cluster};
 use ax_proto::v1 as pb;
 use ax_proto::v1::worker_service_client::WorkerServiceClient;
-use prost::Message;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
+use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
@@ -59,7 +59,9 @@ async fn converse(
             }
         }
     };
-    let ended = tokio::time::timeout(Duration::from_millis(300), collect).await.unwrap_or(None);
+    let ended = tokio::time::timeout(Duration::from_millis(300), collect)
+        .await
+        .unwrap_or(None);
     drop(tx);
     (received, ended)
 }
@@ -76,25 +78,68 @@ fn refusals(messages: &[pb::SchedulerMessage]) -> Vec<pb::ReportRefused> {
 
 /// Any worker frame, with ids near the real ones and far from them, and text of every kind.
 fn worker_message(real_instance: i64) -> impl Strategy<Value = pb::WorkerMessage> {
-    let instance = prop_oneof![Just(real_instance), Just(0i64), Just(-1i64), any::<i64>(), 1i64..50];
+    let instance = prop_oneof![
+        Just(real_instance),
+        Just(0i64),
+        Just(-1i64),
+        any::<i64>(),
+        1i64..50
+    ];
     let attempt = prop_oneof![Just(1u32), Just(0u32), any::<u32>()];
-    let text = prop_oneof![".{0,40}", Just("\u{0}\u{fffd}\n\r".to_string()), Just("x".repeat(70_000))];
-    (0u8..8, instance, attempt, text, any::<i32>(), any::<u64>(), any::<i64>()).prop_map(
-        |(kind, instance_id, attempt, text, number, seq, at)| {
+    let text = prop_oneof![
+        ".{0,40}",
+        Just("\u{0}\u{fffd}\n\r".to_string()),
+        Just("x".repeat(70_000))
+    ];
+    (
+        0u8..8,
+        instance,
+        attempt,
+        text,
+        any::<i32>(),
+        any::<u64>(),
+        any::<i64>(),
+    )
+        .prop_map(|(kind, instance_id, attempt, text, number, seq, at)| {
             use pb::worker_message::Body;
             let body = match kind {
-                0 => Body::Accepted(pb::DispatchAccepted { instance_id, attempt }),
-                1 => Body::Rejected(pb::DispatchRejected { instance_id, attempt, reason: text, duplicate: number % 2 == 0 }),
-                2 => Body::Started(pb::AttemptStarted { instance_id, attempt, pid: number as u32, started_at_ms: at }),
+                0 => Body::Accepted(pb::DispatchAccepted {
+                    instance_id,
+                    attempt,
+                }),
+                1 => Body::Rejected(pb::DispatchRejected {
+                    instance_id,
+                    attempt,
+                    reason: text,
+                    duplicate: number % 2 == 0,
+                }),
+                2 => Body::Started(pb::AttemptStarted {
+                    instance_id,
+                    attempt,
+                    pid: number as u32,
+                    started_at_ms: at,
+                }),
                 3 => Body::Logs(pb::LogBatch {
                     instance_id,
                     attempt,
                     first_seq: seq,
-                    lines: vec![pb::LogLine { stream: number, text }],
+                    lines: vec![pb::LogLine {
+                        stream: number,
+                        text,
+                    }],
                     sent_at_ms: at,
                 }),
-                4 => Body::Heartbeat(pb::WorkerHeartbeat { sent_at_ms: at, running: number as u32, capacity: 1, draining: false }),
-                5 => Body::TaskHeartbeat(pb::TaskHeartbeat { instance_id, attempt, sent_at_ms: at }),
+                4 => Body::Heartbeat(pb::WorkerHeartbeat {
+                    sent_at_ms: at,
+                    running: number as u32,
+                    capacity: 1,
+                    draining: false,
+                }),
+                5 => Body::TaskHeartbeat(pb::TaskHeartbeat {
+                    instance_id,
+                    attempt,
+                    sent_at_ms: at,
+                }),
                 6 => Body::Finished(pb::AttemptFinished {
                     instance_id,
                     attempt,
@@ -105,30 +150,57 @@ fn worker_message(real_instance: i64) -> impl Strategy<Value = pb::WorkerMessage
                     log_lines: seq,
                     message: text,
                 }),
-                _ => Body::Register(pb::Register { worker_id: text, ..Default::default() }),
+                _ => Body::Register(pb::Register {
+                    worker_id: text,
+                    ..Default::default()
+                }),
             };
             pb::WorkerMessage { body: Some(body) }
-        },
-    )
+        })
 }
 
 #[test]
 fn random_and_truncated_worker_frames_never_break_the_scheduler() {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     let cluster = runtime.block_on(async {
-        let cluster = Cluster::builder(Backend::Sqlite).worker("real", 2).start().await.expect("cluster");
+        let cluster = Cluster::builder(Backend::Sqlite)
+            .worker("real", 2)
+            .start()
+            .await
+            .expect("cluster");
         let cluster = cluster.expect("sqlite always runs");
-        cluster.wait_for_workers(1, Duration::from_secs(20)).await.expect("worker");
-        cluster.apply("name: steady\ntasks:\n  - name: a\n    command: echo ok\n").await.expect("apply");
+        cluster
+            .wait_for_workers(1, Duration::from_secs(20))
+            .await
+            .expect("worker");
+        cluster
+            .apply("name: steady\ntasks:\n  - name: a\n    command: echo ok\n")
+            .await
+            .expect("apply");
         cluster
     });
     let endpoint = cluster.endpoint();
     let first_run = runtime.block_on(async {
-        let run = cluster.trigger("steady", &[], "").await.expect("trigger").run.expect("run");
-        cluster.wait_run(run.id, Duration::from_secs(60)).await.expect("run ends");
+        let run = cluster
+            .trigger("steady", &[], "")
+            .await
+            .expect("trigger")
+            .run
+            .expect("run");
+        cluster
+            .wait_run(run.id, Duration::from_secs(60))
+            .await
+            .expect("run ends");
         run.id
     });
-    let real_instance = runtime.block_on(cluster.instances(first_run)).expect("instances")[0].id;
+    let real_instance = runtime
+        .block_on(cluster.instances(first_run))
+        .expect("instances")[0]
+        .id;
 
     // Decoding random and truncated bytes never panics; what decodes is sent as is.
     let valid = register("fuzz").encode_to_vec();
@@ -141,18 +213,23 @@ fn random_and_truncated_worker_frames_never_break_the_scheduler() {
         ],
         0..12,
     );
-    let mut case = 0;
+    let case = std::sync::atomic::AtomicU32::new(0);
     runner
         .run(&frames, |encoded| {
-            case += 1;
-            let decoded: Vec<pb::WorkerMessage> =
-                encoded.iter().filter_map(|bytes| pb::WorkerMessage::decode(bytes.as_slice()).ok()).collect();
+            let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let decoded: Vec<pb::WorkerMessage> = encoded
+                .iter()
+                .filter_map(|bytes| pb::WorkerMessage::decode(bytes.as_slice()).ok())
+                .collect();
             let worker = format!("fuzz-{case}");
             let (answers, _status) = runtime.block_on(converse(&endpoint, &worker, decoded));
             // Whatever it sent, a fuzzing worker never gets work or a report accepted on the
             // real instance: it was dispatched to another worker.
             for answer in &answers {
-                prop_assert!(!matches!(answer.body, Some(pb::scheduler_message::Body::Dispatch(_))));
+                prop_assert!(!matches!(
+                    answer.body,
+                    Some(pb::scheduler_message::Body::Dispatch(_))
+                ));
             }
             Ok(())
         })
@@ -160,12 +237,24 @@ fn random_and_truncated_worker_frames_never_break_the_scheduler() {
 
     runtime.block_on(async {
         // The real instance is untouched by the storm: still SUCCESS with one attempt.
-        let instance = cluster.instances(first_run).await.expect("instances").remove(0);
+        let instance = cluster
+            .instances(first_run)
+            .await
+            .expect("instances")
+            .remove(0);
         assert_eq!(instance.state, pb::InstanceState::Success as i32);
         assert_eq!(instance.attempts.len(), 1);
         // And the scheduler still schedules.
-        let run = cluster.trigger("steady", &[], "").await.expect("trigger").run.expect("run");
-        let ended = cluster.wait_run(run.id, Duration::from_secs(60)).await.expect("run ends");
+        let run = cluster
+            .trigger("steady", &[], "")
+            .await
+            .expect("trigger")
+            .run
+            .expect("run");
+        let ended = cluster
+            .wait_run(run.id, Duration::from_secs(60))
+            .await
+            .expect("run ends");
         assert_eq!(ended.state, pb::RunState::Success as i32);
         cluster.shutdown().await.expect("shutdown");
     });
@@ -173,13 +262,35 @@ fn random_and_truncated_worker_frames_never_break_the_scheduler() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_on_unknown_or_stale_attempts_are_refused_with_a_code() {
-    let cluster = Cluster::builder(Backend::Sqlite).worker("real", 2).start().await.expect("cluster");
+    let cluster = Cluster::builder(Backend::Sqlite)
+        .worker("real", 2)
+        .start()
+        .await
+        .expect("cluster");
     let cluster = cluster.expect("sqlite always runs");
-    cluster.wait_for_workers(1, Duration::from_secs(20)).await.expect("worker");
-    cluster.apply("name: steady\ntasks:\n  - name: a\n    command: echo ok\n").await.expect("apply");
-    let run = cluster.trigger("steady", &[], "").await.expect("trigger").run.expect("run");
-    cluster.wait_run(run.id, Duration::from_secs(60)).await.expect("run ends");
-    let instance = cluster.instances(run.id).await.expect("instances").remove(0);
+    cluster
+        .wait_for_workers(1, Duration::from_secs(20))
+        .await
+        .expect("worker");
+    cluster
+        .apply("name: steady\ntasks:\n  - name: a\n    command: echo ok\n")
+        .await
+        .expect("apply");
+    let run = cluster
+        .trigger("steady", &[], "")
+        .await
+        .expect("trigger")
+        .run
+        .expect("run");
+    cluster
+        .wait_run(run.id, Duration::from_secs(60))
+        .await
+        .expect("run ends");
+    let instance = cluster
+        .instances(run.id)
+        .await
+        .expect("instances")
+        .remove(0);
 
     let started = |instance_id, attempt| pb::WorkerMessage {
         body: Some(pb::worker_message::Body::Started(pb::AttemptStarted {
@@ -189,23 +300,48 @@ async fn reports_on_unknown_or_stale_attempts_are_refused_with_a_code() {
             started_at_ms: 1,
         })),
     };
-    let (answers, status) =
-        converse(&cluster.endpoint(), "intruder", vec![started(987_654, 1), started(instance.id, 7)]).await;
+    let (answers, status) = converse(
+        &cluster.endpoint(),
+        "intruder",
+        vec![started(987_654, 1), started(instance.id, 7)],
+    )
+    .await;
     assert!(status.is_none(), "the stream stays up: {status:?}");
     let refused = refusals(&answers);
     assert_eq!(refused.len(), 2, "{answers:?}");
-    assert_eq!((refused[0].instance_id, refused[0].code), (987_654, tonic::Code::NotFound as i32));
+    assert_eq!(
+        (refused[0].instance_id, refused[0].code),
+        (987_654, tonic::Code::NotFound as i32)
+    );
     assert!(refused[0].kill);
-    assert_eq!((refused[1].instance_id, refused[1].code), (instance.id, tonic::Code::FailedPrecondition as i32));
-    assert!(refused[1].reason.contains("not current"), "{}", refused[1].reason);
+    assert_eq!(
+        (refused[1].instance_id, refused[1].code),
+        (instance.id, tonic::Code::FailedPrecondition as i32)
+    );
+    assert!(
+        refused[1].reason.contains("not current"),
+        "{}",
+        refused[1].reason
+    );
 
     // A stream that does not open with Register is refused with a status naming the problem.
-    let channel = Channel::from_shared(cluster.endpoint()).expect("endpoint").connect().await.expect("connect");
+    let channel = Channel::from_shared(cluster.endpoint())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
     let mut client = WorkerServiceClient::new(channel);
     let (tx, rx) = mpsc::channel(2);
     tx.send(started(1, 1)).await.expect("queue");
-    let status = client.connect(ReceiverStream::new(rx)).await.expect_err("refused");
+    let status = client
+        .connect(ReceiverStream::new(rx))
+        .await
+        .expect_err("refused");
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert!(status.message().contains("Register"), "{}", status.message());
+    assert!(
+        status.message().contains("Register"),
+        "{}",
+        status.message()
+    );
     cluster.shutdown().await.expect("shutdown");
 }

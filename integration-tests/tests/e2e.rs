@@ -799,7 +799,9 @@ tasks:
 }
 
 async fn rerun_of_the_failed_part_and_retry_of_an_instance_through_axctl(backend: Backend) {
-    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else { return };
+    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else {
+        return;
+    };
     let ready = cluster.dir().join("ready");
     let source = format!(
         r#"
@@ -814,43 +816,105 @@ tasks:
         ready = ready.display()
     );
     cluster.apply(&source).await.expect("apply");
-    let run = cluster.trigger("needs-data", &[], "").await.expect("trigger").run.expect("run");
-    let failed = cluster.wait_run(run.id, RUN_TIMEOUT).await.expect("run ends");
+    let run = cluster
+        .trigger("needs-data", &[], "")
+        .await
+        .expect("trigger")
+        .run
+        .expect("run");
+    let failed = cluster
+        .wait_run(run.id, RUN_TIMEOUT)
+        .await
+        .expect("run ends");
     assert_eq!(failed.state, pb::RunState::Failed as i32);
 
     // Nothing to retry in a successful instance; an unknown id is not found.
     let output = cluster.axctl(&["retry", "987654"]).expect("axctl");
-    assert_eq!(output.status.code(), Some(3), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 
     std::fs::write(&ready, "").expect("marker");
-    let output = cluster.axctl(&["rerun", &run.id.to_string(), "--failed"]).expect("axctl rerun");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let rerun = cluster.wait_run(run.id, RUN_TIMEOUT).await.expect("rerun ends");
+    let output = cluster
+        .axctl(&["rerun", &run.id.to_string(), "--failed"])
+        .expect("axctl rerun");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let rerun = cluster
+        .wait_run(run.id, RUN_TIMEOUT)
+        .await
+        .expect("rerun ends");
     assert_eq!(rerun.state, pb::RunState::Success as i32, "{rerun:?}");
     let instances = cluster.instances(run.id).await.expect("instances");
     let load = instances.iter().find(|i| i.task == "load").expect("load");
     let history: Vec<(u32, i32)> = load.attempts.iter().map(|a| (a.attempt, a.state)).collect();
     assert_eq!(
         history,
-        vec![(1, pb::InstanceState::Failed as i32), (2, pb::InstanceState::Success as i32)]
+        vec![
+            (1, pb::InstanceState::Failed as i32),
+            (2, pb::InstanceState::Success as i32)
+        ]
     );
-    assert!(instances.iter().any(|i| i.task == "publish" && i.state == pb::InstanceState::Success as i32));
+    assert!(
+        instances
+            .iter()
+            .any(|i| i.task == "publish" && i.state == pb::InstanceState::Success as i32)
+    );
 
-    let output = cluster.axctl(&["rerun", &run.id.to_string(), "--failed"]).expect("axctl rerun");
-    assert_eq!(output.status.code(), Some(6), "nothing failed is left to rerun");
-    let output = cluster.axctl(&["retry", &load.id.to_string()]).expect("axctl retry");
-    assert_eq!(output.status.code(), Some(6), "a successful instance is not retried");
+    let output = cluster
+        .axctl(&["rerun", &run.id.to_string(), "--failed"])
+        .expect("axctl rerun");
+    assert_eq!(
+        output.status.code(),
+        Some(6),
+        "nothing failed is left to rerun"
+    );
+    let output = cluster
+        .axctl(&["retry", &load.id.to_string()])
+        .expect("axctl retry");
+    assert_eq!(
+        output.status.code(),
+        Some(6),
+        "a successful instance is not retried"
+    );
     assert!(String::from_utf8_lossy(&output.stderr).contains("SUCCESS"));
 
     // A single instance, retried by hand after it failed.
     std::fs::remove_file(&ready).expect("marker");
-    let second = cluster.trigger("needs-data", &[], "").await.expect("trigger").run.expect("run");
-    cluster.wait_run(second.id, RUN_TIMEOUT).await.expect("run ends");
-    let load = cluster.instances(second.id).await.expect("instances").remove(0);
+    let second = cluster
+        .trigger("needs-data", &[], "")
+        .await
+        .expect("trigger")
+        .run
+        .expect("run");
+    cluster
+        .wait_run(second.id, RUN_TIMEOUT)
+        .await
+        .expect("run ends");
+    let load = cluster
+        .instances(second.id)
+        .await
+        .expect("instances")
+        .remove(0);
     std::fs::write(&ready, "").expect("marker");
-    let output = cluster.axctl(&["retry", &load.id.to_string()]).expect("axctl retry");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let done = cluster.wait_run(second.id, RUN_TIMEOUT).await.expect("run ends");
+    let output = cluster
+        .axctl(&["retry", &load.id.to_string()])
+        .expect("axctl retry");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let done = cluster
+        .wait_run(second.id, RUN_TIMEOUT)
+        .await
+        .expect("run ends");
     assert_eq!(done.state, pb::RunState::Success as i32);
     cluster.shutdown().await.expect("shutdown");
 }

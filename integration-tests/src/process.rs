@@ -10,6 +10,9 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use ax_proto::v1 as pb;
+use ax_proto::v1::control_service_client::ControlServiceClient;
+use tonic::transport::Channel;
 
 use crate::{Backend, TestDb, binary, redis_url, unique_suffix};
 
@@ -63,6 +66,11 @@ impl Process {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The child's pid while it has not been reaped.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 
     /// Sends SIGTERM. The child is not reaped before [`Process::wait_exit`], so its pid cannot
@@ -140,12 +148,60 @@ impl std::fmt::Display for CtlOutput {
     }
 }
 
+/// Where the scheduler process of a [`ProcessCluster`] keeps its start locks and dedup markers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisChoice {
+    /// In-process guards.
+    None,
+    /// The shared test Redis of `AX_TEST_REDIS_URL` (the cluster is `None` when it is unset).
+    FromEnv,
+    /// A Redis of the test's own, e.g. a [`crate::redis_server::RedisServer`].
+    Url(String),
+}
+
+/// How the scheduler process of a [`ProcessCluster`] is started. Durations are in the flags'
+/// syntax (`300ms`, `2s`); `None` keeps the scheduler's default.
+#[derive(Debug, Clone)]
+pub struct SchedulerSettings {
+    pub redis: RedisChoice,
+    pub heartbeat_interval: String,
+    pub task_heartbeat_interval: Option<String>,
+    pub dead_after_missed_heartbeats: Option<u32>,
+}
+
+impl Default for SchedulerSettings {
+    fn default() -> Self {
+        SchedulerSettings {
+            redis: RedisChoice::None,
+            heartbeat_interval: HEARTBEAT_INTERVAL.into(),
+            task_heartbeat_interval: None,
+            dead_after_missed_heartbeats: None,
+        }
+    }
+}
+
+/// How a worker process of a [`ProcessCluster`] is started. `None` keeps the worker's default,
+/// except the heartbeat interval, which defaults to the sandbox's short one.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerSettings {
+    /// The scheduler endpoint it connects to, e.g. a [`crate::proxy::TcpProxy`] in front of the
+    /// scheduler; the scheduler itself when `None`.
+    pub endpoint: Option<String>,
+    pub capacity: Option<u32>,
+    pub heartbeat_interval: Option<String>,
+    pub task_heartbeat_interval: Option<String>,
+    pub kill_grace: Option<String>,
+    /// `--self-fence-after` (a duration, or `off`).
+    pub self_fence_after: Option<String>,
+}
+
 /// A scheduler process, its workers, its store and its temporary directory.
 pub struct ProcessCluster {
     dir: tempfile::TempDir,
     db: Option<TestDb>,
     store_url: String,
     redis: Option<(String, String)>,
+    settings: SchedulerSettings,
     port: u16,
     scheduler: Option<Process>,
     scheduler_starts: u32,
@@ -159,12 +215,31 @@ impl ProcessCluster {
     /// process; `None` when the backend or Redis is not configured here (never under CI).
     pub async fn start(backend: Backend, with_redis: bool) -> anyhow::Result<Option<Self>> {
         let redis = if with_redis {
-            match redis_url() {
-                Some(url) => Some((url, format!("ax-proc-{}", unique_suffix()))),
-                None => return Ok(None),
-            }
+            RedisChoice::FromEnv
         } else {
-            None
+            RedisChoice::None
+        };
+        let settings = SchedulerSettings {
+            redis,
+            ..SchedulerSettings::default()
+        };
+        Self::start_with(backend, settings).await
+    }
+
+    /// Like [`ProcessCluster::start`], with the scheduler's intervals and Redis chosen by the
+    /// test; a restart of the scheduler keeps them.
+    pub async fn start_with(
+        backend: Backend,
+        settings: SchedulerSettings,
+    ) -> anyhow::Result<Option<Self>> {
+        let namespace = format!("ax-proc-{}", unique_suffix());
+        let redis = match &settings.redis {
+            RedisChoice::None => None,
+            RedisChoice::FromEnv => match redis_url() {
+                Some(url) => Some((url, namespace)),
+                None => return Ok(None),
+            },
+            RedisChoice::Url(url) => Some((url.clone(), namespace)),
         };
         let dir = tempfile::tempdir()?;
         let Some(db) = TestDb::create(backend, dir.path()).await? else {
@@ -175,6 +250,7 @@ impl ProcessCluster {
             db: Some(db),
             dir,
             redis,
+            settings,
             port: 0,
             scheduler: None,
             scheduler_starts: 0,
@@ -240,8 +316,14 @@ impl ProcessCluster {
             "--node-id".into(),
             "n1".into(),
             "--heartbeat-interval".into(),
-            HEARTBEAT_INTERVAL.into(),
+            self.settings.heartbeat_interval.clone(),
         ];
+        if let Some(interval) = &self.settings.task_heartbeat_interval {
+            args.extend(["--task-heartbeat-interval".into(), interval.clone()]);
+        }
+        if let Some(missed) = self.settings.dead_after_missed_heartbeats {
+            args.extend(["--dead-after-missed-heartbeats".into(), missed.to_string()]);
+        }
         if let Some((url, namespace)) = &self.redis {
             args.extend([
                 "--redis".into(),
@@ -265,17 +347,125 @@ impl ProcessCluster {
     /// Starts a worker process connected to the scheduler. It is not waited for: see
     /// [`ProcessCluster::wait_worker_live`].
     pub fn start_worker(&mut self, id: &str) -> anyhow::Result<()> {
-        let args = vec![
+        self.start_worker_with(id, &WorkerSettings::default())
+    }
+
+    /// Starts a worker process with the test's settings. It is not waited for.
+    pub fn start_worker_with(&mut self, id: &str, settings: &WorkerSettings) -> anyhow::Result<()> {
+        let heartbeat = settings
+            .heartbeat_interval
+            .clone()
+            .unwrap_or_else(|| HEARTBEAT_INTERVAL.into());
+        let mut args = vec![
             "--scheduler".to_string(),
-            self.endpoint(),
+            settings.endpoint.clone().unwrap_or_else(|| self.endpoint()),
             "--id".into(),
             id.into(),
             "--heartbeat-interval".into(),
-            HEARTBEAT_INTERVAL.into(),
+            heartbeat,
         ];
-        let process = self.spawn(&format!("ax-worker {id}"), "ax-worker", &args)?;
+        let optional = [
+            ("--capacity", settings.capacity.map(|c| c.to_string())),
+            (
+                "--task-heartbeat-interval",
+                settings.task_heartbeat_interval.clone(),
+            ),
+            ("--kill-grace", settings.kill_grace.clone()),
+            ("--self-fence-after", settings.self_fence_after.clone()),
+        ];
+        for (flag, value) in optional {
+            if let Some(value) = value {
+                args.extend([flag.to_string(), value]);
+            }
+        }
+        // A worker started again under the same id gets a log file of its own.
+        let starts = self
+            .workers
+            .iter()
+            .filter(|w| w.name.starts_with(&format!("ax-worker {id}")))
+            .count();
+        let name = if starts == 0 {
+            format!("ax-worker {id}")
+        } else {
+            format!("ax-worker {id}#{}", starts + 1)
+        };
+        let process = self.spawn(&name, "ax-worker", &args)?;
         self.workers.push(process);
         Ok(())
+    }
+
+    /// Kills worker `id` with SIGKILL (a crash: it cannot clean up), reaps it and takes it out
+    /// of the cluster; its log stays in the dump of a failed test. Returns the pid it had.
+    pub async fn kill_worker(&mut self, id: &str) -> anyhow::Result<u32> {
+        let pid = self
+            .worker(id)?
+            .pid()
+            .context("the worker was already reaped")?;
+        let index = self
+            .workers
+            .iter()
+            .rposition(|w| w.pid() == Some(pid))
+            .context("the worker vanished")?;
+        let mut worker = self.workers.remove(index);
+        worker.kill().await?;
+        Ok(pid)
+    }
+
+    /// The port the scheduler listens on (kept across restarts).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Everything the running scheduler process wrote so far, or every scheduler process's log
+    /// after it was taken out.
+    pub fn scheduler_logs(&self) -> String {
+        self.logs
+            .iter()
+            .filter(|(name, _)| name.starts_with("ax-scheduler"))
+            .map(|(_, path)| std::fs::read_to_string(path).unwrap_or_default())
+            .collect()
+    }
+
+    /// A gRPC client of the control API of the scheduler.
+    pub async fn control(&self) -> anyhow::Result<ControlServiceClient<Channel>> {
+        let channel = Channel::from_shared(self.endpoint())?
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .with_context(|| format!("connecting to {}", self.endpoint()))?;
+        Ok(ControlServiceClient::new(channel))
+    }
+
+    /// Polls the control API until worker `id` is LIVE, under the hang guard.
+    pub async fn wait_worker_live(&self, id: &str) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + HANG_GUARD;
+        loop {
+            if let Ok(mut control) = self.control().await
+                && let Ok(response) = control.list_workers(pb::ListWorkersRequest {}).await
+                && response
+                    .into_inner()
+                    .workers
+                    .iter()
+                    .any(|w| w.id == id && w.state == pb::WorkerState::Live as i32)
+            {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("worker {id} is not LIVE after {HANG_GUARD:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Prints every log of the sandbox to stderr (a failing test does it by itself on drop).
+    pub fn print_logs(&self) {
+        for (name, path) in &self.logs {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            eprintln!(
+                "===== {name} ({})\n{text}===== end of {name}",
+                path.display()
+            );
+        }
     }
 
     pub fn scheduler(&mut self) -> anyhow::Result<&mut Process> {
@@ -293,9 +483,12 @@ impl ProcessCluster {
 
     pub fn worker(&mut self, id: &str) -> anyhow::Result<&mut Process> {
         let name = format!("ax-worker {id}");
+        let again = format!("{name}#");
+        // The latest process started under this id.
         self.workers
             .iter_mut()
-            .find(|w| w.name == name)
+            .rev()
+            .find(|w| w.name == name || w.name.starts_with(&again))
             .with_context(|| format!("no worker {id}"))
     }
 
@@ -353,13 +546,7 @@ impl ProcessCluster {
 impl Drop for ProcessCluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            for (name, path) in &self.logs {
-                let text = std::fs::read_to_string(path).unwrap_or_default();
-                eprintln!(
-                    "===== {name} ({})\n{text}===== end of {name}",
-                    path.display()
-                );
-            }
+            self.print_logs();
         }
         // The children are killed by `kill_on_drop`. A test that failed before its `shutdown`
         // still drops its MySQL database, from a thread of its own because `Drop` is not async

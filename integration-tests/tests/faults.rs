@@ -1,0 +1,1626 @@
+//! Fault tests with real processes: workers killed with SIGKILL, cut off from their scheduler
+//! by a proxy, a scheduler killed and restarted, Redis stopped and started, a task over its
+//! timeout, duplicate dispatches, and the seed's incident (a busy worker with late heartbeats).
+//!
+//! Every test ends with [`check_invariants`], which reads the attempt history from the control
+//! API and a side-effect file that every task appends to (`instance attempt pid ms what`, where
+//! `what` is `start`, `tick` or `end`), and checks what design.md promises under every fault:
+//! every instance ended, no attempt started twice, no two attempts of one instance overlapped,
+//! and no acknowledged log line was lost. Waits give up after generous hang guards; nothing
+//! asserts on timing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ax_integration_tests::Backend;
+use ax_integration_tests::process::{
+    HANG_GUARD, Process, ProcessCluster, RedisChoice, SchedulerSettings, WorkerSettings,
+};
+use ax_integration_tests::proxy::TcpProxy;
+use ax_integration_tests::redis_server::RedisServer;
+use ax_proto::v1 as pb;
+use pb::InstanceState as S;
+
+/// How long a whole run may take before the test gives up. A hang guard, not a measurement.
+const RUN_GUARD: Duration = Duration::from_secs(120);
+
+// ---------------------------------------------------------------------------------------------
+// Tasks and their side effects.
+
+/// The shell prelude of every task: `note WHAT` appends `instance attempt pid ms WHAT` to the
+/// side-effect file. `$$` is the pid of the `/bin/sh` the worker started, which is the pid the
+/// worker reports. A line is one small `O_APPEND` write, so the file's order is the order in
+/// which the tasks wrote.
+fn prelude(effects: &Path) -> String {
+    format!(
+        "F='{}'\nnote() {{ echo \"$AX_INSTANCE_ID $AX_ATTEMPT $$ $(date +%s%3N) $1\" >> \"$F\"; }}\n",
+        effects.display()
+    )
+}
+
+/// Writes `body` (with the prelude, a `start` note before and an `end` note after) as a script
+/// in `dir`, and returns the command that runs it in the worker's own shell (`.`), so that `$$`
+/// stays the pid the worker started.
+fn script(dir: &Path, name: &str, effects: &Path, body: &str) -> String {
+    let path = dir.join(format!("{name}.sh"));
+    let text = format!("{}note start\n{body}\nnote end\n", prelude(effects));
+    std::fs::write(&path, text).expect("write the task script");
+    format!(". '{}'", path.display())
+}
+
+/// Shell that prints `line 1` … `line N` on stdout, each followed by a `tick` note and a pause.
+fn numbered_lines(count: u32, pause: &str) -> String {
+    format!(
+        "i=1\nwhile [ $i -le {count} ]; do echo \"line $i\"; note tick; i=$((i + 1)); sleep {pause}; done"
+    )
+}
+
+/// A workflow file: `header` (already YAML, e.g. `defaults: {…}`) and tasks of (name, command).
+fn workflow(name: &str, header: &str, tasks: &[(String, String)]) -> String {
+    let mut yaml = format!("name: {name}\n{header}\ntasks:\n");
+    for (task, command) in tasks {
+        yaml.push_str(&format!(
+            "  - name: {task}\n    command: \"{}\"\n",
+            command.replace('\\', "\\\\").replace('"', "\\\"")
+        ));
+    }
+    yaml
+}
+
+/// One line of the side-effect file.
+#[derive(Debug, Clone)]
+struct Note {
+    /// Position in the file, from 0.
+    index: usize,
+    instance: i64,
+    attempt: u32,
+    pid: u32,
+    at_ms: i64,
+    what: String,
+}
+
+fn read_notes(path: &Path) -> Vec<Note> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .enumerate()
+        .map(|(index, line)| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(
+                fields.len(),
+                5,
+                "malformed side-effect line {index}: {line:?}"
+            );
+            let parse = |i: usize| -> i64 {
+                fields[i]
+                    .parse()
+                    .unwrap_or_else(|e| panic!("side-effect line {index} {line:?}: {e}"))
+            };
+            Note {
+                index,
+                instance: parse(0),
+                attempt: parse(1) as u32,
+                pid: parse(2) as u32,
+                at_ms: parse(3),
+                what: fields[4].to_string(),
+            }
+        })
+        .collect()
+}
+
+/// The pids of the shells of the `start` notes that match.
+fn started_pids(notes: &[Note], keep: impl Fn(&Note) -> bool) -> Vec<u32> {
+    notes
+        .iter()
+        .filter(|n| n.what == "start" && keep(n))
+        .map(|n| n.pid)
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The shared checker.
+
+/// The invariants that the attempt history and the side-effect notes alone decide (see
+/// [`check_invariants`]), as one message per violation.
+fn violations(instances: &[pb::Instance], notes: &[Note]) -> Vec<String> {
+    let mut failures = Vec::new();
+    let mut by_attempt: BTreeMap<(i64, u32), Vec<&Note>> = BTreeMap::new();
+    for note in notes {
+        by_attempt
+            .entry((note.instance, note.attempt))
+            .or_default()
+            .push(note);
+    }
+    let known: BTreeMap<i64, &pb::Instance> = instances.iter().map(|i| (i.id, i)).collect();
+
+    for instance in instances {
+        let state = instance.state();
+        if !matches!(state, S::Success | S::Failed | S::Timeout | S::Cancelled) {
+            failures.push(format!(
+                "instance {} ({}) is not terminal: {state:?}",
+                instance.id, instance.task
+            ));
+        }
+        let numbers: Vec<u32> = instance.attempts.iter().map(|a| a.attempt).collect();
+        let expected: Vec<u32> = (1..=instance.attempt).collect();
+        if numbers != expected {
+            failures.push(format!(
+                "instance {} has attempts {numbers:?}, expected {expected:?}",
+                instance.id
+            ));
+        }
+        for attempt in &instance.attempts {
+            let key = (instance.id, attempt.attempt);
+            let Some(notes) = by_attempt.get(&key) else {
+                if attempt.state() == S::Success {
+                    failures.push(format!(
+                        "attempt {key:?} succeeded but its process left no note"
+                    ));
+                }
+                continue;
+            };
+            let starts = notes.iter().filter(|n| n.what == "start").count();
+            if starts != 1 {
+                failures.push(format!("attempt {key:?} started {starts} times: {notes:?}"));
+            }
+            let pids: BTreeSet<u32> = notes.iter().map(|n| n.pid).collect();
+            if pids.len() != 1 {
+                failures.push(format!("attempt {key:?} ran in several processes {pids:?}"));
+            }
+            if attempt.pid != 0 && !pids.contains(&attempt.pid) {
+                failures.push(format!(
+                    "attempt {key:?} is stored with pid {} but ran as {pids:?}",
+                    attempt.pid
+                ));
+            }
+            if attempt.state() == S::Success && !notes.iter().any(|n| n.what == "end") {
+                failures.push(format!(
+                    "attempt {key:?} succeeded without reaching its end: {notes:?}"
+                ));
+            }
+        }
+    }
+    for (instance, attempt) in by_attempt.keys() {
+        let current = known.get(instance).map(|i| i.attempt);
+        if current.is_none_or(|current| *attempt > current) {
+            failures.push(format!(
+                "a process ran attempt {attempt} of instance {instance}, which the store does not know (current {current:?})"
+            ));
+        }
+    }
+
+    // Overlap: walk the file in order, per instance.
+    let mut newest: BTreeMap<i64, &Note> = BTreeMap::new();
+    for note in notes {
+        match newest.get(&note.instance) {
+            Some(latest) if note.attempt < latest.attempt => failures.push(format!(
+                "attempt {} of instance {} was alive (line {}: {} at {} ms) after attempt {} started (line {} at {} ms)",
+                note.attempt,
+                note.instance,
+                note.index,
+                note.what,
+                note.at_ms,
+                latest.attempt,
+                latest.index,
+                latest.at_ms
+            )),
+            Some(latest) if note.attempt == latest.attempt => {}
+            _ => {
+                if note.what != "start" {
+                    failures.push(format!(
+                        "attempt {} of instance {} wrote before its start note: {note:?}",
+                        note.attempt, note.instance
+                    ));
+                }
+                // The previous attempt's last sign of life must not be later by the clock either.
+                let previous = notes
+                    .iter()
+                    .filter(|n| n.instance == note.instance && n.attempt < note.attempt)
+                    .map(|n| n.at_ms)
+                    .max();
+                if let Some(last) = previous
+                    && last > note.at_ms
+                {
+                    failures.push(format!(
+                        "attempt {} of instance {} started at {} ms, before the earlier attempt's last sign of life at {last} ms",
+                        note.attempt, note.instance, note.at_ms
+                    ));
+                }
+                newest.insert(note.instance, note);
+            }
+        }
+    }
+
+    failures
+}
+
+/// What the stored logs of each successful attempt must be.
+#[derive(Debug, Clone, Copy)]
+enum Lines {
+    /// Not checked (the task prints nothing in particular).
+    Unchecked,
+    /// Exactly `line 1` … `line N` on stdout, numbered 1 … N.
+    Exactly(u64),
+}
+
+/// Checks the invariants every fault test promises, for every instance of `run`, and returns
+/// the instances (with their attempts) for the test's own checks:
+/// - every instance reached a terminal state, with attempts numbered 1 … its current attempt;
+/// - no attempt started twice: one `start` note per (instance, attempt), all notes of an attempt
+///   from one pid, which is the pid the worker reported, and only attempts the store knows;
+/// - no two attempts of one instance overlapped: in the file's order, once attempt k+1 started
+///   no note of an earlier attempt follows (its last sign of life came before), and the clocks
+///   agree;
+/// - a successful attempt ran to its `end` note, and its stored log lines are complete, in order,
+///   and each stored once.
+async fn check_invariants(
+    cluster: &ProcessCluster,
+    run_id: i64,
+    effects: &Path,
+    lines: Lines,
+) -> Vec<pb::Instance> {
+    let instances = instances(cluster, run_id).await;
+    let notes = read_notes(effects);
+    let mut failures = violations(&instances, &notes);
+
+    if let Lines::Exactly(count) = lines {
+        for instance in instances.iter().filter(|i| i.state() == S::Success) {
+            let stored = logs(cluster, instance.id, instance.attempt).await;
+            let expected: Vec<(u64, String)> =
+                (1..=count).map(|i| (i, format!("line {i}"))).collect();
+            let got: Vec<(u64, String)> = stored.iter().map(|l| (l.seq, l.text.clone())).collect();
+            if got != expected {
+                failures.push(format!(
+                    "instance {} attempt {}: stored lines {got:?}, expected line 1 … line {count}",
+                    instance.id, instance.attempt
+                ));
+            }
+            if stored
+                .iter()
+                .any(|l| l.stream != pb::LogStream::Stdout as i32)
+            {
+                failures.push(format!("instance {}: a line not on stdout", instance.id));
+            }
+            let reported = instance
+                .attempts
+                .iter()
+                .find(|a| a.attempt == instance.attempt)
+                .map(|a| a.log_lines);
+            if reported != Some(count) {
+                failures.push(format!(
+                    "instance {}: the attempt reports {reported:?} lines, expected {count}",
+                    instance.id
+                ));
+            }
+        }
+    }
+
+    if !failures.is_empty() {
+        // The first violations say what went wrong; hundreds of lines would bury them.
+        let shown: Vec<&str> = failures.iter().take(20).map(String::as_str).collect();
+        panic!(
+            "{} invariant violations (first {}):\n{}\n--- instances\n{}",
+            failures.len(),
+            shown.len(),
+            shown.join("\n"),
+            summary(&instances)
+        );
+    }
+    instances
+}
+
+/// The checker itself: clean histories pass, and each kind of violation is caught. Without
+/// this, a checker that never complains would make every fault test pass.
+#[test]
+fn fault_checker_catches_double_starts_overlaps_and_unknown_attempts() {
+    let attempt = |number: u32, state: S, pid: u32| pb::Attempt {
+        attempt: number,
+        state: state as i32,
+        pid,
+        ..pb::Attempt::default()
+    };
+    let instance = |state: S, attempts: Vec<pb::Attempt>| pb::Instance {
+        id: 1,
+        task: "t".into(),
+        state: state as i32,
+        attempt: attempts.len() as u32,
+        attempts,
+        ..pb::Instance::default()
+    };
+    let notes = |text: &str| -> Vec<Note> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("effects");
+        std::fs::write(&path, text).expect("write");
+        read_notes(&path)
+    };
+    let retried = instance(
+        S::Success,
+        vec![attempt(1, S::Failed, 10), attempt(2, S::Success, 20)],
+    );
+
+    let clean = notes("1 1 10 100 start\n1 1 10 150 tick\n1 2 20 200 start\n1 2 20 250 end\n");
+    assert_eq!(
+        violations(std::slice::from_ref(&retried), &clean),
+        Vec::<String>::new()
+    );
+
+    let cases = [
+        // Attempt 1 still ticking after attempt 2 started.
+        (
+            "1 1 10 100 start\n1 2 20 200 start\n1 1 10 210 tick\n1 2 20 250 end\n",
+            "was alive",
+        ),
+        // Attempt 2 started twice.
+        (
+            "1 1 10 100 start\n1 2 20 200 start\n1 2 21 201 start\n1 2 20 250 end\n",
+            "started 2 times",
+        ),
+        // Attempt 1's last sign of life is later by the clock than attempt 2's start.
+        (
+            "1 1 10 300 start\n1 2 20 200 start\n1 2 20 250 end\n",
+            "before the earlier attempt",
+        ),
+        // A process of an attempt the store does not know.
+        (
+            "1 1 10 100 start\n1 2 20 200 start\n1 2 20 250 end\n1 3 30 300 start\n",
+            "does not know",
+        ),
+        // The successful attempt never reached its end.
+        (
+            "1 1 10 100 start\n1 2 20 200 start\n",
+            "without reaching its end",
+        ),
+        // The stored pid is not the pid that ran.
+        (
+            "1 1 10 100 start\n1 2 22 200 start\n1 2 22 250 end\n",
+            "stored with pid",
+        ),
+    ];
+    for (text, expected) in cases {
+        let found = violations(std::slice::from_ref(&retried), &notes(text));
+        assert!(
+            found.iter().any(|v| v.contains(expected)),
+            "{expected:?} not caught in {text:?}: {found:?}"
+        );
+    }
+    let unfinished = instance(S::Running, vec![attempt(1, S::Running, 10)]);
+    let found = violations(&[unfinished], &notes("1 1 10 100 start\n"));
+    assert!(
+        found.iter().any(|v| v.contains("not terminal")),
+        "{found:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Control API helpers.
+
+async fn apply(cluster: &ProcessCluster, source: &str) {
+    let request = pb::ApplyWorkflowRequest {
+        source: source.into(),
+        source_name: "fault.yaml".into(),
+        dry_run: false,
+        actor: "fault-test".into(),
+    };
+    cluster
+        .control()
+        .await
+        .expect("control client")
+        .apply_workflow(request)
+        .await
+        .unwrap_or_else(|status| panic!("apply refused: {status}\n{source}"));
+}
+
+async fn trigger(cluster: &ProcessCluster, name: &str) -> i64 {
+    let request = pb::TriggerWorkflowRequest {
+        name: name.into(),
+        params: Default::default(),
+        idempotency_key: String::new(),
+        actor: "fault-test".into(),
+        logical_time_ms: 0,
+    };
+    cluster
+        .control()
+        .await
+        .expect("control client")
+        .trigger_workflow(request)
+        .await
+        .expect("trigger")
+        .into_inner()
+        .run
+        .expect("the trigger names its run")
+        .id
+}
+
+async fn try_instances(cluster: &ProcessCluster, run_id: i64) -> anyhow::Result<Vec<pb::Instance>> {
+    let mut control = cluster.control().await?;
+    let list = control
+        .list_instances(pb::ListInstancesRequest { run_id })
+        .await?
+        .into_inner()
+        .instances;
+    let mut full = Vec::with_capacity(list.len());
+    for instance in list {
+        full.push(
+            control
+                .get_instance(pb::GetInstanceRequest { id: instance.id })
+                .await?
+                .into_inner(),
+        );
+    }
+    Ok(full)
+}
+
+async fn instances(cluster: &ProcessCluster, run_id: i64) -> Vec<pb::Instance> {
+    try_instances(cluster, run_id)
+        .await
+        .expect("the instances of the run")
+}
+
+/// Polls the run's instances (tolerating a scheduler that is restarting) until `done` holds.
+async fn wait_instances(
+    cluster: &ProcessCluster,
+    run_id: i64,
+    what: &str,
+    done: impl Fn(&[pb::Instance]) -> bool,
+) -> Vec<pb::Instance> {
+    let deadline = tokio::time::Instant::now() + RUN_GUARD;
+    let mut last = Vec::new();
+    loop {
+        if let Ok(current) = try_instances(cluster, run_id).await {
+            if done(&current) {
+                return current;
+            }
+            last = current;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "run {run_id}: not {what} after {RUN_GUARD:?}; last seen:\n{}",
+            summary(&last)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls the run until it ended, and returns it.
+async fn wait_run_end(cluster: &ProcessCluster, run_id: i64) -> pb::Run {
+    let deadline = tokio::time::Instant::now() + RUN_GUARD;
+    loop {
+        if let Ok(mut control) = cluster.control().await
+            && let Ok(run) = control.get_run(pb::GetRunRequest { id: run_id }).await
+        {
+            let run = run.into_inner();
+            if run.state() != pb::RunState::Running {
+                return run;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "run {run_id} still running after {RUN_GUARD:?}: {:?}",
+                run.counts
+            );
+        } else {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the scheduler did not answer for run {run_id} within {RUN_GUARD:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn logs(cluster: &ProcessCluster, instance_id: i64, attempt: u32) -> Vec<pb::StoredLogLine> {
+    let request = pb::GetLogsRequest {
+        instance_id,
+        attempt,
+        follow: false,
+        after_seq: 0,
+    };
+    let mut stream = cluster
+        .control()
+        .await
+        .expect("control client")
+        .get_logs(request)
+        .await
+        .expect("logs")
+        .into_inner();
+    let mut lines = Vec::new();
+    while let Some(chunk) = stream.message().await.expect("log chunk") {
+        lines.extend(chunk.lines);
+    }
+    lines
+}
+
+fn summary(instances: &[pb::Instance]) -> String {
+    instances
+        .iter()
+        .map(|i| {
+            let attempts: Vec<String> = i
+                .attempts
+                .iter()
+                .map(|a| {
+                    format!(
+                        "#{} {:?} on {} ({})",
+                        a.attempt,
+                        a.state(),
+                        a.worker_id,
+                        a.message
+                    )
+                })
+                .collect();
+            format!(
+                "{} {} {:?}: {}",
+                i.id,
+                i.task,
+                i.state(),
+                attempts.join("; ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn attempt(instance: &pb::Instance, number: u32) -> &pb::Attempt {
+    instance
+        .attempts
+        .iter()
+        .find(|a| a.attempt == number)
+        .unwrap_or_else(|| {
+            panic!(
+                "instance {} has no attempt {number}: {instance:#?}",
+                instance.id
+            )
+        })
+}
+
+/// Whether `pid` is a live process (a zombie waiting for a reaper counts as dead: it runs
+/// nothing). The container's init may never reap orphans, so zombies are common here.
+fn pid_alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .unwrap_or("X");
+    !matches!(state, "Z" | "X" | "x")
+}
+
+/// Waits until none of `pids` is alive, under `guard`; returns the survivors.
+async fn wait_pids_gone(pids: &[u32], guard: Duration) -> Vec<u32> {
+    let deadline = tokio::time::Instant::now() + guard;
+    loop {
+        let alive: Vec<u32> = pids.iter().copied().filter(|p| pid_alive(*p)).collect();
+        if alive.is_empty() || tokio::time::Instant::now() > deadline {
+            return alive;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn kill_pids(pids: &[u32]) {
+    for pid in pids {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+}
+
+/// Reads the pids that tasks wrote to `grandchild-*` files in `dir`.
+fn grandchild_pids(dir: &Path) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read the scratch directory") {
+        let entry = entry.expect("directory entry");
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("grandchild-")
+        {
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            if let Ok(pid) = text.trim().parse() {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// A log without the terminal colours tracing may add.
+fn plain(log: &str) -> String {
+    let mut out = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Polls the notes until `done` holds.
+async fn wait_notes(effects: &Path, what: &str, done: impl Fn(&[Note]) -> bool) -> Vec<Note> {
+    let deadline = tokio::time::Instant::now() + RUN_GUARD;
+    loop {
+        let notes = read_notes(effects);
+        if done(&notes) {
+            return notes;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "side effects not {what} after {RUN_GUARD:?}: {notes:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn running_on(instances: &[pb::Instance], worker: &str) -> usize {
+    instances
+        .iter()
+        .filter(|i| i.state() == S::Running && i.worker_id == worker)
+        .count()
+}
+
+async fn cluster_with(backend: Backend, settings: SchedulerSettings) -> Option<ProcessCluster> {
+    ProcessCluster::start_with(backend, settings)
+        .await
+        .expect("the scheduler process starts")
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. The seed's incident.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_seed_incident_a_busy_worker_with_late_heartbeats_keeps_its_task() {
+    // Task heartbeats every 2 s on both sides, so the backstop's grace (1.5 × 2 s) is close to
+    // a heartbeat interval, as in the incident: a batched or late heartbeat must not condemn
+    // a task running past half its timeout on a busy worker.
+    let settings = SchedulerSettings {
+        heartbeat_interval: "300ms".into(),
+        task_heartbeat_interval: Some("2s".into()),
+        dead_after_missed_heartbeats: Some(4),
+        ..SchedulerSettings::default()
+    };
+    let Some(mut cluster) = cluster_with(Backend::Sqlite, settings).await else {
+        return;
+    };
+    cluster
+        .start_worker_with(
+            "busy",
+            &WorkerSettings {
+                capacity: Some(16),
+                heartbeat_interval: Some("300ms".into()),
+                task_heartbeat_interval: Some("2s".into()),
+                ..WorkerSettings::default()
+            },
+        )
+        .expect("worker");
+    cluster.wait_worker_live("busy").await.expect("live");
+
+    let effects = cluster.dir().join("effects");
+    let dir = cluster.dir().to_path_buf();
+    let busy = script(
+        &dir,
+        "busy",
+        &effects,
+        "i=0\nwhile [ $i -lt 8 ]; do note tick; sleep 0.4; i=$((i + 1)); done",
+    );
+    // Runs 3 s by the clock (past 50% of its 4 s timeout), printing numbered lines.
+    let slow = script(
+        &dir,
+        "slow",
+        &effects,
+        "end=$(( $(date +%s%3N) + 3000 ))\ni=1\nwhile [ $(date +%s%3N) -lt $end ]; do echo \"line $i\"; note tick; i=$((i + 1)); sleep 0.25; done",
+    );
+    let mut tasks: Vec<(String, String)> = (1..=15)
+        .map(|i| (format!("busy{i}"), busy.clone()))
+        .collect();
+    tasks.push(("slow".into(), slow));
+    let mut yaml = workflow(
+        "incident",
+        "defaults: { retries: 1, retry_backoff: 100ms }",
+        &tasks,
+    );
+    // Only the slow task has the 4 s timeout.
+    yaml = yaml.replace("  - name: slow\n", "  - name: slow\n    timeout: 4s\n");
+    apply(&cluster, &yaml).await;
+    let run_id = trigger(&cluster, "incident").await;
+
+    let run = wait_run_end(&cluster, run_id).await;
+    let instances = check_invariants(&cluster, run_id, &effects, Lines::Unchecked).await;
+    assert_eq!(
+        run.state(),
+        pb::RunState::Success,
+        "{}",
+        summary(&instances)
+    );
+    for instance in &instances {
+        assert_eq!(instance.state(), S::Success, "{}", summary(&instances));
+        assert_eq!(
+            instance.attempts.len(),
+            1,
+            "dispatched twice: {}",
+            summary(&instances)
+        );
+    }
+    // The slow task's numbered lines are all there, whatever their number.
+    let slow = instances.iter().find(|i| i.task == "slow").expect("slow");
+    let stored = logs(&cluster, slow.id, 1).await;
+    assert!(!stored.is_empty(), "the slow task stored no line");
+    for (n, line) in stored.iter().enumerate() {
+        assert_eq!(line.seq, n as u64 + 1);
+        assert_eq!(line.text, format!("line {}", n + 1));
+    }
+    assert!(
+        !plain(&cluster.scheduler_logs()).contains("backstop timeout"),
+        "the backstop declared a timeout:\n{}",
+        cluster.scheduler_logs()
+    );
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Timeout: the whole process group dies, and the retry runs.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_task_over_its_timeout_is_killed_with_its_children_and_retried() {
+    let settings = SchedulerSettings {
+        heartbeat_interval: "300ms".into(),
+        task_heartbeat_interval: Some("500ms".into()),
+        ..SchedulerSettings::default()
+    };
+    let Some(mut cluster) = cluster_with(Backend::Sqlite, settings).await else {
+        return;
+    };
+    cluster
+        .start_worker_with(
+            "w1",
+            &WorkerSettings {
+                heartbeat_interval: Some("300ms".into()),
+                task_heartbeat_interval: Some("500ms".into()),
+                kill_grace: Some("500ms".into()),
+                ..WorkerSettings::default()
+            },
+        )
+        .expect("worker");
+    cluster.wait_worker_live("w1").await.expect("live");
+
+    let effects = cluster.dir().join("effects");
+    let dir = cluster.dir().to_path_buf();
+    let body = format!(
+        "if [ \"$AX_ATTEMPT\" = 1 ]; then\n  sleep 30 &\n  echo $! > '{}/grandchild-'$AX_INSTANCE_ID\n  while :; do note tick; sleep 0.1; done\nfi\n{}",
+        dir.display(),
+        numbered_lines(3, "0.01")
+    );
+    let command = script(&dir, "overrun", &effects, &body);
+    let yaml = workflow(
+        "overrun",
+        "defaults: { timeout: 1s, retries: 1, retry_backoff: 100ms }",
+        &[("overrun".into(), command)],
+    );
+    apply(&cluster, &yaml).await;
+    let run_id = trigger(&cluster, "overrun").await;
+    let run = wait_run_end(&cluster, run_id).await;
+
+    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(3)).await;
+    assert_eq!(
+        run.state(),
+        pb::RunState::Success,
+        "{}",
+        summary(&instances)
+    );
+    let instance = &instances[0];
+    assert_eq!(instance.attempts.len(), 2, "{}", summary(&instances));
+    assert_eq!(attempt(instance, 1).state(), S::Timeout, "{instance:#?}");
+    assert_eq!(attempt(instance, 2).state(), S::Success, "{instance:#?}");
+
+    let notes = read_notes(&effects);
+    let shell = started_pids(&notes, |n| n.attempt == 1);
+    let grandchildren = grandchild_pids(&dir);
+    assert_eq!(
+        grandchildren.len(),
+        1,
+        "the first attempt recorded its grandchild"
+    );
+    let survivors = wait_pids_gone(&[shell, grandchildren.clone()].concat(), HANG_GUARD).await;
+    kill_pids(&survivors);
+    assert!(
+        survivors.is_empty(),
+        "processes of the timed-out attempt survived: {survivors:?} (shell and grandchild {grandchildren:?})"
+    );
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. SIGKILL of a worker with 20 running tasks.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_kill_9_of_a_worker_with_20_running_tasks_retries_all_on_another() {
+    let settings = SchedulerSettings {
+        heartbeat_interval: "300ms".into(),
+        task_heartbeat_interval: Some("500ms".into()),
+        dead_after_missed_heartbeats: Some(4),
+        ..SchedulerSettings::default()
+    };
+    let Some(mut cluster) = cluster_with(Backend::MySql, settings).await else {
+        return;
+    };
+    let worker = WorkerSettings {
+        capacity: Some(20),
+        heartbeat_interval: Some("300ms".into()),
+        task_heartbeat_interval: Some("500ms".into()),
+        kill_grace: Some("500ms".into()),
+        ..WorkerSettings::default()
+    };
+    cluster.start_worker_with("a", &worker).expect("worker a");
+    cluster.wait_worker_live("a").await.expect("a live");
+
+    let effects = cluster.dir().join("effects");
+    let dir = cluster.dir().to_path_buf();
+    let body = format!(
+        "if [ \"$AX_ATTEMPT\" = 1 ]; then\n  sleep 30 &\n  echo $! > '{}/grandchild-'$AX_INSTANCE_ID\n  while :; do note tick; sleep 0.5; done\nfi\n{}",
+        dir.display(),
+        numbered_lines(3, "0.01")
+    );
+    let command = script(&dir, "long", &effects, &body);
+    let tasks: Vec<(String, String)> = (1..=20)
+        .map(|i| (format!("t{i:02}"), command.clone()))
+        .collect();
+    let yaml = workflow(
+        "twenty",
+        "defaults: { retries: 1, retry_backoff: 100ms }",
+        &tasks,
+    );
+    apply(&cluster, &yaml).await;
+    let run_id = trigger(&cluster, "twenty").await;
+    wait_instances(&cluster, run_id, "20 running on a", |all| {
+        all.len() == 20 && running_on(all, "a") == 20
+    })
+    .await;
+    // Every shell and grandchild has announced itself.
+    wait_notes(&effects, "20 started", |notes| {
+        notes.iter().filter(|n| n.what == "start").count() == 20
+    })
+    .await;
+    wait_notes(&effects, "20 grandchildren", |_| {
+        grandchild_pids(&dir).len() == 20
+    })
+    .await;
+    cluster.start_worker_with("b", &worker).expect("worker b");
+    cluster.wait_worker_live("b").await.expect("b live");
+
+    cluster.kill_worker("a").await.expect("SIGKILL worker a");
+    let notes = read_notes(&effects);
+    let shells = started_pids(&notes, |n| n.attempt == 1);
+    assert_eq!(shells.len(), 20);
+    let grandchildren = grandchild_pids(&dir);
+    // The parent-death signal reaches the shells within a few seconds (a hang guard).
+    let shell_survivors = wait_pids_gone(&shells, Duration::from_secs(10)).await;
+
+    let run = wait_run_end(&cluster, run_id).await;
+    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(3)).await;
+    assert_eq!(
+        run.state(),
+        pb::RunState::Success,
+        "{}",
+        summary(&instances)
+    );
+    for instance in &instances {
+        assert_eq!(instance.attempts.len(), 2, "{}", summary(&instances));
+        let first = attempt(instance, 1);
+        let second = attempt(instance, 2);
+        assert_eq!(first.worker_id, "a", "{instance:#?}");
+        assert_ne!(first.state(), S::Success, "{instance:#?}");
+        assert_eq!(second.worker_id, "b", "{instance:#?}");
+        assert_eq!(second.state(), S::Success, "{instance:#?}");
+    }
+    kill_pids(&shell_survivors);
+    assert!(
+        shell_survivors.is_empty(),
+        "shells of the killed worker survived it: {shell_survivors:?}"
+    );
+    // The grandchildren (`sleep 30 &` in each task) are in the attempts' process groups, which
+    // nobody killed: the worker died with SIGKILL. Checked last, so that the rest is reported.
+    let grandchild_survivors = wait_pids_gone(&grandchildren, Duration::from_secs(5)).await;
+    kill_pids(&grandchild_survivors);
+    assert!(
+        grandchild_survivors.is_empty(),
+        "{} of 20 grandchildren of the SIGKILLed worker's tasks survived it while the retries ran: {grandchild_survivors:?}",
+        grandchild_survivors.len()
+    );
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. A worker cut off longer than the dead threshold fences itself.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_worker_cut_off_longer_than_the_lost_threshold_fences_itself() {
+    // Dead after 8 × 300 ms = 2.4 s; the worker fences after 800 ms and kills within 300 ms.
+    cut_off_worker_fences_itself(8, Some("800ms")).await;
+}
+
+/// The same partition with the worker's default `--self-fence-after` (10 s), longer than this
+/// scheduler's dead threshold (10 × 300 ms = 3 s): the worker must learn the threshold from
+/// Registered (`worker_dead_after_ms`) and fence before it, or the retry runs beside its task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_worker_cut_off_with_the_default_fence_setting_fences_before_its_task_is_retried() {
+    cut_off_worker_fences_itself(10, None).await;
+}
+
+/// Worker a, behind a proxy, runs a task that never ends on its own; the proxy cuts a off until
+/// the retry has run on worker b (connected directly). a must have killed its task before the
+/// retry started, report that it fenced, come back after the partition heals, and have its late
+/// report about attempt 1 refused.
+async fn cut_off_worker_fences_itself(dead_after_missed: u32, self_fence_after: Option<&str>) {
+    let settings = SchedulerSettings {
+        heartbeat_interval: "300ms".into(),
+        task_heartbeat_interval: Some("500ms".into()),
+        dead_after_missed_heartbeats: Some(dead_after_missed),
+        ..SchedulerSettings::default()
+    };
+    let Some(mut cluster) = cluster_with(Backend::Sqlite, settings).await else {
+        return;
+    };
+    let target = std::net::SocketAddr::from(([127, 0, 0, 1], cluster.port()));
+    let proxy = TcpProxy::start(target).await.expect("proxy");
+    let worker = WorkerSettings {
+        heartbeat_interval: Some("300ms".into()),
+        task_heartbeat_interval: Some("500ms".into()),
+        kill_grace: Some("300ms".into()),
+        self_fence_after: self_fence_after.map(String::from),
+        ..WorkerSettings::default()
+    };
+    cluster
+        .start_worker_with(
+            "a",
+            &WorkerSettings {
+                endpoint: Some(proxy.url()),
+                ..worker.clone()
+            },
+        )
+        .expect("worker a");
+    cluster.wait_worker_live("a").await.expect("a live");
+
+    let effects = cluster.dir().join("effects");
+    let dir = cluster.dir().to_path_buf();
+    let body = format!(
+        "if [ \"$AX_ATTEMPT\" = 1 ]; then\n  while :; do note tick; sleep 0.1; done\nfi\n{}",
+        numbered_lines(3, "0.01")
+    );
+    let command = script(&dir, "fenced", &effects, &body);
+    let yaml = workflow(
+        "fenced",
+        "defaults: { retries: 1, retry_backoff: 100ms }",
+        &[("fenced".into(), command)],
+    );
+    apply(&cluster, &yaml).await;
+    let run_id = trigger(&cluster, "fenced").await;
+    wait_instances(&cluster, run_id, "running on a", |all| {
+        running_on(all, "a") == 1
+    })
+    .await;
+    let notes = wait_notes(&effects, "ticking", |n| n.len() >= 3).await;
+    let pid = started_pids(&notes, |n| n.attempt == 1)[0];
+    cluster.start_worker_with("b", &worker).expect("worker b");
+    cluster.wait_worker_live("b").await.expect("b live");
+
+    // The partition lasts until the retry has run to completion on b.
+    proxy.cut();
+    let run = wait_run_end(&cluster, run_id).await;
+    let survivors = wait_pids_gone(&[pid], HANG_GUARD).await;
+    kill_pids(&survivors);
+    assert!(
+        survivors.is_empty(),
+        "the cut-off worker did not fence its task (pid {pid})"
+    );
+    proxy.heal();
+    // a comes back, and whatever it reports late about attempt 1 must change nothing.
+    let worker_a_back = {
+        let deadline = tokio::time::Instant::now() + HANG_GUARD;
+        loop {
+            if plain(&cluster.scheduler_logs())
+                .lines()
+                .filter(|l| l.contains("worker connected") && l.contains("worker=a"))
+                .count()
+                >= 2
+            {
+                break true;
+            }
+            if tokio::time::Instant::now() > deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    assert!(
+        worker_a_back,
+        "worker a did not reconnect after the partition healed"
+    );
+    cluster.wait_worker_live("a").await.expect("a live again");
+    let instance_id = instances(&cluster, run_id).await[0].id;
+    let refused = {
+        let deadline = tokio::time::Instant::now() + HANG_GUARD;
+        loop {
+            let log = plain(&cluster.scheduler_logs());
+            if log.lines().any(|l| {
+                l.contains("report refused") && l.contains(&format!("instance={instance_id} "))
+            }) {
+                break true;
+            }
+            if tokio::time::Instant::now() > deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+
+    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(3)).await;
+    assert_eq!(
+        run.state(),
+        pb::RunState::Success,
+        "{}",
+        summary(&instances)
+    );
+    let instance = &instances[0];
+    assert_eq!(instance.attempts.len(), 2, "{}", summary(&instances));
+    assert_eq!(attempt(instance, 1).worker_id, "a");
+    assert_eq!(attempt(instance, 1).state(), S::Failed, "{instance:#?}");
+    assert_eq!(attempt(instance, 2).worker_id, "b");
+    assert_eq!(attempt(instance, 2).state(), S::Success, "{instance:#?}");
+    let worker_log = plain(&cluster.worker("a").expect("a").log_text());
+    assert!(
+        worker_log.contains("self-fencing"),
+        "worker a does not say it fenced:\n{worker_log}"
+    );
+    assert!(
+        refused,
+        "no refusal of worker a's late report for attempt 1 in the scheduler log"
+    );
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. A short cut: the stream re-attaches and the attempt finishes once.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_stream_cut_for_a_few_seconds_reattaches_and_finishes_once() {
+    // Dead after 10 × 500 ms = 5 s; the cut lasts about 1 s; the worker fences only after 4 s.
+    let settings = SchedulerSettings {
+        heartbeat_interval: "500ms".into(),
+        task_heartbeat_interval: Some("1s".into()),
+        dead_after_missed_heartbeats: Some(10),
+        ..SchedulerSettings::default()
+    };
+    let Some(mut cluster) = cluster_with(Backend::Sqlite, settings).await else {
+        return;
+    };
+    let target = std::net::SocketAddr::from(([127, 0, 0, 1], cluster.port()));
+    let proxy = TcpProxy::start(target).await.expect("proxy");
+    cluster
+        .start_worker_with(
+            "a",
+            &WorkerSettings {
+                endpoint: Some(proxy.url()),
+                heartbeat_interval: Some("500ms".into()),
+                task_heartbeat_interval: Some("1s".into()),
+                self_fence_after: Some("4s".into()),
+                ..WorkerSettings::default()
+            },
+        )
+        .expect("worker a");
+    cluster.wait_worker_live("a").await.expect("a live");
+
+    let effects = cluster.dir().join("effects");
+    let dir = cluster.dir().to_path_buf();
+    let command = script(&dir, "chatty", &effects, &numbered_lines(40, "0.1"));
+    let yaml = workflow(
+        "chatty",
+        "defaults: { retries: 1, retry_backoff: 100ms }",
+        &[("chatty".into(), command)],
+    );
+    apply(&cluster, &yaml).await;
+    let run_id = trigger(&cluster, "chatty").await;
+    wait_notes(&effects, "a few lines in", |n| {
+        n.iter().filter(|n| n.what == "tick").count() >= 8
+    })
+    .await;
+    let connections_before = proxy.forwarded();
+    proxy.cut();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let still_running = read_notes(&effects).iter().all(|n| n.what != "end");
+    proxy.heal();
+
+    let run = wait_run_end(&cluster, run_id).await;
+    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(40)).await;
+    assert!(
+        still_running,
+        "the task ended during the cut; the test proves nothing"
+    );
+    assert_eq!(
+        run.state(),
+        pb::RunState::Success,
+        "{}",
+        summary(&instances)
+    );
+    let instance = &instances[0];
+    assert_eq!(instance.attempts.len(), 1, "{}", summary(&instances));
+    assert!(
+        proxy.forwarded() > connections_before,
+        "the worker never reconnected through the proxy"
+    );
+    assert!(
+        proxy.refused() > 0 || proxy.forwarded() > connections_before,
+        "nothing went through the cut"
+    );
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Redis stopped in the middle of a run, then started again.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_redis_stopped_mid_run_and_started_again() {
+    let redis_dir = tempfile::tempdir().expect("tempdir");
+    let mut redis = RedisServer::start(redis_dir.path())
+        .await
+        .expect("a private redis-server");
+    let _dump = DumpOnPanic(vec![redis_dir.path().to_path_buf()]);
+    let settings = SchedulerSettings {
+        redis: RedisChoice::Url(redis.url()),
+        heartbeat_interval: "300ms".into(),
+        ..SchedulerSettings::default()
+    };
+    let Some(mut cluster) = cluster_with(Backend::MySql, settings).await else {
+        return;
+    };
+    cluster
+        .start_worker_with(
+            "w1",
+            &WorkerSettings {
+                capacity: Some(6),
+                heartbeat_interval: Some("300ms".into()),
+                ..WorkerSettings::default()
+            },
+        )
+        .expect("worker");
+    cluster.wait_worker_live("w1").await.expect("live");
+
+    let effects = cluster.dir().join("effects");
+    let dir = cluster.dir().to_path_buf();
+    let command = script(&dir, "steady", &effects, &numbered_lines(5, "0.15"));
+    let tasks: Vec<(String, String)> = (1..=30)
+        .map(|i| (format!("t{i:02}"), command.clone()))
+        .collect();
+    let yaml = workflow("steady", "", &tasks);
+    apply(&cluster, &yaml).await;
+    let run_id = trigger(&cluster, "steady").await;
+
+    wait_instances(&cluster, run_id, "a quarter done", |all| {
+        all.iter().filter(|i| i.state() == S::Success).count() >= 7
+    })
+    .await;
+    redis.stop().await.expect("stop redis");
+    // Let the run go on without Redis for a while: wait for progress rather than for time.
+    let done_without_redis = instances(&cluster, run_id)
+        .await
+        .iter()
+        .filter(|i| i.state() == S::Success)
+        .count();
+    wait_instances(&cluster, run_id, "progress without redis", |all| {
+        all.iter().filter(|i| i.state() == S::Success).count() >= (done_without_redis + 6).min(30)
+    })
+    .await;
+    redis.restart().await.expect("start redis again");
+
+    let run = wait_run_end(&cluster, run_id).await;
+    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(5)).await;
+    assert_eq!(
+        run.state(),
+        pb::RunState::Success,
+        "{}",
+        summary(&instances)
+    );
+    assert_eq!(instances.len(), 30);
+    for instance in &instances {
+        assert_eq!(instance.state(), S::Success, "{}", summary(&instances));
+    }
+    let log = plain(&cluster.scheduler_logs());
+    assert!(
+        log.contains("redis unreachable"),
+        "the scheduler did not say it lost Redis:\n{log}"
+    );
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
+/// Prints the logs in some directories when a test panics (those a [`ProcessCluster`] does not
+/// know, such as a private Redis's).
+struct DumpOnPanic(Vec<PathBuf>);
+
+impl Drop for DumpOnPanic {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for dir in &self.0 {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if entry.path().extension().is_some_and(|e| e == "log") {
+                    let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                    eprintln!("===== {}\n{text}===== end", entry.path().display());
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. SIGKILL of the scheduler mid-run, and a restart on the same port and store.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_kill_9_and_restart_of_the_scheduler_mid_run_on_mysql() {
+    // A generous dead threshold (16 × 500 ms = 8 s) so the restart is shorter than it; the
+    // worker fences only after 5 s without a scheduler.
+    let settings = SchedulerSettings {
+        heartbeat_interval: "500ms".into(),
+        task_heartbeat_interval: Some("2s".into()),
+        dead_after_missed_heartbeats: Some(16),
+        ..SchedulerSettings::default()
+    };
+    let Some(mut cluster) = cluster_with(Backend::MySql, settings).await else {
+        return;
+    };
+    cluster
+        .start_worker_with(
+            "w1",
+            &WorkerSettings {
+                capacity: Some(16),
+                heartbeat_interval: Some("500ms".into()),
+                task_heartbeat_interval: Some("2s".into()),
+                self_fence_after: Some("5s".into()),
+                ..WorkerSettings::default()
+            },
+        )
+        .expect("worker");
+    cluster.wait_worker_live("w1").await.expect("live");
+
+    let effects = cluster.dir().join("effects");
+    let dir = cluster.dir().to_path_buf();
+    let command = script(&dir, "fan", &effects, &numbered_lines(5, "0.05"));
+    let tasks: Vec<(String, String)> = (1..=200)
+        .map(|i| (format!("t{i:03}"), command.clone()))
+        .collect();
+    let yaml = workflow(
+        "fanout",
+        "defaults: { retries: 2, retry_backoff: 100ms }",
+        &tasks,
+    );
+    apply(&cluster, &yaml).await;
+    let run_id = trigger(&cluster, "fanout").await;
+
+    wait_instances(&cluster, run_id, "a quarter done", |all| {
+        all.len() == 200 && all.iter().filter(|i| i.state() == S::Success).count() >= 50
+    })
+    .await;
+    let mut scheduler = cluster.take_scheduler().expect("scheduler");
+    scheduler.kill().await.expect("SIGKILL the scheduler");
+    let running_at_kill = read_notes(&effects);
+    cluster
+        .start_scheduler()
+        .await
+        .expect("the scheduler restarts");
+
+    let run = wait_run_end(&cluster, run_id).await;
+    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(5)).await;
+    assert_eq!(
+        run.state(),
+        pb::RunState::Success,
+        "{}",
+        summary(&instances)
+    );
+    assert_eq!(instances.len(), 200, "instances lost");
+    let runs = cluster
+        .control()
+        .await
+        .expect("control client")
+        .list_runs(pb::ListRunsRequest {
+            workflow: "fanout".into(),
+            limit: 10,
+            state: 0,
+        })
+        .await
+        .expect("list runs")
+        .into_inner()
+        .runs;
+    assert_eq!(
+        runs.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![run_id],
+        "runs lost or doubled"
+    );
+    for instance in &instances {
+        assert_eq!(instance.state(), S::Success, "{}", summary(&instances));
+    }
+    let retried = instances.iter().filter(|i| i.attempts.len() > 1).count();
+    let log = plain(&cluster.scheduler_logs());
+    let reattached = log
+        .lines()
+        .filter(|l| l.contains("worker connected") && l.contains("worker=w1"))
+        .count();
+    assert!(
+        reattached >= 2,
+        "the worker did not reconnect to the restarted node:\n{log}"
+    );
+    let in_flight = {
+        let ended: BTreeSet<(i64, u32)> = running_at_kill
+            .iter()
+            .filter(|n| n.what == "end")
+            .map(|n| (n.instance, n.attempt))
+            .collect();
+        running_at_kill
+            .iter()
+            .filter(|n| n.what == "start" && !ended.contains(&(n.instance, n.attempt)))
+            .count()
+    };
+    eprintln!(
+        "scheduler kill: {in_flight} attempts were running at the kill; {retried} of 200 instances needed another attempt"
+    );
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Duplicate Dispatch messages against a real worker process.
+
+mod fake {
+    use super::*;
+    use ax_proto::v1::worker_service_server::{WorkerService, WorkerServiceServer};
+    use ax_proto::v1::{
+        LogAck, ProtocolVersion, Registered, SchedulerMessage, WorkerMessage, scheduler_message,
+        worker_message::Body,
+    };
+    use tokio::sync::mpsc;
+    use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+    use tonic::{Request, Response, Status, Streaming};
+
+    type Outbound = mpsc::Sender<Result<SchedulerMessage, Status>>;
+
+    #[derive(Default)]
+    pub struct State {
+        pub received: Mutex<Vec<WorkerMessage>>,
+        pub connection: Mutex<Option<Outbound>>,
+    }
+
+    #[derive(Clone)]
+    struct Service(Arc<State>);
+
+    #[tonic::async_trait]
+    impl WorkerService for Service {
+        type ConnectStream = ReceiverStream<Result<SchedulerMessage, Status>>;
+
+        async fn connect(
+            &self,
+            request: Request<Streaming<WorkerMessage>>,
+        ) -> Result<Response<Self::ConnectStream>, Status> {
+            let mut inbound = request.into_inner();
+            let (tx, rx) = mpsc::channel(1024);
+            let state = Arc::clone(&self.0);
+            tokio::spawn(async move {
+                let Ok(Some(first)) = inbound.message().await else {
+                    return;
+                };
+                state.received.lock().unwrap().push(first);
+                let registered = Registered {
+                    protocol: ProtocolVersion::ProtocolVersion1 as i32,
+                    scheduler_node: "fake".into(),
+                    heartbeat_interval_ms: 300,
+                    task_heartbeat_interval_ms: 500,
+                    stale: Vec::new(),
+                    worker_dead_after_ms: 0,
+                };
+                let welcome = SchedulerMessage {
+                    body: Some(scheduler_message::Body::Registered(registered)),
+                };
+                if tx.send(Ok(welcome)).await.is_err() {
+                    return;
+                }
+                *state.connection.lock().unwrap() = Some(tx.clone());
+                while let Ok(Some(message)) = inbound.message().await {
+                    if let Some(Body::Logs(batch)) = &message.body {
+                        let ack = LogAck {
+                            instance_id: batch.instance_id,
+                            attempt: batch.attempt,
+                            seq: batch.first_seq + batch.lines.len() as u64 - 1,
+                        };
+                        let _ = tx
+                            .send(Ok(SchedulerMessage {
+                                body: Some(scheduler_message::Body::LogAck(ack)),
+                            }))
+                            .await;
+                    }
+                    state.received.lock().unwrap().push(message);
+                }
+            });
+            Ok(Response::new(ReceiverStream::new(rx)))
+        }
+    }
+
+    /// A fake scheduler node on loopback; returns its url and what it shares with the test.
+    pub async fn start() -> (String, Arc<State>, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let state = Arc::new(State::default());
+        let service = WorkerServiceServer::new(Service(Arc::clone(&state)));
+        let server = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(TcpListenerStream::new(listener))
+                .await;
+        });
+        (url, state, server)
+    }
+}
+
+/// Prints a process's log when the test panics.
+struct LogOnPanic<'a>(&'a Process);
+
+impl Drop for LogOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("===== {}\n{}===== end", self.0.name(), self.0.log_text());
+        }
+    }
+}
+
+/// Polls what the fake scheduler received until `probe` finds what it looks for.
+async fn wait_received(
+    state: &fake::State,
+    what: &str,
+    probe: impl Fn(&[ax_proto::v1::WorkerMessage]) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    loop {
+        let messages = state.received.lock().unwrap().clone();
+        if probe(&messages) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {what} after {HANG_GUARD:?}: {messages:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_duplicate_dispatch_messages_start_one_process() {
+    use ax_proto::v1::{Dispatch, SchedulerMessage, scheduler_message, worker_message::Body};
+
+    let (url, state, server) = fake::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let effects = dir.path().join("effects");
+    let command = script(dir.path(), "once", &effects, &numbered_lines(3, "0.3"));
+    let args: Vec<String> = [
+        "--scheduler",
+        &url,
+        "--id",
+        "dup",
+        "--heartbeat-interval",
+        "300ms",
+        "--task-heartbeat-interval",
+        "500ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut worker = Process::spawn(
+        "ax-worker dup",
+        &ax_integration_tests::binary("ax-worker").expect("built"),
+        &args,
+        dir.path(),
+        dir.path().join("worker.log"),
+    )
+    .expect("the worker starts");
+    let _log = LogOnPanic(&worker);
+
+    let received = |state: &fake::State| state.received.lock().unwrap().clone();
+    let connection = {
+        let deadline = tokio::time::Instant::now() + HANG_GUARD;
+        loop {
+            if let Some(tx) = state.connection.lock().unwrap().clone() {
+                break tx;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the worker never registered"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let dispatch = Dispatch {
+        instance_id: 7,
+        attempt: 1,
+        run_id: 3,
+        workflow: "dup".into(),
+        task: "once".into(),
+        command,
+        ..Dispatch::default()
+    };
+    let send = |dispatch: Dispatch| {
+        let connection = connection.clone();
+        async move {
+            connection
+                .send(Ok(SchedulerMessage {
+                    body: Some(scheduler_message::Body::Dispatch(dispatch)),
+                }))
+                .await
+                .expect("the worker's stream is open");
+        }
+    };
+    // Twice back to back, as a retransmission would.
+    send(dispatch.clone()).await;
+    send(dispatch.clone()).await;
+    let is_finished = |m: &ax_proto::v1::WorkerMessage| matches!(&m.body, Some(Body::Finished(f)) if f.instance_id == 7 && f.attempt == 1);
+    wait_received(&state, "finished report", |all| all.iter().any(is_finished)).await;
+    // Once more after it ended: the worker remembers what it ran.
+    send(dispatch).await;
+    let rejected = |all: &[ax_proto::v1::WorkerMessage]| -> Vec<ax_proto::v1::DispatchRejected> {
+        all.iter()
+            .filter_map(|m| match &m.body {
+                Some(Body::Rejected(r)) => Some(r.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    wait_received(&state, "second rejection", |all| rejected(all).len() >= 2).await;
+
+    let all = received(&state);
+    let accepted = all
+        .iter()
+        .filter(
+            |m| matches!(&m.body, Some(Body::Accepted(a)) if a.instance_id == 7 && a.attempt == 1),
+        )
+        .count();
+    let started = all
+        .iter()
+        .filter(
+            |m| matches!(&m.body, Some(Body::Started(s)) if s.instance_id == 7 && s.attempt == 1),
+        )
+        .count();
+    let finished = all.iter().filter(|m| is_finished(m)).count();
+    let rejections = rejected(&all);
+    assert_eq!(accepted, 1, "{all:#?}");
+    assert_eq!(started, 1, "{all:#?}");
+    assert_eq!(finished, 1, "{all:#?}");
+    assert_eq!(rejections.len(), 2, "{all:#?}");
+    for rejection in &rejections {
+        assert_eq!((rejection.instance_id, rejection.attempt), (7, 1));
+        assert!(rejection.duplicate, "not marked duplicate: {rejection:?}");
+    }
+    let notes = read_notes(&effects);
+    let starts = notes.iter().filter(|n| n.what == "start").count();
+    assert_eq!(
+        starts, 1,
+        "the attempt's process started {starts} times: {notes:?}"
+    );
+    assert_eq!(
+        notes.iter().map(|n| n.pid).collect::<BTreeSet<_>>().len(),
+        1,
+        "{notes:?}"
+    );
+
+    drop(_log);
+    worker.terminate().expect("SIGTERM the worker");
+    let status = worker
+        .wait_exit(HANG_GUARD)
+        .await
+        .expect("the worker exits");
+    assert!(status.success(), "the worker exited with {status}");
+    server.abort();
+}

@@ -18,6 +18,7 @@ use tracing::Instrument;
 
 pub mod backoff;
 mod fence;
+mod guardian;
 pub mod logs;
 mod runner;
 mod session;
@@ -153,6 +154,13 @@ pub async fn run_with_stats(
         )),
         liveness: Arc::new(Liveness::new()),
         runner: Arc::new(RunnerSettings {
+            guardian: match guardian::Guardian::start() {
+                Ok(guardian) => Some(Arc::new(guardian)),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot start the process-group guardian (awk); a task's grandchildren may outlive a crash of this worker");
+                    None
+                }
+            },
             kill_grace: options.kill_grace,
             max_line_bytes: options.max_line_bytes,
             batch: options.log_batch,

@@ -30,6 +30,8 @@ const PIPE_DRAIN_GRACE: Duration = Duration::from_secs(1);
 /// The settings a runner needs.
 #[derive(Debug, Clone)]
 pub struct RunnerSettings {
+    /// Kills the process groups of running attempts if this worker dies.
+    pub guardian: Option<std::sync::Arc<crate::guardian::Guardian>>,
     pub kill_grace: Duration,
     pub max_line_bytes: usize,
     pub batch: BatchLimits,
@@ -202,6 +204,9 @@ impl Runner {
         let pid = child.id().unwrap_or(0);
         // The child leads its own process group, so its pid is the group id.
         self.watch.pgid = i32::try_from(pid).unwrap_or(0);
+        if let Some(guardian) = &self.settings.guardian {
+            guardian.watch(self.watch.pgid);
+        }
         self.watch.timeout = (self.dispatch.timeout_ms > 0)
             .then(|| start + Duration::from_millis(self.dispatch.timeout_ms));
         tracing::info!(pid, "attempt started");
@@ -276,6 +281,16 @@ impl Runner {
         }
         for reader in &readers {
             reader.abort();
+        }
+        // The attempt is over: whatever is left of its group was told to stop when the main
+        // process ended, and goes now; only then is the group struck off the guardian's list.
+        if self.watch.pgid > 0 {
+            if signal_group(self.watch.pgid, 0) {
+                signal_group(self.watch.pgid, libc::SIGKILL);
+            }
+            if let Some(guardian) = &self.settings.guardian {
+                guardian.unwatch(self.watch.pgid);
+            }
         }
         // Lines already queued by the readers still belong to the attempt.
         while let Ok(line) = lines.try_recv() {

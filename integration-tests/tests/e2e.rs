@@ -45,6 +45,7 @@ on_every_backend!(
     following_logs_streams_lines_until_the_attempt_ends,
     rerun_of_the_failed_part_and_retry_of_an_instance_through_axctl,
     failures_are_announced_to_the_alert_channels,
+    a_ten_megabyte_line_and_binary_output_are_stored_split_and_replaced,
 );
 
 async fn cluster(backend: Backend, workers: &[(&str, u32)]) -> Option<Cluster> {
@@ -999,6 +1000,79 @@ tasks:
         1,
         "a failed attempt that is retried raises no failure alert"
     );
+    cluster.shutdown().await.expect("shutdown");
+}
+
+async fn a_ten_megabyte_line_and_binary_output_are_stored_split_and_replaced(backend: Backend) {
+    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else {
+        return;
+    };
+    let source = r#"
+name: noisy
+tasks:
+  - name: noisy
+    command: |
+      head -c 10485760 /dev/zero | tr '\000' x; echo
+      head -c 65536 /dev/urandom; echo
+      printf 'caf\303\251 \377\376 end\n'
+      echo done
+"#;
+    cluster.apply(source).await.expect("apply");
+    let run = cluster
+        .trigger("noisy", &[], "")
+        .await
+        .expect("trigger")
+        .run
+        .expect("run");
+    let ended = cluster
+        .wait_run(run.id, Duration::from_secs(120))
+        .await
+        .expect("run ends");
+    assert_eq!(ended.state, pb::RunState::Success as i32);
+    let instance = cluster
+        .instances(run.id)
+        .await
+        .expect("instances")
+        .remove(0);
+    let lines = cluster.logs(instance.id).await.expect("logs");
+    assert_eq!(
+        lines.len() as u64,
+        instance.attempts[0].log_lines,
+        "every line produced is stored"
+    );
+    assert!(
+        lines
+            .iter()
+            .enumerate()
+            .all(|(i, line)| line.seq == i as u64 + 1),
+        "numbered in order"
+    );
+    // The 10 MiB line arrives split into bounded pieces that add up to all of it.
+    let pieces: Vec<&pb::StoredLogLine> = lines
+        .iter()
+        .take_while(|line| !line.text.is_empty() && line.text.bytes().all(|b| b == b'x'))
+        .collect();
+    assert!(
+        pieces.len() >= 10_485_760 / (1 << 20),
+        "a 10 MiB line was stored as {} pieces",
+        pieces.len()
+    );
+    assert!(
+        pieces.iter().all(|line| line.text.len() <= 1 << 20),
+        "a piece exceeds the line limit"
+    );
+    assert_eq!(
+        pieces.iter().map(|line| line.text.len()).sum::<usize>(),
+        10_485_760
+    );
+    // Invalid UTF-8 is replaced, valid multi-byte text is kept.
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.text == "café \u{fffd}\u{fffd} end"),
+        "mixed bytes line"
+    );
+    assert_eq!(lines.last().expect("lines").text, "done");
     cluster.shutdown().await.expect("shutdown");
 }
 

@@ -17,8 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::node::Node;
 
-/// Lines per write.
+/// Lines per write, and text bytes per write: whichever comes first.
 const MAX_BATCH_LINES: usize = 20_000;
+const MAX_BATCH_BYTES: usize = 8 << 20;
 
 pub enum LogCommand {
     Append {
@@ -66,6 +67,7 @@ pub async fn run(
     let mut pending: Vec<(String, LogChunk)> = Vec::new();
     let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
     let mut lines = 0usize;
+    let mut bytes = 0usize;
     let mut deadline: Option<Instant> = None;
     let mut closing = false;
     loop {
@@ -76,7 +78,7 @@ pub async fn run(
                 command = inbox.recv() => command,
                 _ = sleep_until(deadline) => {
                     write(&node, &mut pending, &mut waiters).await;
-                    lines = 0;
+                    (lines, bytes) = (0, 0);
                     deadline = None;
                     continue;
                 }
@@ -91,18 +93,23 @@ pub async fn run(
         match command {
             Some(LogCommand::Append { worker, chunk }) => {
                 lines += chunk.lines.len();
+                bytes += chunk
+                    .lines
+                    .iter()
+                    .map(|(_, text)| text.len())
+                    .sum::<usize>();
                 pending.push((worker, chunk));
                 deadline.get_or_insert_with(|| Instant::now() + flush_interval);
-                if lines >= MAX_BATCH_LINES {
+                if lines >= MAX_BATCH_LINES || bytes >= MAX_BATCH_BYTES {
                     write(&node, &mut pending, &mut waiters).await;
-                    lines = 0;
+                    (lines, bytes) = (0, 0);
                     deadline = None;
                 }
             }
             Some(LogCommand::Flush(done)) => {
                 waiters.push(done);
                 write(&node, &mut pending, &mut waiters).await;
-                lines = 0;
+                (lines, bytes) = (0, 0);
                 deadline = None;
             }
             None => {

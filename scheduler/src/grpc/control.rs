@@ -25,8 +25,10 @@ const MAX_SOURCE_BYTES: usize = 4 << 20;
 const MAX_PARAMS: usize = 256;
 const MAX_PARAM_VALUE_BYTES: usize = 64 << 10;
 const MAX_KEY_BYTES: usize = 255;
-/// Lines per GetLogs chunk.
+/// Lines read from the store per page of GetLogs.
 const LOG_PAGE: u32 = 2_000;
+/// Text per GetLogs message.
+const MAX_CHUNK_BYTES: usize = 1 << 20;
 
 pub struct ControlApi {
     node: Arc<Node>,
@@ -815,21 +817,38 @@ async fn stream_logs(
         if let Some(last) = lines.last() {
             after = last.seq;
             idle_since_end = None;
-            let chunk = pb::LogChunk {
+            // Chunks stay well under a client's default message limit (4 MiB), however long
+            // the lines.
+            let mut chunk = pb::LogChunk {
                 attempt: attempt.0,
-                lines: lines
-                    .into_iter()
-                    .map(|line| pb::StoredLogLine {
-                        seq: line.seq,
-                        stream: match line.stream {
-                            LogStream::Stdout => pb::LogStream::Stdout,
-                            LogStream::Stderr => pb::LogStream::Stderr,
-                        } as i32,
-                        text: line.text,
-                        at_ms: line.at,
-                    })
-                    .collect(),
+                lines: Vec::new(),
             };
+            let mut bytes = 0;
+            for line in lines {
+                if bytes + line.text.len() > MAX_CHUNK_BYTES && !chunk.lines.is_empty() {
+                    let full = std::mem::replace(
+                        &mut chunk,
+                        pb::LogChunk {
+                            attempt: attempt.0,
+                            lines: Vec::new(),
+                        },
+                    );
+                    if sender.send(Ok(full)).await.is_err() {
+                        return Ok(());
+                    }
+                    bytes = 0;
+                }
+                bytes += line.text.len();
+                chunk.lines.push(pb::StoredLogLine {
+                    seq: line.seq,
+                    stream: match line.stream {
+                        LogStream::Stdout => pb::LogStream::Stdout,
+                        LogStream::Stderr => pb::LogStream::Stderr,
+                    } as i32,
+                    text: line.text,
+                    at_ms: line.at,
+                });
+            }
             if sender.send(Ok(chunk)).await.is_err() {
                 return Ok(());
             }

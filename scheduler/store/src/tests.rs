@@ -194,6 +194,7 @@ conformance!(
     rerun_failed_retries_the_failed_part_and_its_downstream_follows,
     active_attempts_list_what_is_on_workers_with_their_timeouts,
     a_report_from_another_worker_is_stale,
+    thirty_megabytes_of_log_lines_go_in_one_append,
 );
 
 mod scenarios {
@@ -1741,6 +1742,35 @@ mod scenarios {
             .unwrap();
         applied(&results[0]);
         s.get_instance(id).await.unwrap().unwrap()
+    }
+
+    /// More text than one MySQL packet may carry (16 MiB on MariaDB by default), in one call.
+    pub(super) async fn thirty_megabytes_of_log_lines_go_in_one_append(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("wf", vec![task("a", &[])])).await;
+        let run = start_run(s, &wf).await;
+        let id = instance_of(s, run.id, "a").await.unwrap().id;
+        let line = "y".repeat(64 << 10);
+        let chunks: Vec<LogChunk> = (0..120u64)
+            .map(|i| LogChunk {
+                instance_id: id,
+                attempt: Attempt(1),
+                first_seq: i * 4 + 1,
+                lines: vec![(LogStream::Stdout, line.clone()); 4],
+                at: T0,
+            })
+            .collect();
+        s.append_logs(&chunks)
+            .await
+            .expect("a large append is split, not refused");
+        let mut seen = 0u64;
+        loop {
+            let page = s.read_logs(id, Attempt(1), seen, 100).await.unwrap();
+            let Some(last) = page.last() else { break };
+            assert!(page.iter().all(|l| l.text.len() == 64 << 10));
+            seen = last.seq;
+        }
+        assert_eq!(seen, 480);
     }
 }
 

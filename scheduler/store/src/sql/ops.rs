@@ -24,6 +24,8 @@ use crate::{
 /// Rows per multi-row insert: far below both backends' limits on bound parameters.
 const INSERT_CHUNK: usize = 500;
 
+/// Text bytes of log lines per insert statement.
+const LOG_STATEMENT_BYTES: usize = 4 << 20;
 const UNFINISHED: &str = "('WAITING', 'DISPATCHED', 'RUNNING')";
 
 async fn workflow_by_name(c: &mut AnyConnection, name: &str) -> Result<Option<WorkflowRecord>> {
@@ -604,7 +606,22 @@ async fn append_logs_tx(
         .iter()
         .filter(|chunk| !chunk.lines.is_empty())
         .collect();
-    for batch in chunks.chunks(INSERT_CHUNK) {
+    // Statements stay far below MySQL's max_allowed_packet (16 MiB by default on MariaDB)
+    // whatever the lines' length: a group closes at INSERT_CHUNK rows or LOG_STATEMENT_BYTES.
+    let mut groups: Vec<&[&LogChunk]> = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, chunk) in chunks.iter().enumerate() {
+        let size: usize = chunk.lines.iter().map(|(_, text)| text.len() + 1).sum();
+        if i > start && (i - start == INSERT_CHUNK || bytes + size > LOG_STATEMENT_BYTES) {
+            groups.push(&chunks[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    if start < chunks.len() {
+        groups.push(&chunks[start..]);
+    }
+    for batch in groups {
         let sql = format!(
             "{} execution_log (instance_id, attempt, first_seq, line_count, streams, body, \
              created_at) VALUES {}",

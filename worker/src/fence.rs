@@ -12,8 +12,7 @@
 //! of lost contact (just `self_fence_after` when no scheduler has sent a threshold: an old
 //! scheduler sends 0). The last threshold learned is kept across reconnects, because the fence
 //! matters exactly when no scheduler can be asked. Lost contact is measured from the last moment
-//! the worker had a working stream, the last frame received from a scheduler or handed to the
-//! transport after the handshake, not from when the reconnect loop noticed the break, so time
+//! the worker had a working stream (see below for which frames count), not from when the reconnect loop noticed the break, so time
 //! spent detecting the break counts against the delay.
 //!
 //! The margin is the remaining quarter of the threshold (5 s with the default 20 s threshold).
@@ -25,8 +24,9 @@
 //! - frames the transport accepted but that never reached the scheduler. After a clean break
 //!   (node exit, connection reset) that is nothing. In a silent network partition the stream
 //!   stays up until HTTP/2 keepalive (one heartbeat interval between pings, one to answer)
-//!   notices, and heartbeats sent meanwhile count as contact; the scheduler does not answer
-//!   heartbeats, so the worker cannot tell them apart.
+//!   notices. A scheduler that acknowledges heartbeats (`HeartbeatAck`, as this release's
+//!   does) removes that doubt: once an ack has arrived on a stream, only frames received count
+//!   as contact. With an older scheduler, frames sent after the handshake count too.
 //!
 //! Beyond the margin, the scheduler's start lock still stops a retry from starting beside a
 //! survivor.

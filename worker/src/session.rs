@@ -71,6 +71,7 @@ pub async fn run_session(
         epoch,
         closed: closed.clone(),
         registered: false,
+        heartbeats_acked: Arc::new(AtomicBool::new(false)),
     };
     let result = session.run(endpoint, shutdown).await;
     // Runners blocked on this stream's full channel give up; what they held is replayed later.
@@ -87,6 +88,8 @@ struct Session {
     epoch: u64,
     closed: CancellationToken,
     registered: bool,
+    /// The scheduler on this stream acknowledges heartbeats.
+    heartbeats_acked: Arc<AtomicBool>,
 }
 
 impl Session {
@@ -138,11 +141,15 @@ impl Session {
         // scheduler answered: a Register pushed into a connection that is then refused proves
         // nothing.
         let answered = Arc::new(AtomicBool::new(false));
+        // Once the scheduler acknowledges heartbeats, only frames received count as contact:
+        // a frame handed to the transport may be lost in a silent partition.
+        let acked = Arc::clone(&self.heartbeats_acked);
+        acked.store(false, Ordering::Relaxed);
         let outgoing = {
             let answered = Arc::clone(&answered);
             let liveness = Arc::clone(&self.context.liveness);
             ReceiverStream::new(rx).map(move |message| {
-                if answered.load(Ordering::Relaxed) {
+                if answered.load(Ordering::Relaxed) && !acked.load(Ordering::Relaxed) {
                     liveness.touch();
                 }
                 message
@@ -352,6 +359,10 @@ impl Session {
                     },
                     ack.seq,
                 );
+            }
+            // Receiving it is the point: every frame received counts as contact for self-fencing.
+            Some(scheduler_message::Body::HeartbeatAck(_)) => {
+                self.heartbeats_acked.store(true, Ordering::Relaxed);
             }
             Some(scheduler_message::Body::Registered(_)) => {
                 tracing::warn!("ignoring a second Registered on one stream");

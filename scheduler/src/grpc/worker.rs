@@ -13,7 +13,7 @@ use ax_core::ids::{Attempt, InstanceId};
 use ax_core::state::{InstanceState, Outcome};
 use ax_proto::v1::worker_service_server::WorkerService;
 use ax_proto::v1::{
-    AttemptOutcome, LogStream as ProtoStream, ProtocolVersion, Register, Registered,
+    AttemptOutcome, HeartbeatAck, LogStream as ProtoStream, ProtocolVersion, Register, Registered,
     SchedulerMessage, WorkerMessage, scheduler_message, worker_message,
 };
 use ax_store::{AttemptEnd, LogChunk, LogStream, Report, WorkerRecord};
@@ -242,6 +242,15 @@ async fn serve(
                 let now = now_ms();
                 node.registry
                     .heartbeat(worker, connection, heartbeat.draining, now);
+                if let Some(sender) = node.registry.sender(worker) {
+                    let ack = SchedulerMessage {
+                        body: Some(scheduler_message::Body::HeartbeatAck(HeartbeatAck {
+                            sent_at_ms: heartbeat.sent_at_ms,
+                        })),
+                    };
+                    // A full queue means the worker is far behind; the next ack will do.
+                    let _ = sender.try_send(Ok(ack));
+                }
                 // Other nodes see this worker through the store; refresh its row now and then,
                 // well within the dead-worker threshold, not on every heartbeat.
                 if now - last_saved >= save_every {

@@ -26,7 +26,7 @@ const MAX_PARAMS: usize = 256;
 const MAX_PARAM_VALUE_BYTES: usize = 64 << 10;
 const MAX_KEY_BYTES: usize = 255;
 /// Lines read from the store per page of GetLogs.
-const LOG_PAGE: u32 = 2_000;
+const LOG_PAGE: u32 = 20_000;
 /// Text per GetLogs message.
 const MAX_CHUNK_BYTES: usize = 1 << 20;
 

@@ -659,6 +659,46 @@ async fn append_logs_tx(
     Ok(())
 }
 
+/// Chunks fetched per read while filling a page of log lines.
+const READ_CHUNKS: i64 = 32;
+
+/// Appends the lines of one stored chunk after `last` to `lines`, up to `limit` lines.
+fn split_chunk(
+    row: &sqlx::any::AnyRow,
+    last: &mut u64,
+    limit: u32,
+    lines: &mut Vec<StoredLine>,
+) -> Result<()> {
+    let first: i64 = row.try_get("first_seq")?;
+    let first = u64::try_from(first).map_err(|_| corrupt("negative log seq"))?;
+    let streams: String = row.try_get("streams")?;
+    let body: String = row.try_get("body")?;
+    let at: Millis = row.try_get("created_at")?;
+    for (offset, (stream, text)) in streams.chars().zip(body.split('\n')).enumerate() {
+        let seq = first + offset as u64;
+        // Overlapping chunks (a resend cut differently) never repeat a line.
+        if seq <= *last {
+            continue;
+        }
+        if lines.len() as u64 >= u64::from(limit) {
+            return Ok(());
+        }
+        let stream = if stream == 'e' {
+            LogStream::Stderr
+        } else {
+            LogStream::Stdout
+        };
+        lines.push(StoredLine {
+            seq,
+            stream,
+            text: text.to_string(),
+            at,
+        });
+        *last = seq;
+    }
+    Ok(())
+}
+
 #[async_trait::async_trait]
 impl Store for SqlStore {
     fn backend(&self) -> Backend {
@@ -1031,48 +1071,48 @@ impl Store for SqlStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let after = i64::try_from(after_seq).unwrap_or(i64::MAX);
-        // Every chunk holds at least one line past `after_seq`, so `limit` chunks are enough.
-        let rows = sqlx::query(
-            "SELECT first_seq, line_count, streams, body, created_at FROM execution_log \
-             WHERE instance_id = ? AND attempt = ? AND first_seq + line_count > ? \
-             ORDER BY first_seq LIMIT ?",
-        )
-        .bind(instance.0)
-        .bind(i64::from(attempt.0))
-        .bind(after + 1)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
+        let next = i64::try_from(after_seq)
+            .unwrap_or(i64::MAX)
+            .saturating_add(1);
+        let attempt_no = i64::from(attempt.0);
         let mut lines = Vec::new();
         let mut last = after_seq;
-        'chunks: for row in rows {
-            let first: i64 = row.try_get("first_seq")?;
-            let streams: String = row.try_get("streams")?;
-            let body: String = row.try_get("body")?;
-            let at: Millis = row.try_get("created_at")?;
-            for (offset, (stream, text)) in streams.chars().zip(body.split('\n')).enumerate() {
-                let seq =
-                    u64::try_from(first).map_err(|_| corrupt("negative log seq"))? + offset as u64;
-                // Overlapping chunks (a resend cut differently) never repeat a line.
-                if seq <= last {
-                    continue;
-                }
-                if lines.len() as u64 >= u64::from(limit) {
-                    break 'chunks;
-                }
-                let stream = if stream == 'e' {
-                    LogStream::Stderr
-                } else {
-                    LogStream::Stdout
-                };
-                lines.push(StoredLine {
-                    seq,
-                    stream,
-                    text: text.to_string(),
-                    at,
-                });
-                last = seq;
+        // Both reads are ranges of the (instance, attempt, first_seq) key, so a page costs the
+        // same at line 1 and at line 1,000,000: the chunk holding line `next`, then the chunks
+        // after it, a few at a time, until the page is full.
+        let head = sqlx::query(
+            "SELECT first_seq, line_count, streams, body, created_at FROM execution_log \
+             WHERE instance_id = ? AND attempt = ? AND first_seq <= ? \
+             ORDER BY first_seq DESC LIMIT 1",
+        )
+        .bind(instance.0)
+        .bind(attempt_no)
+        .bind(next)
+        .fetch_optional(&self.pool)
+        .await?;
+        if let Some(row) = head {
+            split_chunk(&row, &mut last, limit, &mut lines)?;
+        }
+        let mut from = next;
+        while (lines.len() as u64) < u64::from(limit) {
+            let rows = sqlx::query(
+                "SELECT first_seq, line_count, streams, body, created_at FROM execution_log \
+                 WHERE instance_id = ? AND attempt = ? AND first_seq > ? \
+                 ORDER BY first_seq LIMIT ?",
+            )
+            .bind(instance.0)
+            .bind(attempt_no)
+            .bind(from)
+            .bind(READ_CHUNKS)
+            .fetch_all(&self.pool)
+            .await?;
+            let Some(tail) = rows.last() else { break };
+            from = tail.try_get("first_seq")?;
+            for row in &rows {
+                split_chunk(row, &mut last, limit, &mut lines)?;
+            }
+            if (rows.len() as i64) < READ_CHUNKS {
+                break;
             }
         }
         Ok(lines)

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ax_proto::v1::{LogAck, SchedulerMessage, scheduler_message};
 use ax_store::LogChunk;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -25,28 +25,43 @@ pub enum LogCommand {
     Append {
         worker: String,
         chunk: LogChunk,
+        /// This chunk's share of the queue's byte budget, returned once it is stored.
+        budget: OwnedSemaphorePermit,
     },
     /// Answered once everything queued before it is stored.
     Flush(oneshot::Sender<()>),
 }
 
+/// Text queued for the store at most, whatever the lines' length: the scheduler's memory for
+/// logs stays bounded while a chatty task is pushed back.
+const QUEUE_BUDGET_BYTES: usize = 32 << 20;
+
 #[derive(Clone)]
 pub struct LogWriter {
     sender: mpsc::Sender<LogCommand>,
+    budget: Arc<Semaphore>,
 }
 
 impl LogWriter {
     pub fn channel() -> (LogWriter, mpsc::Receiver<LogCommand>) {
         let (sender, receiver) = mpsc::channel(4096);
-        (LogWriter { sender }, receiver)
+        let budget = Arc::new(Semaphore::new(QUEUE_BUDGET_BYTES));
+        (LogWriter { sender, budget }, receiver)
     }
 
-    /// Queues a chunk; waits when the queue is full (back-pressure).
+    /// Queues a chunk; waits when the queue is full, by count or by bytes (back-pressure).
     pub async fn append(&self, worker: String, chunk: LogChunk) -> bool {
-        self.sender
-            .send(LogCommand::Append { worker, chunk })
-            .await
-            .is_ok()
+        let bytes: usize = chunk.lines.iter().map(|(_, text)| text.len()).sum();
+        let permits = bytes.clamp(1, QUEUE_BUDGET_BYTES) as u32;
+        let Ok(budget) = self.budget.clone().acquire_many_owned(permits).await else {
+            return false;
+        };
+        let command = LogCommand::Append {
+            worker,
+            chunk,
+            budget,
+        };
+        self.sender.send(command).await.is_ok()
     }
 
     /// Waits until every chunk queued so far is stored.
@@ -64,7 +79,7 @@ pub async fn run(
     flush_interval: Duration,
     cancel: CancellationToken,
 ) {
-    let mut pending: Vec<(String, LogChunk)> = Vec::new();
+    let mut pending: Vec<Pending> = Vec::new();
     let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
     let mut lines = 0usize;
     let mut bytes = 0usize;
@@ -91,14 +106,18 @@ pub async fn run(
             }
         };
         match command {
-            Some(LogCommand::Append { worker, chunk }) => {
+            Some(LogCommand::Append {
+                worker,
+                chunk,
+                budget,
+            }) => {
                 lines += chunk.lines.len();
                 bytes += chunk
                     .lines
                     .iter()
                     .map(|(_, text)| text.len())
                     .sum::<usize>();
-                pending.push((worker, chunk));
+                pending.push((worker, chunk, budget));
                 deadline.get_or_insert_with(|| Instant::now() + flush_interval);
                 if lines >= MAX_BATCH_LINES || bytes >= MAX_BATCH_BYTES {
                     write(&node, &mut pending, &mut waiters).await;
@@ -120,6 +139,9 @@ pub async fn run(
     }
 }
 
+/// A chunk waiting for the next write: who sent it, the lines, and its share of the budget.
+type Pending = (String, LogChunk, OwnedSemaphorePermit);
+
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
@@ -127,13 +149,9 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-async fn write(
-    node: &Node,
-    pending: &mut Vec<(String, LogChunk)>,
-    waiters: &mut Vec<oneshot::Sender<()>>,
-) {
+async fn write(node: &Node, pending: &mut Vec<Pending>, waiters: &mut Vec<oneshot::Sender<()>>) {
     if !pending.is_empty() {
-        let chunks: Vec<LogChunk> = pending.iter().map(|(_, chunk)| chunk.clone()).collect();
+        let chunks: Vec<LogChunk> = pending.iter().map(|(_, chunk, _)| chunk.clone()).collect();
         let mut delay = Duration::from_millis(50);
         // Lines a worker sent are acknowledged only once stored, so retrying until the store
         // takes them loses nothing; meanwhile the bounded queue pushes back on the workers.
@@ -142,7 +160,8 @@ async fn write(
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(5));
         }
-        for (worker, chunk) in pending.drain(..) {
+        // Dropping each entry returns its share of the byte budget.
+        for (worker, chunk, _budget) in pending.drain(..) {
             let Some(sender) = node.registry.sender(&worker) else {
                 continue;
             };

@@ -40,11 +40,22 @@ pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
 /// Dispatches until nothing more can go out now.
 async fn dispatch_ready(node: &Node) -> anyhow::Result<()> {
     loop {
-        if node.registry.len() == 0 {
+        // Read about as many waiting instances as there are free slots (twice, so instances no
+        // free worker can take do not hide the ones behind them), not a whole batch each time
+        // a slot frees up.
+        let free: u32 = node
+            .registry
+            .slots()
+            .iter()
+            .filter(|slot| slot.accepting)
+            .map(|slot| slot.capacity.saturating_sub(slot.running))
+            .sum();
+        if free == 0 {
             return Ok(());
         }
-        let waiting = node.store.waiting(now_ms(), BATCH).await?;
-        let full_batch = waiting.len() as u32 == BATCH;
+        let limit = free.saturating_mul(2).clamp(32, BATCH);
+        let waiting = node.store.waiting(now_ms(), limit).await?;
+        let full_batch = waiting.len() as u32 == limit;
         let sent = dispatch_batch(node, waiting).await?;
         if sent == 0 || !full_batch {
             return Ok(());

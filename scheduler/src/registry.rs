@@ -186,10 +186,6 @@ impl Registry {
     pub fn sender(&self, worker: &str) -> Option<WorkerSender> {
         self.lock().get(worker).map(|entry| entry.sender.clone())
     }
-
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
 }
 
 #[cfg(test)]
@@ -216,7 +212,7 @@ mod tests {
         assert!(!registry.disconnect("w1", old));
         assert_eq!(registry.slots()[0].running, 1, "re-attached attempt counts");
         assert!(registry.disconnect("w1", new));
-        assert_eq!(registry.len(), 0);
+        assert!(registry.slots().is_empty());
     }
 
     #[test]

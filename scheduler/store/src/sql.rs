@@ -25,13 +25,26 @@ use ids::IdBlocks;
 pub(crate) const MAX_TRIES: u32 = 6;
 
 /// The embedded migrations of each backend, paired by number (a test checks the pairing).
-pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "init", include_str!("../migrations/mysql/0001_init.sql"))];
-pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../migrations/sqlite/0001_init.sql"),
-)];
+pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "init", include_str!("../migrations/mysql/0001_init.sql")),
+    (
+        2,
+        "dispatch_queue_index",
+        include_str!("../migrations/mysql/0002_dispatch_queue_index.sql"),
+    ),
+];
+pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "init",
+        include_str!("../migrations/sqlite/0001_init.sql"),
+    ),
+    (
+        2,
+        "dispatch_queue_index",
+        include_str!("../migrations/sqlite/0002_dispatch_queue_index.sql"),
+    ),
+];
 
 /// The statements that differ between the backends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,6 +2,8 @@
 //! file, or a fresh MySQL database), real workers running real shell commands, and `wait_for`
 //! helpers that give up after a timeout instead of hanging.
 
+pub mod bench;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

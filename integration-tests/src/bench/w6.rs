@@ -62,18 +62,32 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
             victim_pids.insert(instance.id, attempt.pid);
         }
     }
+    let mut m_notes = Vec::new();
     cluster.add_worker(SURVIVOR, tasks as u32)?;
     cluster.wait_for_workers(2, Duration::from_secs(30)).await?;
 
     let killed = Instant::now();
     cluster.kill_worker(VICTIM)?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let orphans_after_kill = victim_pids
+        .values()
+        .filter(|pid| process_alive(**pid))
+        .count();
+    m_notes.push(format!(
+        "1 s after kill -9 of the worker, {orphans_after_kill} of its {} task processes were still \
+         running (a killed worker cannot fence its children)",
+        victim_pids.len()
+    ));
     let moved = wait_until(&cluster, run.id, give_up, |instances| {
         instances
             .iter()
             .all(|i| i.state == pb::InstanceState::Running as i32 && i.worker_id == SURVIVOR)
     })
     .await?;
-    let mut m = Measurement::default();
+    let mut m = Measurement {
+        notes: m_notes,
+        ..Measurement::default()
+    };
     let mut checks = Checks::default();
     let orphans_alive = victim_pids
         .values()
@@ -131,11 +145,6 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
             m.unsupported = Some(format!(
                 "after kill -9 of {VICTIM} its {tasks} tasks did not run again on {SURVIVOR} within \
                  {give_up:?} (lost-worker detection)"
-            ));
-            m.notes.push(format!(
-                "{orphans_alive} of {} task processes of the killed worker were still running after \
-                 {give_up:?}",
-                victim_pids.len()
             ));
             cluster
                 .control()

@@ -5,6 +5,8 @@ pub mod process;
 pub mod proxy;
 pub mod redis_server;
 
+pub mod bench;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

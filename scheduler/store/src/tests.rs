@@ -195,6 +195,7 @@ conformance!(
     active_attempts_list_what_is_on_workers_with_their_timeouts,
     a_report_from_another_worker_is_stale,
     thirty_megabytes_of_log_lines_go_in_one_append,
+    a_fan_in_reached_in_one_batch_creates_the_sink_once_and_the_run_goes_on,
 );
 
 mod scenarios {
@@ -1771,6 +1772,40 @@ mod scenarios {
             seen = last.seq;
         }
         assert_eq!(seen, 480);
+    }
+
+    pub(super) async fn a_fan_in_reached_in_one_batch_creates_the_sink_once_and_the_run_goes_on(
+        ctx: Ctx,
+    ) {
+        let s = ctx.s();
+        let wf = apply(
+            s,
+            &spec(
+                "wf",
+                vec![task("b", &[]), task("c", &[]), task("d", &["b", "c"])],
+            ),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        let b = launch(s, run.id, "b").await;
+        let c = launch(s, run.id, "c").await;
+        let batch = [
+            finished(b.id, 1, Outcome::Success, 0),
+            finished(c.id, 1, Outcome::Success, 0),
+        ];
+        let results = s.apply_reports(&batch, T0 + 40).await.unwrap();
+        let created: u32 = results.iter().map(|r| applied(r).new_waiting).sum();
+        assert_eq!(created, 1, "the sink is created once");
+        assert!(
+            results.iter().all(|r| applied(r).run_finished.is_none()),
+            "the run goes on"
+        );
+        assert_eq!(
+            tasks_of(s, run.id).await,
+            BTreeSet::from(["b".into(), "c".into(), "d".into()])
+        );
+        let last = run_task(s, run.id, "d", Outcome::Success).await;
+        assert_eq!(last.run_finished, Some((run.id, RunState::Success)));
     }
 }
 

@@ -116,10 +116,63 @@ pub(crate) async fn apply_reports(
         lock_runs(store, c, &runs).await?;
     }
     let mut results = Vec::with_capacity(reports.len());
-    for report in reports {
-        results.push(apply_one(store, c, report, now).await?);
+    let mut after = AfterBatch::default();
+    for (index, report) in reports.iter().enumerate() {
+        results.push(apply_one(c, report, now, index, &mut after).await?);
     }
+    after.carry_out(store, c, now, &mut results).await?;
     Ok(results)
+}
+
+/// What the reports of one batch set in motion, done once for the whole batch after every
+/// transition of it is applied: a fan-in reached by many upstreams in one batch is counted
+/// once, not once per upstream, and a run ends only after its new instances exist.
+#[derive(Default)]
+struct AfterBatch {
+    /// Instances that succeeded, with the report that said so.
+    succeeded: Vec<(usize, InstanceKey)>,
+    /// Runs with an instance that became terminal, with the last such report.
+    touched_runs: Vec<(usize, RunId)>,
+}
+
+impl AfterBatch {
+    async fn carry_out(
+        self,
+        store: &SqlStore,
+        c: &mut AnyConnection,
+        now: Millis,
+        results: &mut [ReportResult],
+    ) -> Result<()> {
+        // Each (run, downstream task) is examined once, credited to the last report reaching it.
+        let mut candidates: Vec<(usize, InstanceKey, String)> = Vec::new();
+        let mut seen: BTreeSet<(i64, String)> = BTreeSet::new();
+        for (index, done) in self.succeeded.iter().rev() {
+            for task in downstream_of(c, done).await? {
+                if seen.insert((done.run_id.0, task.clone())) {
+                    candidates.push((*index, done.clone(), task));
+                }
+            }
+        }
+        for (index, done, task) in candidates.into_iter().rev() {
+            let created = create_if_ready(store, c, &done, &task, now).await?;
+            if created > 0
+                && let Some(ReportResult::Applied(applied)) = results.get_mut(index)
+            {
+                applied.new_waiting += created;
+            }
+        }
+        let mut ended: BTreeSet<i64> = BTreeSet::new();
+        for (index, run) in self.touched_runs.iter().rev() {
+            if !ended.insert(run.0) {
+                continue;
+            }
+            let finished = finish_run_if_done(c, *run, now).await?;
+            if let Some(ReportResult::Applied(applied)) = results.get_mut(*index) {
+                applied.run_finished = finished;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The report's result when the instance is not where the report expects it.
@@ -158,10 +211,11 @@ async fn move_instance(
 }
 
 async fn apply_one(
-    store: &SqlStore,
     c: &mut AnyConnection,
     report: &Report,
     now: Millis,
+    index: usize,
+    after: &mut AfterBatch,
 ) -> Result<ReportResult> {
     let (id, attempt) = report_key(report);
     let Some(key) = load_key(c, id).await? else {
@@ -360,10 +414,10 @@ async fn apply_one(
                 applied.new_waiting = 1;
                 return Ok(ReportResult::Applied(applied));
             }
+            after.touched_runs.push((index, key.run_id));
             if next.to == InstanceState::Success {
-                applied.new_waiting = advance(store, c, &key, now).await?;
+                after.succeeded.push((index, key));
             }
-            applied.run_finished = finish_run_if_done(c, key.run_id, now).await?;
             Ok(ReportResult::Applied(applied))
         }
     }
@@ -373,12 +427,8 @@ async fn apply_one(
 /// have all succeeded in this run. Reads only the finished task's edges and, per downstream, its
 /// upstreams' instances, through indexes: the cost does not depend on the size of the workflow,
 /// the number of runs or the history.
-async fn advance(
-    store: &SqlStore,
-    c: &mut AnyConnection,
-    done: &InstanceKey,
-    now: Millis,
-) -> Result<u32> {
+/// The direct downstream tasks of the task `done` finished, by index.
+async fn downstream_of(c: &mut AnyConnection, done: &InstanceKey) -> Result<Vec<String>> {
     let rows = sqlx::query(
         "SELECT downstream FROM task_dependency \
          WHERE workflow_id = ? AND version = ? AND upstream = ? ORDER BY downstream",
@@ -388,58 +438,68 @@ async fn advance(
     .bind(done.task.as_str())
     .fetch_all(&mut *c)
     .await?;
-    let mut ready: Vec<(String, i64)> = Vec::new();
-    for row in rows {
-        let task: String = row.try_get("downstream")?;
-        let def = sqlx::query(
-            "SELECT upstream_count, priority FROM task_definition \
-             WHERE workflow_id = ? AND version = ? AND name = ?",
-        )
-        .bind(done.workflow_id.0)
-        .bind(done.version)
-        .bind(task.as_str())
-        .fetch_optional(&mut *c)
-        .await?;
-        let Some(def) = def else { continue };
-        let upstreams: i64 = def.try_get("upstream_count")?;
-        let succeeded: i64 = sqlx::query(
-            "SELECT COUNT(*) AS n FROM task_dependency d JOIN task_instance ti \
-             ON ti.run_id = ? AND ti.task_name = d.upstream \
-             WHERE d.workflow_id = ? AND d.version = ? AND d.downstream = ? \
-             AND ti.state = 'SUCCESS'",
-        )
-        .bind(done.run_id.0)
-        .bind(done.workflow_id.0)
-        .bind(done.version)
-        .bind(task.as_str())
-        .fetch_one(&mut *c)
-        .await?
-        .try_get("n")?;
-        if succeeded >= upstreams {
-            ready.push((task, def.try_get("priority")?));
-        }
-    }
-    if ready.is_empty() {
+    rows.iter()
+        .map(|row| Ok(row.try_get("downstream")?))
+        .collect()
+}
+
+/// Creates the WAITING first attempt of `task` in `done`'s run if every upstream of it has
+/// succeeded there; returns how many instances it created (0 or 1). Reads the task's
+/// definition and its upstreams' instances in this run through indexes: the cost does not
+/// depend on the size of the workflow, the number of runs or the history.
+async fn create_if_ready(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    done: &InstanceKey,
+    task: &str,
+    now: Millis,
+) -> Result<u32> {
+    let def = sqlx::query(
+        "SELECT upstream_count, priority FROM task_definition \
+         WHERE workflow_id = ? AND version = ? AND name = ?",
+    )
+    .bind(done.workflow_id.0)
+    .bind(done.version)
+    .bind(task)
+    .fetch_optional(&mut *c)
+    .await?;
+    let Some(def) = def else { return Ok(0) };
+    let upstreams: i64 = def.try_get("upstream_count")?;
+    let succeeded: i64 = sqlx::query(
+        "SELECT COUNT(*) AS n FROM task_dependency d JOIN task_instance ti \
+         ON ti.run_id = ? AND ti.task_name = d.upstream \
+         WHERE d.workflow_id = ? AND d.version = ? AND d.downstream = ? \
+         AND ti.state = 'SUCCESS'",
+    )
+    .bind(done.run_id.0)
+    .bind(done.workflow_id.0)
+    .bind(done.version)
+    .bind(task)
+    .fetch_one(&mut *c)
+    .await?
+    .try_get("n")?;
+    if succeeded < upstreams {
         return Ok(0);
     }
-    let ids = store.take_ids(c, IdKind::Instance, ready.len()).await?;
+    let priority: i64 = def.try_get("priority")?;
+    let ids = store.take_ids(c, IdKind::Instance, 1).await?;
     let sql = format!(
         "{} task_instance (id, run_id, workflow_id, workflow_version, task_name, state, \
          attempt, priority, not_before, created_at) VALUES {}",
         store.dialect.insert_ignore(),
-        values_rows(ready.len(), 10)
+        values_rows(1, 10)
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for ((task, priority), id) in ready.iter().zip(ids) {
+    for id in ids {
         query = query
             .bind(id)
             .bind(done.run_id.0)
             .bind(done.workflow_id.0)
             .bind(done.version)
-            .bind(task.as_str())
+            .bind(task)
             .bind(InstanceState::Waiting.as_str())
             .bind(1i64)
-            .bind(*priority)
+            .bind(priority)
             .bind(now)
             .bind(now);
     }

@@ -46,12 +46,6 @@ fn quick_mode_runs_every_workload_correctly() {
     );
     for workload in workloads {
         let name = workload["workload"].as_str().expect("name");
-        // W6 needs the scheduler's lost-worker detection; until it exists the harness reports
-        // it as not yet supported instead of hanging, and that is the only excuse accepted.
-        if name == "W6" && workload["status"] == "unsupported" {
-            eprintln!("W6 not yet supported: {}", workload["notes"]);
-            continue;
-        }
         assert_eq!(
             workload["status"], "ok",
             "{name} is not correct: {workload:#}\nstdout:\n{stdout}"

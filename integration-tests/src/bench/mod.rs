@@ -135,7 +135,8 @@ fn unique_suffix() -> String {
 pub struct ClusterSpec {
     /// Workers as (id, capacity).
     pub workers: Vec<(String, u32)>,
-    /// `--heartbeat-interval` of the scheduler and the workers; the product default when `None`.
+    /// `--heartbeat-interval` and `--task-heartbeat-interval` of the scheduler and the workers;
+    /// the product defaults when `None`.
     pub heartbeat: Option<&'static str>,
 }
 
@@ -219,7 +220,9 @@ impl Env {
             ]);
         }
         if let Some(interval) = spec.heartbeat {
+            // Both layers shortened alike: the lost-attempt rule waits for the task heartbeat too.
             args.extend(["--heartbeat-interval".into(), interval.into()]);
+            args.extend(["--task-heartbeat-interval".into(), interval.into()]);
         }
         let scheduler = spawn_logged(&self.binary("ax-scheduler")?, &args, &dir, "scheduler")?;
         let mut cluster = Cluster {
@@ -344,6 +347,7 @@ impl Cluster {
         ];
         if let Some(interval) = self.heartbeat {
             args.extend(["--heartbeat-interval".into(), interval.into()]);
+            args.extend(["--task-heartbeat-interval".into(), interval.into()]);
         }
         let binary = self.bin_dir.join("ax-worker");
         let child = spawn_logged(&binary, &args, &self.dir, &format!("worker-{id}"))?;

@@ -568,3 +568,111 @@ async fn health_and_reflection_are_served() {
     }
     cluster.shutdown().await.expect("clean shutdown");
 }
+
+/// Cron slots that fall while the scheduler is down fire once when it comes back (the default
+/// misfire policy), not once per missed slot and not never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_cron_slot_missed_during_scheduler_downtime_fires_once_on_restart() {
+    use ax_proto::v1 as pb;
+    let Some(mut cluster) = started(Backend::Sqlite, false, &["w1"]).await else {
+        return;
+    };
+    let file = cluster.dir().join("every2s.yaml");
+    std::fs::write(
+        &file,
+        "name: every2s\nschedule:\n  cron: \"*/2 * * * * *\"\ntasks:\n  - name: tick\n    command: echo tick\n",
+    )
+    .expect("write workflow");
+    apply(&cluster, file.to_str().expect("utf-8 path"), "created").await;
+    let runs = |cluster: &ProcessCluster| {
+        let cluster_endpoint = cluster.endpoint();
+        async move {
+            let channel = tonic::transport::Channel::from_shared(cluster_endpoint)
+                .expect("endpoint")
+                .connect()
+                .await
+                .expect("connect");
+            let mut control = pb::control_service_client::ControlServiceClient::new(channel);
+            let request = pb::ListRunsRequest {
+                workflow: "every2s".into(),
+                limit: 100,
+                state: 0,
+            };
+            control
+                .list_runs(request)
+                .await
+                .expect("runs")
+                .into_inner()
+                .runs
+        }
+    };
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    while runs(&cluster).await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the schedule never fired"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let mut scheduler = cluster.take_scheduler().expect("scheduler");
+    scheduler.kill().await.expect("kill -9 the scheduler");
+    let down_at = now_ms();
+    // Three slots or more pass while it is down.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let up_at = now_ms();
+    cluster
+        .start_scheduler()
+        .await
+        .expect("restart the scheduler");
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let channel = tonic::transport::Channel::from_shared(cluster.endpoint())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut control = pb::control_service_client::ControlServiceClient::new(channel);
+    control
+        .pause_workflow(pb::PauseWorkflowRequest {
+            name: "every2s".into(),
+            actor: "test".into(),
+        })
+        .await
+        .expect("pause");
+
+    let all = runs(&cluster).await;
+    let logical: Vec<i64> = all.iter().map(|run| run.logical_time_ms).collect();
+    let distinct: BTreeSet<i64> = logical.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        logical.len(),
+        "a slot fired twice: {logical:?}"
+    );
+    let missed: Vec<i64> = logical
+        .iter()
+        .copied()
+        .filter(|t| *t > down_at + 100 && *t < up_at - 100)
+        .collect();
+    assert_eq!(
+        missed.len(),
+        1,
+        "the slots missed while down fire once: {logical:?} (down {down_at}, up {up_at})"
+    );
+    let after: Vec<i64> = logical.iter().copied().filter(|t| *t >= up_at).collect();
+    assert!(
+        !after.is_empty(),
+        "the schedule goes on after the restart: {logical:?}"
+    );
+    assert!(
+        after.iter().all(|t| t % 2_000 == 0),
+        "later fires are on their slots: {after:?}"
+    );
+    cluster.shutdown().await.expect("shutdown");
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -69,6 +69,55 @@ impl ControlApi {
             .ok_or_else(|| Status::not_found(format!("workflow {name:?} not found")))
     }
 
+    /// Pauses or resumes a workflow's schedule. Slots that passed while paused are skipped: a
+    /// resumed schedule goes on from now.
+    async fn set_paused(
+        &self,
+        name: &str,
+        paused: bool,
+        actor: &str,
+        remote: &str,
+    ) -> Result<Response<pb::Workflow>, Status> {
+        let current = self.workflow_named(name).await?;
+        let now = now_ms();
+        let next = if paused {
+            None
+        } else {
+            next_fire(&current.spec, now)?
+        };
+        let record = self
+            .node
+            .store
+            .set_paused(name, paused, next, now)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("workflow {name:?} not found")))?;
+        let action = if paused { "pause" } else { "resume" };
+        self.audit(
+            actor,
+            action,
+            format!("workflow/{}", record.name),
+            String::new(),
+            remote,
+        )
+        .await;
+        self.node.schedule_wake.notify_one();
+        Ok(Response::new(convert::workflow(&record, now)))
+    }
+
+    /// A run with its instance counts, as the API shows it.
+    async fn run_message(&self, id: RunId) -> Result<pb::Run, Status> {
+        let record = self
+            .node
+            .store
+            .get_run(id)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
+        let counts = self.node.store.run_counts(id).await.map_err(store_status)?;
+        Ok(convert::run(&record, Some(&counts)))
+    }
+
     /// Tells the workers of cancelled attempts to kill them.
     fn send_cancels(&self, cancelled: &[CancelledAttempt], reason: &str) {
         for attempt in cancelled {
@@ -262,25 +311,8 @@ impl ControlService for ControlApi {
     ) -> Result<Response<pb::Workflow>, Status> {
         let remote = remote(&request);
         let request = request.into_inner();
-        self.workflow_named(&request.name).await?;
-        let now = now_ms();
-        let record = self
-            .node
-            .store
-            .set_paused(&request.name, true, None, now)
+        self.set_paused(&request.name, true, &request.actor, &remote)
             .await
-            .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("workflow {:?} not found", request.name)))?;
-        self.audit(
-            &request.actor,
-            "pause",
-            format!("workflow/{}", record.name),
-            String::new(),
-            &remote,
-        )
-        .await;
-        self.node.schedule_wake.notify_one();
-        Ok(Response::new(convert::workflow(&record, now)))
     }
 
     async fn resume_workflow(
@@ -289,27 +321,8 @@ impl ControlService for ControlApi {
     ) -> Result<Response<pb::Workflow>, Status> {
         let remote = remote(&request);
         let request = request.into_inner();
-        let current = self.workflow_named(&request.name).await?;
-        let now = now_ms();
-        // Slots that passed while paused are skipped: the schedule resumes from now.
-        let next = next_fire(&current.spec, now)?;
-        let record = self
-            .node
-            .store
-            .set_paused(&request.name, false, next, now)
+        self.set_paused(&request.name, false, &request.actor, &remote)
             .await
-            .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("workflow {:?} not found", request.name)))?;
-        self.audit(
-            &request.actor,
-            "resume",
-            format!("workflow/{}", record.name),
-            String::new(),
-            &remote,
-        )
-        .await;
-        self.node.schedule_wake.notify_one();
-        Ok(Response::new(convert::workflow(&record, now)))
     }
 
     async fn trigger_workflow(
@@ -431,15 +444,7 @@ impl ControlService for ControlApi {
         request: Request<pb::GetRunRequest>,
     ) -> Result<Response<pb::Run>, Status> {
         let id = RunId(positive_id(request.into_inner().id, "run")?);
-        let record = self
-            .node
-            .store
-            .get_run(id)
-            .await
-            .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
-        let counts = self.node.store.run_counts(id).await.map_err(store_status)?;
-        Ok(Response::new(convert::run(&record, Some(&counts))))
+        Ok(Response::new(self.run_message(id).await?))
     }
 
     async fn cancel_run(
@@ -486,15 +491,7 @@ impl ControlService for ControlApi {
         )
         .await;
         self.node.bump_progress();
-        let record = self
-            .node
-            .store
-            .get_run(id)
-            .await
-            .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
-        let counts = self.node.store.run_counts(id).await.map_err(store_status)?;
-        Ok(Response::new(convert::run(&record, Some(&counts))))
+        Ok(Response::new(self.run_message(id).await?))
     }
 
     async fn list_instances(
@@ -676,15 +673,7 @@ impl ControlService for ControlApi {
         .await;
         self.node.dispatch_wake.notify_one();
         self.node.bump_progress();
-        let record = self
-            .node
-            .store
-            .get_run(id)
-            .await
-            .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
-        let counts = self.node.store.run_counts(id).await.map_err(store_status)?;
-        Ok(Response::new(convert::run(&record, Some(&counts))))
+        Ok(Response::new(self.run_message(id).await?))
     }
 
     type GetLogsStream = LogStreamOut;

@@ -282,6 +282,18 @@ impl Cluster {
             .into_inner())
     }
 
+    /// Triggers `name` without params and waits (a minute at most) until the run ends; returns
+    /// the run as created and as it ended.
+    pub async fn run_to_end(&self, name: &str) -> anyhow::Result<(pb::Run, pb::Run)> {
+        let run = self
+            .trigger(name, &[], "")
+            .await?
+            .run
+            .context("the trigger returned no run")?;
+        let ended = self.wait_run(run.id, Duration::from_secs(60)).await?;
+        Ok((run, ended))
+    }
+
     /// Waits until the run is terminal, or fails after `timeout`.
     pub async fn wait_run(&self, id: i64, timeout: Duration) -> anyhow::Result<pb::Run> {
         let mut control = self.control().await?;

@@ -95,14 +95,8 @@ async fn example_etl_runs_every_task_and_keeps_its_logs(backend: Backend) {
         "a cron workflow shows its next fires"
     );
 
-    let run = cluster
-        .trigger("daily-sales-etl", &[], "")
-        .await
-        .expect("trigger")
-        .run
-        .expect("run");
-    let finished = cluster
-        .wait_run(run.id, RUN_TIMEOUT)
+    let (run, finished) = cluster
+        .run_to_end("daily-sales-etl")
         .await
         .expect("run ends");
     assert_eq!(finished.state, pb::RunState::Success as i32, "{finished:?}");
@@ -216,16 +210,7 @@ tasks:
         marker = marker.display()
     );
     cluster.apply(&source).await.expect("apply");
-    let run = cluster
-        .trigger("breaks", &[], "")
-        .await
-        .expect("trigger")
-        .run
-        .expect("run");
-    let finished = cluster
-        .wait_run(run.id, RUN_TIMEOUT)
-        .await
-        .expect("run ends");
+    let (run, finished) = cluster.run_to_end("breaks").await.expect("run ends");
     assert_eq!(finished.state, pb::RunState::Failed as i32);
     let counts = finished.counts.expect("counts");
     assert_eq!(
@@ -327,16 +312,7 @@ async fn two_workers_share_forty_tasks_within_capacity(backend: Backend) {
         source.push_str(&format!("  - name: t{i:02}\n    command: sleep 0.2\n"));
     }
     cluster.apply(&source).await.expect("apply");
-    let run = cluster
-        .trigger("forty", &[], "")
-        .await
-        .expect("trigger")
-        .run
-        .expect("run");
-    let finished = cluster
-        .wait_run(run.id, RUN_TIMEOUT)
-        .await
-        .expect("run ends");
+    let (run, finished) = cluster.run_to_end("forty").await.expect("run ends");
     assert_eq!(finished.state, pb::RunState::Success as i32);
 
     let instances = cluster.instances(run.id).await.expect("instances");
@@ -573,16 +549,7 @@ tasks:
       if [ "$AX_ATTEMPT" -lt 2 ]; then echo "not yet" >&2; exit 1; fi
 "#;
     cluster.apply(source).await.expect("apply");
-    let run = cluster
-        .trigger("flaky", &[], "")
-        .await
-        .expect("trigger")
-        .run
-        .expect("run");
-    let finished = cluster
-        .wait_run(run.id, RUN_TIMEOUT)
-        .await
-        .expect("run ends");
+    let (run, finished) = cluster.run_to_end("flaky").await.expect("run ends");
     assert_eq!(finished.state, pb::RunState::Success as i32);
     let instance = cluster
         .instances(run.id)
@@ -818,16 +785,7 @@ tasks:
         ready = ready.display()
     );
     cluster.apply(&source).await.expect("apply");
-    let run = cluster
-        .trigger("needs-data", &[], "")
-        .await
-        .expect("trigger")
-        .run
-        .expect("run");
-    let failed = cluster
-        .wait_run(run.id, RUN_TIMEOUT)
-        .await
-        .expect("run ends");
+    let (run, failed) = cluster.run_to_end("needs-data").await.expect("run ends");
     assert_eq!(failed.state, pb::RunState::Failed as i32);
 
     // Nothing to retry in a successful instance; an unknown id is not found.
@@ -948,16 +906,7 @@ tasks:
     command: echo "attempt $AX_ATTEMPT"; exit 4
 "#;
     cluster.apply(source).await.expect("apply");
-    let run = cluster
-        .trigger("alerting", &[], "")
-        .await
-        .expect("trigger")
-        .run
-        .expect("run");
-    let ended = cluster
-        .wait_run(run.id, RUN_TIMEOUT)
-        .await
-        .expect("run ends");
+    let (run, ended) = cluster.run_to_end("alerting").await.expect("run ends");
     assert_eq!(ended.state, pb::RunState::Failed as i32);
 
     let wanted = ["instance_failed", "retries_exhausted", "run_failed"];

@@ -10,7 +10,9 @@ use ax_core::ids::{Attempt, InstanceId, RunId};
 use ax_core::spec::{TriggerKind, WorkflowSpec, parse_workflow};
 use ax_proto::v1 as pb;
 use ax_proto::v1::control_service_server::ControlService;
-use ax_store::{AuditRecord, CancelledAttempt, LogStream, ManualRetry, NewRun, WorkflowRecord};
+use ax_store::{
+    AuditRecord, CancelledAttempt, InstanceRecord, LogStream, ManualRetry, NewRun, WorkflowRecord,
+};
 use futures::Stream;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -103,6 +105,17 @@ impl ControlApi {
         .await;
         self.node.schedule_wake.notify_one();
         Ok(Response::new(convert::workflow(&record, now)))
+    }
+
+    /// An instance with its attempts, as the API shows it.
+    async fn instance_message(&self, record: &InstanceRecord) -> Result<pb::Instance, Status> {
+        let attempts = self
+            .node
+            .store
+            .list_attempts(record.id)
+            .await
+            .map_err(store_status)?;
+        Ok(convert::instance(record, &attempts))
     }
 
     /// A run with its instance counts, as the API shows it.
@@ -534,13 +547,7 @@ impl ControlService for ControlApi {
             .await
             .map_err(store_status)?
             .ok_or_else(|| Status::not_found(format!("instance {id} not found")))?;
-        let attempts = self
-            .node
-            .store
-            .list_attempts(id)
-            .await
-            .map_err(store_status)?;
-        Ok(Response::new(convert::instance(&record, &attempts)))
+        Ok(Response::new(self.instance_message(&record).await?))
     }
 
     async fn cancel_instance(
@@ -585,13 +592,7 @@ impl ControlService for ControlApi {
         )
         .await;
         self.node.bump_progress();
-        let attempts = self
-            .node
-            .store
-            .list_attempts(id)
-            .await
-            .map_err(store_status)?;
-        Ok(Response::new(convert::instance(&record, &attempts)))
+        Ok(Response::new(self.instance_message(&record).await?))
     }
 
     async fn retry_instance(
@@ -629,13 +630,7 @@ impl ControlService for ControlApi {
         .await;
         self.node.dispatch_wake.notify_one();
         self.node.bump_progress();
-        let attempts = self
-            .node
-            .store
-            .list_attempts(id)
-            .await
-            .map_err(store_status)?;
-        Ok(Response::new(convert::instance(&record, &attempts)))
+        Ok(Response::new(self.instance_message(&record).await?))
     }
 
     async fn rerun_run(

@@ -1,7 +1,7 @@
 //! Worker reports, the dependency advance and the end of a run: the transitions of an instance
 //! after its dispatch, each a conditional update on (instance, attempt, from-state).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
@@ -30,15 +30,43 @@ pub(crate) struct InstanceKey {
 
 pub(crate) async fn load_key(c: &mut AnyConnection, id: InstanceId) -> Result<Option<InstanceKey>> {
     let row = sqlx::query(
-        "SELECT run_id, workflow_id, workflow_version, task_name, state, attempt, worker_id \
+        "SELECT id, run_id, workflow_id, workflow_version, task_name, state, attempt, worker_id \
          FROM task_instance WHERE id = ?",
     )
     .bind(id.0)
     .fetch_optional(&mut *c)
     .await?;
-    let Some(row) = row else { return Ok(None) };
-    Ok(Some(InstanceKey {
-        id,
+    row.as_ref().map(key_of).transpose()
+}
+
+/// The keys of many instances in one statement (a batch's first read of each instance).
+async fn load_keys(
+    c: &mut AnyConnection,
+    ids: &BTreeSet<i64>,
+) -> Result<HashMap<i64, InstanceKey>> {
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let sql = format!(
+        "SELECT id, run_id, workflow_id, workflow_version, task_name, state, attempt, worker_id \
+         FROM task_instance WHERE id IN ({})",
+        placeholders(ids.len())
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for id in ids {
+        query = query.bind(*id);
+    }
+    let mut keys = HashMap::with_capacity(ids.len());
+    for row in query.fetch_all(&mut *c).await? {
+        let key = key_of(&row)?;
+        keys.insert(key.id.0, key);
+    }
+    Ok(keys)
+}
+
+fn key_of(row: &sqlx::any::AnyRow) -> Result<InstanceKey> {
+    Ok(InstanceKey {
+        id: InstanceId(row.try_get("id")?),
         run_id: RunId(row.try_get("run_id")?),
         workflow_id: WorkflowId(row.try_get("workflow_id")?),
         version: row.try_get("workflow_version")?,
@@ -46,7 +74,7 @@ pub(crate) async fn load_key(c: &mut AnyConnection, id: InstanceId) -> Result<Op
         state: instance_state(&row.try_get::<String, _>("state")?)?,
         attempt: Attempt(to_u32(row.try_get("attempt")?, "attempt")?),
         worker_id: row.try_get("worker_id")?,
-    }))
+    })
 }
 
 /// Locks the rows of `runs` in ascending id order, so that two transactions finishing upstreams
@@ -115,10 +143,13 @@ pub(crate) async fn apply_reports(
         }
         lock_runs(store, c, &runs).await?;
     }
+    // Read after the run locks, so the keys are what this transaction may change. A key is
+    // used once: a second report on the same instance in the batch reads it again.
+    let mut keys = load_keys(c, &ids).await?;
     let mut results = Vec::with_capacity(reports.len());
     let mut after = AfterBatch::default();
     for (index, report) in reports.iter().enumerate() {
-        results.push(apply_one(c, report, now, index, &mut after).await?);
+        results.push(apply_one(c, report, now, index, &mut after, &mut keys).await?);
     }
     after.carry_out(store, c, now, &mut results).await?;
     Ok(results)
@@ -216,10 +247,15 @@ async fn apply_one(
     now: Millis,
     index: usize,
     after: &mut AfterBatch,
+    keys: &mut HashMap<i64, InstanceKey>,
 ) -> Result<ReportResult> {
     let (id, attempt) = report_key(report);
-    let Some(key) = load_key(c, id).await? else {
-        return Ok(ReportResult::NotFound);
+    let key = match keys.remove(&id.0) {
+        Some(key) => key,
+        None => match load_key(c, id).await? {
+            Some(key) => key,
+            None => return Ok(ReportResult::NotFound),
+        },
     };
     let stale_now = ReportResult::Stale {
         current_attempt: key.attempt,

@@ -544,109 +544,55 @@ async fn rerun_failed_tx(
     Ok(Some(retried))
 }
 
-async fn mark_dispatched_tx(
-    store: &SqlStore,
-    c: &mut AnyConnection,
-    claims: &[DispatchClaim],
-) -> Result<Vec<bool>> {
-    // A batch of claims is a few statements, not a few per claim: lock and read the instances
-    // (in id order, so two batches cannot deadlock), decide the winners (still WAITING at the
-    // claimed attempt), move them per worker, and upsert their attempt rows in one statement.
-    let ids: BTreeSet<i64> = claims.iter().map(|claim| claim.instance_id.0).collect();
-    let sql = format!(
-        "SELECT id, attempt, state FROM task_instance WHERE id IN ({}) ORDER BY id{}",
-        placeholders(ids.len()),
-        store.dialect.for_update()
-    );
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for id in &ids {
-        query = query.bind(*id);
-    }
-    let mut current: std::collections::HashMap<i64, (i64, String)> =
-        std::collections::HashMap::new();
-    for row in query.fetch_all(&mut *c).await? {
-        current.insert(
-            row.try_get("id")?,
-            (row.try_get("attempt")?, row.try_get("state")?),
-        );
-    }
+async fn mark_dispatched_tx(c: &mut AnyConnection, claims: &[DispatchClaim]) -> Result<Vec<bool>> {
+    // Lock instance rows in id order whatever the claim order, so two batches cannot deadlock.
+    let mut order: Vec<usize> = (0..claims.len()).collect();
+    order.sort_by_key(|&i| (claims[i].instance_id, claims[i].attempt));
     let mut won = vec![false; claims.len()];
-    let mut by_worker: std::collections::BTreeMap<&str, Vec<usize>> =
-        std::collections::BTreeMap::new();
-    for (i, claim) in claims.iter().enumerate() {
-        // The first valid claim of an instance in the batch takes it; a repeat loses.
-        let Some((attempt, state)) = current.get(&claim.instance_id.0) else {
-            continue;
-        };
-        if *attempt == i64::from(claim.attempt.0) && state == InstanceState::Waiting.as_str() {
-            current.remove(&claim.instance_id.0);
-            won[i] = true;
-            by_worker
-                .entry(claim.worker_id.as_str())
-                .or_default()
-                .push(i);
-        }
-    }
-    for (worker, winners) in &by_worker {
-        let sql = format!(
+    for i in order {
+        let claim = &claims[i];
+        let attempt = i64::from(claim.attempt.0);
+        let done = sqlx::query(
             "UPDATE task_instance SET state = 'DISPATCHED', worker_id = ? \
-             WHERE state = 'WAITING' AND id IN ({})",
-            placeholders(winners.len())
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(*worker);
-        for &i in winners {
-            query = query.bind(claims[i].instance_id.0);
+             WHERE id = ? AND attempt = ? AND state = 'WAITING'",
+        )
+        .bind(claim.worker_id.as_str())
+        .bind(claim.instance_id.0)
+        .bind(attempt)
+        .execute(&mut *c)
+        .await?;
+        if done.rows_affected() != 1 {
+            continue;
         }
-        query.execute(&mut *c).await?;
-    }
-    let winners: Vec<&DispatchClaim> = claims
-        .iter()
-        .zip(&won)
-        .filter(|(_, won)| **won)
-        .map(|(claim, _)| claim)
-        .collect();
-    if !winners.is_empty() {
-        // A rejected attempt dispatched again reuses its row, reset.
-        let sql = format!(
-            "INSERT INTO task_attempt (instance_id, attempt, state, worker_id, node_id, \
-             dispatched_at, started_at, finished_at, exit_code, signal_num, pid, log_lines, \
-             message) VALUES {}{}",
-            values_rows(winners.len(), 13),
-            store.dialect.upsert_tail(
-                &["instance_id", "attempt"],
-                &[
-                    "state",
-                    "worker_id",
-                    "node_id",
-                    "dispatched_at",
-                    "started_at",
-                    "finished_at",
-                    "exit_code",
-                    "signal_num",
-                    "pid",
-                    "log_lines",
-                    "message",
-                ],
+        won[i] = true;
+        // A rejected attempt dispatched again reuses its row; the instance row lock taken above
+        // makes this update-then-insert safe.
+        let updated = sqlx::query(
+            "UPDATE task_attempt SET state = 'DISPATCHED', worker_id = ?, node_id = ?, \
+             dispatched_at = ?, started_at = NULL, finished_at = NULL, exit_code = NULL, \
+             signal_num = NULL, pid = NULL, log_lines = 0, message = '' \
+             WHERE instance_id = ? AND attempt = ?",
+        )
+        .bind(claim.worker_id.as_str())
+        .bind(claim.node_id.as_str())
+        .bind(claim.at)
+        .bind(claim.instance_id.0)
+        .bind(attempt)
+        .execute(&mut *c)
+        .await?;
+        if updated.rows_affected() == 0 {
+            sqlx::query(
+                "INSERT INTO task_attempt (instance_id, attempt, state, worker_id, node_id, \
+                 dispatched_at, log_lines, message) VALUES (?, ?, 'DISPATCHED', ?, ?, ?, 0, '')",
             )
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for claim in winners {
-            query = query
-                .bind(claim.instance_id.0)
-                .bind(i64::from(claim.attempt.0))
-                .bind(InstanceState::Dispatched.as_str())
-                .bind(claim.worker_id.as_str())
-                .bind(claim.node_id.as_str())
-                .bind(claim.at)
-                .bind(None::<i64>)
-                .bind(None::<i64>)
-                .bind(None::<i64>)
-                .bind(None::<i64>)
-                .bind(None::<i64>)
-                .bind(0i64)
-                .bind("");
+            .bind(claim.instance_id.0)
+            .bind(attempt)
+            .bind(claim.worker_id.as_str())
+            .bind(claim.node_id.as_str())
+            .bind(claim.at)
+            .execute(&mut *c)
+            .await?;
         }
-        query.execute(&mut *c).await?;
     }
     Ok(won)
 }
@@ -1098,7 +1044,7 @@ impl Store for SqlStore {
         if claims.is_empty() {
             return Ok(Vec::new());
         }
-        write_tx!(self, |c| mark_dispatched_tx(self, c, claims))
+        write_tx!(self, |c| mark_dispatched_tx(c, claims))
     }
 
     async fn apply_reports(&self, reports: &[Report], now: Millis) -> Result<Vec<ReportResult>> {

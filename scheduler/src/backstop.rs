@@ -62,7 +62,7 @@ async fn workers_last_seen(node: &Node) -> anyhow::Result<HashMap<String, Millis
 }
 
 async fn judge_active(node: &Node) -> anyhow::Result<()> {
-    let active = node.store.active_attempts(MAX_ACTIVE).await?;
+    let active = node.store.active_attempts(None, MAX_ACTIVE).await?;
     if active.is_empty() {
         return Ok(());
     }

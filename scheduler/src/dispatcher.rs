@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::now_ms;
 use crate::guards::StartLock;
 use crate::node::Node;
+use crate::registry::WorkerSlot;
 use crate::reporter::Envelope;
 
 /// WAITING instances read per pass.
@@ -43,9 +44,8 @@ async fn dispatch_ready(node: &Node) -> anyhow::Result<()> {
         // Read about as many waiting instances as there are free slots (twice, so instances no
         // free worker can take do not hide the ones behind them), not a whole batch each time
         // a slot frees up.
-        let free: u32 = node
-            .registry
-            .slots()
+        let slots = node.registry.slots();
+        let free: u32 = slots
             .iter()
             .filter(|slot| slot.accepting)
             .map(|slot| slot.capacity.saturating_sub(slot.running))
@@ -56,7 +56,7 @@ async fn dispatch_ready(node: &Node) -> anyhow::Result<()> {
         let limit = free.saturating_mul(2).clamp(32, BATCH);
         let waiting = node.store.waiting(now_ms(), limit).await?;
         let full_batch = waiting.len() as u32 == limit;
-        let sent = dispatch_batch(node, waiting).await?;
+        let sent = dispatch_batch(node, slots, waiting).await?;
         if sent == 0 || !full_batch {
             return Ok(());
         }
@@ -70,8 +70,11 @@ struct Planned {
     lock_ttl: Duration,
 }
 
-async fn dispatch_batch(node: &Node, waiting: Vec<WaitingInstance>) -> anyhow::Result<usize> {
-    let mut slots = node.registry.slots();
+async fn dispatch_batch(
+    node: &Node,
+    mut slots: Vec<WorkerSlot>,
+    waiting: Vec<WaitingInstance>,
+) -> anyhow::Result<usize> {
     let mut planned = Vec::new();
     {
         let mut placer = node.placer.lock().await;

@@ -110,12 +110,11 @@ impl WorkerService for WorkerApi {
         let registered_at = now_ms();
         let active = node
             .store
-            .active_attempts(100_000)
+            .active_attempts(Some(&profile.id), 100_000)
             .await
             .map_err(|err| Status::unavailable(format!("store: {err}")))?;
         for lost in active.into_iter().filter(|a| {
             a.state == InstanceState::Dispatched
-                && a.worker_id.as_deref() == Some(profile.id.as_str())
                 && !listed.contains(&(a.instance_id.0, a.attempt.0))
                 && a.dispatched_at.is_some_and(|at| at < registered_at)
         }) {

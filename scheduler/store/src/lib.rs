@@ -434,8 +434,10 @@ pub trait Store: Send + Sync + 'static {
 
     // --- dispatch ---
 
-    /// Attempts that are DISPATCHED or RUNNING, oldest first, for the liveness backstop.
-    async fn active_attempts(&self, limit: u32) -> Result<Vec<ActiveAttempt>>;
+    /// Attempts that are DISPATCHED or RUNNING, oldest first, for the liveness backstop; only
+    /// those on `worker` when given (a worker re-registering).
+    async fn active_attempts(&self, worker: Option<&str>, limit: u32)
+    -> Result<Vec<ActiveAttempt>>;
 
     /// WAITING instances with `not_before <= now`, highest priority first, then oldest.
     async fn waiting(&self, now: Millis, limit: u32) -> Result<Vec<WaitingInstance>>;

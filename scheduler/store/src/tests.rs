@@ -1650,7 +1650,7 @@ mod scenarios {
         run_task(s, run.id, "done", Outcome::Success).await;
         let running = launch(s, run.id, "slow").await;
         assert!(
-            s.active_attempts(100).await.unwrap().len() == 1,
+            s.active_attempts(None, 100).await.unwrap().len() == 1,
             "WAITING and finished are not active"
         );
 
@@ -1658,7 +1658,7 @@ mod scenarios {
         s.mark_dispatched(&[claim(queued.id, 1, "w2")])
             .await
             .unwrap();
-        let active = s.active_attempts(100).await.unwrap();
+        let active = s.active_attempts(None, 100).await.unwrap();
         assert!(
             active
                 .windows(2)
@@ -1691,6 +1691,11 @@ mod scenarios {
             (None, Some(T0 + 10))
         );
         assert_eq!(active.len(), 2);
+        let on_w2 = s.active_attempts(Some("w2"), 100).await.unwrap();
+        assert_eq!(
+            on_w2.iter().map(|a| a.instance_id).collect::<Vec<_>>(),
+            vec![queued.id]
+        );
     }
 
     pub(super) async fn a_report_from_another_worker_is_stale(ctx: Ctx) {

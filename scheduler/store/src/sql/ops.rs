@@ -1009,19 +1009,30 @@ impl Store for SqlStore {
         write_tx!(self, |c| rerun_failed_tx(self, c, run, now))
     }
 
-    async fn active_attempts(&self, limit: u32) -> Result<Vec<ActiveAttempt>> {
-        let rows = sqlx::query(
+    async fn active_attempts(
+        &self,
+        worker: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<ActiveAttempt>> {
+        let on_worker = if worker.is_some() {
+            " AND ti.worker_id = ?"
+        } else {
+            ""
+        };
+        let sql = format!(
             "SELECT ti.id, ti.run_id, ti.attempt, ti.state, ti.worker_id, ti.started_at, \
              ti.last_heartbeat_at, ta.dispatched_at, td.timeout_ms \
              FROM task_instance ti \
              JOIN task_definition td ON td.workflow_id = ti.workflow_id \
                AND td.version = ti.workflow_version AND td.name = ti.task_name \
              LEFT JOIN task_attempt ta ON ta.instance_id = ti.id AND ta.attempt = ti.attempt \
-             WHERE ti.state IN ('DISPATCHED', 'RUNNING') ORDER BY ti.id LIMIT ?",
-        )
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
+             WHERE ti.state IN ('DISPATCHED', 'RUNNING'){on_worker} ORDER BY ti.id LIMIT ?"
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        if let Some(worker) = worker {
+            query = query.bind(worker);
+        }
+        let rows = query.bind(i64::from(limit)).fetch_all(&self.pool).await?;
         rows.iter()
             .map(|row| {
                 let timeout: i64 = row.try_get("timeout_ms")?;

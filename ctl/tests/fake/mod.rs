@@ -95,6 +95,9 @@ pub fn workflow(name: &str, version: u32) -> pb::Workflow {
             trigger: pb::TriggerKind::Cron as i32,
             cron: "0 2 * * *".into(),
             timezone: "Europe/Paris".into(),
+            misfire: "fire_once".into(),
+            overlap: "allow".into(),
+            ..Default::default()
         }),
         tasks: vec![
             pb::TaskSpec {

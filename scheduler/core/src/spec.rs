@@ -12,9 +12,20 @@
 //! app: analytics                 # optional, default "default", same charset as name
 //! owner: data-team@example.com   # optional
 //! description: nightly sales     # optional
-//! schedule:                      # optional; without it (or without cron) the workflow is manual-only
+//! schedule:                      # optional; without cron or after the workflow is manual-only
 //!   cron: "30 2 * * *"           # crontab dialect, 5 or 6 fields or @daily
 //!   timezone: Asia/Shanghai      # IANA, default UTC
+//!   misfire: fire_once           # slots missed while down or paused: skip | fire_once | catch_up
+//!   max_catch_up: 10             # with catch_up: at most this many missed slots, the latest
+//!   overlap: allow               # a fire while a run is active: allow | skip | queue | replace
+//!   max_active_runs: 0           # runs active at once, 0 = no limit; more are queued
+//!   start: 2026-01-01            # no slot before (date or date-time, in timezone)
+//!   end: 2026-12-31T23:59:59     # no slot after
+//!   after: [ingest, dims]        # instead of cron: run once each has succeeded for a logical time
+//! concurrency:                   # optional
+//!   max_running_tasks: 10        # instances of this workflow on workers at once, 0 = no limit
+//!   key: "${customer}"           # runs with the same key (from params) are capped ...
+//!   max_runs_per_key: 1          # ... at this many active at once (default 1); others queue
 //! defaults:                      # optional, applied to every task unless the task overrides
 //!   timeout: 30m                 # durations: "500ms", "45s", "10m", "2h", "1h30m", or an integer = seconds
 //!   retries: 2
@@ -32,10 +43,14 @@
 //!     labels: {region: cn}
 //!     priority: 10               # default 0, i32; higher runs first
 //!     upstream: [a, b]           # or a single string; tasks of this file
+//!     concurrency: 2             # instances of this task on workers at once, 0 = no limit
+//!     pool: etl                  # capped with the pool's other tasks (scheduler config [pools])
+//!     routing: default           # default | least_running | round_robin | random |
+//!                                # consistent_hash | failover | sharded_broadcast
 //! ```
 //!
-//! `schedule.trigger` is derived (cron when `schedule.cron` is set, manual otherwise); there is
-//! no `trigger` key yet. An explicit YAML null (`owner:` with nothing after it) means the field is
+//! `schedule.trigger` is derived (cron when `schedule.cron` is set, dependency when
+//! `schedule.after` is, manual otherwise); there is no `trigger` key. An explicit YAML null (`owner:` with nothing after it) means the field is
 //! absent. YAML aliases and multi-document files are refused.
 //!
 //! The parser drives `yaml-rust2`'s event parser itself and builds a small tree that keeps the
@@ -85,14 +100,126 @@ impl fmt::Display for TriggerKind {
     }
 }
 
+/// What to do with cron slots that passed while the scheduler was down or the workflow paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MisfirePolicy {
+    /// Drop them; the next run is the next slot from now.
+    Skip,
+    /// Run the latest missed slot once, now (the default).
+    #[default]
+    FireOnce,
+    /// Run the missed slots in order, at most `max` of them (the latest ones).
+    CatchUp { max: u32 },
+}
+
+impl MisfirePolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            MisfirePolicy::Skip => "skip",
+            MisfirePolicy::FireOnce => "fire_once",
+            MisfirePolicy::CatchUp { .. } => "catch_up",
+        }
+    }
+}
+
+/// What a scheduled fire does when an earlier run of the workflow is still active.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverlapPolicy {
+    /// Start it beside the active runs (the default), within `max_active_runs`.
+    #[default]
+    Allow,
+    /// Drop the fire.
+    Skip,
+    /// Create the run queued; it starts when the active runs have ended.
+    Queue,
+    /// Cancel the active runs, then start it.
+    Replace,
+}
+
+impl OverlapPolicy {
+    pub const ALL: [OverlapPolicy; 4] = [
+        OverlapPolicy::Allow,
+        OverlapPolicy::Skip,
+        OverlapPolicy::Queue,
+        OverlapPolicy::Replace,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OverlapPolicy::Allow => "allow",
+            OverlapPolicy::Skip => "skip",
+            OverlapPolicy::Queue => "queue",
+            OverlapPolicy::Replace => "replace",
+        }
+    }
+}
+
+/// How the worker of a task's attempt is chosen. `Default` uses the scheduler's configured
+/// strategy (least_running unless configured otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Routing {
+    #[default]
+    Default,
+    LeastRunning,
+    RoundRobin,
+    Random,
+    /// The same task lands on the same worker while that worker lives.
+    ConsistentHash,
+    /// The first live eligible worker in the order of worker ids.
+    Failover,
+    /// One instance per eligible live worker, each told `AX_SHARD_INDEX` and `AX_SHARD_TOTAL`;
+    /// the task succeeds when every shard did.
+    ShardedBroadcast,
+}
+
+impl Routing {
+    pub const ALL: [Routing; 7] = [
+        Routing::Default,
+        Routing::LeastRunning,
+        Routing::RoundRobin,
+        Routing::Random,
+        Routing::ConsistentHash,
+        Routing::Failover,
+        Routing::ShardedBroadcast,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Routing::Default => "default",
+            Routing::LeastRunning => "least_running",
+            Routing::RoundRobin => "round_robin",
+            Routing::Random => "random",
+            Routing::ConsistentHash => "consistent_hash",
+            Routing::Failover => "failover",
+            Routing::ShardedBroadcast => "sharded_broadcast",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ScheduleSpec {
-    /// `Cron` when a cron expression is given, `Manual` otherwise.
+    /// `Cron` when a cron expression is given, `Dependency` when `after` names upstream
+    /// workflows, `Manual` otherwise.
     pub trigger: TriggerKind,
     /// Crontab dialect, validated by [`crate::cron::CronSchedule::parse`].
     pub cron: Option<String>,
     /// IANA time zone name; "UTC" by default.
     pub timezone: String,
+    pub misfire: MisfirePolicy,
+    pub overlap: OverlapPolicy,
+    /// Runs active at once (running, not queued); 0 means no limit. Runs past it are queued.
+    pub max_active_runs: u32,
+    /// No slot before this instant fires (`schedule.start`, read in `timezone`).
+    pub start_at: Option<crate::Millis>,
+    /// No slot after this instant fires (`schedule.end`, read in `timezone`).
+    pub end_at: Option<crate::Millis>,
+    /// Upstream workflows of a dependency trigger: this workflow runs for a logical time once
+    /// each of them has a successful run for that same logical time.
+    pub after: Vec<String>,
 }
 
 impl Default for ScheduleSpec {
@@ -101,7 +228,54 @@ impl Default for ScheduleSpec {
             trigger: TriggerKind::Manual,
             cron: None,
             timezone: "UTC".into(),
+            misfire: MisfirePolicy::default(),
+            overlap: OverlapPolicy::default(),
+            max_active_runs: 0,
+            start_at: None,
+            end_at: None,
+            after: Vec::new(),
         }
+    }
+}
+
+/// Cluster-wide caps on a workflow's runs and instances.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ConcurrencySpec {
+    /// Instances of this workflow dispatched or running at once, across all its runs; 0 = none.
+    pub max_running_tasks: u32,
+    /// A template over the run's params (`"${customer}"`): runs with the same key are capped at
+    /// `max_runs_per_key` active at once; the others are queued.
+    pub key: Option<String>,
+    /// Active runs per key (default 1 when `key` is set).
+    pub max_runs_per_key: u32,
+}
+
+impl ConcurrencySpec {
+    /// The run key for these params: the template with every `${name}` replaced by the param's
+    /// value (empty when the run has no such param). `None` when the workflow has no key.
+    pub fn run_key(&self, params: &BTreeMap<String, String>) -> Option<String> {
+        let template = self.key.as_deref()?;
+        let mut out = String::with_capacity(template.len());
+        let mut rest = template;
+        while let Some(start) = rest.find("${") {
+            out.push_str(&rest[..start]);
+            let after = &rest[start + 2..];
+            match after.find('}') {
+                Some(end) => {
+                    if let Some(value) = params.get(&after[..end]) {
+                        out.push_str(value);
+                    }
+                    rest = &after[end + 1..];
+                }
+                None => {
+                    out.push_str(&rest[start..]);
+                    rest = "";
+                }
+            }
+        }
+        out.push_str(rest);
+        Some(out)
     }
 }
 
@@ -124,6 +298,15 @@ pub struct TaskSpec {
     /// Higher runs first among waiting instances.
     pub priority: i32,
     pub upstream: Vec<String>,
+    /// Instances of this task dispatched or running at once, across all runs; 0 = no limit.
+    #[serde(default)]
+    pub concurrency: u32,
+    /// A pool whose cluster-wide limit (scheduler config `[pools]`) caps this task with every
+    /// other task of the pool.
+    #[serde(default)]
+    pub pool: Option<String>,
+    #[serde(default)]
+    pub routing: Routing,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -133,6 +316,8 @@ pub struct WorkflowSpec {
     pub owner: String,
     pub description: String,
     pub schedule: ScheduleSpec,
+    #[serde(default)]
+    pub concurrency: ConcurrencySpec,
     pub tasks: Vec<TaskSpec>,
 }
 
@@ -171,10 +356,24 @@ const ROOT_FIELDS: &[&str] = &[
     "owner",
     "description",
     "schedule",
+    "concurrency",
     "defaults",
     "tasks",
 ];
-const SCHEDULE_FIELDS: &[&str] = &["cron", "timezone"];
+const SCHEDULE_FIELDS: &[&str] = &[
+    "cron",
+    "timezone",
+    "misfire",
+    "max_catch_up",
+    "overlap",
+    "max_active_runs",
+    "start",
+    "end",
+    "after",
+];
+const CONCURRENCY_FIELDS: &[&str] = &["max_running_tasks", "key", "max_runs_per_key"];
+/// Missed slots `misfire: catch_up` runs when `max_catch_up` is not given.
+pub const DEFAULT_MAX_CATCH_UP: u32 = 10;
 const DEFAULTS_FIELDS: &[&str] = &["timeout", "retries", "retry_backoff", "labels", "env"];
 const TASK_FIELDS: &[&str] = &[
     "name",
@@ -188,6 +387,9 @@ const TASK_FIELDS: &[&str] = &[
     "labels",
     "priority",
     "upstream",
+    "concurrency",
+    "pool",
+    "routing",
 ];
 
 impl WorkflowSpec {
@@ -269,6 +471,63 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
         rest = &rest[digits + letters..];
     }
     Ok(total)
+}
+
+/// Reads `2026-01-31`, `2026-01-31T08:30`, `2026-01-31T08:30:00` (wall time in `tz`; a time in
+/// a spring-forward gap moves to after the gap, a repeated one takes its first occurrence) or an
+/// RFC 3339 instant with its own offset.
+pub fn parse_instant(text: &str, tz: chrono_tz::Tz) -> Option<crate::Millis> {
+    use chrono::{NaiveDate, NaiveDateTime, TimeZone};
+    let text = text.trim();
+    if let Ok(instant) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Some(instant.timestamp_millis());
+    }
+    let naive = if let Ok(date) = NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        date.and_hms_opt(0, 0, 0)?
+    } else {
+        [
+            "%Y-%m-%dT%H:%M:%S",
+            "%Y-%m-%dT%H:%M",
+            "%Y-%m-%d %H:%M:%S",
+            "%Y-%m-%d %H:%M",
+        ]
+        .iter()
+        .find_map(|format| NaiveDateTime::parse_from_str(text, format).ok())?
+    };
+    // Walk forward out of a DST gap a minute at a time (gaps are at most a few hours).
+    (0..=24 * 60).find_map(|minutes| {
+        tz.from_local_datetime(&(naive + chrono::Duration::minutes(minutes)))
+            .earliest()
+            .map(|t| t.timestamp_millis())
+    })
+}
+
+/// Checks a run-key template: text with at least one `${param}` whose name is a valid
+/// environment variable name.
+pub fn check_key_template(template: &str) -> Result<(), String> {
+    let mut rest = template;
+    let mut names = 0;
+    while let Some(start) = rest.find("${") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            return Err(format!("unclosed \"${{\" in key template \"{template}\""));
+        };
+        let name = &after[..end];
+        if !is_valid_env_name(name) {
+            return Err(format!(
+                "\"${{{name}}}\" in key template \"{template}\" is not a param name \
+                 ([A-Za-z_][A-Za-z0-9_]*)"
+            ));
+        }
+        names += 1;
+        rest = &after[end + 1..];
+    }
+    if names == 0 {
+        return Err(format!(
+            "key template \"{template}\" names no param: use ${{name}}, e.g. \"${{customer}}\""
+        ));
+    }
+    Ok(())
 }
 
 /// Parses and validates one workflow file. `source_name` names the file in errors;
@@ -752,6 +1011,18 @@ impl Ctx<'_> {
             Some(node) => self.schedule(node, validate_cron)?,
             None => ScheduleSpec::default(),
         };
+        let concurrency = match fields.get("concurrency") {
+            Some(node) => self.concurrency(node)?,
+            None => ConcurrencySpec::default(),
+        };
+        if let Some(after) = schedule.after.iter().find(|upstream| **upstream == name) {
+            let line = fields.get("schedule").map_or(0, |n| n.line);
+            return Err(self.err(
+                line,
+                "schedule.after",
+                format!("workflow {after} cannot depend on itself"),
+            ));
+        }
         let defaults = match fields.get("defaults") {
             Some(node) => self.defaults(node)?,
             None => Defaults::default(),
@@ -786,6 +1057,7 @@ impl Ctx<'_> {
             owner,
             description,
             schedule,
+            concurrency,
             tasks,
         };
         Ok(ParsedWorkflow { spec, warnings })
@@ -821,7 +1093,156 @@ impl Ctx<'_> {
             schedule.cron = Some(cron);
             schedule.trigger = TriggerKind::Cron;
         }
+        if let Some(node) = fields.get("after") {
+            let items: Vec<&Node> = match &node.value {
+                Value::Seq(items) => items.iter().collect(),
+                Value::Scalar { .. } => vec![node],
+                Value::Map(_) => {
+                    return Err(self.type_err(
+                        node,
+                        "schedule.after",
+                        "a workflow name or a list of workflow names",
+                    ));
+                }
+            };
+            if items.is_empty() {
+                return Err(self.err(node.line, "schedule.after", "must not be empty"));
+            }
+            for (i, item) in items.into_iter().enumerate() {
+                let name = self.name(item, &format!("schedule.after[{i}]"))?;
+                if schedule.after.contains(&name) {
+                    return Err(self.err(
+                        item.line,
+                        format!("schedule.after[{i}]"),
+                        format!("workflow {name} is listed twice"),
+                    ));
+                }
+                schedule.after.push(name);
+            }
+            if schedule.cron.is_some() {
+                return Err(self.err(
+                    node.line,
+                    "schedule.after",
+                    "cron and after exclude each other: a workflow is started by its clock or \
+                     by its upstream workflows",
+                ));
+            }
+            schedule.trigger = TriggerKind::Dependency;
+        }
+        if let Some(node) = fields.get("misfire") {
+            let text = self.non_empty_string(node, "schedule.misfire")?;
+            schedule.misfire = match text.as_str() {
+                "skip" => MisfirePolicy::Skip,
+                "fire_once" => MisfirePolicy::FireOnce,
+                "catch_up" => MisfirePolicy::CatchUp {
+                    max: DEFAULT_MAX_CATCH_UP,
+                },
+                _ => {
+                    return Err(self.err(
+                        node.line,
+                        "schedule.misfire",
+                        format!(
+                            "unknown misfire policy \"{text}\": expected skip, fire_once or catch_up"
+                        ),
+                    ));
+                }
+            };
+        }
+        if let Some(node) = fields.get("max_catch_up") {
+            let max = self.integer(node, "schedule.max_catch_up", 1, 10_000)? as u32;
+            match &mut schedule.misfire {
+                MisfirePolicy::CatchUp { max: slot } => *slot = max,
+                _ => {
+                    return Err(self.err(
+                        node.line,
+                        "schedule.max_catch_up",
+                        "only meaningful with misfire: catch_up",
+                    ));
+                }
+            }
+        }
+        if let Some(node) = fields.get("overlap") {
+            let text = self.non_empty_string(node, "schedule.overlap")?;
+            schedule.overlap = OverlapPolicy::ALL
+                .into_iter()
+                .find(|policy| policy.as_str() == text)
+                .ok_or_else(|| {
+                    self.err(
+                        node.line,
+                        "schedule.overlap",
+                        format!(
+                            "unknown overlap policy \"{text}\": expected allow, skip, queue or replace"
+                        ),
+                    )
+                })?;
+        }
+        if let Some(node) = fields.get("max_active_runs") {
+            schedule.max_active_runs =
+                self.integer(node, "schedule.max_active_runs", 0, u32::MAX.into())? as u32;
+        }
+        let tz: chrono_tz::Tz = schedule.timezone.parse().unwrap_or(chrono_tz::UTC);
+        if let Some(node) = fields.get("start") {
+            schedule.start_at = Some(self.instant(node, "schedule.start", tz)?);
+        }
+        if let Some(node) = fields.get("end") {
+            schedule.end_at = Some(self.instant(node, "schedule.end", tz)?);
+        }
+        if let (Some(start), Some(end), Some(node)) =
+            (schedule.start_at, schedule.end_at, fields.get("end"))
+            && end < start
+        {
+            return Err(self.err(node.line, "schedule.end", "is before schedule.start"));
+        }
         Ok(schedule)
+    }
+
+    /// A date (`2026-01-01`, midnight) or a date-time (`2026-01-01T08:30[:00]`, or with an
+    /// offset or `Z`), read in `tz` unless it carries its own offset.
+    fn instant(
+        &self,
+        node: &Node,
+        field: &str,
+        tz: chrono_tz::Tz,
+    ) -> Result<crate::Millis, SpecError> {
+        let text = self.non_empty_string(node, field)?;
+        parse_instant(&text, tz).ok_or_else(|| {
+            self.err(
+                node.line,
+                field,
+                format!(
+                    "invalid date \"{text}\": expected 2026-01-31, 2026-01-31T08:30:00 or \
+                     2026-01-31T08:30:00+08:00"
+                ),
+            )
+        })
+    }
+
+    fn concurrency(&self, node: &Node) -> Result<ConcurrencySpec, SpecError> {
+        let fields = self.fields(node, "concurrency", CONCURRENCY_FIELDS)?;
+        let mut spec = ConcurrencySpec::default();
+        if let Some(node) = fields.get("max_running_tasks") {
+            spec.max_running_tasks =
+                self.integer(node, "concurrency.max_running_tasks", 0, u32::MAX.into())? as u32;
+        }
+        if let Some(node) = fields.get("key") {
+            let key = self.non_empty_string(node, "concurrency.key")?;
+            check_key_template(&key)
+                .map_err(|message| self.err(node.line, "concurrency.key", message))?;
+            spec.key = Some(key);
+            spec.max_runs_per_key = 1;
+        }
+        if let Some(node) = fields.get("max_runs_per_key") {
+            if spec.key.is_none() {
+                return Err(self.err(
+                    node.line,
+                    "concurrency.max_runs_per_key",
+                    "only meaningful with concurrency.key",
+                ));
+            }
+            spec.max_runs_per_key =
+                self.integer(node, "concurrency.max_runs_per_key", 1, u32::MAX.into())? as u32;
+        }
+        Ok(spec)
     }
 
     fn defaults(&self, node: &Node) -> Result<Defaults, SpecError> {
@@ -953,6 +1374,35 @@ impl Ctx<'_> {
             }
         }
 
+        let concurrency = match fields.get("concurrency") {
+            Some(n) => self.integer(n, &field("concurrency"), 0, u32::MAX.into())? as u32,
+            None => 0,
+        };
+        let pool = fields
+            .get("pool")
+            .map(|n| self.name(n, &field("pool")))
+            .transpose()?;
+        let routing = match fields.get("routing") {
+            Some(n) => {
+                let text = self.non_empty_string(n, &field("routing"))?;
+                Routing::ALL
+                    .into_iter()
+                    .find(|routing| routing.as_str() == text)
+                    .ok_or_else(|| {
+                        self.err(
+                            n.line,
+                            field("routing"),
+                            format!(
+                                "unknown routing \"{text}\": expected default, least_running, \
+                                 round_robin, random, consistent_hash, failover or \
+                                 sharded_broadcast"
+                            ),
+                        )
+                    })?
+            }
+            None => Routing::Default,
+        };
+
         let task = TaskSpec {
             name,
             command,
@@ -965,6 +1415,9 @@ impl Ctx<'_> {
             labels,
             priority,
             upstream,
+            concurrency,
+            pool,
+            routing,
         };
         let lines = TaskLines {
             task: node.line,
@@ -1162,7 +1615,9 @@ mod tests {
                 trigger: TriggerKind::Cron,
                 cron: Some("30 2 * * *".into()),
                 timezone: "Asia/Shanghai".into(),
+                ..ScheduleSpec::default()
             },
+            concurrency: ConcurrencySpec::default(),
             tasks: vec![
                 TaskSpec {
                     name: "extract_orders".into(),
@@ -1176,6 +1631,7 @@ mod tests {
                     labels: map(&[("pool", "etl"), ("region", "cn")]),
                     priority: 10,
                     upstream: vec![],
+                    ..TaskSpec::default()
                 },
                 TaskSpec {
                     name: "extract_refunds".into(),
@@ -1189,6 +1645,7 @@ mod tests {
                     labels: map(&[("pool", "etl")]),
                     priority: 0,
                     upstream: vec![],
+                    ..TaskSpec::default()
                 },
                 TaskSpec {
                     name: "load".into(),
@@ -1274,7 +1731,8 @@ mod tests {
             ScheduleSpec {
                 trigger: TriggerKind::Manual,
                 cron: None,
-                timezone: "Europe/Paris".into()
+                timezone: "Europe/Paris".into(),
+                ..ScheduleSpec::default()
             }
         );
         assert_eq!(parsed.spec.tasks[0].priority, i32::MIN);
@@ -1383,7 +1841,7 @@ mod tests {
             tasks: [{name: a, command: x}]
             ",
             "wf.yaml:2: schedul: unknown field \"schedul\"; allowed fields: name, app, owner, \
-             description, schedule, defaults, tasks",
+             description, schedule, concurrency, defaults, tasks",
         );
         check_err(
             "
@@ -1394,7 +1852,8 @@ mod tests {
                 retires: 3
             ",
             "wf.yaml:5: tasks[0].retires: unknown field \"retires\"; allowed fields: name, command, \
-             argv, timeout, retries, retry_backoff, env, working_dir, labels, priority, upstream",
+             argv, timeout, retries, retry_backoff, env, working_dir, labels, priority, upstream, \
+             concurrency, pool, routing",
         );
         check_err(
             "
@@ -1404,7 +1863,8 @@ mod tests {
               trigger: cron
             tasks: [{name: a, command: x}]
             ",
-            "wf.yaml:4: schedule.trigger: unknown field \"trigger\"; allowed fields: cron, timezone",
+            "wf.yaml:4: schedule.trigger: unknown field \"trigger\"; allowed fields: cron, timezone, \
+             misfire, max_catch_up, overlap, max_active_runs, start, end, after",
         );
         check_err(
             "
@@ -1893,6 +2353,208 @@ mod tests {
             ",
             "wf.yaml:4: tasks[1]: cycle: x → y → z → x",
         );
+    }
+
+    #[test]
+    fn schedule_policies_and_concurrency() {
+        let parsed = parse_ok(
+            "
+            name: etl
+            schedule:
+              cron: '0 2 * * *'
+              timezone: Asia/Shanghai
+              misfire: catch_up
+              max_catch_up: 3
+              overlap: queue
+              max_active_runs: 2
+              start: 2026-01-01
+              end: 2026-06-30T18:00:00Z
+            concurrency:
+              max_running_tasks: 10
+              key: 'cust-${customer}-${region}'
+              max_runs_per_key: 2
+            tasks:
+              - {name: a, command: x, concurrency: 3, pool: etl, routing: sharded_broadcast}
+              - {name: b, command: x, upstream: a}
+            ",
+        );
+        let schedule = &parsed.spec.schedule;
+        assert_eq!(schedule.misfire, MisfirePolicy::CatchUp { max: 3 });
+        assert_eq!(schedule.overlap, OverlapPolicy::Queue);
+        assert_eq!(schedule.max_active_runs, 2);
+        // Midnight in Shanghai is 16:00 UTC the day before.
+        assert_eq!(schedule.start_at, Some(1_767_196_800_000));
+        assert_eq!(schedule.end_at, Some(1_782_842_400_000));
+        let concurrency = &parsed.spec.concurrency;
+        assert_eq!(concurrency.max_running_tasks, 10);
+        assert_eq!(concurrency.max_runs_per_key, 2);
+        let params = map(&[("customer", "acme"), ("region", "eu")]);
+        assert_eq!(
+            concurrency.run_key(&params).as_deref(),
+            Some("cust-acme-eu")
+        );
+        assert_eq!(
+            concurrency.run_key(&map(&[])).as_deref(),
+            Some("cust--"),
+            "a missing param is empty"
+        );
+        let a = &parsed.spec.tasks[0];
+        assert_eq!((a.concurrency, a.pool.as_deref()), (3, Some("etl")));
+        assert_eq!(a.routing, Routing::ShardedBroadcast);
+        assert_eq!(parsed.spec.tasks[1].routing, Routing::Default);
+
+        let defaults = parse_ok("{name: etl, tasks: [{name: a, command: x}]}").spec;
+        assert_eq!(defaults.schedule.misfire, MisfirePolicy::FireOnce);
+        assert_eq!(defaults.schedule.overlap, OverlapPolicy::Allow);
+        assert_eq!(defaults.concurrency, ConcurrencySpec::default());
+        assert_eq!(defaults.concurrency.run_key(&params), None);
+        let keyed =
+            parse_ok("{name: etl, concurrency: {key: '${c}'}, tasks: [{name: a, command: x}]}");
+        assert_eq!(keyed.spec.concurrency.max_runs_per_key, 1);
+    }
+
+    #[test]
+    fn a_dependency_trigger_names_its_upstream_workflows() {
+        let parsed = parse_ok(
+            "
+            name: report
+            schedule: {after: [ingest, dims]}
+            tasks: [{name: a, command: x}]
+            ",
+        );
+        assert_eq!(parsed.spec.schedule.trigger, TriggerKind::Dependency);
+        assert_eq!(parsed.spec.schedule.after, strings(&["ingest", "dims"]));
+        let single =
+            parse_ok("{name: r, schedule: {after: ingest}, tasks: [{name: a, command: x}]}");
+        assert_eq!(single.spec.schedule.after, strings(&["ingest"]));
+
+        check_err(
+            "
+            name: report
+            schedule:
+              cron: '0 2 * * *'
+              after: [ingest]
+            tasks: [{name: a, command: x}]
+            ",
+            "wf.yaml:4: schedule.after: cron and after exclude each other: a workflow is started \
+             by its clock or by its upstream workflows",
+        );
+        check_err(
+            "
+            name: report
+            schedule: {after: [ingest, ingest]}
+            tasks: [{name: a, command: x}]
+            ",
+            "wf.yaml:2: schedule.after[1]: workflow ingest is listed twice",
+        );
+        check_err(
+            "
+            name: report
+            schedule:
+              after: [report]
+            tasks: [{name: a, command: x}]
+            ",
+            "wf.yaml:3: schedule.after: workflow report cannot depend on itself",
+        );
+        check_err(
+            "
+            name: report
+            schedule:
+              after: [Bad Name]
+            tasks: [{name: a, command: x}]
+            ",
+            "wf.yaml:3: schedule.after[0]: invalid name \"Bad Name\": expected 1 to 64 of a-z, 0-9, \
+             '_', '.', '-', starting with a letter or digit",
+        );
+    }
+
+    #[test]
+    fn policy_errors() {
+        let cases = [
+            (
+                "schedule: {cron: '0 2 * * *', misfire: later}",
+                "wf.yaml:2: schedule.misfire: unknown misfire policy \"later\": expected skip, \
+                 fire_once or catch_up",
+            ),
+            (
+                "schedule: {cron: '0 2 * * *', max_catch_up: 3}",
+                "wf.yaml:2: schedule.max_catch_up: only meaningful with misfire: catch_up",
+            ),
+            (
+                "schedule: {cron: '0 2 * * *', misfire: catch_up, max_catch_up: 0}",
+                "wf.yaml:2: schedule.max_catch_up: must be between 1 and 10000, found 0",
+            ),
+            (
+                "schedule: {cron: '0 2 * * *', overlap: sometimes}",
+                "wf.yaml:2: schedule.overlap: unknown overlap policy \"sometimes\": expected \
+                 allow, skip, queue or replace",
+            ),
+            (
+                "schedule: {cron: '0 2 * * *', start: tomorrow}",
+                "wf.yaml:2: schedule.start: invalid date \"tomorrow\": expected 2026-01-31, \
+                 2026-01-31T08:30:00 or 2026-01-31T08:30:00+08:00",
+            ),
+            (
+                "schedule: {cron: '0 2 * * *', start: 2026-02-01, end: 2026-01-01}",
+                "wf.yaml:2: schedule.end: is before schedule.start",
+            ),
+            (
+                "concurrency: {key: customer}",
+                "wf.yaml:2: concurrency.key: key template \"customer\" names no param: use \
+                 ${name}, e.g. \"${customer}\"",
+            ),
+            (
+                "concurrency: {key: '${cust-id}'}",
+                "wf.yaml:2: concurrency.key: \"${cust-id}\" in key template \"${cust-id}\" is not \
+                 a param name ([A-Za-z_][A-Za-z0-9_]*)",
+            ),
+            (
+                "concurrency: {key: '${c'}",
+                "wf.yaml:2: concurrency.key: unclosed \"${\" in key template \"${c\"",
+            ),
+            (
+                "concurrency: {max_runs_per_key: 2}",
+                "wf.yaml:2: concurrency.max_runs_per_key: only meaningful with concurrency.key",
+            ),
+            (
+                "concurrency: {limit: 2}",
+                "wf.yaml:2: concurrency.limit: unknown field \"limit\"; allowed fields: \
+                 max_running_tasks, key, max_runs_per_key",
+            ),
+        ];
+        for (line, expected) in cases {
+            check_err(
+                &format!("name: etl\n{line}\ntasks: [{{name: a, command: x}}]\n"),
+                expected,
+            );
+        }
+        check_err(
+            "name: etl\ntasks: [{name: a, command: x, routing: nearest}]\n",
+            "wf.yaml:2: tasks[0].routing: unknown routing \"nearest\": expected default, \
+             least_running, round_robin, random, consistent_hash, failover or sharded_broadcast",
+        );
+        check_err(
+            "name: etl\ntasks: [{name: a, command: x, pool: ETL}]\n",
+            "wf.yaml:2: tasks[0].pool: invalid name \"ETL\": expected 1 to 64 of a-z, 0-9, '_', '.', \
+             '-', starting with a letter or digit",
+        );
+    }
+
+    #[test]
+    fn instants_in_a_time_zone() {
+        let ny: chrono_tz::Tz = "America/New_York".parse().unwrap();
+        // 2026-03-08 02:30 does not exist in New York: it moves past the gap to 03:00 EDT.
+        assert_eq!(
+            parse_instant("2026-03-08T02:30", ny),
+            parse_instant("2026-03-08T03:00:00-04:00", chrono_tz::UTC)
+        );
+        // 2026-11-01 01:30 happens twice: the first (EDT) is taken.
+        assert_eq!(
+            parse_instant("2026-11-01 01:30:00", ny),
+            parse_instant("2026-11-01T05:30:00Z", chrono_tz::UTC)
+        );
+        assert_eq!(parse_instant("2026-13-01", ny), None);
+        assert_eq!(parse_instant("", ny), None);
     }
 
     #[test]

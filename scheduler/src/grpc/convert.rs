@@ -2,7 +2,7 @@
 
 use ax_core::cron::{CronSchedule, parse_timezone};
 use ax_core::run::RunState;
-use ax_core::spec::{TaskSpec, TriggerKind};
+use ax_core::spec::{MisfirePolicy, ScheduleSpec, TaskSpec, TriggerKind};
 use ax_core::state::InstanceState;
 use ax_proto::v1 as pb;
 use ax_store::{
@@ -74,6 +74,9 @@ fn task(task: &TaskSpec) -> pb::TaskSpec {
         labels: task.labels.clone().into_iter().collect(),
         priority: task.priority,
         upstream: task.upstream.clone(),
+        concurrency: task.concurrency,
+        pool: task.pool.clone().unwrap_or_default(),
+        routing: task.routing.as_str().to_string(),
     }
 }
 
@@ -95,6 +98,24 @@ pub fn next_fires(record: &WorkflowRecord, now: i64, count: usize) -> Vec<i64> {
     }
 }
 
+fn schedule(schedule: &ScheduleSpec) -> pb::Schedule {
+    pb::Schedule {
+        trigger: trigger(schedule.trigger) as i32,
+        cron: schedule.cron.clone().unwrap_or_default(),
+        timezone: schedule.timezone.clone(),
+        misfire: schedule.misfire.name().to_string(),
+        max_catch_up: match schedule.misfire {
+            MisfirePolicy::CatchUp { max } => max,
+            _ => 0,
+        },
+        overlap: schedule.overlap.as_str().to_string(),
+        max_active_runs: schedule.max_active_runs,
+        start_at_ms: schedule.start_at.unwrap_or(0),
+        end_at_ms: schedule.end_at.unwrap_or(0),
+        after: schedule.after.clone(),
+    }
+}
+
 pub fn workflow(record: &WorkflowRecord, now: i64) -> pb::Workflow {
     let spec = &record.spec;
     pb::Workflow {
@@ -103,10 +124,11 @@ pub fn workflow(record: &WorkflowRecord, now: i64) -> pb::Workflow {
         owner: spec.owner.clone(),
         description: spec.description.clone(),
         version: record.version,
-        schedule: Some(pb::Schedule {
-            trigger: trigger(spec.schedule.trigger) as i32,
-            cron: spec.schedule.cron.clone().unwrap_or_default(),
-            timezone: spec.schedule.timezone.clone(),
+        schedule: Some(schedule(&spec.schedule)),
+        concurrency: Some(pb::Concurrency {
+            max_running_tasks: spec.concurrency.max_running_tasks,
+            key: spec.concurrency.key.clone().unwrap_or_default(),
+            max_runs_per_key: spec.concurrency.max_runs_per_key,
         }),
         paused: record.paused,
         tasks: spec.tasks.iter().map(task).collect(),

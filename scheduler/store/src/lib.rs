@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ax_core::Millis;
+use ax_core::decision::DecisionKind;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::run::RunState;
 use ax_core::spec::{TriggerKind, WorkflowSpec};
@@ -347,6 +348,24 @@ pub struct AuditRecord {
     pub remote: String,
 }
 
+/// A scheduling decision worth explaining later (`axctl why`): see [`ax_core::decision`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecisionRecord {
+    /// When it was decided.
+    pub at: Millis,
+    pub workflow_id: WorkflowId,
+    /// The instant the decision is about: a cron slot's logical time, or `at`.
+    pub slot_at: Millis,
+    pub run_id: Option<RunId>,
+    pub instance_id: Option<InstanceId>,
+    pub task: Option<String>,
+    pub kind: DecisionKind,
+    /// One line for a person: "previous run 41 still running", "no live worker with gpu=a100".
+    pub detail: String,
+    /// The scheduler node that decided.
+    pub node_id: String,
+}
+
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
     fn backend(&self) -> Backend;
@@ -470,4 +489,17 @@ pub trait Store: Send + Sync + 'static {
     async fn insert_audit(&self, record: &AuditRecord) -> Result<()>;
     /// Newest first.
     async fn list_audit(&self, limit: u32) -> Result<Vec<AuditRecord>>;
+
+    // --- decisions ---
+
+    /// Stores decisions in one multi-row insert.
+    async fn record_decisions(&self, decisions: &[DecisionRecord]) -> Result<()>;
+    /// A workflow's decisions with `from <= slot_at <= to`, oldest first, at most `limit`.
+    async fn list_decisions(
+        &self,
+        workflow_id: WorkflowId,
+        from: Millis,
+        to: Millis,
+        limit: u32,
+    ) -> Result<Vec<DecisionRecord>>;
 }

@@ -32,6 +32,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "dispatch_queue_index",
         include_str!("../migrations/mysql/0002_dispatch_queue_index.sql"),
     ),
+    (
+        3,
+        "decision_log",
+        include_str!("../migrations/mysql/0003_decision_log.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -43,6 +48,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         2,
         "dispatch_queue_index",
         include_str!("../migrations/sqlite/0002_dispatch_queue_index.sql"),
+    ),
+    (
+        3,
+        "decision_log",
+        include_str!("../migrations/sqlite/0003_decision_log.sql"),
     ),
 ];
 

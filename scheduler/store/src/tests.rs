@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ax_core::Millis;
+use ax_core::decision::DecisionKind;
 use ax_core::ids::{Attempt, InstanceId, RunId};
 use ax_core::run::RunState;
 use ax_core::spec::{ScheduleSpec, TaskSpec, TriggerKind, WorkflowSpec};
@@ -187,6 +188,7 @@ conformance!(
     schedules_are_due_and_advance_conditionally,
     pause_and_resume_keep_across_versions,
     workers_and_audit_round_trip,
+    decisions_round_trip_by_workflow_and_slot,
     ids_are_unique_across_two_stores,
     advance_creates_exactly_the_ready_downstream_in_a_large_workflow,
     list_runs_newest_first_with_filters,
@@ -217,6 +219,7 @@ mod scenarios {
             owner: "alice".into(),
             description: String::new(),
             schedule: ScheduleSpec::default(),
+            concurrency: Default::default(),
             tasks,
         }
     }
@@ -1285,6 +1288,7 @@ mod scenarios {
             trigger: TriggerKind::Cron,
             cron: Some("0 0 2 * * *".into()),
             timezone: "Asia/Shanghai".into(),
+            ..ScheduleSpec::default()
         };
         let (wf, _) = s
             .apply_workflow(&cron, "", Some(T0 + 1_000), T0)
@@ -1362,6 +1366,7 @@ mod scenarios {
             trigger: TriggerKind::Cron,
             cron: Some("0 * * * *".into()),
             timezone: "UTC".into(),
+            ..ScheduleSpec::default()
         };
         s.apply_workflow(&cron, "", Some(T0), T0).await.unwrap();
         let paused = s
@@ -1451,6 +1456,61 @@ mod scenarios {
             ]
         );
         assert_eq!(s.list_audit(1).await.unwrap().len(), 1);
+    }
+
+    pub(super) async fn decisions_round_trip_by_workflow_and_slot(ctx: Ctx) {
+        let s = ctx.s();
+        let a = apply(s, &spec("a", vec![task("t", &[])])).await;
+        let b = apply(s, &spec("b", vec![task("t", &[])])).await;
+        let decision = |wf: &WorkflowRecord, slot_at, kind, detail: &str| DecisionRecord {
+            at: T0 + 100,
+            workflow_id: wf.id,
+            slot_at,
+            run_id: None,
+            instance_id: None,
+            task: None,
+            kind,
+            detail: detail.into(),
+            node_id: "sched-a".into(),
+        };
+        let fired = DecisionRecord {
+            run_id: Some(RunId(7)),
+            instance_id: Some(InstanceId(9)),
+            task: Some("t".into()),
+            ..decision(&a, T0, DecisionKind::Fired, "cron slot")
+        };
+        let later = decision(
+            &a,
+            T0 + 60_000,
+            DecisionKind::SkippedOverlap,
+            "run 7 active",
+        );
+        let earlier = decision(&a, T0 - 60_000, DecisionKind::Misfired, "scheduler down");
+        let other = decision(&b, T0, DecisionKind::NoWorker, "no worker with gpu=a100");
+        s.record_decisions(&[later.clone(), fired.clone(), other.clone(), earlier.clone()])
+            .await
+            .unwrap();
+        s.record_decisions(&[]).await.unwrap();
+        assert_eq!(
+            s.list_decisions(a.id, T0 - 60_000, T0 + 60_000, 10)
+                .await
+                .unwrap(),
+            [earlier.clone(), fired.clone(), later]
+        );
+        assert_eq!(
+            s.list_decisions(a.id, T0 - 60_000, T0, 10).await.unwrap(),
+            [earlier.clone(), fired]
+        );
+        assert_eq!(
+            s.list_decisions(a.id, T0 - 60_000, T0 + 60_000, 1)
+                .await
+                .unwrap(),
+            [earlier]
+        );
+        assert_eq!(
+            s.list_decisions(b.id, 0, i64::MAX, 10).await.unwrap(),
+            [other]
+        );
     }
 
     pub(super) async fn ids_are_unique_across_two_stores(ctx: Ctx) {

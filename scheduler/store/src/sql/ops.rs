@@ -16,9 +16,9 @@ use super::rows::{self, corrupt, instance_state, map_json, to_json, to_u32};
 use super::{SqlStore, is_unique_violation, placeholders, values_rows, write_tx};
 use crate::{
     ActiveAttempt, ApplyOutcome, AttemptRecord, AuditRecord, Backend, CancelledAttempt,
-    DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord, LogChunk, LogStream, ManualRetry,
-    NewRun, Report, ReportResult, Result, RunRecord, Store, StoredLine, WaitingInstance,
-    WorkerRecord, WorkflowRecord,
+    DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord, LogChunk,
+    LogStream, ManualRetry, NewRun, Report, ReportResult, Result, RunRecord, Store, StoredLine,
+    WaitingInstance, WorkerRecord, WorkflowRecord,
 };
 
 /// Rows per multi-row insert: far below both backends' limits on bound parameters.
@@ -1201,5 +1201,57 @@ impl Store for SqlStore {
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(rows::audit).collect()
+    }
+
+    async fn record_decisions(&self, decisions: &[DecisionRecord]) -> Result<()> {
+        if decisions.is_empty() {
+            return Ok(());
+        }
+        write_tx!(self, |c| async {
+            for batch in decisions.chunks(500) {
+                let sql = format!(
+                    "INSERT INTO decision_log (at, workflow_id, slot_at, run_id, instance_id, \
+                     task_name, kind, detail, node_id) VALUES {}",
+                    values_rows(batch.len(), 9)
+                );
+                let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for d in batch {
+                    query = query
+                        .bind(d.at)
+                        .bind(d.workflow_id.0)
+                        .bind(d.slot_at)
+                        .bind(d.run_id.map(|id| id.0))
+                        .bind(d.instance_id.map(|id| id.0))
+                        .bind(d.task.as_deref())
+                        .bind(d.kind.as_str())
+                        .bind(d.detail.as_str())
+                        .bind(d.node_id.as_str());
+                }
+                query.execute(&mut *c).await?;
+            }
+            Ok(())
+        })
+    }
+
+    async fn list_decisions(
+        &self,
+        workflow_id: WorkflowId,
+        from: Millis,
+        to: Millis,
+        limit: u32,
+    ) -> Result<Vec<DecisionRecord>> {
+        let sql = format!(
+            "{} WHERE workflow_id = ? AND slot_at >= ? AND slot_at <= ? \
+             ORDER BY slot_at, id LIMIT ?",
+            rows::DECISION_SELECT
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(workflow_id.0)
+            .bind(from)
+            .bind(to)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(rows::decision).collect()
     }
 }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
+use ax_core::decision::DecisionKind;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::run::RunState;
 use ax_core::spec::{TriggerKind, WorkflowSpec};
@@ -11,8 +12,8 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::{
-    AttemptRecord, AuditRecord, InstanceRecord, Result, RunRecord, StoreError, WorkerRecord,
-    WorkflowRecord,
+    AttemptRecord, AuditRecord, DecisionRecord, InstanceRecord, Result, RunRecord, StoreError,
+    WorkerRecord, WorkflowRecord,
 };
 
 pub(crate) const WORKFLOW_SELECT: &str = "SELECT w.id, w.name, w.paused, w.created_at, \
@@ -38,6 +39,9 @@ pub(crate) const WORKER_SELECT: &str = "SELECT id, version, hostname, labels_jso
 
 pub(crate) const AUDIT_SELECT: &str =
     "SELECT at, actor, action, target, detail, remote FROM audit_log";
+
+pub(crate) const DECISION_SELECT: &str = "SELECT at, workflow_id, slot_at, run_id, instance_id, \
+     task_name, kind, detail, node_id FROM decision_log";
 
 pub(crate) fn corrupt(what: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(what.to_string())
@@ -174,5 +178,23 @@ pub(crate) fn audit(row: &AnyRow) -> Result<AuditRecord> {
         target: row.try_get("target")?,
         detail: row.try_get("detail")?,
         remote: row.try_get("remote")?,
+    })
+}
+
+pub(crate) fn decision(row: &AnyRow) -> Result<DecisionRecord> {
+    let kind: String = row.try_get("kind")?;
+    Ok(DecisionRecord {
+        at: row.try_get("at")?,
+        workflow_id: WorkflowId(row.try_get("workflow_id")?),
+        slot_at: row.try_get("slot_at")?,
+        run_id: row.try_get::<Option<i64>, _>("run_id")?.map(RunId),
+        instance_id: row
+            .try_get::<Option<i64>, _>("instance_id")?
+            .map(InstanceId),
+        task: row.try_get("task_name")?,
+        kind: DecisionKind::parse(&kind)
+            .ok_or_else(|| corrupt(format!("unknown decision kind {kind:?}")))?,
+        detail: row.try_get("detail")?,
+        node_id: row.try_get("node_id")?,
     })
 }

@@ -1,0 +1,97 @@
+//! Scheduling decisions that are not a plain start: what `axctl why` reads back.
+//!
+//! The schedule loop, the run queue and the dispatcher record one of these whenever they decide
+//! *not* to do the obvious thing (or do it for a reason worth telling): a cron slot fired, was
+//! skipped by the misfire policy or the overlap policy, a run was queued behind a concurrency
+//! limit, an instance found no live worker with its labels. A person asking "why didn't it run at
+//! 02:30?" then reads the answer instead of reconstructing it from logs.
+
+use std::fmt;
+
+/// What was decided. Stored by its `as_str` name; names are only ever added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DecisionKind {
+    /// A cron slot (or a dependency, or a backfill slot) created a run.
+    Fired,
+    /// A slot missed during downtime or a pause was dropped by the misfire policy.
+    Misfired,
+    /// A slot missed during downtime or a pause was run late by the misfire policy.
+    CaughtUp,
+    /// A slot was dropped because an earlier run was still active (overlap policy `skip`).
+    SkippedOverlap,
+    /// An active run was cancelled to make room for a new one (overlap policy `replace`).
+    Replaced,
+    /// A run waits for a slot under max active runs or a keyed concurrency limit.
+    Queued,
+    /// A queued run started.
+    Dequeued,
+    /// A slot came while the workflow was paused.
+    Paused,
+    /// A slot fell outside the schedule's start/end dates.
+    OutsideWindow,
+    /// A waiting instance found no live worker carrying its labels.
+    NoWorker,
+    /// A waiting instance was held back by a concurrency limit (task, workflow or pool).
+    Throttled,
+    /// A dependency-triggered workflow is waiting for an upstream workflow's run.
+    WaitingUpstream,
+}
+
+impl DecisionKind {
+    pub const ALL: [DecisionKind; 12] = [
+        DecisionKind::Fired,
+        DecisionKind::Misfired,
+        DecisionKind::CaughtUp,
+        DecisionKind::SkippedOverlap,
+        DecisionKind::Replaced,
+        DecisionKind::Queued,
+        DecisionKind::Dequeued,
+        DecisionKind::Paused,
+        DecisionKind::OutsideWindow,
+        DecisionKind::NoWorker,
+        DecisionKind::Throttled,
+        DecisionKind::WaitingUpstream,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionKind::Fired => "fired",
+            DecisionKind::Misfired => "misfired",
+            DecisionKind::CaughtUp => "caught_up",
+            DecisionKind::SkippedOverlap => "skipped_overlap",
+            DecisionKind::Replaced => "replaced",
+            DecisionKind::Queued => "queued",
+            DecisionKind::Dequeued => "dequeued",
+            DecisionKind::Paused => "paused",
+            DecisionKind::OutsideWindow => "outside_window",
+            DecisionKind::NoWorker => "no_worker",
+            DecisionKind::Throttled => "throttled",
+            DecisionKind::WaitingUpstream => "waiting_upstream",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DecisionKind> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == s)
+    }
+}
+
+impl fmt::Display for DecisionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_are_unique() {
+        let mut names = std::collections::BTreeSet::new();
+        for kind in DecisionKind::ALL {
+            assert_eq!(DecisionKind::parse(kind.as_str()), Some(kind));
+            assert!(names.insert(kind.as_str()), "duplicate name {kind}");
+        }
+        assert_eq!(DecisionKind::parse("started"), None);
+    }
+}

@@ -14,6 +14,9 @@ pub type Client = ControlServiceClient<Channel>;
 /// How long to wait for the TCP/HTTP2 connection before calling the server unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The largest answer axctl decodes.
+const MAX_RESPONSE_BYTES: usize = 64 << 20;
+
 /// The global options, resolved once in `main` and passed to every command.
 #[derive(Debug, Clone)]
 pub struct Ctx {
@@ -33,7 +36,9 @@ impl Ctx {
             .connect()
             .await
             .map_err(|e| error::unreachable(&self.server, &e))?;
-        Ok(ControlServiceClient::new(channel))
+        // A workflow of 10,000 tasks comes back with its source and every task: more than
+        // tonic's default 4 MiB.
+        Ok(ControlServiceClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES))
     }
 
     /// Turns a failed call into the error `main` reports (message and exit code).

@@ -240,7 +240,7 @@ impl Cluster {
 
     pub async fn control(&self) -> anyhow::Result<ControlServiceClient<Channel>> {
         let channel = Channel::from_shared(self.endpoint())?.connect().await?;
-        Ok(ControlServiceClient::new(channel))
+        Ok(ControlServiceClient::new(channel).max_decoding_message_size(64 << 20))
     }
 
     pub async fn apply(&self, source: &str) -> anyhow::Result<pb::ApplyWorkflowResponse> {

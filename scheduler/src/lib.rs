@@ -169,7 +169,10 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         .add_service(health_service)
         .add_service(reflection)
         .add_service(WorkerServiceServer::new(WorkerApi::new(node.clone())))
-        .add_service(ControlServiceServer::new(ControlApi::new(node.clone())))
+        .add_service(
+            ControlServiceServer::new(ControlApi::new(node.clone()))
+                .max_decoding_message_size(grpc::control::MAX_REQUEST_BYTES),
+        )
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
             cancel.clone().cancelled_owned(),

@@ -24,6 +24,10 @@ use crate::node::Node;
 
 /// Workflow files larger than this are refused.
 const MAX_SOURCE_BYTES: usize = 4 << 20;
+/// The largest control request the server decodes: a workflow file at the limit plus room for
+/// the other fields, so an oversized file meets the clear "the limit is" refusal above rather
+/// than the transport's generic one (tonic decodes at most 4 MiB by default).
+pub(crate) const MAX_REQUEST_BYTES: usize = MAX_SOURCE_BYTES + (1 << 20);
 const MAX_PARAMS: usize = 256;
 const MAX_PARAM_VALUE_BYTES: usize = 64 << 10;
 const MAX_KEY_BYTES: usize = 255;

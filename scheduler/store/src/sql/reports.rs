@@ -10,6 +10,7 @@ use ax_core::run::{RunProgress, RunState, run_outcome};
 use ax_core::state::{Event, InstanceState, transition};
 use sqlx::{AnyConnection, Row};
 
+use super::counted::Counted;
 use super::ids::IdKind;
 use super::rows::{instance_state, run_state, to_u32};
 use super::{Dialect, SqlStore, placeholders, values_rows};
@@ -29,6 +30,10 @@ pub(crate) struct InstanceKey {
 }
 
 pub(crate) async fn load_key(c: &mut AnyConnection, id: InstanceId) -> Result<Option<InstanceKey>> {
+    read_key(&mut Counted::new(c), id).await
+}
+
+async fn read_key(c: &mut Counted<'_>, id: InstanceId) -> Result<Option<InstanceKey>> {
     let row = sqlx::query(
         "SELECT id, run_id, workflow_id, workflow_version, task_name, state, attempt, worker_id \
          FROM task_instance WHERE id = ?",
@@ -40,10 +45,7 @@ pub(crate) async fn load_key(c: &mut AnyConnection, id: InstanceId) -> Result<Op
 }
 
 /// The keys of many instances in one statement (a batch's first read of each instance).
-async fn load_keys(
-    c: &mut AnyConnection,
-    ids: &BTreeSet<i64>,
-) -> Result<HashMap<i64, InstanceKey>> {
+async fn load_keys(c: &mut Counted<'_>, ids: &BTreeSet<i64>) -> Result<HashMap<i64, InstanceKey>> {
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
@@ -84,6 +86,10 @@ pub(crate) async fn lock_runs(
     c: &mut AnyConnection,
     runs: &BTreeSet<i64>,
 ) -> Result<()> {
+    lock_run_rows(store, &mut Counted::new(c), runs).await
+}
+
+async fn lock_run_rows(store: &SqlStore, c: &mut Counted<'_>, runs: &BTreeSet<i64>) -> Result<()> {
     if store.dialect != Dialect::MySql {
         return Ok(());
     }
@@ -121,9 +127,23 @@ fn report_key(report: &Report) -> (InstanceId, Attempt) {
     }
 }
 
+/// Applies a batch of reports in the caller's transaction, counting the statements it sends
+/// in [`SqlStore::report_statements`].
 pub(crate) async fn apply_reports(
     store: &SqlStore,
     c: &mut AnyConnection,
+    reports: &[Report],
+    now: Millis,
+) -> Result<Vec<ReportResult>> {
+    let mut c = Counted::new(c);
+    let result = apply_counted(store, &mut c, reports, now).await;
+    store.count_report_statements(c.statements());
+    result
+}
+
+async fn apply_counted(
+    store: &SqlStore,
+    c: &mut Counted<'_>,
     reports: &[Report],
     now: Millis,
 ) -> Result<Vec<ReportResult>> {
@@ -141,7 +161,7 @@ pub(crate) async fn apply_reports(
         for row in query.fetch_all(&mut *c).await? {
             runs.insert(row.try_get::<i64, _>("run_id")?);
         }
-        lock_runs(store, c, &runs).await?;
+        lock_run_rows(store, c, &runs).await?;
     }
     // Read after the run locks, so the keys are what this transaction may change. A key is
     // used once: a second report on the same instance in the batch reads it again.
@@ -170,7 +190,7 @@ impl AfterBatch {
     async fn carry_out(
         self,
         store: &SqlStore,
-        c: &mut AnyConnection,
+        c: &mut Counted<'_>,
         now: Millis,
         results: &mut [ReportResult],
     ) -> Result<()> {
@@ -197,7 +217,7 @@ impl AfterBatch {
             if !ended.insert(run.0) {
                 continue;
             }
-            let finished = finish_run_if_done(c, *run, now).await?;
+            let finished = end_run_if_done(c, *run, now).await?;
             if let Some(ReportResult::Applied(applied)) = results.get_mut(*index) {
                 applied.run_finished = finished;
             }
@@ -207,8 +227,8 @@ impl AfterBatch {
 }
 
 /// The report's result when the instance is not where the report expects it.
-async fn stale(c: &mut AnyConnection, id: InstanceId) -> Result<ReportResult> {
-    Ok(match load_key(c, id).await? {
+async fn stale(c: &mut Counted<'_>, id: InstanceId) -> Result<ReportResult> {
+    Ok(match read_key(c, id).await? {
         Some(key) => ReportResult::Stale {
             current_attempt: key.attempt,
             state: key.state,
@@ -219,7 +239,7 @@ async fn stale(c: &mut AnyConnection, id: InstanceId) -> Result<ReportResult> {
 
 /// Moves the instance from `from` to `to` with extra assignments; true when this call did it.
 async fn move_instance(
-    c: &mut AnyConnection,
+    c: &mut Counted<'_>,
     key: &InstanceKey,
     to: InstanceState,
     sets: &str,
@@ -242,7 +262,7 @@ async fn move_instance(
 }
 
 async fn apply_one(
-    c: &mut AnyConnection,
+    c: &mut Counted<'_>,
     report: &Report,
     now: Millis,
     index: usize,
@@ -252,7 +272,7 @@ async fn apply_one(
     let (id, attempt) = report_key(report);
     let key = match keys.remove(&id.0) {
         Some(key) => key,
-        None => match load_key(c, id).await? {
+        None => match read_key(c, id).await? {
             Some(key) => key,
             None => return Ok(ReportResult::NotFound),
         },
@@ -464,7 +484,7 @@ async fn apply_one(
 /// upstreams' instances, through indexes: the cost does not depend on the size of the workflow,
 /// the number of runs or the history.
 /// The direct downstream tasks of the task `done` finished, by index.
-async fn downstream_of(c: &mut AnyConnection, done: &InstanceKey) -> Result<Vec<String>> {
+async fn downstream_of(c: &mut Counted<'_>, done: &InstanceKey) -> Result<Vec<String>> {
     let rows = sqlx::query(
         "SELECT downstream FROM task_dependency \
          WHERE workflow_id = ? AND version = ? AND upstream = ? ORDER BY downstream",
@@ -485,7 +505,7 @@ async fn downstream_of(c: &mut AnyConnection, done: &InstanceKey) -> Result<Vec<
 /// depend on the size of the workflow, the number of runs or the history.
 async fn create_if_ready(
     store: &SqlStore,
-    c: &mut AnyConnection,
+    c: &mut Counted<'_>,
     done: &InstanceKey,
     task: &str,
     now: Millis,
@@ -518,7 +538,7 @@ async fn create_if_ready(
         return Ok(0);
     }
     let priority: i64 = def.try_get("priority")?;
-    let ids = store.take_ids(c, IdKind::Instance, 1).await?;
+    let ids = store.take_ids(c.uncounted(), IdKind::Instance, 1).await?;
     let sql = format!(
         "{} task_instance (id, run_id, workflow_id, workflow_version, task_name, state, \
          attempt, priority, not_before, created_at) VALUES {}",
@@ -547,6 +567,14 @@ async fn create_if_ready(
 /// The common case, an unfinished instance left, is one index probe.
 pub(crate) async fn finish_run_if_done(
     c: &mut AnyConnection,
+    run_id: RunId,
+    now: Millis,
+) -> Result<Option<(RunId, RunState)>> {
+    end_run_if_done(&mut Counted::new(c), run_id, now).await
+}
+
+async fn end_run_if_done(
+    c: &mut Counted<'_>,
     run_id: RunId,
     now: Millis,
 ) -> Result<Option<(RunId, RunState)>> {

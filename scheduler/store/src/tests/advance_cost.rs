@@ -1,0 +1,187 @@
+//! The cost of one dependency advance, counted in statements (`SqlStore::report_statements`):
+//! finishing an instance with the same direct downstream costs the same in a 10-task and a
+//! 10,000-task workflow, and with 1 or 50 earlier runs in the store. Runs on SQLite and MySQL
+//! through the suite's `conformance!` macro.
+
+use super::{on_mysql, on_sqlite};
+
+conformance!(
+    one_advance_costs_the_same_statements_in_ten_and_ten_thousand_tasks,
+    one_advance_costs_the_same_statements_after_one_or_fifty_runs,
+);
+
+mod scenarios {
+    use super::super::*;
+
+    /// Tasks of the local shape every scenario finishes `a` in: `a` and `x` are roots, `b`
+    /// waits for `a` alone (ready when `a` succeeds) and `c` for `a` and `x` (not ready yet).
+    /// `fillers` more tasks hang below `x` in layers of 100, each with two upstreams.
+    fn workflow(name: &str, fillers: usize) -> WorkflowSpec {
+        let task = |name: String, upstream: Vec<String>| TaskSpec {
+            command: format!("echo {name}"),
+            name,
+            upstream,
+            ..TaskSpec::default()
+        };
+        let mut tasks = vec![
+            task("a".into(), vec![]),
+            task("x".into(), vec![]),
+            task("b".into(), vec!["a".into()]),
+            task("c".into(), vec!["a".into(), "x".into()]),
+        ];
+        let width = 100;
+        let filler = |i: usize| format!("f{}_{}", i / width, i % width);
+        for i in 0..fillers {
+            let upstream = if i < width {
+                vec!["x".to_string()]
+            } else {
+                let above = i - width;
+                let next = (above / width) * width + (above % width + 1) % width;
+                vec![filler(above), filler(next)]
+            };
+            tasks.push(task(filler(i), upstream));
+        }
+        WorkflowSpec {
+            name: name.to_string(),
+            app: "scale".into(),
+            owner: "alice".into(),
+            description: String::new(),
+            schedule: ScheduleSpec::default(),
+            concurrency: Default::default(),
+            tasks,
+        }
+    }
+
+    async fn start(s: &dyn Store, wf: &WorkflowRecord) -> RunId {
+        let run = NewRun {
+            workflow_id: wf.id,
+            workflow_version: wf.version,
+            trigger: TriggerKind::Manual,
+            logical_time: T0,
+            dedup_key: None,
+            idempotency_key: None,
+            params: BTreeMap::new(),
+            triggered_by: "tester".into(),
+            now: T0,
+        };
+        let (run, created) = s.create_run(&run).await.expect("create run");
+        assert!(created);
+        run.id
+    }
+
+    /// Dispatches, starts and finishes `task` of `run` with success; returns the statements
+    /// the finish report cost and what it did.
+    async fn finish(ctx: &Ctx, run: RunId, task: &str) -> (u64, Applied) {
+        let s = ctx.s();
+        let instance = s
+            .list_instances(run)
+            .await
+            .expect("instances")
+            .into_iter()
+            .find(|i| i.task == task)
+            .expect("instance exists");
+        let claim = DispatchClaim {
+            instance_id: instance.id,
+            attempt: instance.attempt,
+            worker_id: "w1".into(),
+            node_id: "node-1".into(),
+            at: T0 + 10,
+        };
+        assert_eq!(s.mark_dispatched(&[claim]).await.unwrap(), vec![true]);
+        let started = Report::Started {
+            instance_id: instance.id,
+            attempt: instance.attempt,
+            worker_id: "w1".into(),
+            pid: 4242,
+            at: T0 + 20,
+        };
+        s.apply_reports(&[started], T0 + 20).await.unwrap();
+        let finished = Report::Finished {
+            instance_id: instance.id,
+            attempt: instance.attempt,
+            worker_id: Some("w1".into()),
+            end: AttemptEnd::Finished(Outcome::Success),
+            exit_code: Some(0),
+            signal: None,
+            at: T0 + 30,
+            log_lines: 0,
+            message: String::new(),
+        };
+        let before = ctx.store.report_statements();
+        let results = s.apply_reports(&[finished], T0 + 30).await.unwrap();
+        let cost = ctx.store.report_statements() - before;
+        match results.as_slice() {
+            [ReportResult::Applied(applied)] => (cost, applied.clone()),
+            other => panic!("expected one applied report, got {other:?}"),
+        }
+    }
+
+    pub(super) async fn one_advance_costs_the_same_statements_in_ten_and_ten_thousand_tasks(
+        ctx: Ctx,
+    ) {
+        let s = ctx.s();
+        let small = s
+            .apply_workflow(&workflow("small", 6), "source", None, T0)
+            .await
+            .expect("apply")
+            .0;
+        let large = s
+            .apply_workflow(&workflow("large", 9_996), "source", None, T0)
+            .await
+            .expect("apply")
+            .0;
+        assert_eq!(small.spec.tasks.len(), 10);
+        assert_eq!(large.spec.tasks.len(), 10_000);
+
+        let small_run = start(s, &small).await;
+        let large_run = start(s, &large).await;
+        let (small_cost, small_done) = finish(&ctx, small_run, "a").await;
+        let (large_cost, large_done) = finish(&ctx, large_run, "a").await;
+        assert_eq!(
+            small_done.new_waiting, 1,
+            "b is created, c still waits for x"
+        );
+        assert_eq!(
+            large_done.new_waiting, 1,
+            "b is created, c still waits for x"
+        );
+        assert!(small_cost > 0, "the statements are counted");
+        assert_eq!(
+            small_cost, large_cost,
+            "finishing `a` costs the same in 10 and in 10,000 tasks"
+        );
+
+        // The count follows the direct downstream: `x` has 101 of them in the large workflow
+        // (c and the first filler layer), every one of them ready now.
+        let (x_cost, x_done) = finish(&ctx, large_run, "x").await;
+        assert_eq!(x_done.new_waiting, 101);
+        assert!(x_cost > large_cost, "{x_cost} > {large_cost}");
+    }
+
+    pub(super) async fn one_advance_costs_the_same_statements_after_one_or_fifty_runs(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = s
+            .apply_workflow(&workflow("history", 6), "source", None, T0)
+            .await
+            .expect("apply")
+            .0;
+        let first = start(s, &wf).await;
+        let (first_cost, _) = finish(&ctx, first, "a").await;
+        // Fifty more runs, each with `a` and `x` done and their downstream created, some of it
+        // succeeded too: history with the same task names in every run.
+        for _ in 0..49 {
+            let run = start(s, &wf).await;
+            finish(&ctx, run, "a").await;
+            finish(&ctx, run, "x").await;
+            finish(&ctx, run, "b").await;
+        }
+        let last = start(s, &wf).await;
+        let (last_cost, last_done) = finish(&ctx, last, "a").await;
+        assert_eq!(last_done.new_waiting, 1);
+        assert!(first_cost > 0, "the statements are counted");
+        assert_eq!(
+            first_cost, last_cost,
+            "finishing `a` costs the same after 1 and after 50 runs"
+        );
+    }
+}

@@ -9,6 +9,7 @@ pub mod dag;
 pub mod decision;
 pub mod ids;
 pub mod liveness;
+pub mod params;
 pub mod placement;
 pub mod retry;
 pub mod run;

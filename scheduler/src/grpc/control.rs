@@ -28,8 +28,6 @@ const MAX_SOURCE_BYTES: usize = 4 << 20;
 /// the other fields, so an oversized file meets the clear "the limit is" refusal above rather
 /// than the transport's generic one (tonic decodes at most 4 MiB by default).
 pub(crate) const MAX_REQUEST_BYTES: usize = MAX_SOURCE_BYTES + (1 << 20);
-const MAX_PARAMS: usize = 256;
-const MAX_PARAM_VALUE_BYTES: usize = 64 << 10;
 const MAX_KEY_BYTES: usize = 255;
 /// Lines read from the store per page of GetLogs.
 const LOG_PAGE: u32 = 20_000;
@@ -178,36 +176,10 @@ fn next_fire(spec: &WorkflowSpec, now: i64) -> Result<Option<i64>, Status> {
     Ok(cron.next_after(now, tz))
 }
 
-/// Environment variable names: what a param must be to become `AX_PARAM_<NAME>`.
-fn valid_param_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
-        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
-}
-
+/// The rules are `ax_core::params`: names that can become `AX_PARAM_<NAME>`, sizes that fit in
+/// a task's environment.
 fn validate_params(params: &std::collections::HashMap<String, String>) -> Result<(), Status> {
-    if params.len() > MAX_PARAMS {
-        return Err(Status::invalid_argument(format!(
-            "too many params: {} (max {MAX_PARAMS})",
-            params.len()
-        )));
-    }
-    let mut names: Vec<&String> = params.keys().collect();
-    names.sort();
-    for name in names {
-        if !valid_param_name(name) {
-            return Err(Status::invalid_argument(format!(
-                "param {name:?}: a param name must be a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
-            )));
-        }
-        let value = &params[name];
-        if value.len() > MAX_PARAM_VALUE_BYTES || value.contains('\0') {
-            return Err(Status::invalid_argument(format!(
-                "param {name:?}: value must be under 64 KiB and contain no NUL byte"
-            )));
-        }
-    }
-    Ok(())
+    ax_core::params::check(params).map_err(|err| Status::invalid_argument(err.to_string()))
 }
 
 fn positive_id(id: i64, what: &str) -> Result<i64, Status> {

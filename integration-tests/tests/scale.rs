@@ -54,7 +54,7 @@ fn task_name(layer: usize, index: usize) -> String {
 /// The upstreams of task `index` of layer `layer` (> 0): two or three tasks of the layer before.
 fn upstreams(layer: usize, index: usize, width: usize) -> Vec<String> {
     let mut ups = vec![index, (index + 1) % width];
-    if index % 2 == 0 {
+    if index.is_multiple_of(2) {
         ups.push((index + width / 2 + 1) % width);
     }
     ups.sort_unstable();

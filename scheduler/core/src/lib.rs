@@ -10,6 +10,7 @@ pub mod decision;
 pub mod ids;
 pub mod liveness;
 pub mod placement;
+pub mod render;
 pub mod retry;
 pub mod run;
 pub mod spec;

@@ -15,6 +15,7 @@ pub mod retry;
 pub mod run;
 pub mod spec;
 pub mod state;
+pub mod why;
 
 /// Milliseconds since the Unix epoch, UTC. The one representation of an instant in ax.
 pub type Millis = i64;

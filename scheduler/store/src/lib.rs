@@ -348,6 +348,15 @@ pub struct AuditRecord {
     pub remote: String,
 }
 
+/// Which audit rows to list: exact matches on the fields that are set, newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditFilter {
+    pub limit: u32,
+    pub action: Option<String>,
+    pub target: Option<String>,
+    pub actor: Option<String>,
+}
+
 /// A scheduling decision worth explaining later (`axctl why`): see [`ax_core::decision`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecisionRecord {
@@ -488,7 +497,19 @@ pub trait Store: Send + Sync + 'static {
 
     async fn insert_audit(&self, record: &AuditRecord) -> Result<()>;
     /// Newest first.
-    async fn list_audit(&self, limit: u32) -> Result<Vec<AuditRecord>>;
+    async fn list_audit(&self, limit: u32) -> Result<Vec<AuditRecord>> {
+        self.query_audit(&AuditFilter {
+            limit,
+            ..AuditFilter::default()
+        })
+        .await
+    }
+    /// The rows matching every set field of `filter`, newest first, at most `filter.limit`.
+    async fn query_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>>;
+
+    /// The runs of a workflow nearest to `at` by logical time: the latest with
+    /// `logical_time <= at` and the earliest after it (either may be missing), in that order.
+    async fn runs_near(&self, workflow_id: WorkflowId, at: Millis) -> Result<Vec<RunRecord>>;
 
     // --- decisions ---
 

@@ -15,7 +15,7 @@ use super::reports::{self, finish_run_if_done, load_key, lock_runs};
 use super::rows::{self, corrupt, instance_state, map_json, to_json, to_u32};
 use super::{SqlStore, is_unique_violation, placeholders, values_rows, write_tx};
 use crate::{
-    ActiveAttempt, ApplyOutcome, AttemptRecord, AuditRecord, Backend, CancelledAttempt,
+    ActiveAttempt, ApplyOutcome, AttemptRecord, AuditFilter, AuditRecord, Backend, CancelledAttempt,
     DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord, LogChunk,
     LogStream, ManualRetry, NewRun, Report, ReportResult, Result, RunRecord, Store, StoredLine,
     WaitingInstance, WorkerRecord, WorkflowRecord,
@@ -1194,13 +1194,52 @@ impl Store for SqlStore {
         })
     }
 
-    async fn list_audit(&self, limit: u32) -> Result<Vec<AuditRecord>> {
-        let sql = format!("{} ORDER BY at DESC, id DESC LIMIT ?", rows::AUDIT_SELECT);
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(i64::from(limit))
+    async fn query_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>> {
+        let mut sql = format!("{} WHERE 1 = 1", rows::AUDIT_SELECT);
+        let fields = [
+            ("action", &filter.action),
+            ("target", &filter.target),
+            ("actor", &filter.actor),
+        ];
+        for (column, value) in &fields {
+            if value.is_some() {
+                sql.push_str(&format!(" AND {column} = ?"));
+            }
+        }
+        sql.push_str(" ORDER BY at DESC, id DESC LIMIT ?");
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (_, value) in fields {
+            if let Some(value) = value {
+                query = query.bind(value.as_str());
+            }
+        }
+        let rows = query
+            .bind(i64::from(filter.limit))
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(rows::audit).collect()
+    }
+
+    async fn runs_near(&self, workflow_id: WorkflowId, at: Millis) -> Result<Vec<RunRecord>> {
+        let mut runs = Vec::with_capacity(2);
+        for (condition, order) in [
+            ("r.logical_time <= ?", "r.logical_time DESC, r.id DESC"),
+            ("r.logical_time > ?", "r.logical_time, r.id"),
+        ] {
+            let sql = format!(
+                "{} WHERE r.workflow_id = ? AND {condition} ORDER BY {order} LIMIT 1",
+                rows::RUN_SELECT
+            );
+            let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(workflow_id.0)
+                .bind(at)
+                .fetch_optional(&self.pool)
+                .await?;
+            if let Some(row) = row {
+                runs.push(rows::run(&row)?);
+            }
+        }
+        Ok(runs)
     }
 
     async fn record_decisions(&self, decisions: &[DecisionRecord]) -> Result<()> {

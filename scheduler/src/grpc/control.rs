@@ -715,6 +715,33 @@ impl ControlService for ControlApi {
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
 
+    async fn get_dag(
+        &self,
+        request: Request<pb::GetDagRequest>,
+    ) -> Result<Response<pb::Dag>, Status> {
+        super::views::get_dag(&self.node, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn explain_workflow(
+        &self,
+        request: Request<pb::ExplainWorkflowRequest>,
+    ) -> Result<Response<pb::Explanation>, Status> {
+        super::views::explain_workflow(&self.node, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_audit(
+        &self,
+        request: Request<pb::ListAuditRequest>,
+    ) -> Result<Response<pb::ListAuditResponse>, Status> {
+        super::views::list_audit(&self.node, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn list_workers(
         &self,
         _request: Request<pb::ListWorkersRequest>,

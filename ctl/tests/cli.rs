@@ -470,7 +470,11 @@ async fn pause_resume_and_cancel() {
 fn diamond_dag(with_run: bool) -> pb::Dag {
     let node = |task: &str, upstream: &[&str], state: &str, id: i64| pb::DagNode {
         task: task.into(),
-        state: if with_run { state.into() } else { String::new() },
+        state: if with_run {
+            state.into()
+        } else {
+            String::new()
+        },
         instance_id: if with_run { id } else { 0 },
         upstream: upstream.iter().map(|s| s.to_string()).collect(),
     };
@@ -529,7 +533,11 @@ async fn dag_prints_every_format_as_the_golden_files_say() {
             let out = axctl(&server, &args).await;
             assert_eq!(out.code, 0, "{out:?}");
             // Not a terminal: no colours, whatever the states.
-            assert_eq!(out.stdout, core_golden(&format!("{golden}.{ext}")), "{args:?}");
+            assert_eq!(
+                out.stdout,
+                core_golden(&format!("{golden}.{ext}")),
+                "{args:?}"
+            );
         }
     }
     let requests = fake.with(|s| s.views.dag_requests.clone());
@@ -562,7 +570,10 @@ fn explanation() -> pb::Explanation {
             next_slot_ms: 1_769_909_400_000,
             ..Default::default()
         }),
-        verdict: vec!["the slot at 2026-01-31 02:30:00 CET was skipped: an earlier run was still active".into()],
+        verdict: vec![
+            "the slot at 2026-01-31 02:30:00 CET was skipped: an earlier run was still active"
+                .into(),
+        ],
         decisions: vec![pb::DecisionEntry {
             at_ms: 1_769_823_000_000,
             slot_at_ms: 1_769_823_000_000,
@@ -617,14 +628,22 @@ async fn why_prints_one_screen_and_reads_at_in_the_workflow_time_zone() {
         "extract   RUNNING   11 (attempt 1)   w1       running on worker w1 since",
         "load      PENDING   -                -        waiting on upstream extract (RUNNING)\n",
     ] {
-        assert!(out.stdout.contains(expected), "{expected:?} missing in\n{}", out.stdout);
+        assert!(
+            out.stdout.contains(expected),
+            "{expected:?} missing in\n{}",
+            out.stdout
+        );
     }
     assert_eq!(fake.with(|s| s.views.explain_requests[0].at_ms), 0, "now");
 
     // A wall time is read in the workflow's zone (Europe/Paris, UTC+1 in January).
     let out = axctl(&server, &["why", "etl", "--at", "2026-01-31T02:30"]).await;
     assert_eq!(out.code, 0, "{out:?}");
-    let out = axctl(&server, &["why", "etl", "--at", "2026-01-31T01:30:00Z", "-o", "json"]).await;
+    let out = axctl(
+        &server,
+        &["why", "etl", "--at", "2026-01-31T01:30:00Z", "-o", "json"],
+    )
+    .await;
     let value: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(value["tasks"][1]["reason"], "waiting_upstream");
     assert_eq!(value["decisions"][0]["kind"], "skipped_overlap");
@@ -667,19 +686,45 @@ async fn audit_lists_rows_and_passes_its_filters() {
     assert_eq!(out.code, 0, "{out:?}");
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines.len(), 3, "{out:?}");
-    assert!(lines[0].starts_with("WHEN") && lines[0].ends_with("DETAIL"), "{out:?}");
-    assert!(lines[0].contains("WHO") && lines[0].contains("FROM"), "{out:?}");
-    assert!(lines[1].contains("bob@box") && lines[1].contains("10.0.0.2:5555"), "{out:?}");
+    assert!(
+        lines[0].starts_with("WHEN") && lines[0].ends_with("DETAIL"),
+        "{out:?}"
+    );
+    assert!(
+        lines[0].contains("WHO") && lines[0].contains("FROM"),
+        "{out:?}"
+    );
+    assert!(
+        lines[1].contains("bob@box") && lines[1].contains("10.0.0.2:5555"),
+        "{out:?}"
+    );
     assert!(lines[2].ends_with("run 7"), "{out:?}");
 
-    let args = ["audit", "--action", "trigger", "--target", "workflow/etl", "--by", "alice@box", "--limit", "5", "-o", "json"];
+    let args = [
+        "audit",
+        "--action",
+        "trigger",
+        "--target",
+        "workflow/etl",
+        "--by",
+        "alice@box",
+        "--limit",
+        "5",
+        "-o",
+        "json",
+    ];
     let out = axctl(&server, &args).await;
     let value: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(value.as_array().unwrap().len(), 1);
     assert_eq!(value[0]["remote"], "10.0.0.1:4444");
     let request = fake.with(|s| s.views.audit_requests[1].clone());
     assert_eq!(
-        (request.limit, request.action.as_str(), request.target.as_str(), request.actor.as_str()),
+        (
+            request.limit,
+            request.action.as_str(),
+            request.target.as_str(),
+            request.actor.as_str()
+        ),
         (5, "trigger", "workflow/etl", "alice@box")
     );
     assert_eq!(axctl(&server, &["audit", "--limit", "0"]).await.code, 2);

@@ -110,7 +110,9 @@ async fn apply(cluster: &Cluster, name: &str, source: &str) {
 
 async fn trigger(cluster: &Cluster, name: &str) -> i64 {
     let text = ok(cluster, &["trigger", name]).await;
-    text.trim().parse().unwrap_or_else(|_| panic!("run id: {text:?}"))
+    text.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("run id: {text:?}"))
 }
 
 /// Polls the run's instances until `done` holds (or fails after [`TIMEOUT`]).
@@ -210,7 +212,12 @@ async fn dag_prints_every_format_and_colours_a_run_by_state(backend: Backend) {
         return;
     };
     apply(&cluster, "shapes", SHAPES).await;
-    let formats = [("ascii", "txt"), ("dot", "dot"), ("mermaid", "mmd"), ("json", "json")];
+    let formats = [
+        ("ascii", "txt"),
+        ("dot", "dot"),
+        ("mermaid", "mmd"),
+        ("json", "json"),
+    ];
     for (format, ext) in formats {
         let text = ok(&cluster, &["dag", "shapes", "-o", format]).await;
         golden(&format!("shapes.{ext}"), &text);
@@ -226,7 +233,11 @@ async fn dag_prints_every_format_and_colours_a_run_by_state(backend: Backend) {
     assert_eq!(ended.state, pb::RunState::Failed as i32, "{ended:?}");
     let run_arg = run.to_string();
     for (format, ext) in formats {
-        let text = ok(&cluster, &["dag", "shapes", "--run", &run_arg, "-o", format]).await;
+        let text = ok(
+            &cluster,
+            &["dag", "shapes", "--run", &run_arg, "-o", format],
+        )
+        .await;
         assert!(!text.contains('\x1b'), "no colours into a pipe: {text}");
         golden(&format!("shapes_run.{ext}"), &redact_ids(&text));
     }
@@ -247,7 +258,10 @@ async fn dag_prints_every_format_and_colours_a_run_by_state(backend: Backend) {
         .expect("GetDag")
         .into_inner();
     let load = dag.nodes.iter().find(|n| n.task == "load").expect("load");
-    assert_eq!((load.state.as_str(), load.instance_id), ("UPSTREAM_FAILED", 0));
+    assert_eq!(
+        (load.state.as_str(), load.instance_id),
+        ("UPSTREAM_FAILED", 0)
+    );
     let audit = dag.nodes.iter().find(|n| n.task == "audit").expect("audit");
     assert_eq!(audit.state, "FAILED");
     assert!(audit.instance_id > 0);
@@ -255,12 +269,30 @@ async fn dag_prints_every_format_and_colours_a_run_by_state(backend: Backend) {
 
     // Bad input: an unknown workflow or run, a run of another workflow, a missing version.
     assert_eq!(axctl(&cluster, &["dag", "nope"]).await.code, 3);
-    assert_eq!(axctl(&cluster, &["dag", "shapes", "--run", "999999"]).await.code, 3);
-    assert_eq!(axctl(&cluster, &["dag", "shapes", "--version", "9"]).await.code, 3);
-    apply(&cluster, "other", "name: other\ntasks:\n  - name: t\n    command: \"true\"\n").await;
+    assert_eq!(
+        axctl(&cluster, &["dag", "shapes", "--run", "999999"])
+            .await
+            .code,
+        3
+    );
+    assert_eq!(
+        axctl(&cluster, &["dag", "shapes", "--version", "9"])
+            .await
+            .code,
+        3
+    );
+    apply(
+        &cluster,
+        "other",
+        "name: other\ntasks:\n  - name: t\n    command: \"true\"\n",
+    )
+    .await;
     let out = axctl(&cluster, &["dag", "other", "--run", &run_arg]).await;
     assert_eq!(out.code, 4, "{out:?}");
-    assert!(out.stderr.contains("is a run of workflow \"shapes\""), "{out:?}");
+    assert!(
+        out.stderr.contains("is a run of workflow \"shapes\""),
+        "{out:?}"
+    );
     cluster.shutdown().await.expect("shutdown");
 }
 
@@ -279,7 +311,10 @@ async fn why_before_the_first_slot_and_after_a_fired_run_of_a_paused_workflow(ba
     assert!(why["run"].is_null(), "{why}");
     assert_eq!(why["tasks"][0]["reason"], "not_yet_time", "{why}");
     let next = why["schedule"]["next_slot"].as_str().expect("next slot");
-    assert!(next.ends_with("-12-31T23:00:00.000Z"), "midnight in Paris: {next}");
+    assert!(
+        next.ends_with("-12-31T23:00:00.000Z"),
+        "midnight in Paris: {next}"
+    );
     let text = ok(&cluster, &["why", "yearly"]).await;
     assert!(text.contains("not yet time: the next slot is"), "{text}");
     assert!(text.contains("No run yet."), "{text}");
@@ -307,7 +342,10 @@ async fn why_before_the_first_slot_and_after_a_fired_run_of_a_paused_workflow(ba
         if let Some(run) = runs.last() {
             break run.clone();
         }
-        assert!(tokio::time::Instant::now() < deadline, "no ticker run succeeded");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no ticker run succeeded"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     ok(&cluster, &["pause", "ticker"]).await;
@@ -329,12 +367,18 @@ async fn why_before_the_first_slot_and_after_a_fired_run_of_a_paused_workflow(ba
     );
     for task in why["tasks"].as_array().expect("tasks") {
         assert_eq!(task["reason"], "done", "{why}");
-        assert!(task["text"].as_str().unwrap().starts_with("succeeded at"), "{why}");
+        assert!(
+            task["text"].as_str().unwrap().starts_with("succeeded at"),
+            "{why}"
+        );
         assert_eq!(task["worker"], "w1");
     }
     let text = ok(&cluster, &["why", "ticker", "--at", &at]).await;
     assert!(text.contains("State:          PAUSED"), "{text}");
-    assert!(text.contains(&format!("Run {} (cron,", succeeded.id)), "{text}");
+    assert!(
+        text.contains(&format!("Run {} (cron,", succeeded.id)),
+        "{text}"
+    );
 
     // A time that is not one.
     let out = axctl(&cluster, &["why", "ticker", "--at", "31/01/2026"]).await;
@@ -389,18 +433,36 @@ tasks:
     let slow = task("slow");
     assert_eq!(slow["reason"], "running");
     assert!(
-        slow["text"].as_str().unwrap().starts_with("running on worker w1 since "),
+        slow["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("running on worker w1 since "),
         "{slow}"
     );
     let after = task("after_slow");
-    assert_eq!((&after["state"], &after["reason"]), (&"PENDING".into(), &"waiting_upstream".into()));
+    assert_eq!(
+        (&after["state"], &after["reason"]),
+        (&"PENDING".into(), &"waiting_upstream".into())
+    );
     assert_eq!(after["text"], "waiting on upstream slow (RUNNING)");
     let gpu = task("gpu");
-    assert_eq!((&gpu["state"], &gpu["reason"]), (&"WAITING".into(), &"no_worker".into()));
-    assert_eq!(gpu["text"], "no live worker with labels gpu=a100 (live: w1 [zone=a])");
+    assert_eq!(
+        (&gpu["state"], &gpu["reason"]),
+        (&"WAITING".into(), &"no_worker".into())
+    );
+    assert_eq!(
+        gpu["text"],
+        "no live worker with labels gpu=a100 (live: w1 [zone=a])"
+    );
     let text = ok(&cluster, &["why", "blocked"]).await;
-    assert!(text.contains("no live worker with labels gpu=a100"), "{text}");
-    assert!(text.contains("waiting on upstream slow (RUNNING)"), "{text}");
+    assert!(
+        text.contains("no live worker with labels gpu=a100"),
+        "{text}"
+    );
+    assert!(
+        text.contains("waiting on upstream slow (RUNNING)"),
+        "{text}"
+    );
 
     ok(&cluster, &["cancel", "run", &run.to_string()]).await;
     let why = json(&cluster, &["why", "blocked"]).await;
@@ -411,7 +473,10 @@ tasks:
         .find(|t| t["task"] == "after_slow")
         .unwrap()
         .clone();
-    assert_eq!(after["text"], "will not run: upstream slow is CANCELLED", "{why}");
+    assert_eq!(
+        after["text"], "will not run: upstream slow is CANCELLED",
+        "{why}"
+    );
     cluster.shutdown().await.expect("shutdown");
 }
 
@@ -450,7 +515,10 @@ async fn why_shows_a_decision_recorded_in_the_store(backend: Backend) {
 
     let why = json(&cluster, &["why", "daily", "--at", "2026-01-31T02:31"]).await;
     assert_eq!(why["decisions"][0]["kind"], "skipped_overlap", "{why}");
-    assert_eq!(why["decisions"][0]["detail"], "previous run 41 still running");
+    assert_eq!(
+        why["decisions"][0]["detail"],
+        "previous run 41 still running"
+    );
     assert_eq!(why["schedule"]["previous_slot"], "2026-01-31T02:30:00.000Z");
     assert_eq!(
         why["verdict"][0],
@@ -487,7 +555,12 @@ async fn audit_lists_every_mutating_call_with_actor_and_address(backend: Backend
     ok(&cluster, &["pause", "flaky"]).await;
     ok(&cluster, &["resume", "flaky"]).await;
 
-    apply(&cluster, "sleepy", "name: sleepy\ntasks:\n  - name: s\n    command: \"sleep 30\"\n").await;
+    apply(
+        &cluster,
+        "sleepy",
+        "name: sleepy\ntasks:\n  - name: s\n    command: \"sleep 30\"\n",
+    )
+    .await;
     let first = trigger(&cluster, "sleepy").await;
     ok(&cluster, &["cancel", "run", &first.to_string()]).await;
     let second = trigger(&cluster, "sleepy").await;
@@ -523,7 +596,10 @@ async fn audit_lists_every_mutating_call_with_actor_and_address(backend: Backend
     .into_iter()
     .map(|(a, t)| (a.to_string(), t))
     .collect();
-    assert_eq!(seen, expected, "the dry run wrote nothing; everything else one row each");
+    assert_eq!(
+        seen, expected,
+        "the dry run wrote nothing; everything else one row each"
+    );
     for row in rows {
         assert_eq!(row["actor"], "auditor@test", "{row}");
         let remote = row["remote"].as_str().unwrap();
@@ -549,6 +625,9 @@ async fn audit_lists_every_mutating_call_with_actor_and_address(backend: Backend
     for header in ["WHEN", "WHO", "ACTION", "TARGET", "FROM", "DETAIL"] {
         assert!(lines[0].contains(header), "{table}");
     }
-    assert!(lines[1].contains("auditor@test") && lines[1].contains("127.0.0.1:"), "{table}");
+    assert!(
+        lines[1].contains("auditor@test") && lines[1].contains("127.0.0.1:"),
+        "{table}"
+    );
     cluster.shutdown().await.expect("shutdown");
 }

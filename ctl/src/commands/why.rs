@@ -33,7 +33,12 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
                 .await
                 .map_err(st)?
                 .into_inner();
-            let tz = zone(workflow.schedule.as_ref().map_or("", |s| s.timezone.as_str()));
+            let tz = zone(
+                workflow
+                    .schedule
+                    .as_ref()
+                    .map_or("", |s| s.timezone.as_str()),
+            );
             ax_core::spec::parse_instant(text, tz).ok_or_else(|| {
                 CtlError::usage(format!(
                     "--at {text:?}: expected RFC 3339 (2026-01-31T02:30:00Z) or \
@@ -82,7 +87,10 @@ pub fn screen(e: &pb::Explanation) -> String {
         other => other.to_lowercase(),
     };
     let mut pairs = vec![
-        ("Workflow", format!("{} (version {})", e.workflow, e.version)),
+        (
+            "Workflow",
+            format!("{} (version {})", e.workflow, e.version),
+        ),
         ("At", t(e.at_ms)),
         ("Schedule", schedule),
         (
@@ -91,7 +99,10 @@ pub fn screen(e: &pb::Explanation) -> String {
         ),
     ];
     if s.start_at_ms > 0 || s.end_at_ms > 0 {
-        pairs.push(("Window", format!("{} .. {}", t(s.start_at_ms), t(s.end_at_ms))));
+        pairs.push((
+            "Window",
+            format!("{} .. {}", t(s.start_at_ms), t(s.end_at_ms)),
+        ));
     }
     if s.previous_slot_ms > 0 || s.next_slot_ms > 0 {
         pairs.push(("Previous slot", t(s.previous_slot_ms)));
@@ -110,7 +121,11 @@ pub fn screen(e: &pb::Explanation) -> String {
     } else {
         let mut table = Table::new(&["  DECIDED", "KIND", "DETAIL"]);
         for d in &e.decisions {
-            table.row(vec![format!("  {}", t(d.at_ms)), d.kind.clone(), d.text.clone()]);
+            table.row(vec![
+                format!("  {}", t(d.at_ms)),
+                d.kind.clone(),
+                d.text.clone(),
+            ]);
         }
         out.push_str(&table.render());
     }

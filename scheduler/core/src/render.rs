@@ -178,9 +178,11 @@ impl Graph {
         for i in self.topological_order() {
             let state = match found[i] {
                 Some((_, state)) => NodeState::Instance(state),
-                None if upstream[i]
-                    .iter()
-                    .any(|&u| self.nodes[u].state.is_some_and(NodeState::blocks_downstream)) =>
+                None if upstream[i].iter().any(|&u| {
+                    self.nodes[u]
+                        .state
+                        .is_some_and(NodeState::blocks_downstream)
+                }) =>
                 {
                     NodeState::UpstreamFailed
                 }
@@ -397,7 +399,12 @@ pub fn mermaid(graph: &Graph) -> String {
             .filter(|(_, node)| node.state == Some(*state))
             .map(|(i, _)| format!("n{i}"))
             .collect();
-        let _ = writeln!(out, "  class {} {}", members.join(","), mermaid_class(*state));
+        let _ = writeln!(
+            out,
+            "  class {} {}",
+            members.join(","),
+            mermaid_class(*state)
+        );
     }
     out
 }
@@ -455,7 +462,11 @@ pub fn json(graph: &Graph) -> String {
             ups.join(", ")
         );
     }
-    out.push_str(if graph.nodes.is_empty() { "],\n" } else { "\n  ],\n" });
+    out.push_str(if graph.nodes.is_empty() {
+        "],\n"
+    } else {
+        "\n  ],\n"
+    });
     out.push_str("  \"edges\": [");
     for (k, &(u, d)) in graph.edges.iter().enumerate() {
         out.push_str(if k == 0 { "\n" } else { ",\n" });
@@ -466,7 +477,11 @@ pub fn json(graph: &Graph) -> String {
             json_string(&graph.nodes[d].task)
         );
     }
-    out.push_str(if graph.edges.is_empty() { "]\n" } else { "\n  ]\n" });
+    out.push_str(if graph.edges.is_empty() {
+        "]\n"
+    } else {
+        "\n  ]\n"
+    });
     out.push_str("}\n");
     out
 }
@@ -608,7 +623,10 @@ mod tests {
     #[test]
     fn ascii_colours_states_only_when_asked() {
         let coloured = ascii(&run_diamond(), true);
-        assert!(coloured.starts_with("extract [\x1b[32mSUCCESS\x1b[0m]\n"), "{coloured}");
+        assert!(
+            coloured.starts_with("extract [\x1b[32mSUCCESS\x1b[0m]\n"),
+            "{coloured}"
+        );
         assert!(!ascii(&run_diamond(), false).contains('\x1b'));
     }
 
@@ -645,7 +663,10 @@ mod tests {
         assert_eq!(value["run_id"], 7);
         assert_eq!(value["nodes"][3]["task"], "load");
         assert_eq!(value["nodes"][3]["state"], "UPSTREAM_FAILED");
-        assert_eq!(value["nodes"][3]["upstream"], serde_json::json!(["clean", "audit"]));
+        assert_eq!(
+            value["nodes"][3]["upstream"],
+            serde_json::json!(["clean", "audit"])
+        );
         assert_eq!(value["edges"].as_array().unwrap().len(), 5);
         let empty: serde_json::Value =
             serde_json::from_str(&json(&Graph::from_upstreams("e", 1, &[]))).unwrap();

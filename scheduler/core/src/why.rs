@@ -140,8 +140,14 @@ pub enum Reason {
     WorkersBusy { workers: Vec<String> },
     /// A worker with its labels has a free slot: the dispatcher takes it on its next pass.
     ReadyToDispatch { workers: Vec<String> },
-    Dispatched { worker: String, since: Option<Millis> },
-    Running { worker: String, since: Option<Millis> },
+    Dispatched {
+        worker: String,
+        since: Option<Millis>,
+    },
+    Running {
+        worker: String,
+        since: Option<Millis>,
+    },
 }
 
 impl Reason {
@@ -168,7 +174,8 @@ impl Reason {
     /// One line for a person, times in `tz`.
     pub fn text(&self, tz: Tz) -> String {
         let t = |ms: Millis| format_time(ms, tz);
-        let since = |ms: &Option<Millis>| ms.map(|ms| format!(" since {}", t(ms))).unwrap_or_default();
+        let since =
+            |ms: &Option<Millis>| ms.map(|ms| format!(" since {}", t(ms))).unwrap_or_default();
         match self {
             Reason::Done { state, at, attempt } => {
                 let when = at.map(|ms| format!(" at {}", t(ms))).unwrap_or_default();
@@ -181,7 +188,9 @@ impl Reason {
                 };
                 format!("{verb}{when} (attempt {attempt})")
             }
-            Reason::NotYetTime { next_fire: Some(next) } => {
+            Reason::NotYetTime {
+                next_fire: Some(next),
+            } => {
                 format!("not yet time: the next slot is {}", t(*next))
             }
             Reason::NotYetTime { next_fire: None } => {
@@ -226,7 +235,10 @@ impl Reason {
                 format!("waiting for a free slot on {}", workers.join(", "))
             }
             Reason::ReadyToDispatch { workers } => {
-                format!("ready: dispatched on the next pass to one of {}", workers.join(", "))
+                format!(
+                    "ready: dispatched on the next pass to one of {}",
+                    workers.join(", ")
+                )
             }
             Reason::Dispatched { worker, since: s } => {
                 format!("dispatched to worker {worker}{}", since(s))
@@ -292,7 +304,10 @@ pub const MAX_DECISIONS: usize = 50;
 /// `2026-01-31 02:30:00 CET`.
 pub fn format_time(ms: Millis, tz: Tz) -> String {
     match DateTime::<Utc>::from_timestamp_millis(ms) {
-        Some(t) => t.with_timezone(&tz).format("%Y-%m-%d %H:%M:%S %Z").to_string(),
+        Some(t) => t
+            .with_timezone(&tz)
+            .format("%Y-%m-%d %H:%M:%S %Z")
+            .to_string(),
         None => ms.to_string(),
     }
 }
@@ -377,7 +392,8 @@ pub fn explain(input: &WhyInput) -> Explanation {
 
     let mut verdict = Vec::new();
     if input.paused {
-        verdict.push("the workflow is paused: its schedule fires no run until it is resumed".into());
+        verdict
+            .push("the workflow is paused: its schedule fires no run until it is resumed".into());
     }
     match schedule.trigger {
         TriggerKind::Cron => {
@@ -396,11 +412,12 @@ pub fn explain(input: &WhyInput) -> Explanation {
                 ));
             }
             match schedule.previous_slot {
-                Some(slot) if schedule.start_at.is_some_and(|start| slot < start) => verdict
-                    .push(format!(
+                Some(slot) if schedule.start_at.is_some_and(|start| slot < start) => {
+                    verdict.push(format!(
                         "the slot at {} was before the schedule's start, so it did not fire",
                         t(slot)
-                    )),
+                    ))
+                }
                 Some(slot) => verdict.push(slot_verdict(slot, input, &decisions, tz)),
                 None => verdict.push(format!("no cron slot at or before {}", t(input.at))),
             }
@@ -506,8 +523,15 @@ fn slot_verdict(slot: Millis, input: &WhyInput, decisions: &[Decision], tz: Tz) 
         } else {
             format!(": {}", last.detail)
         };
-        let run = last.run_id.map(|id| format!(" (run {id})")).unwrap_or_default();
-        return format!("the slot at {} was {}{run}{detail}", t(slot), past_tense(last.kind));
+        let run = last
+            .run_id
+            .map(|id| format!(" (run {id})"))
+            .unwrap_or_default();
+        return format!(
+            "the slot at {} was {}{run}{detail}",
+            t(slot),
+            past_tense(last.kind)
+        );
     }
     match &input.run {
         Some(run) if run.logical_time == slot => {
@@ -564,9 +588,8 @@ fn run_tasks(
         .find(|d| matches!(d.kind, DecisionKind::Queued | DecisionKind::Dequeued))
         .filter(|d| d.kind == DecisionKind::Queued);
 
-    let mut explained: Vec<TaskExplanation> = Vec::with_capacity(run.tasks.len());
-    // States for upstream lookups, filled in file order. Files may list a task before its
-    // upstream, so unresolved upstreams are looked up on demand.
+    // States for upstream lookups: tasks are visited upstream first (a file may list a task
+    // before its upstream), and the answer is put back in file order.
     let mut states: BTreeMap<String, String> = BTreeMap::new();
     let order = file_order_topological(&run.tasks);
     let mut results: BTreeMap<usize, TaskExplanation> = BTreeMap::new();
@@ -626,8 +649,7 @@ fn run_tasks(
         states.insert(task.name.clone(), explanation.state.clone());
         results.insert(i, explanation);
     }
-    explained.extend(results.into_values());
-    explained
+    results.into_values().collect()
 }
 
 /// Task indexes with every task after its upstreams, earlier file position first among equals.
@@ -640,7 +662,8 @@ fn file_order_topological(tasks: &[TaskSpec]) -> Vec<usize> {
         in_degree[d] += 1;
         downstream[u].push(d);
     }
-    let mut ready: std::collections::BTreeSet<usize> = (0..n).filter(|&i| in_degree[i] == 0).collect();
+    let mut ready: std::collections::BTreeSet<usize> =
+        (0..n).filter(|&i| in_degree[i] == 0).collect();
     let mut order = Vec::with_capacity(n);
     while let Some(i) = ready.pop_first() {
         order.push(i);
@@ -706,11 +729,7 @@ fn instance_reason(
             let eligible: Vec<&WorkerFacts> = live
                 .iter()
                 .copied()
-                .filter(|w| {
-                    task.labels
-                        .iter()
-                        .all(|(k, v)| w.labels.get(k) == Some(v))
-                })
+                .filter(|w| task.labels.iter().all(|(k, v)| w.labels.get(k) == Some(v)))
                 .collect();
             if eligible.is_empty() {
                 return Reason::NoLiveWorker {
@@ -872,14 +891,22 @@ mod tests {
         assert!(e.run.is_none());
         for (_, kind, text) in reasons(&e) {
             assert_eq!(kind, "not_yet_time");
-            assert_eq!(text, "not yet time: the next slot is 2026-01-31 02:30:00 UTC");
+            assert_eq!(
+                text,
+                "not yet time: the next slot is 2026-01-31 02:30:00 UTC"
+            );
         }
         assert!(
-            e.verdict.iter().any(|v| v.contains("before the schedule's start")),
+            e.verdict
+                .iter()
+                .any(|v| v.contains("before the schedule's start")),
             "{:?}",
             e.verdict
         );
-        assert!(e.verdict.contains(&"the workflow has no run yet".to_string()));
+        assert!(
+            e.verdict
+                .contains(&"the workflow has no run yet".to_string())
+        );
         assert_eq!(
             e.verdict[1],
             "the slot at 2026-01-30 02:30:00 UTC was before the schedule's start, so it did not fire"
@@ -901,7 +928,11 @@ mod tests {
         input.spec.schedule = ScheduleSpec::default();
         let e = explain(&input);
         assert_eq!(e.schedule.previous_slot, None);
-        assert!(reasons(&e).iter().all(|(_, kind, _)| *kind == "not_triggered"));
+        assert!(
+            reasons(&e)
+                .iter()
+                .all(|(_, kind, _)| *kind == "not_triggered")
+        );
         assert!(e.verdict[0].contains("runs start only when triggered"));
     }
 
@@ -925,13 +956,19 @@ mod tests {
         ));
         let e = explain(&input);
         assert_eq!(e.schedule.previous_slot, Some(SLOT));
-        assert_eq!(e.verdict[0], "the slot at 2026-01-31 02:30:00 UTC was fired (run 41)");
+        assert_eq!(
+            e.verdict[0],
+            "the slot at 2026-01-31 02:30:00 UTC was fired (run 41)"
+        );
         assert!(e.verdict.iter().any(|v| v.starts_with("nearest run: 41")));
         let all = reasons(&e);
         assert!(all.iter().all(|(_, kind, _)| *kind == "done"), "{all:?}");
         assert_eq!(all[0].2, "succeeded at 2026-01-31 02:31:00 UTC (attempt 1)");
         assert_eq!(e.decisions.len(), 1);
-        assert_eq!(e.decisions[0].text, "slot 2026-01-31 02:30:00 UTC: fired run 41");
+        assert_eq!(
+            e.decisions[0].text,
+            "slot 2026-01-31 02:30:00 UTC: fired run 41"
+        );
     }
 
     #[test]
@@ -948,7 +985,10 @@ mod tests {
         ));
         let e = explain(&input);
         let all = reasons(&e);
-        assert_eq!(all[1].2, "running on worker w1 since 2026-01-31 02:30:02 UTC");
+        assert_eq!(
+            all[1].2,
+            "running on worker w1 since 2026-01-31 02:30:02 UTC"
+        );
         assert_eq!(all[3].1, "waiting_upstream");
         assert_eq!(all[3].2, "waiting on upstream clean (RUNNING)");
         assert_eq!(e.tasks[3].state, "PENDING");
@@ -982,10 +1022,13 @@ mod tests {
         input.spec.tasks[0]
             .labels
             .insert("gpu".into(), "a100".into());
-        input.workers = vec![worker("w1", &[("gpu", "t4")]), WorkerFacts {
-            live: false,
-            ..worker("w2", &[("gpu", "a100")])
-        }];
+        input.workers = vec![
+            worker("w1", &[("gpu", "t4")]),
+            WorkerFacts {
+                live: false,
+                ..worker("w2", &[("gpu", "a100")])
+            },
+        ];
         input.run = Some(run(
             &input,
             RunState::Running,
@@ -1003,7 +1046,10 @@ mod tests {
             running: 4,
             ..worker("w3", &[("gpu", "a100")])
         });
-        assert_eq!(explain(&input).tasks[0].text, "waiting for a free slot on w3");
+        assert_eq!(
+            explain(&input).tasks[0].text,
+            "waiting for a free slot on w3"
+        );
         input.workers[2].running = 1;
         assert_eq!(explain(&input).tasks[0].reason.kind(), "ready");
         input.workers.clear();
@@ -1023,7 +1069,10 @@ mod tests {
             e.verdict[0],
             "the workflow is paused: its schedule fires no run until it is resumed"
         );
-        assert_eq!(e.verdict[1], "the slot at 2026-01-31 02:30:00 UTC passed while paused");
+        assert_eq!(
+            e.verdict[1],
+            "the slot at 2026-01-31 02:30:00 UTC passed while paused"
+        );
 
         input.decisions = vec![decision(DecisionKind::Paused, SLOT, "")];
         let e = explain(&input);
@@ -1041,7 +1090,11 @@ mod tests {
             let e = explain(&input);
             assert_eq!(e.decisions.len(), 1);
             assert!(e.decisions[0].text.contains(kind.as_str()), "{kind}");
-            assert!(e.verdict[0].contains(past_tense(kind)), "{kind}: {:?}", e.verdict);
+            assert!(
+                e.verdict[0].contains(past_tense(kind)),
+                "{kind}: {:?}",
+                e.verdict
+            );
         }
         input.decisions = vec![
             decision(DecisionKind::Queued, SLOT, "max active runs 1"),
@@ -1117,7 +1170,10 @@ mod tests {
             ],
         ));
         let e = explain(&input);
-        assert_eq!(e.tasks[1].text, "was cancelled at 2026-01-31 02:31:00 UTC (attempt 1)");
+        assert_eq!(
+            e.tasks[1].text,
+            "was cancelled at 2026-01-31 02:31:00 UTC (attempt 1)"
+        );
         assert_eq!(
             e.tasks[2].text,
             "dispatched to worker w1 since 2026-01-31 02:30:01 UTC"
@@ -1132,7 +1188,11 @@ mod tests {
         // 02:30 Paris is 01:30 UTC in winter.
         let e = explain(&input);
         assert_eq!(e.schedule.previous_slot, Some(SLOT - HOUR));
-        assert_eq!(e.verdict[0].contains("2026-01-31 02:30:00 CET"), true, "{:?}", e.verdict);
+        assert!(
+            e.verdict[0].contains("2026-01-31 02:30:00 CET"),
+            "{:?}",
+            e.verdict
+        );
     }
 
     #[test]

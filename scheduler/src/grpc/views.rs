@@ -196,7 +196,11 @@ pub async fn explain_workflow(
         return Err(Status::invalid_argument("at_ms must not be negative"));
     }
     let now = now_ms();
-    let at = if request.at_ms == 0 { now } else { request.at_ms };
+    let at = if request.at_ms == 0 {
+        now
+    } else {
+        request.at_ms
+    };
     let store = &node.store;
 
     // The cron slot at or before the time, so its decisions are read even when it is long ago.

@@ -1535,14 +1535,13 @@ mod scenarios {
         for r in &rows {
             s.insert_audit(r).await.unwrap();
         }
-        let query = |action: Option<&str>, target: Option<&str>, actor: Option<&str>, limit| {
-            AuditFilter {
+        let query =
+            |action: Option<&str>, target: Option<&str>, actor: Option<&str>, limit| AuditFilter {
                 limit,
                 action: action.map(str::to_string),
                 target: target.map(str::to_string),
                 actor: actor.map(str::to_string),
-            }
-        };
+            };
         let all = s.query_audit(&query(None, None, None, 10)).await.unwrap();
         assert_eq!(all.len(), 5);
         assert_eq!(all[0], rows[4], "newest first");
@@ -1559,9 +1558,14 @@ mod scenarios {
             [rows[2].clone(), rows[1].clone(), rows[0].clone()]
         );
         assert_eq!(
-            s.query_audit(&query(Some("trigger"), Some("workflow/etl"), Some("bob"), 10))
-                .await
-                .unwrap(),
+            s.query_audit(&query(
+                Some("trigger"),
+                Some("workflow/etl"),
+                Some("bob"),
+                10
+            ))
+            .await
+            .unwrap(),
             [rows[1].clone()]
         );
         assert_eq!(

@@ -15,10 +15,10 @@ use super::reports::{self, finish_run_if_done, load_key, lock_runs};
 use super::rows::{self, corrupt, instance_state, map_json, to_json, to_u32};
 use super::{SqlStore, is_unique_violation, placeholders, values_rows, write_tx};
 use crate::{
-    ActiveAttempt, ApplyOutcome, AttemptRecord, AuditFilter, AuditRecord, Backend, CancelledAttempt,
-    DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord, LogChunk,
-    LogStream, ManualRetry, NewRun, Report, ReportResult, Result, RunRecord, Store, StoredLine,
-    WaitingInstance, WorkerRecord, WorkflowRecord,
+    ActiveAttempt, ApplyOutcome, AttemptRecord, AuditFilter, AuditRecord, Backend,
+    CancelledAttempt, DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord,
+    LogChunk, LogStream, ManualRetry, NewRun, Report, ReportResult, Result, RunRecord, Store,
+    StoredLine, WaitingInstance, WorkerRecord, WorkflowRecord,
 };
 
 /// Rows per multi-row insert: far below both backends' limits on bound parameters.

@@ -117,6 +117,8 @@ pub enum Reason {
     },
     /// No run yet: the next cron slot has not come.
     NotYetTime { next_fire: Option<Millis> },
+    /// No run, though the slot after the time asked about has passed (a time in the past).
+    SlotPassed { slot: Millis },
     /// No run yet, and none comes by itself: the workflow runs when triggered.
     NotTriggered,
     /// Its upstreams have not all succeeded yet: (task, state).
@@ -156,6 +158,7 @@ impl Reason {
         match self {
             Reason::Done { .. } => "done",
             Reason::NotYetTime { .. } => "not_yet_time",
+            Reason::SlotPassed { .. } => "slot_passed",
             Reason::NotTriggered => "not_triggered",
             Reason::WaitingOnUpstream { .. } => "waiting_upstream",
             Reason::UpstreamFailed { .. } => "upstream_failed",
@@ -196,6 +199,10 @@ impl Reason {
             Reason::NotYetTime { next_fire: None } => {
                 "not yet time, and the schedule has no further slot".into()
             }
+            Reason::SlotPassed { slot } => format!(
+                "no run: the slot at {} passed without one (see the decisions)",
+                t(*slot)
+            ),
             Reason::NotTriggered => "no run: the workflow runs only when triggered".into(),
             Reason::WaitingOnUpstream { upstream } => {
                 let list: Vec<String> = upstream
@@ -458,8 +465,9 @@ pub fn explain(input: &WhyInput) -> Explanation {
         None => {
             verdict.push("the workflow has no run yet".into());
             let reason = match schedule.trigger {
-                TriggerKind::Cron => Reason::NotYetTime {
-                    next_fire: schedule.next_slot,
+                TriggerKind::Cron => match schedule.next_slot {
+                    Some(slot) if slot <= input.now => Reason::SlotPassed { slot },
+                    next_fire => Reason::NotYetTime { next_fire },
                 },
                 _ => Reason::NotTriggered,
             };
@@ -919,6 +927,18 @@ mod tests {
         assert_eq!(
             e.tasks[0].text,
             "not yet time, and the schedule has no further slot"
+        );
+    }
+
+    #[test]
+    fn a_past_time_without_a_run_is_not_called_not_yet_time() {
+        let mut input = input(SLOT - 10 * MINUTE);
+        input.now = SLOT + HOUR;
+        let e = explain(&input);
+        assert_eq!(e.tasks[0].reason, Reason::SlotPassed { slot: SLOT });
+        assert_eq!(
+            e.tasks[0].text,
+            "no run: the slot at 2026-01-31 02:30:00 UTC passed without one (see the decisions)"
         );
     }
 

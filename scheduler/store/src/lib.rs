@@ -245,6 +245,25 @@ pub enum ManualRetry {
     NotFound,
 }
 
+/// The answer to `rerun_from` (`axctl rerun RUN --from TASK`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RerunFrom {
+    /// The task's instance is WAITING as its next attempt; `pending` are the instances below it
+    /// that ran before and now wait for their upstreams again (PENDING). The run is running.
+    Rerun {
+        again: InstanceId,
+        pending: Vec<InstanceId>,
+    },
+    RunNotFound,
+    /// No such task in the run's workflow version; `tasks` are its tasks in file order.
+    UnknownTask { tasks: Vec<String> },
+    /// The task has no finished instance to run again (`None`: never created because an upstream
+    /// did not succeed; `Some(PENDING)`: it waits for an upstream rerun).
+    NotRun { state: Option<InstanceState> },
+    /// Instances of the task or below it are still waiting, dispatched or running.
+    Active { busy: Vec<(String, InstanceState)> },
+}
+
 /// What an applied report changed, so the engine knows whom to wake.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Applied {
@@ -502,4 +521,15 @@ pub trait Store: Send + Sync + 'static {
         to: Millis,
         limit: u32,
     ) -> Result<Vec<DecisionRecord>>;
+
+    // --- DAG semantics ---
+
+    /// Reruns `task` of a run and everything below it (transitively), in one transaction: the
+    /// task's instance becomes WAITING as its next attempt, each instance below it that ran
+    /// becomes PENDING (it runs again as its next attempt once its upstreams succeeded again),
+    /// earlier attempts keep their records, and the run is running again. Changes nothing unless
+    /// the answer is `Rerun`.
+    async fn rerun_from(&self, run: RunId, task: &str, now: Millis) -> Result<RerunFrom>;
+    /// Every stored workflow's `schedule.after` list, by workflow name.
+    async fn workflow_dependencies(&self) -> Result<BTreeMap<String, Vec<String>>>;
 }

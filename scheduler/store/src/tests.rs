@@ -198,10 +198,18 @@ conformance!(
     a_report_from_another_worker_is_stale,
     thirty_megabytes_of_log_lines_go_in_one_append,
     a_fan_in_reached_in_one_batch_creates_the_sink_once_and_the_run_goes_on,
+    rerun_from_a_task_reruns_it_and_its_downstream_keeping_history,
+    a_rerun_task_that_fails_again_fails_the_run_with_the_rest_pending,
+    rerun_from_refuses_unknown_tasks_and_active_instances,
+    a_dependent_fires_once_every_upstream_succeeded_for_the_logical_time,
+    a_paused_dependent_records_paused_and_creates_nothing,
 );
 
 mod scenarios {
     use super::*;
+
+    mod dag;
+    pub(super) use dag::*;
 
     pub(super) fn task(name: &str, upstream: &[&str]) -> TaskSpec {
         TaskSpec {

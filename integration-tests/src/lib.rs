@@ -218,6 +218,11 @@ impl Cluster {
         format!("http://{}", self.addr)
     }
 
+    /// The url of the cluster's store, for a test that reads what the API does not show.
+    pub fn store_url(&self) -> &str {
+        &self.db.url
+    }
+
     /// A scratch directory that lives as long as the cluster.
     pub fn dir(&self) -> &Path {
         self.dir.path()

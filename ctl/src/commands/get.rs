@@ -6,7 +6,8 @@ use clap::Subcommand;
 use crate::client::Ctx;
 use crate::output::{self, Table, elapsed, fields, or_dash, time};
 use crate::view::{
-    InstanceView, RunDetailView, RunView, TaskStatusView, WorkflowView, instance_state, run_state, trigger_kind,
+    InstanceView, RunDetailView, RunView, TaskStatusView, WorkflowView, instance_state, run_state,
+    trigger_kind,
 };
 
 #[derive(Debug, clap::Args)]

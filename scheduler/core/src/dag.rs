@@ -27,7 +27,7 @@ pub enum DagError {
         index: usize,
         upstream_index: usize,
     },
-    #[error("task \"{task}\" depends on itself")]
+    #[error("cycle: {task} → {task} (task \"{task}\" depends on itself)")]
     SelfDependency {
         task: String,
         index: usize,
@@ -440,7 +440,7 @@ mod tests {
                 upstream_index: 1
             }
         );
-        assert_eq!(e.to_string(), "task \"b\" depends on itself");
+        assert_eq!(e.to_string(), "cycle: b → b (task \"b\" depends on itself)");
     }
 
     #[test]

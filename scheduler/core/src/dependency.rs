@@ -124,7 +124,10 @@ pub fn find_cycle(
             continue;
         }
         for up in ups {
-            downstream.entry(up.as_str()).or_default().insert(down.as_str());
+            downstream
+                .entry(up.as_str())
+                .or_default()
+                .insert(down.as_str());
         }
     }
     let closes: BTreeSet<&str> = after.iter().map(String::as_str).collect();
@@ -170,7 +173,12 @@ mod tests {
     fn stored(edges: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
         edges
             .iter()
-            .map(|(down, ups)| (down.to_string(), ups.iter().map(|u| u.to_string()).collect()))
+            .map(|(down, ups)| {
+                (
+                    down.to_string(),
+                    ups.iter().map(|u| u.to_string()).collect(),
+                )
+            })
             .collect()
     }
 
@@ -204,7 +212,10 @@ mod tests {
             }
         );
         assert_eq!(d.kind(), DecisionKind::WaitingUpstream);
-        assert_eq!(d.detail(5), "waiting for dims to succeed for logical time 5");
+        assert_eq!(
+            d.detail(5),
+            "waiting for dims to succeed for logical time 5"
+        );
     }
 
     #[test]
@@ -229,8 +240,12 @@ mod tests {
 
     #[test]
     fn a_two_workflow_cycle_is_spelled_out() {
-        let err = find_cycle("report", &after(&["ingest"]), &stored(&[("ingest", &["report"])]))
-            .unwrap_err();
+        let err = find_cycle(
+            "report",
+            &after(&["ingest"]),
+            &stored(&[("ingest", &["report"])]),
+        )
+        .unwrap_err();
         assert_eq!(err.path, ["report", "ingest", "report"]);
         assert_eq!(
             err.to_string(),
@@ -243,7 +258,10 @@ mod tests {
         // c after b, b after a; applying a after c closes a → b → c → a.
         let edges = stored(&[("b", &["a"]), ("c", &["b"]), ("y", &["a"])]);
         let err = find_cycle("a", &after(&["c", "y"]), &edges).unwrap_err();
-        assert_eq!(err.to_string(), "schedule.after: cycle across workflows: a → y → a");
+        assert_eq!(
+            err.to_string(),
+            "schedule.after: cycle across workflows: a → y → a"
+        );
         let err = find_cycle("a", &after(&["c"]), &edges).unwrap_err();
         assert_eq!(err.path, ["a", "b", "c", "a"]);
     }
@@ -257,7 +275,10 @@ mod tests {
         let edges = stored(&[("b", &["a"]), ("c", &["a"]), ("d", &["b", "c"])]);
         assert_eq!(find_cycle("e", &after(&["d", "a"]), &edges), Ok(()));
         // Upstreams that do not exist yet are fine.
-        assert_eq!(find_cycle("e", &after(&["later"]), &BTreeMap::new()), Ok(()));
+        assert_eq!(
+            find_cycle("e", &after(&["later"]), &BTreeMap::new()),
+            Ok(())
+        );
     }
 
     #[test]

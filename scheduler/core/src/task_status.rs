@@ -72,10 +72,11 @@ pub fn task_statuses(
             .filter(|state| *state != InstanceState::Pending);
         let value = match own {
             Some(state) => TaskStatus::Instance(state),
-            None if dag
-                .upstream(task)
-                .iter()
-                .any(|up| status.get(up.as_str()).is_some_and(|s| s.blocks_downstream())) =>
+            None if dag.upstream(task).iter().any(|up| {
+                status
+                    .get(up.as_str())
+                    .is_some_and(|s| s.blocks_downstream())
+            }) =>
             {
                 TaskStatus::UpstreamFailed
             }

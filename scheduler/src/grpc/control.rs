@@ -245,7 +245,9 @@ impl ControlService for ControlApi {
         };
         let mut parsed = parse_workflow(&request.source, source_name, &validate_cron)
             .map_err(|err| Status::invalid_argument(err.to_string()))?;
-        parsed.warnings.extend(self.check_after(&parsed.spec).await?);
+        parsed
+            .warnings
+            .extend(self.check_after(&parsed.spec).await?);
         let now = now_ms();
         let next = next_fire(&parsed.spec, now)?;
         if request.dry_run {
@@ -529,7 +531,10 @@ impl ControlService for ControlApi {
             .map(|record| convert::instance(record, &[]))
             .collect();
         let tasks = self.task_statuses(&run, &records).await?;
-        Ok(Response::new(pb::ListInstancesResponse { instances, tasks }))
+        Ok(Response::new(pb::ListInstancesResponse {
+            instances,
+            tasks,
+        }))
     }
 
     async fn get_instance(

@@ -256,12 +256,18 @@ pub enum RerunFrom {
     },
     RunNotFound,
     /// No such task in the run's workflow version; `tasks` are its tasks in file order.
-    UnknownTask { tasks: Vec<String> },
+    UnknownTask {
+        tasks: Vec<String>,
+    },
     /// The task has no finished instance to run again (`None`: never created because an upstream
     /// did not succeed; `Some(PENDING)`: it waits for an upstream rerun).
-    NotRun { state: Option<InstanceState> },
+    NotRun {
+        state: Option<InstanceState>,
+    },
     /// Instances of the task or below it are still waiting, dispatched or running.
-    Active { busy: Vec<(String, InstanceState)> },
+    Active {
+        busy: Vec<(String, InstanceState)>,
+    },
 }
 
 /// What an applied report changed, so the engine knows whom to wake.

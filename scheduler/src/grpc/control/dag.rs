@@ -99,7 +99,10 @@ impl ControlApi {
             .map_err(|err| Status::internal(format!("stored workflow DAG: {err}")))?;
         let by_task: HashMap<&str, &InstanceRecord> =
             instances.iter().map(|i| (i.task.as_str(), i)).collect();
-        let states = instances.iter().map(|i| (i.task.clone(), i.state)).collect();
+        let states = instances
+            .iter()
+            .map(|i| (i.task.clone(), i.state))
+            .collect();
         Ok(task_statuses(&dag, &states)
             .into_iter()
             .map(|(task, status)| {

@@ -1263,7 +1263,9 @@ impl Store for SqlStore {
     }
 
     async fn rerun_from(&self, run: RunId, task: &str, now: Millis) -> Result<crate::RerunFrom> {
-        write_tx!(self, |c| super::rerun::rerun_from_tx(self, c, run, task, now))
+        write_tx!(self, |c| super::rerun::rerun_from_tx(
+            self, c, run, task, now
+        ))
     }
 
     async fn workflow_dependencies(

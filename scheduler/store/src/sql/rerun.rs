@@ -130,8 +130,9 @@ async fn move_to(
     } else {
         String::new()
     };
-    let sql =
-        format!("UPDATE task_instance SET state = ?{sets} WHERE id = ? AND attempt = ? AND state = ?");
+    let sql = format!(
+        "UPDATE task_instance SET state = ?{sets} WHERE id = ? AND attempt = ? AND state = ?"
+    );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(to.as_str());
     if to == InstanceState::Waiting {
         query = query.bind(now);

@@ -132,7 +132,10 @@ pub(in crate::tests) async fn a_rerun_task_that_fails_again_fails_the_run_with_t
     }
     // The failed part reruns, and the PENDING ones follow it.
     assert_eq!(
-        s.rerun_failed(run.id, T0 + 200).await.unwrap().map(|v| v.len()),
+        s.rerun_failed(run.id, T0 + 200)
+            .await
+            .unwrap()
+            .map(|v| v.len()),
         Some(1)
     );
     run_task(s, run.id, "a", Outcome::Success).await;
@@ -231,10 +234,16 @@ pub(in crate::tests) async fn a_dependent_fires_once_every_upstream_succeeded_fo
         r.triggered_by,
         format!("ingest run {}, dims run {}", a_run.id, b_run.id)
     );
-    assert_eq!(tasks_of(s, r.id).await, BTreeSet::from(["only".to_string()]));
+    assert_eq!(
+        tasks_of(s, r.id).await,
+        BTreeSet::from(["only".to_string()])
+    );
     let decisions = s.list_decisions(d.id, T0, T0, 10).await.unwrap();
     let fired = decisions.last().unwrap();
-    assert_eq!((fired.kind, fired.run_id), (DecisionKind::Fired, Some(r.id)));
+    assert_eq!(
+        (fired.kind, fired.run_id),
+        (DecisionKind::Fired, Some(r.id))
+    );
 
     // Another success of an upstream for the same logical time creates nothing more.
     succeed_once(s, &a).await;

@@ -93,7 +93,8 @@ pub struct NewRun {
     pub workflow_version: u32,
     pub trigger: TriggerKind,
     pub logical_time: Millis,
-    /// `cron:<logical ms>` for cron fires, `key:<idempotency key>` for keyed triggers, none else.
+    /// `cron:<logical ms>` for cron fires, `key:<idempotency key>` for keyed triggers,
+    /// `dep:<logical ms>` for a run started by its upstream workflows, none else.
     pub dedup_key: Option<String>,
     pub idempotency_key: Option<String>,
     pub params: BTreeMap<String, String>,

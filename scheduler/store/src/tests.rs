@@ -203,6 +203,7 @@ conformance!(
     rerun_from_refuses_unknown_tasks_and_active_instances,
     a_dependent_fires_once_every_upstream_succeeded_for_the_logical_time,
     a_paused_dependent_records_paused_and_creates_nothing,
+    concurrent_upstream_successes_create_one_dependent_run,
 );
 
 mod scenarios {

@@ -285,3 +285,62 @@ pub(in crate::tests) async fn a_paused_dependent_records_paused_and_creates_noth
     succeed_once(s, &a).await;
     assert_eq!(kinds(s, &d).await.len(), 2);
 }
+
+pub(in crate::tests) async fn concurrent_upstream_successes_create_one_dependent_run(ctx: Ctx) {
+    let s = ctx.s();
+    let names: Vec<String> = (0..6).map(|i| format!("up{i}")).collect();
+    let mut upstreams = Vec::new();
+    for name in &names {
+        upstreams.push(apply(s, &spec(name, vec![task("only", &[])])).await);
+    }
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let d = apply(s, &after("joined", &refs)).await;
+    for round in 0..3i64 {
+        let logical = T0 + round * 1000;
+        let mut running = Vec::new();
+        for wf in &upstreams {
+            let (run, _) = s
+                .create_run(&NewRun {
+                    logical_time: logical,
+                    ..new_run(wf, None)
+                })
+                .await
+                .unwrap();
+            running.push(launch(s, run.id, "only").await);
+        }
+        let barrier = Arc::new(tokio::sync::Barrier::new(running.len()));
+        let mut handles = Vec::new();
+        for inst in running {
+            let (store, barrier) = (ctx.store.clone(), barrier.clone());
+            handles.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let report = finished(inst.id, 1, Outcome::Success, 0);
+                store
+                    .apply_reports(&[report], T0 + 50)
+                    .await
+                    .expect("apply")
+            }));
+        }
+        for handle in handles {
+            handle.await.unwrap();
+        }
+        let runs: Vec<RunRecord> = runs_of(s, "joined")
+            .await
+            .into_iter()
+            .filter(|r| r.logical_time == logical)
+            .collect();
+        assert_eq!(runs.len(), 1, "round {round}: exactly one dependent run");
+        let decisions = s.list_decisions(d.id, logical, logical, 100).await.unwrap();
+        let fired: Vec<_> = decisions
+            .iter()
+            .filter(|x| x.kind == DecisionKind::Fired)
+            .collect();
+        assert_eq!(fired.len(), 1, "round {round}: {decisions:?}");
+        assert_eq!(fired[0].run_id, Some(runs[0].id));
+        assert_eq!(
+            decisions.len(),
+            names.len(),
+            "one decision per upstream success: the others waited"
+        );
+    }
+}

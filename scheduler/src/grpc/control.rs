@@ -566,6 +566,11 @@ impl ControlService for ControlApi {
             .await
             .map_err(store_status)?
             .ok_or_else(|| Status::not_found(format!("instance {id} not found")))?;
+        if before.state == ax_core::state::InstanceState::Pending {
+            return Err(Status::failed_precondition(format!(
+                "instance {id} is PENDING: it waits for an upstream rerun and has nothing to cancel"
+            )));
+        }
         if !before.state.is_active() && before.state != ax_core::state::InstanceState::Cancelled {
             return Err(Status::failed_precondition(format!(
                 "instance {id} already ended {}",

@@ -84,7 +84,7 @@ enum Command {
     Cancel(cancel::Args),
     /// Retry one failed, timed-out or cancelled instance as a new attempt.
     Retry(retry::Args),
-    /// Rerun the failed part of a run as new attempts.
+    /// Rerun the failed part of a run, or a task and everything below it, as new attempts.
     Rerun(rerun::Args),
     /// Run a scheduler and a worker in this process (SQLite store, no Redis).
     Dev(dev::Args),

@@ -236,6 +236,26 @@ pub struct RunDetailView {
     #[serde(flatten)]
     pub run: RunView,
     pub instances: Vec<InstanceView>,
+    /// Every task of the run, with `pending` or `upstream_failed` for those without an instance.
+    pub tasks: Vec<TaskStatusView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TaskStatusView {
+    pub task: String,
+    pub status: String,
+    /// None when the task has no instance.
+    pub instance_id: Option<i64>,
+}
+
+impl From<&pb::TaskStatus> for TaskStatusView {
+    fn from(t: &pb::TaskStatus) -> Self {
+        TaskStatusView {
+            task: t.task.clone(),
+            status: t.status.clone(),
+            instance_id: (t.instance_id > 0).then_some(t.instance_id),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]

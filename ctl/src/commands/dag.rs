@@ -61,7 +61,7 @@ pub fn graph(dag: &pb::Dag) -> anyhow::Result<Graph> {
     graph.run_id = (dag.run_id > 0).then_some(dag.run_id);
     for (node, message) in graph.nodes.iter_mut().zip(&dag.nodes) {
         if !message.state.is_empty() {
-            node.state = Some(NodeState::parse(&message.state).with_context(|| {
+            node.state = Some(NodeState::parse_label(&message.state).with_context(|| {
                 format!(
                     "the server sent an unknown state {:?} for task {}",
                     message.state, message.task

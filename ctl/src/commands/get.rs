@@ -6,7 +6,8 @@ use clap::Subcommand;
 use crate::client::Ctx;
 use crate::output::{self, Table, elapsed, fields, or_dash, time};
 use crate::view::{
-    InstanceView, RunDetailView, RunView, WorkflowView, instance_state, run_state, trigger_kind,
+    InstanceView, RunDetailView, RunView, TaskStatusView, WorkflowView, instance_state, run_state,
+    trigger_kind,
 };
 
 #[derive(Debug, clap::Args)]
@@ -117,12 +118,13 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
             let view = RunDetailView {
                 run: RunView::from(&run),
                 instances: instances.instances.iter().map(InstanceView::from).collect(),
+                tasks: instances.tasks.iter().map(TaskStatusView::from).collect(),
             };
             output::emit(ctx.output, &view, || {
                 format!(
                     "{}\n{}",
                     run_detail(&run),
-                    instances_table(&instances.instances)
+                    run_tasks_table(&instances.instances, &instances.tasks)
                 )
             })
         }
@@ -330,6 +332,49 @@ pub fn instances_table(instances: &[pb::Instance]) -> String {
             exit_text(i.exit_code),
             time(i.started_at_ms),
             elapsed(i.started_at_ms, i.finished_at_ms),
+        ]);
+    }
+    table.render()
+}
+
+/// The run's instances, then a row for each task without one (or with a PENDING one), in the
+/// STATE column: `UPSTREAM_FAILED` below a failure, `PENDING` while its upstreams are going.
+pub fn run_tasks_table(instances: &[pb::Instance], tasks: &[pb::TaskStatus]) -> String {
+    let mut table = Table::new(&[
+        "ID", "TASK", "STATE", "ATTEMPT", "WORKER", "EXIT", "STARTED", "DURATION",
+    ]);
+    let shown_by_status: std::collections::HashMap<&str, &str> = tasks
+        .iter()
+        .filter(|t| matches!(t.status.as_str(), "pending" | "upstream_failed"))
+        .map(|t| (t.task.as_str(), t.status.as_str()))
+        .collect();
+    for i in instances {
+        let state = match shown_by_status.get(i.task.as_str()) {
+            // A PENDING instance below a failure will not run again: say why.
+            Some(&"upstream_failed") => "UPSTREAM_FAILED".to_string(),
+            _ => instance_state(i.state),
+        };
+        table.row(vec![
+            i.id.to_string(),
+            i.task.clone(),
+            state,
+            i.attempt.to_string(),
+            or_dash(&i.worker_id),
+            exit_text(i.exit_code),
+            time(i.started_at_ms),
+            elapsed(i.started_at_ms, i.finished_at_ms),
+        ]);
+    }
+    for t in tasks.iter().filter(|t| t.instance_id == 0) {
+        table.row(vec![
+            "-".into(),
+            t.task.clone(),
+            t.status.to_uppercase(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
         ]);
     }
     table.render()

@@ -462,7 +462,10 @@ impl ControlService for Fake {
                 .cloned()
                 .collect()
         });
-        Ok(Response::new(pb::ListInstancesResponse { instances }))
+        Ok(Response::new(pb::ListInstancesResponse {
+            instances,
+            ..Default::default()
+        }))
     }
 
     async fn get_instance(

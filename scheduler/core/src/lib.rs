@@ -7,6 +7,7 @@
 pub mod cron;
 pub mod dag;
 pub mod decision;
+pub mod dependency;
 pub mod ids;
 pub mod liveness;
 pub mod placement;
@@ -15,6 +16,7 @@ pub mod retry;
 pub mod run;
 pub mod spec;
 pub mod state;
+pub mod task_status;
 pub mod why;
 
 /// Milliseconds since the Unix epoch, UTC. The one representation of an instant in ax.

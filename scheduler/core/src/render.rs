@@ -13,74 +13,37 @@ use std::fmt::Write as _;
 use crate::spec::TaskSpec;
 use crate::state::InstanceState;
 
-/// A task's state in a run, as the graph shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum NodeState {
-    /// The task has an instance in the run, in this state.
-    Instance(InstanceState),
-    /// No instance yet: its upstreams have not all succeeded (and none failed).
-    Pending,
-    /// No instance and there will be none: an upstream (transitively) failed, timed out or was
-    /// cancelled.
-    UpstreamFailed,
+/// A task's state in a run, as the graph shows it (see [`crate::task_status`]).
+pub use crate::task_status::TaskStatus as NodeState;
+
+/// A fill colour for dot and mermaid: green done, red failed, blue on a worker, yellow waiting,
+/// grey cancelled or never to run, white not yet created (or pending a rerun).
+fn fill(state: NodeState) -> &'static str {
+    match state {
+        NodeState::Instance(InstanceState::Success) => "#b7e4b7",
+        NodeState::Instance(InstanceState::Failed) => "#f4a6a6",
+        NodeState::Instance(InstanceState::Timeout) => "#f7c08a",
+        NodeState::Instance(InstanceState::Running) => "#a8d1f7",
+        NodeState::Instance(InstanceState::Dispatched) => "#cfe3f7",
+        NodeState::Instance(InstanceState::Waiting) => "#fff3b0",
+        NodeState::Instance(InstanceState::Cancelled) => "#d9d9d9",
+        NodeState::UpstreamFailed => "#e8c8c8",
+        NodeState::Pending | NodeState::Instance(InstanceState::Pending) => "#ffffff",
+    }
 }
 
-impl NodeState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NodeState::Instance(state) => state.as_str(),
-            NodeState::Pending => "PENDING",
-            NodeState::UpstreamFailed => "UPSTREAM_FAILED",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<NodeState> {
-        match text {
-            "PENDING" => Some(NodeState::Pending),
-            "UPSTREAM_FAILED" => Some(NodeState::UpstreamFailed),
-            other => other.parse().ok().map(NodeState::Instance),
-        }
-    }
-
-    /// Whether the task's downstream can never run in this run.
-    fn blocks_downstream(self) -> bool {
-        matches!(
-            self,
-            NodeState::Instance(
-                InstanceState::Failed | InstanceState::Timeout | InstanceState::Cancelled
-            ) | NodeState::UpstreamFailed
-        )
-    }
-
-    /// A fill colour for dot and mermaid: green done, red failed, blue on a worker, yellow
-    /// waiting, grey cancelled or never to run, white not yet created.
-    fn fill(self) -> &'static str {
-        match self {
-            NodeState::Instance(InstanceState::Success) => "#b7e4b7",
-            NodeState::Instance(InstanceState::Failed) => "#f4a6a6",
-            NodeState::Instance(InstanceState::Timeout) => "#f7c08a",
-            NodeState::Instance(InstanceState::Running) => "#a8d1f7",
-            NodeState::Instance(InstanceState::Dispatched) => "#cfe3f7",
-            NodeState::Instance(InstanceState::Waiting) => "#fff3b0",
-            NodeState::Instance(InstanceState::Cancelled) => "#d9d9d9",
-            NodeState::UpstreamFailed => "#e8c8c8",
-            NodeState::Pending => "#ffffff",
-        }
-    }
-
-    /// An ANSI SGR colour for the terminal tree.
-    fn ansi(self) -> &'static str {
-        match self {
-            NodeState::Instance(InstanceState::Success) => "32",
-            NodeState::Instance(InstanceState::Failed) => "31",
-            NodeState::Instance(InstanceState::Timeout) => "31",
-            NodeState::Instance(InstanceState::Running) => "34",
-            NodeState::Instance(InstanceState::Dispatched) => "36",
-            NodeState::Instance(InstanceState::Waiting) => "33",
-            NodeState::Instance(InstanceState::Cancelled) => "90",
-            NodeState::UpstreamFailed => "35",
-            NodeState::Pending => "2",
-        }
+/// An ANSI SGR colour for the terminal tree.
+fn ansi(state: NodeState) -> &'static str {
+    match state {
+        NodeState::Instance(InstanceState::Success) => "32",
+        NodeState::Instance(InstanceState::Failed) => "31",
+        NodeState::Instance(InstanceState::Timeout) => "31",
+        NodeState::Instance(InstanceState::Running) => "34",
+        NodeState::Instance(InstanceState::Dispatched) => "36",
+        NodeState::Instance(InstanceState::Waiting) => "33",
+        NodeState::Instance(InstanceState::Cancelled) => "90",
+        NodeState::UpstreamFailed => "35",
+        NodeState::Pending | NodeState::Instance(InstanceState::Pending) => "2",
     }
 }
 
@@ -176,8 +139,12 @@ impl Graph {
         }
         let upstream = self.upstream_lists();
         for i in self.topological_order() {
-            let state = match found[i] {
-                Some((_, state)) => NodeState::Instance(state),
+            // A PENDING instance (waiting to rerun) shows like a task without one.
+            let own = found[i]
+                .map(|(_, state)| state)
+                .filter(|state| *state != InstanceState::Pending);
+            let state = match own {
+                Some(state) => NodeState::Instance(state),
                 None if upstream[i].iter().any(|&u| {
                     self.nodes[u]
                         .state
@@ -302,9 +269,9 @@ fn push_label(out: &mut String, node: &GraphNode, color: bool) {
     out.push_str(&node.task);
     if let Some(state) = node.state {
         if color {
-            let _ = write!(out, " [\x1b[{}m{}\x1b[0m]", state.ansi(), state.as_str());
+            let _ = write!(out, " [\x1b[{}m{}\x1b[0m]", ansi(state), state.label());
         } else {
-            let _ = write!(out, " [{}]", state.as_str());
+            let _ = write!(out, " [{}]", state.label());
         }
     }
 }
@@ -333,13 +300,13 @@ pub fn dot(graph: &Graph) -> String {
     for node in &graph.nodes {
         match node.state {
             Some(state) => {
-                let label = format!("{}\n{}", node.task, state.as_str());
+                let label = format!("{}\n{}", node.task, state.label());
                 let _ = writeln!(
                     out,
                     "  {} [label={}, style=\"rounded,filled\", fillcolor=\"{}\"];",
                     dot_quote(&node.task),
                     dot_quote(&label),
-                    state.fill()
+                    fill(state)
                 );
             }
             None => {
@@ -360,7 +327,7 @@ pub fn dot(graph: &Graph) -> String {
 }
 
 fn mermaid_class(state: NodeState) -> String {
-    state.as_str().to_ascii_lowercase()
+    state.label().to_ascii_lowercase()
 }
 
 /// Mermaid `flowchart TD`. Node ids are `n0`, `n1`, … (task names may contain `.` and `-`); the
@@ -369,7 +336,7 @@ pub fn mermaid(graph: &Graph) -> String {
     let mut out = String::from("flowchart TD\n");
     for (i, node) in graph.nodes.iter().enumerate() {
         let label = match node.state {
-            Some(state) => format!("{}<br/>{}", node.task, state.as_str()),
+            Some(state) => format!("{}<br/>{}", node.task, state.label()),
             None => node.task.clone(),
         };
         let _ = writeln!(out, "  n{i}[\"{}\"]", label.replace('"', "#quot;"));
@@ -388,7 +355,7 @@ pub fn mermaid(graph: &Graph) -> String {
             out,
             "  classDef {} fill:{},stroke:#333,color:#000",
             mermaid_class(*state),
-            state.fill()
+            fill(*state)
         );
     }
     for state in &states {
@@ -456,7 +423,7 @@ pub fn json(graph: &Graph) -> String {
             "    {{\"task\": {}, \"state\": {}, \"instance_id\": {}, \"upstream\": [{}]}}",
             json_string(&node.task),
             node.state
-                .map_or_else(|| "null".to_string(), |s| json_string(s.as_str())),
+                .map_or_else(|| "null".to_string(), |s| json_string(s.label())),
             node.instance_id
                 .map_or_else(|| "null".to_string(), |id| id.to_string()),
             ups.join(", ")
@@ -572,7 +539,7 @@ mod tests {
         let states: Vec<&str> = graph
             .nodes
             .iter()
-            .map(|node| node.state.unwrap().as_str())
+            .map(|node| node.state.unwrap().label())
             .collect();
         assert_eq!(
             states,
@@ -632,14 +599,16 @@ mod tests {
 
     #[test]
     fn node_states_round_trip_their_names() {
+        // A PENDING instance shows as the task status PENDING.
         for state in InstanceState::ALL
             .into_iter()
+            .filter(|state| *state != InstanceState::Pending)
             .map(NodeState::Instance)
             .chain([NodeState::Pending, NodeState::UpstreamFailed])
         {
-            assert_eq!(NodeState::parse(state.as_str()), Some(state));
+            assert_eq!(NodeState::parse_label(state.label()), Some(state));
         }
-        assert_eq!(NodeState::parse("BOGUS"), None);
+        assert_eq!(NodeState::parse_label("BOGUS"), None);
     }
 
     #[test]

@@ -57,7 +57,8 @@ impl FromStr for RunState {
 pub struct RunProgress {
     /// Tasks in the run's workflow version.
     pub tasks: u32,
-    /// Instances not yet in a terminal state.
+    /// Instances WAITING, DISPATCHED or RUNNING. A PENDING instance (it waits for an upstream
+    /// rerun) counts like a task without an instance: neither unfinished nor succeeded.
     pub unfinished: u32,
     pub succeeded: u32,
     pub cancelled: u32,

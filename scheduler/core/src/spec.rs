@@ -1470,7 +1470,7 @@ impl Ctx<'_> {
             } => upstream_entry(
                 index,
                 upstream_index,
-                format!("task \"{task}\" cannot depend on itself"),
+                format!("cycle: {task} → {task} (task \"{task}\" cannot depend on itself)"),
             ),
             DagError::DuplicateUpstream {
                 upstream,
@@ -2315,7 +2315,7 @@ mod tests {
                 command: x
                 upstream: [a]
             ",
-            "wf.yaml:5: tasks[0].upstream[0]: task \"a\" cannot depend on itself",
+            "wf.yaml:5: tasks[0].upstream[0]: cycle: a → a (task \"a\" cannot depend on itself)",
         );
         check_err(
             "

@@ -22,6 +22,8 @@ use super::convert::{self, store_status};
 use crate::clock::now_ms;
 use crate::node::Node;
 
+mod dag;
+
 /// Workflow files larger than this are refused.
 const MAX_SOURCE_BYTES: usize = 4 << 20;
 const MAX_PARAMS: usize = 256;
@@ -241,8 +243,11 @@ impl ControlService for ControlApi {
                 .map(|_| ())
                 .map_err(|err| err.to_string())
         };
-        let parsed = parse_workflow(&request.source, source_name, &validate_cron)
+        let mut parsed = parse_workflow(&request.source, source_name, &validate_cron)
             .map_err(|err| Status::invalid_argument(err.to_string()))?;
+        parsed
+            .warnings
+            .extend(self.check_after(&parsed.spec).await?);
         let now = now_ms();
         let next = next_fire(&parsed.spec, now)?;
         if request.dry_run {
@@ -512,16 +517,9 @@ impl ControlService for ControlApi {
         request: Request<pb::ListInstancesRequest>,
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
         let id = RunId(positive_id(request.into_inner().run_id, "run")?);
-        if self
-            .node
-            .store
-            .get_run(id)
-            .await
-            .map_err(store_status)?
-            .is_none()
-        {
+        let Some(run) = self.node.store.get_run(id).await.map_err(store_status)? else {
             return Err(Status::not_found(format!("run {id} not found")));
-        }
+        };
         let records = self
             .node
             .store
@@ -532,7 +530,11 @@ impl ControlService for ControlApi {
             .iter()
             .map(|record| convert::instance(record, &[]))
             .collect();
-        Ok(Response::new(pb::ListInstancesResponse { instances }))
+        let tasks = self.task_statuses(&run, &records).await?;
+        Ok(Response::new(pb::ListInstancesResponse {
+            instances,
+            tasks,
+        }))
     }
 
     async fn get_instance(
@@ -564,7 +566,12 @@ impl ControlService for ControlApi {
             .await
             .map_err(store_status)?
             .ok_or_else(|| Status::not_found(format!("instance {id} not found")))?;
-        if before.state.is_terminal() && before.state != ax_core::state::InstanceState::Cancelled {
+        if before.state == ax_core::state::InstanceState::Pending {
+            return Err(Status::failed_precondition(format!(
+                "instance {id} is PENDING: it waits for an upstream rerun and has nothing to cancel"
+            )));
+        }
+        if !before.state.is_active() && before.state != ax_core::state::InstanceState::Cancelled {
             return Err(Status::failed_precondition(format!(
                 "instance {id} already ended {}",
                 before.state
@@ -640,9 +647,22 @@ impl ControlService for ControlApi {
         let remote = remote(&request);
         let request = request.into_inner();
         let id = RunId(positive_id(request.id, "run")?);
+        let from_task = request.from_task.trim();
+        if !from_task.is_empty() && request.failed {
+            return Err(Status::invalid_argument(
+                "say one thing to rerun: failed = true or from_task, not both",
+            ));
+        }
+        if !from_task.is_empty() {
+            let run = self
+                .rerun_from_task(id, from_task, &request.actor, &remote)
+                .await?;
+            return Ok(Response::new(run));
+        }
         if !request.failed {
             return Err(Status::invalid_argument(
-                "say what to rerun: failed = true reruns the failed part",
+                "say what to rerun: failed = true reruns the failed part, from_task = TASK \
+                 reruns that task and everything below it",
             ));
         }
         let retried = self

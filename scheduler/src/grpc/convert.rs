@@ -27,6 +27,7 @@ pub fn instance_state(state: InstanceState) -> pb::InstanceState {
         InstanceState::Failed => pb::InstanceState::Failed,
         InstanceState::Timeout => pb::InstanceState::Timeout,
         InstanceState::Cancelled => pb::InstanceState::Cancelled,
+        InstanceState::Pending => pb::InstanceState::Pending,
     }
 }
 

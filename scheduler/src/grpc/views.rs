@@ -121,7 +121,7 @@ pub async fn get_dag(node: &Node, request: pb::GetDagRequest) -> Result<pb::Dag,
                 task: node.task.clone(),
                 state: node
                     .state
-                    .map(|state| state.as_str().to_string())
+                    .map(|state| state.label().to_string())
                     .unwrap_or_default(),
                 instance_id: node.instance_id.unwrap_or(0),
                 upstream,

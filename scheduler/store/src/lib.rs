@@ -93,7 +93,8 @@ pub struct NewRun {
     pub workflow_version: u32,
     pub trigger: TriggerKind,
     pub logical_time: Millis,
-    /// `cron:<logical ms>` for cron fires, `key:<idempotency key>` for keyed triggers, none else.
+    /// `cron:<logical ms>` for cron fires, `key:<idempotency key>` for keyed triggers,
+    /// `dep:<logical ms>` for a run started by its upstream workflows, none else.
     pub dedup_key: Option<String>,
     pub idempotency_key: Option<String>,
     pub params: BTreeMap<String, String>,
@@ -243,6 +244,31 @@ pub enum ManualRetry {
     /// Only FAILED, TIMEOUT and CANCELLED instances can be retried.
     NotRetryable(InstanceState),
     NotFound,
+}
+
+/// The answer to `rerun_from` (`axctl rerun RUN --from TASK`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RerunFrom {
+    /// The task's instance is WAITING as its next attempt; `pending` are the instances below it
+    /// that ran before and now wait for their upstreams again (PENDING). The run is running.
+    Rerun {
+        again: InstanceId,
+        pending: Vec<InstanceId>,
+    },
+    RunNotFound,
+    /// No such task in the run's workflow version; `tasks` are its tasks in file order.
+    UnknownTask {
+        tasks: Vec<String>,
+    },
+    /// The task has no finished instance to run again (`None`: never created because an upstream
+    /// did not succeed; `Some(PENDING)`: it waits for an upstream rerun).
+    NotRun {
+        state: Option<InstanceState>,
+    },
+    /// Instances of the task or below it are still waiting, dispatched or running.
+    Active {
+        busy: Vec<(String, InstanceState)>,
+    },
 }
 
 /// What an applied report changed, so the engine knows whom to wake.
@@ -523,4 +549,15 @@ pub trait Store: Send + Sync + 'static {
         to: Millis,
         limit: u32,
     ) -> Result<Vec<DecisionRecord>>;
+
+    // --- DAG semantics ---
+
+    /// Reruns `task` of a run and everything below it (transitively), in one transaction: the
+    /// task's instance becomes WAITING as its next attempt, each instance below it that ran
+    /// becomes PENDING (it runs again as its next attempt once its upstreams succeeded again),
+    /// earlier attempts keep their records, and the run is running again. Changes nothing unless
+    /// the answer is `Rerun`.
+    async fn rerun_from(&self, run: RunId, task: &str, now: Millis) -> Result<RerunFrom>;
+    /// Every stored workflow's `schedule.after` list, by workflow name.
+    async fn workflow_dependencies(&self) -> Result<BTreeMap<String, Vec<String>>>;
 }

@@ -5,9 +5,11 @@
 //! serializes SQLite writers (one process lock plus `BEGIN IMMEDIATE`, so a reader never has to
 //! upgrade its lock and fail with SQLITE_BUSY) and retries a MySQL deadlock a few times.
 
+mod dependents;
 mod ids;
 mod ops;
 mod reports;
+mod rerun;
 mod rows;
 
 use std::path::Path;
@@ -37,6 +39,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "decision_log",
         include_str!("../migrations/mysql/0003_decision_log.sql"),
     ),
+    (
+        5,
+        "workflow_dependency",
+        include_str!("../migrations/mysql/0005_workflow_dependency.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -53,6 +60,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         3,
         "decision_log",
         include_str!("../migrations/sqlite/0003_decision_log.sql"),
+    ),
+    (
+        5,
+        "workflow_dependency",
+        include_str!("../migrations/sqlite/0005_workflow_dependency.sql"),
     ),
 ];
 

@@ -200,10 +200,19 @@ conformance!(
     a_fan_in_reached_in_one_batch_creates_the_sink_once_and_the_run_goes_on,
     audit_rows_filter_by_action_target_and_actor,
     runs_near_a_time_are_the_latest_before_and_the_earliest_after,
+    rerun_from_a_task_reruns_it_and_its_downstream_keeping_history,
+    a_rerun_task_that_fails_again_fails_the_run_with_the_rest_pending,
+    rerun_from_refuses_unknown_tasks_and_active_instances,
+    a_dependent_fires_once_every_upstream_succeeded_for_the_logical_time,
+    a_paused_dependent_records_paused_and_creates_nothing,
+    concurrent_upstream_successes_create_one_dependent_run,
 );
 
 mod scenarios {
     use super::*;
+
+    mod dag;
+    pub(super) use dag::*;
 
     pub(super) fn task(name: &str, upstream: &[&str]) -> TaskSpec {
         TaskSpec {

@@ -223,6 +223,7 @@ async fn apply_workflow_tx(
         .bind(now)
         .execute(&mut *c)
         .await?;
+    super::dependents::store_edges(c, workflow_id, &spec.schedule.after).await?;
 
     let record = workflow_by_name(c, &spec.name).await?;
     let record = record.ok_or_else(|| corrupt("workflow vanished during apply"))?;
@@ -230,12 +231,16 @@ async fn apply_workflow_tx(
 }
 
 /// Outcome of the insert part of `create_run`.
-enum Created {
+pub(crate) enum Created {
     New(RunRecord),
     Existing(RunRecord),
 }
 
-async fn create_run_tx(store: &SqlStore, c: &mut AnyConnection, run: &NewRun) -> Result<Created> {
+pub(crate) async fn create_run_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    run: &NewRun,
+) -> Result<Created> {
     if let Some(existing) = run_by_dedup(c, run).await? {
         return Ok(Created::Existing(existing));
     }
@@ -449,7 +454,7 @@ async fn cancel_instance_tx(
         return Ok(None);
     };
     let mut killed = None;
-    if !key.state.is_terminal() && cancel_one(c, id, key.attempt, key.state, now).await? {
+    if key.state.is_active() && cancel_one(c, id, key.attempt, key.state, now).await? {
         if was_started(key.state) {
             killed = Some(CancelledAttempt {
                 instance_id: id,
@@ -457,7 +462,7 @@ async fn cancel_instance_tx(
                 worker_id: key.worker_id.clone(),
             });
         }
-        finish_run_if_done(c, key.run_id, now).await?;
+        finish_run_if_done(store, c, key.run_id, now).await?;
     }
     let record = instance_by_id(c, id).await?;
     Ok(record.map(|r| (r, killed)))
@@ -927,6 +932,8 @@ impl Store for SqlStore {
                 InstanceState::Failed => counts.failed = n,
                 InstanceState::Timeout => counts.timeout = n,
                 InstanceState::Cancelled => counts.cancelled = n,
+                // Waits for its upstreams again after a rerun: shown like a task not created.
+                InstanceState::Pending => total -= n as i64,
             }
         }
         counts.not_created = to_u32((tasks - total).max(0), "task count")?;
@@ -1292,5 +1299,17 @@ impl Store for SqlStore {
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(rows::decision).collect()
+    }
+
+    async fn rerun_from(&self, run: RunId, task: &str, now: Millis) -> Result<crate::RerunFrom> {
+        write_tx!(self, |c| super::rerun::rerun_from_tx(
+            self, c, run, task, now
+        ))
+    }
+
+    async fn workflow_dependencies(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, Vec<String>>> {
+        super::dependents::all_edges(self).await
     }
 }

@@ -197,7 +197,7 @@ impl AfterBatch {
             if !ended.insert(run.0) {
                 continue;
             }
-            let finished = finish_run_if_done(c, *run, now).await?;
+            let finished = finish_run_if_done(store, c, *run, now).await?;
             if let Some(ReportResult::Applied(applied)) = results.get_mut(*index) {
                 applied.run_finished = finished;
             }
@@ -540,12 +540,16 @@ async fn create_if_ready(
             .bind(now);
     }
     let inserted = query.execute(&mut *c).await?.rows_affected();
+    if inserted == 0 {
+        return super::rerun::wake_pending(c, done.run_id, task, now).await;
+    }
     Ok(u32::try_from(inserted).unwrap_or(u32::MAX))
 }
 
 /// Ends the run when nothing of it can run any more (after an instance became terminal).
 /// The common case, an unfinished instance left, is one index probe.
 pub(crate) async fn finish_run_if_done(
+    store: &SqlStore,
     c: &mut AnyConnection,
     run_id: RunId,
     now: Millis,
@@ -587,7 +591,8 @@ pub(crate) async fn finish_run_if_done(
         match instance_state(&row.try_get::<String, _>("state")?)? {
             InstanceState::Success => progress.succeeded += n,
             InstanceState::Cancelled => progress.cancelled += n,
-            InstanceState::Failed | InstanceState::Timeout => {}
+            // PENDING (after a rerun from above) counts like a task without an instance.
+            InstanceState::Failed | InstanceState::Timeout | InstanceState::Pending => {}
             InstanceState::Waiting | InstanceState::Dispatched | InstanceState::Running => {
                 progress.unfinished += n
             }
@@ -603,5 +608,8 @@ pub(crate) async fn finish_run_if_done(
             .bind(run_id.0)
             .execute(&mut *c)
             .await?;
+    if done.rows_affected() == 1 && end == RunState::Success {
+        super::dependents::after_run_success(store, c, run_id, now).await?;
+    }
     Ok((done.rows_affected() == 1).then_some((run_id, end)))
 }

@@ -303,7 +303,8 @@ impl Cluster {
                 .get_run(pb::GetRunRequest { id })
                 .await?
                 .into_inner();
-            if run.state != pb::RunState::Running as i32 {
+            if run.state != pb::RunState::Running as i32 && run.state != pb::RunState::Queued as i32
+            {
                 return Ok(run);
             }
             if tokio::time::Instant::now() > deadline {

@@ -6,6 +6,7 @@
 
 pub mod cron;
 pub mod dag;
+pub mod firing;
 pub mod decision;
 pub mod ids;
 pub mod liveness;

@@ -7,6 +7,7 @@
 
 mod ids;
 mod ops;
+mod queue;
 mod reports;
 mod rows;
 
@@ -37,6 +38,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "decision_log",
         include_str!("../migrations/mysql/0003_decision_log.sql"),
     ),
+    (
+        4,
+        "run_queue",
+        include_str!("../migrations/mysql/0004_run_queue.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -53,6 +59,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         3,
         "decision_log",
         include_str!("../migrations/sqlite/0003_decision_log.sql"),
+    ),
+    (
+        4,
+        "run_queue",
+        include_str!("../migrations/sqlite/0004_run_queue.sql"),
     ),
 ];
 

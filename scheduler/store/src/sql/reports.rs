@@ -197,7 +197,7 @@ impl AfterBatch {
             if !ended.insert(run.0) {
                 continue;
             }
-            let finished = finish_run_if_done(c, *run, now).await?;
+            let finished = finish_run_if_done(store, c, *run, now).await?;
             if let Some(ReportResult::Applied(applied)) = results.get_mut(*index) {
                 applied.run_finished = finished;
             }
@@ -546,6 +546,7 @@ async fn create_if_ready(
 /// Ends the run when nothing of it can run any more (after an instance became terminal).
 /// The common case, an unfinished instance left, is one index probe.
 pub(crate) async fn finish_run_if_done(
+    store: &SqlStore,
     c: &mut AnyConnection,
     run_id: RunId,
     now: Millis,
@@ -603,5 +604,9 @@ pub(crate) async fn finish_run_if_done(
             .bind(run_id.0)
             .execute(&mut *c)
             .await?;
-    Ok((done.rows_affected() == 1).then_some((run_id, end)))
+    if done.rows_affected() != 1 {
+        return Ok(None);
+    }
+    super::queue::promote_after(store, c, run_id, now).await?;
+    Ok(Some((run_id, end)))
 }

@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand};
 
 use crate::client::Ctx;
 use crate::commands::{
-    apply, cancel, dev, get, logs, pause, rerun, resume, retry, trigger, workers,
+    apply, backfill, cancel, dev, get, logs, pause, rerun, resume, retry, trigger, workers,
 };
 use crate::error::Exit;
 use crate::output::Output;
@@ -88,6 +88,8 @@ enum Command {
     Rerun(rerun::Args),
     /// Run a scheduler and a worker in this process (SQLite store, no Redis).
     Dev(dev::Args),
+    /// Create one run per cron slot of a past range, in order (a slot that has a run is kept).
+    Backfill(backfill::Args),
 }
 
 #[tokio::main]
@@ -112,6 +114,7 @@ async fn main() -> ExitCode {
         Command::Retry(args) => retry::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Rerun(args) => rerun::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Dev(args) => dev::run(&ctx, args).await,
+        Command::Backfill(args) => backfill::run(&ctx, args).await.map(|()| Exit::Ok),
     };
     let exit = match result {
         Ok(exit) => exit,

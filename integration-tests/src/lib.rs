@@ -178,6 +178,7 @@ impl ClusterBuilder {
             dead_after_missed_heartbeats: 4,
             log_flush_interval: Duration::from_millis(10),
             alerts: self.alerts,
+            max_backfill_runs: 1_000,
         };
         let scheduler = ax_scheduler::start(options).await?;
         let addr = scheduler.local_addr();

@@ -1,6 +1,7 @@
 //! One file per command, each with an `Args` struct and a thin `run`.
 
 pub mod apply;
+pub mod backfill;
 pub mod cancel;
 pub mod dev;
 pub mod get;

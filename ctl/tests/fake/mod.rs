@@ -561,6 +561,14 @@ impl ControlService for Fake {
         let workers = self.with(|s| s.workers.clone());
         Ok(Response::new(pb::ListWorkersResponse { workers }))
     }
+
+    async fn backfill_workflow(
+        &self,
+        _request: Request<pb::BackfillWorkflowRequest>,
+    ) -> Result<Response<pb::BackfillWorkflowResponse>, Status> {
+        self.record("BackfillWorkflow");
+        Err(Status::unimplemented("backfill is not faked"))
+    }
 }
 
 impl Fake {

@@ -41,6 +41,13 @@ pub struct Window {
 }
 
 impl Window {
+    pub fn of(schedule: &crate::spec::ScheduleSpec) -> Window {
+        Window {
+            start_at: schedule.start_at,
+            end_at: schedule.end_at,
+        }
+    }
+
     pub fn contains(&self, at: Millis) -> bool {
         self.start_at.is_none_or(|start| at >= start) && self.end_at.is_none_or(|end| at <= end)
     }

@@ -147,7 +147,9 @@ impl From<&pb::Workflow> for WorkflowView {
                 max_catch_up: s.max_catch_up,
                 overlap: s.overlap.clone(),
                 max_active_runs: s.max_active_runs,
-                start: (s.start_at_ms != 0).then(|| rfc3339(s.start_at_ms)).flatten(),
+                start: (s.start_at_ms != 0)
+                    .then(|| rfc3339(s.start_at_ms))
+                    .flatten(),
                 end: (s.end_at_ms != 0).then(|| rfc3339(s.end_at_ms)).flatten(),
             }),
             paused: w.paused,

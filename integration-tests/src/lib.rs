@@ -219,6 +219,11 @@ impl Cluster {
         format!("http://{}", self.addr)
     }
 
+    /// The url of the cluster's store (to read what the API does not show, such as decisions).
+    pub fn store_url(&self) -> &str {
+        &self.db.url
+    }
+
     /// A scratch directory that lives as long as the cluster.
     pub fn dir(&self) -> &Path {
         self.dir.path()

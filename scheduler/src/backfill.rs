@@ -27,8 +27,7 @@ pub async fn backfill(
     request: &pb::BackfillWorkflowRequest,
 ) -> Result<pb::BackfillWorkflowResponse, Status> {
     let schedule = &workflow.spec.schedule;
-    let (Some(expression), TriggerKind::Cron) = (schedule.cron.as_deref(), schedule.trigger)
-    else {
+    let (Some(expression), TriggerKind::Cron) = (schedule.cron.as_deref(), schedule.trigger) else {
         return Err(Status::failed_precondition(format!(
             "workflow {:?} has no cron schedule: backfill needs one to know its slots",
             workflow.name
@@ -88,7 +87,11 @@ pub async fn backfill(
             triggered_by: actor.clone(),
             now,
         };
-        let (run, created) = node.store.create_run(&new_run).await.map_err(store_status)?;
+        let (run, created) = node
+            .store
+            .create_run(&new_run)
+            .await
+            .map_err(store_status)?;
         if created {
             response.created += 1;
             decisions.push(DecisionRecord {

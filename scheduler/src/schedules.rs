@@ -162,7 +162,10 @@ async fn fire(node: &Node, due: &DueSchedule, now: Millis) -> anyhow::Result<()>
                 due.workflow_id,
                 span,
                 DecisionKind::OutsideWindow,
-                format!("{} outside the schedule's start/end window", span.describe()),
+                format!(
+                    "{} outside the schedule's start/end window",
+                    span.describe()
+                ),
                 now,
             ));
         }
@@ -330,12 +333,7 @@ pub async fn fire_slot(
 
 /// Cancels a run as `axctl cancel` does: the store ends it and its attempts' workers are told to
 /// kill them. False when the run had already ended.
-pub async fn cancel_run(
-    node: &Node,
-    id: RunId,
-    reason: &str,
-    now: Millis,
-) -> anyhow::Result<bool> {
+pub async fn cancel_run(node: &Node, id: RunId, reason: &str, now: Millis) -> anyhow::Result<bool> {
     let before = node.store.get_run(id).await?;
     if before.is_none_or(|run| run.state.is_terminal()) {
         return Ok(false);
@@ -377,8 +375,7 @@ pub async fn resume_point(
     now: Millis,
 ) -> anyhow::Result<(Option<Millis>, Vec<DecisionRecord>)> {
     let schedule = &workflow.spec.schedule;
-    let (Some(expression), TriggerKind::Cron) = (schedule.cron.as_deref(), schedule.trigger)
-    else {
+    let (Some(expression), TriggerKind::Cron) = (schedule.cron.as_deref(), schedule.trigger) else {
         return Ok((None, Vec::new()));
     };
     let cron = CronSchedule::parse(expression)?;
@@ -413,7 +410,10 @@ pub async fn resume_point(
             workflow.id,
             span,
             DecisionKind::OutsideWindow,
-            format!("{} outside the schedule's start/end window", span.describe()),
+            format!(
+                "{} outside the schedule's start/end window",
+                span.describe()
+            ),
             now,
         ));
     }

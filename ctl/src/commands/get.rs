@@ -277,7 +277,10 @@ fn policies(w: &pb::Workflow) -> String {
     if let Some(c) = &w.concurrency
         && !c.key.is_empty()
     {
-        text.push_str(&format!(", key {} max {} per key", c.key, c.max_runs_per_key));
+        text.push_str(&format!(
+            ", key {} max {} per key",
+            c.key, c.max_runs_per_key
+        ));
     }
     text
 }

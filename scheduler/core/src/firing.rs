@@ -166,6 +166,27 @@ pub fn plan_fires(
     policy: MisfirePolicy,
     window: Window,
 ) -> FirePlan {
+    plan(
+        cron,
+        tz,
+        next_fire_at,
+        now,
+        now - MISFIRE_GRACE_MS,
+        policy,
+        window,
+    )
+}
+
+/// [`plan_fires`] with slots before `cutoff` counted as missed.
+fn plan(
+    cron: &CronSchedule,
+    tz: Tz,
+    next_fire_at: Millis,
+    now: Millis,
+    cutoff: Millis,
+    policy: MisfirePolicy,
+    window: Window,
+) -> FirePlan {
     if next_fire_at > now {
         return FirePlan {
             fire: Vec::new(),
@@ -200,7 +221,6 @@ pub fn plan_fires(
         });
     }
     let hi = now.min(end);
-    let cutoff = now - MISFIRE_GRACE_MS;
     let mut fire = Vec::new();
     let mut misfired = None;
     // Missed: [from, cutoff - 1] within the window.
@@ -261,10 +281,12 @@ pub fn upcoming(cron: &CronSchedule, tz: Tz, now: Millis, window: Window, n: usi
     out
 }
 
-/// Where a resumed schedule picks up: the slots that passed while paused are handled by the
-/// misfire policy, like a downtime. Returns the plan (its `misfired` span is what the pause
-/// dropped) and the `next_fire_at` to store: the earliest slot the policy keeps, so the cron loop
-/// fires the kept slots late, or the plan's next slot when nothing is kept.
+/// Where a resumed schedule picks up: every slot that passed while paused (all slots up to `now`,
+/// even those within the grace) is missed and handled by the misfire policy, like a downtime.
+/// Returns the plan (its `misfired` span is what the pause dropped) and the `next_fire_at` to
+/// store: the earliest slot the policy keeps, so the cron loop fires exactly the kept slots (the
+/// loop then sees them missed or due, and keeps them all), or the plan's next slot when nothing
+/// is kept.
 pub fn resume_point(
     cron: &CronSchedule,
     tz: Tz,
@@ -273,12 +295,8 @@ pub fn resume_point(
     policy: MisfirePolicy,
     window: Window,
 ) -> (FirePlan, Option<Millis>) {
-    let plan = plan_fires(cron, tz, paused_next_fire_at, now, policy, window);
-    let next = plan
-        .fire
-        .first()
-        .map(|fire| fire.at)
-        .or(plan.next_fire_at);
+    let plan = plan(cron, tz, paused_next_fire_at, now, now + 1, policy, window);
+    let next = plan.fire.first().map(|fire| fire.at).or(plan.next_fire_at);
     (plan, next)
 }
 
@@ -487,7 +505,10 @@ mod tests {
         let p = plan(T0, now, MisfirePolicy::Skip);
         assert!(p.fire.is_empty());
         let dropped = p.misfired.unwrap();
-        assert_eq!((dropped.first, dropped.last, dropped.count), (T0, T0 + 10 * MIN, 11));
+        assert_eq!(
+            (dropped.first, dropped.last, dropped.count),
+            (T0, T0 + 10 * MIN, 11)
+        );
         assert_eq!(p.next_fire_at, Some(T0 + 11 * MIN));
     }
 
@@ -497,7 +518,10 @@ mod tests {
         let p = plan(T0, now, MisfirePolicy::FireOnce);
         assert_eq!(at(&p.fire), [(T0 + 10 * MIN, true)]);
         let dropped = p.misfired.unwrap();
-        assert_eq!((dropped.first, dropped.last, dropped.count), (T0, T0 + 9 * MIN, 10));
+        assert_eq!(
+            (dropped.first, dropped.last, dropped.count),
+            (T0, T0 + 9 * MIN, 10)
+        );
     }
 
     #[test]
@@ -515,12 +539,19 @@ mod tests {
             ]
         );
         let dropped = p.misfired.unwrap();
-        assert_eq!((dropped.first, dropped.last, dropped.count), (T0, T0 + 6 * MIN, 7));
+        assert_eq!(
+            (dropped.first, dropped.last, dropped.count),
+            (T0, T0 + 6 * MIN, 7)
+        );
     }
 
     #[test]
     fn catch_up_with_fewer_missed_than_n_runs_them_all() {
-        let p = plan(T0, T0 + 2 * MIN + 30_000, MisfirePolicy::CatchUp { max: 10 });
+        let p = plan(
+            T0,
+            T0 + 2 * MIN + 30_000,
+            MisfirePolicy::CatchUp { max: 10 },
+        );
         assert_eq!(
             at(&p.fire),
             [(T0, true), (T0 + MIN, true), (T0 + 2 * MIN, true)]
@@ -595,7 +626,10 @@ mod tests {
             window,
         );
         assert!(p.fire.is_empty());
-        assert_eq!(p.outside_window.map(|s| (s.first, s.count)), Some((T0 + 2 * MIN, 1)));
+        assert_eq!(
+            p.outside_window.map(|s| (s.first, s.count)),
+            Some((T0 + 2 * MIN, 1))
+        );
         assert_eq!(p.next_fire_at, None);
     }
 
@@ -607,7 +641,10 @@ mod tests {
         };
         let slots = upcoming(&cron("* * * * *"), utc(), T0, window, 5);
         assert_eq!(slots, [T0 + 10 * MIN, T0 + 11 * MIN, T0 + 12 * MIN]);
-        assert_eq!(first_slot(&cron("* * * * *"), utc(), T0 + 12 * MIN, window), None);
+        assert_eq!(
+            first_slot(&cron("* * * * *"), utc(), T0 + 12 * MIN, window),
+            None
+        );
     }
 
     #[test]
@@ -633,10 +670,65 @@ mod tests {
             MisfirePolicy::CatchUp { max: 2 },
             Window::default(),
         );
-        assert_eq!(at(&again.fire), [(T0 + 9 * MIN, true), (T0 + 10 * MIN, true)]);
+        assert_eq!(
+            at(&again.fire),
+            [(T0 + 9 * MIN, true), (T0 + 10 * MIN, true)]
+        );
         assert_eq!(again.misfired, None);
         let (_, next) = resume_point(&c, utc(), T0, now, MisfirePolicy::Skip, Window::default());
         assert_eq!(next, Some(T0 + 11 * MIN));
+    }
+
+    #[test]
+    fn on_resume_a_slot_within_the_grace_passed_while_paused_too() {
+        let c = cron("* * * * * *");
+        // Paused from T0; resumed 1.5 s after T0 + 10 s.
+        let now = T0 + 11_500;
+        let (plan, next) = resume_point(&c, utc(), T0, now, MisfirePolicy::Skip, Window::default());
+        assert!(plan.fire.is_empty());
+        assert_eq!(
+            plan.misfired.map(|s| (s.first, s.last, s.count)),
+            Some((T0, T0 + 11_000, 12))
+        );
+        assert_eq!(next, Some(T0 + 12_000));
+        let (plan, next) = resume_point(
+            &c,
+            utc(),
+            T0,
+            now,
+            MisfirePolicy::FireOnce,
+            Window::default(),
+        );
+        assert_eq!(next, Some(T0 + 11_000));
+        // The loop then fires just that one slot (due now).
+        let again = plan_fires(
+            &c,
+            utc(),
+            T0 + 11_000,
+            now,
+            MisfirePolicy::FireOnce,
+            Window::default(),
+        );
+        assert_eq!(at(&again.fire), [(T0 + 11_000, false)]);
+        assert_eq!(plan.misfired.map(|s| s.count), Some(11));
+        let (_, next) = resume_point(
+            &c,
+            utc(),
+            T0,
+            now,
+            MisfirePolicy::CatchUp { max: 3 },
+            Window::default(),
+        );
+        assert_eq!(next, Some(T0 + 9_000));
+        let again = plan_fires(
+            &c,
+            utc(),
+            T0 + 9_000,
+            now,
+            MisfirePolicy::CatchUp { max: 3 },
+            Window::default(),
+        );
+        assert_eq!(again.fire.len(), 3);
     }
 
     #[test]
@@ -673,7 +765,10 @@ mod tests {
             Admission::Queue(QueueReason::Behind(1))
         );
         let capped = limits(OverlapPolicy::Allow, 2, None);
-        assert_eq!(start_or_queue(capped, false, load(1, 1, 0)), Admission::Start);
+        assert_eq!(
+            start_or_queue(capped, false, load(1, 1, 0)),
+            Admission::Start
+        );
         assert_eq!(
             start_or_queue(capped, false, load(2, 2, 0)),
             Admission::Queue(QueueReason::MaxActiveRuns(2))
@@ -684,14 +779,20 @@ mod tests {
             start_or_queue(queue, true, load(1, 1, 0)),
             Admission::Queue(QueueReason::Overlap)
         );
-        assert_eq!(start_or_queue(queue, false, load(1, 1, 0)), Admission::Start);
+        assert_eq!(
+            start_or_queue(queue, false, load(1, 1, 0)),
+            Admission::Start
+        );
         // Keyed: the same key is capped, another key is not.
         let keyed = limits(OverlapPolicy::Allow, 0, Some(1));
         assert_eq!(
             start_or_queue(keyed, false, load(1, 1, 0)),
             Admission::Queue(QueueReason::PerKey(1))
         );
-        assert_eq!(start_or_queue(keyed, false, load(1, 0, 0)), Admission::Start);
+        assert_eq!(
+            start_or_queue(keyed, false, load(1, 0, 0)),
+            Admission::Start
+        );
     }
 
     #[test]
@@ -705,7 +806,10 @@ mod tests {
         );
         assert_eq!(
             backfill_slots(&c, utc(), T0 + 1, T0, 3),
-            Err(BackfillError::Reversed { from: T0 + 1, to: T0 })
+            Err(BackfillError::Reversed {
+                from: T0 + 1,
+                to: T0
+            })
         );
         assert_eq!(backfill_slots(&c, utc(), T0 + 1, T0 + 2, 3), Ok(vec![]));
     }
@@ -742,7 +846,11 @@ mod tests {
         // 00:30 EDT (04:30Z), 01:30 EDT (05:30Z), 01:30 EST skipped, 02:30 EST (07:30Z).
         assert_eq!(
             slots,
-            [from + 30 * MIN, from + HOUR + 30 * MIN, from + 3 * HOUR + 30 * MIN]
+            [
+                from + 30 * MIN,
+                from + HOUR + 30 * MIN,
+                from + 3 * HOUR + 30 * MIN
+            ]
         );
     }
 }

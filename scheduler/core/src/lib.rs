@@ -6,8 +6,8 @@
 
 pub mod cron;
 pub mod dag;
-pub mod firing;
 pub mod decision;
+pub mod firing;
 pub mod ids;
 pub mod liveness;
 pub mod placement;

@@ -98,8 +98,8 @@ impl TriggerKind {
             Self::Dependency,
             Self::Backfill,
         ]
-            .into_iter()
-            .find(|kind| kind.as_str() == s)
+        .into_iter()
+        .find(|kind| kind.as_str() == s)
     }
 }
 

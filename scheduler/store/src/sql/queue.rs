@@ -317,15 +317,14 @@ pub(crate) async fn promote(
         } else {
             active
         };
-        let ahead = blocked.contains(&slot)
-            || (scheduled(trigger) && blocked_scheduled.contains(&slot));
+        let ahead =
+            blocked.contains(&slot) || (scheduled(trigger) && blocked_scheduled.contains(&slot));
         let load = RunLoad {
             active,
             active_same_key,
             queued_ahead: u32::from(ahead),
         };
-        if let Admission::Queue(reason) = start_or_queue(limits.limits, scheduled(trigger), load)
-        {
+        if let Admission::Queue(reason) = start_or_queue(limits.limits, scheduled(trigger), load) {
             if reason == QueueReason::Overlap {
                 blocked_scheduled.insert(slot);
             } else {
@@ -336,10 +335,11 @@ pub(crate) async fn promote(
             }
             continue;
         }
-        let done = sqlx::query("UPDATE run SET state = 'RUNNING' WHERE id = ? AND state = 'QUEUED'")
-            .bind(id.0)
-            .execute(&mut *c)
-            .await?;
+        let done =
+            sqlx::query("UPDATE run SET state = 'RUNNING' WHERE id = ? AND state = 'QUEUED'")
+                .bind(id.0)
+                .execute(&mut *c)
+                .await?;
         if done.rows_affected() != 1 {
             continue;
         }

@@ -115,9 +115,7 @@ mod scenarios {
             .collect()
     }
 
-    pub(super) async fn runs_past_max_active_runs_queue_and_start_in_order_when_runs_end(
-        ctx: Ctx,
-    ) {
+    pub(super) async fn runs_past_max_active_runs_queue_and_start_in_order_when_runs_end(ctx: Ctx) {
         let s = ctx.s();
         let wf = apply(s, &capped("capped", 1)).await;
         let r1 = create(s, &run_of(&wf, TriggerKind::Manual, "x", T0)).await;

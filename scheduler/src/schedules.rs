@@ -4,8 +4,9 @@
 //! Each fire creates a run whose dedup key is its logical fire time, so a fire is exactly-once
 //! across nodes and restarts: a second node (or a retry after a crash between creating the run
 //! and advancing the schedule) finds the run already there. Slots missed during a downtime are
-//! handled by the workflow's misfire policy (`skip`, `fire_once`, `catch_up N`); a slot that is
-//! merely a little late (within `MISFIRE_GRACE_MS`) always fires. The overlap policy is applied
+//! handled by the workflow's misfire policy (`skip`, `fire_once`, `catch_up N`, see the module
+//! doc of `ax_core::firing` for "due" and "missed"); slots that are merely a little late
+//! (within `MISFIRE_GRACE_MS`) always fire. The overlap policy is applied
 //! at each fire: `skip` drops the slot while a run is unfinished, `replace` cancels the
 //! unfinished runs (killing their attempts like `axctl cancel`) and then creates the run, `allow`
 //! and `queue` create it and let the store start or queue it under `max_active_runs`, the keyed
@@ -235,13 +236,14 @@ pub async fn fire_slot(
         .concurrency
         .run_key(&fire.params)
         .map(|key| key.chars().take(191).collect::<String>());
-    // The slot's own run (made by another node, or before a crash) is not an overlap.
+    // The slot's own run (made by another node, before a crash, or by a backfill of this slot)
+    // is not an overlap: creating it again returns it.
     let others: Vec<RunRecord> = node
         .store
         .unfinished_runs(fire.workflow_id, OVERLAP_SCAN)
         .await?
         .into_iter()
-        .filter(|run| !(run.logical_time == fire.slot && run.trigger == fire.trigger))
+        .filter(|run| run.logical_time != fire.slot)
         .filter(|run| key.is_none() || run.run_key == key)
         .collect();
     let names = |runs: &[RunRecord]| {

@@ -5,13 +5,20 @@
 //! # Slots, "due" and "missed"
 //! A *slot* is an instant the cron expression produces in its time zone (the DST rule of
 //! [`crate::cron`]). The schedule stores the next slot it has not handled (`next_fire_at`).
-//! When the loop looks at time `now`, every unhandled slot `s <= now` is either
-//! - **due**: `now - s <= MISFIRE_GRACE_MS` (5 s). It fires, whatever the misfire policy: a loop
-//!   that woke a little late, or a busy store, is not a misfire.
-//! - **missed**: `now - s > MISFIRE_GRACE_MS`: the scheduler was down, or the workflow paused.
-//!   The misfire policy picks which of them still run, late (`CaughtUp`):
-//!   `skip` none, `fire_once` the latest one, `catch_up N` the latest N in slot order. The others
-//!   are dropped (`Misfired`; reported as a count with the first and last slot, never a list).
+//! When the loop looks at time `now`, the unhandled slots `s <= now` are *overdue*:
+//! - When the oldest of them is at most `MISFIRE_GRACE_MS` (5 s) late, they are all **due** and
+//!   all fire, whatever the misfire policy: a loop that woke a little late, or a busy store, is not
+//!   a misfire.
+//! - Otherwise the scheduler was down (or the workflow paused): the overdue slots are a backlog.
+//!   Its latest slot is **due** if it is at most 5 s late; every other slot of the backlog is
+//!   **missed**. The misfire policy picks which run: `skip` only a due latest slot,
+//!   `fire_once` the latest slot once (late, `CaughtUp`, when it is missed), `catch_up N` the
+//!   latest N slots in slot order. A due slot therefore always fires, and a downtime's backlog
+//!   fires once under `fire_once` however many slots it holds. The others are dropped
+//!   (`Misfired`; reported as a count with the first and last slot, never a list).
+//!
+//! On resume every slot that passed while paused is missed, even one within the grace
+//! ([`resume_point`]).
 //!
 //! A slot before `schedule.start` or after `schedule.end` never fires (`OutsideWindow`); once a
 //! slot past the end has passed, the schedule has no next fire.
@@ -223,27 +230,39 @@ fn plan(
     let hi = now.min(end);
     let mut fire = Vec::new();
     let mut misfired = None;
-    // Missed: [from, cutoff - 1] within the window.
-    let missed_to = (cutoff - 1).min(hi);
-    if from <= missed_to {
-        let keep = match policy {
-            MisfirePolicy::Skip => 0,
-            MisfirePolicy::FireOnce => 1,
-            MisfirePolicy::CatchUp { max } => max as usize,
-        };
-        let kept = latest_slots(cron, tz, from, missed_to, keep);
-        let dropped_to = kept.first().map_or(missed_to, |&first| first - 1);
-        misfired = span(cron, tz, from, dropped_to, COUNT_CAP);
-        fire.extend(kept.into_iter().map(|at| PlannedFire { at, late: true }));
-    }
-    // Due: [max(from, cutoff), hi].
-    let mut cursor = slot_at_or_after(cron, tz, from.max(cutoff));
-    while let Some(slot) = cursor.filter(|&s| s <= hi) {
-        fire.push(PlannedFire {
-            at: slot,
-            late: false,
-        });
-        cursor = cron.next_after(slot, tz);
+    let oldest = slot_at_or_after(cron, tz, from).filter(|&s| s <= hi);
+    match oldest {
+        None => {}
+        // No backlog: every overdue slot is due and fires (at most the grace's worth of slots).
+        Some(oldest) if oldest >= cutoff => {
+            let mut cursor = Some(oldest);
+            while let Some(slot) = cursor.filter(|&s| s <= hi) {
+                fire.push(PlannedFire {
+                    at: slot,
+                    late: false,
+                });
+                cursor = cron.next_after(slot, tz);
+            }
+        }
+        // A backlog: the policy picks among all overdue slots; a due latest slot always fires.
+        Some(_) => {
+            let latest = latest_slots(cron, tz, from, hi, 1).first().copied();
+            let latest_is_due = latest.is_some_and(|latest| latest >= cutoff);
+            let keep = match policy {
+                MisfirePolicy::Skip => 0,
+                MisfirePolicy::FireOnce => 1,
+                MisfirePolicy::CatchUp { max } => max as usize,
+            };
+            let keep = if latest_is_due { keep.max(1) } else { keep };
+            let kept = latest_slots(cron, tz, from, hi, keep);
+            let dropped_to = kept.first().map_or(hi, |&first| first - 1);
+            misfired = span(cron, tz, from, dropped_to, COUNT_CAP);
+            // Every slot of a backlog but a due latest one is missed, however late it is.
+            fire.extend(kept.into_iter().map(|at| PlannedFire {
+                at,
+                late: !(latest_is_due && Some(at) == latest),
+            }));
+        }
     }
     let next = cron.next_after(now, tz);
     let next_fire_at = if ended { None } else { next };
@@ -525,14 +544,13 @@ mod tests {
     }
 
     #[test]
-    fn catch_up_runs_the_latest_n_in_order_and_a_due_slot_as_well() {
+    fn catch_up_runs_the_latest_n_in_order_the_due_one_among_them() {
         // now is 2 s after the T0+10m slot: it is due, T0..T0+9m are missed.
         let now = T0 + 10 * MIN + 2_000;
         let p = plan(T0, now, MisfirePolicy::CatchUp { max: 3 });
         assert_eq!(
             at(&p.fire),
             [
-                (T0 + 7 * MIN, true),
                 (T0 + 8 * MIN, true),
                 (T0 + 9 * MIN, true),
                 (T0 + 10 * MIN, false)
@@ -541,8 +559,53 @@ mod tests {
         let dropped = p.misfired.unwrap();
         assert_eq!(
             (dropped.first, dropped.last, dropped.count),
-            (T0, T0 + 6 * MIN, 7)
+            (T0, T0 + 7 * MIN, 8)
         );
+    }
+
+    #[test]
+    fn after_a_downtime_fire_once_fires_once_even_when_the_latest_slot_is_due() {
+        // Every 2 s, down for 7 s: slots 0..6 s overdue at 7.8 s, the latest 1.8 s late.
+        let c = cron("*/2 * * * * *");
+        let now = T0 + 7_800;
+        let once = plan_fires(
+            &c,
+            utc(),
+            T0,
+            now,
+            MisfirePolicy::FireOnce,
+            Window::default(),
+        );
+        assert_eq!(at(&once.fire), [(T0 + 6_000, false)]);
+        assert_eq!(once.misfired.map(|s| s.count), Some(3));
+        // Skip still runs the due slot; catch_up 2 the latest two.
+        let skip = plan_fires(&c, utc(), T0, now, MisfirePolicy::Skip, Window::default());
+        assert_eq!(at(&skip.fire), [(T0 + 6_000, false)]);
+        let two = plan_fires(
+            &c,
+            utc(),
+            T0,
+            now,
+            MisfirePolicy::CatchUp { max: 2 },
+            Window::default(),
+        );
+        assert_eq!(at(&two.fire), [(T0 + 4_000, true), (T0 + 6_000, false)]);
+    }
+
+    #[test]
+    fn a_few_late_slots_without_a_backlog_all_fire() {
+        // The loop was held up 1.5 s: two per-second slots are overdue, neither missed.
+        let c = cron("* * * * * *");
+        let p = plan_fires(
+            &c,
+            utc(),
+            T0,
+            T0 + 1_500,
+            MisfirePolicy::Skip,
+            Window::default(),
+        );
+        assert_eq!(at(&p.fire), [(T0, false), (T0 + 1_000, false)]);
+        assert_eq!(p.misfired, None);
     }
 
     #[test]
@@ -572,9 +635,8 @@ mod tests {
             MisfirePolicy::CatchUp { max: 2 },
             Window::default(),
         );
-        let cutoff = now - MISFIRE_GRACE_MS;
-        let late: Vec<_> = p.fire.iter().filter(|f| f.late).map(|f| f.at).collect();
-        assert_eq!(late, [cutoff - 2_000, cutoff - 1_000]);
+        // The latest slot (now, exactly) is due; with it, the latest two.
+        assert_eq!(at(&p.fire), [(now - 1_000, true), (now, false)]);
         let dropped = p.misfired.unwrap();
         assert!(dropped.at_least);
         assert_eq!(dropped.count, COUNT_CAP);

@@ -34,6 +34,7 @@ pub struct State {
     /// New runs end in this state after this many GetRun polls.
     pub run_script: (u32, pb::RunState),
     pub idempotency: HashMap<String, i64>,
+    pub backfills: Vec<pb::BackfillWorkflowRequest>,
 }
 
 impl Default for State {
@@ -50,6 +51,7 @@ impl Default for State {
             workers: Vec::new(),
             run_script: (3, pb::RunState::Success),
             idempotency: HashMap::new(),
+            backfills: Vec::new(),
         }
     }
 }
@@ -564,10 +566,25 @@ impl ControlService for Fake {
 
     async fn backfill_workflow(
         &self,
-        _request: Request<pb::BackfillWorkflowRequest>,
+        request: Request<pb::BackfillWorkflowRequest>,
     ) -> Result<Response<pb::BackfillWorkflowResponse>, Status> {
         self.record("BackfillWorkflow");
-        Err(Status::unimplemented("backfill is not faked"))
+        let req = request.into_inner();
+        self.with(|s| s.backfills.push(req.clone()));
+        // Every hour of the range, as a dry run would list them.
+        let slots = (req.from_ms..=req.to_ms)
+            .step_by(3_600_000)
+            .map(|at| pb::BackfillSlot {
+                logical_time_ms: at,
+                run: None,
+                created: false,
+            })
+            .collect();
+        Ok(Response::new(pb::BackfillWorkflowResponse {
+            slots,
+            created: 0,
+            existing: 0,
+        }))
     }
 }
 

@@ -436,6 +436,8 @@ pub trait Store: Send + Sync + 'static {
     async fn run_counts(&self, id: RunId) -> Result<InstanceCounts>;
     /// Marks the run cancel-requested, cancels its unfinished instances, ends it CANCELLED and
     /// returns the attempts that were dispatched or running (their workers must kill them).
+    /// A QUEUED run (no instances) simply ends CANCELLED. Queued runs of the workflow that now
+    /// fit are started in the same transaction.
     async fn cancel_run(&self, id: RunId, now: Millis) -> Result<Option<Vec<CancelledAttempt>>>;
 
     // --- instances ---

@@ -227,6 +227,8 @@ async fn apply_workflow_tx(
         .execute(&mut *c)
         .await?;
 
+    // New limits may let queued runs start (a raised or removed max_active_runs).
+    queue::promote(store, c, WorkflowId(workflow_id), now).await?;
     let record = workflow_by_name(c, &spec.name).await?;
     let record = record.ok_or_else(|| corrupt("workflow vanished during apply"))?;
     Ok((record, outcome))

@@ -19,6 +19,7 @@ conformance!(
     cancelling_an_instance_that_ends_a_run_promotes_the_next,
     overlap_queue_holds_scheduled_fires_but_not_manual_runs,
     concurrent_creators_on_two_stores_never_exceed_the_cap,
+    raising_the_limit_in_a_new_version_starts_queued_runs,
 );
 
 mod scenarios {
@@ -293,5 +294,34 @@ mod scenarios {
             .collect();
         assert_eq!(now_running, queued[..2]);
         other.close().await;
+    }
+
+    pub(super) async fn raising_the_limit_in_a_new_version_starts_queued_runs(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &capped("capped", 1)).await;
+        let r1 = create(s, &run_of(&wf, TriggerKind::Manual, "x", T0)).await;
+        let r2 = create(s, &run_of(&wf, TriggerKind::Manual, "x", T0)).await;
+        let r3 = create(s, &run_of(&wf, TriggerKind::Manual, "x", T0)).await;
+        assert_eq!(state(s, r3.id).await, RunState::Queued);
+        let (v2, outcome) = s
+            .apply_workflow(&capped("capped", 2), "v2", None, T0 + 1)
+            .await
+            .unwrap();
+        assert_eq!((outcome, v2.version), (ApplyOutcome::Updated, 2));
+        assert_eq!(
+            [
+                state(s, r1.id).await,
+                state(s, r2.id).await,
+                state(s, r3.id).await
+            ],
+            [RunState::Running, RunState::Running, RunState::Queued]
+        );
+        // The promoted run keeps the version it was created with.
+        let r2 = s.get_run(r2.id).await.unwrap().unwrap();
+        assert_eq!(r2.workflow_version, 1);
+        assert_eq!(
+            s.list_instances(r2.id).await.unwrap()[0].workflow_version,
+            1
+        );
     }
 }

@@ -20,6 +20,7 @@ conformance!(
     overlap_queue_holds_scheduled_fires_but_not_manual_runs,
     concurrent_creators_on_two_stores_never_exceed_the_cap,
     raising_the_limit_in_a_new_version_starts_queued_runs,
+    the_next_fire_time_is_kept_while_paused,
 );
 
 mod scenarios {
@@ -322,6 +323,42 @@ mod scenarios {
         assert_eq!(
             s.list_instances(r2.id).await.unwrap()[0].workflow_version,
             1
+        );
+    }
+
+    pub(super) async fn the_next_fire_time_is_kept_while_paused(ctx: Ctx) {
+        let s = ctx.s();
+        let mut cron = spec("cron", vec![task("a", &[])]);
+        cron.schedule.trigger = TriggerKind::Cron;
+        cron.schedule.cron = Some("* * * * *".into());
+        let (wf, _) = s
+            .apply_workflow(&cron, "", Some(T0 + 60_000), T0)
+            .await
+            .unwrap();
+        assert_eq!(
+            s.schedule_next_fire(wf.id).await.unwrap(),
+            Some(T0 + 60_000)
+        );
+        s.set_paused("cron", true, None, T0 + 1).await.unwrap();
+        // Resume reads it back to apply the misfire policy to the slots passed meanwhile.
+        assert_eq!(
+            s.schedule_next_fire(wf.id).await.unwrap(),
+            Some(T0 + 60_000)
+        );
+        s.set_paused("cron", false, Some(T0 + 120_000), T0 + 2)
+            .await
+            .unwrap();
+        assert_eq!(
+            s.schedule_next_fire(wf.id).await.unwrap(),
+            Some(T0 + 120_000)
+        );
+        let manual = apply(s, &spec("manual", vec![task("a", &[])])).await;
+        assert_eq!(s.schedule_next_fire(manual.id).await.unwrap(), None);
+        assert_eq!(
+            s.schedule_next_fire(ax_core::ids::WorkflowId(9_999))
+                .await
+                .unwrap(),
+            None
         );
     }
 }

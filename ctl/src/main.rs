@@ -14,7 +14,8 @@ use clap::{Parser, Subcommand};
 
 use crate::client::Ctx;
 use crate::commands::{
-    apply, audit, cancel, dag, dev, get, logs, pause, rerun, resume, retry, trigger, why, workers,
+    apply, audit, backfill, cancel, dag, dev, get, logs, pause, rerun, resume, retry, trigger, why,
+    workers,
 };
 use crate::error::Exit;
 use crate::output::Output;
@@ -94,6 +95,8 @@ enum Command {
     Why(why::Args),
     /// List the audit trail: who applied, triggered, cancelled, paused what, and from where.
     Audit(audit::Args),
+    /// Create one run per cron slot of a past range, in order (a slot that has a run is kept).
+    Backfill(backfill::Args),
 }
 
 #[tokio::main]
@@ -127,6 +130,7 @@ async fn main() -> ExitCode {
         Command::Dag(args) => dag::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Why(args) => why::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Audit(args) => audit::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Backfill(args) => backfill::run(&ctx, args).await.map(|()| Exit::Ok),
     };
     let exit = match result {
         Ok(exit) => exit,

@@ -729,3 +729,69 @@ async fn audit_lists_rows_and_passes_its_filters() {
     );
     assert_eq!(axctl(&server, &["audit", "--limit", "0"]).await.code, 2);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn backfill_reads_times_in_the_workflow_time_zone_and_refuses_bad_ones() {
+    let (fake, server) = seeded().await;
+    // `etl` runs in Europe/Paris: midnight there is 23:00 UTC the day before.
+    let out = axctl(
+        &server,
+        &[
+            "backfill",
+            "etl",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01T02:00",
+            "--dry-run",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("dry run: 3 slots of etl"), "{out:?}");
+    let sent = fake.with(|s| s.backfills.clone());
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        (
+            sent[0].from_ms,
+            sent[0].to_ms,
+            sent[0].dry_run,
+            sent[0].max_runs
+        ),
+        (1_767_222_000_000, 1_767_229_200_000, true, 0)
+    );
+    assert_eq!(sent[0].actor, "tester@host");
+
+    let out = axctl(
+        &server,
+        &[
+            "backfill",
+            "etl",
+            "--from",
+            "last week",
+            "--to",
+            "2026-01-01",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("--from \"last week\""), "{out:?}");
+    let out = axctl(
+        &server,
+        &[
+            "backfill",
+            "nope",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 3, "{out:?}");
+    assert_eq!(
+        fake.with(|s| s.backfills.len()),
+        1,
+        "refusals send no backfill"
+    );
+}

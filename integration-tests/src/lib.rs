@@ -178,6 +178,7 @@ impl ClusterBuilder {
             dead_after_missed_heartbeats: 4,
             log_flush_interval: Duration::from_millis(10),
             alerts: self.alerts,
+            max_backfill_runs: 1_000,
         };
         let scheduler = ax_scheduler::start(options).await?;
         let addr = scheduler.local_addr();
@@ -308,7 +309,8 @@ impl Cluster {
                 .get_run(pb::GetRunRequest { id })
                 .await?
                 .into_inner();
-            if run.state != pb::RunState::Running as i32 {
+            if run.state != pb::RunState::Running as i32 && run.state != pb::RunState::Queued as i32
+            {
                 return Ok(run);
             }
             if tokio::time::Instant::now() > deadline {

@@ -49,6 +49,9 @@ pub struct Args {
     /// How long the log writer waits to fill a batch, e.g. 20ms.
     #[arg(long, env = "AX_LOG_FLUSH_INTERVAL", value_parser = parse_duration)]
     pub log_flush_interval: Option<Duration>,
+    /// The most runs one backfill may create.
+    #[arg(long, env = "AX_MAX_BACKFILL_RUNS")]
+    pub max_backfill_runs: Option<u32>,
 }
 
 /// The same settings as they appear in the TOML file.
@@ -65,6 +68,7 @@ struct FileConfig {
     task_heartbeat_interval: Option<String>,
     dead_after_missed_heartbeats: Option<u32>,
     log_flush_interval: Option<String>,
+    max_backfill_runs: Option<u32>,
     alerts: Option<crate::alerts::AlertsConfig>,
 }
 
@@ -142,6 +146,10 @@ impl Args {
                     &path,
                 )?)
                 .unwrap_or(defaults.log_flush_interval),
+            max_backfill_runs: self
+                .max_backfill_runs
+                .or(file.max_backfill_runs)
+                .unwrap_or(defaults.max_backfill_runs),
             alerts: file
                 .alerts
                 .map(|alerts| alerts.channels)

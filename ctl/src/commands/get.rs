@@ -53,6 +53,7 @@ pub enum StateFilter {
     Success,
     Failed,
     Cancelled,
+    Queued,
 }
 
 impl From<StateFilter> for pb::RunState {
@@ -62,6 +63,7 @@ impl From<StateFilter> for pb::RunState {
             StateFilter::Success => pb::RunState::Success,
             StateFilter::Failed => pb::RunState::Failed,
             StateFilter::Cancelled => pb::RunState::Cancelled,
+            StateFilter::Queued => pb::RunState::Queued,
         }
     }
 }
@@ -210,6 +212,7 @@ pub fn workflow_detail(w: &pb::Workflow) -> String {
         ("Schedule", cron),
         ("Time zone", tz),
         ("Paused", if w.paused { "yes" } else { "no" }.into()),
+        ("Policies", policies(w)),
         ("Updated", time(w.updated_at_ms)),
     ]);
     out.push('\n');
@@ -244,6 +247,44 @@ pub fn workflow_detail(w: &pb::Workflow) -> String {
         }
     }
     out
+}
+
+/// `misfire fire_once, overlap queue, max active runs 2, window 2026-01-01 .. -, key ${customer} ≤ 1`
+fn policies(w: &pb::Workflow) -> String {
+    let Some(s) = &w.schedule else {
+        return "-".into();
+    };
+    let misfire = match s.misfire.as_str() {
+        "" => "fire_once".to_string(),
+        "catch_up" => format!("catch_up {}", s.max_catch_up),
+        other => other.to_string(),
+    };
+    let overlap = if s.overlap.is_empty() {
+        "allow"
+    } else {
+        &s.overlap
+    };
+    let mut text = format!("misfire {misfire}, overlap {overlap}");
+    if s.max_active_runs > 0 {
+        text.push_str(&format!(", max active runs {}", s.max_active_runs));
+    }
+    if s.start_at_ms != 0 || s.end_at_ms != 0 {
+        let edge = |ms: i64| if ms == 0 { "-".to_string() } else { time(ms) };
+        text.push_str(&format!(
+            ", window {} .. {}",
+            edge(s.start_at_ms),
+            edge(s.end_at_ms)
+        ));
+    }
+    if let Some(c) = &w.concurrency
+        && !c.key.is_empty()
+    {
+        text.push_str(&format!(
+            ", key {} max {} per key",
+            c.key, c.max_runs_per_key
+        ));
+    }
+    text
 }
 
 /// `3/5 success, 1 failed, 1 running`: what a person scanning a list of runs wants to see.

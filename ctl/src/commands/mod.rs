@@ -2,6 +2,7 @@
 
 pub mod apply;
 pub mod audit;
+pub mod backfill;
 pub mod cancel;
 pub mod dag;
 pub mod dev;

@@ -36,6 +36,7 @@ pub struct State {
     pub idempotency: HashMap<String, i64>,
     /// What GetDag, ExplainWorkflow and ListAudit answer, and what they were asked.
     pub views: Views,
+    pub backfills: Vec<pb::BackfillWorkflowRequest>,
 }
 
 #[derive(Default)]
@@ -63,6 +64,7 @@ impl Default for State {
             run_script: (3, pb::RunState::Success),
             idempotency: HashMap::new(),
             views: Views::default(),
+            backfills: Vec::new(),
         }
     }
 }
@@ -634,6 +636,29 @@ impl ControlService for Fake {
                 .collect();
             Ok(Response::new(pb::ListAuditResponse { entries }))
         })
+    }
+
+    async fn backfill_workflow(
+        &self,
+        request: Request<pb::BackfillWorkflowRequest>,
+    ) -> Result<Response<pb::BackfillWorkflowResponse>, Status> {
+        self.record("BackfillWorkflow");
+        let req = request.into_inner();
+        self.with(|s| s.backfills.push(req.clone()));
+        // Every hour of the range, as a dry run would list them.
+        let slots = (req.from_ms..=req.to_ms)
+            .step_by(3_600_000)
+            .map(|at| pb::BackfillSlot {
+                logical_time_ms: at,
+                run: None,
+                created: false,
+            })
+            .collect();
+        Ok(Response::new(pb::BackfillWorkflowResponse {
+            slots,
+            created: 0,
+            existing: 0,
+        }))
     }
 }
 

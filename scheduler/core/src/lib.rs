@@ -8,6 +8,7 @@ pub mod cron;
 pub mod dag;
 pub mod decision;
 pub mod dependency;
+pub mod firing;
 pub mod ids;
 pub mod liveness;
 pub mod placement;

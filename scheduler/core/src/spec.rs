@@ -75,6 +75,8 @@ pub enum TriggerKind {
     Manual,
     Api,
     Dependency,
+    /// A slot of `axctl backfill`.
+    Backfill,
 }
 
 impl TriggerKind {
@@ -84,13 +86,20 @@ impl TriggerKind {
             TriggerKind::Manual => "manual",
             TriggerKind::Api => "api",
             TriggerKind::Dependency => "dependency",
+            TriggerKind::Backfill => "backfill",
         }
     }
 
     pub fn parse(s: &str) -> Option<TriggerKind> {
-        [Self::Cron, Self::Manual, Self::Api, Self::Dependency]
-            .into_iter()
-            .find(|kind| kind.as_str() == s)
+        [
+            Self::Cron,
+            Self::Manual,
+            Self::Api,
+            Self::Dependency,
+            Self::Backfill,
+        ]
+        .into_iter()
+        .find(|kind| kind.as_str() == s)
     }
 }
 

@@ -436,7 +436,7 @@ pub fn explain(input: &WhyInput) -> Explanation {
             "the workflow runs when each of {} has a successful run for the same logical time",
             schedule.after.join(", ")
         )),
-        TriggerKind::Manual | TriggerKind::Api => {
+        TriggerKind::Manual | TriggerKind::Api | TriggerKind::Backfill => {
             verdict.push("the workflow has no schedule: runs start only when triggered".into())
         }
     }

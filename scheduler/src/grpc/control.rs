@@ -73,8 +73,8 @@ impl ControlApi {
             .ok_or_else(|| Status::not_found(format!("workflow {name:?} not found")))
     }
 
-    /// Pauses or resumes a workflow's schedule. Slots that passed while paused are skipped: a
-    /// resumed schedule goes on from now.
+    /// Pauses or resumes a workflow's schedule. The slots that passed while paused are handled
+    /// by the workflow's misfire policy on resume, as after a downtime (`schedules::resume_point`).
     async fn set_paused(
         &self,
         name: &str,
@@ -84,10 +84,12 @@ impl ControlApi {
     ) -> Result<Response<pb::Workflow>, Status> {
         let current = self.workflow_named(name).await?;
         let now = now_ms();
-        let next = if paused {
-            None
+        let (next, decisions) = if paused {
+            (None, Vec::new())
         } else {
-            next_fire(&current.spec, now)?
+            crate::schedules::resume_point(&self.node, &current, now)
+                .await
+                .map_err(|err| Status::internal(format!("resume: {err:#}")))?
         };
         let record = self
             .node
@@ -96,6 +98,9 @@ impl ControlApi {
             .await
             .map_err(store_status)?
             .ok_or_else(|| Status::not_found(format!("workflow {name:?} not found")))?;
+        if let Err(err) = self.node.store.record_decisions(&decisions).await {
+            tracing::warn!(workflow = %name, error = %err, "recording decisions failed");
+        }
         let action = if paused { "pause" } else { "resume" };
         self.audit(
             actor,
@@ -173,7 +178,12 @@ fn next_fire(spec: &WorkflowSpec, now: i64) -> Result<Option<i64>, Status> {
         .map_err(|err| Status::invalid_argument(format!("schedule.cron: {err}")))?;
     let tz = parse_timezone(&spec.schedule.timezone)
         .map_err(|err| Status::invalid_argument(format!("schedule.timezone: {err}")))?;
-    Ok(cron.next_after(now, tz))
+    Ok(ax_core::firing::first_slot(
+        &cron,
+        tz,
+        now,
+        ax_core::firing::Window::of(&spec.schedule),
+    ))
 }
 
 /// Environment variable names: what a param must be to become `AX_PARAM_<NAME>`.
@@ -499,6 +509,8 @@ impl ControlService for ControlApi {
             request.reason.clone()
         };
         self.send_cancels(&cancelled, &reason);
+        // Ending a run may have started queued runs of its workflow.
+        self.node.dispatch_wake.notify_one();
         let detail = format!("{} attempts stopped; {reason}", cancelled.len());
         self.audit(
             &request.actor,
@@ -590,6 +602,7 @@ impl ControlService for ControlApi {
             request.reason.clone()
         };
         self.send_cancels(cancelled.as_slice(), &reason);
+        self.node.dispatch_wake.notify_one();
         self.audit(
             &request.actor,
             "cancel",
@@ -760,6 +773,31 @@ impl ControlService for ControlApi {
         super::views::list_audit(&self.node, request.into_inner())
             .await
             .map(Response::new)
+    }
+
+    async fn backfill_workflow(
+        &self,
+        request: Request<pb::BackfillWorkflowRequest>,
+    ) -> Result<Response<pb::BackfillWorkflowResponse>, Status> {
+        let remote = remote(&request);
+        let request = request.into_inner();
+        let workflow = self.workflow_named(&request.name).await?;
+        let response = crate::backfill::backfill(&self.node, &workflow, &request).await?;
+        if !request.dry_run {
+            let detail = format!(
+                "{} .. {}: {} runs created, {} slots already had one",
+                request.from_ms, request.to_ms, response.created, response.existing
+            );
+            self.audit(
+                &request.actor,
+                "backfill",
+                format!("workflow/{}", workflow.name),
+                detail,
+                &remote,
+            )
+            .await;
+        }
+        Ok(Response::new(response))
     }
 
     async fn list_workers(

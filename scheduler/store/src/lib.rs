@@ -83,6 +83,9 @@ pub struct RunRecord {
     pub created_at: Millis,
     pub finished_at: Option<Millis>,
     pub cancel_requested: bool,
+    /// The key of keyed concurrency (`concurrency.key` over the params); `None` when the
+    /// workflow had no key when the run was created.
+    pub run_key: Option<String>,
 }
 
 /// A run to create. Unique per (workflow, dedup key): a second create with the same key returns
@@ -451,6 +454,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Creates the run and a WAITING first attempt for each root task of its version, in one
     /// transaction. Returns the existing run and `false` when the dedup key is taken.
+    /// Inside the same transaction (the workflow row locked on MySQL) the store decides, by
+    /// `ax_core::firing::start_or_queue` with the latest version's limits, whether the run
+    /// starts or is created QUEUED, without instances (a `queued` decision is recorded). When a
+    /// run ends by any path, the oldest queued runs of its workflow that now fit are started in
+    /// that transaction (`dequeued` decisions).
     async fn create_run(&self, run: &NewRun) -> Result<(RunRecord, bool)>;
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>>;
     /// Newest first.
@@ -463,6 +471,8 @@ pub trait Store: Send + Sync + 'static {
     async fn run_counts(&self, id: RunId) -> Result<InstanceCounts>;
     /// Marks the run cancel-requested, cancels its unfinished instances, ends it CANCELLED and
     /// returns the attempts that were dispatched or running (their workers must kill them).
+    /// A QUEUED run (no instances) simply ends CANCELLED. Queued runs of the workflow that now
+    /// fit are started in the same transaction.
     async fn cancel_run(&self, id: RunId, now: Millis) -> Result<Option<Vec<CancelledAttempt>>>;
 
     // --- instances ---
@@ -536,6 +546,13 @@ pub trait Store: Send + Sync + 'static {
     /// The runs of a workflow nearest to `at` by logical time: the latest with
     /// `logical_time <= at` and the earliest after it (either may be missing), in that order.
     async fn runs_near(&self, workflow_id: WorkflowId, at: Millis) -> Result<Vec<RunRecord>>;
+
+    // --- run queue and schedule policies ---
+
+    /// The workflow's runs that have not ended (RUNNING or QUEUED), oldest first, at most `limit`.
+    async fn unfinished_runs(&self, workflow_id: WorkflowId, limit: u32) -> Result<Vec<RunRecord>>;
+    /// The schedule's stored next fire time (kept while paused); `None` without a schedule.
+    async fn schedule_next_fire(&self, workflow_id: WorkflowId) -> Result<Option<Millis>>;
 
     // --- decisions ---
 

@@ -8,6 +8,7 @@
 mod dependents;
 mod ids;
 mod ops;
+mod queue;
 mod reports;
 mod rerun;
 mod rows;
@@ -40,6 +41,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../migrations/mysql/0003_decision_log.sql"),
     ),
     (
+        4,
+        "run_queue",
+        include_str!("../migrations/mysql/0004_run_queue.sql"),
+    ),
+    (
         5,
         "workflow_dependency",
         include_str!("../migrations/mysql/0005_workflow_dependency.sql"),
@@ -60,6 +66,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         3,
         "decision_log",
         include_str!("../migrations/sqlite/0003_decision_log.sql"),
+    ),
+    (
+        4,
+        "run_queue",
+        include_str!("../migrations/sqlite/0004_run_queue.sql"),
     ),
     (
         5,

@@ -2072,3 +2072,5 @@ fn mysql_server_url_strips_the_database() {
         "mysql://u:p@h:1"
     );
 }
+
+mod queue;

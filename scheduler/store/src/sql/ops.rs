@@ -4,6 +4,8 @@
 use std::collections::BTreeSet;
 
 use ax_core::Millis;
+use ax_core::decision::DecisionKind;
+use ax_core::firing::Admission;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::run::{RunProgress, RunState, run_outcome};
 use ax_core::spec::WorkflowSpec;
@@ -11,6 +13,7 @@ use ax_core::state::{Event, InstanceState, transition};
 use sqlx::{AnyConnection, Row};
 
 use super::ids::IdKind;
+use super::queue;
 use super::reports::{self, finish_run_if_done, load_key, lock_runs};
 use super::rows::{self, corrupt, instance_state, map_json, to_json, to_u32};
 use super::{SqlStore, is_unique_violation, placeholders, values_rows, write_tx};
@@ -225,6 +228,8 @@ async fn apply_workflow_tx(
         .await?;
     super::dependents::store_edges(c, workflow_id, &spec.schedule.after).await?;
 
+    // New limits may let queued runs start (a raised or removed max_active_runs).
+    queue::promote(store, c, WorkflowId(workflow_id), now).await?;
     let record = workflow_by_name(c, &spec.name).await?;
     let record = record.ok_or_else(|| corrupt("workflow vanished during apply"))?;
     Ok((record, outcome))
@@ -258,23 +263,22 @@ pub(crate) async fn create_run_tx(
         )));
     };
     let task_count: i64 = version.try_get("task_count")?;
-    let roots = sqlx::query(
-        "SELECT name, priority FROM task_definition \
-         WHERE workflow_id = ? AND version = ? AND upstream_count = 0 ORDER BY name",
-    )
-    .bind(run.workflow_id.0)
-    .bind(i64::from(run.workflow_version))
-    .fetch_all(&mut *c)
-    .await?;
+    let (admission, run_key) =
+        queue::admit(store, c, run.workflow_id, run.trigger, &run.params).await?;
+    let state = match admission {
+        Admission::Start => RunState::Running,
+        Admission::Queue(_) => RunState::Queued,
+    };
     let run_id = store.take_ids(c, IdKind::Run, 1).await?[0];
     let inserted = sqlx::query(
         "INSERT INTO run (id, workflow_id, workflow_version, state, trigger_type, logical_time, \
-         dedup_key, idempotency_key, params_json, triggered_by, cancel_requested, created_at) \
-         VALUES (?, ?, ?, 'RUNNING', ?, ?, ?, ?, ?, ?, 0, ?)",
+         dedup_key, idempotency_key, params_json, triggered_by, cancel_requested, created_at, \
+         run_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)",
     )
     .bind(run_id)
     .bind(run.workflow_id.0)
     .bind(i64::from(run.workflow_version))
+    .bind(state.as_str())
     .bind(run.trigger.as_str())
     .bind(run.logical_time)
     .bind(run.dedup_key.clone())
@@ -282,6 +286,7 @@ pub(crate) async fn create_run_tx(
     .bind(to_json(&run.params)?)
     .bind(run.triggered_by.as_str())
     .bind(run.now)
+    .bind(run_key)
     .execute(&mut *c)
     .await;
     match inserted {
@@ -296,30 +301,33 @@ pub(crate) async fn create_run_tx(
         }
         Err(err) => return Err(err.into()),
     }
-    let ids = store.take_ids(c, IdKind::Instance, roots.len()).await?;
-    let roots: Vec<_> = roots.iter().zip(ids).collect();
-    for chunk in roots.chunks(INSERT_CHUNK) {
-        let sql = format!(
-            "INSERT INTO task_instance (id, run_id, workflow_id, workflow_version, task_name, \
-             state, attempt, priority, not_before, created_at) VALUES {}",
-            values_rows(chunk.len(), 10)
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for (row, id) in chunk {
-            query = query
-                .bind(*id)
-                .bind(run_id)
-                .bind(run.workflow_id.0)
-                .bind(i64::from(run.workflow_version))
-                .bind(row.try_get::<String, _>("name")?)
-                .bind(InstanceState::Waiting.as_str())
-                .bind(1i64)
-                .bind(row.try_get::<i64, _>("priority")?)
-                .bind(run.now)
-                .bind(run.now);
-        }
-        query.execute(&mut *c).await?;
+    if let Admission::Queue(reason) = admission {
+        // A queued run has no instances until it is promoted (`queue::promote`).
+        let detail = format!("run {run_id} queued: {}", reason.describe());
+        queue::record(
+            c,
+            run.workflow_id,
+            RunId(run_id),
+            run.logical_time,
+            DecisionKind::Queued,
+            &detail,
+            run.now,
+        )
+        .await?;
+        let record = run_by_id(c, RunId(run_id)).await?;
+        return Ok(Created::New(
+            record.ok_or_else(|| corrupt("run vanished during create"))?,
+        ));
     }
+    queue::insert_roots(
+        store,
+        c,
+        run.workflow_id,
+        i64::from(run.workflow_version),
+        run_id,
+        run.now,
+    )
+    .await?;
     if task_count == 0 {
         // Nothing to run: the run is over as soon as it exists.
         let progress = RunProgress::default();
@@ -429,13 +437,16 @@ async fn cancel_run_tx(
             });
         }
     }
+    // A QUEUED run has no instances: it simply ends CANCELLED.
     sqlx::query(
-        "UPDATE run SET state = 'CANCELLED', finished_at = ? WHERE id = ? AND state = 'RUNNING'",
+        "UPDATE run SET state = 'CANCELLED', finished_at = ? WHERE id = ? \
+         AND state IN ('RUNNING', 'QUEUED')",
     )
     .bind(now)
     .bind(id.0)
     .execute(&mut *c)
     .await?;
+    queue::promote_after(store, c, id, now).await?;
     Ok(Some(killed))
 }
 
@@ -1247,6 +1258,30 @@ impl Store for SqlStore {
             }
         }
         Ok(runs)
+    }
+
+    async fn unfinished_runs(&self, workflow_id: WorkflowId, limit: u32) -> Result<Vec<RunRecord>> {
+        let sql = format!(
+            "{} WHERE r.workflow_id = ? AND r.state IN ('RUNNING', 'QUEUED') ORDER BY r.id LIMIT ?",
+            rows::RUN_SELECT
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(workflow_id.0)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(rows::run).collect()
+    }
+
+    async fn schedule_next_fire(&self, workflow_id: WorkflowId) -> Result<Option<Millis>> {
+        let row = sqlx::query("SELECT next_fire_at FROM schedule_plan WHERE workflow_id = ?")
+            .bind(workflow_id.0)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(row) => row.try_get("next_fire_at")?,
+            None => None,
+        })
     }
 
     async fn record_decisions(&self, decisions: &[DecisionRecord]) -> Result<()> {

@@ -608,8 +608,12 @@ pub(crate) async fn finish_run_if_done(
             .bind(run_id.0)
             .execute(&mut *c)
             .await?;
-    if done.rows_affected() == 1 && end == RunState::Success {
+    if done.rows_affected() != 1 {
+        return Ok(None);
+    }
+    if end == RunState::Success {
         super::dependents::after_run_success(store, c, run_id, now).await?;
     }
-    Ok((done.rows_affected() == 1).then_some((run_id, end)))
+    super::queue::promote_after(store, c, run_id, now).await?;
+    Ok(Some((run_id, end)))
 }

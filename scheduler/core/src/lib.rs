@@ -8,10 +8,12 @@ pub mod cron;
 pub mod dag;
 pub mod decision;
 pub mod ids;
+pub mod limits;
 pub mod liveness;
 pub mod placement;
 pub mod retry;
 pub mod run;
+pub mod shard;
 pub mod spec;
 pub mod state;
 

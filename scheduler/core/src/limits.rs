@@ -127,7 +127,10 @@ mod tests {
         let wf = WorkflowId(7);
         assert_eq!(limits_for(wf, &task("a", 0, None), 0, &pools), vec![]);
         // An unconfigured pool has no limit.
-        assert_eq!(limits_for(wf, &task("a", 0, Some("gpu")), 0, &pools), vec![]);
+        assert_eq!(
+            limits_for(wf, &task("a", 0, Some("gpu")), 0, &pools),
+            vec![]
+        );
         let all = limits_for(wf, &task("a", 2, Some("etl")), 10, &pools);
         let scopes: Vec<_> = all.iter().map(|l| (l.scope.as_str(), l.max)).collect();
         assert_eq!(
@@ -178,12 +181,20 @@ mod tests {
     fn random_sequences_never_exceed_any_limit() {
         let mut state = 99u64;
         let mut next = || {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             state >> 33
         };
         let pools = BTreeMap::from([("p".to_string(), 3)]);
         let tasks: Vec<TaskSpec> = (0..4)
-            .map(|i| task(&format!("t{i}"), (i % 3) as u32, (i % 2 == 0).then_some("p")))
+            .map(|i| {
+                task(
+                    &format!("t{i}"),
+                    (i % 3) as u32,
+                    (i % 2 == 0).then_some("p"),
+                )
+            })
             .collect();
         for _ in 0..200 {
             let mut fitter = Fitter::default();

@@ -230,9 +230,9 @@ impl Placer {
                 self.last_chosen = other.last_chosen;
                 chosen
             }
-            Route::ConsistentHash(key) => rendezvous_order(key, candidates)
-                .into_iter()
-                .find(eligible),
+            Route::ConsistentHash(key) => {
+                rendezvous_order(key, candidates).into_iter().find(eligible)
+            }
             Route::Failover => (0..candidates.len())
                 .filter(eligible)
                 .min_by(|&a, &b| candidates[a].id.cmp(candidates[b].id).then(a.cmp(&b))),

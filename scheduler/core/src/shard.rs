@@ -58,7 +58,10 @@ mod tests {
         assert_eq!(parent_outcome(p(3, 0, 1, 0)), Some(InstanceState::Failed));
         assert_eq!(parent_outcome(p(3, 2, 1, 0)), Some(InstanceState::Failed));
         assert_eq!(parent_outcome(p(3, 1, 1, 1)), Some(InstanceState::Failed));
-        assert_eq!(parent_outcome(p(3, 1, 0, 1)), Some(InstanceState::Cancelled));
+        assert_eq!(
+            parent_outcome(p(3, 1, 0, 1)),
+            Some(InstanceState::Cancelled)
+        );
         assert_eq!(parent_outcome(p(0, 0, 0, 0)), None);
     }
 }

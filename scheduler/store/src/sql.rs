@@ -5,6 +5,7 @@
 //! serializes SQLite writers (one process lock plus `BEGIN IMMEDIATE`, so a reader never has to
 //! upgrade its lock and fail with SQLITE_BUSY) and retries a MySQL deadlock a few times.
 
+mod dispatch;
 mod ids;
 mod ops;
 mod reports;
@@ -37,6 +38,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "decision_log",
         include_str!("../migrations/mysql/0003_decision_log.sql"),
     ),
+    (
+        6,
+        "dispatch_limits_shards",
+        include_str!("../migrations/mysql/0006_dispatch_limits_shards.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -53,6 +59,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         3,
         "decision_log",
         include_str!("../migrations/sqlite/0003_decision_log.sql"),
+    ),
+    (
+        6,
+        "dispatch_limits_shards",
+        include_str!("../migrations/sqlite/0006_dispatch_limits_shards.sql"),
     ),
 ];
 

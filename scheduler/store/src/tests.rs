@@ -268,6 +268,7 @@ mod scenarios {
             worker_id: worker.into(),
             node_id: "node-1".into(),
             at: T0 + 10,
+            limits: Vec::new(),
         }
     }
 
@@ -1951,3 +1952,5 @@ fn mysql_server_url_strips_the_database() {
         "mysql://u:p@h:1"
     );
 }
+
+mod dispatch;

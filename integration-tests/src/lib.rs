@@ -129,6 +129,7 @@ pub struct ClusterBuilder {
     workers: Vec<WorkerSpec>,
     redis: bool,
     alerts: Vec<ax_scheduler::alerts::ChannelConfig>,
+    pools: BTreeMap<String, u32>,
 }
 
 impl ClusterBuilder {
@@ -143,6 +144,25 @@ impl ClusterBuilder {
             capacity,
             labels: BTreeMap::new(),
         });
+        self
+    }
+
+    /// A worker with labels.
+    pub fn labeled_worker(mut self, id: &str, capacity: u32, labels: &[(&str, &str)]) -> Self {
+        self.workers.push(WorkerSpec {
+            id: id.into(),
+            capacity,
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        });
+        self
+    }
+
+    /// A cluster-wide pool limit (the scheduler config's `[pools]`).
+    pub fn pool(mut self, name: &str, limit: u32) -> Self {
+        self.pools.insert(name.into(), limit);
         self
     }
 
@@ -178,6 +198,7 @@ impl ClusterBuilder {
             dead_after_missed_heartbeats: 4,
             log_flush_interval: Duration::from_millis(10),
             alerts: self.alerts,
+            pools: self.pools,
         };
         let scheduler = ax_scheduler::start(options).await?;
         let addr = scheduler.local_addr();
@@ -211,11 +232,17 @@ impl Cluster {
             workers: Vec::new(),
             redis: false,
             alerts: Vec::new(),
+            pools: BTreeMap::new(),
         }
     }
 
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The url of the cluster's store (a test may open it to read what the API does not show).
+    pub fn store_url(&self) -> &str {
+        &self.db.url
     }
 
     /// A scratch directory that lives as long as the cluster.

@@ -43,6 +43,10 @@ pub struct SchedulerOptions {
     pub log_flush_interval: Duration,
     /// Where failures are announced (webhooks); none by default.
     pub alerts: Vec<alerts::ChannelConfig>,
+    /// Cluster-wide limits of task pools (`pool:` in workflow files): instances of the pool's
+    /// tasks dispatched or running at once. A pool not listed has no limit. Every node of a
+    /// cluster must be given the same limits.
+    pub pools: std::collections::BTreeMap<String, u32>,
 }
 
 impl Default for SchedulerOptions {
@@ -59,6 +63,7 @@ impl Default for SchedulerOptions {
             dead_after_missed_heartbeats: 4,
             log_flush_interval: Duration::from_millis(20),
             alerts: Vec::new(),
+            pools: std::collections::BTreeMap::new(),
         }
     }
 }

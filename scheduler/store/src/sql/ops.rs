@@ -383,6 +383,27 @@ async fn cancel_one(
     Ok(true)
 }
 
+/// Cancelling a sharded task's instance cancels its unfinished shards too. Their workers are not
+/// told at once: a shard's next report (a task heartbeat, its end) is refused, and a refused
+/// report makes the worker kill it.
+async fn cancel_shards_of(c: &mut AnyConnection, parent: InstanceId, now: Millis) -> Result<()> {
+    let sql = format!(
+        "SELECT id, attempt, state FROM task_instance WHERE parent_id = ? AND state IN {UNFINISHED} \
+         ORDER BY id"
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(parent.0)
+        .fetch_all(&mut *c)
+        .await?;
+    for row in rows {
+        let id = InstanceId(row.try_get("id")?);
+        let attempt = Attempt(to_u32(row.try_get("attempt")?, "attempt")?);
+        let state = instance_state(&row.try_get::<String, _>("state")?)?;
+        cancel_one(c, id, attempt, state, now).await?;
+    }
+    Ok(())
+}
+
 fn was_started(state: InstanceState) -> bool {
     matches!(state, InstanceState::Dispatched | InstanceState::Running)
 }
@@ -459,6 +480,7 @@ async fn cancel_instance_tx(
             });
         }
         super::dispatch::settle_parent_of(c, id, now).await?;
+        cancel_shards_of(c, id, now).await?;
         finish_run_if_done(c, key.run_id, now).await?;
     }
     let record = instance_by_id(c, id).await?;

@@ -532,6 +532,23 @@ mod scenarios {
             s.get_run(run.id).await.unwrap().unwrap().state,
             RunState::Cancelled
         );
+        // Cancelling a running sharded task's instance cancels its pending shards too.
+        let (run, parent, shards) = fanned_out(s, "wf", 3).await;
+        s.cancel_instance(parent, T0).await.unwrap();
+        for shard in &shards {
+            assert_eq!(
+                s.get_instance(shard.instance.id)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .state,
+                InstanceState::Cancelled
+            );
+        }
+        assert_eq!(
+            s.get_run(run.id).await.unwrap().unwrap().state,
+            RunState::Cancelled
+        );
     }
 
     pub(super) async fn decisions_recorded_once_per_instance_and_reason(ctx: Ctx) {

@@ -252,7 +252,8 @@ mod tests {
         let err = Args::parse_from(["ax-scheduler", "--config", path.to_str().unwrap()])
             .into_options()
             .unwrap_err();
-        assert!(format!("{err:#}").contains("pools"), "{err:#}");
+        let text = format!("{err:#}");
+        assert!(text.contains("ax.toml") && text.contains("etl"), "{text}");
     }
 
     #[test]

@@ -114,6 +114,11 @@ pub enum Event {
     Cancel,
     /// A person asked for another attempt of a finished, unsuccessful instance.
     ManualRetry,
+    /// A sharded task's instance fanned out into its shards: it runs (on no worker of its own)
+    /// until its shards decide its end (`crate::shard`), which comes as a `Finish` or `Cancel`.
+    FanOut,
+    /// The worker a waiting shard is pinned to is gone for good: the shard cannot run anywhere.
+    PinnedWorkerGone,
 }
 
 /// The effect of a legal transition.
@@ -177,6 +182,8 @@ pub fn transition(from: InstanceState, event: Event) -> Result<Transition, Illeg
         ) => stay(outcome.state()),
         (Waiting | Dispatched | Running, Event::Cancel) => stay(Cancelled),
         (Failed | Timeout | Cancelled, Event::ManualRetry) => retry,
+        (Waiting, Event::FanOut) => stay(Running),
+        (Waiting, Event::PinnedWorkerGone) => stay(Failed),
         _ => Err(IllegalTransition { from, event }),
     }
 }
@@ -193,6 +200,8 @@ mod tests {
             Event::Start,
             Event::Cancel,
             Event::ManualRetry,
+            Event::FanOut,
+            Event::PinnedWorkerGone,
         ];
         for retries_left in [false, true] {
             all.push(Event::SpawnFailed { retries_left });
@@ -243,6 +252,8 @@ mod tests {
             (Failed, Event::ManualRetry, Waiting, true),
             (Timeout, Event::ManualRetry, Waiting, true),
             (Cancelled, Event::ManualRetry, Waiting, true),
+            (Waiting, Event::FanOut, Running, false),
+            (Waiting, Event::PinnedWorkerGone, Failed, false),
         ]
     }
 
@@ -266,7 +277,7 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 7 * 13);
+        assert_eq!(checked, 7 * 15);
     }
 
     #[test]

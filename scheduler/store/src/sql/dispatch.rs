@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId, RunId};
 use ax_core::shard::{ShardProgress, parent_outcome};
-use ax_core::state::InstanceState;
+use ax_core::state::{Event, InstanceState, Outcome, transition};
 use sqlx::{AnyConnection, Row};
 
 use super::ids::IdKind;
@@ -350,6 +350,22 @@ pub(crate) async fn settle_parent(
     let Some(end) = parent_outcome(progress) else {
         return Ok(None);
     };
+    // The shards' verdict is the parent's Finish (or Cancel) in the transition table.
+    let event = match end {
+        InstanceState::Cancelled => Event::Cancel,
+        state => Event::Finish {
+            outcome: if state == InstanceState::Success {
+                Outcome::Success
+            } else {
+                Outcome::Failed
+            },
+            retries_left: false,
+        },
+    };
+    let Ok(next) = transition(InstanceState::Running, event) else {
+        return Ok(None);
+    };
+    let end = next.to;
     let done = sqlx::query(
         "UPDATE task_instance SET state = ?, finished_at = ? \
          WHERE id = ? AND attempt = ? AND state = 'RUNNING'",
@@ -400,11 +416,15 @@ pub(crate) async fn fan_out_tx(
         return Ok(false);
     };
     lock_runs(store, c, &BTreeSet::from([key.run_id.0])).await?;
+    let Ok(next) = transition(InstanceState::Waiting, Event::FanOut) else {
+        return Ok(false);
+    };
     let total = workers.len() as i64;
     let done = sqlx::query(
-        "UPDATE task_instance SET state = 'RUNNING', started_at = ?, shard_total = ? \
+        "UPDATE task_instance SET state = ?, started_at = ?, shard_total = ? \
          WHERE id = ? AND attempt = ? AND state = 'WAITING' AND shard_slot = 0",
     )
+    .bind(next.to.as_str())
     .bind(now)
     .bind(total)
     .bind(parent.0)
@@ -471,10 +491,14 @@ pub(crate) async fn fail_shard_tx(
     let Some(parent) = parent else {
         return Ok(false);
     };
+    let Ok(next) = transition(InstanceState::Waiting, Event::PinnedWorkerGone) else {
+        return Ok(false);
+    };
     let done = sqlx::query(
-        "UPDATE task_instance SET state = 'FAILED', finished_at = ? \
+        "UPDATE task_instance SET state = ?, finished_at = ? \
          WHERE id = ? AND attempt = ? AND state = 'WAITING'",
     )
+    .bind(next.to.as_str())
     .bind(now)
     .bind(id.0)
     .bind(i64::from(attempt.0))
@@ -484,9 +508,10 @@ pub(crate) async fn fail_shard_tx(
         return Ok(false);
     }
     let updated = sqlx::query(
-        "UPDATE task_attempt SET state = 'FAILED', finished_at = ?, message = ? \
+        "UPDATE task_attempt SET state = ?, finished_at = ?, message = ? \
          WHERE instance_id = ? AND attempt = ?",
     )
+    .bind(next.to.as_str())
     .bind(now)
     .bind(reason)
     .bind(id.0)

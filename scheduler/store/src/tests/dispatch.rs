@@ -566,8 +566,18 @@ mod scenarios {
             node_id: "n1".into(),
         };
         let first = decision("task limit 2 reached");
-        assert_eq!(s.record_decisions_once(std::slice::from_ref(&first)).await.unwrap(), 1);
-        assert_eq!(s.record_decisions_once(std::slice::from_ref(&first)).await.unwrap(), 0);
+        assert_eq!(
+            s.record_decisions_once(std::slice::from_ref(&first))
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            s.record_decisions_once(std::slice::from_ref(&first))
+                .await
+                .unwrap(),
+            0
+        );
         assert_eq!(
             s.record_decisions_once(&[decision("pool limit 4 reached")])
                 .await

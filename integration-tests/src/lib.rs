@@ -147,19 +147,6 @@ impl ClusterBuilder {
         self
     }
 
-    /// A worker with labels.
-    pub fn labeled_worker(mut self, id: &str, capacity: u32, labels: &[(&str, &str)]) -> Self {
-        self.workers.push(WorkerSpec {
-            id: id.into(),
-            capacity,
-            labels: labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        });
-        self
-    }
-
     /// A cluster-wide pool limit (the scheduler config's `[pools]`).
     pub fn pool(mut self, name: &str, limit: u32) -> Self {
         self.pools.insert(name.into(), limit);
@@ -404,6 +391,23 @@ impl Cluster {
             .env("AX_SERVER", self.endpoint())
             .output()
             .context("running axctl")
+    }
+
+    /// Stops one worker (draining) and waits until it has stopped.
+    pub async fn stop_worker(&mut self, id: &str) -> anyhow::Result<()> {
+        let index = self
+            .workers
+            .iter()
+            .position(|(worker, _, _)| worker == id)
+            .with_context(|| format!("no worker {id}"))?;
+        let (_, cancel, handle) = self.workers.remove(index);
+        cancel.cancel();
+        match tokio::time::timeout(Duration::from_secs(30), handle).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(err))) => bail!("worker {id} failed: {err:#}"),
+            Ok(Err(err)) => bail!("worker {id} panicked: {err}"),
+            Err(_) => bail!("worker {id} did not stop within 30 s"),
+        }
     }
 
     /// Stops the workers (draining), then the scheduler, then drops the test database.

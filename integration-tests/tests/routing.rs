@@ -36,6 +36,7 @@ macro_rules! on_every_backend {
 on_every_backend!(
     sharded_broadcast_runs_one_shard_per_worker_and_waits_for_all,
     a_failing_shard_fails_the_sharded_task,
+    a_shard_retry_waits_for_its_worker_and_fails_when_it_is_gone,
     consistent_hash_keeps_a_task_on_one_worker,
     failover_takes_workers_in_id_order,
     task_workflow_and_pool_limits_are_never_exceeded,
@@ -227,6 +228,63 @@ tasks:
         .find(|i| i.attempts.is_empty())
         .expect("the sharded task's instance");
     assert_eq!(state(parent), pb::InstanceState::Failed);
+    cluster.shutdown().await.expect("shutdown");
+}
+
+async fn a_shard_retry_waits_for_its_worker_and_fails_when_it_is_gone(backend: Backend) {
+    let Some(mut cluster) = start(backend, &[("w1", 2), ("w2", 2)], &[]).await else {
+        return;
+    };
+    // Shard 1 (on w2, the second worker id) fails its first attempt; its retry would succeed.
+    let source = r#"
+name: broadcast-gone
+tasks:
+  - name: shards
+    routing: sharded_broadcast
+    retries: 2
+    retry_backoff: 8s
+    command: 'if [ "$AX_SHARD_INDEX" = 1 ] && [ "$AX_ATTEMPT" = 1 ]; then exit 1; fi'
+"#;
+    cluster.apply(source).await.expect("apply");
+    let run = trigger(&cluster, "broadcast-gone").await;
+    // Wait for the first attempt of the shard on w2 to fail, then take w2 away.
+    let deadline = tokio::time::Instant::now() + RUN_TIMEOUT;
+    let shard = loop {
+        let instances = cluster.instances(run).await.expect("instances");
+        let failed_once = instances.into_iter().find(|i| {
+            i.attempts
+                .first()
+                .is_some_and(|a| a.worker_id == "w2" && a.state == pb::InstanceState::Failed as i32)
+        });
+        if let Some(shard) = failed_once {
+            break shard;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the shard on w2 never failed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    cluster.stop_worker("w2").await.expect("w2 stops");
+    let ended = cluster.wait_run(run, RUN_TIMEOUT).await.expect("run ends");
+    assert_eq!(ended.state, pb::RunState::Failed as i32);
+    let instances = cluster.instances(run).await.expect("instances");
+    let shard = instances
+        .iter()
+        .find(|i| i.id == shard.id)
+        .expect("the shard");
+    assert_eq!(state(shard), pb::InstanceState::Failed);
+    // The retry never ran anywhere else; it failed because its worker is gone.
+    assert_eq!(shard.attempts.len(), 2, "{shard:?}");
+    let retry = &shard.attempts[1];
+    assert_eq!(retry.worker_id, "w2");
+    assert_eq!(retry.started_at_ms, 0);
+    assert!(retry.message.contains("w2"), "{retry:?}");
+    let other = instances
+        .iter()
+        .find(|i| i.attempts.first().is_some_and(|a| a.worker_id == "w1"))
+        .expect("the shard on w1");
+    assert_eq!(state(other), pb::InstanceState::Success);
     cluster.shutdown().await.expect("shutdown");
 }
 

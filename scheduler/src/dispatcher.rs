@@ -54,6 +54,10 @@ impl DecisionMemo {
         }
         self.seen.insert((instance, kind, detail.to_string()))
     }
+
+    fn forget(&mut self, instance: InstanceId, kind: DecisionKind, detail: &str) {
+        self.seen.remove(&(instance, kind, detail.to_string()));
+    }
 }
 /// How often the dispatcher looks without being woken (retries whose backoff ended, a start
 /// lock that expired).
@@ -224,19 +228,18 @@ async fn dispatch_batch(
             .specs
             .get(instance.workflow_id, instance.workflow_version)
             .await?;
-        if spec.task(&instance.task).is_none() {
+        let Some(task) = spec.task(&instance.task) else {
             tracing::error!(instance = %instance.id, task = %instance.task, "task missing from its workflow version");
             continue;
-        }
-        let task = spec.task(&instance.task).cloned().unwrap_or_default();
+        };
         let limits = limits_for(
             instance.workflow_id,
-            &task,
+            task,
             spec.spec.concurrency.max_running_tasks,
             &node.options.pools,
         );
         scopes.extend(limits.iter().map(|limit| limit.scope.clone()));
-        items.push((item, spec, task, limits));
+        items.push((item, spec, limits));
     }
     let mut fitter = if scopes.is_empty() {
         Fitter::default()
@@ -249,8 +252,11 @@ async fn dispatch_batch(
     let mut planned = Vec::new();
     {
         let mut placer = node.placer.lock().await;
-        for (item, spec, task, limits) in items {
+        for (item, spec, limits) in items {
             let instance = &item.instance;
+            let Some(task) = spec.task(&instance.task) else {
+                continue;
+            };
             if task.routing == Routing::ShardedBroadcast && item.shard.is_none() {
                 // The parent of a sharded task: one shard per live worker with its labels.
                 let workers = cluster.live_with(node, &task.labels, now).await?;
@@ -469,6 +475,16 @@ async fn record_once(node: &Node, decisions: Vec<DecisionRecord>) {
     }
     if let Err(err) = node.store.record_decisions_once(&fresh).await {
         tracing::warn!(error = %err, "recording dispatch decisions failed");
+        // Forget them, so a later pass tries again.
+        let mut memo = node
+            .decisions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for d in &fresh {
+            if let Some(id) = d.instance_id {
+                memo.forget(id, d.kind, &d.detail);
+            }
+        }
     }
 }
 
@@ -485,5 +501,36 @@ fn lock_ttl(node: &Node, timeout_ms: u64) -> Duration {
         Duration::from_secs(24 * 3600)
     } else {
         Duration::from_millis(timeout_ms) + grace
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decision_is_new_once_per_instance_kind_and_detail() {
+        let mut memo = DecisionMemo::default();
+        let (a, b) = (InstanceId(1), InstanceId(2));
+        assert!(memo.first(a, DecisionKind::Throttled, "task limit 2 reached"));
+        assert!(!memo.first(a, DecisionKind::Throttled, "task limit 2 reached"));
+        assert!(memo.first(a, DecisionKind::Throttled, "pool limit 4 reached"));
+        assert!(memo.first(a, DecisionKind::NoWorker, "task limit 2 reached"));
+        assert!(memo.first(b, DecisionKind::Throttled, "task limit 2 reached"));
+        memo.forget(a, DecisionKind::Throttled, "task limit 2 reached");
+        assert!(memo.first(a, DecisionKind::Throttled, "task limit 2 reached"));
+    }
+
+    #[test]
+    fn no_worker_details_name_the_labels() {
+        assert_eq!(labels_text(&BTreeMap::new()), "no live worker");
+        let labels = BTreeMap::from([
+            ("zone".to_string(), "east".to_string()),
+            ("gpu".to_string(), "a100".to_string()),
+        ]);
+        assert_eq!(
+            labels_text(&labels),
+            "no live worker with labels gpu=a100,zone=east"
+        );
     }
 }

@@ -180,7 +180,9 @@ pub enum Routing {
     /// The first live eligible worker in the order of worker ids.
     Failover,
     /// One instance per eligible live worker, each told `AX_SHARD_INDEX` and `AX_SHARD_TOTAL`;
-    /// the task succeeds when every shard did.
+    /// the task succeeds when every shard did and fails when one failed with no retry left.
+    /// Each shard runs (and retries) only on its worker, and fails once that worker is gone for
+    /// good (see `crate::shard`).
     ShardedBroadcast,
 }
 

@@ -140,6 +140,11 @@ pub enum Event {
     UpstreamRerun,
     /// Every upstream of a PENDING instance succeeded (again).
     UpstreamsReady,
+    /// A sharded task's instance fanned out into its shards: it runs (on no worker of its own)
+    /// until its shards decide its end (`crate::shard`), which comes as a `Finish` or `Cancel`.
+    FanOut,
+    /// The worker a waiting shard is pinned to is gone for good: the shard cannot run anywhere.
+    PinnedWorkerGone,
 }
 
 /// The effect of a legal transition.
@@ -206,6 +211,8 @@ pub fn transition(from: InstanceState, event: Event) -> Result<Transition, Illeg
         (Success | Failed | Timeout | Cancelled, Event::RerunFrom) => retry,
         (Success | Failed | Timeout | Cancelled, Event::UpstreamRerun) => stay(Pending),
         (Pending, Event::UpstreamsReady) => retry,
+        (Waiting, Event::FanOut) => stay(Running),
+        (Waiting, Event::PinnedWorkerGone) => stay(Failed),
         _ => Err(IllegalTransition { from, event }),
     }
 }
@@ -225,6 +232,8 @@ mod tests {
             Event::RerunFrom,
             Event::UpstreamRerun,
             Event::UpstreamsReady,
+            Event::FanOut,
+            Event::PinnedWorkerGone,
         ];
         for retries_left in [false, true] {
             all.push(Event::SpawnFailed { retries_left });
@@ -284,6 +293,8 @@ mod tests {
             (Timeout, Event::UpstreamRerun, Pending, false),
             (Cancelled, Event::UpstreamRerun, Pending, false),
             (Pending, Event::UpstreamsReady, Waiting, true),
+            (Waiting, Event::FanOut, Running, false),
+            (Waiting, Event::PinnedWorkerGone, Failed, false),
         ]
     }
 
@@ -307,7 +318,7 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 8 * 16);
+        assert_eq!(checked, 8 * 18);
     }
 
     #[test]

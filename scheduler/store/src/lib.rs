@@ -149,6 +149,17 @@ pub struct WaitingInstance {
     pub instance: InstanceRecord,
     pub logical_time: Millis,
     pub params: BTreeMap<String, String>,
+    /// Set for a shard of a sharded broadcast (see [`Store::fan_out`]).
+    pub shard: Option<Shard>,
+}
+
+/// A shard of a sharded task: which one, of how many, and the worker it is pinned to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shard {
+    pub parent: InstanceId,
+    pub index: u32,
+    pub total: u32,
+    pub worker: String,
 }
 
 /// The decision to send one attempt to one worker.
@@ -159,6 +170,9 @@ pub struct DispatchClaim {
     pub worker_id: String,
     pub node_id: String,
     pub at: Millis,
+    /// The concurrency limits the instance counts against (`ax_core::limits::limits_for`);
+    /// the claim is refused when one of them is full.
+    pub limits: Vec<ax_core::limits::Limit>,
 }
 
 /// How an attempt ended, as far as the store is concerned.
@@ -509,6 +523,30 @@ pub trait Store: Send + Sync + 'static {
     /// all in one transaction; records the attempt's worker and dispatch time. Returns, per
     /// claim, whether this call won it.
     async fn mark_dispatched(&self, claims: &[DispatchClaim]) -> Result<Vec<bool>>;
+    /// The counters of these concurrency scopes (instances holding each now); a scope without a
+    /// counter is absent.
+    async fn limit_usage(&self, scopes: &[String]) -> Result<BTreeMap<String, u32>>;
+    /// Fans a WAITING sharded task's instance (the parent) out into one WAITING shard per
+    /// worker in `workers` (shard index = position), each pinned to its worker; the parent
+    /// becomes RUNNING with no worker and is never dispatched. One transaction; false (and
+    /// nothing changed) when the parent is no longer WAITING as `attempt`, or `workers` is empty.
+    async fn fan_out(
+        &self,
+        parent: InstanceId,
+        attempt: Attempt,
+        workers: &[String],
+        now: Millis,
+    ) -> Result<bool>;
+    /// A WAITING shard whose pinned worker is gone for good fails (no retry: it may run only
+    /// there), with `reason` on its attempt; its parent and run end as the rules say. False when
+    /// it is no longer WAITING as `attempt`.
+    async fn fail_shard(
+        &self,
+        id: InstanceId,
+        attempt: Attempt,
+        reason: &str,
+        now: Millis,
+    ) -> Result<bool>;
     /// Applies worker reports in one transaction, in order; one result per report.
     async fn apply_reports(&self, reports: &[Report], now: Millis) -> Result<Vec<ReportResult>>;
 
@@ -558,6 +596,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Stores decisions in one multi-row insert.
     async fn record_decisions(&self, decisions: &[DecisionRecord]) -> Result<()>;
+    /// Stores the decisions whose (instance, kind, detail) is not stored yet (each must name an
+    /// instance); returns how many it stored. For decisions a dispatcher would otherwise repeat
+    /// every pass (throttled, no worker).
+    async fn record_decisions_once(&self, decisions: &[DecisionRecord]) -> Result<u32>;
     /// A workflow's decisions with `from <= slot_at <= to`, oldest first, at most `limit`.
     async fn list_decisions(
         &self,

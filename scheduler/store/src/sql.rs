@@ -6,6 +6,7 @@
 //! upgrade its lock and fail with SQLITE_BUSY) and retries a MySQL deadlock a few times.
 
 mod dependents;
+mod dispatch;
 mod ids;
 mod ops;
 mod queue;
@@ -50,6 +51,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "workflow_dependency",
         include_str!("../migrations/mysql/0005_workflow_dependency.sql"),
     ),
+    (
+        6,
+        "dispatch_limits_shards",
+        include_str!("../migrations/mysql/0006_dispatch_limits_shards.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -76,6 +82,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         5,
         "workflow_dependency",
         include_str!("../migrations/sqlite/0005_workflow_dependency.sql"),
+    ),
+    (
+        6,
+        "dispatch_limits_shards",
+        include_str!("../migrations/sqlite/0006_dispatch_limits_shards.sql"),
     ),
 ];
 

@@ -279,6 +279,7 @@ mod scenarios {
             worker_id: worker.into(),
             node_id: "node-1".into(),
             at: T0 + 10,
+            limits: Vec::new(),
         }
     }
 
@@ -2073,4 +2074,5 @@ fn mysql_server_url_strips_the_database() {
     );
 }
 
+mod dispatch;
 mod queue;

@@ -392,7 +392,29 @@ async fn cancel_one(
     .bind(i64::from(attempt.0))
     .execute(&mut *c)
     .await?;
+    super::dispatch::release(c, &[id.0]).await?;
     Ok(true)
+}
+
+/// Cancelling a sharded task's instance cancels its unfinished shards too. Their workers are not
+/// told at once: a shard's next report (a task heartbeat, its end) is refused, and a refused
+/// report makes the worker kill it.
+async fn cancel_shards_of(c: &mut AnyConnection, parent: InstanceId, now: Millis) -> Result<()> {
+    let sql = format!(
+        "SELECT id, attempt, state FROM task_instance WHERE parent_id = ? AND state IN {UNFINISHED} \
+         ORDER BY id"
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(parent.0)
+        .fetch_all(&mut *c)
+        .await?;
+    for row in rows {
+        let id = InstanceId(row.try_get("id")?);
+        let attempt = Attempt(to_u32(row.try_get("attempt")?, "attempt")?);
+        let state = instance_state(&row.try_get::<String, _>("state")?)?;
+        cancel_one(c, id, attempt, state, now).await?;
+    }
+    Ok(())
 }
 
 fn was_started(state: InstanceState) -> bool {
@@ -473,6 +495,8 @@ async fn cancel_instance_tx(
                 worker_id: key.worker_id.clone(),
             });
         }
+        super::dispatch::settle_parent_of(c, id, now).await?;
+        cancel_shards_of(c, id, now).await?;
         finish_run_if_done(store, c, key.run_id, now).await?;
     }
     let record = instance_by_id(c, id).await?;
@@ -542,7 +566,7 @@ async fn rerun_failed_tx(
         return Ok(None);
     }
     let ids = sqlx::query(
-        "SELECT id FROM task_instance WHERE run_id = ? \
+        "SELECT id FROM task_instance WHERE run_id = ? AND shard_slot = 0 \
          AND state IN ('FAILED', 'TIMEOUT', 'CANCELLED') ORDER BY id",
     )
     .bind(run.0)
@@ -560,19 +584,29 @@ async fn rerun_failed_tx(
     Ok(Some(retried))
 }
 
-async fn mark_dispatched_tx(c: &mut AnyConnection, claims: &[DispatchClaim]) -> Result<Vec<bool>> {
+/// The conditional claims; with `allowed`, only the claims it allows are tried (the limits said
+/// no to the others, see `dispatch.rs`).
+pub(crate) async fn mark_dispatched_tx(
+    c: &mut AnyConnection,
+    claims: &[DispatchClaim],
+    allowed: Option<&[bool]>,
+) -> Result<Vec<bool>> {
     // Lock instance rows in id order whatever the claim order, so two batches cannot deadlock.
     let mut order: Vec<usize> = (0..claims.len()).collect();
     order.sort_by_key(|&i| (claims[i].instance_id, claims[i].attempt));
     let mut won = vec![false; claims.len()];
     for i in order {
+        if allowed.is_some_and(|allowed| !allowed[i]) {
+            continue;
+        }
         let claim = &claims[i];
         let attempt = i64::from(claim.attempt.0);
         let done = sqlx::query(
-            "UPDATE task_instance SET state = 'DISPATCHED', worker_id = ? \
+            "UPDATE task_instance SET state = 'DISPATCHED', worker_id = ?, held_slots = ? \
              WHERE id = ? AND attempt = ? AND state = 'WAITING'",
         )
         .bind(claim.worker_id.as_str())
+        .bind(super::dispatch::held_slots(claim))
         .bind(claim.instance_id.0)
         .bind(attempt)
         .execute(&mut *c)
@@ -924,7 +958,8 @@ impl Store for SqlStore {
         .ok_or_else(|| crate::StoreError::NotFound(format!("run {id}")))?;
         let tasks: i64 = run.try_get("task_count")?;
         let rows = sqlx::query(
-            "SELECT state, COUNT(*) AS n FROM task_instance WHERE run_id = ? GROUP BY state",
+            "SELECT state, COUNT(*) AS n FROM task_instance WHERE run_id = ? AND shard_slot = 0 \
+             GROUP BY state",
         )
         .bind(id.0)
         .fetch_all(&self.pool)
@@ -999,7 +1034,8 @@ impl Store for SqlStore {
              ORDER BY ti.priority DESC, ti.id LIMIT ?",
             rows::INSTANCE_SELECT.replace(
                 "ti.exit_code FROM",
-                "ti.exit_code, r.logical_time, r.params_json FROM"
+                "ti.exit_code, r.logical_time, r.params_json, ti.parent_id, ti.shard_index, \
+                 ti.shard_total, ti.pinned_worker FROM"
             )
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -1010,10 +1046,29 @@ impl Store for SqlStore {
         rows.iter()
             .map(|row| {
                 let params: String = row.try_get("params_json")?;
+                let parent: Option<i64> = row.try_get("parent_id")?;
+                let shard = match parent {
+                    Some(parent) => Some(crate::Shard {
+                        parent: InstanceId(parent),
+                        index: to_u32(
+                            row.try_get::<Option<i64>, _>("shard_index")?.unwrap_or(0),
+                            "shard index",
+                        )?,
+                        total: to_u32(
+                            row.try_get::<Option<i64>, _>("shard_total")?.unwrap_or(0),
+                            "shard total",
+                        )?,
+                        worker: row
+                            .try_get::<Option<String>, _>("pinned_worker")?
+                            .unwrap_or_default(),
+                    }),
+                    None => None,
+                };
                 Ok(WaitingInstance {
                     instance: rows::instance(row)?,
                     logical_time: row.try_get("logical_time")?,
                     params: map_json(&params, "run params")?,
+                    shard,
                 })
             })
             .collect()
@@ -1044,7 +1099,8 @@ impl Store for SqlStore {
              JOIN task_definition td ON td.workflow_id = ti.workflow_id \
                AND td.version = ti.workflow_version AND td.name = ti.task_name \
              LEFT JOIN task_attempt ta ON ta.instance_id = ti.id AND ta.attempt = ti.attempt \
-             WHERE ti.state IN ('DISPATCHED', 'RUNNING'){on_worker} ORDER BY ti.id LIMIT ?"
+             WHERE ti.state IN ('DISPATCHED', 'RUNNING'){on_worker} \
+             AND NOT (ti.shard_slot = 0 AND ti.shard_total IS NOT NULL) ORDER BY ti.id LIMIT ?"
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         if let Some(worker) = worker {
@@ -1073,7 +1129,38 @@ impl Store for SqlStore {
         if claims.is_empty() {
             return Ok(Vec::new());
         }
-        write_tx!(self, |c| mark_dispatched_tx(c, claims))
+        write_tx!(self, |c| super::dispatch::mark_dispatched(self, c, claims))
+    }
+
+    async fn limit_usage(
+        &self,
+        scopes: &[String],
+    ) -> Result<std::collections::BTreeMap<String, u32>> {
+        super::dispatch::limit_usage(self, scopes).await
+    }
+
+    async fn fan_out(
+        &self,
+        parent: InstanceId,
+        attempt: Attempt,
+        workers: &[String],
+        now: Millis,
+    ) -> Result<bool> {
+        write_tx!(self, |c| super::dispatch::fan_out_tx(
+            self, c, parent, attempt, workers, now
+        ))
+    }
+
+    async fn fail_shard(
+        &self,
+        id: InstanceId,
+        attempt: Attempt,
+        reason: &str,
+        now: Millis,
+    ) -> Result<bool> {
+        write_tx!(self, |c| super::dispatch::fail_shard_tx(
+            self, c, id, attempt, reason, now
+        ))
     }
 
     async fn apply_reports(&self, reports: &[Report], now: Millis) -> Result<Vec<ReportResult>> {
@@ -1312,6 +1399,15 @@ impl Store for SqlStore {
             }
             Ok(())
         })
+    }
+
+    async fn record_decisions_once(&self, decisions: &[DecisionRecord]) -> Result<u32> {
+        if decisions.is_empty() {
+            return Ok(0);
+        }
+        write_tx!(self, |c| super::dispatch::record_decisions_once_tx(
+            c, decisions
+        ))
     }
 
     async fn list_decisions(

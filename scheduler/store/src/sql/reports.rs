@@ -164,6 +164,8 @@ struct AfterBatch {
     succeeded: Vec<(usize, InstanceKey)>,
     /// Runs with an instance that became terminal, with the last such report.
     touched_runs: Vec<(usize, RunId)>,
+    /// Instances whose attempt ended or went back to WAITING: (report, id, new state).
+    ended: Vec<(usize, i64, InstanceState)>,
 }
 
 impl AfterBatch {
@@ -174,10 +176,17 @@ impl AfterBatch {
         now: Millis,
         results: &mut [ReportResult],
     ) -> Result<()> {
+        let AfterBatch {
+            mut succeeded,
+            mut touched_runs,
+            ended,
+        } = self;
+        super::dispatch::after_attempts_ended(c, &ended, &mut succeeded, &mut touched_runs, now)
+            .await?;
         // Each (run, downstream task) is examined once, credited to the last report reaching it.
         let mut candidates: Vec<(usize, InstanceKey, String)> = Vec::new();
         let mut seen: BTreeSet<(i64, String)> = BTreeSet::new();
-        for (index, done) in self.succeeded.iter().rev() {
+        for (index, done) in succeeded.iter().rev() {
             for task in downstream_of(c, done).await? {
                 if seen.insert((done.run_id.0, task.clone())) {
                     candidates.push((*index, done.clone(), task));
@@ -193,7 +202,7 @@ impl AfterBatch {
             }
         }
         let mut ended: BTreeSet<i64> = BTreeSet::new();
-        for (index, run) in self.touched_runs.iter().rev() {
+        for (index, run) in touched_runs.iter().rev() {
             if !ended.insert(run.0) {
                 continue;
             }
@@ -294,6 +303,7 @@ async fn apply_one(
             .bind(attempt_no)
             .execute(&mut *c)
             .await?;
+            after.ended.push((index, id.0, next.to));
             Ok(ReportResult::Applied(Applied {
                 new_waiting: 1,
                 ..Applied::default()
@@ -440,6 +450,7 @@ async fn apply_one(
             .bind(attempt_no)
             .execute(&mut *c)
             .await?;
+            after.ended.push((index, id.0, next.to));
             let mut applied = Applied {
                 attempt_ended: true,
                 attempt_state: Some(attempt_state),
@@ -503,7 +514,7 @@ async fn create_if_ready(
     let upstreams: i64 = def.try_get("upstream_count")?;
     let succeeded: i64 = sqlx::query(
         "SELECT COUNT(*) AS n FROM task_dependency d JOIN task_instance ti \
-         ON ti.run_id = ? AND ti.task_name = d.upstream \
+         ON ti.run_id = ? AND ti.task_name = d.upstream AND ti.shard_slot = 0 \
          WHERE d.workflow_id = ? AND d.version = ? AND d.downstream = ? \
          AND ti.state = 'SUCCESS'",
     )
@@ -580,8 +591,10 @@ pub(crate) async fn finish_run_if_done(
         cancel_requested: run.try_get::<i64, _>("cancel_requested")? != 0,
         ..RunProgress::default()
     };
+    // Shards count through their parent.
     let counts = sqlx::query(
-        "SELECT state, COUNT(*) AS n FROM task_instance WHERE run_id = ? GROUP BY state",
+        "SELECT state, COUNT(*) AS n FROM task_instance WHERE run_id = ? AND shard_slot = 0 \
+         GROUP BY state",
     )
     .bind(run_id.0)
     .fetch_all(&mut *c)

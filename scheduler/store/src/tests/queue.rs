@@ -79,6 +79,7 @@ mod scenarios {
             worker_id: "w1".into(),
             node_id: "n1".into(),
             at: T0,
+            limits: Vec::new(),
         };
         assert_eq!(s.mark_dispatched(&[claim]).await.unwrap(), [true]);
         let reports = [

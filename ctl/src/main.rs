@@ -14,7 +14,8 @@ use clap::{Parser, Subcommand};
 
 use crate::client::Ctx;
 use crate::commands::{
-    apply, cancel, dev, get, logs, pause, rerun, resume, retry, trigger, workers,
+    apply, audit, backfill, cancel, dag, dev, get, logs, pause, rerun, resume, retry, trigger, why,
+    workers,
 };
 use crate::error::Exit;
 use crate::output::Output;
@@ -51,7 +52,7 @@ struct Cli {
     )]
     server: String,
 
-    /// Output format of the data written to stdout.
+    /// Output format of the data written to stdout (ascii, dot and mermaid: `axctl dag` only).
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
 
@@ -84,10 +85,18 @@ enum Command {
     Cancel(cancel::Args),
     /// Retry one failed, timed-out or cancelled instance as a new attempt.
     Retry(retry::Args),
-    /// Rerun the failed part of a run as new attempts.
+    /// Rerun the failed part of a run, or a task and everything below it, as new attempts.
     Rerun(rerun::Args),
     /// Run a scheduler and a worker in this process (SQLite store, no Redis).
     Dev(dev::Args),
+    /// Print a workflow's task graph (-o ascii|dot|mermaid|json), with a run's states.
+    Dag(dag::Args),
+    /// Explain why a workflow's tasks did or did not run around a time.
+    Why(why::Args),
+    /// List the audit trail: who applied, triggered, cancelled, paused what, and from where.
+    Audit(audit::Args),
+    /// Create one run per cron slot of a past range, in order (a slot that has a run is kept).
+    Backfill(backfill::Args),
 }
 
 #[tokio::main]
@@ -95,6 +104,12 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     // `axctl dev` logs at info while it serves; with `--run` the run's own output is the show.
     init_tracing(matches!(&cli.command, Command::Dev(args) if args.run.is_none()));
+    if matches!(cli.output, Output::Ascii | Output::Dot | Output::Mermaid)
+        && !matches!(cli.command, Command::Dag(_))
+    {
+        eprintln!("error: -o ascii, dot and mermaid are formats of `axctl dag` only");
+        return ExitCode::from(Exit::Usage as u8);
+    }
     let ctx = Ctx {
         server: client::normalize_server(&cli.server),
         output: cli.output,
@@ -112,6 +127,10 @@ async fn main() -> ExitCode {
         Command::Retry(args) => retry::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Rerun(args) => rerun::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Dev(args) => dev::run(&ctx, args).await,
+        Command::Dag(args) => dag::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Why(args) => why::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Audit(args) => audit::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Backfill(args) => backfill::run(&ctx, args).await.map(|()| Exit::Ok),
     };
     let exit = match result {
         Ok(exit) => exit,

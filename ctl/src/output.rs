@@ -12,6 +12,12 @@ pub enum Output {
     Table,
     Json,
     Yaml,
+    /// `axctl dag` only: the task tree for a terminal (its default).
+    Ascii,
+    /// `axctl dag` only: Graphviz.
+    Dot,
+    /// `axctl dag` only: a mermaid flowchart.
+    Mermaid,
 }
 
 /// Writes `value` to stdout in the chosen format; `table` renders the human form only when needed.
@@ -24,6 +30,12 @@ pub fn emit<T: Serialize>(
         Output::Table => table(),
         Output::Json => to_json(value)?,
         Output::Yaml => to_yaml(value)?,
+        Output::Ascii | Output::Dot | Output::Mermaid => {
+            return Err(crate::error::CtlError::usage(
+                "-o ascii, dot and mermaid are formats of `axctl dag` only; use table, json or yaml",
+            )
+            .into());
+        }
     };
     write_stdout(&text)
 }

@@ -66,6 +66,19 @@ pub struct ScheduleView {
     pub trigger: String,
     pub cron: String,
     pub timezone: String,
+    pub misfire: String,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub max_catch_up: u32,
+    pub overlap: String,
+    pub max_active_runs: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Serialize)]
@@ -130,6 +143,14 @@ impl From<&pb::Workflow> for WorkflowView {
                 trigger: trigger_kind(s.trigger),
                 cron: s.cron.clone(),
                 timezone: s.timezone.clone(),
+                misfire: s.misfire.clone(),
+                max_catch_up: s.max_catch_up,
+                overlap: s.overlap.clone(),
+                max_active_runs: s.max_active_runs,
+                start: (s.start_at_ms != 0)
+                    .then(|| rfc3339(s.start_at_ms))
+                    .flatten(),
+                end: (s.end_at_ms != 0).then(|| rfc3339(s.end_at_ms)).flatten(),
             }),
             paused: w.paused,
             tasks: w.tasks.iter().map(TaskView::from).collect(),
@@ -236,6 +257,26 @@ pub struct RunDetailView {
     #[serde(flatten)]
     pub run: RunView,
     pub instances: Vec<InstanceView>,
+    /// Every task of the run, with `pending` or `upstream_failed` for those without an instance.
+    pub tasks: Vec<TaskStatusView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TaskStatusView {
+    pub task: String,
+    pub status: String,
+    /// None when the task has no instance.
+    pub instance_id: Option<i64>,
+}
+
+impl From<&pb::TaskStatus> for TaskStatusView {
+    fn from(t: &pb::TaskStatus) -> Self {
+        TaskStatusView {
+            task: t.task.clone(),
+            status: t.status.clone(),
+            instance_id: (t.instance_id > 0).then_some(t.instance_id),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]

@@ -464,3 +464,334 @@ async fn pause_resume_and_cancel() {
     let out = axctl(&server, &["cancel", "instance", "1"]).await;
     assert_eq!(out.stdout, "instance 1 CANCELLED\n", "{out:?}");
 }
+
+/// The diamond of `ax_core::render`'s golden files (workflow `etl` version 3, run 7), as the
+/// server sends it.
+fn diamond_dag(with_run: bool) -> pb::Dag {
+    let node = |task: &str, upstream: &[&str], state: &str, id: i64| pb::DagNode {
+        task: task.into(),
+        state: if with_run {
+            state.into()
+        } else {
+            String::new()
+        },
+        instance_id: if with_run { id } else { 0 },
+        upstream: upstream.iter().map(|s| s.to_string()).collect(),
+    };
+    let nodes = vec![
+        node("extract", &[], "SUCCESS", 1),
+        node("clean", &["extract"], "RUNNING", 2),
+        node("audit", &["extract"], "FAILED", 3),
+        node("load", &["clean", "audit"], "UPSTREAM_FAILED", 0),
+        node("report", &["load"], "UPSTREAM_FAILED", 0),
+    ];
+    let edges = nodes
+        .iter()
+        .flat_map(|n| {
+            n.upstream.iter().map(|up| pb::DagEdge {
+                from: up.clone(),
+                to: n.task.clone(),
+            })
+        })
+        .collect();
+    pb::Dag {
+        workflow: "etl".into(),
+        version: 3,
+        run_id: if with_run { 7 } else { 0 },
+        nodes,
+        edges,
+    }
+}
+
+fn core_golden(name: &str) -> String {
+    let path = format!(
+        "{}/../scheduler/core/tests/golden/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{path}: {err}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dag_prints_every_format_as_the_golden_files_say() {
+    let fake = Fake::default();
+    let server = fake.clone().start().await;
+    for (with_run, golden) in [(false, "diamond"), (true, "diamond_run")] {
+        fake.with(|s| s.views.dag = Some(diamond_dag(with_run)));
+        let run_args: &[&str] = if with_run { &["--run", "7"] } else { &[] };
+        for (format, ext) in [
+            (None, "txt"),
+            (Some("ascii"), "txt"),
+            (Some("dot"), "dot"),
+            (Some("mermaid"), "mmd"),
+            (Some("json"), "json"),
+        ] {
+            let mut args = vec!["dag", "etl"];
+            args.extend(run_args);
+            if let Some(format) = format {
+                args.extend(["-o", format]);
+            }
+            let out = axctl(&server, &args).await;
+            assert_eq!(out.code, 0, "{out:?}");
+            // Not a terminal: no colours, whatever the states.
+            assert_eq!(
+                out.stdout,
+                core_golden(&format!("{golden}.{ext}")),
+                "{args:?}"
+            );
+        }
+    }
+    let requests = fake.with(|s| s.views.dag_requests.clone());
+    assert_eq!(requests.last().unwrap().run_id, 7);
+    assert_eq!(requests[0].run_id, 0);
+
+    let out = axctl(&server, &["dag", "etl", "-o", "yaml"]).await;
+    assert!(out.stdout.contains("workflow: etl"), "{out:?}");
+    let out = axctl(&server, &["dag", "nope"]).await;
+    assert_eq!(out.code, 3, "{out:?}");
+    // The graph formats belong to `dag` alone, and nothing is called with them elsewhere.
+    let out = axctl(&server, &["workers", "-o", "dot"]).await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(!fake.calls().contains(&"ListWorkers".to_string()));
+}
+
+fn explanation() -> pb::Explanation {
+    pb::Explanation {
+        workflow: "etl".into(),
+        version: 1,
+        at_ms: 1_769_823_000_000,
+        timezone: "Europe/Paris".into(),
+        schedule: Some(pb::ExplainedSchedule {
+            trigger: pb::TriggerKind::Cron as i32,
+            cron: "30 2 * * *".into(),
+            timezone: "Europe/Paris".into(),
+            misfire: "fire_once".into(),
+            overlap: "skip".into(),
+            previous_slot_ms: 1_769_823_000_000,
+            next_slot_ms: 1_769_909_400_000,
+            ..Default::default()
+        }),
+        verdict: vec![
+            "the slot at 2026-01-31 02:30:00 CET was skipped: an earlier run was still active"
+                .into(),
+        ],
+        decisions: vec![pb::DecisionEntry {
+            at_ms: 1_769_823_000_000,
+            slot_at_ms: 1_769_823_000_000,
+            kind: "skipped_overlap".into(),
+            detail: "run 40 still running".into(),
+            text: "slot 2026-01-31 02:30:00 CET: skipped_overlap: run 40 still running".into(),
+            ..Default::default()
+        }],
+        run: Some(pb::Run {
+            id: 40,
+            workflow: "etl".into(),
+            state: pb::RunState::Running as i32,
+            trigger: pb::TriggerKind::Cron as i32,
+            logical_time_ms: 1_769_736_600_000,
+            ..Default::default()
+        }),
+        tasks: vec![
+            pb::ExplainedTask {
+                task: "extract".into(),
+                state: "RUNNING".into(),
+                instance_id: 11,
+                attempt: 1,
+                worker_id: "w1".into(),
+                reason: "running".into(),
+                text: "running on worker w1 since 2026-01-30 02:30:01 CET".into(),
+            },
+            pb::ExplainedTask {
+                task: "load".into(),
+                state: "PENDING".into(),
+                reason: "waiting_upstream".into(),
+                text: "waiting on upstream extract (RUNNING)".into(),
+                ..Default::default()
+            },
+        ],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn why_prints_one_screen_and_reads_at_in_the_workflow_time_zone() {
+    let (fake, server) = seeded().await;
+    fake.with(|s| s.views.explanation = Some(explanation()));
+    let out = axctl(&server, &["why", "etl"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    for expected in [
+        "Workflow:       etl (version 1)\n",
+        "Schedule:       cron \"30 2 * * *\" in Europe/Paris, misfire fire_once, overlap skip\n",
+        "State:          active\n",
+        "Previous slot:  2026-01-31 02:30:00 CET\n",
+        "  - the slot at 2026-01-31 02:30:00 CET was skipped: an earlier run was still active\n",
+        "skipped_overlap   slot 2026-01-31 02:30:00 CET: skipped_overlap: run 40 still running\n",
+        "Run 40 (cron, logical time 2026-01-30 02:30:00 CET): RUNNING\n",
+        "extract   RUNNING   11 (attempt 1)   w1       running on worker w1 since",
+        "load      PENDING   -                -        waiting on upstream extract (RUNNING)\n",
+    ] {
+        assert!(
+            out.stdout.contains(expected),
+            "{expected:?} missing in\n{}",
+            out.stdout
+        );
+    }
+    assert_eq!(fake.with(|s| s.views.explain_requests[0].at_ms), 0, "now");
+
+    // A wall time is read in the workflow's zone (Europe/Paris, UTC+1 in January).
+    let out = axctl(&server, &["why", "etl", "--at", "2026-01-31T02:30"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let out = axctl(
+        &server,
+        &["why", "etl", "--at", "2026-01-31T01:30:00Z", "-o", "json"],
+    )
+    .await;
+    let value: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(value["tasks"][1]["reason"], "waiting_upstream");
+    assert_eq!(value["decisions"][0]["kind"], "skipped_overlap");
+    assert_eq!(value["run"]["id"], 40);
+    let asked: Vec<i64> = fake.with(|s| s.views.explain_requests.iter().map(|r| r.at_ms).collect());
+    assert_eq!(asked[1..], [1_769_823_000_000, 1_769_823_000_000]);
+
+    let out = axctl(&server, &["why", "etl", "--at", "yesterday"]).await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("--at \"yesterday\""), "{out:?}");
+    let out = axctl(&server, &["why", "nope"]).await;
+    assert_eq!(out.code, 3, "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_lists_rows_and_passes_its_filters() {
+    let fake = Fake::default();
+    fake.with(|s| {
+        s.views.audit = vec![
+            pb::AuditEntry {
+                at_ms: 1_700_000_002_000,
+                actor: "bob@box".into(),
+                action: "pause".into(),
+                target: "workflow/etl".into(),
+                detail: String::new(),
+                remote: "10.0.0.2:5555".into(),
+            },
+            pb::AuditEntry {
+                at_ms: 1_700_000_001_000,
+                actor: "alice@box".into(),
+                action: "trigger".into(),
+                target: "workflow/etl".into(),
+                detail: "run 7".into(),
+                remote: "10.0.0.1:4444".into(),
+            },
+        ];
+    });
+    let server = fake.clone().start().await;
+    let out = axctl(&server, &["audit"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{out:?}");
+    assert!(
+        lines[0].starts_with("WHEN") && lines[0].ends_with("DETAIL"),
+        "{out:?}"
+    );
+    assert!(
+        lines[0].contains("WHO") && lines[0].contains("FROM"),
+        "{out:?}"
+    );
+    assert!(
+        lines[1].contains("bob@box") && lines[1].contains("10.0.0.2:5555"),
+        "{out:?}"
+    );
+    assert!(lines[2].ends_with("run 7"), "{out:?}");
+
+    let args = [
+        "audit",
+        "--action",
+        "trigger",
+        "--target",
+        "workflow/etl",
+        "--by",
+        "alice@box",
+        "--limit",
+        "5",
+        "-o",
+        "json",
+    ];
+    let out = axctl(&server, &args).await;
+    let value: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(value.as_array().unwrap().len(), 1);
+    assert_eq!(value[0]["remote"], "10.0.0.1:4444");
+    let request = fake.with(|s| s.views.audit_requests[1].clone());
+    assert_eq!(
+        (
+            request.limit,
+            request.action.as_str(),
+            request.target.as_str(),
+            request.actor.as_str()
+        ),
+        (5, "trigger", "workflow/etl", "alice@box")
+    );
+    assert_eq!(axctl(&server, &["audit", "--limit", "0"]).await.code, 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn backfill_reads_times_in_the_workflow_time_zone_and_refuses_bad_ones() {
+    let (fake, server) = seeded().await;
+    // `etl` runs in Europe/Paris: midnight there is 23:00 UTC the day before.
+    let out = axctl(
+        &server,
+        &[
+            "backfill",
+            "etl",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01T02:00",
+            "--dry-run",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("dry run: 3 slots of etl"), "{out:?}");
+    let sent = fake.with(|s| s.backfills.clone());
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        (
+            sent[0].from_ms,
+            sent[0].to_ms,
+            sent[0].dry_run,
+            sent[0].max_runs
+        ),
+        (1_767_222_000_000, 1_767_229_200_000, true, 0)
+    );
+    assert_eq!(sent[0].actor, "tester@host");
+
+    let out = axctl(
+        &server,
+        &[
+            "backfill",
+            "etl",
+            "--from",
+            "last week",
+            "--to",
+            "2026-01-01",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("--from \"last week\""), "{out:?}");
+    let out = axctl(
+        &server,
+        &[
+            "backfill",
+            "nope",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 3, "{out:?}");
+    assert_eq!(
+        fake.with(|s| s.backfills.len()),
+        1,
+        "refusals send no backfill"
+    );
+}

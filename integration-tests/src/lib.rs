@@ -129,6 +129,7 @@ pub struct ClusterBuilder {
     workers: Vec<WorkerSpec>,
     redis: bool,
     alerts: Vec<ax_scheduler::alerts::ChannelConfig>,
+    pools: BTreeMap<String, u32>,
 }
 
 impl ClusterBuilder {
@@ -143,6 +144,12 @@ impl ClusterBuilder {
             capacity,
             labels: BTreeMap::new(),
         });
+        self
+    }
+
+    /// A cluster-wide pool limit (the scheduler config's `[pools]`).
+    pub fn pool(mut self, name: &str, limit: u32) -> Self {
+        self.pools.insert(name.into(), limit);
         self
     }
 
@@ -178,6 +185,8 @@ impl ClusterBuilder {
             dead_after_missed_heartbeats: 4,
             log_flush_interval: Duration::from_millis(10),
             alerts: self.alerts,
+            max_backfill_runs: 1_000,
+            pools: self.pools,
         };
         let scheduler = ax_scheduler::start(options).await?;
         let addr = scheduler.local_addr();
@@ -211,11 +220,17 @@ impl Cluster {
             workers: Vec::new(),
             redis: false,
             alerts: Vec::new(),
+            pools: BTreeMap::new(),
         }
     }
 
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The url of the cluster's store, to open a second handle on it in a test.
+    pub fn store_url(&self) -> &str {
+        &self.db.url
     }
 
     /// A scratch directory that lives as long as the cluster.
@@ -303,7 +318,8 @@ impl Cluster {
                 .get_run(pb::GetRunRequest { id })
                 .await?
                 .into_inner();
-            if run.state != pb::RunState::Running as i32 {
+            if run.state != pb::RunState::Running as i32 && run.state != pb::RunState::Queued as i32
+            {
                 return Ok(run);
             }
             if tokio::time::Instant::now() > deadline {
@@ -377,6 +393,23 @@ impl Cluster {
             .env("AX_SERVER", self.endpoint())
             .output()
             .context("running axctl")
+    }
+
+    /// Stops one worker (draining) and waits until it has stopped.
+    pub async fn stop_worker(&mut self, id: &str) -> anyhow::Result<()> {
+        let index = self
+            .workers
+            .iter()
+            .position(|(worker, _, _)| worker == id)
+            .with_context(|| format!("no worker {id}"))?;
+        let (_, cancel, handle) = self.workers.remove(index);
+        cancel.cancel();
+        match tokio::time::timeout(Duration::from_secs(30), handle).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(err))) => bail!("worker {id} failed: {err:#}"),
+            Ok(Err(err)) => bail!("worker {id} panicked: {err}"),
+            Err(_) => bail!("worker {id} did not stop within 30 s"),
+        }
     }
 
     /// Stops the workers (draining), then the scheduler, then drops the test database.

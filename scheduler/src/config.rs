@@ -1,6 +1,7 @@
 //! Configuration of the `ax-scheduler` binary: flags, then environment, then a TOML file, then
 //! the embedded defaults (SQLite under `.ax/`, in-process guards).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -49,6 +50,13 @@ pub struct Args {
     /// How long the log writer waits to fill a batch, e.g. 20ms.
     #[arg(long, env = "AX_LOG_FLUSH_INTERVAL", value_parser = parse_duration)]
     pub log_flush_interval: Option<Duration>,
+    /// The most runs one backfill may create.
+    #[arg(long, env = "AX_MAX_BACKFILL_RUNS")]
+    pub max_backfill_runs: Option<u32>,
+    /// A pool's cluster-wide limit, NAME=N (repeat the flag, or AX_POOLS=etl=4,gpu=2); these
+    /// override the file's `[pools]` table pool by pool.
+    #[arg(long = "pool", env = "AX_POOLS", value_delimiter = ',', value_parser = parse_pool)]
+    pub pools: Vec<(String, u32)>,
 }
 
 /// The same settings as they appear in the TOML file.
@@ -65,7 +73,24 @@ struct FileConfig {
     task_heartbeat_interval: Option<String>,
     dead_after_missed_heartbeats: Option<u32>,
     log_flush_interval: Option<String>,
+    max_backfill_runs: Option<u32>,
     alerts: Option<crate::alerts::AlertsConfig>,
+    pools: Option<BTreeMap<String, u32>>,
+}
+
+/// `NAME=N`: a pool and its limit.
+pub fn parse_pool(text: &str) -> Result<(String, u32), String> {
+    let (name, limit) = text
+        .split_once('=')
+        .ok_or_else(|| format!("pool limit {text:?}: expected NAME=LIMIT, e.g. etl=4"))?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!("pool limit {text:?}: the pool name is empty"));
+    }
+    let limit = limit.trim().parse::<u32>().map_err(|_| {
+        format!("pool limit {text:?}: the limit must be a whole number, e.g. etl=4")
+    })?;
+    Ok((name.to_string(), limit))
 }
 
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -142,10 +167,19 @@ impl Args {
                     &path,
                 )?)
                 .unwrap_or(defaults.log_flush_interval),
+            max_backfill_runs: self
+                .max_backfill_runs
+                .or(file.max_backfill_runs)
+                .unwrap_or(defaults.max_backfill_runs),
             alerts: file
                 .alerts
                 .map(|alerts| alerts.channels)
                 .unwrap_or_default(),
+            pools: {
+                let mut pools = file.pools.unwrap_or_default();
+                pools.extend(self.pools);
+                pools
+            },
         };
         for channel in &options.alerts {
             channel
@@ -195,6 +229,39 @@ mod tests {
         assert_eq!(options.strategy, Strategy::RoundRobin);
         assert_eq!(options.heartbeat_interval, Duration::from_secs(2));
         assert_eq!(options.task_heartbeat_interval, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn pool_limits_come_from_the_file_and_flags_override_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ax.toml");
+        std::fs::write(&path, "[pools]\netl = 4\ngpu = 2\n").unwrap();
+        let options = Args::parse_from([
+            "ax-scheduler",
+            "--config",
+            path.to_str().unwrap(),
+            "--pool",
+            "gpu=1",
+            "--pool",
+            "io=8",
+        ])
+        .into_options()
+        .unwrap();
+        let want: BTreeMap<String, u32> = [("etl", 4), ("gpu", 1), ("io", 8)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        assert_eq!(options.pools, want);
+        let err = Args::try_parse_from(["ax-scheduler", "--pool", "etl"]).unwrap_err();
+        assert!(err.to_string().contains("expected NAME=LIMIT"), "{err}");
+        let err = Args::try_parse_from(["ax-scheduler", "--pool", "etl=many"]).unwrap_err();
+        assert!(err.to_string().contains("whole number"), "{err}");
+        std::fs::write(&path, "[pools]\netl = \"four\"\n").unwrap();
+        let err = Args::parse_from(["ax-scheduler", "--config", path.to_str().unwrap()])
+            .into_options()
+            .unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("ax.toml") && text.contains("etl"), "{text}");
     }
 
     #[test]

@@ -1,16 +1,29 @@
 //! Sends WAITING instances to live workers.
 //!
-//! One pass: read a batch of WAITING instances (highest priority first), choose a worker for
-//! each with the core's placer within capacity and labels, take the guards (start lock, dedup
-//! marker), claim them all in one transaction (conditional WAITING → DISPATCHED), then send.
-//! Persist, then send: a dispatch a worker never received is still recorded and comes back.
+//! One pass: read a batch of WAITING instances (highest priority first), fit them under the
+//! concurrency limits (`ax_core::limits`, from the store's counters), choose a worker for each
+//! by its task's routing (`ax_core::placement`) within capacity and labels, take the guards
+//! (start lock, dedup marker), claim them all in one transaction (conditional WAITING →
+//! DISPATCHED, which also takes the limits race-free), then send. Persist, then send: a
+//! dispatch a worker never received is still recorded and comes back.
+//!
+//! A sharded task's instance is fanned out into one pinned shard per live worker carrying its
+//! labels (cluster-wide, from the worker records) instead of being placed. An instance held
+//! back by a limit is recorded once as Throttled; one with no live worker carrying its labels
+//! anywhere in the cluster as NoWorker; a shard whose worker is gone for good fails.
 
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ax_core::placement::Candidate;
+use ax_core::Millis;
+use ax_core::decision::DecisionKind;
+use ax_core::ids::InstanceId;
+use ax_core::limits::{Fitter, Limit, limits_for};
+use ax_core::placement::{Candidate, Route, any_carries};
+use ax_core::spec::Routing;
 use ax_proto::v1::{Dispatch, SchedulerMessage, scheduler_message};
-use ax_store::{DispatchClaim, Report, WaitingInstance};
+use ax_store::{DecisionRecord, DispatchClaim, Report, WaitingInstance, WorkerRecord};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
@@ -21,6 +34,31 @@ use crate::reporter::Envelope;
 
 /// WAITING instances read per pass.
 const BATCH: u32 = 512;
+/// When a whole batch is held back (limits, no worker for its labels), the next read looks this
+/// much deeper, so that lower-priority instances behind throttled ones still go.
+const DEEPEST: u32 = 8192;
+/// Once-only decisions remembered per node before the memory is cleared (the store dedups too).
+const MEMO_LIMIT: usize = 100_000;
+
+/// The decisions this node already recorded: (instance, kind, detail).
+#[derive(Default)]
+pub struct DecisionMemo {
+    seen: HashSet<(InstanceId, DecisionKind, String)>,
+}
+
+impl DecisionMemo {
+    /// True the first time this node sees (instance, kind, detail).
+    fn first(&mut self, instance: InstanceId, kind: DecisionKind, detail: &str) -> bool {
+        if self.seen.len() >= MEMO_LIMIT {
+            self.seen.clear();
+        }
+        self.seen.insert((instance, kind, detail.to_string()))
+    }
+
+    fn forget(&mut self, instance: InstanceId, kind: DecisionKind, detail: &str) {
+        self.seen.remove(&(instance, kind, detail.to_string()));
+    }
+}
 /// How often the dispatcher looks without being woken (retries whose backoff ended, a start
 /// lock that expired).
 const IDLE_POLL: Duration = Duration::from_millis(500);
@@ -53,14 +91,93 @@ async fn dispatch_ready(node: &Node) -> anyhow::Result<()> {
         if free == 0 {
             return Ok(());
         }
-        let limit = free.saturating_mul(2).clamp(32, BATCH);
-        let waiting = node.store.waiting(now_ms(), limit).await?;
-        let full_batch = waiting.len() as u32 == limit;
-        let sent = dispatch_batch(node, slots, waiting).await?;
-        if sent == 0 || !full_batch {
+        let mut limit = free.saturating_mul(2).clamp(32, BATCH);
+        loop {
+            let waiting = node.store.waiting(now_ms(), limit).await?;
+            let full_batch = waiting.len() as u32 == limit;
+            let pass = dispatch_batch(node, slots.clone(), waiting).await?;
+            if pass.fanned_out {
+                // New shards are waiting: read again.
+                break;
+            }
+            if pass.sent > 0 && full_batch {
+                break;
+            }
+            if pass.sent == 0 && full_batch && pass.held_back && limit < DEEPEST {
+                limit = limit.saturating_mul(4).min(DEEPEST);
+                continue;
+            }
             return Ok(());
         }
     }
+}
+
+struct Pass {
+    sent: usize,
+    /// Some instance was throttled or found no worker for its labels.
+    held_back: bool,
+    /// A sharded task fanned out.
+    fanned_out: bool,
+}
+
+/// The cluster's live workers as the store knows them (every node's, not only this one's).
+struct ClusterView {
+    workers: Option<Vec<WorkerRecord>>,
+}
+
+impl ClusterView {
+    async fn workers(&mut self, node: &Node) -> anyhow::Result<&[WorkerRecord]> {
+        if self.workers.is_none() {
+            self.workers = Some(node.store.list_workers().await?);
+        }
+        Ok(self.workers.as_deref().unwrap_or_default())
+    }
+
+    /// Live workers carrying `labels`, by id: connected and heard from within the dead-worker
+    /// threshold, not draining.
+    async fn live_with(
+        &mut self,
+        node: &Node,
+        labels: &BTreeMap<String, String>,
+        now: Millis,
+    ) -> anyhow::Result<Vec<String>> {
+        let dead_after = crate::backstop::intervals(node).worker_dead_after_ms();
+        let mut ids: Vec<String> = self
+            .workers(node)
+            .await?
+            .iter()
+            .filter(|w| w.connected && !w.draining && w.last_heartbeat >= now - dead_after)
+            .filter(|w| labels.iter().all(|(k, v)| w.labels.get(k) == Some(v)))
+            .map(|w| w.id.clone())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+
+    /// A worker is gone for good when the store has no record of it or has not heard from it
+    /// within the dead-worker threshold.
+    async fn gone_for_good(
+        &mut self,
+        node: &Node,
+        worker: &str,
+        now: Millis,
+    ) -> anyhow::Result<bool> {
+        let dead_after = crate::backstop::intervals(node).worker_dead_after_ms();
+        Ok(!self
+            .workers(node)
+            .await?
+            .iter()
+            .any(|w| w.id == worker && w.last_heartbeat >= now - dead_after))
+    }
+}
+
+fn labels_text(labels: &BTreeMap<String, String>) -> String {
+    if labels.is_empty() {
+        return "no live worker".into();
+    }
+    let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("no live worker with labels {}", pairs.join(","))
 }
 
 struct Planned {
@@ -68,26 +185,111 @@ struct Planned {
     worker: String,
     message: Dispatch,
     lock_ttl: Duration,
+    limits: Vec<Limit>,
+}
+
+fn decision(
+    node: &Node,
+    item: &WaitingInstance,
+    kind: DecisionKind,
+    detail: String,
+    now: Millis,
+) -> DecisionRecord {
+    DecisionRecord {
+        at: now,
+        workflow_id: item.instance.workflow_id,
+        slot_at: now,
+        run_id: Some(item.instance.run_id),
+        instance_id: Some(item.instance.id),
+        task: Some(item.instance.task.clone()),
+        kind,
+        detail,
+        node_id: node.options.node_id.clone(),
+    }
 }
 
 async fn dispatch_batch(
     node: &Node,
     mut slots: Vec<WorkerSlot>,
     waiting: Vec<WaitingInstance>,
-) -> anyhow::Result<usize> {
+) -> anyhow::Result<Pass> {
+    let now = now_ms();
+    let mut pass = Pass {
+        sent: 0,
+        held_back: false,
+        fanned_out: false,
+    };
+    // The specs and limits of the batch, then the counters of every limited scope in one read.
+    let mut items = Vec::with_capacity(waiting.len());
+    let mut scopes: BTreeSet<String> = BTreeSet::new();
+    for item in waiting {
+        let instance = &item.instance;
+        let spec = node
+            .specs
+            .get(instance.workflow_id, instance.workflow_version)
+            .await?;
+        let Some(task) = spec.task(&instance.task) else {
+            tracing::error!(instance = %instance.id, task = %instance.task, "task missing from its workflow version");
+            continue;
+        };
+        let limits = limits_for(
+            instance.workflow_id,
+            task,
+            spec.spec.concurrency.max_running_tasks,
+            &node.options.pools,
+        );
+        scopes.extend(limits.iter().map(|limit| limit.scope.clone()));
+        items.push((item, spec, limits));
+    }
+    let mut fitter = if scopes.is_empty() {
+        Fitter::default()
+    } else {
+        let scopes: Vec<String> = scopes.into_iter().collect();
+        Fitter::new(node.store.limit_usage(&scopes).await?)
+    };
+    let mut cluster = ClusterView { workers: None };
+    let mut decisions = Vec::new();
     let mut planned = Vec::new();
     {
         let mut placer = node.placer.lock().await;
-        for item in waiting {
+        for (item, spec, limits) in items {
             let instance = &item.instance;
-            let spec = node
-                .specs
-                .get(instance.workflow_id, instance.workflow_version)
-                .await?;
             let Some(task) = spec.task(&instance.task) else {
-                tracing::error!(instance = %instance.id, task = %instance.task, "task missing from its workflow version");
                 continue;
             };
+            if task.routing == Routing::ShardedBroadcast && item.shard.is_none() {
+                // The parent of a sharded task: one shard per live worker with its labels.
+                let workers = cluster.live_with(node, &task.labels, now).await?;
+                if workers.is_empty() {
+                    pass.held_back = true;
+                    decisions.push(decision(
+                        node,
+                        &item,
+                        DecisionKind::NoWorker,
+                        labels_text(&task.labels),
+                        now,
+                    ));
+                } else if node
+                    .store
+                    .fan_out(instance.id, instance.attempt, &workers, now)
+                    .await?
+                {
+                    tracing::info!(instance = %instance.id, shards = workers.len(), "sharded task fanned out");
+                    pass.fanned_out = true;
+                }
+                continue;
+            }
+            if let Err(full) = fitter.take(&limits) {
+                pass.held_back = true;
+                decisions.push(decision(
+                    node,
+                    &item,
+                    DecisionKind::Throttled,
+                    full.reason(),
+                    now,
+                ));
+                continue;
+            }
             let candidates: Vec<Candidate<'_>> = slots
                 .iter()
                 .map(|slot| Candidate {
@@ -98,7 +300,36 @@ async fn dispatch_batch(
                     accepting: slot.accepting,
                 })
                 .collect();
-            let Some(chosen) = placer.choose(&candidates, &task.labels, rand::random()) else {
+            let key = format!("{}/{}", spec.name, task.name);
+            let pinned = item.shard.as_ref().map(|shard| shard.worker.as_str());
+            let route = Route::for_task(task.routing, node.options.strategy, &key, pinned);
+            let chosen = placer.choose_routed(route, &candidates, &task.labels, rand::random());
+            let Some(chosen) = chosen else {
+                fitter.give_back(&limits);
+                if let Some(worker) = pinned {
+                    let here = candidates.iter().any(|c| c.id == worker);
+                    if !here && cluster.gone_for_good(node, worker, now).await? {
+                        let reason = format!("worker {worker} of this shard is gone");
+                        if node
+                            .store
+                            .fail_shard(instance.id, instance.attempt, &reason, now)
+                            .await?
+                        {
+                            tracing::warn!(instance = %instance.id, worker, "shard failed: its worker is gone");
+                        }
+                    }
+                } else if !any_carries(&candidates, &task.labels)
+                    && cluster.live_with(node, &task.labels, now).await?.is_empty()
+                {
+                    pass.held_back = true;
+                    decisions.push(decision(
+                        node,
+                        &item,
+                        DecisionKind::NoWorker,
+                        labels_text(&task.labels),
+                        now,
+                    ));
+                }
                 continue;
             };
             slots[chosen].running += 1;
@@ -118,17 +349,21 @@ async fn dispatch_batch(
                 working_dir: task.working_dir.clone().unwrap_or_default(),
                 timeout_ms: task.timeout_ms,
                 logical_time_ms: item.logical_time,
+                shard_index: item.shard.as_ref().map_or(0, |shard| shard.index),
+                shard_total: item.shard.as_ref().map_or(0, |shard| shard.total),
             };
             planned.push(Planned {
                 worker: slots[chosen].id.clone(),
                 lock_ttl: lock_ttl(node, task.timeout_ms),
                 waiting: item,
                 message,
+                limits,
             });
         }
     }
+    record_once(node, decisions).await;
     if planned.is_empty() {
-        return Ok(0);
+        return Ok(pass);
     }
 
     // The fast guards: a retry whose previous attempt may still hold the start lock waits,
@@ -169,6 +404,7 @@ async fn dispatch_batch(
             worker_id: plan.worker.clone(),
             node_id: node.options.node_id.clone(),
             at: now,
+            limits: plan.limits.clone(),
         })
         .collect();
     let won = node.store.mark_dispatched(&claims).await?;
@@ -178,7 +414,8 @@ async fn dispatch_batch(
         let instance = plan.waiting.instance.id;
         let attempt = plan.waiting.instance.attempt;
         if !won {
-            // Another node claimed it first; it owns the guards now.
+            // Another node claimed it first (it owns the guards now), or a limit filled up on
+            // another node since the counters were read (it stays WAITING for a later pass).
             node.guards.clear_dispatch(instance, attempt).await;
             continue;
         }
@@ -213,7 +450,42 @@ async fn dispatch_batch(
         }
     }
     node.bump_progress();
-    Ok(sent)
+    pass.sent = sent;
+    Ok(pass)
+}
+
+/// Records decisions this node has not recorded before; the store skips those another node
+/// recorded. A failure is logged: explanations never stop dispatching.
+async fn record_once(node: &Node, decisions: Vec<DecisionRecord>) {
+    let fresh: Vec<DecisionRecord> = {
+        let mut memo = node
+            .decisions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        decisions
+            .into_iter()
+            .filter(|d| {
+                d.instance_id
+                    .is_some_and(|id| memo.first(id, d.kind, &d.detail))
+            })
+            .collect()
+    };
+    if fresh.is_empty() {
+        return;
+    }
+    if let Err(err) = node.store.record_decisions_once(&fresh).await {
+        tracing::warn!(error = %err, "recording dispatch decisions failed");
+        // Forget them, so a later pass tries again.
+        let mut memo = node
+            .decisions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for d in &fresh {
+            if let Some(id) = d.instance_id {
+                memo.forget(id, d.kind, &d.detail);
+            }
+        }
+    }
 }
 
 /// The start lock lives as long as the attempt may: its timeout plus the grace the lost-attempt
@@ -229,5 +501,36 @@ fn lock_ttl(node: &Node, timeout_ms: u64) -> Duration {
         Duration::from_secs(24 * 3600)
     } else {
         Duration::from_millis(timeout_ms) + grace
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decision_is_new_once_per_instance_kind_and_detail() {
+        let mut memo = DecisionMemo::default();
+        let (a, b) = (InstanceId(1), InstanceId(2));
+        assert!(memo.first(a, DecisionKind::Throttled, "task limit 2 reached"));
+        assert!(!memo.first(a, DecisionKind::Throttled, "task limit 2 reached"));
+        assert!(memo.first(a, DecisionKind::Throttled, "pool limit 4 reached"));
+        assert!(memo.first(a, DecisionKind::NoWorker, "task limit 2 reached"));
+        assert!(memo.first(b, DecisionKind::Throttled, "task limit 2 reached"));
+        memo.forget(a, DecisionKind::Throttled, "task limit 2 reached");
+        assert!(memo.first(a, DecisionKind::Throttled, "task limit 2 reached"));
+    }
+
+    #[test]
+    fn no_worker_details_name_the_labels() {
+        assert_eq!(labels_text(&BTreeMap::new()), "no live worker");
+        let labels = BTreeMap::from([
+            ("zone".to_string(), "east".to_string()),
+            ("gpu".to_string(), "a100".to_string()),
+        ]);
+        assert_eq!(
+            labels_text(&labels),
+            "no live worker with labels gpu=a100,zone=east"
+        );
     }
 }

@@ -43,6 +43,12 @@ pub struct SchedulerOptions {
     pub log_flush_interval: Duration,
     /// Where failures are announced (webhooks); none by default.
     pub alerts: Vec<alerts::ChannelConfig>,
+    /// The most runs one `BackfillWorkflow` may create (a request's own max is capped by it).
+    pub max_backfill_runs: u32,
+    /// Cluster-wide limits of task pools (`pool:` in workflow files): instances of the pool's
+    /// tasks dispatched or running at once. A pool not listed has no limit. Every node of a
+    /// cluster must be given the same limits.
+    pub pools: std::collections::BTreeMap<String, u32>,
 }
 
 impl Default for SchedulerOptions {
@@ -59,6 +65,8 @@ impl Default for SchedulerOptions {
             dead_after_missed_heartbeats: 4,
             log_flush_interval: Duration::from_millis(20),
             alerts: Vec::new(),
+            max_backfill_runs: 1_000,
+            pools: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -228,6 +236,7 @@ pub fn redact(url: &str) -> String {
 }
 
 pub mod alerts;
+mod backfill;
 mod backstop;
 mod clock;
 pub mod config;

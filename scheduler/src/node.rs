@@ -28,6 +28,8 @@ pub struct Node {
     pub dispatch_wake: Notify,
     /// Wakes the cron loop: a schedule was applied, paused or resumed.
     pub schedule_wake: Notify,
+    /// Throttled and NoWorker decisions this node already recorded.
+    pub decisions: std::sync::Mutex<crate::dispatcher::DecisionMemo>,
     /// Bumped whenever runs, instances or logs change, for followers (`logs -f`).
     progress: watch::Sender<u64>,
 }
@@ -53,6 +55,7 @@ impl Node {
             alerter,
             dispatch_wake: Notify::new(),
             schedule_wake: Notify::new(),
+            decisions: Default::default(),
             progress: watch::channel(0).0,
         }
     }

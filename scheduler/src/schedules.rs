@@ -1,18 +1,38 @@
-//! Fires cron schedules.
+//! Fires cron schedules, applying the misfire policy, the start/end window and the overlap
+//! policy (`ax_core::firing`).
 //!
-//! Each due schedule creates a run whose dedup key is its logical fire time, so a fire is
-//! exactly-once across nodes and restarts: a second node (or a retry after a crash between
-//! creating the run and advancing the schedule) finds the run already there. A schedule whose
-//! slots fell in a downtime fires once for them (the default misfire policy) and moves on to
-//! the next slot after now.
+//! Each fire creates a run whose dedup key is its logical fire time, so a fire is exactly-once
+//! across nodes and restarts: a second node (or a retry after a crash between creating the run
+//! and advancing the schedule) finds the run already there. Slots missed during a downtime are
+//! handled by the workflow's misfire policy (`skip`, `fire_once`, `catch_up N`, see the module
+//! doc of `ax_core::firing` for "due" and "missed"); slots that are merely a little late
+//! (within `MISFIRE_GRACE_MS`) always fire. The overlap policy is applied
+//! at each fire: `skip` drops the slot while a run is unfinished, `replace` cancels the
+//! unfinished runs (killing their attempts like `axctl cancel`) and then creates the run, `allow`
+//! and `queue` create it and let the store start or queue it under `max_active_runs`, the keyed
+//! limit and overlap `queue`.
+//!
+//! Decisions are recorded: `fired`, `caught_up`, `skipped_overlap`, `replaced` for what this
+//! node did; `misfired` and `outside_window` only by the node whose advance of the schedule won,
+//! so two nodes never record one drop twice. (`queued` and `dequeued` are recorded by the store.)
+//!
+//! Resume (`resume_point`): the slots that passed while the workflow was paused are handled by the
+//! misfire policy, as after a downtime; the dropped ones are recorded as `paused` decisions.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use ax_core::Millis;
 use ax_core::cron::{CronSchedule, parse_timezone};
-use ax_core::spec::TriggerKind;
-use ax_store::{DueSchedule, NewRun};
+use ax_core::decision::DecisionKind;
+use ax_core::firing::{self, FireDecision, SlotSpan, Window, on_fire, plan_fires};
+use ax_core::ids::{RunId, WorkflowId};
+use ax_core::run::RunState;
+use ax_core::spec::{TriggerKind, WorkflowSpec};
+use ax_proto::v1 as pb;
+use ax_store::{CancelledAttempt, DecisionRecord, DueSchedule, NewRun, RunRecord, WorkflowRecord};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
@@ -23,6 +43,8 @@ const LOOKAHEAD_MS: Millis = 1_000;
 /// The longest sleep when nothing is due soon (a schedule applied on another node shows up
 /// within this).
 const IDLE_POLL: Duration = Duration::from_millis(500);
+/// Unfinished runs looked at for the overlap policy.
+const OVERLAP_SCAN: u32 = 1_000;
 
 pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
     loop {
@@ -59,32 +81,344 @@ async fn fire_due(node: &Node) -> anyhow::Result<Duration> {
     Ok(next_wake)
 }
 
+fn decision(
+    node: &Node,
+    workflow_id: WorkflowId,
+    slot_at: Millis,
+    run_id: Option<RunId>,
+    kind: DecisionKind,
+    detail: String,
+    now: Millis,
+) -> DecisionRecord {
+    DecisionRecord {
+        at: now,
+        workflow_id,
+        slot_at,
+        run_id,
+        instance_id: None,
+        task: None,
+        kind,
+        detail,
+        node_id: node.options.node_id.clone(),
+    }
+}
+
 async fn fire(node: &Node, due: &DueSchedule, now: Millis) -> anyhow::Result<()> {
-    let schedule = CronSchedule::parse(&due.cron)?;
+    let cron = CronSchedule::parse(&due.cron)?;
     let tz = parse_timezone(&due.timezone)?;
-    let run = NewRun {
-        workflow_id: due.workflow_id,
-        workflow_version: due.workflow_version,
-        trigger: TriggerKind::Cron,
-        logical_time: due.next_fire_at,
-        dedup_key: Some(format!("cron:{}", due.next_fire_at)),
+    let versioned = node
+        .specs
+        .get(due.workflow_id, due.workflow_version)
+        .await
+        .context("workflow version")?;
+    let spec = &versioned.spec;
+    let plan = plan_fires(
+        &cron,
+        tz,
+        due.next_fire_at,
+        now,
+        spec.schedule.misfire,
+        Window::of(&spec.schedule),
+    );
+    let mut own = Vec::new();
+    let mut contested = Vec::new();
+    for planned in &plan.fire {
+        let fire = ScheduledFire {
+            workflow_id: due.workflow_id,
+            workflow_version: due.workflow_version,
+            spec,
+            slot: planned.at,
+            trigger: TriggerKind::Cron,
+            late: planned.late,
+            params: BTreeMap::new(),
+            triggered_by: format!("cron@{}", node.options.node_id),
+        };
+        let outcome = fire_slot(node, &fire, now).await?;
+        own.extend(outcome.own);
+        contested.extend(outcome.contested);
+    }
+    let to = plan.next_fire_at.unwrap_or(Millis::MAX);
+    let won = node
+        .store
+        .advance_schedule(due.workflow_id, due.next_fire_at, to)
+        .await?;
+    if won {
+        if let Some(span) = plan.misfired {
+            contested.push(span_decision(
+                node,
+                due.workflow_id,
+                span,
+                DecisionKind::Misfired,
+                format!(
+                    "{} missed (scheduler down or busy); dropped by misfire policy {}",
+                    span.describe(),
+                    spec.schedule.misfire.name()
+                ),
+                now,
+            ));
+        }
+        if let Some(span) = plan.outside_window {
+            contested.push(span_decision(
+                node,
+                due.workflow_id,
+                span,
+                DecisionKind::OutsideWindow,
+                format!(
+                    "{} outside the schedule's start/end window",
+                    span.describe()
+                ),
+                now,
+            ));
+        }
+        own.extend(contested);
+    }
+    if !own.is_empty()
+        && let Err(err) = node.store.record_decisions(&own).await
+    {
+        tracing::warn!(workflow = %due.workflow, error = %err, "recording decisions failed");
+    }
+    Ok(())
+}
+
+fn span_decision(
+    node: &Node,
+    workflow_id: WorkflowId,
+    span: SlotSpan,
+    kind: DecisionKind,
+    detail: String,
+    now: Millis,
+) -> DecisionRecord {
+    decision(node, workflow_id, span.first, None, kind, detail, now)
+}
+
+/// One scheduled slot to run: a cron slot, or a dependency fire made by other code through
+/// [`fire_slot`].
+pub struct ScheduledFire<'a> {
+    pub workflow_id: WorkflowId,
+    pub workflow_version: u32,
+    pub spec: &'a WorkflowSpec,
+    /// The logical time; the run's dedup key is `cron:<slot>`.
+    pub slot: Millis,
+    pub trigger: TriggerKind,
+    /// A missed slot run by the misfire policy (`caught_up`), not a due one (`fired`).
+    pub late: bool,
+    pub params: BTreeMap<String, String>,
+    pub triggered_by: String,
+}
+
+/// What a fire did.
+pub struct FireOutcome {
+    /// The run of the slot (new or already there); `None` when the overlap policy skipped it.
+    pub run: Option<RunRecord>,
+    pub created: bool,
+    /// Decisions about what this node did (a run it created, runs it cancelled).
+    pub own: Vec<DecisionRecord>,
+    /// Decisions another node may make too (a skip): record them only after winning the slot.
+    pub contested: Vec<DecisionRecord>,
+}
+
+/// Applies the overlap policy to one scheduled slot and creates its run (the store then starts
+/// or queues it). The caller records the returned decisions.
+pub async fn fire_slot(
+    node: &Node,
+    fire: &ScheduledFire<'_>,
+    now: Millis,
+) -> anyhow::Result<FireOutcome> {
+    let mut outcome = FireOutcome {
+        run: None,
+        created: false,
+        own: Vec::new(),
+        contested: Vec::new(),
+    };
+    let dedup_key = format!("cron:{}", fire.slot);
+    let key = fire
+        .spec
+        .concurrency
+        .run_key(&fire.params)
+        .map(|key| key.chars().take(191).collect::<String>());
+    // The slot's own run (made by another node, before a crash, or by a backfill of this slot)
+    // is not an overlap: creating it again returns it.
+    let others: Vec<RunRecord> = node
+        .store
+        .unfinished_runs(fire.workflow_id, OVERLAP_SCAN)
+        .await?
+        .into_iter()
+        .filter(|run| run.logical_time != fire.slot)
+        .filter(|run| key.is_none() || run.run_key == key)
+        .collect();
+    let names = |runs: &[RunRecord]| {
+        runs.iter()
+            .map(|run| format!("{} ({})", run.id, run.state))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match on_fire(fire.spec.schedule.overlap, others.len() as u32) {
+        FireDecision::Skip => {
+            outcome.contested.push(decision(
+                node,
+                fire.workflow_id,
+                fire.slot,
+                None,
+                DecisionKind::SkippedOverlap,
+                format!(
+                    "overlap policy skip: runs {} have not ended",
+                    names(&others)
+                ),
+                now,
+            ));
+            return Ok(outcome);
+        }
+        FireDecision::Replace => {
+            // Queued ones first, so ending the active ones promotes none of them.
+            let mut order = others.clone();
+            order.sort_by_key(|run| (run.state != RunState::Queued, run.id));
+            for run in &order {
+                let reason = format!("replaced by the fire at {}", fire.slot);
+                if cancel_run(node, run.id, &reason, now).await? {
+                    outcome.own.push(decision(
+                        node,
+                        fire.workflow_id,
+                        fire.slot,
+                        Some(run.id),
+                        DecisionKind::Replaced,
+                        format!("overlap policy replace: run {} cancelled", run.id),
+                        now,
+                    ));
+                }
+            }
+        }
+        FireDecision::Create => {}
+    }
+    let new_run = NewRun {
+        workflow_id: fire.workflow_id,
+        workflow_version: fire.workflow_version,
+        trigger: fire.trigger,
+        logical_time: fire.slot,
+        dedup_key: Some(dedup_key),
         idempotency_key: None,
-        params: Default::default(),
-        triggered_by: format!("cron@{}", node.options.node_id),
+        params: fire.params.clone(),
+        triggered_by: fire.triggered_by.clone(),
         now,
     };
-    let (record, created) = node.store.create_run(&run).await?;
-    // The next slot after now: slots missed during a downtime collapse into this one fire.
-    let after = due.next_fire_at.max(now);
-    let next = schedule.next_after(after, tz).unwrap_or(Millis::MAX);
-    node.store
-        .advance_schedule(due.workflow_id, due.next_fire_at, next)
-        .await?;
+    let (record, created) = node.store.create_run(&new_run).await?;
     if created {
-        let lateness = now - due.next_fire_at;
-        tracing::info!(workflow = %due.workflow, run = %record.id, logical_time = due.next_fire_at, lateness_ms = lateness, "cron fired");
+        let lateness = now - fire.slot;
+        tracing::info!(workflow = %fire.spec.name, run = %record.id, logical_time = fire.slot, lateness_ms = lateness, state = %record.state, "scheduled fire");
+        let (kind, detail) = if fire.late {
+            (
+                DecisionKind::CaughtUp,
+                format!(
+                    "missed slot run {} ms late by misfire policy {}",
+                    lateness,
+                    fire.spec.schedule.misfire.name()
+                ),
+            )
+        } else {
+            (DecisionKind::Fired, format!("{} slot", fire.trigger))
+        };
+        outcome.own.push(decision(
+            node,
+            fire.workflow_id,
+            fire.slot,
+            Some(record.id),
+            kind,
+            detail,
+            now,
+        ));
         node.dispatch_wake.notify_one();
         node.bump_progress();
     }
-    Ok(())
+    outcome.created = created;
+    outcome.run = Some(record);
+    Ok(outcome)
+}
+
+/// Cancels a run as `axctl cancel` does: the store ends it and its attempts' workers are told to
+/// kill them. False when the run had already ended.
+pub async fn cancel_run(node: &Node, id: RunId, reason: &str, now: Millis) -> anyhow::Result<bool> {
+    let before = node.store.get_run(id).await?;
+    if before.is_none_or(|run| run.state.is_terminal()) {
+        return Ok(false);
+    }
+    let cancelled = node.store.cancel_run(id, now).await?.unwrap_or_default();
+    send_cancels(node, &cancelled, reason);
+    node.dispatch_wake.notify_one();
+    node.bump_progress();
+    Ok(true)
+}
+
+/// Tells the workers of cancelled attempts to kill them.
+pub fn send_cancels(node: &Node, cancelled: &[CancelledAttempt], reason: &str) {
+    for attempt in cancelled {
+        let Some(worker) = &attempt.worker_id else {
+            continue;
+        };
+        let Some(sender) = node.registry.sender(worker) else {
+            continue;
+        };
+        let message = pb::SchedulerMessage {
+            body: Some(pb::scheduler_message::Body::Cancel(pb::CancelAttempt {
+                instance_id: attempt.instance_id.0,
+                attempt: attempt.attempt.0,
+                reason: reason.to_string(),
+            })),
+        };
+        let _ = sender.try_send(Ok(message));
+    }
+}
+
+/// Where a resumed workflow's schedule picks up, and the `paused` decisions for the slots that
+/// passed while it was paused and that the misfire policy drops. The kept slots (fire_once: the
+/// latest, catch_up N: the latest N) are fired late by the cron loop. A workflow that is not
+/// paused keeps its stored next fire time.
+pub async fn resume_point(
+    node: &Node,
+    workflow: &WorkflowRecord,
+    now: Millis,
+) -> anyhow::Result<(Option<Millis>, Vec<DecisionRecord>)> {
+    let schedule = &workflow.spec.schedule;
+    let (Some(expression), TriggerKind::Cron) = (schedule.cron.as_deref(), schedule.trigger) else {
+        return Ok((None, Vec::new()));
+    };
+    let cron = CronSchedule::parse(expression)?;
+    let tz = parse_timezone(&schedule.timezone)?;
+    let window = Window::of(schedule);
+    let stored = node.store.schedule_next_fire(workflow.id).await?;
+    let Some(stored) = stored.filter(|&at| at != Millis::MAX) else {
+        return Ok((firing::first_slot(&cron, tz, now, window), Vec::new()));
+    };
+    if !workflow.paused {
+        return Ok((Some(stored), Vec::new()));
+    }
+    let (plan, next) = firing::resume_point(&cron, tz, stored, now, schedule.misfire, window);
+    let mut decisions = Vec::new();
+    if let Some(span) = plan.misfired {
+        decisions.push(span_decision(
+            node,
+            workflow.id,
+            span,
+            DecisionKind::Paused,
+            format!(
+                "{} passed while paused; dropped by misfire policy {}",
+                span.describe(),
+                schedule.misfire.name()
+            ),
+            now,
+        ));
+    }
+    if let Some(span) = plan.outside_window {
+        decisions.push(span_decision(
+            node,
+            workflow.id,
+            span,
+            DecisionKind::OutsideWindow,
+            format!(
+                "{} outside the schedule's start/end window",
+                span.describe()
+            ),
+            now,
+        ));
+    }
+    // The plan's due slots (within the grace) are fired by the loop from `next` as well.
+    Ok((next, decisions))
 }

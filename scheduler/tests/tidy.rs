@@ -39,4 +39,5 @@ fn the_example_config_parses() {
         .map(|channel| channel.name.as_str())
         .collect();
     assert_eq!(channels, vec!["ops-feishu", "pager"]);
+    assert_eq!(options.pools.get("etl"), Some(&4));
 }

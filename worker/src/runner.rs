@@ -473,6 +473,11 @@ fn build_command(dispatch: &Dispatch) -> io::Result<Command> {
     if !dispatch.working_dir.is_empty() {
         command.current_dir(&dispatch.working_dir);
     }
+    if dispatch.shard_total > 0 {
+        command
+            .env("AX_SHARD_INDEX", dispatch.shard_index.to_string())
+            .env("AX_SHARD_TOTAL", dispatch.shard_total.to_string());
+    }
     // SAFETY: getpid is async-signal-safe; it is called before the fork.
     let worker_pid = unsafe { libc::getpid() };
     // SAFETY: the closure runs between fork and exec and only calls the async-signal-safe

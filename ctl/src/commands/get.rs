@@ -6,7 +6,8 @@ use clap::Subcommand;
 use crate::client::Ctx;
 use crate::output::{self, Table, elapsed, fields, or_dash, time};
 use crate::view::{
-    InstanceView, RunDetailView, RunView, WorkflowView, instance_state, run_state, trigger_kind,
+    InstanceView, RunDetailView, RunView, TaskStatusView, WorkflowView, instance_state, run_state,
+    trigger_kind,
 };
 
 #[derive(Debug, clap::Args)]
@@ -52,6 +53,7 @@ pub enum StateFilter {
     Success,
     Failed,
     Cancelled,
+    Queued,
 }
 
 impl From<StateFilter> for pb::RunState {
@@ -61,6 +63,7 @@ impl From<StateFilter> for pb::RunState {
             StateFilter::Success => pb::RunState::Success,
             StateFilter::Failed => pb::RunState::Failed,
             StateFilter::Cancelled => pb::RunState::Cancelled,
+            StateFilter::Queued => pb::RunState::Queued,
         }
     }
 }
@@ -117,12 +120,13 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
             let view = RunDetailView {
                 run: RunView::from(&run),
                 instances: instances.instances.iter().map(InstanceView::from).collect(),
+                tasks: instances.tasks.iter().map(TaskStatusView::from).collect(),
             };
             output::emit(ctx.output, &view, || {
                 format!(
                     "{}\n{}",
                     run_detail(&run),
-                    instances_table(&instances.instances)
+                    run_tasks_table(&instances.instances, &instances.tasks)
                 )
             })
         }
@@ -208,6 +212,7 @@ pub fn workflow_detail(w: &pb::Workflow) -> String {
         ("Schedule", cron),
         ("Time zone", tz),
         ("Paused", if w.paused { "yes" } else { "no" }.into()),
+        ("Policies", policies(w)),
         ("Updated", time(w.updated_at_ms)),
     ]);
     out.push('\n');
@@ -242,6 +247,44 @@ pub fn workflow_detail(w: &pb::Workflow) -> String {
         }
     }
     out
+}
+
+/// `misfire fire_once, overlap queue, max active runs 2, window 2026-01-01 .. -, key ${customer} ≤ 1`
+fn policies(w: &pb::Workflow) -> String {
+    let Some(s) = &w.schedule else {
+        return "-".into();
+    };
+    let misfire = match s.misfire.as_str() {
+        "" => "fire_once".to_string(),
+        "catch_up" => format!("catch_up {}", s.max_catch_up),
+        other => other.to_string(),
+    };
+    let overlap = if s.overlap.is_empty() {
+        "allow"
+    } else {
+        &s.overlap
+    };
+    let mut text = format!("misfire {misfire}, overlap {overlap}");
+    if s.max_active_runs > 0 {
+        text.push_str(&format!(", max active runs {}", s.max_active_runs));
+    }
+    if s.start_at_ms != 0 || s.end_at_ms != 0 {
+        let edge = |ms: i64| if ms == 0 { "-".to_string() } else { time(ms) };
+        text.push_str(&format!(
+            ", window {} .. {}",
+            edge(s.start_at_ms),
+            edge(s.end_at_ms)
+        ));
+    }
+    if let Some(c) = &w.concurrency
+        && !c.key.is_empty()
+    {
+        text.push_str(&format!(
+            ", key {} max {} per key",
+            c.key, c.max_runs_per_key
+        ));
+    }
+    text
 }
 
 /// `3/5 success, 1 failed, 1 running`: what a person scanning a list of runs wants to see.
@@ -330,6 +373,49 @@ pub fn instances_table(instances: &[pb::Instance]) -> String {
             exit_text(i.exit_code),
             time(i.started_at_ms),
             elapsed(i.started_at_ms, i.finished_at_ms),
+        ]);
+    }
+    table.render()
+}
+
+/// The run's instances, then a row for each task without one (or with a PENDING one), in the
+/// STATE column: `UPSTREAM_FAILED` below a failure, `PENDING` while its upstreams are going.
+pub fn run_tasks_table(instances: &[pb::Instance], tasks: &[pb::TaskStatus]) -> String {
+    let mut table = Table::new(&[
+        "ID", "TASK", "STATE", "ATTEMPT", "WORKER", "EXIT", "STARTED", "DURATION",
+    ]);
+    let shown_by_status: std::collections::HashMap<&str, &str> = tasks
+        .iter()
+        .filter(|t| matches!(t.status.as_str(), "pending" | "upstream_failed"))
+        .map(|t| (t.task.as_str(), t.status.as_str()))
+        .collect();
+    for i in instances {
+        let state = match shown_by_status.get(i.task.as_str()) {
+            // A PENDING instance below a failure will not run again: say why.
+            Some(&"upstream_failed") => "UPSTREAM_FAILED".to_string(),
+            _ => instance_state(i.state),
+        };
+        table.row(vec![
+            i.id.to_string(),
+            i.task.clone(),
+            state,
+            i.attempt.to_string(),
+            or_dash(&i.worker_id),
+            exit_text(i.exit_code),
+            time(i.started_at_ms),
+            elapsed(i.started_at_ms, i.finished_at_ms),
+        ]);
+    }
+    for t in tasks.iter().filter(|t| t.instance_id == 0) {
+        table.row(vec![
+            "-".into(),
+            t.task.clone(),
+            t.status.to_uppercase(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
         ]);
     }
     table.render()

@@ -111,7 +111,7 @@ fn write_line(
         Some(Output::Yaml) => {
             out.write_all(output::to_yaml(&LogLineView::new(attempt, line))?.as_bytes())?;
         }
-        Some(Output::Table) | None => {
+        Some(Output::Table | Output::Ascii | Output::Dot | Output::Mermaid) | None => {
             if format.timestamps {
                 write!(out, "{} ", output::time(line.at_ms))?;
             }

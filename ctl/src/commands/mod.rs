@@ -1,7 +1,10 @@
 //! One file per command, each with an `Args` struct and a thin `run`.
 
 pub mod apply;
+pub mod audit;
+pub mod backfill;
 pub mod cancel;
+pub mod dag;
 pub mod dev;
 pub mod get;
 pub mod logs;
@@ -10,4 +13,5 @@ pub mod rerun;
 pub mod resume;
 pub mod retry;
 pub mod trigger;
+pub mod why;
 pub mod workers;

@@ -1,4 +1,5 @@
-//! `axctl rerun RUN --failed`: new attempts for the failed part of a run.
+//! `axctl rerun RUN --failed` / `axctl rerun RUN --from TASK`: new attempts for the failed part
+//! of a run, or for one task and everything below it.
 
 use ax_proto::v1::RerunRunRequest;
 
@@ -11,8 +12,12 @@ pub struct Args {
     /// The run to rerun part of.
     pub id: i64,
     /// Retry every FAILED, TIMEOUT and CANCELLED instance; their downstream follows.
-    #[arg(long, required = true)]
+    #[arg(long, required_unless_present = "from", conflicts_with = "from")]
     pub failed: bool,
+    /// Run this task and everything below it (transitively) again as new attempts; the earlier
+    /// attempts keep their records.
+    #[arg(long, value_name = "TASK")]
+    pub from: Option<String>,
 }
 
 pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
@@ -21,6 +26,7 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
         id: args.id,
         failed: args.failed,
         actor: ctx.actor.clone(),
+        from_task: args.from.unwrap_or_default(),
     };
     let run = client
         .rerun_run(request)

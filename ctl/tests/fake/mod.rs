@@ -34,6 +34,19 @@ pub struct State {
     /// New runs end in this state after this many GetRun polls.
     pub run_script: (u32, pb::RunState),
     pub idempotency: HashMap<String, i64>,
+    /// What GetDag, ExplainWorkflow and ListAudit answer, and what they were asked.
+    pub views: Views,
+    pub backfills: Vec<pb::BackfillWorkflowRequest>,
+}
+
+#[derive(Default)]
+pub struct Views {
+    pub dag: Option<pb::Dag>,
+    pub explanation: Option<pb::Explanation>,
+    pub audit: Vec<pb::AuditEntry>,
+    pub dag_requests: Vec<pb::GetDagRequest>,
+    pub explain_requests: Vec<pb::ExplainWorkflowRequest>,
+    pub audit_requests: Vec<pb::ListAuditRequest>,
 }
 
 impl Default for State {
@@ -50,6 +63,8 @@ impl Default for State {
             workers: Vec::new(),
             run_script: (3, pb::RunState::Success),
             idempotency: HashMap::new(),
+            views: Views::default(),
+            backfills: Vec::new(),
         }
     }
 }
@@ -449,7 +464,10 @@ impl ControlService for Fake {
                 .cloned()
                 .collect()
         });
-        Ok(Response::new(pb::ListInstancesResponse { instances }))
+        Ok(Response::new(pb::ListInstancesResponse {
+            instances,
+            ..Default::default()
+        }))
     }
 
     async fn get_instance(
@@ -560,6 +578,87 @@ impl ControlService for Fake {
         self.record("ListWorkers");
         let workers = self.with(|s| s.workers.clone());
         Ok(Response::new(pb::ListWorkersResponse { workers }))
+    }
+
+    async fn get_dag(
+        &self,
+        request: Request<pb::GetDagRequest>,
+    ) -> Result<Response<pb::Dag>, Status> {
+        self.record("GetDag");
+        let request = request.into_inner();
+        self.with(|s| {
+            s.views.dag_requests.push(request.clone());
+            match &s.views.dag {
+                Some(dag) if dag.workflow == request.workflow => Ok(Response::new(dag.clone())),
+                _ => Err(Status::not_found(format!(
+                    "workflow \"{}\" not found",
+                    request.workflow
+                ))),
+            }
+        })
+    }
+
+    async fn explain_workflow(
+        &self,
+        request: Request<pb::ExplainWorkflowRequest>,
+    ) -> Result<Response<pb::Explanation>, Status> {
+        self.record("ExplainWorkflow");
+        let request = request.into_inner();
+        self.with(|s| {
+            s.views.explain_requests.push(request.clone());
+            match &s.views.explanation {
+                Some(e) if e.workflow == request.name => Ok(Response::new(e.clone())),
+                _ => Err(Status::not_found(format!(
+                    "workflow \"{}\" not found",
+                    request.name
+                ))),
+            }
+        })
+    }
+
+    async fn list_audit(
+        &self,
+        request: Request<pb::ListAuditRequest>,
+    ) -> Result<Response<pb::ListAuditResponse>, Status> {
+        self.record("ListAudit");
+        let request = request.into_inner();
+        self.with(|s| {
+            s.views.audit_requests.push(request.clone());
+            let entries = s
+                .views
+                .audit
+                .iter()
+                .filter(|e| request.action.is_empty() || e.action == request.action)
+                .filter(|e| request.target.is_empty() || e.target == request.target)
+                .filter(|e| request.actor.is_empty() || e.actor == request.actor)
+                .take(request.limit as usize)
+                .cloned()
+                .collect();
+            Ok(Response::new(pb::ListAuditResponse { entries }))
+        })
+    }
+
+    async fn backfill_workflow(
+        &self,
+        request: Request<pb::BackfillWorkflowRequest>,
+    ) -> Result<Response<pb::BackfillWorkflowResponse>, Status> {
+        self.record("BackfillWorkflow");
+        let req = request.into_inner();
+        self.with(|s| s.backfills.push(req.clone()));
+        // Every hour of the range, as a dry run would list them.
+        let slots = (req.from_ms..=req.to_ms)
+            .step_by(3_600_000)
+            .map(|at| pb::BackfillSlot {
+                logical_time_ms: at,
+                run: None,
+                created: false,
+            })
+            .collect();
+        Ok(Response::new(pb::BackfillWorkflowResponse {
+            slots,
+            created: 0,
+            existing: 0,
+        }))
     }
 }
 

@@ -27,7 +27,7 @@ pub enum DagError {
         index: usize,
         upstream_index: usize,
     },
-    #[error("task \"{task}\" depends on itself")]
+    #[error("cycle: {task} → {task} (task \"{task}\" depends on itself)")]
     SelfDependency {
         task: String,
         index: usize,
@@ -179,6 +179,46 @@ impl Dag {
             .filter(|&i| self.upstream[i].is_empty() && self.downstream[i].is_empty())
             .map(|i| self.names[i].as_str())
             .collect()
+    }
+
+    /// `task` and every task below it (transitively), in topological order; empty for an unknown
+    /// task. Costs the size of that part of the graph, not of the whole graph.
+    pub fn downstream_closure(&self, task: &str) -> Vec<&str> {
+        let Some(&start) = self.index.get(task) else {
+            return Vec::new();
+        };
+        let mut seen = vec![false; self.names.len()];
+        seen[start] = true;
+        let mut stack = vec![start];
+        let mut found = Vec::new();
+        while let Some(i) = stack.pop() {
+            found.push(i);
+            for &d in &self.downstream_idx[i] {
+                if !seen[d] {
+                    seen[d] = true;
+                    stack.push(d);
+                }
+            }
+        }
+        // Topological order restricted to the closure: in-degrees counted inside it only.
+        let mut in_degree = vec![0usize; self.names.len()];
+        for &i in &found {
+            for &d in &self.downstream_idx[i] {
+                in_degree[d] += 1;
+            }
+        }
+        let mut ready: BinaryHeap<Reverse<usize>> = BinaryHeap::from([Reverse(start)]);
+        let mut order = Vec::with_capacity(found.len());
+        while let Some(Reverse(i)) = ready.pop() {
+            order.push(self.names[i].as_str());
+            for &d in &self.downstream_idx[i] {
+                in_degree[d] -= 1;
+                if in_degree[d] == 0 {
+                    ready.push(Reverse(d));
+                }
+            }
+        }
+        order
     }
 
     /// Every task after all of its upstreams. Among tasks ready at the same time the earlier one in
@@ -400,7 +440,7 @@ mod tests {
                 upstream_index: 1
             }
         );
-        assert_eq!(e.to_string(), "task \"b\" depends on itself");
+        assert_eq!(e.to_string(), "cycle: b → b (task \"b\" depends on itself)");
     }
 
     #[test]
@@ -496,6 +536,26 @@ mod tests {
             ["extract", "lonely", "transform", "load", "report"]
         );
         assert_respects_edges(&d);
+    }
+
+    #[test]
+    fn downstream_closure_is_the_task_and_everything_below_it_in_order() {
+        let d = dag(&[
+            ("extract", &[]),
+            ("lonely", &[]),
+            ("load", &["transform"]),
+            ("transform", &["extract"]),
+            ("report", &["extract", "load"]),
+            ("audit", &["lonely"]),
+        ]);
+        assert_eq!(
+            d.downstream_closure("extract"),
+            ["extract", "transform", "load", "report"]
+        );
+        assert_eq!(d.downstream_closure("load"), ["load", "report"]);
+        assert_eq!(d.downstream_closure("report"), ["report"]);
+        assert_eq!(d.downstream_closure("lonely"), ["lonely", "audit"]);
+        assert!(d.downstream_closure("missing").is_empty());
     }
 
     #[test]

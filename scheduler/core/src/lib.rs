@@ -7,14 +7,21 @@
 pub mod cron;
 pub mod dag;
 pub mod decision;
+pub mod dependency;
+pub mod firing;
 pub mod ids;
+pub mod limits;
 pub mod liveness;
 pub mod params;
 pub mod placement;
+pub mod render;
 pub mod retry;
 pub mod run;
+pub mod shard;
 pub mod spec;
 pub mod state;
+pub mod task_status;
+pub mod why;
 
 /// Milliseconds since the Unix epoch, UTC. The one representation of an instant in ax.
 pub type Millis = i64;

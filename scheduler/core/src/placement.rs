@@ -165,6 +165,124 @@ impl Placer {
     }
 }
 
+/// How one attempt's worker is chosen: a task's `routing` resolved against the scheduler's
+/// configured strategy (see [`Route::for_task`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route<'a> {
+    /// One of the plain strategies (round robin shares the placer's cursor).
+    Strategy(Strategy),
+    /// Rendezvous hashing of `key` (workflow and task) over the eligible workers: the same key
+    /// lands on the same worker while it lives and has a free slot, else on the next one in the
+    /// key's hash order. Adding or removing a worker moves only the keys that ranked it first.
+    ConsistentHash(&'a str),
+    /// The eligible worker with the lowest id.
+    Failover,
+    /// Only this worker (a shard of a sharded broadcast is pinned to its worker).
+    Pinned(&'a str),
+}
+
+impl<'a> Route<'a> {
+    /// The route of a task with `routing`, under the configured `strategy`. `key` identifies the
+    /// task for consistent hashing; `pinned` is the worker a shard is pinned to. A sharded task's
+    /// parent is never placed; its shards (which have `pinned`) are.
+    pub fn for_task(
+        routing: crate::spec::Routing,
+        strategy: Strategy,
+        key: &'a str,
+        pinned: Option<&'a str>,
+    ) -> Route<'a> {
+        use crate::spec::Routing;
+        if let Some(worker) = pinned {
+            return Route::Pinned(worker);
+        }
+        match routing {
+            Routing::Default | Routing::ShardedBroadcast => Route::Strategy(strategy),
+            Routing::LeastRunning => Route::Strategy(Strategy::LeastRunning),
+            Routing::RoundRobin => Route::Strategy(Strategy::RoundRobin),
+            Routing::Random => Route::Strategy(Strategy::Random),
+            Routing::ConsistentHash => Route::ConsistentHash(key),
+            Routing::Failover => Route::Failover,
+        }
+    }
+}
+
+impl Placer {
+    /// Like [`Placer::choose`], by `route` instead of the placer's own strategy.
+    pub fn choose_routed(
+        &mut self,
+        route: Route<'_>,
+        candidates: &[Candidate<'_>],
+        required: &BTreeMap<String, String>,
+        random: u64,
+    ) -> Option<usize> {
+        let eligible = |index: &usize| candidates[*index].is_eligible(required);
+        match route {
+            Route::Strategy(strategy) if strategy == self.strategy => {
+                self.choose(candidates, required, random)
+            }
+            Route::Strategy(strategy) => {
+                // Round robin keeps one cursor per placer whatever the configured strategy.
+                let mut other = Placer {
+                    strategy,
+                    last_chosen: self.last_chosen.take(),
+                };
+                let chosen = other.choose(candidates, required, random);
+                self.last_chosen = other.last_chosen;
+                chosen
+            }
+            Route::ConsistentHash(key) => {
+                rendezvous_order(key, candidates).into_iter().find(eligible)
+            }
+            Route::Failover => (0..candidates.len())
+                .filter(eligible)
+                .min_by(|&a, &b| candidates[a].id.cmp(candidates[b].id).then(a.cmp(&b))),
+            Route::Pinned(worker) => (0..candidates.len())
+                .filter(eligible)
+                .find(|&index| candidates[index].id == worker),
+        }
+    }
+}
+
+/// Whether any of the live `candidates` carries every required label, busy or not: when none
+/// does, the instance waits for a worker that does not exist (a NoWorker decision), not for a
+/// free slot.
+pub fn any_carries(candidates: &[Candidate<'_>], required: &BTreeMap<String, String>) -> bool {
+    candidates.iter().any(|candidate| {
+        required
+            .iter()
+            .all(|(key, value)| candidate.labels.get(key) == Some(value))
+    })
+}
+
+/// Indices of `candidates` in `key`'s rendezvous order: highest hash of (key, worker id) first,
+/// ties by id. Stable across processes and releases (FNV-1a and a fixed mixer, no random seed).
+pub fn rendezvous_order(key: &str, candidates: &[Candidate<'_>]) -> Vec<usize> {
+    let mut order: Vec<(u64, usize)> = candidates
+        .iter()
+        .enumerate()
+        .map(|(index, candidate)| (rendezvous_score(key, candidate.id), index))
+        .collect();
+    order.sort_by(|a, b| {
+        b.0.cmp(&a.0)
+            .then_with(|| candidates[a.1].id.cmp(candidates[b.1].id))
+            .then(a.1.cmp(&b.1))
+    });
+    order.into_iter().map(|(_, index)| index).collect()
+}
+
+/// The rendezvous weight of `worker` for `key`.
+pub fn rendezvous_score(key: &str, worker: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key.bytes().chain([0xff]).chain(worker.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // SplitMix64's finalizer spreads FNV's weak low bits over the whole word.
+    hash = (hash ^ (hash >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    hash = (hash ^ (hash >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    hash ^ (hash >> 31)
+}
+
 /// Fewer running attempts first; on a tie the lower share of capacity in use.
 fn compare_load(a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
     a.running.cmp(&b.running).then_with(|| {
@@ -437,6 +555,139 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn route(placer: &mut Placer, route: Route<'_>, workers: &[Worker]) -> Option<String> {
+        placer
+            .choose_routed(route, &candidates(workers), &BTreeMap::new(), 0)
+            .map(|index| workers[index].id.clone())
+    }
+
+    #[test]
+    fn consistent_hash_sticks_to_one_worker_and_moves_only_when_it_is_full_or_gone() {
+        let mut placer = Placer::new(Strategy::LeastRunning);
+        let workers = [worker("w1", 4, 0), worker("w2", 4, 0), worker("w3", 4, 0)];
+        let mut homes = BTreeMap::new();
+        for task in 0..60 {
+            let key = format!("wf/t{task}");
+            let home = route(&mut placer, Route::ConsistentHash(&key), &workers).unwrap();
+            // The same key, with other loads and list orders, lands on the same worker.
+            let mut shuffled = [worker("w3", 4, 3), worker("w1", 4, 2), worker("w2", 4, 0)];
+            assert_eq!(
+                route(&mut placer, Route::ConsistentHash(&key), &shuffled),
+                Some(home.clone())
+            );
+            // Its home full: the next in the key's hash order, the same one every time.
+            for w in shuffled.iter_mut() {
+                if w.id == home {
+                    w.running = w.capacity;
+                }
+            }
+            let second = route(&mut placer, Route::ConsistentHash(&key), &shuffled).unwrap();
+            assert_ne!(second, home);
+            let order = rendezvous_order(&key, &candidates(&workers));
+            assert_eq!(workers[order[0]].id, home);
+            assert_eq!(workers[order[1]].id, second);
+            homes.insert(key, home);
+        }
+        // Every worker is home to some keys.
+        let used: std::collections::BTreeSet<_> = homes.values().cloned().collect();
+        assert_eq!(used.len(), 3, "{homes:?}");
+        // A worker leaving moves only the keys that lived on it.
+        let without_w2 = [worker("w1", 4, 0), worker("w3", 4, 0)];
+        for (key, home) in &homes {
+            let now = route(&mut placer, Route::ConsistentHash(key), &without_w2).unwrap();
+            if home != "w2" {
+                assert_eq!(&now, home, "{key}");
+            }
+        }
+        assert_eq!(rendezvous_score("a", "b"), rendezvous_score("a", "b"));
+        assert_ne!(rendezvous_score("ab", "c"), rendezvous_score("a", "bc"));
+    }
+
+    #[test]
+    fn failover_takes_the_lowest_eligible_id() {
+        let mut placer = Placer::new(Strategy::RoundRobin);
+        let workers = [worker("w3", 4, 0), worker("w1", 4, 3), worker("w2", 4, 0)];
+        for _ in 0..3 {
+            assert_eq!(
+                route(&mut placer, Route::Failover, &workers).as_deref(),
+                Some("w1")
+            );
+        }
+        let w1_full = [worker("w3", 4, 0), worker("w1", 4, 4), worker("w2", 4, 0)];
+        assert_eq!(
+            route(&mut placer, Route::Failover, &w1_full).as_deref(),
+            Some("w2")
+        );
+        assert_eq!(route(&mut placer, Route::Failover, &[]), None);
+    }
+
+    #[test]
+    fn pinned_goes_only_to_its_worker() {
+        let mut placer = Placer::new(Strategy::LeastRunning);
+        let workers = [worker("w1", 4, 0), worker("w2", 4, 1)];
+        assert_eq!(
+            route(&mut placer, Route::Pinned("w2"), &workers).as_deref(),
+            Some("w2")
+        );
+        let w2_full = [worker("w1", 4, 0), worker("w2", 1, 1)];
+        assert_eq!(route(&mut placer, Route::Pinned("w2"), &w2_full), None);
+        assert_eq!(route(&mut placer, Route::Pinned("gone"), &workers), None);
+    }
+
+    #[test]
+    fn a_task_routing_overrides_the_configured_strategy() {
+        use crate::spec::Routing;
+        let s = Strategy::Random;
+        assert_eq!(
+            Route::for_task(Routing::Default, s, "k", None),
+            Route::Strategy(s)
+        );
+        assert_eq!(
+            Route::for_task(Routing::RoundRobin, s, "k", None),
+            Route::Strategy(Strategy::RoundRobin)
+        );
+        assert_eq!(
+            Route::for_task(Routing::LeastRunning, s, "k", None),
+            Route::Strategy(Strategy::LeastRunning)
+        );
+        assert_eq!(
+            Route::for_task(Routing::Random, Strategy::LeastRunning, "k", None),
+            Route::Strategy(Strategy::Random)
+        );
+        assert_eq!(
+            Route::for_task(Routing::ConsistentHash, s, "k", None),
+            Route::ConsistentHash("k")
+        );
+        assert_eq!(
+            Route::for_task(Routing::Failover, s, "k", None),
+            Route::Failover
+        );
+        assert_eq!(
+            Route::for_task(Routing::ShardedBroadcast, s, "k", Some("w9")),
+            Route::Pinned("w9")
+        );
+        // A round-robin task under a least-running scheduler still rotates.
+        let mut placer = Placer::new(Strategy::LeastRunning);
+        let workers = [worker("a", 4, 0), worker("b", 4, 0)];
+        let rr = Route::Strategy(Strategy::RoundRobin);
+        assert_eq!(route(&mut placer, rr, &workers).as_deref(), Some("a"));
+        assert_eq!(route(&mut placer, rr, &workers).as_deref(), Some("b"));
+        assert_eq!(route(&mut placer, rr, &workers).as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn any_carries_ignores_load_but_not_labels() {
+        let mut busy = worker("busy", 1, 1);
+        busy.labels = labels(&[("gpu", "a100")]);
+        busy.accepting = false;
+        let workers = [busy, worker("plain", 4, 0)];
+        let list = candidates(&workers);
+        assert!(any_carries(&list, &labels(&[("gpu", "a100")])));
+        assert!(!any_carries(&list, &labels(&[("gpu", "t4")])));
+        assert!(any_carries(&list, &BTreeMap::new()));
+        assert!(!any_carries(&[], &BTreeMap::new()));
     }
 
     #[test]

@@ -8,14 +8,18 @@ use crate::state::UnknownState;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RunState {
     Running,
+    /// Waiting for room under max active runs, a keyed concurrency limit or overlap `queue`;
+    /// a queued run has no instances yet (`ax_core::firing::start_or_queue`).
+    Queued,
     Success,
     Failed,
     Cancelled,
 }
 
 impl RunState {
-    pub const ALL: [RunState; 4] = [
+    pub const ALL: [RunState; 5] = [
         RunState::Running,
+        RunState::Queued,
         RunState::Success,
         RunState::Failed,
         RunState::Cancelled,
@@ -24,6 +28,7 @@ impl RunState {
     pub fn as_str(self) -> &'static str {
         match self {
             RunState::Running => "RUNNING",
+            RunState::Queued => "QUEUED",
             RunState::Success => "SUCCESS",
             RunState::Failed => "FAILED",
             RunState::Cancelled => "CANCELLED",
@@ -31,7 +36,7 @@ impl RunState {
     }
 
     pub fn is_terminal(self) -> bool {
-        self != RunState::Running
+        !matches!(self, RunState::Running | RunState::Queued)
     }
 }
 
@@ -57,7 +62,8 @@ impl FromStr for RunState {
 pub struct RunProgress {
     /// Tasks in the run's workflow version.
     pub tasks: u32,
-    /// Instances not yet in a terminal state.
+    /// Instances WAITING, DISPATCHED or RUNNING. A PENDING instance (it waits for an upstream
+    /// rerun) counts like a task without an instance: neither unfinished nor succeeded.
     pub unfinished: u32,
     pub succeeded: u32,
     pub cancelled: u32,

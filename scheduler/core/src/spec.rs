@@ -75,6 +75,8 @@ pub enum TriggerKind {
     Manual,
     Api,
     Dependency,
+    /// A slot of `axctl backfill`.
+    Backfill,
 }
 
 impl TriggerKind {
@@ -84,13 +86,20 @@ impl TriggerKind {
             TriggerKind::Manual => "manual",
             TriggerKind::Api => "api",
             TriggerKind::Dependency => "dependency",
+            TriggerKind::Backfill => "backfill",
         }
     }
 
     pub fn parse(s: &str) -> Option<TriggerKind> {
-        [Self::Cron, Self::Manual, Self::Api, Self::Dependency]
-            .into_iter()
-            .find(|kind| kind.as_str() == s)
+        [
+            Self::Cron,
+            Self::Manual,
+            Self::Api,
+            Self::Dependency,
+            Self::Backfill,
+        ]
+        .into_iter()
+        .find(|kind| kind.as_str() == s)
     }
 }
 
@@ -171,7 +180,9 @@ pub enum Routing {
     /// The first live eligible worker in the order of worker ids.
     Failover,
     /// One instance per eligible live worker, each told `AX_SHARD_INDEX` and `AX_SHARD_TOTAL`;
-    /// the task succeeds when every shard did.
+    /// the task succeeds when every shard did and fails when one failed with no retry left.
+    /// Each shard runs (and retries) only on its worker, and fails once that worker is gone for
+    /// good (see `crate::shard`).
     ShardedBroadcast,
 }
 
@@ -1470,7 +1481,7 @@ impl Ctx<'_> {
             } => upstream_entry(
                 index,
                 upstream_index,
-                format!("task \"{task}\" cannot depend on itself"),
+                format!("cycle: {task} → {task} (task \"{task}\" cannot depend on itself)"),
             ),
             DagError::DuplicateUpstream {
                 upstream,
@@ -2315,7 +2326,7 @@ mod tests {
                 command: x
                 upstream: [a]
             ",
-            "wf.yaml:5: tasks[0].upstream[0]: task \"a\" cannot depend on itself",
+            "wf.yaml:5: tasks[0].upstream[0]: cycle: a → a (task \"a\" cannot depend on itself)",
         );
         check_err(
             "

@@ -5,7 +5,17 @@
 //!                     ↘          ↘ FAILED | TIMEOUT → (retries left) WAITING as attempt+1
 //!                      ↘ (worker rejected / lost before start) WAITING, same attempt
 //! any non-terminal → CANCELLED
+//! FAILED | TIMEOUT | CANCELLED | SUCCESS → (rerun from this task) WAITING as attempt+1
+//! FAILED | TIMEOUT | CANCELLED | SUCCESS → (rerun from an upstream task) PENDING
+//! PENDING → (every upstream succeeded again) WAITING as attempt+1
 //! ```
+//! PENDING is an instance that ran before and must wait for its upstreams again because a person
+//! reran a task above it (`axctl rerun RUN --from TASK`). It keeps its attempt number (the last
+//! attempt's record stays as it ended) until the advance, which looks only at a finished task's
+//! direct downstream as for a new instance, moves it to WAITING as attempt + 1. For the end of a
+//! run and for display a PENDING instance counts like a task without an instance: it is neither
+//! unfinished (nothing of it runs) nor succeeded, so a rerun task that fails again ends the run
+//! FAILED with its downstream shown as upstream-failed.
 //! The store carries a transition out as a conditional update keyed by (instance, attempt, from
 //! state), so two nodes racing on one instance cannot both win.
 
@@ -21,10 +31,12 @@ pub enum InstanceState {
     Failed,
     Timeout,
     Cancelled,
+    /// Ran before; waits for its upstreams again after a rerun from a task above it.
+    Pending,
 }
 
 impl InstanceState {
-    pub const ALL: [InstanceState; 7] = [
+    pub const ALL: [InstanceState; 8] = [
         InstanceState::Waiting,
         InstanceState::Dispatched,
         InstanceState::Running,
@@ -32,6 +44,7 @@ impl InstanceState {
         InstanceState::Failed,
         InstanceState::Timeout,
         InstanceState::Cancelled,
+        InstanceState::Pending,
     ];
 
     pub fn is_terminal(self) -> bool {
@@ -39,6 +52,11 @@ impl InstanceState {
             self,
             Self::Success | Self::Failed | Self::Timeout | Self::Cancelled
         )
+    }
+
+    /// Waiting for a worker, on one, or running: something of the instance is still going.
+    pub fn is_active(self) -> bool {
+        matches!(self, Self::Waiting | Self::Dispatched | Self::Running)
     }
 
     /// The spelling stored in the database and shown to users.
@@ -51,6 +69,7 @@ impl InstanceState {
             Self::Failed => "FAILED",
             Self::Timeout => "TIMEOUT",
             Self::Cancelled => "CANCELLED",
+            Self::Pending => "PENDING",
         }
     }
 }
@@ -114,6 +133,18 @@ pub enum Event {
     Cancel,
     /// A person asked for another attempt of a finished, unsuccessful instance.
     ManualRetry,
+    /// A person reran the run from this instance's task (`rerun --from`): it runs again even if
+    /// it succeeded.
+    RerunFrom,
+    /// A person reran the run from a task upstream of this one: it waits for its upstreams again.
+    UpstreamRerun,
+    /// Every upstream of a PENDING instance succeeded (again).
+    UpstreamsReady,
+    /// A sharded task's instance fanned out into its shards: it runs (on no worker of its own)
+    /// until its shards decide its end (`crate::shard`), which comes as a `Finish` or `Cancel`.
+    FanOut,
+    /// The worker a waiting shard is pinned to is gone for good: the shard cannot run anywhere.
+    PinnedWorkerGone,
 }
 
 /// The effect of a legal transition.
@@ -177,6 +208,11 @@ pub fn transition(from: InstanceState, event: Event) -> Result<Transition, Illeg
         ) => stay(outcome.state()),
         (Waiting | Dispatched | Running, Event::Cancel) => stay(Cancelled),
         (Failed | Timeout | Cancelled, Event::ManualRetry) => retry,
+        (Success | Failed | Timeout | Cancelled, Event::RerunFrom) => retry,
+        (Success | Failed | Timeout | Cancelled, Event::UpstreamRerun) => stay(Pending),
+        (Pending, Event::UpstreamsReady) => retry,
+        (Waiting, Event::FanOut) => stay(Running),
+        (Waiting, Event::PinnedWorkerGone) => stay(Failed),
         _ => Err(IllegalTransition { from, event }),
     }
 }
@@ -193,6 +229,11 @@ mod tests {
             Event::Start,
             Event::Cancel,
             Event::ManualRetry,
+            Event::RerunFrom,
+            Event::UpstreamRerun,
+            Event::UpstreamsReady,
+            Event::FanOut,
+            Event::PinnedWorkerGone,
         ];
         for retries_left in [false, true] {
             all.push(Event::SpawnFailed { retries_left });
@@ -243,6 +284,17 @@ mod tests {
             (Failed, Event::ManualRetry, Waiting, true),
             (Timeout, Event::ManualRetry, Waiting, true),
             (Cancelled, Event::ManualRetry, Waiting, true),
+            (Success, Event::RerunFrom, Waiting, true),
+            (Failed, Event::RerunFrom, Waiting, true),
+            (Timeout, Event::RerunFrom, Waiting, true),
+            (Cancelled, Event::RerunFrom, Waiting, true),
+            (Success, Event::UpstreamRerun, Pending, false),
+            (Failed, Event::UpstreamRerun, Pending, false),
+            (Timeout, Event::UpstreamRerun, Pending, false),
+            (Cancelled, Event::UpstreamRerun, Pending, false),
+            (Pending, Event::UpstreamsReady, Waiting, true),
+            (Waiting, Event::FanOut, Running, false),
+            (Waiting, Event::PinnedWorkerGone, Failed, false),
         ]
     }
 
@@ -266,18 +318,28 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 7 * 13);
+        assert_eq!(checked, 8 * 18);
     }
 
     #[test]
-    fn terminal_states_accept_only_a_manual_retry_and_success_accepts_nothing() {
+    fn terminal_states_accept_only_a_retry_or_a_rerun() {
         for from in InstanceState::ALL.into_iter().filter(|s| s.is_terminal()) {
             for event in events() {
                 let ok = transition(from, event).is_ok();
-                let expected = event == Event::ManualRetry && from != Success;
+                let expected = (event == Event::ManualRetry && from != Success)
+                    || matches!(event, Event::RerunFrom | Event::UpstreamRerun);
                 assert_eq!(ok, expected, "{from} on {event:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_pending_instance_only_waits_for_its_upstreams() {
+        for event in events() {
+            let ok = transition(Pending, event).is_ok();
+            assert_eq!(ok, event == Event::UpstreamsReady, "PENDING on {event:?}");
+        }
+        assert!(!Pending.is_terminal());
     }
 
     #[test]

@@ -22,6 +22,8 @@ use super::convert::{self, store_status};
 use crate::clock::now_ms;
 use crate::node::Node;
 
+mod dag;
+
 /// Workflow files larger than this are refused.
 const MAX_SOURCE_BYTES: usize = 4 << 20;
 /// The largest control request the server decodes: a workflow file at the limit plus room for
@@ -73,8 +75,8 @@ impl ControlApi {
             .ok_or_else(|| Status::not_found(format!("workflow {name:?} not found")))
     }
 
-    /// Pauses or resumes a workflow's schedule. Slots that passed while paused are skipped: a
-    /// resumed schedule goes on from now.
+    /// Pauses or resumes a workflow's schedule. The slots that passed while paused are handled
+    /// by the workflow's misfire policy on resume, as after a downtime (`schedules::resume_point`).
     async fn set_paused(
         &self,
         name: &str,
@@ -84,10 +86,12 @@ impl ControlApi {
     ) -> Result<Response<pb::Workflow>, Status> {
         let current = self.workflow_named(name).await?;
         let now = now_ms();
-        let next = if paused {
-            None
+        let (next, decisions) = if paused {
+            (None, Vec::new())
         } else {
-            next_fire(&current.spec, now)?
+            crate::schedules::resume_point(&self.node, &current, now)
+                .await
+                .map_err(|err| Status::internal(format!("resume: {err:#}")))?
         };
         let record = self
             .node
@@ -96,6 +100,9 @@ impl ControlApi {
             .await
             .map_err(store_status)?
             .ok_or_else(|| Status::not_found(format!("workflow {name:?} not found")))?;
+        if let Err(err) = self.node.store.record_decisions(&decisions).await {
+            tracing::warn!(workflow = %name, error = %err, "recording decisions failed");
+        }
         let action = if paused { "pause" } else { "resume" };
         self.audit(
             actor,
@@ -173,7 +180,12 @@ fn next_fire(spec: &WorkflowSpec, now: i64) -> Result<Option<i64>, Status> {
         .map_err(|err| Status::invalid_argument(format!("schedule.cron: {err}")))?;
     let tz = parse_timezone(&spec.schedule.timezone)
         .map_err(|err| Status::invalid_argument(format!("schedule.timezone: {err}")))?;
-    Ok(cron.next_after(now, tz))
+    Ok(ax_core::firing::first_slot(
+        &cron,
+        tz,
+        now,
+        ax_core::firing::Window::of(&spec.schedule),
+    ))
 }
 
 /// The rules are `ax_core::params`: names that can become `AX_PARAM_<NAME>`, sizes that fit in
@@ -217,8 +229,11 @@ impl ControlService for ControlApi {
                 .map(|_| ())
                 .map_err(|err| err.to_string())
         };
-        let parsed = parse_workflow(&request.source, source_name, &validate_cron)
+        let mut parsed = parse_workflow(&request.source, source_name, &validate_cron)
             .map_err(|err| Status::invalid_argument(err.to_string()))?;
+        parsed
+            .warnings
+            .extend(self.check_after(&parsed.spec).await?);
         let now = now_ms();
         let next = next_fire(&parsed.spec, now)?;
         if request.dry_run {
@@ -470,6 +485,8 @@ impl ControlService for ControlApi {
             request.reason.clone()
         };
         self.send_cancels(&cancelled, &reason);
+        // Ending a run may have started queued runs of its workflow.
+        self.node.dispatch_wake.notify_one();
         let detail = format!("{} attempts stopped; {reason}", cancelled.len());
         self.audit(
             &request.actor,
@@ -488,16 +505,9 @@ impl ControlService for ControlApi {
         request: Request<pb::ListInstancesRequest>,
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
         let id = RunId(positive_id(request.into_inner().run_id, "run")?);
-        if self
-            .node
-            .store
-            .get_run(id)
-            .await
-            .map_err(store_status)?
-            .is_none()
-        {
+        let Some(run) = self.node.store.get_run(id).await.map_err(store_status)? else {
             return Err(Status::not_found(format!("run {id} not found")));
-        }
+        };
         let records = self
             .node
             .store
@@ -508,7 +518,11 @@ impl ControlService for ControlApi {
             .iter()
             .map(|record| convert::instance(record, &[]))
             .collect();
-        Ok(Response::new(pb::ListInstancesResponse { instances }))
+        let tasks = self.task_statuses(&run, &records).await?;
+        Ok(Response::new(pb::ListInstancesResponse {
+            instances,
+            tasks,
+        }))
     }
 
     async fn get_instance(
@@ -540,7 +554,12 @@ impl ControlService for ControlApi {
             .await
             .map_err(store_status)?
             .ok_or_else(|| Status::not_found(format!("instance {id} not found")))?;
-        if before.state.is_terminal() && before.state != ax_core::state::InstanceState::Cancelled {
+        if before.state == ax_core::state::InstanceState::Pending {
+            return Err(Status::failed_precondition(format!(
+                "instance {id} is PENDING: it waits for an upstream rerun and has nothing to cancel"
+            )));
+        }
+        if !before.state.is_active() && before.state != ax_core::state::InstanceState::Cancelled {
             return Err(Status::failed_precondition(format!(
                 "instance {id} already ended {}",
                 before.state
@@ -559,6 +578,7 @@ impl ControlService for ControlApi {
             request.reason.clone()
         };
         self.send_cancels(cancelled.as_slice(), &reason);
+        self.node.dispatch_wake.notify_one();
         self.audit(
             &request.actor,
             "cancel",
@@ -616,9 +636,22 @@ impl ControlService for ControlApi {
         let remote = remote(&request);
         let request = request.into_inner();
         let id = RunId(positive_id(request.id, "run")?);
+        let from_task = request.from_task.trim();
+        if !from_task.is_empty() && request.failed {
+            return Err(Status::invalid_argument(
+                "say one thing to rerun: failed = true or from_task, not both",
+            ));
+        }
+        if !from_task.is_empty() {
+            let run = self
+                .rerun_from_task(id, from_task, &request.actor, &remote)
+                .await?;
+            return Ok(Response::new(run));
+        }
         if !request.failed {
             return Err(Status::invalid_argument(
-                "say what to rerun: failed = true reruns the failed part",
+                "say what to rerun: failed = true reruns the failed part, from_task = TASK \
+                 reruns that task and everything below it",
             ));
         }
         let retried = self
@@ -689,6 +722,58 @@ impl ControlService for ControlApi {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+
+    async fn get_dag(
+        &self,
+        request: Request<pb::GetDagRequest>,
+    ) -> Result<Response<pb::Dag>, Status> {
+        super::views::get_dag(&self.node, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn explain_workflow(
+        &self,
+        request: Request<pb::ExplainWorkflowRequest>,
+    ) -> Result<Response<pb::Explanation>, Status> {
+        super::views::explain_workflow(&self.node, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_audit(
+        &self,
+        request: Request<pb::ListAuditRequest>,
+    ) -> Result<Response<pb::ListAuditResponse>, Status> {
+        super::views::list_audit(&self.node, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn backfill_workflow(
+        &self,
+        request: Request<pb::BackfillWorkflowRequest>,
+    ) -> Result<Response<pb::BackfillWorkflowResponse>, Status> {
+        let remote = remote(&request);
+        let request = request.into_inner();
+        let workflow = self.workflow_named(&request.name).await?;
+        let response = crate::backfill::backfill(&self.node, &workflow, &request).await?;
+        if !request.dry_run {
+            let detail = format!(
+                "{} .. {}: {} runs created, {} slots already had one",
+                request.from_ms, request.to_ms, response.created, response.existing
+            );
+            self.audit(
+                &request.actor,
+                "backfill",
+                format!("workflow/{}", workflow.name),
+                detail,
+                &remote,
+            )
+            .await;
+        }
+        Ok(Response::new(response))
     }
 
     async fn list_workers(

@@ -27,12 +27,14 @@ pub fn instance_state(state: InstanceState) -> pb::InstanceState {
         InstanceState::Failed => pb::InstanceState::Failed,
         InstanceState::Timeout => pb::InstanceState::Timeout,
         InstanceState::Cancelled => pb::InstanceState::Cancelled,
+        InstanceState::Pending => pb::InstanceState::Pending,
     }
 }
 
 pub fn run_state(state: RunState) -> pb::RunState {
     match state {
         RunState::Running => pb::RunState::Running,
+        RunState::Queued => pb::RunState::Queued,
         RunState::Success => pb::RunState::Success,
         RunState::Failed => pb::RunState::Failed,
         RunState::Cancelled => pb::RunState::Cancelled,
@@ -46,6 +48,7 @@ pub fn run_state_from(state: i32) -> Result<Option<RunState>, Status> {
         Ok(pb::RunState::Success) => Ok(Some(RunState::Success)),
         Ok(pb::RunState::Failed) => Ok(Some(RunState::Failed)),
         Ok(pb::RunState::Cancelled) => Ok(Some(RunState::Cancelled)),
+        Ok(pb::RunState::Queued) => Ok(Some(RunState::Queued)),
         Err(_) => Err(Status::invalid_argument(format!(
             "unknown run state {state}"
         ))),
@@ -58,6 +61,7 @@ pub fn trigger(kind: TriggerKind) -> pb::TriggerKind {
         TriggerKind::Manual => pb::TriggerKind::Manual,
         TriggerKind::Api => pb::TriggerKind::Api,
         TriggerKind::Dependency => pb::TriggerKind::Dependency,
+        TriggerKind::Backfill => pb::TriggerKind::Backfill,
     }
 }
 
@@ -80,7 +84,8 @@ fn task(task: &TaskSpec) -> pb::TaskSpec {
     }
 }
 
-/// The next fire times of a cron workflow (none when paused or not cron-triggered).
+/// The next fire times of a cron workflow inside its start/end window (none when paused or not
+/// cron-triggered).
 pub fn next_fires(record: &WorkflowRecord, now: i64, count: usize) -> Vec<i64> {
     let schedule = &record.spec.schedule;
     let Some(expression) = schedule.cron.as_deref() else {
@@ -93,8 +98,16 @@ pub fn next_fires(record: &WorkflowRecord, now: i64, count: usize) -> Vec<i64> {
         CronSchedule::parse(expression),
         parse_timezone(&schedule.timezone),
     ) {
-        (Ok(cron), Ok(tz)) => cron.next_n(now, tz, count),
+        (Ok(cron), Ok(tz)) => ax_core::firing::upcoming(&cron, tz, now, window(schedule), count),
         _ => Vec::new(),
+    }
+}
+
+/// The schedule's start/end window.
+pub fn window(schedule: &ScheduleSpec) -> ax_core::firing::Window {
+    ax_core::firing::Window {
+        start_at: schedule.start_at,
+        end_at: schedule.end_at,
     }
 }
 

@@ -2,4 +2,5 @@
 
 pub mod control;
 pub mod convert;
+pub mod views;
 pub mod worker;

@@ -83,6 +83,9 @@ pub struct RunRecord {
     pub created_at: Millis,
     pub finished_at: Option<Millis>,
     pub cancel_requested: bool,
+    /// The key of keyed concurrency (`concurrency.key` over the params); `None` when the
+    /// workflow had no key when the run was created.
+    pub run_key: Option<String>,
 }
 
 /// A run to create. Unique per (workflow, dedup key): a second create with the same key returns
@@ -93,7 +96,8 @@ pub struct NewRun {
     pub workflow_version: u32,
     pub trigger: TriggerKind,
     pub logical_time: Millis,
-    /// `cron:<logical ms>` for cron fires, `key:<idempotency key>` for keyed triggers, none else.
+    /// `cron:<logical ms>` for cron fires, `key:<idempotency key>` for keyed triggers,
+    /// `dep:<logical ms>` for a run started by its upstream workflows, none else.
     pub dedup_key: Option<String>,
     pub idempotency_key: Option<String>,
     pub params: BTreeMap<String, String>,
@@ -145,6 +149,17 @@ pub struct WaitingInstance {
     pub instance: InstanceRecord,
     pub logical_time: Millis,
     pub params: BTreeMap<String, String>,
+    /// Set for a shard of a sharded broadcast (see [`Store::fan_out`]).
+    pub shard: Option<Shard>,
+}
+
+/// A shard of a sharded task: which one, of how many, and the worker it is pinned to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shard {
+    pub parent: InstanceId,
+    pub index: u32,
+    pub total: u32,
+    pub worker: String,
 }
 
 /// The decision to send one attempt to one worker.
@@ -155,6 +170,9 @@ pub struct DispatchClaim {
     pub worker_id: String,
     pub node_id: String,
     pub at: Millis,
+    /// The concurrency limits the instance counts against (`ax_core::limits::limits_for`);
+    /// the claim is refused when one of them is full.
+    pub limits: Vec<ax_core::limits::Limit>,
 }
 
 /// How an attempt ended, as far as the store is concerned.
@@ -243,6 +261,31 @@ pub enum ManualRetry {
     /// Only FAILED, TIMEOUT and CANCELLED instances can be retried.
     NotRetryable(InstanceState),
     NotFound,
+}
+
+/// The answer to `rerun_from` (`axctl rerun RUN --from TASK`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RerunFrom {
+    /// The task's instance is WAITING as its next attempt; `pending` are the instances below it
+    /// that ran before and now wait for their upstreams again (PENDING). The run is running.
+    Rerun {
+        again: InstanceId,
+        pending: Vec<InstanceId>,
+    },
+    RunNotFound,
+    /// No such task in the run's workflow version; `tasks` are its tasks in file order.
+    UnknownTask {
+        tasks: Vec<String>,
+    },
+    /// The task has no finished instance to run again (`None`: never created because an upstream
+    /// did not succeed; `Some(PENDING)`: it waits for an upstream rerun).
+    NotRun {
+        state: Option<InstanceState>,
+    },
+    /// Instances of the task or below it are still waiting, dispatched or running.
+    Active {
+        busy: Vec<(String, InstanceState)>,
+    },
 }
 
 /// What an applied report changed, so the engine knows whom to wake.
@@ -348,6 +391,15 @@ pub struct AuditRecord {
     pub remote: String,
 }
 
+/// Which audit rows to list: exact matches on the fields that are set, newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditFilter {
+    pub limit: u32,
+    pub action: Option<String>,
+    pub target: Option<String>,
+    pub actor: Option<String>,
+}
+
 /// A scheduling decision worth explaining later (`axctl why`): see [`ax_core::decision`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecisionRecord {
@@ -416,6 +468,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Creates the run and a WAITING first attempt for each root task of its version, in one
     /// transaction. Returns the existing run and `false` when the dedup key is taken.
+    /// Inside the same transaction (the workflow row locked on MySQL) the store decides, by
+    /// `ax_core::firing::start_or_queue` with the latest version's limits, whether the run
+    /// starts or is created QUEUED, without instances (a `queued` decision is recorded). When a
+    /// run ends by any path, the oldest queued runs of its workflow that now fit are started in
+    /// that transaction (`dequeued` decisions).
     async fn create_run(&self, run: &NewRun) -> Result<(RunRecord, bool)>;
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>>;
     /// Newest first.
@@ -428,6 +485,8 @@ pub trait Store: Send + Sync + 'static {
     async fn run_counts(&self, id: RunId) -> Result<InstanceCounts>;
     /// Marks the run cancel-requested, cancels its unfinished instances, ends it CANCELLED and
     /// returns the attempts that were dispatched or running (their workers must kill them).
+    /// A QUEUED run (no instances) simply ends CANCELLED. Queued runs of the workflow that now
+    /// fit are started in the same transaction.
     async fn cancel_run(&self, id: RunId, now: Millis) -> Result<Option<Vec<CancelledAttempt>>>;
 
     // --- instances ---
@@ -464,6 +523,30 @@ pub trait Store: Send + Sync + 'static {
     /// all in one transaction; records the attempt's worker and dispatch time. Returns, per
     /// claim, whether this call won it.
     async fn mark_dispatched(&self, claims: &[DispatchClaim]) -> Result<Vec<bool>>;
+    /// The counters of these concurrency scopes (instances holding each now); a scope without a
+    /// counter is absent.
+    async fn limit_usage(&self, scopes: &[String]) -> Result<BTreeMap<String, u32>>;
+    /// Fans a WAITING sharded task's instance (the parent) out into one WAITING shard per
+    /// worker in `workers` (shard index = position), each pinned to its worker; the parent
+    /// becomes RUNNING with no worker and is never dispatched. One transaction; false (and
+    /// nothing changed) when the parent is no longer WAITING as `attempt`, or `workers` is empty.
+    async fn fan_out(
+        &self,
+        parent: InstanceId,
+        attempt: Attempt,
+        workers: &[String],
+        now: Millis,
+    ) -> Result<bool>;
+    /// A WAITING shard whose pinned worker is gone for good fails (no retry: it may run only
+    /// there), with `reason` on its attempt; its parent and run end as the rules say. False when
+    /// it is no longer WAITING as `attempt`.
+    async fn fail_shard(
+        &self,
+        id: InstanceId,
+        attempt: Attempt,
+        reason: &str,
+        now: Millis,
+    ) -> Result<bool>;
     /// Applies worker reports in one transaction, in order; one result per report.
     async fn apply_reports(&self, reports: &[Report], now: Millis) -> Result<Vec<ReportResult>>;
 
@@ -488,12 +571,35 @@ pub trait Store: Send + Sync + 'static {
 
     async fn insert_audit(&self, record: &AuditRecord) -> Result<()>;
     /// Newest first.
-    async fn list_audit(&self, limit: u32) -> Result<Vec<AuditRecord>>;
+    async fn list_audit(&self, limit: u32) -> Result<Vec<AuditRecord>> {
+        self.query_audit(&AuditFilter {
+            limit,
+            ..AuditFilter::default()
+        })
+        .await
+    }
+    /// The rows matching every set field of `filter`, newest first, at most `filter.limit`.
+    async fn query_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>>;
+
+    /// The runs of a workflow nearest to `at` by logical time: the latest with
+    /// `logical_time <= at` and the earliest after it (either may be missing), in that order.
+    async fn runs_near(&self, workflow_id: WorkflowId, at: Millis) -> Result<Vec<RunRecord>>;
+
+    // --- run queue and schedule policies ---
+
+    /// The workflow's runs that have not ended (RUNNING or QUEUED), oldest first, at most `limit`.
+    async fn unfinished_runs(&self, workflow_id: WorkflowId, limit: u32) -> Result<Vec<RunRecord>>;
+    /// The schedule's stored next fire time (kept while paused); `None` without a schedule.
+    async fn schedule_next_fire(&self, workflow_id: WorkflowId) -> Result<Option<Millis>>;
 
     // --- decisions ---
 
     /// Stores decisions in one multi-row insert.
     async fn record_decisions(&self, decisions: &[DecisionRecord]) -> Result<()>;
+    /// Stores the decisions whose (instance, kind, detail) is not stored yet (each must name an
+    /// instance); returns how many it stored. For decisions a dispatcher would otherwise repeat
+    /// every pass (throttled, no worker).
+    async fn record_decisions_once(&self, decisions: &[DecisionRecord]) -> Result<u32>;
     /// A workflow's decisions with `from <= slot_at <= to`, oldest first, at most `limit`.
     async fn list_decisions(
         &self,
@@ -502,4 +608,15 @@ pub trait Store: Send + Sync + 'static {
         to: Millis,
         limit: u32,
     ) -> Result<Vec<DecisionRecord>>;
+
+    // --- DAG semantics ---
+
+    /// Reruns `task` of a run and everything below it (transitively), in one transaction: the
+    /// task's instance becomes WAITING as its next attempt, each instance below it that ran
+    /// becomes PENDING (it runs again as its next attempt once its upstreams succeeded again),
+    /// earlier attempts keep their records, and the run is running again. Changes nothing unless
+    /// the answer is `Rerun`.
+    async fn rerun_from(&self, run: RunId, task: &str, now: Millis) -> Result<RerunFrom>;
+    /// Every stored workflow's `schedule.after` list, by workflow name.
+    async fn workflow_dependencies(&self) -> Result<BTreeMap<String, Vec<String>>>;
 }

@@ -6,9 +6,13 @@
 //! upgrade its lock and fail with SQLITE_BUSY) and retries a MySQL deadlock a few times.
 
 mod counted;
+mod dependents;
+mod dispatch;
 mod ids;
 mod ops;
+mod queue;
 mod reports;
+mod rerun;
 mod rows;
 
 use std::path::Path;
@@ -39,6 +43,21 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "decision_log",
         include_str!("../migrations/mysql/0003_decision_log.sql"),
     ),
+    (
+        4,
+        "run_queue",
+        include_str!("../migrations/mysql/0004_run_queue.sql"),
+    ),
+    (
+        5,
+        "workflow_dependency",
+        include_str!("../migrations/mysql/0005_workflow_dependency.sql"),
+    ),
+    (
+        6,
+        "dispatch_limits_shards",
+        include_str!("../migrations/mysql/0006_dispatch_limits_shards.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -55,6 +74,21 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         3,
         "decision_log",
         include_str!("../migrations/sqlite/0003_decision_log.sql"),
+    ),
+    (
+        4,
+        "run_queue",
+        include_str!("../migrations/sqlite/0004_run_queue.sql"),
+    ),
+    (
+        5,
+        "workflow_dependency",
+        include_str!("../migrations/sqlite/0005_workflow_dependency.sql"),
+    ),
+    (
+        6,
+        "dispatch_limits_shards",
+        include_str!("../migrations/sqlite/0006_dispatch_limits_shards.sql"),
     ),
 ];
 

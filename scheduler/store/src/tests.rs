@@ -198,10 +198,21 @@ conformance!(
     a_report_from_another_worker_is_stale,
     thirty_megabytes_of_log_lines_go_in_one_append,
     a_fan_in_reached_in_one_batch_creates_the_sink_once_and_the_run_goes_on,
+    audit_rows_filter_by_action_target_and_actor,
+    runs_near_a_time_are_the_latest_before_and_the_earliest_after,
+    rerun_from_a_task_reruns_it_and_its_downstream_keeping_history,
+    a_rerun_task_that_fails_again_fails_the_run_with_the_rest_pending,
+    rerun_from_refuses_unknown_tasks_and_active_instances,
+    a_dependent_fires_once_every_upstream_succeeded_for_the_logical_time,
+    a_paused_dependent_records_paused_and_creates_nothing,
+    concurrent_upstream_successes_create_one_dependent_run,
 );
 
 mod scenarios {
     use super::*;
+
+    mod dag;
+    pub(super) use dag::*;
 
     pub(super) fn task(name: &str, upstream: &[&str]) -> TaskSpec {
         TaskSpec {
@@ -268,6 +279,7 @@ mod scenarios {
             worker_id: worker.into(),
             node_id: "node-1".into(),
             at: T0 + 10,
+            limits: Vec::new(),
         }
     }
 
@@ -1513,6 +1525,116 @@ mod scenarios {
         );
     }
 
+    pub(super) async fn audit_rows_filter_by_action_target_and_actor(ctx: Ctx) {
+        let s = ctx.s();
+        let row = |at, actor: &str, action: &str, target: &str| AuditRecord {
+            at,
+            actor: actor.into(),
+            action: action.into(),
+            target: target.into(),
+            detail: String::new(),
+            remote: "127.0.0.1:5000".into(),
+        };
+        let rows = [
+            row(T0, "alice", "apply", "workflow/etl"),
+            row(T0 + 1, "bob", "trigger", "workflow/etl"),
+            row(T0 + 2, "alice", "pause", "workflow/etl"),
+            row(T0 + 3, "alice", "cancel", "run/7"),
+            row(T0 + 4, "bob", "trigger", "workflow/other"),
+        ];
+        for r in &rows {
+            s.insert_audit(r).await.unwrap();
+        }
+        let query =
+            |action: Option<&str>, target: Option<&str>, actor: Option<&str>, limit| AuditFilter {
+                limit,
+                action: action.map(str::to_string),
+                target: target.map(str::to_string),
+                actor: actor.map(str::to_string),
+            };
+        let all = s.query_audit(&query(None, None, None, 10)).await.unwrap();
+        assert_eq!(all.len(), 5);
+        assert_eq!(all[0], rows[4], "newest first");
+        assert_eq!(
+            s.query_audit(&query(Some("trigger"), None, None, 10))
+                .await
+                .unwrap(),
+            [rows[4].clone(), rows[1].clone()]
+        );
+        assert_eq!(
+            s.query_audit(&query(None, Some("workflow/etl"), None, 10))
+                .await
+                .unwrap(),
+            [rows[2].clone(), rows[1].clone(), rows[0].clone()]
+        );
+        assert_eq!(
+            s.query_audit(&query(
+                Some("trigger"),
+                Some("workflow/etl"),
+                Some("bob"),
+                10
+            ))
+            .await
+            .unwrap(),
+            [rows[1].clone()]
+        );
+        assert_eq!(
+            s.query_audit(&query(None, None, Some("alice"), 2))
+                .await
+                .unwrap(),
+            [rows[3].clone(), rows[2].clone()]
+        );
+        // Exact matches only: a prefix or a different case finds nothing.
+        assert!(
+            s.query_audit(&query(None, Some("workflow/"), None, 10))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            s.query_audit(&query(Some("TRIGGER"), None, None, 10))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(s.list_audit(3).await.unwrap(), all[..3]);
+    }
+
+    pub(super) async fn runs_near_a_time_are_the_latest_before_and_the_earliest_after(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("near", vec![task("t", &[])])).await;
+        let other = apply(s, &spec("far", vec![task("t", &[])])).await;
+        assert!(s.runs_near(wf.id, T0).await.unwrap().is_empty());
+        let mut ids = BTreeMap::new();
+        for (offset, key) in [(0, "a"), (60_000, "b"), (120_000, "c"), (180_000, "d")] {
+            let run = NewRun {
+                logical_time: T0 + offset,
+                dedup_key: Some(key.into()),
+                ..new_run(&wf, None)
+            };
+            let (record, _) = s.create_run(&run).await.unwrap();
+            ids.insert(offset, record.id);
+        }
+        s.create_run(&NewRun {
+            logical_time: T0 + 90_000,
+            ..new_run(&other, None)
+        })
+        .await
+        .unwrap();
+        let near = |at| async move {
+            s.runs_near(wf.id, at)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|run| run.id)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(near(T0 + 90_000).await, [ids[&60_000], ids[&120_000]]);
+        assert_eq!(near(T0 + 60_000).await, [ids[&60_000], ids[&120_000]]);
+        assert_eq!(near(T0 - 1).await, [ids[&0]]);
+        assert_eq!(near(T0 + 999_999).await, [ids[&180_000]]);
+    }
+
     pub(super) async fn ids_are_unique_across_two_stores(ctx: Ctx) {
         let other = Arc::new(SqlStore::connect(&ctx.url).await.expect("second store"));
         let wf = apply(
@@ -1953,3 +2075,5 @@ fn mysql_server_url_strips_the_database() {
 }
 
 mod advance_cost;
+mod dispatch;
+mod queue;

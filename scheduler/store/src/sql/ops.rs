@@ -4,6 +4,8 @@
 use std::collections::BTreeSet;
 
 use ax_core::Millis;
+use ax_core::decision::DecisionKind;
+use ax_core::firing::Admission;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::run::{RunProgress, RunState, run_outcome};
 use ax_core::spec::WorkflowSpec;
@@ -11,14 +13,15 @@ use ax_core::state::{Event, InstanceState, transition};
 use sqlx::{AnyConnection, Row};
 
 use super::ids::IdKind;
+use super::queue;
 use super::reports::{self, finish_run_if_done, load_key, lock_runs};
 use super::rows::{self, corrupt, instance_state, map_json, to_json, to_u32};
 use super::{SqlStore, is_unique_violation, placeholders, values_rows, write_tx};
 use crate::{
-    ActiveAttempt, ApplyOutcome, AttemptRecord, AuditRecord, Backend, CancelledAttempt,
-    DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord, LogChunk,
-    LogStream, ManualRetry, NewRun, Report, ReportResult, Result, RunRecord, Store, StoredLine,
-    WaitingInstance, WorkerRecord, WorkflowRecord,
+    ActiveAttempt, ApplyOutcome, AttemptRecord, AuditFilter, AuditRecord, Backend,
+    CancelledAttempt, DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord,
+    LogChunk, LogStream, ManualRetry, NewRun, Report, ReportResult, Result, RunRecord, Store,
+    StoredLine, WaitingInstance, WorkerRecord, WorkflowRecord,
 };
 
 /// Rows per multi-row insert: far below both backends' limits on bound parameters.
@@ -223,19 +226,26 @@ async fn apply_workflow_tx(
         .bind(now)
         .execute(&mut *c)
         .await?;
+    super::dependents::store_edges(c, workflow_id, &spec.schedule.after).await?;
 
+    // New limits may let queued runs start (a raised or removed max_active_runs).
+    queue::promote(store, c, WorkflowId(workflow_id), now).await?;
     let record = workflow_by_name(c, &spec.name).await?;
     let record = record.ok_or_else(|| corrupt("workflow vanished during apply"))?;
     Ok((record, outcome))
 }
 
 /// Outcome of the insert part of `create_run`.
-enum Created {
+pub(crate) enum Created {
     New(RunRecord),
     Existing(RunRecord),
 }
 
-async fn create_run_tx(store: &SqlStore, c: &mut AnyConnection, run: &NewRun) -> Result<Created> {
+pub(crate) async fn create_run_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    run: &NewRun,
+) -> Result<Created> {
     if let Some(existing) = run_by_dedup(c, run).await? {
         return Ok(Created::Existing(existing));
     }
@@ -253,23 +263,22 @@ async fn create_run_tx(store: &SqlStore, c: &mut AnyConnection, run: &NewRun) ->
         )));
     };
     let task_count: i64 = version.try_get("task_count")?;
-    let roots = sqlx::query(
-        "SELECT name, priority FROM task_definition \
-         WHERE workflow_id = ? AND version = ? AND upstream_count = 0 ORDER BY name",
-    )
-    .bind(run.workflow_id.0)
-    .bind(i64::from(run.workflow_version))
-    .fetch_all(&mut *c)
-    .await?;
+    let (admission, run_key) =
+        queue::admit(store, c, run.workflow_id, run.trigger, &run.params).await?;
+    let state = match admission {
+        Admission::Start => RunState::Running,
+        Admission::Queue(_) => RunState::Queued,
+    };
     let run_id = store.take_ids(c, IdKind::Run, 1).await?[0];
     let inserted = sqlx::query(
         "INSERT INTO run (id, workflow_id, workflow_version, state, trigger_type, logical_time, \
-         dedup_key, idempotency_key, params_json, triggered_by, cancel_requested, created_at) \
-         VALUES (?, ?, ?, 'RUNNING', ?, ?, ?, ?, ?, ?, 0, ?)",
+         dedup_key, idempotency_key, params_json, triggered_by, cancel_requested, created_at, \
+         run_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)",
     )
     .bind(run_id)
     .bind(run.workflow_id.0)
     .bind(i64::from(run.workflow_version))
+    .bind(state.as_str())
     .bind(run.trigger.as_str())
     .bind(run.logical_time)
     .bind(run.dedup_key.clone())
@@ -277,6 +286,7 @@ async fn create_run_tx(store: &SqlStore, c: &mut AnyConnection, run: &NewRun) ->
     .bind(to_json(&run.params)?)
     .bind(run.triggered_by.as_str())
     .bind(run.now)
+    .bind(run_key)
     .execute(&mut *c)
     .await;
     match inserted {
@@ -291,30 +301,33 @@ async fn create_run_tx(store: &SqlStore, c: &mut AnyConnection, run: &NewRun) ->
         }
         Err(err) => return Err(err.into()),
     }
-    let ids = store.take_ids(c, IdKind::Instance, roots.len()).await?;
-    let roots: Vec<_> = roots.iter().zip(ids).collect();
-    for chunk in roots.chunks(INSERT_CHUNK) {
-        let sql = format!(
-            "INSERT INTO task_instance (id, run_id, workflow_id, workflow_version, task_name, \
-             state, attempt, priority, not_before, created_at) VALUES {}",
-            values_rows(chunk.len(), 10)
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for (row, id) in chunk {
-            query = query
-                .bind(*id)
-                .bind(run_id)
-                .bind(run.workflow_id.0)
-                .bind(i64::from(run.workflow_version))
-                .bind(row.try_get::<String, _>("name")?)
-                .bind(InstanceState::Waiting.as_str())
-                .bind(1i64)
-                .bind(row.try_get::<i64, _>("priority")?)
-                .bind(run.now)
-                .bind(run.now);
-        }
-        query.execute(&mut *c).await?;
+    if let Admission::Queue(reason) = admission {
+        // A queued run has no instances until it is promoted (`queue::promote`).
+        let detail = format!("run {run_id} queued: {}", reason.describe());
+        queue::record(
+            c,
+            run.workflow_id,
+            RunId(run_id),
+            run.logical_time,
+            DecisionKind::Queued,
+            &detail,
+            run.now,
+        )
+        .await?;
+        let record = run_by_id(c, RunId(run_id)).await?;
+        return Ok(Created::New(
+            record.ok_or_else(|| corrupt("run vanished during create"))?,
+        ));
     }
+    queue::insert_roots(
+        store,
+        c,
+        run.workflow_id,
+        i64::from(run.workflow_version),
+        run_id,
+        run.now,
+    )
+    .await?;
     if task_count == 0 {
         // Nothing to run: the run is over as soon as it exists.
         let progress = RunProgress::default();
@@ -379,7 +392,29 @@ async fn cancel_one(
     .bind(i64::from(attempt.0))
     .execute(&mut *c)
     .await?;
+    super::dispatch::release(c, &[id.0]).await?;
     Ok(true)
+}
+
+/// Cancelling a sharded task's instance cancels its unfinished shards too. Their workers are not
+/// told at once: a shard's next report (a task heartbeat, its end) is refused, and a refused
+/// report makes the worker kill it.
+async fn cancel_shards_of(c: &mut AnyConnection, parent: InstanceId, now: Millis) -> Result<()> {
+    let sql = format!(
+        "SELECT id, attempt, state FROM task_instance WHERE parent_id = ? AND state IN {UNFINISHED} \
+         ORDER BY id"
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(parent.0)
+        .fetch_all(&mut *c)
+        .await?;
+    for row in rows {
+        let id = InstanceId(row.try_get("id")?);
+        let attempt = Attempt(to_u32(row.try_get("attempt")?, "attempt")?);
+        let state = instance_state(&row.try_get::<String, _>("state")?)?;
+        cancel_one(c, id, attempt, state, now).await?;
+    }
+    Ok(())
 }
 
 fn was_started(state: InstanceState) -> bool {
@@ -424,13 +459,16 @@ async fn cancel_run_tx(
             });
         }
     }
+    // A QUEUED run has no instances: it simply ends CANCELLED.
     sqlx::query(
-        "UPDATE run SET state = 'CANCELLED', finished_at = ? WHERE id = ? AND state = 'RUNNING'",
+        "UPDATE run SET state = 'CANCELLED', finished_at = ? WHERE id = ? \
+         AND state IN ('RUNNING', 'QUEUED')",
     )
     .bind(now)
     .bind(id.0)
     .execute(&mut *c)
     .await?;
+    queue::promote_after(store, c, id, now).await?;
     Ok(Some(killed))
 }
 
@@ -449,7 +487,7 @@ async fn cancel_instance_tx(
         return Ok(None);
     };
     let mut killed = None;
-    if !key.state.is_terminal() && cancel_one(c, id, key.attempt, key.state, now).await? {
+    if key.state.is_active() && cancel_one(c, id, key.attempt, key.state, now).await? {
         if was_started(key.state) {
             killed = Some(CancelledAttempt {
                 instance_id: id,
@@ -457,7 +495,9 @@ async fn cancel_instance_tx(
                 worker_id: key.worker_id.clone(),
             });
         }
-        finish_run_if_done(c, key.run_id, now).await?;
+        super::dispatch::settle_parent_of(c, id, now).await?;
+        cancel_shards_of(c, id, now).await?;
+        finish_run_if_done(store, c, key.run_id, now).await?;
     }
     let record = instance_by_id(c, id).await?;
     Ok(record.map(|r| (r, killed)))
@@ -526,7 +566,7 @@ async fn rerun_failed_tx(
         return Ok(None);
     }
     let ids = sqlx::query(
-        "SELECT id FROM task_instance WHERE run_id = ? \
+        "SELECT id FROM task_instance WHERE run_id = ? AND shard_slot = 0 \
          AND state IN ('FAILED', 'TIMEOUT', 'CANCELLED') ORDER BY id",
     )
     .bind(run.0)
@@ -544,19 +584,29 @@ async fn rerun_failed_tx(
     Ok(Some(retried))
 }
 
-async fn mark_dispatched_tx(c: &mut AnyConnection, claims: &[DispatchClaim]) -> Result<Vec<bool>> {
+/// The conditional claims; with `allowed`, only the claims it allows are tried (the limits said
+/// no to the others, see `dispatch.rs`).
+pub(crate) async fn mark_dispatched_tx(
+    c: &mut AnyConnection,
+    claims: &[DispatchClaim],
+    allowed: Option<&[bool]>,
+) -> Result<Vec<bool>> {
     // Lock instance rows in id order whatever the claim order, so two batches cannot deadlock.
     let mut order: Vec<usize> = (0..claims.len()).collect();
     order.sort_by_key(|&i| (claims[i].instance_id, claims[i].attempt));
     let mut won = vec![false; claims.len()];
     for i in order {
+        if allowed.is_some_and(|allowed| !allowed[i]) {
+            continue;
+        }
         let claim = &claims[i];
         let attempt = i64::from(claim.attempt.0);
         let done = sqlx::query(
-            "UPDATE task_instance SET state = 'DISPATCHED', worker_id = ? \
+            "UPDATE task_instance SET state = 'DISPATCHED', worker_id = ?, held_slots = ? \
              WHERE id = ? AND attempt = ? AND state = 'WAITING'",
         )
         .bind(claim.worker_id.as_str())
+        .bind(super::dispatch::held_slots(claim))
         .bind(claim.instance_id.0)
         .bind(attempt)
         .execute(&mut *c)
@@ -908,7 +958,8 @@ impl Store for SqlStore {
         .ok_or_else(|| crate::StoreError::NotFound(format!("run {id}")))?;
         let tasks: i64 = run.try_get("task_count")?;
         let rows = sqlx::query(
-            "SELECT state, COUNT(*) AS n FROM task_instance WHERE run_id = ? GROUP BY state",
+            "SELECT state, COUNT(*) AS n FROM task_instance WHERE run_id = ? AND shard_slot = 0 \
+             GROUP BY state",
         )
         .bind(id.0)
         .fetch_all(&self.pool)
@@ -927,6 +978,8 @@ impl Store for SqlStore {
                 InstanceState::Failed => counts.failed = n,
                 InstanceState::Timeout => counts.timeout = n,
                 InstanceState::Cancelled => counts.cancelled = n,
+                // Waits for its upstreams again after a rerun: shown like a task not created.
+                InstanceState::Pending => total -= n as i64,
             }
         }
         counts.not_created = to_u32((tasks - total).max(0), "task count")?;
@@ -981,7 +1034,8 @@ impl Store for SqlStore {
              ORDER BY ti.priority DESC, ti.id LIMIT ?",
             rows::INSTANCE_SELECT.replace(
                 "ti.exit_code FROM",
-                "ti.exit_code, r.logical_time, r.params_json FROM"
+                "ti.exit_code, r.logical_time, r.params_json, ti.parent_id, ti.shard_index, \
+                 ti.shard_total, ti.pinned_worker FROM"
             )
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -992,10 +1046,29 @@ impl Store for SqlStore {
         rows.iter()
             .map(|row| {
                 let params: String = row.try_get("params_json")?;
+                let parent: Option<i64> = row.try_get("parent_id")?;
+                let shard = match parent {
+                    Some(parent) => Some(crate::Shard {
+                        parent: InstanceId(parent),
+                        index: to_u32(
+                            row.try_get::<Option<i64>, _>("shard_index")?.unwrap_or(0),
+                            "shard index",
+                        )?,
+                        total: to_u32(
+                            row.try_get::<Option<i64>, _>("shard_total")?.unwrap_or(0),
+                            "shard total",
+                        )?,
+                        worker: row
+                            .try_get::<Option<String>, _>("pinned_worker")?
+                            .unwrap_or_default(),
+                    }),
+                    None => None,
+                };
                 Ok(WaitingInstance {
                     instance: rows::instance(row)?,
                     logical_time: row.try_get("logical_time")?,
                     params: map_json(&params, "run params")?,
+                    shard,
                 })
             })
             .collect()
@@ -1026,7 +1099,8 @@ impl Store for SqlStore {
              JOIN task_definition td ON td.workflow_id = ti.workflow_id \
                AND td.version = ti.workflow_version AND td.name = ti.task_name \
              LEFT JOIN task_attempt ta ON ta.instance_id = ti.id AND ta.attempt = ti.attempt \
-             WHERE ti.state IN ('DISPATCHED', 'RUNNING'){on_worker} ORDER BY ti.id LIMIT ?"
+             WHERE ti.state IN ('DISPATCHED', 'RUNNING'){on_worker} \
+             AND NOT (ti.shard_slot = 0 AND ti.shard_total IS NOT NULL) ORDER BY ti.id LIMIT ?"
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         if let Some(worker) = worker {
@@ -1055,7 +1129,38 @@ impl Store for SqlStore {
         if claims.is_empty() {
             return Ok(Vec::new());
         }
-        write_tx!(self, |c| mark_dispatched_tx(c, claims))
+        write_tx!(self, |c| super::dispatch::mark_dispatched(self, c, claims))
+    }
+
+    async fn limit_usage(
+        &self,
+        scopes: &[String],
+    ) -> Result<std::collections::BTreeMap<String, u32>> {
+        super::dispatch::limit_usage(self, scopes).await
+    }
+
+    async fn fan_out(
+        &self,
+        parent: InstanceId,
+        attempt: Attempt,
+        workers: &[String],
+        now: Millis,
+    ) -> Result<bool> {
+        write_tx!(self, |c| super::dispatch::fan_out_tx(
+            self, c, parent, attempt, workers, now
+        ))
+    }
+
+    async fn fail_shard(
+        &self,
+        id: InstanceId,
+        attempt: Attempt,
+        reason: &str,
+        now: Millis,
+    ) -> Result<bool> {
+        write_tx!(self, |c| super::dispatch::fail_shard_tx(
+            self, c, id, attempt, reason, now
+        ))
     }
 
     async fn apply_reports(&self, reports: &[Report], now: Millis) -> Result<Vec<ReportResult>> {
@@ -1194,13 +1299,76 @@ impl Store for SqlStore {
         })
     }
 
-    async fn list_audit(&self, limit: u32) -> Result<Vec<AuditRecord>> {
-        let sql = format!("{} ORDER BY at DESC, id DESC LIMIT ?", rows::AUDIT_SELECT);
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(i64::from(limit))
+    async fn query_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>> {
+        let mut sql = format!("{} WHERE 1 = 1", rows::AUDIT_SELECT);
+        let fields = [
+            ("action", &filter.action),
+            ("target", &filter.target),
+            ("actor", &filter.actor),
+        ];
+        for (column, value) in &fields {
+            if value.is_some() {
+                sql.push_str(&format!(" AND {column} = ?"));
+            }
+        }
+        sql.push_str(" ORDER BY at DESC, id DESC LIMIT ?");
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (_, value) in fields {
+            if let Some(value) = value {
+                query = query.bind(value.as_str());
+            }
+        }
+        let rows = query
+            .bind(i64::from(filter.limit))
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(rows::audit).collect()
+    }
+
+    async fn runs_near(&self, workflow_id: WorkflowId, at: Millis) -> Result<Vec<RunRecord>> {
+        let mut runs = Vec::with_capacity(2);
+        for (condition, order) in [
+            ("r.logical_time <= ?", "r.logical_time DESC, r.id DESC"),
+            ("r.logical_time > ?", "r.logical_time, r.id"),
+        ] {
+            let sql = format!(
+                "{} WHERE r.workflow_id = ? AND {condition} ORDER BY {order} LIMIT 1",
+                rows::RUN_SELECT
+            );
+            let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(workflow_id.0)
+                .bind(at)
+                .fetch_optional(&self.pool)
+                .await?;
+            if let Some(row) = row {
+                runs.push(rows::run(&row)?);
+            }
+        }
+        Ok(runs)
+    }
+
+    async fn unfinished_runs(&self, workflow_id: WorkflowId, limit: u32) -> Result<Vec<RunRecord>> {
+        let sql = format!(
+            "{} WHERE r.workflow_id = ? AND r.state IN ('RUNNING', 'QUEUED') ORDER BY r.id LIMIT ?",
+            rows::RUN_SELECT
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(workflow_id.0)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(rows::run).collect()
+    }
+
+    async fn schedule_next_fire(&self, workflow_id: WorkflowId) -> Result<Option<Millis>> {
+        let row = sqlx::query("SELECT next_fire_at FROM schedule_plan WHERE workflow_id = ?")
+            .bind(workflow_id.0)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(row) => row.try_get("next_fire_at")?,
+            None => None,
+        })
     }
 
     async fn record_decisions(&self, decisions: &[DecisionRecord]) -> Result<()> {
@@ -1233,6 +1401,15 @@ impl Store for SqlStore {
         })
     }
 
+    async fn record_decisions_once(&self, decisions: &[DecisionRecord]) -> Result<u32> {
+        if decisions.is_empty() {
+            return Ok(0);
+        }
+        write_tx!(self, |c| super::dispatch::record_decisions_once_tx(
+            c, decisions
+        ))
+    }
+
     async fn list_decisions(
         &self,
         workflow_id: WorkflowId,
@@ -1253,5 +1430,17 @@ impl Store for SqlStore {
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(rows::decision).collect()
+    }
+
+    async fn rerun_from(&self, run: RunId, task: &str, now: Millis) -> Result<crate::RerunFrom> {
+        write_tx!(self, |c| super::rerun::rerun_from_tx(
+            self, c, run, task, now
+        ))
+    }
+
+    async fn workflow_dependencies(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, Vec<String>>> {
+        super::dependents::all_edges(self).await
     }
 }

@@ -184,6 +184,8 @@ struct AfterBatch {
     succeeded: Vec<(usize, InstanceKey)>,
     /// Runs with an instance that became terminal, with the last such report.
     touched_runs: Vec<(usize, RunId)>,
+    /// Instances whose attempt ended or went back to WAITING: (report, id, new state).
+    ended: Vec<(usize, i64, InstanceState)>,
 }
 
 impl AfterBatch {
@@ -194,10 +196,23 @@ impl AfterBatch {
         now: Millis,
         results: &mut [ReportResult],
     ) -> Result<()> {
+        let AfterBatch {
+            mut succeeded,
+            mut touched_runs,
+            ended,
+        } = self;
+        super::dispatch::after_attempts_ended(
+            c.uncounted(),
+            &ended,
+            &mut succeeded,
+            &mut touched_runs,
+            now,
+        )
+        .await?;
         // Each (run, downstream task) is examined once, credited to the last report reaching it.
         let mut candidates: Vec<(usize, InstanceKey, String)> = Vec::new();
         let mut seen: BTreeSet<(i64, String)> = BTreeSet::new();
-        for (index, done) in self.succeeded.iter().rev() {
+        for (index, done) in succeeded.iter().rev() {
             for task in downstream_of(c, done).await? {
                 if seen.insert((done.run_id.0, task.clone())) {
                     candidates.push((*index, done.clone(), task));
@@ -213,11 +228,11 @@ impl AfterBatch {
             }
         }
         let mut ended: BTreeSet<i64> = BTreeSet::new();
-        for (index, run) in self.touched_runs.iter().rev() {
+        for (index, run) in touched_runs.iter().rev() {
             if !ended.insert(run.0) {
                 continue;
             }
-            let finished = end_run_if_done(c, *run, now).await?;
+            let finished = end_run_if_done(store, c, *run, now).await?;
             if let Some(ReportResult::Applied(applied)) = results.get_mut(*index) {
                 applied.run_finished = finished;
             }
@@ -314,6 +329,7 @@ async fn apply_one(
             .bind(attempt_no)
             .execute(&mut *c)
             .await?;
+            after.ended.push((index, id.0, next.to));
             Ok(ReportResult::Applied(Applied {
                 new_waiting: 1,
                 ..Applied::default()
@@ -460,6 +476,7 @@ async fn apply_one(
             .bind(attempt_no)
             .execute(&mut *c)
             .await?;
+            after.ended.push((index, id.0, next.to));
             let mut applied = Applied {
                 attempt_ended: true,
                 attempt_state: Some(attempt_state),
@@ -523,7 +540,7 @@ async fn create_if_ready(
     let upstreams: i64 = def.try_get("upstream_count")?;
     let succeeded: i64 = sqlx::query(
         "SELECT COUNT(*) AS n FROM task_dependency d JOIN task_instance ti \
-         ON ti.run_id = ? AND ti.task_name = d.upstream \
+         ON ti.run_id = ? AND ti.task_name = d.upstream AND ti.shard_slot = 0 \
          WHERE d.workflow_id = ? AND d.version = ? AND d.downstream = ? \
          AND ti.state = 'SUCCESS'",
     )
@@ -560,20 +577,25 @@ async fn create_if_ready(
             .bind(now);
     }
     let inserted = query.execute(&mut *c).await?.rows_affected();
+    if inserted == 0 {
+        return super::rerun::wake_pending(c.uncounted(), done.run_id, task, now).await;
+    }
     Ok(u32::try_from(inserted).unwrap_or(u32::MAX))
 }
 
 /// Ends the run when nothing of it can run any more (after an instance became terminal).
 /// The common case, an unfinished instance left, is one index probe.
 pub(crate) async fn finish_run_if_done(
+    store: &SqlStore,
     c: &mut AnyConnection,
     run_id: RunId,
     now: Millis,
 ) -> Result<Option<(RunId, RunState)>> {
-    end_run_if_done(&mut Counted::new(c), run_id, now).await
+    end_run_if_done(store, &mut Counted::new(c), run_id, now).await
 }
 
 async fn end_run_if_done(
+    store: &SqlStore,
     c: &mut Counted<'_>,
     run_id: RunId,
     now: Millis,
@@ -604,8 +626,10 @@ async fn end_run_if_done(
         cancel_requested: run.try_get::<i64, _>("cancel_requested")? != 0,
         ..RunProgress::default()
     };
+    // Shards count through their parent.
     let counts = sqlx::query(
-        "SELECT state, COUNT(*) AS n FROM task_instance WHERE run_id = ? GROUP BY state",
+        "SELECT state, COUNT(*) AS n FROM task_instance WHERE run_id = ? AND shard_slot = 0 \
+         GROUP BY state",
     )
     .bind(run_id.0)
     .fetch_all(&mut *c)
@@ -615,7 +639,8 @@ async fn end_run_if_done(
         match instance_state(&row.try_get::<String, _>("state")?)? {
             InstanceState::Success => progress.succeeded += n,
             InstanceState::Cancelled => progress.cancelled += n,
-            InstanceState::Failed | InstanceState::Timeout => {}
+            // PENDING (after a rerun from above) counts like a task without an instance.
+            InstanceState::Failed | InstanceState::Timeout | InstanceState::Pending => {}
             InstanceState::Waiting | InstanceState::Dispatched | InstanceState::Running => {
                 progress.unfinished += n
             }
@@ -631,5 +656,12 @@ async fn end_run_if_done(
             .bind(run_id.0)
             .execute(&mut *c)
             .await?;
-    Ok((done.rows_affected() == 1).then_some((run_id, end)))
+    if done.rows_affected() != 1 {
+        return Ok(None);
+    }
+    if end == RunState::Success {
+        super::dependents::after_run_success(store, c.uncounted(), run_id, now).await?;
+    }
+    super::queue::promote_after(store, c.uncounted(), run_id, now).await?;
+    Ok(Some((run_id, end)))
 }

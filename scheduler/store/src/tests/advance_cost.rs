@@ -86,6 +86,7 @@ mod scenarios {
             worker_id: "w1".into(),
             node_id: "node-1".into(),
             at: T0 + 10,
+            limits: Vec::new(),
         };
         assert_eq!(s.mark_dispatched(&[claim]).await.unwrap(), vec![true]);
         let started = Report::Started {

@@ -1,0 +1,683 @@
+//! A workflow's task graph, optionally with each task's state in one run, rendered for people
+//! and programs: an ASCII tree for the terminal, Graphviz `dot`, a mermaid `flowchart TD`, and
+//! JSON. Pure: the caller gathers the tasks, edges and states; the web UI gets the same graph
+//! over the API (`GetDag`).
+//!
+//! The ASCII tree prints every task once. A task reached again (a fan-in: several upstreams)
+//! is printed as `name (see above)` at its later places, so a diamond reads as a tree and a
+//! wide fan-in costs one line per edge, never a copy of its subtree.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use crate::spec::TaskSpec;
+use crate::state::InstanceState;
+
+/// A task's state in a run, as the graph shows it (see [`crate::task_status`]).
+pub use crate::task_status::TaskStatus as NodeState;
+
+/// A fill colour for dot and mermaid: green done, red failed, blue on a worker, yellow waiting,
+/// grey cancelled or never to run, white not yet created (or pending a rerun).
+fn fill(state: NodeState) -> &'static str {
+    match state {
+        NodeState::Instance(InstanceState::Success) => "#b7e4b7",
+        NodeState::Instance(InstanceState::Failed) => "#f4a6a6",
+        NodeState::Instance(InstanceState::Timeout) => "#f7c08a",
+        NodeState::Instance(InstanceState::Running) => "#a8d1f7",
+        NodeState::Instance(InstanceState::Dispatched) => "#cfe3f7",
+        NodeState::Instance(InstanceState::Waiting) => "#fff3b0",
+        NodeState::Instance(InstanceState::Cancelled) => "#d9d9d9",
+        NodeState::UpstreamFailed => "#e8c8c8",
+        NodeState::Pending | NodeState::Instance(InstanceState::Pending) => "#ffffff",
+    }
+}
+
+/// An ANSI SGR colour for the terminal tree.
+fn ansi(state: NodeState) -> &'static str {
+    match state {
+        NodeState::Instance(InstanceState::Success) => "32",
+        NodeState::Instance(InstanceState::Failed) => "31",
+        NodeState::Instance(InstanceState::Timeout) => "31",
+        NodeState::Instance(InstanceState::Running) => "34",
+        NodeState::Instance(InstanceState::Dispatched) => "36",
+        NodeState::Instance(InstanceState::Waiting) => "33",
+        NodeState::Instance(InstanceState::Cancelled) => "90",
+        NodeState::UpstreamFailed => "35",
+        NodeState::Pending | NodeState::Instance(InstanceState::Pending) => "2",
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GraphNode {
+    pub task: String,
+    /// Set when the graph shows a run.
+    pub state: Option<NodeState>,
+    /// The task's instance in the run, when it has one.
+    pub instance_id: Option<i64>,
+}
+
+/// Tasks and their edges. `edges` are (upstream, downstream) indexes into `nodes`, listed by
+/// downstream task in file order, then in the order the task names its upstreams.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Graph {
+    pub workflow: String,
+    pub version: u32,
+    /// The run whose states the nodes carry.
+    pub run_id: Option<i64>,
+    pub nodes: Vec<GraphNode>,
+    pub edges: Vec<(usize, usize)>,
+}
+
+/// One task's instance in a run, as [`Graph::apply_run`] needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunInstance {
+    pub task: String,
+    pub instance_id: i64,
+    pub state: InstanceState,
+}
+
+impl Graph {
+    /// The graph of a validated workflow's tasks. An upstream that names no task is skipped
+    /// (validation refuses it before a spec is stored).
+    pub fn from_tasks(workflow: &str, version: u32, tasks: &[TaskSpec]) -> Graph {
+        let nodes: Vec<(String, Vec<String>)> = tasks
+            .iter()
+            .map(|task| (task.name.clone(), task.upstream.clone()))
+            .collect();
+        Graph::from_upstreams(workflow, version, &nodes)
+    }
+
+    /// The graph of tasks given with their upstream names, in file order.
+    pub fn from_upstreams(workflow: &str, version: u32, tasks: &[(String, Vec<String>)]) -> Graph {
+        let index: HashMap<&str, usize> = tasks
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| (name.as_str(), i))
+            .collect();
+        let mut edges = Vec::new();
+        for (d, (_, upstream)) in tasks.iter().enumerate() {
+            for up in upstream {
+                if let Some(&u) = index.get(up.as_str()) {
+                    edges.push((u, d));
+                }
+            }
+        }
+        Graph {
+            workflow: workflow.to_string(),
+            version,
+            run_id: None,
+            nodes: tasks
+                .iter()
+                .map(|(name, _)| GraphNode {
+                    task: name.clone(),
+                    state: None,
+                    instance_id: None,
+                })
+                .collect(),
+            edges,
+        }
+    }
+
+    /// Gives every node its state in run `run_id`: its instance's (the latest one when a task
+    /// has several), else `UpstreamFailed` when an upstream can no longer succeed, else
+    /// `Pending`. Instances of tasks the graph does not have are ignored.
+    pub fn apply_run(&mut self, run_id: i64, instances: &[RunInstance]) {
+        self.run_id = Some(run_id);
+        let index: HashMap<&str, usize> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| (node.task.as_str(), i))
+            .collect();
+        let mut found: Vec<Option<(i64, InstanceState)>> = vec![None; self.nodes.len()];
+        for instance in instances {
+            if let Some(&i) = index.get(instance.task.as_str())
+                && found[i].is_none_or(|(id, _)| id < instance.instance_id)
+            {
+                found[i] = Some((instance.instance_id, instance.state));
+            }
+        }
+        let upstream = self.upstream_lists();
+        for i in self.topological_order() {
+            // A PENDING instance (waiting to rerun) shows like a task without one.
+            let own = found[i]
+                .map(|(_, state)| state)
+                .filter(|state| *state != InstanceState::Pending);
+            let state = match own {
+                Some(state) => NodeState::Instance(state),
+                None if upstream[i].iter().any(|&u| {
+                    self.nodes[u]
+                        .state
+                        .is_some_and(NodeState::blocks_downstream)
+                }) =>
+                {
+                    NodeState::UpstreamFailed
+                }
+                None => NodeState::Pending,
+            };
+            self.nodes[i].state = Some(state);
+            self.nodes[i].instance_id = found[i].map(|(id, _)| id);
+        }
+    }
+
+    fn upstream_lists(&self) -> Vec<Vec<usize>> {
+        let mut lists = vec![Vec::new(); self.nodes.len()];
+        for &(u, d) in &self.edges {
+            lists[d].push(u);
+        }
+        lists
+    }
+
+    /// Downstream indexes per node, in file order of the downstream task.
+    fn downstream_lists(&self) -> Vec<Vec<usize>> {
+        let mut lists = vec![Vec::new(); self.nodes.len()];
+        for &(u, d) in &self.edges {
+            lists[u].push(d);
+        }
+        for list in &mut lists {
+            list.sort_unstable();
+            list.dedup();
+        }
+        lists
+    }
+
+    /// Kahn's algorithm in file order; nodes on a cycle (never in a validated graph) come last.
+    fn topological_order(&self) -> Vec<usize> {
+        let n = self.nodes.len();
+        let downstream = self.downstream_lists();
+        let mut in_degree = vec![0usize; n];
+        for list in &downstream {
+            for &d in list {
+                in_degree[d] += 1;
+            }
+        }
+        let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<usize>> = (0..n)
+            .filter(|&i| in_degree[i] == 0)
+            .map(std::cmp::Reverse)
+            .collect();
+        let mut order = Vec::with_capacity(n);
+        let mut placed = vec![false; n];
+        while let Some(std::cmp::Reverse(i)) = ready.pop() {
+            order.push(i);
+            placed[i] = true;
+            for &d in &downstream[i] {
+                in_degree[d] -= 1;
+                if in_degree[d] == 0 {
+                    ready.push(std::cmp::Reverse(d));
+                }
+            }
+        }
+        order.extend((0..n).filter(|&i| !placed[i]));
+        order
+    }
+}
+
+/// Indentation stops growing past this depth, so a long chain of tasks prints in linear space.
+const MAX_INDENT_DEPTH: usize = 40;
+
+/// The terminal tree: each root (file order) with its downstream tasks below it. With `color`,
+/// states are ANSI-coloured (callers pass it only when stdout is a terminal).
+pub fn ascii(graph: &Graph, color: bool) -> String {
+    let downstream = graph.downstream_lists();
+    let has_upstream = {
+        let mut has = vec![false; graph.nodes.len()];
+        for &(_, d) in &graph.edges {
+            has[d] = true;
+        }
+        has
+    };
+    let mut out = String::new();
+    let mut printed = vec![false; graph.nodes.len()];
+    // Roots first; then anything a cycle kept unreachable (never in a validated graph).
+    let starts = (0..graph.nodes.len())
+        .filter(|&i| !has_upstream[i])
+        .chain(0..graph.nodes.len());
+    for start in starts {
+        if printed[start] {
+            continue;
+        }
+        // (node, this line's prefix, its children's prefix, depth): an explicit stack, so a
+        // deep chain cannot overflow the call stack.
+        let mut stack: Vec<(usize, String, String, usize)> =
+            vec![(start, String::new(), String::new(), 0)];
+        while let Some((i, line_prefix, child_prefix, depth)) = stack.pop() {
+            out.push_str(&line_prefix);
+            push_label(&mut out, &graph.nodes[i], color);
+            if printed[i] {
+                out.push_str(" (see above)\n");
+                continue;
+            }
+            printed[i] = true;
+            out.push('\n');
+            let children = &downstream[i];
+            for (k, &child) in children.iter().enumerate().rev() {
+                let last = k + 1 == children.len();
+                let line = format!("{child_prefix}{}", if last { "└─ " } else { "├─ " });
+                let below = if depth + 1 >= MAX_INDENT_DEPTH {
+                    child_prefix.clone()
+                } else {
+                    format!("{child_prefix}{}", if last { "   " } else { "│  " })
+                };
+                stack.push((child, line, below, depth + 1));
+            }
+        }
+    }
+    out
+}
+
+fn push_label(out: &mut String, node: &GraphNode, color: bool) {
+    out.push_str(&node.task);
+    if let Some(state) = node.state {
+        if color {
+            let _ = write!(out, " [\x1b[{}m{}\x1b[0m]", ansi(state), state.label());
+        } else {
+            let _ = write!(out, " [{}]", state.label());
+        }
+    }
+}
+
+fn dot_quote(text: &str) -> String {
+    let mut quoted = String::with_capacity(text.len() + 2);
+    quoted.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => quoted.push_str("\\\""),
+            '\\' => quoted.push_str("\\\\"),
+            '\n' => quoted.push_str("\\n"),
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('"');
+    quoted
+}
+
+/// Graphviz: `dot -Tsvg`. With states, nodes are filled by state and labelled `task\nSTATE`.
+pub fn dot(graph: &Graph) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "digraph {} {{", dot_quote(&graph.workflow));
+    out.push_str("  rankdir=TB;\n");
+    out.push_str("  node [shape=box, style=\"rounded\", fontname=\"Helvetica\"];\n");
+    for node in &graph.nodes {
+        match node.state {
+            Some(state) => {
+                let label = format!("{}\n{}", node.task, state.label());
+                let _ = writeln!(
+                    out,
+                    "  {} [label={}, style=\"rounded,filled\", fillcolor=\"{}\"];",
+                    dot_quote(&node.task),
+                    dot_quote(&label),
+                    fill(state)
+                );
+            }
+            None => {
+                let _ = writeln!(out, "  {};", dot_quote(&node.task));
+            }
+        }
+    }
+    for &(u, d) in &graph.edges {
+        let _ = writeln!(
+            out,
+            "  {} -> {};",
+            dot_quote(&graph.nodes[u].task),
+            dot_quote(&graph.nodes[d].task)
+        );
+    }
+    out.push_str("}\n");
+    out
+}
+
+fn mermaid_class(state: NodeState) -> String {
+    state.label().to_ascii_lowercase()
+}
+
+/// Mermaid `flowchart TD`. Node ids are `n0`, `n1`, … (task names may contain `.` and `-`); the
+/// task name is the label. With states, one `classDef` per state present.
+pub fn mermaid(graph: &Graph) -> String {
+    let mut out = String::from("flowchart TD\n");
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let label = match node.state {
+            Some(state) => format!("{}<br/>{}", node.task, state.label()),
+            None => node.task.clone(),
+        };
+        let _ = writeln!(out, "  n{i}[\"{}\"]", label.replace('"', "#quot;"));
+    }
+    for &(u, d) in &graph.edges {
+        let _ = writeln!(out, "  n{u} --> n{d}");
+    }
+    let mut states: Vec<NodeState> = Vec::new();
+    for state in graph.nodes.iter().filter_map(|node| node.state) {
+        if !states.contains(&state) {
+            states.push(state);
+        }
+    }
+    for state in &states {
+        let _ = writeln!(
+            out,
+            "  classDef {} fill:{},stroke:#333,color:#000",
+            mermaid_class(*state),
+            fill(*state)
+        );
+    }
+    for state in &states {
+        let members: Vec<String> = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, node)| node.state == Some(*state))
+            .map(|(i, _)| format!("n{i}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  class {} {}",
+            members.join(","),
+            mermaid_class(*state)
+        );
+    }
+    out
+}
+
+fn json_string(text: &str) -> String {
+    let mut quoted = String::with_capacity(text.len() + 2);
+    quoted.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => quoted.push_str("\\\""),
+            '\\' => quoted.push_str("\\\\"),
+            '\n' => quoted.push_str("\\n"),
+            '\r' => quoted.push_str("\\r"),
+            '\t' => quoted.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(quoted, "\\u{:04x}", c as u32);
+            }
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('"');
+    quoted
+}
+
+/// JSON: `{workflow, version, run_id, nodes: [{task, state, instance_id, upstream}], edges:
+/// [{from, to}]}`; `state`, `instance_id` and `run_id` are null without a run. One node or edge
+/// per line, so a diff of two exports reads well.
+pub fn json(graph: &Graph) -> String {
+    let upstream = graph.upstream_lists();
+    let mut out = String::from("{\n");
+    let _ = writeln!(out, "  \"workflow\": {},", json_string(&graph.workflow));
+    let _ = writeln!(out, "  \"version\": {},", graph.version);
+    let _ = writeln!(
+        out,
+        "  \"run_id\": {},",
+        graph
+            .run_id
+            .map_or_else(|| "null".to_string(), |id| id.to_string())
+    );
+    out.push_str("  \"nodes\": [");
+    for (i, node) in graph.nodes.iter().enumerate() {
+        out.push_str(if i == 0 { "\n" } else { ",\n" });
+        let ups: Vec<String> = upstream[i]
+            .iter()
+            .map(|&u| json_string(&graph.nodes[u].task))
+            .collect();
+        let _ = write!(
+            out,
+            "    {{\"task\": {}, \"state\": {}, \"instance_id\": {}, \"upstream\": [{}]}}",
+            json_string(&node.task),
+            node.state
+                .map_or_else(|| "null".to_string(), |s| json_string(s.label())),
+            node.instance_id
+                .map_or_else(|| "null".to_string(), |id| id.to_string()),
+            ups.join(", ")
+        );
+    }
+    out.push_str(if graph.nodes.is_empty() {
+        "],\n"
+    } else {
+        "\n  ],\n"
+    });
+    out.push_str("  \"edges\": [");
+    for (k, &(u, d)) in graph.edges.iter().enumerate() {
+        out.push_str(if k == 0 { "\n" } else { ",\n" });
+        let _ = write!(
+            out,
+            "    {{\"from\": {}, \"to\": {}}}",
+            json_string(&graph.nodes[u].task),
+            json_string(&graph.nodes[d].task)
+        );
+    }
+    out.push_str(if graph.edges.is_empty() {
+        "]\n"
+    } else {
+        "\n  ]\n"
+    });
+    out.push_str("}\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(name: &str, upstream: &[&str]) -> (String, Vec<String>) {
+        (
+            name.to_string(),
+            upstream.iter().map(|s| s.to_string()).collect(),
+        )
+    }
+
+    /// extract → {clean, audit} → load, and a lone `report` after `load`.
+    fn diamond() -> Graph {
+        Graph::from_upstreams(
+            "etl",
+            3,
+            &[
+                task("extract", &[]),
+                task("clean", &["extract"]),
+                task("audit", &["extract"]),
+                task("load", &["clean", "audit"]),
+                task("report", &["load"]),
+            ],
+        )
+    }
+
+    /// Two roots; `a` fans out to three tasks, `b` feeds the last of them.
+    fn fan_out() -> Graph {
+        Graph::from_upstreams(
+            "fan",
+            1,
+            &[
+                task("a", &[]),
+                task("b", &[]),
+                task("x1", &["a"]),
+                task("x2", &["a"]),
+                task("x3", &["a", "b"]),
+            ],
+        )
+    }
+
+    fn run_diamond() -> Graph {
+        let mut graph = diamond();
+        let instance = |task: &str, id, state| RunInstance {
+            task: task.into(),
+            instance_id: id,
+            state,
+        };
+        graph.apply_run(
+            7,
+            &[
+                instance("extract", 1, InstanceState::Success),
+                instance("clean", 2, InstanceState::Running),
+                instance("audit", 3, InstanceState::Failed),
+            ],
+        );
+        graph
+    }
+
+    fn golden(name: &str, actual: &str) {
+        let path = format!("{}/tests/golden/{name}", env!("CARGO_MANIFEST_DIR"));
+        if std::env::var_os("AX_BLESS").is_some() {
+            std::fs::create_dir_all(format!("{}/tests/golden", env!("CARGO_MANIFEST_DIR")))
+                .unwrap();
+            std::fs::write(&path, actual).unwrap();
+            return;
+        }
+        let expected = std::fs::read_to_string(&path)
+            .unwrap_or_else(|err| panic!("{path}: {err} (run with AX_BLESS=1 to create it)"));
+        assert_eq!(actual, expected, "{path} differs (AX_BLESS=1 rewrites it)");
+    }
+
+    #[test]
+    fn ascii_prints_a_fan_in_once_and_refers_to_it_after() {
+        assert_eq!(
+            ascii(&diamond(), false),
+            "extract\n├─ clean\n│  └─ load\n│     └─ report\n└─ audit\n   └─ load (see above)\n"
+        );
+    }
+
+    #[test]
+    fn states_follow_the_run_and_upstream_failures_propagate() {
+        let graph = run_diamond();
+        let states: Vec<&str> = graph
+            .nodes
+            .iter()
+            .map(|node| node.state.unwrap().label())
+            .collect();
+        assert_eq!(
+            states,
+            [
+                "SUCCESS",
+                "RUNNING",
+                "FAILED",
+                "UPSTREAM_FAILED",
+                "UPSTREAM_FAILED"
+            ]
+        );
+        assert_eq!(graph.nodes[1].instance_id, Some(2));
+        assert_eq!(graph.nodes[3].instance_id, None);
+
+        let mut pending = diamond();
+        pending.apply_run(
+            8,
+            &[RunInstance {
+                task: "extract".into(),
+                instance_id: 9,
+                state: InstanceState::Running,
+            }],
+        );
+        assert_eq!(pending.nodes[4].state, Some(NodeState::Pending));
+    }
+
+    #[test]
+    fn the_latest_instance_of_a_task_wins() {
+        let mut graph = Graph::from_upstreams("one", 1, &[task("t", &[])]);
+        let instance = |id, state| RunInstance {
+            task: "t".into(),
+            instance_id: id,
+            state,
+        };
+        graph.apply_run(
+            1,
+            &[
+                instance(5, InstanceState::Success),
+                instance(4, InstanceState::Failed),
+            ],
+        );
+        assert_eq!(
+            graph.nodes[0].state,
+            Some(NodeState::Instance(InstanceState::Success))
+        );
+    }
+
+    #[test]
+    fn ascii_colours_states_only_when_asked() {
+        let coloured = ascii(&run_diamond(), true);
+        assert!(
+            coloured.starts_with("extract [\x1b[32mSUCCESS\x1b[0m]\n"),
+            "{coloured}"
+        );
+        assert!(!ascii(&run_diamond(), false).contains('\x1b'));
+    }
+
+    #[test]
+    fn node_states_round_trip_their_names() {
+        // A PENDING instance shows as the task status PENDING.
+        for state in InstanceState::ALL
+            .into_iter()
+            .filter(|state| *state != InstanceState::Pending)
+            .map(NodeState::Instance)
+            .chain([NodeState::Pending, NodeState::UpstreamFailed])
+        {
+            assert_eq!(NodeState::parse_label(state.label()), Some(state));
+        }
+        assert_eq!(NodeState::parse_label("BOGUS"), None);
+    }
+
+    #[test]
+    fn golden_files_for_every_format() {
+        let cases = [
+            ("diamond", diamond()),
+            ("diamond_run", run_diamond()),
+            ("fan_out", fan_out()),
+        ];
+        for (name, graph) in &cases {
+            golden(&format!("{name}.txt"), &ascii(graph, false));
+            golden(&format!("{name}.dot"), &dot(graph));
+            golden(&format!("{name}.mmd"), &mermaid(graph));
+            golden(&format!("{name}.json"), &json(graph));
+        }
+    }
+
+    #[test]
+    fn json_is_valid_and_carries_nodes_edges_and_states() {
+        let value: serde_json::Value = serde_json::from_str(&json(&run_diamond())).unwrap();
+        assert_eq!(value["run_id"], 7);
+        assert_eq!(value["nodes"][3]["task"], "load");
+        assert_eq!(value["nodes"][3]["state"], "UPSTREAM_FAILED");
+        assert_eq!(
+            value["nodes"][3]["upstream"],
+            serde_json::json!(["clean", "audit"])
+        );
+        assert_eq!(value["edges"].as_array().unwrap().len(), 5);
+        let empty: serde_json::Value =
+            serde_json::from_str(&json(&Graph::from_upstreams("e", 1, &[]))).unwrap();
+        assert_eq!(empty["nodes"], serde_json::json!([]));
+        let odd = Graph::from_upstreams("q\"\\\n", 1, &[task("t", &[])]);
+        let value: serde_json::Value = serde_json::from_str(&json(&odd)).unwrap();
+        assert_eq!(value["workflow"], "q\"\\\n");
+    }
+
+    /// 10,000 tasks: a root, 9,998 in parallel, a fan-in; and a 10,000-task chain. The bound is
+    /// generous (it catches quadratic blow-ups, not regressions of a few percent).
+    #[test]
+    fn ten_thousand_tasks_render_quickly() {
+        let mut wide = vec![task("root", &[])];
+        let middle: Vec<String> = (0..9_998).map(|i| format!("t{i}")).collect();
+        for name in &middle {
+            wide.push(task(name, &["root"]));
+        }
+        let refs: Vec<&str> = middle.iter().map(String::as_str).collect();
+        wide.push(task("sink", &refs));
+        let mut chain = vec![task("c0", &[])];
+        for i in 1..10_000 {
+            chain.push(task(&format!("c{i}"), &[&format!("c{}", i - 1)]));
+        }
+        for tasks in [wide, chain] {
+            let started = std::time::Instant::now();
+            let mut graph = Graph::from_upstreams("big", 1, &tasks);
+            graph.apply_run(1, &[]);
+            let outputs = [
+                ascii(&graph, true),
+                dot(&graph),
+                mermaid(&graph),
+                json(&graph),
+            ];
+            let elapsed = started.elapsed();
+            assert!(
+                elapsed < std::time::Duration::from_secs(3),
+                "rendering 10,000 tasks took {elapsed:?}"
+            );
+            assert!(outputs.iter().all(|text| text.len() < 50 << 20));
+            // One line per root and one per edge: a fan-in's later places are one line each.
+            assert_eq!(outputs[0].lines().count(), 1 + graph.edges.len());
+        }
+    }
+}

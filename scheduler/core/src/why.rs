@@ -1,0 +1,1228 @@
+//! `axctl why`: one screen that answers why a workflow's tasks did or did not run around a time.
+//!
+//! [`explain`] is pure: the API gathers the facts (the workflow's schedule, the decisions
+//! recorded around the time, the run nearest to it with its instances, the live workers) and
+//! this module turns them into a schedule summary, a verdict and one reason per task. Times in
+//! the text are shown in the workflow's time zone.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+
+use crate::Millis;
+use crate::cron::{CronSchedule, parse_timezone};
+use crate::decision::DecisionKind;
+use crate::run::RunState;
+use crate::spec::{TaskSpec, TriggerKind, WorkflowSpec};
+use crate::state::InstanceState;
+
+/// A decision recorded by the schedule loop, the run queue or the dispatcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub at: Millis,
+    pub slot_at: Millis,
+    pub kind: DecisionKind,
+    pub run_id: Option<i64>,
+    pub instance_id: Option<i64>,
+    pub task: Option<String>,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceFacts {
+    pub id: i64,
+    pub task: String,
+    pub state: InstanceState,
+    pub attempt: u32,
+    pub worker_id: Option<String>,
+    /// A WAITING retry waits until then (its backoff).
+    pub not_before: Millis,
+    pub created_at: Millis,
+    /// When the current attempt was dispatched (for DISPATCHED and RUNNING instances).
+    pub dispatched_at: Option<Millis>,
+    pub started_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunFacts {
+    pub id: i64,
+    pub version: u32,
+    pub state: RunState,
+    pub trigger: TriggerKind,
+    pub logical_time: Millis,
+    pub created_at: Millis,
+    pub finished_at: Option<Millis>,
+    pub triggered_by: String,
+    /// The tasks of the run's workflow version, in file order.
+    pub tasks: Vec<TaskSpec>,
+    pub instances: Vec<InstanceFacts>,
+}
+
+/// A worker the node knows of, as the dispatcher would see it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerFacts {
+    pub id: String,
+    pub labels: BTreeMap<String, String>,
+    pub live: bool,
+    pub draining: bool,
+    pub capacity: u32,
+    pub running: u32,
+}
+
+/// Everything [`explain`] reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WhyInput {
+    pub workflow: String,
+    pub version: u32,
+    /// The latest version's spec: its schedule is the one in force.
+    pub spec: WorkflowSpec,
+    pub paused: bool,
+    /// The time asked about.
+    pub at: Millis,
+    pub now: Millis,
+    /// Decisions around `at` and of the run, in any order.
+    pub decisions: Vec<Decision>,
+    /// The run nearest to `at` (by logical time), if the workflow has any.
+    pub run: Option<RunFacts>,
+    pub workers: Vec<WorkerFacts>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleSummary {
+    pub trigger: TriggerKind,
+    pub cron: Option<String>,
+    pub timezone: String,
+    pub paused: bool,
+    pub start_at: Option<Millis>,
+    pub end_at: Option<Millis>,
+    pub misfire: String,
+    pub overlap: String,
+    pub after: Vec<String>,
+    /// The last cron slot at or before `at`.
+    pub previous_slot: Option<Millis>,
+    /// The first cron slot after `at`.
+    pub next_slot: Option<Millis>,
+}
+
+/// Why one task is where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reason {
+    /// It ended (SUCCESS, FAILED, TIMEOUT or CANCELLED).
+    Done {
+        state: InstanceState,
+        at: Option<Millis>,
+        attempt: u32,
+    },
+    /// No run yet: the next cron slot has not come.
+    NotYetTime { next_fire: Option<Millis> },
+    /// No run, though the slot after the time asked about has passed (a time in the past).
+    SlotPassed { slot: Millis },
+    /// No run yet, and none comes by itself: the workflow runs when triggered.
+    NotTriggered,
+    /// Its upstreams have not all succeeded yet: (task, state).
+    WaitingOnUpstream { upstream: Vec<(String, String)> },
+    /// An upstream failed, timed out or was cancelled (or is itself blocked): it will not run.
+    UpstreamFailed { upstream: String, state: String },
+    /// It has no instance and its run ended.
+    RunEnded { state: RunState },
+    /// A retry waiting for its backoff.
+    Backoff { until: Millis },
+    /// The run waits in a queue (overlap `queue`, max active runs, a run key's limit).
+    Queued { detail: String },
+    /// A concurrency limit holds it back.
+    Throttled { detail: String },
+    /// No live worker carries its labels.
+    NoLiveWorker {
+        labels: BTreeMap<String, String>,
+        live_workers: Vec<String>,
+    },
+    /// Workers with its labels are live but full.
+    WorkersBusy { workers: Vec<String> },
+    /// A worker with its labels has a free slot: the dispatcher takes it on its next pass.
+    ReadyToDispatch { workers: Vec<String> },
+    Dispatched {
+        worker: String,
+        since: Option<Millis>,
+    },
+    Running {
+        worker: String,
+        since: Option<Millis>,
+    },
+}
+
+impl Reason {
+    /// A stable name for programs (`axctl why -o json`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Reason::Done { .. } => "done",
+            Reason::NotYetTime { .. } => "not_yet_time",
+            Reason::SlotPassed { .. } => "slot_passed",
+            Reason::NotTriggered => "not_triggered",
+            Reason::WaitingOnUpstream { .. } => "waiting_upstream",
+            Reason::UpstreamFailed { .. } => "upstream_failed",
+            Reason::RunEnded { .. } => "run_ended",
+            Reason::Backoff { .. } => "backoff",
+            Reason::Queued { .. } => "queued",
+            Reason::Throttled { .. } => "throttled",
+            Reason::NoLiveWorker { .. } => "no_worker",
+            Reason::WorkersBusy { .. } => "workers_busy",
+            Reason::ReadyToDispatch { .. } => "ready",
+            Reason::Dispatched { .. } => "dispatched",
+            Reason::Running { .. } => "running",
+        }
+    }
+
+    /// One line for a person, times in `tz`.
+    pub fn text(&self, tz: Tz) -> String {
+        let t = |ms: Millis| format_time(ms, tz);
+        let since =
+            |ms: &Option<Millis>| ms.map(|ms| format!(" since {}", t(ms))).unwrap_or_default();
+        match self {
+            Reason::Done { state, at, attempt } => {
+                let when = at.map(|ms| format!(" at {}", t(ms))).unwrap_or_default();
+                let verb = match state {
+                    InstanceState::Success => "succeeded",
+                    InstanceState::Failed => "failed",
+                    InstanceState::Timeout => "timed out",
+                    InstanceState::Cancelled => "was cancelled",
+                    _ => "ended",
+                };
+                format!("{verb}{when} (attempt {attempt})")
+            }
+            Reason::NotYetTime {
+                next_fire: Some(next),
+            } => {
+                format!("not yet time: the next slot is {}", t(*next))
+            }
+            Reason::NotYetTime { next_fire: None } => {
+                "not yet time, and the schedule has no further slot".into()
+            }
+            Reason::SlotPassed { slot } => format!(
+                "no run: the slot at {} passed without one (see the decisions)",
+                t(*slot)
+            ),
+            Reason::NotTriggered => "no run: the workflow runs only when triggered".into(),
+            Reason::WaitingOnUpstream { upstream } => {
+                let list: Vec<String> = upstream
+                    .iter()
+                    .map(|(task, state)| format!("{task} ({state})"))
+                    .collect();
+                format!("waiting on upstream {}", list.join(", "))
+            }
+            Reason::UpstreamFailed { upstream, state } => {
+                format!("will not run: upstream {upstream} is {state}")
+            }
+            Reason::RunEnded { state } => format!("not run: the run ended {state}"),
+            Reason::Backoff { until } => format!("retry waits for its backoff until {}", t(*until)),
+            Reason::Queued { detail } => format!("run queued: {detail}"),
+            Reason::Throttled { detail } => format!("throttled: {detail}"),
+            Reason::NoLiveWorker {
+                labels,
+                live_workers,
+            } => {
+                let wanted = if labels.is_empty() {
+                    "any labels".to_string()
+                } else {
+                    labels
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                };
+                let live = if live_workers.is_empty() {
+                    "no worker is live".to_string()
+                } else {
+                    format!("live: {}", live_workers.join(", "))
+                };
+                format!("no live worker with labels {wanted} ({live})")
+            }
+            Reason::WorkersBusy { workers } => {
+                format!("waiting for a free slot on {}", workers.join(", "))
+            }
+            Reason::ReadyToDispatch { workers } => {
+                format!(
+                    "ready: dispatched on the next pass to one of {}",
+                    workers.join(", ")
+                )
+            }
+            Reason::Dispatched { worker, since: s } => {
+                format!("dispatched to worker {worker}{}", since(s))
+            }
+            Reason::Running { worker, since: s } => {
+                format!("running on worker {worker}{}", since(s))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskExplanation {
+    pub task: String,
+    /// The instance's state, `PENDING` / `UPSTREAM_FAILED` without one, `-` without a run.
+    pub state: String,
+    pub instance_id: Option<i64>,
+    pub attempt: Option<u32>,
+    pub worker: Option<String>,
+    pub reason: Reason,
+    /// `reason` for a person.
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunSummary {
+    pub id: i64,
+    pub version: u32,
+    pub state: RunState,
+    pub trigger: TriggerKind,
+    pub logical_time: Millis,
+    pub created_at: Millis,
+    pub finished_at: Option<Millis>,
+    pub triggered_by: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecisionLine {
+    pub decision: Decision,
+    /// `slot 02:30:00: skipped_overlap — previous run 41 still running`
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Explanation {
+    pub workflow: String,
+    pub version: u32,
+    pub at: Millis,
+    pub timezone: String,
+    pub schedule: ScheduleSummary,
+    /// The answer in a few sentences, most important first.
+    pub verdict: Vec<String>,
+    /// Oldest first, at most [`MAX_DECISIONS`].
+    pub decisions: Vec<DecisionLine>,
+    pub run: Option<RunSummary>,
+    /// One per task: the run's tasks, or the workflow's when there is no run.
+    pub tasks: Vec<TaskExplanation>,
+}
+
+/// The decisions shown: the latest ones when there are more.
+pub const MAX_DECISIONS: usize = 50;
+
+/// `2026-01-31 02:30:00 CET`.
+pub fn format_time(ms: Millis, tz: Tz) -> String {
+    match DateTime::<Utc>::from_timestamp_millis(ms) {
+        Some(t) => t
+            .with_timezone(&tz)
+            .format("%Y-%m-%d %H:%M:%S %Z")
+            .to_string(),
+        None => ms.to_string(),
+    }
+}
+
+/// The last fire of `cron` at or before `at`: searches backwards in widening windows (a minute,
+/// then four times wider each step, up to about eight years).
+pub fn previous_fire(cron: &CronSchedule, at: Millis, tz: Tz) -> Option<Millis> {
+    let mut lookback: Millis = 60_000;
+    let limit: Millis = 8 * 366 * 86_400_000;
+    while lookback <= limit {
+        let mut cursor = at - lookback;
+        let mut last = None;
+        while let Some(next) = cron.next_after(cursor, tz) {
+            if next > at {
+                break;
+            }
+            last = Some(next);
+            cursor = next;
+        }
+        if last.is_some() {
+            return last;
+        }
+        lookback *= 4;
+    }
+    None
+}
+
+fn schedule_summary(input: &WhyInput, tz: Tz) -> ScheduleSummary {
+    let schedule = &input.spec.schedule;
+    let cron = match (schedule.trigger, schedule.cron.as_deref()) {
+        (TriggerKind::Cron, Some(expression)) => CronSchedule::parse(expression).ok(),
+        _ => None,
+    };
+    let (previous_slot, next_slot) = match &cron {
+        Some(cron) => {
+            // The next slot that can fire: not before the start, not after the end.
+            let from = match schedule.start_at {
+                Some(start) if start > input.at => start - 1,
+                _ => input.at,
+            };
+            let next = cron
+                .next_after(from, tz)
+                .filter(|&next| schedule.end_at.is_none_or(|end| next <= end));
+            (previous_fire(cron, input.at, tz), next)
+        }
+        None => (None, None),
+    };
+    ScheduleSummary {
+        trigger: schedule.trigger,
+        cron: schedule.cron.clone(),
+        timezone: schedule.timezone.clone(),
+        paused: input.paused,
+        start_at: schedule.start_at,
+        end_at: schedule.end_at,
+        misfire: schedule.misfire.name().into(),
+        overlap: schedule.overlap.as_str().into(),
+        after: schedule.after.clone(),
+        previous_slot,
+        next_slot,
+    }
+}
+
+/// Builds the explanation. Tasks' states are the ones `input` carries (their states now); the
+/// schedule and the decisions are read around `input.at`.
+pub fn explain(input: &WhyInput) -> Explanation {
+    let tz = parse_timezone(&input.spec.schedule.timezone).unwrap_or(chrono_tz::UTC);
+    let t = |ms: Millis| format_time(ms, tz);
+    let schedule = schedule_summary(input, tz);
+
+    let mut decisions = input.decisions.clone();
+    decisions.sort_by_key(|d| (d.slot_at, d.at));
+    decisions.dedup();
+    let skip = decisions.len().saturating_sub(MAX_DECISIONS);
+    let lines: Vec<DecisionLine> = decisions
+        .iter()
+        .skip(skip)
+        .map(|d| DecisionLine {
+            decision: d.clone(),
+            text: decision_text(d, tz),
+        })
+        .collect();
+
+    let mut verdict = Vec::new();
+    if input.paused {
+        verdict
+            .push("the workflow is paused: its schedule fires no run until it is resumed".into());
+    }
+    match schedule.trigger {
+        TriggerKind::Cron => {
+            if let Some(start) = schedule.start_at.filter(|&start| input.at < start) {
+                verdict.push(format!(
+                    "{} is before the schedule's start ({})",
+                    t(input.at),
+                    t(start)
+                ));
+            }
+            if let Some(end) = schedule.end_at.filter(|&end| input.at > end) {
+                verdict.push(format!(
+                    "{} is after the schedule's end ({})",
+                    t(input.at),
+                    t(end)
+                ));
+            }
+            match schedule.previous_slot {
+                Some(slot) if schedule.start_at.is_some_and(|start| slot < start) => {
+                    verdict.push(format!(
+                        "the slot at {} was before the schedule's start, so it did not fire",
+                        t(slot)
+                    ))
+                }
+                Some(slot) => verdict.push(slot_verdict(slot, input, &decisions, tz)),
+                None => verdict.push(format!("no cron slot at or before {}", t(input.at))),
+            }
+            if let Some(next) = schedule.next_slot {
+                verdict.push(format!("the next slot after it is {}", t(next)));
+            }
+        }
+        TriggerKind::Dependency => verdict.push(format!(
+            "the workflow runs when each of {} has a successful run for the same logical time",
+            schedule.after.join(", ")
+        )),
+        TriggerKind::Manual | TriggerKind::Api | TriggerKind::Backfill => {
+            verdict.push("the workflow has no schedule: runs start only when triggered".into())
+        }
+    }
+
+    let (run, tasks) = match &input.run {
+        Some(run) => {
+            verdict.push(format!(
+                "nearest run: {} ({}, logical time {}), {}",
+                run.id,
+                run.trigger,
+                t(run.logical_time),
+                run.state
+            ));
+            let summary = RunSummary {
+                id: run.id,
+                version: run.version,
+                state: run.state,
+                trigger: run.trigger,
+                logical_time: run.logical_time,
+                created_at: run.created_at,
+                finished_at: run.finished_at,
+                triggered_by: run.triggered_by.clone(),
+            };
+            (Some(summary), run_tasks(run, input, &decisions, tz))
+        }
+        None => {
+            verdict.push("the workflow has no run yet".into());
+            let reason = match schedule.trigger {
+                TriggerKind::Cron => match schedule.next_slot {
+                    Some(slot) if slot <= input.now => Reason::SlotPassed { slot },
+                    next_fire => Reason::NotYetTime { next_fire },
+                },
+                _ => Reason::NotTriggered,
+            };
+            let tasks = input
+                .spec
+                .tasks
+                .iter()
+                .map(|task| TaskExplanation {
+                    task: task.name.clone(),
+                    state: "-".into(),
+                    instance_id: None,
+                    attempt: None,
+                    worker: None,
+                    text: reason.text(tz),
+                    reason: reason.clone(),
+                })
+                .collect();
+            (None, tasks)
+        }
+    };
+
+    Explanation {
+        workflow: input.workflow.clone(),
+        version: input.version,
+        at: input.at,
+        timezone: tz.name().to_string(),
+        schedule,
+        verdict,
+        decisions: lines,
+        run,
+        tasks,
+    }
+}
+
+fn decision_text(d: &Decision, tz: Tz) -> String {
+    let mut text = format!("slot {}: {}", format_time(d.slot_at, tz), d.kind);
+    if let Some(run) = d.run_id {
+        text.push_str(&format!(" run {run}"));
+    }
+    if let Some(task) = &d.task {
+        text.push_str(&format!(" task {task}"));
+    }
+    if !d.detail.is_empty() {
+        text.push_str(&format!(": {}", d.detail));
+    }
+    text
+}
+
+/// What happened to the cron slot `slot` (the last one at or before the time asked about).
+fn slot_verdict(slot: Millis, input: &WhyInput, decisions: &[Decision], tz: Tz) -> String {
+    let t = |ms| format_time(ms, tz);
+    let about_slot: Vec<&Decision> = decisions
+        .iter()
+        .filter(|d| d.slot_at == slot && d.instance_id.is_none() && d.task.is_none())
+        .collect();
+    // The last decision about the slot is its fate; an earlier `queued` may be followed by
+    // `dequeued`, a `fired` by nothing.
+    if let Some(last) = about_slot.last() {
+        let detail = if last.detail.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", last.detail)
+        };
+        let run = last
+            .run_id
+            .map(|id| format!(" (run {id})"))
+            .unwrap_or_default();
+        return format!(
+            "the slot at {} was {}{run}{detail}",
+            t(slot),
+            past_tense(last.kind)
+        );
+    }
+    match &input.run {
+        Some(run) if run.logical_time == slot => {
+            format!("the slot at {} fired run {}", t(slot), run.id)
+        }
+        _ if input.paused => format!("the slot at {} passed while paused", t(slot)),
+        _ => format!(
+            "the slot at {} has no run and no recorded decision (the scheduler was not running, \
+             or the workflow was applied or resumed after it)",
+            t(slot)
+        ),
+    }
+}
+
+fn past_tense(kind: DecisionKind) -> &'static str {
+    match kind {
+        DecisionKind::Fired => "fired",
+        DecisionKind::Misfired => "dropped by the misfire policy",
+        DecisionKind::CaughtUp => "caught up late by the misfire policy",
+        DecisionKind::SkippedOverlap => "skipped: an earlier run was still active",
+        DecisionKind::Replaced => "fired, replacing the active run",
+        DecisionKind::Queued => "queued",
+        DecisionKind::Dequeued => "queued, then started",
+        DecisionKind::Paused => "skipped: the workflow was paused",
+        DecisionKind::OutsideWindow => "skipped: outside the schedule's start/end",
+        DecisionKind::NoWorker => "held: no live worker",
+        DecisionKind::Throttled => "throttled",
+        DecisionKind::WaitingUpstream => "waiting for its upstream workflows",
+    }
+}
+
+fn run_tasks(
+    run: &RunFacts,
+    input: &WhyInput,
+    decisions: &[Decision],
+    tz: Tz,
+) -> Vec<TaskExplanation> {
+    // The latest instance per task.
+    let mut by_task: BTreeMap<&str, &InstanceFacts> = BTreeMap::new();
+    for instance in &run.instances {
+        let entry = by_task.entry(instance.task.as_str()).or_insert(instance);
+        if entry.id < instance.id {
+            *entry = instance;
+        }
+    }
+    let run_decisions: Vec<&Decision> = decisions
+        .iter()
+        .filter(|d| d.run_id == Some(run.id))
+        .collect();
+    // The run is queued when its last queue decision is `queued`.
+    let queued = run_decisions
+        .iter()
+        .rev()
+        .find(|d| matches!(d.kind, DecisionKind::Queued | DecisionKind::Dequeued))
+        .filter(|d| d.kind == DecisionKind::Queued);
+
+    // States for upstream lookups: tasks are visited upstream first (a file may list a task
+    // before its upstream), and the answer is put back in file order.
+    let mut states: BTreeMap<String, String> = BTreeMap::new();
+    let order = file_order_topological(&run.tasks);
+    let mut results: BTreeMap<usize, TaskExplanation> = BTreeMap::new();
+    for i in order {
+        let task = &run.tasks[i];
+        let explanation = match by_task.get(task.name.as_str()) {
+            Some(instance) => {
+                let reason = instance_reason(instance, task, input, &run_decisions, queued);
+                TaskExplanation {
+                    task: task.name.clone(),
+                    state: instance.state.as_str().into(),
+                    instance_id: Some(instance.id),
+                    attempt: Some(instance.attempt),
+                    worker: instance.worker_id.clone(),
+                    text: reason.text(tz),
+                    reason,
+                }
+            }
+            None => {
+                let blocked = task.upstream.iter().find_map(|up| {
+                    let state = states.get(up)?;
+                    matches!(
+                        state.as_str(),
+                        "FAILED" | "TIMEOUT" | "CANCELLED" | "UPSTREAM_FAILED"
+                    )
+                    .then(|| (up.clone(), state.clone()))
+                });
+                let (state, reason) = if let Some((upstream, state)) = blocked {
+                    (
+                        "UPSTREAM_FAILED",
+                        Reason::UpstreamFailed { upstream, state },
+                    )
+                } else if run.state.is_terminal() {
+                    ("PENDING", Reason::RunEnded { state: run.state })
+                } else {
+                    let upstream = task
+                        .upstream
+                        .iter()
+                        .filter_map(|up| {
+                            let state = states.get(up).map_or("PENDING", String::as_str);
+                            (state != "SUCCESS").then(|| (up.clone(), state.to_string()))
+                        })
+                        .collect();
+                    ("PENDING", Reason::WaitingOnUpstream { upstream })
+                };
+                TaskExplanation {
+                    task: task.name.clone(),
+                    state: state.into(),
+                    instance_id: None,
+                    attempt: None,
+                    worker: None,
+                    text: reason.text(tz),
+                    reason,
+                }
+            }
+        };
+        states.insert(task.name.clone(), explanation.state.clone());
+        results.insert(i, explanation);
+    }
+    results.into_values().collect()
+}
+
+/// Task indexes with every task after its upstreams, earlier file position first among equals.
+fn file_order_topological(tasks: &[TaskSpec]) -> Vec<usize> {
+    let graph = crate::render::Graph::from_tasks("", 0, tasks);
+    let n = tasks.len();
+    let mut in_degree = vec![0usize; n];
+    let mut downstream = vec![Vec::new(); n];
+    for &(u, d) in &graph.edges {
+        in_degree[d] += 1;
+        downstream[u].push(d);
+    }
+    let mut ready: std::collections::BTreeSet<usize> =
+        (0..n).filter(|&i| in_degree[i] == 0).collect();
+    let mut order = Vec::with_capacity(n);
+    while let Some(i) = ready.pop_first() {
+        order.push(i);
+        for &d in &downstream[i] {
+            in_degree[d] -= 1;
+            if in_degree[d] == 0 {
+                ready.insert(d);
+            }
+        }
+    }
+    let placed: std::collections::BTreeSet<usize> = order.iter().copied().collect();
+    order.extend((0..n).filter(|i| !placed.contains(i)));
+    order
+}
+
+fn instance_reason(
+    instance: &InstanceFacts,
+    task: &TaskSpec,
+    input: &WhyInput,
+    run_decisions: &[&Decision],
+    queued: Option<&&Decision>,
+) -> Reason {
+    match instance.state {
+        state if state.is_terminal() => Reason::Done {
+            state,
+            at: instance.finished_at,
+            attempt: instance.attempt,
+        },
+        InstanceState::Dispatched => Reason::Dispatched {
+            worker: instance.worker_id.clone().unwrap_or_else(|| "?".into()),
+            since: instance.dispatched_at,
+        },
+        InstanceState::Running => Reason::Running {
+            worker: instance.worker_id.clone().unwrap_or_else(|| "?".into()),
+            since: instance.started_at.or(instance.dispatched_at),
+        },
+        _ => {
+            if instance.not_before > input.now {
+                return Reason::Backoff {
+                    until: instance.not_before,
+                };
+            }
+            if let Some(queued) = queued {
+                return Reason::Queued {
+                    detail: queued.detail.clone(),
+                };
+            }
+            let mine = |d: &&&Decision| {
+                d.instance_id == Some(instance.id)
+                    || (d.instance_id.is_none() && d.task.as_deref() == Some(task.name.as_str()))
+            };
+            let latest = run_decisions.iter().rev().find(mine);
+            if let Some(d) = latest.filter(|d| d.kind == DecisionKind::Throttled) {
+                return Reason::Throttled {
+                    detail: d.detail.clone(),
+                };
+            }
+            let live: Vec<&WorkerFacts> = input
+                .workers
+                .iter()
+                .filter(|w| w.live && !w.draining)
+                .collect();
+            let eligible: Vec<&WorkerFacts> = live
+                .iter()
+                .copied()
+                .filter(|w| task.labels.iter().all(|(k, v)| w.labels.get(k) == Some(v)))
+                .collect();
+            if eligible.is_empty() {
+                return Reason::NoLiveWorker {
+                    labels: task.labels.clone(),
+                    live_workers: live.iter().map(|w| describe_worker(w)).collect(),
+                };
+            }
+            let names = |ws: &[&WorkerFacts]| ws.iter().map(|w| w.id.clone()).collect();
+            let free: Vec<&WorkerFacts> = eligible
+                .iter()
+                .copied()
+                .filter(|w| w.running < w.capacity)
+                .collect();
+            if free.is_empty() {
+                return Reason::WorkersBusy {
+                    workers: names(&eligible),
+                };
+            }
+            Reason::ReadyToDispatch {
+                workers: names(&free),
+            }
+        }
+    }
+}
+
+fn describe_worker(worker: &WorkerFacts) -> String {
+    if worker.labels.is_empty() {
+        return worker.id.clone();
+    }
+    let labels: Vec<String> = worker
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    format!("{} [{}]", worker.id, labels.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{OverlapPolicy, ScheduleSpec};
+
+    /// 2026-01-31 02:30:00 UTC.
+    const SLOT: Millis = 1_769_826_600_000;
+    const MINUTE: Millis = 60_000;
+    const HOUR: Millis = 60 * MINUTE;
+
+    fn task(name: &str, upstream: &[&str]) -> TaskSpec {
+        TaskSpec {
+            name: name.into(),
+            command: "true".into(),
+            upstream: upstream.iter().map(|s| s.to_string()).collect(),
+            ..TaskSpec::default()
+        }
+    }
+
+    /// A daily 02:30 UTC workflow: extract → {clean, audit} → load.
+    fn input(now: Millis) -> WhyInput {
+        WhyInput {
+            workflow: "etl".into(),
+            version: 2,
+            spec: WorkflowSpec {
+                name: "etl".into(),
+                schedule: ScheduleSpec {
+                    trigger: TriggerKind::Cron,
+                    cron: Some("30 2 * * *".into()),
+                    timezone: "UTC".into(),
+                    overlap: OverlapPolicy::Skip,
+                    ..ScheduleSpec::default()
+                },
+                tasks: vec![
+                    task("extract", &[]),
+                    task("clean", &["extract"]),
+                    task("audit", &["extract"]),
+                    task("load", &["clean", "audit"]),
+                ],
+                ..WorkflowSpec::default()
+            },
+            paused: false,
+            at: now,
+            now,
+            decisions: Vec::new(),
+            run: None,
+            workers: vec![worker("w1", &[])],
+        }
+    }
+
+    fn worker(id: &str, labels: &[(&str, &str)]) -> WorkerFacts {
+        WorkerFacts {
+            id: id.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            live: true,
+            draining: false,
+            capacity: 4,
+            running: 0,
+        }
+    }
+
+    fn instance(id: i64, task: &str, state: InstanceState) -> InstanceFacts {
+        InstanceFacts {
+            id,
+            task: task.into(),
+            state,
+            attempt: 1,
+            worker_id: (state != InstanceState::Waiting).then(|| "w1".to_string()),
+            not_before: 0,
+            created_at: SLOT,
+            dispatched_at: Some(SLOT + 1_000),
+            started_at: Some(SLOT + 2_000),
+            finished_at: state.is_terminal().then_some(SLOT + 60_000),
+        }
+    }
+
+    fn run(input: &WhyInput, state: RunState, instances: Vec<InstanceFacts>) -> RunFacts {
+        RunFacts {
+            id: 41,
+            version: input.version,
+            state,
+            trigger: TriggerKind::Cron,
+            logical_time: SLOT,
+            created_at: SLOT,
+            finished_at: state.is_terminal().then_some(SLOT + HOUR),
+            triggered_by: "schedule".into(),
+            tasks: input.spec.tasks.clone(),
+            instances,
+        }
+    }
+
+    fn decision(kind: DecisionKind, slot_at: Millis, detail: &str) -> Decision {
+        Decision {
+            at: slot_at,
+            slot_at,
+            kind,
+            run_id: None,
+            instance_id: None,
+            task: None,
+            detail: detail.into(),
+        }
+    }
+
+    fn reasons(explanation: &Explanation) -> Vec<(String, &'static str, String)> {
+        explanation
+            .tasks
+            .iter()
+            .map(|t| (t.task.clone(), t.reason.kind(), t.text.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn before_the_first_slot_it_is_not_yet_time() {
+        let mut input = input(SLOT - 10 * MINUTE);
+        input.spec.schedule.start_at = Some(SLOT - 5 * MINUTE);
+        let e = explain(&input);
+        assert_eq!(e.schedule.next_slot, Some(SLOT));
+        assert_eq!(e.schedule.previous_slot, Some(SLOT - 24 * HOUR));
+        assert!(e.run.is_none());
+        for (_, kind, text) in reasons(&e) {
+            assert_eq!(kind, "not_yet_time");
+            assert_eq!(
+                text,
+                "not yet time: the next slot is 2026-01-31 02:30:00 UTC"
+            );
+        }
+        assert!(
+            e.verdict
+                .iter()
+                .any(|v| v.contains("before the schedule's start")),
+            "{:?}",
+            e.verdict
+        );
+        assert!(
+            e.verdict
+                .contains(&"the workflow has no run yet".to_string())
+        );
+        assert_eq!(
+            e.verdict[1],
+            "the slot at 2026-01-30 02:30:00 UTC was before the schedule's start, so it did not fire"
+        );
+        // Past the end there is no next slot.
+        input.spec.schedule.start_at = None;
+        input.spec.schedule.end_at = Some(SLOT - MINUTE);
+        let e = explain(&input);
+        assert_eq!(e.schedule.next_slot, None);
+        assert_eq!(
+            e.tasks[0].text,
+            "not yet time, and the schedule has no further slot"
+        );
+    }
+
+    #[test]
+    fn a_past_time_without_a_run_is_not_called_not_yet_time() {
+        let mut input = input(SLOT - 10 * MINUTE);
+        input.now = SLOT + HOUR;
+        let e = explain(&input);
+        assert_eq!(e.tasks[0].reason, Reason::SlotPassed { slot: SLOT });
+        assert_eq!(
+            e.tasks[0].text,
+            "no run: the slot at 2026-01-31 02:30:00 UTC passed without one (see the decisions)"
+        );
+    }
+
+    #[test]
+    fn a_manual_workflow_without_runs_waits_for_a_trigger() {
+        let mut input = input(SLOT);
+        input.spec.schedule = ScheduleSpec::default();
+        let e = explain(&input);
+        assert_eq!(e.schedule.previous_slot, None);
+        assert!(
+            reasons(&e)
+                .iter()
+                .all(|(_, kind, _)| *kind == "not_triggered")
+        );
+        assert!(e.verdict[0].contains("runs start only when triggered"));
+    }
+
+    #[test]
+    fn a_fired_and_succeeded_slot() {
+        let mut input = input(SLOT + 5 * MINUTE);
+        input.decisions = vec![Decision {
+            run_id: Some(41),
+            ..decision(DecisionKind::Fired, SLOT, "")
+        }];
+        let done = |id, task| instance(id, task, InstanceState::Success);
+        input.run = Some(run(
+            &input,
+            RunState::Success,
+            vec![
+                done(1, "extract"),
+                done(2, "clean"),
+                done(3, "audit"),
+                done(4, "load"),
+            ],
+        ));
+        let e = explain(&input);
+        assert_eq!(e.schedule.previous_slot, Some(SLOT));
+        assert_eq!(
+            e.verdict[0],
+            "the slot at 2026-01-31 02:30:00 UTC was fired (run 41)"
+        );
+        assert!(e.verdict.iter().any(|v| v.starts_with("nearest run: 41")));
+        let all = reasons(&e);
+        assert!(all.iter().all(|(_, kind, _)| *kind == "done"), "{all:?}");
+        assert_eq!(all[0].2, "succeeded at 2026-01-31 02:31:00 UTC (attempt 1)");
+        assert_eq!(e.decisions.len(), 1);
+        assert_eq!(
+            e.decisions[0].text,
+            "slot 2026-01-31 02:30:00 UTC: fired run 41"
+        );
+    }
+
+    #[test]
+    fn downstream_waits_on_a_running_upstream_and_a_failure_blocks_it() {
+        let mut input = input(SLOT + 5 * MINUTE);
+        input.run = Some(run(
+            &input,
+            RunState::Running,
+            vec![
+                instance(1, "extract", InstanceState::Success),
+                instance(2, "clean", InstanceState::Running),
+                instance(3, "audit", InstanceState::Success),
+            ],
+        ));
+        let e = explain(&input);
+        let all = reasons(&e);
+        assert_eq!(
+            all[1].2,
+            "running on worker w1 since 2026-01-31 02:30:02 UTC"
+        );
+        assert_eq!(all[3].1, "waiting_upstream");
+        assert_eq!(all[3].2, "waiting on upstream clean (RUNNING)");
+        assert_eq!(e.tasks[3].state, "PENDING");
+
+        let mut failed = input.clone();
+        let run = failed.run.as_mut().unwrap();
+        run.instances[1].state = InstanceState::Failed;
+        run.instances[1].finished_at = Some(SLOT + MINUTE);
+        let e = explain(&failed);
+        assert_eq!(e.tasks[3].state, "UPSTREAM_FAILED");
+        assert_eq!(e.tasks[3].text, "will not run: upstream clean is FAILED");
+    }
+
+    #[test]
+    fn a_task_listed_before_its_upstream_still_waits_on_it() {
+        let mut input = input(SLOT);
+        input.spec.tasks = vec![task("late", &["early"]), task("early", &[])];
+        input.run = Some(run(
+            &input,
+            RunState::Running,
+            vec![instance(1, "early", InstanceState::Waiting)],
+        ));
+        let e = explain(&input);
+        assert_eq!(e.tasks[0].task, "late", "file order is kept");
+        assert_eq!(e.tasks[0].text, "waiting on upstream early (WAITING)");
+    }
+
+    #[test]
+    fn no_live_worker_with_the_task_labels() {
+        let mut input = input(SLOT + MINUTE);
+        input.spec.tasks[0]
+            .labels
+            .insert("gpu".into(), "a100".into());
+        input.workers = vec![
+            worker("w1", &[("gpu", "t4")]),
+            WorkerFacts {
+                live: false,
+                ..worker("w2", &[("gpu", "a100")])
+            },
+        ];
+        input.run = Some(run(
+            &input,
+            RunState::Running,
+            vec![instance(1, "extract", InstanceState::Waiting)],
+        ));
+        let e = explain(&input);
+        assert_eq!(e.tasks[0].reason.kind(), "no_worker");
+        assert_eq!(
+            e.tasks[0].text,
+            "no live worker with labels gpu=a100 (live: w1 [gpu=t4])"
+        );
+
+        // A worker with the labels that is full: busy, not missing.
+        input.workers.push(WorkerFacts {
+            running: 4,
+            ..worker("w3", &[("gpu", "a100")])
+        });
+        assert_eq!(
+            explain(&input).tasks[0].text,
+            "waiting for a free slot on w3"
+        );
+        input.workers[2].running = 1;
+        assert_eq!(explain(&input).tasks[0].reason.kind(), "ready");
+        input.workers.clear();
+        assert_eq!(
+            explain(&input).tasks[0].text,
+            "no live worker with labels gpu=a100 (no worker is live)"
+        );
+    }
+
+    #[test]
+    fn a_paused_workflow_says_so_and_its_slot_passed() {
+        let mut input = input(SLOT + MINUTE);
+        input.paused = true;
+        let e = explain(&input);
+        assert!(e.schedule.paused);
+        assert_eq!(
+            e.verdict[0],
+            "the workflow is paused: its schedule fires no run until it is resumed"
+        );
+        assert_eq!(
+            e.verdict[1],
+            "the slot at 2026-01-31 02:30:00 UTC passed while paused"
+        );
+
+        input.decisions = vec![decision(DecisionKind::Paused, SLOT, "")];
+        let e = explain(&input);
+        assert_eq!(
+            e.verdict[1],
+            "the slot at 2026-01-31 02:30:00 UTC was skipped: the workflow was paused"
+        );
+    }
+
+    #[test]
+    fn every_decision_kind_is_shown_and_the_last_one_about_the_slot_decides() {
+        let mut input = input(SLOT + MINUTE);
+        for kind in DecisionKind::ALL {
+            input.decisions = vec![decision(kind, SLOT, "previous run 40 still running")];
+            let e = explain(&input);
+            assert_eq!(e.decisions.len(), 1);
+            assert!(e.decisions[0].text.contains(kind.as_str()), "{kind}");
+            assert!(
+                e.verdict[0].contains(past_tense(kind)),
+                "{kind}: {:?}",
+                e.verdict
+            );
+        }
+        input.decisions = vec![
+            decision(DecisionKind::Queued, SLOT, "max active runs 1"),
+            Decision {
+                at: SLOT + 10 * MINUTE,
+                ..decision(DecisionKind::Dequeued, SLOT, "")
+            },
+        ];
+        assert_eq!(
+            explain(&input).verdict[0],
+            "the slot at 2026-01-31 02:30:00 UTC was queued, then started"
+        );
+        input.decisions = vec![decision(
+            DecisionKind::SkippedOverlap,
+            SLOT,
+            "previous run 40 still running",
+        )];
+        assert_eq!(
+            explain(&input).verdict[0],
+            "the slot at 2026-01-31 02:30:00 UTC was skipped: an earlier run was still active: \
+             previous run 40 still running"
+        );
+    }
+
+    #[test]
+    fn queued_runs_throttled_instances_and_backoffs() {
+        let mut input = input(SLOT + MINUTE);
+        input.run = Some(run(
+            &input,
+            RunState::Running,
+            vec![instance(1, "extract", InstanceState::Waiting)],
+        ));
+        input.decisions = vec![Decision {
+            run_id: Some(41),
+            ..decision(DecisionKind::Queued, SLOT, "max active runs 1 reached")
+        }];
+        assert_eq!(
+            explain(&input).tasks[0].text,
+            "run queued: max active runs 1 reached"
+        );
+        input.decisions.push(Decision {
+            at: SLOT + 2 * MINUTE,
+            run_id: Some(41),
+            ..decision(DecisionKind::Dequeued, SLOT, "")
+        });
+        input.decisions.push(Decision {
+            at: SLOT + 3 * MINUTE,
+            run_id: Some(41),
+            instance_id: Some(1),
+            ..decision(DecisionKind::Throttled, SLOT + 3 * MINUTE, "task limit 2")
+        });
+        assert_eq!(explain(&input).tasks[0].text, "throttled: task limit 2");
+
+        let run = input.run.as_mut().unwrap();
+        run.instances[0].not_before = SLOT + 10 * MINUTE;
+        run.instances[0].attempt = 2;
+        assert_eq!(
+            explain(&input).tasks[0].text,
+            "retry waits for its backoff until 2026-01-31 02:40:00 UTC"
+        );
+    }
+
+    #[test]
+    fn dispatched_and_cancelled_runs() {
+        let mut input = input(SLOT + MINUTE);
+        input.run = Some(run(
+            &input,
+            RunState::Cancelled,
+            vec![
+                instance(1, "extract", InstanceState::Success),
+                instance(2, "clean", InstanceState::Cancelled),
+                instance(3, "audit", InstanceState::Dispatched),
+            ],
+        ));
+        let e = explain(&input);
+        assert_eq!(
+            e.tasks[1].text,
+            "was cancelled at 2026-01-31 02:31:00 UTC (attempt 1)"
+        );
+        assert_eq!(
+            e.tasks[2].text,
+            "dispatched to worker w1 since 2026-01-31 02:30:01 UTC"
+        );
+        assert_eq!(e.tasks[3].text, "will not run: upstream clean is CANCELLED");
+    }
+
+    #[test]
+    fn times_are_shown_in_the_workflow_time_zone_and_slots_follow_it() {
+        let mut input = input(SLOT);
+        input.spec.schedule.timezone = "Europe/Paris".into();
+        // 02:30 Paris is 01:30 UTC in winter.
+        let e = explain(&input);
+        assert_eq!(e.schedule.previous_slot, Some(SLOT - HOUR));
+        assert!(
+            e.verdict[0].contains("2026-01-31 02:30:00 CET"),
+            "{:?}",
+            e.verdict
+        );
+    }
+
+    #[test]
+    fn previous_fire_finds_sparse_and_dense_slots() {
+        let tz = chrono_tz::UTC;
+        let yearly = CronSchedule::parse("0 0 1 1 *").unwrap();
+        // 2026-01-01T00:00Z
+        assert_eq!(previous_fire(&yearly, SLOT, tz), Some(1_767_225_600_000));
+        let every_minute = CronSchedule::parse("* * * * *").unwrap();
+        assert_eq!(previous_fire(&every_minute, SLOT + 59_999, tz), Some(SLOT));
+        assert_eq!(previous_fire(&every_minute, SLOT, tz), Some(SLOT));
+    }
+}

@@ -1,0 +1,153 @@
+//! The control API's DAG semantics: `rerun --from TASK`, the status of every task of a run
+//! (`upstream_failed`, `pending`), and the cross-workflow checks at apply.
+
+use std::collections::HashMap;
+
+use ax_core::dependency;
+use ax_core::ids::RunId;
+use ax_core::spec::WorkflowSpec;
+use ax_core::task_status::task_statuses;
+use ax_proto::v1 as pb;
+use ax_store::{InstanceRecord, RerunFrom, RunRecord};
+use tonic::Status;
+
+use super::ControlApi;
+use crate::clock::now_ms;
+use crate::grpc::convert::store_status;
+
+impl ControlApi {
+    /// Reruns `task` of run `id` and everything below it; refuses, changing nothing, an unknown
+    /// run or task (NotFound) and a task that cannot run again now (FailedPrecondition).
+    pub(super) async fn rerun_from_task(
+        &self,
+        id: RunId,
+        task: &str,
+        actor: &str,
+        remote: &str,
+    ) -> Result<pb::Run, Status> {
+        let answer = self
+            .node
+            .store
+            .rerun_from(id, task, now_ms())
+            .await
+            .map_err(store_status)?;
+        let (again, pending) = match answer {
+            RerunFrom::Rerun { again, pending } => (again, pending),
+            RerunFrom::RunNotFound => return Err(Status::not_found(format!("run {id} not found"))),
+            RerunFrom::UnknownTask { tasks } => {
+                return Err(Status::not_found(format!(
+                    "run {id} has no task {task:?}; its tasks are: {}",
+                    tasks.join(", ")
+                )));
+            }
+            RerunFrom::NotRun { state: None } => {
+                return Err(Status::failed_precondition(format!(
+                    "task {task:?} has not run in run {id} (an upstream did not succeed): \
+                     rerun from that upstream instead"
+                )));
+            }
+            RerunFrom::NotRun { state: Some(state) } => {
+                return Err(Status::failed_precondition(format!(
+                    "task {task:?} of run {id} is {state} (waiting for an upstream rerun): \
+                     rerun from that upstream instead"
+                )));
+            }
+            RerunFrom::Active { busy } => {
+                let busy: Vec<String> = busy
+                    .iter()
+                    .map(|(task, state)| format!("{task} is {state}"))
+                    .collect();
+                return Err(Status::failed_precondition(format!(
+                    "run {id} cannot rerun from {task:?} while it or its downstream is still \
+                     active ({}): wait for it or cancel it first",
+                    busy.join(", ")
+                )));
+            }
+        };
+        let detail = format!(
+            "from task {task}: instance {again} again, {} downstream instances pending {pending:?}",
+            pending.len()
+        );
+        self.audit(actor, "rerun", format!("run/{id}"), detail, remote)
+            .await;
+        self.node.dispatch_wake.notify_one();
+        self.node.bump_progress();
+        self.run_message(id).await
+    }
+
+    /// Every task of the run's workflow version, in file order, with its status.
+    pub(super) async fn task_statuses(
+        &self,
+        run: &RunRecord,
+        instances: &[InstanceRecord],
+    ) -> Result<Vec<pb::TaskStatus>, Status> {
+        let version = self
+            .node
+            .store
+            .get_workflow_version(run.workflow_id, run.workflow_version)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| {
+                Status::internal(format!(
+                    "run {} names workflow version {} which is not stored",
+                    run.id, run.workflow_version
+                ))
+            })?;
+        let dag = version
+            .spec
+            .dag()
+            .map_err(|err| Status::internal(format!("stored workflow DAG: {err}")))?;
+        let by_task: HashMap<&str, &InstanceRecord> =
+            instances.iter().map(|i| (i.task.as_str(), i)).collect();
+        let states = instances
+            .iter()
+            .map(|i| (i.task.clone(), i.state))
+            .collect();
+        Ok(task_statuses(&dag, &states)
+            .into_iter()
+            .map(|(task, status)| {
+                let instance = by_task.get(task.as_str());
+                pb::TaskStatus {
+                    status: status.as_str().to_string(),
+                    instance_id: instance.map_or(0, |i| i.id.0),
+                    attempt: instance.map_or(0, |i| i.attempt.0),
+                    task,
+                }
+            })
+            .collect())
+    }
+
+    /// Refuses a `schedule.after` that closes a cycle of workflows (InvalidArgument, the cycle
+    /// spelled out) and returns a warning for each upstream workflow not applied yet.
+    pub(super) async fn check_after(&self, spec: &WorkflowSpec) -> Result<Vec<String>, Status> {
+        if spec.schedule.after.is_empty() {
+            return Ok(Vec::new());
+        }
+        let stored = self
+            .node
+            .store
+            .workflow_dependencies()
+            .await
+            .map_err(store_status)?;
+        dependency::find_cycle(&spec.name, &spec.schedule.after, &stored)
+            .map_err(|err| Status::invalid_argument(err.to_string()))?;
+        let mut warnings = Vec::new();
+        for upstream in &spec.schedule.after {
+            let exists = self
+                .node
+                .store
+                .get_workflow(upstream)
+                .await
+                .map_err(store_status)?
+                .is_some();
+            if !exists {
+                warnings.push(format!(
+                    "schedule.after: workflow {upstream} does not exist yet; {} runs only once it \
+                     is applied and succeeds",
+                    spec.name
+                ));
+            }
+        }
+        Ok(warnings)
+    }
+}

@@ -1,0 +1,577 @@
+//! Concurrency limits and sharded broadcast in the store.
+//!
+//! **Limits.** One `concurrency_slot` row per limited scope counts the instances that hold it.
+//! A claim (`mark_dispatched`) that carries limits locks its instance rows (id order), then the
+//! counter rows of every scope in the batch (scope order), decides each claim in the batch's
+//! order (the dispatcher's priority order): it wins when the instance is still WAITING as that
+//! attempt and every one of its scopes has `used < max`; the winners' scopes are written into
+//! their `held_slots` and the counters raised, all in the claim's transaction. Every path that
+//! moves an instance out of DISPATCHED or RUNNING (a report that ends the attempt or sends it
+//! back to WAITING, a cancel) calls [`release`] in its own transaction, which lowers the counters
+//! of the scopes the instance held and empties its `held_slots`. So, on every backend and with
+//! any number of scheduler nodes, `used` = the instances whose `held_slots` names the scope, and
+//! it never exceeds the limit the claims carried. The cost is one counter row per scope, not a
+//! count over instances. Instance rows are always locked before counter rows.
+//!
+//! **Shards.** See `ax_core::shard`: the parent (shard_slot 0) fans out into shards whose
+//! shard_slot is their own id; only rows with shard_slot 0 count for the run's end and for
+//! downstream readiness, and a shard's end settles its parent.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ax_core::Millis;
+use ax_core::ids::{Attempt, InstanceId, RunId};
+use ax_core::shard::{ShardProgress, parent_outcome};
+use ax_core::state::{Event, InstanceState, Outcome, transition};
+use sqlx::{AnyConnection, Row};
+
+use super::ids::IdKind;
+use super::reports::{InstanceKey, finish_run_if_done, load_key, lock_runs};
+use super::rows::{instance_state, to_u32};
+use super::{SqlStore, placeholders, values_rows};
+use crate::{DecisionRecord, DispatchClaim, Result};
+
+/// The `held_slots` text of a claim: its scopes, one per line.
+pub(crate) fn held_slots(claim: &DispatchClaim) -> String {
+    claim
+        .limits
+        .iter()
+        .map(|limit| limit.scope.as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Claims with limits: decides which claims fit (see the module doc), then applies the winners
+/// through `apply` (the plain conditional claims) and raises the counters of what they took.
+pub(crate) async fn mark_dispatched(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    claims: &[DispatchClaim],
+) -> Result<Vec<bool>> {
+    if claims.iter().all(|claim| claim.limits.is_empty()) {
+        return super::ops::mark_dispatched_tx(c, claims, None).await;
+    }
+    // Instance rows first, in id order (the order every other transaction locks them in).
+    let ids: BTreeSet<i64> = claims.iter().map(|claim| claim.instance_id.0).collect();
+    let sql = format!(
+        "SELECT id, attempt, state FROM task_instance WHERE id IN ({}) ORDER BY id{}",
+        placeholders(ids.len()),
+        store.dialect.for_update()
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for id in &ids {
+        query = query.bind(*id);
+    }
+    let mut current: BTreeMap<i64, (i64, String)> = BTreeMap::new();
+    for row in query.fetch_all(&mut *c).await? {
+        current.insert(
+            row.try_get("id")?,
+            (row.try_get("attempt")?, row.try_get("state")?),
+        );
+    }
+    let scopes: BTreeSet<&str> = claims
+        .iter()
+        .flat_map(|claim| claim.limits.iter().map(|limit| limit.scope.as_str()))
+        .collect();
+    let before = lock_counters(store, c, &scopes).await?;
+    let mut used = before.clone();
+    let mut allowed = vec![false; claims.len()];
+    let mut taken: BTreeSet<i64> = BTreeSet::new();
+    for (i, claim) in claims.iter().enumerate() {
+        let is_current = current
+            .get(&claim.instance_id.0)
+            .is_some_and(|(attempt, state)| {
+                *attempt == i64::from(claim.attempt.0) && state == "WAITING"
+            });
+        if !is_current || taken.contains(&claim.instance_id.0) {
+            continue;
+        }
+        let fits = claim.limits.iter().all(|limit| {
+            used.get(limit.scope.as_str()).copied().unwrap_or(0) < i64::from(limit.max)
+        });
+        if !fits {
+            continue;
+        }
+        for limit in &claim.limits {
+            *used.entry(limit.scope.as_str()).or_insert(0) += 1;
+        }
+        taken.insert(claim.instance_id.0);
+        allowed[i] = true;
+    }
+    let won = super::ops::mark_dispatched_tx(c, claims, Some(&allowed)).await?;
+    // The instances were locked and WAITING, so every allowed claim won; count what did.
+    let mut after = before.clone();
+    for (claim, won) in claims.iter().zip(&won) {
+        if *won {
+            for limit in &claim.limits {
+                *after.entry(limit.scope.as_str()).or_insert(0) += 1;
+            }
+        }
+    }
+    for (scope, value) in &after {
+        if before.get(scope) != Some(value) {
+            sqlx::query("UPDATE concurrency_slot SET used = ? WHERE scope = ?")
+                .bind(*value)
+                .bind(*scope)
+                .execute(&mut *c)
+                .await?;
+        }
+    }
+    Ok(won)
+}
+
+/// Locks the counter rows of `scopes` (creating missing ones at 0) and returns their values.
+async fn lock_counters<'a>(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    scopes: &BTreeSet<&'a str>,
+) -> Result<BTreeMap<&'a str, i64>> {
+    let mut values = read_counters(store, c, scopes, true).await?;
+    let missing: Vec<&str> = scopes
+        .iter()
+        .copied()
+        .filter(|scope| !values.contains_key(scope))
+        .collect();
+    if !missing.is_empty() {
+        let sql = format!(
+            "{} concurrency_slot (scope, used) VALUES {}",
+            store.dialect.insert_ignore(),
+            values_rows(missing.len(), 2)
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for scope in &missing {
+            query = query.bind(*scope).bind(0i64);
+        }
+        query.execute(&mut *c).await?;
+        let missing: BTreeSet<&str> = missing.into_iter().collect();
+        values.extend(read_counters(store, c, &missing, true).await?);
+    }
+    Ok(values)
+}
+
+async fn read_counters<'a>(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    scopes: &BTreeSet<&'a str>,
+    lock: bool,
+) -> Result<BTreeMap<&'a str, i64>> {
+    let mut values = BTreeMap::new();
+    if scopes.is_empty() {
+        return Ok(values);
+    }
+    let sql = format!(
+        "SELECT scope, used FROM concurrency_slot WHERE scope IN ({}) ORDER BY scope{}",
+        placeholders(scopes.len()),
+        if lock { store.dialect.for_update() } else { "" }
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for scope in scopes {
+        query = query.bind(*scope);
+    }
+    for row in query.fetch_all(&mut *c).await? {
+        let scope: String = row.try_get("scope")?;
+        if let Some(&key) = scopes.get(scope.as_str()) {
+            values.insert(key, row.try_get::<i64, _>("used")?);
+        }
+    }
+    Ok(values)
+}
+
+pub(crate) async fn limit_usage(
+    store: &SqlStore,
+    scopes: &[String],
+) -> Result<BTreeMap<String, u32>> {
+    let mut c = store.pool.acquire().await?;
+    let set: BTreeSet<&str> = scopes.iter().map(String::as_str).collect();
+    let values = read_counters(store, &mut c, &set, false).await?;
+    values
+        .into_iter()
+        .map(|(scope, used)| Ok((scope.to_string(), to_u32(used.max(0), "slot usage")?)))
+        .collect()
+}
+
+/// What [`released`] found about instances whose attempt ended.
+struct Ended {
+    id: i64,
+    held: String,
+    parent: Option<i64>,
+}
+
+async fn load_ended(c: &mut AnyConnection, ids: &BTreeSet<i64>) -> Result<Vec<Ended>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT id, held_slots, parent_id FROM task_instance WHERE id IN ({}) ORDER BY id",
+        placeholders(ids.len())
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for id in ids {
+        query = query.bind(*id);
+    }
+    query
+        .fetch_all(&mut *c)
+        .await?
+        .iter()
+        .map(|row| {
+            Ok(Ended {
+                id: row.try_get("id")?,
+                held: row.try_get("held_slots")?,
+                parent: row.try_get("parent_id")?,
+            })
+        })
+        .collect()
+}
+
+/// Gives back the concurrency scopes the instances hold (their attempt ended, or they went back
+/// to WAITING, in the caller's transaction, which has locked their rows).
+pub(crate) async fn release(c: &mut AnyConnection, ids: &[i64]) -> Result<()> {
+    let ids: BTreeSet<i64> = ids.iter().copied().collect();
+    let ended = load_ended(c, &ids).await?;
+    release_loaded(c, &ended).await
+}
+
+async fn release_loaded(c: &mut AnyConnection, ended: &[Ended]) -> Result<()> {
+    let holders: Vec<&Ended> = ended.iter().filter(|e| !e.held.is_empty()).collect();
+    if holders.is_empty() {
+        return Ok(());
+    }
+    let mut counts: BTreeMap<&str, i64> = BTreeMap::new();
+    for holder in &holders {
+        for scope in holder.held.split('\n').filter(|s| !s.is_empty()) {
+            *counts.entry(scope).or_insert(0) += 1;
+        }
+    }
+    let sql = format!(
+        "UPDATE task_instance SET held_slots = '' WHERE id IN ({})",
+        placeholders(holders.len())
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for holder in &holders {
+        query = query.bind(holder.id);
+    }
+    query.execute(&mut *c).await?;
+    for (scope, n) in counts {
+        sqlx::query(
+            "UPDATE concurrency_slot SET used = CASE WHEN used > ? THEN used - ? ELSE 0 END \
+             WHERE scope = ?",
+        )
+        .bind(n)
+        .bind(n)
+        .bind(scope)
+        .execute(&mut *c)
+        .await?;
+    }
+    Ok(())
+}
+
+/// After a batch of reports: the instances whose attempt ended (`ended`: report index,
+/// instance id, its new state) give back their scopes; shards leave the downstream advance to
+/// their parent, and a shard's terminal end settles its parent (a parent that succeeded joins
+/// `succeeded`, so its downstream is created; its run is checked for its end).
+pub(crate) async fn after_attempts_ended(
+    c: &mut AnyConnection,
+    ended: &[(usize, i64, InstanceState)],
+    succeeded: &mut Vec<(usize, InstanceKey)>,
+    touched_runs: &mut Vec<(usize, RunId)>,
+    now: Millis,
+) -> Result<()> {
+    if ended.is_empty() {
+        return Ok(());
+    }
+    let ids: BTreeSet<i64> = ended.iter().map(|(_, id, _)| *id).collect();
+    let loaded = load_ended(c, &ids).await?;
+    release_loaded(c, &loaded).await?;
+    let parents: BTreeMap<i64, i64> = loaded
+        .iter()
+        .filter_map(|e| e.parent.map(|parent| (e.id, parent)))
+        .collect();
+    if parents.is_empty() {
+        return Ok(());
+    }
+    succeeded.retain(|(_, key)| !parents.contains_key(&key.id.0));
+    let mut settle: BTreeMap<i64, usize> = BTreeMap::new();
+    for (index, id, state) in ended {
+        if state.is_terminal()
+            && let Some(parent) = parents.get(id)
+        {
+            settle.insert(*parent, *index);
+        }
+    }
+    for (parent, index) in settle {
+        if let Some((key, state)) = settle_parent(c, parent, now).await? {
+            touched_runs.push((index, key.run_id));
+            if state == InstanceState::Success {
+                succeeded.push((index, key));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Ends a RUNNING parent by its shards ([`parent_outcome`]); returns it and its new state when
+/// it ended now.
+pub(crate) async fn settle_parent(
+    c: &mut AnyConnection,
+    parent: i64,
+    now: Millis,
+) -> Result<Option<(InstanceKey, InstanceState)>> {
+    let row = sqlx::query("SELECT attempt, state, shard_total FROM task_instance WHERE id = ?")
+        .bind(parent)
+        .fetch_optional(&mut *c)
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    if instance_state(&row.try_get::<String, _>("state")?)? != InstanceState::Running {
+        return Ok(None);
+    }
+    let attempt: i64 = row.try_get("attempt")?;
+    let total: Option<i64> = row.try_get("shard_total")?;
+    let mut progress = ShardProgress {
+        total: to_u32(total.unwrap_or(0), "shard total")?,
+        ..ShardProgress::default()
+    };
+    let counts = sqlx::query(
+        "SELECT state, COUNT(*) AS n FROM task_instance \
+         WHERE parent_id = ? AND parent_attempt = ? GROUP BY state",
+    )
+    .bind(parent)
+    .bind(attempt)
+    .fetch_all(&mut *c)
+    .await?;
+    for row in counts {
+        let n = to_u32(row.try_get("n")?, "shard count")?;
+        match instance_state(&row.try_get::<String, _>("state")?)? {
+            InstanceState::Success => progress.succeeded += n,
+            InstanceState::Failed | InstanceState::Timeout => progress.failed += n,
+            InstanceState::Cancelled => progress.cancelled += n,
+            _ => {}
+        }
+    }
+    let Some(end) = parent_outcome(progress) else {
+        return Ok(None);
+    };
+    // The shards' verdict is the parent's Finish (or Cancel) in the transition table.
+    let event = match end {
+        InstanceState::Cancelled => Event::Cancel,
+        state => Event::Finish {
+            outcome: if state == InstanceState::Success {
+                Outcome::Success
+            } else {
+                Outcome::Failed
+            },
+            retries_left: false,
+        },
+    };
+    let Ok(next) = transition(InstanceState::Running, event) else {
+        return Ok(None);
+    };
+    let end = next.to;
+    let done = sqlx::query(
+        "UPDATE task_instance SET state = ?, finished_at = ? \
+         WHERE id = ? AND attempt = ? AND state = 'RUNNING'",
+    )
+    .bind(end.as_str())
+    .bind(now)
+    .bind(parent)
+    .bind(attempt)
+    .execute(&mut *c)
+    .await?;
+    if done.rows_affected() != 1 {
+        return Ok(None);
+    }
+    Ok(load_key(c, InstanceId(parent)).await?.map(|key| (key, end)))
+}
+
+/// After a single instance was cancelled: when it is a shard, its parent is settled.
+pub(crate) async fn settle_parent_of(
+    c: &mut AnyConnection,
+    id: InstanceId,
+    now: Millis,
+) -> Result<()> {
+    let parent: Option<i64> = sqlx::query("SELECT parent_id FROM task_instance WHERE id = ?")
+        .bind(id.0)
+        .fetch_optional(&mut *c)
+        .await?
+        .map(|row| row.try_get("parent_id"))
+        .transpose()?
+        .flatten();
+    if let Some(parent) = parent {
+        settle_parent(c, parent, now).await?;
+    }
+    Ok(())
+}
+
+pub(crate) async fn fan_out_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    parent: InstanceId,
+    attempt: Attempt,
+    workers: &[String],
+    now: Millis,
+) -> Result<bool> {
+    if workers.is_empty() {
+        return Ok(false);
+    }
+    let Some(key) = load_key(c, parent).await? else {
+        return Ok(false);
+    };
+    lock_runs(store, c, &BTreeSet::from([key.run_id.0])).await?;
+    let Ok(next) = transition(InstanceState::Waiting, Event::FanOut) else {
+        return Ok(false);
+    };
+    let total = workers.len() as i64;
+    let done = sqlx::query(
+        "UPDATE task_instance SET state = ?, started_at = ?, shard_total = ? \
+         WHERE id = ? AND attempt = ? AND state = 'WAITING' AND shard_slot = 0",
+    )
+    .bind(next.to.as_str())
+    .bind(now)
+    .bind(total)
+    .bind(parent.0)
+    .bind(i64::from(attempt.0))
+    .execute(&mut *c)
+    .await?;
+    if done.rows_affected() != 1 {
+        return Ok(false);
+    }
+    let priority: i64 = sqlx::query("SELECT priority FROM task_instance WHERE id = ?")
+        .bind(parent.0)
+        .fetch_one(&mut *c)
+        .await?
+        .try_get("priority")?;
+    let ids = store.take_ids(c, IdKind::Instance, workers.len()).await?;
+    let sql = format!(
+        "INSERT INTO task_instance (id, run_id, workflow_id, workflow_version, task_name, state, \
+         attempt, priority, not_before, created_at, parent_id, parent_attempt, shard_index, \
+         shard_total, pinned_worker, shard_slot) VALUES {}",
+        values_rows(workers.len(), 16)
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for (index, (id, worker)) in ids.iter().zip(workers).enumerate() {
+        query = query
+            .bind(*id)
+            .bind(key.run_id.0)
+            .bind(key.workflow_id.0)
+            .bind(key.version)
+            .bind(key.task.as_str())
+            .bind(InstanceState::Waiting.as_str())
+            .bind(1i64)
+            .bind(priority)
+            .bind(now)
+            .bind(now)
+            .bind(parent.0)
+            .bind(i64::from(attempt.0))
+            .bind(index as i64)
+            .bind(total)
+            .bind(worker.as_str())
+            .bind(*id);
+    }
+    query.execute(&mut *c).await?;
+    Ok(true)
+}
+
+pub(crate) async fn fail_shard_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    id: InstanceId,
+    attempt: Attempt,
+    reason: &str,
+    now: Millis,
+) -> Result<bool> {
+    let Some(key) = load_key(c, id).await? else {
+        return Ok(false);
+    };
+    lock_runs(store, c, &BTreeSet::from([key.run_id.0])).await?;
+    let row = sqlx::query("SELECT parent_id, pinned_worker FROM task_instance WHERE id = ?")
+        .bind(id.0)
+        .fetch_one(&mut *c)
+        .await?;
+    let parent: Option<i64> = row.try_get("parent_id")?;
+    let worker: Option<String> = row.try_get("pinned_worker")?;
+    let Some(parent) = parent else {
+        return Ok(false);
+    };
+    let Ok(next) = transition(InstanceState::Waiting, Event::PinnedWorkerGone) else {
+        return Ok(false);
+    };
+    let done = sqlx::query(
+        "UPDATE task_instance SET state = ?, finished_at = ? \
+         WHERE id = ? AND attempt = ? AND state = 'WAITING'",
+    )
+    .bind(next.to.as_str())
+    .bind(now)
+    .bind(id.0)
+    .bind(i64::from(attempt.0))
+    .execute(&mut *c)
+    .await?;
+    if done.rows_affected() != 1 {
+        return Ok(false);
+    }
+    let updated = sqlx::query(
+        "UPDATE task_attempt SET state = ?, finished_at = ?, message = ? \
+         WHERE instance_id = ? AND attempt = ?",
+    )
+    .bind(next.to.as_str())
+    .bind(now)
+    .bind(reason)
+    .bind(id.0)
+    .bind(i64::from(attempt.0))
+    .execute(&mut *c)
+    .await?;
+    if updated.rows_affected() == 0 {
+        sqlx::query(
+            "INSERT INTO task_attempt (instance_id, attempt, state, worker_id, finished_at, \
+             log_lines, message) VALUES (?, ?, 'FAILED', ?, ?, 0, ?)",
+        )
+        .bind(id.0)
+        .bind(i64::from(attempt.0))
+        .bind(worker)
+        .bind(now)
+        .bind(reason)
+        .execute(&mut *c)
+        .await?;
+    }
+    settle_parent(c, parent, now).await?;
+    finish_run_if_done(store, c, key.run_id, now).await?;
+    Ok(true)
+}
+
+pub(crate) async fn record_decisions_once_tx(
+    c: &mut AnyConnection,
+    decisions: &[DecisionRecord],
+) -> Result<u32> {
+    let mut stored = 0;
+    for d in decisions {
+        let Some(instance) = d.instance_id else {
+            continue;
+        };
+        let seen = sqlx::query(
+            "SELECT id FROM decision_log WHERE instance_id = ? AND kind = ? AND detail = ? LIMIT 1",
+        )
+        .bind(instance.0)
+        .bind(d.kind.as_str())
+        .bind(d.detail.as_str())
+        .fetch_optional(&mut *c)
+        .await?;
+        if seen.is_some() {
+            continue;
+        }
+        sqlx::query(
+            "INSERT INTO decision_log (at, workflow_id, slot_at, run_id, instance_id, task_name, \
+             kind, detail, node_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(d.at)
+        .bind(d.workflow_id.0)
+        .bind(d.slot_at)
+        .bind(d.run_id.map(|id| id.0))
+        .bind(instance.0)
+        .bind(d.task.as_deref())
+        .bind(d.kind.as_str())
+        .bind(d.detail.as_str())
+        .bind(d.node_id.as_str())
+        .execute(&mut *c)
+        .await?;
+        stored += 1;
+    }
+    Ok(stored)
+}

@@ -1,0 +1,366 @@
+//! The run queue: whether a new run starts or waits QUEUED (decided by
+//! `ax_core::firing::start_or_queue` inside the run-creation transaction), and the promotion of
+//! queued runs when a run ends by any path.
+//!
+//! Race-free across scheduler nodes: on MySQL the workflow row is locked (`FOR UPDATE`) before
+//! the active and same-key runs are counted, so two nodes creating or promoting runs of one
+//! workflow take turns; SQLite serializes writers anyway. Lock order is run rows, then the
+//! workflow row, as in the report path, and a queued run is started by a conditional update
+//! (`state = 'QUEUED'`), so a concurrent cancel of that run wins or loses cleanly.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ax_core::Millis;
+use ax_core::decision::DecisionKind;
+use ax_core::firing::{Admission, QueueReason, RunLimits, RunLoad, start_or_queue};
+use ax_core::ids::{RunId, WorkflowId};
+use ax_core::spec::{ConcurrencySpec, OverlapPolicy, ScheduleSpec, TriggerKind};
+use sqlx::{AnyConnection, Row};
+
+use super::ids::IdKind;
+use super::rows::{corrupt, to_u32};
+use super::{SqlStore, values_rows};
+use crate::Result;
+
+/// Rows per multi-row insert.
+const INSERT_CHUNK: usize = 500;
+/// Queued runs looked at per promotion.
+const PROMOTE_SCAN: i64 = 500;
+/// `run.run_key` is a VARCHAR(191): longer keys are cut (two keys that share their first 191
+/// characters then share a limit: stricter, never looser).
+const MAX_KEY_CHARS: usize = 191;
+/// The decision log's node column for decisions the store makes inside a transaction.
+const STORE_NODE: &str = "store";
+
+/// What the queue needs from a workflow's latest version.
+#[derive(serde::Deserialize, Default)]
+struct LimitsSpec {
+    #[serde(default)]
+    schedule: ScheduleSpec,
+    #[serde(default)]
+    concurrency: ConcurrencySpec,
+}
+
+pub(crate) struct Limits {
+    limits: RunLimits,
+    concurrency: ConcurrencySpec,
+}
+
+impl Limits {
+    /// Whether any run of the workflow could ever wait.
+    fn limited(&self) -> bool {
+        self.limits.max_active_runs > 0
+            || self.limits.max_runs_per_key.is_some()
+            || self.limits.overlap == OverlapPolicy::Queue
+    }
+
+    pub(crate) fn run_key(&self, params: &BTreeMap<String, String>) -> Option<String> {
+        self.concurrency
+            .run_key(params)
+            .map(|key| key.chars().take(MAX_KEY_CHARS).collect())
+    }
+}
+
+/// Cron and dependency fires obey overlap `queue`; manual, API and backfill runs only the caps.
+fn scheduled(trigger: TriggerKind) -> bool {
+    matches!(trigger, TriggerKind::Cron | TriggerKind::Dependency)
+}
+
+pub(crate) async fn limits(c: &mut AnyConnection, workflow_id: WorkflowId) -> Result<Limits> {
+    let row = sqlx::query(
+        "SELECT v.spec_json FROM workflow w JOIN workflow_version v \
+         ON v.workflow_id = w.id AND v.version = w.latest_version WHERE w.id = ?",
+    )
+    .bind(workflow_id.0)
+    .fetch_optional(&mut *c)
+    .await?;
+    let spec: LimitsSpec = match row {
+        Some(row) => serde_json::from_str(&row.try_get::<String, _>("spec_json")?)
+            .map_err(|err| corrupt(format!("stored workflow spec: {err}")))?,
+        None => LimitsSpec::default(),
+    };
+    let max_runs_per_key = spec
+        .concurrency
+        .key
+        .is_some()
+        .then_some(spec.concurrency.max_runs_per_key.max(1));
+    Ok(Limits {
+        limits: RunLimits {
+            overlap: spec.schedule.overlap,
+            max_active_runs: spec.schedule.max_active_runs,
+            max_runs_per_key,
+        },
+        concurrency: spec.concurrency,
+    })
+}
+
+async fn lock_workflow(store: &SqlStore, c: &mut AnyConnection, id: WorkflowId) -> Result<()> {
+    let sql = format!(
+        "SELECT id FROM workflow WHERE id = ?{}",
+        store.dialect.for_update()
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id.0)
+        .fetch_optional(&mut *c)
+        .await?;
+    Ok(())
+}
+
+/// Runs of the workflow in `state` (with `key` when given; only unscheduled ones when
+/// `unscheduled_only`).
+async fn count(
+    c: &mut AnyConnection,
+    workflow_id: WorkflowId,
+    state: &str,
+    key: Option<&str>,
+    unscheduled_only: bool,
+) -> Result<u32> {
+    let mut sql = String::from("SELECT COUNT(*) AS n FROM run WHERE workflow_id = ? AND state = ?");
+    if key.is_some() {
+        sql.push_str(" AND run_key = ?");
+    }
+    if unscheduled_only {
+        sql.push_str(" AND trigger_type NOT IN ('cron', 'dependency')");
+    }
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(workflow_id.0)
+        .bind(state);
+    if let Some(key) = key {
+        query = query.bind(key);
+    }
+    let n: i64 = query.fetch_one(&mut *c).await?.try_get("n")?;
+    to_u32(n, "run count")
+}
+
+/// The decision for a run about to be created: `(start?, run key, reason when queued)`.
+/// Locks the workflow row first when the workflow has limits.
+pub(crate) async fn admit(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    workflow_id: WorkflowId,
+    trigger: TriggerKind,
+    params: &BTreeMap<String, String>,
+) -> Result<(Admission, Option<String>)> {
+    let limits = limits(c, workflow_id).await?;
+    let key = limits.run_key(params);
+    if !limits.limited() {
+        return Ok((Admission::Start, key));
+    }
+    lock_workflow(store, c, workflow_id).await?;
+    let active = count(c, workflow_id, "RUNNING", None, false).await?;
+    // A manual, API or backfill run does not wait behind scheduled fires that are queued only
+    // by overlap `queue` (with room under the caps, that is the only reason they can wait).
+    let unscheduled_only = !scheduled(trigger);
+    let (active_same_key, queued_ahead) = match &key {
+        Some(key) => (
+            count(c, workflow_id, "RUNNING", Some(key), false).await?,
+            count(c, workflow_id, "QUEUED", Some(key), unscheduled_only).await?,
+        ),
+        None => (
+            active,
+            count(c, workflow_id, "QUEUED", None, unscheduled_only).await?,
+        ),
+    };
+    let load = RunLoad {
+        active,
+        active_same_key,
+        queued_ahead,
+    };
+    Ok((start_or_queue(limits.limits, scheduled(trigger), load), key))
+}
+
+/// Inserts a WAITING attempt-1 instance for each root task of the version; returns how many.
+pub(crate) async fn insert_roots(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    workflow_id: WorkflowId,
+    version: i64,
+    run_id: i64,
+    now: Millis,
+) -> Result<u32> {
+    let roots = sqlx::query(
+        "SELECT name, priority FROM task_definition \
+         WHERE workflow_id = ? AND version = ? AND upstream_count = 0 ORDER BY name",
+    )
+    .bind(workflow_id.0)
+    .bind(version)
+    .fetch_all(&mut *c)
+    .await?;
+    let ids = store.take_ids(c, IdKind::Instance, roots.len()).await?;
+    let roots: Vec<_> = roots.iter().zip(ids).collect();
+    for chunk in roots.chunks(INSERT_CHUNK) {
+        let sql = format!(
+            "INSERT INTO task_instance (id, run_id, workflow_id, workflow_version, task_name, \
+             state, attempt, priority, not_before, created_at) VALUES {}",
+            values_rows(chunk.len(), 10)
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (row, id) in chunk {
+            query = query
+                .bind(*id)
+                .bind(run_id)
+                .bind(workflow_id.0)
+                .bind(version)
+                .bind(row.try_get::<String, _>("name")?)
+                .bind("WAITING")
+                .bind(1i64)
+                .bind(row.try_get::<i64, _>("priority")?)
+                .bind(now)
+                .bind(now);
+        }
+        query.execute(&mut *c).await?;
+    }
+    Ok(roots.len() as u32)
+}
+
+pub(crate) async fn record(
+    c: &mut AnyConnection,
+    workflow_id: WorkflowId,
+    run_id: RunId,
+    slot_at: Millis,
+    kind: DecisionKind,
+    detail: &str,
+    now: Millis,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO decision_log (at, workflow_id, slot_at, run_id, instance_id, task_name, \
+         kind, detail, node_id) VALUES (?, ?, ?, ?, NULL, NULL, ?, ?, ?)",
+    )
+    .bind(now)
+    .bind(workflow_id.0)
+    .bind(slot_at)
+    .bind(run_id.0)
+    .bind(kind.as_str())
+    .bind(detail)
+    .bind(STORE_NODE)
+    .execute(&mut *c)
+    .await?;
+    Ok(())
+}
+
+/// Starts the oldest queued runs of the run's workflow that now fit, in creation order, and
+/// returns them. Called in the transaction that ended a run (or cancelled a queued one).
+pub(crate) async fn promote_after(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    ended_run: RunId,
+    now: Millis,
+) -> Result<Vec<RunId>> {
+    let row = sqlx::query("SELECT workflow_id FROM run WHERE id = ?")
+        .bind(ended_run.0)
+        .fetch_optional(&mut *c)
+        .await?;
+    let Some(row) = row else {
+        return Ok(Vec::new());
+    };
+    let workflow_id = WorkflowId(row.try_get("workflow_id")?);
+    promote(store, c, workflow_id, now).await
+}
+
+pub(crate) async fn promote(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    workflow_id: WorkflowId,
+    now: Millis,
+) -> Result<Vec<RunId>> {
+    let queued_sql = "SELECT id, run_key, trigger_type, workflow_version, logical_time FROM run \
+                      WHERE workflow_id = ? AND state = 'QUEUED' ORDER BY id LIMIT ?";
+    // Most workflows never queue: one indexed read and out, without the workflow lock.
+    let any = sqlx::query(queued_sql)
+        .bind(workflow_id.0)
+        .bind(1i64)
+        .fetch_optional(&mut *c)
+        .await?;
+    if any.is_none() {
+        return Ok(Vec::new());
+    }
+    lock_workflow(store, c, workflow_id).await?;
+    let queued = sqlx::query(queued_sql)
+        .bind(workflow_id.0)
+        .bind(PROMOTE_SCAN)
+        .fetch_all(&mut *c)
+        .await?;
+    let limits = limits(c, workflow_id).await?;
+    let mut active = count(c, workflow_id, "RUNNING", None, false).await?;
+    let mut per_key: BTreeMap<String, u32> = BTreeMap::new();
+    if limits.limits.max_runs_per_key.is_some() {
+        let rows = sqlx::query(
+            "SELECT run_key, COUNT(*) AS n FROM run WHERE workflow_id = ? AND state = 'RUNNING' \
+             AND run_key IS NOT NULL GROUP BY run_key",
+        )
+        .bind(workflow_id.0)
+        .fetch_all(&mut *c)
+        .await?;
+        for row in rows {
+            per_key.insert(
+                row.try_get("run_key")?,
+                to_u32(row.try_get("n")?, "run count")?,
+            );
+        }
+    }
+    // Keys (None = the whole workflow, unkeyed) with an older queued run still waiting: for
+    // every run, or (overlap `queue`) for scheduled fires only.
+    let mut blocked: BTreeSet<Option<String>> = BTreeSet::new();
+    let mut blocked_scheduled: BTreeSet<Option<String>> = BTreeSet::new();
+    let mut promoted = Vec::new();
+    for row in queued {
+        let id = RunId(row.try_get("id")?);
+        let key: Option<String> = row.try_get("run_key")?;
+        let trigger: String = row.try_get("trigger_type")?;
+        let trigger = TriggerKind::parse(&trigger)
+            .ok_or_else(|| corrupt(format!("unknown trigger type {trigger:?}")))?;
+        let keyed = limits.limits.max_runs_per_key.is_some();
+        let slot = if keyed { key.clone() } else { None };
+        let active_same_key = if keyed {
+            key.as_ref()
+                .map_or(0, |k| per_key.get(k).copied().unwrap_or(0))
+        } else {
+            active
+        };
+        let ahead =
+            blocked.contains(&slot) || (scheduled(trigger) && blocked_scheduled.contains(&slot));
+        let load = RunLoad {
+            active,
+            active_same_key,
+            queued_ahead: u32::from(ahead),
+        };
+        if let Admission::Queue(reason) = start_or_queue(limits.limits, scheduled(trigger), load) {
+            if reason == QueueReason::Overlap {
+                blocked_scheduled.insert(slot);
+            } else {
+                blocked.insert(slot);
+            }
+            if limits.limits.max_active_runs > 0 && active >= limits.limits.max_active_runs {
+                break;
+            }
+            continue;
+        }
+        let done =
+            sqlx::query("UPDATE run SET state = 'RUNNING' WHERE id = ? AND state = 'QUEUED'")
+                .bind(id.0)
+                .execute(&mut *c)
+                .await?;
+        if done.rows_affected() != 1 {
+            continue;
+        }
+        let version: i64 = row.try_get("workflow_version")?;
+        insert_roots(store, c, workflow_id, version, id.0, now).await?;
+        active += 1;
+        if let Some(k) = &key {
+            *per_key.entry(k.clone()).or_default() += 1;
+        }
+        let logical_time: Millis = row.try_get("logical_time")?;
+        record(
+            c,
+            workflow_id,
+            id,
+            logical_time,
+            DecisionKind::Dequeued,
+            &format!("run {id} started: {active} active runs now"),
+            now,
+        )
+        .await?;
+        promoted.push(id);
+    }
+    Ok(promoted)
+}

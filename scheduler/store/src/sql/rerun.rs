@@ -1,0 +1,170 @@
+//! `axctl rerun RUN --from TASK`: the task and everything below it run again as new attempts,
+//! and the advance wakes the PENDING instances a rerun leaves behind.
+//!
+//! The chosen task's instance goes to WAITING as attempt + 1; every instance below it that ran
+//! goes to PENDING with its attempt (and that attempt's record) untouched; tasks below it that
+//! never got an instance stay without one. The advance then treats a PENDING instance like a
+//! missing one: once all its upstreams succeeded again it becomes WAITING as attempt + 1
+//! ([`wake_pending`]), so the advance stays O(direct downstream).
+
+use std::collections::{BTreeSet, HashMap};
+
+use ax_core::Millis;
+use ax_core::ids::{Attempt, InstanceId, RunId};
+use ax_core::state::{Event, InstanceState, transition};
+use sqlx::{AnyConnection, Row};
+
+use super::reports::lock_runs;
+use super::rows::{corrupt, instance_state, to_u32};
+use super::{SqlStore, placeholders};
+use crate::{RerunFrom, Result};
+
+/// The new attempt's columns when an instance goes back to WAITING.
+const FRESH_ATTEMPT: &str = "attempt = attempt + 1, worker_id = NULL, not_before = ?, \
+     started_at = NULL, finished_at = NULL, exit_code = NULL, last_heartbeat_at = NULL";
+
+pub(crate) async fn rerun_from_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    run: RunId,
+    task: &str,
+    now: Millis,
+) -> Result<RerunFrom> {
+    lock_runs(store, c, &BTreeSet::from([run.0])).await?;
+    let row = sqlx::query(
+        "SELECT v.spec_json FROM run r JOIN workflow_version v \
+         ON v.workflow_id = r.workflow_id AND v.version = r.workflow_version WHERE r.id = ?",
+    )
+    .bind(run.0)
+    .fetch_optional(&mut *c)
+    .await?;
+    let Some(row) = row else {
+        return Ok(RerunFrom::RunNotFound);
+    };
+    let spec: ax_core::spec::WorkflowSpec =
+        serde_json::from_str(&row.try_get::<String, _>("spec_json")?)
+            .map_err(|err| corrupt(format!("stored workflow spec: {err}")))?;
+    let dag = spec
+        .dag()
+        .map_err(|err| corrupt(format!("stored workflow DAG: {err}")))?;
+    if !dag.contains(task) {
+        return Ok(RerunFrom::UnknownTask {
+            tasks: dag.tasks().to_vec(),
+        });
+    }
+    let affected = dag.downstream_closure(task);
+    let sql = format!(
+        "SELECT id, task_name, state, attempt FROM task_instance \
+         WHERE run_id = ? AND task_name IN ({})",
+        placeholders(affected.len())
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(run.0);
+    for name in &affected {
+        query = query.bind(*name);
+    }
+    let mut instances: HashMap<String, (InstanceId, InstanceState, Attempt)> = HashMap::new();
+    for row in query.fetch_all(&mut *c).await? {
+        instances.insert(
+            row.try_get("task_name")?,
+            (
+                InstanceId(row.try_get("id")?),
+                instance_state(&row.try_get::<String, _>("state")?)?,
+                Attempt(to_u32(row.try_get("attempt")?, "attempt")?),
+            ),
+        );
+    }
+    let busy: Vec<(String, InstanceState)> = affected
+        .iter()
+        .filter_map(|name| {
+            let (_, state, _) = instances.get(*name)?;
+            state.is_active().then(|| (name.to_string(), *state))
+        })
+        .collect();
+    if !busy.is_empty() {
+        return Ok(RerunFrom::Active { busy });
+    }
+    let Some(&(id, state, attempt)) = instances.get(task) else {
+        return Ok(RerunFrom::NotRun { state: None });
+    };
+    if transition(state, Event::RerunFrom).is_err() {
+        return Ok(RerunFrom::NotRun { state: Some(state) });
+    }
+    if !move_to(c, id, attempt, state, InstanceState::Waiting, now).await? {
+        return Err(corrupt("instance moved under the run lock"));
+    }
+    let mut pending = Vec::new();
+    for name in affected.iter().skip(1) {
+        let Some(&(id, state, attempt)) = instances.get(*name) else {
+            continue;
+        };
+        if transition(state, Event::UpstreamRerun).is_err() {
+            // Already PENDING from an earlier rerun.
+            continue;
+        }
+        if move_to(c, id, attempt, state, InstanceState::Pending, now).await? {
+            pending.push(id);
+        }
+    }
+    sqlx::query(
+        "UPDATE run SET state = 'RUNNING', finished_at = NULL, cancel_requested = 0 \
+         WHERE id = ? AND state <> 'RUNNING'",
+    )
+    .bind(run.0)
+    .execute(&mut *c)
+    .await?;
+    Ok(RerunFrom::Rerun { again: id, pending })
+}
+
+/// One conditional move of an instance for a rerun: to WAITING as its next attempt, or to
+/// PENDING keeping its attempt.
+async fn move_to(
+    c: &mut AnyConnection,
+    id: InstanceId,
+    attempt: Attempt,
+    from: InstanceState,
+    to: InstanceState,
+    now: Millis,
+) -> Result<bool> {
+    let sets = if to == InstanceState::Waiting {
+        format!(", {FRESH_ATTEMPT}")
+    } else {
+        String::new()
+    };
+    let sql = format!(
+        "UPDATE task_instance SET state = ?{sets} WHERE id = ? AND attempt = ? AND state = ?"
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(to.as_str());
+    if to == InstanceState::Waiting {
+        query = query.bind(now);
+    }
+    let done = query
+        .bind(id.0)
+        .bind(i64::from(attempt.0))
+        .bind(from.as_str())
+        .execute(&mut *c)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The advance found every upstream of `task` succeeded in `run`, but its instance exists: if it
+/// is PENDING (it ran before a rerun from above), it becomes WAITING as its next attempt.
+/// Returns how many instances it woke (0 or 1).
+pub(crate) async fn wake_pending(
+    c: &mut AnyConnection,
+    run: RunId,
+    task: &str,
+    now: Millis,
+) -> Result<u32> {
+    debug_assert!(transition(InstanceState::Pending, Event::UpstreamsReady).is_ok());
+    let sql = format!(
+        "UPDATE task_instance SET state = 'WAITING', {FRESH_ATTEMPT} \
+         WHERE run_id = ? AND task_name = ? AND state = 'PENDING'"
+    );
+    let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(now)
+        .bind(run.0)
+        .bind(task)
+        .execute(&mut *c)
+        .await?;
+    Ok(u32::try_from(done.rows_affected()).unwrap_or(u32::MAX))
+}

@@ -219,7 +219,14 @@ pub fn workflow_detail(w: &pb::Workflow) -> String {
     let mut tasks = Table::new(&["TASK", "UPSTREAM", "RETRIES", "TIMEOUT", "COMMAND"]);
     for t in &w.tasks {
         let command = if t.argv.is_empty() {
-            t.command.clone()
+            // A table row is one line: a script shows its first line (`-o yaml` has it all).
+            let mut lines = t.command.trim().lines();
+            let first = lines.next().unwrap_or_default().to_string();
+            if lines.next().is_some() {
+                format!("{first} …")
+            } else {
+                first
+            }
         } else {
             t.argv.join(" ")
         };
@@ -241,9 +248,21 @@ pub fn workflow_detail(w: &pb::Workflow) -> String {
     }
     out.push_str(&tasks.render());
     if !w.next_fires_ms.is_empty() {
+        let zone = w
+            .schedule
+            .as_ref()
+            .and_then(|s| s.timezone.parse::<chrono_tz::Tz>().ok())
+            .unwrap_or(chrono_tz::UTC);
         out.push_str("\nNext fires:\n");
         for ms in w.next_fires_ms.iter().take(5) {
-            out.push_str(&format!("  {}\n", time(*ms)));
+            let in_zone = chrono::DateTime::from_timestamp_millis(*ms)
+                .map(|t| {
+                    t.with_timezone(&zone)
+                        .format("%Y-%m-%d %H:%M:%S %Z")
+                        .to_string()
+                })
+                .unwrap_or_else(|| "-".into());
+            out.push_str(&format!("  {in_zone}  ({} local)\n", time(*ms)));
         }
     }
     out

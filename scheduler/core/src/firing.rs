@@ -418,7 +418,11 @@ pub fn start_or_queue(limits: RunLimits, scheduled: bool, load: RunLoad) -> Admi
 /// Why a backfill was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BackfillError {
-    #[error("backfill range is reversed: from {from} is after to {to}")]
+    #[error(
+        "backfill range is reversed: from {} is after to {}",
+        crate::rfc3339(*from),
+        crate::rfc3339(*to)
+    )]
     Reversed { from: Millis, to: Millis },
     #[error("backfill range has more than {max} slots; narrow the range or raise --max")]
     TooMany { max: u32 },

@@ -25,3 +25,12 @@ pub mod why;
 
 /// Milliseconds since the Unix epoch, UTC. The one representation of an instant in ax.
 pub type Millis = i64;
+
+/// An instant as people and logs read it: RFC 3339 in UTC, to the second
+/// (`2026-11-30T02:30:00Z`); the raw number when it is out of chrono's range.
+pub fn rfc3339(at: Millis) -> String {
+    chrono::DateTime::from_timestamp_millis(at).map_or_else(
+        || at.to_string(),
+        |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    )
+}

@@ -762,7 +762,10 @@ impl ControlService for ControlApi {
         if !request.dry_run {
             let detail = format!(
                 "{} .. {}: {} runs created, {} slots already had one",
-                request.from_ms, request.to_ms, response.created, response.existing
+                ax_core::rfc3339(request.from_ms),
+                ax_core::rfc3339(request.to_ms),
+                response.created,
+                response.existing
             );
             self.audit(
                 &request.actor,

@@ -64,9 +64,11 @@ impl ControlApi {
                 )));
             }
         };
+        let pending: Vec<String> = pending.iter().map(ToString::to_string).collect();
         let detail = format!(
-            "from task {task}: instance {again} again, {} downstream instances pending {pending:?}",
-            pending.len()
+            "from task {task}: instance {again} again, {} downstream instances pending ({})",
+            pending.len(),
+            pending.join(", ")
         );
         self.audit(actor, "rerun", format!("run/{id}"), detail, remote)
             .await;

@@ -38,6 +38,7 @@ on_every_backend!(
     why_before_the_first_slot_and_after_a_fired_run_of_a_paused_workflow,
     why_names_the_upstream_a_task_waits_on_and_the_labels_no_worker_has,
     why_shows_a_decision_recorded_in_the_store,
+    why_explains_real_throttling_queueing_and_overlap_skips,
     audit_lists_every_mutating_call_with_actor_and_address,
 );
 
@@ -534,6 +535,134 @@ async fn why_shows_a_decision_recorded_in_the_store(backend: Backend) {
     let why = json(&cluster, &["why", "daily", "--at", "2026-02-01T02:31"]).await;
     assert_eq!(why["decisions"], serde_json::json!([]), "{why}");
     drop(store);
+    cluster.shutdown().await.expect("shutdown");
+}
+
+/// The task of `why`'s JSON answer named `name`.
+fn why_task(why: &serde_json::Value, name: &str) -> serde_json::Value {
+    why["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .find(|t| t["task"] == name)
+        .unwrap_or_else(|| panic!("{name} in {why}"))
+        .clone()
+}
+
+/// Polls `axctl why WORKFLOW -o json` until `done` holds (or fails after [`TIMEOUT`]).
+async fn wait_why(
+    cluster: &Cluster,
+    workflow: &str,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let why = json(cluster, &["why", workflow]).await;
+        if done(&why) {
+            return why;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{workflow}: {what} not explained: {why}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Decisions the scheduler itself makes (no rows inserted by the test) reach `axctl why`: an
+/// instance held back by a task limit, a run queued behind max_active_runs, cron slots dropped
+/// by the overlap policy `skip`.
+async fn why_explains_real_throttling_queueing_and_overlap_skips(backend: Backend) {
+    let Some(cluster) = cluster(backend).await else {
+        return;
+    };
+    // A task limit of 1: the second run's instance waits for the first.
+    apply(
+        &cluster,
+        "limited",
+        "name: limited\ntasks:\n  - name: work\n    command: \"sleep 30\"\n    concurrency: 1\n",
+    )
+    .await;
+    let first = trigger(&cluster, "limited").await;
+    wait_instances(&cluster, first, "work running", |i| {
+        state(i.get("work")) == Some(pb::InstanceState::Running)
+    })
+    .await;
+    let second = trigger(&cluster, "limited").await;
+    let why = wait_why(&cluster, "limited", "the throttled instance", |why| {
+        why["run"]["id"] == second && why_task(why, "work")["reason"] == "throttled"
+    })
+    .await;
+    assert_eq!(
+        why_task(&why, "work")["text"],
+        "throttled: task limit 1 reached",
+        "{why}"
+    );
+    let text = ok(&cluster, &["why", "limited"]).await;
+    assert!(text.contains("throttled: task limit 1 reached"), "{text}");
+
+    // max_active_runs 1: the second run is created QUEUED and says why.
+    apply(
+        &cluster,
+        "serial",
+        "name: serial\nschedule:\n  max_active_runs: 1\ntasks:\n  - name: step\n    command: \"sleep 30\"\n",
+    )
+    .await;
+    let active = trigger(&cluster, "serial").await;
+    wait_instances(&cluster, active, "step running", |i| {
+        state(i.get("step")) == Some(pb::InstanceState::Running)
+    })
+    .await;
+    let queued = trigger(&cluster, "serial").await;
+    let why = wait_why(&cluster, "serial", "the queued run", |why| {
+        why["run"]["id"] == queued
+    })
+    .await;
+    let step = why_task(&why, "step");
+    assert_eq!(step["reason"], "queued", "{why}");
+    assert_eq!(
+        step["text"], "run queued: max_active_runs 1 reached",
+        "{why}"
+    );
+    assert!(
+        why["decisions"]
+            .as_array()
+            .expect("decisions")
+            .iter()
+            .any(|d| d["kind"] == "queued"),
+        "{why}"
+    );
+
+    // Every second, overlap skip, a task of 30 s: the slots after the first are skipped.
+    apply(
+        &cluster,
+        "ticker",
+        "name: ticker\nschedule:\n  cron: \"* * * * * *\"\n  overlap: skip\ntasks:\n  - name: tick\n    command: \"sleep 30\"\n",
+    )
+    .await;
+    let why = wait_why(&cluster, "ticker", "a skipped slot", |why| {
+        why["decisions"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|d| d["kind"] == "skipped_overlap"))
+    })
+    .await;
+    let text = ok(&cluster, &["why", "ticker"]).await;
+    assert!(text.contains("skipped_overlap"), "{text}\n{why}");
+    ok(&cluster, &["pause", "ticker"]).await;
+    let runs = cluster
+        .control()
+        .await
+        .expect("control client")
+        .list_runs(pb::ListRunsRequest {
+            workflow: "ticker".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("list runs")
+        .into_inner()
+        .runs;
+    assert_eq!(runs.len(), 1, "overlap skip keeps one run: {runs:?}");
     cluster.shutdown().await.expect("shutdown");
 }
 

@@ -632,6 +632,13 @@ fn run_tasks(
                     )
                 } else if run.state.is_terminal() {
                     ("PENDING", Reason::RunEnded { state: run.state })
+                } else if run.state == RunState::Queued {
+                    // A queued run has no instances until it starts.
+                    let detail = queued.map_or_else(
+                        || "waiting for a run slot".to_string(),
+                        |d| d.detail.clone(),
+                    );
+                    ("PENDING", Reason::Queued { detail })
                 } else {
                     let upstream = task
                         .upstream
@@ -1175,6 +1182,28 @@ mod tests {
             explain(&input).tasks[0].text,
             "retry waits for its backoff until 2026-01-31 02:40:00 UTC"
         );
+    }
+
+    #[test]
+    fn a_queued_run_without_instances_says_it_is_queued() {
+        let mut input = input(SLOT + MINUTE);
+        input.run = Some(run(&input, RunState::Queued, Vec::new()));
+        let e = explain(&input);
+        assert!(
+            e.tasks
+                .iter()
+                .all(|t| t.text == "run queued: waiting for a run slot")
+        );
+        input.decisions = vec![Decision {
+            run_id: Some(41),
+            ..decision(DecisionKind::Queued, SLOT, "max_active_runs 1 reached")
+        }];
+        let e = explain(&input);
+        assert!(!e.tasks.is_empty());
+        for task in &e.tasks {
+            assert_eq!(task.state, "PENDING");
+            assert_eq!(task.text, "run queued: max_active_runs 1 reached");
+        }
     }
 
     #[test]

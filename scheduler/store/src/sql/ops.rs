@@ -303,7 +303,8 @@ pub(crate) async fn create_run_tx(
     }
     if let Admission::Queue(reason) = admission {
         // A queued run has no instances until it is promoted (`queue::promote`).
-        let detail = format!("run {run_id} queued: {}", reason.describe());
+        // The decision names the run already; the detail says why.
+        let detail = reason.describe();
         queue::record(
             c,
             run.workflow_id,

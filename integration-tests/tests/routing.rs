@@ -173,6 +173,17 @@ tasks:
         .find(|i| i.task == "shards" && i.attempts.is_empty())
         .expect("the sharded task's instance");
     assert_eq!(state(parent), pb::InstanceState::Success);
+    // The API names each shard's parent, index and total; the parent is no shard.
+    assert_eq!(parent.shard_total, 0);
+    let mut indexes: Vec<u32> = shards
+        .iter()
+        .map(|s| {
+            assert_eq!((s.shard_parent_id, s.shard_total), (parent.id, 3), "{s:?}");
+            s.shard_index
+        })
+        .collect();
+    indexes.sort();
+    assert_eq!(indexes, [0, 1, 2]);
     let after = instances
         .iter()
         .find(|i| i.task == "after")

@@ -378,6 +378,15 @@ fn exit_text(code: Option<i32>) -> String {
     code.map_or("-".into(), |c| c.to_string())
 }
 
+/// A shard of a sharded broadcast task shows its index: `collect [shard 2/3]` (1-based).
+fn task_label(i: &pb::Instance) -> String {
+    if i.shard_total > 0 {
+        format!("{} [shard {}/{}]", i.task, i.shard_index + 1, i.shard_total)
+    } else {
+        i.task.clone()
+    }
+}
+
 pub fn instances_table(instances: &[pb::Instance]) -> String {
     let mut table = Table::new(&[
         "ID", "TASK", "STATE", "ATTEMPT", "WORKER", "EXIT", "STARTED", "DURATION",
@@ -385,7 +394,7 @@ pub fn instances_table(instances: &[pb::Instance]) -> String {
     for i in instances {
         table.row(vec![
             i.id.to_string(),
-            i.task.clone(),
+            task_label(i),
             instance_state(i.state),
             i.attempt.to_string(),
             or_dash(&i.worker_id),
@@ -416,7 +425,7 @@ pub fn run_tasks_table(instances: &[pb::Instance], tasks: &[pb::TaskStatus]) -> 
         };
         table.row(vec![
             i.id.to_string(),
-            i.task.clone(),
+            task_label(i),
             state,
             i.attempt.to_string(),
             or_dash(&i.worker_id),

@@ -213,5 +213,8 @@ pub fn instance(record: &InstanceRecord, attempts: &[AttemptRecord]) -> pb::Inst
         exit_code: record.exit_code,
         attempts: attempts.iter().map(attempt).collect(),
         priority: record.priority,
+        shard_parent_id: record.shard.as_ref().map_or(0, |s| s.parent.0),
+        shard_index: record.shard.as_ref().map_or(0, |s| s.index),
+        shard_total: record.shard.as_ref().map_or(0, |s| s.total),
     }
 }

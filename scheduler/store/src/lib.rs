@@ -124,6 +124,9 @@ pub struct InstanceRecord {
     pub started_at: Option<Millis>,
     pub finished_at: Option<Millis>,
     pub exit_code: Option<i32>,
+    /// Set on a shard of a `sharded_broadcast` task: its parent instance, index, total and the
+    /// worker it is pinned to.
+    pub shard: Option<Shard>,
 }
 
 /// One try of an instance; never erased by a retry.
@@ -255,6 +258,7 @@ pub struct ActiveAttempt {
 
 /// The answer to a manual retry of one instance.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // one per manual retry: size does not matter here
 pub enum ManualRetry {
     /// The instance is WAITING again as its next attempt; its run is running again.
     Retried(InstanceRecord),

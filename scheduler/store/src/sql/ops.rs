@@ -1034,9 +1034,8 @@ impl Store for SqlStore {
              WHERE ti.state = 'WAITING' AND ti.not_before <= ? \
              ORDER BY ti.priority DESC, ti.id LIMIT ?",
             rows::INSTANCE_SELECT.replace(
-                "ti.exit_code FROM",
-                "ti.exit_code, r.logical_time, r.params_json, ti.parent_id, ti.shard_index, \
-                 ti.shard_total, ti.pinned_worker FROM"
+                "ti.exit_code,",
+                "ti.exit_code, r.logical_time, r.params_json,"
             )
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -1047,26 +1046,10 @@ impl Store for SqlStore {
         rows.iter()
             .map(|row| {
                 let params: String = row.try_get("params_json")?;
-                let parent: Option<i64> = row.try_get("parent_id")?;
-                let shard = match parent {
-                    Some(parent) => Some(crate::Shard {
-                        parent: InstanceId(parent),
-                        index: to_u32(
-                            row.try_get::<Option<i64>, _>("shard_index")?.unwrap_or(0),
-                            "shard index",
-                        )?,
-                        total: to_u32(
-                            row.try_get::<Option<i64>, _>("shard_total")?.unwrap_or(0),
-                            "shard total",
-                        )?,
-                        worker: row
-                            .try_get::<Option<String>, _>("pinned_worker")?
-                            .unwrap_or_default(),
-                    }),
-                    None => None,
-                };
+                let instance = rows::instance(row)?;
+                let shard = instance.shard.clone();
                 Ok(WaitingInstance {
-                    instance: rows::instance(row)?,
+                    instance,
                     logical_time: row.try_get("logical_time")?,
                     params: map_json(&params, "run params")?,
                     shard,

@@ -12,8 +12,8 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::{
-    AttemptRecord, AuditRecord, DecisionRecord, InstanceRecord, Result, RunRecord, StoreError,
-    WorkerRecord, WorkflowRecord,
+    AttemptRecord, AuditRecord, DecisionRecord, InstanceRecord, Result, RunRecord, Shard,
+    StoreError, WorkerRecord, WorkflowRecord,
 };
 
 pub(crate) const WORKFLOW_SELECT: &str = "SELECT w.id, w.name, w.paused, w.created_at, \
@@ -28,7 +28,8 @@ pub(crate) const RUN_SELECT: &str = "SELECT r.id, r.workflow_id, w.name AS workf
 pub(crate) const INSTANCE_SELECT: &str = "SELECT ti.id, ti.run_id, ti.workflow_id, \
      w.name AS workflow_name, ti.workflow_version, ti.task_name, ti.state, ti.attempt, \
      ti.worker_id, ti.priority, ti.not_before, ti.created_at, ti.started_at, ti.finished_at, \
-     ti.exit_code FROM task_instance ti JOIN workflow w ON w.id = ti.workflow_id";
+     ti.exit_code, ti.parent_id, ti.shard_index, ti.shard_total, ti.pinned_worker \
+     FROM task_instance ti JOIN workflow w ON w.id = ti.workflow_id";
 
 pub(crate) const ATTEMPT_SELECT: &str = "SELECT instance_id, attempt, state, worker_id, \
      dispatched_at, started_at, finished_at, exit_code, signal_num, pid, log_lines, message \
@@ -132,7 +133,26 @@ pub(crate) fn instance(row: &AnyRow) -> Result<InstanceRecord> {
         started_at: row.try_get("started_at")?,
         finished_at: row.try_get("finished_at")?,
         exit_code: opt_i32(row.try_get("exit_code")?, "exit code")?,
+        shard: shard(row)?,
     })
+}
+
+/// The shard facts of a sharded broadcast task's shard instance; `None` for any other.
+fn shard(row: &AnyRow) -> Result<Option<Shard>> {
+    let Some(parent) = row.try_get::<Option<i64>, _>("parent_id")? else {
+        return Ok(None);
+    };
+    let number = |column: &str| -> Result<u32> {
+        to_u32(row.try_get::<Option<i64>, _>(column)?.unwrap_or(0), column)
+    };
+    Ok(Some(Shard {
+        parent: InstanceId(parent),
+        index: number("shard_index")?,
+        total: number("shard_total")?,
+        worker: row
+            .try_get::<Option<String>, _>("pinned_worker")?
+            .unwrap_or_default(),
+    }))
 }
 
 pub(crate) fn attempt(row: &AnyRow) -> Result<AttemptRecord> {

@@ -2077,3 +2077,4 @@ fn mysql_server_url_strips_the_database() {
 mod advance_cost;
 mod dispatch;
 mod queue;
+mod fixstore;

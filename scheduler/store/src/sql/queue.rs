@@ -265,7 +265,14 @@ pub(crate) async fn promote(
 ) -> Result<Vec<RunId>> {
     let queued_sql = "SELECT id, run_key, trigger_type, workflow_version, logical_time FROM run \
                       WHERE workflow_id = ? AND state = 'QUEUED' ORDER BY id LIMIT ?";
-    // Most workflows never queue: one indexed read and out, without the workflow lock.
+    // The workflow row is locked before the check, always (one primary-key lock): a run being
+    // created concurrently holds it from its count to its commit, so either this check waits
+    // and then sees that run QUEUED, or the creator waits and then counts this run ended.
+    // Checked without the lock (READ COMMITTED), a run queued behind the ending run would stay
+    // QUEUED with nothing running. Not only when the latest version has limits: queued runs of
+    // an earlier, limited version must still start after an apply removed the limits.
+    lock_workflow(store, c, workflow_id).await?;
+    // Most workflows never queue: one indexed read (migration 0007) and out.
     let any = sqlx::query(queued_sql)
         .bind(workflow_id.0)
         .bind(1i64)
@@ -274,7 +281,6 @@ pub(crate) async fn promote(
     if any.is_none() {
         return Ok(Vec::new());
     }
-    lock_workflow(store, c, workflow_id).await?;
     let queued = sqlx::query(queued_sql)
         .bind(workflow_id.0)
         .bind(PROMOTE_SCAN)

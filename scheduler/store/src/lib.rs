@@ -290,6 +290,11 @@ pub enum RerunFrom {
     Active {
         busy: Vec<(String, InstanceState)>,
     },
+    /// Sharded tasks of the task or below it still have shards going (task, how many): their
+    /// instance ended on a failed shard while the others still run.
+    ShardsActive {
+        shards: Vec<(String, u32)>,
+    },
 }
 
 /// What an applied report changed, so the engine knows whom to wake.

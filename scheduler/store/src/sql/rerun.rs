@@ -53,9 +53,11 @@ pub(crate) async fn rerun_from_tx(
         });
     }
     let affected = dag.downstream_closure(task);
+    // Task instances only (shard_slot 0): a sharded task's shards carry its name too, and its
+    // instance (the parent) is what goes back to WAITING or PENDING, to fan out again.
     let sql = format!(
         "SELECT id, task_name, state, attempt FROM task_instance \
-         WHERE run_id = ? AND task_name IN ({})",
+         WHERE run_id = ? AND shard_slot = 0 AND task_name IN ({}) ORDER BY id",
         placeholders(affected.len())
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(run.0);
@@ -82,6 +84,16 @@ pub(crate) async fn rerun_from_tx(
         .collect();
     if !busy.is_empty() {
         return Ok(RerunFrom::Active { busy });
+    }
+    // A sharded task that failed on its first failed shard may still have shards going: its
+    // next attempt would fan out beside them.
+    let parents: Vec<(String, InstanceId)> = affected
+        .iter()
+        .filter_map(|name| instances.get(*name).map(|(id, _, _)| (name.to_string(), *id)))
+        .collect();
+    let shards = unfinished_shards(c, &parents).await?;
+    if !shards.is_empty() {
+        return Ok(RerunFrom::ShardsActive { shards });
     }
     let Some(&(id, state, attempt)) = instances.get(task) else {
         return Ok(RerunFrom::NotRun { state: None });
@@ -113,6 +125,35 @@ pub(crate) async fn rerun_from_tx(
     .execute(&mut *c)
     .await?;
     Ok(RerunFrom::Rerun { again: id, pending })
+}
+
+/// For each of `parents` (task, instance) with shards still WAITING, DISPATCHED or RUNNING:
+/// the task and how many (one statement, by `idx_task_instance_parent`).
+pub(crate) async fn unfinished_shards(
+    c: &mut AnyConnection,
+    parents: &[(String, InstanceId)],
+) -> Result<Vec<(String, u32)>> {
+    if parents.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT parent_id, COUNT(*) AS n FROM task_instance WHERE parent_id IN ({}) \
+         AND state IN ('WAITING', 'DISPATCHED', 'RUNNING') GROUP BY parent_id ORDER BY parent_id",
+        placeholders(parents.len())
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for (_, id) in parents {
+        query = query.bind(id.0);
+    }
+    let mut out = Vec::new();
+    for row in query.fetch_all(&mut *c).await? {
+        let parent = InstanceId(row.try_get("parent_id")?);
+        let n = to_u32(row.try_get("n")?, "shard count")?;
+        if let Some((task, _)) = parents.iter().find(|(_, id)| *id == parent) {
+            out.push((task.clone(), n));
+        }
+    }
+    Ok(out)
 }
 
 /// One conditional move of an instance for a rerun: to WAITING as its next attempt, or to
@@ -158,7 +199,7 @@ pub(crate) async fn wake_pending(
     debug_assert!(transition(InstanceState::Pending, Event::UpstreamsReady).is_ok());
     let sql = format!(
         "UPDATE task_instance SET state = 'WAITING', {FRESH_ATTEMPT} \
-         WHERE run_id = ? AND task_name = ? AND state = 'PENDING'"
+         WHERE run_id = ? AND task_name = ? AND shard_slot = 0 AND state = 'PENDING'"
     );
     let done = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(now)

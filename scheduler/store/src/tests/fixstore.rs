@@ -11,7 +11,11 @@ use ax_core::state::{InstanceState, Outcome};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-conformance!(a_run_ending_while_another_is_queued_never_strands_the_queued_run,);
+conformance!(
+    a_run_ending_while_another_is_queued_never_strands_the_queued_run,
+    rerun_from_moves_a_sharded_task_s_instance_not_its_shards_and_it_fans_out_again,
+    rerun_from_refuses_while_a_sharded_task_still_has_shards_going,
+);
 
 mod scenarios {
     use super::*;
@@ -141,5 +145,174 @@ mod scenarios {
             );
             running = now;
         }
+    }
+
+    /// `a → s (sharded broadcast) → d`.
+    pub(super) fn sharded(name: &str) -> WorkflowSpec {
+        let mut s = task("s", &["a"]);
+        s.routing = Routing::ShardedBroadcast;
+        spec(name, vec![task("a", &[]), s, task("d", &["s"])])
+    }
+
+    pub(super) async fn by_task(s: &dyn Store, run: RunId, name: &str) -> InstanceRecord {
+        s.list_instances(run)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|i| i.task == name && i.shard.is_none())
+            .unwrap_or_else(|| panic!("no instance of {name}"))
+    }
+
+    /// The WAITING shards of `parent`, by shard index.
+    pub(super) async fn shards_of(s: &dyn Store, parent: InstanceId) -> Vec<WaitingInstance> {
+        let mut shards: Vec<WaitingInstance> = s
+            .waiting(T0 + 1_000_000, 1000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|w| w.shard.as_ref().is_some_and(|sh| sh.parent == parent))
+            .collect();
+        shards.sort_by_key(|w| w.shard.as_ref().unwrap().index);
+        shards
+    }
+
+    /// Fans the parent out to three workers; returns its shards.
+    pub(super) async fn fan_out(
+        s: &dyn Store,
+        parent: InstanceId,
+        attempt: Attempt,
+    ) -> Vec<WaitingInstance> {
+        let workers: Vec<String> = ["w1", "w2", "w3"].map(String::from).to_vec();
+        assert!(s.fan_out(parent, attempt, &workers, T0).await.unwrap());
+        let shards = shards_of(s, parent).await;
+        assert_eq!(shards.len(), 3);
+        shards
+    }
+
+    pub(super) async fn run_shard(s: &dyn Store, shard: &WaitingInstance, outcome: Outcome) {
+        let worker = shard.shard.as_ref().unwrap().worker.clone();
+        let (id, attempt) = (shard.instance.id, shard.instance.attempt);
+        start(s, id, attempt, &worker).await;
+        s.apply_reports(&[finished(id, attempt, outcome)], T0)
+            .await
+            .unwrap();
+    }
+
+    /// A run of `sharded` through `a` and a fan-out of `s`: (run, s's instance, its shards).
+    pub(super) async fn sharded_run(
+        s: &dyn Store,
+        wf: &WorkflowRecord,
+    ) -> (RunId, InstanceId, Vec<WaitingInstance>) {
+        let run = s.create_run(&manual(wf)).await.unwrap().0.id;
+        let a = by_task(s, run, "a").await;
+        run_to(s, a.id, a.attempt, Outcome::Success).await;
+        let parent = by_task(s, run, "s").await;
+        let shards = fan_out(s, parent.id, parent.attempt).await;
+        (run, parent.id, shards)
+    }
+
+    /// Finding 2: a rerun reads task instances only; a sharded task's instance goes back to
+    /// WAITING (or PENDING below the rerun task) and fans out again, its old shards untouched.
+    pub(super) async fn rerun_from_moves_a_sharded_task_s_instance_not_its_shards_and_it_fans_out_again(
+        ctx: Ctx,
+    ) {
+        let s = ctx.s();
+        let wf = apply(s, &sharded("wf")).await;
+        let (run, parent, shards) = sharded_run(s, &wf).await;
+        for shard in &shards {
+            run_shard(s, shard, Outcome::Success).await;
+        }
+        let d = by_task(s, run, "d").await;
+        run_to(s, d.id, d.attempt, Outcome::Success).await;
+        assert_eq!(run_state(s, run).await, RunState::Success);
+
+        // From above the sharded task: its instance waits as PENDING, not a shard.
+        let a = by_task(s, run, "a").await;
+        match s.rerun_from(run, "a", T0 + 10).await.unwrap() {
+            RerunFrom::Rerun { again, pending } => {
+                assert_eq!(again, a.id);
+                assert_eq!(pending, vec![parent, d.id]);
+            }
+            other => panic!("{other:?}"),
+        }
+        for shard in &shards {
+            assert_eq!(
+                instance(s, shard.instance.id).await.state,
+                InstanceState::Success
+            );
+        }
+        assert_eq!(instance(s, parent).await.state, InstanceState::Pending);
+        run_to(s, a.id, Attempt(2), Outcome::Success).await;
+        let woken = instance(s, parent).await;
+        assert_eq!(
+            (woken.state, woken.attempt),
+            (InstanceState::Waiting, Attempt(2))
+        );
+        let again = fan_out(s, parent, Attempt(2)).await;
+        assert!(again.iter().all(|w| w.instance.id != shards[0].instance.id));
+        for shard in &again {
+            run_shard(s, shard, Outcome::Success).await;
+        }
+        assert_eq!(instance(s, parent).await.state, InstanceState::Success);
+        let d_again = instance(s, d.id).await;
+        assert_eq!(
+            (d_again.state, d_again.attempt),
+            (InstanceState::Waiting, Attempt(2))
+        );
+        run_to(s, d.id, Attempt(2), Outcome::Success).await;
+        assert_eq!(run_state(s, run).await, RunState::Success);
+
+        // From the sharded task itself: its instance again, as attempt 3.
+        match s.rerun_from(run, "s", T0 + 20).await.unwrap() {
+            RerunFrom::Rerun { again, pending } => {
+                assert_eq!(again, parent);
+                assert_eq!(pending, vec![d.id]);
+            }
+            other => panic!("{other:?}"),
+        }
+        let third = fan_out(s, parent, Attempt(3)).await;
+        for shard in &third {
+            run_shard(s, shard, Outcome::Success).await;
+        }
+        run_to(s, d.id, Attempt(3), Outcome::Success).await;
+        assert_eq!(run_state(s, run).await, RunState::Success);
+    }
+
+    /// Finding 2: a sharded task that failed on its first failed shard while the others still
+    /// go cannot be rerun (nor anything above it) until they end.
+    pub(super) async fn rerun_from_refuses_while_a_sharded_task_still_has_shards_going(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &sharded("wf")).await;
+        let (run, parent, shards) = sharded_run(s, &wf).await;
+        run_shard(s, &shards[0], Outcome::Failed).await;
+        start(s, shards[1].instance.id, Attempt(1), "w2").await;
+        assert_eq!(instance(s, parent).await.state, InstanceState::Failed);
+        assert_eq!(run_state(s, run).await, RunState::Running);
+        for from in ["s", "a"] {
+            assert_eq!(
+                s.rerun_from(run, from, T0 + 10).await.unwrap(),
+                RerunFrom::ShardsActive {
+                    shards: vec![("s".to_string(), 2)]
+                },
+                "rerun from {from}"
+            );
+        }
+        // Nothing moved.
+        assert_eq!(instance(s, parent).await.attempt, Attempt(1));
+        assert_eq!(by_task(s, run, "a").await.attempt, Attempt(1));
+        // Once the shards ended, the rerun goes.
+        s.apply_reports(
+            &[finished(shards[1].instance.id, Attempt(1), Outcome::Success)],
+            T0,
+        )
+        .await
+        .unwrap();
+        run_shard(s, &shards[2], Outcome::Success).await;
+        assert_eq!(run_state(s, run).await, RunState::Failed);
+        match s.rerun_from(run, "s", T0 + 20).await.unwrap() {
+            RerunFrom::Rerun { again, .. } => assert_eq!(again, parent),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(run_state(s, run).await, RunState::Running);
     }
 }

@@ -363,7 +363,9 @@ async fn run_by_dedup(c: &mut AnyConnection, run: &NewRun) -> Result<Option<RunR
     row.as_ref().map(rows::run).transpose()
 }
 
-/// Cancels one unfinished instance and its current attempt row; returns whether it did.
+/// Cancels one unfinished instance and its current attempt row; returns whether it did. The
+/// caller gives back its concurrency scopes (`dispatch::release`) once, after all its cancels:
+/// instance rows first, counter rows after, as in the claim.
 async fn cancel_one(
     c: &mut AnyConnection,
     id: InstanceId,
@@ -393,29 +395,38 @@ async fn cancel_one(
     .bind(i64::from(attempt.0))
     .execute(&mut *c)
     .await?;
-    super::dispatch::release(c, &[id.0]).await?;
     Ok(true)
 }
 
 /// Cancelling a sharded task's instance cancels its unfinished shards too. Their workers are not
 /// told at once: a shard's next report (a task heartbeat, its end) is refused, and a refused
 /// report makes the worker kill it.
-async fn cancel_shards_of(c: &mut AnyConnection, parent: InstanceId, now: Millis) -> Result<()> {
+/// Returns the cancelled shards, whose scopes the caller releases.
+pub(crate) async fn cancel_shards_of(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    parent: InstanceId,
+    now: Millis,
+) -> Result<Vec<i64>> {
     let sql = format!(
         "SELECT id, attempt, state FROM task_instance WHERE parent_id = ? AND state IN {UNFINISHED} \
-         ORDER BY id"
+         ORDER BY id{}",
+        store.dialect.for_update()
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(parent.0)
         .fetch_all(&mut *c)
         .await?;
+    let mut cancelled = Vec::new();
     for row in rows {
         let id = InstanceId(row.try_get("id")?);
         let attempt = Attempt(to_u32(row.try_get("attempt")?, "attempt")?);
         let state = instance_state(&row.try_get::<String, _>("state")?)?;
-        cancel_one(c, id, attempt, state, now).await?;
+        if cancel_one(c, id, attempt, state, now).await? {
+            cancelled.push(id.0);
+        }
     }
-    Ok(())
+    Ok(cancelled)
 }
 
 fn was_started(state: InstanceState) -> bool {
@@ -439,20 +450,30 @@ async fn cancel_run_tx(
         .bind(id.0)
         .execute(&mut *c)
         .await?;
+    // A locking read in id order (the claim's order: instance rows, then counter rows): a claim
+    // WAITING → DISPATCHED committing meanwhile is waited for and then read as DISPATCHED, so
+    // its instance is cancelled and its worker told, instead of the conditional cancel missing
+    // it (a plain READ COMMITTED read would still say WAITING).
     let sql = format!(
         "SELECT id, attempt, state, worker_id FROM task_instance \
-         WHERE run_id = ? AND state IN {UNFINISHED} ORDER BY id"
+         WHERE run_id = ? AND state IN {UNFINISHED} ORDER BY id{}",
+        store.dialect.for_update()
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(id.0)
         .fetch_all(&mut *c)
         .await?;
     let mut killed = Vec::new();
+    let mut cancelled = Vec::new();
     for row in rows {
         let instance = InstanceId(row.try_get("id")?);
         let attempt = Attempt(to_u32(row.try_get("attempt")?, "attempt")?);
         let state = instance_state(&row.try_get::<String, _>("state")?)?;
-        if cancel_one(c, instance, attempt, state, now).await? && was_started(state) {
+        if !cancel_one(c, instance, attempt, state, now).await? {
+            return Err(corrupt("a locked instance moved during cancel"));
+        }
+        cancelled.push(instance.0);
+        if was_started(state) {
             killed.push(CancelledAttempt {
                 instance_id: instance,
                 attempt,
@@ -460,6 +481,7 @@ async fn cancel_run_tx(
             });
         }
     }
+    super::dispatch::release(c, &cancelled).await?;
     // A QUEUED run has no instances: it simply ends CANCELLED.
     sqlx::query(
         "UPDATE run SET state = 'CANCELLED', finished_at = ? WHERE id = ? \
@@ -497,7 +519,10 @@ async fn cancel_instance_tx(
             });
         }
         super::dispatch::settle_parent_of(c, id, now).await?;
-        cancel_shards_of(c, id, now).await?;
+        let mut cancelled = cancel_shards_of(store, c, id, now).await?;
+        cancelled.push(id.0);
+        // Counter rows after every instance row, once.
+        super::dispatch::release(c, &cancelled).await?;
         finish_run_if_done(store, c, key.run_id, now).await?;
     }
     let record = instance_by_id(c, id).await?;
@@ -1031,7 +1056,7 @@ impl Store for SqlStore {
     async fn waiting(&self, now: Millis, limit: u32) -> Result<Vec<WaitingInstance>> {
         let sql = format!(
             "{} JOIN run r ON r.id = ti.run_id \
-             WHERE ti.state = 'WAITING' AND ti.not_before <= ? \
+             WHERE ti.state = 'WAITING' AND ti.not_before <= ? AND r.state = 'RUNNING' \
              ORDER BY ti.priority DESC, ti.id LIMIT ?",
             rows::INSTANCE_SELECT.replace(
                 "ti.exit_code,",

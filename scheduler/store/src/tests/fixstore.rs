@@ -15,6 +15,7 @@ conformance!(
     a_run_ending_while_another_is_queued_never_strands_the_queued_run,
     rerun_from_moves_a_sharded_task_s_instance_not_its_shards_and_it_fans_out_again,
     rerun_from_refuses_while_a_sharded_task_still_has_shards_going,
+    a_claim_racing_cancel_run_is_cancelled_and_its_worker_told,
 );
 
 mod scenarios {
@@ -314,5 +315,61 @@ mod scenarios {
             other => panic!("{other:?}"),
         }
         assert_eq!(run_state(s, run).await, RunState::Running);
+    }
+
+    /// Finding 3: node B claims a run's instances while node A cancels the run. Whatever the
+    /// interleaving, no instance stays DISPATCHED, and every claim that won is in the kill list.
+    pub(super) async fn a_claim_racing_cancel_run_is_cancelled_and_its_worker_told(ctx: Ctx) {
+        let a: Arc<dyn Store> = ctx.store.clone();
+        let b: Arc<dyn Store> = Arc::new(SqlStore::connect(&ctx.url).await.unwrap());
+        let tasks = (0..8).map(|i| task(&format!("t{i}"), &[])).collect();
+        let wf = apply(a.as_ref(), &spec("wide", tasks)).await;
+        for round in 0..30 {
+            let run = a.create_run(&manual(&wf)).await.unwrap().0.id;
+            let instances = a.list_instances(run).await.unwrap();
+            let claims: Vec<DispatchClaim> = instances
+                .iter()
+                .map(|i| claim(i.id, i.attempt, "w1"))
+                .collect();
+            let claimer = {
+                let b = b.clone();
+                tokio::spawn(async move {
+                    let mut won = Vec::new();
+                    // One claim per transaction, as the dispatcher of a busy node may.
+                    for claim in claims {
+                        if b.mark_dispatched(std::slice::from_ref(&claim)).await.unwrap()[0] {
+                            won.push(claim.instance_id);
+                        }
+                    }
+                    won
+                })
+            };
+            let canceller = {
+                let a = a.clone();
+                tokio::spawn(async move { a.cancel_run(run, T0).await.unwrap().unwrap() })
+            };
+            let won = claimer.await.unwrap();
+            let killed: Vec<InstanceId> = canceller
+                .await
+                .unwrap()
+                .iter()
+                .map(|k| k.instance_id)
+                .collect();
+            assert_eq!(run_state(a.as_ref(), run).await, RunState::Cancelled);
+            for inst in a.list_instances(run).await.unwrap() {
+                assert_eq!(
+                    inst.state,
+                    InstanceState::Cancelled,
+                    "round {round}: instance {} escaped the cancel (claims won {won:?}, killed {killed:?})",
+                    inst.id
+                );
+            }
+            for id in &won {
+                assert!(
+                    killed.contains(id),
+                    "round {round}: {id} was dispatched but its worker was not told: {killed:?}"
+                );
+            }
+        }
     }
 }

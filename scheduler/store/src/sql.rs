@@ -14,6 +14,7 @@ mod queue;
 mod reports;
 mod rerun;
 mod rows;
+mod shard_retry;
 
 use std::path::Path;
 use std::str::FromStr;

@@ -20,7 +20,7 @@ use super::{SqlStore, is_unique_violation, placeholders, values_rows, write_tx};
 use crate::{
     ActiveAttempt, ApplyOutcome, AttemptRecord, AuditFilter, AuditRecord, Backend,
     CancelledAttempt, DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord,
-    LogChunk, LogStream, ManualRetry, NewRun, Report, ReportResult, Result, RunRecord, Store,
+    LogChunk, LogStream, ManualRetry, NewRun, RerunFailed, Report, ReportResult, Result, RunRecord, Store,
     StoredLine, WaitingInstance, WorkerRecord, WorkflowRecord,
 };
 
@@ -572,6 +572,9 @@ async fn retry_instance_tx(
     let Some(key) = load_key(c, id).await? else {
         return Ok(ManualRetry::NotFound);
     };
+    if let Some(refused) = super::shard_retry::refuse_retry(c, id).await? {
+        return Ok(refused);
+    }
     if !retry_one(c, &key, now).await? {
         return Ok(ManualRetry::NotRetryable(key.state));
     }
@@ -586,7 +589,7 @@ async fn rerun_failed_tx(
     c: &mut AnyConnection,
     run: RunId,
     now: Millis,
-) -> Result<Option<Vec<InstanceId>>> {
+) -> Result<Option<RerunFailed>> {
     lock_runs(store, c, &BTreeSet::from([run.0])).await?;
     if run_by_id(c, run).await?.is_none() {
         return Ok(None);
@@ -598,16 +601,26 @@ async fn rerun_failed_tx(
     .bind(run.0)
     .fetch_all(&mut *c)
     .await?;
+    let ids: Vec<InstanceId> = ids
+        .iter()
+        .map(|row| Ok(InstanceId(row.try_get("id")?)))
+        .collect::<Result<_>>()?;
+    let shards_active = super::shard_retry::shards_going(c, &ids).await?;
     let mut retried = Vec::new();
-    for row in ids {
-        let id = InstanceId(row.try_get("id")?);
+    for id in ids {
+        if shards_active.iter().any(|(parent, _)| *parent == id) {
+            continue;
+        }
         if let Some(key) = load_key(c, id).await?
             && retry_one(c, &key, now).await?
         {
             retried.push(id);
         }
     }
-    Ok(Some(retried))
+    Ok(Some(RerunFailed {
+        retried,
+        shards_active,
+    }))
 }
 
 /// The conditional claims; with `allowed`, only the claims it allows are tried (the limits said
@@ -1087,7 +1100,7 @@ impl Store for SqlStore {
         write_tx!(self, |c| retry_instance_tx(self, c, id, now))
     }
 
-    async fn rerun_failed(&self, run: RunId, now: Millis) -> Result<Option<Vec<InstanceId>>> {
+    async fn rerun_failed(&self, run: RunId, now: Millis) -> Result<Option<RerunFailed>> {
         write_tx!(self, |c| rerun_failed_tx(self, c, run, now))
     }
 

@@ -133,27 +133,15 @@ pub(crate) async fn unfinished_shards(
     c: &mut AnyConnection,
     parents: &[(String, InstanceId)],
 ) -> Result<Vec<(String, u32)>> {
-    if parents.is_empty() {
-        return Ok(Vec::new());
-    }
-    let sql = format!(
-        "SELECT parent_id, COUNT(*) AS n FROM task_instance WHERE parent_id IN ({}) \
-         AND state IN ('WAITING', 'DISPATCHED', 'RUNNING') GROUP BY parent_id ORDER BY parent_id",
-        placeholders(parents.len())
-    );
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for (_, id) in parents {
-        query = query.bind(id.0);
-    }
-    let mut out = Vec::new();
-    for row in query.fetch_all(&mut *c).await? {
-        let parent = InstanceId(row.try_get("parent_id")?);
-        let n = to_u32(row.try_get("n")?, "shard count")?;
-        if let Some((task, _)) = parents.iter().find(|(_, id)| *id == parent) {
-            out.push((task.clone(), n));
-        }
-    }
-    Ok(out)
+    let ids: Vec<InstanceId> = parents.iter().map(|(_, id)| *id).collect();
+    let going = super::shard_retry::shards_going(c, &ids).await?;
+    Ok(going
+        .into_iter()
+        .filter_map(|(parent, n)| {
+            let (task, _) = parents.iter().find(|(_, id)| *id == parent)?;
+            Some((task.clone(), n))
+        })
+        .collect())
 }
 
 /// One conditional move of an instance for a rerun: to WAITING as its next attempt, or to

@@ -16,6 +16,7 @@ conformance!(
     rerun_from_moves_a_sharded_task_s_instance_not_its_shards_and_it_fans_out_again,
     rerun_from_refuses_while_a_sharded_task_still_has_shards_going,
     a_claim_racing_cancel_run_is_cancelled_and_its_worker_told,
+    a_sharded_task_is_retried_as_a_whole_once_its_shards_ended,
 );
 
 mod scenarios {
@@ -371,5 +372,71 @@ mod scenarios {
                 );
             }
         }
+    }
+
+    /// Finding 4: a shard is not retried on its own, and a sharded task's instance that failed
+    /// on its first failed shard is retried (alone or by `rerun --failed`) only once its other
+    /// shards ended: never two sets of shards at once.
+    pub(super) async fn a_sharded_task_is_retried_as_a_whole_once_its_shards_ended(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &sharded("wf")).await;
+        let (run, parent, shards) = sharded_run(s, &wf).await;
+        run_shard(s, &shards[0], Outcome::Failed).await;
+        assert_eq!(instance(s, parent).await.state, InstanceState::Failed);
+        assert_eq!(
+            s.retry_instance(shards[0].instance.id, T0).await.unwrap(),
+            ManualRetry::Shard { parent }
+        );
+        assert_eq!(
+            s.retry_instance(parent, T0).await.unwrap(),
+            ManualRetry::ShardsActive { unfinished: 2 }
+        );
+        assert_eq!(
+            s.rerun_failed(run, T0).await.unwrap(),
+            Some(RerunFailed {
+                retried: vec![],
+                shards_active: vec![(parent, 2)],
+            })
+        );
+        // Nothing moved: no new attempt, so no second fan-out.
+        assert_eq!(instance(s, parent).await.attempt, Attempt(1));
+        assert_eq!(
+            instance(s, shards[0].instance.id).await.state,
+            InstanceState::Failed
+        );
+        run_shard(s, &shards[1], Outcome::Success).await;
+        assert_eq!(
+            s.retry_instance(parent, T0).await.unwrap(),
+            ManualRetry::ShardsActive { unfinished: 1 }
+        );
+        run_shard(s, &shards[2], Outcome::Success).await;
+        assert_eq!(run_state(s, run).await, RunState::Failed);
+        // All shards ended: rerun --failed retries the task's instance, which fans out again.
+        assert_eq!(
+            s.rerun_failed(run, T0).await.unwrap(),
+            Some(RerunFailed {
+                retried: vec![parent],
+                shards_active: vec![],
+            })
+        );
+        let again = fan_out(s, parent, Attempt(2)).await;
+        for shard in &again {
+            run_shard(s, shard, Outcome::Success).await;
+        }
+        assert_eq!(instance(s, parent).await.state, InstanceState::Success);
+        let d = by_task(s, run, "d").await;
+        run_to(s, d.id, d.attempt, Outcome::Success).await;
+        assert_eq!(run_state(s, run).await, RunState::Success);
+        // The same through retry_instance, on a second run.
+        let (run, parent, shards) = sharded_run(s, &wf).await;
+        run_shard(s, &shards[1], Outcome::Failed).await;
+        run_shard(s, &shards[0], Outcome::Success).await;
+        run_shard(s, &shards[2], Outcome::Success).await;
+        assert_eq!(run_state(s, run).await, RunState::Failed);
+        match s.retry_instance(parent, T0).await.unwrap() {
+            ManualRetry::Retried(record) => assert_eq!(record.attempt, Attempt(2)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(run_state(s, run).await, RunState::Running);
     }
 }

@@ -9,6 +9,7 @@ mod counted;
 mod dependents;
 mod dispatch;
 mod ids;
+mod locks;
 mod ops;
 mod queue;
 mod reports;

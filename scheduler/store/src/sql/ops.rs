@@ -439,6 +439,13 @@ async fn cancel_run_tx(
     id: RunId,
     now: Millis,
 ) -> Result<Option<Vec<CancelledAttempt>>> {
+    // A promotion locks the workflow row, then the queued run's row: cancelling a queued run
+    // takes them in that order too (`sql/locks.rs`).
+    if let Some(run) = run_by_id(c, id).await?
+        && run.state == RunState::Queued
+    {
+        queue::lock_workflow(store, c, run.workflow_id).await?;
+    }
     lock_runs(store, c, &BTreeSet::from([id.0])).await?;
     let Some(run) = run_by_id(c, id).await? else {
         return Ok(None);

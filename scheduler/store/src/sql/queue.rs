@@ -4,9 +4,11 @@
 //!
 //! Race-free across scheduler nodes: on MySQL the workflow row is locked (`FOR UPDATE`) before
 //! the active and same-key runs are counted, so two nodes creating or promoting runs of one
-//! workflow take turns; SQLite serializes writers anyway. Lock order is run rows, then the
-//! workflow row, as in the report path, and a queued run is started by a conditional update
-//! (`state = 'QUEUED'`), so a concurrent cancel of that run wins or loses cleanly.
+//! workflow take turns; SQLite serializes writers anyway. Every run end locks the workflow row
+//! before looking for queued runs (see [`promote`]). Lock order is run rows, then the workflow
+//! rows (all those a run end needs, ascending: `sql/locks.rs`), then the queued run's row, which
+//! is started by a conditional update (`state = 'QUEUED'`), so a concurrent cancel of that run
+//! (which locks the workflow row first too) wins or loses cleanly.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -94,7 +96,7 @@ pub(crate) async fn limits(c: &mut AnyConnection, workflow_id: WorkflowId) -> Re
     })
 }
 
-async fn lock_workflow(store: &SqlStore, c: &mut AnyConnection, id: WorkflowId) -> Result<()> {
+pub(crate) async fn lock_workflow(store: &SqlStore, c: &mut AnyConnection, id: WorkflowId) -> Result<()> {
     let sql = format!(
         "SELECT id FROM workflow WHERE id = ?{}",
         store.dialect.for_update()

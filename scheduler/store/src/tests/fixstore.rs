@@ -17,6 +17,7 @@ conformance!(
     rerun_from_refuses_while_a_sharded_task_still_has_shards_going,
     a_claim_racing_cancel_run_is_cancelled_and_its_worker_told,
     a_sharded_task_is_retried_as_a_whole_once_its_shards_ended,
+    the_queued_runs_of_a_workflow_are_read_in_order_by_an_index,
 );
 
 mod scenarios {
@@ -438,5 +439,29 @@ mod scenarios {
             other => panic!("{other:?}"),
         }
         assert_eq!(run_state(s, run).await, RunState::Running);
+    }
+
+    /// Finding 6 (migration 0007): promote's `workflow_id = ? AND state = 'QUEUED' ORDER BY id`
+    /// has an index of exactly those columns, on both backends.
+    pub(super) async fn the_queued_runs_of_a_workflow_are_read_in_order_by_an_index(ctx: Ctx) {
+        use sqlx::Row;
+        let columns_sql = match ctx.store.backend() {
+            Backend::Sqlite => {
+                "SELECT name AS col FROM pragma_index_info('idx_run_queue_order') ORDER BY seqno"
+            }
+            Backend::MySql => {
+                "SELECT column_name AS col FROM information_schema.statistics \
+                 WHERE table_schema = DATABASE() AND table_name = 'run' \
+                 AND index_name = 'idx_run_queue_order' ORDER BY seq_in_index"
+            }
+        };
+        let columns: Vec<String> = sqlx::query(columns_sql)
+            .fetch_all(&ctx.store.pool)
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.try_get::<String, _>("col").unwrap().to_lowercase())
+            .collect();
+        assert_eq!(columns, ["workflow_id", "state", "id"]);
     }
 }

@@ -267,10 +267,14 @@ pub enum ManualRetry {
     NotFound,
     /// The instance is a shard: its sharded task's instance `parent` is what is retried (it
     /// fans out again).
-    Shard { parent: InstanceId },
+    Shard {
+        parent: InstanceId,
+    },
     /// A sharded task's instance that ended on a failed shard while `unfinished` shards still
     /// go: retried now, it would fan out beside them.
-    ShardsActive { unfinished: u32 },
+    ShardsActive {
+        unfinished: u32,
+    },
 }
 
 /// The answer to `rerun_failed` (`axctl rerun RUN --failed`).

@@ -20,8 +20,8 @@ use super::{SqlStore, is_unique_violation, placeholders, values_rows, write_tx};
 use crate::{
     ActiveAttempt, ApplyOutcome, AttemptRecord, AuditFilter, AuditRecord, Backend,
     CancelledAttempt, DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord,
-    LogChunk, LogStream, ManualRetry, NewRun, RerunFailed, Report, ReportResult, Result, RunRecord, Store,
-    StoredLine, WaitingInstance, WorkerRecord, WorkflowRecord,
+    LogChunk, LogStream, ManualRetry, NewRun, Report, ReportResult, RerunFailed, Result, RunRecord,
+    Store, StoredLine, WaitingInstance, WorkerRecord, WorkflowRecord,
 };
 
 /// Rows per multi-row insert: far below both backends' limits on bound parameters.

@@ -96,7 +96,11 @@ pub(crate) async fn limits(c: &mut AnyConnection, workflow_id: WorkflowId) -> Re
     })
 }
 
-pub(crate) async fn lock_workflow(store: &SqlStore, c: &mut AnyConnection, id: WorkflowId) -> Result<()> {
+pub(crate) async fn lock_workflow(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    id: WorkflowId,
+) -> Result<()> {
     let sql = format!(
         "SELECT id FROM workflow WHERE id = ?{}",
         store.dialect.for_update()

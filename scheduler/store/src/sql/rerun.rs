@@ -89,7 +89,11 @@ pub(crate) async fn rerun_from_tx(
     // next attempt would fan out beside them.
     let parents: Vec<(String, InstanceId)> = affected
         .iter()
-        .filter_map(|name| instances.get(*name).map(|(id, _, _)| (name.to_string(), *id)))
+        .filter_map(|name| {
+            instances
+                .get(*name)
+                .map(|(id, _, _)| (name.to_string(), *id))
+        })
         .collect();
     let shards = unfinished_shards(c, &parents).await?;
     if !shards.is_empty() {

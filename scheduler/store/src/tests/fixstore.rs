@@ -305,7 +305,11 @@ mod scenarios {
         assert_eq!(by_task(s, run, "a").await.attempt, Attempt(1));
         // Once the shards ended, the rerun goes.
         s.apply_reports(
-            &[finished(shards[1].instance.id, Attempt(1), Outcome::Success)],
+            &[finished(
+                shards[1].instance.id,
+                Attempt(1),
+                Outcome::Success,
+            )],
             T0,
         )
         .await
@@ -339,7 +343,10 @@ mod scenarios {
                     let mut won = Vec::new();
                     // One claim per transaction, as the dispatcher of a busy node may.
                     for claim in claims {
-                        if b.mark_dispatched(std::slice::from_ref(&claim)).await.unwrap()[0] {
+                        if b.mark_dispatched(std::slice::from_ref(&claim))
+                            .await
+                            .unwrap()[0]
+                        {
                             won.push(claim.instance_id);
                         }
                     }

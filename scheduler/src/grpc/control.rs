@@ -614,6 +614,18 @@ impl ControlService for ControlApi {
                     "instance {id} is {state}; only FAILED, TIMEOUT and CANCELLED instances can be retried"
                 )));
             }
+            ManualRetry::Shard { parent } => {
+                return Err(Status::failed_precondition(format!(
+                    "instance {id} is a shard: retry the sharded task's instance {parent} instead \
+                     (it fans out again)"
+                )));
+            }
+            ManualRetry::ShardsActive { unfinished } => {
+                return Err(Status::failed_precondition(format!(
+                    "instance {id} still has {unfinished} unfinished shards: wait for them or \
+                     cancel them first"
+                )));
+            }
         };
         let detail = format!("attempt {}", record.attempt);
         self.audit(
@@ -654,19 +666,35 @@ impl ControlService for ControlApi {
                  reruns that task and everything below it",
             ));
         }
-        let retried = self
+        let answer = self
             .node
             .store
             .rerun_failed(id, now_ms())
             .await
             .map_err(store_status)?
             .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
+        let skipped: Vec<String> = answer
+            .shards_active
+            .iter()
+            .map(|(instance, n)| format!("instance {instance} still has {n} unfinished shards"))
+            .collect();
+        let retried = answer.retried;
+        if retried.is_empty() && !skipped.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "run {id}: nothing rerun, {}: wait for them or cancel them first",
+                skipped.join(", ")
+            )));
+        }
         if retried.is_empty() {
             return Err(Status::failed_precondition(format!(
                 "run {id} has no FAILED, TIMEOUT or CANCELLED instance to rerun"
             )));
         }
-        let detail = format!("failed part: instances {retried:?}");
+        let mut detail = format!("failed part: instances {retried:?}");
+        if !skipped.is_empty() {
+            tracing::warn!(run = %id, "rerun --failed left alone: {}", skipped.join(", "));
+            detail.push_str(&format!("; left alone: {}", skipped.join(", ")));
+        }
         self.audit(
             &request.actor,
             "rerun",

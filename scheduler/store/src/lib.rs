@@ -265,6 +265,26 @@ pub enum ManualRetry {
     /// Only FAILED, TIMEOUT and CANCELLED instances can be retried.
     NotRetryable(InstanceState),
     NotFound,
+    /// The instance is a shard: its sharded task's instance `parent` is what is retried (it
+    /// fans out again).
+    Shard {
+        parent: InstanceId,
+    },
+    /// A sharded task's instance that ended on a failed shard while `unfinished` shards still
+    /// go: retried now, it would fan out beside them.
+    ShardsActive {
+        unfinished: u32,
+    },
+}
+
+/// The answer to `rerun_failed` (`axctl rerun RUN --failed`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RerunFailed {
+    /// The instances now WAITING as their next attempt.
+    pub retried: Vec<InstanceId>,
+    /// Failed sharded tasks' instances left alone because shards of them still go: (instance,
+    /// unfinished shards).
+    pub shards_active: Vec<(InstanceId, u32)>,
 }
 
 /// The answer to `rerun_from` (`axctl rerun RUN --from TASK`).
@@ -289,6 +309,11 @@ pub enum RerunFrom {
     /// Instances of the task or below it are still waiting, dispatched or running.
     Active {
         busy: Vec<(String, InstanceState)>,
+    },
+    /// Sharded tasks of the task or below it still have shards going (task, how many): their
+    /// instance ended on a failed shard while the others still run.
+    ShardsActive {
+        shards: Vec<(String, u32)>,
     },
 }
 
@@ -510,9 +535,10 @@ pub trait Store: Send + Sync + 'static {
     /// WAITING as attempt + 1 (the earlier attempts keep their records), and its run, if it had
     /// ended, is running again.
     async fn retry_instance(&self, id: InstanceId, now: Millis) -> Result<ManualRetry>;
-    /// Retries every FAILED, TIMEOUT and CANCELLED instance of a run (their downstream follows
-    /// when they succeed). Returns the retried instances, or `None` when the run does not exist.
-    async fn rerun_failed(&self, run: RunId, now: Millis) -> Result<Option<Vec<InstanceId>>>;
+    /// Retries every FAILED, TIMEOUT and CANCELLED task instance of a run (their downstream
+    /// follows when they succeed), except sharded tasks' instances with shards still going.
+    /// `None` when the run does not exist.
+    async fn rerun_failed(&self, run: RunId, now: Millis) -> Result<Option<RerunFailed>>;
 
     // --- dispatch ---
 

@@ -9,11 +9,13 @@ mod counted;
 mod dependents;
 mod dispatch;
 mod ids;
+mod locks;
 mod ops;
 mod queue;
 mod reports;
 mod rerun;
 mod rows;
+mod shard_retry;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -58,6 +60,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "dispatch_limits_shards",
         include_str!("../migrations/mysql/0006_dispatch_limits_shards.sql"),
     ),
+    (
+        7,
+        "run_queue_order",
+        include_str!("../migrations/mysql/0007_run_queue_order.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -89,6 +96,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         6,
         "dispatch_limits_shards",
         include_str!("../migrations/sqlite/0006_dispatch_limits_shards.sql"),
+    ),
+    (
+        7,
+        "run_queue_order",
+        include_str!("../migrations/sqlite/0007_run_queue_order.sql"),
     ),
 ];
 

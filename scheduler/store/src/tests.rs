@@ -1806,8 +1806,9 @@ mod scenarios {
         assert_eq!(failed.run_finished, Some((run.id, RunState::Failed)));
 
         let bad = instance_of(s, run.id, "bad").await.unwrap();
-        let retried = s.rerun_failed(run.id, T0 + 100).await.unwrap();
-        assert_eq!(retried, Some(vec![bad.id]));
+        let retried = s.rerun_failed(run.id, T0 + 100).await.unwrap().unwrap();
+        assert_eq!(retried.retried, vec![bad.id]);
+        assert!(retried.shards_active.is_empty());
         assert_eq!(
             s.get_run(run.id).await.unwrap().unwrap().state,
             RunState::Running
@@ -1815,7 +1816,10 @@ mod scenarios {
         run_task(s, run.id, "bad", Outcome::Success).await;
         let last = run_task(s, run.id, "below", Outcome::Success).await;
         assert_eq!(last.run_finished, Some((run.id, RunState::Success)));
-        assert_eq!(s.rerun_failed(run.id, T0).await.unwrap(), Some(vec![]));
+        assert_eq!(
+            s.rerun_failed(run.id, T0).await.unwrap(),
+            Some(RerunFailed::default())
+        );
         assert_eq!(s.rerun_failed(RunId(987_654), T0).await.unwrap(), None);
     }
 
@@ -2076,4 +2080,5 @@ fn mysql_server_url_strips_the_database() {
 
 mod advance_cost;
 mod dispatch;
+mod fixstore;
 mod queue;

@@ -63,6 +63,17 @@ impl ControlApi {
                     busy.join(", ")
                 )));
             }
+            RerunFrom::ShardsActive { shards } => {
+                let shards: Vec<String> = shards
+                    .iter()
+                    .map(|(task, n)| format!("{task} has {n} unfinished shards"))
+                    .collect();
+                return Err(Status::failed_precondition(format!(
+                    "run {id} cannot rerun from {task:?} while shards of it or its downstream \
+                     are still going ({}): wait for them or cancel them first",
+                    shards.join(", ")
+                )));
+            }
         };
         let pending: Vec<String> = pending.iter().map(ToString::to_string).collect();
         let detail = format!(

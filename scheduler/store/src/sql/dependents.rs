@@ -6,7 +6,8 @@
 //! key `dep:<logical ms>`, so a second upstream completion for the same logical time finds it.
 //! On MySQL the dependent's workflow row is locked before its upstreams are read, so two
 //! upstreams finishing at once on two nodes cannot both miss the join: the second waits for the
-//! first to commit and then sees its SUCCESS.
+//! first to commit and then sees its SUCCESS. The run end has locked these rows already, with
+//! its own workflow's, in ascending id order (`sql/locks.rs`), so that lock is re-entrant.
 
 use std::collections::BTreeMap;
 

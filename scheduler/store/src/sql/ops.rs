@@ -20,8 +20,8 @@ use super::{SqlStore, is_unique_violation, placeholders, values_rows, write_tx};
 use crate::{
     ActiveAttempt, ApplyOutcome, AttemptRecord, AuditFilter, AuditRecord, Backend,
     CancelledAttempt, DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord,
-    LogChunk, LogStream, ManualRetry, NewRun, Report, ReportResult, Result, RunRecord, Store,
-    StoredLine, WaitingInstance, WorkerRecord, WorkflowRecord,
+    LogChunk, LogStream, ManualRetry, NewRun, Report, ReportResult, RerunFailed, Result, RunRecord,
+    Store, StoredLine, WaitingInstance, WorkerRecord, WorkflowRecord,
 };
 
 /// Rows per multi-row insert: far below both backends' limits on bound parameters.
@@ -363,7 +363,9 @@ async fn run_by_dedup(c: &mut AnyConnection, run: &NewRun) -> Result<Option<RunR
     row.as_ref().map(rows::run).transpose()
 }
 
-/// Cancels one unfinished instance and its current attempt row; returns whether it did.
+/// Cancels one unfinished instance and its current attempt row; returns whether it did. The
+/// caller gives back its concurrency scopes (`dispatch::release`) once, after all its cancels:
+/// instance rows first, counter rows after, as in the claim.
 async fn cancel_one(
     c: &mut AnyConnection,
     id: InstanceId,
@@ -393,29 +395,38 @@ async fn cancel_one(
     .bind(i64::from(attempt.0))
     .execute(&mut *c)
     .await?;
-    super::dispatch::release(c, &[id.0]).await?;
     Ok(true)
 }
 
 /// Cancelling a sharded task's instance cancels its unfinished shards too. Their workers are not
 /// told at once: a shard's next report (a task heartbeat, its end) is refused, and a refused
 /// report makes the worker kill it.
-async fn cancel_shards_of(c: &mut AnyConnection, parent: InstanceId, now: Millis) -> Result<()> {
+/// Returns the cancelled shards, whose scopes the caller releases.
+pub(crate) async fn cancel_shards_of(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    parent: InstanceId,
+    now: Millis,
+) -> Result<Vec<i64>> {
     let sql = format!(
         "SELECT id, attempt, state FROM task_instance WHERE parent_id = ? AND state IN {UNFINISHED} \
-         ORDER BY id"
+         ORDER BY id{}",
+        store.dialect.for_update()
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(parent.0)
         .fetch_all(&mut *c)
         .await?;
+    let mut cancelled = Vec::new();
     for row in rows {
         let id = InstanceId(row.try_get("id")?);
         let attempt = Attempt(to_u32(row.try_get("attempt")?, "attempt")?);
         let state = instance_state(&row.try_get::<String, _>("state")?)?;
-        cancel_one(c, id, attempt, state, now).await?;
+        if cancel_one(c, id, attempt, state, now).await? {
+            cancelled.push(id.0);
+        }
     }
-    Ok(())
+    Ok(cancelled)
 }
 
 fn was_started(state: InstanceState) -> bool {
@@ -428,6 +439,13 @@ async fn cancel_run_tx(
     id: RunId,
     now: Millis,
 ) -> Result<Option<Vec<CancelledAttempt>>> {
+    // A promotion locks the workflow row, then the queued run's row: cancelling a queued run
+    // takes them in that order too (`sql/locks.rs`).
+    if let Some(run) = run_by_id(c, id).await?
+        && run.state == RunState::Queued
+    {
+        queue::lock_workflow(store, c, run.workflow_id).await?;
+    }
     lock_runs(store, c, &BTreeSet::from([id.0])).await?;
     let Some(run) = run_by_id(c, id).await? else {
         return Ok(None);
@@ -439,20 +457,30 @@ async fn cancel_run_tx(
         .bind(id.0)
         .execute(&mut *c)
         .await?;
+    // A locking read in id order (the claim's order: instance rows, then counter rows): a claim
+    // WAITING → DISPATCHED committing meanwhile is waited for and then read as DISPATCHED, so
+    // its instance is cancelled and its worker told, instead of the conditional cancel missing
+    // it (a plain READ COMMITTED read would still say WAITING).
     let sql = format!(
         "SELECT id, attempt, state, worker_id FROM task_instance \
-         WHERE run_id = ? AND state IN {UNFINISHED} ORDER BY id"
+         WHERE run_id = ? AND state IN {UNFINISHED} ORDER BY id{}",
+        store.dialect.for_update()
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(id.0)
         .fetch_all(&mut *c)
         .await?;
     let mut killed = Vec::new();
+    let mut cancelled = Vec::new();
     for row in rows {
         let instance = InstanceId(row.try_get("id")?);
         let attempt = Attempt(to_u32(row.try_get("attempt")?, "attempt")?);
         let state = instance_state(&row.try_get::<String, _>("state")?)?;
-        if cancel_one(c, instance, attempt, state, now).await? && was_started(state) {
+        if !cancel_one(c, instance, attempt, state, now).await? {
+            return Err(corrupt("a locked instance moved during cancel"));
+        }
+        cancelled.push(instance.0);
+        if was_started(state) {
             killed.push(CancelledAttempt {
                 instance_id: instance,
                 attempt,
@@ -460,6 +488,7 @@ async fn cancel_run_tx(
             });
         }
     }
+    super::dispatch::release(c, &cancelled).await?;
     // A QUEUED run has no instances: it simply ends CANCELLED.
     sqlx::query(
         "UPDATE run SET state = 'CANCELLED', finished_at = ? WHERE id = ? \
@@ -497,7 +526,10 @@ async fn cancel_instance_tx(
             });
         }
         super::dispatch::settle_parent_of(c, id, now).await?;
-        cancel_shards_of(c, id, now).await?;
+        let mut cancelled = cancel_shards_of(store, c, id, now).await?;
+        cancelled.push(id.0);
+        // Counter rows after every instance row, once.
+        super::dispatch::release(c, &cancelled).await?;
         finish_run_if_done(store, c, key.run_id, now).await?;
     }
     let record = instance_by_id(c, id).await?;
@@ -547,6 +579,9 @@ async fn retry_instance_tx(
     let Some(key) = load_key(c, id).await? else {
         return Ok(ManualRetry::NotFound);
     };
+    if let Some(refused) = super::shard_retry::refuse_retry(c, id).await? {
+        return Ok(refused);
+    }
     if !retry_one(c, &key, now).await? {
         return Ok(ManualRetry::NotRetryable(key.state));
     }
@@ -561,7 +596,7 @@ async fn rerun_failed_tx(
     c: &mut AnyConnection,
     run: RunId,
     now: Millis,
-) -> Result<Option<Vec<InstanceId>>> {
+) -> Result<Option<RerunFailed>> {
     lock_runs(store, c, &BTreeSet::from([run.0])).await?;
     if run_by_id(c, run).await?.is_none() {
         return Ok(None);
@@ -573,16 +608,26 @@ async fn rerun_failed_tx(
     .bind(run.0)
     .fetch_all(&mut *c)
     .await?;
+    let ids: Vec<InstanceId> = ids
+        .iter()
+        .map(|row| Ok(InstanceId(row.try_get("id")?)))
+        .collect::<Result<_>>()?;
+    let shards_active = super::shard_retry::shards_going(c, &ids).await?;
     let mut retried = Vec::new();
-    for row in ids {
-        let id = InstanceId(row.try_get("id")?);
+    for id in ids {
+        if shards_active.iter().any(|(parent, _)| *parent == id) {
+            continue;
+        }
         if let Some(key) = load_key(c, id).await?
             && retry_one(c, &key, now).await?
         {
             retried.push(id);
         }
     }
-    Ok(Some(retried))
+    Ok(Some(RerunFailed {
+        retried,
+        shards_active,
+    }))
 }
 
 /// The conditional claims; with `allowed`, only the claims it allows are tried (the limits said
@@ -1031,7 +1076,7 @@ impl Store for SqlStore {
     async fn waiting(&self, now: Millis, limit: u32) -> Result<Vec<WaitingInstance>> {
         let sql = format!(
             "{} JOIN run r ON r.id = ti.run_id \
-             WHERE ti.state = 'WAITING' AND ti.not_before <= ? \
+             WHERE ti.state = 'WAITING' AND ti.not_before <= ? AND r.state = 'RUNNING' \
              ORDER BY ti.priority DESC, ti.id LIMIT ?",
             rows::INSTANCE_SELECT.replace(
                 "ti.exit_code,",
@@ -1062,7 +1107,7 @@ impl Store for SqlStore {
         write_tx!(self, |c| retry_instance_tx(self, c, id, now))
     }
 
-    async fn rerun_failed(&self, run: RunId, now: Millis) -> Result<Option<Vec<InstanceId>>> {
+    async fn rerun_failed(&self, run: RunId, now: Millis) -> Result<Option<RerunFailed>> {
         write_tx!(self, |c| rerun_failed_tx(self, c, run, now))
     }
 

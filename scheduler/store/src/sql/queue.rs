@@ -4,9 +4,11 @@
 //!
 //! Race-free across scheduler nodes: on MySQL the workflow row is locked (`FOR UPDATE`) before
 //! the active and same-key runs are counted, so two nodes creating or promoting runs of one
-//! workflow take turns; SQLite serializes writers anyway. Lock order is run rows, then the
-//! workflow row, as in the report path, and a queued run is started by a conditional update
-//! (`state = 'QUEUED'`), so a concurrent cancel of that run wins or loses cleanly.
+//! workflow take turns; SQLite serializes writers anyway. Every run end locks the workflow row
+//! before looking for queued runs (see [`promote`]). Lock order is run rows, then the workflow
+//! rows (all those a run end needs, ascending: `sql/locks.rs`), then the queued run's row, which
+//! is started by a conditional update (`state = 'QUEUED'`), so a concurrent cancel of that run
+//! (which locks the workflow row first too) wins or loses cleanly.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -94,7 +96,11 @@ pub(crate) async fn limits(c: &mut AnyConnection, workflow_id: WorkflowId) -> Re
     })
 }
 
-async fn lock_workflow(store: &SqlStore, c: &mut AnyConnection, id: WorkflowId) -> Result<()> {
+pub(crate) async fn lock_workflow(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    id: WorkflowId,
+) -> Result<()> {
     let sql = format!(
         "SELECT id FROM workflow WHERE id = ?{}",
         store.dialect.for_update()
@@ -265,7 +271,14 @@ pub(crate) async fn promote(
 ) -> Result<Vec<RunId>> {
     let queued_sql = "SELECT id, run_key, trigger_type, workflow_version, logical_time FROM run \
                       WHERE workflow_id = ? AND state = 'QUEUED' ORDER BY id LIMIT ?";
-    // Most workflows never queue: one indexed read and out, without the workflow lock.
+    // The workflow row is locked before the check, always (one primary-key lock): a run being
+    // created concurrently holds it from its count to its commit, so either this check waits
+    // and then sees that run QUEUED, or the creator waits and then counts this run ended.
+    // Checked without the lock (READ COMMITTED), a run queued behind the ending run would stay
+    // QUEUED with nothing running. Not only when the latest version has limits: queued runs of
+    // an earlier, limited version must still start after an apply removed the limits.
+    lock_workflow(store, c, workflow_id).await?;
+    // Most workflows never queue: one indexed read (migration 0007) and out.
     let any = sqlx::query(queued_sql)
         .bind(workflow_id.0)
         .bind(1i64)
@@ -274,7 +287,6 @@ pub(crate) async fn promote(
     if any.is_none() {
         return Ok(Vec::new());
     }
-    lock_workflow(store, c, workflow_id).await?;
     let queued = sqlx::query(queued_sql)
         .bind(workflow_id.0)
         .bind(PROMOTE_SCAN)

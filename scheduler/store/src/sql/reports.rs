@@ -227,13 +227,22 @@ impl AfterBatch {
                 applied.new_waiting += created;
             }
         }
-        let mut ended: BTreeSet<i64> = BTreeSet::new();
+        // Which runs end is decided first, then the workflow rows all of them need are locked
+        // at once in id order (`sql/locks.rs`), then they end.
+        let mut seen: BTreeSet<i64> = BTreeSet::new();
+        let mut ending: Vec<(usize, RunId, RunState)> = Vec::new();
         for (index, run) in touched_runs.iter().rev() {
-            if !ended.insert(run.0) {
-                continue;
+            if seen.insert(run.0)
+                && let Some(end) = run_end(c, *run).await?
+            {
+                ending.push((*index, *run, end));
             }
-            let finished = end_run_if_done(store, c, *run, now).await?;
-            if let Some(ReportResult::Applied(applied)) = results.get_mut(*index) {
+        }
+        let runs: BTreeSet<i64> = ending.iter().map(|(_, run, _)| run.0).collect();
+        super::locks::lock_workflows_of_ending_runs(store, c.uncounted(), &runs).await?;
+        for (index, run, end) in ending {
+            let finished = end_run(store, c, run, end, now).await?;
+            if let Some(ReportResult::Applied(applied)) = results.get_mut(index) {
                 applied.run_finished = finished;
             }
         }
@@ -600,6 +609,16 @@ async fn end_run_if_done(
     run_id: RunId,
     now: Millis,
 ) -> Result<Option<(RunId, RunState)>> {
+    let Some(end) = run_end(c, run_id).await? else {
+        return Ok(None);
+    };
+    let runs = BTreeSet::from([run_id.0]);
+    super::locks::lock_workflows_of_ending_runs(store, c.uncounted(), &runs).await?;
+    end_run(store, c, run_id, end, now).await
+}
+
+/// How the run ends now, if nothing of it can run any more.
+async fn run_end(c: &mut Counted<'_>, run_id: RunId) -> Result<Option<RunState>> {
     let busy = sqlx::query(
         "SELECT id FROM task_instance WHERE run_id = ? \
          AND state IN ('WAITING', 'DISPATCHED', 'RUNNING') LIMIT 1",
@@ -646,9 +665,18 @@ async fn end_run_if_done(
             }
         }
     }
-    let Some(end) = run_outcome(progress) else {
-        return Ok(None);
-    };
+    Ok(run_outcome(progress))
+}
+
+/// Ends the run as `end` (if still RUNNING), then its dependents and queued runs, with the
+/// workflow rows they need already locked.
+async fn end_run(
+    store: &SqlStore,
+    c: &mut Counted<'_>,
+    run_id: RunId,
+    end: RunState,
+    now: Millis,
+) -> Result<Option<(RunId, RunState)>> {
     let done =
         sqlx::query("UPDATE run SET state = ?, finished_at = ? WHERE id = ? AND state = 'RUNNING'")
             .bind(end.as_str())

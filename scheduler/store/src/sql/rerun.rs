@@ -53,9 +53,11 @@ pub(crate) async fn rerun_from_tx(
         });
     }
     let affected = dag.downstream_closure(task);
+    // Task instances only (shard_slot 0): a sharded task's shards carry its name too, and its
+    // instance (the parent) is what goes back to WAITING or PENDING, to fan out again.
     let sql = format!(
         "SELECT id, task_name, state, attempt FROM task_instance \
-         WHERE run_id = ? AND task_name IN ({})",
+         WHERE run_id = ? AND shard_slot = 0 AND task_name IN ({}) ORDER BY id",
         placeholders(affected.len())
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(run.0);
@@ -82,6 +84,20 @@ pub(crate) async fn rerun_from_tx(
         .collect();
     if !busy.is_empty() {
         return Ok(RerunFrom::Active { busy });
+    }
+    // A sharded task that failed on its first failed shard may still have shards going: its
+    // next attempt would fan out beside them.
+    let parents: Vec<(String, InstanceId)> = affected
+        .iter()
+        .filter_map(|name| {
+            instances
+                .get(*name)
+                .map(|(id, _, _)| (name.to_string(), *id))
+        })
+        .collect();
+    let shards = unfinished_shards(c, &parents).await?;
+    if !shards.is_empty() {
+        return Ok(RerunFrom::ShardsActive { shards });
     }
     let Some(&(id, state, attempt)) = instances.get(task) else {
         return Ok(RerunFrom::NotRun { state: None });
@@ -113,6 +129,23 @@ pub(crate) async fn rerun_from_tx(
     .execute(&mut *c)
     .await?;
     Ok(RerunFrom::Rerun { again: id, pending })
+}
+
+/// For each of `parents` (task, instance) with shards still WAITING, DISPATCHED or RUNNING:
+/// the task and how many (one statement, by `idx_task_instance_parent`).
+pub(crate) async fn unfinished_shards(
+    c: &mut AnyConnection,
+    parents: &[(String, InstanceId)],
+) -> Result<Vec<(String, u32)>> {
+    let ids: Vec<InstanceId> = parents.iter().map(|(_, id)| *id).collect();
+    let going = super::shard_retry::shards_going(c, &ids).await?;
+    Ok(going
+        .into_iter()
+        .filter_map(|(parent, n)| {
+            let (task, _) = parents.iter().find(|(_, id)| *id == parent)?;
+            Some((task.clone(), n))
+        })
+        .collect())
 }
 
 /// One conditional move of an instance for a rerun: to WAITING as its next attempt, or to
@@ -158,7 +191,7 @@ pub(crate) async fn wake_pending(
     debug_assert!(transition(InstanceState::Pending, Event::UpstreamsReady).is_ok());
     let sql = format!(
         "UPDATE task_instance SET state = 'WAITING', {FRESH_ATTEMPT} \
-         WHERE run_id = ? AND task_name = ? AND state = 'PENDING'"
+         WHERE run_id = ? AND task_name = ? AND shard_slot = 0 AND state = 'PENDING'"
     );
     let done = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(now)

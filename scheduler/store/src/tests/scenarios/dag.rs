@@ -135,7 +135,7 @@ pub(in crate::tests) async fn a_rerun_task_that_fails_again_fails_the_run_with_t
         s.rerun_failed(run.id, T0 + 200)
             .await
             .unwrap()
-            .map(|v| v.len()),
+            .map(|v| v.retried.len()),
         Some(1)
     );
     run_task(s, run.id, "a", Outcome::Success).await;

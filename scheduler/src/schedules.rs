@@ -273,7 +273,7 @@ pub async fn fire_slot(
             let mut order = others.clone();
             order.sort_by_key(|run| (run.state != RunState::Queued, run.id));
             for run in &order {
-                let reason = format!("replaced by the fire at {}", fire.slot);
+                let reason = format!("replaced by the fire at {}", ax_core::rfc3339(fire.slot));
                 if cancel_run(node, run.id, &reason, now).await? {
                     outcome.own.push(decision(
                         node,
@@ -308,8 +308,8 @@ pub async fn fire_slot(
             (
                 DecisionKind::CaughtUp,
                 format!(
-                    "missed slot run {} ms late by misfire policy {}",
-                    lateness,
+                    "missed slot run {} late by misfire policy {}",
+                    ax_core::humane_duration(lateness),
                     fire.spec.schedule.misfire.name()
                 ),
             )

@@ -72,15 +72,18 @@ pub struct SlotSpan {
 }
 
 impl SlotSpan {
-    /// "3 slots from 1700000000000 to 1700000120000", for a decision's detail line.
+    /// "3 slots from 2023-11-14T22:13:20Z to 2023-11-14T22:15:20Z", for a decision's detail
+    /// line (the decision itself is one row at the span's first slot).
     pub fn describe(&self) -> String {
         let more = if self.at_least { "at least " } else { "" };
         if self.count == 1 {
-            format!("1 slot at {}", self.first)
+            format!("1 slot at {}", crate::rfc3339(self.first))
         } else {
             format!(
                 "{more}{} slots from {} to {}",
-                self.count, self.first, self.last
+                self.count,
+                crate::rfc3339(self.first),
+                crate::rfc3339(self.last)
             )
         }
     }
@@ -627,6 +630,26 @@ mod tests {
     }
 
     #[test]
+    fn a_span_is_described_with_readable_instants() {
+        let span = SlotSpan {
+            first: 1_767_225_600_000,
+            last: 1_767_225_600_000 + 10 * HOUR,
+            count: 11,
+            at_least: false,
+        };
+        assert_eq!(
+            span.describe(),
+            "11 slots from 2026-01-01T00:00:00Z to 2026-01-01T10:00:00Z"
+        );
+        let one = SlotSpan {
+            count: 1,
+            last: span.first,
+            ..span
+        };
+        assert_eq!(one.describe(), "1 slot at 2026-01-01T00:00:00Z");
+    }
+
+    #[test]
     fn a_long_downtime_is_counted_boundedly_and_the_latest_slot_found_fast() {
         // A per-second schedule down for 30 days: 2.6 million missed slots.
         let every_second = cron("* * * * * *");
@@ -646,6 +669,7 @@ mod tests {
         assert_eq!(dropped.count, COUNT_CAP);
         assert_eq!(dropped.first, T0);
         assert!(dropped.describe().starts_with("at least 10000 slots from"));
+        assert!(!dropped.describe().contains(&dropped.first.to_string()));
     }
 
     #[test]

@@ -22,6 +22,7 @@ use super::convert::{self, store_status};
 use crate::clock::now_ms;
 use crate::node::Node;
 
+mod audit_text;
 mod dag;
 
 /// Workflow files larger than this are refused.
@@ -385,7 +386,7 @@ impl ControlService for ControlApi {
             .await
             .map_err(store_status)?;
         if created {
-            let detail = format!("run {} params {:?}", run.id, new_run.params);
+            let detail = audit_text::trigger(run.id, &new_run.params);
             self.audit(
                 &actor,
                 "trigger",
@@ -666,7 +667,10 @@ impl ControlService for ControlApi {
                 "run {id} has no FAILED, TIMEOUT or CANCELLED instance to rerun"
             )));
         }
-        let detail = format!("failed part: instances {retried:?}");
+        let detail = format!(
+            "failed part: instances {}",
+            audit_text::capped_list(&retried)
+        );
         self.audit(
             &request.actor,
             "rerun",

@@ -368,6 +368,12 @@ pub fn on_fire(overlap: OverlapPolicy, unfinished: u32) -> FireDecision {
     }
 }
 
+/// Whether [`on_fire`] needs the unfinished runs at all: only overlap `skip` and `replace` look
+/// at them (`allow` and `queue` always create), so the others need not read them.
+pub fn overlap_reads_unfinished(overlap: OverlapPolicy) -> bool {
+    matches!(overlap, OverlapPolicy::Skip | OverlapPolicy::Replace)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
     Start,
@@ -627,6 +633,28 @@ mod tests {
             [(T0, true), (T0 + MIN, true), (T0 + 2 * MIN, true)]
         );
         assert_eq!(p.misfired, None);
+    }
+
+    #[test]
+    fn only_skip_and_replace_read_the_unfinished_runs() {
+        for overlap in [
+            OverlapPolicy::Allow,
+            OverlapPolicy::Queue,
+            OverlapPolicy::Skip,
+            OverlapPolicy::Replace,
+        ] {
+            let reads = overlap_reads_unfinished(overlap);
+            // A policy that does not read them decides the same with any count.
+            if !reads {
+                assert_eq!(on_fire(overlap, 0), on_fire(overlap, 7), "{overlap:?}");
+            } else {
+                assert_ne!(on_fire(overlap, 0), on_fire(overlap, 7), "{overlap:?}");
+            }
+            assert_eq!(
+                reads,
+                matches!(overlap, OverlapPolicy::Skip | OverlapPolicy::Replace)
+            );
+        }
     }
 
     #[test]

@@ -26,6 +26,9 @@
 //!   max_running_tasks: 10        # instances of this workflow on workers at once, 0 = no limit
 //!   key: "${customer}"           # runs with the same key (from params) are capped ...
 //!   max_runs_per_key: 1          # ... at this many active at once (default 1); others queue
+//!                                # a trigger must give every param the key names (refused
+//!                                # otherwise); cron, dependency and backfill runs have no
+//!                                # params: they all share one key ("" for "${customer}")
 //! defaults:                      # optional, applied to every task unless the task overrides
 //!   timeout: 30m                 # durations: "500ms", "45s", "10m", "2h", "1h30m", or an integer = seconds
 //!   retries: 2
@@ -287,6 +290,42 @@ impl ConcurrencySpec {
         }
         out.push_str(rest);
         Some(out)
+    }
+
+    /// The params the key template names that `params` lacks, in template order (empty when
+    /// the workflow has no key or every one is given).
+    pub fn missing_key_params(&self, params: &BTreeMap<String, String>) -> Vec<String> {
+        let Some(template) = self.key.as_deref() else {
+            return Vec::new();
+        };
+        let mut missing: Vec<String> = Vec::new();
+        let mut rest = template;
+        while let Some(start) = rest.find("${") {
+            let after = &rest[start + 2..];
+            let Some(end) = after.find('}') else { break };
+            let name = &after[..end];
+            if !params.contains_key(name) && !missing.iter().any(|m| m == name) {
+                missing.push(name.to_string());
+            }
+            rest = &after[end + 1..];
+        }
+        missing
+    }
+
+    /// A manual or API trigger must give every param the key names, or the run would silently
+    /// share a key with unrelated runs: the refusal names the missing params and the template.
+    pub fn check_trigger_params(&self, params: &BTreeMap<String, String>) -> Result<(), String> {
+        let missing = self.missing_key_params(params);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let template = self.key.as_deref().unwrap_or_default();
+        Err(format!(
+            "missing param {} for concurrency.key {template:?}: runs of this workflow are \
+             limited per key, so a trigger must give it (--param {}=VALUE)",
+            missing.join(", "),
+            missing[0]
+        ))
     }
 }
 
@@ -2363,6 +2402,34 @@ mod tests {
               - {name: z, command: x, upstream: y}
             ",
             "wf.yaml:4: tasks[1]: cycle: x → y → z → x",
+        );
+    }
+
+    #[test]
+    fn a_trigger_must_give_the_params_the_key_names() {
+        let keyed = parse_ok(
+            "{name: etl, concurrency: {key: '${customer}-${region}-${customer}'}, \
+             tasks: [{name: a, command: x}]}",
+        );
+        let concurrency = &keyed.spec.concurrency;
+        let params = map(&[("customer", "acme")]);
+        assert_eq!(concurrency.missing_key_params(&params), ["region"]);
+        assert_eq!(
+            concurrency.missing_key_params(&map(&[])),
+            ["customer", "region"]
+        );
+        let err = concurrency.check_trigger_params(&params).unwrap_err();
+        assert!(
+            err.starts_with("missing param region for concurrency.key \"${customer}-${region}"),
+            "{err}"
+        );
+        assert!(err.contains("--param region=VALUE"), "{err}");
+        let full = map(&[("customer", "acme"), ("region", "eu")]);
+        assert_eq!(concurrency.check_trigger_params(&full), Ok(()));
+        // Without a key nothing is required.
+        assert_eq!(
+            ConcurrencySpec::default().check_trigger_params(&map(&[])),
+            Ok(())
         );
     }
 

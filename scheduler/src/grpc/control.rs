@@ -349,6 +349,7 @@ impl ControlService for ControlApi {
             ));
         }
         let workflow = self.workflow_named(&request.name).await?;
+        keyed_trigger_check(&workflow.spec, &request.params)?;
         let now = now_ms();
         let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
         let actor = if request.actor.is_empty() {
@@ -938,4 +939,16 @@ async fn stream_logs(
             _ = sender.closed() => return Ok(()),
         }
     }
+}
+
+/// Refuses a trigger of a keyed workflow that lacks a param its `concurrency.key` names.
+fn keyed_trigger_check(
+    spec: &ax_core::spec::WorkflowSpec,
+    params: &std::collections::HashMap<String, String>,
+) -> Result<(), Status> {
+    let params: BTreeMap<String, String> =
+        params.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    spec.concurrency
+        .check_trigger_params(&params)
+        .map_err(|message| Status::invalid_argument(format!("workflow {}: {message}", spec.name)))
 }

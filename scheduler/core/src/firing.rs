@@ -355,8 +355,8 @@ pub struct RunLimits {
     pub max_runs_per_key: Option<u32>,
 }
 
-/// Overlap `skip` and `replace` for a scheduled fire (cron, or a dependency fire made through
-/// the same entry point). `unfinished` counts the runs (RUNNING or QUEUED; for a keyed workflow,
+/// Overlap `skip` and `replace` for a cron fire (a dependency fire is made in the run-ending
+/// transaction and obeys only overlap `queue`, through [`start_or_queue`]). `unfinished` counts the runs (RUNNING or QUEUED; for a keyed workflow,
 /// with the same key) other than this slot's own run. `allow` and `queue` always create: the
 /// store then starts or queues the run.
 pub fn on_fire(overlap: OverlapPolicy, unfinished: u32) -> FireDecision {

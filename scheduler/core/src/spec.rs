@@ -18,10 +18,13 @@
 //!   misfire: fire_once           # slots missed while down or paused: skip | fire_once | catch_up
 //!   max_catch_up: 10             # with catch_up: at most this many missed slots, the latest
 //!   overlap: allow               # a fire while a run is active: allow | skip | queue | replace
+//!                                # (a dependency fire obeys queue, never skip or replace)
 //!   max_active_runs: 0           # runs active at once, 0 = no limit; more are queued
-//!   start: 2026-01-01            # no slot before (date or date-time, in timezone)
+//!   start: 2026-01-01            # no cron slot before (date or date-time, in timezone; a
+//!                                # dependency fire ignores start and end)
 //!   end: 2026-12-31T23:59:59     # no slot after
 //!   after: [ingest, dims]        # instead of cron: run once each has succeeded for a logical time
+//!                                # (within max_active_runs, overlap queue and the key cap)
 //! concurrency:                   # optional
 //!   max_running_tasks: 10        # instances of this workflow on workers at once, 0 = no limit
 //!   key: "${customer}"           # runs with the same key (from params) are capped ...
@@ -50,6 +53,9 @@
 //!     pool: etl                  # capped with the pool's other tasks (scheduler config [pools])
 //!     routing: default           # default | least_running | round_robin | random |
 //!                                # consistent_hash | failover | sharded_broadcast
+//!                                # consistent_hash / failover choose among the workers connected
+//!                                # to the dispatching scheduler node (each node over its own);
+//!                                # a full preferred worker passes to the next in hash/id order
 //! ```
 //!
 //! `schedule.trigger` is derived (cron when `schedule.cron` is set, dependency when

@@ -3,7 +3,9 @@
 //! [`explain`] is pure: the API gathers the facts (the workflow's schedule, the decisions
 //! recorded around the time, the run nearest to it with its instances, the live workers) and
 //! this module turns them into a schedule summary, a verdict and one reason per task. Times in
-//! the text are shown in the workflow's time zone.
+//! the text are shown in the workflow's time zone. A span of dropped slots (misfired, paused) is
+//! one decision at its first slot, its detail counting the slots with the first and the last:
+//! the later slots of the span have no row of their own.
 
 use std::collections::BTreeMap;
 

@@ -91,7 +91,8 @@ enum Command {
     Dev(dev::Args),
     /// Print a workflow's task graph (-o ascii|dot|mermaid|json), with a run's states.
     Dag(dag::Args),
-    /// Explain why a workflow's tasks did or did not run around a time.
+    /// Explain why a workflow's tasks did or did not run around a time. A span of slots
+    /// dropped together (misfired, paused) is one decision at its first slot.
     Why(why::Args),
     /// List the audit trail: who applied, triggered, cancelled, paused what, and from where.
     Audit(audit::Args),

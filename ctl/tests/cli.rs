@@ -654,6 +654,15 @@ async fn why_prints_one_screen_and_reads_at_in_the_workflow_time_zone() {
     let out = axctl(&server, &["why", "etl", "--at", "yesterday"]).await;
     assert_eq!(out.code, 2, "{out:?}");
     assert!(out.stderr.contains("--at \"yesterday\""), "{out:?}");
+    // 1970 would be at_ms 0, which the server reads as "now": refused, nothing asked.
+    let before = fake.with(|s| s.views.explain_requests.len());
+    let out = axctl(&server, &["why", "etl", "--at", "1970-01-01T00:00:00Z"]).await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(
+        out.stderr.contains("before 1971-01-01T00:00:00Z"),
+        "{out:?}"
+    );
+    assert_eq!(fake.with(|s| s.views.explain_requests.len()), before);
     let out = axctl(&server, &["why", "nope"]).await;
     assert_eq!(out.code, 3, "{out:?}");
 }
@@ -789,6 +798,24 @@ async fn backfill_reads_times_in_the_workflow_time_zone_and_refuses_bad_ones() {
     )
     .await;
     assert_eq!(out.code, 3, "{out:?}");
+    let out = axctl(
+        &server,
+        &[
+            "backfill",
+            "etl",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+            "--max",
+            "0",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("--max 0: give at least 1"), "{out:?}");
+    let help = axctl(&server, &["audit", "--help"]).await;
+    assert!(help.stdout.contains("backfill"), "{help:?}");
     assert_eq!(
         fake.with(|s| s.backfills.len()),
         1,

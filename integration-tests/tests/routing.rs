@@ -239,7 +239,61 @@ tasks:
         .find(|i| i.attempts.is_empty())
         .expect("the sharded task's instance");
     assert_eq!(state(parent), pb::InstanceState::Failed);
+    // The task-level views show the task by its parent (FAILED), never by a shard (the shards
+    // come after the parent, and the last of them may have succeeded).
+    let run_arg = run.to_string();
+    let dag = axctl_json(
+        &cluster,
+        &["dag", "broadcast-fails", "--run", &run_arg, "-o", "json"],
+    );
+    let node = |task: &str| {
+        dag["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .find(|n| n["task"] == task)
+            .unwrap_or_else(|| panic!("{task} in {dag}"))
+            .clone()
+    };
+    assert_eq!(node("shards")["state"], "FAILED", "{dag}");
+    assert_eq!(node("shards")["instance_id"], parent.id, "{dag}");
+    assert_eq!(node("after")["state"], "UPSTREAM_FAILED", "{dag}");
+    let why = axctl_json(&cluster, &["why", "broadcast-fails", "-o", "json"]);
+    assert_eq!(why["run"]["id"], run, "{why}");
+    let task = why["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .find(|t| t["task"] == "shards")
+        .unwrap_or_else(|| panic!("shards in {why}"))
+        .clone();
+    assert_eq!(task["state"], "FAILED", "{why}");
+    assert_eq!(task["instance_id"], parent.id, "{why}");
+    let got = cluster
+        .control()
+        .await
+        .expect("control client")
+        .list_instances(pb::ListInstancesRequest { run_id: run })
+        .await
+        .expect("list instances")
+        .into_inner()
+        .tasks
+        .into_iter()
+        .find(|t| t.task == "shards")
+        .expect("the shards task's status");
+    assert_eq!(
+        (got.status.as_str(), got.instance_id),
+        ("failed", parent.id)
+    );
     cluster.shutdown().await.expect("shutdown");
+}
+
+/// `axctl ARGS` (which end in `-o json`) must succeed; its output parsed.
+fn axctl_json(cluster: &Cluster, args: &[&str]) -> serde_json::Value {
+    let out = tokio::task::block_in_place(|| cluster.axctl(args)).expect("axctl runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "axctl {args:?}: {out:?}");
+    serde_json::from_str(&stdout).unwrap_or_else(|err| panic!("{err}: {stdout}"))
 }
 
 async fn a_shard_retry_waits_for_its_worker_and_fails_when_it_is_gone(backend: Backend) {

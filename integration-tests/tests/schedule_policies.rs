@@ -624,6 +624,22 @@ tasks:
                 .expect("run")
         }
     };
+    // Without the param the key names, a trigger is refused and creates nothing (it would
+    // silently share the key "" with every other such run).
+    let err = cluster
+        .trigger("keyed", &[("other", "x")], "")
+        .await
+        .expect_err("a trigger without the key's param is refused");
+    let status = err
+        .downcast_ref::<tonic::Status>()
+        .unwrap_or_else(|| panic!("a gRPC status: {err:#}"));
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("missing param customer")
+            && status.message().contains("\"${customer}\""),
+        "{status:?}"
+    );
+    assert!(runs(&cluster, "keyed").await.is_empty());
     let acme1 = trigger("acme").await;
     let acme2 = trigger("acme").await;
     let bolt = trigger("bolt").await;

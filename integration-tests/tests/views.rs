@@ -736,6 +736,27 @@ async fn audit_lists_every_mutating_call_with_actor_and_address(backend: Backend
         assert!(row["at"].as_str().is_some(), "{row}");
     }
 
+    // Details are plain text: numbers and names, no Debug dumps.
+    let detail = |action: &str| {
+        rows.iter()
+            .find(|row| row["action"] == action)
+            .and_then(|row| row["detail"].as_str())
+            .unwrap_or_else(|| panic!("a {action} row with a detail"))
+            .to_string()
+    };
+    let rerun_detail = detail("rerun");
+    let listed = rerun_detail
+        .strip_prefix("failed part: instances ")
+        .unwrap_or_else(|| panic!("{rerun_detail}"));
+    assert!(
+        listed.split(", ").all(|id| id.parse::<i64>().is_ok()),
+        "{rerun_detail}"
+    );
+    let trigger_detail = detail("trigger");
+    assert!(
+        trigger_detail.starts_with("run ") && trigger_detail.ends_with(", no params"),
+        "{trigger_detail}"
+    );
     let paused = json(&cluster, &["audit", "--action", "pause"]).await;
     assert_eq!(paused.as_array().unwrap().len(), 1, "{paused}");
     assert_eq!(paused[0]["target"], "workflow/flaky");

@@ -27,7 +27,9 @@ use anyhow::Context;
 use ax_core::Millis;
 use ax_core::cron::{CronSchedule, parse_timezone};
 use ax_core::decision::DecisionKind;
-use ax_core::firing::{self, FireDecision, SlotSpan, Window, on_fire, plan_fires};
+use ax_core::firing::{
+    self, FireDecision, SlotSpan, Window, on_fire, overlap_reads_unfinished, plan_fires,
+};
 use ax_core::ids::{RunId, WorkflowId};
 use ax_core::run::RunState;
 use ax_core::spec::{TriggerKind, WorkflowSpec};
@@ -65,10 +67,15 @@ pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
 
 /// Fires every schedule that is due and returns how long to sleep until the next one.
 async fn fire_due(node: &Node) -> anyhow::Result<Duration> {
-    let now = now_ms();
-    let upcoming = node.store.due_schedules(now + LOOKAHEAD_MS, 1_000).await?;
+    let upcoming = node
+        .store
+        .due_schedules(now_ms() + LOOKAHEAD_MS, 1_000)
+        .await?;
     let mut next_wake = IDLE_POLL;
     for due in upcoming {
+        // Read per schedule: a long catch-up of one must not make the next fire with a stale
+        // `now` (or sleep past its slot).
+        let now = now_ms();
         if due.next_fire_at > now {
             let wait = Duration::from_millis((due.next_fire_at - now) as u64);
             next_wake = next_wake.min(wait);
@@ -238,14 +245,18 @@ pub async fn fire_slot(
         .map(|key| key.chars().take(191).collect::<String>());
     // The slot's own run (made by another node, before a crash, or by a backfill of this slot)
     // is not an overlap: creating it again returns it.
-    let others: Vec<RunRecord> = node
-        .store
-        .unfinished_runs(fire.workflow_id, OVERLAP_SCAN)
-        .await?
-        .into_iter()
-        .filter(|run| run.logical_time != fire.slot)
-        .filter(|run| key.is_none() || run.run_key == key)
-        .collect();
+    // Only overlap skip and replace look at them; allow and queue leave it to the store.
+    let others: Vec<RunRecord> = if overlap_reads_unfinished(fire.spec.schedule.overlap) {
+        node.store
+            .unfinished_runs(fire.workflow_id, OVERLAP_SCAN)
+            .await?
+            .into_iter()
+            .filter(|run| run.logical_time != fire.slot)
+            .filter(|run| key.is_none() || run.run_key == key)
+            .collect()
+    } else {
+        Vec::new()
+    };
     let names = |runs: &[RunRecord]| {
         runs.iter()
             .map(|run| format!("{} ({})", run.id, run.state))
@@ -273,7 +284,7 @@ pub async fn fire_slot(
             let mut order = others.clone();
             order.sort_by_key(|run| (run.state != RunState::Queued, run.id));
             for run in &order {
-                let reason = format!("replaced by the fire at {}", fire.slot);
+                let reason = format!("replaced by the fire at {}", ax_core::rfc3339(fire.slot));
                 if cancel_run(node, run.id, &reason, now).await? {
                     outcome.own.push(decision(
                         node,
@@ -308,8 +319,8 @@ pub async fn fire_slot(
             (
                 DecisionKind::CaughtUp,
                 format!(
-                    "missed slot run {} ms late by misfire policy {}",
-                    lateness,
+                    "missed slot run {} late by misfire policy {}",
+                    ax_core::humane_duration(lateness),
                     fire.spec.schedule.misfire.name()
                 ),
             )

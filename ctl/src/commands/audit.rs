@@ -11,7 +11,7 @@ pub struct Args {
     /// At most this many rows, newest first (the server caps it at 1000).
     #[arg(long, default_value_t = 50)]
     pub limit: u32,
-    /// Only this action: apply, trigger, cancel, retry, rerun, pause, resume.
+    /// Only this action: apply, trigger, backfill, cancel, retry, rerun, pause, resume.
     #[arg(long)]
     pub action: Option<String>,
     /// Only this target, exactly: workflow/NAME, run/ID, instance/ID.

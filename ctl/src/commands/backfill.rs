@@ -21,8 +21,8 @@ pub struct Args {
     /// The last logical time (inclusive).
     #[arg(long)]
     pub to: String,
-    /// Refuse when the range has more slots than this (capped by the scheduler's
-    /// max_backfill_runs, 1000 by default).
+    /// Refuse when the range has more slots than this, at least 1 (capped by the scheduler's
+    /// max_backfill_runs, 1000 by default; left out, that cap is the limit).
     #[arg(long)]
     pub max: Option<u32>,
     /// List the slots without creating runs.
@@ -47,6 +47,12 @@ struct BackfillView {
 }
 
 pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
+    if args.max == Some(0) {
+        return Err(CtlError::usage(
+            "--max 0: give at least 1, or leave --max out for the scheduler's max_backfill_runs",
+        )
+        .into());
+    }
     let mut client = ctx.connect().await?;
     let st = |status| ctx.status(status);
     let workflow = client

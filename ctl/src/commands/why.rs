@@ -10,12 +10,15 @@ use crate::error::CtlError;
 use crate::output::{self, Table, or_dash, rfc3339};
 use crate::view::{run_state, trigger_kind};
 
+/// 1971-01-01T00:00:00Z: `--at` before it is refused (the request's `at_ms` 0 means now).
+const EARLIEST_AT_MS: i64 = 31_536_000_000;
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The workflow to explain.
     pub workflow: String,
     /// The time asked about (default now): RFC 3339, or YYYY-MM-DD[THH:MM[:SS]] read in the
-    /// workflow's time zone.
+    /// workflow's time zone; 1971 or later.
     #[arg(long)]
     pub at: Option<String>,
 }
@@ -39,13 +42,22 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
                     .as_ref()
                     .map_or("", |s| s.timezone.as_str()),
             );
-            ax_core::spec::parse_instant(text, tz).ok_or_else(|| {
+            let at = ax_core::spec::parse_instant(text, tz).ok_or_else(|| {
                 CtlError::usage(format!(
                     "--at {text:?}: expected RFC 3339 (2026-01-31T02:30:00Z) or \
                      YYYY-MM-DD[THH:MM[:SS]] in the workflow's time zone ({})",
                     tz.name()
                 ))
-            })?
+            })?;
+            // The request's 0 means "now": no time that early (nor any before) is asked about.
+            if at < EARLIEST_AT_MS {
+                return Err(CtlError::usage(format!(
+                    "--at {text:?} is before 1971-01-01T00:00:00Z: ax has no runs that early \
+                     (leave --at out to ask about now)"
+                ))
+                .into());
+            }
+            at
         }
     };
     let explanation = client

@@ -43,6 +43,7 @@ impl DependencyDecision {
 
     /// One line for a person (the decision log's detail).
     pub fn detail(&self, logical_time: Millis) -> String {
+        let logical_time = crate::rfc3339(logical_time);
         match self {
             DependencyDecision::Paused => {
                 format!("upstreams succeeded for logical time {logical_time} while paused")
@@ -197,8 +198,8 @@ mod tests {
         );
         assert_eq!(d.kind(), DecisionKind::Fired);
         assert_eq!(
-            d.detail(1000),
-            "upstream runs succeeded for logical time 1000: ingest run 4, dims run 7"
+            d.detail(1_767_225_600_000),
+            "upstream runs succeeded for logical time 2026-01-01T00:00:00Z: ingest run 4, dims run 7"
         );
     }
 
@@ -213,8 +214,8 @@ mod tests {
         );
         assert_eq!(d.kind(), DecisionKind::WaitingUpstream);
         assert_eq!(
-            d.detail(5),
-            "waiting for dims to succeed for logical time 5"
+            d.detail(1_767_225_600_000),
+            "waiting for dims to succeed for logical time 2026-01-01T00:00:00Z"
         );
     }
 

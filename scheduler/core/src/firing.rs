@@ -72,15 +72,18 @@ pub struct SlotSpan {
 }
 
 impl SlotSpan {
-    /// "3 slots from 1700000000000 to 1700000120000", for a decision's detail line.
+    /// "3 slots from 2023-11-14T22:13:20Z to 2023-11-14T22:15:20Z", for a decision's detail
+    /// line (the decision itself is one row at the span's first slot).
     pub fn describe(&self) -> String {
         let more = if self.at_least { "at least " } else { "" };
         if self.count == 1 {
-            format!("1 slot at {}", self.first)
+            format!("1 slot at {}", crate::rfc3339(self.first))
         } else {
             format!(
                 "{more}{} slots from {} to {}",
-                self.count, self.first, self.last
+                self.count,
+                crate::rfc3339(self.first),
+                crate::rfc3339(self.last)
             )
         }
     }
@@ -352,8 +355,8 @@ pub struct RunLimits {
     pub max_runs_per_key: Option<u32>,
 }
 
-/// Overlap `skip` and `replace` for a scheduled fire (cron, or a dependency fire made through
-/// the same entry point). `unfinished` counts the runs (RUNNING or QUEUED; for a keyed workflow,
+/// Overlap `skip` and `replace` for a cron fire (a dependency fire is made in the run-ending
+/// transaction and obeys only overlap `queue`, through [`start_or_queue`]). `unfinished` counts the runs (RUNNING or QUEUED; for a keyed workflow,
 /// with the same key) other than this slot's own run. `allow` and `queue` always create: the
 /// store then starts or queues the run.
 pub fn on_fire(overlap: OverlapPolicy, unfinished: u32) -> FireDecision {
@@ -363,6 +366,12 @@ pub fn on_fire(overlap: OverlapPolicy, unfinished: u32) -> FireDecision {
         OverlapPolicy::Skip => FireDecision::Skip,
         OverlapPolicy::Replace => FireDecision::Replace,
     }
+}
+
+/// Whether [`on_fire`] needs the unfinished runs at all: only overlap `skip` and `replace` look
+/// at them (`allow` and `queue` always create), so the others need not read them.
+pub fn overlap_reads_unfinished(overlap: OverlapPolicy) -> bool {
+    matches!(overlap, OverlapPolicy::Skip | OverlapPolicy::Replace)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -627,6 +636,48 @@ mod tests {
     }
 
     #[test]
+    fn only_skip_and_replace_read_the_unfinished_runs() {
+        for overlap in [
+            OverlapPolicy::Allow,
+            OverlapPolicy::Queue,
+            OverlapPolicy::Skip,
+            OverlapPolicy::Replace,
+        ] {
+            let reads = overlap_reads_unfinished(overlap);
+            // A policy that does not read them decides the same with any count.
+            if !reads {
+                assert_eq!(on_fire(overlap, 0), on_fire(overlap, 7), "{overlap:?}");
+            } else {
+                assert_ne!(on_fire(overlap, 0), on_fire(overlap, 7), "{overlap:?}");
+            }
+            assert_eq!(
+                reads,
+                matches!(overlap, OverlapPolicy::Skip | OverlapPolicy::Replace)
+            );
+        }
+    }
+
+    #[test]
+    fn a_span_is_described_with_readable_instants() {
+        let span = SlotSpan {
+            first: 1_767_225_600_000,
+            last: 1_767_225_600_000 + 10 * HOUR,
+            count: 11,
+            at_least: false,
+        };
+        assert_eq!(
+            span.describe(),
+            "11 slots from 2026-01-01T00:00:00Z to 2026-01-01T10:00:00Z"
+        );
+        let one = SlotSpan {
+            count: 1,
+            last: span.first,
+            ..span
+        };
+        assert_eq!(one.describe(), "1 slot at 2026-01-01T00:00:00Z");
+    }
+
+    #[test]
     fn a_long_downtime_is_counted_boundedly_and_the_latest_slot_found_fast() {
         // A per-second schedule down for 30 days: 2.6 million missed slots.
         let every_second = cron("* * * * * *");
@@ -646,6 +697,7 @@ mod tests {
         assert_eq!(dropped.count, COUNT_CAP);
         assert_eq!(dropped.first, T0);
         assert!(dropped.describe().starts_with("at least 10000 slots from"));
+        assert!(!dropped.describe().contains(&dropped.first.to_string()));
     }
 
     #[test]

@@ -171,7 +171,8 @@ impl Placer {
 pub enum Route<'a> {
     /// One of the plain strategies (round robin shares the placer's cursor).
     Strategy(Strategy),
-    /// Rendezvous hashing of `key` (workflow and task) over the eligible workers: the same key
+    /// Rendezvous hashing of `key` (workflow and task) over the eligible workers (those the
+    /// caller passes: the dispatching node's own connected workers): the same key
     /// lands on the same worker while it lives and has a free slot, else on the next one in the
     /// key's hash order. Adding or removing a worker moves only the keys that ranked it first.
     ConsistentHash(&'a str),

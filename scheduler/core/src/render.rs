@@ -74,6 +74,9 @@ pub struct RunInstance {
     pub task: String,
     pub instance_id: i64,
     pub state: InstanceState,
+    /// Set on a shard of a `sharded_broadcast` task (its parent instance): a shard never
+    /// stands for its task, the parent does.
+    pub shard_of: Option<i64>,
 }
 
 impl Graph {
@@ -119,7 +122,7 @@ impl Graph {
     }
 
     /// Gives every node its state in run `run_id`: its instance's (the latest one when a task
-    /// has several), else `UpstreamFailed` when an upstream can no longer succeed, else
+    /// has several; shards are skipped, the parent stands for a sharded task), else `UpstreamFailed` when an upstream can no longer succeed, else
     /// `Pending`. Instances of tasks the graph does not have are ignored.
     pub fn apply_run(&mut self, run_id: i64, instances: &[RunInstance]) {
         self.run_id = Some(run_id);
@@ -130,7 +133,7 @@ impl Graph {
             .map(|(i, node)| (node.task.as_str(), i))
             .collect();
         let mut found: Vec<Option<(i64, InstanceState)>> = vec![None; self.nodes.len()];
-        for instance in instances {
+        for instance in instances.iter().filter(|i| i.shard_of.is_none()) {
             if let Some(&i) = index.get(instance.task.as_str())
                 && found[i].is_none_or(|(id, _)| id < instance.instance_id)
             {
@@ -500,6 +503,7 @@ mod tests {
             task: task.into(),
             instance_id: id,
             state,
+            shard_of: None,
         };
         graph.apply_run(
             7,
@@ -561,6 +565,7 @@ mod tests {
                 task: "extract".into(),
                 instance_id: 9,
                 state: InstanceState::Running,
+                shard_of: None,
             }],
         );
         assert_eq!(pending.nodes[4].state, Some(NodeState::Pending));
@@ -573,6 +578,7 @@ mod tests {
             task: "t".into(),
             instance_id: id,
             state,
+            shard_of: None,
         };
         graph.apply_run(
             1,
@@ -585,6 +591,31 @@ mod tests {
             graph.nodes[0].state,
             Some(NodeState::Instance(InstanceState::Success))
         );
+    }
+
+    #[test]
+    fn a_sharded_task_shows_its_parent_never_a_shard() {
+        let mut graph = Graph::from_upstreams("one", 1, &[task("t", &[]), task("after", &["t"])]);
+        let instance = |id, state, shard_of| RunInstance {
+            task: "t".into(),
+            instance_id: id,
+            state,
+            shard_of,
+        };
+        graph.apply_run(
+            1,
+            &[
+                instance(5, InstanceState::Failed, None),
+                instance(6, InstanceState::Success, Some(5)),
+                instance(7, InstanceState::Failed, Some(5)),
+            ],
+        );
+        assert_eq!(
+            graph.nodes[0].state,
+            Some(NodeState::Instance(InstanceState::Failed))
+        );
+        assert_eq!(graph.nodes[0].instance_id, Some(5));
+        assert_eq!(graph.nodes[1].state, Some(NodeState::UpstreamFailed));
     }
 
     #[test]

@@ -18,14 +18,20 @@
 //!   misfire: fire_once           # slots missed while down or paused: skip | fire_once | catch_up
 //!   max_catch_up: 10             # with catch_up: at most this many missed slots, the latest
 //!   overlap: allow               # a fire while a run is active: allow | skip | queue | replace
+//!                                # (a dependency fire obeys queue, never skip or replace)
 //!   max_active_runs: 0           # runs active at once, 0 = no limit; more are queued
-//!   start: 2026-01-01            # no slot before (date or date-time, in timezone)
+//!   start: 2026-01-01            # no cron slot before (date or date-time, in timezone; a
+//!                                # dependency fire ignores start and end)
 //!   end: 2026-12-31T23:59:59     # no slot after
 //!   after: [ingest, dims]        # instead of cron: run once each has succeeded for a logical time
+//!                                # (within max_active_runs, overlap queue and the key cap)
 //! concurrency:                   # optional
 //!   max_running_tasks: 10        # instances of this workflow on workers at once, 0 = no limit
 //!   key: "${customer}"           # runs with the same key (from params) are capped ...
 //!   max_runs_per_key: 1          # ... at this many active at once (default 1); others queue
+//!                                # a trigger must give every param the key names (refused
+//!                                # otherwise); cron, dependency and backfill runs have no
+//!                                # params: they all share one key ("" for "${customer}")
 //! defaults:                      # optional, applied to every task unless the task overrides
 //!   timeout: 30m                 # durations: "500ms", "45s", "10m", "2h", "1h30m", or an integer = seconds
 //!   retries: 2
@@ -47,6 +53,9 @@
 //!     pool: etl                  # capped with the pool's other tasks (scheduler config [pools])
 //!     routing: default           # default | least_running | round_robin | random |
 //!                                # consistent_hash | failover | sharded_broadcast
+//!                                # consistent_hash / failover choose among the workers connected
+//!                                # to the dispatching scheduler node (each node over its own);
+//!                                # a full preferred worker passes to the next in hash/id order
 //! ```
 //!
 //! `schedule.trigger` is derived (cron when `schedule.cron` is set, dependency when
@@ -287,6 +296,42 @@ impl ConcurrencySpec {
         }
         out.push_str(rest);
         Some(out)
+    }
+
+    /// The params the key template names that `params` lacks, in template order (empty when
+    /// the workflow has no key or every one is given).
+    pub fn missing_key_params(&self, params: &BTreeMap<String, String>) -> Vec<String> {
+        let Some(template) = self.key.as_deref() else {
+            return Vec::new();
+        };
+        let mut missing: Vec<String> = Vec::new();
+        let mut rest = template;
+        while let Some(start) = rest.find("${") {
+            let after = &rest[start + 2..];
+            let Some(end) = after.find('}') else { break };
+            let name = &after[..end];
+            if !params.contains_key(name) && !missing.iter().any(|m| m == name) {
+                missing.push(name.to_string());
+            }
+            rest = &after[end + 1..];
+        }
+        missing
+    }
+
+    /// A manual or API trigger must give every param the key names, or the run would silently
+    /// share a key with unrelated runs: the refusal names the missing params and the template.
+    pub fn check_trigger_params(&self, params: &BTreeMap<String, String>) -> Result<(), String> {
+        let missing = self.missing_key_params(params);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let template = self.key.as_deref().unwrap_or_default();
+        Err(format!(
+            "missing param {} for concurrency.key {template:?}: runs of this workflow are \
+             limited per key, so a trigger must give it (--param {}=VALUE)",
+            missing.join(", "),
+            missing[0]
+        ))
     }
 }
 
@@ -2363,6 +2408,34 @@ mod tests {
               - {name: z, command: x, upstream: y}
             ",
             "wf.yaml:4: tasks[1]: cycle: x → y → z → x",
+        );
+    }
+
+    #[test]
+    fn a_trigger_must_give_the_params_the_key_names() {
+        let keyed = parse_ok(
+            "{name: etl, concurrency: {key: '${customer}-${region}-${customer}'}, \
+             tasks: [{name: a, command: x}]}",
+        );
+        let concurrency = &keyed.spec.concurrency;
+        let params = map(&[("customer", "acme")]);
+        assert_eq!(concurrency.missing_key_params(&params), ["region"]);
+        assert_eq!(
+            concurrency.missing_key_params(&map(&[])),
+            ["customer", "region"]
+        );
+        let err = concurrency.check_trigger_params(&params).unwrap_err();
+        assert!(
+            err.starts_with("missing param region for concurrency.key \"${customer}-${region}"),
+            "{err}"
+        );
+        assert!(err.contains("--param region=VALUE"), "{err}");
+        let full = map(&[("customer", "acme"), ("region", "eu")]);
+        assert_eq!(concurrency.check_trigger_params(&full), Ok(()));
+        // Without a key nothing is required.
+        assert_eq!(
+            ConcurrencySpec::default().check_trigger_params(&map(&[])),
+            Ok(())
         );
     }
 

@@ -3,7 +3,9 @@
 //! [`explain`] is pure: the API gathers the facts (the workflow's schedule, the decisions
 //! recorded around the time, the run nearest to it with its instances, the live workers) and
 //! this module turns them into a schedule summary, a verdict and one reason per task. Times in
-//! the text are shown in the workflow's time zone.
+//! the text are shown in the workflow's time zone. A span of dropped slots (misfired, paused) is
+//! one decision at its first slot, its detail counting the slots with the first and the last:
+//! the later slots of the span have no row of their own.
 
 use std::collections::BTreeMap;
 
@@ -43,6 +45,9 @@ pub struct InstanceFacts {
     pub dispatched_at: Option<Millis>,
     pub started_at: Option<Millis>,
     pub finished_at: Option<Millis>,
+    /// Set on a shard of a `sharded_broadcast` task (its parent instance): a shard never
+    /// stands for its task, the parent does.
+    pub shard_of: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -577,9 +582,9 @@ fn run_tasks(
     decisions: &[Decision],
     tz: Tz,
 ) -> Vec<TaskExplanation> {
-    // The latest instance per task.
+    // The latest instance per task; a sharded task is its parent, never a shard.
     let mut by_task: BTreeMap<&str, &InstanceFacts> = BTreeMap::new();
-    for instance in &run.instances {
+    for instance in run.instances.iter().filter(|i| i.shard_of.is_none()) {
         let entry = by_task.entry(instance.task.as_str()).or_insert(instance);
         if entry.id < instance.id {
             *entry = instance;
@@ -858,6 +863,7 @@ mod tests {
             dispatched_at: Some(SLOT + 1_000),
             started_at: Some(SLOT + 2_000),
             finished_at: state.is_terminal().then_some(SLOT + 60_000),
+            shard_of: None,
         }
     }
 
@@ -1027,6 +1033,22 @@ mod tests {
         let e = explain(&failed);
         assert_eq!(e.tasks[3].state, "UPSTREAM_FAILED");
         assert_eq!(e.tasks[3].text, "will not run: upstream clean is FAILED");
+    }
+
+    #[test]
+    fn a_sharded_task_is_explained_by_its_parent_never_a_shard() {
+        let mut input = input(SLOT);
+        input.spec.tasks = vec![task("fan", &[])];
+        let mut shard = instance(9, "fan", InstanceState::Running);
+        shard.shard_of = Some(4);
+        input.run = Some(run(
+            &input,
+            RunState::Success,
+            vec![instance(4, "fan", InstanceState::Success), shard],
+        ));
+        let e = explain(&input);
+        assert_eq!(e.tasks[0].state, "SUCCESS");
+        assert_eq!(e.tasks[0].instance_id, Some(4));
     }
 
     #[test]

@@ -22,6 +22,7 @@ use super::convert::{self, store_status};
 use crate::clock::now_ms;
 use crate::node::Node;
 
+mod audit_text;
 mod dag;
 
 /// Workflow files larger than this are refused.
@@ -348,6 +349,7 @@ impl ControlService for ControlApi {
             ));
         }
         let workflow = self.workflow_named(&request.name).await?;
+        keyed_trigger_check(&workflow.spec, &request.params)?;
         let now = now_ms();
         let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
         let actor = if request.actor.is_empty() {
@@ -385,7 +387,7 @@ impl ControlService for ControlApi {
             .await
             .map_err(store_status)?;
         if created {
-            let detail = format!("run {} params {:?}", run.id, new_run.params);
+            let detail = audit_text::trigger(run.id, &new_run.params);
             self.audit(
                 &actor,
                 "trigger",
@@ -690,7 +692,10 @@ impl ControlService for ControlApi {
                 "run {id} has no FAILED, TIMEOUT or CANCELLED instance to rerun"
             )));
         }
-        let mut detail = format!("failed part: instances {retried:?}");
+        let mut detail = format!(
+            "failed part: instances {}",
+            audit_text::capped_list(&retried)
+        );
         if !skipped.is_empty() {
             tracing::warn!(run = %id, "rerun --failed left alone: {}", skipped.join(", "));
             detail.push_str(&format!("; left alone: {}", skipped.join(", ")));
@@ -962,4 +967,16 @@ async fn stream_logs(
             _ = sender.closed() => return Ok(()),
         }
     }
+}
+
+/// Refuses a trigger of a keyed workflow that lacks a param its `concurrency.key` names.
+fn keyed_trigger_check(
+    spec: &ax_core::spec::WorkflowSpec,
+    params: &std::collections::HashMap<String, String>,
+) -> Result<(), Status> {
+    let params: BTreeMap<String, String> =
+        params.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    spec.concurrency
+        .check_trigger_params(&params)
+        .map_err(|message| Status::invalid_argument(format!("workflow {}: {message}", spec.name)))
 }

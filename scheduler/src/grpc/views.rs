@@ -101,6 +101,7 @@ pub async fn get_dag(node: &Node, request: pb::GetDagRequest) -> Result<pb::Dag,
                 task: instance.task,
                 instance_id: instance.id.0,
                 state: instance.state,
+                shard_of: instance.shard.as_ref().map(|shard| shard.parent.0),
             })
             .collect();
         graph.apply_run(run.id.0, &instances);
@@ -290,6 +291,7 @@ pub async fn explain_workflow(
                 dispatched_at,
                 started_at: record.started_at,
                 finished_at: record.finished_at,
+                shard_of: record.shard.as_ref().map(|shard| shard.parent.0),
             });
         }
         let counts = store.run_counts(run.id).await.map_err(store_status)?;

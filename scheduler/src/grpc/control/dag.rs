@@ -110,11 +110,17 @@ impl ControlApi {
             .spec
             .dag()
             .map_err(|err| Status::internal(format!("stored workflow DAG: {err}")))?;
-        let by_task: HashMap<&str, &InstanceRecord> =
-            instances.iter().map(|i| (i.task.as_str(), i)).collect();
-        let states = instances
+        // A task is its latest own instance; a shard of a sharded task never stands for it.
+        let mut by_task: HashMap<&str, &InstanceRecord> = HashMap::new();
+        for instance in instances.iter().filter(|i| i.shard.is_none()) {
+            let entry = by_task.entry(instance.task.as_str()).or_insert(instance);
+            if entry.id.0 < instance.id.0 {
+                *entry = instance;
+            }
+        }
+        let states = by_task
             .iter()
-            .map(|i| (i.task.clone(), i.state))
+            .map(|(task, i)| (task.to_string(), i.state))
             .collect();
         Ok(task_statuses(&dag, &states)
             .into_iter()

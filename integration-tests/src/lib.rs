@@ -521,3 +521,28 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
     }
     Ok(path)
 }
+
+/// Declares each named scenario `async fn NAME(backend: Backend)` of the calling test file as two
+/// tests, `sqlite::NAME` and `mysql::NAME`, on a four-thread runtime. (A scenario whose backend
+/// is not configured gets no cluster from the builder and returns, except under `CI=true`.)
+#[macro_export]
+macro_rules! on_every_backend {
+    ($($scenario:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $scenario() {
+                    super::$scenario(ax_integration_tests::Backend::Sqlite).await;
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $scenario() {
+                    super::$scenario(ax_integration_tests::Backend::MySql).await;
+                }
+            )*
+        }
+    };
+}

@@ -14,28 +14,7 @@ use ax_proto::v1 as pb;
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 const L: i64 = 1_767_225_600_000;
 
-macro_rules! on_every_backend {
-    ($($scenario:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::MySql).await;
-                }
-            )*
-        }
-    };
-}
-
-on_every_backend!(
+ax_integration_tests::on_every_backend!(
     rerun_from_a_task_reruns_it_and_its_downstream_and_keeps_history,
     tasks_below_a_failure_show_as_upstream_failed,
     a_dependent_workflow_runs_once_its_upstreams_succeeded_for_a_logical_time,

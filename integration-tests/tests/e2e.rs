@@ -12,28 +12,7 @@ use ax_scheduler::Strategy;
 /// A hang guard, not a timing assertion.
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 
-macro_rules! on_every_backend {
-    ($($scenario:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::MySql).await;
-                }
-            )*
-        }
-    };
-}
-
-on_every_backend!(
+ax_integration_tests::on_every_backend!(
     example_etl_runs_every_task_and_keeps_its_logs,
     a_failed_task_leaves_its_downstream_unrun,
     a_per_second_cron_schedule_fires_on_time,

@@ -12,28 +12,7 @@ use ax_proto::v1 as pb;
 /// A hang guard, not a timing assertion.
 const RUN_TIMEOUT: Duration = Duration::from_secs(90);
 
-macro_rules! on_every_backend {
-    ($($scenario:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::MySql).await;
-                }
-            )*
-        }
-    };
-}
-
-on_every_backend!(
+ax_integration_tests::on_every_backend!(
     sharded_broadcast_runs_one_shard_per_worker_and_waits_for_all,
     a_failing_shard_fails_the_sharded_task,
     a_shard_retry_waits_for_its_worker_and_fails_when_it_is_gone,

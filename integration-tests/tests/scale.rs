@@ -30,28 +30,7 @@ fn run_layers() -> usize {
     }
 }
 
-macro_rules! on_every_backend {
-    ($($scenario:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::MySql).await;
-                }
-            )*
-        }
-    };
-}
-
-on_every_backend!(
+ax_integration_tests::on_every_backend!(
     ten_thousand_tasks_apply_in_one_request,
     a_wide_layered_run_ends_with_every_instance_success,
     a_workflow_file_at_the_size_limit_applies_and_one_byte_more_is_refused,

@@ -13,28 +13,7 @@ use ax_store::DecisionRecord;
 /// A hang guard, not a timing assertion.
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 
-macro_rules! on_every_backend {
-    ($($scenario:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::MySql).await;
-                }
-            )*
-        }
-    };
-}
-
-on_every_backend!(
+ax_integration_tests::on_every_backend!(
     overlap_allow_runs_fires_side_by_side,
     overlap_skip_drops_fires_while_a_run_is_active,
     overlap_queue_runs_every_fire_one_after_another,

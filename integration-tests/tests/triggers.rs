@@ -16,28 +16,7 @@ const EXIT_USAGE: i32 = 2;
 const EXIT_NOT_FOUND: i32 = 3;
 const EXIT_INVALID_ARGUMENT: i32 = 4;
 
-macro_rules! on_every_backend {
-    ($($scenario:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::MySql).await;
-                }
-            )*
-        }
-    };
-}
-
-on_every_backend!(
+ax_integration_tests::on_every_backend!(
     every_task_sees_the_params_and_its_run_through_axctl,
     a_repeated_idempotency_key_returns_the_existing_run_through_axctl,
     bad_params_are_refused_with_their_name_and_create_nothing,

@@ -12,28 +12,7 @@ use ax_proto::v1 as pb;
 /// A hang guard, not a timing assertion.
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-macro_rules! on_every_backend {
-    ($($scenario:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::MySql).await;
-                }
-            )*
-        }
-    };
-}
-
-on_every_backend!(
+ax_integration_tests::on_every_backend!(
     dag_prints_every_format_and_colours_a_run_by_state,
     why_before_the_first_slot_and_after_a_fired_run_of_a_paused_workflow,
     why_names_the_upstream_a_task_waits_on_and_the_labels_no_worker_has,

@@ -2080,5 +2080,5 @@ fn mysql_server_url_strips_the_database() {
 
 mod advance_cost;
 mod dispatch;
-mod fixstore;
+mod interleavings;
 mod queue;

@@ -217,7 +217,10 @@ pub(in crate::tests) async fn a_dependent_fires_once_every_upstream_succeeded_fo
         kinds(s, &d).await,
         vec![(
             DecisionKind::WaitingUpstream,
-            format!("waiting for dims to succeed for logical time {T0}")
+            format!(
+                "waiting for dims to succeed for logical time {}",
+                ax_core::rfc3339(T0)
+            )
         )]
     );
 
@@ -276,7 +279,10 @@ pub(in crate::tests) async fn a_paused_dependent_records_paused_and_creates_noth
         kinds(s, &d).await[1],
         (
             DecisionKind::WaitingUpstream,
-            format!("waiting for later to succeed for logical time {T0}")
+            format!(
+                "waiting for later to succeed for logical time {}",
+                ax_core::rfc3339(T0)
+            )
         )
     );
     // Re-applied without `after`, it is no longer a dependent.

@@ -65,6 +65,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "run_queue_order",
         include_str!("../migrations/mysql/0007_run_queue_order.sql"),
     ),
+    (
+        8,
+        "run_state_covers_shards",
+        include_str!("../migrations/mysql/0008_run_state_covers_shards.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -101,6 +106,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         7,
         "run_queue_order",
         include_str!("../migrations/sqlite/0007_run_queue_order.sql"),
+    ),
+    (
+        8,
+        "run_state_covers_shards",
+        include_str!("../migrations/sqlite/0008_run_state_covers_shards.sql"),
     ),
 ];
 

@@ -672,31 +672,21 @@ fn run_tasks(
     results.into_values().collect()
 }
 
-/// Task indexes with every task after its upstreams, earlier file position first among equals.
+/// Task indexes with every task after its upstreams, earlier file position first among equals
+/// (`Dag::topological_order`); a stored spec that no longer validates keeps its file order.
 fn file_order_topological(tasks: &[TaskSpec]) -> Vec<usize> {
-    let graph = crate::render::Graph::from_tasks("", 0, tasks);
-    let n = tasks.len();
-    let mut in_degree = vec![0usize; n];
-    let mut downstream = vec![Vec::new(); n];
-    for &(u, d) in &graph.edges {
-        in_degree[d] += 1;
-        downstream[u].push(d);
-    }
-    let mut ready: std::collections::BTreeSet<usize> =
-        (0..n).filter(|&i| in_degree[i] == 0).collect();
-    let mut order = Vec::with_capacity(n);
-    while let Some(i) = ready.pop_first() {
-        order.push(i);
-        for &d in &downstream[i] {
-            in_degree[d] -= 1;
-            if in_degree[d] == 0 {
-                ready.insert(d);
-            }
-        }
-    }
-    let placed: std::collections::BTreeSet<usize> = order.iter().copied().collect();
-    order.extend((0..n).filter(|i| !placed.contains(i)));
-    order
+    let Ok(dag) = crate::dag::Dag::new(tasks) else {
+        return (0..tasks.len()).collect();
+    };
+    let index: std::collections::HashMap<&str, usize> = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, task)| (task.name.as_str(), i))
+        .collect();
+    dag.topological_order()
+        .into_iter()
+        .filter_map(|name| index.get(name).copied())
+        .collect()
 }
 
 fn instance_reason(

@@ -93,9 +93,18 @@ async fn dispatch_ready(node: &Node) -> anyhow::Result<()> {
         }
         let mut limit = free.saturating_mul(2).clamp(32, BATCH);
         loop {
+            let started = std::time::Instant::now();
             let waiting = node.store.waiting(now_ms(), limit).await?;
+            let read_us = started.elapsed().as_micros() as u64;
             let full_batch = waiting.len() as u32 == limit;
             let pass = dispatch_batch(node, slots.clone(), waiting).await?;
+            tracing::debug!(
+                free,
+                read_us,
+                sent = pass.sent,
+                elapsed_us = started.elapsed().as_micros() as u64,
+                "dispatch pass"
+            );
             if pass.fanned_out {
                 // New shards are waiting: read again.
                 break;

@@ -63,6 +63,7 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
         .iter()
         .map(|envelope| envelope.report.clone())
         .collect();
+    let started = std::time::Instant::now();
     let mut delay = Duration::from_millis(50);
     // A store outage must not lose reports: they are retried until the store takes them.
     // Retrying is safe because every report is a conditional transition.
@@ -76,6 +77,11 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
             }
         }
     };
+    tracing::debug!(
+        reports = reports.len(),
+        elapsed_us = started.elapsed().as_micros() as u64,
+        "report batch applied"
+    );
     let mut wake_dispatch = false;
     let mut failures = Vec::new();
     for (envelope, result) in batch.iter().zip(results) {

@@ -279,10 +279,15 @@ fn free_port() -> anyhow::Result<u16> {
 
 fn spawn_logged(binary: &Path, args: &[String], dir: &Path, name: &str) -> anyhow::Result<Child> {
     let log = File::create(dir.join(format!("{name}.log")))?;
-    let child = Command::new(binary)
-        .args(args)
-        // The product's default log level, whatever the harness was started with.
-        .env_remove("RUST_LOG")
+    let mut command = Command::new(binary);
+    command.args(args);
+    // The product's default log level, whatever the harness was started with, unless
+    // AX_BENCH_LOG asks for another (a RUST_LOG filter, for looking into a run with --keep).
+    match std::env::var("AX_BENCH_LOG") {
+        Ok(filter) => command.env("RUST_LOG", filter),
+        Err(_) => command.env_remove("RUST_LOG"),
+    };
+    let child = command
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -11,6 +11,7 @@ mod dispatch;
 mod ids;
 mod locks;
 mod ops;
+mod patch;
 mod queue;
 mod reports;
 mod rerun;
@@ -175,6 +176,63 @@ pub(crate) fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
+/// How many items a list of `n` is padded to: the next power of two up to 512, then the next
+/// multiple of 512. Both backends prepare and cache a statement per SQL text; lists of every
+/// length would give every batch a text of its own, evicting cached statements (on MySQL each
+/// eviction is a COM_STMT_CLOSE written right before the next command, which Nagle's algorithm
+/// holds back for a delayed ACK: about 40 ms) and paying a prepare each time.
+pub(crate) fn padded_len(n: usize) -> usize {
+    const STEP: usize = 512;
+    if n <= STEP {
+        n.next_power_of_two()
+    } else {
+        n.div_ceil(STEP) * STEP
+    }
+}
+
+/// An `IN (…)` list for `items`: its placeholders and the values to bind, padded to
+/// [`padded_len`] by repeating the last item (a repeated value changes nothing in `IN`).
+pub(crate) fn in_list<T: Clone>(items: impl IntoIterator<Item = T>) -> (String, Vec<T>) {
+    let mut values: Vec<T> = items.into_iter().collect();
+    if let Some(last) = values.last().cloned() {
+        values.resize(padded_len(values.len()), last);
+    }
+    (placeholders(values.len()), values)
+}
+
+/// Prepared statements each MySQL connection keeps, unless the URL says otherwise: room for
+/// every statement text the store sends (see [`padded_len`]), so none is closed and prepared
+/// again. sqlx keeps 100 by default.
+const MYSQL_STATEMENT_CACHE: usize = 256;
+
+fn with_statement_cache(url: &str) -> String {
+    if url.contains("statement-cache-capacity=") {
+        return url.to_string();
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}statement-cache-capacity={MYSQL_STATEMENT_CACHE}")
+}
+
+/// `rows` split for multi-row inserts into chunks whose sizes are powers of two (at most 256),
+/// largest first: a few statement texts for batches of every size, as [`padded_len`] gives
+/// `IN` lists.
+pub(crate) fn pow2_chunks<T>(rows: &[T]) -> Vec<&[T]> {
+    const LARGEST: usize = 256;
+    let mut chunks = Vec::new();
+    let mut rest = rows;
+    while !rest.is_empty() {
+        let size = if rest.len() >= LARGEST {
+            LARGEST
+        } else {
+            1 << rest.len().ilog2()
+        };
+        let (chunk, tail) = rest.split_at(size);
+        chunks.push(chunk);
+        rest = tail;
+    }
+    chunks
+}
+
 /// The store over one pool, for MySQL or SQLite.
 pub struct SqlStore {
     pub(crate) pool: AnyPool,
@@ -285,7 +343,7 @@ impl SqlStore {
     }
 
     async fn connect_mysql(url: &str) -> Result<SqlStore> {
-        let options = AnyConnectOptions::from_str(url)?;
+        let options = AnyConnectOptions::from_str(&with_statement_cache(url))?;
         let pool = AnyPoolOptions::new()
             .max_connections(16)
             .after_connect(|conn, _| {
@@ -472,3 +530,48 @@ macro_rules! write_tx {
     }};
 }
 pub(crate) use write_tx;
+
+#[cfg(test)]
+mod statement_shape_tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn lists_pad_to_few_lengths() {
+        let lengths: BTreeSet<usize> = (1..=2000).map(padded_len).collect();
+        assert_eq!(
+            lengths.into_iter().collect::<Vec<_>>(),
+            vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1536, 2048]
+        );
+        let (list, values) = in_list([7, 8, 9]);
+        assert_eq!(list, "?, ?, ?, ?");
+        assert_eq!(values, vec![7, 8, 9, 9]);
+        let (list, values) = in_list(Vec::<i64>::new());
+        assert_eq!((list.as_str(), values.len()), ("", 0));
+    }
+
+    #[test]
+    fn inserts_split_into_power_of_two_chunks_in_order() {
+        let rows: Vec<u32> = (0..700).collect();
+        let chunks = pow2_chunks(&rows);
+        let sizes: Vec<usize> = chunks.iter().map(|c| c.len()).collect();
+        assert_eq!(sizes, vec![256, 256, 128, 32, 16, 8, 4]);
+        assert_eq!(chunks.concat(), rows);
+        assert!(pow2_chunks::<u32>(&[]).is_empty());
+    }
+
+    #[test]
+    fn the_statement_cache_is_raised_unless_the_url_sets_it() {
+        assert_eq!(
+            with_statement_cache("mysql://root@h:3306/ax"),
+            "mysql://root@h:3306/ax?statement-cache-capacity=256"
+        );
+        assert_eq!(
+            with_statement_cache("mysql://root@h/ax?ssl-mode=DISABLED"),
+            "mysql://root@h/ax?ssl-mode=DISABLED&statement-cache-capacity=256"
+        );
+        let own = "mysql://root@h/ax?statement-cache-capacity=10";
+        assert_eq!(with_statement_cache(own), own);
+    }
+}

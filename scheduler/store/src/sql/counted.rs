@@ -29,6 +29,11 @@ impl<'a> Counted<'a> {
         self.conn
     }
 
+    /// Counts `n` statements sent through [`Counted::uncounted`] that belong to the call.
+    pub(crate) fn add(&mut self, n: u64) {
+        self.statements += n;
+    }
+
     /// Statements executed through this wrapper.
     pub(crate) fn statements(&self) -> u64 {
         self.statements

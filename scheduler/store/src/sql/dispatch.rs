@@ -28,7 +28,7 @@ use sqlx::{AnyConnection, Row};
 use super::ids::IdKind;
 use super::reports::{InstanceKey, finish_run_if_done, load_key, lock_runs};
 use super::rows::{instance_state, to_u32};
-use super::{SqlStore, placeholders, values_rows};
+use super::{SqlStore, in_list, values_rows};
 use crate::{DecisionRecord, DispatchClaim, Result};
 
 /// The `held_slots` text of a claim: its scopes, one per line.
@@ -49,13 +49,13 @@ pub(crate) async fn mark_dispatched(
     claims: &[DispatchClaim],
 ) -> Result<Vec<bool>> {
     if claims.iter().all(|claim| claim.limits.is_empty()) {
-        return super::ops::mark_dispatched_tx(c, claims, None).await;
+        return super::ops::mark_dispatched_tx(store, c, claims, None).await;
     }
     // Instance rows first, in id order (the order every other transaction locks them in).
     let ids: BTreeSet<i64> = claims.iter().map(|claim| claim.instance_id.0).collect();
+    let (list, ids) = in_list(ids);
     let sql = format!(
-        "SELECT id, attempt, state FROM task_instance WHERE id IN ({}) ORDER BY id{}",
-        placeholders(ids.len()),
+        "SELECT id, attempt, state FROM task_instance WHERE id IN ({list}) ORDER BY id{}",
         store.dialect.for_update()
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -98,7 +98,7 @@ pub(crate) async fn mark_dispatched(
         taken.insert(claim.instance_id.0);
         allowed[i] = true;
     }
-    let won = super::ops::mark_dispatched_tx(c, claims, Some(&allowed)).await?;
+    let won = super::ops::mark_dispatched_tx(store, c, claims, Some(&allowed)).await?;
     // The instances were locked and WAITING, so every allowed claim won; count what did.
     let mut after = before.clone();
     for (claim, won) in claims.iter().zip(&won) {
@@ -159,14 +159,14 @@ async fn read_counters<'a>(
     if scopes.is_empty() {
         return Ok(values);
     }
+    let (list, padded) = in_list(scopes.iter().copied());
     let sql = format!(
-        "SELECT scope, used FROM concurrency_slot WHERE scope IN ({}) ORDER BY scope{}",
-        placeholders(scopes.len()),
+        "SELECT scope, used FROM concurrency_slot WHERE scope IN ({list}) ORDER BY scope{}",
         if lock { store.dialect.for_update() } else { "" }
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for scope in scopes {
-        query = query.bind(*scope);
+    for scope in padded {
+        query = query.bind(scope);
     }
     for row in query.fetch_all(&mut *c).await? {
         let scope: String = row.try_get("scope")?;
@@ -201,13 +201,13 @@ async fn load_ended(c: &mut AnyConnection, ids: &BTreeSet<i64>) -> Result<Vec<En
     if ids.is_empty() {
         return Ok(Vec::new());
     }
+    let (list, ids) = in_list(ids.iter().copied());
     let sql = format!(
-        "SELECT id, held_slots, parent_id FROM task_instance WHERE id IN ({}) ORDER BY id",
-        placeholders(ids.len())
+        "SELECT id, held_slots, parent_id FROM task_instance WHERE id IN ({list}) ORDER BY id"
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     for id in ids {
-        query = query.bind(*id);
+        query = query.bind(id);
     }
     query
         .fetch_all(&mut *c)
@@ -242,13 +242,11 @@ async fn release_loaded(c: &mut AnyConnection, ended: &[Ended]) -> Result<()> {
             *counts.entry(scope).or_insert(0) += 1;
         }
     }
-    let sql = format!(
-        "UPDATE task_instance SET held_slots = '' WHERE id IN ({})",
-        placeholders(holders.len())
-    );
+    let (list, ids) = in_list(holders.iter().map(|holder| holder.id));
+    let sql = format!("UPDATE task_instance SET held_slots = '' WHERE id IN ({list})");
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for holder in &holders {
-        query = query.bind(holder.id);
+    for id in ids {
+        query = query.bind(id);
     }
     query.execute(&mut *c).await?;
     for (scope, n) in counts {

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 
 use sqlx::{AnyConnection, Row};
 
-use super::{Dialect, SqlStore, placeholders};
+use super::{Dialect, SqlStore, in_list};
 use crate::Result;
 
 /// Locks, in ascending id order, the workflow rows of `runs` and of every workflow that
@@ -27,16 +27,16 @@ pub(crate) async fn lock_workflows_of_ending_runs(
     if store.dialect != Dialect::MySql || runs.is_empty() {
         return Ok(());
     }
+    let (list, padded) = in_list(runs.iter().copied());
     let sql = format!(
         "SELECT DISTINCT r.workflow_id, d.downstream_id FROM run r \
          JOIN workflow w ON w.id = r.workflow_id \
          LEFT JOIN workflow_dependency d ON d.upstream_name = w.name \
-         WHERE r.id IN ({})",
-        placeholders(runs.len())
+         WHERE r.id IN ({list})"
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for run in runs {
-        query = query.bind(*run);
+    for run in padded {
+        query = query.bind(run);
     }
     let mut workflows = BTreeSet::new();
     for row in query.fetch_all(&mut *c).await? {

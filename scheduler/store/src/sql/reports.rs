@@ -1,7 +1,7 @@
 //! Worker reports, the dependency advance and the end of a run: the transitions of an instance
 //! after its dispatch, each a conditional update on (instance, attempt, from-state).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
@@ -12,8 +12,9 @@ use sqlx::{AnyConnection, Row};
 
 use super::counted::Counted;
 use super::ids::IdKind;
+use super::patch::{Patches, Table, Value};
 use super::rows::{instance_state, run_state, to_u32};
-use super::{Dialect, SqlStore, placeholders, values_rows};
+use super::{Dialect, SqlStore, in_list, pow2_chunks, values_rows};
 use crate::{Applied, AttemptEnd, Report, ReportResult, Result};
 
 /// The facts about an instance a transition needs.
@@ -45,18 +46,22 @@ async fn read_key(c: &mut Counted<'_>, id: InstanceId) -> Result<Option<Instance
 }
 
 /// The keys of many instances in one statement (a batch's first read of each instance).
-async fn load_keys(c: &mut Counted<'_>, ids: &BTreeSet<i64>) -> Result<HashMap<i64, InstanceKey>> {
+async fn load_keys(
+    c: &mut Counted<'_>,
+    ids: &BTreeSet<i64>,
+    lock: &str,
+) -> Result<HashMap<i64, InstanceKey>> {
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
+    let (list, padded) = in_list(ids.iter().copied());
     let sql = format!(
         "SELECT id, run_id, workflow_id, workflow_version, task_name, state, attempt, worker_id \
-         FROM task_instance WHERE id IN ({})",
-        placeholders(ids.len())
+         FROM task_instance WHERE id IN ({list}) ORDER BY id{lock}"
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for id in ids {
-        query = query.bind(*id);
+    for id in padded {
+        query = query.bind(id);
     }
     let mut keys = HashMap::with_capacity(ids.len());
     for row in query.fetch_all(&mut *c).await? {
@@ -93,12 +98,17 @@ async fn lock_run_rows(store: &SqlStore, c: &mut Counted<'_>, runs: &BTreeSet<i6
     if store.dialect != Dialect::MySql {
         return Ok(());
     }
-    for run in runs {
-        sqlx::query("SELECT id FROM run WHERE id = ? FOR UPDATE")
-            .bind(*run)
-            .fetch_optional(&mut *c)
-            .await?;
+    if runs.is_empty() {
+        return Ok(());
     }
+    // One statement; InnoDB locks the rows as it walks the primary key, in ascending id order.
+    let (list, runs) = in_list(runs.iter().copied());
+    let sql = format!("SELECT id FROM run WHERE id IN ({list}) ORDER BY id FOR UPDATE");
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for run in runs {
+        query = query.bind(run);
+    }
+    query.fetch_all(&mut *c).await?;
     Ok(())
 }
 
@@ -149,13 +159,12 @@ async fn apply_counted(
 ) -> Result<Vec<ReportResult>> {
     let ids: BTreeSet<i64> = reports.iter().map(|r| report_key(r).0.0).collect();
     if store.dialect == Dialect::MySql && !ids.is_empty() {
-        let sql = format!(
-            "SELECT DISTINCT run_id FROM task_instance WHERE id IN ({})",
-            placeholders(ids.len())
-        );
+        let (list, padded) = in_list(ids.iter().copied());
+        let sql =
+            format!("SELECT run_id FROM task_instance FORCE INDEX (PRIMARY) WHERE id IN ({list})");
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for id in &ids {
-            query = query.bind(*id);
+        for id in padded {
+            query = query.bind(id);
         }
         let mut runs = BTreeSet::new();
         for row in query.fetch_all(&mut *c).await? {
@@ -163,16 +172,91 @@ async fn apply_counted(
         }
         lock_run_rows(store, c, &runs).await?;
     }
-    // Read after the run locks, so the keys are what this transaction may change. A key is
-    // used once: a second report on the same instance in the batch reads it again.
-    let mut keys = load_keys(c, &ids).await?;
+    // Read under lock after the run locks: the transitions are decided on these rows in
+    // memory, and nothing else can change them before this transaction ends.
+    let mut keys = load_keys(c, &ids, store.dialect.for_update()).await?;
+    let policies = load_retry_policies(c, reports, &keys).await?;
+    let mut writes = Writes::default();
     let mut results = Vec::with_capacity(reports.len());
     let mut after = AfterBatch::default();
     for (index, report) in reports.iter().enumerate() {
-        results.push(apply_one(c, report, now, index, &mut after, &mut keys).await?);
+        results.push(decide(
+            report,
+            now,
+            index,
+            &mut keys,
+            &policies,
+            &mut writes,
+            &mut after,
+        ));
     }
+    let sent =
+        writes.instances.write(c.uncounted()).await? + writes.attempts.write(c.uncounted()).await?;
+    c.add(sent);
     after.carry_out(store, c, now, &mut results).await?;
     Ok(results)
+}
+
+/// The row changes a batch decided, sent after every report of it is decided.
+struct Writes {
+    instances: Patches,
+    attempts: Patches,
+}
+
+impl Default for Writes {
+    fn default() -> Writes {
+        Writes {
+            instances: Patches::new(Table::Instance),
+            attempts: Patches::new(Table::Attempt),
+        }
+    }
+}
+
+/// A task's retry policy: (retries, backoff in ms), by (workflow, version, task).
+type RetryPolicies = HashMap<(i64, i64, String), (u32, u64)>;
+
+/// The retry policies of the tasks the batch's Finished reports are about, one statement per
+/// workflow version.
+async fn load_retry_policies(
+    c: &mut Counted<'_>,
+    reports: &[Report],
+    keys: &HashMap<i64, InstanceKey>,
+) -> Result<RetryPolicies> {
+    let mut wanted: BTreeMap<(i64, i64), BTreeSet<&str>> = BTreeMap::new();
+    for report in reports {
+        if let Report::Finished { instance_id, .. } = report
+            && let Some(key) = keys.get(&instance_id.0)
+        {
+            wanted
+                .entry((key.workflow_id.0, key.version))
+                .or_default()
+                .insert(key.task.as_str());
+        }
+    }
+    let mut policies = RetryPolicies::new();
+    for ((workflow, version), tasks) in wanted {
+        let (list, tasks) = in_list(tasks);
+        let sql = format!(
+            "SELECT name, retries, retry_backoff_ms FROM task_definition \
+             WHERE workflow_id = ? AND version = ? AND name IN ({list})"
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(workflow)
+            .bind(version);
+        for task in tasks {
+            query = query.bind(task);
+        }
+        for row in query.fetch_all(&mut *c).await? {
+            policies.insert(
+                (workflow, version, row.try_get("name")?),
+                (
+                    to_u32(row.try_get("retries")?, "retries")?,
+                    row.try_get::<i64, _>("retry_backoff_ms")?.max(0) as u64,
+                ),
+            );
+        }
+    }
+    Ok(policies)
 }
 
 /// What the reports of one batch set in motion, done once for the whole batch after every
@@ -210,19 +294,22 @@ impl AfterBatch {
         )
         .await?;
         // Each (run, downstream task) is examined once, credited to the last report reaching it.
+        let downstream = downstream_of(c, &succeeded).await?;
         let mut candidates: Vec<(usize, InstanceKey, String)> = Vec::new();
         let mut seen: BTreeSet<(i64, String)> = BTreeSet::new();
         for (index, done) in succeeded.iter().rev() {
-            for task in downstream_of(c, done).await? {
+            let edges = (done.workflow_id.0, done.version, done.task.clone());
+            for task in downstream.get(&edges).into_iter().flatten() {
                 if seen.insert((done.run_id.0, task.clone())) {
-                    candidates.push((*index, done.clone(), task));
+                    candidates.push((*index, done.clone(), task.clone()));
                 }
             }
         }
-        for (index, done, task) in candidates.into_iter().rev() {
-            let created = create_if_ready(store, c, &done, &task, now).await?;
+        candidates.reverse();
+        let created = create_ready(store, c, &candidates, now).await?;
+        for ((index, _, _), created) in candidates.iter().zip(created) {
             if created > 0
-                && let Some(ReportResult::Applied(applied)) = results.get_mut(index)
+                && let Some(ReportResult::Applied(applied)) = results.get_mut(*index)
             {
                 applied.new_waiting += created;
             }
@@ -250,63 +337,28 @@ impl AfterBatch {
     }
 }
 
-/// The report's result when the instance is not where the report expects it.
-async fn stale(c: &mut Counted<'_>, id: InstanceId) -> Result<ReportResult> {
-    Ok(match read_key(c, id).await? {
-        Some(key) => ReportResult::Stale {
-            current_attempt: key.attempt,
-            state: key.state,
-        },
-        None => ReportResult::NotFound,
-    })
-}
-
-/// Moves the instance from `from` to `to` with extra assignments; true when this call did it.
-async fn move_instance(
-    c: &mut Counted<'_>,
-    key: &InstanceKey,
-    to: InstanceState,
-    sets: &str,
-    binds: Vec<Option<i64>>,
-) -> Result<bool> {
-    let sql = format!(
-        "UPDATE task_instance SET state = ?{sets} WHERE id = ? AND attempt = ? AND state = ?"
-    );
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(to.as_str());
-    for value in binds {
-        query = query.bind(value);
-    }
-    let done = query
-        .bind(key.id.0)
-        .bind(i64::from(key.attempt.0))
-        .bind(key.state.as_str())
-        .execute(&mut *c)
-        .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-async fn apply_one(
-    c: &mut Counted<'_>,
+/// Decides one report on the in-memory row of its instance (read under lock): the row changes
+/// go to `writes`, the row in `keys` moves on (a later report on the same instance in the batch
+/// sees it), and what the batch must do afterwards goes to `after`.
+fn decide(
     report: &Report,
     now: Millis,
     index: usize,
-    after: &mut AfterBatch,
     keys: &mut HashMap<i64, InstanceKey>,
-) -> Result<ReportResult> {
+    policies: &RetryPolicies,
+    writes: &mut Writes,
+    after: &mut AfterBatch,
+) -> ReportResult {
     let (id, attempt) = report_key(report);
-    let key = match keys.remove(&id.0) {
-        Some(key) => key,
-        None => match read_key(c, id).await? {
-            Some(key) => key,
-            None => return Ok(ReportResult::NotFound),
-        },
+    let Some(key) = keys.get_mut(&id.0) else {
+        return ReportResult::NotFound;
     };
     let stale_now = ReportResult::Stale {
         current_attempt: key.attempt,
         state: key.state,
     };
     if key.attempt != attempt {
-        return Ok(stale_now);
+        return stale_now;
     }
     // Fencing by identity too: only the worker the attempt was dispatched to may report on it.
     let reporter = match report {
@@ -318,31 +370,37 @@ async fn apply_one(
     if let (Some(reporter), Some(assigned)) = (reporter, key.worker_id.as_ref())
         && reporter != assigned
     {
-        return Ok(stale_now);
+        return stale_now;
     }
     let attempt_no = i64::from(attempt.0);
     match report {
         Report::Rejected { reason, .. } => {
             let Ok(next) = transition(key.state, Event::Reject) else {
-                return Ok(stale_now);
+                return stale_now;
             };
-            if !move_instance(c, &key, next.to, ", worker_id = NULL", vec![]).await? {
-                return stale(c, id).await;
-            }
-            sqlx::query(
-                "UPDATE task_attempt SET state = ?, message = ? WHERE instance_id = ? AND attempt = ?",
-            )
-            .bind(next.to.as_str())
-            .bind(reason.as_str())
-            .bind(id.0)
-            .bind(attempt_no)
-            .execute(&mut *c)
-            .await?;
+            writes.instances.set(
+                id.0,
+                0,
+                [
+                    ("state", next.to.as_str().into()),
+                    ("worker_id", Value::Text(None)),
+                ],
+            );
+            writes.attempts.set(
+                id.0,
+                attempt_no,
+                [
+                    ("state", next.to.as_str().into()),
+                    ("message", reason.as_str().into()),
+                ],
+            );
+            key.state = next.to;
+            key.worker_id = None;
             after.ended.push((index, id.0, next.to));
-            Ok(ReportResult::Applied(Applied {
+            ReportResult::Applied(Applied {
                 new_waiting: 1,
                 ..Applied::default()
-            }))
+            })
         }
         Report::Started {
             worker_id, pid, at, ..
@@ -350,57 +408,43 @@ async fn apply_one(
             // A worker replays Started for the attempts it re-attaches after a reconnect; the
             // current attempt already RUNNING is the same fact again, not a stale report.
             if key.state == InstanceState::Running {
-                return Ok(ReportResult::Applied(Applied::default()));
+                return ReportResult::Applied(Applied::default());
             }
             let Ok(next) = transition(key.state, Event::Start) else {
-                return Ok(stale_now);
+                return stale_now;
             };
-            let sql = "UPDATE task_instance SET state = ?, started_at = ?, worker_id = ?, \
-                       last_heartbeat_at = ? WHERE id = ? AND attempt = ? AND state = ?";
-            let done = sqlx::query(sql)
-                .bind(next.to.as_str())
-                .bind(*at)
-                .bind(worker_id.as_str())
-                .bind(*at)
-                .bind(id.0)
-                .bind(attempt_no)
-                .bind(key.state.as_str())
-                .execute(&mut *c)
-                .await?;
-            if done.rows_affected() != 1 {
-                return stale(c, id).await;
-            }
-            sqlx::query(
-                "UPDATE task_attempt SET state = ?, started_at = ?, pid = ?, worker_id = ? \
-                 WHERE instance_id = ? AND attempt = ?",
-            )
-            .bind(next.to.as_str())
-            .bind(*at)
-            .bind(i64::from(*pid))
-            .bind(worker_id.as_str())
-            .bind(id.0)
-            .bind(attempt_no)
-            .execute(&mut *c)
-            .await?;
-            Ok(ReportResult::Applied(Applied::default()))
+            writes.instances.set(
+                id.0,
+                0,
+                [
+                    ("state", next.to.as_str().into()),
+                    ("started_at", (*at).into()),
+                    ("worker_id", worker_id.as_str().into()),
+                    ("last_heartbeat_at", (*at).into()),
+                ],
+            );
+            writes.attempts.set(
+                id.0,
+                attempt_no,
+                [
+                    ("state", next.to.as_str().into()),
+                    ("started_at", (*at).into()),
+                    ("pid", i64::from(*pid).into()),
+                    ("worker_id", worker_id.as_str().into()),
+                ],
+            );
+            key.state = next.to;
+            key.worker_id = Some(worker_id.clone());
+            ReportResult::Applied(Applied::default())
         }
         Report::TaskHeartbeat { at, .. } => {
             if key.state != InstanceState::Running {
-                return Ok(stale_now);
+                return stale_now;
             }
-            let done = sqlx::query(
-                "UPDATE task_instance SET last_heartbeat_at = ? \
-                 WHERE id = ? AND attempt = ? AND state = 'RUNNING'",
-            )
-            .bind(*at)
-            .bind(id.0)
-            .bind(attempt_no)
-            .execute(&mut *c)
-            .await?;
-            if done.rows_affected() != 1 {
-                return stale(c, id).await;
-            }
-            Ok(ReportResult::Applied(Applied::default()))
+            writes
+                .instances
+                .set(id.0, 0, [("last_heartbeat_at", (*at).into())]);
+            ReportResult::Applied(Applied::default())
         }
         Report::Finished {
             end,
@@ -411,22 +455,10 @@ async fn apply_one(
             message,
             ..
         } => {
-            let policy = sqlx::query(
-                "SELECT retries, retry_backoff_ms FROM task_definition \
-                 WHERE workflow_id = ? AND version = ? AND name = ?",
-            )
-            .bind(key.workflow_id.0)
-            .bind(key.version)
-            .bind(key.task.as_str())
-            .fetch_optional(&mut *c)
-            .await?;
-            let (retries, backoff) = match policy {
-                Some(row) => (
-                    to_u32(row.try_get("retries")?, "retries")?,
-                    row.try_get::<i64, _>("retry_backoff_ms")?.max(0) as u64,
-                ),
-                None => (0, 0),
-            };
+            let (retries, backoff) = policies
+                .get(&(key.workflow_id.0, key.version, key.task.clone()))
+                .copied()
+                .unwrap_or((0, 0));
             let left = retries_left(attempt.0, retries);
             let (event, attempt_state) = match end {
                 AttemptEnd::Finished(outcome) => (
@@ -442,50 +474,59 @@ async fn apply_one(
                 ),
             };
             let Ok(next) = transition(key.state, event) else {
-                return Ok(stale_now);
+                return stale_now;
             };
             let exit = exit_code.map(i64::from);
-            let moved = if next.next_attempt {
+            if next.next_attempt {
                 let delay = retry_delay_ms(backoff, attempt.0, rand::random::<f64>());
                 let not_before = now.saturating_add(i64::try_from(delay).unwrap_or(i64::MAX));
-                move_instance(
-                    c,
-                    &key,
-                    next.to,
-                    ", attempt = attempt + 1, worker_id = NULL, not_before = ?, \
-                     started_at = NULL, finished_at = NULL, exit_code = NULL, \
-                     last_heartbeat_at = NULL",
-                    vec![Some(not_before)],
-                )
-                .await?
+                writes.instances.set(
+                    id.0,
+                    0,
+                    [
+                        ("state", next.to.as_str().into()),
+                        ("attempt", (attempt_no + 1).into()),
+                        ("worker_id", Value::Text(None)),
+                        ("not_before", not_before.into()),
+                        ("started_at", Value::Int(None)),
+                        ("finished_at", Value::Int(None)),
+                        ("exit_code", Value::Int(None)),
+                        ("last_heartbeat_at", Value::Int(None)),
+                    ],
+                );
             } else {
-                move_instance(
-                    c,
-                    &key,
-                    next.to,
-                    ", finished_at = ?, exit_code = ?",
-                    vec![Some(*at), exit],
-                )
-                .await?
-            };
-            if !moved {
-                return stale(c, id).await;
+                writes.instances.set(
+                    id.0,
+                    0,
+                    [
+                        ("state", next.to.as_str().into()),
+                        ("finished_at", (*at).into()),
+                        ("exit_code", exit.into()),
+                    ],
+                );
             }
-            sqlx::query(
-                "UPDATE task_attempt SET state = ?, finished_at = ?, exit_code = ?, \
-                 signal_num = ?, log_lines = ?, message = ? WHERE instance_id = ? AND attempt = ?",
-            )
-            .bind(attempt_state.as_str())
-            .bind(*at)
-            .bind(exit)
-            .bind(signal.map(i64::from))
-            .bind(i64::try_from(*log_lines).unwrap_or(i64::MAX))
-            .bind(message.as_str())
-            .bind(id.0)
-            .bind(attempt_no)
-            .execute(&mut *c)
-            .await?;
+            writes.attempts.set(
+                id.0,
+                attempt_no,
+                [
+                    ("state", attempt_state.as_str().into()),
+                    ("finished_at", (*at).into()),
+                    ("exit_code", exit.into()),
+                    ("signal_num", signal.map(i64::from).into()),
+                    (
+                        "log_lines",
+                        i64::try_from(*log_lines).unwrap_or(i64::MAX).into(),
+                    ),
+                    ("message", message.as_str().into()),
+                ],
+            );
             after.ended.push((index, id.0, next.to));
+            let done = key.clone();
+            key.state = next.to;
+            if next.next_attempt {
+                key.attempt = Attempt(attempt.0 + 1);
+                key.worker_id = None;
+            }
             let mut applied = Applied {
                 attempt_ended: true,
                 attempt_state: Some(attempt_state),
@@ -494,102 +535,227 @@ async fn apply_one(
             };
             if next.next_attempt {
                 applied.new_waiting = 1;
-                return Ok(ReportResult::Applied(applied));
+                return ReportResult::Applied(applied);
             }
-            after.touched_runs.push((index, key.run_id));
+            after.touched_runs.push((index, done.run_id));
             if next.to == InstanceState::Success {
-                after.succeeded.push((index, key));
+                after.succeeded.push((
+                    index,
+                    InstanceKey {
+                        state: next.to,
+                        ..done
+                    },
+                ));
             }
-            Ok(ReportResult::Applied(applied))
+            ReportResult::Applied(applied)
         }
     }
 }
 
-/// Creates the WAITING first attempt of each direct downstream task of `done` whose upstreams
-/// have all succeeded in this run. Reads only the finished task's edges and, per downstream, its
-/// upstreams' instances, through indexes: the cost does not depend on the size of the workflow,
-/// the number of runs or the history.
-/// The direct downstream tasks of the task `done` finished, by index.
-async fn downstream_of(c: &mut Counted<'_>, done: &InstanceKey) -> Result<Vec<String>> {
-    let rows = sqlx::query(
-        "SELECT downstream FROM task_dependency \
-         WHERE workflow_id = ? AND version = ? AND upstream = ? ORDER BY downstream",
-    )
-    .bind(done.workflow_id.0)
-    .bind(done.version)
-    .bind(done.task.as_str())
-    .fetch_all(&mut *c)
-    .await?;
-    rows.iter()
-        .map(|row| Ok(row.try_get("downstream")?))
-        .collect()
+/// The direct downstream tasks of each task that succeeded, by (workflow, version, task): one
+/// statement per workflow version of the batch, reading only the finished tasks' edges.
+async fn downstream_of(
+    c: &mut Counted<'_>,
+    succeeded: &[(usize, InstanceKey)],
+) -> Result<HashMap<(i64, i64, String), Vec<String>>> {
+    let mut wanted: BTreeMap<(i64, i64), BTreeSet<&str>> = BTreeMap::new();
+    for (_, done) in succeeded {
+        wanted
+            .entry((done.workflow_id.0, done.version))
+            .or_default()
+            .insert(done.task.as_str());
+    }
+    let mut downstream: HashMap<(i64, i64, String), Vec<String>> = HashMap::new();
+    for ((workflow, version), tasks) in wanted {
+        let tasks: Vec<&str> = tasks.into_iter().collect();
+        for tasks in tasks.chunks(NAMES_PER_STATEMENT) {
+            let (list, tasks) = in_list(tasks.iter().copied());
+            let sql = format!(
+                "SELECT upstream, downstream FROM task_dependency \
+                 WHERE workflow_id = ? AND version = ? AND upstream IN ({list}) \
+                 ORDER BY upstream, downstream"
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(workflow)
+                .bind(version);
+            for task in tasks {
+                query = query.bind(task);
+            }
+            for row in query.fetch_all(&mut *c).await? {
+                downstream
+                    .entry((workflow, version, row.try_get("upstream")?))
+                    .or_default()
+                    .push(row.try_get("downstream")?);
+            }
+        }
+    }
+    Ok(downstream)
 }
 
-/// Creates the WAITING first attempt of `task` in `done`'s run if every upstream of it has
-/// succeeded there; returns how many instances it created (0 or 1). Reads the task's
-/// definition and its upstreams' instances in this run through indexes: the cost does not
-/// depend on the size of the workflow, the number of runs or the history.
-async fn create_if_ready(
+/// Task names per `IN (…)` list.
+const NAMES_PER_STATEMENT: usize = 500;
+
+/// Creates the WAITING first attempt of each candidate (a downstream task of an instance that
+/// succeeded, in that instance's run) whose upstreams have all succeeded in the run; returns
+/// how many instances each candidate created or woke (0 or 1). Per run and workflow version of
+/// the batch: one read of the candidates' definitions, one count of their succeeded upstreams'
+/// instances, one multi-row insert of the ready ones, all through indexes: the cost depends
+/// neither on the size of the workflow, nor on the number of runs, nor on the history, nor on
+/// how many candidates became ready at once.
+async fn create_ready(
     store: &SqlStore,
     c: &mut Counted<'_>,
-    done: &InstanceKey,
-    task: &str,
+    candidates: &[(usize, InstanceKey, String)],
     now: Millis,
-) -> Result<u32> {
-    let def = sqlx::query(
-        "SELECT upstream_count, priority FROM task_definition \
-         WHERE workflow_id = ? AND version = ? AND name = ?",
-    )
-    .bind(done.workflow_id.0)
-    .bind(done.version)
-    .bind(task)
-    .fetch_optional(&mut *c)
-    .await?;
-    let Some(def) = def else { return Ok(0) };
-    let upstreams: i64 = def.try_get("upstream_count")?;
-    let succeeded: i64 = sqlx::query(
-        "SELECT COUNT(*) AS n FROM task_dependency d JOIN task_instance ti \
-         ON ti.run_id = ? AND ti.task_name = d.upstream AND ti.shard_slot = 0 \
-         WHERE d.workflow_id = ? AND d.version = ? AND d.downstream = ? \
-         AND ti.state = 'SUCCESS'",
-    )
-    .bind(done.run_id.0)
-    .bind(done.workflow_id.0)
-    .bind(done.version)
-    .bind(task)
-    .fetch_one(&mut *c)
-    .await?
-    .try_get("n")?;
-    if succeeded < upstreams {
-        return Ok(0);
+) -> Result<Vec<u32>> {
+    let mut created = vec![0u32; candidates.len()];
+    // (run, workflow, version) → candidate positions.
+    let mut groups: BTreeMap<(i64, i64, i64), Vec<usize>> = BTreeMap::new();
+    for (i, (_, done, _)) in candidates.iter().enumerate() {
+        groups
+            .entry((done.run_id.0, done.workflow_id.0, done.version))
+            .or_default()
+            .push(i);
     }
-    let priority: i64 = def.try_get("priority")?;
-    let ids = store.take_ids(c.uncounted(), IdKind::Instance, 1).await?;
+    for ((run, workflow, version), positions) in groups {
+        for positions in positions.chunks(NAMES_PER_STATEMENT) {
+            let tasks: Vec<&str> = positions
+                .iter()
+                .map(|&i| candidates[i].2.as_str())
+                .collect();
+            let ready = ready_tasks(c, run, workflow, version, &tasks).await?;
+            if ready.is_empty() {
+                continue;
+            }
+            let woke = insert_first_attempts(store, c, run, workflow, version, &ready, now).await?;
+            for &i in positions {
+                if let Some(n) = woke.get(candidates[i].2.as_str()) {
+                    created[i] = *n;
+                }
+            }
+        }
+    }
+    Ok(created)
+}
+
+/// Of `tasks` in `run`, the ones whose upstreams have all succeeded, with their priority.
+async fn ready_tasks(
+    c: &mut Counted<'_>,
+    run: i64,
+    workflow: i64,
+    version: i64,
+    tasks: &[&str],
+) -> Result<Vec<(String, i64)>> {
+    let (list, padded) = in_list(tasks.iter().copied());
     let sql = format!(
-        "{} task_instance (id, run_id, workflow_id, workflow_version, task_name, state, \
-         attempt, priority, not_before, created_at) VALUES {}",
-        store.dialect.insert_ignore(),
-        values_rows(1, 10)
+        "SELECT name, upstream_count, priority FROM task_definition \
+         WHERE workflow_id = ? AND version = ? AND name IN ({list})"
     );
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for id in ids {
-        query = query
-            .bind(id)
-            .bind(done.run_id.0)
-            .bind(done.workflow_id.0)
-            .bind(done.version)
-            .bind(task)
-            .bind(InstanceState::Waiting.as_str())
-            .bind(1i64)
-            .bind(priority)
-            .bind(now)
-            .bind(now);
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(workflow)
+        .bind(version);
+    for task in padded {
+        query = query.bind(task);
     }
-    let inserted = query.execute(&mut *c).await?.rows_affected();
-    if inserted == 0 {
-        return super::rerun::wake_pending(c.uncounted(), done.run_id, task, now).await;
+    let mut needs: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    for row in query.fetch_all(&mut *c).await? {
+        needs.insert(
+            row.try_get("name")?,
+            (row.try_get("upstream_count")?, row.try_get("priority")?),
+        );
     }
-    Ok(u32::try_from(inserted).unwrap_or(u32::MAX))
+    if needs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (list, padded) = in_list(needs.keys().map(String::as_str));
+    let sql = format!(
+        "SELECT d.downstream, COUNT(*) AS n FROM task_dependency d JOIN task_instance ti \
+         ON ti.run_id = ? AND ti.task_name = d.upstream AND ti.shard_slot = 0 \
+         WHERE d.workflow_id = ? AND d.version = ? AND d.downstream IN ({list}) \
+         AND ti.state = 'SUCCESS' GROUP BY d.downstream"
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(run)
+        .bind(workflow)
+        .bind(version);
+    for task in padded {
+        query = query.bind(task);
+    }
+    let mut succeeded: HashMap<String, i64> = HashMap::new();
+    for row in query.fetch_all(&mut *c).await? {
+        succeeded.insert(row.try_get("downstream")?, row.try_get("n")?);
+    }
+    Ok(needs
+        .into_iter()
+        .filter(|(task, (upstreams, _))| succeeded.get(task).copied().unwrap_or(0) >= *upstreams)
+        .map(|(task, (_, priority))| (task, priority))
+        .collect())
+}
+
+/// Inserts the WAITING first attempt of each ready task in one statement; a task whose
+/// instance exists already (it ran before a rerun from above and is PENDING) is woken instead.
+/// Returns, per task, the instances created or woken.
+async fn insert_first_attempts(
+    store: &SqlStore,
+    c: &mut Counted<'_>,
+    run: i64,
+    workflow: i64,
+    version: i64,
+    ready: &[(String, i64)],
+    now: Millis,
+) -> Result<HashMap<String, u32>> {
+    let ids = store
+        .take_ids(c.uncounted(), IdKind::Instance, ready.len())
+        .await?;
+    let rows: Vec<(i64, &(String, i64))> = ids.iter().copied().zip(ready).collect();
+    let mut inserted = 0;
+    for rows in pow2_chunks(&rows) {
+        let sql = format!(
+            "{} task_instance (id, run_id, workflow_id, workflow_version, task_name, state, \
+             attempt, priority, not_before, created_at) VALUES {}",
+            store.dialect.insert_ignore(),
+            values_rows(rows.len(), 10)
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (id, (task, priority)) in rows {
+            query = query
+                .bind(*id)
+                .bind(run)
+                .bind(workflow)
+                .bind(version)
+                .bind(task.as_str())
+                .bind(InstanceState::Waiting.as_str())
+                .bind(1i64)
+                .bind(*priority)
+                .bind(now)
+                .bind(now);
+        }
+        inserted += query.execute(&mut *c).await?.rows_affected();
+    }
+    let mut woke: HashMap<String, u32> = ready.iter().map(|(task, _)| (task.clone(), 1)).collect();
+    if inserted as usize == ready.len() {
+        return Ok(woke);
+    }
+    // Some instances existed: the ones whose id is not one this call took.
+    let (list, tasks) = in_list(ready.iter().map(|(task, _)| task.as_str()));
+    let sql = format!(
+        "SELECT id, task_name FROM task_instance \
+         WHERE run_id = ? AND shard_slot = 0 AND task_name IN ({list})"
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(run);
+    for task in tasks {
+        query = query.bind(task);
+    }
+    let fresh: BTreeSet<i64> = ids.into_iter().collect();
+    for row in query.fetch_all(&mut *c).await? {
+        let id: i64 = row.try_get("id")?;
+        if !fresh.contains(&id) {
+            let task: String = row.try_get("task_name")?;
+            let n = super::rerun::wake_pending(c.uncounted(), RunId(run), &task, now).await?;
+            woke.insert(task, n);
+        }
+    }
+    Ok(woke)
 }
 
 /// Ends the run when nothing of it can run any more (after an instance became terminal).

@@ -19,9 +19,10 @@ use crate::logs::{BatchLimits, Batcher, pump_lines};
 use crate::now_ms;
 use crate::state::{AttemptKey, Attempts, Control, Link, LogsSend};
 
-/// Lines buffered between the pipe readers and the batcher of one attempt. Small on purpose: when
-/// the stream cannot keep up, a chatty task blocks on its pipe instead of growing our memory.
-const LINE_CHANNEL: usize = 256;
+/// Reads (each up to 16 KiB of lines) buffered between the pipe readers and the batcher of one
+/// attempt. Small on purpose: when the stream cannot keep up, a chatty task blocks on its pipe
+/// instead of growing our memory.
+const LINE_CHANNEL: usize = 16;
 
 /// How long the output pipes may stay open after the process group is gone (a daemonised
 /// grandchild in another group can hold them forever).
@@ -220,7 +221,7 @@ impl Runner {
             link.send(message).await;
         }
 
-        let (line_tx, mut lines) = mpsc::channel::<LogLine>(LINE_CHANNEL);
+        let (line_tx, mut lines) = mpsc::channel::<Vec<LogLine>>(LINE_CHANNEL);
         let mut readers = Vec::new();
         if let Some(stdout) = child.stdout.take() {
             let tx = line_tx.clone();
@@ -264,10 +265,14 @@ impl Runner {
                     exit = Some(status);
                     drain_until = Some(Instant::now() + self.settings.kill_grace + PIPE_DRAIN_GRACE);
                 }
-                line = lines.recv(), if !readers_done => match line {
-                    Some(line) => if batcher.push(line) {
-                        self.flush(&mut batcher).await;
-                    },
+                read = lines.recv(), if !readers_done => match read {
+                    Some(read) => {
+                        for line in read {
+                            if batcher.push(line) {
+                                self.flush(&mut batcher).await;
+                            }
+                        }
+                    }
                     None => readers_done = true,
                 },
                 () = sleep_until(batcher.deadline().unwrap_or(start)), if batcher.deadline().is_some() => {
@@ -293,9 +298,11 @@ impl Runner {
             }
         }
         // Lines already queued by the readers still belong to the attempt.
-        while let Ok(line) = lines.try_recv() {
-            if batcher.push(line) {
-                self.flush(&mut batcher).await;
+        while let Ok(read) = lines.try_recv() {
+            for line in read {
+                if batcher.push(line) {
+                    self.flush(&mut batcher).await;
+                }
             }
         }
         self.flush(&mut batcher).await;

@@ -190,11 +190,22 @@ pub(crate) async fn limit_usage(
         .collect()
 }
 
-/// What [`released`] found about instances whose attempt ended.
-struct Ended {
+/// What [`release`] needs of an instance whose attempt ended.
+#[derive(Debug, Clone)]
+pub(crate) struct Ended {
     id: i64,
     held: String,
     parent: Option<i64>,
+}
+
+impl Ended {
+    pub(crate) fn of(key: &InstanceKey) -> Ended {
+        Ended {
+            id: key.id.0,
+            held: key.held_slots.clone(),
+            parent: key.parent_id,
+        }
+    }
 }
 
 async fn load_ended(c: &mut AnyConnection, ids: &BTreeSet<i64>) -> Result<Vec<Ended>> {
@@ -263,13 +274,14 @@ async fn release_loaded(c: &mut AnyConnection, ended: &[Ended]) -> Result<()> {
     Ok(())
 }
 
-/// After a batch of reports: the instances whose attempt ended (`ended`: report index,
-/// instance id, its new state) give back their scopes; shards leave the downstream advance to
-/// their parent, and a shard's terminal end settles its parent (a parent that succeeded joins
-/// `succeeded`, so its downstream is created; its run is checked for its end).
+/// After a batch of reports: the instances whose attempt ended (`ended`: report index, the
+/// instance as the batch read it under lock, its new state) give back their scopes; shards
+/// leave the downstream advance to their parent, and a shard's terminal end settles its parent
+/// (a parent that succeeded joins `succeeded`, so its downstream is created; its run is checked
+/// for its end).
 pub(crate) async fn after_attempts_ended(
     c: &mut AnyConnection,
-    ended: &[(usize, i64, InstanceState)],
+    ended: &[(usize, Ended, InstanceState)],
     succeeded: &mut Vec<(usize, InstanceKey)>,
     touched_runs: &mut Vec<(usize, RunId)>,
     now: Millis,
@@ -277,8 +289,13 @@ pub(crate) async fn after_attempts_ended(
     if ended.is_empty() {
         return Ok(());
     }
-    let ids: BTreeSet<i64> = ended.iter().map(|(_, id, _)| *id).collect();
-    let loaded = load_ended(c, &ids).await?;
+    let mut loaded: BTreeMap<i64, Ended> = BTreeMap::new();
+    for (_, instance, _) in ended {
+        loaded
+            .entry(instance.id)
+            .or_insert_with(|| instance.clone());
+    }
+    let loaded: Vec<Ended> = loaded.into_values().collect();
     release_loaded(c, &loaded).await?;
     let parents: BTreeMap<i64, i64> = loaded
         .iter()
@@ -289,9 +306,9 @@ pub(crate) async fn after_attempts_ended(
     }
     succeeded.retain(|(_, key)| !parents.contains_key(&key.id.0));
     let mut settle: BTreeMap<i64, usize> = BTreeMap::new();
-    for (index, id, state) in ended {
+    for (index, instance, state) in ended {
         if state.is_terminal()
-            && let Some(parent) = parents.get(id)
+            && let Some(parent) = parents.get(&instance.id)
         {
             settle.insert(*parent, *index);
         }

@@ -13,7 +13,7 @@ use ax_core::state::{Event, InstanceState, transition};
 use sqlx::{AnyConnection, Row};
 
 use super::ids::IdKind;
-use super::patch::{Patches, Table, Value};
+use super::patch::{Patches, Table};
 use super::queue;
 use super::reports::{self, finish_run_if_done, load_key, lock_runs};
 use super::rows::{self, corrupt, instance_state, map_json, to_json, to_u32};
@@ -699,53 +699,32 @@ pub(crate) async fn mark_dispatched_tx(
         return Ok(won);
     }
     instances.write(c).await?;
-    // A rejected attempt dispatched again reuses its row.
-    let (list, ids) = in_list(winners.iter().map(|claim| claim.instance_id.0));
-    let sql =
-        format!("SELECT instance_id, attempt FROM task_attempt WHERE instance_id IN ({list})");
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for id in ids {
-        query = query.bind(id);
-    }
-    let mut existing: BTreeSet<(i64, i64)> = BTreeSet::new();
-    for row in query.fetch_all(&mut *c).await? {
-        existing.insert((row.try_get("instance_id")?, row.try_get("attempt")?));
-    }
-    let mut again = Patches::new(Table::Attempt);
-    let mut fresh: Vec<&DispatchClaim> = Vec::new();
-    for claim in winners {
-        let key = (claim.instance_id.0, i64::from(claim.attempt.0));
-        if existing.contains(&key) {
-            again.set(
-                key.0,
-                key.1,
-                [
-                    ("state", InstanceState::Dispatched.as_str().into()),
-                    ("worker_id", claim.worker_id.as_str().into()),
-                    ("node_id", claim.node_id.as_str().into()),
-                    ("dispatched_at", claim.at.into()),
-                    ("started_at", Value::Int(None)),
-                    ("finished_at", Value::Int(None)),
-                    ("exit_code", Value::Int(None)),
-                    ("signal_num", Value::Int(None)),
-                    ("pid", Value::Int(None)),
-                    ("log_lines", 0.into()),
-                    ("message", "".into()),
-                ],
-            );
-        } else {
-            fresh.push(claim);
-        }
-    }
-    again.write(c).await?;
-    for fresh in pow2_chunks(&fresh) {
+    // One attempt row per claim; a rejected attempt dispatched again reuses its row, whose
+    // earlier start and end are cleared.
+    const COLUMNS: [&str; 13] = [
+        "instance_id",
+        "attempt",
+        "state",
+        "worker_id",
+        "node_id",
+        "dispatched_at",
+        "started_at",
+        "finished_at",
+        "exit_code",
+        "signal_num",
+        "pid",
+        "log_lines",
+        "message",
+    ];
+    let tail = store.dialect.upsert_tail(&COLUMNS[..2], &COLUMNS[2..]);
+    for winners in pow2_chunks(&winners) {
         let sql = format!(
-            "INSERT INTO task_attempt (instance_id, attempt, state, worker_id, node_id, \
-             dispatched_at, log_lines, message) VALUES {}",
-            values_rows(fresh.len(), 8)
+            "INSERT INTO task_attempt ({}) VALUES {}{tail}",
+            COLUMNS.join(", "),
+            values_rows(winners.len(), COLUMNS.len())
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for claim in fresh {
+        for claim in winners {
             query = query
                 .bind(claim.instance_id.0)
                 .bind(i64::from(claim.attempt.0))
@@ -753,6 +732,11 @@ pub(crate) async fn mark_dispatched_tx(
                 .bind(claim.worker_id.as_str())
                 .bind(claim.node_id.as_str())
                 .bind(claim.at)
+                .bind(None::<i64>)
+                .bind(None::<i64>)
+                .bind(None::<i64>)
+                .bind(None::<i64>)
+                .bind(None::<i64>)
                 .bind(0i64)
                 .bind("");
         }

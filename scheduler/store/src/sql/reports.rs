@@ -11,6 +11,7 @@ use ax_core::state::{Event, InstanceState, transition};
 use sqlx::{AnyConnection, Row};
 
 use super::counted::Counted;
+use super::dispatch::Ended;
 use super::ids::IdKind;
 use super::patch::{Patches, Table, Value};
 use super::rows::{instance_state, run_state, to_u32};
@@ -28,20 +29,26 @@ pub(crate) struct InstanceKey {
     pub(crate) state: InstanceState,
     pub(crate) attempt: Attempt,
     pub(crate) worker_id: Option<String>,
+    /// The concurrency scopes the instance holds (see `dispatch.rs`), one per line.
+    pub(crate) held_slots: String,
+    /// The sharded task's instance, when this one is a shard.
+    pub(crate) parent_id: Option<i64>,
 }
+
+/// The columns [`key_of`] reads.
+const KEY_COLUMNS: &str = "id, run_id, workflow_id, workflow_version, task_name, state, attempt, worker_id, \
+     held_slots, parent_id";
 
 pub(crate) async fn load_key(c: &mut AnyConnection, id: InstanceId) -> Result<Option<InstanceKey>> {
     read_key(&mut Counted::new(c), id).await
 }
 
 async fn read_key(c: &mut Counted<'_>, id: InstanceId) -> Result<Option<InstanceKey>> {
-    let row = sqlx::query(
-        "SELECT id, run_id, workflow_id, workflow_version, task_name, state, attempt, worker_id \
-         FROM task_instance WHERE id = ?",
-    )
-    .bind(id.0)
-    .fetch_optional(&mut *c)
-    .await?;
+    let sql = format!("SELECT {KEY_COLUMNS} FROM task_instance WHERE id = ?");
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id.0)
+        .fetch_optional(&mut *c)
+        .await?;
     row.as_ref().map(key_of).transpose()
 }
 
@@ -55,10 +62,8 @@ async fn load_keys(
         return Ok(HashMap::new());
     }
     let (list, padded) = in_list(ids.iter().copied());
-    let sql = format!(
-        "SELECT id, run_id, workflow_id, workflow_version, task_name, state, attempt, worker_id \
-         FROM task_instance WHERE id IN ({list}) ORDER BY id{lock}"
-    );
+    let sql =
+        format!("SELECT {KEY_COLUMNS} FROM task_instance WHERE id IN ({list}) ORDER BY id{lock}");
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     for id in padded {
         query = query.bind(id);
@@ -81,6 +86,8 @@ fn key_of(row: &sqlx::any::AnyRow) -> Result<InstanceKey> {
         state: instance_state(&row.try_get::<String, _>("state")?)?,
         attempt: Attempt(to_u32(row.try_get("attempt")?, "attempt")?),
         worker_id: row.try_get("worker_id")?,
+        held_slots: row.try_get("held_slots")?,
+        parent_id: row.try_get("parent_id")?,
     })
 }
 
@@ -158,7 +165,12 @@ async fn apply_counted(
     now: Millis,
 ) -> Result<Vec<ReportResult>> {
     let ids: BTreeSet<i64> = reports.iter().map(|r| report_key(r).0.0).collect();
-    if store.dialect == Dialect::MySql && !ids.is_empty() {
+    // Only an attempt's end moves a run: it may create downstream instances or end the run,
+    // which two nodes must not do at once. Started and heartbeat reports need no run lock.
+    let ends_attempts = reports
+        .iter()
+        .any(|r| matches!(r, Report::Finished { .. } | Report::Rejected { .. }));
+    if store.dialect == Dialect::MySql && ends_attempts && !ids.is_empty() {
         let (list, padded) = in_list(ids.iter().copied());
         let sql =
             format!("SELECT run_id FROM task_instance FORCE INDEX (PRIMARY) WHERE id IN ({list})");
@@ -268,8 +280,9 @@ struct AfterBatch {
     succeeded: Vec<(usize, InstanceKey)>,
     /// Runs with an instance that became terminal, with the last such report.
     touched_runs: Vec<(usize, RunId)>,
-    /// Instances whose attempt ended or went back to WAITING: (report, id, new state).
-    ended: Vec<(usize, i64, InstanceState)>,
+    /// Instances whose attempt ended or went back to WAITING: (report, the instance as read
+    /// at the start of the batch, its new state).
+    ended: Vec<(usize, Ended, InstanceState)>,
 }
 
 impl AfterBatch {
@@ -396,7 +409,7 @@ fn decide(
             );
             key.state = next.to;
             key.worker_id = None;
-            after.ended.push((index, id.0, next.to));
+            after.ended.push((index, Ended::of(key), next.to));
             ReportResult::Applied(Applied {
                 new_waiting: 1,
                 ..Applied::default()
@@ -520,7 +533,7 @@ fn decide(
                     ("message", message.as_str().into()),
                 ],
             );
-            after.ended.push((index, id.0, next.to));
+            after.ended.push((index, Ended::of(key), next.to));
             let done = key.clone();
             key.state = next.to;
             if next.next_attempt {

@@ -35,6 +35,7 @@ use ax_core::run::RunState;
 use ax_core::spec::{TriggerKind, WorkflowSpec};
 use ax_proto::v1 as pb;
 use ax_store::{CancelledAttempt, DecisionRecord, DueSchedule, NewRun, RunRecord, WorkflowRecord};
+use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
@@ -65,6 +66,10 @@ pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
     }
 }
 
+/// Schedules fired side by side: each fire is its own transactions on its own workflow, so a
+/// second full of due schedules (100 per-second crons) is not one long queue of round trips.
+const CONCURRENT_FIRES: usize = 16;
+
 /// Fires every schedule that is due and returns how long to sleep until the next one.
 async fn fire_due(node: &Node) -> anyhow::Result<Duration> {
     let upcoming = node
@@ -72,18 +77,37 @@ async fn fire_due(node: &Node) -> anyhow::Result<Duration> {
         .due_schedules(now_ms() + LOOKAHEAD_MS, 1_000)
         .await?;
     let mut next_wake = IDLE_POLL;
+    let mut due_now = Vec::new();
+    let now = now_ms();
     for due in upcoming {
-        // Read per schedule: a long catch-up of one must not make the next fire with a stale
-        // `now` (or sleep past its slot).
-        let now = now_ms();
         if due.next_fire_at > now {
             let wait = Duration::from_millis((due.next_fire_at - now) as u64);
             next_wake = next_wake.min(wait);
-            continue;
+        } else {
+            due_now.push(due);
         }
-        if let Err(err) = fire(node, &due, now).await {
-            tracing::error!(workflow = %due.workflow, error = %err, "cron fire failed");
-        }
+    }
+    let decisions: Vec<Vec<DecisionRecord>> = futures::stream::iter(due_now)
+        .map(|due| async move {
+            // Read per schedule: a long catch-up of one must not make another fire with a
+            // stale `now`.
+            match fire(node, &due, now_ms()).await {
+                Ok(decisions) => decisions,
+                Err(err) => {
+                    tracing::error!(workflow = %due.workflow, error = %err, "cron fire failed");
+                    Vec::new()
+                }
+            }
+        })
+        .buffer_unordered(CONCURRENT_FIRES)
+        .collect()
+        .await;
+    // One write for the pass's decisions, off each fire's path.
+    let decisions: Vec<DecisionRecord> = decisions.into_iter().flatten().collect();
+    if !decisions.is_empty()
+        && let Err(err) = node.store.record_decisions(&decisions).await
+    {
+        tracing::warn!(error = %err, decisions = decisions.len(), "recording decisions failed");
     }
     Ok(next_wake)
 }
@@ -110,7 +134,8 @@ fn decision(
     }
 }
 
-async fn fire(node: &Node, due: &DueSchedule, now: Millis) -> anyhow::Result<()> {
+/// Fires `due`'s slots and moves its schedule on; returns the decisions to record.
+async fn fire(node: &Node, due: &DueSchedule, now: Millis) -> anyhow::Result<Vec<DecisionRecord>> {
     let cron = CronSchedule::parse(&due.cron)?;
     let tz = parse_timezone(&due.timezone)?;
     let versioned = node
@@ -179,12 +204,7 @@ async fn fire(node: &Node, due: &DueSchedule, now: Millis) -> anyhow::Result<()>
         }
         own.extend(contested);
     }
-    if !own.is_empty()
-        && let Err(err) = node.store.record_decisions(&own).await
-    {
-        tracing::warn!(workflow = %due.workflow, error = %err, "recording decisions failed");
-    }
-    Ok(())
+    Ok(own)
 }
 
 fn span_decision(

@@ -1,5 +1,10 @@
 //! S0: the spawn ceiling. `true` spawned from a tokio program with 64 in flight; no ax at all.
 //! W1's tasks/s is judged against this number measured in the same invocation.
+//!
+//! A second figure spawns the way the worker does (`/bin/sh -c true` in its own process group,
+//! with a parent-death signal set between fork and exec, its output piped and read): the
+//! ceiling of any worker built that way, with no scheduler, store or stream. The `pre_exec`
+//! hook makes the standard library fork instead of using `posix_spawn`.
 
 use std::process::Stdio;
 use std::time::Instant;
@@ -28,17 +33,56 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         .iter()
         .filter(|o| !matches!(o, Ok(status) if status.success()))
         .count();
+    let plain = total as f64 / elapsed;
+
+    let started = Instant::now();
+    let worker_way: Vec<std::io::Result<std::process::Output>> = futures::stream::iter(0..total)
+        .map(|_| async {
+            let mut command = tokio::process::Command::new("/bin/sh");
+            command
+                .arg("-c")
+                .arg("true")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0);
+            // SAFETY: prctl(2) is async-signal-safe and allocates nothing.
+            unsafe {
+                command.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            command.output().await
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let worker_elapsed = started.elapsed().as_secs_f64();
+    let worker_failed = worker_way
+        .iter()
+        .filter(|o| !matches!(o, Ok(output) if output.status.success()))
+        .count();
+
     let mut checks = Checks::default();
     checks.add(
         "every spawn of true exited 0",
         failed == 0,
         format!("{failed} of {total} failed"),
     );
+    checks.add(
+        "every worker-style spawn of sh -c true exited 0",
+        worker_failed == 0,
+        format!("{worker_failed} of {total} failed"),
+    );
     let mut m = Measurement::default();
+    m.figure("spawns/s (64 in flight)", "1/s", plain, None);
     m.figure(
-        "spawns/s (64 in flight)",
+        "spawns/s the worker's way (sh -c, group, death signal, pipes)",
         "1/s",
-        total as f64 / elapsed,
+        total as f64 / worker_elapsed,
         None,
     );
     m.checks = checks.0;

@@ -200,6 +200,12 @@ fn add_spawn_ratio(reports: &mut [WorkloadReport]) {
     else {
         return;
     };
+    let worker_ceiling = reports
+        .iter()
+        .find(|r| r.workload == "S0")
+        .and_then(|r| r.figures.get(1))
+        .map(|f| f.median)
+        .filter(|c| *c > 0.0);
     let Some(w1) = reports.iter_mut().find(|r| r.workload == "W1") else {
         return;
     };
@@ -213,5 +219,12 @@ fn add_spawn_ratio(reports: &mut [WorkloadReport]) {
         ratios,
         Some(Target::AtLeast(0.5)),
     );
+    let worker_way = worker_ceiling.map(|ceiling| {
+        let ratios = rate.values.iter().map(|v| v / ceiling).collect();
+        report::summarize("tasks/s / S0 worker-way spawns/s", "x", ratios, None)
+    });
     w1.figures.insert(1, summary);
+    if let Some(summary) = worker_way {
+        w1.figures.insert(2, summary);
+    }
 }

@@ -516,8 +516,10 @@ async fn cancel_instance_tx(
         return Ok(None);
     };
     lock_runs(store, c, &BTreeSet::from([key.run_id.0])).await?;
-    // Read again under the run lock: a report may have moved it meanwhile.
-    let Some(key) = load_key(c, id).await? else {
+    // Read again under the run lock, and lock the row: a report may have moved it meanwhile,
+    // and a batch of Started reports (which takes no run lock) must not move it between this
+    // read and the cancel.
+    let Some(key) = reports::lock_key(store, c, id).await? else {
         return Ok(None);
     };
     let mut killed = None;

@@ -43,6 +43,25 @@ pub(crate) async fn load_key(c: &mut AnyConnection, id: InstanceId) -> Result<Op
     read_key(&mut Counted::new(c), id).await
 }
 
+/// The key of one instance, its row locked until the transaction ends (MySQL; SQLite writers
+/// are serialized): what the caller decides on it cannot be overtaken by a report batch, which
+/// locks the same rows, or by a dispatch claim.
+pub(crate) async fn lock_key(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    id: InstanceId,
+) -> Result<Option<InstanceKey>> {
+    let sql = format!(
+        "SELECT {KEY_COLUMNS} FROM task_instance WHERE id = ?{}",
+        store.dialect.for_update()
+    );
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id.0)
+        .fetch_optional(&mut *c)
+        .await?;
+    row.as_ref().map(key_of).transpose()
+}
+
 async fn read_key(c: &mut Counted<'_>, id: InstanceId) -> Result<Option<InstanceKey>> {
     let sql = format!("SELECT {KEY_COLUMNS} FROM task_instance WHERE id = ?");
     let row = sqlx::query(sqlx::AssertSqlSafe(sql))

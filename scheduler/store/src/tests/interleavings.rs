@@ -16,6 +16,7 @@ conformance!(
     rerun_from_moves_a_sharded_task_s_instance_not_its_shards_and_it_fans_out_again,
     rerun_from_refuses_while_a_sharded_task_still_has_shards_going,
     a_claim_racing_cancel_run_is_cancelled_and_its_worker_told,
+    a_start_racing_cancel_instance_is_cancelled_and_its_worker_told,
     a_sharded_task_is_retried_as_a_whole_once_its_shards_ended,
     the_queued_runs_of_a_workflow_are_read_in_order_by_an_index,
 );
@@ -377,6 +378,64 @@ mod scenarios {
                 assert!(
                     killed.contains(id),
                     "round {round}: {id} was dispatched but its worker was not told: {killed:?}"
+                );
+            }
+        }
+    }
+
+    /// A batch of Started reports takes no run lock: a cancel of one instance must still win
+    /// over a start that lands between its read and its update, and tell the worker.
+    pub(super) async fn a_start_racing_cancel_instance_is_cancelled_and_its_worker_told(ctx: Ctx) {
+        let a: Arc<dyn Store> = ctx.store.clone();
+        let b: Arc<dyn Store> = Arc::new(SqlStore::connect(&ctx.url).await.unwrap());
+        let tasks = (0..8).map(|i| task(&format!("t{i}"), &[])).collect();
+        let wf = apply(a.as_ref(), &spec("wide", tasks)).await;
+        for round in 0..30 {
+            let run = a.create_run(&manual(&wf)).await.unwrap().0.id;
+            let instances = a.list_instances(run).await.unwrap();
+            let claims: Vec<DispatchClaim> = instances
+                .iter()
+                .map(|i| claim(i.id, i.attempt, "w1"))
+                .collect();
+            assert!(a.mark_dispatched(&claims).await.unwrap().iter().all(|w| *w));
+            let starter = {
+                let b = b.clone();
+                let keys: Vec<(InstanceId, Attempt)> =
+                    instances.iter().map(|i| (i.id, i.attempt)).collect();
+                tokio::spawn(async move {
+                    for (id, attempt) in keys {
+                        b.apply_reports(&[started(id, attempt, "w1")], T0)
+                            .await
+                            .unwrap();
+                    }
+                })
+            };
+            let canceller = {
+                let a = a.clone();
+                let ids: Vec<InstanceId> = instances.iter().map(|i| i.id).collect();
+                tokio::spawn(async move {
+                    let mut told = Vec::new();
+                    for id in ids {
+                        let (_, killed) = a.cancel_instance(id, T0).await.unwrap().unwrap();
+                        told.push((id, killed.is_some()));
+                    }
+                    told
+                })
+            };
+            starter.await.unwrap();
+            let told = canceller.await.unwrap();
+            for inst in a.list_instances(run).await.unwrap() {
+                assert_eq!(
+                    inst.state,
+                    InstanceState::Cancelled,
+                    "round {round}: instance {} escaped its cancel",
+                    inst.id
+                );
+            }
+            for (id, killed) in told {
+                assert!(
+                    killed,
+                    "round {round}: {id} was cancelled but its worker not told"
                 );
             }
         }

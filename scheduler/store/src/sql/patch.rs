@@ -107,7 +107,7 @@ impl Patches {
         self.rows.entry((id, attempt)).or_default().extend(columns);
     }
 
-    /// Sends the assignments: rows with the same columns share statements, in key order (the
+    /// Sends the assignments: rows with the same columns share statements, each in key order (the
     /// order every transaction locks rows in). Returns the statements sent.
     pub(crate) async fn write(self, c: &mut AnyConnection) -> Result<u64> {
         let mut shapes: BTreeMap<Vec<&'static str>, Vec<Row>> = BTreeMap::new();

@@ -266,18 +266,9 @@ async fn load_retry_policies(
     }
     let mut policies = RetryPolicies::new();
     for ((workflow, version), tasks) in wanted {
-        let (list, tasks) = in_list(tasks);
-        let sql = format!(
-            "SELECT name, retries, retry_backoff_ms FROM task_definition \
-             WHERE workflow_id = ? AND version = ? AND name IN ({list})"
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(workflow)
-            .bind(version);
-        for task in tasks {
-            query = query.bind(task);
-        }
-        for row in query.fetch_all(&mut *c).await? {
+        let tasks: Vec<&str> = tasks.into_iter().collect();
+        let rows = definitions(c, workflow, version, &tasks, "retries, retry_backoff_ms").await?;
+        for row in rows {
             policies.insert(
                 (workflow, version, row.try_get("name")?),
                 (
@@ -624,6 +615,28 @@ async fn downstream_of(
     Ok(downstream)
 }
 
+/// `name` and `columns` of the definitions of `tasks` in one workflow version, one statement.
+async fn definitions(
+    c: &mut Counted<'_>,
+    workflow: i64,
+    version: i64,
+    tasks: &[&str],
+    columns: &str,
+) -> Result<Vec<sqlx::any::AnyRow>> {
+    let (list, padded) = in_list(tasks.iter().copied());
+    let sql = format!(
+        "SELECT name, {columns} FROM task_definition \
+         WHERE workflow_id = ? AND version = ? AND name IN ({list})"
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(workflow)
+        .bind(version);
+    for task in padded {
+        query = query.bind(task);
+    }
+    Ok(query.fetch_all(&mut *c).await?)
+}
+
 /// Task names per `IN (…)` list.
 const NAMES_PER_STATEMENT: usize = 500;
 
@@ -678,19 +691,8 @@ async fn ready_tasks(
     version: i64,
     tasks: &[&str],
 ) -> Result<Vec<(String, i64)>> {
-    let (list, padded) = in_list(tasks.iter().copied());
-    let sql = format!(
-        "SELECT name, upstream_count, priority FROM task_definition \
-         WHERE workflow_id = ? AND version = ? AND name IN ({list})"
-    );
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(workflow)
-        .bind(version);
-    for task in padded {
-        query = query.bind(task);
-    }
     let mut needs: BTreeMap<String, (i64, i64)> = BTreeMap::new();
-    for row in query.fetch_all(&mut *c).await? {
+    for row in definitions(c, workflow, version, tasks, "upstream_count, priority").await? {
         needs.insert(
             row.try_get("name")?,
             (row.try_get("upstream_count")?, row.try_get("priority")?),

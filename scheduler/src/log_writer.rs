@@ -34,7 +34,7 @@ pub enum LogCommand {
 
 /// Text queued for the store at most, whatever the lines' length: the scheduler's memory for
 /// logs stays bounded while a chatty task is pushed back.
-const QUEUE_BUDGET_BYTES: usize = 32 << 20;
+const QUEUE_BUDGET_BYTES: usize = 16 << 20;
 
 #[derive(Clone)]
 pub struct LogWriter {
@@ -79,7 +79,7 @@ pub async fn run(
     flush_interval: Duration,
     cancel: CancellationToken,
 ) {
-    let mut pending: Vec<Pending> = Vec::new();
+    let mut pending = Pending::default();
     let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
     let mut lines = 0usize;
     let mut bytes = 0usize;
@@ -117,7 +117,14 @@ pub async fn run(
                     .iter()
                     .map(|(_, text)| text.len())
                     .sum::<usize>();
-                pending.push((worker, chunk, budget));
+                pending.acks.push(Ack {
+                    worker,
+                    instance_id: chunk.instance_id.0,
+                    attempt: chunk.attempt.0,
+                    seq: (chunk.first_seq + chunk.lines.len() as u64).saturating_sub(1),
+                    _budget: budget,
+                });
+                pending.chunks.push(chunk);
                 deadline.get_or_insert_with(|| Instant::now() + flush_interval);
                 if lines >= MAX_BATCH_LINES || bytes >= MAX_BATCH_BYTES {
                     write(&node, &mut pending, &mut waiters).await;
@@ -139,8 +146,22 @@ pub async fn run(
     }
 }
 
-/// A chunk waiting for the next write: who sent it, the lines, and its share of the budget.
-type Pending = (String, LogChunk, OwnedSemaphorePermit);
+/// The chunks waiting for the next write, and for each the acknowledgement its worker gets once
+/// it is stored.
+#[derive(Default)]
+struct Pending {
+    chunks: Vec<LogChunk>,
+    acks: Vec<Ack>,
+}
+
+struct Ack {
+    worker: String,
+    instance_id: i64,
+    attempt: u32,
+    seq: u64,
+    /// The chunk's share of the queue's byte budget, returned when this is dropped.
+    _budget: OwnedSemaphorePermit,
+}
 
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
@@ -149,9 +170,10 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-async fn write(node: &Node, pending: &mut Vec<Pending>, waiters: &mut Vec<oneshot::Sender<()>>) {
-    if !pending.is_empty() {
-        let chunks: Vec<LogChunk> = pending.iter().map(|(_, chunk, _)| chunk.clone()).collect();
+async fn write(node: &Node, pending: &mut Pending, waiters: &mut Vec<oneshot::Sender<()>>) {
+    if !pending.chunks.is_empty() {
+        let chunks = std::mem::take(&mut pending.chunks);
+        let started = Instant::now();
         let mut delay = Duration::from_millis(50);
         // Lines a worker sent are acknowledged only once stored, so retrying until the store
         // takes them loses nothing; meanwhile the bounded queue pushes back on the workers.
@@ -160,17 +182,23 @@ async fn write(node: &Node, pending: &mut Vec<Pending>, waiters: &mut Vec<onesho
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(5));
         }
+        tracing::debug!(
+            chunks = chunks.len(),
+            lines = chunks.iter().map(|chunk| chunk.lines.len()).sum::<usize>(),
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            "log lines stored"
+        );
+        drop(chunks);
         // Dropping each entry returns its share of the byte budget.
-        for (worker, chunk, _budget) in pending.drain(..) {
-            let Some(sender) = node.registry.sender(&worker) else {
+        for ack in pending.acks.drain(..) {
+            let Some(sender) = node.registry.sender(&ack.worker) else {
                 continue;
             };
-            let last = chunk.first_seq + chunk.lines.len() as u64 - 1;
             let ack = SchedulerMessage {
                 body: Some(scheduler_message::Body::LogAck(LogAck {
-                    instance_id: chunk.instance_id.0,
-                    attempt: chunk.attempt.0,
-                    seq: last,
+                    instance_id: ack.instance_id,
+                    attempt: ack.attempt,
+                    seq: ack.seq,
                 })),
             };
             // A full outbound queue only delays the ack; the next one covers this one.

@@ -1,8 +1,8 @@
 //! The ax worker: holds a stream to a scheduler node and runs dispatched attempts.
 //!
 //! Codemap: `session` is one stream (handshake, dispatch, heartbeats, drain); `runner` is one
-//! attempt's process (spawn, timeout, kill, final report); `logs` reads output into numbered
-//! batches; `state` is what survives a reconnect (running attempts, unacknowledged logs, finished
+//! attempt's process (spawn, timeout, kill, final report) and its log shipper; `logs` reads output
+//! into numbered batches, encoded once; `outgoing` sends them as those bytes; `state` is what survives a reconnect (running attempts, unacknowledged logs, finished
 //! reports); `spill` keeps unacknowledged log batches on disk past the memory bound; `fence` kills
 //! attempts when no scheduler has been reachable for too long; `backoff` paces reconnects.
 
@@ -20,6 +20,7 @@ pub mod backoff;
 mod fence;
 mod guardian;
 pub mod logs;
+mod outgoing;
 mod runner;
 mod session;
 mod spill;
@@ -59,6 +60,11 @@ pub struct WorkerOptions {
     /// not fit goes to its attempt's spill file in `spill_dir` instead, and so does every later
     /// batch of that attempt until the file is fully acknowledged and deleted.
     pub max_retained_log_bytes: usize,
+    /// Bytes of unacknowledged log lines kept in spill files across all attempts. Past it, an
+    /// attempt whose lines would go to disk stops being read until the scheduler acknowledges
+    /// some: its task blocks on its full pipe (back-pressure), so a runaway task cannot fill the
+    /// worker's disk.
+    pub max_spilled_log_bytes: u64,
     /// Where spill files live; `<temp dir>/ax-worker-<worker id>` when `None`. Spill files left
     /// there by an earlier process with the same worker id are deleted at start: their attempts
     /// died with that process.
@@ -92,7 +98,8 @@ impl Default for WorkerOptions {
             reconnect_initial: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(10),
             max_line_bytes: 64 * 1024,
-            max_retained_log_bytes: 64 * 1024 * 1024,
+            max_retained_log_bytes: 32 << 20,
+            max_spilled_log_bytes: 1 << 30,
             spill_dir: None,
             log_batch: BatchLimits::default(),
             finished_retention: Duration::from_secs(300),
@@ -149,6 +156,7 @@ pub async fn run_with_stats(
     let context = Arc::new(Context {
         attempts: Arc::new(Attempts::new(
             options.max_retained_log_bytes,
+            options.max_spilled_log_bytes,
             spill_dir,
             stats,
         )),

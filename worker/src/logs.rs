@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use ax_proto::v1::{LogBatch, LogLine, LogStream};
+use ax_proto::v1::{LogBatch, LogStream};
+use prost::bytes::Bytes;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -31,18 +32,58 @@ impl Default for BatchLimits {
     }
 }
 
-/// Reads `reader` until end of file and pushes its lines into `lines`, as one message per read
-/// (every line a read completed), not one per line: a task printing a million short lines
-/// costs a few thousand channel hand-offs instead of a million. Lines are split on `\n` (which
-/// is removed; everything else, `\r` included, is kept), lines longer than `max_line_bytes` are
-/// cut into several lines at a UTF-8 character boundary, and invalid UTF-8 is replaced with
-/// U+FFFD. A read error ends the pump like end of file: a broken pipe must not end the attempt.
-/// Returns the number of lines pushed.
+/// Lines of one read from a pipe, already encoded as entries of `LogBatch.lines` (field 4: a
+/// `LogLine` with its stream and text), so that no line is ever held as a string of its own.
+#[derive(Debug, Default)]
+pub struct EncodedLines {
+    pub bytes: Vec<u8>,
+    pub count: u64,
+}
+
+impl EncodedLines {
+    /// Appends one line; `text` must be valid UTF-8 (a protobuf `string`).
+    fn push(&mut self, stream: LogStream, text: &[u8]) {
+        // Field keys are (number << 3) | wire type; the stream (1 or 2) is a one-byte varint.
+        const LINES_KEY: u8 = 4 << 3 | 2;
+        const STREAM_KEY: u8 = 1 << 3;
+        const TEXT_KEY: u8 = 2 << 3 | 2;
+        let stream = stream as u8;
+        let line_len = 2 + 1 + prost::length_delimiter_len(text.len()) + text.len();
+        let out = &mut self.bytes;
+        out.reserve(1 + prost::length_delimiter_len(line_len) + line_len);
+        out.push(LINES_KEY);
+        encode_len(line_len, out);
+        out.extend_from_slice(&[STREAM_KEY, stream, TEXT_KEY]);
+        encode_len(text.len(), out);
+        out.extend_from_slice(text);
+        self.count += 1;
+    }
+
+    /// Appends one line of raw output, replacing invalid UTF-8 with U+FFFD.
+    fn push_output(&mut self, stream: LogStream, raw: &[u8]) {
+        match std::str::from_utf8(raw) {
+            Ok(_) => self.push(stream, raw),
+            Err(_) => self.push(stream, String::from_utf8_lossy(raw).as_bytes()),
+        }
+    }
+}
+
+fn encode_len(len: usize, out: &mut Vec<u8>) {
+    prost::encode_length_delimiter(len, out).expect("a Vec grows as needed");
+}
+
+/// Reads `reader` until end of file and pushes its lines into `lines`, encoded, as one message
+/// per read (every line a read completed), not one per line: a task printing a million short
+/// lines costs a few thousand channel hand-offs and no allocation per line. Lines are split on
+/// `\n` (which is removed; everything else, `\r` included, is kept), lines longer than
+/// `max_line_bytes` are cut into several lines at a UTF-8 character boundary, and invalid UTF-8
+/// is replaced with U+FFFD. A read error ends the pump like end of file: a broken pipe must not
+/// end the attempt. Returns the number of lines pushed.
 pub async fn pump_lines<R>(
     reader: R,
     stream: LogStream,
     max_line_bytes: usize,
-    lines: mpsc::Sender<Vec<LogLine>>,
+    lines: mpsc::Sender<EncodedLines>,
 ) -> u64
 where
     R: AsyncRead + Unpin,
@@ -51,18 +92,12 @@ where
     let mut reader = BufReader::with_capacity(READ_CHUNK, reader);
     let mut pending: Vec<u8> = Vec::new();
     let mut pushed = 0u64;
-    let emit = |bytes: &[u8], out: &mut Vec<LogLine>| {
-        out.push(LogLine {
-            stream: stream as i32,
-            text: String::from_utf8_lossy(bytes).into_owned(),
-        })
-    };
     // Cuts `pending` into lines of at most `max_line_bytes` while it is longer than that.
-    let cut_long = |pending: &mut Vec<u8>, out: &mut Vec<LogLine>| {
+    let cut_long = |pending: &mut Vec<u8>, out: &mut EncodedLines| {
         while pending.len() > max_line_bytes {
             let cut = utf8_cut(pending, max_line_bytes);
             let rest = pending.split_off(cut);
-            emit(pending, out);
+            out.push_output(stream, pending);
             *pending = rest;
         }
     };
@@ -78,16 +113,19 @@ where
         if chunk.is_empty() {
             break;
         }
-        let mut out = Vec::new();
+        let mut out = EncodedLines {
+            bytes: Vec::with_capacity(chunk.len() + chunk.len() / 8 + 16),
+            count: 0,
+        };
         let mut rest = chunk;
         while let Some(newline) = rest.iter().position(|&byte| byte == b'\n') {
             let line = &rest[..newline];
             if pending.is_empty() && line.len() <= max_line_bytes {
-                emit(line, &mut out);
+                out.push_output(stream, line);
             } else {
                 pending.extend_from_slice(line);
                 cut_long(&mut pending, &mut out);
-                emit(&pending, &mut out);
+                out.push_output(stream, &pending);
                 pending.clear();
             }
             rest = &rest[newline + 1..];
@@ -96,7 +134,7 @@ where
         cut_long(&mut pending, &mut out);
         let consumed = chunk.len();
         reader.consume(consumed);
-        let n = out.len() as u64;
+        let n = out.count;
         if n > 0 {
             if lines.send(out).await.is_err() {
                 return pushed;
@@ -105,8 +143,8 @@ where
         }
     }
     if !pending.is_empty() {
-        let mut out = Vec::new();
-        emit(&pending, &mut out);
+        let mut out = EncodedLines::default();
+        out.push_output(stream, &pending);
         if lines.send(out).await.is_ok() {
             pushed += 1;
         }
@@ -126,13 +164,39 @@ fn utf8_cut(bytes: &[u8], max: usize) -> usize {
     if cut == 0 || max - cut >= 4 { max } else { cut }
 }
 
+/// A cut batch of one attempt's lines, encoded once as the `WorkerMessage` that carries it and
+/// kept as these bytes until the scheduler acknowledges it: sending, replaying and spilling it
+/// copy no line.
+#[derive(Debug, Clone)]
+pub struct LogFrame {
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub bytes: Bytes,
+}
+
+impl LogFrame {
+    /// Encodes a batch the slow way, for tests.
+    #[cfg(test)]
+    pub fn of(batch: &LogBatch) -> LogFrame {
+        use prost::Message;
+        let message = ax_proto::v1::WorkerMessage {
+            body: Some(ax_proto::v1::worker_message::Body::Logs(batch.clone())),
+        };
+        LogFrame {
+            first_seq: batch.first_seq,
+            last_seq: batch.first_seq + (batch.lines.len() as u64).saturating_sub(1),
+            bytes: message.encode_to_vec().into(),
+        }
+    }
+}
+
 /// Numbers the lines of one attempt from 1 in arrival order and groups them into batches.
 #[derive(Debug)]
 pub struct Batcher {
     limits: BatchLimits,
     next_seq: u64,
-    lines: Vec<LogLine>,
-    bytes: usize,
+    lines: Vec<u8>,
+    count: u64,
     first_at: Option<Instant>,
 }
 
@@ -142,19 +206,27 @@ impl Batcher {
             limits,
             next_seq: 1,
             lines: Vec::new(),
-            bytes: 0,
+            count: 0,
             first_at: None,
         }
     }
 
-    /// Adds a line; returns true when the batch is full and should be taken now.
-    pub fn push(&mut self, line: LogLine) -> bool {
-        if self.lines.is_empty() {
+    /// Adds the lines of one read; returns true when the batch is full and should be taken now.
+    /// (A batch may exceed the limits by the lines of one read.)
+    pub fn push(&mut self, read: EncodedLines) -> bool {
+        if read.count == 0 {
+            return false;
+        }
+        if self.count == 0 {
             self.first_at = Some(Instant::now());
         }
-        self.bytes += line.text.len();
-        self.lines.push(line);
-        self.lines.len() >= self.limits.max_lines || self.bytes >= self.limits.max_bytes
+        if self.lines.is_empty() {
+            self.lines = read.bytes;
+        } else {
+            self.lines.extend_from_slice(&read.bytes);
+        }
+        self.count += read.count;
+        self.count >= self.limits.max_lines as u64 || self.lines.len() >= self.limits.max_bytes
     }
 
     /// When the pending batch must be sent even if it is not full.
@@ -163,21 +235,36 @@ impl Batcher {
     }
 
     /// Takes the pending lines as a batch, if there are any.
-    pub fn take(&mut self, instance_id: i64, attempt: u32, sent_at_ms: i64) -> Option<LogBatch> {
-        if self.lines.is_empty() {
+    pub fn take(&mut self, instance_id: i64, attempt: u32, sent_at_ms: i64) -> Option<LogFrame> {
+        use prost::Message;
+        if self.count == 0 {
             return None;
         }
         let lines = std::mem::take(&mut self.lines);
         let first_seq = self.next_seq;
-        self.next_seq += lines.len() as u64;
-        self.bytes = 0;
+        let last_seq = first_seq + self.count - 1;
+        self.next_seq = last_seq + 1;
+        self.count = 0;
         self.first_at = None;
-        Some(LogBatch {
+        // The batch without its lines, then the lines: fields may come in any order.
+        let header = LogBatch {
             instance_id,
             attempt,
             first_seq,
-            lines,
+            lines: Vec::new(),
             sent_at_ms,
+        };
+        let batch_len = header.encoded_len() + lines.len();
+        const LOGS_KEY: u8 = 5 << 3 | 2; // WorkerMessage.logs
+        let mut bytes = Vec::with_capacity(1 + prost::length_delimiter_len(batch_len) + batch_len);
+        bytes.push(LOGS_KEY);
+        encode_len(batch_len, &mut bytes);
+        header.encode(&mut bytes).expect("a Vec grows as needed");
+        bytes.extend_from_slice(&lines);
+        Some(LogFrame {
+            first_seq,
+            last_seq,
+            bytes: bytes.into(),
         })
     }
 
@@ -190,12 +277,25 @@ impl Batcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ax_proto::v1::{LogLine, WorkerMessage, worker_message::Body};
+    use prost::Message;
+
+    fn decode_lines(bytes: &[u8]) -> Vec<LogLine> {
+        LogBatch::decode(bytes).expect("encoded lines decode").lines
+    }
 
     async fn pump(input: &[u8], max: usize) -> Vec<String> {
         let (tx, mut rx) = mpsc::channel(1024);
         let count = pump_lines(input, LogStream::Stdout, max, tx).await;
         let mut out = Vec::new();
-        while let Some(lines) = rx.recv().await {
+        while let Some(read) = rx.recv().await {
+            let lines = decode_lines(&read.bytes);
+            assert_eq!(lines.len() as u64, read.count);
+            assert!(
+                lines
+                    .iter()
+                    .all(|line| line.stream == LogStream::Stdout as i32)
+            );
             out.extend(lines.into_iter().map(|line| line.text));
         }
         assert_eq!(count as usize, out.len());
@@ -223,6 +323,9 @@ mod tests {
         let lines = pump(&big, 16 * 1024).await;
         assert_eq!(lines.len(), 7);
         assert_eq!(lines.iter().map(String::len).sum::<usize>(), 100_000);
+        // Lengths that take multi-byte varints encode correctly too.
+        let long = "y".repeat(300);
+        assert_eq!(pump(format!("{long}\n").as_bytes(), 1 << 20).await, [long]);
     }
 
     #[tokio::test]
@@ -230,28 +333,66 @@ mod tests {
         assert_eq!(pump(b"a\xffb\n", 64).await, ["a\u{FFFD}b"]);
     }
 
+    fn read_of(stream: LogStream, texts: &[&str]) -> EncodedLines {
+        let mut read = EncodedLines::default();
+        for text in texts {
+            read.push(stream, text.as_bytes());
+        }
+        read
+    }
+
+    fn batch_of(frame: &LogFrame) -> LogBatch {
+        match WorkerMessage::decode(frame.bytes.as_ref())
+            .expect("frame decodes")
+            .body
+        {
+            Some(Body::Logs(batch)) => batch,
+            other => panic!("not a log batch: {other:?}"),
+        }
+    }
+
     #[test]
-    fn batcher_numbers_lines_from_one() {
+    fn batcher_numbers_lines_from_one_and_frames_decode_as_log_batches() {
         let limits = BatchLimits {
             max_lines: 2,
             max_bytes: 1 << 20,
             max_delay: Duration::from_millis(50),
         };
         let mut batcher = Batcher::new(limits);
-        let line = |text: &str| LogLine {
-            stream: LogStream::Stdout as i32,
-            text: text.into(),
-        };
         assert!(batcher.take(1, 1, 0).is_none());
-        assert!(!batcher.push(line("a")));
+        assert!(!batcher.push(read_of(LogStream::Stdout, &["a"])));
+        assert!(!batcher.push(EncodedLines::default()));
         assert!(batcher.deadline().is_some());
-        assert!(batcher.push(line("b")));
-        let batch = batcher.take(1, 1, 0).expect("batch");
-        assert_eq!((batch.first_seq, batch.lines.len()), (1, 2));
-        batcher.push(line("c"));
-        let batch = batcher.take(1, 1, 0).expect("batch");
-        assert_eq!((batch.first_seq, batch.lines.len()), (3, 1));
-        assert_eq!(batcher.lines_taken(), 3);
+        assert!(batcher.push(read_of(LogStream::Stderr, &["b"])));
+        let frame = batcher.take(7, 3, 99).expect("batch");
+        assert_eq!((frame.first_seq, frame.last_seq), (1, 2));
+        let batch = batch_of(&frame);
+        assert_eq!(
+            (
+                batch.instance_id,
+                batch.attempt,
+                batch.first_seq,
+                batch.sent_at_ms
+            ),
+            (7, 3, 1, 99)
+        );
+        let lines: Vec<(i32, &str)> = batch
+            .lines
+            .iter()
+            .map(|line| (line.stream, line.text.as_str()))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                (LogStream::Stdout as i32, "a"),
+                (LogStream::Stderr as i32, "b")
+            ]
+        );
+        batcher.push(read_of(LogStream::Stdout, &["c", "d", "e"]));
+        let frame = batcher.take(7, 3, 0).expect("batch");
+        assert_eq!((frame.first_seq, frame.last_seq), (3, 5));
+        assert_eq!(batch_of(&frame).lines.len(), 3);
+        assert_eq!(batcher.lines_taken(), 5);
         assert!(batcher.deadline().is_none());
     }
 }

@@ -47,6 +47,10 @@ struct Args {
     /// defaults to <temp dir>/ax-worker-<id>.
     #[arg(long)]
     spill_dir: Option<PathBuf>,
+    /// MiB of unacknowledged log lines the spill directory may hold; past it, tasks whose lines
+    /// would go there are paused on their output until the scheduler catches up.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    max_spill_mib: u64,
 }
 
 /// A duration that may be switched off; clap would read `Option<Duration>` as an optional flag.
@@ -121,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
         kill_grace: args.kill_grace,
         self_fence_after: args.self_fence_after.0,
         spill_dir: args.spill_dir,
+        max_spilled_log_bytes: args.max_spill_mib.saturating_mul(1 << 20),
         ..WorkerOptions::default()
     };
 
@@ -182,6 +187,8 @@ mod tests {
             "500ms",
             "--spill-dir",
             "/var/tmp/ax",
+            "--max-spill-mib",
+            "256",
         ])
         .expect("valid flags");
         assert_eq!(args.schedulers, ["http://a:1", "http://b:2", "http://c:3"]);
@@ -189,6 +196,7 @@ mod tests {
         assert_eq!(args.heartbeat_interval, Duration::from_millis(500));
         assert_eq!(args.capacity, 20);
         assert_eq!(args.spill_dir, Some(PathBuf::from("/var/tmp/ax")));
+        assert_eq!(args.max_spill_mib, 256);
         assert_eq!(
             args.self_fence_after,
             OptionalDuration(Some(Duration::from_secs(10)))
@@ -196,5 +204,7 @@ mod tests {
         assert!(
             Args::try_parse_from(["ax-worker", "--scheduler", "x", "--label", "novalue"]).is_err()
         );
+        let zero = Args::try_parse_from(["ax-worker", "--scheduler", "x", "--max-spill-mib", "0"]);
+        assert!(zero.is_err_and(|error| error.to_string().contains("--max-spill-mib")));
     }
 }

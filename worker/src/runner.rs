@@ -1,28 +1,39 @@
 //! One attempt's process: spawn, log pump, timeout, cancellation, and the final report.
 
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
+use std::pin::Pin;
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ax_proto::v1::{
-    AttemptFinished, AttemptOutcome, AttemptStarted, Dispatch, LogLine, LogStream, TaskHeartbeat,
+    AttemptFinished, AttemptOutcome, AttemptStarted, Dispatch, LogStream, TaskHeartbeat,
     WorkerMessage, worker_message::Body,
 };
 use tokio::process::Command;
-use tokio::sync::mpsc;
-use tokio::time::{Instant, MissedTickBehavior, sleep_until};
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, Sleep, sleep, sleep_until};
 use tracing::Instrument;
 
-use crate::logs::{BatchLimits, Batcher, pump_lines};
+use crate::logs::{BatchLimits, Batcher, EncodedLines, pump_lines};
 use crate::now_ms;
-use crate::state::{AttemptKey, Attempts, Control, Link, LogsSend};
+use crate::state::{AttemptKey, Attempts, Control};
 
 /// Reads (each up to 16 KiB of lines) buffered between the pipe readers and the batcher of one
-/// attempt. Small on purpose: when the stream cannot keep up, a chatty task blocks on its pipe
-/// instead of growing our memory.
+/// attempt.
 const LINE_CHANNEL: usize = 16;
+
+/// The capacity asked for the task's output pipes (Linux's default is 64 KiB): a task that
+/// prints in bursts writes on while the worker is busy elsewhere. The kernel caps it at
+/// `/proc/sys/fs/pipe-max-size` (1 MiB by default); a refusal only leaves the default.
+const PIPE_CAPACITY: i32 = 1 << 20;
+
+/// How often a runner whose output is paused (the worker's spill budget is full) looks again.
+const LOG_ROOM_POLL: Duration = Duration::from_millis(20);
 
 /// How long the output pipes may stay open after the process group is gone (a daemonised
 /// grandchild in another group can hold them forever).
@@ -99,18 +110,19 @@ struct Runner {
 }
 
 /// Everything that can end an attempt from the outside: cancel and kill requests, the timeout,
-/// and the SIGKILL that follows a SIGTERM after the grace. It is polled both by the main loop and
-/// while a log send waits for a slow stream, so back-pressure never delays a timeout or a cancel.
+/// and the SIGKILL that follows a SIGTERM after the grace.
 struct Watch {
     control: mpsc::UnboundedReceiver<Control>,
     control_open: bool,
     /// The process group to signal; 0 until the process is started.
     pgid: i32,
     grace: Duration,
-    timeout: Option<Instant>,
+    /// Kept across steps: a timer made anew at each step could be dropped before it fires, every
+    /// time, while the task's output keeps the loop busy.
+    timeout: Option<Pin<Box<Sleep>>>,
     timeout_ms: u64,
     reason: Option<KillReason>,
-    sigkill_at: Option<Instant>,
+    sigkill_at: Option<Pin<Box<Sleep>>>,
     exited: bool,
 }
 
@@ -118,7 +130,6 @@ impl Watch {
     /// Waits for the next outside event and acts on it; never completes when nothing is armed.
     /// Cancel safe: every branch is.
     async fn step(&mut self) {
-        let now = Instant::now();
         let timeout_armed = self.timeout.is_some() && self.reason.is_none() && !self.exited;
         tokio::select! {
             request = self.control.recv(), if self.control_open => match request {
@@ -136,11 +147,11 @@ impl Watch {
                 }
                 None => self.control_open = false,
             },
-            () = sleep_until(self.timeout.unwrap_or(now)), if timeout_armed => {
+            () = elapsed(&mut self.timeout), if timeout_armed => {
                 tracing::info!(timeout_ms = self.timeout_ms, "attempt timed out");
                 self.kill(KillReason::Timeout);
             }
-            () = sleep_until(self.sigkill_at.unwrap_or(now)), if self.sigkill_at.is_some() => {
+            () = elapsed(&mut self.sigkill_at), if self.sigkill_at.is_some() => {
                 self.sigkill_at = None;
                 if signal_group(self.pgid, 0) {
                     tracing::info!("process group outlived the grace period; sending SIGKILL");
@@ -161,7 +172,7 @@ impl Watch {
             _ => {}
         }
         if self.sigkill_at.is_none() && signal_group(self.pgid, libc::SIGTERM) {
-            self.sigkill_at = Some(Instant::now() + self.grace);
+            self.sigkill_at = Some(Box::pin(sleep(self.grace)));
         }
     }
 
@@ -176,7 +187,7 @@ impl Watch {
         if signal_group(self.pgid, 0) {
             tracing::info!("attempt left processes behind in its group; terminating them");
             if signal_group(self.pgid, libc::SIGTERM) && self.sigkill_at.is_none() {
-                self.sigkill_at = Some(Instant::now() + self.grace);
+                self.sigkill_at = Some(Box::pin(sleep(self.grace)));
             }
         }
     }
@@ -208,8 +219,11 @@ impl Runner {
         if let Some(guardian) = &self.settings.guardian {
             guardian.watch(self.watch.pgid);
         }
-        self.watch.timeout = (self.dispatch.timeout_ms > 0)
-            .then(|| start + Duration::from_millis(self.dispatch.timeout_ms));
+        self.watch.timeout = (self.dispatch.timeout_ms > 0).then(|| {
+            Box::pin(sleep_until(
+                start + Duration::from_millis(self.dispatch.timeout_ms),
+            ))
+        });
         tracing::info!(pid, "attempt started");
         let started = AttemptStarted {
             instance_id: self.key.instance_id,
@@ -221,8 +235,23 @@ impl Runner {
             link.send(message).await;
         }
 
-        let (line_tx, mut lines) = mpsc::channel::<Vec<LogLine>>(LINE_CHANNEL);
+        let (line_tx, mut lines) = mpsc::channel::<EncodedLines>(LINE_CHANNEL);
         let mut readers = Vec::new();
+        for pipe in [
+            child.stdout.as_ref().map(AsRawFd::as_raw_fd),
+            child.stderr.as_ref().map(AsRawFd::as_raw_fd),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            // SAFETY: fcntl(2) on a pipe this process owns; it only changes the pipe's capacity.
+            unsafe { libc::fcntl(pipe, libc::F_SETPIPE_SZ, PIPE_CAPACITY) };
+        }
+        let heartbeat_every = self
+            .settings
+            .task_heartbeat_interval
+            .max(Duration::from_millis(10));
+        let shipper = Shipper::start(Arc::clone(&self.attempts), self.key, heartbeat_every);
         if let Some(stdout) = child.stdout.take() {
             let tx = line_tx.clone();
             let max = self.settings.max_line_bytes;
@@ -241,44 +270,50 @@ impl Runner {
         }
         drop(line_tx);
 
-        let heartbeat_every = self
-            .settings
-            .task_heartbeat_interval
-            .max(Duration::from_millis(10));
-        let mut heartbeat = tokio::time::interval_at(start + heartbeat_every, heartbeat_every);
-        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
-
         let mut batcher = Batcher::new(self.settings.batch);
         let mut exit: Option<io::Result<ExitStatus>> = None;
+        let mut exited_at_ms = None;
         let mut drain_until: Option<Instant> = None;
         let mut readers_done = false;
+        let mut paused = false;
 
         loop {
             if exit.is_some() && (readers_done || drain_until.is_some_and(|t| Instant::now() >= t))
             {
                 break;
             }
+            let room = self.attempts.has_log_room(self.key);
+            if room == paused {
+                paused = !room;
+                if paused {
+                    tracing::warn!(
+                        "the worker's spill files hold their budget of unacknowledged log lines; \
+                         not reading this attempt's output until the scheduler acknowledges some"
+                    );
+                } else {
+                    tracing::info!("reading the attempt's output again");
+                }
+            }
             tokio::select! {
                 () = self.watch.step() => {}
                 status = child.wait(), if exit.is_none() => {
                     self.watch.exited(&status);
                     exit = Some(status);
+                    exited_at_ms = Some(now_ms());
                     drain_until = Some(Instant::now() + self.settings.kill_grace + PIPE_DRAIN_GRACE);
                 }
-                read = lines.recv(), if !readers_done => match read {
+                () = sleep(LOG_ROOM_POLL), if paused => {}
+                read = lines.recv(), if !readers_done && !paused => match read {
                     Some(read) => {
-                        for line in read {
-                            if batcher.push(line) {
-                                self.flush(&mut batcher).await;
-                            }
+                        if batcher.push(read) {
+                            self.flush(&mut batcher, &shipper);
                         }
                     }
                     None => readers_done = true,
                 },
                 () = sleep_until(batcher.deadline().unwrap_or(start)), if batcher.deadline().is_some() => {
-                    self.flush(&mut batcher).await;
+                    self.flush(&mut batcher, &shipper);
                 }
-                _ = heartbeat.tick() => self.task_heartbeat().await,
                 () = sleep_until(drain_until.unwrap_or(start)), if drain_until.is_some() && !readers_done => {
                     tracing::warn!("output pipes still open after the process group ended; closing them");
                 }
@@ -299,20 +334,22 @@ impl Runner {
         }
         // Lines already queued by the readers still belong to the attempt.
         while let Ok(read) = lines.try_recv() {
-            for line in read {
-                if batcher.push(line) {
-                    self.flush(&mut batcher).await;
-                }
+            if batcher.push(read) {
+                self.flush(&mut batcher, &shipper);
             }
         }
-        self.flush(&mut batcher).await;
+        self.flush(&mut batcher, &shipper);
+        // Every batch is handed to the stream before the end is reported, so a scheduler sees
+        // an attempt's lines before its end on one stream.
+        shipper.finish().await;
         let kill = self.watch.reason.take();
         if matches!(kill, Some(KillReason::Forget)) {
             // Finished removes the forgotten entry and sends nothing.
             self.attempts.finished(self.key, AttemptFinished::default());
             return;
         }
-        let report = self.report(exit, kill, batcher.lines_taken());
+        let mut report = self.report(exit, kill, batcher.lines_taken());
+        report.finished_at_ms = exited_at_ms.unwrap_or(report.finished_at_ms);
         tracing::info!(
             outcome = ?AttemptOutcome::try_from(report.outcome).unwrap_or_default(),
             exit_code = ?report.exit_code,
@@ -378,40 +415,13 @@ impl Runner {
         report
     }
 
-    async fn flush(&mut self, batcher: &mut Batcher) {
-        let Some(batch) = batcher.take(self.key.instance_id, self.key.attempt, now_ms()) else {
+    /// Cuts the pending lines into a batch and hands it to the shipper.
+    fn flush(&self, batcher: &mut Batcher, shipper: &Shipper) {
+        let Some(frame) = batcher.take(self.key.instance_id, self.key.attempt, now_ms()) else {
             return;
         };
-        // A failed send is fine: the batch is retained (in memory or spilled) and replayed on the
-        // next stream.
-        match self.attempts.logs(self.key, batch) {
-            LogsSend::Keep => {}
-            LogsSend::Send(link, message) => {
-                self.send_watched(&link, message).await;
-            }
-            // The runner is the only sender of its attempt's logs once a stream is installed, so
-            // reading the spill file in order and sending keeps the lines in order. Waiting for
-            // each send keeps the back-pressure of a slow stream on the task.
-            LogsSend::Pump(link) => {
-                while let Some(message) = self.attempts.take_spilled(self.key, link.epoch) {
-                    if !self.send_watched(&link, message).await {
-                        break;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Sends on `link` while still acting on cancels, kills and the timeout; returns whether the
-    /// stream took the message.
-    async fn send_watched(&mut self, link: &Link, message: WorkerMessage) -> bool {
-        let send = link.send(message);
-        tokio::pin!(send);
-        loop {
-            tokio::select! {
-                sent = &mut send => return sent,
-                () = self.watch.step() => {}
-            }
+        if self.attempts.logs(self.key, frame) {
+            shipper.wake();
         }
     }
 
@@ -420,20 +430,115 @@ impl Runner {
             link.send(message).await;
         }
     }
+}
 
-    async fn task_heartbeat(&self) {
-        // Heartbeats are not replayed: a stale one says nothing.
-        if let Some(link) = self.attempts.link() {
-            let heartbeat = TaskHeartbeat {
-                instance_id: self.key.instance_id,
-                attempt: self.key.attempt,
-                sent_at_ms: now_ms(),
-            };
-            link.send(WorkerMessage {
-                body: Some(Body::TaskHeartbeat(heartbeat)),
-            })
-            .await;
+/// Sends one attempt's recorded log batches on the current stream, in order, and its task
+/// heartbeats, apart from the runner: the runner reads the task's pipes as fast as the task
+/// writes, and records what it reads (`Attempts::logs`: memory up to the worker's bound, then the
+/// attempt's spill file), so a slow stream or scheduler costs disk, not the task's speed, and
+/// never delays a cancel or a timeout. A batch a dead stream may have lost is replayed by the next
+/// one; heartbeats are not replayed (a stale one says nothing), but they queue with the batches,
+/// so a busy stream delays them without starving them.
+struct Shipper {
+    wake: Arc<Notify>,
+    finishing: Arc<AtomicBool>,
+    task: JoinHandle<()>,
+}
+
+impl Shipper {
+    fn start(attempts: Arc<Attempts>, key: AttemptKey, heartbeat_every: Duration) -> Shipper {
+        let wake = Arc::new(Notify::new());
+        let finishing = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(
+            Shipper::ship(
+                attempts,
+                key,
+                Arc::clone(&wake),
+                Arc::clone(&finishing),
+                heartbeat_every,
+            )
+            .in_current_span(),
+        );
+        Shipper {
+            wake,
+            finishing,
+            task,
         }
+    }
+
+    fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Sends what is recorded and not yet sent on the current stream, then ends.
+    async fn finish(self) {
+        self.finishing.store(true, Ordering::Release);
+        self.wake.notify_one();
+        if let Err(error) = self.task.await {
+            tracing::warn!(%error, "the log shipper failed");
+        }
+    }
+
+    async fn ship(
+        attempts: Arc<Attempts>,
+        key: AttemptKey,
+        wake: Arc<Notify>,
+        finishing: Arc<AtomicBool>,
+        heartbeat_every: Duration,
+    ) {
+        let mut next_heartbeat = Instant::now() + heartbeat_every;
+        let heartbeat_due = |next: &mut Instant| {
+            let now = Instant::now();
+            let due = now >= *next;
+            if due {
+                *next = now + heartbeat_every;
+            }
+            due
+        };
+        loop {
+            // Read before sending, so the wake-up of `finish` is never mistaken for an older one.
+            let last_round = finishing.load(Ordering::Acquire);
+            let mut heartbeat = heartbeat_due(&mut next_heartbeat) && !last_round;
+            if let Some(link) = attempts.link() {
+                loop {
+                    if heartbeat && !link.send(task_heartbeat(key)).await {
+                        break;
+                    }
+                    let Some(frame) = attempts.take_unsent(key, link.epoch) else {
+                        break;
+                    };
+                    if !link.send(frame).await {
+                        break;
+                    }
+                    heartbeat = heartbeat_due(&mut next_heartbeat);
+                }
+            }
+            if last_round {
+                return;
+            }
+            tokio::select! {
+                () = wake.notified() => {}
+                () = sleep_until(next_heartbeat) => {}
+            }
+        }
+    }
+}
+
+fn task_heartbeat(key: AttemptKey) -> WorkerMessage {
+    WorkerMessage {
+        body: Some(Body::TaskHeartbeat(TaskHeartbeat {
+            instance_id: key.instance_id,
+            attempt: key.attempt,
+            sent_at_ms: now_ms(),
+        })),
+    }
+}
+
+/// Waits for `timer`, if there is one.
+async fn elapsed(timer: &mut Option<Pin<Box<Sleep>>>) {
+    match timer {
+        Some(timer) => timer.as_mut().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -7,7 +7,6 @@ use std::time::Duration;
 use ax_proto::v1::{
     Dispatch, DispatchAccepted, DispatchRejected, ProtocolVersion, Register, Registered,
     SchedulerMessage, WorkerHeartbeat, WorkerMessage, scheduler_message, worker_message::Body,
-    worker_service_client::WorkerServiceClient,
 };
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior, timeout};
@@ -16,10 +15,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
 
-use crate::fence;
 use crate::runner::run_attempt;
 use crate::state::{Admission, AttemptKey, Link, Replay};
 use crate::{Context, now_ms};
+use crate::{fence, outgoing};
 
 /// Messages queued towards the scheduler. Every sender (connection, runners, log pumps) shares
 /// this one bounded channel, so a slow scheduler back-pressures the log pumps.
@@ -114,7 +113,6 @@ impl Session {
             .connect()
             .await
             .map_err(SessionError::Connect)?;
-        let mut client = WorkerServiceClient::new(channel);
         let (tx, rx) = mpsc::channel(OUTBOUND_CAPACITY);
         let link = Link {
             epoch: self.epoch,
@@ -156,7 +154,7 @@ impl Session {
             })
         };
         let deadline = options.register_timeout;
-        let response = timeout(deadline, client.connect(outgoing))
+        let response = timeout(deadline, outgoing::connect(channel, outgoing))
             .await
             .map_err(|_| SessionError::HandshakeTimeout(deadline))??;
         let mut inbound = response.into_inner();
@@ -200,7 +198,7 @@ impl Session {
                     // Spilled batches are read one at a time, so a large spill file never sits
                     // in memory whole.
                     Replay::Spilled(key) => {
-                        while let Some(message) = attempts.take_spilled(key, link.epoch) {
+                        while let Some(message) = attempts.take_unsent(key, link.epoch) {
                             if !link.send(message).await {
                                 return Err(SessionError::OutgoingClosed);
                             }

@@ -1,11 +1,11 @@
 //! Spill files: the unacknowledged log batches of one attempt, kept on disk once the worker's
 //! in-memory bound is reached, so that a long outage or a slow scheduler loses no log line.
 //!
-//! A spill file is a sequence of `LogBatch` messages, each length-delimited (a varint length,
-//! then the protobuf bytes), in seq order. Alongside it the worker keeps a small index (offset,
+//! A spill file is a sequence of log frames (each batch encoded as the `WorkerMessage` that
+//! carries it, `logs::LogFrame`), in seq order. Alongside it the worker keeps a small index (offset,
 //! length and last seq of every unacknowledged batch), so that batches are read back one at a
-//! time, never a whole file at once, and an acknowledgement frees the index without touching the
-//! file. The file is deleted once every batch in it is acknowledged. Writes are positional at the
+//! time, never a whole file at once, and are sent as they were read; an acknowledgement frees the
+//! index without touching the file. The file is deleted once every batch in it is acknowledged. Writes are positional at the
 //! end of the last complete record, so a failed or partial write is simply overwritten by the
 //! next one. Spill files are not a durable store (no fsync): their attempts die with the worker,
 //! and a new worker process deletes what an earlier one left behind.
@@ -17,9 +17,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use ax_proto::v1::LogBatch;
-use prost::Message;
+use prost::bytes::Bytes;
 
+use crate::logs::LogFrame;
 use crate::state::AttemptKey;
 
 /// File name suffix of spill files.
@@ -83,12 +83,6 @@ impl LogStats {
 pub enum SpillError {
     #[error("spill file {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
-    #[error("spill file {path}: undecodable batch at offset {offset}: {source}")]
-    Decode {
-        path: PathBuf,
-        offset: u64,
-        source: prost::DecodeError,
-    },
 }
 
 /// One batch in the file.
@@ -142,10 +136,10 @@ impl SpillFile {
     }
 
     /// Appends a batch at the end of the file.
-    pub(crate) fn append(&mut self, batch: &LogBatch) -> Result<(), SpillError> {
-        let bytes = batch.encode_length_delimited_to_vec();
+    pub(crate) fn append(&mut self, frame: &LogFrame) -> Result<(), SpillError> {
+        let bytes = &frame.bytes;
         self.file
-            .write_all_at(&bytes, self.written)
+            .write_all_at(bytes, self.written)
             .map_err(|source| SpillError::Io {
                 path: self.path.clone(),
                 source,
@@ -153,10 +147,17 @@ impl SpillFile {
         self.records.push_back(Record {
             start: self.written,
             len: bytes.len(),
-            last_seq: batch.first_seq + (batch.lines.len() as u64).saturating_sub(1),
+            last_seq: frame.last_seq,
         });
         self.written += bytes.len() as u64;
         Ok(())
+    }
+
+    /// Bytes of the file not yet acknowledged.
+    pub(crate) fn unacked_bytes(&self) -> u64 {
+        self.records
+            .front()
+            .map_or(0, |oldest| self.written - oldest.start)
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -187,7 +188,7 @@ impl SpillFile {
     /// Reads the next batch not yet handed to stream `epoch` and marks it handed. A batch that
     /// cannot be read back is dropped from the index (so later acknowledgements still free the
     /// file) and its error returned; the caller may go on with the next one.
-    pub(crate) fn next_unsent(&mut self, epoch: u64) -> Result<Option<LogBatch>, SpillError> {
+    pub(crate) fn next_unsent(&mut self, epoch: u64) -> Result<Option<Bytes>, SpillError> {
         let Some(index) = self.first_unsent(epoch) else {
             return Ok(None);
         };
@@ -200,20 +201,11 @@ impl SpillFile {
             .map_err(|source| SpillError::Io {
                 path: self.path.clone(),
                 source,
-            })
-            .and_then(|()| {
-                LogBatch::decode_length_delimited(bytes.as_slice()).map_err(|source| {
-                    SpillError::Decode {
-                        path: self.path.clone(),
-                        offset: record.start,
-                        source,
-                    }
-                })
             });
         if read.is_err() {
             self.records.remove(index);
         }
-        read.map(Some)
+        read.map(|()| Some(bytes.into()))
     }
 
     /// The scheduler stored every line up to `seq`; returns true when nothing in the file is
@@ -260,10 +252,11 @@ pub(crate) fn remove_stale(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ax_proto::v1::{LogLine, LogStream};
+    use ax_proto::v1::{LogBatch, LogLine, LogStream, WorkerMessage, worker_message::Body};
+    use prost::Message;
 
-    fn batch(first_seq: u64, lines: usize) -> LogBatch {
-        LogBatch {
+    fn batch(first_seq: u64, lines: usize) -> LogFrame {
+        LogFrame::of(&LogBatch {
             instance_id: 7,
             attempt: 1,
             first_seq,
@@ -274,6 +267,14 @@ mod tests {
                 })
                 .collect(),
             sent_at_ms: 0,
+        })
+    }
+
+    fn first_seq(bytes: Option<Bytes>) -> u64 {
+        let bytes = bytes.expect("a batch");
+        match WorkerMessage::decode(bytes.as_ref()).unwrap().body {
+            Some(Body::Logs(batch)) => batch.first_seq,
+            other => panic!("not a log batch: {other:?}"),
         }
     }
 
@@ -292,17 +293,17 @@ mod tests {
                 .unwrap();
         }
         let mut seqs = Vec::new();
-        while let Some(batch) = spill.next_unsent(1).unwrap() {
-            seqs.push(batch.first_seq);
+        while let Some(bytes) = spill.next_unsent(1).unwrap() {
+            seqs.push(first_seq(Some(bytes)));
         }
         assert_eq!(seqs, [1, 4, 6]);
         assert!(!spill.has_unsent(1));
         // A stale stream gets nothing once a newer one reads.
-        assert_eq!(spill.next_unsent(2).unwrap().unwrap().first_seq, 1);
+        assert_eq!(first_seq(spill.next_unsent(2).unwrap()), 1);
         assert!(spill.next_unsent(1).unwrap().is_none());
         assert!(!spill.ack(3));
         // Stream 3 starts after what is acknowledged.
-        assert_eq!(spill.next_unsent(3).unwrap().unwrap().first_seq, 4);
+        assert_eq!(first_seq(spill.next_unsent(3).unwrap()), 4);
         assert!(spill.ack(7));
         let path = spill.path().to_path_buf();
         assert!(path.exists());

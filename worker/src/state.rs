@@ -1,7 +1,9 @@
 //! What the worker knows about its attempts, shared by the connection and the attempt runners.
 //!
 //! Everything a scheduler must eventually see (an `AttemptStarted`, log batches, an
-//! `AttemptFinished`) is recorded here first and only then sent, if a stream is up. When a stream
+//! `AttemptFinished`) is recorded here first and only then sent, if a stream is up. Log batches
+//! are recorded by their attempt's runner and sent by its log shipper (`runner`), so a task's
+//! output is read at the pipe's speed, not the stream's. When a stream
 //! breaks, the next connection replays whatever the old one may have lost, so a reconnect loses
 //! nothing that is still recorded. A record remembers the connection ("epoch") it was last handed
 //! to, which is how a replay avoids sending an item twice on one stream.
@@ -19,20 +21,19 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ax_proto::v1::{
-    AttemptFinished, AttemptRef, AttemptStarted, LogBatch, WorkerMessage, worker_message::Body,
+    AttemptFinished, AttemptRef, AttemptStarted, WorkerMessage, worker_message::Body,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::logs::LogFrame;
+use crate::outgoing::Outgoing;
 use crate::spill::{LogStats, SpillError, SpillFile};
 
 /// How many finished attempt keys are remembered for duplicate detection after their reports are
 /// dropped. A scheduler redispatches an attempt within seconds, so a large window is plenty.
 const SEEN_CAPACITY: usize = 100_000;
-
-/// Bytes charged per retained log line on top of its text, for the protobuf framing.
-const LINE_OVERHEAD: usize = 16;
 
 /// One attempt of one instance: the unit of deduplication and fencing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -73,7 +74,7 @@ pub enum Control {
 #[derive(Debug, Clone)]
 pub struct Link {
     pub epoch: u64,
-    pub tx: mpsc::Sender<WorkerMessage>,
+    pub tx: mpsc::Sender<Outgoing>,
     /// Cancelled when the connection ends, so a sender blocked on a full channel of a dead stream
     /// gives up; what it was sending stays recorded here and is replayed on the next stream.
     pub closed: CancellationToken,
@@ -81,9 +82,9 @@ pub struct Link {
 
 impl Link {
     /// Sends one message; returns false if the stream is gone.
-    pub async fn send(&self, message: WorkerMessage) -> bool {
+    pub async fn send(&self, message: impl Into<Outgoing>) -> bool {
         tokio::select! {
-            result = self.tx.send(message) => result.is_ok(),
+            result = self.tx.send(message.into()) => result.is_ok(),
             () = self.closed.cancelled() => false,
         }
     }
@@ -97,33 +98,24 @@ pub enum Admission {
     Rejected(String),
 }
 
-/// What a runner does with a log batch it just recorded.
-#[derive(Debug)]
-pub enum LogsSend {
-    /// Nothing now: there is no stream (the batch is replayed on the next one), or the attempt
-    /// was forgotten.
-    Keep,
-    /// Send this message on this stream.
-    Send(Link, WorkerMessage),
-    /// The batch went to the attempt's spill file: send what the file holds that this stream has
-    /// not seen, one batch at a time with [`Attempts::take_spilled`].
-    Pump(Link),
-}
-
 /// One item of a replay on a new stream.
 #[derive(Debug)]
 pub enum Replay {
-    Message(WorkerMessage),
-    /// Send the unsent batches of this attempt's spill file with [`Attempts::take_spilled`].
+    Message(Outgoing),
+    /// Send the unsent batches of this attempt's spill file with [`Attempts::take_unsent`].
     Spilled(AttemptKey),
 }
 
 #[derive(Debug)]
 struct RetainedBatch {
-    batch: LogBatch,
-    last_seq: u64,
-    bytes: usize,
+    frame: LogFrame,
     sent_on: Option<u64>,
+}
+
+impl RetainedBatch {
+    fn bytes(&self) -> usize {
+        self.frame.bytes.len()
+    }
 }
 
 #[derive(Debug)]
@@ -188,15 +180,22 @@ struct State {
 pub struct Attempts {
     state: Mutex<State>,
     max_retained_bytes: usize,
+    max_spilled_bytes: u64,
     spill_dir: PathBuf,
     stats: Arc<LogStats>,
 }
 
 impl Attempts {
-    pub fn new(max_retained_bytes: usize, spill_dir: PathBuf, stats: Arc<LogStats>) -> Self {
+    pub fn new(
+        max_retained_bytes: usize,
+        max_spilled_bytes: u64,
+        spill_dir: PathBuf,
+        stats: Arc<LogStats>,
+    ) -> Self {
         Attempts {
             state: Mutex::new(State::default()),
             max_retained_bytes,
+            max_spilled_bytes,
             spill_dir,
             stats,
         }
@@ -303,36 +302,27 @@ impl Attempts {
     }
 
     /// Records a log batch until the scheduler acknowledges it, in memory while it fits and in
-    /// the attempt's spill file otherwise; says how to send it.
-    pub fn logs(&self, key: AttemptKey, batch: LogBatch) -> LogsSend {
+    /// the attempt's spill file otherwise; the attempt's shipper sends it with
+    /// [`Attempts::take_unsent`]. Returns false when the batch was not kept (a forgotten attempt,
+    /// or a spill file that cannot be written).
+    pub fn logs(&self, key: AttemptKey, frame: LogFrame) -> bool {
         let mut guard = self.lock();
         let state = &mut *guard;
-        let link = state.link.clone();
         let Some(entry) = state.attempts.get_mut(&key) else {
-            return LogsSend::Keep;
+            return false;
         };
         if entry.forgotten {
-            return LogsSend::Keep;
+            return false;
         }
-        let bytes: usize = batch
-            .lines
-            .iter()
-            .map(|line| line.text.len() + LINE_OVERHEAD)
-            .sum();
+        let bytes = frame.bytes.len();
         if entry.spill.is_none() && state.retained_bytes + bytes <= self.max_retained_bytes {
-            let last_seq = batch.first_seq + (batch.lines.len() as u64).saturating_sub(1);
             entry.logs.push_back(RetainedBatch {
-                batch: batch.clone(),
-                last_seq,
-                bytes,
-                sent_on: link.as_ref().map(|link| link.epoch),
+                frame,
+                sent_on: None,
             });
             state.retained_bytes += bytes;
             self.stats.set_retained(state.retained_bytes);
-            return match link {
-                Some(link) => LogsSend::Send(link, wrap(Body::Logs(batch))),
-                None => LogsSend::Keep,
-            };
+            return true;
         }
         if entry.spill.is_none() {
             match self.start_spill(key, entry, state.newest_epoch) {
@@ -346,37 +336,57 @@ impl Attempts {
                     tracing::warn!(
                         instance = key.instance_id,
                         attempt = key.attempt,
-                        first_seq = batch.first_seq,
-                        lines = batch.lines.len(),
+                        first_seq = frame.first_seq,
+                        last_seq = frame.last_seq,
                         %error,
                         "unacknowledged log lines exceed the memory limit and cannot be spilled; \
                          dropping the batch"
                     );
-                    return LogsSend::Keep;
+                    return false;
                 }
             }
         }
-        if let Some(spill) = entry.spill.as_mut() {
-            match spill.append(&batch) {
-                Ok(()) => self.stats.count_spilled(),
-                Err(error) => {
-                    self.stats.count_error();
-                    self.stats.count_dropped();
-                    tracing::warn!(
-                        instance = key.instance_id,
-                        attempt = key.attempt,
-                        first_seq = batch.first_seq,
-                        lines = batch.lines.len(),
-                        %error,
-                        "writing to the spill file failed; dropping the batch"
-                    );
-                }
+        let Some(spill) = entry.spill.as_mut() else {
+            return false;
+        };
+        match spill.append(&frame) {
+            Ok(()) => {
+                self.stats.count_spilled();
+                true
+            }
+            Err(error) => {
+                self.stats.count_error();
+                self.stats.count_dropped();
+                tracing::warn!(
+                    instance = key.instance_id,
+                    attempt = key.attempt,
+                    first_seq = frame.first_seq,
+                    last_seq = frame.last_seq,
+                    %error,
+                    "writing to the spill file failed; dropping the batch"
+                );
+                false
             }
         }
-        match link {
-            Some(link) => LogsSend::Pump(link),
-            None => LogsSend::Keep,
-        }
+    }
+
+    /// Whether `key`'s runner may read and record more lines: false once the spill files hold
+    /// the worker's budget of unacknowledged bytes and the attempt's next batch would go to disk.
+    /// (One batch may overshoot the budget.)
+    pub fn has_log_room(&self, key: AttemptKey) -> bool {
+        let state = self.lock();
+        let spilled: u64 = state
+            .attempts
+            .values()
+            .filter_map(|entry| entry.spill.as_ref())
+            .map(SpillFile::unacked_bytes)
+            .sum();
+        spilled < self.max_spilled_bytes
+            || (state.retained_bytes < self.max_retained_bytes
+                && state
+                    .attempts
+                    .get(&key)
+                    .is_some_and(|entry| entry.spill.is_none()))
     }
 
     /// Puts an attempt into spill mode: creates its spill file and moves its batches in memory
@@ -397,7 +407,7 @@ impl Attempts {
             .take_while(|retained| retained.sent_on == Some(newest_epoch))
             .count();
         for (index, retained) in entry.logs.iter().enumerate() {
-            if let Err(error) = spill.append(&retained.batch) {
+            if let Err(error) = spill.append(&retained.frame) {
                 if let Err(error) = spill.delete() {
                     tracing::warn!(%error, "deleting a half-written spill file failed");
                 }
@@ -416,21 +426,36 @@ impl Attempts {
             "unacknowledged log lines exceed the memory limit; spilling this attempt's lines to disk"
         );
         entry.spill = Some(spill);
-        Ok(entry.logs.drain(..).map(|retained| retained.bytes).sum())
+        Ok(entry.logs.drain(..).map(|retained| retained.bytes()).sum())
     }
 
-    /// The next batch of `key`'s spill file that stream `epoch` has not seen, marked as sent on
-    /// it; `None` when there is none (or `epoch` is no longer the newest stream).
-    pub fn take_spilled(&self, key: AttemptKey, epoch: u64) -> Option<WorkerMessage> {
-        let mut state = self.lock();
+    /// The next log batch of `key` that stream `epoch` has not seen (in memory or in its spill
+    /// file), marked as sent on it; `None` when there is none, or when `epoch` is not the newest
+    /// stream (a shipper still holding a dead one must not mark batches as sent on it).
+    pub fn take_unsent(&self, key: AttemptKey, epoch: u64) -> Option<Outgoing> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        if epoch != state.newest_epoch {
+            return None;
+        }
         let entry = state.attempts.get_mut(&key)?;
         if entry.forgotten {
             return None;
         }
+        if entry.spill.is_none() {
+            // The batches sent on `epoch` are a prefix: a replay hands over everything before the
+            // stream is installed, and shippers send in order after that.
+            let retained = entry
+                .logs
+                .iter_mut()
+                .find(|retained| retained.sent_on != Some(epoch))?;
+            retained.sent_on = Some(epoch);
+            return Some(Outgoing::Encoded(retained.frame.bytes.clone()));
+        }
         loop {
             let spill = entry.spill.as_mut()?;
             match spill.next_unsent(epoch) {
-                Ok(Some(batch)) => return Some(wrap(Body::Logs(batch))),
+                Ok(Some(bytes)) => return Some(Outgoing::Encoded(bytes)),
                 Ok(None) => return None,
                 Err(error) => {
                     self.stats.count_error();
@@ -483,7 +508,7 @@ impl Attempts {
 
     fn remove(&self, state: &mut State, key: AttemptKey) {
         if let Some(entry) = state.attempts.remove(&key) {
-            state.retained_bytes -= entry.logs.iter().map(|batch| batch.bytes).sum::<usize>();
+            state.retained_bytes -= entry.logs.iter().map(RetainedBatch::bytes).sum::<usize>();
             self.stats.set_retained(state.retained_bytes);
             if let Some(spill) = entry.spill {
                 self.delete_spill(spill);
@@ -515,7 +540,7 @@ impl Attempts {
             Some(control) if kill => {
                 entry.forgotten = true;
                 let _ = control.send(Control::Kill);
-                let freed: usize = entry.logs.drain(..).map(|batch| batch.bytes).sum();
+                let freed: usize = entry.logs.drain(..).map(|batch| batch.bytes()).sum();
                 let spill = entry.spill.take();
                 state.retained_bytes -= freed;
                 self.stats.set_retained(state.retained_bytes);
@@ -556,10 +581,10 @@ impl Attempts {
         while entry
             .logs
             .front()
-            .is_some_and(|batch| batch.last_seq <= seq)
+            .is_some_and(|batch| batch.frame.last_seq <= seq)
         {
             if let Some(batch) = entry.logs.pop_front() {
-                freed += batch.bytes;
+                freed += batch.bytes();
             }
         }
         let spill_done = entry.spill.as_mut().is_some_and(|spill| spill.ack(seq));
@@ -601,7 +626,7 @@ impl Attempts {
 
     /// Collects what the stream `link` has not seen yet (in per-attempt order: started, logs,
     /// spilled logs, finished) and marks it as sent on it, except spilled batches, which the
-    /// caller reads one at a time with [`Attempts::take_spilled`]. When there is nothing left,
+    /// caller reads one at a time with [`Attempts::take_unsent`]. When there is nothing left,
     /// installs `link` as the current stream, in the same critical section, so no runner's message
     /// slips in between.
     pub fn replay_or_install(&self, link: &Link) -> Vec<Replay> {
@@ -618,7 +643,7 @@ impl Attempts {
                 && *sent_on != Some(epoch)
             {
                 *sent_on = Some(epoch);
-                out.push(Replay::Message(wrap(Body::Started(*started))));
+                out.push(Replay::Message(wrap(Body::Started(*started)).into()));
             }
             for batch in entry
                 .logs
@@ -626,7 +651,9 @@ impl Attempts {
                 .filter(|batch| batch.sent_on != Some(epoch))
             {
                 batch.sent_on = Some(epoch);
-                out.push(Replay::Message(wrap(Body::Logs(batch.batch.clone()))));
+                out.push(Replay::Message(Outgoing::Encoded(
+                    batch.frame.bytes.clone(),
+                )));
             }
             if entry
                 .spill
@@ -640,9 +667,9 @@ impl Attempts {
             {
                 report.sent_on = Some(epoch);
                 report.first_sent_at.get_or_insert(now);
-                out.push(Replay::Message(wrap(Body::Finished(
-                    report.message.clone(),
-                ))));
+                out.push(Replay::Message(
+                    wrap(Body::Finished(report.message.clone())).into(),
+                ));
             }
         }
         if out.is_empty() {
@@ -692,7 +719,8 @@ fn wrap(body: Body) -> WorkerMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ax_proto::v1::{LogLine, LogStream};
+    use ax_proto::v1::{LogBatch, LogLine, LogStream};
+    use prost::Message;
 
     fn key(attempt: u32) -> AttemptKey {
         AttemptKey {
@@ -701,8 +729,8 @@ mod tests {
         }
     }
 
-    fn batch(first_seq: u64, lines: usize, width: usize) -> LogBatch {
-        LogBatch {
+    fn batch(first_seq: u64, lines: usize, width: usize) -> LogFrame {
+        LogFrame::of(&LogBatch {
             instance_id: 7,
             attempt: 1,
             first_seq,
@@ -713,13 +741,19 @@ mod tests {
                 })
                 .collect(),
             sent_at_ms: 0,
-        }
+        })
+    }
+
+    /// Retained bytes of one batch of one 100-byte line.
+    fn one() -> usize {
+        batch(1, 1, 100).bytes.len()
     }
 
     fn attempts(max_retained_bytes: usize) -> (Attempts, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let attempts = Attempts::new(
             max_retained_bytes,
+            u64::MAX,
             dir.path().join("spill"),
             Arc::new(LogStats::default()),
         );
@@ -727,7 +761,7 @@ mod tests {
     }
 
     /// The messages of a replay that holds no spilled attempt.
-    fn messages(replay: Vec<Replay>) -> Vec<WorkerMessage> {
+    fn messages(replay: Vec<Replay>) -> Vec<Outgoing> {
         replay
             .into_iter()
             .map(|item| match item {
@@ -737,22 +771,26 @@ mod tests {
             .collect()
     }
 
-    fn log_seqs(messages: &[WorkerMessage]) -> Vec<u64> {
+    fn log_seqs(messages: &[Outgoing]) -> Vec<u64> {
         messages
             .iter()
-            .filter_map(|m| match &m.body {
+            .map(|outgoing| match outgoing {
+                Outgoing::Message(message) => message.clone(),
+                Outgoing::Encoded(bytes) => WorkerMessage::decode(bytes.as_ref()).unwrap(),
+            })
+            .filter_map(|m| match m.body {
                 Some(Body::Logs(batch)) => Some(batch.first_seq),
                 _ => None,
             })
             .collect()
     }
 
-    /// Everything `key`'s spill file holds that stream `epoch` has not seen.
-    fn drain_spill(attempts: &Attempts, key: AttemptKey, epoch: u64) -> Vec<WorkerMessage> {
-        std::iter::from_fn(|| attempts.take_spilled(key, epoch)).collect()
+    /// Everything of `key`'s logs that stream `epoch` has not seen, as its shipper takes it.
+    fn drain(attempts: &Attempts, key: AttemptKey, epoch: u64) -> Vec<Outgoing> {
+        std::iter::from_fn(|| attempts.take_unsent(key, epoch)).collect()
     }
 
-    fn link(epoch: u64) -> (Link, mpsc::Receiver<WorkerMessage>) {
+    fn link(epoch: u64) -> (Link, mpsc::Receiver<Outgoing>) {
         let (tx, rx) = mpsc::channel(16);
         (
             Link {
@@ -787,21 +825,15 @@ mod tests {
                 .started(key(1), AttemptStarted::default())
                 .is_none()
         );
-        assert!(matches!(
-            attempts.logs(key(1), batch(1, 2, 3)),
-            LogsSend::Keep
-        ));
-        assert!(matches!(
-            attempts.logs(key(1), batch(3, 2, 3)),
-            LogsSend::Keep
-        ));
+        assert!(attempts.logs(key(1), batch(1, 2, 3)));
+        assert!(attempts.logs(key(1), batch(3, 2, 3)));
         let (first, _rx) = link(1);
         assert_eq!(attempts.replay_or_install(&first).len(), 3);
         assert_eq!(attempts.replay_or_install(&first).len(), 0);
-        assert!(matches!(
-            attempts.logs(key(1), batch(5, 1, 3)),
-            LogsSend::Send(..)
-        ));
+        assert!(drain(&attempts, key(1), 1).is_empty());
+        // A batch recorded once the stream is up goes out through the shipper, once.
+        assert!(attempts.logs(key(1), batch(5, 1, 3)));
+        assert_eq!(log_seqs(&drain(&attempts, key(1), 1)), [5]);
         attempts.ack(key(1), 2);
         attempts.detach(1);
         let (second, _rx) = link(2);
@@ -809,37 +841,33 @@ mod tests {
         let replay = messages(attempts.replay_or_install(&second));
         assert_eq!(log_seqs(&replay), [3, 5]);
         assert_eq!(replay.len(), 3);
+        // A shipper still holding the old stream gets nothing more.
+        assert!(attempts.logs(key(1), batch(6, 1, 3)));
+        assert!(attempts.take_unsent(key(1), 1).is_none());
+        assert_eq!(log_seqs(&drain(&attempts, key(1), 2)), [6]);
     }
 
     #[test]
     fn past_the_memory_bound_batches_spill_and_come_back_in_order() {
-        let one = 100 + LINE_OVERHEAD;
+        let one = one();
         let (attempts, dir) = attempts(3 * one);
         let spill_dir = dir.path().join("spill");
         let _control = attempts.admit(key(1), 1);
         let (first, _rx) = link(1);
         assert!(attempts.replay_or_install(&first).is_empty());
         for seq in 1..=3 {
-            assert!(matches!(
-                attempts.logs(key(1), batch(seq, 1, 100)),
-                LogsSend::Send(..)
-            ));
+            assert!(attempts.logs(key(1), batch(seq, 1, 100)));
         }
+        assert_eq!(log_seqs(&drain(&attempts, key(1), 1)), [1, 2, 3]);
         assert_eq!(attempts.retained_bytes(), 3 * one);
         // The fourth batch does not fit: the attempt's batches move to disk, and only the new one
         // is still to be sent on the current stream.
-        assert!(matches!(
-            attempts.logs(key(1), batch(4, 1, 100)),
-            LogsSend::Pump(_)
-        ));
+        assert!(attempts.logs(key(1), batch(4, 1, 100)));
         assert_eq!(attempts.retained_bytes(), 0);
-        assert_eq!(log_seqs(&drain_spill(&attempts, key(1), 1)), [4]);
+        assert_eq!(log_seqs(&drain(&attempts, key(1), 1)), [4]);
         // While spilled lines exist, later batches follow them to disk although memory is free.
-        assert!(matches!(
-            attempts.logs(key(1), batch(5, 1, 100)),
-            LogsSend::Pump(_)
-        ));
-        assert_eq!(log_seqs(&drain_spill(&attempts, key(1), 1)), [5]);
+        assert!(attempts.logs(key(1), batch(5, 1, 100)));
+        assert_eq!(log_seqs(&drain(&attempts, key(1), 1)), [5]);
         assert_eq!(attempts.stats.spilled_batches(), 5);
         assert_eq!(attempts.stats.peak_retained_bytes(), 3 * one);
 
@@ -850,8 +878,8 @@ mod tests {
         let (second, _rx) = link(2);
         let replay = attempts.replay_or_install(&second);
         assert!(matches!(replay.as_slice(), [Replay::Spilled(k)] if *k == key(1)));
-        assert_eq!(log_seqs(&drain_spill(&attempts, key(1), 2)), [2, 3, 4, 5]);
-        assert!(attempts.take_spilled(key(1), 1).is_none());
+        assert_eq!(log_seqs(&drain(&attempts, key(1), 2)), [2, 3, 4, 5]);
+        assert!(attempts.take_unsent(key(1), 1).is_none());
         assert!(attempts.replay_or_install(&second).is_empty());
         assert!(!attempts.all_acked());
 
@@ -859,17 +887,40 @@ mod tests {
         attempts.ack(key(1), 5);
         assert!(attempts.all_acked());
         assert_eq!(std::fs::read_dir(&spill_dir).unwrap().count(), 0);
-        assert!(matches!(
-            attempts.logs(key(1), batch(6, 1, 100)),
-            LogsSend::Send(..)
-        ));
+        assert!(attempts.logs(key(1), batch(6, 1, 100)));
+        assert_eq!(attempts.retained_bytes(), one);
+        assert_eq!(log_seqs(&drain(&attempts, key(1), 2)), [6]);
         assert_eq!(attempts.stats.dropped_batches(), 0);
     }
 
     #[test]
+    fn past_the_spill_budget_a_runner_in_spill_mode_must_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Arc::new(LogStats::default());
+        let attempts = Attempts::new(
+            one(),
+            2 * one() as u64,
+            dir.path().join("spill"),
+            Arc::clone(&stats),
+        );
+        let _control = attempts.admit(key(1), 2);
+        let _other = attempts.admit(key(2), 2);
+        assert!(attempts.has_log_room(key(1)));
+        assert!(attempts.logs(key(1), batch(1, 1, 100)));
+        assert!(attempts.has_log_room(key(1)));
+        // Memory is full: the second batch sends both to disk, which fills the budget.
+        assert!(attempts.logs(key(1), batch(2, 1, 100)));
+        assert!(!attempts.has_log_room(key(1)));
+        // Memory is free again, so another attempt may still record there.
+        assert!(attempts.has_log_room(key(2)));
+        attempts.ack(key(1), 1);
+        assert!(attempts.has_log_room(key(1)));
+        assert_eq!(stats.dropped_batches(), 0);
+    }
+
+    #[test]
     fn batches_spilled_during_a_replay_are_not_sent_twice() {
-        let one = 100 + LINE_OVERHEAD;
-        let (attempts, _dir) = attempts(2 * one);
+        let (attempts, _dir) = attempts(2 * one());
         let _control = attempts.admit(key(1), 1);
         attempts.logs(key(1), batch(1, 1, 100));
         attempts.logs(key(1), batch(2, 1, 100));
@@ -880,13 +931,10 @@ mod tests {
             log_seqs(&messages(attempts.replay_or_install(&first))),
             [1, 2]
         );
-        assert!(matches!(
-            attempts.logs(key(1), batch(3, 1, 100)),
-            LogsSend::Keep
-        ));
+        assert!(attempts.logs(key(1), batch(3, 1, 100)));
         let replay = attempts.replay_or_install(&first);
         assert!(matches!(replay.as_slice(), [Replay::Spilled(_)]));
-        assert_eq!(log_seqs(&drain_spill(&attempts, key(1), 1)), [3]);
+        assert_eq!(log_seqs(&drain(&attempts, key(1), 1)), [3]);
         assert!(attempts.replay_or_install(&first).is_empty());
     }
 
@@ -897,19 +945,13 @@ mod tests {
         let not_a_dir = dir.path().join("file");
         std::fs::write(&not_a_dir, b"").unwrap();
         let stats = Arc::new(LogStats::default());
-        let attempts = Attempts::new(100 + LINE_OVERHEAD, not_a_dir, Arc::clone(&stats));
+        let attempts = Attempts::new(one(), u64::MAX, not_a_dir, Arc::clone(&stats));
         let _control = attempts.admit(key(1), 1);
-        assert!(matches!(
-            attempts.logs(key(1), batch(1, 1, 100)),
-            LogsSend::Keep
-        ));
-        assert!(matches!(
-            attempts.logs(key(1), batch(2, 1, 100)),
-            LogsSend::Keep
-        ));
+        assert!(attempts.logs(key(1), batch(1, 1, 100)));
+        assert!(!attempts.logs(key(1), batch(2, 1, 100)));
         assert_eq!(stats.spill_errors(), 1);
         assert_eq!(stats.dropped_batches(), 1);
-        assert_eq!(attempts.retained_bytes(), 100 + LINE_OVERHEAD);
+        assert_eq!(attempts.retained_bytes(), one());
         let (first, _rx) = link(1);
         assert_eq!(log_seqs(&messages(attempts.replay_or_install(&first))), [1]);
     }

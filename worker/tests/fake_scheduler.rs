@@ -331,6 +331,19 @@ fn outcome(finished: &AttemptFinished) -> AttemptOutcome {
 }
 
 /// True while `pid` is a live process (a zombie waiting for its reaper counts as gone).
+/// Bytes of the files in `dir`.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|entry| entry.metadata().ok())
+                .map(|metadata| metadata.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 fn alive(pid: i32) -> bool {
     // SAFETY: signal 0 only probes.
     if unsafe { libc::kill(pid, 0) } != 0 {
@@ -1016,9 +1029,14 @@ async fn log_lines_past_the_memory_bound_are_spilled_and_all_delivered_once_in_o
 #[tokio::test]
 async fn a_chatty_task_is_back_pressured_and_still_timed_out() {
     let fake = FakeScheduler::start().await;
+    let spill_dir = tempfile::tempdir().unwrap();
+    const SPILL_BUDGET: u64 = 1 << 20;
     let worker = Worker::start(&[&fake], |options| {
         options.kill_grace = Duration::from_millis(300);
         options.self_fence_after = None;
+        options.max_retained_log_bytes = 256 * 1024;
+        options.max_spilled_log_bytes = SPILL_BUDGET;
+        options.spill_dir = Some(spill_dir.path().to_path_buf());
     });
     fake.wait_for("a heartbeat", |_| {
         (!fake.heartbeats().is_empty()).then_some(())
@@ -1026,7 +1044,8 @@ async fn a_chatty_task_is_back_pressured_and_still_timed_out() {
     .await;
     fake.state.paused.store(true, Ordering::SeqCst);
     // `yes` writes as fast as it can; with the scheduler not reading, the worker's stream, its
-    // outgoing channel and then the pipe fill up, and `yes` blocks.
+    // outgoing channel, its memory bound and then its spill budget fill up, the worker stops
+    // reading, and `yes` blocks on its pipe.
     let mut task = dispatch(80, "yes");
     task.timeout_ms = 500;
     fake.dispatch(task).await;
@@ -1051,13 +1070,20 @@ async fn a_chatty_task_is_back_pressured_and_still_timed_out() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     // The timeout fires although every send towards the scheduler is blocked.
+    let mut spilled = 0;
     while alive(pid) {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the timeout did not kill a back-pressured task"
         );
+        spilled = spilled.max(dir_bytes(spill_dir.path()));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // One batch (at most 256 KiB of text, framed) may overshoot the budget.
+    assert!(
+        spilled <= SPILL_BUDGET + 512 * 1024,
+        "{spilled} bytes spilled, budget {SPILL_BUDGET}"
+    );
     fake.state.paused.store(false, Ordering::SeqCst);
     let finished = fake.finished(80, 1).await;
     assert_eq!(outcome(&finished), AttemptOutcome::Timeout);

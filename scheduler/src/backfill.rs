@@ -87,11 +87,7 @@ pub async fn backfill(
             triggered_by: actor.clone(),
             now,
         };
-        let (run, created) = node
-            .store
-            .create_run(&new_run)
-            .await
-            .map_err(store_status)?;
+        let (run, created) = node.runs.create(new_run).await.map_err(store_status)?;
         if created {
             response.created += 1;
             decisions.push(DecisionRecord {

@@ -253,6 +253,7 @@ mod log_writer;
 mod node;
 mod registry;
 mod reporter;
+mod run_creator;
 mod schedules;
 mod specs;
 

@@ -12,6 +12,7 @@ use crate::guards::Guards;
 use crate::log_writer::LogWriter;
 use crate::registry::Registry;
 use crate::reporter::ReportSender;
+use crate::run_creator::RunCreator;
 use crate::specs::SpecCache;
 
 pub struct Node {
@@ -23,6 +24,8 @@ pub struct Node {
     pub placer: Mutex<Placer>,
     pub reports: ReportSender,
     pub logs: LogWriter,
+    /// Creates runs in groups (one transaction per burst of triggers).
+    pub runs: RunCreator,
     pub alerter: Alerter,
     /// Wakes the dispatcher: new WAITING instances, or a worker with a free slot.
     pub dispatch_wake: Notify,
@@ -46,6 +49,7 @@ impl Node {
         Node {
             placer: Mutex::new(Placer::new(options.strategy)),
             specs: SpecCache::new(store.clone()),
+            runs: RunCreator::start(store.clone()),
             registry: Registry::new(),
             options,
             store,

@@ -66,9 +66,10 @@ pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
     }
 }
 
-/// Schedules fired side by side: each fire is its own transactions on its own workflow, so a
-/// second full of due schedules (100 per-second crons) is not one long queue of round trips.
-const CONCURRENT_FIRES: usize = 16;
+/// Schedules fired side by side. Their new runs are written in groups (`RunCreator`) and their
+/// moves in one transaction per pass, so a second full of due schedules (100 per-second crons)
+/// costs a few transactions, not a queue of them.
+const CONCURRENT_FIRES: usize = 128;
 
 /// Fires every schedule that is due and returns how long to sleep until the next one.
 async fn fire_due(node: &Node) -> anyhow::Result<Duration> {
@@ -87,23 +88,40 @@ async fn fire_due(node: &Node) -> anyhow::Result<Duration> {
             due_now.push(due);
         }
     }
-    let decisions: Vec<Vec<DecisionRecord>> = futures::stream::iter(due_now)
+    let fired: Vec<Fired> = futures::stream::iter(due_now)
         .map(|due| async move {
             // Read per schedule: a long catch-up of one must not make another fire with a
             // stale `now`.
             match fire(node, &due, now_ms()).await {
-                Ok(decisions) => decisions,
+                Ok(fired) => Some(fired),
                 Err(err) => {
                     tracing::error!(workflow = %due.workflow, error = %err, "cron fire failed");
-                    Vec::new()
+                    None
                 }
             }
         })
         .buffer_unordered(CONCURRENT_FIRES)
+        .filter_map(std::future::ready)
         .collect()
         .await;
+    // The schedules move on together. Should that fail, they are due again at the next pass,
+    // and firing a slot again finds its run (the slot's dedup key): nothing fires twice.
+    let moves: Vec<_> = fired.iter().map(|fired| fired.advance).collect();
+    let won = match node.store.advance_schedules(&moves).await {
+        Ok(won) => won,
+        Err(err) => {
+            tracing::error!(error = %err, schedules = moves.len(), "moving schedules on failed; they are due again");
+            vec![false; moves.len()]
+        }
+    };
+    let mut decisions = Vec::new();
+    for (fired, won) in fired.into_iter().zip(won) {
+        decisions.extend(fired.own);
+        if won {
+            decisions.extend(fired.contested);
+        }
+    }
     // One write for the pass's decisions, off each fire's path.
-    let decisions: Vec<DecisionRecord> = decisions.into_iter().flatten().collect();
     if !decisions.is_empty()
         && let Err(err) = node.store.record_decisions(&decisions).await
     {
@@ -134,8 +152,19 @@ fn decision(
     }
 }
 
-/// Fires `due`'s slots and moves its schedule on; returns the decisions to record.
-async fn fire(node: &Node, due: &DueSchedule, now: Millis) -> anyhow::Result<Vec<DecisionRecord>> {
+/// What firing one due schedule did, and the move of its schedule still to make.
+struct Fired {
+    /// (workflow, from, to) for `Store::advance_schedules`.
+    advance: (WorkflowId, Millis, Millis),
+    /// Decisions about what this node did.
+    own: Vec<DecisionRecord>,
+    /// Decisions only the node whose move wins records (misfires, slots outside the window,
+    /// skips), so two nodes never record one drop twice.
+    contested: Vec<DecisionRecord>,
+}
+
+/// Fires `due`'s slots; the caller moves its schedule on and records the decisions.
+async fn fire(node: &Node, due: &DueSchedule, now: Millis) -> anyhow::Result<Fired> {
     let cron = CronSchedule::parse(&due.cron)?;
     let tz = parse_timezone(&due.timezone)?;
     let versioned = node
@@ -170,41 +199,38 @@ async fn fire(node: &Node, due: &DueSchedule, now: Millis) -> anyhow::Result<Vec
         contested.extend(outcome.contested);
     }
     let to = plan.next_fire_at.unwrap_or(Millis::MAX);
-    let won = node
-        .store
-        .advance_schedule(due.workflow_id, due.next_fire_at, to)
-        .await?;
-    if won {
-        if let Some(span) = plan.misfired {
-            contested.push(span_decision(
-                node,
-                due.workflow_id,
-                span,
-                DecisionKind::Misfired,
-                format!(
-                    "{} missed (scheduler down or busy); dropped by misfire policy {}",
-                    span.describe(),
-                    spec.schedule.misfire.name()
-                ),
-                now,
-            ));
-        }
-        if let Some(span) = plan.outside_window {
-            contested.push(span_decision(
-                node,
-                due.workflow_id,
-                span,
-                DecisionKind::OutsideWindow,
-                format!(
-                    "{} outside the schedule's start/end window",
-                    span.describe()
-                ),
-                now,
-            ));
-        }
-        own.extend(contested);
+    if let Some(span) = plan.misfired {
+        contested.push(span_decision(
+            node,
+            due.workflow_id,
+            span,
+            DecisionKind::Misfired,
+            format!(
+                "{} missed (scheduler down or busy); dropped by misfire policy {}",
+                span.describe(),
+                spec.schedule.misfire.name()
+            ),
+            now,
+        ));
     }
-    Ok(own)
+    if let Some(span) = plan.outside_window {
+        contested.push(span_decision(
+            node,
+            due.workflow_id,
+            span,
+            DecisionKind::OutsideWindow,
+            format!(
+                "{} outside the schedule's start/end window",
+                span.describe()
+            ),
+            now,
+        ));
+    }
+    Ok(Fired {
+        advance: (due.workflow_id, due.next_fire_at, to),
+        own,
+        contested,
+    })
 }
 
 fn span_decision(
@@ -331,7 +357,7 @@ pub async fn fire_slot(
         triggered_by: fire.triggered_by.clone(),
         now,
     };
-    let (record, created) = node.store.create_run(&new_run).await?;
+    let (record, created) = node.runs.create(new_run).await?;
     if created {
         let lateness = now - fire.slot;
         tracing::info!(workflow = %fire.spec.name, run = %record.id, logical_time = fire.slot, lateness_ms = lateness, state = %record.state, "scheduled fire");

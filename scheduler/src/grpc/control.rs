@@ -382,8 +382,8 @@ impl ControlService for ControlApi {
         };
         let (run, created) = self
             .node
-            .store
-            .create_run(&new_run)
+            .runs
+            .create(new_run.clone())
             .await
             .map_err(store_status)?;
         if created {

@@ -491,7 +491,13 @@ pub trait Store: Send + Sync + 'static {
         workflow_id: WorkflowId,
         from: Millis,
         to: Millis,
-    ) -> Result<bool>;
+    ) -> Result<bool> {
+        let won = self.advance_schedules(&[(workflow_id, from, to)]).await?;
+        Ok(won.first().copied().unwrap_or(false))
+    }
+    /// `advance_schedule` for several schedules (workflow, from, to) in one transaction; says for
+    /// each whether this call moved it.
+    async fn advance_schedules(&self, moves: &[(WorkflowId, Millis, Millis)]) -> Result<Vec<bool>>;
 
     // --- runs ---
 
@@ -503,6 +509,9 @@ pub trait Store: Send + Sync + 'static {
     /// run ends by any path, the oldest queued runs of its workflow that now fit are started in
     /// that transaction (`dequeued` decisions).
     async fn create_run(&self, run: &NewRun) -> Result<(RunRecord, bool)>;
+    /// `create_run` for several runs in one transaction, in order (each sees the ones before
+    /// it). On an error nothing is created; the caller may retry the runs one by one.
+    async fn create_runs(&self, runs: &[NewRun]) -> Result<Vec<(RunRecord, bool)>>;
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>>;
     /// Newest first.
     async fn list_runs(

@@ -168,6 +168,7 @@ conformance!(
     apply_creates_then_keeps_then_updates_versions,
     create_run_inserts_only_root_tasks,
     dedup_key_returns_the_existing_run,
+    a_group_of_runs_is_created_in_order_and_an_error_creates_none,
     concurrent_creates_with_one_dedup_key_make_one_run,
     waiting_orders_by_priority_then_id_and_respects_backoff,
     mark_dispatched_is_a_conditional_claim,
@@ -471,6 +472,43 @@ mod scenarios {
         let ids: BTreeSet<RunId> = [first.id, a.id, b.id, c.id].into();
         assert_eq!(ids.len(), 4);
         assert_eq!(s.list_runs(Some("wf"), None, 100).await.unwrap().len(), 4);
+    }
+
+    pub(super) async fn a_group_of_runs_is_created_in_order_and_an_error_creates_none(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("wf", vec![task("a", &[]), task("b", &["a"])])).await;
+        let (existing, _) = s.create_run(&new_run(&wf, Some("cron:1"))).await.unwrap();
+        let group = [
+            new_run(&wf, Some("cron:2")),
+            new_run(&wf, Some("cron:1")),
+            new_run(&wf, None),
+            // A later run of the group sees an earlier one's key.
+            new_run(&wf, Some("cron:2")),
+        ];
+        let created = s.create_runs(&group).await.unwrap();
+        let flags: Vec<bool> = created.iter().map(|(_, new)| *new).collect();
+        assert_eq!(flags, [true, false, true, false]);
+        assert_eq!(created[1].0, existing);
+        assert_eq!(created[3].0.id, created[0].0.id);
+        assert!(
+            created[0].0.id < created[2].0.id,
+            "ids follow the group's order"
+        );
+        for (run, _) in &created {
+            assert_eq!(tasks_of(s, run.id).await, BTreeSet::from(["a".to_string()]));
+        }
+        assert_eq!(s.list_runs(Some("wf"), None, 100).await.unwrap().len(), 3);
+
+        // A run of a version that does not exist fails the whole group: nothing of it is stored.
+        let mut missing = new_run(&wf, Some("cron:3"));
+        missing.workflow_version = 99;
+        let error = s
+            .create_runs(&[new_run(&wf, Some("cron:4")), missing])
+            .await
+            .expect_err("an unknown version fails the group");
+        assert!(error.to_string().contains("version 99"), "{error}");
+        assert_eq!(s.list_runs(Some("wf"), None, 100).await.unwrap().len(), 3);
+        assert!(s.create_runs(&[]).await.unwrap().is_empty());
     }
 
     pub(super) async fn concurrent_creates_with_one_dedup_key_make_one_run(ctx: Ctx) {
@@ -1344,6 +1382,21 @@ mod scenarios {
         );
         let due = s.due_schedules(T0 + 2_000, 10).await.unwrap();
         assert_eq!(due[0].next_fire_at, T0 + 2_000);
+        // In a group, each move is conditional on its own.
+        assert_eq!(
+            s.advance_schedules(&[
+                (wf.id, T0 + 2_000, T0 + 2_500),
+                (wf.id, T0 + 2_000, T0 + 9_000)
+            ])
+            .await
+            .unwrap(),
+            [true, false]
+        );
+        assert!(
+            s.advance_schedule(wf.id, T0 + 2_500, T0 + 2_000)
+                .await
+                .unwrap()
+        );
 
         // An unchanged apply keeps the stored fire time; a new version replaces it and is the
         // version a due schedule names.

@@ -245,6 +245,15 @@ pub(crate) enum Created {
     Existing(RunRecord),
 }
 
+impl From<Created> for (RunRecord, bool) {
+    fn from(created: Created) -> Self {
+        match created {
+            Created::New(record) => (record, true),
+            Created::Existing(record) => (record, false),
+        }
+    }
+}
+
 pub(crate) async fn create_run_tx(
     store: &SqlStore,
     c: &mut AnyConnection,
@@ -991,30 +1000,43 @@ impl Store for SqlStore {
             .collect()
     }
 
-    async fn advance_schedule(
-        &self,
-        workflow_id: WorkflowId,
-        from: Millis,
-        to: Millis,
-    ) -> Result<bool> {
+    async fn advance_schedules(&self, moves: &[(WorkflowId, Millis, Millis)]) -> Result<Vec<bool>> {
+        if moves.is_empty() {
+            return Ok(Vec::new());
+        }
         write_tx!(self, |c| async move {
-            let done = sqlx::query(
-                "UPDATE schedule_plan SET next_fire_at = ? WHERE workflow_id = ? AND next_fire_at = ?",
-            )
-            .bind(to)
-            .bind(workflow_id.0)
-            .bind(from)
-            .execute(&mut *c)
-            .await?;
-            Ok(done.rows_affected() == 1)
+            let mut won = Vec::with_capacity(moves.len());
+            for (workflow_id, from, to) in moves {
+                let done = sqlx::query(
+                    "UPDATE schedule_plan SET next_fire_at = ? \
+                     WHERE workflow_id = ? AND next_fire_at = ?",
+                )
+                .bind(*to)
+                .bind(workflow_id.0)
+                .bind(*from)
+                .execute(&mut *c)
+                .await?;
+                won.push(done.rows_affected() == 1);
+            }
+            Ok(won)
         })
     }
 
     async fn create_run(&self, run: &NewRun) -> Result<(RunRecord, bool)> {
-        match write_tx!(self, |c| create_run_tx(self, c, run))? {
-            Created::New(record) => Ok((record, true)),
-            Created::Existing(record) => Ok((record, false)),
+        Ok(write_tx!(self, |c| create_run_tx(self, c, run))?.into())
+    }
+
+    async fn create_runs(&self, runs: &[NewRun]) -> Result<Vec<(RunRecord, bool)>> {
+        if runs.is_empty() {
+            return Ok(Vec::new());
         }
+        write_tx!(self, |c| async move {
+            let mut created = Vec::with_capacity(runs.len());
+            for run in runs {
+                created.push(create_run_tx(self, c, run).await?.into());
+            }
+            Ok(created)
+        })
     }
 
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {

@@ -167,7 +167,13 @@ impl SeenSet {
 #[derive(Debug, Default)]
 struct State {
     link: Option<Link>,
+    /// Running attempts, and finished ones until their report is pruned (minutes: thousands of
+    /// entries on a busy worker), so nothing on a per-task path may walk it.
     attempts: HashMap<AttemptKey, AttemptEntry>,
+    /// How many of `attempts` are running.
+    running: usize,
+    /// The attempts that have a spill file.
+    spilling: HashSet<AttemptKey>,
     seen: SeenSet,
     retained_bytes: usize,
     /// The newest stream that replayed or was installed.
@@ -218,16 +224,12 @@ impl Attempts {
         if state.draining {
             return Admission::Rejected("worker is draining".into());
         }
-        let running = state
-            .attempts
-            .values()
-            .filter(|entry| entry.running())
-            .count();
-        if running >= capacity as usize {
+        if state.running >= capacity as usize {
             return Admission::Rejected(format!("worker is at capacity ({capacity})"));
         }
         let (tx, rx) = mpsc::unbounded_channel();
         state.seen.insert(key);
+        state.running += 1;
         state.attempts.insert(
             key,
             AttemptEntry {
@@ -264,11 +266,7 @@ impl Attempts {
     }
 
     pub fn running_count(&self) -> usize {
-        self.lock()
-            .attempts
-            .values()
-            .filter(|entry| entry.running())
-            .count()
+        self.lock().running
     }
 
     pub fn set_draining(&self) {
@@ -327,6 +325,7 @@ impl Attempts {
         if entry.spill.is_none() {
             match self.start_spill(key, entry, state.newest_epoch) {
                 Ok(freed) => {
+                    state.spilling.insert(key);
                     state.retained_bytes -= freed;
                     self.stats.set_retained(state.retained_bytes);
                 }
@@ -375,18 +374,20 @@ impl Attempts {
     /// (One batch may overshoot the budget.)
     pub fn has_log_room(&self, key: AttemptKey) -> bool {
         let state = self.lock();
-        let spilled: u64 = state
+        let in_memory = state
             .attempts
-            .values()
-            .filter_map(|entry| entry.spill.as_ref())
+            .get(&key)
+            .is_some_and(|entry| entry.spill.is_none());
+        if in_memory && state.retained_bytes < self.max_retained_bytes {
+            return true;
+        }
+        let spilled: u64 = state
+            .spilling
+            .iter()
+            .filter_map(|key| state.attempts.get(key)?.spill.as_ref())
             .map(SpillFile::unacked_bytes)
             .sum();
         spilled < self.max_spilled_bytes
-            || (state.retained_bytes < self.max_retained_bytes
-                && state
-                    .attempts
-                    .get(&key)
-                    .is_some_and(|entry| entry.spill.is_none()))
     }
 
     /// Puts an attempt into spill mode: creates its spill file and moves its batches in memory
@@ -468,6 +469,7 @@ impl Attempts {
                     );
                     if spill.is_empty() {
                         if let Some(spill) = entry.spill.take() {
+                            state.spilling.remove(&key);
                             self.delete_spill(spill);
                         }
                         return None;
@@ -490,13 +492,17 @@ impl Attempts {
         key: AttemptKey,
         message: AttemptFinished,
     ) -> Option<(Link, WorkerMessage)> {
-        let mut state = self.lock();
+        let mut guard = self.lock();
+        let state = &mut *guard;
         let link = state.link.clone();
         let entry = state.attempts.get_mut(&key)?;
         entry.control = None;
         if entry.forgotten {
-            self.remove(&mut state, key);
+            self.remove(state, key);
             return None;
+        }
+        if entry.finished.is_none() {
+            state.running -= 1;
         }
         entry.finished = Some(FinishedReport {
             message: message.clone(),
@@ -508,9 +514,13 @@ impl Attempts {
 
     fn remove(&self, state: &mut State, key: AttemptKey) {
         if let Some(entry) = state.attempts.remove(&key) {
+            if entry.running() {
+                state.running -= 1;
+            }
             state.retained_bytes -= entry.logs.iter().map(RetainedBatch::bytes).sum::<usize>();
             self.stats.set_retained(state.retained_bytes);
             if let Some(spill) = entry.spill {
+                state.spilling.remove(&key);
                 self.delete_spill(spill);
             }
         }
@@ -545,6 +555,7 @@ impl Attempts {
                 state.retained_bytes -= freed;
                 self.stats.set_retained(state.retained_bytes);
                 if let Some(spill) = spill {
+                    state.spilling.remove(&key);
                     self.delete_spill(spill);
                 }
             }
@@ -592,6 +603,7 @@ impl Attempts {
         state.retained_bytes -= freed;
         self.stats.set_retained(state.retained_bytes);
         if let Some(spill) = acked_spill {
+            state.spilling.remove(&key);
             tracing::info!(
                 instance = key.instance_id,
                 attempt = key.attempt,
@@ -812,6 +824,12 @@ mod tests {
         attempts.forget(key(1), false);
         // The report is gone, but the attempt is still remembered as seen.
         assert!(matches!(attempts.admit(key(1), 1), Admission::Duplicate));
+        // A finished attempt no longer takes a slot.
+        assert_eq!(attempts.running_count(), 0);
+        assert!(matches!(attempts.admit(key(2), 1), Admission::Accepted(_)));
+        assert_eq!(attempts.running_count(), 1);
+        attempts.unadmit(key(2));
+        assert_eq!(attempts.running_count(), 0);
         attempts.set_draining();
         assert!(matches!(attempts.admit(key(3), 1), Admission::Rejected(_)));
     }

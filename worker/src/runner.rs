@@ -27,11 +27,6 @@ use crate::state::{AttemptKey, Attempts, Control};
 /// attempt.
 const LINE_CHANNEL: usize = 16;
 
-/// The capacity asked for the task's output pipes (Linux's default is 64 KiB): a task that
-/// prints in bursts writes on while the worker is busy elsewhere. The kernel caps it at
-/// `/proc/sys/fs/pipe-max-size` (1 MiB by default); a refusal only leaves the default.
-const PIPE_CAPACITY: i32 = 1 << 20;
-
 /// How often a runner whose output is paused (the worker's spill budget is full) looks again.
 const LOG_ROOM_POLL: Duration = Duration::from_millis(20);
 
@@ -237,16 +232,6 @@ impl Runner {
 
         let (line_tx, mut lines) = mpsc::channel::<EncodedLines>(LINE_CHANNEL);
         let mut readers = Vec::new();
-        for pipe in [
-            child.stdout.as_ref().map(AsRawFd::as_raw_fd),
-            child.stderr.as_ref().map(AsRawFd::as_raw_fd),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            // SAFETY: fcntl(2) on a pipe this process owns; it only changes the pipe's capacity.
-            unsafe { libc::fcntl(pipe, libc::F_SETPIPE_SZ, PIPE_CAPACITY) };
-        }
         let heartbeat_every = self
             .settings
             .task_heartbeat_interval
@@ -255,16 +240,18 @@ impl Runner {
         if let Some(stdout) = child.stdout.take() {
             let tx = line_tx.clone();
             let max = self.settings.max_line_bytes;
+            let fd = stdout.as_raw_fd();
             readers.push(tokio::spawn(
-                async move { pump_lines(stdout, LogStream::Stdout, max, tx).await }
+                async move { pump_lines(stdout, LogStream::Stdout, max, Some(fd), tx).await }
                     .in_current_span(),
             ));
         }
         if let Some(stderr) = child.stderr.take() {
             let tx = line_tx.clone();
             let max = self.settings.max_line_bytes;
+            let fd = stderr.as_raw_fd();
             readers.push(tokio::spawn(
-                async move { pump_lines(stderr, LogStream::Stderr, max, tx).await }
+                async move { pump_lines(stderr, LogStream::Stderr, max, Some(fd), tx).await }
                     .in_current_span(),
             ));
         }

@@ -1,7 +1,8 @@
 //! The ax worker: holds a stream to a scheduler node and runs dispatched attempts.
 //!
 //! Codemap: `session` is one stream (handshake, dispatch, heartbeats, drain); `runner` is one
-//! attempt's process (spawn, timeout, kill, final report) and its log shipper; `logs` reads output
+//! attempt's process (timeout, kill, final report) and its log shipper; `spawn` starts that
+//! process without copying the worker's page tables; `logs` reads output
 //! into numbered batches, encoded once; `outgoing` sends them as those bytes; `state` is what survives a reconnect (running attempts, unacknowledged logs, finished
 //! reports); `spill` keeps unacknowledged log batches on disk past the memory bound; `fence` kills
 //! attempts when no scheduler has been reachable for too long; `backoff` paces reconnects.
@@ -23,6 +24,7 @@ pub mod logs;
 mod outgoing;
 mod runner;
 mod session;
+pub mod spawn;
 mod spill;
 mod state;
 

@@ -4,7 +4,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::pin::Pin;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -13,7 +13,6 @@ use ax_proto::v1::{
     AttemptFinished, AttemptOutcome, AttemptStarted, Dispatch, LogStream, TaskHeartbeat,
     WorkerMessage, worker_message::Body,
 };
-use tokio::process::Command;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep, sleep, sleep_until};
@@ -21,6 +20,7 @@ use tracing::Instrument;
 
 use crate::logs::{BatchLimits, Batcher, EncodedLines, pump_lines};
 use crate::now_ms;
+use crate::spawn::TaskCommand;
 use crate::state::{AttemptKey, Attempts, Control};
 
 /// Reads (each up to 16 KiB of lines) buffered between the pipe readers and the batcher of one
@@ -190,8 +190,7 @@ impl Watch {
 
 impl Runner {
     async fn run(mut self) {
-        let mut child = match build_command(&self.dispatch).and_then(|mut command| command.spawn())
-        {
+        let mut child = match task_command(&self.dispatch).spawn() {
             Ok(child) => child,
             Err(error) => {
                 tracing::warn!(%error, "attempt could not be started");
@@ -208,7 +207,7 @@ impl Runner {
             }
         };
         let start = Instant::now();
-        let pid = child.id().unwrap_or(0);
+        let pid = child.id();
         // The child leads its own process group, so its pid is the group id.
         self.watch.pgid = i32::try_from(pid).unwrap_or(0);
         if let Some(guardian) = &self.settings.guardian {
@@ -540,35 +539,33 @@ fn signal_group(pgid: i32, signal: i32) -> bool {
     unsafe { libc::kill(-pgid, signal) == 0 }
 }
 
-/// Builds the command of a dispatch: `/bin/sh -c command`, or `argv` when it is given.
-fn build_command(dispatch: &Dispatch) -> io::Result<Command> {
+/// The command of a dispatch: `/bin/sh -c command`, or `argv` when it is given, with the
+/// worker's environment, the task's, and the attempt's `AX_*` variables.
+fn task_command(dispatch: &Dispatch) -> TaskCommand {
     let mut command = match dispatch.argv.split_first() {
         Some((program, args)) => {
-            let mut command = Command::new(program);
-            command.args(args);
+            let mut command = TaskCommand::new(program);
+            for arg in args {
+                command.arg(arg);
+            }
             command
         }
         None => {
-            let mut command = Command::new("/bin/sh");
+            let mut command = TaskCommand::new("/bin/sh");
             command.arg("-c").arg(&dispatch.command);
             command
         }
     };
+    for (key, value) in &dispatch.env {
+        command.env(key, value);
+    }
     command
-        .envs(&dispatch.env)
         .env("AX_INSTANCE_ID", dispatch.instance_id.to_string())
         .env("AX_ATTEMPT", dispatch.attempt.to_string())
         .env("AX_RUN_ID", dispatch.run_id.to_string())
         .env("AX_WORKFLOW", &dispatch.workflow)
         .env("AX_TASK", &dispatch.task)
-        .env("AX_LOGICAL_TIME", rfc3339(dispatch.logical_time_ms))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(false)
-        // Its own process group, so that a kill reaches everything the task started and a
-        // Ctrl-C at the worker's terminal does not reach the task directly.
-        .process_group(0);
+        .env("AX_LOGICAL_TIME", rfc3339(dispatch.logical_time_ms));
     if !dispatch.working_dir.is_empty() {
         command.current_dir(&dispatch.working_dir);
     }
@@ -577,30 +574,7 @@ fn build_command(dispatch: &Dispatch) -> io::Result<Command> {
             .env("AX_SHARD_INDEX", dispatch.shard_index.to_string())
             .env("AX_SHARD_TOTAL", dispatch.shard_total.to_string());
     }
-    // SAFETY: getpid is async-signal-safe; it is called before the fork.
-    let worker_pid = unsafe { libc::getpid() };
-    // SAFETY: the closure runs between fork and exec and only calls the async-signal-safe
-    // prctl(2) and getppid(2); it allocates nothing.
-    unsafe {
-        command.pre_exec(move || {
-            // The kernel sends SIGKILL to the child when the worker dies, even by `kill -9`, so a
-            // crashed worker does not leave tasks running that no scheduler can see or fence.
-            // Note: the signal follows the *thread* that forked; tokio's runtime threads live as
-            // long as the worker, so that is the worker's lifetime. It reaches the direct child
-            // only; grandchildren in the group outlive a killed worker.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // The worker may have died before prctl took effect.
-            if libc::getppid() != worker_pid {
-                return Err(io::Error::other(
-                    "the worker exited while the task was starting",
-                ));
-            }
-            Ok(())
-        });
-    }
-    Ok(command)
+    command
 }
 
 /// The logical time as RFC 3339 in UTC, e.g. `2024-05-01T02:00:00Z`.

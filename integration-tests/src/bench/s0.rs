@@ -1,15 +1,16 @@
 //! S0: the spawn ceiling. `true` spawned from a tokio program with 64 in flight; no ax at all.
 //! W1's tasks/s is judged against this number measured in the same invocation.
 //!
-//! A second figure spawns the way the worker does (`/bin/sh -c true` in its own process group,
-//! with a parent-death signal set between fork and exec, its output piped and read): the
-//! ceiling of any worker built that way, with no scheduler, store or stream. The `pre_exec`
-//! hook makes the standard library fork instead of using `posix_spawn`.
+//! A second figure spawns with the worker's own code (`ax_worker::spawn`: `/bin/sh -c true` in
+//! its own process group, with a parent-death signal, its output piped and read to the end):
+//! the ceiling of the worker's spawn path, with no scheduler, store or stream.
 
 use std::process::Stdio;
 use std::time::Instant;
 
+use ax_worker::spawn::TaskCommand;
 use futures::StreamExt;
+use tokio::io::AsyncReadExt;
 
 use super::{Checks, Env, Measurement};
 
@@ -36,34 +37,29 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
     let plain = total as f64 / elapsed;
 
     let started = Instant::now();
-    let worker_way: Vec<std::io::Result<std::process::Output>> = futures::stream::iter(0..total)
-        .map(|_| async {
-            let mut command = tokio::process::Command::new("/bin/sh");
-            command
-                .arg("-c")
-                .arg("true")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .process_group(0);
-            // SAFETY: prctl(2) is async-signal-safe and allocates nothing.
-            unsafe {
-                command.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-            command.output().await
-        })
-        .buffer_unordered(64)
-        .collect()
-        .await;
+    let worker_way: Vec<std::io::Result<std::process::ExitStatus>> =
+        futures::stream::iter(0..total)
+            .map(|_| async {
+                let mut command = TaskCommand::new("/bin/sh");
+                command.arg("-c").arg("true");
+                let mut process = command.spawn()?;
+                let (mut stdout, mut stderr) = (process.stdout.take(), process.stderr.take());
+                let (mut out, mut err) = (Vec::new(), Vec::new());
+                if let (Some(stdout), Some(stderr)) = (&mut stdout, &mut stderr) {
+                    let (read_out, read_err) =
+                        tokio::join!(stdout.read_to_end(&mut out), stderr.read_to_end(&mut err));
+                    read_out?;
+                    read_err?;
+                }
+                process.wait().await
+            })
+            .buffer_unordered(64)
+            .collect()
+            .await;
     let worker_elapsed = started.elapsed().as_secs_f64();
     let worker_failed = worker_way
         .iter()
-        .filter(|o| !matches!(o, Ok(output) if output.status.success()))
+        .filter(|o| !matches!(o, Ok(status) if status.success()))
         .count();
 
     let mut checks = Checks::default();

@@ -1434,7 +1434,7 @@ mod fake {
                         let ack = LogAck {
                             instance_id: batch.instance_id,
                             attempt: batch.attempt,
-                            seq: batch.first_seq + batch.lines.len() as u64 - 1,
+                            seq: batch.first_seq + batch.line_count() as u64 - 1,
                         };
                         let _ = tx
                             .send(Ok(SchedulerMessage {

@@ -123,10 +123,22 @@ fn worker_message(real_instance: i64) -> impl Strategy<Value = pb::WorkerMessage
                     instance_id,
                     attempt,
                     first_seq: seq,
-                    lines: vec![pb::LogLine {
-                        stream: number,
-                        text,
-                    }],
+                    // Separate lines, packed lines, both, or neither; packed streams and text
+                    // that may not match.
+                    lines: if number % 3 == 0 {
+                        Vec::new()
+                    } else {
+                        vec![pb::LogLine {
+                            stream: number,
+                            text: text.clone(),
+                        }]
+                    },
+                    streams: if number % 2 == 0 {
+                        number.to_le_bytes()[..number.unsigned_abs() as usize % 5].to_vec()
+                    } else {
+                        Vec::new()
+                    },
+                    body: if number % 2 == 0 { text } else { String::new() },
                     sent_at_ms: at,
                 }),
                 4 => Body::Heartbeat(pb::WorkerHeartbeat {

@@ -7,3 +7,116 @@ pub mod v1 {
     /// The encoded file descriptor set, for gRPC server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ax_v1_descriptor");
 }
+
+impl v1::LogBatch {
+    /// The number of lines, in either form.
+    pub fn line_count(&self) -> usize {
+        if self.lines.is_empty() {
+            self.streams.len()
+        } else {
+            self.lines.len()
+        }
+    }
+
+    /// The lines in order, in either form: each line's stream and text. Fails, naming what is
+    /// wrong, on a batch with both forms, a stream byte that is not 1 or 2, or a body whose line
+    /// breaks do not match `streams`.
+    pub fn texts(&self) -> Result<Vec<(v1::LogStream, &str)>, String> {
+        if self.lines.is_empty() {
+            let streams = self
+                .streams
+                .iter()
+                .map(|&byte| packed_stream(byte))
+                .collect::<Result<Vec<_>, _>>()?;
+            if streams.is_empty() {
+                return if self.body.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    Err("a log batch has text but no streams".into())
+                };
+            }
+            let texts: Vec<&str> = self.body.split('\n').collect();
+            if texts.len() != streams.len() {
+                return Err(format!(
+                    "a log batch has {} streams for {} lines of text",
+                    streams.len(),
+                    texts.len()
+                ));
+            }
+            Ok(streams.into_iter().zip(texts).collect())
+        } else if !self.streams.is_empty() || !self.body.is_empty() {
+            Err("a log batch has both separate and packed lines".into())
+        } else {
+            Ok(self
+                .lines
+                .iter()
+                .map(|line| (line.stream(), line.text.as_str()))
+                .collect())
+        }
+    }
+}
+
+/// The stream of one packed line: its `LogStream` value as one byte.
+pub fn packed_stream(byte: u8) -> Result<v1::LogStream, String> {
+    match v1::LogStream::try_from(i32::from(byte)) {
+        Ok(stream @ (v1::LogStream::Stdout | v1::LogStream::Stderr)) => Ok(stream),
+        _ => Err(format!(
+            "log stream byte {byte} is neither 1 (stdout) nor 2 (stderr)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::v1::{LogBatch, LogLine, LogStream};
+
+    #[test]
+    fn texts_reads_either_form_and_names_an_inconsistent_batch() {
+        let packed = LogBatch {
+            streams: vec![2, 1],
+            body: "err\nout".into(),
+            ..LogBatch::default()
+        };
+        assert_eq!(packed.line_count(), 2);
+        assert_eq!(
+            packed.texts().expect("consistent"),
+            [(LogStream::Stderr, "err"), (LogStream::Stdout, "out")]
+        );
+        let separate = LogBatch {
+            lines: vec![LogLine {
+                stream: LogStream::Stdout as i32,
+                text: "one".into(),
+            }],
+            ..LogBatch::default()
+        };
+        assert_eq!(separate.line_count(), 1);
+        assert_eq!(
+            separate.texts().expect("separate"),
+            [(LogStream::Stdout, "one")]
+        );
+        assert_eq!(LogBatch::default().texts().expect("empty"), []);
+
+        let short = LogBatch {
+            streams: vec![1],
+            body: "a\nb".into(),
+            ..LogBatch::default()
+        };
+        assert!(short.texts().unwrap_err().contains("1 streams for 2 lines"));
+        let bad = LogBatch {
+            streams: vec![0],
+            body: "a".into(),
+            ..LogBatch::default()
+        };
+        assert!(bad.texts().unwrap_err().contains("byte 0"));
+        let orphan = LogBatch {
+            body: "text".into(),
+            ..LogBatch::default()
+        };
+        assert!(orphan.texts().unwrap_err().contains("no streams"));
+        let both = LogBatch {
+            streams: vec![1],
+            ..separate
+        };
+        assert!(both.texts().unwrap_err().contains("both"));
+    }
+}

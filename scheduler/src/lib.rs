@@ -242,6 +242,7 @@ pub fn redact(url: &str) -> String {
 }
 
 pub mod alerts;
+mod audit_writer;
 mod backfill;
 mod backstop;
 mod clock;

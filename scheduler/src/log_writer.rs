@@ -51,7 +51,7 @@ impl LogWriter {
 
     /// Queues a chunk; waits when the queue is full, by count or by bytes (back-pressure).
     pub async fn append(&self, worker: String, chunk: LogChunk) -> bool {
-        let bytes: usize = chunk.lines.iter().map(|(_, text)| text.len()).sum();
+        let bytes = chunk.body().len();
         let permits = bytes.clamp(1, QUEUE_BUDGET_BYTES) as u32;
         let Ok(budget) = self.budget.clone().acquire_many_owned(permits).await else {
             return false;
@@ -111,17 +111,13 @@ pub async fn run(
                 chunk,
                 budget,
             }) => {
-                lines += chunk.lines.len();
-                bytes += chunk
-                    .lines
-                    .iter()
-                    .map(|(_, text)| text.len())
-                    .sum::<usize>();
+                lines += chunk.line_count();
+                bytes += chunk.body().len();
                 pending.acks.push(Ack {
                     worker,
                     instance_id: chunk.instance_id.0,
                     attempt: chunk.attempt.0,
-                    seq: (chunk.first_seq + chunk.lines.len() as u64).saturating_sub(1),
+                    seq: chunk.last_seq(),
                     _budget: budget,
                 });
                 pending.chunks.push(chunk);
@@ -184,7 +180,7 @@ async fn write(node: &Node, pending: &mut Pending, waiters: &mut Vec<oneshot::Se
         }
         tracing::debug!(
             chunks = chunks.len(),
-            lines = chunks.iter().map(|chunk| chunk.lines.len()).sum::<usize>(),
+            lines = chunks.iter().map(LogChunk::line_count).sum::<usize>(),
             elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
             "log lines stored"
         );

@@ -8,6 +8,7 @@ use tokio::sync::{Mutex, Notify, watch};
 
 use crate::SchedulerOptions;
 use crate::alerts::Alerter;
+use crate::audit_writer::AuditWriter;
 use crate::guards::Guards;
 use crate::log_writer::LogWriter;
 use crate::registry::Registry;
@@ -26,6 +27,8 @@ pub struct Node {
     pub logs: LogWriter,
     /// Creates runs in groups (one transaction per burst of triggers).
     pub runs: RunCreator,
+    /// Records audit rows in groups (one transaction per burst of control calls).
+    pub audit: AuditWriter,
     pub alerter: Alerter,
     /// Wakes the dispatcher: new WAITING instances, or a worker with a free slot.
     pub dispatch_wake: Notify,
@@ -50,6 +53,7 @@ impl Node {
             placer: Mutex::new(Placer::new(options.strategy)),
             specs: SpecCache::new(store.clone()),
             runs: RunCreator::start(store.clone()),
+            audit: AuditWriter::start(store.clone()),
             registry: Registry::new(),
             options,
             store,

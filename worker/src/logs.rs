@@ -33,56 +33,82 @@ pub struct BatchLimits {
 impl Default for BatchLimits {
     fn default() -> Self {
         BatchLimits {
-            max_lines: 500,
+            max_lines: 4_096,
             max_bytes: 256 * 1024,
             max_delay: Duration::from_millis(50),
         }
     }
 }
 
-/// Lines of one read from a pipe, already encoded as entries of `LogBatch.lines` (field 4: a
-/// `LogLine` with its stream and text), so that no line is ever held as a string of its own.
+/// Lines of one read from a pipe, packed as `LogBatch` carries them: one stream byte per line
+/// and the lines' text joined by `'\n'`, so that no line is ever held as a string of its own and
+/// a read of short lines is copied in one piece.
 #[derive(Debug, Default)]
-pub struct EncodedLines {
-    pub bytes: Vec<u8>,
-    pub count: u64,
+pub struct PackedLines {
+    pub streams: Vec<u8>,
+    /// Valid UTF-8.
+    pub body: Vec<u8>,
 }
 
-impl EncodedLines {
-    /// Appends one line; `text` must be valid UTF-8 (a protobuf `string`).
-    fn push(&mut self, stream: LogStream, text: &[u8]) {
-        // Field keys are (number << 3) | wire type; the stream (1 or 2) is a one-byte varint.
-        const LINES_KEY: u8 = 4 << 3 | 2;
-        const STREAM_KEY: u8 = 1 << 3;
-        const TEXT_KEY: u8 = 2 << 3 | 2;
-        let stream = stream as u8;
-        let line_len = 2 + 1 + prost::length_delimiter_len(text.len()) + text.len();
-        let out = &mut self.bytes;
-        out.reserve(1 + prost::length_delimiter_len(line_len) + line_len);
-        out.push(LINES_KEY);
-        encode_len(line_len, out);
-        out.extend_from_slice(&[STREAM_KEY, stream, TEXT_KEY]);
-        encode_len(text.len(), out);
-        out.extend_from_slice(text);
-        self.count += 1;
+impl PackedLines {
+    pub fn count(&self) -> u64 {
+        self.streams.len() as u64
+    }
+
+    /// Appends `lines` lines of `stream` whose text, joined by `'\n'`, is `text` (valid UTF-8).
+    fn push_block(&mut self, stream: LogStream, text: &[u8], lines: usize) {
+        if !self.streams.is_empty() {
+            self.body.push(b'\n');
+        }
+        self.body.extend_from_slice(text);
+        self.streams
+            .extend(std::iter::repeat_n(stream as u8, lines));
     }
 
     /// Appends one line of raw output, replacing invalid UTF-8 with U+FFFD.
     fn push_output(&mut self, stream: LogStream, raw: &[u8]) {
         match std::str::from_utf8(raw) {
-            Ok(_) => self.push(stream, raw),
-            Err(_) => self.push(stream, String::from_utf8_lossy(raw).as_bytes()),
+            Ok(_) => self.push_block(stream, raw, 1),
+            Err(_) => self.push_block(stream, String::from_utf8_lossy(raw).as_bytes(), 1),
         }
     }
+
+    /// Appends the lines of a later read.
+    fn append(&mut self, later: PackedLines) {
+        if later.streams.is_empty() {
+            return;
+        }
+        if self.streams.is_empty() && self.body.capacity() < later.body.len() {
+            *self = later;
+            return;
+        }
+        if !self.streams.is_empty() {
+            self.body.push(b'\n');
+        }
+        self.body.extend_from_slice(&later.body);
+        self.streams.extend_from_slice(&later.streams);
+    }
+}
+
+/// The number of lines in `text` (split on `'\n'`) and the length of the longest.
+fn line_stats(text: &[u8]) -> (usize, usize) {
+    let (mut lines, mut longest, mut start) = (1, 0, 0);
+    for at in memchr::memchr_iter(b'\n', text) {
+        longest = longest.max(at - start);
+        start = at + 1;
+        lines += 1;
+    }
+    (lines, longest.max(text.len() - start))
 }
 
 fn encode_len(len: usize, out: &mut Vec<u8>) {
     prost::encode_length_delimiter(len, out).expect("a Vec grows as needed");
 }
 
-/// Reads `reader` until end of file and pushes its lines into `lines`, encoded, as one message
+/// Reads `reader` until end of file and pushes its lines into `lines`, packed, as one message
 /// per read (every line a read completed), not one per line: a task printing a million short
-/// lines costs a few thousand channel hand-offs and no allocation per line. Lines are split on
+/// lines costs a few thousand channel hand-offs and no allocation per line; a read that holds
+/// only whole lines of valid text within the limit is copied in one piece. Lines are split on
 /// `\n` (which is removed; everything else, `\r` included, is kept), lines longer than
 /// `max_line_bytes` are cut into several lines at a UTF-8 character boundary, and invalid UTF-8
 /// is replaced with U+FFFD. A read error ends the pump like end of file: a broken pipe must not
@@ -93,7 +119,7 @@ pub async fn pump_lines<R>(
     stream: LogStream,
     max_line_bytes: usize,
     mut grow: Option<std::os::fd::RawFd>,
-    lines: mpsc::Sender<EncodedLines>,
+    lines: mpsc::Sender<PackedLines>,
 ) -> u64
 where
     R: AsyncRead + Unpin,
@@ -103,7 +129,7 @@ where
     let mut pending: Vec<u8> = Vec::new();
     let mut pushed = 0u64;
     // Cuts `pending` into lines of at most `max_line_bytes` while it is longer than that.
-    let cut_long = |pending: &mut Vec<u8>, out: &mut EncodedLines| {
+    let cut_long = |pending: &mut Vec<u8>, out: &mut PackedLines| {
         while pending.len() > max_line_bytes {
             let cut = utf8_cut(pending, max_line_bytes);
             let rest = pending.split_off(cut);
@@ -130,12 +156,20 @@ where
             // changes the pipe's capacity.
             unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, CHATTY_PIPE_CAPACITY) };
         }
-        let mut out = EncodedLines {
-            bytes: Vec::with_capacity(chunk.len() + chunk.len() / 8 + 16),
-            count: 0,
-        };
+        let mut out = PackedLines::default();
         let mut rest = chunk;
-        while let Some(newline) = rest.iter().position(|&byte| byte == b'\n') {
+        if pending.is_empty()
+            && let Some(last) = memchr::memrchr(b'\n', rest)
+        {
+            let whole = &rest[..last];
+            let (count, longest) = line_stats(whole);
+            if longest <= max_line_bytes && std::str::from_utf8(whole).is_ok() {
+                out.body.reserve(chunk.len());
+                out.push_block(stream, whole, count);
+                rest = &rest[last + 1..];
+            }
+        }
+        while let Some(newline) = memchr::memchr(b'\n', rest) {
             let line = &rest[..newline];
             if pending.is_empty() && line.len() <= max_line_bytes {
                 out.push_output(stream, line);
@@ -151,7 +185,7 @@ where
         cut_long(&mut pending, &mut out);
         let consumed = chunk.len();
         reader.consume(consumed);
-        let n = out.count;
+        let n = out.count();
         if n > 0 {
             if lines.send(out).await.is_err() {
                 return pushed;
@@ -160,7 +194,7 @@ where
         }
     }
     if !pending.is_empty() {
-        let mut out = EncodedLines::default();
+        let mut out = PackedLines::default();
         out.push_output(stream, &pending);
         if lines.send(out).await.is_ok() {
             pushed += 1;
@@ -201,7 +235,7 @@ impl LogFrame {
         };
         LogFrame {
             first_seq: batch.first_seq,
-            last_seq: batch.first_seq + (batch.lines.len() as u64).saturating_sub(1),
+            last_seq: batch.first_seq + (batch.line_count() as u64).saturating_sub(1),
             bytes: message.encode_to_vec().into(),
         }
     }
@@ -212,8 +246,7 @@ impl LogFrame {
 pub struct Batcher {
     limits: BatchLimits,
     next_seq: u64,
-    lines: Vec<u8>,
-    count: u64,
+    lines: PackedLines,
     first_at: Option<Instant>,
 }
 
@@ -222,28 +255,34 @@ impl Batcher {
         Batcher {
             limits,
             next_seq: 1,
-            lines: Vec::new(),
-            count: 0,
+            lines: PackedLines::default(),
             first_at: None,
         }
     }
 
     /// Adds the lines of one read; returns true when the batch is full and should be taken now.
     /// (A batch may exceed the limits by the lines of one read.)
-    pub fn push(&mut self, read: EncodedLines) -> bool {
-        if read.count == 0 {
+    pub fn push(&mut self, read: PackedLines) -> bool {
+        if read.count() == 0 {
             return false;
         }
-        if self.count == 0 {
+        if self.lines.count() == 0 {
             self.first_at = Some(Instant::now());
         }
-        if self.lines.is_empty() {
-            self.lines = read.bytes;
-        } else {
-            self.lines.extend_from_slice(&read.bytes);
+        if self.lines.count() > 0 && self.lines.body.capacity() < self.limits.max_bytes {
+            // A chatty attempt: its batch is sized once for a full batch and kept across batches
+            // (`take` clears it), so no batch grows by reallocation or frees its buffer.
+            let lines = &mut self.lines;
+            lines
+                .body
+                .reserve(self.limits.max_bytes + READ_CHUNK - lines.body.len());
+            lines
+                .streams
+                .reserve(self.limits.max_lines + READ_CHUNK - lines.streams.len());
         }
-        self.count += read.count;
-        self.count >= self.limits.max_lines as u64 || self.lines.len() >= self.limits.max_bytes
+        self.lines.append(read);
+        self.lines.count() >= self.limits.max_lines as u64
+            || self.lines.body.len() >= self.limits.max_bytes
     }
 
     /// When the pending batch must be sent even if it is not full.
@@ -254,30 +293,41 @@ impl Batcher {
     /// Takes the pending lines as a batch, if there are any.
     pub fn take(&mut self, instance_id: i64, attempt: u32, sent_at_ms: i64) -> Option<LogFrame> {
         use prost::Message;
-        if self.count == 0 {
+        let count = self.lines.count();
+        if count == 0 {
             return None;
         }
-        let lines = std::mem::take(&mut self.lines);
+        let lines = &mut self.lines;
         let first_seq = self.next_seq;
-        let last_seq = first_seq + self.count - 1;
+        let last_seq = first_seq + count - 1;
         self.next_seq = last_seq + 1;
-        self.count = 0;
         self.first_at = None;
-        // The batch without its lines, then the lines: fields may come in any order.
+        // The batch without its lines, then the two packed fields: fields may come in any order.
         let header = LogBatch {
             instance_id,
             attempt,
             first_seq,
-            lines: Vec::new(),
             sent_at_ms,
+            ..LogBatch::default()
         };
-        let batch_len = header.encoded_len() + lines.len();
         const LOGS_KEY: u8 = 5 << 3 | 2; // WorkerMessage.logs
-        let mut bytes = Vec::with_capacity(1 + prost::length_delimiter_len(batch_len) + batch_len);
+        const STREAMS_KEY: u8 = 6 << 3 | 2; // LogBatch.streams
+        const BODY_KEY: u8 = 7 << 3 | 2; // LogBatch.body
+        let field_len = |len: usize| 1 + prost::length_delimiter_len(len) + len;
+        let batch_len =
+            header.encoded_len() + field_len(lines.streams.len()) + field_len(lines.body.len());
+        let mut bytes = Vec::with_capacity(field_len(batch_len));
         bytes.push(LOGS_KEY);
         encode_len(batch_len, &mut bytes);
         header.encode(&mut bytes).expect("a Vec grows as needed");
-        bytes.extend_from_slice(&lines);
+        bytes.push(STREAMS_KEY);
+        encode_len(lines.streams.len(), &mut bytes);
+        bytes.extend_from_slice(&lines.streams);
+        bytes.push(BODY_KEY);
+        encode_len(lines.body.len(), &mut bytes);
+        bytes.extend_from_slice(&lines.body);
+        lines.streams.clear();
+        lines.body.clear();
         Some(LogFrame {
             first_seq,
             last_seq,
@@ -294,26 +344,19 @@ impl Batcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ax_proto::v1::{LogLine, WorkerMessage, worker_message::Body};
+    use ax_proto::v1::{WorkerMessage, worker_message::Body};
     use prost::Message;
-
-    fn decode_lines(bytes: &[u8]) -> Vec<LogLine> {
-        LogBatch::decode(bytes).expect("encoded lines decode").lines
-    }
 
     async fn pump(input: &[u8], max: usize) -> Vec<String> {
         let (tx, mut rx) = mpsc::channel(1024);
         let count = pump_lines(input, LogStream::Stdout, max, None, tx).await;
         let mut out = Vec::new();
         while let Some(read) = rx.recv().await {
-            let lines = decode_lines(&read.bytes);
-            assert_eq!(lines.len() as u64, read.count);
-            assert!(
-                lines
-                    .iter()
-                    .all(|line| line.stream == LogStream::Stdout as i32)
-            );
-            out.extend(lines.into_iter().map(|line| line.text));
+            assert!(read.streams.iter().all(|&s| s == LogStream::Stdout as u8));
+            let body = String::from_utf8(read.body).expect("packed text is UTF-8");
+            let lines: Vec<String> = body.split('\n').map(str::to_string).collect();
+            assert_eq!(lines.len(), read.streams.len(), "{body:?}");
+            out.extend(lines);
         }
         assert_eq!(count as usize, out.len());
         out
@@ -350,10 +393,10 @@ mod tests {
         assert_eq!(pump(b"a\xffb\n", 64).await, ["a\u{FFFD}b"]);
     }
 
-    fn read_of(stream: LogStream, texts: &[&str]) -> EncodedLines {
-        let mut read = EncodedLines::default();
+    fn read_of(stream: LogStream, texts: &[&str]) -> PackedLines {
+        let mut read = PackedLines::default();
         for text in texts {
-            read.push(stream, text.as_bytes());
+            read.push_output(stream, text.as_bytes());
         }
         read
     }
@@ -378,7 +421,7 @@ mod tests {
         let mut batcher = Batcher::new(limits);
         assert!(batcher.take(1, 1, 0).is_none());
         assert!(!batcher.push(read_of(LogStream::Stdout, &["a"])));
-        assert!(!batcher.push(EncodedLines::default()));
+        assert!(!batcher.push(PackedLines::default()));
         assert!(batcher.deadline().is_some());
         assert!(batcher.push(read_of(LogStream::Stderr, &["b"])));
         let frame = batcher.take(7, 3, 99).expect("batch");
@@ -393,23 +436,24 @@ mod tests {
             ),
             (7, 3, 1, 99)
         );
-        let lines: Vec<(i32, &str)> = batch
-            .lines
-            .iter()
-            .map(|line| (line.stream, line.text.as_str()))
-            .collect();
+        assert!(batch.lines.is_empty(), "lines are sent packed");
         assert_eq!(
-            lines,
-            [
-                (LogStream::Stdout as i32, "a"),
-                (LogStream::Stderr as i32, "b")
-            ]
+            batch.texts().expect("consistent"),
+            [(LogStream::Stdout, "a"), (LogStream::Stderr, "b")]
         );
-        batcher.push(read_of(LogStream::Stdout, &["c", "d", "e"]));
+        batcher.push(read_of(LogStream::Stdout, &["c", ""]));
+        batcher.push(read_of(LogStream::Stdout, &["", "f"]));
         let frame = batcher.take(7, 3, 0).expect("batch");
-        assert_eq!((frame.first_seq, frame.last_seq), (3, 5));
-        assert_eq!(batch_of(&frame).lines.len(), 3);
-        assert_eq!(batcher.lines_taken(), 5);
+        assert_eq!((frame.first_seq, frame.last_seq), (3, 6));
+        let batch = batch_of(&frame);
+        let texts: Vec<&str> = batch
+            .texts()
+            .expect("consistent")
+            .into_iter()
+            .map(|(_, text)| text)
+            .collect();
+        assert_eq!(texts, ["c", "", "", "f"], "empty lines survive the joins");
+        assert_eq!(batcher.lines_taken(), 6);
         assert!(batcher.deadline().is_none());
     }
 }

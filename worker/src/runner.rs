@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep, sleep, sleep_until};
 use tracing::Instrument;
 
-use crate::logs::{BatchLimits, Batcher, EncodedLines, pump_lines};
+use crate::logs::{BatchLimits, Batcher, PackedLines, pump_lines};
 use crate::now_ms;
 use crate::spawn::TaskCommand;
 use crate::state::{AttemptKey, Attempts, Control};
@@ -229,7 +229,7 @@ impl Runner {
             link.send(message).await;
         }
 
-        let (line_tx, mut lines) = mpsc::channel::<EncodedLines>(LINE_CHANNEL);
+        let (line_tx, mut lines) = mpsc::channel::<PackedLines>(LINE_CHANNEL);
         let mut readers = Vec::new();
         let heartbeat_every = self
             .settings

@@ -266,7 +266,7 @@ mod tests {
                     text: format!("line {}", first_seq + n as u64),
                 })
                 .collect(),
-            sent_at_ms: 0,
+            ..LogBatch::default()
         })
     }
 

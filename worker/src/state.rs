@@ -330,16 +330,11 @@ impl Attempts {
                     self.stats.set_retained(state.retained_bytes);
                 }
                 Err(error) => {
-                    self.stats.count_error();
-                    self.stats.count_dropped();
-                    tracing::warn!(
-                        instance = key.instance_id,
-                        attempt = key.attempt,
-                        first_seq = frame.first_seq,
-                        last_seq = frame.last_seq,
-                        %error,
-                        "unacknowledged log lines exceed the memory limit and cannot be spilled; \
-                         dropping the batch"
+                    self.drop_batch(
+                        key,
+                        &frame,
+                        &error,
+                        "unacknowledged log lines exceed the memory limit and cannot be spilled",
                     );
                     return false;
                 }
@@ -354,16 +349,7 @@ impl Attempts {
                 true
             }
             Err(error) => {
-                self.stats.count_error();
-                self.stats.count_dropped();
-                tracing::warn!(
-                    instance = key.instance_id,
-                    attempt = key.attempt,
-                    first_seq = frame.first_seq,
-                    last_seq = frame.last_seq,
-                    %error,
-                    "writing to the spill file failed; dropping the batch"
-                );
+                self.drop_batch(key, &frame, &error, "writing to the spill file failed");
                 false
             }
         }
@@ -388,6 +374,26 @@ impl Attempts {
             .map(SpillFile::unacked_bytes)
             .sum();
         spilled < self.max_spilled_bytes
+    }
+
+    /// Counts and reports a batch the worker could neither keep in memory nor spill.
+    fn drop_batch(
+        &self,
+        key: AttemptKey,
+        frame: &LogFrame,
+        error: &dyn std::fmt::Display,
+        why: &str,
+    ) {
+        self.stats.count_error();
+        self.stats.count_dropped();
+        tracing::warn!(
+            instance = key.instance_id,
+            attempt = key.attempt,
+            first_seq = frame.first_seq,
+            last_seq = frame.last_seq,
+            %error,
+            "{why}; dropping the batch"
+        );
     }
 
     /// Puts an attempt into spill mode: creates its spill file and moves its batches in memory
@@ -752,7 +758,7 @@ mod tests {
                     text: "x".repeat(width),
                 })
                 .collect(),
-            sent_at_ms: 0,
+            ..LogBatch::default()
         })
     }
 

@@ -95,7 +95,7 @@ impl WorkerService for FakeService {
                     let ack = LogAck {
                         instance_id: batch.instance_id,
                         attempt: batch.attempt,
-                        seq: batch.first_seq + batch.lines.len() as u64 - 1,
+                        seq: batch.first_seq + batch.line_count() as u64 - 1,
                     };
                     let _ = tx
                         .send(Ok(message(scheduler_message::Body::LogAck(ack))))
@@ -219,9 +219,9 @@ impl FakeScheduler {
             if let Some(Body::Logs(batch)) = m.body
                 && batch.instance_id == instance_id
             {
-                for (offset, line) in batch.lines.into_iter().enumerate() {
-                    let stream = LogStream::try_from(line.stream).unwrap();
-                    lines.insert(batch.first_seq + offset as u64, (stream, line.text));
+                let texts = batch.texts().expect("a consistent log batch");
+                for (offset, (stream, text)) in texts.into_iter().enumerate() {
+                    lines.insert(batch.first_seq + offset as u64, (stream, text.to_string()));
                 }
             }
         }
@@ -990,9 +990,9 @@ async fn log_lines_past_the_memory_bound_are_spilled_and_all_delivered_once_in_o
         if let Some(Body::Logs(batch)) = &m.body
             && batch.instance_id == 90
         {
-            for (offset, line) in batch.lines.iter().enumerate() {
+            for (offset, (_, text)) in batch.texts().expect("consistent").iter().enumerate() {
                 let seq = batch.first_seq + offset as u64;
-                texts_match &= line.text == seq.to_string();
+                texts_match &= *text == seq.to_string();
                 seqs.push(seq);
             }
         }

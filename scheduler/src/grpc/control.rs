@@ -59,7 +59,7 @@ impl ControlApi {
             detail,
             remote: remote.into(),
         };
-        if let Err(err) = self.node.store.insert_audit(&record).await {
+        if let Err(err) = self.node.audit.record(record).await {
             tracing::error!(error = %err, action, "writing the audit row failed");
         }
     }

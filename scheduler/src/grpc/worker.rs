@@ -13,8 +13,8 @@ use ax_core::ids::{Attempt, InstanceId};
 use ax_core::state::{InstanceState, Outcome};
 use ax_proto::v1::worker_service_server::WorkerService;
 use ax_proto::v1::{
-    AttemptOutcome, HeartbeatAck, LogStream as ProtoStream, ProtocolVersion, Register, Registered,
-    SchedulerMessage, WorkerMessage, scheduler_message, worker_message,
+    AttemptOutcome, HeartbeatAck, LogBatch, LogStream as ProtoStream, ProtocolVersion, Register,
+    Registered, SchedulerMessage, WorkerMessage, scheduler_message, worker_message,
 };
 use ax_store::{AttemptEnd, LogChunk, LogStream, Report, WorkerRecord};
 use futures::Stream;
@@ -169,6 +169,47 @@ impl WorkerService for WorkerApi {
     }
 }
 
+/// The stored form of a worker's log batch: packed lines as they came, or separate lines
+/// (from an older worker) packed here.
+fn log_chunk(batch: LogBatch) -> Result<LogChunk, String> {
+    let instance_id = InstanceId(batch.instance_id);
+    let attempt = Attempt(batch.attempt);
+    let stored = |stream: ProtoStream| match stream {
+        ProtoStream::Stderr => LogStream::Stderr,
+        _ => LogStream::Stdout,
+    };
+    if !batch.lines.is_empty() {
+        if !batch.streams.is_empty() || !batch.body.is_empty() {
+            return Err("the batch has both separate and packed lines".into());
+        }
+        let lines = batch
+            .lines
+            .iter()
+            .map(|line| (stored(line.stream()), line.text.as_str()));
+        return Ok(LogChunk::from_lines(
+            instance_id,
+            attempt,
+            batch.first_seq,
+            lines,
+            batch.sent_at_ms,
+        ));
+    }
+    let streams = batch
+        .streams
+        .iter()
+        .map(|&byte| ax_proto::packed_stream(byte).map(stored))
+        .collect::<Result<Vec<_>, _>>()?;
+    LogChunk::packed(
+        instance_id,
+        attempt,
+        batch.first_seq,
+        streams,
+        batch.body,
+        batch.sent_at_ms,
+    )
+    .map_err(|error| error.to_string())
+}
+
 fn validate_register(register: &Register) -> Result<WorkerProfile, Status> {
     if register.protocol != ProtocolVersion::ProtocolVersion1 as i32 {
         return Err(Status::failed_precondition(format!(
@@ -261,26 +302,15 @@ async fn serve(
                 continue;
             }
             worker_message::Body::Logs(batch) => {
-                if batch.lines.is_empty() || batch.first_seq == 0 {
+                if batch.line_count() == 0 || batch.first_seq == 0 {
                     continue;
                 }
-                let chunk = LogChunk {
-                    instance_id: InstanceId(batch.instance_id),
-                    attempt: Attempt(batch.attempt),
-                    first_seq: batch.first_seq,
-                    lines: batch
-                        .lines
-                        .into_iter()
-                        .map(|line| {
-                            let stream = if line.stream == ProtoStream::Stderr as i32 {
-                                LogStream::Stderr
-                            } else {
-                                LogStream::Stdout
-                            };
-                            (stream, line.text)
-                        })
-                        .collect(),
-                    at: batch.sent_at_ms,
+                let chunk = match log_chunk(batch) {
+                    Ok(chunk) => chunk,
+                    Err(error) => {
+                        tracing::warn!(worker, %error, "dropping a malformed log batch");
+                        continue;
+                    }
                 };
                 if !node.logs.append(worker.to_string(), chunk).await {
                     return "log writer stopped".into();
@@ -340,5 +370,82 @@ async fn serve(
         {
             return "reporter stopped".into();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ax_proto::v1::LogLine;
+
+    fn packed(streams: &[u8], body: &str) -> LogBatch {
+        LogBatch {
+            instance_id: 9,
+            attempt: 2,
+            first_seq: 5,
+            streams: streams.to_vec(),
+            body: body.into(),
+            sent_at_ms: 77,
+            ..LogBatch::default()
+        }
+    }
+
+    #[test]
+    fn packed_and_separate_lines_become_the_same_chunk() {
+        let from_packed = log_chunk(packed(&[1, 2, 1], "out\n\nlast")).expect("consistent");
+        let separate = LogBatch {
+            lines: [
+                (ProtoStream::Stdout, "out"),
+                (ProtoStream::Stderr, ""),
+                (ProtoStream::Stdout, "last"),
+            ]
+            .into_iter()
+            .map(|(stream, text)| LogLine {
+                stream: stream as i32,
+                text: text.into(),
+            })
+            .collect(),
+            ..packed(&[], "")
+        };
+        let from_separate = log_chunk(separate).expect("separate lines");
+        assert_eq!(from_packed, from_separate);
+        assert_eq!(
+            (
+                from_packed.instance_id,
+                from_packed.attempt,
+                from_packed.first_seq,
+                from_packed.at
+            ),
+            (InstanceId(9), Attempt(2), 5, 77)
+        );
+        assert_eq!(from_packed.last_seq(), 7);
+        assert_eq!(
+            from_packed.lines().collect::<Vec<_>>(),
+            [
+                (LogStream::Stdout, "out"),
+                (LogStream::Stderr, ""),
+                (LogStream::Stdout, "last")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_mispacked_batch_is_refused_with_what_is_wrong() {
+        let error = log_chunk(packed(&[1, 1], "one line")).expect_err("two streams, one line");
+        assert!(
+            error.contains("2 stream entries for 0 line breaks"),
+            "{error}"
+        );
+        let error = log_chunk(packed(&[1, 3], "a\nb")).expect_err("stream 3");
+        assert!(error.contains("byte 3"), "{error}");
+        let both = LogBatch {
+            lines: vec![LogLine {
+                stream: 1,
+                text: "x".into(),
+            }],
+            ..packed(&[1], "y")
+        };
+        let error = log_chunk(both).expect_err("both forms");
+        assert!(error.contains("both"), "{error}");
     }
 }

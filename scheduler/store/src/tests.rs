@@ -1230,12 +1230,8 @@ mod scenarios {
         let run = start_run(s, &wf).await;
         let id = instance_of(s, run.id, "a").await.unwrap().id;
         let odd = "tab\there \u{1F600} \u{FFFD} caf\u{e9} \\n not a newline \u{0} nul";
-        let chunk = |first: u64, lines: Vec<(LogStream, String)>, at: Millis| LogChunk {
-            instance_id: id,
-            attempt: Attempt(1),
-            first_seq: first,
-            lines,
-            at,
+        let chunk = |first: u64, lines: Vec<(LogStream, String)>, at: Millis| {
+            LogChunk::from_lines(id, Attempt(1), first, lines, at)
         };
         let c1 = chunk(
             1,
@@ -1329,6 +1325,52 @@ mod scenarios {
         let read = s.read_logs(id, Attempt(5), 1_150, 1_000).await.unwrap();
         assert_eq!(read.len(), 50);
         assert_eq!(read[0].text, "n1150");
+
+        // Packed lines, as a worker sends them, read back line by line; a newline inside a
+        // separate line is replaced, so it cannot shift the lines after it.
+        let packed = LogChunk::packed(
+            id,
+            Attempt(6),
+            1,
+            vec![LogStream::Stdout, LogStream::Stderr, LogStream::Stdout],
+            "first\n\nthird".into(),
+            T0,
+        )
+        .expect("three lines, two breaks");
+        let split = LogChunk::from_lines(id, Attempt(6), 4, [(LogStream::Stdout, "a\nb")], T0);
+        assert_eq!(split.body(), "a b");
+        s.append_logs(&[packed, split]).await.unwrap();
+        let read = s.read_logs(id, Attempt(6), 0, 10).await.unwrap();
+        let texts: Vec<(LogStream, &str)> =
+            read.iter().map(|l| (l.stream, l.text.as_str())).collect();
+        assert_eq!(
+            texts,
+            [
+                (LogStream::Stdout, "first"),
+                (LogStream::Stderr, ""),
+                (LogStream::Stdout, "third"),
+                (LogStream::Stdout, "a b"),
+            ]
+        );
+        let mispacked = LogChunk::packed(
+            id,
+            Attempt(6),
+            5,
+            vec![LogStream::Stdout],
+            "x\ny".into(),
+            T0,
+        );
+        assert_eq!(
+            mispacked,
+            Err(MispackedLines {
+                lines: 1,
+                newlines: 1
+            })
+        );
+        assert!(
+            LogChunk::packed(id, Attempt(6), 5, Vec::new(), "text".into(), T0).is_err(),
+            "text without lines is refused"
+        );
     }
 
     pub(super) async fn schedules_are_due_and_advance_conditionally(ctx: Ctx) {
@@ -1509,8 +1551,10 @@ mod scenarios {
             remote: "10.0.0.1:5555".into(),
         };
         s.insert_audit(&audit(T0, "apply")).await.unwrap();
-        s.insert_audit(&audit(T0 + 2, "pause")).await.unwrap();
-        s.insert_audit(&audit(T0 + 1, "trigger")).await.unwrap();
+        s.insert_audits(&[audit(T0 + 2, "pause"), audit(T0 + 1, "trigger")])
+            .await
+            .unwrap();
+        s.insert_audits(&[]).await.unwrap();
         let listed = s.list_audit(10).await.unwrap();
         assert_eq!(
             listed,
@@ -1997,12 +2041,14 @@ mod scenarios {
         let id = instance_of(s, run.id, "a").await.unwrap().id;
         let line = "y".repeat(64 << 10);
         let chunks: Vec<LogChunk> = (0..120u64)
-            .map(|i| LogChunk {
-                instance_id: id,
-                attempt: Attempt(1),
-                first_seq: i * 4 + 1,
-                lines: vec![(LogStream::Stdout, line.clone()); 4],
-                at: T0,
+            .map(|i| {
+                LogChunk::from_lines(
+                    id,
+                    Attempt(1),
+                    i * 4 + 1,
+                    vec![(LogStream::Stdout, line.as_str()); 4],
+                    T0,
+                )
             })
             .collect();
         s.append_logs(&chunks)

@@ -763,14 +763,14 @@ async fn append_logs_tx(
 ) -> Result<()> {
     let chunks: Vec<&LogChunk> = chunks
         .iter()
-        .filter(|chunk| !chunk.lines.is_empty())
+        .filter(|chunk| chunk.line_count() > 0)
         .collect();
     // Statements stay far below MySQL's max_allowed_packet (16 MiB by default on MariaDB)
     // whatever the lines' length: a group closes at INSERT_CHUNK rows or LOG_STATEMENT_BYTES.
     let mut groups: Vec<&[&LogChunk]> = Vec::new();
     let (mut start, mut bytes) = (0, 0);
     for (i, chunk) in chunks.iter().enumerate() {
-        let size: usize = chunk.lines.iter().map(|(_, text)| text.len() + 1).sum();
+        let size = chunk.body().len() + chunk.line_count();
         if i > start && (i - start == INSERT_CHUNK || bytes + size > LOG_STATEMENT_BYTES) {
             groups.push(&chunks[start..i]);
             (start, bytes) = (i, 0);
@@ -790,27 +790,20 @@ async fn append_logs_tx(
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for chunk in batch {
             let streams: String = chunk
-                .lines
+                .streams()
                 .iter()
-                .map(|(stream, _)| match stream {
+                .map(|stream| match stream {
                     LogStream::Stdout => 'o',
                     LogStream::Stderr => 'e',
                 })
-                .collect();
-            // Lines are joined by '\n'; a stray one inside a line would shift every later line,
-            // so it is replaced (the worker splits lines before they get here).
-            let body: Vec<String> = chunk
-                .lines
-                .iter()
-                .map(|(_, text)| text.replace('\n', " "))
                 .collect();
             query = query
                 .bind(chunk.instance_id.0)
                 .bind(i64::from(chunk.attempt.0))
                 .bind(i64::try_from(chunk.first_seq).unwrap_or(i64::MAX))
-                .bind(chunk.lines.len() as i64)
+                .bind(chunk.line_count() as i64)
                 .bind(streams)
-                .bind(body.join("\n"))
+                .bind(chunk.body())
                 .bind(chunk.at);
         }
         query.execute(&mut *c).await?;
@@ -1296,7 +1289,7 @@ impl Store for SqlStore {
     }
 
     async fn append_logs(&self, chunks: &[LogChunk]) -> Result<()> {
-        if chunks.iter().all(|chunk| chunk.lines.is_empty()) {
+        if chunks.iter().all(|chunk| chunk.line_count() == 0) {
             return Ok(());
         }
         write_tx!(self, |c| append_logs_tx(self, c, chunks))
@@ -1406,20 +1399,28 @@ impl Store for SqlStore {
         rows.iter().map(rows::worker).collect()
     }
 
-    async fn insert_audit(&self, record: &AuditRecord) -> Result<()> {
+    async fn insert_audits(&self, records: &[AuditRecord]) -> Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
         write_tx!(self, |c| async {
-            sqlx::query(
-                "INSERT INTO audit_log (at, actor, action, target, detail, remote) \
-                 VALUES (?, ?, ?, ?, ?, ?)",
-            )
-            .bind(record.at)
-            .bind(record.actor.as_str())
-            .bind(record.action.as_str())
-            .bind(record.target.as_str())
-            .bind(record.detail.as_str())
-            .bind(record.remote.as_str())
-            .execute(&mut *c)
-            .await?;
+            for group in records.chunks(INSERT_CHUNK) {
+                let sql = format!(
+                    "INSERT INTO audit_log (at, actor, action, target, detail, remote) VALUES {}",
+                    values_rows(group.len(), 6)
+                );
+                let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for record in group {
+                    query = query
+                        .bind(record.at)
+                        .bind(record.actor.as_str())
+                        .bind(record.action.as_str())
+                        .bind(record.target.as_str())
+                        .bind(record.detail.as_str())
+                        .bind(record.remote.as_str());
+                }
+                query.execute(&mut *c).await?;
+            }
             Ok(())
         })
     }

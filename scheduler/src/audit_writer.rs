@@ -1,74 +1,38 @@
-//! Writes audit rows in groups. A burst of control calls (API triggers at hundreds a second)
-//! would otherwise cost one transaction per row beside the run each trigger creates; here the
-//! rows that arrive while a group is being written form the next group, one transaction
-//! (`Store::insert_audits`), as runs are created (`run_creator.rs`). Each call still returns
-//! only once its row is stored.
+//! Writes audit rows in groups (`group_commit.rs`). A burst of control calls (API triggers at
+//! hundreds a second) would otherwise cost one transaction per row beside the run each trigger
+//! creates; here the rows that arrive together are one transaction (`Store::insert_audits`).
+//! Each call still returns only once its row is stored.
 
 use std::sync::Arc;
 
 use ax_store::{AuditRecord, Store, StoreError};
-use tokio::sync::{mpsc, oneshot};
 
-/// Rows per transaction at most.
-const MAX_GROUP: usize = 128;
-
-struct Request {
-    record: AuditRecord,
-    reply: oneshot::Sender<Result<(), StoreError>>,
-}
+use crate::group_commit::{GroupCommit, GroupWrite};
 
 /// The handle through which a node records audit rows.
-#[derive(Clone)]
-pub struct AuditWriter {
-    store: Arc<dyn Store>,
-    requests: mpsc::Sender<Request>,
+pub type AuditWriter = GroupCommit<AuditRows>;
+
+/// Audit rows, written by the store.
+pub struct AuditRows(pub Arc<dyn Store>);
+
+impl GroupWrite for AuditRows {
+    type Item = AuditRecord;
+    type Done = ();
+
+    async fn write_group(&self, rows: &[AuditRecord]) -> Result<Vec<()>, StoreError> {
+        self.0.insert_audits(rows).await?;
+        Ok(vec![(); rows.len()])
+    }
+
+    async fn write_one(&self, row: &AuditRecord) -> Result<(), StoreError> {
+        self.0.insert_audit(row).await
+    }
 }
 
 impl AuditWriter {
-    /// Starts the task that writes the groups; it ends when the last handle is dropped.
-    pub fn start(store: Arc<dyn Store>) -> AuditWriter {
-        let (requests, inbox) = mpsc::channel(4 * MAX_GROUP);
-        tokio::spawn(write_groups(store.clone(), inbox));
-        AuditWriter { store, requests }
-    }
-
     /// Stores `record`, in a group with the rows recorded at the same time.
     pub async fn record(&self, record: AuditRecord) -> Result<(), StoreError> {
-        let (reply, answer) = oneshot::channel();
-        let request = Request {
-            record: record.clone(),
-            reply,
-        };
-        if self.requests.send(request).await.is_ok()
-            && let Ok(stored) = answer.await
-        {
-            return stored;
-        }
-        // The group task is gone (the node is stopping): store the row alone.
-        self.store.insert_audit(&record).await
-    }
-}
-
-async fn write_groups(store: Arc<dyn Store>, mut inbox: mpsc::Receiver<Request>) {
-    let mut group = Vec::with_capacity(MAX_GROUP);
-    while inbox.recv_many(&mut group, MAX_GROUP).await > 0 {
-        let records: Vec<AuditRecord> = group.iter().map(|r| r.record.clone()).collect();
-        match store.insert_audits(&records).await {
-            Ok(()) => {
-                for request in group.drain(..) {
-                    let _ = request.reply.send(Ok(()));
-                }
-            }
-            // One row the store refuses must not cost the others theirs: each is tried alone,
-            // for its own answer.
-            Err(error) => {
-                tracing::debug!(%error, rows = group.len(), "writing a group of audit rows failed; writing them one by one");
-                for request in group.drain(..) {
-                    let stored = store.insert_audit(&request.record).await;
-                    let _ = request.reply.send(stored);
-                }
-            }
-        }
+        self.submit(record).await
     }
 }
 
@@ -81,7 +45,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let url = format!("sqlite://{}", dir.path().join("audit.db").display());
         let store = ax_store::open(&url).await.expect("store");
-        let writer = AuditWriter::start(store.clone());
+        let writer = AuditWriter::start(AuditRows(store.clone()));
         let calls: Vec<_> = (0..300i64)
             .map(|n| {
                 let writer = writer.clone();

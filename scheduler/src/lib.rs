@@ -248,6 +248,7 @@ mod backstop;
 mod clock;
 pub mod config;
 mod dispatcher;
+mod group_commit;
 mod grpc;
 pub mod guards;
 mod log_writer;

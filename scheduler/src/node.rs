@@ -8,12 +8,12 @@ use tokio::sync::{Mutex, Notify, watch};
 
 use crate::SchedulerOptions;
 use crate::alerts::Alerter;
-use crate::audit_writer::AuditWriter;
+use crate::audit_writer::{AuditRows, AuditWriter};
 use crate::guards::Guards;
 use crate::log_writer::LogWriter;
 use crate::registry::Registry;
 use crate::reporter::ReportSender;
-use crate::run_creator::RunCreator;
+use crate::run_creator::{NewRuns, RunCreator};
 use crate::specs::SpecCache;
 
 pub struct Node {
@@ -52,8 +52,8 @@ impl Node {
         Node {
             placer: Mutex::new(Placer::new(options.strategy)),
             specs: SpecCache::new(store.clone()),
-            runs: RunCreator::start(store.clone()),
-            audit: AuditWriter::start(store.clone()),
+            runs: RunCreator::start(NewRuns(store.clone())),
+            audit: AuditWriter::start(AuditRows(store.clone())),
             registry: Registry::new(),
             options,
             store,

@@ -236,22 +236,16 @@ impl Runner {
             .task_heartbeat_interval
             .max(Duration::from_millis(10));
         let shipper = Shipper::start(Arc::clone(&self.attempts), self.key, heartbeat_every);
-        if let Some(stdout) = child.stdout.take() {
+        for (pipe, stream) in [
+            (child.stdout.take(), LogStream::Stdout),
+            (child.stderr.take(), LogStream::Stderr),
+        ] {
+            let Some(pipe) = pipe else { continue };
             let tx = line_tx.clone();
             let max = self.settings.max_line_bytes;
-            let fd = stdout.as_raw_fd();
+            let fd = pipe.as_raw_fd();
             readers.push(tokio::spawn(
-                async move { pump_lines(stdout, LogStream::Stdout, max, Some(fd), tx).await }
-                    .in_current_span(),
-            ));
-        }
-        if let Some(stderr) = child.stderr.take() {
-            let tx = line_tx.clone();
-            let max = self.settings.max_line_bytes;
-            let fd = stderr.as_raw_fd();
-            readers.push(tokio::spawn(
-                async move { pump_lines(stderr, LogStream::Stderr, max, Some(fd), tx).await }
-                    .in_current_span(),
+                async move { pump_lines(pipe, stream, max, Some(fd), tx).await }.in_current_span(),
             ));
         }
         drop(line_tx);

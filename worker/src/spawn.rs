@@ -221,6 +221,23 @@ impl TaskProcess {
         self.pid
     }
 
+    /// Reads stdout and stderr to their ends, then waits for the exit: the whole output, as
+    /// `std::process::Command::output` gives it (for callers that do not stream the lines).
+    pub async fn output(&mut self) -> io::Result<(Vec<u8>, Vec<u8>, ExitStatus)> {
+        async fn read_all(pipe: Option<pipe::Receiver>) -> io::Result<Vec<u8>> {
+            use tokio::io::AsyncReadExt;
+            let mut out = Vec::new();
+            if let Some(mut pipe) = pipe {
+                pipe.read_to_end(&mut out).await?;
+            }
+            Ok(out)
+        }
+        let (stdout, stderr) =
+            tokio::join!(read_all(self.stdout.take()), read_all(self.stderr.take()));
+        let status = self.wait().await?;
+        Ok((stdout?, stderr?, status))
+    }
+
     /// Waits for the process to exit and reaps it. Cancel safe; once it has returned a status,
     /// returns that status again.
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
@@ -558,21 +575,11 @@ fn kill_and_reap(pid: libc::pid_t) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncReadExt;
 
     async fn output(process: &mut TaskProcess) -> (String, String, ExitStatus) {
-        let mut stdout = String::new();
-        let mut stderr = String::new();
-        let mut out = process.stdout.take().expect("stdout");
-        let mut err = process.stderr.take().expect("stderr");
-        let (read_out, read_err) = tokio::join!(
-            out.read_to_string(&mut stdout),
-            err.read_to_string(&mut stderr)
-        );
-        read_out.expect("read stdout");
-        read_err.expect("read stderr");
-        let status = process.wait().await.expect("wait");
-        (stdout, stderr, status)
+        let (stdout, stderr, status) = process.output().await.expect("output");
+        let text = |bytes| String::from_utf8(bytes).expect("UTF-8 output");
+        (text(stdout), text(stderr), status)
     }
 
     fn shell(script: &str) -> TaskCommand {

@@ -10,7 +10,6 @@ use std::time::Instant;
 
 use ax_worker::spawn::TaskCommand;
 use futures::StreamExt;
-use tokio::io::AsyncReadExt;
 
 use super::{Checks, Env, Measurement};
 
@@ -42,16 +41,8 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
             .map(|_| async {
                 let mut command = TaskCommand::new("/bin/sh");
                 command.arg("-c").arg("true");
-                let mut process = command.spawn()?;
-                let (mut stdout, mut stderr) = (process.stdout.take(), process.stderr.take());
-                let (mut out, mut err) = (Vec::new(), Vec::new());
-                if let (Some(stdout), Some(stderr)) = (&mut stdout, &mut stderr) {
-                    let (read_out, read_err) =
-                        tokio::join!(stdout.read_to_end(&mut out), stderr.read_to_end(&mut err));
-                    read_out?;
-                    read_err?;
-                }
-                process.wait().await
+                let (_, _, status) = command.spawn()?.output().await?;
+                Ok(status)
             })
             .buffer_unordered(64)
             .collect()

@@ -18,6 +18,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 pub mod backoff;
+mod command_line;
 mod fence;
 mod guardian;
 pub mod logs;

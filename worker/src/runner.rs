@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep, sleep, sleep_until};
 use tracing::Instrument;
 
+use crate::command_line::plain_words;
 use crate::logs::{BatchLimits, Batcher, PackedLines, pump_lines};
 use crate::now_ms;
 use crate::spawn::TaskCommand;
@@ -533,23 +534,43 @@ fn signal_group(pgid: i32, signal: i32) -> bool {
     unsafe { libc::kill(-pgid, signal) == 0 }
 }
 
-/// The command of a dispatch: `/bin/sh -c command`, or `argv` when it is given, with the
-/// worker's environment, the task's, and the attempt's `AX_*` variables.
+/// The command of a dispatch: `argv` when it is given, else the command line, started
+/// directly when no shell is needed for it (`command_line.rs`) and through `/bin/sh -c`
+/// otherwise; with the worker's environment, the task's, and the attempt's `AX_*` variables.
 fn task_command(dispatch: &Dispatch) -> TaskCommand {
-    let mut command = match dispatch.argv.split_first() {
-        Some((program, args)) => {
-            let mut command = TaskCommand::new(program);
-            for arg in args {
-                command.arg(arg);
+    if dispatch.argv.is_empty()
+        && let Some(words) = plain_words(&dispatch.command)
+    {
+        let mut command = with_task_context(program_command(&words), dispatch);
+        if command.executes_directly() {
+            // What the shell would have exported: the directory it runs in.
+            if let Ok(mut dir) = std::env::current_dir() {
+                if !dispatch.working_dir.is_empty() {
+                    dir.push(&dispatch.working_dir);
+                }
+                command.env("PWD", dir);
             }
-            command
+            return command;
         }
-        None => {
-            let mut command = TaskCommand::new("/bin/sh");
-            command.arg("-c").arg(&dispatch.command);
-            command
-        }
+    }
+    let command = match dispatch.argv.split_first() {
+        Some(_) => program_command(&dispatch.argv),
+        None => program_command(&["/bin/sh", "-c", &dispatch.command]),
     };
+    with_task_context(command, dispatch)
+}
+
+/// `words[0]` with the rest as its arguments.
+fn program_command<S: AsRef<std::ffi::OsStr>>(words: &[S]) -> TaskCommand {
+    let mut command = TaskCommand::new(words.first().map_or("".as_ref(), AsRef::as_ref));
+    for word in words.iter().skip(1) {
+        command.arg(word.as_ref());
+    }
+    command
+}
+
+/// The task's environment, working directory and the attempt's `AX_*` variables.
+fn with_task_context(mut command: TaskCommand, dispatch: &Dispatch) -> TaskCommand {
     for (key, value) in &dispatch.env {
         command.env(key, value);
     }
@@ -581,6 +602,94 @@ fn rfc3339(ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn dispatch(command: &str, working_dir: &std::path::Path) -> Dispatch {
+        Dispatch {
+            command: command.into(),
+            working_dir: working_dir.display().to_string(),
+            task: "nap".into(),
+            ..Dispatch::default()
+        }
+    }
+
+    async fn run(command: &TaskCommand) -> (String, i32) {
+        // A script just written may still be open in a process another test is starting,
+        // between its clone and its exec (Text file busy); that passes.
+        let mut busy = 0;
+        let mut process = loop {
+            match command.spawn() {
+                Err(error) if error.kind() == io::ErrorKind::ExecutableFileBusy && busy < 100 => {
+                    busy += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                spawned => break spawned.expect("spawn"),
+            }
+        };
+        let (stdout, _, status) = process.output().await.expect("output");
+        (
+            String::from_utf8(stdout).expect("UTF-8"),
+            status.code().unwrap_or(-1),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_plain_command_line_starts_without_a_shell_and_sees_what_the_shell_would_give() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let command = task_command(&dispatch("env", dir.path()));
+        assert_eq!(command.get_program(), "env", "no shell in between");
+        let (out, code) = run(&command).await;
+        assert_eq!(code, 0);
+        assert!(
+            out.lines()
+                .any(|l| l == format!("PWD={}", dir.path().display())),
+            "{out}"
+        );
+        assert!(out.lines().any(|l| l == "AX_TASK=nap"), "{out}");
+
+        // The exit status is the program's own, as through `sh -c`.
+        let command = task_command(&dispatch("sleep notanumber", dir.path()));
+        assert_eq!(command.get_program(), "sleep");
+        let (_, code) = run(&command).await;
+        assert_eq!(code, 1);
+    }
+
+    #[tokio::test]
+    async fn what_only_a_shell_can_run_keeps_the_shell() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for line in [
+            "echo $AX_TASK",
+            "exit 3",
+            "missing-program-xyz",
+            "FOO=1 env",
+        ] {
+            let command = task_command(&dispatch(line, dir.path()));
+            assert_eq!(command.get_program(), "/bin/sh", "{line}");
+        }
+        let (out, _) = run(&task_command(&dispatch("echo $AX_TASK", dir.path()))).await;
+        assert_eq!(out, "nap\n");
+        let (_, code) = run(&task_command(&dispatch("missing-program-xyz", dir.path()))).await;
+        assert_eq!(code, 127, "the shell's 'not found'");
+
+        // A script without a `#!` line is run by the shell, as `sh -c` would.
+        let script = dir.path().join("plain-script");
+        std::fs::write(&script, "echo from-script\n").expect("write");
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let command = task_command(&dispatch("./plain-script", dir.path()));
+        assert_eq!(command.get_program(), "/bin/sh");
+        let (out, code) = run(&command).await;
+        assert_eq!((out.as_str(), code), ("from-script\n", 0));
+
+        // With a `#!` line it starts directly, from the working directory.
+        let script = dir.path().join("hashbang-script");
+        std::fs::write(&script, "#!/bin/sh\necho from-hashbang\n").expect("write");
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let command = task_command(&dispatch("./hashbang-script", dir.path()));
+        assert_eq!(command.get_program(), "./hashbang-script");
+        let (out, code) = run(&command).await;
+        assert_eq!((out.as_str(), code), ("from-hashbang\n", 0));
+    }
 
     #[test]
     fn logical_time_is_rfc3339_utc() {

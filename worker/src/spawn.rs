@@ -74,6 +74,11 @@ impl TaskCommand {
         self
     }
 
+    /// The program as given (a name looked up on `PATH`, or a path).
+    pub fn get_program(&self) -> &OsStr {
+        &self.program
+    }
+
     pub fn current_dir(&mut self, dir: impl Into<PathBuf>) -> &mut TaskCommand {
         self.working_dir = Some(dir.into());
         self
@@ -164,6 +169,27 @@ impl TaskCommand {
             envp,
             working_dir,
         })
+    }
+
+    /// Whether `execve` can start the program as it is: it is found (see `resolve_program`) and
+    /// is a binary or a script with a `#!` line. A script without one is run by a shell, and
+    /// only a shell does that (`execve` refuses it with `ENOEXEC`).
+    pub fn executes_directly(&self) -> bool {
+        let Ok(mut path) = self.resolve_program() else {
+            return false;
+        };
+        // A relative path is executed from the working directory.
+        if let Some(dir) = &self.working_dir
+            && path.is_relative()
+        {
+            path = dir.join(path);
+        }
+        let mut head = [0u8; 4];
+        let read = std::fs::File::open(&path).and_then(|mut file| {
+            use std::io::Read;
+            file.read_exact(&mut head)
+        });
+        read.is_ok() && (head == *b"\x7fELF" || head.starts_with(b"#!"))
     }
 
     /// The file to execute: `program` itself when it names a path, otherwise the first

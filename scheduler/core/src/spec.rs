@@ -338,7 +338,7 @@ impl ConcurrencySpec {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct TaskSpec {
     pub name: String,
-    /// Run with `/bin/sh -c` unless `argv` is non-empty.
+    /// A shell command line, run as `/bin/sh -c` would run it, unless `argv` is non-empty.
     pub command: String,
     pub argv: Vec<String>,
     pub env: BTreeMap<String, String>,

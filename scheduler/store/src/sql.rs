@@ -16,6 +16,8 @@ mod queue;
 mod reports;
 mod rerun;
 mod rows;
+mod run_create;
+mod run_end;
 mod shard_retry;
 
 use std::path::Path;
@@ -139,6 +141,18 @@ impl Dialect {
         }
     }
 
+    /// An index hint for a locking read: on MySQL, a read that locks the rows it finds through
+    /// an index whose key a concurrent transaction can change (`state`) can miss a row that
+    /// moved within the range meanwhile (its old entry is delete-marked and skipped, its new
+    /// one lands where the scan has passed). Through an index whose key never changes, the
+    /// read waits for the row's lock and then judges the row as committed. SQLite: nothing.
+    pub(crate) fn force_index(self, index: &str) -> String {
+        match self {
+            Dialect::MySql => format!(" FORCE INDEX ({index})"),
+            Dialect::Sqlite => String::new(),
+        }
+    }
+
     /// The tail of an insert that updates `columns` when the row with the same `key` exists.
     /// `VALUES(col)` works on MySQL 8 and MariaDB alike (the `AS new` alias is MySQL-only).
     pub(crate) fn upsert_tail(self, key: &[&str], columns: &[&str]) -> String {
@@ -245,6 +259,8 @@ pub struct SqlStore {
     write_lock: Option<tokio::sync::Mutex<()>>,
     /// Statements sent by `apply_reports` (see [`SqlStore::report_statements`]).
     report_statements: AtomicU64,
+    /// Statements sent by `create_runs` (see [`SqlStore::create_statements`]).
+    create_statements: AtomicU64,
 }
 
 impl std::fmt::Debug for SqlStore {
@@ -337,6 +353,7 @@ impl SqlStore {
             ids: IdBlocks::default(),
             write_lock: Some(tokio::sync::Mutex::new(())),
             report_statements: AtomicU64::new(0),
+            create_statements: AtomicU64::new(0),
         };
         store.migrate(SQLITE_MIGRATIONS).await?;
         Ok(store)
@@ -369,6 +386,7 @@ impl SqlStore {
             ids: IdBlocks::default(),
             write_lock: None,
             report_statements: AtomicU64::new(0),
+            create_statements: AtomicU64::new(0),
         };
         store.migrate(MYSQL_MIGRATIONS).await?;
         Ok(store)
@@ -410,6 +428,17 @@ impl SqlStore {
 
     pub(crate) fn count_report_statements(&self, n: u64) {
         self.report_statements.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The statements `create_run` and `create_runs` have sent, counted as
+    /// [`SqlStore::report_statements`] are. Tests read it to show that a group of runs costs
+    /// about what one run costs.
+    pub fn create_statements(&self) -> u64 {
+        self.create_statements.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_create_statements(&self, n: u64) {
+        self.create_statements.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Closes the pools (tests drop their MySQL database afterwards).

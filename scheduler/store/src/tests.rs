@@ -236,14 +236,14 @@ mod scenarios {
         }
     }
 
-    async fn apply(s: &dyn Store, spec: &WorkflowSpec) -> WorkflowRecord {
+    pub(super) async fn apply(s: &dyn Store, spec: &WorkflowSpec) -> WorkflowRecord {
         s.apply_workflow(spec, "source", None, T0)
             .await
             .expect("apply")
             .0
     }
 
-    fn new_run(wf: &WorkflowRecord, dedup_key: Option<&str>) -> NewRun {
+    pub(super) fn new_run(wf: &WorkflowRecord, dedup_key: Option<&str>) -> NewRun {
         NewRun {
             workflow_id: wf.id,
             workflow_version: wf.version,
@@ -268,7 +268,7 @@ mod scenarios {
         all.into_iter().find(|i| i.task == task)
     }
 
-    async fn tasks_of(s: &dyn Store, run: RunId) -> BTreeSet<String> {
+    pub(super) async fn tasks_of(s: &dyn Store, run: RunId) -> BTreeSet<String> {
         let all = s.list_instances(run).await.expect("list instances");
         all.into_iter().map(|i| i.task).collect()
     }
@@ -2179,5 +2179,6 @@ fn mysql_server_url_strips_the_database() {
 
 mod advance_cost;
 mod dispatch;
+mod group_cost;
 mod interleavings;
 mod queue;

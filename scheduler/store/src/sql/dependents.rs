@@ -18,7 +18,7 @@ use ax_core::ids::{RunId, WorkflowId};
 use ax_core::spec::TriggerKind;
 use sqlx::{AnyConnection, Row};
 
-use super::ops::{Created, create_run_tx};
+use super::run_create::{Created, create_run_tx};
 use super::{SqlStore, values_rows};
 use crate::{NewRun, Result};
 

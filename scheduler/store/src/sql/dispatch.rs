@@ -26,8 +26,9 @@ use ax_core::state::{Event, InstanceState, Outcome, transition};
 use sqlx::{AnyConnection, Row};
 
 use super::ids::IdKind;
-use super::reports::{InstanceKey, finish_run_if_done, load_key, lock_runs};
+use super::reports::{InstanceKey, load_key, lock_runs};
 use super::rows::{instance_state, to_u32};
+use super::run_end::finish_run_if_done;
 use super::{SqlStore, in_list, values_rows};
 use crate::{DecisionRecord, DispatchClaim, Result};
 

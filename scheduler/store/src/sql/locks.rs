@@ -12,44 +12,48 @@
 
 use std::collections::BTreeSet;
 
-use sqlx::{AnyConnection, Row};
+use sqlx::Row;
 
+use super::counted::Counted;
 use super::{Dialect, SqlStore, in_list};
 use crate::Result;
 
-/// Locks, in ascending id order, the workflow rows of `runs` and of every workflow that
-/// depends on one of them (`schedule.after`). Nothing on SQLite (one writer at a time).
+/// Locks, in ascending id order, the rows of `workflows` (the workflows of ending runs) and of
+/// every workflow that depends on one of them (`schedule.after`); returns those of `workflows`
+/// that have a dependent. Two statements on MySQL; on SQLite (one writer at a time) nothing is
+/// locked and only the dependents are read.
 pub(crate) async fn lock_workflows_of_ending_runs(
     store: &SqlStore,
-    c: &mut AnyConnection,
-    runs: &BTreeSet<i64>,
-) -> Result<()> {
-    if store.dialect != Dialect::MySql || runs.is_empty() {
-        return Ok(());
+    c: &mut Counted<'_>,
+    workflows: &BTreeSet<i64>,
+) -> Result<BTreeSet<i64>> {
+    if workflows.is_empty() {
+        return Ok(BTreeSet::new());
     }
-    let (list, padded) = in_list(runs.iter().copied());
+    let (list, padded) = in_list(workflows.iter().copied());
     let sql = format!(
-        "SELECT DISTINCT r.workflow_id, d.downstream_id FROM run r \
-         JOIN workflow w ON w.id = r.workflow_id \
-         LEFT JOIN workflow_dependency d ON d.upstream_name = w.name \
-         WHERE r.id IN ({list})"
+        "SELECT w.id, d.downstream_id FROM workflow w \
+         JOIN workflow_dependency d ON d.upstream_name = w.name WHERE w.id IN ({list})"
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for run in padded {
-        query = query.bind(run);
+    for workflow in padded {
+        query = query.bind(workflow);
     }
-    let mut workflows = BTreeSet::new();
+    let mut with_dependents = BTreeSet::new();
+    let mut locked = workflows.clone();
     for row in query.fetch_all(&mut *c).await? {
-        workflows.insert(row.try_get::<i64, _>("workflow_id")?);
-        if let Some(dependent) = row.try_get::<Option<i64>, _>("downstream_id")? {
-            workflows.insert(dependent);
+        with_dependents.insert(row.try_get::<i64, _>("id")?);
+        locked.insert(row.try_get::<i64, _>("downstream_id")?);
+    }
+    if store.dialect == Dialect::MySql {
+        // One statement; InnoDB locks the rows as it walks the primary key, in ascending order.
+        let (list, padded) = in_list(locked.iter().copied());
+        let sql = format!("SELECT id FROM workflow WHERE id IN ({list}) ORDER BY id FOR UPDATE");
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for workflow in padded {
+            query = query.bind(workflow);
         }
+        query.fetch_all(&mut *c).await?;
     }
-    for id in workflows {
-        sqlx::query("SELECT id FROM workflow WHERE id = ? FOR UPDATE")
-            .bind(id)
-            .fetch_optional(&mut *c)
-            .await?;
-    }
-    Ok(())
+    Ok(with_dependents)
 }

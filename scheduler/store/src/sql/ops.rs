@@ -4,19 +4,20 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ax_core::Millis;
-use ax_core::decision::DecisionKind;
-use ax_core::firing::Admission;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
-use ax_core::run::{RunProgress, RunState, run_outcome};
+use ax_core::run::RunState;
 use ax_core::spec::WorkflowSpec;
 use ax_core::state::{Event, InstanceState, transition};
 use sqlx::{AnyConnection, Row};
 
+use super::counted::Counted;
 use super::ids::IdKind;
 use super::patch::{Patches, Table};
 use super::queue;
-use super::reports::{self, finish_run_if_done, load_key, lock_runs};
+use super::reports::{self, load_key, lock_runs};
 use super::rows::{self, corrupt, instance_state, map_json, to_json, to_u32};
+use super::run_create::create_runs_tx;
+use super::run_end::finish_run_if_done;
 use super::{
     Dialect, SqlStore, in_list, is_unique_violation, placeholders, pow2_chunks, values_rows,
     write_tx,
@@ -34,6 +35,8 @@ const INSERT_CHUNK: usize = 500;
 /// Text bytes of log lines per insert statement.
 const LOG_STATEMENT_BYTES: usize = 4 << 20;
 const UNFINISHED: &str = "('WAITING', 'DISPATCHED', 'RUNNING')";
+/// The unique (run, task, shard slot) index of `task_instance` (MySQL).
+const RUN_TASK_INDEX: &str = "uq_task_instance_run_task_shard";
 
 async fn workflow_by_name(c: &mut AnyConnection, name: &str) -> Result<Option<WorkflowRecord>> {
     let sql = format!(
@@ -239,143 +242,6 @@ async fn apply_workflow_tx(
     Ok((record, outcome))
 }
 
-/// Outcome of the insert part of `create_run`.
-pub(crate) enum Created {
-    New(RunRecord),
-    Existing(RunRecord),
-}
-
-impl From<Created> for (RunRecord, bool) {
-    fn from(created: Created) -> Self {
-        match created {
-            Created::New(record) => (record, true),
-            Created::Existing(record) => (record, false),
-        }
-    }
-}
-
-pub(crate) async fn create_run_tx(
-    store: &SqlStore,
-    c: &mut AnyConnection,
-    run: &NewRun,
-) -> Result<Created> {
-    if let Some(existing) = run_by_dedup(c, run).await? {
-        return Ok(Created::Existing(existing));
-    }
-    let version = sqlx::query(
-        "SELECT task_count FROM workflow_version WHERE workflow_id = ? AND version = ?",
-    )
-    .bind(run.workflow_id.0)
-    .bind(i64::from(run.workflow_version))
-    .fetch_optional(&mut *c)
-    .await?;
-    let Some(version) = version else {
-        return Err(crate::StoreError::NotFound(format!(
-            "workflow {} version {}",
-            run.workflow_id, run.workflow_version
-        )));
-    };
-    let task_count: i64 = version.try_get("task_count")?;
-    let (admission, run_key) =
-        queue::admit(store, c, run.workflow_id, run.trigger, &run.params).await?;
-    let state = match admission {
-        Admission::Start => RunState::Running,
-        Admission::Queue(_) => RunState::Queued,
-    };
-    let run_id = store.take_ids(c, IdKind::Run, 1).await?[0];
-    let inserted = sqlx::query(
-        "INSERT INTO run (id, workflow_id, workflow_version, state, trigger_type, logical_time, \
-         dedup_key, idempotency_key, params_json, triggered_by, cancel_requested, created_at, \
-         run_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)",
-    )
-    .bind(run_id)
-    .bind(run.workflow_id.0)
-    .bind(i64::from(run.workflow_version))
-    .bind(state.as_str())
-    .bind(run.trigger.as_str())
-    .bind(run.logical_time)
-    .bind(run.dedup_key.clone())
-    .bind(run.idempotency_key.clone())
-    .bind(to_json(&run.params)?)
-    .bind(run.triggered_by.as_str())
-    .bind(run.now)
-    .bind(run_key)
-    .execute(&mut *c)
-    .await;
-    match inserted {
-        Ok(_) => {}
-        // Another node created the run with this key between our read and our insert: the
-        // unique key decides, and the first run is the answer.
-        Err(err) if is_unique_violation(&err) => {
-            let existing = run_by_dedup(c, run).await?;
-            return existing
-                .map(Created::Existing)
-                .ok_or(crate::StoreError::Database(err));
-        }
-        Err(err) => return Err(err.into()),
-    }
-    if let Admission::Queue(reason) = admission {
-        // A queued run has no instances until it is promoted (`queue::promote`).
-        // The decision names the run already; the detail says why.
-        let detail = reason.describe();
-        queue::record(
-            c,
-            run.workflow_id,
-            RunId(run_id),
-            run.logical_time,
-            DecisionKind::Queued,
-            &detail,
-            run.now,
-        )
-        .await?;
-        let record = run_by_id(c, RunId(run_id)).await?;
-        return Ok(Created::New(
-            record.ok_or_else(|| corrupt("run vanished during create"))?,
-        ));
-    }
-    queue::insert_roots(
-        store,
-        c,
-        run.workflow_id,
-        i64::from(run.workflow_version),
-        run_id,
-        run.now,
-    )
-    .await?;
-    if task_count == 0 {
-        // Nothing to run: the run is over as soon as it exists.
-        let progress = RunProgress::default();
-        if let Some(end) = run_outcome(progress) {
-            sqlx::query("UPDATE run SET state = ?, finished_at = ? WHERE id = ?")
-                .bind(end.as_str())
-                .bind(run.now)
-                .bind(run_id)
-                .execute(&mut *c)
-                .await?;
-        }
-    }
-    let record = run_by_id(c, RunId(run_id)).await?;
-    Ok(Created::New(
-        record.ok_or_else(|| corrupt("run vanished during create"))?,
-    ))
-}
-
-async fn run_by_dedup(c: &mut AnyConnection, run: &NewRun) -> Result<Option<RunRecord>> {
-    let Some(key) = &run.dedup_key else {
-        return Ok(None);
-    };
-    let sql = format!(
-        "{} WHERE r.workflow_id = ? AND r.dedup_key = ?",
-        rows::RUN_SELECT
-    );
-    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(run.workflow_id.0)
-        .bind(key.as_str())
-        .fetch_optional(&mut *c)
-        .await?;
-    row.as_ref().map(rows::run).transpose()
-}
-
 /// Cancels one unfinished instance and its current attempt row; returns whether it did. The
 /// caller gives back its concurrency scopes (`dispatch::release`) once, after all its cancels:
 /// instance rows first, counter rows after, as in the claim.
@@ -418,16 +284,20 @@ async fn cancel_one(
 pub(crate) async fn cancel_shards_of(
     store: &SqlStore,
     c: &mut AnyConnection,
-    parent: InstanceId,
+    parent: &reports::InstanceKey,
     now: Millis,
 ) -> Result<Vec<i64>> {
+    // The shards share the parent's run and task: read through the key that never changes.
     let sql = format!(
-        "SELECT id, attempt, state FROM task_instance WHERE parent_id = ? AND state IN {UNFINISHED} \
-         ORDER BY id{}",
+        "SELECT id, attempt, state FROM task_instance{} WHERE run_id = ? AND task_name = ? \
+         AND parent_id = ? AND state IN {UNFINISHED} ORDER BY id{}",
+        store.dialect.force_index(RUN_TASK_INDEX),
         store.dialect.for_update()
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(parent.0)
+        .bind(parent.run_id.0)
+        .bind(parent.task.as_str())
+        .bind(parent.id.0)
         .fetch_all(&mut *c)
         .await?;
     let mut cancelled = Vec::new();
@@ -473,10 +343,12 @@ async fn cancel_run_tx(
     // A locking read in id order (the claim's order: instance rows, then counter rows): a claim
     // WAITING → DISPATCHED committing meanwhile is waited for and then read as DISPATCHED, so
     // its instance is cancelled and its worker told, instead of the conditional cancel missing
-    // it (a plain READ COMMITTED read would still say WAITING).
+    // it (a plain READ COMMITTED read would still say WAITING). Through the (run, task) key,
+    // which a claim does not change (`Dialect::force_index`).
     let sql = format!(
-        "SELECT id, attempt, state, worker_id FROM task_instance \
+        "SELECT id, attempt, state, worker_id FROM task_instance{} \
          WHERE run_id = ? AND state IN {UNFINISHED} ORDER BY id{}",
+        store.dialect.force_index(RUN_TASK_INDEX),
         store.dialect.for_update()
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -541,7 +413,7 @@ async fn cancel_instance_tx(
             });
         }
         super::dispatch::settle_parent_of(c, id, now).await?;
-        let mut cancelled = cancel_shards_of(store, c, id, now).await?;
+        let mut cancelled = cancel_shards_of(store, c, &key, now).await?;
         cancelled.push(id.0);
         // Counter rows after every instance row, once.
         super::dispatch::release(c, &cancelled).await?;
@@ -1016,7 +888,10 @@ impl Store for SqlStore {
     }
 
     async fn create_run(&self, run: &NewRun) -> Result<(RunRecord, bool)> {
-        Ok(write_tx!(self, |c| create_run_tx(self, c, run))?.into())
+        let mut created = self.create_runs(std::slice::from_ref(run)).await?;
+        created
+            .pop()
+            .ok_or_else(|| corrupt("a run create returned nothing"))
     }
 
     async fn create_runs(&self, runs: &[NewRun]) -> Result<Vec<(RunRecord, bool)>> {
@@ -1024,11 +899,10 @@ impl Store for SqlStore {
             return Ok(Vec::new());
         }
         write_tx!(self, |c| async move {
-            let mut created = Vec::with_capacity(runs.len());
-            for run in runs {
-                created.push(create_run_tx(self, c, run).await?.into());
-            }
-            Ok(created)
+            let mut c = Counted::new(c);
+            let created = create_runs_tx(self, &mut c, runs).await;
+            self.count_create_statements(c.statements());
+            Ok(created?.into_iter().map(Into::into).collect())
         })
     }
 
@@ -1063,29 +937,32 @@ impl Store for SqlStore {
     }
 
     async fn run_counts(&self, id: RunId) -> Result<InstanceCounts> {
-        let run = sqlx::query(
-            "SELECT v.task_count FROM run r JOIN workflow_version v \
-             ON v.workflow_id = r.workflow_id AND v.version = r.workflow_version WHERE r.id = ?",
-        )
-        .bind(id.0)
-        .fetch_optional(&self.pool)
-        .await?
-        .ok_or_else(|| crate::StoreError::NotFound(format!("run {id}")))?;
-        let tasks: i64 = run.try_get("task_count")?;
+        // One statement: the run's task count beside its instances' counts by state (one row
+        // with a NULL state for a run without instances). Shards count through their parent.
         let rows = sqlx::query(
-            "SELECT state, COUNT(*) AS n FROM task_instance WHERE run_id = ? AND shard_slot = 0 \
-             GROUP BY state",
+            "SELECT v.task_count, ti.state, COUNT(ti.id) AS n FROM run r \
+             JOIN workflow_version v ON v.workflow_id = r.workflow_id \
+             AND v.version = r.workflow_version \
+             LEFT JOIN task_instance ti ON ti.run_id = r.id AND ti.shard_slot = 0 \
+             WHERE r.id = ? GROUP BY v.task_count, ti.state",
         )
         .bind(id.0)
         .fetch_all(&self.pool)
         .await?;
+        let first = rows
+            .first()
+            .ok_or_else(|| crate::StoreError::NotFound(format!("run {id}")))?;
+        let tasks: i64 = first.try_get("task_count")?;
         let mut counts = InstanceCounts::default();
         let mut total = 0i64;
-        for row in rows {
+        for row in &rows {
+            let Some(state) = row.try_get::<Option<String>, _>("state")? else {
+                continue;
+            };
             let n: i64 = row.try_get("n")?;
             total += n;
             let n = to_u32(n, "instance count")?;
-            match instance_state(&row.try_get::<String, _>("state")?)? {
+            match instance_state(&state)? {
                 InstanceState::Waiting => counts.waiting = n,
                 InstanceState::Dispatched => counts.dispatched = n,
                 InstanceState::Running => counts.running = n,

@@ -10,7 +10,7 @@
 //! is started by a conditional update (`state = 'QUEUED'`), so a concurrent cancel of that run
 //! (which locks the workflow row first too) wins or loses cleanly.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ax_core::Millis;
 use ax_core::decision::DecisionKind;
@@ -19,13 +19,12 @@ use ax_core::ids::{RunId, WorkflowId};
 use ax_core::spec::{ConcurrencySpec, OverlapPolicy, ScheduleSpec, TriggerKind};
 use sqlx::{AnyConnection, Row};
 
-use super::ids::IdKind;
+use super::counted::Counted;
 use super::rows::{corrupt, to_u32};
-use super::{SqlStore, values_rows};
-use crate::Result;
+use super::run_create::{RootsOf, facts_of_version, insert_roots_of};
+use super::{SqlStore, in_list};
+use crate::{NewRun, Result};
 
-/// Rows per multi-row insert.
-const INSERT_CHUNK: usize = 500;
 /// Queued runs looked at per promotion.
 const PROMOTE_SCAN: i64 = 500;
 /// `run.run_key` is a VARCHAR(191): longer keys are cut (two keys that share their first 191
@@ -49,8 +48,28 @@ pub(crate) struct Limits {
 }
 
 impl Limits {
+    fn from_spec(spec: LimitsSpec) -> Limits {
+        let max_runs_per_key = spec
+            .concurrency
+            .key
+            .is_some()
+            .then_some(spec.concurrency.max_runs_per_key.max(1));
+        Limits {
+            limits: RunLimits {
+                overlap: spec.schedule.overlap,
+                max_active_runs: spec.schedule.max_active_runs,
+                max_runs_per_key,
+            },
+            concurrency: spec.concurrency,
+        }
+    }
+
+    fn none() -> Limits {
+        Limits::from_spec(LimitsSpec::default())
+    }
+
     /// Whether any run of the workflow could ever wait.
-    fn limited(&self) -> bool {
+    pub(crate) fn limited(&self) -> bool {
         self.limits.max_active_runs > 0
             || self.limits.max_runs_per_key.is_some()
             || self.limits.overlap == OverlapPolicy::Queue
@@ -69,31 +88,38 @@ fn scheduled(trigger: TriggerKind) -> bool {
 }
 
 pub(crate) async fn limits(c: &mut AnyConnection, workflow_id: WorkflowId) -> Result<Limits> {
-    let row = sqlx::query(
-        "SELECT v.spec_json FROM workflow w JOIN workflow_version v \
-         ON v.workflow_id = w.id AND v.version = w.latest_version WHERE w.id = ?",
-    )
-    .bind(workflow_id.0)
-    .fetch_optional(&mut *c)
-    .await?;
-    let spec: LimitsSpec = match row {
-        Some(row) => serde_json::from_str(&row.try_get::<String, _>("spec_json")?)
-            .map_err(|err| corrupt(format!("stored workflow spec: {err}")))?,
-        None => LimitsSpec::default(),
-    };
-    let max_runs_per_key = spec
-        .concurrency
-        .key
-        .is_some()
-        .then_some(spec.concurrency.max_runs_per_key.max(1));
-    Ok(Limits {
-        limits: RunLimits {
-            overlap: spec.schedule.overlap,
-            max_active_runs: spec.schedule.max_active_runs,
-            max_runs_per_key,
-        },
-        concurrency: spec.concurrency,
-    })
+    let workflows = BTreeSet::from([workflow_id.0]);
+    let mut limits = limits_of(&mut Counted::new(c), &workflows).await?;
+    Ok(limits.remove(&workflow_id.0).unwrap_or_else(Limits::none))
+}
+
+/// The limits of each of `workflows` (a workflow that does not exist has none), one statement.
+pub(crate) async fn limits_of(
+    c: &mut Counted<'_>,
+    workflows: &BTreeSet<i64>,
+) -> Result<HashMap<i64, Limits>> {
+    let mut limits = HashMap::with_capacity(workflows.len());
+    if workflows.is_empty() {
+        return Ok(limits);
+    }
+    let (list, padded) = in_list(workflows.iter().copied());
+    let sql = format!(
+        "SELECT w.id, v.spec_json FROM workflow w JOIN workflow_version v \
+         ON v.workflow_id = w.id AND v.version = w.latest_version WHERE w.id IN ({list})"
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for workflow in padded {
+        query = query.bind(workflow);
+    }
+    for row in query.fetch_all(&mut *c).await? {
+        let spec: LimitsSpec = serde_json::from_str(&row.try_get::<String, _>("spec_json")?)
+            .map_err(|err| corrupt(format!("stored workflow spec: {err}")))?;
+        limits.insert(row.try_get("id")?, Limits::from_spec(spec));
+    }
+    for workflow in workflows {
+        limits.entry(*workflow).or_insert_with(Limits::none);
+    }
+    Ok(limits)
 }
 
 pub(crate) async fn lock_workflow(
@@ -138,25 +164,25 @@ async fn count(
     to_u32(n, "run count")
 }
 
-/// The decision for a run about to be created: `(start?, run key, reason when queued)`.
-/// Locks the workflow row first when the workflow has limits.
+/// The decision for a run about to be created under `limits`: `(start?, run key)`. Locks the
+/// workflow row first when the workflow has limits.
 pub(crate) async fn admit(
     store: &SqlStore,
-    c: &mut AnyConnection,
-    workflow_id: WorkflowId,
-    trigger: TriggerKind,
-    params: &BTreeMap<String, String>,
+    counted: &mut Counted<'_>,
+    limits: &Limits,
+    run: &NewRun,
 ) -> Result<(Admission, Option<String>)> {
-    let limits = limits(c, workflow_id).await?;
-    let key = limits.run_key(params);
+    let key = limits.run_key(&run.params);
     if !limits.limited() {
         return Ok((Admission::Start, key));
     }
+    let workflow_id = run.workflow_id;
+    let c = counted.uncounted();
     lock_workflow(store, c, workflow_id).await?;
     let active = count(c, workflow_id, "RUNNING", None, false).await?;
     // A manual, API or backfill run does not wait behind scheduled fires that are queued only
     // by overlap `queue` (with room under the caps, that is the only reason they can wait).
-    let unscheduled_only = !scheduled(trigger);
+    let unscheduled_only = !scheduled(run.trigger);
     let (active_same_key, queued_ahead) = match &key {
         Some(key) => (
             count(c, workflow_id, "RUNNING", Some(key), false).await?,
@@ -172,51 +198,36 @@ pub(crate) async fn admit(
         active_same_key,
         queued_ahead,
     };
-    Ok((start_or_queue(limits.limits, scheduled(trigger), load), key))
+    // The lock and the counts, sent past the counter.
+    counted.add(if key.is_some() { 4 } else { 3 });
+    Ok((
+        start_or_queue(limits.limits, scheduled(run.trigger), load),
+        key,
+    ))
 }
 
-/// Inserts a WAITING attempt-1 instance for each root task of the version; returns how many.
-pub(crate) async fn insert_roots(
+/// Inserts a WAITING attempt-1 instance for each root task of the version (a promoted run).
+async fn insert_roots(
     store: &SqlStore,
     c: &mut AnyConnection,
     workflow_id: WorkflowId,
     version: i64,
     run_id: i64,
     now: Millis,
-) -> Result<u32> {
-    let roots = sqlx::query(
-        "SELECT name, priority FROM task_definition \
-         WHERE workflow_id = ? AND version = ? AND upstream_count = 0 ORDER BY name",
-    )
-    .bind(workflow_id.0)
-    .bind(version)
-    .fetch_all(&mut *c)
-    .await?;
-    let ids = store.take_ids(c, IdKind::Instance, roots.len()).await?;
-    let roots: Vec<_> = roots.iter().zip(ids).collect();
-    for chunk in roots.chunks(INSERT_CHUNK) {
-        let sql = format!(
-            "INSERT INTO task_instance (id, run_id, workflow_id, workflow_version, task_name, \
-             state, attempt, priority, not_before, created_at) VALUES {}",
-            values_rows(chunk.len(), 10)
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for (row, id) in chunk {
-            query = query
-                .bind(*id)
-                .bind(run_id)
-                .bind(workflow_id.0)
-                .bind(version)
-                .bind(row.try_get::<String, _>("name")?)
-                .bind("WAITING")
-                .bind(1i64)
-                .bind(row.try_get::<i64, _>("priority")?)
-                .bind(now)
-                .bind(now);
-        }
-        query.execute(&mut *c).await?;
-    }
-    Ok(roots.len() as u32)
+) -> Result<()> {
+    let mut c = Counted::new(c);
+    let facts = facts_of_version(&mut c, workflow_id.0, version)
+        .await?
+        .ok_or_else(|| corrupt(format!("workflow {workflow_id} version {version} vanished")))?;
+    let roots = RootsOf {
+        run_id,
+        workflow_id: workflow_id.0,
+        version,
+        facts: &facts,
+        now,
+    };
+    insert_roots_of(store, &mut c, &[roots]).await?;
+    Ok(())
 }
 
 pub(crate) async fn record(
@@ -261,6 +272,36 @@ pub(crate) async fn promote_after(
     };
     let workflow_id = WorkflowId(row.try_get("workflow_id")?);
     promote(store, c, workflow_id, now).await
+}
+
+/// Starts what now fits of the queued runs of each of `workflows` (the workflows of runs that
+/// just ended, their rows locked already: `sql/locks.rs`). One probe for the whole set; most
+/// workflows never queue.
+pub(crate) async fn promote_queued_of(
+    store: &SqlStore,
+    c: &mut Counted<'_>,
+    workflows: &BTreeSet<i64>,
+    now: Millis,
+) -> Result<()> {
+    if workflows.is_empty() {
+        return Ok(());
+    }
+    let (list, padded) = in_list(workflows.iter().copied());
+    let sql = format!(
+        "SELECT DISTINCT workflow_id FROM run WHERE workflow_id IN ({list}) AND state = 'QUEUED'"
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for workflow in padded {
+        query = query.bind(workflow);
+    }
+    let mut waiting = BTreeSet::new();
+    for row in query.fetch_all(&mut *c).await? {
+        waiting.insert(row.try_get::<i64, _>("workflow_id")?);
+    }
+    for workflow in waiting {
+        promote(store, c.uncounted(), WorkflowId(workflow), now).await?;
+    }
+    Ok(())
 }
 
 pub(crate) async fn promote(

@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::retry::{retries_left, retry_delay_ms};
-use ax_core::run::{RunProgress, RunState, run_outcome};
 use ax_core::state::{Event, InstanceState, transition};
 use sqlx::{AnyConnection, Row};
 
@@ -14,7 +13,7 @@ use super::counted::Counted;
 use super::dispatch::Ended;
 use super::ids::IdKind;
 use super::patch::{Patches, Table, Value};
-use super::rows::{instance_state, run_state, to_u32};
+use super::rows::{instance_state, to_u32};
 use super::{Dialect, SqlStore, in_list, pow2_chunks, values_rows};
 use crate::{Applied, AttemptEnd, Report, ReportResult, Result};
 
@@ -337,23 +336,16 @@ impl AfterBatch {
                 applied.new_waiting += created;
             }
         }
-        // Which runs end is decided first, then the workflow rows all of them need are locked
-        // at once in id order (`sql/locks.rs`), then they end.
-        let mut seen: BTreeSet<i64> = BTreeSet::new();
-        let mut ending: Vec<(usize, RunId, RunState)> = Vec::new();
-        for (index, run) in touched_runs.iter().rev() {
-            if seen.insert(run.0)
-                && let Some(end) = run_end(c, *run).await?
-            {
-                ending.push((*index, *run, end));
-            }
+        // Each run is credited to the last report that touched it.
+        let mut last_report: BTreeMap<i64, usize> = BTreeMap::new();
+        for (index, run) in &touched_runs {
+            last_report.insert(run.0, *index);
         }
-        let runs: BTreeSet<i64> = ending.iter().map(|(_, run, _)| run.0).collect();
-        super::locks::lock_workflows_of_ending_runs(store, c.uncounted(), &runs).await?;
-        for (index, run, end) in ending {
-            let finished = end_run(store, c, run, end, now).await?;
-            if let Some(ReportResult::Applied(applied)) = results.get_mut(index) {
-                applied.run_finished = finished;
+        let runs: BTreeSet<i64> = last_report.keys().copied().collect();
+        let ended = super::run_end::end_runs_if_done(store, c, &runs, now).await?;
+        for (run, end) in ended {
+            if let Some(ReportResult::Applied(applied)) = results.get_mut(last_report[&run]) {
+                applied.run_finished = Some((RunId(run), end));
             }
         }
         Ok(())
@@ -790,106 +782,4 @@ async fn insert_first_attempts(
         }
     }
     Ok(woke)
-}
-
-/// Ends the run when nothing of it can run any more (after an instance became terminal).
-/// The common case, an unfinished instance left, is one index probe.
-pub(crate) async fn finish_run_if_done(
-    store: &SqlStore,
-    c: &mut AnyConnection,
-    run_id: RunId,
-    now: Millis,
-) -> Result<Option<(RunId, RunState)>> {
-    end_run_if_done(store, &mut Counted::new(c), run_id, now).await
-}
-
-async fn end_run_if_done(
-    store: &SqlStore,
-    c: &mut Counted<'_>,
-    run_id: RunId,
-    now: Millis,
-) -> Result<Option<(RunId, RunState)>> {
-    let Some(end) = run_end(c, run_id).await? else {
-        return Ok(None);
-    };
-    let runs = BTreeSet::from([run_id.0]);
-    super::locks::lock_workflows_of_ending_runs(store, c.uncounted(), &runs).await?;
-    end_run(store, c, run_id, end, now).await
-}
-
-/// How the run ends now, if nothing of it can run any more.
-async fn run_end(c: &mut Counted<'_>, run_id: RunId) -> Result<Option<RunState>> {
-    let busy = sqlx::query(
-        "SELECT id FROM task_instance WHERE run_id = ? \
-         AND state IN ('WAITING', 'DISPATCHED', 'RUNNING') LIMIT 1",
-    )
-    .bind(run_id.0)
-    .fetch_optional(&mut *c)
-    .await?;
-    if busy.is_some() {
-        return Ok(None);
-    }
-    let run = sqlx::query(
-        "SELECT r.state, r.cancel_requested, v.task_count FROM run r JOIN workflow_version v \
-         ON v.workflow_id = r.workflow_id AND v.version = r.workflow_version WHERE r.id = ?",
-    )
-    .bind(run_id.0)
-    .fetch_optional(&mut *c)
-    .await?;
-    let Some(run) = run else { return Ok(None) };
-    if run_state(&run.try_get::<String, _>("state")?)? != RunState::Running {
-        return Ok(None);
-    }
-    let mut progress = RunProgress {
-        tasks: to_u32(run.try_get("task_count")?, "task count")?,
-        cancel_requested: run.try_get::<i64, _>("cancel_requested")? != 0,
-        ..RunProgress::default()
-    };
-    // Shards count through their parent.
-    let counts = sqlx::query(
-        "SELECT state, COUNT(*) AS n FROM task_instance WHERE run_id = ? AND shard_slot = 0 \
-         GROUP BY state",
-    )
-    .bind(run_id.0)
-    .fetch_all(&mut *c)
-    .await?;
-    for row in counts {
-        let n = to_u32(row.try_get("n")?, "instance count")?;
-        match instance_state(&row.try_get::<String, _>("state")?)? {
-            InstanceState::Success => progress.succeeded += n,
-            InstanceState::Cancelled => progress.cancelled += n,
-            // PENDING (after a rerun from above) counts like a task without an instance.
-            InstanceState::Failed | InstanceState::Timeout | InstanceState::Pending => {}
-            InstanceState::Waiting | InstanceState::Dispatched | InstanceState::Running => {
-                progress.unfinished += n
-            }
-        }
-    }
-    Ok(run_outcome(progress))
-}
-
-/// Ends the run as `end` (if still RUNNING), then its dependents and queued runs, with the
-/// workflow rows they need already locked.
-async fn end_run(
-    store: &SqlStore,
-    c: &mut Counted<'_>,
-    run_id: RunId,
-    end: RunState,
-    now: Millis,
-) -> Result<Option<(RunId, RunState)>> {
-    let done =
-        sqlx::query("UPDATE run SET state = ?, finished_at = ? WHERE id = ? AND state = 'RUNNING'")
-            .bind(end.as_str())
-            .bind(now)
-            .bind(run_id.0)
-            .execute(&mut *c)
-            .await?;
-    if done.rows_affected() != 1 {
-        return Ok(None);
-    }
-    if end == RunState::Success {
-        super::dependents::after_run_success(store, c.uncounted(), run_id, now).await?;
-    }
-    super::queue::promote_after(store, c.uncounted(), run_id, now).await?;
-    Ok(Some((run_id, end)))
 }

@@ -1,0 +1,520 @@
+//! Run creation, a group at a time: the runs the run creator gathered (manual and API triggers,
+//! cron fires) are created in one transaction with a few statements for the whole group, not a
+//! few per run. What the group needs is read once (the runs that exist already under a dedup
+//! key, each workflow's limits, each workflow version's task count and root tasks); the runs
+//! of workflows without limits, which always start, are inserted together, then their root
+//! instances together, then read back together. A run of a workflow with limits is decided
+//! and inserted on its own, in order, so that its admission counts the runs before it.
+
+use std::collections::{BTreeSet, HashMap};
+
+use ax_core::Millis;
+use ax_core::decision::DecisionKind;
+use ax_core::firing::Admission;
+use ax_core::ids::RunId;
+use ax_core::run::{RunProgress, RunState, run_outcome};
+use sqlx::{AnyConnection, Row};
+
+use super::counted::Counted;
+use super::ids::IdKind;
+use super::queue::{self, Limits};
+use super::rows::{self, corrupt, to_json};
+use super::{SqlStore, in_list, is_unique_violation, pow2_chunks, values_rows};
+use crate::{NewRun, Result, RunRecord, StoreError};
+
+/// The outcome of creating one run.
+pub(crate) enum Created {
+    New(RunRecord),
+    Existing(RunRecord),
+}
+
+impl From<Created> for (RunRecord, bool) {
+    fn from(created: Created) -> Self {
+        match created {
+            Created::New(record) => (record, true),
+            Created::Existing(record) => (record, false),
+        }
+    }
+}
+
+/// What creating a run needs of its workflow version.
+pub(crate) struct VersionFacts {
+    task_count: i64,
+    /// The root tasks (no upstream), by name: (name, priority).
+    roots: Vec<(String, i64)>,
+}
+
+/// Creates one run (a dependent workflow's run at an upstream's end, a single trigger).
+pub(crate) async fn create_run_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    run: &NewRun,
+) -> Result<Created> {
+    let created = create_runs_tx(store, &mut Counted::new(c), std::slice::from_ref(run)).await?;
+    created
+        .into_iter()
+        .next()
+        .ok_or_else(|| corrupt("a run create returned nothing"))
+}
+
+/// How far each run of a group got before the read-back.
+enum Plan {
+    /// It existed before the group, under its dedup key.
+    Existing(RunRecord),
+    /// An earlier run of the group has its dedup key: the answer is that run.
+    SameAs(usize),
+    /// Inserted with this id.
+    New(i64),
+    /// To insert with the group's runs without limits.
+    Batched,
+}
+
+/// Creates `runs` in the caller's transaction, in order; a run whose (workflow, dedup key)
+/// exists already, before or earlier in the group, is answered with that run. Any error (a
+/// workflow version that does not exist, say) fails the whole group.
+pub(crate) async fn create_runs_tx(
+    store: &SqlStore,
+    c: &mut Counted<'_>,
+    runs: &[NewRun],
+) -> Result<Vec<Created>> {
+    let mut known = runs_by_dedup(c, runs).await?;
+    let versions = version_facts(c, runs).await?;
+    let workflows: BTreeSet<i64> = runs.iter().map(|run| run.workflow_id.0).collect();
+    let limits = queue::limits_of(c, &workflows).await?;
+
+    let mut plans = Vec::with_capacity(runs.len());
+    let mut claimed: HashMap<(i64, &str), usize> = HashMap::new();
+    let mut batched = Vec::new();
+    for (i, run) in runs.iter().enumerate() {
+        let dedup = run.dedup_key.as_deref().map(|key| (run.workflow_id.0, key));
+        if let Some(key) = dedup {
+            if let Some(record) = known.remove(&(key.0, key.1.to_string())) {
+                plans.push(Plan::Existing(record));
+                claimed.insert(key, i);
+                continue;
+            }
+            if let Some(first) = claimed.get(&key) {
+                plans.push(Plan::SameAs(*first));
+                continue;
+            }
+            claimed.insert(key, i);
+        }
+        let limits = limits
+            .get(&run.workflow_id.0)
+            .ok_or_else(|| corrupt("limits of a workflow of the group not read"))?;
+        let facts = facts_of(&versions, run)?;
+        if limits.limited() {
+            plans.push(insert_one(store, c, run, limits, facts).await?);
+        } else {
+            plans.push(Plan::Batched);
+            batched.push(i);
+        }
+    }
+    if !batched.is_empty() {
+        let inserted = insert_started(store, c, runs, &batched, &limits, &versions).await?;
+        for (i, plan) in batched.into_iter().zip(inserted) {
+            plans[i] = plan;
+        }
+    }
+
+    let new_ids: Vec<i64> = plans
+        .iter()
+        .filter_map(|plan| match plan {
+            Plan::New(id) => Some(*id),
+            _ => None,
+        })
+        .collect();
+    let mut records = runs_by_id(c, &new_ids).await?;
+    let mut created: Vec<Created> = Vec::with_capacity(plans.len());
+    for plan in plans {
+        let outcome = match plan {
+            Plan::Existing(record) => Created::Existing(record),
+            Plan::SameAs(first) => match created.get(first) {
+                Some(Created::New(record) | Created::Existing(record)) => {
+                    Created::Existing(record.clone())
+                }
+                None => return Err(corrupt("a run's dedup twin comes after it")),
+            },
+            Plan::New(id) => Created::New(
+                records
+                    .remove(&id)
+                    .ok_or_else(|| corrupt("run vanished during create"))?,
+            ),
+            Plan::Batched => return Err(corrupt("a batched run was not inserted")),
+        };
+        created.push(outcome);
+    }
+    Ok(created)
+}
+
+fn facts_of<'a>(
+    versions: &'a HashMap<(i64, i64), VersionFacts>,
+    run: &NewRun,
+) -> Result<&'a VersionFacts> {
+    versions
+        .get(&(run.workflow_id.0, i64::from(run.workflow_version)))
+        .ok_or_else(|| {
+            StoreError::NotFound(format!(
+                "workflow {} version {}",
+                run.workflow_id, run.workflow_version
+            ))
+        })
+}
+
+/// The state a new run starts in, and its end time when it ends at once (no tasks at all).
+fn initial_state(
+    admission: &Admission,
+    facts: &VersionFacts,
+    now: Millis,
+) -> (RunState, Option<Millis>) {
+    match admission {
+        Admission::Queue(_) => (RunState::Queued, None),
+        Admission::Start if facts.task_count == 0 => match run_outcome(RunProgress::default()) {
+            Some(end) => (end, Some(now)),
+            None => (RunState::Running, None),
+        },
+        Admission::Start => (RunState::Running, None),
+    }
+}
+
+const RUN_COLUMNS: &str = "INSERT INTO run (id, workflow_id, workflow_version, state, trigger_type, \
+     logical_time, dedup_key, idempotency_key, params_json, triggered_by, cancel_requested, \
+     created_at, run_key, finished_at) VALUES ";
+const RUN_VALUES: usize = 14;
+
+/// One row of a run insert, bound in `RUN_COLUMNS` order.
+struct RunRow<'a> {
+    id: i64,
+    run: &'a NewRun,
+    state: RunState,
+    params_json: String,
+    run_key: Option<String>,
+    finished_at: Option<Millis>,
+}
+
+fn bind_run<'q>(
+    query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    row: &RunRow<'_>,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+    let run = row.run;
+    query
+        .bind(row.id)
+        .bind(run.workflow_id.0)
+        .bind(i64::from(run.workflow_version))
+        .bind(row.state.as_str())
+        .bind(run.trigger.as_str())
+        .bind(run.logical_time)
+        .bind(run.dedup_key.clone())
+        .bind(run.idempotency_key.clone())
+        .bind(row.params_json.clone())
+        .bind(run.triggered_by.clone())
+        .bind(0i64)
+        .bind(run.now)
+        .bind(row.run_key.clone())
+        .bind(row.finished_at)
+}
+
+/// Decides and inserts one run with its root instances: its admission (for a workflow with
+/// limits, counted under the workflow row's lock), the run, and either its root instances or,
+/// when it waits, the decision that says why.
+async fn insert_one(
+    store: &SqlStore,
+    c: &mut Counted<'_>,
+    run: &NewRun,
+    limits: &Limits,
+    facts: &VersionFacts,
+) -> Result<Plan> {
+    let (admission, run_key) = queue::admit(store, c, limits, run).await?;
+    let (state, finished_at) = initial_state(&admission, facts, run.now);
+    let id = store.take_ids(c.uncounted(), IdKind::Run, 1).await?[0];
+    let row = RunRow {
+        id,
+        run,
+        state,
+        params_json: to_json(&run.params)?,
+        run_key,
+        finished_at,
+    };
+    let sql = format!("{RUN_COLUMNS}{}", values_rows(1, RUN_VALUES));
+    let inserted = bind_run(sqlx::query(sqlx::AssertSqlSafe(sql)), &row)
+        .execute(&mut *c)
+        .await;
+    match inserted {
+        Ok(_) => {}
+        // Another node created the run with this key between our read and our insert: the
+        // unique key decides, and the first run is the answer.
+        Err(err) if is_unique_violation(&err) => {
+            let mut existing = runs_by_dedup(c, std::slice::from_ref(run)).await?;
+            return match existing.drain().next() {
+                Some((_, record)) => Ok(Plan::Existing(record)),
+                None => Err(StoreError::Database(err)),
+            };
+        }
+        Err(err) => return Err(err.into()),
+    }
+    match admission {
+        // A queued run has no instances until it is promoted (`queue::promote`). The decision
+        // names the run already; the detail says why.
+        Admission::Queue(reason) => {
+            queue::record(
+                c.uncounted(),
+                run.workflow_id,
+                RunId(id),
+                run.logical_time,
+                DecisionKind::Queued,
+                &reason.describe(),
+                run.now,
+            )
+            .await?;
+            c.add(1);
+        }
+        Admission::Start => {
+            insert_roots_of(store, c, &[RootsOf::new(id, run, facts)]).await?;
+        }
+    }
+    Ok(Plan::New(id))
+}
+
+/// Inserts the runs of `positions` (all of workflows without limits: they start) in multi-row
+/// statements, then all their root instances. When another node inserted one of their dedup
+/// keys since the group's read, the statement fails whole and each run is inserted on its own
+/// instead, the unique key deciding which run is the answer.
+async fn insert_started(
+    store: &SqlStore,
+    c: &mut Counted<'_>,
+    runs: &[NewRun],
+    positions: &[usize],
+    limits: &HashMap<i64, Limits>,
+    versions: &HashMap<(i64, i64), VersionFacts>,
+) -> Result<Vec<Plan>> {
+    let ids = store
+        .take_ids(c.uncounted(), IdKind::Run, positions.len())
+        .await?;
+    let mut rows = Vec::with_capacity(positions.len());
+    for (&i, id) in positions.iter().zip(&ids) {
+        let run = &runs[i];
+        let facts = facts_of(versions, run)?;
+        let run_key = limits
+            .get(&run.workflow_id.0)
+            .and_then(|limits| limits.run_key(&run.params));
+        let (state, finished_at) = initial_state(&Admission::Start, facts, run.now);
+        rows.push(RunRow {
+            id: *id,
+            run,
+            state,
+            params_json: to_json(&run.params)?,
+            run_key,
+            finished_at,
+        });
+    }
+    for chunk in pow2_chunks(&rows) {
+        let sql = format!("{RUN_COLUMNS}{}", values_rows(chunk.len(), RUN_VALUES));
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for row in chunk {
+            query = bind_run(query, row);
+        }
+        match query.execute(&mut *c).await {
+            Ok(_) => {}
+            Err(err) if is_unique_violation(&err) => {
+                // The failed statement inserted nothing, earlier chunks are in (without
+                // instances yet): take them out, then go one by one. Rare (a race on a dedup
+                // key between two nodes), so simple.
+                let (list, padded) = in_list(ids.iter().copied());
+                let sql = format!("DELETE FROM run WHERE id IN ({list})");
+                let mut delete = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for id in padded {
+                    delete = delete.bind(id);
+                }
+                delete.execute(&mut *c).await?;
+                let mut plans = Vec::with_capacity(positions.len());
+                for &i in positions {
+                    let run = &runs[i];
+                    let limits = limits
+                        .get(&run.workflow_id.0)
+                        .ok_or_else(|| corrupt("limits of a workflow of the group not read"))?;
+                    plans.push(insert_one(store, c, run, limits, facts_of(versions, run)?).await?);
+                }
+                return Ok(plans);
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+    let roots: Vec<RootsOf> = rows
+        .iter()
+        .map(|row| Ok(RootsOf::new(row.id, row.run, facts_of(versions, row.run)?)))
+        .collect::<Result<_>>()?;
+    insert_roots_of(store, c, &roots).await?;
+    Ok(ids.into_iter().map(Plan::New).collect())
+}
+
+/// The root instances of one run to insert.
+pub(crate) struct RootsOf<'a> {
+    pub(crate) run_id: i64,
+    pub(crate) workflow_id: i64,
+    pub(crate) version: i64,
+    pub(crate) facts: &'a VersionFacts,
+    pub(crate) now: Millis,
+}
+
+impl<'a> RootsOf<'a> {
+    fn new(run_id: i64, run: &NewRun, facts: &'a VersionFacts) -> RootsOf<'a> {
+        RootsOf {
+            run_id,
+            workflow_id: run.workflow_id.0,
+            version: i64::from(run.workflow_version),
+            facts,
+            now: run.now,
+        }
+    }
+}
+
+/// Inserts a WAITING attempt-1 instance for each root task of each run, in multi-row
+/// statements; returns how many.
+pub(crate) async fn insert_roots_of(
+    store: &SqlStore,
+    c: &mut Counted<'_>,
+    runs: &[RootsOf<'_>],
+) -> Result<usize> {
+    let rows: Vec<(&RootsOf, &(String, i64))> = runs
+        .iter()
+        .flat_map(|run| run.facts.roots.iter().map(move |root| (run, root)))
+        .collect();
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let ids = store
+        .take_ids(c.uncounted(), IdKind::Instance, rows.len())
+        .await?;
+    let rows: Vec<_> = rows.into_iter().zip(ids).collect();
+    for chunk in pow2_chunks(&rows) {
+        let sql = format!(
+            "INSERT INTO task_instance (id, run_id, workflow_id, workflow_version, task_name, \
+             state, attempt, priority, not_before, created_at) VALUES {}",
+            values_rows(chunk.len(), 10)
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for ((run, (task, priority)), id) in chunk {
+            query = query
+                .bind(*id)
+                .bind(run.run_id)
+                .bind(run.workflow_id)
+                .bind(run.version)
+                .bind(task.as_str())
+                .bind("WAITING")
+                .bind(1i64)
+                .bind(*priority)
+                .bind(run.now)
+                .bind(run.now);
+        }
+        query.execute(&mut *c).await?;
+    }
+    Ok(rows.len())
+}
+
+/// The runs that exist under the dedup keys of `runs`, by (workflow, key): one statement.
+async fn runs_by_dedup(
+    c: &mut Counted<'_>,
+    runs: &[NewRun],
+) -> Result<HashMap<(i64, String), RunRecord>> {
+    let keys: BTreeSet<(i64, &str)> = runs
+        .iter()
+        .filter_map(|run| Some((run.workflow_id.0, run.dedup_key.as_deref()?)))
+        .collect();
+    let mut found = HashMap::new();
+    if keys.is_empty() {
+        return Ok(found);
+    }
+    let workflows: BTreeSet<i64> = keys.iter().map(|(workflow, _)| *workflow).collect();
+    let names: BTreeSet<&str> = keys.iter().map(|(_, key)| *key).collect();
+    let (workflow_list, workflows) = in_list(workflows);
+    let (name_list, names) = in_list(names);
+    let sql = format!(
+        "{} WHERE r.workflow_id IN ({workflow_list}) AND r.dedup_key IN ({name_list})",
+        rows::RUN_SELECT.replacen("SELECT ", "SELECT r.dedup_key, ", 1)
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for workflow in workflows {
+        query = query.bind(workflow);
+    }
+    for name in names {
+        query = query.bind(name);
+    }
+    for row in query.fetch_all(&mut *c).await? {
+        let record = rows::run(&row)?;
+        let key: String = row.try_get("dedup_key")?;
+        if keys.contains(&(record.workflow_id.0, key.as_str())) {
+            found.insert((record.workflow_id.0, key), record);
+        }
+    }
+    Ok(found)
+}
+
+/// The facts of each (workflow, version) of `runs`: one statement per version (a group is
+/// almost always of one or a few workflows). A version that does not exist is left out.
+async fn version_facts(
+    c: &mut Counted<'_>,
+    runs: &[NewRun],
+) -> Result<HashMap<(i64, i64), VersionFacts>> {
+    let wanted: BTreeSet<(i64, i64)> = runs
+        .iter()
+        .map(|run| (run.workflow_id.0, i64::from(run.workflow_version)))
+        .collect();
+    let mut facts = HashMap::with_capacity(wanted.len());
+    for (workflow, version) in wanted {
+        if let Some(found) = facts_of_version(c, workflow, version).await? {
+            facts.insert((workflow, version), found);
+        }
+    }
+    Ok(facts)
+}
+
+/// A workflow version's task count and root tasks, one statement; `None` when it does not
+/// exist.
+pub(crate) async fn facts_of_version(
+    c: &mut Counted<'_>,
+    workflow: i64,
+    version: i64,
+) -> Result<Option<VersionFacts>> {
+    let rows = sqlx::query(
+        "SELECT v.task_count, d.name, d.priority FROM workflow_version v \
+         LEFT JOIN task_definition d ON d.workflow_id = v.workflow_id \
+         AND d.version = v.version AND d.upstream_count = 0 \
+         WHERE v.workflow_id = ? AND v.version = ? ORDER BY d.name",
+    )
+    .bind(workflow)
+    .bind(version)
+    .fetch_all(&mut *c)
+    .await?;
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let mut facts = VersionFacts {
+        task_count: first.try_get("task_count")?,
+        roots: Vec::with_capacity(rows.len()),
+    };
+    for row in &rows {
+        if let Some(name) = row.try_get::<Option<String>, _>("name")? {
+            facts.roots.push((name, row.try_get("priority")?));
+        }
+    }
+    Ok(Some(facts))
+}
+
+/// The runs of `ids`, by id: one statement.
+async fn runs_by_id(c: &mut Counted<'_>, ids: &[i64]) -> Result<HashMap<i64, RunRecord>> {
+    let mut records = HashMap::with_capacity(ids.len());
+    if ids.is_empty() {
+        return Ok(records);
+    }
+    let (list, padded) = in_list(ids.iter().copied());
+    let sql = format!("{} WHERE r.id IN ({list})", rows::RUN_SELECT);
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for id in padded {
+        query = query.bind(id);
+    }
+    for row in query.fetch_all(&mut *c).await? {
+        let record = rows::run(&row)?;
+        records.insert(record.id.0, record);
+    }
+    Ok(records)
+}

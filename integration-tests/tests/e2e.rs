@@ -18,6 +18,7 @@ ax_integration_tests::on_every_backend!(
     a_per_second_cron_schedule_fires_on_time,
     two_workers_share_forty_tasks_within_capacity,
     a_repeated_idempotency_key_creates_one_run,
+    a_trigger_answers_with_the_run_s_counts_as_created,
     bad_input_is_refused_and_changes_nothing,
     a_failed_attempt_is_retried_and_each_attempt_keeps_its_logs,
     cancelling_a_run_kills_its_process_and_starts_nothing_more,
@@ -387,6 +388,67 @@ tasks:
     assert_eq!(
         lines.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(),
         vec!["hello acme"]
+    );
+    cluster.shutdown().await.expect("shutdown");
+}
+
+/// The trigger's answer carries the run's counts as created (from the spec, not a read): the
+/// same as the store's once read back, for a started run, a queued one and a repeated key.
+async fn a_trigger_answers_with_the_run_s_counts_as_created(backend: Backend) {
+    // No worker: the runs stay as created.
+    let Some(cluster) = cluster(backend, &[]).await else {
+        return;
+    };
+    let source = r#"
+name: diamond
+schedule:
+  max_active_runs: 1
+tasks:
+  - name: a
+    command: "true"
+  - name: x
+    command: "true"
+  - name: b
+    command: "true"
+    upstream: [a]
+  - name: c
+    command: "true"
+    upstream: [a, x]
+"#;
+    cluster.apply(source).await.expect("apply");
+    let mut control = cluster.control().await.expect("control");
+    let mut answers = Vec::new();
+    for key in ["first", "second", "first"] {
+        answers.push(cluster.trigger("diamond", &[], key).await.expect("trigger"));
+    }
+    let created: Vec<bool> = answers.iter().map(|a| a.created).collect();
+    assert_eq!(created, [true, true, false]);
+    for answer in &answers {
+        let run = answer.run.as_ref().expect("run");
+        let stored = control
+            .get_run(pb::GetRunRequest { id: run.id })
+            .await
+            .expect("get run")
+            .into_inner();
+        assert_eq!(run.state, stored.state);
+        assert_eq!(run.counts, stored.counts, "run {}", run.id);
+    }
+    let counts = |i: usize| {
+        answers[i]
+            .run
+            .as_ref()
+            .and_then(|r| r.counts)
+            .expect("counts")
+    };
+    assert_eq!(
+        (counts(0).waiting, counts(0).not_created),
+        (2, 2),
+        "a and x wait"
+    );
+    assert_eq!(
+        (counts(1).waiting, counts(1).not_created),
+        (0, 4),
+        "queued: nothing yet"
     );
     cluster.shutdown().await.expect("shutdown");
 }

@@ -6,12 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ax_core::cron::{CronSchedule, parse_timezone};
-use ax_core::ids::{Attempt, InstanceId, RunId};
+use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
+use ax_core::run::RunState;
 use ax_core::spec::{TriggerKind, WorkflowSpec, parse_workflow};
 use ax_proto::v1 as pb;
 use ax_proto::v1::control_service_server::ControlService;
 use ax_store::{
-    AuditRecord, CancelledAttempt, InstanceRecord, LogStream, ManualRetry, NewRun, WorkflowRecord,
+    AuditRecord, CancelledAttempt, InstanceCounts, InstanceRecord, LogStream, ManualRetry, NewRun,
+    WorkflowRecord,
 };
 use futures::Stream;
 use tokio::sync::mpsc;
@@ -21,6 +23,7 @@ use tonic::{Request, Response, Status};
 use super::convert::{self, store_status};
 use crate::clock::now_ms;
 use crate::node::Node;
+use crate::specs::VersionedSpec;
 
 mod audit_text;
 mod dag;
@@ -62,6 +65,32 @@ impl ControlApi {
         if let Err(err) = self.node.audit.record(record).await {
             tracing::error!(error = %err, action, "writing the audit row failed");
         }
+    }
+
+    /// The latest version of the workflow called `name`, its spec from the node's cache: one
+    /// light read instead of the whole stored row on every trigger.
+    async fn latest_spec(&self, name: &str) -> Result<LatestSpec, Status> {
+        if name.trim().is_empty() {
+            return Err(Status::invalid_argument("workflow name is empty"));
+        }
+        let (id, version) = self
+            .node
+            .store
+            .latest_version(name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("workflow {name:?} not found")))?;
+        let versioned = self
+            .node
+            .specs
+            .get(id, version)
+            .await
+            .map_err(store_status)?;
+        Ok(LatestSpec {
+            id,
+            version,
+            versioned,
+        })
     }
 
     async fn workflow_named(&self, name: &str) -> Result<WorkflowRecord, Status> {
@@ -159,6 +188,35 @@ impl ControlApi {
             };
             let _ = sender.try_send(Ok(message));
         }
+    }
+}
+
+/// A workflow's latest version: its id, number and spec (cached).
+struct LatestSpec {
+    id: WorkflowId,
+    version: u32,
+    versioned: Arc<VersionedSpec>,
+}
+
+/// The counts of a run as it was created: a started run has its root tasks WAITING, a queued
+/// one nothing yet.
+fn counts_at_creation(state: RunState, spec: &WorkflowSpec) -> InstanceCounts {
+    let tasks = u32::try_from(spec.tasks.len()).unwrap_or(u32::MAX);
+    let waiting = match state {
+        RunState::Running => {
+            let roots = spec.tasks.iter().filter(|t| t.upstream.is_empty()).count();
+            u32::try_from(roots).unwrap_or(u32::MAX)
+        }
+        _ => 0,
+    };
+    InstanceCounts {
+        waiting,
+        not_created: if state.is_terminal() {
+            0
+        } else {
+            tasks - waiting
+        },
+        ..InstanceCounts::default()
     }
 }
 
@@ -348,8 +406,8 @@ impl ControlService for ControlApi {
                 "logical_time_ms must not be negative",
             ));
         }
-        let workflow = self.workflow_named(&request.name).await?;
-        keyed_trigger_check(&workflow.spec, &request.params)?;
+        let workflow = self.latest_spec(&request.name).await?;
+        keyed_trigger_check(&workflow.versioned.spec, &request.params)?;
         let now = now_ms();
         let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
         let actor = if request.actor.is_empty() {
@@ -391,7 +449,7 @@ impl ControlService for ControlApi {
             self.audit(
                 &actor,
                 "trigger",
-                format!("workflow/{}", workflow.name),
+                format!("workflow/{}", workflow.versioned.name),
                 detail,
                 &remote,
             )
@@ -399,12 +457,16 @@ impl ControlService for ControlApi {
             self.node.dispatch_wake.notify_one();
             self.node.bump_progress();
         }
-        let counts = self
-            .node
-            .store
-            .run_counts(run.id)
-            .await
-            .map_err(store_status)?;
+        // A new run's counts are known from its spec as created; an existing one's are read.
+        let counts = if created {
+            counts_at_creation(run.state, &workflow.versioned.spec)
+        } else {
+            self.node
+                .store
+                .run_counts(run.id)
+                .await
+                .map_err(store_status)?
+        };
         Ok(Response::new(pb::TriggerWorkflowResponse {
             run: Some(convert::run(&run, Some(&counts))),
             created,

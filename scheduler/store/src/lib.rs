@@ -574,6 +574,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(WorkflowRecord, ApplyOutcome)>;
     /// The latest version.
     async fn get_workflow(&self, name: &str) -> Result<Option<WorkflowRecord>>;
+    /// The id and latest version number of the workflow called `name`, without its spec: one
+    /// light read for callers that cache versions (a version never changes once stored).
+    async fn latest_version(&self, name: &str) -> Result<Option<(WorkflowId, u32)>>;
     async fn get_workflow_version(
         &self,
         id: WorkflowId,

@@ -496,6 +496,8 @@ mod scenarios {
         );
         for (run, _) in &created {
             assert_eq!(tasks_of(s, run.id).await, BTreeSet::from(["a".to_string()]));
+            // The answer is the run as stored.
+            assert_eq!(s.get_run(run.id).await.unwrap().as_ref(), Some(run));
         }
         assert_eq!(s.list_runs(Some("wf"), None, 100).await.unwrap().len(), 3);
 

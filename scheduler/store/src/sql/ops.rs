@@ -763,6 +763,20 @@ impl Store for SqlStore {
         workflow_by_name(&mut c, name).await
     }
 
+    async fn latest_version(&self, name: &str) -> Result<Option<(WorkflowId, u32)>> {
+        let row = sqlx::query("SELECT id, latest_version FROM workflow WHERE name = ?")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|row| {
+            Ok((
+                WorkflowId(row.try_get("id")?),
+                to_u32(row.try_get("latest_version")?, "workflow version")?,
+            ))
+        })
+        .transpose()
+    }
+
     async fn get_workflow_version(
         &self,
         id: WorkflowId,

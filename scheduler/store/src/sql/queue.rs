@@ -10,7 +10,7 @@
 //! is started by a conditional update (`state = 'QUEUED'`), so a concurrent cancel of that run
 //! (which locks the workflow row first too) wins or loses cleanly.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use ax_core::Millis;
 use ax_core::decision::DecisionKind;
@@ -48,6 +48,13 @@ pub(crate) struct Limits {
 }
 
 impl Limits {
+    /// The limits of a stored spec (`workflow_version.spec_json`).
+    pub(crate) fn from_spec_json(spec_json: &str) -> Result<Limits> {
+        let spec: LimitsSpec = serde_json::from_str(spec_json)
+            .map_err(|err| corrupt(format!("stored workflow spec: {err}")))?;
+        Ok(Limits::from_spec(spec))
+    }
+
     fn from_spec(spec: LimitsSpec) -> Limits {
         let max_runs_per_key = spec
             .concurrency
@@ -64,7 +71,7 @@ impl Limits {
         }
     }
 
-    fn none() -> Limits {
+    pub(crate) fn none() -> Limits {
         Limits::from_spec(LimitsSpec::default())
     }
 
@@ -88,38 +95,17 @@ fn scheduled(trigger: TriggerKind) -> bool {
 }
 
 pub(crate) async fn limits(c: &mut AnyConnection, workflow_id: WorkflowId) -> Result<Limits> {
-    let workflows = BTreeSet::from([workflow_id.0]);
-    let mut limits = limits_of(&mut Counted::new(c), &workflows).await?;
-    Ok(limits.remove(&workflow_id.0).unwrap_or_else(Limits::none))
-}
-
-/// The limits of each of `workflows` (a workflow that does not exist has none), one statement.
-pub(crate) async fn limits_of(
-    c: &mut Counted<'_>,
-    workflows: &BTreeSet<i64>,
-) -> Result<HashMap<i64, Limits>> {
-    let mut limits = HashMap::with_capacity(workflows.len());
-    if workflows.is_empty() {
-        return Ok(limits);
+    let row = sqlx::query(
+        "SELECT v.spec_json FROM workflow w JOIN workflow_version v \
+         ON v.workflow_id = w.id AND v.version = w.latest_version WHERE w.id = ?",
+    )
+    .bind(workflow_id.0)
+    .fetch_optional(&mut *c)
+    .await?;
+    match row {
+        Some(row) => Limits::from_spec_json(&row.try_get::<String, _>("spec_json")?),
+        None => Ok(Limits::none()),
     }
-    let (list, padded) = in_list(workflows.iter().copied());
-    let sql = format!(
-        "SELECT w.id, v.spec_json FROM workflow w JOIN workflow_version v \
-         ON v.workflow_id = w.id AND v.version = w.latest_version WHERE w.id IN ({list})"
-    );
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for workflow in padded {
-        query = query.bind(workflow);
-    }
-    for row in query.fetch_all(&mut *c).await? {
-        let spec: LimitsSpec = serde_json::from_str(&row.try_get::<String, _>("spec_json")?)
-            .map_err(|err| corrupt(format!("stored workflow spec: {err}")))?;
-        limits.insert(row.try_get("id")?, Limits::from_spec(spec));
-    }
-    for workflow in workflows {
-        limits.entry(*workflow).or_insert_with(Limits::none);
-    }
-    Ok(limits)
 }
 
 pub(crate) async fn lock_workflow(

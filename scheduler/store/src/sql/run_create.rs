@@ -3,8 +3,9 @@
 //! few per run. What the group needs is read once (the runs that exist already under a dedup
 //! key, each workflow's limits, each workflow version's task count and root tasks); the runs
 //! of workflows without limits, which always start, are inserted together, then their root
-//! instances together, then read back together. A run of a workflow with limits is decided
-//! and inserted on its own, in order, so that its admission counts the runs before it.
+//! instances together; the answers are the rows as inserted, not read back. A run of a
+//! workflow with limits is decided and inserted on its own, in order, so that its admission
+//! counts the runs before it.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -57,16 +58,23 @@ pub(crate) async fn create_run_tx(
         .ok_or_else(|| corrupt("a run create returned nothing"))
 }
 
-/// How far each run of a group got before the read-back.
+/// How far each run of a group got.
 enum Plan {
     /// It existed before the group, under its dedup key.
     Existing(RunRecord),
     /// An earlier run of the group has its dedup key: the answer is that run.
     SameAs(usize),
-    /// Inserted with this id.
-    New(i64),
+    /// Inserted as this.
+    New(RunRecord),
     /// To insert with the group's runs without limits.
     Batched,
+}
+
+/// What creating a run needs of its workflow: its name (for the answer) and its limits (from
+/// its latest version).
+pub(crate) struct WorkflowFacts {
+    name: String,
+    limits: Limits,
 }
 
 /// Creates `runs` in the caller's transaction, in order; a run whose (workflow, dedup key)
@@ -79,8 +87,7 @@ pub(crate) async fn create_runs_tx(
 ) -> Result<Vec<Created>> {
     let mut known = runs_by_dedup(c, runs).await?;
     let versions = version_facts(c, runs).await?;
-    let workflows: BTreeSet<i64> = runs.iter().map(|run| run.workflow_id.0).collect();
-    let limits = queue::limits_of(c, &workflows).await?;
+    let workflows = workflow_facts(c, runs).await?;
 
     let mut plans = Vec::with_capacity(runs.len());
     let mut claimed: HashMap<(i64, &str), usize> = HashMap::new();
@@ -99,32 +106,22 @@ pub(crate) async fn create_runs_tx(
             }
             claimed.insert(key, i);
         }
-        let limits = limits
-            .get(&run.workflow_id.0)
-            .ok_or_else(|| corrupt("limits of a workflow of the group not read"))?;
+        let workflow = workflow_of(&workflows, run)?;
         let facts = facts_of(&versions, run)?;
-        if limits.limited() {
-            plans.push(insert_one(store, c, run, limits, facts).await?);
+        if workflow.limits.limited() {
+            plans.push(insert_one(store, c, run, workflow, facts).await?);
         } else {
             plans.push(Plan::Batched);
             batched.push(i);
         }
     }
     if !batched.is_empty() {
-        let inserted = insert_started(store, c, runs, &batched, &limits, &versions).await?;
+        let inserted = insert_started(store, c, runs, &batched, &workflows, &versions).await?;
         for (i, plan) in batched.into_iter().zip(inserted) {
             plans[i] = plan;
         }
     }
 
-    let new_ids: Vec<i64> = plans
-        .iter()
-        .filter_map(|plan| match plan {
-            Plan::New(id) => Some(*id),
-            _ => None,
-        })
-        .collect();
-    let mut records = runs_by_id(c, &new_ids).await?;
     let mut created: Vec<Created> = Vec::with_capacity(plans.len());
     for plan in plans {
         let outcome = match plan {
@@ -135,16 +132,21 @@ pub(crate) async fn create_runs_tx(
                 }
                 None => return Err(corrupt("a run's dedup twin comes after it")),
             },
-            Plan::New(id) => Created::New(
-                records
-                    .remove(&id)
-                    .ok_or_else(|| corrupt("run vanished during create"))?,
-            ),
+            Plan::New(record) => Created::New(record),
             Plan::Batched => return Err(corrupt("a batched run was not inserted")),
         };
         created.push(outcome);
     }
     Ok(created)
+}
+
+fn workflow_of<'a>(
+    workflows: &'a HashMap<i64, WorkflowFacts>,
+    run: &NewRun,
+) -> Result<&'a WorkflowFacts> {
+    workflows
+        .get(&run.workflow_id.0)
+        .ok_or_else(|| StoreError::NotFound(format!("workflow {}", run.workflow_id)))
 }
 
 fn facts_of<'a>(
@@ -192,6 +194,29 @@ struct RunRow<'a> {
     finished_at: Option<Millis>,
 }
 
+impl RunRow<'_> {
+    /// The run as this row stores it.
+    fn record(&self, workflow: &WorkflowFacts) -> RunRecord {
+        let run = self.run;
+        RunRecord {
+            id: RunId(self.id),
+            workflow_id: run.workflow_id,
+            workflow: workflow.name.clone(),
+            workflow_version: run.workflow_version,
+            state: self.state,
+            trigger: run.trigger,
+            logical_time: run.logical_time,
+            idempotency_key: run.idempotency_key.clone(),
+            params: run.params.clone(),
+            triggered_by: run.triggered_by.clone(),
+            created_at: run.now,
+            finished_at: self.finished_at,
+            cancel_requested: false,
+            run_key: self.run_key.clone(),
+        }
+    }
+}
+
 fn bind_run<'q>(
     query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
     row: &RunRow<'_>,
@@ -221,10 +246,10 @@ async fn insert_one(
     store: &SqlStore,
     c: &mut Counted<'_>,
     run: &NewRun,
-    limits: &Limits,
+    workflow: &WorkflowFacts,
     facts: &VersionFacts,
 ) -> Result<Plan> {
-    let (admission, run_key) = queue::admit(store, c, limits, run).await?;
+    let (admission, run_key) = queue::admit(store, c, &workflow.limits, run).await?;
     let (state, finished_at) = initial_state(&admission, facts, run.now);
     let id = store.take_ids(c.uncounted(), IdKind::Run, 1).await?[0];
     let row = RunRow {
@@ -272,7 +297,7 @@ async fn insert_one(
             insert_roots_of(store, c, &[RootsOf::new(id, run, facts)]).await?;
         }
     }
-    Ok(Plan::New(id))
+    Ok(Plan::New(row.record(workflow)))
 }
 
 /// Inserts the runs of `positions` (all of workflows without limits: they start) in multi-row
@@ -284,7 +309,7 @@ async fn insert_started(
     c: &mut Counted<'_>,
     runs: &[NewRun],
     positions: &[usize],
-    limits: &HashMap<i64, Limits>,
+    workflows: &HashMap<i64, WorkflowFacts>,
     versions: &HashMap<(i64, i64), VersionFacts>,
 ) -> Result<Vec<Plan>> {
     let ids = store
@@ -294,9 +319,7 @@ async fn insert_started(
     for (&i, id) in positions.iter().zip(&ids) {
         let run = &runs[i];
         let facts = facts_of(versions, run)?;
-        let run_key = limits
-            .get(&run.workflow_id.0)
-            .and_then(|limits| limits.run_key(&run.params));
+        let run_key = workflow_of(workflows, run)?.limits.run_key(&run.params);
         let (state, finished_at) = initial_state(&Admission::Start, facts, run.now);
         rows.push(RunRow {
             id: *id,
@@ -329,10 +352,9 @@ async fn insert_started(
                 let mut plans = Vec::with_capacity(positions.len());
                 for &i in positions {
                     let run = &runs[i];
-                    let limits = limits
-                        .get(&run.workflow_id.0)
-                        .ok_or_else(|| corrupt("limits of a workflow of the group not read"))?;
-                    plans.push(insert_one(store, c, run, limits, facts_of(versions, run)?).await?);
+                    let (workflow, facts) =
+                        (workflow_of(workflows, run)?, facts_of(versions, run)?);
+                    plans.push(insert_one(store, c, run, workflow, facts).await?);
                 }
                 return Ok(plans);
             }
@@ -344,7 +366,9 @@ async fn insert_started(
         .map(|row| Ok(RootsOf::new(row.id, row.run, facts_of(versions, row.run)?)))
         .collect::<Result<_>>()?;
     insert_roots_of(store, c, &roots).await?;
-    Ok(ids.into_iter().map(Plan::New).collect())
+    rows.iter()
+        .map(|row| Ok(Plan::New(row.record(workflow_of(workflows, row.run)?))))
+        .collect()
 }
 
 /// The root instances of one run to insert.
@@ -500,21 +524,35 @@ pub(crate) async fn facts_of_version(
     Ok(Some(facts))
 }
 
-/// The runs of `ids`, by id: one statement.
-async fn runs_by_id(c: &mut Counted<'_>, ids: &[i64]) -> Result<HashMap<i64, RunRecord>> {
-    let mut records = HashMap::with_capacity(ids.len());
-    if ids.is_empty() {
-        return Ok(records);
+/// The name and limits of each workflow of `runs`, one statement; a workflow that does not
+/// exist is left out.
+async fn workflow_facts(
+    c: &mut Counted<'_>,
+    runs: &[NewRun],
+) -> Result<HashMap<i64, WorkflowFacts>> {
+    let workflows: BTreeSet<i64> = runs.iter().map(|run| run.workflow_id.0).collect();
+    let mut facts = HashMap::with_capacity(workflows.len());
+    if workflows.is_empty() {
+        return Ok(facts);
     }
-    let (list, padded) = in_list(ids.iter().copied());
-    let sql = format!("{} WHERE r.id IN ({list})", rows::RUN_SELECT);
+    let (list, padded) = in_list(workflows);
+    let sql = format!(
+        "SELECT w.id, w.name, v.spec_json FROM workflow w JOIN workflow_version v \
+         ON v.workflow_id = w.id AND v.version = w.latest_version WHERE w.id IN ({list})"
+    );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for id in padded {
-        query = query.bind(id);
+    for workflow in padded {
+        query = query.bind(workflow);
     }
     for row in query.fetch_all(&mut *c).await? {
-        let record = rows::run(&row)?;
-        records.insert(record.id.0, record);
+        let limits = Limits::from_spec_json(&row.try_get::<String, _>("spec_json")?)?;
+        facts.insert(
+            row.try_get("id")?,
+            WorkflowFacts {
+                name: row.try_get("name")?,
+                limits,
+            },
+        );
     }
-    Ok(records)
+    Ok(facts)
 }

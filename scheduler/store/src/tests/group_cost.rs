@@ -52,6 +52,7 @@ mod scenarios {
             assert!(new);
             assert_eq!(run.state, RunState::Running);
             assert_eq!(run.params.get("i"), Some(&i.to_string()));
+            assert_eq!(s.get_run(run.id).await.unwrap().as_ref(), Some(run));
             assert_eq!(
                 tasks_of(s, run.id).await,
                 BTreeSet::from(["a".to_string(), "b".to_string()]),

@@ -63,6 +63,8 @@ mod scenarios {
     async fn create(s: &dyn Store, run: &NewRun) -> RunRecord {
         let (run, created) = s.create_run(run).await.unwrap();
         assert!(created);
+        // The answer (started or queued) is the run as stored.
+        assert_eq!(s.get_run(run.id).await.unwrap().as_ref(), Some(&run));
         run
     }
 

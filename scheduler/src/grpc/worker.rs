@@ -372,7 +372,6 @@ async fn serve(
             // The worker freed the slot before it said so: dispatch into it now, while the
             // report waits for its batch, not after (the reporter frees it again, harmlessly).
             node.registry.end_attempt(worker, *instance_id, *attempt);
-            node.dispatch_wake.notify_one();
         }
         if node
             .reports

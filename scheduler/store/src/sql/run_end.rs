@@ -17,7 +17,7 @@ use ax_core::state::InstanceState;
 use sqlx::{AnyConnection, Row};
 
 use super::counted::Counted;
-use super::rows::{instance_state, to_u32};
+use super::rows::{instance_state, run_state, to_u32};
 use super::{SqlStore, in_list};
 use crate::Result;
 
@@ -72,10 +72,12 @@ async fn ends_due(
         return Ok(BTreeMap::new());
     }
     let (list, padded) = in_list(runs.iter().copied());
+    // The run's state is checked here, not in SQL: a condition on `r.state` would let SQLite
+    // walk the run state index (every RUNNING run) instead of the listed ids.
     let sql = format!(
-        "SELECT r.id, r.workflow_id, r.cancel_requested, v.task_count FROM run r \
+        "SELECT r.id, r.state, r.workflow_id, r.cancel_requested, v.task_count FROM run r \
          JOIN workflow_version v ON v.workflow_id = r.workflow_id AND v.version = r.workflow_version \
-         WHERE r.id IN ({list}) AND r.state = 'RUNNING' AND NOT EXISTS (SELECT 1 FROM task_instance ti \
+         WHERE r.id IN ({list}) AND NOT EXISTS (SELECT 1 FROM task_instance ti \
          WHERE ti.run_id = r.id AND ti.state IN ('WAITING', 'DISPATCHED', 'RUNNING'))"
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -84,6 +86,9 @@ async fn ends_due(
     }
     let mut idle: BTreeMap<i64, (i64, RunProgress)> = BTreeMap::new();
     for row in query.fetch_all(&mut *c).await? {
+        if run_state(&row.try_get::<String, _>("state")?)? != RunState::Running {
+            continue;
+        }
         let progress = RunProgress {
             tasks: to_u32(row.try_get("task_count")?, "task count")?,
             cancel_requested: row.try_get::<i64, _>("cancel_requested")? != 0,

@@ -653,6 +653,14 @@ mod tests {
         assert_eq!(code, 1);
     }
 
+    /// An executable file `name` in `dir` holding `text`.
+    fn write_script(dir: &std::path::Path, name: &str, text: &str) {
+        let script = dir.join(name);
+        std::fs::write(&script, text).expect("write");
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+    }
+
     #[tokio::test]
     async fn what_only_a_shell_can_run_keeps_the_shell() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -671,20 +679,18 @@ mod tests {
         assert_eq!(code, 127, "the shell's 'not found'");
 
         // A script without a `#!` line is run by the shell, as `sh -c` would.
-        let script = dir.path().join("plain-script");
-        std::fs::write(&script, "echo from-script\n").expect("write");
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .expect("chmod");
+        write_script(dir.path(), "plain-script", "echo from-script\n");
         let command = task_command(&dispatch("./plain-script", dir.path()));
         assert_eq!(command.get_program(), "/bin/sh");
         let (out, code) = run(&command).await;
         assert_eq!((out.as_str(), code), ("from-script\n", 0));
 
         // With a `#!` line it starts directly, from the working directory.
-        let script = dir.path().join("hashbang-script");
-        std::fs::write(&script, "#!/bin/sh\necho from-hashbang\n").expect("write");
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .expect("chmod");
+        write_script(
+            dir.path(),
+            "hashbang-script",
+            "#!/bin/sh\necho from-hashbang\n",
+        );
         let command = task_command(&dispatch("./hashbang-script", dir.path()));
         assert_eq!(command.get_program(), "./hashbang-script");
         let (out, code) = run(&command).await;

@@ -47,6 +47,9 @@ pub struct TaskCommand {
     args: Vec<OsString>,
     env: BTreeMap<OsString, OsString>,
     working_dir: Option<PathBuf>,
+    /// The program's file, once looked up (`executes_directly`), so `spawn` does not search
+    /// `PATH` again; forgotten when `PATH` changes.
+    resolved: Option<PathBuf>,
 }
 
 impl TaskCommand {
@@ -57,6 +60,7 @@ impl TaskCommand {
             args: Vec::new(),
             env: std::env::vars_os().collect(),
             working_dir: None,
+            resolved: None,
         }
     }
 
@@ -70,7 +74,11 @@ impl TaskCommand {
         key: impl Into<OsString>,
         value: impl Into<OsString>,
     ) -> &mut TaskCommand {
-        self.env.insert(key.into(), value.into());
+        let key = key.into();
+        if key == "PATH" {
+            self.resolved = None;
+        }
+        self.env.insert(key, value.into());
         self
     }
 
@@ -136,7 +144,10 @@ impl TaskCommand {
 
     /// Everything the child needs, as C strings, built before the `clone`.
     fn prepare(&self) -> io::Result<Prepared> {
-        let program_path = self.resolve_program()?;
+        let program_path = match &self.resolved {
+            Some(path) => path.clone(),
+            None => self.resolve_program()?,
+        };
         let path = c_string(program_path.as_os_str(), "the program")?;
         let mut argv = Vec::with_capacity(self.args.len() + 1);
         argv.push(c_string(&self.program, "the program")?);
@@ -174,10 +185,12 @@ impl TaskCommand {
     /// Whether `execve` can start the program as it is: it is found (see `resolve_program`) and
     /// is a binary or a script with a `#!` line. A script without one is run by a shell, and
     /// only a shell does that (`execve` refuses it with `ENOEXEC`).
-    pub fn executes_directly(&self) -> bool {
-        let Ok(mut path) = self.resolve_program() else {
+    pub fn executes_directly(&mut self) -> bool {
+        let Ok(found) = self.resolve_program() else {
             return false;
         };
+        self.resolved = Some(found.clone());
+        let mut path = found;
         // A relative path is executed from the working directory.
         if let Some(dir) = &self.working_dir
             && path.is_relative()

@@ -70,9 +70,7 @@ impl ControlApi {
     /// The latest version of the workflow called `name`, its spec from the node's cache: one
     /// light read instead of the whole stored row on every trigger.
     async fn latest_spec(&self, name: &str) -> Result<LatestSpec, Status> {
-        if name.trim().is_empty() {
-            return Err(Status::invalid_argument("workflow name is empty"));
-        }
+        require_name(name)?;
         let (id, version) = self
             .node
             .store
@@ -94,9 +92,7 @@ impl ControlApi {
     }
 
     async fn workflow_named(&self, name: &str) -> Result<WorkflowRecord, Status> {
-        if name.trim().is_empty() {
-            return Err(Status::invalid_argument("workflow name is empty"));
-        }
+        require_name(name)?;
         self.node
             .store
             .get_workflow(name)
@@ -218,6 +214,13 @@ fn counts_at_creation(state: RunState, spec: &WorkflowSpec) -> InstanceCounts {
         },
         ..InstanceCounts::default()
     }
+}
+
+fn require_name(name: &str) -> Result<(), Status> {
+    if name.trim().is_empty() {
+        return Err(Status::invalid_argument("workflow name is empty"));
+    }
+    Ok(())
 }
 
 fn remote<T>(request: &Request<T>) -> String {

@@ -431,8 +431,9 @@ impl SqlStore {
     }
 
     /// The statements `create_run` and `create_runs` have sent, counted as
-    /// [`SqlStore::report_statements`] are. Tests read it to show that a group of runs costs
-    /// about what one run costs.
+    /// [`SqlStore::report_statements`] are: without the run queue's admission of a run of a
+    /// limited workflow (its lock, counts and decision row), a hook on the plain connection.
+    /// Tests read it to show that a group of runs costs what one run costs.
     pub fn create_statements(&self) -> u64 {
         self.create_statements.load(Ordering::Relaxed)
     }

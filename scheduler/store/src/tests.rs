@@ -268,6 +268,39 @@ mod scenarios {
         all.into_iter().find(|i| i.task == task)
     }
 
+    /// Claims `instance` for worker `w1` and applies its Started report; returns the Finished
+    /// report of its success, for the caller to apply (and measure).
+    pub(super) async fn start_on_w1(s: &dyn Store, instance: &InstanceRecord) -> Report {
+        let claim = DispatchClaim {
+            instance_id: instance.id,
+            attempt: instance.attempt,
+            worker_id: "w1".into(),
+            node_id: "node-1".into(),
+            at: T0 + 10,
+            limits: Vec::new(),
+        };
+        assert_eq!(s.mark_dispatched(&[claim]).await.unwrap(), vec![true]);
+        let started = Report::Started {
+            instance_id: instance.id,
+            attempt: instance.attempt,
+            worker_id: "w1".into(),
+            pid: 4242,
+            at: T0 + 20,
+        };
+        s.apply_reports(&[started], T0 + 20).await.unwrap();
+        Report::Finished {
+            instance_id: instance.id,
+            attempt: instance.attempt,
+            worker_id: Some("w1".into()),
+            end: AttemptEnd::Finished(Outcome::Success),
+            exit_code: Some(0),
+            signal: None,
+            at: T0 + 30,
+            log_lines: 0,
+            message: String::new(),
+        }
+    }
+
     pub(super) async fn tasks_of(s: &dyn Store, run: RunId) -> BTreeSet<String> {
         let all = s.list_instances(run).await.expect("list instances");
         all.into_iter().map(|i| i.task).collect()

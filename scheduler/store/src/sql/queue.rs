@@ -154,7 +154,7 @@ async fn count(
 /// workflow row first when the workflow has limits.
 pub(crate) async fn admit(
     store: &SqlStore,
-    counted: &mut Counted<'_>,
+    c: &mut AnyConnection,
     limits: &Limits,
     run: &NewRun,
 ) -> Result<(Admission, Option<String>)> {
@@ -163,7 +163,6 @@ pub(crate) async fn admit(
         return Ok((Admission::Start, key));
     }
     let workflow_id = run.workflow_id;
-    let c = counted.uncounted();
     lock_workflow(store, c, workflow_id).await?;
     let active = count(c, workflow_id, "RUNNING", None, false).await?;
     // A manual, API or backfill run does not wait behind scheduled fires that are queued only
@@ -184,8 +183,6 @@ pub(crate) async fn admit(
         active_same_key,
         queued_ahead,
     };
-    // The lock and the counts, sent past the counter.
-    counted.add(if key.is_some() { 4 } else { 3 });
     Ok((
         start_or_queue(limits.limits, scheduled(run.trigger), load),
         key,

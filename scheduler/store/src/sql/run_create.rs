@@ -249,7 +249,7 @@ async fn insert_one(
     workflow: &WorkflowFacts,
     facts: &VersionFacts,
 ) -> Result<Plan> {
-    let (admission, run_key) = queue::admit(store, c, &workflow.limits, run).await?;
+    let (admission, run_key) = queue::admit(store, c.uncounted(), &workflow.limits, run).await?;
     let (state, finished_at) = initial_state(&admission, facts, run.now);
     let id = store.take_ids(c.uncounted(), IdKind::Run, 1).await?[0];
     let row = RunRow {
@@ -291,7 +291,6 @@ async fn insert_one(
                 run.now,
             )
             .await?;
-            c.add(1);
         }
         Admission::Start => {
             insert_roots_of(store, c, &[RootsOf::new(id, run, facts)]).await?;

@@ -11,6 +11,7 @@ conformance!(
 );
 
 mod scenarios {
+    use super::super::scenarios::start_on_w1;
     use super::super::*;
 
     /// Tasks of the local shape every scenario finishes `a` in: `a` and `x` are roots, `b`
@@ -80,34 +81,7 @@ mod scenarios {
             .into_iter()
             .find(|i| i.task == task)
             .expect("instance exists");
-        let claim = DispatchClaim {
-            instance_id: instance.id,
-            attempt: instance.attempt,
-            worker_id: "w1".into(),
-            node_id: "node-1".into(),
-            at: T0 + 10,
-            limits: Vec::new(),
-        };
-        assert_eq!(s.mark_dispatched(&[claim]).await.unwrap(), vec![true]);
-        let started = Report::Started {
-            instance_id: instance.id,
-            attempt: instance.attempt,
-            worker_id: "w1".into(),
-            pid: 4242,
-            at: T0 + 20,
-        };
-        s.apply_reports(&[started], T0 + 20).await.unwrap();
-        let finished = Report::Finished {
-            instance_id: instance.id,
-            attempt: instance.attempt,
-            worker_id: Some("w1".into()),
-            end: AttemptEnd::Finished(Outcome::Success),
-            exit_code: Some(0),
-            signal: None,
-            at: T0 + 30,
-            log_lines: 0,
-            message: String::new(),
-        };
+        let finished = start_on_w1(s, &instance).await;
         let before = ctx.store.report_statements();
         let results = s.apply_reports(&[finished], T0 + 30).await.unwrap();
         let cost = ctx.store.report_statements() - before;

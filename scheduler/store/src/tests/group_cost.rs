@@ -10,7 +10,7 @@ conformance!(
 );
 
 mod scenarios {
-    use super::super::scenarios::{apply, new_run, spec, task, tasks_of};
+    use super::super::scenarios::{apply, new_run, spec, start_on_w1, task, tasks_of};
     use super::super::*;
 
     /// 64: one multi-row statement per table, as for a single row (`pow2_chunks`).
@@ -68,34 +68,7 @@ mod scenarios {
         let mut finished = Vec::new();
         for run in runs {
             let instance = s.list_instances(run.id).await.expect("instances").remove(0);
-            let claim = DispatchClaim {
-                instance_id: instance.id,
-                attempt: instance.attempt,
-                worker_id: "w1".into(),
-                node_id: "node-1".into(),
-                at: T0 + 10,
-                limits: Vec::new(),
-            };
-            assert_eq!(s.mark_dispatched(&[claim]).await.unwrap(), vec![true]);
-            let started = Report::Started {
-                instance_id: instance.id,
-                attempt: instance.attempt,
-                worker_id: "w1".into(),
-                pid: 4242,
-                at: T0 + 20,
-            };
-            s.apply_reports(&[started], T0 + 20).await.unwrap();
-            finished.push(Report::Finished {
-                instance_id: instance.id,
-                attempt: instance.attempt,
-                worker_id: Some("w1".into()),
-                end: AttemptEnd::Finished(Outcome::Success),
-                exit_code: Some(0),
-                signal: None,
-                at: T0 + 30,
-                log_lines: 0,
-                message: String::new(),
-            });
+            finished.push(start_on_w1(s, &instance).await);
         }
         finished
     }

@@ -86,6 +86,7 @@ pub async fn backfill(
             params: Default::default(),
             triggered_by: actor.clone(),
             now,
+            audit_from: None,
         };
         let (run, created) = node.runs.create(new_run).await.map_err(store_status)?;
         if created {

@@ -258,6 +258,7 @@ mod reporter;
 mod run_creator;
 mod schedules;
 mod specs;
+mod worker_rows;
 
 #[cfg(test)]
 mod tests {

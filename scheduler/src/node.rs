@@ -15,6 +15,7 @@ use crate::registry::Registry;
 use crate::reporter::ReportSender;
 use crate::run_creator::{NewRuns, RunCreator};
 use crate::specs::SpecCache;
+use crate::worker_rows::WorkerRows;
 
 pub struct Node {
     pub options: SchedulerOptions,
@@ -29,6 +30,8 @@ pub struct Node {
     pub runs: RunCreator,
     /// Records audit rows in groups (one transaction per burst of control calls).
     pub audit: AuditWriter,
+    /// Saves workers' rows; heartbeat refreshes are written in groups.
+    pub worker_rows: Arc<WorkerRows>,
     pub alerter: Alerter,
     /// Wakes the dispatcher: new WAITING instances, or a worker with a free slot.
     pub dispatch_wake: Notify,
@@ -54,6 +57,7 @@ impl Node {
             specs: SpecCache::new(store.clone()),
             runs: RunCreator::start(NewRuns(store.clone())),
             audit: AuditWriter::start(AuditRows(store.clone())),
+            worker_rows: WorkerRows::start(store.clone(), options.heartbeat_interval),
             registry: Registry::new(),
             options,
             store,

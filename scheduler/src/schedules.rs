@@ -356,6 +356,7 @@ pub async fn fire_slot(
         params: fire.params.clone(),
         triggered_by: fire.triggered_by.clone(),
         now,
+        audit_from: None,
     };
     let (record, created) = node.runs.create(new_run).await?;
     if created {

@@ -4,6 +4,7 @@
 //! SQL and no Redis client (a tidy test in `ax-scheduler` checks `Cargo.toml`). Time comes in as
 //! an argument (`Millis` since the Unix epoch), so every rule is tested with a fake clock.
 
+pub mod audit_text;
 pub mod cron;
 pub mod dag;
 pub mod decision;

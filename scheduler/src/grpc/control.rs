@@ -5,6 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ax_core::audit_text;
 use ax_core::cron::{CronSchedule, parse_timezone};
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::run::RunState;
@@ -25,7 +26,6 @@ use crate::clock::now_ms;
 use crate::node::Node;
 use crate::specs::VersionedSpec;
 
-mod audit_text;
 mod dag;
 
 /// Workflow files larger than this are refused.
@@ -440,6 +440,7 @@ impl ControlService for ControlApi {
                 .collect::<BTreeMap<_, _>>(),
             triggered_by: actor.clone(),
             now,
+            audit_from: Some(remote),
         };
         let (run, created) = self
             .node
@@ -448,15 +449,7 @@ impl ControlService for ControlApi {
             .await
             .map_err(store_status)?;
         if created {
-            let detail = audit_text::trigger(run.id, &new_run.params);
-            self.audit(
-                &actor,
-                "trigger",
-                format!("workflow/{}", workflow.versioned.name),
-                detail,
-                &remote,
-            )
-            .await;
+            // Its audit row was written with it (`audit_from`).
             self.node.dispatch_wake.notify_one();
             self.node.bump_progress();
         }

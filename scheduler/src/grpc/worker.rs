@@ -237,8 +237,15 @@ fn validate_register(register: &Register) -> Result<WorkerProfile, Status> {
     })
 }
 
-async fn save_worker(node: &Node, profile: &WorkerProfile, running: u32, at: i64, connected: bool) {
-    let record = WorkerRecord {
+/// The worker's row as this node sees it now.
+fn worker_row(
+    node: &Node,
+    profile: &WorkerProfile,
+    running: u32,
+    at: i64,
+    connected: bool,
+) -> WorkerRecord {
+    WorkerRecord {
         id: profile.id.clone(),
         version: profile.version.clone(),
         hostname: profile.hostname.clone(),
@@ -250,8 +257,13 @@ async fn save_worker(node: &Node, profile: &WorkerProfile, running: u32, at: i64
         node_id: node.options.node_id.clone(),
         draining: false,
         connected,
-    };
-    if let Err(err) = node.store.upsert_worker(&record).await {
+    }
+}
+
+/// Writes the worker's row now (a connect or a disconnect), with any heartbeat refreshes kept.
+async fn save_worker(node: &Node, profile: &WorkerProfile, running: u32, at: i64, connected: bool) {
+    let record = worker_row(node, profile, running, at, connected);
+    if let Err(err) = node.worker_rows.save(record).await {
         tracing::warn!(worker = %profile.id, error = %err, "saving the worker record failed");
     }
 }
@@ -296,7 +308,8 @@ async fn serve(
                 if now - last_saved >= save_every {
                     last_saved = now;
                     if let Some(view) = node.registry.view(worker) {
-                        save_worker(node, &view.profile, view.running, now, true).await;
+                        let row = worker_row(node, &view.profile, view.running, now, true);
+                        node.worker_rows.refresh(row);
                     }
                 }
                 continue;

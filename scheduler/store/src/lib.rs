@@ -103,6 +103,10 @@ pub struct NewRun {
     pub params: BTreeMap<String, String>,
     pub triggered_by: String,
     pub now: Millis,
+    /// For a run someone asked for (a manual or API trigger): the client's address. A new run
+    /// then gets its `trigger` audit row (by `triggered_by`, on `workflow/<name>`) in its own
+    /// transaction.
+    pub audit_from: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -713,7 +717,9 @@ pub trait Store: Send + Sync + 'static {
 
     // --- workers ---
 
-    async fn upsert_worker(&self, worker: &WorkerRecord) -> Result<()>;
+    /// Saves workers' rows (inserted or replaced, by id) in one transaction; a worker listed
+    /// twice keeps its last record.
+    async fn upsert_workers(&self, workers: &[WorkerRecord]) -> Result<()>;
     async fn list_workers(&self) -> Result<Vec<WorkerRecord>>;
 
     // --- audit ---

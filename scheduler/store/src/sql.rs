@@ -5,6 +5,7 @@
 //! serializes SQLite writers (one process lock plus `BEGIN IMMEDIATE`, so a reader never has to
 //! upgrade its lock and fail with SQLITE_BUSY) and retries a MySQL deadlock a few times.
 
+mod audit;
 mod counted;
 mod dependents;
 mod dispatch;

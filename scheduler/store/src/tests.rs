@@ -200,6 +200,7 @@ conformance!(
     thirty_megabytes_of_log_lines_go_in_one_append,
     a_fan_in_reached_in_one_batch_creates_the_sink_once_and_the_run_goes_on,
     audit_rows_filter_by_action_target_and_actor,
+    a_new_run_asked_for_gets_its_trigger_audit_row_with_it,
     runs_near_a_time_are_the_latest_before_and_the_earliest_after,
     rerun_from_a_task_reruns_it_and_its_downstream_keeping_history,
     a_rerun_task_that_fails_again_fails_the_run_with_the_rest_pending,
@@ -254,6 +255,7 @@ mod scenarios {
             params: BTreeMap::from([("day".to_string(), "2024-01-01".to_string())]),
             triggered_by: "tester".into(),
             now: T0,
+            audit_from: None,
         }
     }
 
@@ -1563,19 +1565,45 @@ mod scenarios {
             draining: false,
             connected: true,
         };
-        s.upsert_worker(&w).await.unwrap();
+        s.upsert_workers(std::slice::from_ref(&w)).await.unwrap();
         let other = WorkerRecord {
             id: "a-first".into(),
             labels: BTreeMap::new(),
             ..w.clone()
         };
-        s.upsert_worker(&other).await.unwrap();
+        s.upsert_workers(std::slice::from_ref(&other))
+            .await
+            .unwrap();
         w.running = 0;
         w.draining = true;
         w.connected = false;
         w.last_heartbeat = T0 + 10_000;
-        s.upsert_worker(&w).await.unwrap();
-        assert_eq!(s.list_workers().await.unwrap(), [other, w]);
+        s.upsert_workers(std::slice::from_ref(&w)).await.unwrap();
+        assert_eq!(s.list_workers().await.unwrap(), [other.clone(), w.clone()]);
+
+        // One save of many rows: new and existing workers, one of them listed twice (its last
+        // record stays), in an order that is not the ids'.
+        let mut many: Vec<WorkerRecord> = (0..300)
+            .rev()
+            .map(|n| WorkerRecord {
+                id: format!("sim-{n:03}"),
+                running: n,
+                ..other.clone()
+            })
+            .collect();
+        let mut w_again = w.clone();
+        w_again.connected = true;
+        w_again.last_heartbeat = T0 + 15_000;
+        many.insert(7, w.clone());
+        many.push(w_again.clone());
+        s.upsert_workers(&many).await.unwrap();
+        s.upsert_workers(&[]).await.unwrap();
+        let listed = s.list_workers().await.unwrap();
+        assert_eq!(listed.len(), 302);
+        assert_eq!(listed[0], other);
+        assert_eq!(listed[1], w_again);
+        assert_eq!(listed[2].id, "sim-000");
+        assert_eq!(listed[301].running, 299);
 
         let audit = |at, action: &str| AuditRecord {
             at,
@@ -1655,6 +1683,46 @@ mod scenarios {
             s.list_decisions(b.id, 0, i64::MAX, 10).await.unwrap(),
             [other]
         );
+    }
+
+    pub(super) async fn a_new_run_asked_for_gets_its_trigger_audit_row_with_it(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("etl", vec![task("a", &[])])).await;
+        let asked = |key: &str| NewRun {
+            triggered_by: "bob".into(),
+            audit_from: Some("10.0.0.9:5000".into()),
+            ..new_run(&wf, Some(key))
+        };
+        let created = s
+            .create_runs(&[asked("k1"), asked("k2"), asked("k1"), new_run(&wf, None)])
+            .await
+            .unwrap();
+        let news: Vec<bool> = created.iter().map(|(_, new)| *new).collect();
+        assert_eq!(news, [true, true, false, true]);
+        // The same key again, alone: the existing run, and no second row.
+        let (again, new) = s.create_run(&asked("k2")).await.unwrap();
+        assert!(!new);
+        assert_eq!(again.id, created[1].0.id);
+
+        let rows = s.list_audit(10).await.unwrap();
+        let mut details: Vec<&str> = rows.iter().map(|row| row.detail.as_str()).collect();
+        details.sort();
+        let mut expected = vec![
+            format!("run {}, params day", created[0].0.id),
+            format!("run {}, params day", created[1].0.id),
+        ];
+        expected.sort();
+        assert_eq!(details, expected, "one row per new run that asked for it");
+        for row in &rows {
+            assert_eq!(
+                (row.at, row.actor.as_str(), row.action.as_str()),
+                (T0, "bob", "trigger")
+            );
+            assert_eq!(
+                (row.target.as_str(), row.remote.as_str()),
+                ("workflow/etl", "10.0.0.9:5000")
+            );
+        }
     }
 
     pub(super) async fn audit_rows_filter_by_action_target_and_actor(ctx: Ctx) {

@@ -171,6 +171,7 @@ async fn on_upstream_success(
             params: BTreeMap::new(),
             triggered_by: dependency::upstream_runs_text(upstream_runs),
             now,
+            audit_from: None,
         };
         match create_run_tx(store, c, &new_run).await? {
             Created::New(run) => created_run = Some(run.id),

@@ -10,6 +10,7 @@ use ax_core::spec::WorkflowSpec;
 use ax_core::state::{Event, InstanceState, transition};
 use sqlx::{AnyConnection, Row};
 
+use super::audit;
 use super::counted::Counted;
 use super::ids::IdKind;
 use super::patch::{Patches, Table};
@@ -18,10 +19,7 @@ use super::reports::{self, load_key, lock_runs};
 use super::rows::{self, corrupt, instance_state, map_json, to_json, to_u32};
 use super::run_create::create_runs_tx;
 use super::run_end::finish_run_if_done;
-use super::{
-    Dialect, SqlStore, in_list, is_unique_violation, placeholders, pow2_chunks, values_rows,
-    write_tx,
-};
+use super::{Dialect, SqlStore, in_list, is_unique_violation, pow2_chunks, values_rows, write_tx};
 use crate::{
     ActiveAttempt, ApplyOutcome, AttemptRecord, AuditFilter, AuditRecord, Backend,
     CancelledAttempt, DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord,
@@ -1243,8 +1241,8 @@ impl Store for SqlStore {
         Ok(lines)
     }
 
-    async fn upsert_worker(&self, worker: &WorkerRecord) -> Result<()> {
-        let columns = [
+    async fn upsert_workers(&self, workers: &[WorkerRecord]) -> Result<()> {
+        const COLUMNS: [&str; 10] = [
             "version",
             "hostname",
             "labels_json",
@@ -1256,28 +1254,45 @@ impl Store for SqlStore {
             "draining",
             "connected",
         ];
-        let sql = format!(
-            "INSERT INTO worker (id, {}) VALUES ({}){}",
-            columns.join(", "),
-            placeholders(columns.len() + 1),
-            self.dialect.upsert_tail(&["id"], &columns)
-        );
-        let labels = to_json(&worker.labels)?;
+        if workers.is_empty() {
+            return Ok(());
+        }
+        // In id order, so two nodes saving overlapping sets lock their rows in the same order.
+        let mut sorted: Vec<&WorkerRecord> = workers.iter().collect();
+        sorted.sort_by(|a, b| a.id.cmp(&b.id));
+        let labels = sorted
+            .iter()
+            .map(|worker| to_json(&worker.labels))
+            .collect::<Result<Vec<String>>>()?;
+        let rows: Vec<(&WorkerRecord, &str)> = sorted
+            .into_iter()
+            .zip(labels.iter().map(String::as_str))
+            .collect();
         write_tx!(self, |c| async {
-            sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-                .bind(worker.id.as_str())
-                .bind(worker.version.as_str())
-                .bind(worker.hostname.as_str())
-                .bind(labels.as_str())
-                .bind(i64::from(worker.capacity))
-                .bind(i64::from(worker.running))
-                .bind(worker.started_at)
-                .bind(worker.last_heartbeat)
-                .bind(worker.node_id.as_str())
-                .bind(i64::from(worker.draining))
-                .bind(i64::from(worker.connected))
-                .execute(&mut *c)
-                .await?;
+            for chunk in pow2_chunks(&rows) {
+                let sql = format!(
+                    "INSERT INTO worker (id, {}) VALUES {}{}",
+                    COLUMNS.join(", "),
+                    values_rows(chunk.len(), COLUMNS.len() + 1),
+                    self.dialect.upsert_tail(&["id"], &COLUMNS)
+                );
+                let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for (worker, labels) in chunk {
+                    query = query
+                        .bind(worker.id.as_str())
+                        .bind(worker.version.as_str())
+                        .bind(worker.hostname.as_str())
+                        .bind(*labels)
+                        .bind(i64::from(worker.capacity))
+                        .bind(i64::from(worker.running))
+                        .bind(worker.started_at)
+                        .bind(worker.last_heartbeat)
+                        .bind(worker.node_id.as_str())
+                        .bind(i64::from(worker.draining))
+                        .bind(i64::from(worker.connected));
+                }
+                query.execute(&mut *c).await?;
+            }
             Ok(())
         })
     }
@@ -1295,24 +1310,7 @@ impl Store for SqlStore {
             return Ok(());
         }
         write_tx!(self, |c| async {
-            for group in records.chunks(INSERT_CHUNK) {
-                let sql = format!(
-                    "INSERT INTO audit_log (at, actor, action, target, detail, remote) VALUES {}",
-                    values_rows(group.len(), 6)
-                );
-                let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-                for record in group {
-                    query = query
-                        .bind(record.at)
-                        .bind(record.actor.as_str())
-                        .bind(record.action.as_str())
-                        .bind(record.target.as_str())
-                        .bind(record.detail.as_str())
-                        .bind(record.remote.as_str());
-                }
-                query.execute(&mut *c).await?;
-            }
-            Ok(())
+            audit::insert_rows(&mut Counted::new(c), records).await
         })
     }
 

@@ -10,18 +10,20 @@
 use std::collections::{BTreeSet, HashMap};
 
 use ax_core::Millis;
+use ax_core::audit_text;
 use ax_core::decision::DecisionKind;
 use ax_core::firing::Admission;
 use ax_core::ids::RunId;
 use ax_core::run::{RunProgress, RunState, run_outcome};
 use sqlx::{AnyConnection, Row};
 
+use super::audit;
 use super::counted::Counted;
 use super::ids::IdKind;
 use super::queue::{self, Limits};
 use super::rows::{self, corrupt, to_json};
 use super::{SqlStore, in_list, is_unique_violation, pow2_chunks, values_rows};
-use crate::{NewRun, Result, RunRecord, StoreError};
+use crate::{AuditRecord, NewRun, Result, RunRecord, StoreError};
 
 /// The outcome of creating one run.
 pub(crate) enum Created {
@@ -137,7 +139,33 @@ pub(crate) async fn create_runs_tx(
         };
         created.push(outcome);
     }
+    insert_trigger_audits(c, runs, &created).await?;
     Ok(created)
+}
+
+/// The `trigger` audit rows of the new runs that asked for one, in the runs' transaction: a
+/// burst of API triggers costs no commits of its own for its audit trail.
+async fn insert_trigger_audits(
+    c: &mut Counted<'_>,
+    runs: &[NewRun],
+    created: &[Created],
+) -> Result<()> {
+    let records: Vec<AuditRecord> = runs
+        .iter()
+        .zip(created)
+        .filter_map(|(run, created)| match (created, &run.audit_from) {
+            (Created::New(record), Some(remote)) => Some(AuditRecord {
+                at: run.now,
+                actor: run.triggered_by.clone(),
+                action: "trigger".into(),
+                target: format!("workflow/{}", record.workflow),
+                detail: audit_text::trigger(record.id, &run.params),
+                remote: remote.clone(),
+            }),
+            _ => None,
+        })
+        .collect();
+    audit::insert_rows(c, &records).await
 }
 
 fn workflow_of<'a>(

@@ -64,6 +64,7 @@ mod scenarios {
             params: BTreeMap::new(),
             triggered_by: "tester".into(),
             now: T0,
+            audit_from: None,
         };
         let (run, created) = s.create_run(&run).await.expect("create run");
         assert!(created);

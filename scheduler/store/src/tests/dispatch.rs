@@ -41,6 +41,7 @@ mod scenarios {
             params: BTreeMap::new(),
             triggered_by: "tester".into(),
             now: T0,
+            audit_from: None,
         };
         s.create_run(&run).await.expect("create run").0
     }

@@ -1,5 +1,5 @@
-//! The cost of a group, counted in statements: creating 64 runs in one `create_runs` costs what
-//! creating one does, and one report batch that ends 64 runs costs what ending one does.
+//! The cost of a group, counted in statements: creating 64 runs in one `create_runs`, with their
+//! trigger audit rows, costs what creating one does, and one report batch that ends 64 runs costs what ending one does.
 //! Runs on SQLite and MySQL through the suite's `conformance!` macro.
 
 use super::{on_mysql, on_sqlite};
@@ -20,6 +20,7 @@ mod scenarios {
         (0..n)
             .map(|i| NewRun {
                 params: BTreeMap::from([("i".to_string(), i.to_string())]),
+                audit_from: Some("10.0.0.9:5000".into()),
                 ..new_run(wf, None)
             })
             .collect()
@@ -61,6 +62,12 @@ mod scenarios {
         }
         let ids: BTreeSet<RunId> = created.iter().map(|(run, _)| run.id).collect();
         assert_eq!(ids.len(), GROUP);
+        let audited = s.list_audit(1_000).await.unwrap();
+        assert_eq!(
+            audited.len(),
+            GROUP + 2,
+            "a trigger row per new run, in the group"
+        );
     }
 
     /// Dispatches and starts the one instance of each run; returns its Finished report.

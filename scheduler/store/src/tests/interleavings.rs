@@ -39,6 +39,7 @@ mod scenarios {
             params: BTreeMap::new(),
             triggered_by: "tester".into(),
             now: T0,
+            audit_from: None,
         }
     }
 

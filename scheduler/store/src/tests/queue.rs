@@ -57,6 +57,7 @@ mod scenarios {
             params: BTreeMap::from([("customer".to_string(), customer.to_string())]),
             triggered_by: "tester".into(),
             now: T0,
+            audit_from: None,
         }
     }
 

@@ -7,7 +7,7 @@ use std::fmt::Display;
 const LIST_CAP: usize = 20;
 
 /// `5, 6, 7` or `5, 6, …, 24 and 12 more`: a list capped at [`LIST_CAP`] items.
-pub(super) fn capped_list<T: Display>(items: &[T]) -> String {
+pub fn capped_list<T: Display>(items: &[T]) -> String {
     let mut text = items
         .iter()
         .take(LIST_CAP)
@@ -21,7 +21,7 @@ pub(super) fn capped_list<T: Display>(items: &[T]) -> String {
 }
 
 /// The trigger row: the run and the names of its params (values can be large or secret).
-pub(super) fn trigger(run: impl Display, params: &BTreeMap<String, String>) -> String {
+pub fn trigger(run: impl Display, params: &BTreeMap<String, String>) -> String {
     if params.is_empty() {
         return format!("run {run}, no params");
     }
@@ -32,7 +32,7 @@ pub(super) fn trigger(run: impl Display, params: &BTreeMap<String, String>) -> S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ax_core::ids::InstanceId;
+    use crate::ids::InstanceId;
 
     #[test]
     fn lists_are_plain_and_capped() {

@@ -438,16 +438,11 @@ impl ControlService for ControlApi {
                 .clone()
                 .into_iter()
                 .collect::<BTreeMap<_, _>>(),
-            triggered_by: actor.clone(),
+            triggered_by: actor,
             now,
             audit_from: Some(remote),
         };
-        let (run, created) = self
-            .node
-            .runs
-            .create(new_run.clone())
-            .await
-            .map_err(store_status)?;
+        let (run, created) = self.node.runs.create(new_run).await.map_err(store_status)?;
         if created {
             // Its audit row was written with it (`audit_from`).
             self.node.dispatch_wake.notify_one();

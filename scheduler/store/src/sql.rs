@@ -9,6 +9,7 @@ mod audit;
 mod counted;
 mod dependents;
 mod dispatch;
+mod downstream_tasks;
 mod ids;
 mod locks;
 mod ops;
@@ -262,6 +263,8 @@ pub struct SqlStore {
     report_statements: AtomicU64,
     /// Statements sent by `create_runs` (see [`SqlStore::create_statements`]).
     create_statements: AtomicU64,
+    /// Each finished task's direct downstream tasks, read once (versions never change).
+    pub(crate) downstream_tasks: downstream_tasks::DownstreamTasks,
 }
 
 impl std::fmt::Debug for SqlStore {
@@ -355,6 +358,7 @@ impl SqlStore {
             write_lock: Some(tokio::sync::Mutex::new(())),
             report_statements: AtomicU64::new(0),
             create_statements: AtomicU64::new(0),
+            downstream_tasks: Default::default(),
         };
         store.migrate(SQLITE_MIGRATIONS).await?;
         Ok(store)
@@ -388,6 +392,7 @@ impl SqlStore {
             write_lock: None,
             report_statements: AtomicU64::new(0),
             create_statements: AtomicU64::new(0),
+            downstream_tasks: Default::default(),
         };
         store.migrate(MYSQL_MIGRATIONS).await?;
         Ok(store)

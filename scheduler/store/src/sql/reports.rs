@@ -11,6 +11,7 @@ use sqlx::{AnyConnection, Row};
 
 use super::counted::Counted;
 use super::dispatch::Ended;
+use super::downstream_tasks::VersionTask;
 use super::ids::IdKind;
 use super::patch::{Patches, Table, Value};
 use super::rows::{instance_state, to_u32};
@@ -245,8 +246,9 @@ impl Default for Writes {
 /// A task's retry policy: (retries, backoff in ms), by (workflow, version, task).
 type RetryPolicies = HashMap<(i64, i64, String), (u32, u64)>;
 
-/// The retry policies of the tasks the batch's Finished reports are about, one statement per
-/// workflow version.
+/// The retry policies of the tasks of the batch's Finished reports that may retry (an attempt
+/// that failed, timed out or could not start), one statement per workflow version; a batch of
+/// successes reads none.
 async fn load_retry_policies(
     c: &mut Counted<'_>,
     reports: &[Report],
@@ -254,7 +256,10 @@ async fn load_retry_policies(
 ) -> Result<RetryPolicies> {
     let mut wanted: BTreeMap<(i64, i64), BTreeSet<&str>> = BTreeMap::new();
     for report in reports {
-        if let Report::Finished { instance_id, .. } = report
+        if let Report::Finished {
+            instance_id, end, ..
+        } = report
+            && may_retry(end)
             && let Some(key) = keys.get(&instance_id.0)
         {
             wanted
@@ -278,6 +283,14 @@ async fn load_retry_policies(
         }
     }
     Ok(policies)
+}
+
+/// Whether an attempt that ended so may be retried: all but a success.
+fn may_retry(end: &AttemptEnd) -> bool {
+    match end {
+        AttemptEnd::Finished(outcome) => outcome.state() != InstanceState::Success,
+        AttemptEnd::SpawnFailed => true,
+    }
 }
 
 /// What the reports of one batch set in motion, done once for the whole batch after every
@@ -316,7 +329,11 @@ impl AfterBatch {
         )
         .await?;
         // Each (run, downstream task) is examined once, credited to the last report reaching it.
-        let downstream = downstream_of(c, &succeeded).await?;
+        let finished_tasks: BTreeSet<VersionTask> = succeeded
+            .iter()
+            .map(|(_, done)| (done.workflow_id.0, done.version, done.task.clone()))
+            .collect();
+        let downstream = store.downstream_tasks.of(c, &finished_tasks).await?;
         let mut candidates: Vec<(usize, InstanceKey, String)> = Vec::new();
         let mut seen: BTreeSet<(i64, String)> = BTreeSet::new();
         for (index, done) in succeeded.iter().rev() {
@@ -565,46 +582,6 @@ fn decide(
             ReportResult::Applied(applied)
         }
     }
-}
-
-/// The direct downstream tasks of each task that succeeded, by (workflow, version, task): one
-/// statement per workflow version of the batch, reading only the finished tasks' edges.
-async fn downstream_of(
-    c: &mut Counted<'_>,
-    succeeded: &[(usize, InstanceKey)],
-) -> Result<HashMap<(i64, i64, String), Vec<String>>> {
-    let mut wanted: BTreeMap<(i64, i64), BTreeSet<&str>> = BTreeMap::new();
-    for (_, done) in succeeded {
-        wanted
-            .entry((done.workflow_id.0, done.version))
-            .or_default()
-            .insert(done.task.as_str());
-    }
-    let mut downstream: HashMap<(i64, i64, String), Vec<String>> = HashMap::new();
-    for ((workflow, version), tasks) in wanted {
-        let tasks: Vec<&str> = tasks.into_iter().collect();
-        for tasks in tasks.chunks(NAMES_PER_STATEMENT) {
-            let (list, tasks) = in_list(tasks.iter().copied());
-            let sql = format!(
-                "SELECT upstream, downstream FROM task_dependency \
-                 WHERE workflow_id = ? AND version = ? AND upstream IN ({list}) \
-                 ORDER BY upstream, downstream"
-            );
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(workflow)
-                .bind(version);
-            for task in tasks {
-                query = query.bind(task);
-            }
-            for row in query.fetch_all(&mut *c).await? {
-                downstream
-                    .entry((workflow, version, row.try_get("upstream")?))
-                    .or_default()
-                    .push(row.try_get("downstream")?);
-            }
-        }
-    }
-    Ok(downstream)
 }
 
 /// `name` and `columns` of the definitions of `tasks` in one workflow version, one statement.

@@ -229,6 +229,9 @@ fn with_statement_cache(url: &str) -> String {
     format!("{url}{separator}statement-cache-capacity={MYSQL_STATEMENT_CACHE}")
 }
 
+/// Task names per `IN (…)` list of task names.
+pub(crate) const NAMES_PER_STATEMENT: usize = 500;
+
 /// `rows` split for multi-row inserts into chunks whose sizes are powers of two (at most 256),
 /// largest first: a few statement texts for batches of every size, as [`padded_len`] gives
 /// `IN` lists.

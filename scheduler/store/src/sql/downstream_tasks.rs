@@ -11,14 +11,11 @@ use std::sync::{Mutex, MutexGuard};
 use sqlx::Row;
 
 use super::counted::Counted;
-use super::in_list;
+use super::{NAMES_PER_STATEMENT, in_list};
 use crate::Result;
 
 /// Tasks kept at most; past it everything kept is forgotten and read again as needed.
 const KEPT_TASKS: usize = 1_000_000;
-
-/// Task names per `IN (…)` list.
-const NAMES_PER_STATEMENT: usize = 500;
 
 /// A task of a workflow version: (workflow, version, task).
 pub(crate) type VersionTask = (i64, i64, String);

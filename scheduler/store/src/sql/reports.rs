@@ -15,7 +15,7 @@ use super::downstream_tasks::VersionTask;
 use super::ids::IdKind;
 use super::patch::{Patches, Table, Value};
 use super::rows::{instance_state, to_u32};
-use super::{Dialect, SqlStore, in_list, pow2_chunks, values_rows};
+use super::{Dialect, NAMES_PER_STATEMENT, SqlStore, in_list, pow2_chunks, values_rows};
 use crate::{Applied, AttemptEnd, Report, ReportResult, Result};
 
 /// The facts about an instance a transition needs.
@@ -605,9 +605,6 @@ async fn definitions(
     }
     Ok(query.fetch_all(&mut *c).await?)
 }
-
-/// Task names per `IN (…)` list.
-const NAMES_PER_STATEMENT: usize = 500;
 
 /// Creates the WAITING first attempt of each candidate (a downstream task of an instance that
 /// succeeded, in that instance's run) whose upstreams have all succeeded in the run; returns

@@ -1,7 +1,9 @@
 //! A sandbox for end-to-end tests: a scheduler on loopback gRPC over a real store (a fresh SQLite
 //! file, or a fresh MySQL database), real workers running real shell commands, and `wait_for`
 //! helpers that give up after a timeout instead of hanging.
+pub mod fault_kit;
 pub mod process;
+pub mod proto_worker;
 pub mod proxy;
 pub mod redis_server;
 
@@ -183,6 +185,7 @@ impl ClusterBuilder {
             heartbeat_interval: Duration::from_millis(500),
             task_heartbeat_interval: Duration::from_secs(2),
             dead_after_missed_heartbeats: 4,
+            timeout_grace: Duration::from_secs(2),
             log_flush_interval: Duration::from_millis(10),
             alerts: self.alerts,
             max_backfill_runs: 1_000,

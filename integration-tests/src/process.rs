@@ -167,6 +167,7 @@ pub struct SchedulerSettings {
     pub heartbeat_interval: String,
     pub task_heartbeat_interval: Option<String>,
     pub dead_after_missed_heartbeats: Option<u32>,
+    pub timeout_grace: Option<String>,
 }
 
 impl Default for SchedulerSettings {
@@ -176,6 +177,7 @@ impl Default for SchedulerSettings {
             heartbeat_interval: HEARTBEAT_INTERVAL.into(),
             task_heartbeat_interval: None,
             dead_after_missed_heartbeats: None,
+            timeout_grace: None,
         }
     }
 }
@@ -323,6 +325,9 @@ impl ProcessCluster {
         }
         if let Some(missed) = self.settings.dead_after_missed_heartbeats {
             args.extend(["--dead-after-missed-heartbeats".into(), missed.to_string()]);
+        }
+        if let Some(grace) = &self.settings.timeout_grace {
+            args.extend(["--timeout-grace".into(), grace.clone()]);
         }
         if let Some((url, namespace)) = &self.redis {
             args.extend([

@@ -2,15 +2,22 @@
 //! `ax_core::liveness`, carried out as ordinary reports through the reporter, so each verdict is
 //! the same conditional transition a worker's report would be (and a node racing another on the
 //! same verdict simply loses).
+//!
+//! A node judges nothing until workers have had the dead-worker threshold, from the moment it
+//! began to watch, to reconnect and replay their reports ([`Watching`]): that moment is its
+//! start, and again whenever it gets its store back after losing it. Its own downtime, or its
+//! blindness, never counts against a worker.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use ax_core::Millis;
-use ax_core::liveness::{AttemptFacts, Intervals, Verdict, judge};
+use ax_core::decision::DecisionKind;
+use ax_core::liveness::{AttemptFacts, Intervals, Judge, Verdict};
 use ax_core::state::Outcome;
 use ax_proto::v1::{CancelAttempt, SchedulerMessage, scheduler_message};
-use ax_store::{ActiveAttempt, AttemptEnd, Report};
+use ax_store::{ActiveAttempt, AttemptEnd, DecisionRecord, Report};
 use tokio_util::sync::CancellationToken;
 
 use crate::alerts::{Alert, AlertKind};
@@ -26,6 +33,41 @@ pub fn intervals(node: &Node) -> Intervals {
         worker_heartbeat_ms: node.options.heartbeat_interval.as_millis() as Millis,
         task_heartbeat_ms: node.options.task_heartbeat_interval.as_millis() as Millis,
         dead_after_missed: node.options.dead_after_missed_heartbeats,
+        timeout_grace_ms: node.options.timeout_grace.as_millis() as Millis,
+    }
+}
+
+/// Since when this node has been able to see its workers: its start, or the moment its store
+/// answered again after a failure (meanwhile other nodes may not have been able to record
+/// their workers' heartbeats either).
+#[derive(Debug)]
+pub struct Watching {
+    since: AtomicI64,
+    store_lost: AtomicBool,
+}
+
+impl Watching {
+    pub fn new(now: Millis) -> Watching {
+        Watching {
+            since: AtomicI64::new(now),
+            store_lost: AtomicBool::new(false),
+        }
+    }
+
+    /// A store call failed: what workers did meanwhile may not be recorded.
+    pub fn store_failed(&self) {
+        self.store_lost.store(true, Ordering::Relaxed);
+    }
+
+    /// The store answered at `now`: after a failure, watching starts anew.
+    fn store_answered(&self, now: Millis) -> Millis {
+        if self.store_lost.swap(false, Ordering::Relaxed) {
+            self.since.store(now, Ordering::Relaxed);
+            tracing::info!(
+                "the store answers again; judging no worker until they had the dead-worker threshold to reconnect"
+            );
+        }
+        self.since.load(Ordering::Relaxed)
     }
 }
 
@@ -40,6 +82,7 @@ pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
             _ = cancel.cancelled() => return,
         }
         if let Err(err) = judge_active(&node).await {
+            node.watching.store_failed();
             tracing::error!(error = %err, "liveness pass failed");
         }
     }
@@ -63,13 +106,17 @@ async fn workers_last_seen(node: &Node) -> anyhow::Result<HashMap<String, Millis
 
 async fn judge_active(node: &Node) -> anyhow::Result<()> {
     let active = node.store.active_attempts(None, MAX_ACTIVE).await?;
-    if active.is_empty() {
+    let seen = workers_last_seen(node).await?;
+    let now = now_ms();
+    let judge = Judge {
+        intervals: intervals(node),
+        watching_since: node.watching.store_answered(now),
+    };
+    if active.is_empty() || judge.in_grace(now) {
         return Ok(());
     }
-    let seen = workers_last_seen(node).await?;
-    let intervals = intervals(node);
-    let now = now_ms();
     let mut lost_workers: HashMap<String, Vec<ActiveAttempt>> = HashMap::new();
+    let mut endings = Vec::new();
     for attempt in active {
         let worker = attempt.worker_id.clone().unwrap_or_default();
         let facts = AttemptFacts {
@@ -80,14 +127,20 @@ async fn judge_active(node: &Node) -> anyhow::Result<()> {
             timeout_ms: attempt.timeout_ms,
             worker_last_seen: seen.get(&worker).copied(),
         };
-        let verdict = judge(&facts, &intervals, now);
+        let verdict = judge.judge(&facts, now);
         if verdict == Verdict::Lost {
             lost_workers
                 .entry(worker.clone())
                 .or_default()
                 .push(attempt.clone());
         }
-        if let Some(report) = carry_out(node, &attempt, &worker, verdict, now) {
+        if let Some((kind, report)) = carry_out(node, &attempt, &worker, verdict, now) {
+            let detail = match &report {
+                Report::Finished { message, .. } => message.clone(),
+                Report::Rejected { reason, .. } => reason.clone(),
+                _ => String::new(),
+            };
+            endings.push((attempt, kind, detail));
             let envelope = Envelope {
                 worker,
                 report,
@@ -98,10 +151,44 @@ async fn judge_active(node: &Node) -> anyhow::Result<()> {
             }
         }
     }
+    record_endings(node, endings, now).await;
     for (worker, attempts) in lost_workers {
         alert_worker_lost(node, &worker, &attempts, now).await;
     }
     Ok(())
+}
+
+/// One decision per attempt this node ended for its worker's sake (lost, withdrawn, timed
+/// out), on the attempt's workflow, so `axctl why` tells why a task ran again. A failure is
+/// logged: explanations never hold up scheduling.
+pub async fn record_endings(
+    node: &Node,
+    ended: Vec<(ActiveAttempt, DecisionKind, String)>,
+    now: Millis,
+) {
+    let mut records = Vec::with_capacity(ended.len());
+    for (attempt, kind, detail) in ended {
+        let Ok(Some(instance)) = node.store.get_instance(attempt.instance_id).await else {
+            continue;
+        };
+        records.push(DecisionRecord {
+            at: now,
+            workflow_id: instance.workflow_id,
+            slot_at: now,
+            run_id: Some(instance.run_id),
+            instance_id: Some(instance.id),
+            task: Some(instance.task),
+            kind,
+            detail: format!("attempt {}: {detail}", attempt.attempt),
+            node_id: node.options.node_id.clone(),
+        });
+    }
+    if records.is_empty() {
+        return;
+    }
+    if let Err(err) = node.store.record_decisions(&records).await {
+        tracing::warn!(error = %err, "recording why attempts ended failed");
+    }
 }
 
 /// One alert per dead worker, naming what it was running.
@@ -134,7 +221,7 @@ fn carry_out(
     worker: &str,
     verdict: Verdict,
     now: Millis,
-) -> Option<Report> {
+) -> Option<(DecisionKind, Report)> {
     let (instance_id, number) = (attempt.instance_id, attempt.attempt);
     let finished = |outcome, message: String| Report::Finished {
         instance_id,
@@ -153,10 +240,11 @@ fn carry_out(
             let message = format!(
                 "timed out: running longer than its timeout of {} ms plus the {} ms grace, and no report from worker {worker}",
                 attempt.timeout_ms,
-                intervals(node).timeout_grace_ms()
+                intervals(node).timeout_grace_ms
             );
             tracing::warn!(instance = %instance_id, attempt = %number, worker, "backstop timeout");
-            // If the worker is still connected here, it must kill the process.
+            // If the worker is connected here, it must kill the process; the retry waits for
+            // the start lock, which this attempt keeps until its worker says it ended.
             if let Some(sender) = node.registry.sender(worker) {
                 let cancel = SchedulerMessage {
                     body: Some(scheduler_message::Body::Cancel(CancelAttempt {
@@ -167,23 +255,30 @@ fn carry_out(
                 };
                 let _ = sender.try_send(Ok(cancel));
             }
-            Some(finished(Outcome::Timeout, message))
+            Some((DecisionKind::TimedOut, finished(Outcome::Timeout, message)))
         }
         Verdict::Lost => {
             tracing::warn!(instance = %instance_id, attempt = %number, worker, "attempt lost with its worker");
-            Some(finished(
-                Outcome::Failed,
-                format!("lost: worker {worker} is dead and the attempt went silent"),
+            Some((
+                DecisionKind::Lost,
+                finished(
+                    Outcome::Failed,
+                    format!("lost: worker {worker} is dead and the attempt went silent"),
+                ),
             ))
         }
-        Verdict::NeverStarted => {
-            tracing::warn!(instance = %instance_id, attempt = %number, worker, "dispatch never started; back to waiting");
-            Some(Report::Rejected {
-                instance_id,
-                attempt: number,
-                worker_id: None,
-                reason: format!("worker {worker} died before starting it"),
-            })
+        Verdict::Withdrawn => {
+            tracing::warn!(instance = %instance_id, attempt = %number, worker, "dispatch never confirmed by a dead worker; withdrawn, to go again as the next attempt");
+            Some((
+                DecisionKind::Withdrawn,
+                Report::Rejected {
+                    instance_id,
+                    attempt: number,
+                    worker_id: None,
+                    reason: format!("worker {worker} died without confirming a start"),
+                    withdrawn: true,
+                },
+            ))
         }
     }
 }

@@ -47,6 +47,10 @@ pub struct Args {
     /// Missed worker heartbeats before a worker is dead.
     #[arg(long, env = "AX_DEAD_AFTER_MISSED_HEARTBEATS")]
     pub dead_after_missed_heartbeats: Option<u32>,
+    /// How long past a task's timeout to wait for its worker's report before recording TIMEOUT
+    /// and killing the attempt from here, e.g. 15s (more than the workers' --kill-grace).
+    #[arg(long, env = "AX_TIMEOUT_GRACE", value_parser = parse_duration)]
+    pub timeout_grace: Option<Duration>,
     /// How long the log writer waits to fill a batch, e.g. 20ms.
     #[arg(long, env = "AX_LOG_FLUSH_INTERVAL", value_parser = parse_duration)]
     pub log_flush_interval: Option<Duration>,
@@ -72,6 +76,7 @@ struct FileConfig {
     heartbeat_interval: Option<String>,
     task_heartbeat_interval: Option<String>,
     dead_after_missed_heartbeats: Option<u32>,
+    timeout_grace: Option<String>,
     log_flush_interval: Option<String>,
     max_backfill_runs: Option<u32>,
     alerts: Option<crate::alerts::AlertsConfig>,
@@ -159,6 +164,10 @@ impl Args {
                 .dead_after_missed_heartbeats
                 .or(file.dead_after_missed_heartbeats)
                 .unwrap_or(defaults.dead_after_missed_heartbeats),
+            timeout_grace: self
+                .timeout_grace
+                .or(file_duration(file.timeout_grace, "timeout_grace", &path)?)
+                .unwrap_or(defaults.timeout_grace),
             log_flush_interval: self
                 .log_flush_interval
                 .or(file_duration(

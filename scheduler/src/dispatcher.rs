@@ -66,6 +66,7 @@ const IDLE_POLL: Duration = Duration::from_millis(500);
 pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
     loop {
         if let Err(err) = dispatch_ready(&node).await {
+            node.watching.store_failed();
             tracing::error!(error = %err, "dispatch pass failed");
         }
         tokio::select! {
@@ -192,6 +193,7 @@ fn labels_text(labels: &BTreeMap<String, String>) -> String {
 struct Planned {
     waiting: WaitingInstance,
     worker: String,
+    connection: u64,
     message: Dispatch,
     lock_ttl: Duration,
     limits: Vec<Limit>,
@@ -342,10 +344,6 @@ async fn dispatch_batch(
                 continue;
             };
             slots[chosen].running += 1;
-            let mut env = task.env.clone();
-            for (name, value) in &item.params {
-                env.insert(format!("AX_PARAM_{name}"), value.clone());
-            }
             let message = Dispatch {
                 instance_id: instance.id.0,
                 attempt: instance.attempt.0,
@@ -354,7 +352,7 @@ async fn dispatch_batch(
                 task: task.name.clone(),
                 command: task.command.clone(),
                 argv: task.argv.clone(),
-                env: env.into_iter().collect(),
+                env: task_environment(task, &item, &spec.name),
                 working_dir: task.working_dir.clone().unwrap_or_default(),
                 timeout_ms: task.timeout_ms,
                 logical_time_ms: item.logical_time,
@@ -363,6 +361,7 @@ async fn dispatch_batch(
             };
             planned.push(Planned {
                 worker: slots[chosen].id.clone(),
+                connection: slots[chosen].connection,
                 lock_ttl: lock_ttl(node, task.timeout_ms),
                 waiting: item,
                 message,
@@ -428,7 +427,10 @@ async fn dispatch_batch(
             node.guards.clear_dispatch(instance, attempt).await;
             continue;
         }
-        let delivered = match node.registry.begin_attempt(&plan.worker, instance, attempt) {
+        let stream = node
+            .registry
+            .begin_attempt(&plan.worker, plan.connection, instance, attempt);
+        let delivered = match stream {
             Some(sender) => {
                 let message = SchedulerMessage {
                     body: Some(scheduler_message::Body::Dispatch(plan.message)),
@@ -442,11 +444,13 @@ async fn dispatch_batch(
             sent += 1;
         } else {
             // The worker went away or its queue is full: the claim is undone like a rejection.
+            // Never sent, so the same attempt may go out again.
             let report = Report::Rejected {
                 instance_id: instance,
                 attempt,
                 worker_id: None,
                 reason: "worker unreachable at dispatch".into(),
+                withdrawn: false,
             };
             let _ = node
                 .reports
@@ -497,15 +501,47 @@ async fn record_once(node: &Node, decisions: Vec<DecisionRecord>) {
     }
 }
 
-/// The start lock lives as long as the attempt may: its timeout plus the grace the lost-attempt
-/// rule allows (1.5 × the longest heartbeat interval), and a minute more for the kill to land.
-/// A task without a timeout holds it for a day at most.
+/// The environment a dispatch carries: the task's own, the trigger's params as
+/// `AX_PARAM_<NAME>`, and the attempt's context, so a worker sets what it is given and needs to
+/// know no list of names.
+fn task_environment(
+    task: &ax_core::spec::TaskSpec,
+    item: &WaitingInstance,
+    workflow: &str,
+) -> std::collections::HashMap<String, String> {
+    let instance = &item.instance;
+    let mut env: std::collections::HashMap<String, String> = task.env.clone().into_iter().collect();
+    for (name, value) in &item.params {
+        env.insert(format!("AX_PARAM_{name}"), value.clone());
+    }
+    let context = [
+        ("AX_RUN_ID", instance.run_id.0.to_string()),
+        ("AX_INSTANCE_ID", instance.id.0.to_string()),
+        ("AX_ATTEMPT", instance.attempt.0.to_string()),
+        ("AX_WORKFLOW", workflow.to_string()),
+        ("AX_TASK", task.name.clone()),
+        ("AX_LOGICAL_TIME", rfc3339(item.logical_time)),
+    ];
+    env.extend(context.map(|(name, value)| (name.to_string(), value)));
+    if let Some(shard) = &item.shard {
+        env.insert("AX_SHARD_INDEX".into(), shard.index.to_string());
+        env.insert("AX_SHARD_TOTAL".into(), shard.total.to_string());
+    }
+    env
+}
+
+/// A logical time as RFC 3339 in UTC, e.g. `2024-05-01T02:00:00Z`.
+fn rfc3339(ms: Millis) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|time| time.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
+        .unwrap_or_default()
+}
+
+/// The start lock lives as long as the attempt may: its timeout plus the grace the backstop
+/// gives the worker's own report, and a minute more for the kill to land. A task without a
+/// timeout holds it for a day at most.
 fn lock_ttl(node: &Node, timeout_ms: u64) -> Duration {
-    let longest = node
-        .options
-        .heartbeat_interval
-        .max(node.options.task_heartbeat_interval);
-    let grace = longest.mul_f64(1.5) + Duration::from_secs(60);
+    let grace = node.options.timeout_grace + Duration::from_secs(60);
     if timeout_ms == 0 {
         Duration::from_secs(24 * 3600)
     } else {
@@ -528,6 +564,12 @@ mod tests {
         assert!(memo.first(b, DecisionKind::Throttled, "task limit 2 reached"));
         memo.forget(a, DecisionKind::Throttled, "task limit 2 reached");
         assert!(memo.first(a, DecisionKind::Throttled, "task limit 2 reached"));
+    }
+
+    #[test]
+    fn logical_time_is_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_714_528_800_500), "2024-05-01T02:00:00.500Z");
     }
 
     #[test]

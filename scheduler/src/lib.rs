@@ -39,6 +39,11 @@ pub struct SchedulerOptions {
     pub task_heartbeat_interval: Duration,
     /// A worker silent for this many heartbeat intervals is dead.
     pub dead_after_missed_heartbeats: u32,
+    /// How long past a task's timeout the node waits for the worker's own TIMEOUT report before
+    /// it records TIMEOUT itself and tells the worker to kill the attempt. It covers the
+    /// worker's kill (SIGTERM, then SIGKILL after its `--kill-grace`, 5 s by default) and the
+    /// report's way back.
+    pub timeout_grace: Duration,
     /// How long the log writer waits to fill a batch.
     pub log_flush_interval: Duration,
     /// Where failures are announced (webhooks); none by default.
@@ -63,6 +68,7 @@ impl Default for SchedulerOptions {
             heartbeat_interval: Duration::from_secs(5),
             task_heartbeat_interval: Duration::from_secs(30),
             dead_after_missed_heartbeats: 4,
+            timeout_grace: Duration::from_secs(15),
             log_flush_interval: Duration::from_millis(20),
             alerts: Vec::new(),
             max_backfill_runs: 1_000,

@@ -37,6 +37,8 @@ pub struct Node {
     pub dispatch_wake: Notify,
     /// Wakes the cron loop: a schedule was applied, paused or resumed.
     pub schedule_wake: Notify,
+    /// Since when this node has been able to see its workers (the liveness backstop's grace).
+    pub watching: crate::backstop::Watching,
     /// Throttled and NoWorker decisions this node already recorded.
     pub decisions: std::sync::Mutex<crate::dispatcher::DecisionMemo>,
     /// Bumped whenever runs, instances or logs change, for followers (`logs -f`).
@@ -67,6 +69,7 @@ impl Node {
             alerter,
             dispatch_wake: Notify::new(),
             schedule_wake: Notify::new(),
+            watching: crate::backstop::Watching::new(crate::clock::now_ms()),
             decisions: Default::default(),
             progress: watch::channel(0).0,
         }

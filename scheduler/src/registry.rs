@@ -51,6 +51,8 @@ impl Entry {
 #[derive(Debug, Clone)]
 pub struct WorkerSlot {
     pub id: String,
+    /// The stream the slot was read from: a dispatch planned on it goes to that stream only.
+    pub connection: u64,
     pub labels: BTreeMap<String, String>,
     pub capacity: u32,
     pub running: u32,
@@ -134,6 +136,7 @@ impl Registry {
             .values()
             .map(|entry| WorkerSlot {
                 id: entry.profile.id.clone(),
+                connection: entry.connection,
                 labels: entry.profile.labels.clone(),
                 capacity: entry.profile.capacity,
                 running: entry.in_flight.len() as u32,
@@ -162,15 +165,20 @@ impl Registry {
     }
 
     /// Records an attempt as in flight on the worker and returns its sender, or `None` when the
-    /// worker is gone.
+    /// worker is gone or `connection` is no longer its stream. A worker that reconnected meanwhile
+    /// registered without this attempt and had it withdrawn; sending it there would start an
+    /// attempt the store already moved past.
     pub fn begin_attempt(
         &self,
         worker: &str,
+        connection: u64,
         instance: InstanceId,
         attempt: Attempt,
     ) -> Option<WorkerSender> {
         let mut workers = self.lock();
-        let entry = workers.get_mut(worker)?;
+        let entry = workers
+            .get_mut(worker)
+            .filter(|entry| entry.connection == connection)?;
         entry.in_flight.insert((instance, attempt));
         Some(entry.sender.clone())
     }
@@ -222,17 +230,23 @@ mod tests {
         let conn = registry.connect(profile("w1"), tx, [], 0);
         assert!(
             registry
-                .begin_attempt("w1", InstanceId(1), Attempt(1))
+                .begin_attempt("w1", conn, InstanceId(1), Attempt(1))
                 .is_some()
         );
         assert!(
             registry
-                .begin_attempt("w1", InstanceId(2), Attempt(1))
+                .begin_attempt("w1", conn, InstanceId(2), Attempt(1))
                 .is_some()
         );
         assert!(
             registry
-                .begin_attempt("nobody", InstanceId(3), Attempt(1))
+                .begin_attempt("nobody", conn, InstanceId(3), Attempt(1))
+                .is_none()
+        );
+        // Planned on an older stream of the worker: not sent to the new one.
+        assert!(
+            registry
+                .begin_attempt("w1", conn - 1, InstanceId(4), Attempt(1))
                 .is_none()
         );
         assert_eq!(registry.slots()[0].running, 2);

@@ -11,7 +11,7 @@ use std::time::Duration;
 use ax_core::ids::{Attempt, InstanceId, RunId};
 use ax_core::run::RunState;
 use ax_core::state::InstanceState;
-use ax_proto::v1::{ReportRefused, SchedulerMessage, scheduler_message};
+use ax_proto::v1::{FinishedAck, ReportRefused, SchedulerMessage, scheduler_message};
 use ax_store::{Applied, Report, ReportResult};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -71,6 +71,7 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
         match node.store.apply_reports(&reports, now_ms()).await {
             Ok(results) => break results,
             Err(err) => {
+                node.watching.store_failed();
                 tracing::error!(error = %err, reports = reports.len(), "applying reports failed; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
@@ -119,7 +120,17 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
                         }
                         node.registry
                             .end_attempt(&envelope.worker, *instance_id, *attempt);
-                        node.guards.release_start(*instance_id, *attempt).await;
+                        // A timeout this node declared ends the attempt in the store, not its
+                        // process: the start lock stays with it, so the retry never runs beside
+                        // it, until its worker reports the end (or the lock expires).
+                        let process_may_run = !envelope.from_worker
+                            && applied.attempt_state == Some(InstanceState::Timeout);
+                        if !process_may_run {
+                            node.guards.release_start(*instance_id, *attempt).await;
+                        }
+                        if envelope.from_worker {
+                            acknowledge_finished(node, &envelope.worker, *instance_id, *attempt);
+                        }
                         // A finished attempt frees a slot on its worker.
                         wake_dispatch = true;
                     }
@@ -226,6 +237,20 @@ async fn raise_alerts(node: Arc<Node>, failures: Vec<Failure>) {
     }
 }
 
+/// Tells the worker its AttemptFinished is stored, so it stops resending it.
+fn acknowledge_finished(node: &Node, worker: &str, instance: InstanceId, attempt: Attempt) {
+    if let Some(sender) = node.registry.sender(worker) {
+        let ack = SchedulerMessage {
+            body: Some(scheduler_message::Body::FinishedAck(FinishedAck {
+                instance_id: instance.0,
+                attempt: attempt.0,
+            })),
+        };
+        // A full queue: the worker resends the report on its next stream, and it is acked then.
+        let _ = sender.try_send(Ok(ack));
+    }
+}
+
 /// A report for an attempt that is not current: the worker is told, and told to kill the
 /// process (the attempt number is the fencing token).
 async fn refuse(node: &Node, worker: &str, report: &Report, result: &ReportResult) {
@@ -254,6 +279,11 @@ async fn refuse(node: &Node, worker: &str, report: &Report, result: &ReportResul
     let finished = matches!(report, Report::Finished { .. } | Report::Rejected { .. });
     if finished {
         node.registry.end_attempt(worker, instance_id, attempt);
+    }
+    if matches!(report, Report::Finished { .. }) {
+        // The worker says this attempt's process is over: the start lock is free for the next
+        // (a no-op unless this attempt holds it).
+        node.guards.release_start(instance_id, attempt).await;
     }
     let code = match result {
         ReportResult::NotFound => tonic::Code::NotFound,

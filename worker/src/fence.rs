@@ -1,5 +1,6 @@
-//! Self-fencing: a worker cut off from every scheduler kills its running attempts before a
-//! scheduler could count it dead and retry those attempts on another worker.
+//! Self-fencing: a worker cut off from every live scheduler kills its running attempts before a
+//! scheduler could count it dead and retry those attempts on another worker; an outage of the
+//! schedulers themselves kills nothing.
 //!
 //! The scheduler tells the worker its threshold in `Registered.worker_dead_after_ms`: after that
 //! much silence from the worker it counts the worker dead, and its attempts may be retried
@@ -9,11 +10,23 @@
 //! delay = min(self_fence_after, worker_dead_after × 3/4)
 //! ```
 //!
-//! of lost contact (just `self_fence_after` when no scheduler has sent a threshold: an old
-//! scheduler sends 0). The last threshold learned is kept across reconnects, because the fence
-//! matters exactly when no scheduler can be asked. Lost contact is measured from the last moment
-//! the worker had a working stream (see below for which frames count), not from when the reconnect loop noticed the break, so time
-//! spent detecting the break counts against the delay.
+//! during which no node could have been hearing from it and judging it: measured from the later
+//! of its last contact and, for each endpoint, the last time a connection to it was actively
+//! refused (the earliest such moment over all endpoints counts). A refused connection means no
+//! node listens there; a node that starts later judges no worker dead until the threshold has
+//! passed from its own start (the scheduler's `backstop`), so the time before the refusal cannot
+//! count against the worker. A scheduler outage of any length therefore kills nothing as long as
+//! each endpoint keeps refusing, while a silent partition (connections time out, or a proxy
+//! accepts and drops them) fences in time. A worker with running attempts (or ends not yet
+//! acknowledged) tries every endpoint at least every quarter of the delay (see `lib.rs`), so a
+//! refusal is never older than that, and a node that comes back hears from the worker well
+//! within the threshold it gives workers from its start.
+//!
+//! The last threshold learned is kept across reconnects, because the fence matters exactly when
+//! no scheduler can be asked (just `self_fence_after` when no scheduler has sent a threshold).
+//! Lost contact is measured from the last moment the worker had a working stream (see below for
+//! which frames count), not from when the reconnect loop noticed the break, so time spent
+//! detecting the break counts against the delay.
 //!
 //! The margin is the remaining quarter of the threshold (5 s with the default 20 s threshold).
 //! It must absorb:
@@ -44,35 +57,59 @@ use crate::state::Attempts;
 const FENCE_NUMERATOR: u32 = 3;
 const FENCE_DENOMINATOR: u32 = 4;
 
-/// When the worker last had a working stream, and the scheduler's threshold it learned.
+/// When the worker last had a working stream, when each endpoint last refused a connection,
+/// and the scheduler's threshold it learned.
 #[derive(Debug)]
 pub(crate) struct Liveness {
     base: Instant,
     /// Milliseconds after `base` of the last contact.
     last_contact_ms: AtomicU64,
+    /// Per endpoint, milliseconds after `base` of its last refused connection; 0 if none.
+    refused_ms: Vec<AtomicU64>,
     /// The scheduler's `worker_dead_after_ms`; 0 until one was learned.
     dead_after_ms: AtomicU32,
 }
 
 impl Liveness {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(endpoints: usize) -> Self {
         Liveness {
             base: Instant::now(),
             last_contact_ms: AtomicU64::new(0),
+            refused_ms: (0..endpoints.max(1)).map(|_| AtomicU64::new(0)).collect(),
             dead_after_ms: AtomicU32::new(0),
         }
     }
 
-    /// Records that a stream just worked: a frame was received or handed to the transport.
-    pub(crate) fn touch(&self) {
-        let now = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_contact_ms.fetch_max(now, Ordering::Relaxed);
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// How long ago a stream last worked.
-    pub(crate) fn since_contact(&self) -> Duration {
-        let last = Duration::from_millis(self.last_contact_ms.load(Ordering::Relaxed));
-        self.base.elapsed().saturating_sub(last)
+    /// Records that a stream just worked: a frame was received or handed to the transport.
+    pub(crate) fn touch(&self) {
+        self.last_contact_ms
+            .fetch_max(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Records that endpoint `index` refused a connection just now: no node listens there.
+    pub(crate) fn refused(&self, index: usize) {
+        if let Some(refused) = self.refused_ms.get(index) {
+            refused.fetch_max(self.now_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// For how long some node may have been up and not hearing from this worker: since the
+    /// last contact, or since the last refusal of the endpoint refused longest ago, whichever
+    /// is later.
+    pub(crate) fn unheard_for(&self) -> Duration {
+        let contact = self.last_contact_ms.load(Ordering::Relaxed);
+        let oldest_refusal = self
+            .refused_ms
+            .iter()
+            .map(|refused| refused.load(Ordering::Relaxed))
+            .min()
+            .unwrap_or(0);
+        let since = Duration::from_millis(contact.max(oldest_refusal));
+        self.base.elapsed().saturating_sub(since)
     }
 
     /// Keeps the scheduler's dead-worker threshold; 0 (an old scheduler) keeps the last one.
@@ -113,8 +150,8 @@ pub(crate) fn check_margin(configured: Duration, dead_after: Duration, kill_grac
     }
 }
 
-/// Kills the running attempts once no stream has worked for the effective delay. Fences once per
-/// outage.
+/// Kills the running attempts once no node may have heard from this worker for the effective
+/// delay. Fences once per outage.
 pub(crate) async fn self_fence(
     attempts: Arc<Attempts>,
     liveness: Arc<Liveness>,
@@ -133,13 +170,13 @@ pub(crate) async fn self_fence(
             fenced = false;
             continue;
         }
-        let silent = liveness.since_contact();
+        let silent = liveness.unheard_for();
         if fenced || silent < delay {
             continue;
         }
         fenced = true;
         let reason = format!(
-            "killed by the worker: no scheduler reachable for {} ms (self-fencing after {} ms)",
+            "killed by the worker: cut off from the schedulers for {} ms (self-fencing after {} ms)",
             silent.as_millis(),
             delay.as_millis()
         );
@@ -162,7 +199,7 @@ mod tests {
     #[test]
     fn the_scheduler_threshold_shortens_the_delay_and_is_kept() {
         let configured = Duration::from_secs(60);
-        let liveness = Liveness::new();
+        let liveness = Liveness::new(1);
         assert_eq!(
             effective_delay(configured, liveness.dead_after()),
             configured
@@ -184,12 +221,31 @@ mod tests {
 
     #[tokio::test]
     async fn contact_is_measured_from_the_last_touch() {
-        let liveness = Liveness::new();
+        let liveness = Liveness::new(1);
         tokio::time::sleep(Duration::from_millis(30)).await;
         liveness.touch();
-        assert!(liveness.since_contact() < Duration::from_millis(30));
+        assert!(liveness.unheard_for() < Duration::from_millis(30));
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let silent = liveness.since_contact();
+        let silent = liveness.unheard_for();
         assert!(silent >= Duration::from_millis(49), "{silent:?}");
+    }
+
+    /// A node that refuses connections is down: nobody there judges the worker, so the time
+    /// before the refusal does not count. With two endpoints, both must have refused.
+    #[tokio::test]
+    async fn a_refused_connection_restarts_the_count_once_every_endpoint_refused() {
+        let liveness = Liveness::new(2);
+        liveness.touch();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        liveness.refused(0);
+        // Endpoint 1 may be up and cut off from us: the count still runs from the contact.
+        assert!(liveness.unheard_for() >= Duration::from_millis(59));
+        liveness.refused(1);
+        assert!(liveness.unheard_for() < Duration::from_millis(30));
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(liveness.unheard_for() >= Duration::from_millis(39));
+        // An endpoint out of range changes nothing.
+        liveness.refused(5);
+        assert!(liveness.unheard_for() >= Duration::from_millis(39));
     }
 }

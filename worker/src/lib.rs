@@ -73,7 +73,8 @@ pub struct WorkerOptions {
     /// died with that process.
     pub spill_dir: Option<PathBuf>,
     pub log_batch: BatchLimits,
-    /// How long a sent finished report is kept and replayed on every new stream.
+    /// How long a sent finished report the scheduler has not acknowledged is kept and replayed
+    /// on every new stream (an acknowledged one is dropped at once).
     pub finished_retention: Duration,
     /// On shutdown, after the last report, how long to wait for log acknowledgements (or for a
     /// stream to deliver reports on when disconnected).
@@ -105,7 +106,7 @@ impl Default for WorkerOptions {
             max_spilled_log_bytes: 1 << 30,
             spill_dir: None,
             log_batch: BatchLimits::default(),
-            finished_retention: Duration::from_secs(300),
+            finished_retention: Duration::from_secs(3600),
             drain_flush_timeout: Duration::from_secs(5),
             self_fence_after: Some(Duration::from_secs(10)),
             hostname: None,
@@ -163,7 +164,7 @@ pub async fn run_with_stats(
             spill_dir,
             stats,
         )),
-        liveness: Arc::new(Liveness::new()),
+        liveness: Arc::new(Liveness::new(options.endpoints.len())),
         runner: Arc::new(RunnerSettings {
             guardian: match guardian::Guardian::start() {
                 Ok(guardian) => Some(Arc::new(guardian)),
@@ -198,6 +199,9 @@ pub async fn run_with_stats(
         context.options.reconnect_max,
     );
     let mut epoch = 0u64;
+    // Endpoints that refused a connection in a row: until every one has, the next is tried at
+    // once (all of them down is what lets the fence wait; see `fence`).
+    let mut refused_in_a_row = 0usize;
     // Set once shutdown was requested and nothing runs any more: reports not yet delivered get
     // until then to find a stream.
     let mut give_up_at: Option<Instant> = None;
@@ -217,25 +221,36 @@ pub async fn run_with_stats(
                 }
             }
         }
-        let endpoint = &endpoints[(epoch % endpoints.len() as u64) as usize];
+        let index = (epoch % endpoints.len() as u64) as usize;
+        let endpoint = &endpoints[index];
         epoch += 1;
         let span = tracing::info_span!("connection", endpoint = %endpoint, epoch);
         let outcome = session::run_session(&context, endpoint, epoch, &shutdown)
             .instrument(span.clone())
             .await;
-        match outcome.result {
+        match &outcome.result {
             Ok(()) => break,
             Err(error) => {
-                let error = error_chain(&error);
+                let refused = error.is_refused();
+                if refused {
+                    context.liveness.refused(index);
+                    refused_in_a_row += 1;
+                } else {
+                    refused_in_a_row = 0;
+                }
+                let error = error_chain(error);
                 span.in_scope(|| {
-                    tracing::warn!(%error, registered = outcome.registered, "connection ended");
+                    tracing::warn!(%error, registered = outcome.registered, refused, "connection ended");
                 });
             }
         }
         if outcome.registered {
             backoff.reset();
         }
-        let delay = backoff.next_delay();
+        if refused_in_a_row > 0 && !refused_in_a_row.is_multiple_of(endpoints.len()) {
+            continue;
+        }
+        let delay = reconnect_delay(&context, &mut backoff);
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             // A shutdown while idle must not wait out a long backoff.
@@ -246,6 +261,28 @@ pub async fn run_with_stats(
     context.tracker.wait().await;
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// The wait before the next round of connection attempts: the backoff's, but while attempts
+/// run or their ends are not acknowledged at most a quarter of the self-fence delay (3/16 of
+/// the scheduler's dead-worker threshold), so every endpoint's refusal stays fresh enough to
+/// show that no node is up to judge this worker, and a node that comes back hears from it well
+/// within the threshold it gives workers from its start.
+fn reconnect_delay(context: &Context, backoff: &mut Backoff) -> Duration {
+    let delay = backoff.next_delay();
+    let attempts = &context.attempts;
+    if attempts.running_count() == 0 && attempts.unacknowledged().is_empty() {
+        return delay;
+    }
+    let dead_after = context.liveness.dead_after();
+    let fence = match context.options.self_fence_after {
+        Some(configured) => Some(fence::effective_delay(configured, dead_after)),
+        None => dead_after.map(|threshold| threshold * 3 / 4),
+    };
+    match fence {
+        Some(fence) => delay.min(fence / 4),
+        None => delay,
+    }
 }
 
 /// An error with its sources, because tonic's transport errors say little on their own.

@@ -22,7 +22,9 @@ struct Args {
         required = true
     )]
     schedulers: Vec<String>,
-    /// Worker id; defaults to <hostname>-<pid>.
+    /// Worker id; defaults to <hostname>-<pid>. Give a stable one (it must be unique among live
+    /// workers): a worker restarted under its id has what its previous process ran retried at
+    /// once, not after the dead-worker threshold.
     #[arg(long)]
     id: Option<String>,
     /// A label the scheduler can match tasks against, as key=value; repeatable.
@@ -43,6 +45,10 @@ struct Args {
     /// Kill running attempts when no scheduler was reachable for this long ("off" disables).
     #[arg(long, default_value = "10s", value_parser = parse_optional_duration)]
     self_fence_after: OptionalDuration,
+    /// How long an attempt's end is kept and resent on every new stream when the scheduler does
+    /// not acknowledge it (it is dropped at once when acknowledged).
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    finished_retention: Duration,
     /// Directory for log lines kept on disk while the scheduler has not acknowledged them;
     /// defaults to <temp dir>/ax-worker-<id>.
     #[arg(long)]
@@ -124,6 +130,7 @@ async fn main() -> anyhow::Result<()> {
         task_heartbeat_interval: args.task_heartbeat_interval,
         kill_grace: args.kill_grace,
         self_fence_after: args.self_fence_after.0,
+        finished_retention: args.finished_retention,
         spill_dir: args.spill_dir,
         max_spilled_log_bytes: args.max_spill_mib.saturating_mul(1 << 20),
         ..WorkerOptions::default()

@@ -536,7 +536,7 @@ fn signal_group(pgid: i32, signal: i32) -> bool {
 
 /// The command of a dispatch: `argv` when it is given, else the command line, started
 /// directly when no shell is needed for it (`command_line.rs`) and through `/bin/sh -c`
-/// otherwise; with the worker's environment, the task's, and the attempt's `AX_*` variables.
+/// otherwise; with the worker's environment and the dispatch's.
 fn task_command(dispatch: &Dispatch) -> TaskCommand {
     if dispatch.argv.is_empty()
         && let Some(words) = plain_words(&dispatch.command)
@@ -569,45 +569,29 @@ fn program_command<S: AsRef<std::ffi::OsStr>>(words: &[S]) -> TaskCommand {
     command
 }
 
-/// The task's environment, working directory and the attempt's `AX_*` variables.
+/// The task's environment (the scheduler sends the attempt's `AX_*` variables in it) and its
+/// working directory.
 fn with_task_context(mut command: TaskCommand, dispatch: &Dispatch) -> TaskCommand {
     for (key, value) in &dispatch.env {
         command.env(key, value);
     }
-    command
-        .env("AX_INSTANCE_ID", dispatch.instance_id.to_string())
-        .env("AX_ATTEMPT", dispatch.attempt.to_string())
-        .env("AX_RUN_ID", dispatch.run_id.to_string())
-        .env("AX_WORKFLOW", &dispatch.workflow)
-        .env("AX_TASK", &dispatch.task)
-        .env("AX_LOGICAL_TIME", rfc3339(dispatch.logical_time_ms));
     if !dispatch.working_dir.is_empty() {
         command.current_dir(&dispatch.working_dir);
     }
-    if dispatch.shard_total > 0 {
-        command
-            .env("AX_SHARD_INDEX", dispatch.shard_index.to_string())
-            .env("AX_SHARD_TOTAL", dispatch.shard_total.to_string());
-    }
     command
-}
-
-/// The logical time as RFC 3339 in UTC, e.g. `2024-05-01T02:00:00Z`.
-fn rfc3339(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|time| time.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
-        .unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A dispatch with the environment a scheduler sends.
     fn dispatch(command: &str, working_dir: &std::path::Path) -> Dispatch {
         Dispatch {
             command: command.into(),
             working_dir: working_dir.display().to_string(),
             task: "nap".into(),
+            env: [("AX_TASK".to_string(), "nap".to_string())].into(),
             ..Dispatch::default()
         }
     }
@@ -695,11 +679,5 @@ mod tests {
         assert_eq!(command.get_program(), "./hashbang-script");
         let (out, code) = run(&command).await;
         assert_eq!((out.as_str(), code), ("from-hashbang\n", 0));
-    }
-
-    #[test]
-    fn logical_time_is_rfc3339_utc() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(1_714_528_800_500), "2024-05-01T02:00:00.500Z");
     }
 }

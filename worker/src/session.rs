@@ -48,6 +48,25 @@ pub enum SessionError {
     OutgoingClosed,
 }
 
+impl SessionError {
+    /// The endpoint's host actively refused the connection: nothing listens there.
+    pub fn is_refused(&self) -> bool {
+        let SessionError::Connect(error) = self else {
+            return false;
+        };
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+        while let Some(cause) = source {
+            if let Some(io) = cause.downcast_ref::<std::io::Error>()
+                && io.kind() == std::io::ErrorKind::ConnectionRefused
+            {
+                return true;
+            }
+            source = cause.source();
+        }
+        false
+    }
+}
+
 /// How a connection ended.
 #[derive(Debug)]
 pub struct SessionOutcome {
@@ -130,6 +149,7 @@ impl Session {
             started_at_ms: self.context.started_at_ms,
             hostname: self.context.hostname.clone(),
             running: self.context.attempts.running(),
+            finished: self.context.attempts.unacknowledged(),
         };
         let running = register.running.len();
         if !link.send(wrap(Body::Register(register))).await {
@@ -357,6 +377,12 @@ impl Session {
                     },
                     ack.seq,
                 );
+            }
+            Some(scheduler_message::Body::FinishedAck(ack)) => {
+                attempts.finished_acked(AttemptKey {
+                    instance_id: ack.instance_id,
+                    attempt: ack.attempt,
+                });
             }
             // Receiving it is the point: every frame received counts as contact for self-fencing.
             Some(scheduler_message::Body::HeartbeatAck(_)) => {

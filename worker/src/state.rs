@@ -123,6 +123,8 @@ struct FinishedReport {
     message: AttemptFinished,
     sent_on: Option<u64>,
     first_sent_at: Option<Instant>,
+    /// The scheduler stored it (FinishedAck): never resent.
+    acked: bool,
 }
 
 #[derive(Debug, Default)]
@@ -141,6 +143,13 @@ struct AttemptEntry {
 impl AttemptEntry {
     fn running(&self) -> bool {
         self.finished.is_none()
+    }
+
+    /// Ended, and the scheduler has both its report and its lines: nothing is left to keep.
+    fn settled(&self) -> bool {
+        self.finished.as_ref().is_some_and(|report| report.acked)
+            && self.logs.is_empty()
+            && self.spill.is_none()
     }
 }
 
@@ -263,6 +272,42 @@ impl Attempts {
             .collect();
         refs.sort_by_key(|r| (r.instance_id, r.attempt));
         refs
+    }
+
+    /// Attempts that ended here whose report the scheduler has neither acknowledged nor
+    /// refused (Register.finished): their reports follow on the next stream.
+    pub fn unacknowledged(&self) -> Vec<AttemptRef> {
+        let state = self.lock();
+        let mut refs: Vec<AttemptRef> = state
+            .attempts
+            .iter()
+            .filter(|(_, entry)| {
+                !entry.forgotten && entry.finished.as_ref().is_some_and(|report| !report.acked)
+            })
+            .map(|(key, _)| AttemptRef {
+                instance_id: key.instance_id,
+                attempt: key.attempt,
+            })
+            .collect();
+        refs.sort_by_key(|r| (r.instance_id, r.attempt));
+        refs
+    }
+
+    /// The scheduler stored the attempt's end (FinishedAck): its report is not resent, and the
+    /// attempt is forgotten once its lines are acknowledged too (it stays known as seen, so a
+    /// repeated dispatch is still a duplicate).
+    pub fn finished_acked(&self, key: AttemptKey) {
+        let mut state = self.lock();
+        let Some(entry) = state.attempts.get_mut(&key) else {
+            return;
+        };
+        let Some(report) = entry.finished.as_mut() else {
+            return;
+        };
+        report.acked = true;
+        if entry.settled() {
+            self.remove(&mut state, key);
+        }
     }
 
     pub fn running_count(&self) -> usize {
@@ -514,6 +559,7 @@ impl Attempts {
             message: message.clone(),
             sent_on: link.as_ref().map(|link| link.epoch),
             first_sent_at: link.as_ref().map(|_| Instant::now()),
+            acked: false,
         });
         Some((link?, wrap(Body::Finished(message))))
     }
@@ -606,6 +652,7 @@ impl Attempts {
         }
         let spill_done = entry.spill.as_mut().is_some_and(|spill| spill.ack(seq));
         let acked_spill = if spill_done { entry.spill.take() } else { None };
+        let settled = entry.settled();
         state.retained_bytes -= freed;
         self.stats.set_retained(state.retained_bytes);
         if let Some(spill) = acked_spill {
@@ -617,11 +664,15 @@ impl Attempts {
             );
             self.delete_spill(spill);
         }
+        if settled {
+            self.remove(&mut state, key);
+        }
     }
 
-    /// Drops the finished reports that were sent longer than `retention` ago. Until then a report
-    /// is replayed on every new stream, because a report sent just before a stream broke may never
-    /// have arrived; the scheduler treats a repeated report of a terminal attempt as a no-op.
+    /// Drops the finished reports that were sent longer than `retention` ago. Until then (or
+    /// until the scheduler acknowledges it) a report is replayed on every new stream, because a
+    /// report sent just before a stream broke may never have arrived; the scheduler treats a
+    /// repeated report of a terminal attempt as a no-op.
     pub fn prune(&self, retention: Duration) {
         let mut state = self.lock();
         let now = Instant::now();
@@ -682,6 +733,7 @@ impl Attempts {
             }
             if let Some(report) = &mut entry.finished
                 && report.sent_on != Some(epoch)
+                && !report.acked
             {
                 report.sent_on = Some(epoch);
                 report.first_sent_at.get_or_insert(now);
@@ -711,7 +763,7 @@ impl Attempts {
             entry
                 .finished
                 .as_ref()
-                .is_some_and(|report| report.sent_on.is_some())
+                .is_some_and(|report| report.acked || report.sent_on.is_some())
         })
     }
 
@@ -869,6 +921,52 @@ mod tests {
         assert!(attempts.logs(key(1), batch(6, 1, 3)));
         assert!(attempts.take_unsent(key(1), 1).is_none());
         assert_eq!(log_seqs(&drain(&attempts, key(1), 2)), [6]);
+    }
+
+    #[test]
+    fn a_finished_report_is_resent_and_listed_until_acknowledged() {
+        let (attempts, _dir) = attempts(1 << 20);
+        let _control = attempts.admit(key(1), 1);
+        assert!(attempts.logs(key(1), batch(1, 2, 3)));
+        let report = AttemptFinished {
+            instance_id: 7,
+            attempt: 1,
+            log_lines: 2,
+            ..AttemptFinished::default()
+        };
+        assert!(attempts.finished(key(1), report).is_none());
+        assert!(attempts.running().is_empty());
+        let listed = |attempts: &Attempts| {
+            attempts
+                .unacknowledged()
+                .iter()
+                .map(AttemptKey::from)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(listed(&attempts), [key(1)]);
+        let (first, _rx) = link(1);
+        // The batch and the report.
+        assert_eq!(attempts.replay_or_install(&first).len(), 2);
+        attempts.detach(1);
+        // Not acknowledged: listed and sent again on the next stream.
+        assert_eq!(listed(&attempts), [key(1)]);
+        let (second, _rx) = link(2);
+        assert_eq!(attempts.replay_or_install(&second).len(), 2);
+        attempts.detach(2);
+        // Acknowledged: no longer listed or resent, though its lines still are until acked.
+        attempts.finished_acked(key(1));
+        assert!(listed(&attempts).is_empty());
+        assert!(attempts.all_reported());
+        let (third, _rx) = link(3);
+        let replay = messages(attempts.replay_or_install(&third));
+        assert_eq!(log_seqs(&replay), [1]);
+        assert_eq!(replay.len(), 1);
+        // Once its lines are acknowledged too nothing of it is kept, but a repeated dispatch is
+        // still a duplicate.
+        attempts.ack(key(1), 2);
+        assert!(attempts.all_acked());
+        assert_eq!(attempts.lock().attempts.len(), 0);
+        assert!(matches!(attempts.admit(key(1), 1), Admission::Duplicate));
     }
 
     #[test]

@@ -313,15 +313,26 @@ impl Worker {
     }
 }
 
+/// A dispatch as a scheduler sends it: the attempt's context in its environment.
 fn dispatch(instance_id: i64, command: impl Into<String>) -> Dispatch {
+    let task = format!("task{instance_id}");
+    let env = [
+        ("AX_INSTANCE_ID", instance_id.to_string()),
+        ("AX_ATTEMPT", "1".to_string()),
+        ("AX_RUN_ID", "42".to_string()),
+        ("AX_WORKFLOW", "wf".to_string()),
+        ("AX_TASK", task.clone()),
+        ("AX_LOGICAL_TIME", "2024-05-01T02:00:00Z".to_string()),
+    ];
     Dispatch {
         instance_id,
         attempt: 1,
         run_id: 42,
         workflow: "wf".into(),
-        task: format!("task{instance_id}"),
+        task,
         command: command.into(),
         logical_time_ms: 1_714_528_800_000,
+        env: env.map(|(k, v)| (k.to_string(), v)).into_iter().collect(),
         ..Dispatch::default()
     }
 }
@@ -897,9 +908,10 @@ async fn attempts_are_self_fenced_when_no_scheduler_is_reachable() {
     });
     fake.dispatch(dispatch(70, "sleep 100")).await;
     let pid = fake.started_pid(70).await as i32;
-    // The only scheduler goes away for good.
+    // The only scheduler is up (it takes connections) but will not take this worker's stream:
+    // it may be judging the worker meanwhile.
+    fake.state.refuse.store(true, Ordering::SeqCst);
     fake.drop_connection().await;
-    drop(fake);
     let deadline = tokio::time::Instant::now() + HANG_GUARD;
     while alive(pid) {
         assert!(
@@ -908,6 +920,34 @@ async fn attempts_are_self_fenced_when_no_scheduler_is_reachable() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    worker.stop().await;
+}
+
+/// A node that is down refuses connections, and no node that is down judges anyone: however
+/// long the outage, the attempt keeps running. (A node that starts gives workers the
+/// dead-worker threshold from its own start to come back.)
+#[tokio::test]
+async fn attempts_outlive_an_outage_of_every_scheduler() {
+    let fake = FakeScheduler::start().await;
+    fake.state.dead_after_ms.store(400, Ordering::SeqCst);
+    let worker = Worker::start(&[&fake], |options| {
+        options.self_fence_after = Some(Duration::from_millis(300));
+        options.drain_flush_timeout = Duration::from_millis(200);
+    });
+    fake.dispatch(dispatch(72, "sleep 100")).await;
+    let pid = fake.started_pid(72).await as i32;
+    fake.drop_connection().await;
+    drop(fake);
+    // Ten times the fence delay (300 ms) with the port closed.
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            alive(pid),
+            "the attempt was fenced while every node was down"
+        );
+    }
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
     worker.stop().await;
 }
 

@@ -126,6 +126,7 @@ async fn simulate_worker(
             started_at_ms: wall_ms(),
             hostname: "ax-bench".into(),
             running: Vec::new(),
+            finished: Vec::new(),
         })),
     };
     sender.send(register).await?;

@@ -35,10 +35,19 @@ pub enum DecisionKind {
     Throttled,
     /// A dependency-triggered workflow is waiting for an upstream workflow's run.
     WaitingUpstream,
+    /// An attempt was lost with its worker (dead, or back without it): FAILED, retried as its
+    /// task allows.
+    Lost,
+    /// A dispatch its worker never confirmed was taken back: the instance waits as its next
+    /// attempt, which does not count against its retries.
+    Withdrawn,
+    /// An attempt ran past its timeout and grace with no report from its worker: the scheduler
+    /// ended it TIMEOUT and told the worker to kill it.
+    TimedOut,
 }
 
 impl DecisionKind {
-    pub const ALL: [DecisionKind; 12] = [
+    pub const ALL: [DecisionKind; 15] = [
         DecisionKind::Fired,
         DecisionKind::Misfired,
         DecisionKind::CaughtUp,
@@ -51,6 +60,9 @@ impl DecisionKind {
         DecisionKind::NoWorker,
         DecisionKind::Throttled,
         DecisionKind::WaitingUpstream,
+        DecisionKind::Lost,
+        DecisionKind::Withdrawn,
+        DecisionKind::TimedOut,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -67,6 +79,9 @@ impl DecisionKind {
             DecisionKind::NoWorker => "no_worker",
             DecisionKind::Throttled => "throttled",
             DecisionKind::WaitingUpstream => "waiting_upstream",
+            DecisionKind::Lost => "lost",
+            DecisionKind::Withdrawn => "withdrawn",
+            DecisionKind::TimedOut => "timed_out",
         }
     }
 

@@ -1,16 +1,26 @@
 //! Verdicts on attempts the scheduler believes are on a worker: healthy, timed out, lost, or
-//! never started.
+//! withdrawn.
 //!
-//! The rules of design.md, in one place:
+//! The rules, in one place:
 //! - A worker is dead when it has been silent (no heartbeat, or its stream closed and did not
 //!   come back) for `dead_after_missed` worker heartbeat intervals (20 s by default). A stream
 //!   that is reconnecting is not a dead worker: heartbeats on the new stream count.
+//! - **A node's own blindness never counts against a worker.** Silence is measured from the
+//!   worker's last sign of life or from the moment the judging node began to watch (its start,
+//!   or the moment it got its store back after losing it), whichever is later: a "last seen"
+//!   older than that is not evidence, because the worker may have tried to reach a node that
+//!   was not there. Until a worker has had the dead threshold from that moment to reconnect and
+//!   replay its reports, no verdict is given at all (not even a timeout: the report saying the
+//!   attempt ended in time may be on its way).
 //! - Timeout is measured from the attempt's start, never from a heartbeat. The worker enforces
-//!   it; the scheduler's backstop declares TIMEOUT only when
-//!   `now − started_at > timeout + 1.5 × the longest heartbeat interval`.
+//!   it; the scheduler enforces it too, whatever the worker does, at
+//!   `now − started_at > timeout + timeout_grace` (the grace covers the worker's own kill,
+//!   SIGTERM then SIGKILL, and its report's way back).
 //! - An attempt is lost when its task heartbeat is older than 1.5 × its interval *and* its
 //!   worker is dead. A late or batched heartbeat alone never condemns a healthy task.
-//! - A dispatched attempt whose worker died before starting it goes back to WAITING.
+//! - A dispatched attempt whose worker died without confirming a start is withdrawn: it goes
+//!   back to WAITING as attempt + 1, because the dispatch may have reached the worker and an
+//!   attempt number is never dispatched twice.
 
 use crate::Millis;
 use crate::state::InstanceState;
@@ -21,6 +31,8 @@ pub struct Intervals {
     pub worker_heartbeat_ms: Millis,
     pub task_heartbeat_ms: Millis,
     pub dead_after_missed: u32,
+    /// How long past a task's timeout the scheduler waits for the worker's own report.
+    pub timeout_grace_ms: Millis,
 }
 
 impl Intervals {
@@ -32,11 +44,6 @@ impl Intervals {
     /// Age of the last task heartbeat after which a running attempt may be lost.
     pub fn task_silent_after_ms(&self) -> Millis {
         self.task_heartbeat_ms * 3 / 2
-    }
-
-    /// What the backstop adds to a task's timeout before declaring TIMEOUT.
-    pub fn timeout_grace_ms(&self) -> Millis {
-        self.worker_heartbeat_ms.max(self.task_heartbeat_ms) * 3 / 2
     }
 }
 
@@ -54,52 +61,71 @@ pub struct AttemptFacts {
     pub worker_last_seen: Option<Millis>,
 }
 
+/// The judging node: its settings, and since when it has been able to see workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Judge {
+    pub intervals: Intervals,
+    /// When this node started, or last got its store back after losing it.
+    pub watching_since: Millis,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     Healthy,
-    /// Past timeout + grace: the attempt ends TIMEOUT (and its process is killed if reachable).
+    /// Past timeout + grace: the attempt ends TIMEOUT, its worker is told to kill it, and a
+    /// retry waits until the worker says the process ended (or the start lock expires).
     TimedOut,
     /// Its worker is dead and it has been silent: it ends FAILED as lost.
     Lost,
-    /// Dispatched to a worker that died before starting it: back to WAITING, same attempt.
-    NeverStarted,
+    /// Dispatched to a worker that died without confirming a start: back to WAITING as
+    /// attempt + 1, which does not count against the task's retries.
+    Withdrawn,
 }
 
-pub fn worker_is_dead(last_seen: Option<Millis>, intervals: &Intervals, now: Millis) -> bool {
-    match last_seen {
-        Some(seen) => now - seen > intervals.worker_dead_after_ms(),
-        None => true,
+impl Judge {
+    /// True while workers may still be reconnecting to this node: no verdict is given.
+    pub fn in_grace(&self, now: Millis) -> bool {
+        now - self.watching_since <= self.intervals.worker_dead_after_ms()
     }
-}
 
-pub fn judge(facts: &AttemptFacts, intervals: &Intervals, now: Millis) -> Verdict {
-    let dead = worker_is_dead(facts.worker_last_seen, intervals, now);
-    match facts.state {
-        InstanceState::Dispatched if dead => {
-            // Give a fresh dispatch the same grace as a worker: the worker may not have been
-            // seen by this node yet.
-            let since = facts.dispatched_at.unwrap_or(Millis::MIN);
-            if now - since > intervals.worker_dead_after_ms() {
-                Verdict::NeverStarted
-            } else {
-                Verdict::Healthy
-            }
+    pub fn worker_is_dead(&self, last_seen: Option<Millis>, now: Millis) -> bool {
+        let seen = last_seen.map_or(self.watching_since, |seen| seen.max(self.watching_since));
+        now - seen > self.intervals.worker_dead_after_ms()
+    }
+
+    pub fn judge(&self, facts: &AttemptFacts, now: Millis) -> Verdict {
+        if self.in_grace(now) {
+            return Verdict::Healthy;
         }
-        InstanceState::Running => {
-            let started = facts.started_at.or(facts.dispatched_at).unwrap_or(now);
-            if facts.timeout_ms > 0
-                && now - started > facts.timeout_ms as Millis + intervals.timeout_grace_ms()
-            {
-                return Verdict::TimedOut;
+        let intervals = &self.intervals;
+        let dead = self.worker_is_dead(facts.worker_last_seen, now);
+        match facts.state {
+            InstanceState::Dispatched if dead => {
+                // Give a fresh dispatch the same grace as a worker: the worker may not have
+                // been seen by this node yet.
+                let since = facts.dispatched_at.unwrap_or(Millis::MIN);
+                if now - since > intervals.worker_dead_after_ms() {
+                    Verdict::Withdrawn
+                } else {
+                    Verdict::Healthy
+                }
             }
-            let last_active = facts.last_task_heartbeat.unwrap_or(started).max(started);
-            if dead && now - last_active > intervals.task_silent_after_ms() {
-                Verdict::Lost
-            } else {
-                Verdict::Healthy
+            InstanceState::Running => {
+                let started = facts.started_at.or(facts.dispatched_at).unwrap_or(now);
+                if facts.timeout_ms > 0
+                    && now - started > facts.timeout_ms as Millis + intervals.timeout_grace_ms
+                {
+                    return Verdict::TimedOut;
+                }
+                let last_active = facts.last_task_heartbeat.unwrap_or(started).max(started);
+                if dead && now - last_active > intervals.task_silent_after_ms() {
+                    Verdict::Lost
+                } else {
+                    Verdict::Healthy
+                }
             }
+            _ => Verdict::Healthy,
         }
-        _ => Verdict::Healthy,
     }
 }
 
@@ -112,7 +138,20 @@ mod tests {
         worker_heartbeat_ms: 5 * SEC,
         task_heartbeat_ms: 30 * SEC,
         dead_after_missed: 4,
+        timeout_grace_ms: 15 * SEC,
     };
+
+    /// A node that has been watching for ages.
+    fn judge(facts: &AttemptFacts, now: Millis) -> Verdict {
+        watching_since(-1_000_000 * SEC).judge(facts, now)
+    }
+
+    fn watching_since(at: Millis) -> Judge {
+        Judge {
+            intervals: DEFAULTS,
+            watching_since: at,
+        }
+    }
 
     fn running(
         started: Millis,
@@ -130,11 +169,21 @@ mod tests {
         }
     }
 
+    fn dispatched(at: Millis, worker_seen: Option<Millis>) -> AttemptFacts {
+        AttemptFacts {
+            state: InstanceState::Dispatched,
+            dispatched_at: Some(at),
+            started_at: None,
+            last_task_heartbeat: None,
+            timeout_ms: 0,
+            worker_last_seen: worker_seen,
+        }
+    }
+
     #[test]
     fn thresholds_are_generous_multiples_of_the_intervals() {
         assert_eq!(DEFAULTS.worker_dead_after_ms(), 20 * SEC);
         assert_eq!(DEFAULTS.task_silent_after_ms(), 45 * SEC);
-        assert_eq!(DEFAULTS.timeout_grace_ms(), 45 * SEC);
     }
 
     /// The seed's incident: a 30-minute task on a loaded worker whose heartbeats were batched
@@ -146,43 +195,46 @@ mod tests {
         let start = 0;
         let at_half = 15 * 60 * SEC;
         let facts = running(start, start, timeout as u64, at_half - SEC);
-        assert_eq!(judge(&facts, &DEFAULTS, at_half), Verdict::Healthy);
+        assert_eq!(judge(&facts, at_half), Verdict::Healthy);
         let at_timeout = timeout;
-        let facts = running(start, start, timeout as u64, at_timeout + 40 * SEC);
-        assert_eq!(
-            judge(&facts, &DEFAULTS, at_timeout + 44 * SEC),
-            Verdict::Healthy
-        );
-        assert_eq!(
-            judge(&facts, &DEFAULTS, at_timeout + 46 * SEC),
-            Verdict::TimedOut
-        );
+        let facts = running(start, start, timeout as u64, at_timeout + 10 * SEC);
+        assert_eq!(judge(&facts, at_timeout + 14 * SEC), Verdict::Healthy);
+        assert_eq!(judge(&facts, at_timeout + 16 * SEC), Verdict::TimedOut);
     }
 
     #[test]
     fn timeout_is_measured_from_the_start_not_the_heartbeat() {
         // Fresh heartbeats do not extend the timeout.
         let facts = running(0, 100 * SEC, 60_000, 100 * SEC);
-        assert_eq!(judge(&facts, &DEFAULTS, 106 * SEC), Verdict::TimedOut);
+        assert_eq!(judge(&facts, 76 * SEC), Verdict::TimedOut);
         // No timeout: never timed out while its worker lives.
         let facts = running(0, 100 * SEC, 0, 9_999 * SEC);
-        assert_eq!(judge(&facts, &DEFAULTS, 10_000 * SEC), Verdict::Healthy);
+        assert_eq!(judge(&facts, 10_000 * SEC), Verdict::Healthy);
+    }
+
+    #[test]
+    fn a_connected_worker_does_not_save_an_attempt_past_its_timeout() {
+        // The worker heartbeats right now but never reported the timeout it should have
+        // enforced: the scheduler enforces it.
+        let facts = running(0, 29 * SEC, 2_000, 30 * SEC);
+        assert_eq!(judge(&facts, 17 * SEC + 1), Verdict::TimedOut);
+        assert_eq!(judge(&facts, 17 * SEC), Verdict::Healthy);
     }
 
     #[test]
     fn lost_needs_both_a_silent_task_and_a_dead_worker() {
         // Silent task, live worker (the worker is just busy): healthy.
         let facts = running(0, 0, 0, 99 * SEC);
-        assert_eq!(judge(&facts, &DEFAULTS, 100 * SEC), Verdict::Healthy);
+        assert_eq!(judge(&facts, 100 * SEC), Verdict::Healthy);
         // Dead worker, but the task heartbeat is recent: not yet.
         let facts = running(0, 70 * SEC, 0, 70 * SEC);
-        assert_eq!(judge(&facts, &DEFAULTS, 100 * SEC), Verdict::Healthy);
+        assert_eq!(judge(&facts, 100 * SEC), Verdict::Healthy);
         // Dead worker and a silent task: lost.
         let facts = running(0, 50 * SEC, 0, 50 * SEC);
-        assert_eq!(judge(&facts, &DEFAULTS, 100 * SEC), Verdict::Lost);
+        assert_eq!(judge(&facts, 100 * SEC), Verdict::Lost);
         // The boundary is strict: exactly at the threshold is still alive.
         let facts = running(0, 55 * SEC, 0, 80 * SEC);
-        assert_eq!(judge(&facts, &DEFAULTS, 100 * SEC), Verdict::Healthy);
+        assert_eq!(judge(&facts, 100 * SEC), Verdict::Healthy);
     }
 
     #[test]
@@ -190,26 +242,41 @@ mod tests {
         // The stream broke at 10 s and came back; heartbeats on the new stream arrived until
         // 50 s. The task itself has been silent for a minute, but its worker lives.
         let facts = running(0, 0, 0, 50 * SEC);
-        assert_eq!(judge(&facts, &DEFAULTS, 60 * SEC), Verdict::Healthy);
+        assert_eq!(judge(&facts, 60 * SEC), Verdict::Healthy);
     }
 
     #[test]
-    fn a_dispatch_to_a_dead_worker_goes_back_after_the_grace() {
-        let facts = AttemptFacts {
-            state: InstanceState::Dispatched,
-            dispatched_at: Some(0),
-            started_at: None,
-            last_task_heartbeat: None,
-            timeout_ms: 0,
-            worker_last_seen: None,
-        };
-        assert_eq!(judge(&facts, &DEFAULTS, 10 * SEC), Verdict::Healthy);
-        assert_eq!(judge(&facts, &DEFAULTS, 21 * SEC), Verdict::NeverStarted);
-        let alive = AttemptFacts {
-            worker_last_seen: Some(20 * SEC),
-            ..facts
-        };
-        assert_eq!(judge(&alive, &DEFAULTS, 21 * SEC), Verdict::Healthy);
+    fn a_dispatch_to_a_dead_worker_is_withdrawn_after_the_grace() {
+        let facts = dispatched(0, None);
+        assert_eq!(judge(&facts, 10 * SEC), Verdict::Healthy);
+        assert_eq!(judge(&facts, 21 * SEC), Verdict::Withdrawn);
+        let alive = dispatched(0, Some(20 * SEC));
+        assert_eq!(judge(&alive, 21 * SEC), Verdict::Healthy);
+    }
+
+    /// A node that was down from 10 s to 100 s: the workers were seen last before it went down,
+    /// so by the store they look long dead. Until 120 s (its start + the dead threshold) nothing
+    /// is judged, not even the timeout of an attempt whose report may be on its way; after that
+    /// silence counts from 100 s, not from the last sighting.
+    #[test]
+    fn a_restarted_node_counts_no_silence_from_before_its_start() {
+        let node = watching_since(100 * SEC);
+        let silent = running(0, 5 * SEC, 0, 10 * SEC);
+        let over_time = running(0, 5 * SEC, 1_000, 10 * SEC);
+        let sent = dispatched(9 * SEC, Some(10 * SEC));
+        let never_seen = dispatched(9 * SEC, None);
+        for facts in [silent, over_time, sent, never_seen] {
+            assert_eq!(node.judge(&facts, 101 * SEC), Verdict::Healthy, "{facts:?}");
+            assert_eq!(node.judge(&facts, 120 * SEC), Verdict::Healthy, "{facts:?}");
+        }
+        assert!(!node.worker_is_dead(Some(10 * SEC), 120 * SEC));
+        assert!(node.worker_is_dead(Some(10 * SEC), 121 * SEC));
+        assert_eq!(node.judge(&silent, 121 * SEC), Verdict::Lost);
+        assert_eq!(node.judge(&over_time, 121 * SEC), Verdict::TimedOut);
+        assert_eq!(node.judge(&sent, 121 * SEC), Verdict::Withdrawn);
+        assert_eq!(node.judge(&never_seen, 121 * SEC), Verdict::Withdrawn);
+        // A worker that reconnected after the restart is judged by its new heartbeats.
+        assert!(!node.worker_is_dead(Some(115 * SEC), 121 * SEC));
     }
 
     #[test]
@@ -223,7 +290,7 @@ mod tests {
                 state,
                 ..running(0, 0, 1, 0)
             };
-            assert_eq!(judge(&facts, &DEFAULTS, 1_000 * SEC), Verdict::Healthy);
+            assert_eq!(judge(&facts, 1_000 * SEC), Verdict::Healthy);
         }
     }
 }

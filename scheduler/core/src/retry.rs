@@ -15,9 +15,10 @@ pub fn retry_delay_ms(base_ms: u64, failed_attempt: u32, unit_random: f64) -> u6
 }
 
 /// Whether an instance whose attempt `attempt` just failed may try again, given `retries`
-/// further attempts allowed after the first.
-pub fn retries_left(attempt: u32, retries: u32) -> bool {
-    attempt <= retries
+/// further attempts allowed after the first. `withdrawn` attempts (dispatches taken back before
+/// they were confirmed started) do not count: they are not the task's failures.
+pub fn retries_left(attempt: u32, withdrawn: u32, retries: u32) -> bool {
+    attempt.saturating_sub(withdrawn) <= retries
 }
 
 #[cfg(test)]
@@ -41,9 +42,18 @@ mod tests {
 
     #[test]
     fn retries_count_attempts_after_the_first() {
-        assert!(!retries_left(1, 0));
-        assert!(retries_left(1, 2));
-        assert!(retries_left(2, 2));
-        assert!(!retries_left(3, 2));
+        assert!(!retries_left(1, 0, 0));
+        assert!(retries_left(1, 0, 2));
+        assert!(retries_left(2, 0, 2));
+        assert!(!retries_left(3, 0, 2));
+    }
+
+    #[test]
+    fn withdrawn_attempts_are_not_failures() {
+        // Attempt 1 was withdrawn, attempt 2 failed: with no retries it is still the first try.
+        assert!(!retries_left(2, 1, 0));
+        assert!(retries_left(2, 1, 1));
+        assert!(retries_left(3, 2, 1));
+        assert!(!retries_left(4, 2, 1));
     }
 }

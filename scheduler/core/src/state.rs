@@ -3,7 +3,8 @@
 //! ```text
 //! WAITING → DISPATCHED → RUNNING → SUCCESS
 //!                     ↘          ↘ FAILED | TIMEOUT → (retries left) WAITING as attempt+1
-//!                      ↘ (worker rejected / lost before start) WAITING, same attempt
+//!                      ↘ (the worker refused it) WAITING, same attempt
+//!                      ↘ (withdrawn: may have reached a worker, never confirmed) WAITING as attempt+1
 //! any non-terminal → CANCELLED
 //! FAILED | TIMEOUT | CANCELLED | SUCCESS → (rerun from this task) WAITING as attempt+1
 //! FAILED | TIMEOUT | CANCELLED | SUCCESS → (rerun from an upstream task) PENDING
@@ -118,8 +119,13 @@ impl Outcome {
 pub enum Event {
     /// The scheduler sent the current attempt to a worker.
     Dispatch,
-    /// The worker refused the dispatch, or was lost before it started the process.
+    /// The worker refused the dispatch, or it never left the scheduler: the same attempt may be
+    /// dispatched again.
     Reject,
+    /// The scheduler takes back a dispatch that may have reached a worker which never confirmed
+    /// a start (the worker died, or came back without it): the next try is a new attempt,
+    /// because an attempt number is never dispatched twice.
+    Withdraw,
     /// The worker started the process.
     Start,
     /// The process ended. `retries_left` says whether the retry policy allows another attempt.
@@ -178,6 +184,7 @@ pub fn transition(from: InstanceState, event: Event) -> Result<Transition, Illeg
     match (from, event) {
         (Waiting, Event::Dispatch) => stay(Dispatched),
         (Dispatched, Event::Reject) => stay(Waiting),
+        (Dispatched, Event::Withdraw) => retry,
         (Dispatched, Event::Start) => stay(Running),
         (Dispatched, Event::SpawnFailed { retries_left: true }) => retry,
         (
@@ -226,6 +233,7 @@ mod tests {
         let mut all = vec![
             Event::Dispatch,
             Event::Reject,
+            Event::Withdraw,
             Event::Start,
             Event::Cancel,
             Event::ManualRetry,
@@ -257,6 +265,7 @@ mod tests {
         vec![
             (Waiting, Event::Dispatch, Dispatched, false),
             (Dispatched, Event::Reject, Waiting, false),
+            (Dispatched, Event::Withdraw, Waiting, true),
             (Dispatched, Event::Start, Running, false),
             (
                 Dispatched,
@@ -318,7 +327,7 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 8 * 18);
+        assert_eq!(checked, 8 * 19);
     }
 
     #[test]

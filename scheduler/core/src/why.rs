@@ -573,6 +573,9 @@ fn past_tense(kind: DecisionKind) -> &'static str {
         DecisionKind::NoWorker => "held: no live worker",
         DecisionKind::Throttled => "throttled",
         DecisionKind::WaitingUpstream => "waiting for its upstream workflows",
+        DecisionKind::Lost => "an attempt was lost with its worker",
+        DecisionKind::Withdrawn => "a dispatch was withdrawn from its worker",
+        DecisionKind::TimedOut => "an attempt was timed out by the scheduler",
     }
 }
 

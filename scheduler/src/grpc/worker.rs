@@ -9,6 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ax_core::decision::DecisionKind;
 use ax_core::ids::{Attempt, InstanceId};
 use ax_core::state::{InstanceState, Outcome};
 use ax_proto::v1::worker_service_server::WorkerService;
@@ -16,7 +17,7 @@ use ax_proto::v1::{
     AttemptOutcome, HeartbeatAck, LogBatch, LogStream as ProtoStream, ProtocolVersion, Register,
     Registered, SchedulerMessage, WorkerMessage, scheduler_message, worker_message,
 };
-use ax_store::{AttemptEnd, LogChunk, LogStream, Report, WorkerRecord};
+use ax_store::{ActiveAttempt, AttemptEnd, LogChunk, LogStream, Report, WorkerRecord};
 use futures::Stream;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -75,12 +76,18 @@ impl WorkerService for WorkerApi {
         let node = self.node.clone();
 
         // Re-attach: attempts the worker runs that are still current are adopted; the rest are
-        // stale and the worker kills them.
+        // stale and the worker kills them. Attempts it says ended are left to their reports,
+        // which follow on this stream.
         let mut adopted = Vec::new();
         let mut stale = Vec::new();
-        for running in &register.running {
-            let instance = InstanceId(running.instance_id);
-            let attempt = Attempt(running.attempt);
+        let claimed = register
+            .running
+            .iter()
+            .map(|r| (r, true))
+            .chain(register.finished.iter().map(|r| (r, false)));
+        for (reference, running) in claimed {
+            let instance = InstanceId(reference.instance_id);
+            let attempt = Attempt(reference.attempt);
             let current = node
                 .store
                 .get_instance(instance)
@@ -94,43 +101,19 @@ impl WorkerService for WorkerApi {
                             InstanceState::Dispatched | InstanceState::Running
                         ) =>
                 {
-                    adopted.push((instance, attempt))
+                    if running {
+                        adopted.push((instance, attempt));
+                    }
                 }
-                _ => stale.push(*running),
+                // An ended attempt's report is still worth storing (a late ending); the store
+                // decides, and refuses what is not.
+                _ if !running => {}
+                _ => stale.push(*reference),
             }
         }
-
-        // Attempts dispatched to this worker before it registered that it does not run never
-        // reached it (the stream broke on the way, or the scheduler restarted): back to WAITING.
-        let listed: HashSet<(i64, u32)> = register
-            .running
-            .iter()
-            .map(|r| (r.instance_id, r.attempt))
-            .collect();
         let registered_at = now_ms();
-        let active = node
-            .store
-            .active_attempts(Some(&profile.id), 100_000)
-            .await
-            .map_err(|err| Status::unavailable(format!("store: {err}")))?;
-        for lost in active.into_iter().filter(|a| {
-            a.state == InstanceState::Dispatched
-                && !listed.contains(&(a.instance_id.0, a.attempt.0))
-                && a.dispatched_at.is_some_and(|at| at < registered_at)
-        }) {
-            let report = Report::Rejected {
-                instance_id: lost.instance_id,
-                attempt: lost.attempt,
-                worker_id: None,
-                reason: format!("worker {} re-registered without it", profile.id),
-            };
-            let envelope = Envelope {
-                worker: profile.id.clone(),
-                report,
-                from_worker: false,
-            };
-            let _ = node.reports.send(envelope).await;
-        }
+        let missing = missing_attempts(&node, &profile.id, &register, registered_at).await?;
+        end_missing(&node, &profile.id, missing).await;
 
         let (sender, receiver) = mpsc::channel(OUTBOUND_QUEUE);
         let now = now_ms();
@@ -167,6 +150,86 @@ impl WorkerService for WorkerApi {
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
+}
+
+/// The attempts the store has DISPATCHED or RUNNING on `worker` (claimed before `registered_at`:
+/// a dispatch claimed later may still be on its way to this very stream) that the worker's
+/// Register names neither as running nor as finished.
+async fn missing_attempts(
+    node: &Node,
+    worker: &str,
+    register: &Register,
+    registered_at: i64,
+) -> Result<Vec<ActiveAttempt>, Status> {
+    let listed: HashSet<(i64, u32)> = register
+        .running
+        .iter()
+        .chain(&register.finished)
+        .map(|r| (r.instance_id, r.attempt))
+        .collect();
+    let active = node
+        .store
+        .active_attempts(Some(worker), 100_000)
+        .await
+        .map_err(|err| Status::unavailable(format!("store: {err}")))?;
+    Ok(active
+        .into_iter()
+        .filter(|a| !listed.contains(&(a.instance_id.0, a.attempt.0)))
+        .filter(|a| a.dispatched_at.is_some_and(|at| at < registered_at))
+        .collect())
+}
+
+/// Ends at once what a registering worker no longer has, each with a decision: a dispatch that
+/// may have reached it is withdrawn (WAITING as the next attempt), a running attempt is lost
+/// (FAILED, retried as its task allows). Its process is gone: a worker that restarted killed it
+/// on the way down (parent-death signal, guardian), and the same worker process lists what it
+/// runs or ran.
+async fn end_missing(node: &Node, worker: &str, missing: Vec<ActiveAttempt>) {
+    if missing.is_empty() {
+        return;
+    }
+    let now = now_ms();
+    let cause = format!("worker {worker} registered without it");
+    let mut decisions = Vec::with_capacity(missing.len());
+    for attempt in missing {
+        let (kind, report) = match attempt.state {
+            InstanceState::Running => (
+                DecisionKind::Lost,
+                Report::Finished {
+                    instance_id: attempt.instance_id,
+                    attempt: attempt.attempt,
+                    worker_id: None,
+                    end: AttemptEnd::Finished(Outcome::Failed),
+                    exit_code: None,
+                    signal: None,
+                    at: now,
+                    log_lines: 0,
+                    message: format!("lost: {cause}"),
+                },
+            ),
+            _ => (
+                DecisionKind::Withdrawn,
+                Report::Rejected {
+                    instance_id: attempt.instance_id,
+                    attempt: attempt.attempt,
+                    worker_id: None,
+                    reason: cause.clone(),
+                    withdrawn: true,
+                },
+            ),
+        };
+        tracing::warn!(instance = %attempt.instance_id, attempt = %attempt.attempt, worker = %worker, ?kind, "the worker registered without an attempt the store has on it; ending it now");
+        decisions.push((attempt, kind, cause.clone()));
+        let envelope = Envelope {
+            worker: worker.to_string(),
+            report,
+            from_worker: false,
+        };
+        if node.reports.send(envelope).await.is_err() {
+            return;
+        }
+    }
+    crate::backstop::record_endings(node, decisions, now).await;
 }
 
 /// The stored form of a worker's log batch: packed lines as they came, or separate lines
@@ -330,11 +393,22 @@ async fn serve(
                 }
                 continue;
             }
+            // The worker has this attempt already: its own reports tell how it goes.
+            worker_message::Body::Rejected(rejected) if rejected.duplicate => {
+                tracing::info!(
+                    worker,
+                    instance = rejected.instance_id,
+                    attempt = rejected.attempt,
+                    "a repeated dispatch was rejected as a duplicate; waiting for the attempt's own reports"
+                );
+                continue;
+            }
             worker_message::Body::Rejected(rejected) => Report::Rejected {
                 instance_id: InstanceId(rejected.instance_id),
                 attempt: Attempt(rejected.attempt),
                 worker_id: Some(worker.to_string()),
                 reason: rejected.reason,
+                withdrawn: false,
             },
             worker_message::Body::Started(started) => Report::Started {
                 instance_id: InstanceId(started.instance_id),

@@ -196,12 +196,17 @@ pub enum AttemptEnd {
 /// scheduler's own verdicts (the liveness backstop, an undeliverable dispatch).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Report {
-    /// DISPATCHED → WAITING, same attempt.
+    /// DISPATCHED → WAITING. With `withdrawn` false (the worker refused the dispatch, or it
+    /// never left the scheduler) the same attempt may go out again. With `withdrawn` true the
+    /// dispatch may have reached a worker that never confirmed a start (it died, or came back
+    /// without it): the attempt ends FAILED with `reason` and the instance waits as attempt + 1,
+    /// which does not count against its retries (an attempt number is never dispatched twice).
     Rejected {
         instance_id: InstanceId,
         attempt: Attempt,
         worker_id: Option<String>,
         reason: String,
+        withdrawn: bool,
     },
     /// DISPATCHED → RUNNING.
     Started {
@@ -220,6 +225,9 @@ pub enum Report {
     },
     /// RUNNING (or DISPATCHED for a spawn failure) → terminal, or → WAITING as the next attempt
     /// when the task's retries allow. A success advances the run's DAG in the same transaction.
+    /// From the worker, about an attempt the scheduler already ended CANCELLED or TIMEOUT, it
+    /// is applied as that attempt's late ending: the attempt keeps its state and records the
+    /// exit code, signal and line count.
     Finished {
         instance_id: InstanceId,
         attempt: Attempt,

@@ -75,6 +75,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "run_state_covers_shards",
         include_str!("../migrations/mysql/0008_run_state_covers_shards.sql"),
     ),
+    (
+        9,
+        "withdrawn_attempts",
+        include_str!("../migrations/mysql/0009_withdrawn_attempts.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -116,6 +121,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         8,
         "run_state_covers_shards",
         include_str!("../migrations/sqlite/0008_run_state_covers_shards.sql"),
+    ),
+    (
+        9,
+        "withdrawn_attempts",
+        include_str!("../migrations/sqlite/0009_withdrawn_attempts.sql"),
     ),
 ];
 

@@ -208,13 +208,17 @@ conformance!(
     a_dependent_fires_once_every_upstream_succeeded_for_the_logical_time,
     a_paused_dependent_records_paused_and_creates_nothing,
     concurrent_upstream_successes_create_one_dependent_run,
+    a_withdrawn_dispatch_waits_as_the_next_attempt_without_spending_a_retry,
+    a_cancelled_attempt_records_how_its_worker_ended_it,
 );
 
 mod scenarios {
     use super::*;
 
     mod dag;
+    mod endings;
     pub(super) use dag::*;
+    pub(super) use endings::*;
 
     pub(super) fn task(name: &str, upstream: &[&str]) -> TaskSpec {
         TaskSpec {
@@ -725,6 +729,7 @@ mod scenarios {
             attempt: Attempt(1),
             worker_id: None,
             reason: "full".into(),
+            withdrawn: false,
         };
         let results = s
             .apply_reports(std::slice::from_ref(&reject), T0)
@@ -931,6 +936,7 @@ mod scenarios {
                 attempt: Attempt(1),
                 worker_id: None,
                 reason: String::new(),
+                withdrawn: false,
             },
         ];
         let results = s.apply_reports(&old, T0 + 500).await.unwrap();

@@ -33,11 +33,13 @@ pub(crate) struct InstanceKey {
     pub(crate) held_slots: String,
     /// The sharded task's instance, when this one is a shard.
     pub(crate) parent_id: Option<i64>,
+    /// Attempts withdrawn before a start was confirmed; they do not count against retries.
+    pub(crate) withdrawn: u32,
 }
 
 /// The columns [`key_of`] reads.
 const KEY_COLUMNS: &str = "id, run_id, workflow_id, workflow_version, task_name, state, attempt, worker_id, \
-     held_slots, parent_id";
+     held_slots, parent_id, withdrawn_attempts";
 
 pub(crate) async fn load_key(c: &mut AnyConnection, id: InstanceId) -> Result<Option<InstanceKey>> {
     read_key(&mut Counted::new(c), id).await
@@ -107,6 +109,7 @@ fn key_of(row: &sqlx::any::AnyRow) -> Result<InstanceKey> {
         worker_id: row.try_get("worker_id")?,
         held_slots: row.try_get("held_slots")?,
         parent_id: row.try_get("parent_id")?,
+        withdrawn: to_u32(row.try_get("withdrawn_attempts")?, "withdrawn_attempts")?,
     })
 }
 
@@ -221,11 +224,70 @@ async fn apply_counted(
             &mut after,
         ));
     }
+    record_late_endings(c, reports, &mut results, &mut writes).await?;
     let sent =
         writes.instances.write(c.uncounted()).await? + writes.attempts.write(c.uncounted()).await?;
     c.add(sent);
     after.carry_out(store, c, now, &mut results).await?;
     Ok(results)
+}
+
+/// A worker's report of how an attempt ended that the scheduler had already ended itself (a
+/// cancel, or the backstop's timeout), from the worker the attempt was dispatched to: the
+/// attempt keeps its state and gets the process's exit code, signal and line count, and the
+/// report counts as applied (the worker may forget it). One read per such report: they are
+/// rare, and a batch without them reads nothing more.
+async fn record_late_endings(
+    c: &mut Counted<'_>,
+    reports: &[Report],
+    results: &mut [ReportResult],
+    writes: &mut Writes,
+) -> Result<()> {
+    for (report, result) in reports.iter().zip(results.iter_mut()) {
+        let Report::Finished {
+            instance_id,
+            attempt,
+            worker_id: Some(reporter),
+            exit_code,
+            signal,
+            log_lines,
+            ..
+        } = report
+        else {
+            continue;
+        };
+        if !matches!(result, ReportResult::Stale { .. }) {
+            continue;
+        }
+        let row = sqlx::query(
+            "SELECT state, worker_id FROM task_attempt WHERE instance_id = ? AND attempt = ?",
+        )
+        .bind(instance_id.0)
+        .bind(i64::from(attempt.0))
+        .fetch_optional(&mut *c)
+        .await?;
+        let Some(row) = row else { continue };
+        let state = instance_state(&row.try_get::<String, _>("state")?)?;
+        let worker: Option<String> = row.try_get("worker_id")?;
+        let ended_here = matches!(state, InstanceState::Cancelled | InstanceState::Timeout);
+        if !ended_here || worker.as_deref() != Some(reporter.as_str()) {
+            continue;
+        }
+        writes.attempts.set(
+            instance_id.0,
+            i64::from(attempt.0),
+            [
+                ("exit_code", exit_code.map(i64::from).into()),
+                ("signal_num", signal.map(i64::from).into()),
+                (
+                    "log_lines",
+                    i64::try_from(*log_lines).unwrap_or(i64::MAX).into(),
+                ),
+            ],
+        );
+        *result = ReportResult::Applied(Applied::default());
+    }
+    Ok(())
 }
 
 /// The row changes a batch decided, sent after every report of it is decided.
@@ -406,31 +468,67 @@ fn decide(
     }
     let attempt_no = i64::from(attempt.0);
     match report {
-        Report::Rejected { reason, .. } => {
-            let Ok(next) = transition(key.state, Event::Reject) else {
+        Report::Rejected {
+            reason, withdrawn, ..
+        } => {
+            let event = if *withdrawn {
+                Event::Withdraw
+            } else {
+                Event::Reject
+            };
+            let Ok(next) = transition(key.state, event) else {
                 return stale_now;
             };
-            writes.instances.set(
-                id.0,
-                0,
-                [
-                    ("state", next.to.as_str().into()),
-                    ("worker_id", Value::Text(None)),
-                ],
-            );
-            writes.attempts.set(
-                id.0,
-                attempt_no,
-                [
-                    ("state", next.to.as_str().into()),
-                    ("message", reason.as_str().into()),
-                ],
-            );
+            if next.next_attempt {
+                // The withdrawn attempt keeps its record, ended; the next one starts afresh.
+                key.withdrawn += 1;
+                writes.instances.set(
+                    id.0,
+                    0,
+                    [
+                        ("state", next.to.as_str().into()),
+                        ("attempt", (attempt_no + 1).into()),
+                        ("withdrawn_attempts", i64::from(key.withdrawn).into()),
+                        ("worker_id", Value::Text(None)),
+                        ("not_before", now.into()),
+                    ],
+                );
+                writes.attempts.set(
+                    id.0,
+                    attempt_no,
+                    [
+                        ("state", InstanceState::Failed.as_str().into()),
+                        ("finished_at", now.into()),
+                        ("message", format!("withdrawn: {reason}").into()),
+                    ],
+                );
+            } else {
+                writes.instances.set(
+                    id.0,
+                    0,
+                    [
+                        ("state", next.to.as_str().into()),
+                        ("worker_id", Value::Text(None)),
+                    ],
+                );
+                writes.attempts.set(
+                    id.0,
+                    attempt_no,
+                    [
+                        ("state", next.to.as_str().into()),
+                        ("message", reason.as_str().into()),
+                    ],
+                );
+            }
+            after.ended.push((index, Ended::of(key), next.to));
             key.state = next.to;
             key.worker_id = None;
-            after.ended.push((index, Ended::of(key), next.to));
+            if next.next_attempt {
+                key.attempt = Attempt(attempt.0 + 1);
+            }
             ReportResult::Applied(Applied {
                 new_waiting: 1,
+                attempt_ended: next.next_attempt,
                 ..Applied::default()
             })
         }
@@ -491,7 +589,7 @@ fn decide(
                 .get(&(key.workflow_id.0, key.version, key.task.clone()))
                 .copied()
                 .unwrap_or((0, 0));
-            let left = retries_left(attempt.0, retries);
+            let left = retries_left(attempt.0, key.withdrawn, retries);
             let (event, attempt_state) = match end {
                 AttemptEnd::Finished(outcome) => (
                     Event::Finish {
@@ -510,7 +608,8 @@ fn decide(
             };
             let exit = exit_code.map(i64::from);
             if next.next_attempt {
-                let delay = retry_delay_ms(backoff, attempt.0, rand::random::<f64>());
+                let failures = attempt.0.saturating_sub(key.withdrawn);
+                let delay = retry_delay_ms(backoff, failures, rand::random::<f64>());
                 let not_before = now.saturating_add(i64::try_from(delay).unwrap_or(i64::MAX));
                 writes.instances.set(
                     id.0,

@@ -239,6 +239,7 @@ mod scenarios {
             attempt: Attempt(1),
             worker_id: None,
             reason: "busy".into(),
+            withdrawn: false,
         };
         s.apply_reports(&[rejected], T0).await.unwrap();
         check(0).await;

@@ -1,0 +1,471 @@
+//! Restarts without casualties: a scheduler or worker restart never kills, re-runs or
+//! double-starts a healthy task. Real processes on MariaDB with Redis (SQLite where the backend
+//! does not matter), short heartbeats so the windows are short, and every test ends with the
+//! ledger checks of `fault_kit::check_invariants`: no attempt number had two processes, no two
+//! attempts of an instance overlapped, nothing that succeeded ran again, every instance ended.
+//!
+//! - the scheduler killed with -9 and kept down past the dead-worker threshold and past the
+//!   workers' fence time, then restarted: nothing is killed, nothing runs twice, and the
+//!   reports of attempts that ended meanwhile are stored;
+//! - a dispatch accepted and started whose Started report never reached the store, on a worker
+//!   that then dies and comes back under its id: the attempt number is not dispatched again;
+//! - a worker killed with -9 and restarted under its id within the dead-worker threshold: what
+//!   it ran is ended at once and retried, with a decision saying why;
+//! - a worker that ignores `Dispatch.timeout_ms`: the scheduler times the attempt out itself,
+//!   has it killed, and runs the retry only once the old process ended;
+//! - a cancelled attempt keeps the exit its worker reports afterwards;
+//! - the test worker written from the proto alone runs a workflow as `ax-worker` does.
+
+use std::time::Duration;
+
+use ax_integration_tests::Backend;
+use ax_integration_tests::fault_kit::*;
+use ax_integration_tests::process::{HANG_GUARD, RedisChoice, SchedulerSettings, WorkerSettings};
+use ax_integration_tests::proto_worker::{ProtoWorker, ProtoWorkerOptions};
+use ax_proto::v1 as pb;
+use pb::InstanceState as S;
+use pb::scheduler_message::Body as FromScheduler;
+
+/// 300 ms heartbeats, dead after 4 missed (1.2 s): a worker fences after 0.9 s cut off from a
+/// live node.
+fn short_heartbeats(redis: RedisChoice) -> SchedulerSettings {
+    SchedulerSettings {
+        redis,
+        heartbeat_interval: "300ms".into(),
+        task_heartbeat_interval: Some("1s".into()),
+        dead_after_missed_heartbeats: Some(4),
+        ..SchedulerSettings::default()
+    }
+}
+
+fn worker_settings(capacity: u32) -> WorkerSettings {
+    WorkerSettings {
+        capacity: Some(capacity),
+        heartbeat_interval: Some("300ms".into()),
+        task_heartbeat_interval: Some("1s".into()),
+        ..WorkerSettings::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1 and 6. The scheduler down for longer than the dead-worker threshold and the fence time.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_scheduler_killed_and_down_past_the_dead_threshold_kills_and_reruns_nothing() {
+    let Some(mut cluster) =
+        cluster_with(Backend::MySql, short_heartbeats(RedisChoice::FromEnv)).await
+    else {
+        return;
+    };
+    for id in ["w1", "w2"] {
+        cluster
+            .start_worker_with(id, &worker_settings(6))
+            .expect("worker");
+        cluster.wait_worker_live(id).await.expect("live");
+    }
+    let effects = cluster.dir().join("effects");
+    let dir = cluster.dir().to_path_buf();
+    // Each task prints 10 lines over about 3 s; 12 of 30 run at once, so the outage finds some
+    // running through it, some ending during it (their reports unstored), some not started.
+    let command = script(&dir, "steady", &effects, &numbered_lines(10, "0.3"));
+    let tasks: Vec<(String, String)> = (1..=30)
+        .map(|i| (format!("t{i:02}"), command.clone()))
+        .collect();
+    apply(
+        &cluster,
+        &workflow(
+            "steady",
+            "defaults: { retries: 3, retry_backoff: 100ms }",
+            &tasks,
+        ),
+    )
+    .await;
+    let run_id = trigger(&cluster, "steady").await;
+    wait_instances(&cluster, run_id, "12 running", |all| {
+        all.iter().filter(|i| i.state() == S::Running).count() >= 12
+    })
+    .await;
+
+    let mut scheduler = cluster.take_scheduler().expect("scheduler");
+    scheduler.kill().await.expect("SIGKILL the scheduler");
+    // Down for 4 s: more than three times the dead threshold (1.2 s), four times the workers'
+    // fence time (0.9 s), and longer than every running task has left.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let ended_while_down = {
+        let notes = read_notes(&effects);
+        notes.iter().filter(|n| n.what == "end").count()
+    };
+    cluster
+        .start_scheduler()
+        .await
+        .expect("the scheduler restarts");
+
+    let run = wait_run_end(&cluster, run_id).await;
+    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(10)).await;
+    assert_eq!(
+        run.state(),
+        pb::RunState::Success,
+        "{}",
+        summary(&instances)
+    );
+    assert_eq!(instances.len(), 30);
+    let again: Vec<&pb::Instance> = instances.iter().filter(|i| i.attempt != 1).collect();
+    assert!(
+        again.is_empty(),
+        "attempts killed or run again after the restart:\n{}",
+        summary(&instances)
+    );
+    for id in ["w1", "w2"] {
+        let log = plain(&cluster.worker(id).expect("worker").log_text());
+        assert!(
+            !log.contains("self-fencing running attempts"),
+            "worker {id} fenced while no node was up:\n{log}"
+        );
+    }
+    assert!(
+        ended_while_down > 0,
+        "no attempt ended while the scheduler was down; the test proves less than it says"
+    );
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. A dispatch accepted and started, its Started report lost with the scheduler.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_started_attempt_whose_report_died_with_the_scheduler_is_never_dispatched_again() {
+    let Some(mut cluster) =
+        cluster_with(Backend::MySql, short_heartbeats(RedisChoice::FromEnv)).await
+    else {
+        return;
+    };
+    let effects = cluster.dir().join("effects");
+    let dir = cluster.dir().to_path_buf();
+    let command = script(&dir, "once", &effects, &numbered_lines(5, "0.2"));
+    apply(
+        &cluster,
+        &workflow("once", "", &[("only".to_string(), command)]),
+    )
+    .await;
+    // The worker accepts and starts the attempt, but its Started report never reaches the
+    // store: it withholds it, as if the scheduler had died with it in flight.
+    let mut options = ProtoWorkerOptions::new("ghost", &cluster.endpoint());
+    options.withhold_started = true;
+    let first = ProtoWorker::start(options.clone()).await.expect("worker");
+    cluster.wait_worker_live("ghost").await.expect("live");
+    let run_id = trigger(&cluster, "once").await;
+    wait_notes(&effects, "started", |notes| {
+        notes.iter().any(|n| n.what == "start")
+    })
+    .await;
+
+    let mut scheduler = cluster.take_scheduler().expect("scheduler");
+    scheduler.kill().await.expect("SIGKILL the scheduler");
+    // The worker dies too; its process dies with it.
+    first.die();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster
+        .start_scheduler()
+        .await
+        .expect("the scheduler restarts");
+    // It comes back under its id, a new process that has nothing, and behaves from now on.
+    options.withhold_started = false;
+    let second = ProtoWorker::start(options).await.expect("worker again");
+
+    let run = wait_run_end(&cluster, run_id).await;
+    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(5)).await;
+    assert_eq!(
+        run.state(),
+        pb::RunState::Success,
+        "{}",
+        summary(&instances)
+    );
+    let only = &instances[0];
+    assert_eq!(only.attempt, 2, "{}", summary(&instances));
+    let withdrawn = attempt(only, 1);
+    assert_eq!(withdrawn.state(), S::Failed, "{}", summary(&instances));
+    assert!(
+        withdrawn.message.starts_with("withdrawn: "),
+        "{}",
+        summary(&instances)
+    );
+    let starts_of_one = read_notes(&effects)
+        .iter()
+        .filter(|n| n.attempt == 1 && n.what == "start")
+        .count();
+    assert_eq!(starts_of_one, 1, "attempt 1 started more than once");
+    drop(second);
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. A worker restarted under its id within the dead-worker threshold.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_worker_restarted_under_its_id_has_its_running_attempt_ended_at_once() {
+    // Dead only after 10 minutes of silence: without the registration check the attempt would
+    // stay RUNNING far past the hang guard.
+    let settings = SchedulerSettings {
+        redis: RedisChoice::FromEnv,
+        heartbeat_interval: "500ms".into(),
+        dead_after_missed_heartbeats: Some(1200),
+        ..SchedulerSettings::default()
+    };
+    let Some(mut cluster) = cluster_with(Backend::MySql, settings).await else {
+        return;
+    };
+    let worker = WorkerSettings {
+        heartbeat_interval: Some("500ms".into()),
+        ..WorkerSettings::default()
+    };
+    cluster.start_worker_with("w1", &worker).expect("worker");
+    cluster.wait_worker_live("w1").await.expect("live");
+    let effects = cluster.dir().join("effects");
+    let dir = cluster.dir().to_path_buf();
+    // Attempt 1 runs until it is killed; attempt 2 ends at once.
+    let command = script(
+        &dir,
+        "stuck",
+        &effects,
+        "if [ \"$AX_ATTEMPT\" = 1 ]; then\n  while :; do note tick; sleep 0.1; done\nfi",
+    );
+    apply(
+        &cluster,
+        &workflow(
+            "stuck",
+            "defaults: { retries: 1 }",
+            &[("only".to_string(), command)],
+        ),
+    )
+    .await;
+    let run_id = trigger(&cluster, "stuck").await;
+    wait_instances(&cluster, run_id, "running", |all| {
+        all.iter().any(|i| i.state() == S::Running)
+    })
+    .await;
+    cluster.kill_worker("w1").await.expect("SIGKILL the worker");
+    cluster
+        .start_worker_with("w1", &worker)
+        .expect("worker again");
+
+    let run = wait_run_end(&cluster, run_id).await;
+    let instances = check_invariants(&cluster, run_id, &effects, Lines::Unchecked).await;
+    assert_eq!(
+        run.state(),
+        pb::RunState::Success,
+        "{}",
+        summary(&instances)
+    );
+    let lost = attempt(&instances[0], 1);
+    assert_eq!(lost.state(), S::Failed);
+    assert_eq!(
+        lost.message,
+        "lost: worker w1 registered without it",
+        "{}",
+        summary(&instances)
+    );
+    assert_eq!(attempt(&instances[0], 2).state(), S::Success);
+    // The decision says why the task ran again.
+    let why = cluster.axctl(&["why", "stuck"]).await.expect("axctl why");
+    assert!(
+        why.stdout.contains("lost") && why.stdout.contains("registered without it"),
+        "{why}"
+    );
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. A worker that ignores Dispatch.timeout_ms.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_worker_that_ignores_timeouts_has_the_attempt_timed_out_by_the_scheduler() {
+    let settings = SchedulerSettings {
+        redis: RedisChoice::FromEnv,
+        heartbeat_interval: "300ms".into(),
+        timeout_grace: Some("1s".into()),
+        ..SchedulerSettings::default()
+    };
+    let Some(cluster) = cluster_with(Backend::MySql, settings).await else {
+        return;
+    };
+    let mut options = ProtoWorkerOptions::new("lax", &cluster.endpoint());
+    options.enforce_timeouts = false;
+    let worker = ProtoWorker::start(options).await.expect("worker");
+    cluster.wait_worker_live("lax").await.expect("live");
+    let effects = cluster.dir().join("effects");
+    let dir = cluster.dir().to_path_buf();
+    // Attempt 1 would run for a minute; attempt 2 ends at once.
+    let command = script(
+        &dir,
+        "slow",
+        &effects,
+        "if [ \"$AX_ATTEMPT\" = 1 ]; then\n  i=0; while [ $i -lt 600 ]; do note tick; sleep 0.1; i=$((i + 1)); done\nfi",
+    );
+    apply(
+        &cluster,
+        &workflow(
+            "slow",
+            "defaults: { timeout: 2s, retries: 1 }",
+            &[("only".to_string(), command)],
+        ),
+    )
+    .await;
+    let run_id = trigger(&cluster, "slow").await;
+
+    let run = wait_run_end(&cluster, run_id).await;
+    let instances = check_invariants(&cluster, run_id, &effects, Lines::Unchecked).await;
+    assert_eq!(
+        run.state(),
+        pb::RunState::Success,
+        "{}",
+        summary(&instances)
+    );
+    let timed_out = attempt(&instances[0], 1);
+    assert_eq!(timed_out.state(), S::Timeout, "{}", summary(&instances));
+    assert!(
+        timed_out.message.starts_with("timed out: "),
+        "{}",
+        summary(&instances)
+    );
+    // Told to kill it; the process's end was recorded when the worker reported it.
+    let cancels = worker
+        .received()
+        .into_iter()
+        .filter(|m| matches!(&m.body, Some(FromScheduler::Cancel(c)) if c.attempt == 1))
+        .count();
+    assert!(cancels >= 1, "the worker was never told to kill attempt 1");
+    assert_eq!(timed_out.signal, Some(libc::SIGTERM), "{timed_out:?}");
+    assert_eq!(attempt(&instances[0], 2).state(), S::Success);
+    drop(worker);
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. A cancel, then the worker's report of how the process ended.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_cancelled_attempt_records_the_exit_its_worker_reports() {
+    let Some(mut cluster) =
+        cluster_with(Backend::MySql, short_heartbeats(RedisChoice::FromEnv)).await
+    else {
+        return;
+    };
+    cluster
+        .start_worker_with("w1", &worker_settings(2))
+        .expect("worker");
+    cluster.wait_worker_live("w1").await.expect("live");
+    let effects = cluster.dir().join("effects");
+    let dir = cluster.dir().to_path_buf();
+    let command = script(&dir, "long", &effects, &numbered_lines(600, "0.1"));
+    apply(
+        &cluster,
+        &workflow("long", "", &[("only".to_string(), command)]),
+    )
+    .await;
+    let run_id = trigger(&cluster, "long").await;
+    wait_notes(&effects, "ticking", |notes| {
+        notes.iter().filter(|n| n.what == "tick").count() >= 5
+    })
+    .await;
+    let cancel = cluster
+        .axctl(&["cancel", "run", &run_id.to_string()])
+        .await
+        .expect("axctl cancel");
+    assert_eq!(cancel.code, Some(0), "{cancel}");
+
+    // The worker reports the attempt's end after the cancel; the attempt keeps it.
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    let instance = loop {
+        let instances = instances(&cluster, run_id).await;
+        let first = instances[0].clone();
+        if attempt(&first, 1).log_lines > 0 {
+            break first;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the cancelled attempt never got its ending:\n{}",
+            summary(&instances)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(instance.state(), S::Cancelled);
+    let ended = attempt(&instance, 1);
+    assert_eq!(ended.state(), S::Cancelled);
+    assert_eq!(ended.signal, Some(libc::SIGTERM), "{ended:?}");
+    let stored = logs(&cluster, instance.id, 1).await;
+    assert_eq!(ended.log_lines, stored.len() as u64, "{ended:?}");
+    let worker_log = plain(&cluster.worker("w1").expect("worker").log_text());
+    assert!(
+        !worker_log.contains("scheduler refused a report"),
+        "the worker's report after the cancel was refused:\n{worker_log}"
+    );
+    check_invariants(&cluster, run_id, &effects, Lines::Unchecked).await;
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. The proto is the contract: a worker written from it alone runs a workflow.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_written_from_the_proto_alone_runs_a_workflow_with_its_context() {
+    let Some(cluster) = cluster_with(Backend::Sqlite, short_heartbeats(RedisChoice::None)).await
+    else {
+        return;
+    };
+    let worker = ProtoWorker::start(ProtoWorkerOptions::new("second", &cluster.endpoint()))
+        .await
+        .expect("worker");
+    cluster.wait_worker_live("second").await.expect("live");
+    let effects = cluster.dir().join("effects");
+    let dir = cluster.dir().to_path_buf();
+    let show = "echo \"run=$AX_RUN_ID instance=$AX_INSTANCE_ID attempt=$AX_ATTEMPT workflow=$AX_WORKFLOW task=$AX_TASK time=$AX_LOGICAL_TIME\"";
+    let first = script(&dir, "first", &effects, show);
+    let second = script(&dir, "second", &effects, &format!("{show}\nexit 3"));
+    let yaml = format!(
+        "name: contract\ndefaults: {{ retries: 1, timeout: 1m }}\ntasks:\n  - name: a\n    command: \"{}\"\n  - name: b\n    upstream: [a]\n    command: \"{}\"\n",
+        first.replace('"', "\\\""),
+        second.replace('"', "\\\""),
+    );
+    apply(&cluster, &yaml).await;
+    let run_id = trigger(&cluster, "contract").await;
+    let run = wait_run_end(&cluster, run_id).await;
+    let instances = check_invariants(&cluster, run_id, &effects, Lines::Unchecked).await;
+    assert_eq!(run.state(), pb::RunState::Failed, "{}", summary(&instances));
+    let a = instances.iter().find(|i| i.task == "a").expect("a ran");
+    let b = instances.iter().find(|i| i.task == "b").expect("b ran");
+    assert_eq!(a.state(), S::Success);
+    assert_eq!(
+        (b.state(), b.attempt),
+        (S::Failed, 2),
+        "{}",
+        summary(&instances)
+    );
+    assert_eq!(attempt(b, 2).exit_code, Some(3));
+    let lines = logs(&cluster, a.id, 1).await;
+    let context = lines.first().map(|l| l.text.clone()).unwrap_or_default();
+    let time = chrono_like_utc(&context);
+    assert_eq!(
+        context,
+        format!(
+            "run={run_id} instance={} attempt=1 workflow=contract task=a time={time}",
+            a.id
+        )
+    );
+    assert!(time.ends_with('Z') && time.len() >= 20, "{context}");
+    let lines = logs(&cluster, b.id, 2).await;
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.text.contains("attempt=2 workflow=contract task=b")),
+        "{lines:?}"
+    );
+    drop(worker);
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
+/// The `time=` value of a context line.
+fn chrono_like_utc(line: &str) -> String {
+    line.rsplit_once("time=")
+        .map(|(_, time)| time.to_string())
+        .unwrap_or_default()
+}

@@ -294,12 +294,12 @@ async fn fault_a_worker_that_ignores_timeouts_has_the_attempt_timed_out_by_the_s
     cluster.wait_worker_live("lax").await.expect("live");
     let effects = cluster.dir().join("effects");
     let dir = cluster.dir().to_path_buf();
-    // Attempt 1 would run for a minute; attempt 2 ends at once.
+    // Attempt 1 would run for 30 s and succeed; attempt 2 ends at once.
     let command = script(
         &dir,
         "slow",
         &effects,
-        "if [ \"$AX_ATTEMPT\" = 1 ]; then\n  i=0; while [ $i -lt 600 ]; do note tick; sleep 0.1; i=$((i + 1)); done\nfi",
+        "if [ \"$AX_ATTEMPT\" = 1 ]; then\n  i=0; while [ $i -lt 300 ]; do note tick; sleep 0.1; i=$((i + 1)); done\nfi",
     );
     apply(
         &cluster,

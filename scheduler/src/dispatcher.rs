@@ -358,6 +358,7 @@ async fn dispatch_batch(
                 logical_time_ms: item.logical_time,
                 shard_index: item.shard.as_ref().map_or(0, |shard| shard.index),
                 shard_total: item.shard.as_ref().map_or(0, |shard| shard.total),
+                keep_when_cut_off: task.unfenced,
             };
             planned.push(Planned {
                 worker: slots[chosen].id.clone(),

@@ -42,7 +42,8 @@
 //!   as contact. With an older scheduler, frames sent after the handshake count too.
 //!
 //! Beyond the margin, the scheduler's start lock still stops a retry from starting beside a
-//! survivor.
+//! survivor. An attempt of a task with `self_fence: false` (`Dispatch.keep_when_cut_off`) is
+//! never fenced: its task accepts that a retry may run beside it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -180,10 +181,10 @@ pub(crate) async fn self_fence(
             silent.as_millis(),
             delay.as_millis()
         );
-        let killed = attempts.fence_all(&reason);
-        if killed > 0 {
+        let asked = attempts.fence_all(&reason);
+        if asked > 0 {
             tracing::warn!(
-                killed,
+                asked,
                 silent_ms = silent.as_millis() as u64,
                 fence_after_ms = delay.as_millis() as u64,
                 "no scheduler reachable; self-fencing running attempts"

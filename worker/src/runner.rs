@@ -78,6 +78,7 @@ pub async fn run_attempt(
             grace: settings.kill_grace,
             timeout: None,
             timeout_ms: dispatch.timeout_ms,
+            keep_when_cut_off: dispatch.keep_when_cut_off,
             reason: None,
             sigkill_at: None,
             exited: false,
@@ -117,6 +118,8 @@ struct Watch {
     /// time, while the task's output keeps the loop busy.
     timeout: Option<Pin<Box<Sleep>>>,
     timeout_ms: u64,
+    /// The task opted out of self-fencing.
+    keep_when_cut_off: bool,
     reason: Option<KillReason>,
     sigkill_at: Option<Pin<Box<Sleep>>>,
     exited: bool,
@@ -132,6 +135,9 @@ impl Watch {
                 Some(Control::Cancel { reason }) => {
                     tracing::info!(%reason, "cancelling attempt");
                     self.kill(KillReason::Cancel(reason));
+                }
+                Some(Control::Fence { reason }) if self.keep_when_cut_off => {
+                    tracing::warn!(%reason, "not fencing this attempt: its task opted out (self_fence: false)");
                 }
                 Some(Control::Fence { reason }) => {
                     tracing::warn!(%reason, "self-fencing: killing attempt");

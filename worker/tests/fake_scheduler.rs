@@ -923,6 +923,39 @@ async fn attempts_are_self_fenced_when_no_scheduler_is_reachable() {
     worker.stop().await;
 }
 
+/// A task with `self_fence: false` keeps running when its worker is cut off; the others on the
+/// same worker are fenced.
+#[tokio::test]
+async fn an_attempt_whose_task_opted_out_is_not_fenced() {
+    let fake = FakeScheduler::start().await;
+    let worker = Worker::start(&[&fake], |options| {
+        options.self_fence_after = Some(Duration::from_millis(300));
+        options.drain_flush_timeout = Duration::from_millis(200);
+    });
+    let mut kept = dispatch(73, "sleep 100");
+    kept.keep_when_cut_off = true;
+    fake.dispatch(kept).await;
+    fake.dispatch(dispatch(74, "sleep 100")).await;
+    let kept_pid = fake.started_pid(73).await as i32;
+    let fenced_pid = fake.started_pid(74).await as i32;
+    fake.state.refuse.store(true, Ordering::SeqCst);
+    fake.drop_connection().await;
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    while alive(fenced_pid) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the other attempt was not fenced"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Well past the fence delay, the opted-out attempt still runs.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(alive(kept_pid), "the opted-out attempt was fenced");
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(kept_pid, libc::SIGKILL) };
+    worker.stop().await;
+}
+
 /// A node that is down refuses connections, and no node that is down judges anyone: however
 /// long the outage, the attempt keeps running. (A node that starts gives workers the
 /// dead-worker threshold from its own start to come back.)

@@ -56,6 +56,8 @@
 //!                                # consistent_hash / failover choose among the workers connected
 //!                                # to the dispatching scheduler node (each node over its own);
 //!                                # a full preferred worker passes to the next in hash/id order
+//!     self_fence: true           # false: keep running when the worker is cut off from the
+//!                                # schedulers (a retry may then run beside it)
 //! ```
 //!
 //! `schedule.trigger` is derived (cron when `schedule.cron` is set, dependency when
@@ -363,6 +365,11 @@ pub struct TaskSpec {
     pub pool: Option<String>,
     #[serde(default)]
     pub routing: Routing,
+    /// `self_fence: false`: the task keeps running when its worker is cut off from the
+    /// schedulers, at the price that its retry may run beside it (the worker fences every other
+    /// attempt).
+    #[serde(default)]
+    pub unfenced: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -446,6 +453,7 @@ const TASK_FIELDS: &[&str] = &[
     "concurrency",
     "pool",
     "routing",
+    "self_fence",
 ];
 
 impl WorkflowSpec {
@@ -962,6 +970,17 @@ impl Ctx<'_> {
         Ok(name)
     }
 
+    fn boolean(&self, node: &Node, field: &str) -> Result<bool, SpecError> {
+        match &node.value {
+            Value::Scalar { text, plain: true } => match text.as_str() {
+                "true" | "True" | "TRUE" => Ok(true),
+                "false" | "False" | "FALSE" => Ok(false),
+                _ => Err(self.type_err(node, field, "true or false")),
+            },
+            _ => Err(self.type_err(node, field, "true or false")),
+        }
+    }
+
     fn integer(&self, node: &Node, field: &str, min: i64, max: i64) -> Result<i64, SpecError> {
         let text = match &node.value {
             Value::Scalar { text, plain: true } if is_integer_text(text) => text,
@@ -1459,6 +1478,11 @@ impl Ctx<'_> {
             None => Routing::Default,
         };
 
+        let unfenced = match fields.get("self_fence") {
+            Some(n) => !self.boolean(n, &field("self_fence"))?,
+            None => false,
+        };
+
         let task = TaskSpec {
             name,
             command,
@@ -1474,6 +1498,7 @@ impl Ctx<'_> {
             concurrency,
             pool,
             routing,
+            unfenced,
         };
         let lines = TaskLines {
             task: node.line,
@@ -1888,6 +1913,21 @@ mod tests {
     }
 
     #[test]
+    fn self_fence_is_on_unless_a_task_opts_out() {
+        let parsed = parse_ok(
+            "
+            name: etl
+            tasks:
+              - {name: a, command: x}
+              - {name: b, command: x, self_fence: false}
+              - {name: c, command: x, self_fence: true}
+            ",
+        );
+        let unfenced: Vec<bool> = parsed.spec.tasks.iter().map(|t| t.unfenced).collect();
+        assert_eq!(unfenced, [false, true, false]);
+    }
+
+    #[test]
     fn unknown_fields_name_the_allowed_ones() {
         check_err(
             "
@@ -1909,7 +1949,7 @@ mod tests {
             ",
             "wf.yaml:5: tasks[0].retires: unknown field \"retires\"; allowed fields: name, command, \
              argv, timeout, retries, retry_backoff, env, working_dir, labels, priority, upstream, \
-             concurrency, pool, routing",
+             concurrency, pool, routing, self_fence",
         );
         check_err(
             "
@@ -2013,6 +2053,16 @@ mod tests {
                 priority: 1.5
             ",
             "wf.yaml:5: tasks[0].priority: expected an integer, found a number",
+        );
+        check_err(
+            "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                self_fence: 'no'
+            ",
+            "wf.yaml:5: tasks[0].self_fence: expected true or false, found a string",
         );
         check_err(
             "

@@ -54,8 +54,21 @@ impl Watching {
         }
     }
 
-    /// A store call failed: what workers did meanwhile may not be recorded.
-    pub fn store_failed(&self) {
+    /// A store call failed: if the store could not be reached, what workers did meanwhile may
+    /// not be recorded. Any other failure (a statement refused) says nothing about that.
+    pub fn store_failed(&self, error: &anyhow::Error) {
+        let unreachable = error.chain().any(|cause| {
+            cause
+                .downcast_ref::<ax_store::StoreError>()
+                .is_some_and(ax_store::StoreError::is_unreachable)
+        });
+        if unreachable {
+            self.store_lost();
+        }
+    }
+
+    /// The store could not be reached.
+    pub fn store_lost(&self) {
         self.store_lost.store(true, Ordering::Relaxed);
     }
 
@@ -82,7 +95,7 @@ pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
             _ = cancel.cancelled() => return,
         }
         if let Err(err) = judge_active(&node).await {
-            node.watching.store_failed();
+            node.watching.store_failed(&err);
             tracing::error!(error = %err, "liveness pass failed");
         }
     }
@@ -280,5 +293,26 @@ fn carry_out(
                 },
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_unreachable_store_starts_the_watch_anew() {
+        let watching = Watching::new(100);
+        // A statement the store refused: the node saw everything it could.
+        watching.store_failed(&anyhow::Error::new(ax_store::StoreError::NotFound(
+            "instance 7".into(),
+        )));
+        assert_eq!(watching.store_answered(500), 100);
+        // The store could not be reached: the node starts watching again when it answers.
+        let lost = anyhow::Error::new(ax_store::StoreError::Database(sqlx::Error::PoolTimedOut))
+            .context("reading waiting instances");
+        watching.store_failed(&lost);
+        assert_eq!(watching.store_answered(900), 900);
+        assert_eq!(watching.store_answered(1_500), 900);
     }
 }

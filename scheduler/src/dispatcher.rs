@@ -66,7 +66,7 @@ const IDLE_POLL: Duration = Duration::from_millis(500);
 pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
     loop {
         if let Err(err) = dispatch_ready(&node).await {
-            node.watching.store_failed();
+            node.watching.store_failed(&err);
             tracing::error!(error = %err, "dispatch pass failed");
         }
         tokio::select! {

@@ -71,7 +71,9 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
         match node.store.apply_reports(&reports, now_ms()).await {
             Ok(results) => break results,
             Err(err) => {
-                node.watching.store_failed();
+                if err.is_unreachable() {
+                    node.watching.store_lost();
+                }
                 tracing::error!(error = %err, reports = reports.len(), "applying reports failed; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));

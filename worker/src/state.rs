@@ -767,12 +767,15 @@ impl Attempts {
         })
     }
 
-    /// True when every retained log line has been acknowledged.
+    /// True when every retained log line and every end has been acknowledged: a worker that
+    /// drains waits for this (up to its flush timeout), so its successor under the same id does
+    /// not find an end the scheduler never stored.
     pub fn all_acked(&self) -> bool {
-        self.lock()
-            .attempts
-            .values()
-            .all(|entry| entry.logs.is_empty() && entry.spill.is_none())
+        self.lock().attempts.values().all(|entry| {
+            entry.logs.is_empty()
+                && entry.spill.is_none()
+                && entry.finished.as_ref().is_none_or(|report| report.acked)
+        })
     }
 
     /// Bytes of log lines kept in memory until acknowledged.

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use ax_proto::v1::worker_service_server::{WorkerService, WorkerServiceServer};
 use ax_proto::v1::{
-    AttemptFinished, AttemptOutcome, AttemptRef, CancelAttempt, Dispatch, LogAck, LogStream,
-    ProtocolVersion, Register, Registered, ReportRefused, SchedulerMessage, WorkerHeartbeat,
-    WorkerMessage, scheduler_message, worker_message::Body,
+    AttemptFinished, AttemptOutcome, AttemptRef, CancelAttempt, Dispatch, FinishedAck, LogAck,
+    LogStream, ProtocolVersion, Register, Registered, ReportRefused, SchedulerMessage,
+    WorkerHeartbeat, WorkerMessage, scheduler_message, worker_message::Body,
 };
 use ax_worker::{LogStats, WorkerOptions};
 use tokio::sync::mpsc;
@@ -99,6 +99,17 @@ impl WorkerService for FakeService {
                     };
                     let _ = tx
                         .send(Ok(message(scheduler_message::Body::LogAck(ack))))
+                        .await;
+                }
+                if let Some(Body::Finished(finished)) = &received.body
+                    && state.auto_ack.load(Ordering::SeqCst)
+                {
+                    let ack = FinishedAck {
+                        instance_id: finished.instance_id,
+                        attempt: finished.attempt,
+                    };
+                    let _ = tx
+                        .send(Ok(message(scheduler_message::Body::FinishedAck(ack))))
                         .await;
                 }
                 state.received.lock().unwrap().push(received);

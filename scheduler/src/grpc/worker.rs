@@ -111,10 +111,6 @@ impl WorkerService for WorkerApi {
                 _ => stale.push(*reference),
             }
         }
-        let registered_at = now_ms();
-        let missing = missing_attempts(&node, &profile.id, &register, registered_at).await?;
-        end_missing(&node, &profile.id, missing).await;
-
         let (sender, receiver) = mpsc::channel(OUTBOUND_QUEUE);
         let now = now_ms();
         let welcome = SchedulerMessage {
@@ -134,9 +130,22 @@ impl WorkerService for WorkerApi {
             .send(Ok(welcome))
             .await
             .map_err(|_| Status::cancelled("worker went away during registration"))?;
+        // The new stream replaces the old one before the store is read for what the worker
+        // lacks: a dispatch claimed before this moment either went out on the old stream (and
+        // is ended below) or is refused by the registry (planned on the old stream), and one
+        // claimed after it goes out on this stream.
+        let registered_at = now_ms();
         let connection = node
             .registry
             .connect(profile.clone(), sender, adopted.clone(), now);
+        let missing = match missing_attempts(&node, &profile.id, &register, registered_at).await {
+            Ok(missing) => missing,
+            Err(status) => {
+                node.registry.disconnect(&profile.id, connection);
+                return Err(status);
+            }
+        };
+        end_missing(&node, &profile.id, missing).await;
         tracing::info!(worker = %profile.id, %remote, capacity = profile.capacity, adopted = adopted.len(), stale = stale.len(), "worker connected");
         save_worker(&node, &profile, 0, now, true).await;
         node.dispatch_wake.notify_one();

@@ -34,6 +34,23 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+impl StoreError {
+    /// The database could not be reached (connection lost or refused, pool exhausted or
+    /// closed), as opposed to a statement it refused.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Database(
+                sqlx::Error::Io(_)
+                    | sqlx::Error::Tls(_)
+                    | sqlx::Error::PoolTimedOut
+                    | sqlx::Error::PoolClosed
+                    | sqlx::Error::WorkerCrashed
+            )
+        )
+    }
+}
+
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

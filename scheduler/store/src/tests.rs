@@ -210,6 +210,7 @@ conformance!(
     concurrent_upstream_successes_create_one_dependent_run,
     a_withdrawn_dispatch_waits_as_the_next_attempt_without_spending_a_retry,
     a_cancelled_attempt_records_how_its_worker_ended_it,
+    a_withdrawal_that_finds_its_attempt_running_loses_it,
 );
 
 mod scenarios {

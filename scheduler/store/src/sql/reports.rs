@@ -318,10 +318,19 @@ async fn load_retry_policies(
 ) -> Result<RetryPolicies> {
     let mut wanted: BTreeMap<(i64, i64), BTreeSet<&str>> = BTreeMap::new();
     for report in reports {
-        if let Report::Finished {
-            instance_id, end, ..
-        } = report
-            && may_retry(end)
+        // A withdrawal that finds its attempt running ends it as a failure (see `decide`).
+        let failing = match report {
+            Report::Finished {
+                instance_id, end, ..
+            } => may_retry(end).then_some(instance_id),
+            Report::Rejected {
+                instance_id,
+                withdrawn: true,
+                ..
+            } => Some(instance_id),
+            _ => None,
+        };
+        if let Some(instance_id) = failing
             && let Some(key) = keys.get(&instance_id.0)
         {
             wanted
@@ -467,6 +476,28 @@ fn decide(
         return stale_now;
     }
     let attempt_no = i64::from(attempt.0);
+    if let Report::Rejected {
+        reason,
+        withdrawn: true,
+        ..
+    } = report
+        && key.state == InstanceState::Running
+    {
+        // Its Started report was applied after the withdrawal was decided on an older read: the
+        // worker ran the attempt and no longer has it, so it is lost, not withdrawn.
+        let lost = Report::Finished {
+            instance_id: id,
+            attempt,
+            worker_id: None,
+            end: AttemptEnd::Finished(ax_core::state::Outcome::Failed),
+            exit_code: None,
+            signal: None,
+            at: now,
+            log_lines: 0,
+            message: format!("lost: {reason}"),
+        };
+        return decide(&lost, now, index, keys, policies, writes, after);
+    }
     match report {
         Report::Rejected {
             reason, withdrawn, ..

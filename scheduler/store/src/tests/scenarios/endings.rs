@@ -164,3 +164,28 @@ pub(in crate::tests) async fn a_cancelled_attempt_records_how_its_worker_ended_i
         "{results:?}"
     );
 }
+
+/// A withdrawal decided before the attempt's Started report was applied: the worker ran it and
+/// no longer has it, so it is lost (retried as the task allows), never left RUNNING.
+pub(in crate::tests) async fn a_withdrawal_that_finds_its_attempt_running_loses_it(ctx: Ctx) {
+    let s = ctx.s();
+    let mut flaky = task("a", &[]);
+    flaky.retries = 1;
+    let wf = apply(s, &spec("wf", vec![flaky])).await;
+    let run = start_run(s, &wf).await;
+    let a = launch(s, run.id, "a").await;
+    assert_eq!(a.state, InstanceState::Running);
+    let results = s
+        .apply_reports(&[withdraw(a.id, 1)], T0 + 40)
+        .await
+        .unwrap();
+    assert!(applied(&results[0]).retry_scheduled, "{results:?}");
+    let now = s.get_instance(a.id).await.unwrap().unwrap();
+    assert_eq!(
+        (now.state, now.attempt),
+        (InstanceState::Waiting, Attempt(2))
+    );
+    let first = &s.list_attempts(a.id).await.unwrap()[0];
+    assert_eq!(first.state, InstanceState::Failed);
+    assert_eq!(first.message, "lost: worker w1 came back without it");
+}

@@ -194,7 +194,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
                 .max_decoding_message_size(grpc::control::MAX_REQUEST_BYTES),
         )
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            accepted_without_delay(listener),
             cancel.clone().cancelled_owned(),
         );
     let closing = node.clone();
@@ -265,6 +265,22 @@ mod run_creator;
 mod schedules;
 mod specs;
 mod worker_rows;
+
+/// The listener's connections with Nagle's algorithm off: a small frame written right after
+/// another (a FinishedAck, then the Dispatch of the next task) would otherwise wait for the
+/// peer's delayed ACK, about 40 ms.
+fn accepted_without_delay(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|accepted| {
+        let stream = accepted?;
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::warn!(%error, "cannot turn off Nagle's algorithm on a connection");
+        }
+        Ok(stream)
+    })
+}
 
 #[cfg(test)]
 mod tests {

@@ -259,31 +259,24 @@ impl Attempts {
         }
     }
 
+    /// Attempts whose process runs now (Register.running).
     pub fn running(&self) -> Vec<AttemptRef> {
-        let state = self.lock();
-        let mut refs: Vec<AttemptRef> = state
-            .attempts
-            .iter()
-            .filter(|(_, entry)| entry.running() && !entry.forgotten)
-            .map(|(key, _)| AttemptRef {
-                instance_id: key.instance_id,
-                attempt: key.attempt,
-            })
-            .collect();
-        refs.sort_by_key(|r| (r.instance_id, r.attempt));
-        refs
+        self.refs(|entry| entry.running())
     }
 
     /// Attempts that ended here whose report the scheduler has neither acknowledged nor
     /// refused (Register.finished): their reports follow on the next stream.
     pub fn unacknowledged(&self) -> Vec<AttemptRef> {
+        self.refs(|entry| entry.finished.as_ref().is_some_and(|report| !report.acked))
+    }
+
+    /// The attempts not forgotten that `keep` selects, in (instance, attempt) order.
+    fn refs(&self, keep: impl Fn(&AttemptEntry) -> bool) -> Vec<AttemptRef> {
         let state = self.lock();
         let mut refs: Vec<AttemptRef> = state
             .attempts
             .iter()
-            .filter(|(_, entry)| {
-                !entry.forgotten && entry.finished.as_ref().is_some_and(|report| !report.acked)
-            })
+            .filter(|(_, entry)| !entry.forgotten && keep(entry))
             .map(|(key, _)| AttemptRef {
                 instance_id: key.instance_id,
                 attempt: key.attempt,

@@ -1,5 +1,5 @@
 //! The fast guards of exactly-once start: a dedup marker per dispatched attempt and a start lock
-//! per instance (design.md, "Exactly-once start").
+//! per instance (ARCHITECTURE.md, "An attempt's process starts at most once").
 //!
 //! Redis holds them in a cluster; a single node uses the in-process implementation. Neither is
 //! the store of record: every transition is still a conditional update in the store, so when

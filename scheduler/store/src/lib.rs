@@ -38,16 +38,7 @@ impl StoreError {
     /// The database could not be reached (connection lost or refused, pool exhausted or
     /// closed), as opposed to a statement it refused.
     pub fn is_unreachable(&self) -> bool {
-        matches!(
-            self,
-            StoreError::Database(
-                sqlx::Error::Io(_)
-                    | sqlx::Error::Tls(_)
-                    | sqlx::Error::PoolTimedOut
-                    | sqlx::Error::PoolClosed
-                    | sqlx::Error::WorkerCrashed
-            )
-        )
+        sql::db_errors::is_unreachable(self)
     }
 }
 

@@ -6,13 +6,16 @@
 //! upgrade its lock and fail with SQLITE_BUSY) and retries a MySQL deadlock a few times.
 
 mod audit;
+mod cancel;
 mod counted;
+pub(crate) mod db_errors;
+mod decisions;
 mod dependents;
 mod dispatch;
 mod downstream_tasks;
 mod ids;
 mod locks;
-mod ops;
+mod logs;
 mod patch;
 mod queue;
 mod reports;
@@ -20,7 +23,11 @@ mod rerun;
 mod rows;
 mod run_create;
 mod run_end;
+mod runs;
 mod shard_retry;
+mod store_impl;
+mod workers;
+mod workflows;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -241,6 +248,9 @@ fn with_statement_cache(url: &str) -> String {
 
 /// Task names per `IN (…)` list of task names.
 pub(crate) const NAMES_PER_STATEMENT: usize = 500;
+
+/// Rows per multi-row insert: far below both backends' limits on bound parameters.
+pub(crate) const INSERT_CHUNK: usize = 500;
 
 /// `rows` split for multi-row inserts into chunks whose sizes are powers of two (at most 256),
 /// largest first: a few statement texts for batches of every size, as [`padded_len`] gives
@@ -515,26 +525,6 @@ pub(crate) struct WriteTx<'a> {
     _guard: Option<tokio::sync::MutexGuard<'a, ()>>,
 }
 
-/// Whether a failed transaction may succeed when simply tried again.
-pub(crate) fn is_retryable(err: &StoreError) -> bool {
-    let StoreError::Database(sqlx::Error::Database(db)) = err else {
-        return false;
-    };
-    if let Some(mysql) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        // ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT.
-        return matches!(mysql.number(), 1213 | 1205);
-    }
-    // SQLITE_BUSY and its extended codes (another process holds the write lock too long).
-    matches!(
-        db.code().as_deref(),
-        Some("5" | "261" | "517" | "6" | "262")
-    )
-}
-
-pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
-    matches!(err, sqlx::Error::Database(db) if db.is_unique_violation())
-}
-
 /// Runs `$body` (an expression using the connection `$conn`) in a write transaction, commits,
 /// and retries the whole transaction after a deadlock or a busy database.
 macro_rules! write_tx {
@@ -566,7 +556,7 @@ macro_rules! write_tx {
                 Ok(value) => break Ok(value),
                 Err(err) => {
                     store.after_failed_tx();
-                    if tries < $crate::sql::MAX_TRIES && $crate::sql::is_retryable(&err) {
+                    if tries < $crate::sql::MAX_TRIES && $crate::sql::db_errors::is_retryable(&err) {
                         tracing::debug!(tries, error = %err, "retrying a store transaction");
                         let pause = 5u64 * (1 << tries) + rand::random_range(0..10u64);
                         tokio::time::sleep(std::time::Duration::from_millis(pause)).await;

@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use ax_core::Millis;
 use ax_core::decision::DecisionKind;
@@ -13,156 +12,13 @@ use ax_core::ids::{Attempt, InstanceId, RunId};
 use ax_core::run::RunState;
 use ax_core::spec::{ScheduleSpec, TaskSpec, TriggerKind, WorkflowSpec};
 use ax_core::state::{InstanceState, Outcome};
-use sqlx::Connection;
 
 use crate::*;
 
-const T0: Millis = 1_700_000_000_000;
+#[macro_use]
+mod support;
 
-/// What a scenario gets: the store, and its url to open a second store on the same database.
-#[derive(Clone)]
-struct Ctx {
-    store: Arc<SqlStore>,
-    url: String,
-}
-
-impl Ctx {
-    fn s(&self) -> &dyn Store {
-        self.store.as_ref()
-    }
-}
-
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-fn unique_suffix() -> String {
-    format!(
-        "{}_{}_{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed),
-        rand::random_range(0..1_000_000u32)
-    )
-}
-
-/// Runs `scenario` in its own task so that a failed assertion still lets the caller clean up.
-async fn run_scenario<F, Fut>(ctx: Ctx, scenario: F) -> Result<(), tokio::task::JoinError>
-where
-    F: FnOnce(Ctx) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    tokio::spawn(scenario(ctx)).await
-}
-
-async fn on_sqlite<F, Fut>(scenario: F)
-where
-    F: FnOnce(Ctx) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let dir = tempfile::tempdir().expect("temp dir");
-    let url = format!("sqlite://{}/nested/ax.db", dir.path().display());
-    let store = Arc::new(SqlStore::connect(&url).await.expect("open sqlite store"));
-    assert_eq!(store.backend(), Backend::Sqlite);
-    let result = run_scenario(
-        Ctx {
-            store: store.clone(),
-            url,
-        },
-        scenario,
-    )
-    .await;
-    store.close().await;
-    if let Err(err) = result {
-        std::panic::resume_unwind(err.into_panic());
-    }
-}
-
-/// `mysql://user@host:port` without the database path.
-fn mysql_server_url(url: &str) -> String {
-    let (scheme, rest) = url
-        .split_once("://")
-        .expect("AX_TEST_MYSQL_URL has a scheme");
-    let rest = rest.split(['?', '#']).next().unwrap_or(rest);
-    let host = rest.split('/').next().unwrap_or(rest);
-    format!("{scheme}://{host}")
-}
-
-async fn on_mysql<F, Fut>(scenario: F)
-where
-    F: FnOnce(Ctx) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let Ok(url) = std::env::var("AX_TEST_MYSQL_URL") else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "AX_TEST_MYSQL_URL must be set in CI: the MySQL store suite may not be skipped"
-        );
-        eprintln!("AX_TEST_MYSQL_URL is not set: skipping the MySQL variant");
-        return;
-    };
-    let server = mysql_server_url(&url);
-    let database = format!("ax_test_{}", unique_suffix());
-    let mut admin = sqlx::MySqlConnection::connect(&server)
-        .await
-        .expect("connect to MySQL");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE DATABASE {database} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-    )))
-    .execute(&mut admin)
-    .await
-    .expect("create test database");
-    let db_url = format!("{server}/{database}");
-    let opened = SqlStore::connect(&db_url).await;
-    let result = match opened {
-        Ok(store) => {
-            let store = Arc::new(store);
-            assert_eq!(store.backend(), Backend::MySql);
-            let result = run_scenario(
-                Ctx {
-                    store: store.clone(),
-                    url: db_url,
-                },
-                scenario,
-            )
-            .await;
-            store.close().await;
-            Some(result)
-        }
-        Err(err) => {
-            eprintln!("cannot open the MySQL store: {err}");
-            None
-        }
-    };
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE {database}")))
-        .execute(&mut admin)
-        .await
-        .expect("drop test database");
-    match result {
-        Some(Ok(())) => {}
-        Some(Err(err)) => std::panic::resume_unwind(err.into_panic()),
-        None => panic!("the MySQL store did not open"),
-    }
-}
-
-/// Each scenario becomes `tests::sqlite::NAME` and `tests::mysql::NAME`.
-macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::on_sqlite(super::scenarios::$name).await;
-                }
-            )*
-        }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::on_mysql(super::scenarios::$name).await;
-                }
-            )*
-        }
-    };
-}
+use support::*;
 
 conformance!(
     apply_creates_then_keeps_then_updates_versions,
@@ -220,168 +76,6 @@ mod scenarios {
     mod endings;
     pub(super) use dag::*;
     pub(super) use endings::*;
-
-    pub(super) fn task(name: &str, upstream: &[&str]) -> TaskSpec {
-        TaskSpec {
-            name: name.to_string(),
-            command: format!("echo {name}"),
-            upstream: upstream.iter().map(|s| s.to_string()).collect(),
-            ..TaskSpec::default()
-        }
-    }
-
-    pub(super) fn spec(name: &str, tasks: Vec<TaskSpec>) -> WorkflowSpec {
-        WorkflowSpec {
-            name: name.to_string(),
-            app: "etl".into(),
-            owner: "alice".into(),
-            description: String::new(),
-            schedule: ScheduleSpec::default(),
-            concurrency: Default::default(),
-            tasks,
-        }
-    }
-
-    pub(super) async fn apply(s: &dyn Store, spec: &WorkflowSpec) -> WorkflowRecord {
-        s.apply_workflow(spec, "source", None, T0)
-            .await
-            .expect("apply")
-            .0
-    }
-
-    pub(super) fn new_run(wf: &WorkflowRecord, dedup_key: Option<&str>) -> NewRun {
-        NewRun {
-            workflow_id: wf.id,
-            workflow_version: wf.version,
-            trigger: TriggerKind::Manual,
-            logical_time: T0,
-            dedup_key: dedup_key.map(str::to_string),
-            idempotency_key: None,
-            params: BTreeMap::from([("day".to_string(), "2024-01-01".to_string())]),
-            triggered_by: "tester".into(),
-            now: T0,
-            audit_from: None,
-        }
-    }
-
-    async fn start_run(s: &dyn Store, wf: &WorkflowRecord) -> RunRecord {
-        let (run, created) = s.create_run(&new_run(wf, None)).await.expect("create run");
-        assert!(created);
-        run
-    }
-
-    async fn instance_of(s: &dyn Store, run: RunId, task: &str) -> Option<InstanceRecord> {
-        let all = s.list_instances(run).await.expect("list instances");
-        all.into_iter().find(|i| i.task == task)
-    }
-
-    /// Claims `instance` for worker `w1` and applies its Started report; returns the Finished
-    /// report of its success, for the caller to apply (and measure).
-    pub(super) async fn start_on_w1(s: &dyn Store, instance: &InstanceRecord) -> Report {
-        let claim = DispatchClaim {
-            instance_id: instance.id,
-            attempt: instance.attempt,
-            worker_id: "w1".into(),
-            node_id: "node-1".into(),
-            at: T0 + 10,
-            limits: Vec::new(),
-        };
-        assert_eq!(s.mark_dispatched(&[claim]).await.unwrap(), vec![true]);
-        let started = Report::Started {
-            instance_id: instance.id,
-            attempt: instance.attempt,
-            worker_id: "w1".into(),
-            pid: 4242,
-            at: T0 + 20,
-        };
-        s.apply_reports(&[started], T0 + 20).await.unwrap();
-        Report::Finished {
-            instance_id: instance.id,
-            attempt: instance.attempt,
-            worker_id: Some("w1".into()),
-            end: AttemptEnd::Finished(Outcome::Success),
-            exit_code: Some(0),
-            signal: None,
-            at: T0 + 30,
-            log_lines: 0,
-            message: String::new(),
-        }
-    }
-
-    pub(super) async fn tasks_of(s: &dyn Store, run: RunId) -> BTreeSet<String> {
-        let all = s.list_instances(run).await.expect("list instances");
-        all.into_iter().map(|i| i.task).collect()
-    }
-
-    fn claim(id: InstanceId, attempt: u32, worker: &str) -> DispatchClaim {
-        DispatchClaim {
-            instance_id: id,
-            attempt: Attempt(attempt),
-            worker_id: worker.into(),
-            node_id: "node-1".into(),
-            at: T0 + 10,
-            limits: Vec::new(),
-        }
-    }
-
-    fn started(id: InstanceId, attempt: u32) -> Report {
-        Report::Started {
-            instance_id: id,
-            attempt: Attempt(attempt),
-            worker_id: "w1".into(),
-            pid: 4242,
-            at: T0 + 20,
-        }
-    }
-
-    fn finished(id: InstanceId, attempt: u32, outcome: Outcome, exit: i32) -> Report {
-        Report::Finished {
-            instance_id: id,
-            attempt: Attempt(attempt),
-            worker_id: None,
-            end: AttemptEnd::Finished(outcome),
-            exit_code: Some(exit),
-            signal: None,
-            at: T0 + 30,
-            log_lines: 3,
-            message: format!("exit {exit}"),
-        }
-    }
-
-    fn applied(result: &ReportResult) -> &Applied {
-        match result {
-            ReportResult::Applied(applied) => applied,
-            other => panic!("expected Applied, got {other:?}"),
-        }
-    }
-
-    /// Dispatches and starts the current attempt of `task` in `run`.
-    async fn launch(s: &dyn Store, run: RunId, task: &str) -> InstanceRecord {
-        let inst = instance_of(s, run, task).await.expect("instance exists");
-        assert_eq!(inst.state, InstanceState::Waiting, "{task}");
-        let won = s
-            .mark_dispatched(&[claim(inst.id, inst.attempt.0, "w1")])
-            .await
-            .unwrap();
-        assert_eq!(won, vec![true]);
-        let results = s
-            .apply_reports(&[started(inst.id, inst.attempt.0)], T0)
-            .await
-            .unwrap();
-        applied(&results[0]);
-        s.get_instance(inst.id).await.unwrap().expect("instance")
-    }
-
-    /// Runs `task` to `outcome` and returns what the finish changed.
-    async fn run_task(s: &dyn Store, run: RunId, task: &str, outcome: Outcome) -> Applied {
-        let inst = launch(s, run, task).await;
-        let exit = if outcome == Outcome::Success { 0 } else { 1 };
-        let results = s
-            .apply_reports(&[finished(inst.id, inst.attempt.0, outcome, exit)], T0 + 30)
-            .await
-            .unwrap();
-        applied(&results[0]).clone()
-    }
 
     pub(super) async fn apply_creates_then_keeps_then_updates_versions(ctx: Ctx) {
         let s = ctx.s();
@@ -1037,22 +731,9 @@ mod scenarios {
             for up in &ups {
                 running.push(launch(s, run.id, up).await);
             }
-            let barrier = Arc::new(tokio::sync::Barrier::new(running.len()));
-            let mut handles = Vec::new();
-            for inst in running {
-                let (store, barrier) = (ctx.store.clone(), barrier.clone());
-                handles.push(tokio::spawn(async move {
-                    barrier.wait().await;
-                    let report = finished(inst.id, 1, Outcome::Success, 0);
-                    store
-                        .apply_reports(&[report], T0 + 50)
-                        .await
-                        .expect("apply")
-                }));
-            }
             let mut created = 0;
-            for handle in handles {
-                created += applied(&handle.await.unwrap()[0]).new_waiting;
+            for results in finish_at_once(&ctx.store, running).await {
+                created += applied(&results[0]).new_waiting;
             }
             assert_eq!(
                 created, 1,
@@ -1843,7 +1524,7 @@ mod scenarios {
     }
 
     pub(super) async fn ids_are_unique_across_two_stores(ctx: Ctx) {
-        let other = Arc::new(SqlStore::connect(&ctx.url).await.expect("second store"));
+        let other = ctx.second_store().await;
         let wf = apply(
             ctx.s(),
             &spec("wf", vec![task("a", &[]), task("b", &[]), task("c", &[])]),
@@ -2228,12 +1909,7 @@ async fn open_returns_a_working_store_and_in_memory_sqlite_works() {
     let store = open("sqlite::memory:").await.expect("in-memory store");
     assert_eq!(store.backend(), Backend::Sqlite);
     let wf = store
-        .apply_workflow(
-            &scenarios::spec("m", vec![scenarios::task("a", &[])]),
-            "",
-            None,
-            T0,
-        )
+        .apply_workflow(&spec("m", vec![task("a", &[])]), "", None, T0)
         .await
         .unwrap()
         .0;

@@ -1,9 +1,11 @@
 //! Audit rows: inserted in multi-row statements, alone (`Store::insert_audits`) or in the
-//! transaction of the change they record (a trigger's row with its run).
+//! transaction of the change they record (a trigger's row with its run), and queried by action,
+//! target and actor, newest first.
 
 use super::counted::Counted;
-use super::{pow2_chunks, values_rows};
-use crate::{AuditRecord, Result};
+use super::rows;
+use super::{SqlStore, pow2_chunks, values_rows};
+use crate::{AuditFilter, AuditRecord, Result};
 
 /// Inserts `records` in the caller's transaction.
 pub(crate) async fn insert_rows(c: &mut Counted<'_>, records: &[AuditRecord]) -> Result<()> {
@@ -25,4 +27,33 @@ pub(crate) async fn insert_rows(c: &mut Counted<'_>, records: &[AuditRecord]) ->
         query.execute(&mut *c).await?;
     }
     Ok(())
+}
+
+pub(crate) async fn query_audit(
+    store: &SqlStore,
+    filter: &AuditFilter,
+) -> Result<Vec<AuditRecord>> {
+    let mut sql = format!("{} WHERE 1 = 1", rows::AUDIT_SELECT);
+    let fields = [
+        ("action", &filter.action),
+        ("target", &filter.target),
+        ("actor", &filter.actor),
+    ];
+    for (column, value) in &fields {
+        if value.is_some() {
+            sql.push_str(&format!(" AND {column} = ?"));
+        }
+    }
+    sql.push_str(" ORDER BY at DESC, id DESC LIMIT ?");
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for (_, value) in fields {
+        if let Some(value) = value {
+            query = query.bind(value.as_str());
+        }
+    }
+    let rows = query
+        .bind(i64::from(filter.limit))
+        .fetch_all(&store.pool)
+        .await?;
+    rows.iter().map(rows::audit).collect()
 }

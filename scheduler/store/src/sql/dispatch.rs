@@ -1,4 +1,10 @@
-//! Concurrency limits and sharded broadcast in the store.
+//! Dispatch in the store: the queue of waiting instances, the claims that dispatch them, the
+//! concurrency limits a claim carries, sharded broadcast, and the attempts on workers.
+//!
+//! **Queue and claims.** [`waiting`] walks the queue index from its head; [`mark_dispatched_tx`]
+//! claims a batch with a fixed number of statements whatever its size, and
+//! [`mark_dispatched`] puts the limits' decision in front of it when a claim carries limits.
+//! [`active_attempts`] lists what is dispatched or running, for the timeout and worker checks.
 //!
 //! **Limits.** One `concurrency_slot` row per limited scope counts the instances that hold it.
 //! A claim (`mark_dispatched`) that carries limits locks its instance rows (id order), then the
@@ -26,11 +32,12 @@ use ax_core::state::{Event, InstanceState, Outcome, transition};
 use sqlx::{AnyConnection, Row};
 
 use super::ids::IdKind;
+use super::patch::{Patches, Table};
 use super::reports::{InstanceKey, load_key, lock_runs};
-use super::rows::{instance_state, to_u32};
+use super::rows::{self, instance_state, map_json, to_u32};
 use super::run_end::finish_run_if_done;
-use super::{SqlStore, in_list, values_rows};
-use crate::{DecisionRecord, DispatchClaim, Result};
+use super::{Dialect, SqlStore, in_list, pow2_chunks, values_rows};
+use crate::{ActiveAttempt, DispatchClaim, Result, WaitingInstance};
 
 /// The `held_slots` text of a claim: its scopes, one per line.
 pub(crate) fn held_slots(claim: &DispatchClaim) -> String {
@@ -43,14 +50,14 @@ pub(crate) fn held_slots(claim: &DispatchClaim) -> String {
 }
 
 /// Claims with limits: decides which claims fit (see the module doc), then applies the winners
-/// through `apply` (the plain conditional claims) and raises the counters of what they took.
+/// through [`mark_dispatched_tx`] (the plain conditional claims) and raises the counters of what they took.
 pub(crate) async fn mark_dispatched(
     store: &SqlStore,
     c: &mut AnyConnection,
     claims: &[DispatchClaim],
 ) -> Result<Vec<bool>> {
     if claims.iter().all(|claim| claim.limits.is_empty()) {
-        return super::ops::mark_dispatched_tx(store, c, claims, None).await;
+        return mark_dispatched_tx(store, c, claims, None).await;
     }
     // Instance rows first, in id order (the order every other transaction locks them in).
     let ids: BTreeSet<i64> = claims.iter().map(|claim| claim.instance_id.0).collect();
@@ -99,7 +106,7 @@ pub(crate) async fn mark_dispatched(
         taken.insert(claim.instance_id.0);
         allowed[i] = true;
     }
-    let won = super::ops::mark_dispatched_tx(store, c, claims, Some(&allowed)).await?;
+    let won = mark_dispatched_tx(store, c, claims, Some(&allowed)).await?;
     // The instances were locked and WAITING, so every allowed claim won; count what did.
     let mut after = before.clone();
     for (claim, won) in claims.iter().zip(&won) {
@@ -552,42 +559,210 @@ pub(crate) async fn fail_shard_tx(
     Ok(true)
 }
 
-pub(crate) async fn record_decisions_once_tx(
+/// The conditional claims; with `allowed`, only the claims it allows are tried (the limits said
+/// no to the others, see the module doc). A claim wins when its instance is still WAITING as that
+/// attempt; the batch costs a fixed number of statements whatever its size: one locking read
+/// of the instances, one update of the winners, one read of their attempt rows, one multi-row
+/// insert of the new attempt rows (and one update for attempts dispatched again).
+pub(crate) async fn mark_dispatched_tx(
+    store: &SqlStore,
     c: &mut AnyConnection,
-    decisions: &[DecisionRecord],
-) -> Result<u32> {
-    let mut stored = 0;
-    for d in decisions {
-        let Some(instance) = d.instance_id else {
-            continue;
-        };
-        let seen = sqlx::query(
-            "SELECT id FROM decision_log WHERE instance_id = ? AND kind = ? AND detail = ? LIMIT 1",
-        )
-        .bind(instance.0)
-        .bind(d.kind.as_str())
-        .bind(d.detail.as_str())
-        .fetch_optional(&mut *c)
-        .await?;
-        if seen.is_some() {
+    claims: &[DispatchClaim],
+    allowed: Option<&[bool]>,
+) -> Result<Vec<bool>> {
+    let mut won = vec![false; claims.len()];
+    let ids: BTreeSet<i64> = claims
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| allowed.is_none_or(|allowed| allowed[*i]))
+        .map(|(_, claim)| claim.instance_id.0)
+        .collect();
+    if ids.is_empty() {
+        return Ok(won);
+    }
+    // Lock the instance rows in id order whatever the claim order, so two batches cannot
+    // deadlock; the claims are decided on what the lock shows.
+    let (list, ids) = in_list(ids);
+    let sql = format!(
+        "SELECT id, attempt, state FROM task_instance WHERE id IN ({list}) ORDER BY id{}",
+        store.dialect.for_update()
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for id in ids {
+        query = query.bind(id);
+    }
+    let mut waiting: BTreeMap<i64, i64> = BTreeMap::new();
+    for row in query.fetch_all(&mut *c).await? {
+        if row.try_get::<String, _>("state")? == InstanceState::Waiting.as_str() {
+            waiting.insert(row.try_get("id")?, row.try_get("attempt")?);
+        }
+    }
+    let mut instances = Patches::new(Table::Instance);
+    let mut winners: Vec<&DispatchClaim> = Vec::new();
+    for (i, claim) in claims.iter().enumerate() {
+        if allowed.is_some_and(|allowed| !allowed[i]) {
             continue;
         }
-        sqlx::query(
-            "INSERT INTO decision_log (at, workflow_id, slot_at, run_id, instance_id, task_name, \
-             kind, detail, node_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(d.at)
-        .bind(d.workflow_id.0)
-        .bind(d.slot_at)
-        .bind(d.run_id.map(|id| id.0))
-        .bind(instance.0)
-        .bind(d.task.as_deref())
-        .bind(d.kind.as_str())
-        .bind(d.detail.as_str())
-        .bind(d.node_id.as_str())
-        .execute(&mut *c)
-        .await?;
-        stored += 1;
+        let attempt = i64::from(claim.attempt.0);
+        // A claim wins once: the instance leaves WAITING with it.
+        if waiting.get(&claim.instance_id.0) == Some(&attempt) {
+            waiting.remove(&claim.instance_id.0);
+            won[i] = true;
+            instances.set(
+                claim.instance_id.0,
+                0,
+                [
+                    ("state", InstanceState::Dispatched.as_str().into()),
+                    ("worker_id", claim.worker_id.as_str().into()),
+                    ("held_slots", super::dispatch::held_slots(claim).into()),
+                ],
+            );
+            winners.push(claim);
+        }
     }
-    Ok(stored)
+    if winners.is_empty() {
+        return Ok(won);
+    }
+    instances.write(c).await?;
+    // One attempt row per claim; a rejected attempt dispatched again reuses its row, whose
+    // earlier start and end are cleared.
+    const COLUMNS: [&str; 13] = [
+        "instance_id",
+        "attempt",
+        "state",
+        "worker_id",
+        "node_id",
+        "dispatched_at",
+        "started_at",
+        "finished_at",
+        "exit_code",
+        "signal_num",
+        "pid",
+        "log_lines",
+        "message",
+    ];
+    let tail = store.dialect.upsert_tail(&COLUMNS[..2], &COLUMNS[2..]);
+    for winners in pow2_chunks(&winners) {
+        let sql = format!(
+            "INSERT INTO task_attempt ({}) VALUES {}{tail}",
+            COLUMNS.join(", "),
+            values_rows(winners.len(), COLUMNS.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for claim in winners {
+            query = query
+                .bind(claim.instance_id.0)
+                .bind(i64::from(claim.attempt.0))
+                .bind(InstanceState::Dispatched.as_str())
+                .bind(claim.worker_id.as_str())
+                .bind(claim.node_id.as_str())
+                .bind(claim.at)
+                .bind(None::<i64>)
+                .bind(None::<i64>)
+                .bind(None::<i64>)
+                .bind(None::<i64>)
+                .bind(None::<i64>)
+                .bind(0i64)
+                .bind("");
+        }
+        query.execute(&mut *c).await?;
+    }
+    Ok(won)
+}
+
+pub(crate) async fn waiting(
+    store: &SqlStore,
+    now: Millis,
+    limit: u32,
+) -> Result<Vec<WaitingInstance>> {
+    // Walk the queue index from its head and stop after `limit` rows, looking up each
+    // row's workflow and run by primary key. Left to itself, MariaDB starts from the small
+    // workflow and run tables, or joins the workflow through a join buffer, and either way
+    // sorts every WAITING row (20–35 ms a read with 10,000 waiting).
+    let (join_order, queue_index, by_key) = match store.dialect {
+        Dialect::MySql => (
+            "SELECT STRAIGHT_JOIN",
+            "task_instance ti FORCE INDEX (idx_task_instance_queue)",
+            " FORCE INDEX (PRIMARY) ON",
+        ),
+        Dialect::Sqlite => (
+            "SELECT",
+            "task_instance ti INDEXED BY idx_task_instance_queue",
+            " ON",
+        ),
+    };
+    let sql = format!(
+        "{} JOIN run r{by_key} r.id = ti.run_id \
+         WHERE ti.state = 'WAITING' AND ti.not_before <= ? AND r.state = 'RUNNING' \
+         ORDER BY ti.priority DESC, ti.id LIMIT ?",
+        rows::INSTANCE_SELECT
+            .replace(
+                "ti.exit_code,",
+                "ti.exit_code, r.logical_time, r.params_json,"
+            )
+            .replacen("SELECT", join_order, 1)
+            .replacen("task_instance ti", queue_index, 1)
+            .replacen("JOIN workflow w ON", &format!("JOIN workflow w{by_key}"), 1)
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(now)
+        .bind(i64::from(limit))
+        .fetch_all(&store.pool)
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let params: String = row.try_get("params_json")?;
+            let instance = rows::instance(row)?;
+            let shard = instance.shard.clone();
+            Ok(WaitingInstance {
+                instance,
+                logical_time: row.try_get("logical_time")?,
+                params: map_json(&params, "run params")?,
+                shard,
+            })
+        })
+        .collect()
+}
+
+pub(crate) async fn active_attempts(
+    store: &SqlStore,
+    worker: Option<&str>,
+    limit: u32,
+) -> Result<Vec<ActiveAttempt>> {
+    let on_worker = if worker.is_some() {
+        " AND ti.worker_id = ?"
+    } else {
+        ""
+    };
+    let sql = format!(
+        "SELECT ti.id, ti.run_id, ti.attempt, ti.state, ti.worker_id, ti.started_at, \
+         ti.last_heartbeat_at, ta.dispatched_at, td.timeout_ms \
+         FROM task_instance ti \
+         JOIN task_definition td ON td.workflow_id = ti.workflow_id \
+           AND td.version = ti.workflow_version AND td.name = ti.task_name \
+         LEFT JOIN task_attempt ta ON ta.instance_id = ti.id AND ta.attempt = ti.attempt \
+         WHERE ti.state IN ('DISPATCHED', 'RUNNING'){on_worker} \
+         AND NOT (ti.shard_slot = 0 AND ti.shard_total IS NOT NULL) ORDER BY ti.id LIMIT ?"
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    if let Some(worker) = worker {
+        query = query.bind(worker);
+    }
+    let rows = query.bind(i64::from(limit)).fetch_all(&store.pool).await?;
+    rows.iter()
+        .map(|row| {
+            let timeout: i64 = row.try_get("timeout_ms")?;
+            Ok(ActiveAttempt {
+                instance_id: InstanceId(row.try_get("id")?),
+                run_id: RunId(row.try_get("run_id")?),
+                attempt: Attempt(to_u32(row.try_get("attempt")?, "attempt")?),
+                state: instance_state(&row.try_get::<String, _>("state")?)?,
+                worker_id: row.try_get("worker_id")?,
+                dispatched_at: row.try_get("dispatched_at")?,
+                started_at: row.try_get("started_at")?,
+                last_heartbeat_at: row.try_get("last_heartbeat_at")?,
+                timeout_ms: u64::try_from(timeout).unwrap_or(0),
+            })
+        })
+        .collect()
 }

@@ -1,4 +1,7 @@
-//! `axctl rerun RUN --from TASK`: the task and everything below it run again as new attempts,
+//! Running finished tasks again: `axctl rerun RUN --from TASK`, rerunning a run's failed part,
+//! and a manual retry of one instance.
+//!
+//! **Rerun from a task.** The task and everything below it run again as new attempts,
 //! and the advance wakes the PENDING instances a rerun leaves behind.
 //!
 //! The chosen task's instance goes to WAITING as attempt + 1; every instance below it that ran
@@ -6,6 +9,11 @@
 //! never got an instance stay without one. The advance then treats a PENDING instance like a
 //! missing one: once all its upstreams succeeded again it becomes WAITING as attempt + 1
 //! ([`wake_pending`]), so the advance stays O(direct downstream).
+//!
+//! **Manual retries.** A retry moves a finished, unsuccessful instance to its next attempt
+//! and reopens its run; rerunning a run's failed part retries each of its failed, timed-out or
+//! cancelled tasks that has no shards still going. A sharded task is retried as a whole, once
+//! its shards ended (`shard_retry.rs`).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -14,10 +22,11 @@ use ax_core::ids::{Attempt, InstanceId, RunId};
 use ax_core::state::{Event, InstanceState, transition};
 use sqlx::{AnyConnection, Row};
 
-use super::reports::lock_runs;
+use super::reports::{self, load_key, lock_runs};
 use super::rows::{corrupt, instance_state, to_u32};
+use super::runs::{instance_by_id, run_by_id};
 use super::{SqlStore, placeholders};
-use crate::{RerunFrom, Result};
+use crate::{ManualRetry, RerunFailed, RerunFrom, Result};
 
 /// The new attempt's columns when an instance goes back to WAITING.
 const FRESH_ATTEMPT: &str = "attempt = attempt + 1, worker_id = NULL, not_before = ?, \
@@ -200,4 +209,98 @@ pub(crate) async fn wake_pending(
         .execute(&mut *c)
         .await?;
     Ok(u32::try_from(done.rows_affected()).unwrap_or(u32::MAX))
+}
+
+/// Moves one finished, unsuccessful instance to its next attempt (a person asked for it), and
+/// reopens its run. False when the instance is not in `key.state` any more.
+async fn retry_one(c: &mut AnyConnection, key: &reports::InstanceKey, now: Millis) -> Result<bool> {
+    if transition(key.state, Event::ManualRetry).is_err() {
+        return Ok(false);
+    }
+    let done = sqlx::query(
+        "UPDATE task_instance SET state = 'WAITING', attempt = attempt + 1, not_before = ?, \
+         worker_id = NULL, started_at = NULL, finished_at = NULL, exit_code = NULL \
+         WHERE id = ? AND attempt = ? AND state = ?",
+    )
+    .bind(now)
+    .bind(key.id.0)
+    .bind(i64::from(key.attempt.0))
+    .bind(key.state.as_str())
+    .execute(&mut *c)
+    .await?;
+    if done.rows_affected() != 1 {
+        return Ok(false);
+    }
+    sqlx::query(
+        "UPDATE run SET state = 'RUNNING', finished_at = NULL, cancel_requested = 0 \
+         WHERE id = ? AND state <> 'RUNNING'",
+    )
+    .bind(key.run_id.0)
+    .execute(&mut *c)
+    .await?;
+    Ok(true)
+}
+
+pub(crate) async fn retry_instance_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    id: InstanceId,
+    now: Millis,
+) -> Result<ManualRetry> {
+    let Some(key) = load_key(c, id).await? else {
+        return Ok(ManualRetry::NotFound);
+    };
+    lock_runs(store, c, &BTreeSet::from([key.run_id.0])).await?;
+    let Some(key) = load_key(c, id).await? else {
+        return Ok(ManualRetry::NotFound);
+    };
+    if let Some(refused) = super::shard_retry::refuse_retry(c, id).await? {
+        return Ok(refused);
+    }
+    if !retry_one(c, &key, now).await? {
+        return Ok(ManualRetry::NotRetryable(key.state));
+    }
+    let record = instance_by_id(c, id)
+        .await?
+        .ok_or_else(|| corrupt("retried instance vanished"))?;
+    Ok(ManualRetry::Retried(record))
+}
+
+pub(crate) async fn rerun_failed_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    run: RunId,
+    now: Millis,
+) -> Result<Option<RerunFailed>> {
+    lock_runs(store, c, &BTreeSet::from([run.0])).await?;
+    if run_by_id(c, run).await?.is_none() {
+        return Ok(None);
+    }
+    let ids = sqlx::query(
+        "SELECT id FROM task_instance WHERE run_id = ? AND shard_slot = 0 \
+         AND state IN ('FAILED', 'TIMEOUT', 'CANCELLED') ORDER BY id",
+    )
+    .bind(run.0)
+    .fetch_all(&mut *c)
+    .await?;
+    let ids: Vec<InstanceId> = ids
+        .iter()
+        .map(|row| Ok(InstanceId(row.try_get("id")?)))
+        .collect::<Result<_>>()?;
+    let shards_active = super::shard_retry::shards_going(c, &ids).await?;
+    let mut retried = Vec::new();
+    for id in ids {
+        if shards_active.iter().any(|(parent, _)| *parent == id) {
+            continue;
+        }
+        if let Some(key) = load_key(c, id).await?
+            && retry_one(c, &key, now).await?
+        {
+            retried.push(id);
+        }
+    }
+    Ok(Some(RerunFailed {
+        retried,
+        shards_active,
+    }))
 }

@@ -22,8 +22,30 @@ use super::counted::Counted;
 use super::ids::IdKind;
 use super::queue::{self, Limits};
 use super::rows::{self, corrupt, to_json};
-use super::{SqlStore, in_list, is_unique_violation, pow2_chunks, values_rows};
-use crate::{AuditRecord, NewRun, Result, RunRecord, StoreError};
+use super::{SqlStore, db_errors, in_list, pow2_chunks, values_rows, write_tx};
+use crate::{AuditRecord, NewRun, Result, RunRecord, Store, StoreError};
+
+pub(crate) async fn create_run(store: &SqlStore, run: &NewRun) -> Result<(RunRecord, bool)> {
+    let mut created = store.create_runs(std::slice::from_ref(run)).await?;
+    created
+        .pop()
+        .ok_or_else(|| corrupt("a run create returned nothing"))
+}
+
+pub(crate) async fn create_runs(
+    store: &SqlStore,
+    runs: &[NewRun],
+) -> Result<Vec<(RunRecord, bool)>> {
+    if runs.is_empty() {
+        return Ok(Vec::new());
+    }
+    write_tx!(store, |c| async move {
+        let mut c = Counted::new(c);
+        let created = create_runs_tx(store, &mut c, runs).await;
+        store.count_create_statements(c.statements());
+        Ok(created?.into_iter().map(Into::into).collect())
+    })
+}
 
 /// The outcome of creating one run.
 pub(crate) enum Created {
@@ -296,7 +318,7 @@ async fn insert_one(
         Ok(_) => {}
         // Another node created the run with this key between our read and our insert: the
         // unique key decides, and the first run is the answer.
-        Err(err) if is_unique_violation(&err) => {
+        Err(err) if db_errors::is_unique_violation(&err) => {
             let mut existing = runs_by_dedup(c, std::slice::from_ref(run)).await?;
             return match existing.drain().next() {
                 Some((_, record)) => Ok(Plan::Existing(record)),
@@ -365,7 +387,7 @@ async fn insert_started(
         }
         match query.execute(&mut *c).await {
             Ok(_) => {}
-            Err(err) if is_unique_violation(&err) => {
+            Err(err) if db_errors::is_unique_violation(&err) => {
                 // The failed statement inserted nothing, earlier chunks are in (without
                 // instances yet): take them out, then go one by one. Rare (a race on a dedup
                 // key between two nodes), so simple.

@@ -4,15 +4,12 @@
 //! are read the first time it finishes, and never again. Runs on SQLite and MySQL through the
 //! suite's `conformance!` macro.
 
-use super::{on_mysql, on_sqlite};
-
 conformance!(
     one_advance_costs_the_same_statements_in_ten_and_ten_thousand_tasks,
     one_advance_costs_the_same_statements_after_one_or_fifty_runs,
 );
 
 mod scenarios {
-    use super::super::scenarios::start_on_w1;
     use super::super::*;
 
     /// Tasks of the local shape every scenario finishes `a` in: `a` and `x` are roots, `b`
@@ -55,19 +52,7 @@ mod scenarios {
     }
 
     async fn start(s: &dyn Store, wf: &WorkflowRecord) -> RunId {
-        let run = NewRun {
-            workflow_id: wf.id,
-            workflow_version: wf.version,
-            trigger: TriggerKind::Manual,
-            logical_time: T0,
-            dedup_key: None,
-            idempotency_key: None,
-            params: BTreeMap::new(),
-            triggered_by: "tester".into(),
-            now: T0,
-            audit_from: None,
-        };
-        let (run, created) = s.create_run(&run).await.expect("create run");
+        let (run, created) = s.create_run(&manual(wf)).await.expect("create run");
         assert!(created);
         run.id
     }
@@ -76,13 +61,7 @@ mod scenarios {
     /// the finish report cost and what it did.
     async fn finish(ctx: &Ctx, run: RunId, task: &str) -> (u64, Applied) {
         let s = ctx.s();
-        let instance = s
-            .list_instances(run)
-            .await
-            .expect("instances")
-            .into_iter()
-            .find(|i| i.task == task)
-            .expect("instance exists");
+        let instance = instance_of(s, run, task).await.expect("instance exists");
         let finished = start_on_w1(s, &instance).await;
         let before = ctx.store.report_statements();
         let results = s.apply_reports(&[finished], T0 + 30).await.unwrap();
@@ -97,16 +76,8 @@ mod scenarios {
         ctx: Ctx,
     ) {
         let s = ctx.s();
-        let small = s
-            .apply_workflow(&workflow("small", 6), "source", None, T0)
-            .await
-            .expect("apply")
-            .0;
-        let large = s
-            .apply_workflow(&workflow("large", 9_996), "source", None, T0)
-            .await
-            .expect("apply")
-            .0;
+        let small = apply(s, &workflow("small", 6)).await;
+        let large = apply(s, &workflow("large", 9_996)).await;
         assert_eq!(small.spec.tasks.len(), 10);
         assert_eq!(large.spec.tasks.len(), 10_000);
 
@@ -142,11 +113,7 @@ mod scenarios {
 
     pub(super) async fn one_advance_costs_the_same_statements_after_one_or_fifty_runs(ctx: Ctx) {
         let s = ctx.s();
-        let wf = s
-            .apply_workflow(&workflow("history", 6), "source", None, T0)
-            .await
-            .expect("apply")
-            .0;
+        let wf = apply(s, &workflow("history", 6)).await;
         let first = start(s, &wf).await;
         let (first_cost, _) = finish(&ctx, first, "a").await;
         let second = start(s, &wf).await;

@@ -1,7 +1,5 @@
 //! Conformance scenarios for concurrency limits, sharded broadcast and once-only decisions
-//! (`sql/dispatch.rs`), on SQLite and MySQL like the rest of the suite.
-
-use super::{on_mysql, on_sqlite};
+//! (`sql/dispatch.rs`, `sql/decisions.rs`), on SQLite and MySQL like the rest of the suite.
 
 conformance!(
     limits_are_never_exceeded_under_concurrent_claims_from_two_nodes,
@@ -14,36 +12,15 @@ conformance!(
 );
 
 mod scenarios {
-    use std::collections::BTreeMap;
     use std::sync::Arc;
 
     use ax_core::limits::Limit;
     use ax_core::spec::Routing;
 
-    use super::super::scenarios::{spec, task};
     use super::super::*;
 
-    async fn apply(s: &dyn Store, spec: &WorkflowSpec) -> WorkflowRecord {
-        s.apply_workflow(spec, "source", None, T0)
-            .await
-            .expect("apply")
-            .0
-    }
-
     async fn start_run(s: &dyn Store, wf: &WorkflowRecord) -> RunRecord {
-        let run = NewRun {
-            workflow_id: wf.id,
-            workflow_version: wf.version,
-            trigger: TriggerKind::Manual,
-            logical_time: T0,
-            dedup_key: None,
-            idempotency_key: None,
-            params: BTreeMap::new(),
-            triggered_by: "tester".into(),
-            now: T0,
-            audit_from: None,
-        };
-        s.create_run(&run).await.expect("create run").0
+        s.create_run(&manual(wf)).await.expect("create run").0
     }
 
     fn limit(scope: &str, max: u32) -> Limit {
@@ -53,14 +30,11 @@ mod scenarios {
         }
     }
 
+    /// The suite's claim, carrying `limits`.
     fn claim(id: InstanceId, attempt: u32, worker: &str, limits: &[Limit]) -> DispatchClaim {
         DispatchClaim {
-            instance_id: id,
-            attempt: Attempt(attempt),
-            worker_id: worker.into(),
-            node_id: "node-1".into(),
-            at: T0 + 10,
             limits: limits.to_vec(),
+            ..super::super::support::claim(id, attempt, worker)
         }
     }
 
@@ -109,7 +83,7 @@ mod scenarios {
     }
 
     pub(super) async fn limits_are_never_exceeded_under_concurrent_claims_from_two_nodes(ctx: Ctx) {
-        let other: Arc<dyn Store> = Arc::new(SqlStore::connect(&ctx.url).await.unwrap());
+        let other: Arc<dyn Store> = ctx.second_store().await;
         let a = waiting_instances(ctx.s(), "wf-a", 8).await;
         let b = waiting_instances(ctx.s(), "wf-b", 8).await;
         // Task a: limit 2; task b: limit 5; both in pool p: limit 3.

@@ -2,15 +2,12 @@
 //! trigger audit rows, costs what creating one does, and one report batch that ends 64 runs costs what ending one does.
 //! Runs on SQLite and MySQL through the suite's `conformance!` macro.
 
-use super::{on_mysql, on_sqlite};
-
 conformance!(
     a_group_of_sixty_four_runs_costs_the_statements_of_one,
     ending_sixty_four_runs_in_one_batch_costs_the_statements_of_one,
 );
 
 mod scenarios {
-    use super::super::scenarios::{apply, new_run, spec, start_on_w1, task, tasks_of};
     use super::super::*;
 
     /// 64: one multi-row statement per table, as for a single row (`pow2_chunks`).

@@ -1,14 +1,12 @@
 //! Conformance scenarios for the races and lock orders of the run queue, rerun, cancel and
-//! sharded retries (`sql/queue.rs`, `sql/rerun.rs`, `sql/ops.rs`, `sql/locks.rs`).
+//! sharded retries (`sql/queue.rs`, `sql/rerun.rs`, `sql/cancel.rs`, `sql/locks.rs`).
 
-use super::scenarios::{spec, task};
-use super::{Ctx, T0, on_mysql, on_sqlite};
+use super::support::{Ctx, T0, apply, manual, spec, task};
 use crate::*;
 use ax_core::ids::{Attempt, InstanceId, RunId};
 use ax_core::run::RunState;
-use ax_core::spec::{Routing, TriggerKind, WorkflowSpec};
+use ax_core::spec::{Routing, WorkflowSpec};
 use ax_core::state::{InstanceState, Outcome};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 conformance!(
@@ -23,25 +21,6 @@ conformance!(
 
 mod scenarios {
     use super::*;
-
-    pub(super) async fn apply(s: &dyn Store, spec: &WorkflowSpec) -> WorkflowRecord {
-        s.apply_workflow(spec, "source", None, T0).await.unwrap().0
-    }
-
-    pub(super) fn manual(wf: &WorkflowRecord) -> NewRun {
-        NewRun {
-            workflow_id: wf.id,
-            workflow_version: wf.version,
-            trigger: TriggerKind::Manual,
-            logical_time: T0,
-            dedup_key: None,
-            idempotency_key: None,
-            params: BTreeMap::new(),
-            triggered_by: "tester".into(),
-            now: T0,
-            audit_from: None,
-        }
-    }
 
     pub(super) fn claim(id: InstanceId, attempt: Attempt, worker: &str) -> DispatchClaim {
         DispatchClaim {
@@ -113,7 +92,7 @@ mod scenarios {
         ctx: Ctx,
     ) {
         let a: Arc<dyn Store> = ctx.store.clone();
-        let b: Arc<dyn Store> = Arc::new(SqlStore::connect(&ctx.url).await.unwrap());
+        let b: Arc<dyn Store> = ctx.second_store().await;
         let mut capped = spec("capped", vec![task("t", &[])]);
         capped.schedule.max_active_runs = 1;
         let wf = apply(a.as_ref(), &capped).await;
@@ -329,7 +308,7 @@ mod scenarios {
     /// interleaving, no instance stays DISPATCHED, and every claim that won is in the kill list.
     pub(super) async fn a_claim_racing_cancel_run_is_cancelled_and_its_worker_told(ctx: Ctx) {
         let a: Arc<dyn Store> = ctx.store.clone();
-        let b: Arc<dyn Store> = Arc::new(SqlStore::connect(&ctx.url).await.unwrap());
+        let b: Arc<dyn Store> = ctx.second_store().await;
         let tasks = (0..8).map(|i| task(&format!("t{i}"), &[])).collect();
         let wf = apply(a.as_ref(), &spec("wide", tasks)).await;
         for round in 0..30 {
@@ -388,7 +367,7 @@ mod scenarios {
     /// over a start that lands between its read and its update, and tell the worker.
     pub(super) async fn a_start_racing_cancel_instance_is_cancelled_and_its_worker_told(ctx: Ctx) {
         let a: Arc<dyn Store> = ctx.store.clone();
-        let b: Arc<dyn Store> = Arc::new(SqlStore::connect(&ctx.url).await.unwrap());
+        let b: Arc<dyn Store> = ctx.second_store().await;
         let tasks = (0..8).map(|i| task(&format!("t{i}"), &[])).collect();
         let wf = apply(a.as_ref(), &spec("wide", tasks)).await;
         for round in 0..30 {

@@ -1,8 +1,7 @@
 //! Conformance scenarios of the run queue: max active runs, keyed concurrency, overlap `queue`,
 //! promotion when a run ends by any path, and concurrent creators on two stores.
 
-use super::scenarios::{spec, task};
-use super::{Ctx, T0, on_mysql, on_sqlite};
+use super::support::{Ctx, T0, apply, spec, task};
 use crate::*;
 use ax_core::decision::DecisionKind;
 use ax_core::ids::RunId;
@@ -25,10 +24,6 @@ conformance!(
 
 mod scenarios {
     use super::*;
-
-    async fn apply(s: &dyn Store, spec: &WorkflowSpec) -> WorkflowRecord {
-        s.apply_workflow(spec, "source", None, T0).await.unwrap().0
-    }
 
     fn capped(name: &str, max_active_runs: u32) -> WorkflowSpec {
         let mut spec = spec(name, vec![task("a", &[])]);
@@ -249,7 +244,7 @@ mod scenarios {
     }
 
     pub(super) async fn concurrent_creators_on_two_stores_never_exceed_the_cap(ctx: Ctx) {
-        let other = Arc::new(SqlStore::connect(&ctx.url).await.expect("second store"));
+        let other = ctx.second_store().await;
         let wf = apply(ctx.s(), &capped("capped", 2)).await;
         let barrier = Arc::new(tokio::sync::Barrier::new(12));
         let mut handles = Vec::new();

@@ -314,22 +314,7 @@ pub(in crate::tests) async fn concurrent_upstream_successes_create_one_dependent
                 .unwrap();
             running.push(launch(s, run.id, "only").await);
         }
-        let barrier = Arc::new(tokio::sync::Barrier::new(running.len()));
-        let mut handles = Vec::new();
-        for inst in running {
-            let (store, barrier) = (ctx.store.clone(), barrier.clone());
-            handles.push(tokio::spawn(async move {
-                barrier.wait().await;
-                let report = finished(inst.id, 1, Outcome::Success, 0);
-                store
-                    .apply_reports(&[report], T0 + 50)
-                    .await
-                    .expect("apply")
-            }));
-        }
-        for handle in handles {
-            handle.await.unwrap();
-        }
+        finish_at_once(&ctx.store, running).await;
         let runs: Vec<RunRecord> = runs_of(s, "joined")
             .await
             .into_iter()

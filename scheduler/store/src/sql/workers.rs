@@ -1,0 +1,73 @@
+//! The worker registry: each scheduler node saves the workers it sees (their version, labels,
+//! capacity, load and connection), and any node lists them.
+//!
+//! A save is an upsert of many rows in multi-row statements, in worker id order, so two nodes
+//! saving overlapping sets lock the rows in the same order and cannot deadlock.
+
+use super::rows::{self, to_json};
+use super::{SqlStore, pow2_chunks, values_rows, write_tx};
+use crate::{Result, WorkerRecord};
+
+pub(crate) async fn upsert_workers(store: &SqlStore, workers: &[WorkerRecord]) -> Result<()> {
+    const COLUMNS: [&str; 10] = [
+        "version",
+        "hostname",
+        "labels_json",
+        "capacity",
+        "running",
+        "started_at",
+        "last_heartbeat",
+        "node_id",
+        "draining",
+        "connected",
+    ];
+    if workers.is_empty() {
+        return Ok(());
+    }
+    // In id order, so two nodes saving overlapping sets lock their rows in the same order.
+    let mut sorted: Vec<&WorkerRecord> = workers.iter().collect();
+    sorted.sort_by(|a, b| a.id.cmp(&b.id));
+    let labels = sorted
+        .iter()
+        .map(|worker| to_json(&worker.labels))
+        .collect::<Result<Vec<String>>>()?;
+    let rows: Vec<(&WorkerRecord, &str)> = sorted
+        .into_iter()
+        .zip(labels.iter().map(String::as_str))
+        .collect();
+    write_tx!(store, |c| async {
+        for chunk in pow2_chunks(&rows) {
+            let sql = format!(
+                "INSERT INTO worker (id, {}) VALUES {}{}",
+                COLUMNS.join(", "),
+                values_rows(chunk.len(), COLUMNS.len() + 1),
+                store.dialect.upsert_tail(&["id"], &COLUMNS)
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (worker, labels) in chunk {
+                query = query
+                    .bind(worker.id.as_str())
+                    .bind(worker.version.as_str())
+                    .bind(worker.hostname.as_str())
+                    .bind(*labels)
+                    .bind(i64::from(worker.capacity))
+                    .bind(i64::from(worker.running))
+                    .bind(worker.started_at)
+                    .bind(worker.last_heartbeat)
+                    .bind(worker.node_id.as_str())
+                    .bind(i64::from(worker.draining))
+                    .bind(i64::from(worker.connected));
+            }
+            query.execute(&mut *c).await?;
+        }
+        Ok(())
+    })
+}
+
+pub(crate) async fn list_workers(store: &SqlStore) -> Result<Vec<WorkerRecord>> {
+    let sql = format!("{} ORDER BY id", rows::WORKER_SELECT);
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .fetch_all(&store.pool)
+        .await?;
+    rows.iter().map(rows::worker).collect()
+}

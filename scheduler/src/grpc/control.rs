@@ -286,12 +286,7 @@ impl ControlService for ControlApi {
                 request.source.len()
             )));
         }
-        let validate_cron = |expression: &str| {
-            CronSchedule::parse(expression)
-                .map(|_| ())
-                .map_err(|err| err.to_string())
-        };
-        let mut parsed = parse_workflow(&request.source, source_name, &validate_cron)
+        let mut parsed = parse_workflow(&request.source, source_name)
             .map_err(|err| Status::invalid_argument(err.to_string()))?;
         parsed
             .warnings

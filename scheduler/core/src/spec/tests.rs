@@ -1,0 +1,1376 @@
+use std::collections::BTreeMap;
+
+use super::model::*;
+use super::*;
+
+const FILE: &str = "wf.yaml";
+
+/// The canonical example of the file format (the one in the module documentation, with a
+/// valid DAG).
+const EXAMPLE: &str = "
+    name: daily-sales-etl          # required
+    app: analytics
+    owner: data-team@example.com
+    description: Nightly sales rollup
+    schedule:
+      cron: \"30 2 * * *\"
+      timezone: Asia/Shanghai
+    defaults:
+      timeout: 30m
+      retries: 2
+      retry_backoff: 10s
+      labels: {pool: etl}
+      env: {TZ: UTC}
+    tasks:
+      - name: extract_orders
+        command: ./extract.sh orders
+        timeout: 10m
+        retries: 3
+        retry_backoff: 30s
+        env: {SOURCE: orders, TZ: Asia/Shanghai}
+        working_dir: /tmp
+        labels: {region: cn}
+        priority: 10
+      - name: extract_refunds
+        argv: [./extract.sh, refunds]
+      - name: load
+        command: ./load.sh
+        upstream: [extract_orders, extract_refunds]
+      - name: report
+        command: ./report.sh
+        upstream: load
+";
+
+/// Drops the first line break and the common indentation, so test files can be indented
+/// with the code; line 1 is the first line after the opening quote.
+fn doc(text: &str) -> String {
+    let text = text.strip_prefix('\n').unwrap_or(text);
+    let indent = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.len() - l.trim_start().len())
+        .min()
+        .unwrap_or(0);
+    text.lines()
+        .map(|l| l.get(indent..).unwrap_or("").trim_end())
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+fn parse(yaml: &str) -> Result<ParsedWorkflow, SpecError> {
+    parse_workflow(&doc(yaml), FILE)
+}
+
+fn parse_ok(yaml: &str) -> ParsedWorkflow {
+    match parse(yaml) {
+        Ok(parsed) => parsed,
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+/// Checks every row of `topic` in [`REFUSALS`], and that the topic has rows.
+#[track_caller]
+fn check_refusals(topic: &str) {
+    let rows: Vec<_> = REFUSALS.iter().filter(|(t, _, _)| *t == topic).collect();
+    assert!(!rows.is_empty(), "no refusals for topic {topic}");
+    for (_, yaml, expected) in rows {
+        let source = if yaml.starts_with('\n') {
+            doc(yaml)
+        } else {
+            yaml.to_string()
+        };
+        match parse_workflow(&source, FILE) {
+            Ok(parsed) => panic!("expected `{expected}`, but it parsed: {parsed:?}"),
+            Err(e) => assert_eq!(e.to_string(), *expected, "for:\n{source}"),
+        }
+    }
+}
+
+/// Every refusal of the workflow format: (topic, file, error), the acceptance suite of the
+/// reader. Each test below checks the rows of its topic. A file that starts with a line break
+/// goes through [`doc`] (line 1 is the first line after the opening quote); any other is read
+/// as it is.
+const REFUSALS: &[(&str, &str, &str)] = &[
+    (
+        "a_dependency_trigger_names_its_upstream_workflows",
+        "
+            name: report
+            schedule:
+              cron: '0 2 * * *'
+              after: [ingest]
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:4: schedule.after: cron and after exclude each other: a workflow is \
+         started by its clock or by its upstream workflows",
+    ),
+    (
+        "a_dependency_trigger_names_its_upstream_workflows",
+        "
+            name: report
+            schedule: {after: [ingest, ingest]}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: schedule.after[1]: workflow ingest is listed twice",
+    ),
+    (
+        "a_dependency_trigger_names_its_upstream_workflows",
+        "
+            name: report
+            schedule:
+              after: [report]
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: schedule.after: workflow report cannot depend on itself",
+    ),
+    (
+        "a_dependency_trigger_names_its_upstream_workflows",
+        "
+            name: report
+            schedule:
+              after: [Bad Name]
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: schedule.after[0]: invalid name \"Bad Name\": expected 1 to 64 of \
+         a-z, 0-9, '_', '.', '-', starting with a letter or digit",
+    ),
+    (
+        "bad_durations_and_numbers",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                timeout: 1.5h
+        ",
+        "wf.yaml:5: tasks[0].timeout: invalid duration \"1.5h\": expected a form like \
+         500ms, 45s, 10m, 2h, 1h30m or a whole number of seconds",
+    ),
+    (
+        "bad_durations_and_numbers",
+        "
+            name: etl
+            defaults:
+              retry_backoff: 30m1h
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: defaults.retry_backoff: invalid duration \"30m1h\": expected a form \
+         like 500ms, 45s, 10m, 2h, 1h30m or a whole number of seconds",
+    ),
+    (
+        "bad_durations_and_numbers",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                timeout: -5
+        ",
+        "wf.yaml:5: tasks[0].timeout: invalid duration \"-5\": expected a form like \
+         500ms, 45s, 10m, 2h, 1h30m or a whole number of seconds",
+    ),
+    (
+        "bad_durations_and_numbers",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                timeout: 99999999999999999999h
+        ",
+        "wf.yaml:5: tasks[0].timeout: duration \"99999999999999999999h\" is too large",
+    ),
+    (
+        "bad_durations_and_numbers",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                retries: -1
+        ",
+        "wf.yaml:5: tasks[0].retries: must be between 0 and 4294967295, found -1",
+    ),
+    (
+        "bad_durations_and_numbers",
+        "
+            name: etl
+            defaults:
+              retries: 4294967296
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: defaults.retries: must be between 0 and 4294967295, found 4294967296",
+    ),
+    (
+        "bad_durations_and_numbers",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                priority: 2147483648
+        ",
+        "wf.yaml:5: tasks[0].priority: must be between -2147483648 and 2147483647, found \
+         2147483648",
+    ),
+    (
+        "bad_durations_and_numbers",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                retries: 99999999999999999999999
+        ",
+        "wf.yaml:5: tasks[0].retries: must be between 0 and 4294967295, found \
+         99999999999999999999999",
+    ),
+    (
+        "bad_names",
+        "
+            name: Daily ETL
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:1: name: invalid name \"Daily ETL\": expected 1 to 64 of a-z, 0-9, '_', \
+         '.', '-', starting with a letter or digit",
+    ),
+    (
+        "bad_names",
+        "
+            name: etl
+            app: My App
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: app: invalid name \"My App\": expected 1 to 64 of a-z, 0-9, '_', '.', \
+         '-', starting with a letter or digit",
+    ),
+    (
+        "bad_names",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+              - name: bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb
+                command: x
+        ",
+        "wf.yaml:5: tasks[1].name: invalid name \
+         \"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb\": expected \
+         1 to 64 of a-z, 0-9, '_', '.', '-', starting with a letter or digit",
+    ),
+    (
+        "bad_names",
+        "
+            name: etl
+            tasks:
+              - name: -a
+                command: x
+        ",
+        "wf.yaml:3: tasks[0].name: invalid name \"-a\": expected 1 to 64 of a-z, 0-9, \
+         '_', '.', '-', starting with a letter or digit",
+    ),
+    (
+        "command_and_argv",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                argv: [x]
+        ",
+        "wf.yaml:5: tasks[0].argv: command and argv exclude each other; give one of them",
+    ),
+    (
+        "command_and_argv",
+        "
+            name: etl
+            tasks:
+              - name: a
+                priority: 1
+        ",
+        "wf.yaml:3: tasks[0]: one of command or argv is required",
+    ),
+    (
+        "command_and_argv",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: '  '
+        ",
+        "wf.yaml:4: tasks[0].command: must not be empty",
+    ),
+    (
+        "command_and_argv",
+        "
+            name: etl
+            tasks:
+              - name: a
+                argv: []
+        ",
+        "wf.yaml:4: tasks[0].argv: must not be empty",
+    ),
+    (
+        "command_and_argv",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                working_dir: ''
+        ",
+        "wf.yaml:5: tasks[0].working_dir: must not be empty",
+    ),
+    (
+        "duplicate_keys",
+        "
+            name: etl
+            name: other
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: name: duplicate key \"name\" (first at line 1)",
+    ),
+    (
+        "duplicate_keys",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                env:
+                  A: 1
+                  A: 2
+        ",
+        "wf.yaml:7: tasks[0].env.A: duplicate key \"A\" (first at line 6)",
+    ),
+    (
+        "duplicate_keys",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                command: y
+        ",
+        "wf.yaml:5: tasks[0].command: duplicate key \"command\" (first at line 4)",
+    ),
+    (
+        "env_and_labels",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                env:
+                  GOOD: 1
+                  1BAD: 2
+        ",
+        "wf.yaml:7: tasks[0].env.1BAD: invalid environment variable name \"1BAD\": \
+         expected [A-Za-z_][A-Za-z0-9_]*",
+    ),
+    (
+        "env_and_labels",
+        "
+            name: etl
+            defaults:
+              env: {A-B: x}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: defaults.env.A-B: invalid environment variable name \"A-B\": expected \
+         [A-Za-z_][A-Za-z0-9_]*",
+    ),
+    (
+        "env_and_labels",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                labels: {'': x}
+        ",
+        "wf.yaml:5: tasks[0].labels.: label names must not be empty",
+    ),
+    (
+        "graph_errors_point_at_the_line",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+              - name: b
+                command: x
+              - name: a
+                command: y
+        ",
+        "wf.yaml:7: tasks[2].name: duplicate task name \"a\" (first defined at line 3)",
+    ),
+    (
+        "graph_errors_point_at_the_line",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+              - name: b
+                command: x
+                upstream:
+                  - a
+                  - nope
+        ",
+        "wf.yaml:9: tasks[1].upstream[1]: unknown task \"nope\"",
+    ),
+    (
+        "graph_errors_point_at_the_line",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                upstream: ghost
+        ",
+        "wf.yaml:5: tasks[0].upstream[0]: unknown task \"ghost\"",
+    ),
+    (
+        "graph_errors_point_at_the_line",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                upstream: [a]
+        ",
+        "wf.yaml:5: tasks[0].upstream[0]: cycle: a → a (task \"a\" cannot depend on \
+         itself)",
+    ),
+    (
+        "graph_errors_point_at_the_line",
+        "
+            name: etl
+            tasks:
+              - {name: a, command: x}
+              - {name: b, command: x, upstream: [a, a]}
+        ",
+        "wf.yaml:4: tasks[1].upstream[1]: upstream \"a\" is listed twice (first as \
+         upstream[0])",
+    ),
+    (
+        "graph_errors_point_at_the_line",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                upstream: [c]
+              - name: b
+                command: x
+                upstream: [a]
+              - name: c
+                command: x
+                upstream: [b]
+        ",
+        "wf.yaml:3: tasks[0]: cycle: a → b → c → a",
+    ),
+    (
+        "graph_errors_point_at_the_line",
+        "
+            name: etl
+            tasks:
+              - {name: start, command: x}
+              - {name: x, command: x, upstream: [start, z]}
+              - {name: y, command: x, upstream: x}
+              - {name: z, command: x, upstream: y}
+        ",
+        "wf.yaml:4: tasks[1]: cycle: x → y → z → x",
+    ),
+    (
+        "missing_required_fields",
+        "
+            app: analytics
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:1: name: missing required field",
+    ),
+    (
+        "missing_required_fields",
+        "name: etl\n",
+        "wf.yaml:1: tasks: missing required field",
+    ),
+    (
+        "missing_required_fields",
+        "
+            name: etl
+            tasks:
+        ",
+        "wf.yaml:2: tasks: missing required field",
+    ),
+    (
+        "missing_required_fields",
+        "
+            name: etl
+            tasks: []
+        ",
+        "wf.yaml:2: tasks: at least one task is required",
+    ),
+    (
+        "missing_required_fields",
+        "
+            name: etl
+            tasks:
+              - command: x
+                priority: 1
+        ",
+        "wf.yaml:3: tasks[0].name: missing required field",
+    ),
+    (
+        "missing_required_fields",
+        "\n",
+        "wf.yaml:0: (root): the file holds no workflow",
+    ),
+    (
+        "missing_required_fields",
+        "# only a comment\n",
+        "wf.yaml:0: (root): the file holds no workflow",
+    ),
+    (
+        "policy_errors",
+        "
+            name: etl
+            schedule: {cron: '0 2 * * *', misfire: later}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: schedule.misfire: unknown misfire policy \"later\": expected skip, \
+         fire_once or catch_up",
+    ),
+    (
+        "policy_errors",
+        "
+            name: etl
+            schedule: {cron: '0 2 * * *', max_catch_up: 3}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: schedule.max_catch_up: only meaningful with misfire: catch_up",
+    ),
+    (
+        "policy_errors",
+        "
+            name: etl
+            schedule: {cron: '0 2 * * *', misfire: catch_up, max_catch_up: 0}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: schedule.max_catch_up: must be between 1 and 10000, found 0",
+    ),
+    (
+        "policy_errors",
+        "
+            name: etl
+            schedule: {cron: '0 2 * * *', overlap: sometimes}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: schedule.overlap: unknown overlap policy \"sometimes\": expected \
+         allow, skip, queue or replace",
+    ),
+    (
+        "policy_errors",
+        "
+            name: etl
+            schedule: {cron: '0 2 * * *', start: tomorrow}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: schedule.start: invalid date \"tomorrow\": expected 2026-01-31, \
+         2026-01-31T08:30:00 or 2026-01-31T08:30:00+08:00",
+    ),
+    (
+        "policy_errors",
+        "
+            name: etl
+            schedule: {cron: '0 2 * * *', start: 2026-02-01, end: 2026-01-01}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: schedule.end: is before schedule.start",
+    ),
+    (
+        "policy_errors",
+        "
+            name: etl
+            concurrency: {key: customer}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: concurrency.key: key template \"customer\" names no param: use \
+         ${name}, e.g. \"${customer}\"",
+    ),
+    (
+        "policy_errors",
+        "
+            name: etl
+            concurrency: {key: '${cust-id}'}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: concurrency.key: \"${cust-id}\" in key template \"${cust-id}\" is not \
+         a param name ([A-Za-z_][A-Za-z0-9_]*)",
+    ),
+    (
+        "policy_errors",
+        "
+            name: etl
+            concurrency: {key: '${c'}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: concurrency.key: unclosed \"${\" in key template \"${c\"",
+    ),
+    (
+        "policy_errors",
+        "
+            name: etl
+            concurrency: {max_runs_per_key: 2}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: concurrency.max_runs_per_key: only meaningful with concurrency.key",
+    ),
+    (
+        "policy_errors",
+        "
+            name: etl
+            concurrency: {limit: 2}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: concurrency.limit: unknown field \"limit\"; allowed fields: \
+         max_running_tasks, key, max_runs_per_key",
+    ),
+    (
+        "policy_errors",
+        "
+            name: etl
+            tasks: [{name: a, command: x, routing: nearest}]
+        ",
+        "wf.yaml:2: tasks[0].routing: unknown routing \"nearest\": expected default, \
+         least_running, round_robin, random, consistent_hash, failover or \
+         sharded_broadcast",
+    ),
+    (
+        "policy_errors",
+        "
+            name: etl
+            tasks: [{name: a, command: x, pool: ETL}]
+        ",
+        "wf.yaml:2: tasks[0].pool: invalid name \"ETL\": expected 1 to 64 of a-z, 0-9, \
+         '_', '.', '-', starting with a letter or digit",
+    ),
+    (
+        "schedule_errors",
+        "
+            name: etl
+            schedule:
+              cron: '* * *'
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: schedule.cron: invalid cron expression \"* * *\": cron expression \"* \
+         * *\" has 3 fields; expected 5 (minute hour day-of-month month day-of-week) or 6 \
+         (a leading second field, then those 5)",
+    ),
+    (
+        "schedule_errors",
+        "
+            name: etl
+            schedule:
+              cron: '0 3 * * *'
+              timezone: Mars/Olympus_Mons
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:4: schedule.timezone: unknown time zone \"Mars/Olympus_Mons\": expected \
+         an IANA name such as UTC or Asia/Shanghai",
+    ),
+    (
+        "schedule_errors",
+        "
+            name: etl
+            schedule:
+              cron: ''
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: schedule.cron: must not be empty",
+    ),
+    (
+        "unknown_fields_name_the_allowed_ones",
+        "
+            name: etl
+            schedul:
+              cron: '0 * * * *'
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: schedul: unknown field \"schedul\"; allowed fields: name, app, owner, \
+         description, schedule, concurrency, defaults, tasks",
+    ),
+    (
+        "unknown_fields_name_the_allowed_ones",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                retires: 3
+        ",
+        "wf.yaml:5: tasks[0].retires: unknown field \"retires\"; allowed fields: name, \
+         command, argv, timeout, retries, retry_backoff, env, working_dir, labels, \
+         priority, upstream, concurrency, pool, routing, self_fence",
+    ),
+    (
+        "unknown_fields_name_the_allowed_ones",
+        "
+            name: etl
+            schedule:
+              cron: '0 * * * *'
+              trigger: cron
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:4: schedule.trigger: unknown field \"trigger\"; allowed fields: cron, \
+         timezone, misfire, max_catch_up, overlap, max_active_runs, start, end, after",
+    ),
+    (
+        "unknown_fields_name_the_allowed_ones",
+        "
+            name: etl
+            defaults:
+              priority: 3
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: defaults.priority: unknown field \"priority\"; allowed fields: \
+         timeout, retries, retry_backoff, labels, env",
+    ),
+    (
+        "wrong_types",
+        "- a\n",
+        "wf.yaml:1: (root): expected a mapping, found a list",
+    ),
+    (
+        "wrong_types",
+        "just text\n",
+        "wf.yaml:1: (root): expected a mapping, found a string",
+    ),
+    (
+        "wrong_types",
+        "
+            name: [etl]
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:1: name: expected a string, found a list",
+    ),
+    (
+        "wrong_types",
+        "
+            name: etl
+            tasks: {a: {command: x}}
+        ",
+        "wf.yaml:2: tasks: expected a list of tasks, found a mapping",
+    ),
+    (
+        "wrong_types",
+        "
+            name: etl
+            schedule: daily
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: schedule: expected a mapping, found a string",
+    ),
+    (
+        "wrong_types",
+        "
+            name: etl
+            tasks:
+              - just-a-name
+        ",
+        "wf.yaml:3: tasks[0]: expected a mapping, found a string",
+    ),
+    (
+        "wrong_types",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                env: [A]
+        ",
+        "wf.yaml:5: tasks[0].env: expected a mapping, found a list",
+    ),
+    (
+        "wrong_types",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                env: {A: [1]}
+        ",
+        "wf.yaml:5: tasks[0].env.A: expected a string, found a list",
+    ),
+    (
+        "wrong_types",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                retries: '3'
+        ",
+        "wf.yaml:5: tasks[0].retries: expected an integer, found a string",
+    ),
+    (
+        "wrong_types",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                priority: 1.5
+        ",
+        "wf.yaml:5: tasks[0].priority: expected an integer, found a number",
+    ),
+    (
+        "wrong_types",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                self_fence: 'no'
+        ",
+        "wf.yaml:5: tasks[0].self_fence: expected true or false, found a string",
+    ),
+    (
+        "wrong_types",
+        "
+            name: etl
+            tasks:
+              - name: a
+                argv: ./run.sh
+        ",
+        "wf.yaml:4: tasks[0].argv: expected a list of strings, found a string",
+    ),
+    (
+        "wrong_types",
+        "
+            name: etl
+            tasks:
+              - name: a
+                argv:
+                  - ./run.sh
+                  - {x: 1}
+        ",
+        "wf.yaml:6: tasks[0].argv[1]: expected a string, found a mapping",
+    ),
+    (
+        "wrong_types",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                upstream: {b: 1}
+        ",
+        "wf.yaml:5: tasks[0].upstream: expected a task name or a list of task names, \
+         found a mapping",
+    ),
+    (
+        "wrong_types",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                timeout: [1]
+        ",
+        "wf.yaml:5: tasks[0].timeout: expected a duration, found a list",
+    ),
+    (
+        "wrong_types",
+        "
+            name: etl
+            {[a]: 1}: x
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: (root): keys must be strings, found a mapping",
+    ),
+    (
+        "yaml_level_errors",
+        "
+            name: etl
+             tasks: x
+        ",
+        "wf.yaml:2: (yaml): mapping values are not allowed in this context",
+    ),
+    (
+        "yaml_level_errors",
+        "
+            name: etl
+            tasks: [{name: a, command: x}]
+            ---
+            name: other
+        ",
+        "wf.yaml:3: (yaml): a workflow file holds exactly one YAML document",
+    ),
+    (
+        "yaml_level_errors",
+        "
+            name: &n etl
+            tasks: [{name: *n, command: x}]
+        ",
+        "wf.yaml:2: (yaml): YAML aliases are not supported",
+    ),
+];
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn canonical_example_round_trip() {
+    let parsed = parse_ok(EXAMPLE);
+    let expected = WorkflowSpec {
+        name: "daily-sales-etl".into(),
+        app: "analytics".into(),
+        owner: "data-team@example.com".into(),
+        description: "Nightly sales rollup".into(),
+        schedule: ScheduleSpec {
+            trigger: TriggerKind::Cron,
+            cron: Some("30 2 * * *".into()),
+            timezone: "Asia/Shanghai".into(),
+            ..ScheduleSpec::default()
+        },
+        concurrency: ConcurrencySpec::default(),
+        tasks: vec![
+            TaskSpec {
+                name: "extract_orders".into(),
+                command: "./extract.sh orders".into(),
+                argv: vec![],
+                env: map(&[("SOURCE", "orders"), ("TZ", "Asia/Shanghai")]),
+                working_dir: Some("/tmp".into()),
+                timeout_ms: 600_000,
+                retries: 3,
+                retry_backoff_ms: 30_000,
+                labels: map(&[("pool", "etl"), ("region", "cn")]),
+                priority: 10,
+                upstream: vec![],
+                ..TaskSpec::default()
+            },
+            TaskSpec {
+                name: "extract_refunds".into(),
+                command: String::new(),
+                argv: strings(&["./extract.sh", "refunds"]),
+                env: map(&[("TZ", "UTC")]),
+                working_dir: None,
+                timeout_ms: 1_800_000,
+                retries: 2,
+                retry_backoff_ms: 10_000,
+                labels: map(&[("pool", "etl")]),
+                priority: 0,
+                upstream: vec![],
+                ..TaskSpec::default()
+            },
+            TaskSpec {
+                name: "load".into(),
+                command: "./load.sh".into(),
+                env: map(&[("TZ", "UTC")]),
+                timeout_ms: 1_800_000,
+                retries: 2,
+                retry_backoff_ms: 10_000,
+                labels: map(&[("pool", "etl")]),
+                upstream: strings(&["extract_orders", "extract_refunds"]),
+                ..TaskSpec::default()
+            },
+            TaskSpec {
+                name: "report".into(),
+                command: "./report.sh".into(),
+                env: map(&[("TZ", "UTC")]),
+                timeout_ms: 1_800_000,
+                retries: 2,
+                retry_backoff_ms: 10_000,
+                labels: map(&[("pool", "etl")]),
+                upstream: strings(&["load"]),
+                ..TaskSpec::default()
+            },
+        ],
+    };
+    assert_eq!(parsed.spec, expected);
+    assert!(parsed.warnings.is_empty(), "{:?}", parsed.warnings);
+
+    // The model survives serialization unchanged (the store and the API carry it as JSON).
+    let json = serde_json::to_string(&parsed.spec).unwrap();
+    let back: WorkflowSpec = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, parsed.spec);
+
+    let dag = parsed.spec.dag().unwrap();
+    assert_eq!(dag.roots(), ["extract_orders", "extract_refunds"]);
+    assert_eq!(dag.downstream("load"), ["report"]);
+}
+
+#[test]
+fn minimal_workflow_gets_the_defaults() {
+    let parsed = parse_ok(
+        "
+        name: one
+        tasks:
+          - name: only
+            command: echo hi
+        ",
+    );
+    assert_eq!(parsed.spec.app, DEFAULT_APP);
+    assert_eq!(parsed.spec.schedule, ScheduleSpec::default());
+    assert_eq!(parsed.spec.schedule.trigger, TriggerKind::Manual);
+    let task = &parsed.spec.tasks[0];
+    assert_eq!(task.timeout_ms, 0);
+    assert_eq!(task.retries, 0);
+    assert_eq!(task.retry_backoff_ms, DEFAULT_RETRY_BACKOFF_MS);
+    assert_eq!(task.priority, 0);
+    assert!(task.env.is_empty() && task.labels.is_empty() && task.upstream.is_empty());
+    // A lone task is a workflow of one, not an isolated task.
+    assert!(parsed.warnings.is_empty());
+}
+
+#[test]
+fn nulls_mean_absent_and_schedule_without_cron_is_manual() {
+    let parsed = parse_ok(
+        "
+        name: etl
+        owner:
+        description: ~
+        schedule:
+          timezone: Europe/Paris
+        defaults:
+        tasks:
+          - name: a
+            command: x
+            upstream:
+            priority: -2147483648
+        ",
+    );
+    assert_eq!(parsed.spec.owner, "");
+    assert_eq!(parsed.spec.description, "");
+    assert_eq!(
+        parsed.spec.schedule,
+        ScheduleSpec {
+            trigger: TriggerKind::Manual,
+            cron: None,
+            timezone: "Europe/Paris".into(),
+            ..ScheduleSpec::default()
+        }
+    );
+    assert_eq!(parsed.spec.tasks[0].priority, i32::MIN);
+}
+
+#[test]
+fn scalars_become_strings_where_strings_are_expected() {
+    let parsed = parse_ok(
+        "
+        name: 2024
+        schedule: {cron: '@daily'}
+        tasks:
+          - name: a
+            argv: [sleep, 10]
+            env: {PORT: 8080, DEBUG: true, EMPTY: ''}
+            timeout: 90
+            retry_backoff: '500ms'
+        ",
+    );
+    assert_eq!(parsed.spec.name, "2024");
+    assert_eq!(parsed.spec.schedule.trigger, TriggerKind::Cron);
+    let task = &parsed.spec.tasks[0];
+    assert_eq!(task.argv, ["sleep", "10"]);
+    assert_eq!(
+        task.env,
+        map(&[("PORT", "8080"), ("DEBUG", "true"), ("EMPTY", "")])
+    );
+    assert_eq!(task.timeout_ms, 90_000);
+    assert_eq!(task.retry_backoff_ms, 500);
+}
+
+#[test]
+fn isolated_tasks_are_warnings() {
+    let parsed = parse_ok(
+        "
+        name: etl
+        tasks:
+          - {name: a, command: x}
+          - {name: b, command: x, upstream: a}
+          - {name: lonely, command: x}
+          - {name: alone, command: x}
+        ",
+    );
+    assert_eq!(
+        parsed.warnings,
+        [
+            "task lonely has no upstream and no downstream",
+            "task alone has no upstream and no downstream"
+        ]
+    );
+}
+
+#[test]
+fn durations() {
+    for (text, ms) in [
+        ("0", 0),
+        ("90", 90_000),
+        ("500ms", 500),
+        ("45s", 45_000),
+        ("10m", 600_000),
+        ("2h", 7_200_000),
+        ("1h30m", 5_400_000),
+        ("1h30m15s500ms", 5_415_500),
+        ("0s", 0),
+    ] {
+        assert_eq!(parse_duration_ms(text), Ok(ms), "{text}");
+    }
+    for text in [
+        "", "1.5h", "30m1h", "1h1h", "10x", "-5s", "-5", "h", "10 m", "1d", "5ms3s",
+    ] {
+        assert!(parse_duration_ms(text).is_err(), "{text} must be refused");
+    }
+    assert_eq!(
+        parse_duration_ms("99999999999999999h"),
+        Err("duration \"99999999999999999h\" is too large".to_string())
+    );
+    assert_eq!(
+        parse_duration_ms("99999999999999999999"),
+        Err("duration \"99999999999999999999\" is too large".to_string())
+    );
+}
+
+#[test]
+fn names() {
+    for ok in ["a", "0", "daily-sales-etl", "x.y_z", &"a".repeat(64)] {
+        assert!(is_valid_name(ok), "{ok}");
+    }
+    for bad in ["", "A", "-a", "_a", ".a", "a b", "été", &"a".repeat(65)] {
+        assert!(!is_valid_name(bad), "{bad}");
+    }
+    for ok in ["A", "_", "PATH", "my_var2"] {
+        assert!(is_valid_env_name(ok), "{ok}");
+    }
+    for bad in ["", "1A", "A-B", "A.B", "É"] {
+        assert!(!is_valid_env_name(bad), "{bad}");
+    }
+}
+
+#[test]
+fn self_fence_is_on_unless_a_task_opts_out() {
+    let parsed = parse_ok(
+        "
+        name: etl
+        tasks:
+          - {name: a, command: x}
+          - {name: b, command: x, self_fence: false}
+          - {name: c, command: x, self_fence: true}
+        ",
+    );
+    let unfenced: Vec<bool> = parsed.spec.tasks.iter().map(|t| t.unfenced).collect();
+    assert_eq!(unfenced, [false, true, false]);
+}
+
+#[test]
+fn unknown_fields_name_the_allowed_ones() {
+    check_refusals("unknown_fields_name_the_allowed_ones");
+}
+
+#[test]
+fn wrong_types() {
+    check_refusals("wrong_types");
+}
+
+#[test]
+fn missing_required_fields() {
+    check_refusals("missing_required_fields");
+}
+
+#[test]
+fn bad_names() {
+    check_refusals("bad_names");
+}
+
+#[test]
+fn bad_durations_and_numbers() {
+    check_refusals("bad_durations_and_numbers");
+}
+
+#[test]
+fn env_and_labels() {
+    check_refusals("env_and_labels");
+}
+
+#[test]
+fn command_and_argv() {
+    check_refusals("command_and_argv");
+}
+
+#[test]
+fn graph_errors_point_at_the_line() {
+    check_refusals("graph_errors_point_at_the_line");
+}
+
+#[test]
+fn a_trigger_must_give_the_params_the_key_names() {
+    let keyed = parse_ok(
+        "{name: etl, concurrency: {key: '${customer}-${region}-${customer}'}, \
+         tasks: [{name: a, command: x}]}",
+    );
+    let concurrency = &keyed.spec.concurrency;
+    let params = map(&[("customer", "acme")]);
+    assert_eq!(concurrency.missing_key_params(&params), ["region"]);
+    assert_eq!(
+        concurrency.missing_key_params(&map(&[])),
+        ["customer", "region"]
+    );
+    let err = concurrency.check_trigger_params(&params).unwrap_err();
+    assert!(
+        err.starts_with("missing param region for concurrency.key \"${customer}-${region}"),
+        "{err}"
+    );
+    assert!(err.contains("--param region=VALUE"), "{err}");
+    let full = map(&[("customer", "acme"), ("region", "eu")]);
+    assert_eq!(concurrency.check_trigger_params(&full), Ok(()));
+    // Without a key nothing is required.
+    assert_eq!(
+        ConcurrencySpec::default().check_trigger_params(&map(&[])),
+        Ok(())
+    );
+}
+
+#[test]
+fn schedule_policies_and_concurrency() {
+    let parsed = parse_ok(
+        "
+        name: etl
+        schedule:
+          cron: '0 2 * * *'
+          timezone: Asia/Shanghai
+          misfire: catch_up
+          max_catch_up: 3
+          overlap: queue
+          max_active_runs: 2
+          start: 2026-01-01
+          end: 2026-06-30T18:00:00Z
+        concurrency:
+          max_running_tasks: 10
+          key: 'cust-${customer}-${region}'
+          max_runs_per_key: 2
+        tasks:
+          - {name: a, command: x, concurrency: 3, pool: etl, routing: sharded_broadcast}
+          - {name: b, command: x, upstream: a}
+        ",
+    );
+    let schedule = &parsed.spec.schedule;
+    assert_eq!(schedule.misfire, MisfirePolicy::CatchUp { max: 3 });
+    assert_eq!(schedule.overlap, OverlapPolicy::Queue);
+    assert_eq!(schedule.max_active_runs, 2);
+    // Midnight in Shanghai is 16:00 UTC the day before.
+    assert_eq!(schedule.start_at, Some(1_767_196_800_000));
+    assert_eq!(schedule.end_at, Some(1_782_842_400_000));
+    let concurrency = &parsed.spec.concurrency;
+    assert_eq!(concurrency.max_running_tasks, 10);
+    assert_eq!(concurrency.max_runs_per_key, 2);
+    let params = map(&[("customer", "acme"), ("region", "eu")]);
+    assert_eq!(
+        concurrency.run_key(&params).as_deref(),
+        Some("cust-acme-eu")
+    );
+    assert_eq!(
+        concurrency.run_key(&map(&[])).as_deref(),
+        Some("cust--"),
+        "a missing param is empty"
+    );
+    let a = &parsed.spec.tasks[0];
+    assert_eq!((a.concurrency, a.pool.as_deref()), (3, Some("etl")));
+    assert_eq!(a.routing, Routing::ShardedBroadcast);
+    assert_eq!(parsed.spec.tasks[1].routing, Routing::Default);
+
+    let defaults = parse_ok("{name: etl, tasks: [{name: a, command: x}]}").spec;
+    assert_eq!(defaults.schedule.misfire, MisfirePolicy::FireOnce);
+    assert_eq!(defaults.schedule.overlap, OverlapPolicy::Allow);
+    assert_eq!(defaults.concurrency, ConcurrencySpec::default());
+    assert_eq!(defaults.concurrency.run_key(&params), None);
+    let keyed = parse_ok("{name: etl, concurrency: {key: '${c}'}, tasks: [{name: a, command: x}]}");
+    assert_eq!(keyed.spec.concurrency.max_runs_per_key, 1);
+}
+
+#[test]
+fn a_dependency_trigger_names_its_upstream_workflows() {
+    check_refusals("a_dependency_trigger_names_its_upstream_workflows");
+    let parsed = parse_ok(
+        "
+        name: report
+        schedule: {after: [ingest, dims]}
+        tasks: [{name: a, command: x}]
+        ",
+    );
+    assert_eq!(parsed.spec.schedule.trigger, TriggerKind::Dependency);
+    assert_eq!(parsed.spec.schedule.after, strings(&["ingest", "dims"]));
+    let single = parse_ok("{name: r, schedule: {after: ingest}, tasks: [{name: a, command: x}]}");
+    assert_eq!(single.spec.schedule.after, strings(&["ingest"]));
+}
+
+#[test]
+fn policy_errors() {
+    check_refusals("policy_errors");
+}
+
+#[test]
+fn instants_in_a_time_zone() {
+    let ny: chrono_tz::Tz = "America/New_York".parse().unwrap();
+    // 2026-03-08 02:30 does not exist in New York: it moves past the gap to 03:00 EDT.
+    assert_eq!(
+        parse_instant("2026-03-08T02:30", ny),
+        parse_instant("2026-03-08T03:00:00-04:00", chrono_tz::UTC)
+    );
+    // 2026-11-01 01:30 happens twice: the first (EDT) is taken.
+    assert_eq!(
+        parse_instant("2026-11-01 01:30:00", ny),
+        parse_instant("2026-11-01T05:30:00Z", chrono_tz::UTC)
+    );
+    assert_eq!(parse_instant("2026-13-01", ny), None);
+    assert_eq!(parse_instant("", ny), None);
+}
+
+#[test]
+fn schedule_errors() {
+    check_refusals("schedule_errors");
+}
+
+#[test]
+fn duplicate_keys() {
+    check_refusals("duplicate_keys");
+}
+
+#[test]
+fn yaml_level_errors() {
+    check_refusals("yaml_level_errors");
+    // Deep nesting is refused by the reader's depth limit, before serde builds anything.
+    let deep = format!("name: etl\ntasks: {}{}\n", "[".repeat(40), "]".repeat(40));
+    assert_eq!(
+        parse_workflow(&deep, FILE).unwrap_err().to_string(),
+        "wf.yaml:2: (yaml): nesting deeper than 32 levels"
+    );
+    // Far deeper nesting is stopped by the scanner itself, without exhausting the stack.
+    let deeper = format!("name: etl\ntasks: {}\n", "[".repeat(100_000));
+    assert_eq!(
+        parse_workflow(&deeper, FILE).unwrap_err().to_string(),
+        "wf.yaml:2: (yaml): recursion limit exceeded"
+    );
+}
+
+#[test]
+fn wide_file_parses() {
+    let mut yaml = String::from("name: big\ntasks:\n");
+    for i in 0..2_000 {
+        yaml.push_str(&format!("  - name: t{i}\n    command: run {i}\n"));
+        if i > 0 {
+            yaml.push_str(&format!("    upstream: t{}\n", i - 1));
+        }
+    }
+    let parsed = parse_workflow(&yaml, FILE).unwrap();
+    assert_eq!(parsed.spec.tasks.len(), 2_000);
+    assert_eq!(parsed.spec.dag().unwrap().roots(), ["t0"]);
+}

@@ -1,0 +1,799 @@
+//! From the file as written to the model: every value checked, every default applied, and
+//! every refusal worded `file:line: field: why`.
+//!
+//! The first refusal stops the check: nothing is half-accepted. The rules a user sees are
+//! documented in `docs/workflow-format.md`.
+
+use std::collections::BTreeMap;
+
+use serde_saphyr::Spanned;
+
+use super::file::{
+    self, ConcurrencyFile, DefaultsFile, Key, List, Map, MisfireName, Pairs, ScheduleFile,
+    TaskFile, Value, WorkflowFile, line,
+};
+use super::model::{
+    ConcurrencySpec, DEFAULT_APP, DEFAULT_MAX_CATCH_UP, DEFAULT_RETRY_BACKOFF_MS, MisfirePolicy,
+    Routing, ScheduleSpec, TaskSpec, TriggerKind, WorkflowSpec,
+};
+use super::template::check_key_template;
+use super::values::{is_valid_env_name, is_valid_name, parse_duration_ms, parse_instant};
+use super::{ParsedWorkflow, SpecError};
+use crate::cron::CronSchedule;
+use crate::dag::{Dag, DagError};
+
+/// What a value is, for "expected X, found Y": `raw` is its source text (see
+/// [`file::raw_text`]), which decides for a plain number or boolean.
+pub fn kind_of(value: &Value, raw: &str) -> &'static str {
+    match value {
+        Value::List => "a list",
+        Value::Mapping => "a mapping",
+        Value::Null => "null",
+        Value::Text(_) => "a string",
+        Value::Typed => {
+            if boolean_text(raw).is_some() {
+                "a boolean"
+            } else if is_integer_text(raw) {
+                "an integer"
+            } else if raw.parse::<f64>().is_ok() {
+                "a number"
+            } else {
+                "a string"
+            }
+        }
+    }
+}
+
+fn boolean_text(text: &str) -> Option<bool> {
+    match text {
+        "true" | "True" | "TRUE" => Some(true),
+        "false" | "False" | "FALSE" => Some(false),
+        _ => None,
+    }
+}
+
+fn is_integer_text(text: &str) -> bool {
+    let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
+fn join(path: &str, name: &str) -> String {
+    if path.is_empty() {
+        name.to_string()
+    } else {
+        format!("{path}.{name}")
+    }
+}
+
+/// Where in the file each task and upstream entry is, to place DAG errors.
+struct TaskLines {
+    task: usize,
+    name: usize,
+    upstream: Vec<usize>,
+}
+
+/// Task settings given once under `defaults`.
+#[derive(Default)]
+struct Defaults {
+    timeout_ms: Option<u64>,
+    retries: Option<u32>,
+    retry_backoff_ms: Option<u64>,
+    labels: BTreeMap<String, String>,
+    env: BTreeMap<String, String>,
+}
+
+pub struct Validator<'a> {
+    pub source: &'a str,
+    pub source_name: &'a str,
+}
+
+impl Validator<'_> {
+    pub fn err(
+        &self,
+        line: usize,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> SpecError {
+        SpecError {
+            source_name: self.source_name.to_string(),
+            line,
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn kind<T>(&self, node: &Spanned<T>, value: &Value) -> &'static str {
+        kind_of(value, file::raw_text(self.source, node))
+    }
+
+    fn type_err<T>(
+        &self,
+        node: &Spanned<T>,
+        value: &Value,
+        field: &str,
+        expected: &str,
+    ) -> SpecError {
+        self.err(
+            line(node),
+            field,
+            format!("expected {expected}, found {}", self.kind(node, value)),
+        )
+    }
+
+    /// A required field that is absent or null: at its key's line when the key is there.
+    fn missing<T>(&self, map: &Spanned<Map<T>>, path: &str, name: &str) -> SpecError {
+        let line = map.value.key_line(name).unwrap_or(line(map));
+        self.err(line, join(path, name), "missing required field")
+    }
+
+    fn string(&self, node: &Spanned<Value>, field: &str) -> Result<String, SpecError> {
+        match &node.value {
+            Value::Text(text) => Ok(text.clone()),
+            Value::Typed => Ok(file::raw_text(self.source, node).to_string()),
+            other => Err(self.type_err(node, other, field, "a string")),
+        }
+    }
+
+    fn non_empty_string(&self, node: &Spanned<Value>, field: &str) -> Result<String, SpecError> {
+        let text = self.string(node, field)?;
+        if text.trim().is_empty() {
+            return Err(self.err(line(node), field, "must not be empty"));
+        }
+        Ok(text)
+    }
+
+    fn name(&self, node: &Spanned<Value>, field: &str) -> Result<String, SpecError> {
+        let name = self.string(node, field)?;
+        self.valid_name(name, line(node), field)
+    }
+
+    fn valid_name(&self, name: String, line: usize, field: &str) -> Result<String, SpecError> {
+        if !is_valid_name(&name) {
+            return Err(self.err(
+                line,
+                field,
+                format!(
+                    "invalid name \"{name}\": expected 1 to 64 of a-z, 0-9, '_', '.', '-', \
+                     starting with a letter or digit"
+                ),
+            ));
+        }
+        Ok(name)
+    }
+
+    fn boolean(&self, node: &Spanned<Value>, field: &str) -> Result<bool, SpecError> {
+        let raw = file::raw_text(self.source, node);
+        match (&node.value, boolean_text(raw)) {
+            (Value::Typed, Some(value)) => Ok(value),
+            (other, _) => Err(self.type_err(node, other, field, "true or false")),
+        }
+    }
+
+    fn integer(
+        &self,
+        node: &Spanned<Value>,
+        field: &str,
+        min: i64,
+        max: i64,
+    ) -> Result<i64, SpecError> {
+        let text = file::raw_text(self.source, node);
+        if !(node.value == Value::Typed && is_integer_text(text)) {
+            return Err(self.type_err(node, &node.value, field, "an integer"));
+        }
+        let out_of_range = || {
+            self.err(
+                line(node),
+                field,
+                format!("must be between {min} and {max}, found {text}"),
+            )
+        };
+        let value: i64 = text.parse().map_err(|_| out_of_range())?;
+        if value < min || value > max {
+            return Err(out_of_range());
+        }
+        Ok(value)
+    }
+
+    fn count(&self, node: &Spanned<Value>, field: &str, min: u32) -> Result<u32, SpecError> {
+        Ok(self.integer(node, field, min.into(), u32::MAX.into())? as u32)
+    }
+
+    fn duration(&self, node: &Spanned<Value>, field: &str) -> Result<u64, SpecError> {
+        match &node.value {
+            Value::Text(_) | Value::Typed => parse_duration_ms(&self.string(node, field)?)
+                .map_err(|message| self.err(line(node), field, message)),
+            other => Err(self.type_err(node, other, field, "a duration")),
+        }
+    }
+
+    /// A name from a closed set; `what` names the set in the refusal (`misfire policy`).
+    fn choice<C: Copy + serde::de::DeserializeOwned>(
+        &self,
+        node: &Spanned<file::Choice<C>>,
+        field: &str,
+        what: &str,
+    ) -> Result<C, SpecError> {
+        let text = match &node.value {
+            file::Choice::Known(known) => return Ok(*known),
+            file::Choice::Unknown(text) => text.clone(),
+            file::Choice::Other(Value::Typed) => file::raw_text(self.source, node).to_string(),
+            file::Choice::Other(other) => return Err(self.type_err(node, other, field, "a string")),
+        };
+        if text.trim().is_empty() {
+            return Err(self.err(line(node), field, "must not be empty"));
+        }
+        let names = file::names::<C>();
+        let expected = match names.split_last() {
+            Some((last, [])) => last.to_string(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        };
+        Err(self.err(
+            line(node),
+            field,
+            format!("unknown {what} \"{text}\": expected {expected}"),
+        ))
+    }
+
+    /// The fields of a mapping, or the refusal for what stood in its place.
+    fn fields<'m, T>(
+        &self,
+        map: &'m Spanned<Map<T>>,
+        field: &str,
+    ) -> Result<(&'m T, &'m [Key]), SpecError> {
+        match &map.value {
+            Map::Fields { fields, keys } => Ok((fields, keys)),
+            Map::Other(other) => {
+                let field = if field.is_empty() { "(root)" } else { field };
+                Err(self.type_err(map, other, field, "a mapping"))
+            }
+        }
+    }
+
+    /// A mapping of strings to strings (env, labels), each key checked by `check_key`.
+    fn string_map(
+        &self,
+        map: &Spanned<Map<Pairs>>,
+        path: &str,
+        check_key: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<BTreeMap<String, String>, SpecError> {
+        let (Pairs(values), keys) = self.fields(map, path)?;
+        let mut out = BTreeMap::new();
+        for (key, value) in keys.iter().zip(values) {
+            let field = join(path, &key.name);
+            if let Some(message) = check_key(&key.name) {
+                return Err(self.err(key.line, field, message));
+            }
+            out.insert(key.name.clone(), self.string(value, &field)?);
+        }
+        Ok(out)
+    }
+
+    fn env(
+        &self,
+        map: &Spanned<Map<Pairs>>,
+        path: &str,
+    ) -> Result<BTreeMap<String, String>, SpecError> {
+        self.string_map(map, path, &|name| {
+            (!is_valid_env_name(name)).then(|| {
+                format!(
+                    "invalid environment variable name \"{name}\": expected [A-Za-z_][A-Za-z0-9_]*"
+                )
+            })
+        })
+    }
+
+    fn labels(
+        &self,
+        map: &Spanned<Map<Pairs>>,
+        path: &str,
+    ) -> Result<BTreeMap<String, String>, SpecError> {
+        self.string_map(map, path, &|name| {
+            name.trim()
+                .is_empty()
+                .then(|| "label names must not be empty".to_string())
+        })
+    }
+
+    /// One name or a list of names (`upstream`, `schedule.after`), each with its field and line.
+    fn names(
+        &self,
+        node: &Spanned<List<Spanned<Value>>>,
+        field: &str,
+        expected: &str,
+    ) -> Result<Vec<(String, String, usize)>, SpecError> {
+        match &node.value {
+            List::Items(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| {
+                    let item_field = format!("{field}[{i}]");
+                    Ok((self.string(item, &item_field)?, item_field, line(item)))
+                })
+                .collect(),
+            List::Other(other @ (Value::Mapping | Value::List)) => {
+                Err(self.type_err(node, other, field, expected))
+            }
+            List::Other(scalar) => {
+                let text = match scalar {
+                    Value::Text(text) => text.clone(),
+                    Value::Typed => file::raw_text(self.source, node).to_string(),
+                    other => return Err(self.type_err(node, other, field, "a string")),
+                };
+                Ok(vec![(text, field.to_string(), line(node))])
+            }
+        }
+    }
+
+    pub fn workflow(&self, root: &Spanned<Map<WorkflowFile>>) -> Result<ParsedWorkflow, SpecError> {
+        let (file, _) = self.fields(root, "")?;
+        let name = match &file.name {
+            Some(node) => self.name(node, "name")?,
+            None => return Err(self.missing(root, "", "name")),
+        };
+        let app = match &file.app {
+            Some(node) => self.name(node, "app")?,
+            None => DEFAULT_APP.to_string(),
+        };
+        let owner = file
+            .owner
+            .as_ref()
+            .map(|n| self.string(n, "owner"))
+            .transpose()?
+            .unwrap_or_default();
+        let description = file
+            .description
+            .as_ref()
+            .map(|n| self.string(n, "description"))
+            .transpose()?
+            .unwrap_or_default();
+        let schedule = match &file.schedule {
+            Some(node) => self.schedule(node)?,
+            None => ScheduleSpec::default(),
+        };
+        let concurrency = match &file.concurrency {
+            Some(node) => self.concurrency(node)?,
+            None => ConcurrencySpec::default(),
+        };
+        if let Some(after) = schedule.after.iter().find(|upstream| **upstream == name) {
+            let line = file.schedule.as_ref().map_or(0, line);
+            return Err(self.err(
+                line,
+                "schedule.after",
+                format!("workflow {after} cannot depend on itself"),
+            ));
+        }
+        let defaults = match &file.defaults {
+            Some(node) => self.defaults(node)?,
+            None => Defaults::default(),
+        };
+
+        let Some(tasks_node) = &file.tasks else {
+            return Err(self.missing(root, "", "tasks"));
+        };
+        let items = match &tasks_node.value {
+            List::Items(items) => items,
+            List::Other(other) => {
+                return Err(self.type_err(tasks_node, other, "tasks", "a list of tasks"));
+            }
+        };
+        if items.is_empty() {
+            return Err(self.err(line(tasks_node), "tasks", "at least one task is required"));
+        }
+        let mut tasks = Vec::with_capacity(items.len());
+        let mut lines = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let (task, task_lines) = self.task(item, &format!("tasks[{i}]"), &defaults)?;
+            tasks.push(task);
+            lines.push(task_lines);
+        }
+
+        let dag = Dag::new(&tasks).map_err(|e| self.dag_error(e, &tasks, &lines))?;
+        let warnings = dag
+            .isolated()
+            .into_iter()
+            .map(|task| format!("task {task} has no upstream and no downstream"))
+            .collect();
+        let spec = WorkflowSpec {
+            name,
+            app,
+            owner,
+            description,
+            schedule,
+            concurrency,
+            tasks,
+        };
+        Ok(ParsedWorkflow { spec, warnings })
+    }
+
+    fn schedule(&self, node: &Spanned<Map<ScheduleFile>>) -> Result<ScheduleSpec, SpecError> {
+        let (file, _) = self.fields(node, "schedule")?;
+        let mut schedule = ScheduleSpec::default();
+        if let Some(node) = &file.timezone {
+            let timezone = self.non_empty_string(node, "schedule.timezone")?;
+            if timezone.parse::<chrono_tz::Tz>().is_err() {
+                return Err(self.err(
+                    line(node),
+                    "schedule.timezone",
+                    format!(
+                        "unknown time zone \"{timezone}\": expected an IANA name such as UTC or \
+                         Asia/Shanghai"
+                    ),
+                ));
+            }
+            schedule.timezone = timezone;
+        }
+        if let Some(node) = &file.cron {
+            let cron = self.non_empty_string(node, "schedule.cron")?;
+            if let Err(reason) = CronSchedule::parse(&cron) {
+                return Err(self.err(
+                    line(node),
+                    "schedule.cron",
+                    format!("invalid cron expression \"{cron}\": {reason}"),
+                ));
+            }
+            schedule.cron = Some(cron);
+            schedule.trigger = TriggerKind::Cron;
+        }
+        if let Some(node) = &file.after {
+            let names = self.names(
+                node,
+                "schedule.after",
+                "a workflow name or a list of workflow names",
+            )?;
+            if names.is_empty() {
+                return Err(self.err(line(node), "schedule.after", "must not be empty"));
+            }
+            for (i, (text, _, at)) in names.into_iter().enumerate() {
+                let field = format!("schedule.after[{i}]");
+                let name = self.valid_name(text, at, &field)?;
+                if schedule.after.contains(&name) {
+                    return Err(self.err(at, field, format!("workflow {name} is listed twice")));
+                }
+                schedule.after.push(name);
+            }
+            if schedule.cron.is_some() {
+                return Err(self.err(
+                    line(node),
+                    "schedule.after",
+                    "cron and after exclude each other: a workflow is started by its clock or \
+                     by its upstream workflows",
+                ));
+            }
+            schedule.trigger = TriggerKind::Dependency;
+        }
+        if let Some(node) = &file.misfire {
+            schedule.misfire =
+                match self.choice::<MisfireName>(node, "schedule.misfire", "misfire policy")? {
+                    MisfireName::Skip => MisfirePolicy::Skip,
+                    MisfireName::FireOnce => MisfirePolicy::FireOnce,
+                    MisfireName::CatchUp => MisfirePolicy::CatchUp {
+                        max: DEFAULT_MAX_CATCH_UP,
+                    },
+                };
+        }
+        if let Some(node) = &file.max_catch_up {
+            let max = self.integer(node, "schedule.max_catch_up", 1, 10_000)? as u32;
+            match &mut schedule.misfire {
+                MisfirePolicy::CatchUp { max: slot } => *slot = max,
+                _ => {
+                    return Err(self.err(
+                        line(node),
+                        "schedule.max_catch_up",
+                        "only meaningful with misfire: catch_up",
+                    ));
+                }
+            }
+        }
+        if let Some(node) = &file.overlap {
+            schedule.overlap = self.choice(node, "schedule.overlap", "overlap policy")?;
+        }
+        if let Some(node) = &file.max_active_runs {
+            schedule.max_active_runs = self.count(node, "schedule.max_active_runs", 0)?;
+        }
+        let tz: chrono_tz::Tz = schedule.timezone.parse().unwrap_or(chrono_tz::UTC);
+        if let Some(node) = &file.start {
+            schedule.start_at = Some(self.instant(node, "schedule.start", tz)?);
+        }
+        if let Some(node) = &file.end {
+            schedule.end_at = Some(self.instant(node, "schedule.end", tz)?);
+        }
+        if let (Some(start), Some(end), Some(node)) =
+            (schedule.start_at, schedule.end_at, &file.end)
+            && end < start
+        {
+            return Err(self.err(line(node), "schedule.end", "is before schedule.start"));
+        }
+        Ok(schedule)
+    }
+
+    /// A date (`2026-01-01`, midnight) or a date-time (`2026-01-01T08:30[:00]`, or with an
+    /// offset or `Z`), read in `tz` unless it carries its own offset.
+    fn instant(
+        &self,
+        node: &Spanned<Value>,
+        field: &str,
+        tz: chrono_tz::Tz,
+    ) -> Result<crate::Millis, SpecError> {
+        let text = self.non_empty_string(node, field)?;
+        parse_instant(&text, tz).ok_or_else(|| {
+            self.err(
+                line(node),
+                field,
+                format!(
+                    "invalid date \"{text}\": expected 2026-01-31, 2026-01-31T08:30:00 or \
+                     2026-01-31T08:30:00+08:00"
+                ),
+            )
+        })
+    }
+
+    fn concurrency(
+        &self,
+        node: &Spanned<Map<ConcurrencyFile>>,
+    ) -> Result<ConcurrencySpec, SpecError> {
+        let (file, _) = self.fields(node, "concurrency")?;
+        let mut spec = ConcurrencySpec::default();
+        if let Some(node) = &file.max_running_tasks {
+            spec.max_running_tasks = self.count(node, "concurrency.max_running_tasks", 0)?;
+        }
+        if let Some(node) = &file.key {
+            let key = self.non_empty_string(node, "concurrency.key")?;
+            check_key_template(&key)
+                .map_err(|message| self.err(line(node), "concurrency.key", message))?;
+            spec.key = Some(key);
+            spec.max_runs_per_key = 1;
+        }
+        if let Some(node) = &file.max_runs_per_key {
+            if spec.key.is_none() {
+                return Err(self.err(
+                    line(node),
+                    "concurrency.max_runs_per_key",
+                    "only meaningful with concurrency.key",
+                ));
+            }
+            spec.max_runs_per_key = self.count(node, "concurrency.max_runs_per_key", 1)?;
+        }
+        Ok(spec)
+    }
+
+    fn defaults(&self, node: &Spanned<Map<DefaultsFile>>) -> Result<Defaults, SpecError> {
+        let (file, _) = self.fields(node, "defaults")?;
+        let mut defaults = Defaults::default();
+        if let Some(node) = &file.timeout {
+            defaults.timeout_ms = Some(self.duration(node, "defaults.timeout")?);
+        }
+        if let Some(node) = &file.retries {
+            defaults.retries = Some(self.count(node, "defaults.retries", 0)?);
+        }
+        if let Some(node) = &file.retry_backoff {
+            defaults.retry_backoff_ms = Some(self.duration(node, "defaults.retry_backoff")?);
+        }
+        if let Some(node) = &file.labels {
+            defaults.labels = self.labels(node, "defaults.labels")?;
+        }
+        if let Some(node) = &file.env {
+            defaults.env = self.env(node, "defaults.env")?;
+        }
+        Ok(defaults)
+    }
+
+    fn task(
+        &self,
+        node: &Spanned<Map<TaskFile>>,
+        path: &str,
+        defaults: &Defaults,
+    ) -> Result<(TaskSpec, TaskLines), SpecError> {
+        let (file, _) = self.fields(node, path)?;
+        let field = |name: &str| join(path, name);
+
+        let Some(name_node) = &file.name else {
+            return Err(self.missing(node, path, "name"));
+        };
+        let name = self.name(name_node, &field("name"))?;
+
+        let command = file
+            .command
+            .as_ref()
+            .map(|n| self.non_empty_string(n, &field("command")))
+            .transpose()?;
+        let argv = match &file.argv {
+            Some(argv_node) => {
+                let items = match &argv_node.value {
+                    List::Items(items) => items,
+                    List::Other(other) => {
+                        return Err(self.type_err(
+                            argv_node,
+                            other,
+                            &field("argv"),
+                            "a list of strings",
+                        ));
+                    }
+                };
+                if items.is_empty() {
+                    return Err(self.err(line(argv_node), field("argv"), "must not be empty"));
+                }
+                let argv = items
+                    .iter()
+                    .enumerate()
+                    .map(|(j, item)| self.string(item, &format!("{path}.argv[{j}]")))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Some((line(argv_node), argv))
+            }
+            None => None,
+        };
+        let (command, argv) = match (command, argv) {
+            (Some(_), Some((line, _))) => {
+                return Err(self.err(
+                    line,
+                    field("argv"),
+                    "command and argv exclude each other; give one of them",
+                ));
+            }
+            (None, None) => {
+                return Err(self.err(line(node), path, "one of command or argv is required"));
+            }
+            (Some(command), None) => (command, Vec::new()),
+            (None, Some((_, argv))) => (String::new(), argv),
+        };
+
+        let timeout_ms = match &file.timeout {
+            Some(n) => self.duration(n, &field("timeout"))?,
+            None => defaults.timeout_ms.unwrap_or(0),
+        };
+        let retries = match &file.retries {
+            Some(n) => self.count(n, &field("retries"), 0)?,
+            None => defaults.retries.unwrap_or(0),
+        };
+        let retry_backoff_ms = match &file.retry_backoff {
+            Some(n) => self.duration(n, &field("retry_backoff"))?,
+            None => defaults
+                .retry_backoff_ms
+                .unwrap_or(DEFAULT_RETRY_BACKOFF_MS),
+        };
+        let mut env = defaults.env.clone();
+        if let Some(n) = &file.env {
+            env.extend(self.env(n, &field("env"))?);
+        }
+        let mut labels = defaults.labels.clone();
+        if let Some(n) = &file.labels {
+            labels.extend(self.labels(n, &field("labels"))?);
+        }
+        let working_dir = file
+            .working_dir
+            .as_ref()
+            .map(|n| self.non_empty_string(n, &field("working_dir")))
+            .transpose()?;
+        let priority = match &file.priority {
+            Some(n) => {
+                self.integer(n, &field("priority"), i32::MIN.into(), i32::MAX.into())? as i32
+            }
+            None => 0,
+        };
+
+        let mut upstream = Vec::new();
+        let mut upstream_lines = Vec::new();
+        if let Some(n) = &file.upstream {
+            for (name, _, at) in
+                self.names(n, &field("upstream"), "a task name or a list of task names")?
+            {
+                upstream.push(name);
+                upstream_lines.push(at);
+            }
+        }
+
+        let concurrency = match &file.concurrency {
+            Some(n) => self.count(n, &field("concurrency"), 0)?,
+            None => 0,
+        };
+        let pool = file
+            .pool
+            .as_ref()
+            .map(|n| self.name(n, &field("pool")))
+            .transpose()?;
+        let routing = match &file.routing {
+            Some(n) => self.choice(n, &field("routing"), "routing")?,
+            None => Routing::Default,
+        };
+        let unfenced = match &file.self_fence {
+            Some(n) => !self.boolean(n, &field("self_fence"))?,
+            None => false,
+        };
+
+        let task = TaskSpec {
+            name,
+            command,
+            argv,
+            env,
+            working_dir,
+            timeout_ms,
+            retries,
+            retry_backoff_ms,
+            labels,
+            priority,
+            upstream,
+            concurrency,
+            pool,
+            routing,
+            unfenced,
+        };
+        let lines = TaskLines {
+            task: line(node),
+            name: line(name_node),
+            upstream: upstream_lines,
+        };
+        Ok((task, lines))
+    }
+
+    fn dag_error(&self, error: DagError, tasks: &[TaskSpec], lines: &[TaskLines]) -> SpecError {
+        let upstream_entry = |index: usize, upstream_index: usize, message: String| {
+            let line = lines[index]
+                .upstream
+                .get(upstream_index)
+                .copied()
+                .unwrap_or(lines[index].task);
+            self.err(
+                line,
+                format!("tasks[{index}].upstream[{upstream_index}]"),
+                message,
+            )
+        };
+        match error {
+            DagError::DuplicateTask {
+                name,
+                index,
+                first_index,
+            } => self.err(
+                lines[index].name,
+                format!("tasks[{index}].name"),
+                format!(
+                    "duplicate task name \"{name}\" (first defined at line {})",
+                    lines[first_index].name
+                ),
+            ),
+            DagError::UnknownUpstream {
+                upstream,
+                index,
+                upstream_index,
+                ..
+            } => upstream_entry(
+                index,
+                upstream_index,
+                format!("unknown task \"{upstream}\""),
+            ),
+            DagError::SelfDependency {
+                task,
+                index,
+                upstream_index,
+            } => upstream_entry(
+                index,
+                upstream_index,
+                format!("cycle: {task} → {task} (task \"{task}\" cannot depend on itself)"),
+            ),
+            DagError::DuplicateUpstream {
+                upstream,
+                index,
+                upstream_index,
+                first_upstream_index,
+                ..
+            } => upstream_entry(
+                index,
+                upstream_index,
+                format!(
+                    "upstream \"{upstream}\" is listed twice (first as upstream[{first_upstream_index}])"
+                ),
+            ),
+            DagError::Cycle { ref path } => {
+                let index = path
+                    .first()
+                    .and_then(|first| tasks.iter().position(|t| &t.name == first))
+                    .unwrap_or(0);
+                self.err(
+                    lines[index].task,
+                    format!("tasks[{index}]"),
+                    error.to_string(),
+                )
+            }
+        }
+    }
+}

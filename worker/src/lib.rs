@@ -180,7 +180,10 @@ pub async fn run_with_stats(
         }),
         tracker: TaskTracker::new(),
         started_at_ms: now_ms(),
-        hostname: options.hostname.clone().unwrap_or_else(hostname),
+        hostname: options
+            .hostname
+            .clone()
+            .unwrap_or_else(|| ax_proto::hostname().unwrap_or_default()),
         options,
     });
     let fencing = CancellationToken::new();
@@ -316,19 +319,4 @@ pub(crate) fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
-}
-
-/// The machine's host name, or an empty string if it cannot be read.
-pub fn hostname() -> String {
-    let mut buffer = [0u8; 256];
-    // SAFETY: the buffer is valid for its whole length, which is what we pass.
-    let result = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) };
-    if result != 0 {
-        return String::new();
-    }
-    let end = buffer
-        .iter()
-        .position(|&byte| byte == 0)
-        .unwrap_or(buffer.len());
-    String::from_utf8_lossy(&buffer[..end]).into_owned()
 }

@@ -52,7 +52,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::state::Attempts;
+use crate::attempts::Attempts;
 
 /// The fraction of the scheduler's dead-worker threshold after which the worker fences.
 const FENCE_NUMERATOR: u32 = 3;

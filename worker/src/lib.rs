@@ -2,10 +2,11 @@
 //!
 //! Codemap: `session` is one stream (handshake, dispatch, heartbeats, drain); `runner` is one
 //! attempt's process (timeout, kill, final report) and its log shipper; `spawn` starts that
-//! process without copying the worker's page tables; `logs` reads output
-//! into numbered batches, encoded once; `outgoing` sends them as those bytes; `state` is what survives a reconnect (running attempts, unacknowledged logs, finished
-//! reports); `spill` keeps unacknowledged log batches on disk past the memory bound; `fence` kills
-//! attempts when no scheduler has been reachable for too long; `backoff` paces reconnects.
+//! process without copying the worker's page tables; `logs` reads output into numbered batches,
+//! encoded once; `outgoing` sends them as those bytes; `attempts` is what survives a reconnect
+//! (running attempts, unacknowledged logs, finished reports); `spill` keeps unacknowledged log
+//! batches on disk past the memory bound; `fence` kills attempts when no scheduler has been
+//! reachable for too long; `backoff` paces reconnects.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -17,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+mod attempts;
 pub mod backoff;
 mod command_line;
 mod fence;
@@ -27,16 +29,15 @@ mod runner;
 mod session;
 pub mod spawn;
 mod spill;
-mod state;
 
 pub use logs::BatchLimits;
 pub use session::SessionError;
 pub use spill::LogStats;
 
+use attempts::Attempts;
 use backoff::Backoff;
 use fence::Liveness;
 use runner::RunnerSettings;
-use state::Attempts;
 
 /// Everything a worker needs to start.
 #[derive(Debug, Clone)]

@@ -62,17 +62,8 @@ pub fn default_actor() -> String {
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("USERNAME"))
         .unwrap_or_else(|_| "unknown".into());
-    format!("{user}@{}", hostname())
-}
-
-fn hostname() -> String {
-    // Linux exposes the hostname as a file; the environment is a fallback elsewhere.
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|name| name.trim().to_string())
-        .filter(|name| !name.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "localhost".into())
+    let host = ax_proto::hostname().unwrap_or_else(|| "localhost".into());
+    format!("{user}@{host}")
 }
 
 #[cfg(test)]

@@ -171,34 +171,21 @@ pub fn now_ms() -> i64 {
     Utc::now().timestamp_millis()
 }
 
-/// A humane duration: `850ms`, `4.2s`, `3m05s`, `2h07m`, `3d04h`.
-pub fn duration_ms(ms: i64) -> String {
-    let ms = ms.max(0);
-    let secs = ms / 1000;
-    match secs {
-        _ if ms < 1000 => format!("{ms}ms"),
-        0..60 => format!("{:.1}s", ms as f64 / 1000.0),
-        60..3600 => format!("{}m{:02}s", secs / 60, secs % 60),
-        3600..86400 => format!("{}h{:02}m", secs / 3600, secs % 3600 / 60),
-        _ => format!("{}d{:02}h", secs / 86400, secs % 86400 / 3600),
-    }
-}
-
 /// How long something took (or has been going on, when `end` is unset); `-` before it started.
 pub fn elapsed(start_ms: i64, end_ms: i64) -> String {
     if start_ms <= 0 {
         return "-".into();
     }
     let end = if end_ms > 0 { end_ms } else { now_ms() };
-    duration_ms(end - start_ms)
+    ax_core::humane_duration(end - start_ms)
 }
 
-/// How long ago, for heartbeats: `3.0s ago`.
+/// How long ago, for heartbeats: `3s ago`.
 pub fn ago(ms: i64) -> String {
     if ms <= 0 {
         return "-".into();
     }
-    format!("{} ago", duration_ms(now_ms() - ms))
+    format!("{} ago", ax_core::humane_duration(now_ms() - ms))
 }
 
 /// `-` for empty cells, so columns never look shifted.
@@ -227,12 +214,16 @@ mod tests {
 
     #[test]
     fn durations_are_humane() {
-        assert_eq!(duration_ms(850), "850ms");
-        assert_eq!(duration_ms(4_200), "4.2s");
-        assert_eq!(duration_ms(185_000), "3m05s");
-        assert_eq!(duration_ms(2 * 3_600_000 + 7 * 60_000), "2h07m");
-        assert_eq!(duration_ms(3 * 86_400_000 + 4 * 3_600_000), "3d04h");
-        assert_eq!(duration_ms(-5), "0ms");
+        // ax-core's `humane_duration`, the one formatter of spans.
+        let took = |ms: i64| elapsed(1_000, 1_000 + ms);
+        assert_eq!(took(850), "850ms");
+        assert_eq!(took(4_200), "4.2s");
+        assert_eq!(took(45_000), "45s");
+        assert_eq!(took(185_000), "3m05s");
+        assert_eq!(took(2 * 3_600_000 + 7 * 60_000), "2h07m");
+        assert_eq!(took(3 * 86_400_000 + 4 * 3_600_000), "3d04h");
+        assert_eq!(took(-5), "0ms");
+        assert_eq!(elapsed(0, 1_000), "-");
     }
 
     #[test]

@@ -8,7 +8,6 @@ use tonic::Code;
 
 use crate::client::{Client, Ctx};
 use crate::error::Exit;
-use crate::output::duration_ms;
 use crate::view::run_state;
 
 /// How often the run is polled.
@@ -100,7 +99,7 @@ pub async fn wait_for_run(ctx: &Ctx, client: &mut Client, run_id: i64) -> anyhow
         };
         let line = progress_line(&run);
         if tty {
-            let elapsed = duration_ms(started.elapsed().as_millis() as i64);
+            let elapsed = ax_core::humane_duration(started.elapsed().as_millis() as i64);
             // Carriage return plus "erase line" redraws the same line.
             eprint!("\r\x1b[2K{line} ({elapsed})");
             let _ = std::io::stderr().flush();

@@ -66,6 +66,20 @@ pub fn packed_stream(byte: u8) -> Result<v1::LogStream, String> {
     }
 }
 
+/// The machine's host name: `/proc/sys/kernel/hostname`, else `$HOSTNAME`; `None` when
+/// neither gives one. The default of the names ax.v1 carries for a machine: a worker's id, a
+/// scheduler's node id, the host of an audit actor.
+pub fn hostname() -> Option<String> {
+    let nonempty = |name: String| {
+        let name = name.trim();
+        (!name.is_empty()).then(|| name.to_string())
+    };
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .and_then(nonempty)
+        .or_else(|| std::env::var("HOSTNAME").ok().and_then(nonempty))
+}
+
 #[cfg(test)]
 mod tests {
     use super::v1::{LogBatch, LogLine, LogStream};

@@ -142,7 +142,7 @@ impl Args {
             node_id: self
                 .node_id
                 .or(file.node_id)
-                .unwrap_or_else(|| hostname().unwrap_or(defaults.node_id)),
+                .unwrap_or_else(|| ax_proto::hostname().unwrap_or(defaults.node_id)),
             strategy: self.strategy.or(file_strategy).unwrap_or(defaults.strategy),
             heartbeat_interval: self
                 .heartbeat_interval
@@ -204,13 +204,6 @@ impl Args {
         }
         Ok(options)
     }
-}
-
-fn hostname() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|name| name.trim().to_string())
-        .filter(|name| !name.is_empty())
 }
 
 #[cfg(test)]

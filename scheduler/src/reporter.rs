@@ -256,28 +256,7 @@ fn acknowledge_finished(node: &Node, worker: &str, instance: InstanceId, attempt
 /// A report for an attempt that is not current: the worker is told, and told to kill the
 /// process (the attempt number is the fencing token).
 async fn refuse(node: &Node, worker: &str, report: &Report, result: &ReportResult) {
-    let (instance_id, attempt) = match report {
-        Report::Rejected {
-            instance_id,
-            attempt,
-            ..
-        }
-        | Report::Started {
-            instance_id,
-            attempt,
-            ..
-        }
-        | Report::TaskHeartbeat {
-            instance_id,
-            attempt,
-            ..
-        }
-        | Report::Finished {
-            instance_id,
-            attempt,
-            ..
-        } => (*instance_id, *attempt),
-    };
+    let (instance_id, attempt) = report.key();
     let finished = matches!(report, Report::Finished { .. } | Report::Rejected { .. });
     if finished {
         node.registry.end_attempt(worker, instance_id, attempt);

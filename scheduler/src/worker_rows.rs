@@ -1,10 +1,10 @@
 //! Saves workers' rows. Other nodes judge a worker by its row (connected, last heartbeat,
-//! running count), so its heartbeats refresh the row now and then; with a thousand workers
-//! those refreshes were a transaction each, a hundred a second on an idle cluster. Here a
-//! refresh is kept, the latest per worker, and the kept ones are written together a few times
-//! a second (`Store::upsert_workers`). A connect or a disconnect is written at once, with the
-//! refreshes kept so far, and its caller waits for it. Saves reach the store in the order they
-//! were made: a refresh never overwrites a later disconnect.
+//! running count), so its heartbeats refresh the row now and then; with a thousand workers a
+//! transaction per refresh would be a hundred a second on an idle cluster. So a refresh is kept,
+//! the latest per worker, and the kept ones are written together a few times a second
+//! (`Store::upsert_workers`). A connect or a disconnect is written at once, with the refreshes
+//! kept so far, and its caller waits for it. Saves reach the store in the order they were made:
+//! a refresh never overwrites a later disconnect.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};

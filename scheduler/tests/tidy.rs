@@ -1,6 +1,7 @@
 //! Tidy checks: architecture rules that the compiler does not enforce.
 
-/// The core takes time and inputs and returns decisions; it must not grow I/O dependencies.
+/// The core takes time, inputs and random numbers and returns decisions; it must not grow I/O
+/// dependencies or draw randomness itself.
 #[test]
 fn the_core_depends_on_no_runtime_network_or_database_crate() {
     let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/core/Cargo.toml"))
@@ -11,7 +12,7 @@ fn the_core_depends_on_no_runtime_network_or_database_crate() {
         .and_then(|rest| rest.split("\n[").next())
         .expect("a [dependencies] table");
     for forbidden in [
-        "tokio", "tonic", "sqlx", "redis", "hyper", "reqwest", "ax-store", "ax-proto",
+        "tokio", "tonic", "sqlx", "redis", "hyper", "reqwest", "ax-store", "ax-proto", "rand",
     ] {
         let listed = dependencies
             .lines()

@@ -37,9 +37,9 @@
 //! - frames the transport accepted but that never reached the scheduler. After a clean break
 //!   (node exit, connection reset) that is nothing. In a silent network partition the stream
 //!   stays up until HTTP/2 keepalive (one heartbeat interval between pings, one to answer)
-//!   notices. A scheduler that acknowledges heartbeats (`HeartbeatAck`, as this release's
-//!   does) removes that doubt: once an ack has arrived on a stream, only frames received count
-//!   as contact. With an older scheduler, frames sent after the handshake count too.
+//!   notices. A scheduler that acknowledges heartbeats (`HeartbeatAck`; `ax-scheduler` does)
+//!   removes that doubt: once an ack has arrived on a stream, only frames received count as
+//!   contact. On a stream without acks, frames sent after the handshake count too.
 //!
 //! Beyond the margin, the scheduler's start lock still stops a retry from starting beside a
 //! survivor. An attempt of a task with `self_fence: false` (`Dispatch.keep_when_cut_off`) is
@@ -52,7 +52,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::state::Attempts;
+use crate::attempts::Attempts;
 
 /// The fraction of the scheduler's dead-worker threshold after which the worker fences.
 const FENCE_NUMERATOR: u32 = 3;
@@ -113,7 +113,8 @@ impl Liveness {
         self.base.elapsed().saturating_sub(since)
     }
 
-    /// Keeps the scheduler's dead-worker threshold; 0 (an old scheduler) keeps the last one.
+    /// Keeps the scheduler's dead-worker threshold; 0 (a scheduler that sends none) keeps the
+    /// last one.
     pub(crate) fn learn_dead_after(&self, dead_after_ms: u32) {
         if dead_after_ms != 0 {
             self.dead_after_ms.store(dead_after_ms, Ordering::Relaxed);
@@ -210,7 +211,7 @@ mod tests {
             effective_delay(configured, liveness.dead_after()),
             Duration::from_millis(1500)
         );
-        // An old scheduler sends 0: the threshold learned earlier stays.
+        // A scheduler that sends 0 leaves the threshold learned before in place.
         liveness.learn_dead_after(0);
         assert_eq!(liveness.dead_after(), Some(Duration::from_secs(2)));
         // A configured delay shorter than 3/4 of the threshold wins.

@@ -2,10 +2,11 @@
 //!
 //! Codemap: `session` is one stream (handshake, dispatch, heartbeats, drain); `runner` is one
 //! attempt's process (timeout, kill, final report) and its log shipper; `spawn` starts that
-//! process without copying the worker's page tables; `logs` reads output
-//! into numbered batches, encoded once; `outgoing` sends them as those bytes; `state` is what survives a reconnect (running attempts, unacknowledged logs, finished
-//! reports); `spill` keeps unacknowledged log batches on disk past the memory bound; `fence` kills
-//! attempts when no scheduler has been reachable for too long; `backoff` paces reconnects.
+//! process without copying the worker's page tables; `logs` reads output into numbered batches,
+//! encoded once; `outgoing` sends them as those bytes; `attempts` is what survives a reconnect
+//! (running attempts, unacknowledged logs, finished reports); `spill` keeps unacknowledged log
+//! batches on disk past the memory bound; `fence` kills attempts when no scheduler has been
+//! reachable for too long; `backoff` paces reconnects.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -17,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+mod attempts;
 pub mod backoff;
 mod command_line;
 mod fence;
@@ -27,16 +29,15 @@ mod runner;
 mod session;
 pub mod spawn;
 mod spill;
-mod state;
 
 pub use logs::BatchLimits;
 pub use session::SessionError;
 pub use spill::LogStats;
 
+use attempts::Attempts;
 use backoff::Backoff;
 use fence::Liveness;
 use runner::RunnerSettings;
-use state::Attempts;
 
 /// Everything a worker needs to start.
 #[derive(Debug, Clone)]
@@ -180,7 +181,10 @@ pub async fn run_with_stats(
         }),
         tracker: TaskTracker::new(),
         started_at_ms: now_ms(),
-        hostname: options.hostname.clone().unwrap_or_else(hostname),
+        hostname: options
+            .hostname
+            .clone()
+            .unwrap_or_else(|| ax_proto::hostname().unwrap_or_default()),
         options,
     });
     let fencing = CancellationToken::new();
@@ -316,19 +320,4 @@ pub(crate) fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
-}
-
-/// The machine's host name, or an empty string if it cannot be read.
-pub fn hostname() -> String {
-    let mut buffer = [0u8; 256];
-    // SAFETY: the buffer is valid for its whole length, which is what we pass.
-    let result = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) };
-    if result != 0 {
-        return String::new();
-    }
-    let end = buffer
-        .iter()
-        .position(|&byte| byte == 0)
-        .unwrap_or(buffer.len());
-    String::from_utf8_lossy(&buffer[..end]).into_owned()
 }

@@ -118,9 +118,13 @@ async fn main() -> anyhow::Result<()> {
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .collect();
-    let worker_id = args
-        .id
-        .unwrap_or_else(|| format!("{}-{}", ax_worker::hostname(), std::process::id()));
+    let worker_id = args.id.unwrap_or_else(|| {
+        format!(
+            "{}-{}",
+            ax_proto::hostname().unwrap_or_default(),
+            std::process::id()
+        )
+    });
     let options = WorkerOptions {
         endpoints: schedulers,
         worker_id,

@@ -18,11 +18,11 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep, sleep, sleep_until};
 use tracing::Instrument;
 
+use crate::attempts::{AttemptKey, Attempts, Control};
 use crate::command_line::plain_words;
 use crate::logs::{BatchLimits, Batcher, PackedLines, pump_lines};
 use crate::now_ms;
 use crate::spawn::TaskCommand;
-use crate::state::{AttemptKey, Attempts, Control};
 
 /// Reads (each up to 16 KiB of lines) buffered between the pipe readers and the batcher of one
 /// attempt.

@@ -15,8 +15,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
 
+use crate::attempts::{Admission, AttemptKey, Link, Replay};
 use crate::runner::run_attempt;
-use crate::state::{Admission, AttemptKey, Link, Replay};
 use crate::{Context, now_ms};
 use crate::{fence, outgoing};
 

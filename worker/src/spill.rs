@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use prost::bytes::Bytes;
 
+use crate::attempts::AttemptKey;
 use crate::logs::LogFrame;
-use crate::state::AttemptKey;
 
 /// File name suffix of spill files.
 const SUFFIX: &str = "spill";

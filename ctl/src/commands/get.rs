@@ -241,7 +241,7 @@ pub fn workflow_detail(w: &pb::Workflow) -> String {
             if t.timeout_ms == 0 {
                 "-".into()
             } else {
-                output::duration_ms(t.timeout_ms as i64)
+                ax_core::humane_duration(t.timeout_ms as i64)
             },
             command,
         ]);

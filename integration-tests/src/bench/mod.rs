@@ -2,21 +2,22 @@
 //! loopback, driven and observed only through the public gRPC API (plus `/proc` for CPU and
 //! memory, and direct SQL for W7's bulk history, which no API creates).
 //!
-//! Every workload module has `run(&Env) -> anyhow::Result<Measurement>`. A run starts its own
-//! [`Cluster`] on a fresh store, so one workload never sees another's rows, and ends with the
-//! correctness checks of [`Cluster::verify_runs`].
+//! Every workload module is named for what it measures, and [`run_workload`] maps the ids of
+//! `--workload` (S0, W1 … W9) to them; each has `run(&Env) -> anyhow::Result<Measurement>`. A
+//! run starts its own [`Cluster`] on a fresh store, so one workload never sees another's rows,
+//! and ends with the correctness checks of [`Cluster::verify_runs`].
 
+pub mod chain_latency;
+pub mod cron_lateness;
+pub mod fan_out_fan_in;
+pub mod idle_workers;
+pub mod large_history;
+pub mod log_throughput;
+pub mod poisson_arrivals;
 pub mod report;
-pub mod s0;
-pub mod w1;
-pub mod w2;
-pub mod w3;
-pub mod w4;
-pub mod w5;
-pub mod w6;
-pub mod w7;
-pub mod w8;
-pub mod w9;
+pub mod spawn_ceiling;
+pub mod throughput;
+pub mod worker_kill;
 
 use std::fs::File;
 use std::net::TcpListener;
@@ -924,16 +925,16 @@ impl Measurement {
 /// Runs one workload by id.
 pub async fn run_workload(id: &str, env: &Env) -> anyhow::Result<Measurement> {
     match id {
-        "S0" => s0::run(env).await,
-        "W1" => w1::run(env).await,
-        "W2" => w2::run(env).await,
-        "W3" => w3::run(env).await,
-        "W4" => w4::run(env).await,
-        "W5" => w5::run(env).await,
-        "W6" => w6::run(env).await,
-        "W7" => w7::run(env).await,
-        "W8" => w8::run(env).await,
-        "W9" => w9::run(env).await,
+        "S0" => spawn_ceiling::run(env).await,
+        "W1" => throughput::run(env).await,
+        "W2" => chain_latency::run(env).await,
+        "W3" => fan_out_fan_in::run(env).await,
+        "W4" => log_throughput::run(env).await,
+        "W5" => idle_workers::run(env).await,
+        "W6" => worker_kill::run(env).await,
+        "W7" => large_history::run(env).await,
+        "W8" => cron_lateness::run(env).await,
+        "W9" => poisson_arrivals::run(env).await,
         other => bail!("unknown workload {other}"),
     }
 }

@@ -367,6 +367,15 @@ impl Dag {
     }
 }
 
+/// Task indexes (file positions) with every task after its upstreams, in
+/// [`Dag::topological_order`]; tasks that do not form a valid DAG keep their file order.
+pub fn topological_positions(tasks: &[TaskSpec]) -> Vec<usize> {
+    match Dag::new(tasks) {
+        Ok(dag) => dag.topological_indexes(),
+        Err(_) => (0..tasks.len()).collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

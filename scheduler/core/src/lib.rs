@@ -1,8 +1,10 @@
 //! The scheduler's decisions, as pure functions of their inputs and `now`.
 //!
 //! Architecture invariant: this crate does no I/O. It depends on no async runtime, no gRPC, no
-//! SQL and no Redis client (a tidy test in `ax-scheduler` checks `Cargo.toml`). Time comes in as
-//! an argument (`Millis` since the Unix epoch), so every rule is tested with a fake clock.
+//! SQL, no Redis client and no random number generator (a tidy test in `ax-scheduler` checks
+//! `Cargo.toml`). Time comes in as an argument (`Millis` since the Unix epoch), and so do random
+//! numbers (placement's `random`, retry jitter's `unit_random`), so every rule is tested with a
+//! fake clock and chosen draws.
 
 pub mod audit_text;
 pub mod cron;

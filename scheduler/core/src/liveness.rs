@@ -186,9 +186,9 @@ mod tests {
         assert_eq!(DEFAULTS.task_silent_after_ms(), 45 * SEC);
     }
 
-    /// The seed's incident: a 30-minute task on a loaded worker whose heartbeats were batched
-    /// into a 15-minute window. Its worker is alive, so it is healthy at 50% of its timeout and
-    /// at 100%, and only the backstop past timeout + grace ends it.
+    /// A busy worker with late heartbeats: a 30-minute task on a loaded worker whose heartbeats
+    /// come batched into a 15-minute window. Its worker is alive, so it is healthy at 50% of its
+    /// timeout and at 100%, and only the backstop past timeout + grace ends it.
     #[test]
     fn a_late_heartbeat_alone_never_condemns_a_healthy_task() {
         let timeout = 30 * 60 * SEC;

@@ -10,6 +10,9 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use serde::Serialize;
+
+use crate::dag::topological_positions;
 use crate::spec::TaskSpec;
 use crate::state::InstanceState;
 
@@ -141,7 +144,7 @@ impl Graph {
             }
         }
         let upstream = self.upstream_lists();
-        for i in self.topological_order() {
+        for i in self.topological_order(&upstream) {
             // A PENDING instance (waiting to rerun) shows like a task without one.
             let own = found[i]
                 .map(|(_, state)| state)
@@ -184,34 +187,26 @@ impl Graph {
         lists
     }
 
-    /// Kahn's algorithm in file order; nodes on a cycle (never in a validated graph) come last.
-    fn topological_order(&self) -> Vec<usize> {
-        let n = self.nodes.len();
-        let downstream = self.downstream_lists();
-        let mut in_degree = vec![0usize; n];
-        for list in &downstream {
-            for &d in list {
-                in_degree[d] += 1;
-            }
-        }
-        let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<usize>> = (0..n)
-            .filter(|&i| in_degree[i] == 0)
-            .map(std::cmp::Reverse)
-            .collect();
-        let mut order = Vec::with_capacity(n);
-        let mut placed = vec![false; n];
-        while let Some(std::cmp::Reverse(i)) = ready.pop() {
-            order.push(i);
-            placed[i] = true;
-            for &d in &downstream[i] {
-                in_degree[d] -= 1;
-                if in_degree[d] == 0 {
-                    ready.push(std::cmp::Reverse(d));
+    /// Node indexes with every task after its upstreams: the [`crate::dag::Dag`]'s order (file
+    /// order for a graph that is not a DAG, which no validated spec makes).
+    fn topological_order(&self, upstream: &[Vec<usize>]) -> Vec<usize> {
+        let tasks: Vec<TaskSpec> = self
+            .nodes
+            .iter()
+            .zip(upstream)
+            .map(|(node, ups)| {
+                // An upstream listed twice (which a spec refuses) is one edge for the order.
+                let mut ups = ups.clone();
+                ups.sort_unstable();
+                ups.dedup();
+                TaskSpec {
+                    name: node.task.clone(),
+                    upstream: ups.iter().map(|&u| self.nodes[u].task.clone()).collect(),
+                    ..TaskSpec::default()
                 }
-            }
-        }
-        order.extend((0..n).filter(|&i| !placed[i]));
-        order
+            })
+            .collect();
+        topological_positions(&tasks)
     }
 }
 
@@ -379,24 +374,27 @@ pub fn mermaid(graph: &Graph) -> String {
     out
 }
 
-fn json_string(text: &str) -> String {
-    let mut quoted = String::with_capacity(text.len() + 2);
-    quoted.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => quoted.push_str("\\\""),
-            '\\' => quoted.push_str("\\\\"),
-            '\n' => quoted.push_str("\\n"),
-            '\r' => quoted.push_str("\\r"),
-            '\t' => quoted.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(quoted, "\\u{:04x}", c as u32);
-            }
-            c => quoted.push(c),
-        }
-    }
-    quoted.push('"');
-    quoted
+#[derive(Serialize)]
+struct JsonGraph<'a> {
+    workflow: &'a str,
+    version: u32,
+    run_id: Option<i64>,
+    nodes: Vec<JsonNode<'a>>,
+    edges: Vec<JsonEdge<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonNode<'a> {
+    task: &'a str,
+    state: Option<&'static str>,
+    instance_id: Option<i64>,
+    upstream: Vec<&'a str>,
+}
+
+#[derive(Serialize)]
+struct JsonEdge<'a> {
+    from: &'a str,
+    to: &'a str,
 }
 
 /// JSON: `{workflow, version, run_id, nodes: [{task, state, instance_id, upstream}], edges:
@@ -404,56 +402,156 @@ fn json_string(text: &str) -> String {
 /// per line, so a diff of two exports reads well.
 pub fn json(graph: &Graph) -> String {
     let upstream = graph.upstream_lists();
-    let mut out = String::from("{\n");
-    let _ = writeln!(out, "  \"workflow\": {},", json_string(&graph.workflow));
-    let _ = writeln!(out, "  \"version\": {},", graph.version);
-    let _ = writeln!(
-        out,
-        "  \"run_id\": {},",
-        graph
-            .run_id
-            .map_or_else(|| "null".to_string(), |id| id.to_string())
-    );
-    out.push_str("  \"nodes\": [");
-    for (i, node) in graph.nodes.iter().enumerate() {
-        out.push_str(if i == 0 { "\n" } else { ",\n" });
-        let ups: Vec<String> = upstream[i]
+    let value = JsonGraph {
+        workflow: &graph.workflow,
+        version: graph.version,
+        run_id: graph.run_id,
+        nodes: graph
+            .nodes
             .iter()
-            .map(|&u| json_string(&graph.nodes[u].task))
-            .collect();
-        let _ = write!(
-            out,
-            "    {{\"task\": {}, \"state\": {}, \"instance_id\": {}, \"upstream\": [{}]}}",
-            json_string(&node.task),
-            node.state
-                .map_or_else(|| "null".to_string(), |s| json_string(s.label())),
-            node.instance_id
-                .map_or_else(|| "null".to_string(), |id| id.to_string()),
-            ups.join(", ")
-        );
+            .zip(&upstream)
+            .map(|(node, ups)| JsonNode {
+                task: &node.task,
+                state: node.state.map(NodeState::label),
+                instance_id: node.instance_id,
+                upstream: ups.iter().map(|&u| graph.nodes[u].task.as_str()).collect(),
+            })
+            .collect(),
+        edges: graph
+            .edges
+            .iter()
+            .map(|&(u, d)| JsonEdge {
+                from: &graph.nodes[u].task,
+                to: &graph.nodes[d].task,
+            })
+            .collect(),
+    };
+    let mut out = Vec::new();
+    let mut serializer = serde_json::Serializer::with_formatter(&mut out, LineFormatter::default());
+    value
+        .serialize(&mut serializer)
+        .expect("a graph of strings and integers always encodes");
+    out.push(b'\n');
+    String::from_utf8(out).expect("serde_json writes UTF-8")
+}
+
+/// The layout of [`json`]: the graph object and its two lists one entry a line, indented by
+/// two spaces a level; each node and edge on its line as `{"key": value, ...}`. Control
+/// characters are escaped as `\uXXXX` except `\n`, `\r` and `\t`.
+#[derive(Default)]
+struct LineFormatter {
+    /// Open objects and arrays.
+    depth: usize,
+    /// Whether the innermost open container has an entry.
+    has_value: bool,
+}
+
+impl LineFormatter {
+    /// Containers at these depths put each entry on its own line.
+    const LINE_DEPTH: usize = 2;
+
+    fn begin<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        open: &[u8],
+    ) -> std::io::Result<()> {
+        self.depth += 1;
+        self.has_value = false;
+        writer.write_all(open)
     }
-    out.push_str(if graph.nodes.is_empty() {
-        "],\n"
-    } else {
-        "\n  ],\n"
-    });
-    out.push_str("  \"edges\": [");
-    for (k, &(u, d)) in graph.edges.iter().enumerate() {
-        out.push_str(if k == 0 { "\n" } else { ",\n" });
-        let _ = write!(
-            out,
-            "    {{\"from\": {}, \"to\": {}}}",
-            json_string(&graph.nodes[u].task),
-            json_string(&graph.nodes[d].task)
-        );
+
+    fn end<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        close: &[u8],
+    ) -> std::io::Result<()> {
+        let lines = self.depth <= Self::LINE_DEPTH;
+        self.depth -= 1;
+        if lines && self.has_value {
+            writer.write_all(b"\n")?;
+            writer.write_all(&b"  ".repeat(self.depth))?;
+        }
+        writer.write_all(close)
     }
-    out.push_str(if graph.edges.is_empty() {
-        "]\n"
-    } else {
-        "\n  ]\n"
-    });
-    out.push_str("}\n");
-    out
+
+    fn entry<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if self.depth <= Self::LINE_DEPTH {
+            writer.write_all(if first { b"\n" } else { b",\n" })?;
+            writer.write_all(&b"  ".repeat(self.depth))
+        } else if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+}
+
+impl serde_json::ser::Formatter for LineFormatter {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.begin(writer, b"[")
+    }
+
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.end(writer, b"]")
+    }
+
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.entry(writer, first)
+    }
+
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.begin(writer, b"{")
+    }
+
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.end(writer, b"}")
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.entry(writer, first)
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
+
+    fn end_object_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+
+    fn write_char_escape<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        char_escape: serde_json::ser::CharEscape,
+    ) -> std::io::Result<()> {
+        use serde_json::ser::CharEscape;
+        match char_escape {
+            CharEscape::Backspace => writer.write_all(b"\\u0008"),
+            CharEscape::FormFeed => writer.write_all(b"\\u000c"),
+            other => serde_json::ser::CompactFormatter.write_char_escape(writer, other),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -607,7 +607,7 @@ fn run_tasks(
     // States for upstream lookups: tasks are visited upstream first (a file may list a task
     // before its upstream), and the answer is put back in file order.
     let mut states: BTreeMap<String, String> = BTreeMap::new();
-    let order = file_order_topological(&run.tasks);
+    let order = crate::dag::topological_positions(&run.tasks);
     let mut results: BTreeMap<usize, TaskExplanation> = BTreeMap::new();
     for i in order {
         let task = &run.tasks[i];
@@ -673,23 +673,6 @@ fn run_tasks(
         results.insert(i, explanation);
     }
     results.into_values().collect()
-}
-
-/// Task indexes with every task after its upstreams, earlier file position first among equals
-/// (`Dag::topological_order`); a stored spec that no longer validates keeps its file order.
-fn file_order_topological(tasks: &[TaskSpec]) -> Vec<usize> {
-    let Ok(dag) = crate::dag::Dag::new(tasks) else {
-        return (0..tasks.len()).collect();
-    };
-    let index: std::collections::HashMap<&str, usize> = tasks
-        .iter()
-        .enumerate()
-        .map(|(i, task)| (task.name.as_str(), i))
-        .collect();
-    dag.topological_order()
-        .into_iter()
-        .filter_map(|name| index.get(name).copied())
-        .collect()
 }
 
 fn instance_reason(

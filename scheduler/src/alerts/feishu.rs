@@ -1,6 +1,6 @@
 //! Feishu/Lark custom bot: a text message. With a secret ("签名校验"), the body gets
 //! `timestamp` (Unix seconds, as a string) and `sign` = base64(HMAC-SHA256(key =
-//! "{timestamp}\n{secret}", empty message)). Feishu answers HTTP 200 with `{"code": 0}` (older
+//! "{timestamp}\n{secret}", empty message)). Feishu answers HTTP 200 with `{"code": 0}` (some
 //! deployments: `{"StatusCode": 0}`), or a non-zero code when it refuses the message.
 
 use base64::Engine;

@@ -242,7 +242,7 @@ async fn end_missing(node: &Node, worker: &str, missing: Vec<ActiveAttempt>) {
 }
 
 /// The stored form of a worker's log batch: packed lines as they came, or separate lines
-/// (from an older worker) packed here.
+/// (`LogBatch.lines`, the proto's other form) packed here.
 fn log_chunk(batch: LogBatch) -> Result<LogChunk, String> {
     let instance_id = InstanceId(batch.instance_id);
     let attempt = Attempt(batch.attempt);

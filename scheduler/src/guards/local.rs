@@ -16,7 +16,7 @@ pub struct LocalGuards {
 
 /// Expired keys of other instances are swept out once the map has doubled since the last sweep:
 /// a sweep walks the map once, and enough calls come between two sweeps to pay for it. (A sweep
-/// on every call past a fixed size cost 14% of the scheduler's CPU at 500 triggers/s.)
+/// on every call past a fixed size costs 14% of the scheduler's CPU at 500 triggers/s.)
 const FIRST_SWEEP_AT: usize = 10_000;
 
 #[derive(Default)]

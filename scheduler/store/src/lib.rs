@@ -249,6 +249,34 @@ pub enum Report {
     },
 }
 
+impl Report {
+    /// The attempt the report is about: (instance, attempt).
+    pub fn key(&self) -> (InstanceId, Attempt) {
+        match self {
+            Report::Rejected {
+                instance_id,
+                attempt,
+                ..
+            }
+            | Report::Started {
+                instance_id,
+                attempt,
+                ..
+            }
+            | Report::TaskHeartbeat {
+                instance_id,
+                attempt,
+                ..
+            }
+            | Report::Finished {
+                instance_id,
+                attempt,
+                ..
+            } => (*instance_id, *attempt),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReportResult {
     Applied(Applied),

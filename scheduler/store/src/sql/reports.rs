@@ -141,31 +141,6 @@ async fn lock_run_rows(store: &SqlStore, c: &mut Counted<'_>, runs: &BTreeSet<i6
     Ok(())
 }
 
-fn report_key(report: &Report) -> (InstanceId, Attempt) {
-    match report {
-        Report::Rejected {
-            instance_id,
-            attempt,
-            ..
-        }
-        | Report::Started {
-            instance_id,
-            attempt,
-            ..
-        }
-        | Report::TaskHeartbeat {
-            instance_id,
-            attempt,
-            ..
-        }
-        | Report::Finished {
-            instance_id,
-            attempt,
-            ..
-        } => (*instance_id, *attempt),
-    }
-}
-
 /// Applies a batch of reports in the caller's transaction, counting the statements it sends
 /// in [`SqlStore::report_statements`].
 pub(crate) async fn apply_reports(
@@ -186,7 +161,7 @@ async fn apply_counted(
     reports: &[Report],
     now: Millis,
 ) -> Result<Vec<ReportResult>> {
-    let ids: BTreeSet<i64> = reports.iter().map(|r| report_key(r).0.0).collect();
+    let ids: BTreeSet<i64> = reports.iter().map(|r| r.key().0.0).collect();
     // Only an attempt's end moves a run: it may create downstream instances or end the run,
     // which two nodes must not do at once. Started and heartbeat reports need no run lock.
     let ends_attempts = reports
@@ -452,7 +427,7 @@ fn decide(
     writes: &mut Writes,
     after: &mut AfterBatch,
 ) -> ReportResult {
-    let (id, attempt) = report_key(report);
+    let (id, attempt) = report.key();
     let Some(key) = keys.get_mut(&id.0) else {
         return ReportResult::NotFound;
     };

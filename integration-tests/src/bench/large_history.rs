@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::Context;
 use sqlx::{AnyConnection, Connection, Row};
 
-use super::w2::{apply_chain, chain_length, run_chain};
+use super::chain_latency::{apply_chain, chain_length, run_chain};
 use super::{Checks, ClusterSpec, Env, Measurement, Target, mean, percentile, wall_ms};
 
 const BATCH: usize = 5_000;

@@ -1,8 +1,7 @@
 //! What the fault tests share: tasks that append to a ledger outside ax (the side-effect file),
 //! the checker of the invariants every fault test promises, read from that ledger joined with
-//! the store's attempt history, and helpers that drive a [`ProcessCluster`] through its control
-//! API while its scheduler may be restarting. Waits give up after generous hang guards; nothing
-//! here measures time.
+//! the store's attempt history (through a [`TestClient`]), and helpers for the processes a
+//! fault leaves behind. Waits give up after generous hang guards; nothing here measures time.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -12,10 +11,8 @@ use ax_proto::v1 as pb;
 use pb::InstanceState as S;
 
 use crate::Backend;
+use crate::client::{RUN_GUARD, TestClient, summary};
 use crate::process::{ProcessCluster, SchedulerSettings};
-
-/// How long a whole run may take before the test gives up. A hang guard, not a measurement.
-pub const RUN_GUARD: Duration = Duration::from_secs(120);
 
 // ---------------------------------------------------------------------------------------------
 // Tasks and their side effects.
@@ -246,18 +243,24 @@ pub enum Lines {
 /// - a successful attempt ran to its `end` note, and its stored log lines are complete, in order,
 ///   and each stored once.
 pub async fn check_invariants(
-    cluster: &ProcessCluster,
+    client: &TestClient,
     run_id: i64,
     effects: &Path,
     lines: Lines,
 ) -> Vec<pb::Instance> {
-    let instances = instances(cluster, run_id).await;
+    let instances = client
+        .instances(run_id)
+        .await
+        .expect("the instances of the run");
     let notes = read_notes(effects);
     let mut failures = violations(&instances, &notes);
 
     if let Lines::Exactly(count) = lines {
         for instance in instances.iter().filter(|i| i.state() == S::Success) {
-            let stored = logs(cluster, instance.id, instance.attempt).await;
+            let stored = client
+                .attempt_logs(instance.id, instance.attempt)
+                .await
+                .expect("the attempt's logs");
             let expected: Vec<(u64, String)> =
                 (1..=count).map(|i| (i, format!("line {i}"))).collect();
             let got: Vec<(u64, String)> = stored.iter().map(|l| (l.seq, l.text.clone())).collect();
@@ -302,178 +305,7 @@ pub async fn check_invariants(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Control API helpers.
-
-pub async fn apply(cluster: &ProcessCluster, source: &str) {
-    let request = pb::ApplyWorkflowRequest {
-        source: source.into(),
-        source_name: "fault.yaml".into(),
-        dry_run: false,
-        actor: "fault-test".into(),
-    };
-    cluster
-        .control()
-        .await
-        .expect("control client")
-        .apply_workflow(request)
-        .await
-        .unwrap_or_else(|status| panic!("apply refused: {status}\n{source}"));
-}
-
-pub async fn trigger(cluster: &ProcessCluster, name: &str) -> i64 {
-    let request = pb::TriggerWorkflowRequest {
-        name: name.into(),
-        params: Default::default(),
-        idempotency_key: String::new(),
-        actor: "fault-test".into(),
-        logical_time_ms: 0,
-    };
-    cluster
-        .control()
-        .await
-        .expect("control client")
-        .trigger_workflow(request)
-        .await
-        .expect("trigger")
-        .into_inner()
-        .run
-        .expect("the trigger names its run")
-        .id
-}
-
-pub async fn try_instances(
-    cluster: &ProcessCluster,
-    run_id: i64,
-) -> anyhow::Result<Vec<pb::Instance>> {
-    let mut control = cluster.control().await?;
-    let list = control
-        .list_instances(pb::ListInstancesRequest { run_id })
-        .await?
-        .into_inner()
-        .instances;
-    let mut full = Vec::with_capacity(list.len());
-    for instance in list {
-        full.push(
-            control
-                .get_instance(pb::GetInstanceRequest { id: instance.id })
-                .await?
-                .into_inner(),
-        );
-    }
-    Ok(full)
-}
-
-pub async fn instances(cluster: &ProcessCluster, run_id: i64) -> Vec<pb::Instance> {
-    try_instances(cluster, run_id)
-        .await
-        .expect("the instances of the run")
-}
-
-/// Polls the run's instances (tolerating a scheduler that is restarting) until `done` holds.
-pub async fn wait_instances(
-    cluster: &ProcessCluster,
-    run_id: i64,
-    what: &str,
-    done: impl Fn(&[pb::Instance]) -> bool,
-) -> Vec<pb::Instance> {
-    let deadline = tokio::time::Instant::now() + RUN_GUARD;
-    let mut last = Vec::new();
-    loop {
-        if let Ok(current) = try_instances(cluster, run_id).await {
-            if done(&current) {
-                return current;
-            }
-            last = current;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "run {run_id}: not {what} after {RUN_GUARD:?}; last seen:\n{}",
-            summary(&last)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Polls the run until it ended, and returns it.
-pub async fn wait_run_end(cluster: &ProcessCluster, run_id: i64) -> pb::Run {
-    let deadline = tokio::time::Instant::now() + RUN_GUARD;
-    loop {
-        if let Ok(mut control) = cluster.control().await
-            && let Ok(run) = control.get_run(pb::GetRunRequest { id: run_id }).await
-        {
-            let run = run.into_inner();
-            if run.state() != pb::RunState::Running {
-                return run;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "run {run_id} still running after {RUN_GUARD:?}: {:?}",
-                run.counts
-            );
-        } else {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the scheduler did not answer for run {run_id} within {RUN_GUARD:?}"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-pub async fn logs(
-    cluster: &ProcessCluster,
-    instance_id: i64,
-    attempt: u32,
-) -> Vec<pb::StoredLogLine> {
-    let request = pb::GetLogsRequest {
-        instance_id,
-        attempt,
-        follow: false,
-        after_seq: 0,
-    };
-    let mut stream = cluster
-        .control()
-        .await
-        .expect("control client")
-        .get_logs(request)
-        .await
-        .expect("logs")
-        .into_inner();
-    let mut lines = Vec::new();
-    while let Some(chunk) = stream.message().await.expect("log chunk") {
-        lines.extend(chunk.lines);
-    }
-    lines
-}
-
-pub fn summary(instances: &[pb::Instance]) -> String {
-    instances
-        .iter()
-        .map(|i| {
-            let attempts: Vec<String> = i
-                .attempts
-                .iter()
-                .map(|a| {
-                    format!(
-                        "#{} {:?} on {} ({})",
-                        a.attempt,
-                        a.state(),
-                        a.worker_id,
-                        a.message
-                    )
-                })
-                .collect();
-            format!(
-                "{} {} {:?}: {}",
-                i.id,
-                i.task,
-                i.state(),
-                attempts.join("; ")
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+// What the fault tests check besides the invariants.
 
 pub fn attempt(instance: &pb::Instance, number: u32) -> &pb::Attempt {
     instance
@@ -581,8 +413,15 @@ pub fn running_on(instances: &[pb::Instance], worker: &str) -> usize {
         .count()
 }
 
-pub async fn cluster_with(backend: Backend, settings: SchedulerSettings) -> Option<ProcessCluster> {
-    ProcessCluster::start_with(backend, settings)
+/// A process cluster (`None` when its backend is not configured here) and a client of its
+/// scheduler.
+pub async fn cluster_with(
+    backend: Backend,
+    settings: SchedulerSettings,
+) -> Option<(ProcessCluster, TestClient)> {
+    let cluster = ProcessCluster::start_with(backend, settings)
         .await
-        .expect("the scheduler process starts")
+        .expect("the scheduler process starts")?;
+    let client = cluster.client().await.expect("a client of the scheduler");
+    Some((cluster, client))
 }

@@ -1,6 +1,7 @@
 //! A sandbox for end-to-end tests: a scheduler on loopback gRPC over a real store (a fresh SQLite
-//! file, or a fresh MySQL database), real workers running real shell commands, and `wait_for`
-//! helpers that give up after a timeout instead of hanging.
+//! file, or a fresh MySQL database), real workers running real shell commands, and a
+//! [`TestClient`] of its control API whose waits give up after a timeout instead of hanging.
+pub mod client;
 pub mod fault_kit;
 pub mod process;
 pub mod proto_worker;
@@ -17,14 +18,16 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use ax_proto::v1 as pb;
-use ax_proto::v1::control_service_client::ControlServiceClient;
 use ax_scheduler::{RunningScheduler, SchedulerOptions, Strategy};
 use ax_worker::WorkerOptions;
 use sqlx::Connection;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
+
+pub use client::TestClient;
+
+/// How long the workers of a starting sandbox may take to connect. A hang guard.
+const WORKERS_GUARD: Duration = Duration::from_secs(20);
 
 /// Which store a test runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,12 +143,16 @@ impl ClusterBuilder {
         self
     }
 
-    pub fn worker(mut self, id: &str, capacity: u32) -> Self {
-        self.workers.push(WorkerSpec {
+    pub fn worker(self, id: &str, capacity: u32) -> Self {
+        self.labelled_worker(WorkerSpec {
             id: id.into(),
             capacity,
             labels: BTreeMap::new(),
-        });
+        })
+    }
+
+    pub fn labelled_worker(mut self, spec: WorkerSpec) -> Self {
+        self.workers.push(spec);
         self
     }
 
@@ -167,7 +174,8 @@ impl ClusterBuilder {
         self
     }
 
-    /// Starts the sandbox, or `None` when its backend is not configured here (never under CI).
+    /// Starts the sandbox and waits until its workers are LIVE, or returns `None` when its
+    /// backend is not configured here (never under CI).
     pub async fn start(self) -> anyhow::Result<Option<Cluster>> {
         let dir = tempfile::tempdir()?;
         let Some(db) = TestDb::create(self.backend, dir.path()).await? else {
@@ -200,9 +208,15 @@ impl ClusterBuilder {
             dir,
             db,
         };
+        let workers = self.workers.len();
         for spec in self.workers {
             cluster.add_worker(spec);
         }
+        cluster
+            .client()
+            .await?
+            .wait_for_workers(workers, WORKERS_GUARD)
+            .await?;
         Ok(Some(cluster))
     }
 }
@@ -256,137 +270,9 @@ impl Cluster {
         self.workers.push((spec.id, cancel, handle));
     }
 
-    pub async fn control(&self) -> anyhow::Result<ControlServiceClient<Channel>> {
-        let channel = Channel::from_shared(self.endpoint())?.connect().await?;
-        Ok(ControlServiceClient::new(channel).max_decoding_message_size(64 << 20))
-    }
-
-    pub async fn apply(&self, source: &str) -> anyhow::Result<pb::ApplyWorkflowResponse> {
-        let request = pb::ApplyWorkflowRequest {
-            source: source.into(),
-            source_name: "test.yaml".into(),
-            dry_run: false,
-            actor: "tester".into(),
-        };
-        Ok(self
-            .control()
-            .await?
-            .apply_workflow(request)
-            .await?
-            .into_inner())
-    }
-
-    pub async fn trigger(
-        &self,
-        name: &str,
-        params: &[(&str, &str)],
-        key: &str,
-    ) -> anyhow::Result<pb::TriggerWorkflowResponse> {
-        let request = pb::TriggerWorkflowRequest {
-            name: name.into(),
-            params: params
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            idempotency_key: key.into(),
-            actor: "tester".into(),
-            logical_time_ms: 0,
-        };
-        Ok(self
-            .control()
-            .await?
-            .trigger_workflow(request)
-            .await?
-            .into_inner())
-    }
-
-    /// Triggers `name` without params and waits (a minute at most) until the run ends; returns
-    /// the run as created and as it ended.
-    pub async fn run_to_end(&self, name: &str) -> anyhow::Result<(pb::Run, pb::Run)> {
-        let run = self
-            .trigger(name, &[], "")
-            .await?
-            .run
-            .context("the trigger returned no run")?;
-        let ended = self.wait_run(run.id, Duration::from_secs(60)).await?;
-        Ok((run, ended))
-    }
-
-    /// Waits until the run is terminal, or fails after `timeout`.
-    pub async fn wait_run(&self, id: i64, timeout: Duration) -> anyhow::Result<pb::Run> {
-        let mut control = self.control().await?;
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let run = control
-                .get_run(pb::GetRunRequest { id })
-                .await?
-                .into_inner();
-            if run.state != pb::RunState::Running as i32 && run.state != pb::RunState::Queued as i32
-            {
-                return Ok(run);
-            }
-            if tokio::time::Instant::now() > deadline {
-                bail!("run {id} still running after {timeout:?}: {:?}", run.counts);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    pub async fn instances(&self, run: i64) -> anyhow::Result<Vec<pb::Instance>> {
-        let mut control = self.control().await?;
-        let list = control
-            .list_instances(pb::ListInstancesRequest { run_id: run })
-            .await?;
-        let mut full = Vec::new();
-        for instance in list.into_inner().instances {
-            full.push(
-                control
-                    .get_instance(pb::GetInstanceRequest { id: instance.id })
-                    .await?
-                    .into_inner(),
-            );
-        }
-        Ok(full)
-    }
-
-    pub async fn logs(&self, instance: i64) -> anyhow::Result<Vec<pb::StoredLogLine>> {
-        let mut control = self.control().await?;
-        let request = pb::GetLogsRequest {
-            instance_id: instance,
-            attempt: 0,
-            follow: false,
-            after_seq: 0,
-        };
-        let mut stream = control.get_logs(request).await?.into_inner();
-        let mut lines = Vec::new();
-        while let Some(chunk) = stream.message().await? {
-            lines.extend(chunk.lines);
-        }
-        Ok(lines)
-    }
-
-    /// Waits until `count` workers are connected.
-    pub async fn wait_for_workers(&self, count: usize, timeout: Duration) -> anyhow::Result<()> {
-        let mut control = self.control().await?;
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let workers = control
-                .list_workers(pb::ListWorkersRequest {})
-                .await?
-                .into_inner()
-                .workers;
-            let live = workers
-                .iter()
-                .filter(|w| w.state == pb::WorkerState::Live as i32)
-                .count();
-            if live >= count {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() > deadline {
-                bail!("{live} of {count} workers connected after {timeout:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    /// A client of the cluster's scheduler.
+    pub async fn client(&self) -> anyhow::Result<TestClient> {
+        TestClient::connect(&self.endpoint()).await
     }
 
     /// Runs the real `axctl` binary against this cluster.

@@ -10,10 +10,8 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use ax_proto::v1 as pb;
-use ax_proto::v1::control_service_client::ControlServiceClient;
-use tonic::transport::Channel;
 
+use crate::client::TestClient;
 use crate::{Backend, TestDb, binary, redis_url, unique_suffix};
 
 /// How long any single wait may take before the test gives up. A hang guard, not a measurement.
@@ -350,7 +348,7 @@ impl ProcessCluster {
     }
 
     /// Starts a worker process connected to the scheduler. It is not waited for: see
-    /// [`ProcessCluster::wait_worker_live`].
+    /// [`TestClient::wait_worker_live`].
     pub fn start_worker(&mut self, id: &str) -> anyhow::Result<()> {
         self.start_worker_with(id, &WorkerSettings::default())
     }
@@ -399,6 +397,17 @@ impl ProcessCluster {
         Ok(())
     }
 
+    /// Starts a worker process with the test's settings and waits, under the hang guard, until
+    /// the scheduler reports it LIVE.
+    pub async fn start_live_worker(
+        &mut self,
+        id: &str,
+        settings: &WorkerSettings,
+    ) -> anyhow::Result<()> {
+        self.start_worker_with(id, settings)?;
+        self.client().await?.wait_worker_live(id, HANG_GUARD).await
+    }
+
     /// Kills worker `id` with SIGKILL (a crash: it cannot clean up), reaps it and takes it out
     /// of the cluster; its log stays in the dump of a failed test. Returns the pid it had.
     pub async fn kill_worker(&mut self, id: &str) -> anyhow::Result<u32> {
@@ -431,35 +440,9 @@ impl ProcessCluster {
             .collect()
     }
 
-    /// A gRPC client of the control API of the scheduler.
-    pub async fn control(&self) -> anyhow::Result<ControlServiceClient<Channel>> {
-        let channel = Channel::from_shared(self.endpoint())?
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .with_context(|| format!("connecting to {}", self.endpoint()))?;
-        Ok(ControlServiceClient::new(channel))
-    }
-
-    /// Polls the control API until worker `id` is LIVE, under the hang guard.
-    pub async fn wait_worker_live(&self, id: &str) -> anyhow::Result<()> {
-        let deadline = tokio::time::Instant::now() + HANG_GUARD;
-        loop {
-            if let Ok(mut control) = self.control().await
-                && let Ok(response) = control.list_workers(pb::ListWorkersRequest {}).await
-                && response
-                    .into_inner()
-                    .workers
-                    .iter()
-                    .any(|w| w.id == id && w.state == pb::WorkerState::Live as i32)
-            {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() > deadline {
-                bail!("worker {id} is not LIVE after {HANG_GUARD:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    /// A client of the scheduler's control API.
+    pub async fn client(&self) -> anyhow::Result<TestClient> {
+        TestClient::connect(&self.endpoint()).await
     }
 
     /// Prints every log of the sandbox to stderr (a failing test does it by itself on drop).

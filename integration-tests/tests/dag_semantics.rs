@@ -4,14 +4,11 @@
 //! `AX_TEST_MYSQL_URL` is set.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use ax_core::decision::DecisionKind;
-use ax_integration_tests::{Backend, Cluster};
+use ax_integration_tests::{Backend, Cluster, TestClient};
 use ax_proto::v1 as pb;
 
-/// A hang guard, not a timing assertion.
-const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 const L: i64 = 1_767_225_600_000;
 
 ax_integration_tests::on_every_backend!(
@@ -22,18 +19,15 @@ ax_integration_tests::on_every_backend!(
     apply_spells_out_cycles_and_warns_about_isolated_tasks,
 );
 
-async fn cluster(backend: Backend) -> Option<Cluster> {
+async fn cluster(backend: Backend) -> Option<(Cluster, TestClient)> {
     let cluster = Cluster::builder(backend)
         .redis()
         .worker("w1", 4)
         .start()
         .await
         .expect("cluster starts")?;
-    cluster
-        .wait_for_workers(1, Duration::from_secs(20))
-        .await
-        .expect("worker connects");
-    Some(cluster)
+    let client = cluster.client().await.expect("client");
+    Some((cluster, client))
 }
 
 fn stderr(output: &std::process::Output) -> String {
@@ -44,80 +38,15 @@ fn stdout(output: &std::process::Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-async fn list(cluster: &Cluster, run: i64) -> pb::ListInstancesResponse {
-    cluster
-        .control()
-        .await
-        .expect("control")
-        .list_instances(pb::ListInstancesRequest { run_id: run })
+async fn statuses(client: &TestClient, run: i64) -> Vec<(String, String)> {
+    client
+        .list_instances(run)
         .await
         .expect("list instances")
-        .into_inner()
-}
-
-async fn statuses(cluster: &Cluster, run: i64) -> Vec<(String, String)> {
-    list(cluster, run)
-        .await
         .tasks
         .into_iter()
         .map(|t| (t.task, t.status))
         .collect()
-}
-
-/// Waits until `task` of `run` has an instance in `state` (a hang guard after a minute).
-async fn wait_instance(cluster: &Cluster, run: i64, task: &str, state: pb::InstanceState) {
-    let deadline = tokio::time::Instant::now() + RUN_TIMEOUT;
-    loop {
-        let found = list(cluster, run)
-            .await
-            .instances
-            .into_iter()
-            .any(|i| i.task == task && i.state == state as i32);
-        if found {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{task} of run {run} never became {state:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn trigger_at(cluster: &Cluster, name: &str, logical_time_ms: i64) -> pb::Run {
-    let request = pb::TriggerWorkflowRequest {
-        name: name.into(),
-        actor: "tester".into(),
-        logical_time_ms,
-        ..Default::default()
-    };
-    cluster
-        .control()
-        .await
-        .expect("control")
-        .trigger_workflow(request)
-        .await
-        .expect("trigger")
-        .into_inner()
-        .run
-        .expect("run")
-}
-
-async fn runs_of(cluster: &Cluster, workflow: &str) -> Vec<pb::Run> {
-    let request = pb::ListRunsRequest {
-        workflow: workflow.into(),
-        limit: 100,
-        state: 0,
-    };
-    cluster
-        .control()
-        .await
-        .expect("control")
-        .list_runs(request)
-        .await
-        .expect("list runs")
-        .into_inner()
-        .runs
 }
 
 fn lines_in(path: &std::path::Path) -> usize {
@@ -127,7 +56,7 @@ fn lines_in(path: &std::path::Path) -> usize {
 }
 
 async fn rerun_from_a_task_reruns_it_and_its_downstream_and_keeps_history(backend: Backend) {
-    let Some(cluster) = cluster(backend).await else {
+    let Some((cluster, client)) = cluster(backend).await else {
         return;
     };
     let dir = cluster.dir().display().to_string();
@@ -148,11 +77,17 @@ tasks:
     command: while [ ! -f {dir}/go ]; do sleep 0.05; done
 "#
     );
-    cluster.apply(&source).await.expect("apply");
-    let run = trigger_at(&cluster, "chain", 0).await;
+    client.apply(&source).await.expect("apply");
+    let run = client.trigger_at("chain", 0).await.expect("trigger");
     let id = run.id.to_string();
-    wait_instance(&cluster, run.id, "c", pb::InstanceState::Success).await;
-    wait_instance(&cluster, run.id, "gate", pb::InstanceState::Running).await;
+    client
+        .wait_instance(run.id, "c", pb::InstanceState::Success)
+        .await
+        .expect("the instance reaches the state");
+    client
+        .wait_instance(run.id, "gate", pb::InstanceState::Running)
+        .await
+        .expect("the instance reaches the state");
 
     // An unknown task is refused naming it and the run's tasks.
     let out = cluster
@@ -172,7 +107,7 @@ tasks:
     assert!(stderr(&out).contains("gate is RUNNING"), "{}", stderr(&out));
 
     std::fs::write(cluster.dir().join("go"), "").expect("go");
-    let ended = cluster.wait_run(run.id, RUN_TIMEOUT).await.expect("ends");
+    let ended = client.wait_run(run.id).await.expect("ends");
     assert_eq!(ended.state, pb::RunState::Success as i32);
 
     let out = cluster
@@ -180,14 +115,14 @@ tasks:
         .expect("axctl");
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).contains("RUNNING"), "{}", stdout(&out));
-    let ended = cluster.wait_run(run.id, RUN_TIMEOUT).await.expect("ends");
+    let ended = client.wait_run(run.id).await.expect("ends");
     assert_eq!(ended.state, pb::RunState::Success as i32, "{ended:?}");
 
     // b and c ran again as attempt 2; a and gate did not run again.
     assert_eq!(lines_in(&cluster.dir().join("a.count")), 1);
     assert_eq!(lines_in(&cluster.dir().join("b.count")), 2);
     assert_eq!(lines_in(&cluster.dir().join("c.count")), 2);
-    let instances = cluster.instances(run.id).await.expect("instances");
+    let instances = client.instances(run.id).await.expect("instances");
     let history: BTreeMap<String, Vec<(u32, i32)>> = instances
         .iter()
         .map(|i| {
@@ -214,7 +149,7 @@ tasks:
 }
 
 async fn tasks_below_a_failure_show_as_upstream_failed(backend: Backend) {
-    let Some(cluster) = cluster(backend).await else {
+    let Some((cluster, client)) = cluster(backend).await else {
         return;
     };
     let dir = cluster.dir().display().to_string();
@@ -238,9 +173,12 @@ tasks:
     command: echo fine
 "#
     );
-    cluster.apply(&source).await.expect("apply");
-    let run = trigger_at(&cluster, "branches", 0).await;
-    wait_instance(&cluster, run.id, "a", pb::InstanceState::Running).await;
+    client.apply(&source).await.expect("apply");
+    let run = client.trigger_at("branches", 0).await.expect("trigger");
+    client
+        .wait_instance(run.id, "a", pb::InstanceState::Running)
+        .await
+        .expect("the instance reaches the state");
     let status = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
         pairs
             .iter()
@@ -248,7 +186,7 @@ tasks:
             .collect()
     };
     assert_eq!(
-        statuses(&cluster, run.id).await,
+        statuses(&client, run.id).await,
         status(&[
             ("a", "running"),
             ("bad", "pending"),
@@ -258,10 +196,10 @@ tasks:
         ])
     );
     std::fs::write(cluster.dir().join("go"), "").expect("go");
-    let ended = cluster.wait_run(run.id, RUN_TIMEOUT).await.expect("ends");
+    let ended = client.wait_run(run.id).await.expect("ends");
     assert_eq!(ended.state, pb::RunState::Failed as i32);
     assert_eq!(
-        statuses(&cluster, run.id).await,
+        statuses(&client, run.id).await,
         status(&[
             ("a", "success"),
             ("bad", "failed"),
@@ -298,7 +236,7 @@ tasks:
 async fn a_dependent_workflow_runs_once_its_upstreams_succeeded_for_a_logical_time(
     backend: Backend,
 ) {
-    let Some(cluster) = cluster(backend).await else {
+    let Some((cluster, client)) = cluster(backend).await else {
         return;
     };
     // The dependent first: its upstreams do not exist yet, which is a warning, not a refusal.
@@ -310,14 +248,14 @@ tasks:
   - name: build
     command: echo "report for $AX_LOGICAL_TIME"
 "#;
-    let applied = cluster.apply(report).await.expect("apply report");
+    let applied = client.apply(report).await.expect("apply report");
     assert_eq!(applied.warnings.len(), 2, "{:?}", applied.warnings);
     assert!(applied.warnings[0].contains("workflow ingest does not exist yet"));
-    cluster
+    client
         .apply("name: ingest\ntasks:\n  - {name: load, command: echo ingest}\n")
         .await
         .expect("apply ingest");
-    cluster
+    client
         .apply("name: dims\ntasks:\n  - {name: load, command: echo dims}\n")
         .await
         .expect("apply dims");
@@ -342,10 +280,8 @@ tasks:
         "{}",
         stderr(&out)
     );
-    let ingest = cluster
+    let ingest = client
         .control()
-        .await
-        .expect("control")
         .get_workflow(pb::GetWorkflowRequest {
             name: "ingest".into(),
         })
@@ -355,10 +291,10 @@ tasks:
     assert_eq!(ingest.version, 1);
 
     // Only ingest succeeded for L: no report run, and the decision says what it waits for.
-    let first = trigger_at(&cluster, "ingest", L).await;
-    let ended = cluster.wait_run(first.id, RUN_TIMEOUT).await.expect("ends");
+    let first = client.trigger_at("ingest", L).await.expect("trigger");
+    let ended = client.wait_run(first.id).await.expect("ends");
     assert_eq!(ended.state, pb::RunState::Success as i32);
-    assert!(runs_of(&cluster, "report").await.is_empty());
+    assert!(client.runs("report").await.expect("list runs").is_empty());
     let store = ax_store::open(cluster.store_url()).await.expect("store");
     let report_wf = store
         .get_workflow("report")
@@ -374,16 +310,13 @@ tasks:
     assert!(decisions[0].detail.contains("dims"), "{:?}", decisions[0]);
 
     // A run for another logical time does not count for L.
-    let other = trigger_at(&cluster, "dims", L + 1).await;
-    cluster.wait_run(other.id, RUN_TIMEOUT).await.expect("ends");
-    assert!(runs_of(&cluster, "report").await.is_empty());
+    let other = client.trigger_at("dims", L + 1).await.expect("trigger");
+    client.wait_run(other.id).await.expect("ends");
+    assert!(client.runs("report").await.expect("list runs").is_empty());
 
-    let second = trigger_at(&cluster, "dims", L).await;
-    cluster
-        .wait_run(second.id, RUN_TIMEOUT)
-        .await
-        .expect("ends");
-    let runs = runs_of(&cluster, "report").await;
+    let second = client.trigger_at("dims", L).await.expect("trigger");
+    client.wait_run(second.id).await.expect("ends");
+    let runs = client.runs("report").await.expect("list runs");
     assert_eq!(runs.len(), 1, "{runs:?}");
     let run = &runs[0];
     assert_eq!(run.trigger, pb::TriggerKind::Dependency as i32);
@@ -393,14 +326,10 @@ tasks:
         run.triggered_by,
         format!("ingest run {}, dims run {}", first.id, second.id)
     );
-    let ended = cluster.wait_run(run.id, RUN_TIMEOUT).await.expect("ends");
+    let ended = client.wait_run(run.id).await.expect("ends");
     assert_eq!(ended.state, pb::RunState::Success as i32);
-    let build = cluster
-        .instances(run.id)
-        .await
-        .expect("instances")
-        .remove(0);
-    let lines = cluster.logs(build.id).await.expect("logs");
+    let build = client.instances(run.id).await.expect("instances").remove(0);
+    let lines = client.logs(build.id).await.expect("logs");
     // L is 2026-01-01T00:00:00Z: the run carries the upstreams' logical time to its tasks.
     assert!(
         lines[0].text.starts_with("report for 2026-01-01T00:00:00"),
@@ -419,16 +348,16 @@ tasks:
 
     // Upstreams succeeding again for L change nothing.
     for name in ["ingest", "dims"] {
-        let again = trigger_at(&cluster, name, L).await;
-        cluster.wait_run(again.id, RUN_TIMEOUT).await.expect("ends");
+        let again = client.trigger_at(name, L).await.expect("trigger");
+        client.wait_run(again.id).await.expect("ends");
     }
-    assert_eq!(runs_of(&cluster, "report").await.len(), 1);
+    assert_eq!(client.runs("report").await.expect("list runs").len(), 1);
     drop(store);
     cluster.shutdown().await.expect("shutdown");
 }
 
 async fn a_run_keeps_the_workflow_version_it_started_with(backend: Backend) {
-    let Some(cluster) = cluster(backend).await else {
+    let Some((cluster, client)) = cluster(backend).await else {
         return;
     };
     let dir = cluster.dir().display().to_string();
@@ -452,19 +381,22 @@ tasks:
     upstream: [first]
     command: echo v2-third
 "#;
-    cluster.apply(&v1).await.expect("apply v1");
-    let old = trigger_at(&cluster, "pinned", 0).await;
-    wait_instance(&cluster, old.id, "first", pb::InstanceState::Running).await;
-    let applied = cluster.apply(v2).await.expect("apply v2");
+    client.apply(&v1).await.expect("apply v1");
+    let old = client.trigger_at("pinned", 0).await.expect("trigger");
+    client
+        .wait_instance(old.id, "first", pb::InstanceState::Running)
+        .await
+        .expect("the instance reaches the state");
+    let applied = client.apply(v2).await.expect("apply v2");
     assert_eq!(applied.workflow.expect("workflow").version, 2);
     std::fs::write(cluster.dir().join("go"), "").expect("go");
 
-    let ended = cluster.wait_run(old.id, RUN_TIMEOUT).await.expect("ends");
+    let ended = client.wait_run(old.id).await.expect("ends");
     assert_eq!(ended.state, pb::RunState::Success as i32, "{ended:?}");
     assert_eq!(ended.workflow_version, 1);
     let mut got = BTreeMap::new();
-    for i in cluster.instances(old.id).await.expect("instances") {
-        let lines = cluster.logs(i.id).await.expect("logs");
+    for i in client.instances(old.id).await.expect("instances") {
+        let lines = client.logs(i.id).await.expect("logs");
         got.insert(i.task.clone(), lines.last().map(|l| l.text.clone()));
     }
     assert_eq!(
@@ -475,12 +407,12 @@ tasks:
         ])
     );
 
-    let (new, ended) = cluster.run_to_end("pinned").await.expect("run ends");
+    let (new, ended) = client.run_to_end("pinned").await.expect("run ends");
     assert_eq!(ended.state, pb::RunState::Success as i32);
     assert_eq!(new.workflow_version, 2);
     let mut got = BTreeMap::new();
-    for i in cluster.instances(new.id).await.expect("instances") {
-        let lines = cluster.logs(i.id).await.expect("logs");
+    for i in client.instances(new.id).await.expect("instances") {
+        let lines = client.logs(i.id).await.expect("logs");
         got.insert(i.task.clone(), lines.last().map(|l| l.text.clone()));
     }
     assert_eq!(
@@ -494,7 +426,7 @@ tasks:
 }
 
 async fn apply_spells_out_cycles_and_warns_about_isolated_tasks(backend: Backend) {
-    let Some(cluster) = cluster(backend).await else {
+    let Some((cluster, _client)) = cluster(backend).await else {
         return;
     };
     let dir = cluster.dir();

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use ax_integration_tests::{Backend, Cluster};
+use ax_integration_tests::{Backend, Cluster, TestClient};
 use ax_proto::v1 as pb;
 use ax_scheduler::Strategy;
 
@@ -28,7 +28,7 @@ ax_integration_tests::on_every_backend!(
     a_ten_megabyte_line_and_binary_output_are_stored_split_and_replaced,
 );
 
-async fn cluster(backend: Backend, workers: &[(&str, u32)]) -> Option<Cluster> {
+async fn cluster(backend: Backend, workers: &[(&str, u32)]) -> Option<(Cluster, TestClient)> {
     cluster_with(backend, workers, Strategy::LeastRunning).await
 }
 
@@ -36,17 +36,14 @@ async fn cluster_with(
     backend: Backend,
     workers: &[(&str, u32)],
     strategy: Strategy,
-) -> Option<Cluster> {
+) -> Option<(Cluster, TestClient)> {
     let mut builder = Cluster::builder(backend).redis().strategy(strategy);
     for (id, capacity) in workers {
         builder = builder.worker(id, *capacity);
     }
     let cluster = builder.start().await.expect("cluster starts")?;
-    cluster
-        .wait_for_workers(workers.len(), Duration::from_secs(20))
-        .await
-        .expect("workers connect");
-    Some(cluster)
+    let client = cluster.client().await.expect("client");
+    Some((cluster, client))
 }
 
 fn state_of(instance: &pb::Instance) -> pb::InstanceState {
@@ -54,7 +51,7 @@ fn state_of(instance: &pb::Instance) -> pb::InstanceState {
 }
 
 async fn example_etl_runs_every_task_and_keeps_its_logs(backend: Backend) {
-    let Some(cluster) = cluster(backend, &[("w1", 4)]).await else {
+    let Some((cluster, client)) = cluster(backend, &[("w1", 4)]).await else {
         return;
     };
     let source =
@@ -65,7 +62,7 @@ async fn example_etl_runs_every_task_and_keeps_its_logs(backend: Backend) {
         "/tmp/ax-etl",
         &cluster.dir().join("etl").display().to_string(),
     );
-    let applied = cluster.apply(&source).await.expect("apply");
+    let applied = client.apply(&source).await.expect("apply");
     assert_eq!(applied.outcome, pb::ApplyOutcome::Created as i32);
     let workflow = applied.workflow.expect("workflow");
     assert_eq!(workflow.tasks.len(), 5);
@@ -75,13 +72,13 @@ async fn example_etl_runs_every_task_and_keeps_its_logs(backend: Backend) {
         "a cron workflow shows its next fires"
     );
 
-    let (run, finished) = cluster
+    let (run, finished) = client
         .run_to_end("daily-sales-etl")
         .await
         .expect("run ends");
     assert_eq!(finished.state, pb::RunState::Success as i32, "{finished:?}");
 
-    let instances = cluster.instances(run.id).await.expect("instances");
+    let instances = client.instances(run.id).await.expect("instances");
     let mut by_task: BTreeMap<String, pb::Instance> = instances
         .into_iter()
         .map(|instance| (instance.task.clone(), instance))
@@ -112,7 +109,7 @@ async fn example_etl_runs_every_task_and_keeps_its_logs(backend: Backend) {
     // Both streams, each in its order, through the API. The two pipes are read concurrently,
     // so the order *between* stdout and stderr is the order of arrival, not of writing.
     let refunds = &by_task["extract_refunds"];
-    let lines = cluster.logs(refunds.id).await.expect("logs");
+    let lines = client.logs(refunds.id).await.expect("logs");
     let of_stream = |stream: pb::LogStream| -> Vec<&str> {
         lines
             .iter()
@@ -130,7 +127,7 @@ async fn example_etl_runs_every_task_and_keeps_its_logs(backend: Backend) {
         vec![1, 2]
     );
     let orders = &by_task["extract_orders"];
-    let order_lines: Vec<String> = cluster
+    let order_lines: Vec<String> = client
         .logs(orders.id)
         .await
         .expect("logs")
@@ -145,7 +142,7 @@ async fn example_etl_runs_every_task_and_keeps_its_logs(backend: Backend) {
         ]
     );
     let report = &by_task["report"];
-    let report_lines = cluster.logs(report.id).await.expect("logs");
+    let report_lines = client.logs(report.id).await.expect("logs");
     assert_eq!(report_lines.len(), 1);
     assert_eq!(
         report_lines[0].text,
@@ -171,7 +168,7 @@ async fn example_etl_runs_every_task_and_keeps_its_logs(backend: Backend) {
 }
 
 async fn a_failed_task_leaves_its_downstream_unrun(backend: Backend) {
-    let Some(cluster) = cluster(backend, &[("w1", 4)]).await else {
+    let Some((cluster, client)) = cluster(backend, &[("w1", 4)]).await else {
         return;
     };
     let marker = cluster.dir().join("after_ran");
@@ -189,8 +186,8 @@ tasks:
 "#,
         marker = marker.display()
     );
-    cluster.apply(&source).await.expect("apply");
-    let (run, finished) = cluster.run_to_end("breaks").await.expect("run ends");
+    client.apply(&source).await.expect("apply");
+    let (run, finished) = client.run_to_end("breaks").await.expect("run ends");
     assert_eq!(finished.state, pb::RunState::Failed as i32);
     let counts = finished.counts.expect("counts");
     assert_eq!(
@@ -198,7 +195,7 @@ tasks:
         (1, 1, 1)
     );
 
-    let instances = cluster.instances(run.id).await.expect("instances");
+    let instances = client.instances(run.id).await.expect("instances");
     let broken = instances
         .iter()
         .find(|i| i.task == "broken")
@@ -220,7 +217,7 @@ tasks:
 }
 
 async fn a_per_second_cron_schedule_fires_on_time(backend: Backend) {
-    let Some(cluster) = cluster(backend, &[("w1", 4)]).await else {
+    let Some((cluster, client)) = cluster(backend, &[("w1", 4)]).await else {
         return;
     };
     let source = r#"
@@ -231,26 +228,10 @@ tasks:
   - name: tick
     command: echo tick
 "#;
-    cluster.apply(source).await.expect("apply");
+    client.apply(source).await.expect("apply");
     tokio::time::sleep(Duration::from_millis(3_500)).await;
-    let mut control = cluster.control().await.expect("control");
-    control
-        .pause_workflow(pb::PauseWorkflowRequest {
-            name: "every-second".into(),
-            actor: "tester".into(),
-        })
-        .await
-        .expect("pause");
-    let runs = control
-        .list_runs(pb::ListRunsRequest {
-            workflow: "every-second".into(),
-            limit: 100,
-            state: 0,
-        })
-        .await
-        .expect("runs")
-        .into_inner()
-        .runs;
+    client.pause("every-second").await.expect("pause");
+    let runs = client.runs("every-second").await.expect("runs");
     assert!(runs.len() >= 2, "only {} fires in 3.5 s", runs.len());
     let mut logical: Vec<i64> = runs.iter().map(|run| run.logical_time_ms).collect();
     logical.sort();
@@ -273,10 +254,7 @@ tasks:
         );
     }
     for run in &runs {
-        let ended = cluster
-            .wait_run(run.id, RUN_TIMEOUT)
-            .await
-            .expect("run ends");
+        let ended = client.wait_run(run.id).await.expect("run ends");
         assert_eq!(ended.state, pb::RunState::Success as i32);
     }
     cluster.shutdown().await.expect("shutdown");
@@ -284,18 +262,19 @@ tasks:
 
 async fn two_workers_share_forty_tasks_within_capacity(backend: Backend) {
     let workers = [("w1", 8), ("w2", 8)];
-    let Some(cluster) = cluster_with(backend, &workers, Strategy::RoundRobin).await else {
+    let Some((cluster, client)) = cluster_with(backend, &workers, Strategy::RoundRobin).await
+    else {
         return;
     };
     let mut source = String::from("name: forty\ntasks:\n");
     for i in 0..40 {
         source.push_str(&format!("  - name: t{i:02}\n    command: sleep 0.2\n"));
     }
-    cluster.apply(&source).await.expect("apply");
-    let (run, finished) = cluster.run_to_end("forty").await.expect("run ends");
+    client.apply(&source).await.expect("apply");
+    let (run, finished) = client.run_to_end("forty").await.expect("run ends");
     assert_eq!(finished.state, pb::RunState::Success as i32);
 
-    let instances = cluster.instances(run.id).await.expect("instances");
+    let instances = client.instances(run.id).await.expect("instances");
     assert_eq!(instances.len(), 40);
     let mut per_worker: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
     for instance in &instances {
@@ -339,7 +318,7 @@ fn max_overlap(spans: &[(i64, i64)]) -> usize {
 }
 
 async fn a_repeated_idempotency_key_creates_one_run(backend: Backend) {
-    let Some(cluster) = cluster(backend, &[("w1", 4)]).await else {
+    let Some((cluster, client)) = cluster(backend, &[("w1", 4)]).await else {
         return;
     };
     let source = r#"
@@ -348,12 +327,12 @@ tasks:
   - name: greet
     command: echo "hello $AX_PARAM_customer"
 "#;
-    cluster.apply(source).await.expect("apply");
-    let first = cluster
+    client.apply(source).await.expect("apply");
+    let first = client
         .trigger("keyed", &[("customer", "acme")], "order-42")
         .await
         .expect("trigger");
-    let second = cluster
+    let second = client
         .trigger("keyed", &[("customer", "acme")], "order-42")
         .await
         .expect("trigger");
@@ -361,30 +340,17 @@ tasks:
     assert!(!second.created);
     let first_run = first.run.expect("run");
     assert_eq!(first_run.id, second.run.expect("run").id);
-    let other = cluster
+    let other = client
         .trigger("keyed", &[("customer", "zeta")], "order-43")
         .await
         .expect("trigger");
     assert!(other.created);
 
-    let mut control = cluster.control().await.expect("control");
-    let runs = control
-        .list_runs(pb::ListRunsRequest {
-            workflow: "keyed".into(),
-            limit: 10,
-            state: 0,
-        })
-        .await
-        .expect("runs")
-        .into_inner()
-        .runs;
+    let runs = client.runs("keyed").await.expect("runs");
     assert_eq!(runs.len(), 2);
-    cluster
-        .wait_run(first_run.id, RUN_TIMEOUT)
-        .await
-        .expect("run ends");
-    let instance = &cluster.instances(first_run.id).await.expect("instances")[0];
-    let lines = cluster.logs(instance.id).await.expect("logs");
+    client.wait_run(first_run.id).await.expect("run ends");
+    let instance = &client.instances(first_run.id).await.expect("instances")[0];
+    let lines = client.logs(instance.id).await.expect("logs");
     assert_eq!(
         lines.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(),
         vec!["hello acme"]
@@ -396,7 +362,7 @@ tasks:
 /// same as the store's once read back, for a started run, a queued one and a repeated key.
 async fn a_trigger_answers_with_the_run_s_counts_as_created(backend: Backend) {
     // No worker: the runs stay as created.
-    let Some(cluster) = cluster(backend, &[]).await else {
+    let Some((cluster, client)) = cluster(backend, &[]).await else {
         return;
     };
     let source = r#"
@@ -415,21 +381,16 @@ tasks:
     command: "true"
     upstream: [a, x]
 "#;
-    cluster.apply(source).await.expect("apply");
-    let mut control = cluster.control().await.expect("control");
+    client.apply(source).await.expect("apply");
     let mut answers = Vec::new();
     for key in ["first", "second", "first"] {
-        answers.push(cluster.trigger("diamond", &[], key).await.expect("trigger"));
+        answers.push(client.trigger("diamond", &[], key).await.expect("trigger"));
     }
     let created: Vec<bool> = answers.iter().map(|a| a.created).collect();
     assert_eq!(created, [true, true, false]);
     for answer in &answers {
         let run = answer.run.as_ref().expect("run");
-        let stored = control
-            .get_run(pb::GetRunRequest { id: run.id })
-            .await
-            .expect("get run")
-            .into_inner();
+        let stored = client.get_run(run.id).await.expect("get run");
         assert_eq!(run.state, stored.state);
         assert_eq!(run.counts, stored.counts, "run {}", run.id);
     }
@@ -454,14 +415,14 @@ tasks:
 }
 
 async fn bad_input_is_refused_and_changes_nothing(backend: Backend) {
-    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else {
+    let Some((cluster, client)) = cluster(backend, &[("w1", 2)]).await else {
         return;
     };
-    cluster
+    client
         .apply("name: good\ntasks:\n  - name: a\n    command: 'true'\n")
         .await
         .expect("apply");
-    let mut control = cluster.control().await.expect("control");
+    let mut control = client.control();
     let before = control
         .list_workflows(pb::ListWorkflowsRequest::default())
         .await
@@ -495,7 +456,7 @@ async fn bad_input_is_refused_and_changes_nothing(backend: Backend) {
         ),
     ];
     for (source, expected) in cases {
-        let status = cluster.apply(source).await.expect_err("refused");
+        let status = client.apply(source).await.expect_err("refused");
         let status = status.downcast::<tonic::Status>().expect("a gRPC status");
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{source}");
         assert!(
@@ -576,7 +537,7 @@ async fn bad_input_is_refused_and_changes_nothing(backend: Backend) {
 }
 
 async fn a_failed_attempt_is_retried_and_each_attempt_keeps_its_logs(backend: Backend) {
-    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else {
+    let Some((cluster, client)) = cluster(backend, &[("w1", 2)]).await else {
         return;
     };
     let source = r#"
@@ -589,14 +550,10 @@ tasks:
       echo "attempt $AX_ATTEMPT"
       if [ "$AX_ATTEMPT" -lt 2 ]; then echo "not yet" >&2; exit 1; fi
 "#;
-    cluster.apply(source).await.expect("apply");
-    let (run, finished) = cluster.run_to_end("flaky").await.expect("run ends");
+    client.apply(source).await.expect("apply");
+    let (run, finished) = client.run_to_end("flaky").await.expect("run ends");
     assert_eq!(finished.state, pb::RunState::Success as i32);
-    let instance = cluster
-        .instances(run.id)
-        .await
-        .expect("instances")
-        .remove(0);
+    let instance = client.instances(run.id).await.expect("instances").remove(0);
     assert_eq!(instance.attempt, 2);
     let attempts: Vec<(u32, i32, Option<i32>)> = instance
         .attempts
@@ -617,7 +574,7 @@ tasks:
         "the retry waited for its backoff (jitter keeps at least half)"
     );
 
-    let mut control = cluster.control().await.expect("control");
+    let mut control = client.control();
     for (attempt, expected) in [(1, vec!["attempt 1", "not yet"]), (2, vec!["attempt 2"])] {
         let request = pb::GetLogsRequest {
             instance_id: instance.id,
@@ -645,30 +602,6 @@ tasks:
     cluster.shutdown().await.expect("shutdown");
 }
 
-/// Waits until the run has an instance of `task` in `state`.
-async fn wait_for_instance(
-    cluster: &Cluster,
-    run: i64,
-    task: &str,
-    state: pb::InstanceState,
-) -> pb::Instance {
-    let deadline = tokio::time::Instant::now() + RUN_TIMEOUT;
-    loop {
-        let instances = cluster.instances(run).await.expect("instances");
-        if let Some(found) = instances
-            .into_iter()
-            .find(|i| i.task == task && i.state == state as i32)
-        {
-            return found;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{task} never reached {state:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn process_alive(pid: i32) -> bool {
     std::process::Command::new("kill")
         .args(["-0", &pid.to_string()])
@@ -679,7 +612,7 @@ fn process_alive(pid: i32) -> bool {
 }
 
 async fn cancelling_a_run_kills_its_process_and_starts_nothing_more(backend: Backend) {
-    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else {
+    let Some((cluster, client)) = cluster(backend, &[("w1", 2)]).await else {
         return;
     };
     let pid_file = cluster.dir().join("pid");
@@ -695,14 +628,12 @@ tasks:
 "#,
         pid = pid_file.display()
     );
-    cluster.apply(&source).await.expect("apply");
-    let run = cluster
-        .trigger("long", &[], "")
+    client.apply(&source).await.expect("apply");
+    let run = client.trigger_run("long").await.expect("trigger");
+    client
+        .wait_instance(run.id, "long", pb::InstanceState::Running)
         .await
-        .expect("trigger")
-        .run
-        .expect("run");
-    wait_for_instance(&cluster, run.id, "long", pb::InstanceState::Running).await;
+        .expect("the instance reaches the state");
     let pid: i32 = loop {
         if let Some(pid) = std::fs::read_to_string(&pid_file)
             .ok()
@@ -714,16 +645,7 @@ tasks:
     };
     assert!(process_alive(pid));
 
-    let mut control = cluster.control().await.expect("control");
-    let cancelled = control
-        .cancel_run(pb::CancelRunRequest {
-            id: run.id,
-            actor: "tester".into(),
-            reason: "test".into(),
-        })
-        .await
-        .expect("cancel")
-        .into_inner();
+    let cancelled = client.cancel_run(run.id, "test").await.expect("cancel");
     assert_eq!(cancelled.state, pb::RunState::Cancelled as i32);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while process_alive(pid) {
@@ -733,28 +655,23 @@ tasks:
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let instances = cluster.instances(run.id).await.expect("instances");
+    let instances = client.instances(run.id).await.expect("instances");
     assert_eq!(
         instances.len(),
         1,
         "the downstream of a cancelled task was created"
     );
     assert_eq!(instances[0].state, pb::InstanceState::Cancelled as i32);
-    let again = control
-        .cancel_run(pb::CancelRunRequest {
-            id: run.id,
-            actor: "tester".into(),
-            reason: String::new(),
-        })
+    let again = client
+        .cancel_run(run.id, "")
         .await
-        .expect("cancelling twice is harmless")
-        .into_inner();
+        .expect("cancelling twice is harmless");
     assert_eq!(again.state, pb::RunState::Cancelled as i32);
     cluster.shutdown().await.expect("shutdown");
 }
 
 async fn following_logs_streams_lines_until_the_attempt_ends(backend: Backend) {
-    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else {
+    let Some((cluster, client)) = cluster(backend, &[("w1", 2)]).await else {
         return;
     };
     let source = r#"
@@ -763,15 +680,13 @@ tasks:
   - name: chatty
     command: for i in 1 2 3 4 5; do echo "line $i"; sleep 0.2; done
 "#;
-    cluster.apply(source).await.expect("apply");
-    let run = cluster
-        .trigger("chatty", &[], "")
+    client.apply(source).await.expect("apply");
+    let run = client.trigger_run("chatty").await.expect("trigger");
+    let instance = client
+        .wait_instance(run.id, "chatty", pb::InstanceState::Running)
         .await
-        .expect("trigger")
-        .run
-        .expect("run");
-    let instance = wait_for_instance(&cluster, run.id, "chatty", pb::InstanceState::Running).await;
-    let mut control = cluster.control().await.expect("control");
+        .expect("the instance reaches the state");
+    let mut control = client.control();
     let request = pb::GetLogsRequest {
         instance_id: instance.id,
         attempt: 0,
@@ -800,16 +715,13 @@ tasks:
         chunks >= 2,
         "lines arrived while the task ran, not all at the end"
     );
-    let ended = cluster
-        .wait_run(run.id, RUN_TIMEOUT)
-        .await
-        .expect("run ends");
+    let ended = client.wait_run(run.id).await.expect("run ends");
     assert_eq!(ended.state, pb::RunState::Success as i32);
     cluster.shutdown().await.expect("shutdown");
 }
 
 async fn rerun_of_the_failed_part_and_retry_of_an_instance_through_axctl(backend: Backend) {
-    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else {
+    let Some((cluster, client)) = cluster(backend, &[("w1", 2)]).await else {
         return;
     };
     let ready = cluster.dir().join("ready");
@@ -825,8 +737,8 @@ tasks:
 "#,
         ready = ready.display()
     );
-    cluster.apply(&source).await.expect("apply");
-    let (run, failed) = cluster.run_to_end("needs-data").await.expect("run ends");
+    client.apply(&source).await.expect("apply");
+    let (run, failed) = client.run_to_end("needs-data").await.expect("run ends");
     assert_eq!(failed.state, pb::RunState::Failed as i32);
 
     // Nothing to retry in a successful instance; an unknown id is not found.
@@ -847,12 +759,9 @@ tasks:
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let rerun = cluster
-        .wait_run(run.id, RUN_TIMEOUT)
-        .await
-        .expect("rerun ends");
+    let rerun = client.wait_run(run.id).await.expect("rerun ends");
     assert_eq!(rerun.state, pb::RunState::Success as i32, "{rerun:?}");
-    let instances = cluster.instances(run.id).await.expect("instances");
+    let instances = client.instances(run.id).await.expect("instances");
     let load = instances.iter().find(|i| i.task == "load").expect("load");
     let history: Vec<(u32, i32)> = load.attempts.iter().map(|a| (a.attempt, a.state)).collect();
     assert_eq!(
@@ -888,17 +797,9 @@ tasks:
 
     // A single instance, retried by hand after it failed.
     std::fs::remove_file(&ready).expect("marker");
-    let second = cluster
-        .trigger("needs-data", &[], "")
-        .await
-        .expect("trigger")
-        .run
-        .expect("run");
-    cluster
-        .wait_run(second.id, RUN_TIMEOUT)
-        .await
-        .expect("run ends");
-    let load = cluster
+    let second = client.trigger_run("needs-data").await.expect("trigger");
+    client.wait_run(second.id).await.expect("run ends");
+    let load = client
         .instances(second.id)
         .await
         .expect("instances")
@@ -912,10 +813,7 @@ tasks:
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let done = cluster
-        .wait_run(second.id, RUN_TIMEOUT)
-        .await
-        .expect("run ends");
+    let done = client.wait_run(second.id).await.expect("run ends");
     assert_eq!(done.state, pb::RunState::Success as i32);
     cluster.shutdown().await.expect("shutdown");
 }
@@ -934,10 +832,7 @@ async fn failures_are_announced_to_the_alert_channels(backend: Backend) {
     let Some(cluster) = cluster.expect("cluster starts") else {
         return;
     };
-    cluster
-        .wait_for_workers(1, Duration::from_secs(20))
-        .await
-        .expect("worker");
+    let client = cluster.client().await.expect("client");
     let source = r#"
 name: alerting
 tasks:
@@ -946,8 +841,8 @@ tasks:
     retry_backoff: 100ms
     command: echo "attempt $AX_ATTEMPT"; exit 4
 "#;
-    cluster.apply(source).await.expect("apply");
-    let (run, ended) = cluster.run_to_end("alerting").await.expect("run ends");
+    client.apply(source).await.expect("apply");
+    let (run, ended) = client.run_to_end("alerting").await.expect("run ends");
     assert_eq!(ended.state, pb::RunState::Failed as i32);
 
     let wanted = ["instance_failed", "retries_exhausted", "run_failed"];
@@ -994,7 +889,7 @@ tasks:
 }
 
 async fn a_ten_megabyte_line_and_binary_output_are_stored_split_and_replaced(backend: Backend) {
-    let Some(cluster) = cluster(backend, &[("w1", 2)]).await else {
+    let Some((cluster, client)) = cluster(backend, &[("w1", 2)]).await else {
         return;
     };
     let source = r#"
@@ -1007,24 +902,12 @@ tasks:
       printf 'caf\303\251 \377\376 end\n'
       echo done
 "#;
-    cluster.apply(source).await.expect("apply");
-    let run = cluster
-        .trigger("noisy", &[], "")
-        .await
-        .expect("trigger")
-        .run
-        .expect("run");
-    let ended = cluster
-        .wait_run(run.id, Duration::from_secs(120))
-        .await
-        .expect("run ends");
+    client.apply(source).await.expect("apply");
+    let run = client.trigger_run("noisy").await.expect("trigger");
+    let ended = client.wait_run(run.id).await.expect("run ends");
     assert_eq!(ended.state, pb::RunState::Success as i32);
-    let instance = cluster
-        .instances(run.id)
-        .await
-        .expect("instances")
-        .remove(0);
-    let lines = cluster.logs(instance.id).await.expect("logs");
+    let instance = client.instances(run.id).await.expect("instances").remove(0);
+    let lines = client.logs(instance.id).await.expect("logs");
     assert_eq!(
         lines.len() as u64,
         instance.attempts[0].log_lines,

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ax_integration_tests::Backend;
+use ax_integration_tests::client::summary;
 use ax_integration_tests::fault_kit::*;
 use ax_integration_tests::process::{
     HANG_GUARD, Process, RedisChoice, SchedulerSettings, WorkerSettings,
@@ -120,11 +121,11 @@ async fn fault_seed_incident_a_busy_worker_with_late_heartbeats_keeps_its_task()
         dead_after_missed_heartbeats: Some(4),
         ..SchedulerSettings::default()
     };
-    let Some(mut cluster) = cluster_with(Backend::Sqlite, settings).await else {
+    let Some((mut cluster, client)) = cluster_with(Backend::Sqlite, settings).await else {
         return;
     };
     cluster
-        .start_worker_with(
+        .start_live_worker(
             "busy",
             &WorkerSettings {
                 capacity: Some(16),
@@ -133,8 +134,8 @@ async fn fault_seed_incident_a_busy_worker_with_late_heartbeats_keeps_its_task()
                 ..WorkerSettings::default()
             },
         )
+        .await
         .expect("worker");
-    cluster.wait_worker_live("busy").await.expect("live");
 
     let effects = cluster.dir().join("effects");
     let dir = cluster.dir().to_path_buf();
@@ -162,11 +163,11 @@ async fn fault_seed_incident_a_busy_worker_with_late_heartbeats_keeps_its_task()
     );
     // Only the slow task has the 4 s timeout.
     yaml = yaml.replace("  - name: slow\n", "  - name: slow\n    timeout: 4s\n");
-    apply(&cluster, &yaml).await;
-    let run_id = trigger(&cluster, "incident").await;
+    client.apply(&yaml).await.expect("apply");
+    let run_id = client.trigger_run("incident").await.expect("trigger").id;
 
-    let run = wait_run_end(&cluster, run_id).await;
-    let instances = check_invariants(&cluster, run_id, &effects, Lines::Unchecked).await;
+    let run = client.wait_run(run_id).await.expect("the run ends");
+    let instances = check_invariants(&client, run_id, &effects, Lines::Unchecked).await;
     assert_eq!(
         run.state(),
         pb::RunState::Success,
@@ -184,7 +185,7 @@ async fn fault_seed_incident_a_busy_worker_with_late_heartbeats_keeps_its_task()
     }
     // The slow task's numbered lines are all there, whatever their number.
     let slow = instances.iter().find(|i| i.task == "slow").expect("slow");
-    let stored = logs(&cluster, slow.id, 1).await;
+    let stored = client.attempt_logs(slow.id, 1).await.expect("logs");
     assert!(!stored.is_empty(), "the slow task stored no line");
     for (n, line) in stored.iter().enumerate() {
         assert_eq!(line.seq, n as u64 + 1);
@@ -208,11 +209,11 @@ async fn fault_a_task_over_its_timeout_is_killed_with_its_children_and_retried()
         task_heartbeat_interval: Some("500ms".into()),
         ..SchedulerSettings::default()
     };
-    let Some(mut cluster) = cluster_with(Backend::Sqlite, settings).await else {
+    let Some((mut cluster, client)) = cluster_with(Backend::Sqlite, settings).await else {
         return;
     };
     cluster
-        .start_worker_with(
+        .start_live_worker(
             "w1",
             &WorkerSettings {
                 heartbeat_interval: Some("300ms".into()),
@@ -221,8 +222,8 @@ async fn fault_a_task_over_its_timeout_is_killed_with_its_children_and_retried()
                 ..WorkerSettings::default()
             },
         )
+        .await
         .expect("worker");
-    cluster.wait_worker_live("w1").await.expect("live");
 
     let effects = cluster.dir().join("effects");
     let dir = cluster.dir().to_path_buf();
@@ -237,11 +238,11 @@ async fn fault_a_task_over_its_timeout_is_killed_with_its_children_and_retried()
         "defaults: { timeout: 1s, retries: 1, retry_backoff: 100ms }",
         &[("overrun".into(), command)],
     );
-    apply(&cluster, &yaml).await;
-    let run_id = trigger(&cluster, "overrun").await;
-    let run = wait_run_end(&cluster, run_id).await;
+    client.apply(&yaml).await.expect("apply");
+    let run_id = client.trigger_run("overrun").await.expect("trigger").id;
+    let run = client.wait_run(run_id).await.expect("the run ends");
 
-    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(3)).await;
+    let instances = check_invariants(&client, run_id, &effects, Lines::Exactly(3)).await;
     assert_eq!(
         run.state(),
         pb::RunState::Success,
@@ -281,7 +282,7 @@ async fn fault_kill_9_of_a_worker_with_20_running_tasks_retries_all_on_another()
         dead_after_missed_heartbeats: Some(4),
         ..SchedulerSettings::default()
     };
-    let Some(mut cluster) = cluster_with(Backend::MySql, settings).await else {
+    let Some((mut cluster, client)) = cluster_with(Backend::MySql, settings).await else {
         return;
     };
     let worker = WorkerSettings {
@@ -291,8 +292,10 @@ async fn fault_kill_9_of_a_worker_with_20_running_tasks_retries_all_on_another()
         kill_grace: Some("500ms".into()),
         ..WorkerSettings::default()
     };
-    cluster.start_worker_with("a", &worker).expect("worker a");
-    cluster.wait_worker_live("a").await.expect("a live");
+    cluster
+        .start_live_worker("a", &worker)
+        .await
+        .expect("worker a");
 
     let effects = cluster.dir().join("effects");
     let dir = cluster.dir().to_path_buf();
@@ -310,12 +313,14 @@ async fn fault_kill_9_of_a_worker_with_20_running_tasks_retries_all_on_another()
         "defaults: { retries: 1, retry_backoff: 100ms }",
         &tasks,
     );
-    apply(&cluster, &yaml).await;
-    let run_id = trigger(&cluster, "twenty").await;
-    wait_instances(&cluster, run_id, "20 running on a", |all| {
-        all.len() == 20 && running_on(all, "a") == 20
-    })
-    .await;
+    client.apply(&yaml).await.expect("apply");
+    let run_id = client.trigger_run("twenty").await.expect("trigger").id;
+    client
+        .wait_instances(run_id, "20 running on a", |all| {
+            all.len() == 20 && running_on(all, "a") == 20
+        })
+        .await
+        .expect("the run's instances");
     // Every shell and grandchild has announced itself.
     wait_notes(&effects, "20 started", |notes| {
         notes.iter().filter(|n| n.what == "start").count() == 20
@@ -325,8 +330,10 @@ async fn fault_kill_9_of_a_worker_with_20_running_tasks_retries_all_on_another()
         grandchild_pids(&dir).len() == 20
     })
     .await;
-    cluster.start_worker_with("b", &worker).expect("worker b");
-    cluster.wait_worker_live("b").await.expect("b live");
+    cluster
+        .start_live_worker("b", &worker)
+        .await
+        .expect("worker b");
 
     cluster.kill_worker("a").await.expect("SIGKILL worker a");
     let notes = read_notes(&effects);
@@ -336,8 +343,8 @@ async fn fault_kill_9_of_a_worker_with_20_running_tasks_retries_all_on_another()
     // The parent-death signal reaches the shells within a few seconds (a hang guard).
     let shell_survivors = wait_pids_gone(&shells, Duration::from_secs(10)).await;
 
-    let run = wait_run_end(&cluster, run_id).await;
-    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(3)).await;
+    let run = client.wait_run(run_id).await.expect("the run ends");
+    let instances = check_invariants(&client, run_id, &effects, Lines::Exactly(3)).await;
     assert_eq!(
         run.state(),
         pb::RunState::Success,
@@ -398,7 +405,7 @@ async fn cut_off_worker_fences_itself(dead_after_missed: u32, self_fence_after: 
         dead_after_missed_heartbeats: Some(dead_after_missed),
         ..SchedulerSettings::default()
     };
-    let Some(mut cluster) = cluster_with(Backend::Sqlite, settings).await else {
+    let Some((mut cluster, client)) = cluster_with(Backend::Sqlite, settings).await else {
         return;
     };
     let target = std::net::SocketAddr::from(([127, 0, 0, 1], cluster.port()));
@@ -411,15 +418,15 @@ async fn cut_off_worker_fences_itself(dead_after_missed: u32, self_fence_after: 
         ..WorkerSettings::default()
     };
     cluster
-        .start_worker_with(
+        .start_live_worker(
             "a",
             &WorkerSettings {
                 endpoint: Some(proxy.url()),
                 ..worker.clone()
             },
         )
+        .await
         .expect("worker a");
-    cluster.wait_worker_live("a").await.expect("a live");
 
     let effects = cluster.dir().join("effects");
     let dir = cluster.dir().to_path_buf();
@@ -433,20 +440,22 @@ async fn cut_off_worker_fences_itself(dead_after_missed: u32, self_fence_after: 
         "defaults: { retries: 1, retry_backoff: 100ms }",
         &[("fenced".into(), command)],
     );
-    apply(&cluster, &yaml).await;
-    let run_id = trigger(&cluster, "fenced").await;
-    wait_instances(&cluster, run_id, "running on a", |all| {
-        running_on(all, "a") == 1
-    })
-    .await;
+    client.apply(&yaml).await.expect("apply");
+    let run_id = client.trigger_run("fenced").await.expect("trigger").id;
+    client
+        .wait_instances(run_id, "running on a", |all| running_on(all, "a") == 1)
+        .await
+        .expect("the run's instances");
     let notes = wait_notes(&effects, "ticking", |n| n.len() >= 3).await;
     let pid = started_pids(&notes, |n| n.attempt == 1)[0];
-    cluster.start_worker_with("b", &worker).expect("worker b");
-    cluster.wait_worker_live("b").await.expect("b live");
+    cluster
+        .start_live_worker("b", &worker)
+        .await
+        .expect("worker b");
 
     // The partition lasts until the retry has run to completion on b.
     proxy.cut();
-    let run = wait_run_end(&cluster, run_id).await;
+    let run = client.wait_run(run_id).await.expect("the run ends");
     let survivors = wait_pids_gone(&[pid], HANG_GUARD).await;
     kill_pids(&survivors);
     assert!(
@@ -476,8 +485,11 @@ async fn cut_off_worker_fences_itself(dead_after_missed: u32, self_fence_after: 
         worker_a_back,
         "worker a did not reconnect after the partition healed"
     );
-    cluster.wait_worker_live("a").await.expect("a live again");
-    let instance_id = instances(&cluster, run_id).await[0].id;
+    client
+        .wait_worker_live("a", HANG_GUARD)
+        .await
+        .expect("a live again");
+    let instance_id = client.instances(run_id).await.expect("instances")[0].id;
     let refused = {
         let deadline = tokio::time::Instant::now() + HANG_GUARD;
         loop {
@@ -494,7 +506,7 @@ async fn cut_off_worker_fences_itself(dead_after_missed: u32, self_fence_after: 
         }
     };
 
-    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(3)).await;
+    let instances = check_invariants(&client, run_id, &effects, Lines::Exactly(3)).await;
     assert_eq!(
         run.state(),
         pb::RunState::Success,
@@ -531,13 +543,13 @@ async fn fault_a_stream_cut_for_a_few_seconds_reattaches_and_finishes_once() {
         dead_after_missed_heartbeats: Some(10),
         ..SchedulerSettings::default()
     };
-    let Some(mut cluster) = cluster_with(Backend::Sqlite, settings).await else {
+    let Some((mut cluster, client)) = cluster_with(Backend::Sqlite, settings).await else {
         return;
     };
     let target = std::net::SocketAddr::from(([127, 0, 0, 1], cluster.port()));
     let proxy = TcpProxy::start(target).await.expect("proxy");
     cluster
-        .start_worker_with(
+        .start_live_worker(
             "a",
             &WorkerSettings {
                 endpoint: Some(proxy.url()),
@@ -547,8 +559,8 @@ async fn fault_a_stream_cut_for_a_few_seconds_reattaches_and_finishes_once() {
                 ..WorkerSettings::default()
             },
         )
+        .await
         .expect("worker a");
-    cluster.wait_worker_live("a").await.expect("a live");
 
     let effects = cluster.dir().join("effects");
     let dir = cluster.dir().to_path_buf();
@@ -558,8 +570,8 @@ async fn fault_a_stream_cut_for_a_few_seconds_reattaches_and_finishes_once() {
         "defaults: { retries: 1, retry_backoff: 100ms }",
         &[("chatty".into(), command)],
     );
-    apply(&cluster, &yaml).await;
-    let run_id = trigger(&cluster, "chatty").await;
+    client.apply(&yaml).await.expect("apply");
+    let run_id = client.trigger_run("chatty").await.expect("trigger").id;
     wait_notes(&effects, "a few lines in", |n| {
         n.iter().filter(|n| n.what == "tick").count() >= 8
     })
@@ -570,8 +582,8 @@ async fn fault_a_stream_cut_for_a_few_seconds_reattaches_and_finishes_once() {
     let still_running = read_notes(&effects).iter().all(|n| n.what != "end");
     proxy.heal();
 
-    let run = wait_run_end(&cluster, run_id).await;
-    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(40)).await;
+    let run = client.wait_run(run_id).await.expect("the run ends");
+    let instances = check_invariants(&client, run_id, &effects, Lines::Exactly(40)).await;
     assert!(
         still_running,
         "the task ended during the cut; the test proves nothing"
@@ -610,11 +622,11 @@ async fn fault_redis_stopped_mid_run_and_started_again() {
         heartbeat_interval: "300ms".into(),
         ..SchedulerSettings::default()
     };
-    let Some(mut cluster) = cluster_with(Backend::MySql, settings).await else {
+    let Some((mut cluster, client)) = cluster_with(Backend::MySql, settings).await else {
         return;
     };
     cluster
-        .start_worker_with(
+        .start_live_worker(
             "w1",
             &WorkerSettings {
                 capacity: Some(6),
@@ -622,8 +634,8 @@ async fn fault_redis_stopped_mid_run_and_started_again() {
                 ..WorkerSettings::default()
             },
         )
+        .await
         .expect("worker");
-    cluster.wait_worker_live("w1").await.expect("live");
 
     let effects = cluster.dir().join("effects");
     let dir = cluster.dir().to_path_buf();
@@ -632,28 +644,35 @@ async fn fault_redis_stopped_mid_run_and_started_again() {
         .map(|i| (format!("t{i:02}"), command.clone()))
         .collect();
     let yaml = workflow("steady", "", &tasks);
-    apply(&cluster, &yaml).await;
-    let run_id = trigger(&cluster, "steady").await;
+    client.apply(&yaml).await.expect("apply");
+    let run_id = client.trigger_run("steady").await.expect("trigger").id;
 
-    wait_instances(&cluster, run_id, "a quarter done", |all| {
-        all.iter().filter(|i| i.state() == S::Success).count() >= 7
-    })
-    .await;
+    client
+        .wait_instances(run_id, "a quarter done", |all| {
+            all.iter().filter(|i| i.state() == S::Success).count() >= 7
+        })
+        .await
+        .expect("the run's instances");
     redis.stop().await.expect("stop redis");
     // Let the run go on without Redis for a while: wait for progress rather than for time.
-    let done_without_redis = instances(&cluster, run_id)
+    let done_without_redis = client
+        .instances(run_id)
         .await
+        .expect("instances")
         .iter()
         .filter(|i| i.state() == S::Success)
         .count();
-    wait_instances(&cluster, run_id, "progress without redis", |all| {
-        all.iter().filter(|i| i.state() == S::Success).count() >= (done_without_redis + 6).min(30)
-    })
-    .await;
+    client
+        .wait_instances(run_id, "progress without redis", |all| {
+            all.iter().filter(|i| i.state() == S::Success).count()
+                >= (done_without_redis + 6).min(30)
+        })
+        .await
+        .expect("the run's instances");
     redis.restart().await.expect("start redis again");
 
-    let run = wait_run_end(&cluster, run_id).await;
-    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(5)).await;
+    let run = client.wait_run(run_id).await.expect("the run ends");
+    let instances = check_invariants(&client, run_id, &effects, Lines::Exactly(5)).await;
     assert_eq!(
         run.state(),
         pb::RunState::Success,
@@ -708,11 +727,11 @@ async fn fault_kill_9_and_restart_of_the_scheduler_mid_run_on_mysql() {
         dead_after_missed_heartbeats: Some(16),
         ..SchedulerSettings::default()
     };
-    let Some(mut cluster) = cluster_with(Backend::MySql, settings).await else {
+    let Some((mut cluster, client)) = cluster_with(Backend::MySql, settings).await else {
         return;
     };
     cluster
-        .start_worker_with(
+        .start_live_worker(
             "w1",
             &WorkerSettings {
                 capacity: Some(16),
@@ -722,8 +741,8 @@ async fn fault_kill_9_and_restart_of_the_scheduler_mid_run_on_mysql() {
                 ..WorkerSettings::default()
             },
         )
+        .await
         .expect("worker");
-    cluster.wait_worker_live("w1").await.expect("live");
 
     let effects = cluster.dir().join("effects");
     let dir = cluster.dir().to_path_buf();
@@ -736,13 +755,15 @@ async fn fault_kill_9_and_restart_of_the_scheduler_mid_run_on_mysql() {
         "defaults: { retries: 2, retry_backoff: 100ms }",
         &tasks,
     );
-    apply(&cluster, &yaml).await;
-    let run_id = trigger(&cluster, "fanout").await;
+    client.apply(&yaml).await.expect("apply");
+    let run_id = client.trigger_run("fanout").await.expect("trigger").id;
 
-    wait_instances(&cluster, run_id, "a quarter done", |all| {
-        all.len() == 200 && all.iter().filter(|i| i.state() == S::Success).count() >= 50
-    })
-    .await;
+    client
+        .wait_instances(run_id, "a quarter done", |all| {
+            all.len() == 200 && all.iter().filter(|i| i.state() == S::Success).count() >= 50
+        })
+        .await
+        .expect("the run's instances");
     let mut scheduler = cluster.take_scheduler().expect("scheduler");
     scheduler.kill().await.expect("SIGKILL the scheduler");
     let running_at_kill = read_notes(&effects);
@@ -751,8 +772,8 @@ async fn fault_kill_9_and_restart_of_the_scheduler_mid_run_on_mysql() {
         .await
         .expect("the scheduler restarts");
 
-    let run = wait_run_end(&cluster, run_id).await;
-    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(5)).await;
+    let run = client.wait_run(run_id).await.expect("the run ends");
+    let instances = check_invariants(&client, run_id, &effects, Lines::Exactly(5)).await;
     assert_eq!(
         run.state(),
         pb::RunState::Success,
@@ -760,19 +781,7 @@ async fn fault_kill_9_and_restart_of_the_scheduler_mid_run_on_mysql() {
         summary(&instances)
     );
     assert_eq!(instances.len(), 200, "instances lost");
-    let runs = cluster
-        .control()
-        .await
-        .expect("control client")
-        .list_runs(pb::ListRunsRequest {
-            workflow: "fanout".into(),
-            limit: 10,
-            state: 0,
-        })
-        .await
-        .expect("list runs")
-        .into_inner()
-        .runs;
+    let runs = client.runs("fanout").await.expect("list runs");
     assert_eq!(
         runs.iter().map(|r| r.id).collect::<Vec<_>>(),
         vec![run_id],

@@ -178,39 +178,28 @@ fn random_and_truncated_worker_frames_never_break_the_scheduler() {
         .enable_all()
         .build()
         .expect("runtime");
-    let cluster = runtime.block_on(async {
+    let (cluster, client) = runtime.block_on(async {
         let cluster = Cluster::builder(Backend::Sqlite)
             .worker("real", 2)
             .start()
             .await
             .expect("cluster");
         let cluster = cluster.expect("sqlite always runs");
-        cluster
-            .wait_for_workers(1, Duration::from_secs(20))
-            .await
-            .expect("worker");
-        cluster
+        let client = cluster.client().await.expect("client");
+        client
             .apply("name: steady\ntasks:\n  - name: a\n    command: echo ok\n")
             .await
             .expect("apply");
-        cluster
+        (cluster, client)
     });
     let endpoint = cluster.endpoint();
     let first_run = runtime.block_on(async {
-        let run = cluster
-            .trigger("steady", &[], "")
-            .await
-            .expect("trigger")
-            .run
-            .expect("run");
-        cluster
-            .wait_run(run.id, Duration::from_secs(60))
-            .await
-            .expect("run ends");
+        let run = client.trigger_run("steady").await.expect("trigger");
+        client.wait_run(run.id).await.expect("run ends");
         run.id
     });
     let real_instance = runtime
-        .block_on(cluster.instances(first_run))
+        .block_on(client.instances(first_run))
         .expect("instances")[0]
         .id;
 
@@ -249,7 +238,7 @@ fn random_and_truncated_worker_frames_never_break_the_scheduler() {
 
     runtime.block_on(async {
         // The real instance is untouched by the storm: still SUCCESS with one attempt.
-        let instance = cluster
+        let instance = client
             .instances(first_run)
             .await
             .expect("instances")
@@ -257,16 +246,8 @@ fn random_and_truncated_worker_frames_never_break_the_scheduler() {
         assert_eq!(instance.state, pb::InstanceState::Success as i32);
         assert_eq!(instance.attempts.len(), 1);
         // And the scheduler still schedules.
-        let run = cluster
-            .trigger("steady", &[], "")
-            .await
-            .expect("trigger")
-            .run
-            .expect("run");
-        let ended = cluster
-            .wait_run(run.id, Duration::from_secs(60))
-            .await
-            .expect("run ends");
+        let run = client.trigger_run("steady").await.expect("trigger");
+        let ended = client.wait_run(run.id).await.expect("run ends");
         assert_eq!(ended.state, pb::RunState::Success as i32);
         cluster.shutdown().await.expect("shutdown");
     });
@@ -280,29 +261,14 @@ async fn reports_on_unknown_or_stale_attempts_are_refused_with_a_code() {
         .await
         .expect("cluster");
     let cluster = cluster.expect("sqlite always runs");
-    cluster
-        .wait_for_workers(1, Duration::from_secs(20))
-        .await
-        .expect("worker");
-    cluster
+    let client = cluster.client().await.expect("client");
+    client
         .apply("name: steady\ntasks:\n  - name: a\n    command: echo ok\n")
         .await
         .expect("apply");
-    let run = cluster
-        .trigger("steady", &[], "")
-        .await
-        .expect("trigger")
-        .run
-        .expect("run");
-    cluster
-        .wait_run(run.id, Duration::from_secs(60))
-        .await
-        .expect("run ends");
-    let instance = cluster
-        .instances(run.id)
-        .await
-        .expect("instances")
-        .remove(0);
+    let run = client.trigger_run("steady").await.expect("trigger");
+    client.wait_run(run.id).await.expect("run ends");
+    let instance = client.instances(run.id).await.expect("instances").remove(0);
 
     let started = |instance_id, attempt| pb::WorkerMessage {
         body: Some(pb::worker_message::Body::Started(pb::AttemptStarted {

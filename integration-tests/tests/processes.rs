@@ -573,7 +573,6 @@ async fn health_and_reflection_are_served() {
 /// misfire policy), not once per missed slot and not never.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_cron_slot_missed_during_scheduler_downtime_fires_once_on_restart() {
-    use ax_proto::v1 as pb;
     let Some(mut cluster) = started(Backend::Sqlite, false, &["w1"]).await else {
         return;
     };
@@ -584,30 +583,9 @@ async fn fault_a_cron_slot_missed_during_scheduler_downtime_fires_once_on_restar
     )
     .expect("write workflow");
     apply(&cluster, file.to_str().expect("utf-8 path"), "created").await;
-    let runs = |cluster: &ProcessCluster| {
-        let cluster_endpoint = cluster.endpoint();
-        async move {
-            let channel = tonic::transport::Channel::from_shared(cluster_endpoint)
-                .expect("endpoint")
-                .connect()
-                .await
-                .expect("connect");
-            let mut control = pb::control_service_client::ControlServiceClient::new(channel);
-            let request = pb::ListRunsRequest {
-                workflow: "every2s".into(),
-                limit: 100,
-                state: 0,
-            };
-            control
-                .list_runs(request)
-                .await
-                .expect("runs")
-                .into_inner()
-                .runs
-        }
-    };
+    let client = cluster.client().await.expect("client");
     let deadline = tokio::time::Instant::now() + HANG_GUARD;
-    while runs(&cluster).await.is_empty() {
+    while client.runs("every2s").await.expect("runs").is_empty() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the schedule never fired"
@@ -626,21 +604,11 @@ async fn fault_a_cron_slot_missed_during_scheduler_downtime_fires_once_on_restar
         .await
         .expect("restart the scheduler");
     tokio::time::sleep(Duration::from_millis(3_500)).await;
-    let channel = tonic::transport::Channel::from_shared(cluster.endpoint())
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    let mut control = pb::control_service_client::ControlServiceClient::new(channel);
-    control
-        .pause_workflow(pb::PauseWorkflowRequest {
-            name: "every2s".into(),
-            actor: "test".into(),
-        })
-        .await
-        .expect("pause");
+    // A client of the restarted node.
+    let client = cluster.client().await.expect("client");
+    client.pause("every2s").await.expect("pause");
 
-    let all = runs(&cluster).await;
+    let all = client.runs("every2s").await.expect("runs");
     let logical: Vec<i64> = all.iter().map(|run| run.logical_time_ms).collect();
     let distinct: BTreeSet<i64> = logical.iter().copied().collect();
     assert_eq!(

@@ -19,6 +19,7 @@
 use std::time::Duration;
 
 use ax_integration_tests::Backend;
+use ax_integration_tests::client::summary;
 use ax_integration_tests::fault_kit::*;
 use ax_integration_tests::process::{HANG_GUARD, RedisChoice, SchedulerSettings, WorkerSettings};
 use ax_integration_tests::proto_worker::{ProtoWorker, ProtoWorkerOptions};
@@ -52,16 +53,16 @@ fn worker_settings(capacity: u32) -> WorkerSettings {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_scheduler_killed_and_down_past_the_dead_threshold_kills_and_reruns_nothing() {
-    let Some(mut cluster) =
+    let Some((mut cluster, client)) =
         cluster_with(Backend::MySql, short_heartbeats(RedisChoice::FromEnv)).await
     else {
         return;
     };
     for id in ["w1", "w2"] {
         cluster
-            .start_worker_with(id, &worker_settings(6))
+            .start_live_worker(id, &worker_settings(6))
+            .await
             .expect("worker");
-        cluster.wait_worker_live(id).await.expect("live");
     }
     let effects = cluster.dir().join("effects");
     let dir = cluster.dir().to_path_buf();
@@ -71,20 +72,21 @@ async fn fault_scheduler_killed_and_down_past_the_dead_threshold_kills_and_rerun
     let tasks: Vec<(String, String)> = (1..=30)
         .map(|i| (format!("t{i:02}"), command.clone()))
         .collect();
-    apply(
-        &cluster,
-        &workflow(
+    client
+        .apply(&workflow(
             "steady",
             "defaults: { retries: 3, retry_backoff: 100ms }",
             &tasks,
-        ),
-    )
-    .await;
-    let run_id = trigger(&cluster, "steady").await;
-    wait_instances(&cluster, run_id, "12 running", |all| {
-        all.iter().filter(|i| i.state() == S::Running).count() >= 12
-    })
-    .await;
+        ))
+        .await
+        .expect("apply");
+    let run_id = client.trigger_run("steady").await.expect("trigger").id;
+    client
+        .wait_instances(run_id, "12 running", |all| {
+            all.iter().filter(|i| i.state() == S::Running).count() >= 12
+        })
+        .await
+        .expect("the run's instances");
 
     let mut scheduler = cluster.take_scheduler().expect("scheduler");
     scheduler.kill().await.expect("SIGKILL the scheduler");
@@ -100,8 +102,8 @@ async fn fault_scheduler_killed_and_down_past_the_dead_threshold_kills_and_rerun
         .await
         .expect("the scheduler restarts");
 
-    let run = wait_run_end(&cluster, run_id).await;
-    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(10)).await;
+    let run = client.wait_run(run_id).await.expect("the run ends");
+    let instances = check_invariants(&client, run_id, &effects, Lines::Exactly(10)).await;
     assert_eq!(
         run.state(),
         pb::RunState::Success,
@@ -134,7 +136,7 @@ async fn fault_scheduler_killed_and_down_past_the_dead_threshold_kills_and_rerun
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_started_attempt_whose_report_died_with_the_scheduler_is_never_dispatched_again() {
-    let Some(mut cluster) =
+    let Some((mut cluster, client)) =
         cluster_with(Backend::MySql, short_heartbeats(RedisChoice::FromEnv)).await
     else {
         return;
@@ -142,18 +144,20 @@ async fn fault_a_started_attempt_whose_report_died_with_the_scheduler_is_never_d
     let effects = cluster.dir().join("effects");
     let dir = cluster.dir().to_path_buf();
     let command = script(&dir, "once", &effects, &numbered_lines(5, "0.2"));
-    apply(
-        &cluster,
-        &workflow("once", "", &[("only".to_string(), command)]),
-    )
-    .await;
+    client
+        .apply(&workflow("once", "", &[("only".to_string(), command)]))
+        .await
+        .expect("apply");
     // The worker accepts and starts the attempt, but its Started report never reaches the
     // store: it withholds it, as if the scheduler had died with it in flight.
     let mut options = ProtoWorkerOptions::new("ghost", &cluster.endpoint());
     options.withhold_started = true;
     let first = ProtoWorker::start(options.clone()).await.expect("worker");
-    cluster.wait_worker_live("ghost").await.expect("live");
-    let run_id = trigger(&cluster, "once").await;
+    client
+        .wait_worker_live("ghost", HANG_GUARD)
+        .await
+        .expect("live");
+    let run_id = client.trigger_run("once").await.expect("trigger").id;
     wait_notes(&effects, "started", |notes| {
         notes.iter().any(|n| n.what == "start")
     })
@@ -172,8 +176,8 @@ async fn fault_a_started_attempt_whose_report_died_with_the_scheduler_is_never_d
     options.withhold_started = false;
     let second = ProtoWorker::start(options).await.expect("worker again");
 
-    let run = wait_run_end(&cluster, run_id).await;
-    let instances = check_invariants(&cluster, run_id, &effects, Lines::Exactly(5)).await;
+    let run = client.wait_run(run_id).await.expect("the run ends");
+    let instances = check_invariants(&client, run_id, &effects, Lines::Exactly(5)).await;
     assert_eq!(
         run.state(),
         pb::RunState::Success,
@@ -211,15 +215,17 @@ async fn fault_a_worker_restarted_under_its_id_has_its_running_attempt_ended_at_
         dead_after_missed_heartbeats: Some(1200),
         ..SchedulerSettings::default()
     };
-    let Some(mut cluster) = cluster_with(Backend::MySql, settings).await else {
+    let Some((mut cluster, client)) = cluster_with(Backend::MySql, settings).await else {
         return;
     };
     let worker = WorkerSettings {
         heartbeat_interval: Some("500ms".into()),
         ..WorkerSettings::default()
     };
-    cluster.start_worker_with("w1", &worker).expect("worker");
-    cluster.wait_worker_live("w1").await.expect("live");
+    cluster
+        .start_live_worker("w1", &worker)
+        .await
+        .expect("worker");
     let effects = cluster.dir().join("effects");
     let dir = cluster.dir().to_path_buf();
     // Attempt 1 runs until it is killed; attempt 2 ends at once.
@@ -229,27 +235,28 @@ async fn fault_a_worker_restarted_under_its_id_has_its_running_attempt_ended_at_
         &effects,
         "if [ \"$AX_ATTEMPT\" = 1 ]; then\n  while :; do note tick; sleep 0.1; done\nfi",
     );
-    apply(
-        &cluster,
-        &workflow(
+    client
+        .apply(&workflow(
             "stuck",
             "defaults: { retries: 1 }",
             &[("only".to_string(), command)],
-        ),
-    )
-    .await;
-    let run_id = trigger(&cluster, "stuck").await;
-    wait_instances(&cluster, run_id, "running", |all| {
-        all.iter().any(|i| i.state() == S::Running)
-    })
-    .await;
+        ))
+        .await
+        .expect("apply");
+    let run_id = client.trigger_run("stuck").await.expect("trigger").id;
+    client
+        .wait_instances(run_id, "running", |all| {
+            all.iter().any(|i| i.state() == S::Running)
+        })
+        .await
+        .expect("the run's instances");
     cluster.kill_worker("w1").await.expect("SIGKILL the worker");
     cluster
         .start_worker_with("w1", &worker)
         .expect("worker again");
 
-    let run = wait_run_end(&cluster, run_id).await;
-    let instances = check_invariants(&cluster, run_id, &effects, Lines::Unchecked).await;
+    let run = client.wait_run(run_id).await.expect("the run ends");
+    let instances = check_invariants(&client, run_id, &effects, Lines::Unchecked).await;
     assert_eq!(
         run.state(),
         pb::RunState::Success,
@@ -285,13 +292,16 @@ async fn fault_a_worker_that_ignores_timeouts_has_the_attempt_timed_out_by_the_s
         timeout_grace: Some("1s".into()),
         ..SchedulerSettings::default()
     };
-    let Some(cluster) = cluster_with(Backend::MySql, settings).await else {
+    let Some((cluster, client)) = cluster_with(Backend::MySql, settings).await else {
         return;
     };
     let mut options = ProtoWorkerOptions::new("lax", &cluster.endpoint());
     options.enforce_timeouts = false;
     let worker = ProtoWorker::start(options).await.expect("worker");
-    cluster.wait_worker_live("lax").await.expect("live");
+    client
+        .wait_worker_live("lax", HANG_GUARD)
+        .await
+        .expect("live");
     let effects = cluster.dir().join("effects");
     let dir = cluster.dir().to_path_buf();
     // Attempt 1 would run for 30 s and succeed; attempt 2 ends at once.
@@ -301,19 +311,18 @@ async fn fault_a_worker_that_ignores_timeouts_has_the_attempt_timed_out_by_the_s
         &effects,
         "if [ \"$AX_ATTEMPT\" = 1 ]; then\n  i=0; while [ $i -lt 300 ]; do note tick; sleep 0.1; i=$((i + 1)); done\nfi",
     );
-    apply(
-        &cluster,
-        &workflow(
+    client
+        .apply(&workflow(
             "slow",
             "defaults: { timeout: 2s, retries: 1 }",
             &[("only".to_string(), command)],
-        ),
-    )
-    .await;
-    let run_id = trigger(&cluster, "slow").await;
+        ))
+        .await
+        .expect("apply");
+    let run_id = client.trigger_run("slow").await.expect("trigger").id;
 
-    let run = wait_run_end(&cluster, run_id).await;
-    let instances = check_invariants(&cluster, run_id, &effects, Lines::Unchecked).await;
+    let run = client.wait_run(run_id).await.expect("the run ends");
+    let instances = check_invariants(&client, run_id, &effects, Lines::Unchecked).await;
     assert_eq!(
         run.state(),
         pb::RunState::Success,
@@ -345,24 +354,23 @@ async fn fault_a_worker_that_ignores_timeouts_has_the_attempt_timed_out_by_the_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_cancelled_attempt_records_the_exit_its_worker_reports() {
-    let Some(mut cluster) =
+    let Some((mut cluster, client)) =
         cluster_with(Backend::MySql, short_heartbeats(RedisChoice::FromEnv)).await
     else {
         return;
     };
     cluster
-        .start_worker_with("w1", &worker_settings(2))
+        .start_live_worker("w1", &worker_settings(2))
+        .await
         .expect("worker");
-    cluster.wait_worker_live("w1").await.expect("live");
     let effects = cluster.dir().join("effects");
     let dir = cluster.dir().to_path_buf();
     let command = script(&dir, "long", &effects, &numbered_lines(600, "0.1"));
-    apply(
-        &cluster,
-        &workflow("long", "", &[("only".to_string(), command)]),
-    )
-    .await;
-    let run_id = trigger(&cluster, "long").await;
+    client
+        .apply(&workflow("long", "", &[("only".to_string(), command)]))
+        .await
+        .expect("apply");
+    let run_id = client.trigger_run("long").await.expect("trigger").id;
     wait_notes(&effects, "ticking", |notes| {
         notes.iter().filter(|n| n.what == "tick").count() >= 5
     })
@@ -376,7 +384,7 @@ async fn fault_a_cancelled_attempt_records_the_exit_its_worker_reports() {
     // The worker reports the attempt's end after the cancel; the attempt keeps it.
     let deadline = tokio::time::Instant::now() + HANG_GUARD;
     let instance = loop {
-        let instances = instances(&cluster, run_id).await;
+        let instances = client.instances(run_id).await.expect("instances");
         let first = instances[0].clone();
         if attempt(&first, 1).log_lines > 0 {
             break first;
@@ -392,14 +400,14 @@ async fn fault_a_cancelled_attempt_records_the_exit_its_worker_reports() {
     let ended = attempt(&instance, 1);
     assert_eq!(ended.state(), S::Cancelled);
     assert_eq!(ended.signal, Some(libc::SIGTERM), "{ended:?}");
-    let stored = logs(&cluster, instance.id, 1).await;
+    let stored = client.attempt_logs(instance.id, 1).await.expect("logs");
     assert_eq!(ended.log_lines, stored.len() as u64, "{ended:?}");
     let worker_log = plain(&cluster.worker("w1").expect("worker").log_text());
     assert!(
         !worker_log.contains("scheduler refused a report"),
         "the worker's report after the cancel was refused:\n{worker_log}"
     );
-    check_invariants(&cluster, run_id, &effects, Lines::Unchecked).await;
+    check_invariants(&client, run_id, &effects, Lines::Unchecked).await;
     cluster.shutdown().await.expect("clean shutdown");
 }
 
@@ -408,14 +416,18 @@ async fn fault_a_cancelled_attempt_records_the_exit_its_worker_reports() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_written_from_the_proto_alone_runs_a_workflow_with_its_context() {
-    let Some(cluster) = cluster_with(Backend::Sqlite, short_heartbeats(RedisChoice::None)).await
+    let Some((cluster, client)) =
+        cluster_with(Backend::Sqlite, short_heartbeats(RedisChoice::None)).await
     else {
         return;
     };
     let worker = ProtoWorker::start(ProtoWorkerOptions::new("second", &cluster.endpoint()))
         .await
         .expect("worker");
-    cluster.wait_worker_live("second").await.expect("live");
+    client
+        .wait_worker_live("second", HANG_GUARD)
+        .await
+        .expect("live");
     let effects = cluster.dir().join("effects");
     let dir = cluster.dir().to_path_buf();
     let show = "echo \"run=$AX_RUN_ID instance=$AX_INSTANCE_ID attempt=$AX_ATTEMPT workflow=$AX_WORKFLOW task=$AX_TASK time=$AX_LOGICAL_TIME\"";
@@ -426,10 +438,10 @@ async fn a_worker_written_from_the_proto_alone_runs_a_workflow_with_its_context(
         first.replace('"', "\\\""),
         second.replace('"', "\\\""),
     );
-    apply(&cluster, &yaml).await;
-    let run_id = trigger(&cluster, "contract").await;
-    let run = wait_run_end(&cluster, run_id).await;
-    let instances = check_invariants(&cluster, run_id, &effects, Lines::Unchecked).await;
+    client.apply(&yaml).await.expect("apply");
+    let run_id = client.trigger_run("contract").await.expect("trigger").id;
+    let run = client.wait_run(run_id).await.expect("the run ends");
+    let instances = check_invariants(&client, run_id, &effects, Lines::Unchecked).await;
     assert_eq!(run.state(), pb::RunState::Failed, "{}", summary(&instances));
     let a = instances.iter().find(|i| i.task == "a").expect("a ran");
     let b = instances.iter().find(|i| i.task == "b").expect("b ran");
@@ -441,7 +453,7 @@ async fn a_worker_written_from_the_proto_alone_runs_a_workflow_with_its_context(
         summary(&instances)
     );
     assert_eq!(attempt(b, 2).exit_code, Some(3));
-    let lines = logs(&cluster, a.id, 1).await;
+    let lines = client.attempt_logs(a.id, 1).await.expect("logs");
     let context = lines.first().map(|l| l.text.clone()).unwrap_or_default();
     let time = chrono_like_utc(&context);
     assert_eq!(
@@ -452,7 +464,7 @@ async fn a_worker_written_from_the_proto_alone_runs_a_workflow_with_its_context(
         )
     );
     assert!(time.ends_with('Z') && time.len() >= 20, "{context}");
-    let lines = logs(&cluster, b.id, 2).await;
+    let lines = client.attempt_logs(b.id, 2).await.expect("logs");
     assert!(
         lines
             .iter()

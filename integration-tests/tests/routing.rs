@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use ax_core::decision::DecisionKind;
-use ax_integration_tests::{Backend, Cluster};
+use ax_integration_tests::{Backend, Cluster, TestClient};
 use ax_proto::v1 as pb;
 
 /// A hang guard, not a timing assertion.
@@ -27,7 +27,7 @@ async fn start(
     backend: Backend,
     workers: &[(&str, u32)],
     pools: &[(&str, u32)],
-) -> Option<Cluster> {
+) -> Option<(Cluster, TestClient)> {
     let mut builder = Cluster::builder(backend).redis();
     for (id, capacity) in workers {
         builder = builder.worker(id, *capacity);
@@ -36,21 +36,8 @@ async fn start(
         builder = builder.pool(pool, *limit);
     }
     let cluster = builder.start().await.expect("cluster starts")?;
-    cluster
-        .wait_for_workers(workers.len(), Duration::from_secs(20))
-        .await
-        .expect("workers connect");
-    Some(cluster)
-}
-
-async fn trigger(cluster: &Cluster, name: &str) -> i64 {
-    cluster
-        .trigger(name, &[], "")
-        .await
-        .expect("trigger")
-        .run
-        .expect("a run")
-        .id
+    let client = cluster.client().await.expect("client");
+    Some((cluster, client))
 }
 
 fn state(instance: &pb::Instance) -> pb::InstanceState {
@@ -103,7 +90,8 @@ async fn decisions(cluster: &Cluster, workflow: &str) -> Vec<ax_store::DecisionR
 }
 
 async fn sharded_broadcast_runs_one_shard_per_worker_and_waits_for_all(backend: Backend) {
-    let Some(cluster) = start(backend, &[("w1", 2), ("w2", 2), ("w3", 2)], &[]).await else {
+    let Some((cluster, client)) = start(backend, &[("w1", 2), ("w2", 2), ("w3", 2)], &[]).await
+    else {
         return;
     };
     let source = r#"
@@ -116,11 +104,11 @@ tasks:
     upstream: shards
     command: 'echo "after shard=${AX_SHARD_INDEX:-none}"'
 "#;
-    cluster.apply(source).await.expect("apply");
-    let run = trigger(&cluster, "broadcast").await;
-    let ended = cluster.wait_run(run, RUN_TIMEOUT).await.expect("run ends");
+    client.apply(source).await.expect("apply");
+    let run = client.trigger_run("broadcast").await.expect("trigger").id;
+    let ended = client.wait_run(run).await.expect("run ends");
     assert_eq!(ended.state, pb::RunState::Success as i32);
-    let instances = cluster.instances(run).await.expect("instances");
+    let instances = client.instances(run).await.expect("instances");
     let shards: Vec<&pb::Instance> = instances
         .iter()
         .filter(|i| i.task == "shards" && !i.attempts.is_empty())
@@ -137,7 +125,7 @@ tasks:
     let mut seen = Vec::new();
     for shard in &shards {
         assert_eq!(state(shard), pb::InstanceState::Success);
-        let lines = cluster.logs(shard.id).await.expect("logs");
+        let lines = client.logs(shard.id).await.expect("logs");
         assert_eq!(lines.len(), 1, "{lines:?}");
         seen.push(lines[0].text.clone());
     }
@@ -173,13 +161,14 @@ tasks:
         .max()
         .unwrap();
     assert!(after.attempts[0].started_at_ms >= last_shard_end);
-    let lines = cluster.logs(after.id).await.expect("logs");
+    let lines = client.logs(after.id).await.expect("logs");
     assert_eq!(lines[0].text, "after shard=none");
     cluster.shutdown().await.expect("shutdown");
 }
 
 async fn a_failing_shard_fails_the_sharded_task(backend: Backend) {
-    let Some(cluster) = start(backend, &[("w1", 2), ("w2", 2), ("w3", 2)], &[]).await else {
+    let Some((cluster, client)) = start(backend, &[("w1", 2), ("w2", 2), ("w3", 2)], &[]).await
+    else {
         return;
     };
     let source = r#"
@@ -192,11 +181,15 @@ tasks:
     upstream: shards
     command: 'true'
 "#;
-    cluster.apply(source).await.expect("apply");
-    let run = trigger(&cluster, "broadcast-fails").await;
-    let ended = cluster.wait_run(run, RUN_TIMEOUT).await.expect("run ends");
+    client.apply(source).await.expect("apply");
+    let run = client
+        .trigger_run("broadcast-fails")
+        .await
+        .expect("trigger")
+        .id;
+    let ended = client.wait_run(run).await.expect("run ends");
     assert_eq!(ended.state, pb::RunState::Failed as i32);
-    let instances = cluster.instances(run).await.expect("instances");
+    let instances = client.instances(run).await.expect("instances");
     assert!(instances.iter().all(|i| i.task != "after"), "{instances:?}");
     let mut states: Vec<(String, pb::InstanceState)> = instances
         .iter()
@@ -248,14 +241,10 @@ tasks:
         .clone();
     assert_eq!(task["state"], "FAILED", "{why}");
     assert_eq!(task["instance_id"], parent.id, "{why}");
-    let got = cluster
-        .control()
-        .await
-        .expect("control client")
-        .list_instances(pb::ListInstancesRequest { run_id: run })
+    let got = client
+        .list_instances(run)
         .await
         .expect("list instances")
-        .into_inner()
         .tasks
         .into_iter()
         .find(|t| t.task == "shards")
@@ -276,7 +265,7 @@ fn axctl_json(cluster: &Cluster, args: &[&str]) -> serde_json::Value {
 }
 
 async fn a_shard_retry_waits_for_its_worker_and_fails_when_it_is_gone(backend: Backend) {
-    let Some(mut cluster) = start(backend, &[("w1", 2), ("w2", 2)], &[]).await else {
+    let Some((mut cluster, client)) = start(backend, &[("w1", 2), ("w2", 2)], &[]).await else {
         return;
     };
     // Shard 1 (on w2, the second worker id) fails its first attempt; its retry would succeed.
@@ -289,30 +278,31 @@ tasks:
     retry_backoff: 8s
     command: 'if [ "$AX_SHARD_INDEX" = 1 ] && [ "$AX_ATTEMPT" = 1 ]; then exit 1; fi'
 "#;
-    cluster.apply(source).await.expect("apply");
-    let run = trigger(&cluster, "broadcast-gone").await;
+    client.apply(source).await.expect("apply");
+    let run = client
+        .trigger_run("broadcast-gone")
+        .await
+        .expect("trigger")
+        .id;
     // Wait for the first attempt of the shard on w2 to fail, then take w2 away.
-    let deadline = tokio::time::Instant::now() + RUN_TIMEOUT;
-    let shard = loop {
-        let instances = cluster.instances(run).await.expect("instances");
-        let failed_once = instances.into_iter().find(|i| {
-            i.attempts
-                .first()
-                .is_some_and(|a| a.worker_id == "w2" && a.state == pb::InstanceState::Failed as i32)
-        });
-        if let Some(shard) = failed_once {
-            break shard;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the shard on w2 never failed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let failed_on_w2 = |i: &pb::Instance| {
+        i.attempts
+            .first()
+            .is_some_and(|a| a.worker_id == "w2" && a.state == pb::InstanceState::Failed as i32)
     };
+    let shard = client
+        .wait_instances(run, "the shard on w2 failed once", |all| {
+            all.iter().any(failed_on_w2)
+        })
+        .await
+        .expect("the shard on w2 fails")
+        .into_iter()
+        .find(failed_on_w2)
+        .expect("the shard on w2");
     cluster.stop_worker("w2").await.expect("w2 stops");
-    let ended = cluster.wait_run(run, RUN_TIMEOUT).await.expect("run ends");
+    let ended = client.wait_run(run).await.expect("run ends");
     assert_eq!(ended.state, pb::RunState::Failed as i32);
-    let instances = cluster.instances(run).await.expect("instances");
+    let instances = client.instances(run).await.expect("instances");
     let shard = instances
         .iter()
         .find(|i| i.id == shard.id)
@@ -333,7 +323,8 @@ tasks:
 }
 
 async fn consistent_hash_keeps_a_task_on_one_worker(backend: Backend) {
-    let Some(cluster) = start(backend, &[("w1", 4), ("w2", 4), ("w3", 4)], &[]).await else {
+    let Some((cluster, client)) = start(backend, &[("w1", 4), ("w2", 4), ("w3", 4)], &[]).await
+    else {
         return;
     };
     let source = r#"
@@ -343,24 +334,25 @@ tasks:
     routing: consistent_hash
     command: 'true'
 "#;
-    cluster.apply(source).await.expect("apply");
+    client.apply(source).await.expect("apply");
     // The worker first in the rendezvous order of "sticky/hashed".
     let home = ["w1", "w2", "w3"]
         .into_iter()
         .max_by_key(|w| ax_core::placement::rendezvous_score("sticky/hashed", w))
         .unwrap();
     for _ in 0..5 {
-        let run = trigger(&cluster, "sticky").await;
-        let ended = cluster.wait_run(run, RUN_TIMEOUT).await.expect("run ends");
+        let run = client.trigger_run("sticky").await.expect("trigger").id;
+        let ended = client.wait_run(run).await.expect("run ends");
         assert_eq!(ended.state, pb::RunState::Success as i32);
-        let instances = cluster.instances(run).await.expect("instances");
+        let instances = client.instances(run).await.expect("instances");
         assert_eq!(instances[0].attempts[0].worker_id, home);
     }
     cluster.shutdown().await.expect("shutdown");
 }
 
 async fn failover_takes_workers_in_id_order(backend: Backend) {
-    let Some(cluster) = start(backend, &[("w3", 1), ("w2", 1), ("w1", 1)], &[]).await else {
+    let Some((cluster, client)) = start(backend, &[("w3", 1), ("w2", 1), ("w1", 1)], &[]).await
+    else {
         return;
     };
     let source = r#"
@@ -370,11 +362,11 @@ tasks:
     routing: failover
     command: 'true'
 "#;
-    cluster.apply(source).await.expect("apply");
+    client.apply(source).await.expect("apply");
     for _ in 0..3 {
-        let run = trigger(&cluster, "failover").await;
-        cluster.wait_run(run, RUN_TIMEOUT).await.expect("run ends");
-        let instances = cluster.instances(run).await.expect("instances");
+        let run = client.trigger_run("failover").await.expect("trigger").id;
+        client.wait_run(run).await.expect("run ends");
+        let instances = client.instances(run).await.expect("instances");
         assert_eq!(instances[0].attempts[0].worker_id, "w1");
     }
     // Two at once: w1 has one slot, so the second goes to the next id.
@@ -388,10 +380,14 @@ tasks:
     routing: failover
     command: 'sleep 1'
 "#;
-    cluster.apply(source).await.expect("apply");
-    let run = trigger(&cluster, "failover-two").await;
-    cluster.wait_run(run, RUN_TIMEOUT).await.expect("run ends");
-    let instances = cluster.instances(run).await.expect("instances");
+    client.apply(source).await.expect("apply");
+    let run = client
+        .trigger_run("failover-two")
+        .await
+        .expect("trigger")
+        .id;
+    client.wait_run(run).await.expect("run ends");
+    let instances = client.instances(run).await.expect("instances");
     let workers: BTreeSet<String> = instances
         .iter()
         .map(|i| i.attempts[0].worker_id.clone())
@@ -401,7 +397,8 @@ tasks:
 }
 
 async fn task_workflow_and_pool_limits_are_never_exceeded(backend: Backend) {
-    let Some(cluster) = start(backend, &[("w1", 10), ("w2", 10)], &[("etl", 2)]).await else {
+    let Some((cluster, client)) = start(backend, &[("w1", 10), ("w2", 10)], &[("etl", 2)]).await
+    else {
         return;
     };
     let limited = r#"
@@ -438,24 +435,33 @@ tasks:
     command: 'sleep 0.3'
 "#;
     for source in [limited, free, pooled] {
-        cluster.apply(source).await.expect("apply");
+        client.apply(source).await.expect("apply");
     }
     let mut runs = BTreeMap::new();
     for i in 0..6 {
-        runs.insert(trigger(&cluster, "limited").await, "limited");
+        runs.insert(
+            client.trigger_run("limited").await.expect("trigger").id,
+            "limited",
+        );
         if i % 2 == 0 {
-            runs.insert(trigger(&cluster, "free").await, "free");
-            runs.insert(trigger(&cluster, "pooled").await, "pooled");
+            runs.insert(
+                client.trigger_run("free").await.expect("trigger").id,
+                "free",
+            );
+            runs.insert(
+                client.trigger_run("pooled").await.expect("trigger").id,
+                "pooled",
+            );
         }
     }
     let mut by_workflow: BTreeMap<&str, Vec<pb::Instance>> = BTreeMap::new();
     for (run, name) in &runs {
-        let ended = cluster.wait_run(*run, RUN_TIMEOUT).await.expect("run ends");
+        let ended = client.wait_run(*run).await.expect("run ends");
         assert_eq!(ended.state, pb::RunState::Success as i32);
         by_workflow
             .entry(name)
             .or_default()
-            .extend(cluster.instances(*run).await.expect("instances"));
+            .extend(client.instances(*run).await.expect("instances"));
     }
     let span_of = |instances: &[&pb::Instance]| -> Vec<(i64, i64)> {
         let owned: Vec<pb::Instance> = instances.iter().map(|i| (*i).clone()).collect();
@@ -520,7 +526,7 @@ tasks:
 }
 
 async fn waiting_instances_start_highest_priority_first(backend: Backend) {
-    let Some(cluster) = start(backend, &[("w1", 1)], &[]).await else {
+    let Some((cluster, client)) = start(backend, &[("w1", 1)], &[]).await else {
         return;
     };
     let gate = cluster.dir().join("gate");
@@ -528,38 +534,33 @@ async fn waiting_instances_start_highest_priority_first(backend: Backend) {
         "name: blocker\ntasks:\n  - name: block\n    priority: 100\n    command: 'while [ ! -e {} ]; do sleep 0.05; done'\n",
         gate.display()
     );
-    cluster.apply(&blocker).await.expect("apply");
+    client.apply(&blocker).await.expect("apply");
     for (name, priorities) in [("low", [1, 2]), ("high", [9, 7]), ("mid", [5, 3])] {
         let source = format!(
             "name: {name}\ntasks:\n  - name: x\n    priority: {}\n    command: 'true'\n  - name: y\n    priority: {}\n    command: 'true'\n",
             priorities[0], priorities[1]
         );
-        cluster.apply(&source).await.expect("apply");
+        client.apply(&source).await.expect("apply");
     }
-    let block_run = trigger(&cluster, "blocker").await;
+    let block_run = client.trigger_run("blocker").await.expect("trigger").id;
     // Wait until the blocker holds the only slot.
-    let deadline = tokio::time::Instant::now() + RUN_TIMEOUT;
-    loop {
-        let instances = cluster.instances(block_run).await.expect("instances");
-        if instances
-            .first()
-            .is_some_and(|i| state(i) == pb::InstanceState::Running)
-        {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "blocker never ran");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    client
+        .wait_instances(block_run, "the blocker running", |all| {
+            all.first()
+                .is_some_and(|i| state(i) == pb::InstanceState::Running)
+        })
+        .await
+        .expect("the blocker runs");
     // Two runs of each, the lowest priorities triggered first.
     let mut runs = Vec::new();
     for name in ["low", "mid", "high", "low", "mid", "high"] {
-        runs.push(trigger(&cluster, name).await);
+        runs.push(client.trigger_run(name).await.expect("trigger").id);
     }
     std::fs::write(&gate, b"").expect("open the gate");
     let mut started: Vec<(i64, i32, i64)> = Vec::new();
     for run in runs {
-        cluster.wait_run(run, RUN_TIMEOUT).await.expect("run ends");
-        for instance in cluster.instances(run).await.expect("instances") {
+        client.wait_run(run).await.expect("run ends");
+        for instance in client.instances(run).await.expect("instances") {
             started.push((
                 instance.attempts[0].started_at_ms,
                 instance.priority,
@@ -584,7 +585,7 @@ async fn waiting_instances_start_highest_priority_first(backend: Backend) {
 async fn a_task_without_a_worker_for_its_labels_waits_with_one_no_worker_decision(
     backend: Backend,
 ) {
-    let Some(mut cluster) = start(backend, &[("w1", 2)], &[]).await else {
+    let Some((mut cluster, client)) = start(backend, &[("w1", 2)], &[]).await else {
         return;
     };
     let source = r#"
@@ -594,8 +595,8 @@ tasks:
     labels: {gpu: a100}
     command: 'echo trained'
 "#;
-    cluster.apply(source).await.expect("apply");
-    let first = trigger(&cluster, "needs-gpu").await;
+    client.apply(source).await.expect("apply");
+    let first = client.trigger_run("needs-gpu").await.expect("trigger").id;
     let deadline = tokio::time::Instant::now() + RUN_TIMEOUT;
     let wait_for = |count: usize| {
         let cluster = &cluster;
@@ -620,7 +621,7 @@ tasks:
     let found = wait_for(1).await;
     assert_eq!(found[0].detail, "no live worker with labels gpu=a100");
     // Several passes later (a second run got its own decision), still one for the first.
-    let second = trigger(&cluster, "needs-gpu").await;
+    let second = client.trigger_run("needs-gpu").await.expect("trigger").id;
     let found = wait_for(2).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let found_later = wait_for(2).await;
@@ -630,14 +631,7 @@ tasks:
         2,
         "one decision per instance: {found_later:?}"
     );
-    let run = cluster
-        .control()
-        .await
-        .unwrap()
-        .get_run(pb::GetRunRequest { id: first })
-        .await
-        .unwrap()
-        .into_inner();
+    let run = client.get_run(first).await.expect("get run");
     assert_eq!(run.state, pb::RunState::Running as i32);
     // A worker with the label arrives: both runs go.
     cluster.add_worker(ax_integration_tests::WorkerSpec {
@@ -646,9 +640,9 @@ tasks:
         labels: BTreeMap::from([("gpu".to_string(), "a100".to_string())]),
     });
     for run in [first, second] {
-        let ended = cluster.wait_run(run, RUN_TIMEOUT).await.expect("run ends");
+        let ended = client.wait_run(run).await.expect("run ends");
         assert_eq!(ended.state, pb::RunState::Success as i32);
-        let instances = cluster.instances(run).await.expect("instances");
+        let instances = client.instances(run).await.expect("instances");
         assert_eq!(instances[0].attempts[0].worker_id, "gpu1");
     }
     cluster.shutdown().await.expect("shutdown");

@@ -11,12 +11,10 @@ use ax_proto::v1 as pb;
 /// A hang guard for the run, not a timing assertion.
 const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// The layers of the run test. All 100 (10,000 `true` processes through two workers) took
-/// 37–56 s on SQLite and 43 s on MySQL alone on the 2-core development machine in a debug build,
-/// and about 200 s each when the two backends' runs shared the machine as `cargo test` runs
-/// them: too slow for CI. So the run test takes the first 20 layers of the same shape (2,000
-/// tasks, about 5 s); `AX_SCALE_RUN_LAYERS=100` runs the whole 10,000. The apply test always
-/// applies all 10,000 tasks.
+/// The layers of the run test: the first 20 of the same shape (2,000 tasks, a few seconds). All
+/// 100 (10,000 `true` processes through two workers) take minutes in a debug build on a small
+/// machine, more when both backends' runs share it as `cargo test` runs them: too slow for CI.
+/// `AX_SCALE_RUN_LAYERS=100` runs the whole 10,000. The apply test always applies all 10,000.
 const RUN_LAYERS: usize = 20;
 
 fn run_layers() -> usize {
@@ -83,9 +81,10 @@ async fn ten_thousand_tasks_apply_in_one_request(backend: Backend) {
     else {
         return;
     };
+    let client = cluster.client().await.expect("client");
     let source = layered("wide", 100, 100);
     let started = Instant::now();
-    let applied = cluster.apply(&source).await.expect("apply");
+    let applied = client.apply(&source).await.expect("apply");
     eprintln!(
         "{backend:?}: applied 10,000 tasks ({} bytes of YAML) in {:?}",
         source.len(),
@@ -105,7 +104,7 @@ async fn ten_thousand_tasks_apply_in_one_request(backend: Backend) {
 
     // The same file again changes nothing; one more edge makes a new version.
     let started = Instant::now();
-    let again = cluster.apply(&source).await.expect("apply again");
+    let again = client.apply(&source).await.expect("apply again");
     eprintln!(
         "{backend:?}: re-applied the unchanged file in {:?}",
         started.elapsed()
@@ -118,7 +117,7 @@ async fn ten_thousand_tasks_apply_in_one_request(backend: Backend) {
     );
     assert!(changed != source, "the edit found its line");
     let started = Instant::now();
-    let updated = cluster.apply(&changed).await.expect("apply a new version");
+    let updated = client.apply(&changed).await.expect("apply a new version");
     eprintln!("{backend:?}: applied version 2 in {:?}", started.elapsed());
     assert_eq!(updated.outcome, pb::ApplyOutcome::Updated as i32);
     assert_eq!(updated.workflow.expect("workflow").version, 2);
@@ -129,7 +128,7 @@ async fn ten_thousand_tasks_apply_in_one_request(backend: Backend) {
         "  - name: l0_0\n    command: 'true'\n    upstream: [l99_0]\n",
         1,
     );
-    let refused = cluster
+    let refused = client
         .apply(&cyclic.replacen("name: wide", "name: cyclic", 1))
         .await
         .expect_err("a cycle is refused");
@@ -150,25 +149,17 @@ async fn a_wide_layered_run_ends_with_every_instance_success(backend: Backend) {
     else {
         return;
     };
-    cluster
-        .wait_for_workers(2, Duration::from_secs(20))
-        .await
-        .expect("workers connect");
+    let client = cluster.client().await.expect("client");
     let layers = run_layers();
     let tasks = layers * 100;
-    cluster
+    client
         .apply(&layered("wide-run", layers, 100))
         .await
         .expect("apply");
     let started = Instant::now();
-    let run = cluster
-        .trigger("wide-run", &[], "")
-        .await
-        .expect("trigger")
-        .run
-        .expect("run");
-    let ended = cluster
-        .wait_run(run.id, RUN_TIMEOUT)
+    let run = client.trigger_run("wide-run").await.expect("trigger");
+    let ended = client
+        .wait_run_within(run.id, RUN_TIMEOUT)
         .await
         .expect("run ends");
     eprintln!(
@@ -180,12 +171,10 @@ async fn a_wide_layered_run_ends_with_every_instance_success(backend: Backend) {
     assert_eq!(counts.success as usize, tasks, "{counts:?}");
     assert_eq!(counts.not_created, 0, "{counts:?}");
 
-    let mut control = cluster.control().await.expect("control");
-    let instances = control
-        .list_instances(pb::ListInstancesRequest { run_id: run.id })
+    let instances = client
+        .list_instances(run.id)
         .await
         .expect("instances")
-        .into_inner()
         .instances;
     assert_eq!(instances.len(), tasks);
     for instance in &instances {
@@ -218,10 +207,11 @@ async fn a_workflow_file_at_the_size_limit_applies_and_one_byte_more_is_refused(
     else {
         return;
     };
+    let client = cluster.client().await.expect("client");
     // At the limit: the request is larger than tonic's default 4 MiB, and so is the answer
     // (the source and 10,000 tasks); both must pass.
     let source = padded(&layered("big", 100, 100), MAX_SOURCE_BYTES);
-    let applied = cluster.apply(&source).await.expect("apply at the limit");
+    let applied = client.apply(&source).await.expect("apply at the limit");
     assert_eq!(applied.outcome, pb::ApplyOutcome::Created as i32);
     let workflow = applied.workflow.expect("workflow");
     assert_eq!(workflow.tasks.len(), 10_000);
@@ -229,7 +219,7 @@ async fn a_workflow_file_at_the_size_limit_applies_and_one_byte_more_is_refused(
 
     // One byte more is refused by the API's own check, naming the file and the limit.
     let over = padded(&layered("too-big", 100, 100), MAX_SOURCE_BYTES + 1);
-    let status = cluster
+    let status = client
         .apply(&over)
         .await
         .expect_err("over the limit")
@@ -244,8 +234,8 @@ async fn a_workflow_file_at_the_size_limit_applies_and_one_byte_more_is_refused(
         "{}",
         status.message()
     );
-    let mut control = cluster.control().await.expect("control");
-    let names: Vec<String> = control
+    let names: Vec<String> = client
+        .control()
         .list_workflows(pb::ListWorkflowsRequest::default())
         .await
         .expect("list")

@@ -6,12 +6,9 @@
 use std::time::Duration;
 
 use ax_core::decision::DecisionKind;
-use ax_integration_tests::{Backend, Cluster};
+use ax_integration_tests::{Backend, Cluster, TestClient};
 use ax_proto::v1 as pb;
 use ax_store::DecisionRecord;
-
-/// A hang guard, not a timing assertion.
-const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 
 ax_integration_tests::on_every_backend!(
     overlap_allow_runs_fires_side_by_side,
@@ -24,18 +21,15 @@ ax_integration_tests::on_every_backend!(
     keyed_runs_with_the_same_key_never_overlap,
 );
 
-async fn cluster(backend: Backend, capacity: u32) -> Option<Cluster> {
+async fn cluster(backend: Backend, capacity: u32) -> Option<(Cluster, TestClient)> {
     let cluster = Cluster::builder(backend)
         .redis()
         .worker("w1", capacity)
         .start()
         .await
         .expect("cluster starts")?;
-    cluster
-        .wait_for_workers(1, Duration::from_secs(20))
-        .await
-        .expect("workers connect");
-    Some(cluster)
+    let client = cluster.client().await.expect("client");
+    Some((cluster, client))
 }
 
 fn now_ms() -> i64 {
@@ -53,79 +47,24 @@ async fn mid_second() {
     tokio::time::sleep(Duration::from_millis(wait as u64)).await;
 }
 
-async fn runs(cluster: &Cluster, workflow: &str) -> Vec<pb::Run> {
-    let mut runs = cluster
-        .control()
-        .await
-        .expect("control")
-        .list_runs(pb::ListRunsRequest {
-            workflow: workflow.into(),
-            limit: 1_000,
-            state: 0,
-        })
-        .await
-        .expect("list runs")
-        .into_inner()
-        .runs;
+/// The workflow's runs by logical time.
+async fn runs(client: &TestClient, workflow: &str) -> Vec<pb::Run> {
+    let mut runs = client.runs(workflow).await.expect("list runs");
     runs.sort_by_key(|run| (run.logical_time_ms, run.id));
     runs
 }
 
-async fn pause(cluster: &Cluster, workflow: &str) {
-    cluster
-        .control()
-        .await
-        .expect("control")
-        .pause_workflow(pb::PauseWorkflowRequest {
-            name: workflow.into(),
-            actor: "tester".into(),
-        })
-        .await
-        .expect("pause");
-}
-
-async fn resume(cluster: &Cluster, workflow: &str) {
-    cluster
-        .control()
-        .await
-        .expect("control")
-        .resume_workflow(pb::ResumeWorkflowRequest {
-            name: workflow.into(),
-            actor: "tester".into(),
-        })
-        .await
-        .expect("resume");
-}
-
-async fn cancel(cluster: &Cluster, run: i64) -> pb::Run {
-    cluster
-        .control()
-        .await
-        .expect("control")
-        .cancel_run(pb::CancelRunRequest {
-            id: run,
-            actor: "tester".into(),
-            reason: "test over".into(),
-        })
-        .await
-        .expect("cancel")
-        .into_inner()
-}
-
 /// Waits until every run of the workflow has ended.
-async fn wait_all(cluster: &Cluster, workflow: &str) -> Vec<pb::Run> {
-    for run in runs(cluster, workflow).await {
-        cluster
-            .wait_run(run.id, RUN_TIMEOUT)
-            .await
-            .expect("run ends");
+async fn wait_all(client: &TestClient, workflow: &str) -> Vec<pb::Run> {
+    for run in runs(client, workflow).await {
+        client.wait_run(run.id).await.expect("run ends");
     }
-    runs(cluster, workflow).await
+    runs(client, workflow).await
 }
 
 /// When the run's only task ran: (started, finished); `None` when it never started.
-async fn interval(cluster: &Cluster, run: i64) -> Option<(i64, i64)> {
-    let instances = cluster.instances(run).await.expect("instances");
+async fn interval(client: &TestClient, run: i64) -> Option<(i64, i64)> {
+    let instances = client.instances(run).await.expect("instances");
     let instance = instances.first()?;
     (instance.started_at_ms > 0).then(|| {
         let end = if instance.finished_at_ms > 0 {
@@ -173,22 +112,22 @@ tasks:
 }
 
 async fn overlap_allow_runs_fires_side_by_side(backend: Backend) {
-    let Some(cluster) = cluster(backend, 8).await else {
+    let Some((cluster, client)) = cluster(backend, 8).await else {
         return;
     };
-    cluster
+    client
         .apply(&every_two_seconds("ov-allow", "allow", "sleep 3"))
         .await
         .expect("apply");
     tokio::time::sleep(Duration::from_millis(6_500)).await;
-    pause(&cluster, "ov-allow").await;
-    let runs = wait_all(&cluster, "ov-allow").await;
+    client.pause("ov-allow").await.expect("pause");
+    let runs = wait_all(&client, "ov-allow").await;
     assert!(runs.len() >= 3, "{} fires in 6.5 s", runs.len());
     let mut side_by_side = false;
     for pair in runs.windows(2) {
         assert_eq!(pair[1].logical_time_ms - pair[0].logical_time_ms, 2_000);
-        let a = interval(&cluster, pair[0].id).await.expect("ran");
-        let b = interval(&cluster, pair[1].id).await.expect("ran");
+        let a = interval(&client, pair[0].id).await.expect("ran");
+        let b = interval(&client, pair[1].id).await.expect("ran");
         side_by_side |= overlaps(a, b);
     }
     assert!(side_by_side, "allow: a 3 s task fired every 2 s overlaps");
@@ -199,24 +138,24 @@ async fn overlap_allow_runs_fires_side_by_side(backend: Backend) {
 }
 
 async fn overlap_skip_drops_fires_while_a_run_is_active(backend: Backend) {
-    let Some(cluster) = cluster(backend, 8).await else {
+    let Some((cluster, client)) = cluster(backend, 8).await else {
         return;
     };
-    cluster
+    client
         .apply(&every_two_seconds("ov-skip", "skip", "sleep 3"))
         .await
         .expect("apply");
     tokio::time::sleep(Duration::from_millis(8_500)).await;
-    pause(&cluster, "ov-skip").await;
-    let runs = wait_all(&cluster, "ov-skip").await;
+    client.pause("ov-skip").await.expect("pause");
+    let runs = wait_all(&client, "ov-skip").await;
     assert!(runs.len() >= 2, "{} fires in 8.5 s", runs.len());
     for pair in runs.windows(2) {
         assert!(
             pair[1].logical_time_ms - pair[0].logical_time_ms >= 4_000,
             "the slot after a fire is skipped while its 3 s run is active"
         );
-        let a = interval(&cluster, pair[0].id).await.expect("ran");
-        let b = interval(&cluster, pair[1].id).await.expect("ran");
+        let a = interval(&client, pair[0].id).await.expect("ran");
+        let b = interval(&client, pair[1].id).await.expect("ran");
         assert!(!overlaps(a, b), "skip: runs never overlap");
     }
     let decisions = decisions(&cluster, "ov-skip").await;
@@ -226,17 +165,17 @@ async fn overlap_skip_drops_fires_while_a_run_is_active(backend: Backend) {
 }
 
 async fn overlap_queue_runs_every_fire_one_after_another(backend: Backend) {
-    let Some(cluster) = cluster(backend, 8).await else {
+    let Some((cluster, client)) = cluster(backend, 8).await else {
         return;
     };
-    cluster
+    client
         .apply(&every_two_seconds("ov-queue", "queue", "sleep 2.5"))
         .await
         .expect("apply");
     let deadline = tokio::time::Instant::now() + Duration::from_millis(7_500);
     let mut seen_queued = false;
     while tokio::time::Instant::now() < deadline {
-        let now = runs(&cluster, "ov-queue").await;
+        let now = runs(&client, "ov-queue").await;
         seen_queued |= now.iter().any(|r| r.state == pb::RunState::Queued as i32);
         let active = now
             .iter()
@@ -245,9 +184,9 @@ async fn overlap_queue_runs_every_fire_one_after_another(backend: Backend) {
         assert!(active <= 1, "queue: one active run at a time");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    pause(&cluster, "ov-queue").await;
+    client.pause("ov-queue").await.expect("pause");
     assert!(seen_queued, "a fire while a run was active was queued");
-    let all = runs(&cluster, "ov-queue").await;
+    let all = runs(&client, "ov-queue").await;
     assert!(all.len() >= 3, "{} fires in 7.5 s", all.len());
     for pair in all.windows(2) {
         assert_eq!(
@@ -260,18 +199,21 @@ async fn overlap_queue_runs_every_fire_one_after_another(backend: Backend) {
     let mut cancelled_queued = 0;
     for run in &all {
         if run.state == pb::RunState::Queued as i32 {
-            let ended = cancel(&cluster, run.id).await;
+            let ended = client
+                .cancel_run(run.id, "test over")
+                .await
+                .expect("cancel");
             if ended.state == pb::RunState::Cancelled as i32
-                && interval(&cluster, run.id).await.is_none()
+                && interval(&client, run.id).await.is_none()
             {
                 cancelled_queued += 1;
             }
         }
     }
-    let all = wait_all(&cluster, "ov-queue").await;
+    let all = wait_all(&client, "ov-queue").await;
     let mut ran = Vec::new();
     for run in &all {
-        if let Some(span) = interval(&cluster, run.id).await {
+        if let Some(span) = interval(&client, run.id).await {
             ran.push(span);
         }
     }
@@ -287,16 +229,16 @@ async fn overlap_queue_runs_every_fire_one_after_another(backend: Backend) {
 }
 
 async fn overlap_replace_cancels_the_active_run(backend: Backend) {
-    let Some(cluster) = cluster(backend, 8).await else {
+    let Some((cluster, client)) = cluster(backend, 8).await else {
         return;
     };
-    cluster
+    client
         .apply(&every_two_seconds("ov-replace", "replace", "sleep 30"))
         .await
         .expect("apply");
     let deadline = tokio::time::Instant::now() + Duration::from_millis(5_500);
     while tokio::time::Instant::now() < deadline {
-        let active = runs(&cluster, "ov-replace")
+        let active = runs(&client, "ov-replace")
             .await
             .iter()
             .filter(|r| r.state == pb::RunState::Running as i32)
@@ -304,25 +246,28 @@ async fn overlap_replace_cancels_the_active_run(backend: Backend) {
         assert!(active <= 1, "replace: one active run at a time");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    pause(&cluster, "ov-replace").await;
-    let all = runs(&cluster, "ov-replace").await;
+    client.pause("ov-replace").await.expect("pause");
+    let all = runs(&client, "ov-replace").await;
     assert!(all.len() >= 2, "{} fires in 5.5 s", all.len());
     let (last, earlier) = all.split_last().expect("runs");
     for run in earlier {
-        let ended = cluster.wait_run(run.id, RUN_TIMEOUT).await.expect("ends");
+        let ended = client.wait_run(run.id).await.expect("ends");
         assert_eq!(ended.state, pb::RunState::Cancelled as i32, "replaced");
-        let instance = &cluster.instances(run.id).await.expect("instances")[0];
+        let instance = &client.instances(run.id).await.expect("instances")[0];
         assert_eq!(instance.state, pb::InstanceState::Cancelled as i32);
     }
     assert_eq!(last.state, pb::RunState::Running as i32);
     let decisions = decisions(&cluster, "ov-replace").await;
     assert_eq!(count(&decisions, DecisionKind::Replaced), earlier.len());
-    cancel(&cluster, last.id).await;
+    client
+        .cancel_run(last.id, "test over")
+        .await
+        .expect("cancel");
     cluster.shutdown().await.expect("shutdown");
 }
 
 async fn misfire_policies_apply_to_the_slots_missed_while_paused(backend: Backend) {
-    let Some(cluster) = cluster(backend, 20).await else {
+    let Some((cluster, client)) = cluster(backend, 20).await else {
         return;
     };
     let names = ["mf-skip", "mf-once", "mf-catch"];
@@ -335,13 +280,13 @@ async fn misfire_policies_apply_to_the_slots_missed_while_paused(backend: Backen
         let source = format!(
             "name: {name}\nschedule:\n  cron: \"* * * * * *\"\n  {policy}\ntasks:\n  - name: t\n    command: \"true\"\n"
         );
-        cluster.apply(&source).await.expect("apply");
+        client.apply(&source).await.expect("apply");
     }
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     mid_second().await;
     let mut paused_at = Vec::new();
     for name in names {
-        pause(&cluster, name).await;
+        client.pause(name).await.expect("pause");
         paused_at.push(now_ms());
     }
     tokio::time::sleep(Duration::from_millis(4_000)).await;
@@ -349,16 +294,16 @@ async fn misfire_policies_apply_to_the_slots_missed_while_paused(backend: Backen
     let mut resumed_at = Vec::new();
     for name in names {
         resumed_at.push(now_ms());
-        resume(&cluster, name).await;
+        client.resume(name).await.expect("resume");
     }
     // Long enough for the cron loop to fire the kept slots (it is woken by the resume).
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     for name in names {
-        pause(&cluster, name).await;
+        client.pause(name).await.expect("pause");
     }
     let expected = [0usize, 1, 2];
     for (i, name) in names.iter().enumerate() {
-        let all = wait_all(&cluster, name).await;
+        let all = wait_all(&client, name).await;
         let paused_slots: Vec<i64> = all
             .iter()
             .map(|r| r.logical_time_ms)
@@ -414,10 +359,10 @@ const SPRING_0500Z: i64 = 1_772_946_000_000;
 const HOUR: i64 = 3_600_000;
 
 async fn backfill_creates_one_run_per_slot_in_order_and_never_doubles(backend: Backend) {
-    let Some(cluster) = cluster(backend, 8).await else {
+    let Some((cluster, client)) = cluster(backend, 8).await else {
         return;
     };
-    cluster.apply(HOURLY_NY).await.expect("apply");
+    client.apply(HOURLY_NY).await.expect("apply");
     // 00:00 .. 04:00 New York time across spring forward: 02:00 does not exist and collapses
     // with 03:00 EDT into one slot at 07:00Z.
     let dry = axctl_ok(
@@ -436,7 +381,7 @@ async fn backfill_creates_one_run_per_slot_in_order_and_never_doubles(backend: B
     );
     assert_eq!(dry["slots"].as_array().map(Vec::len), Some(4), "{dry}");
     assert!(
-        runs(&cluster, "bf").await.is_empty(),
+        runs(&client, "bf").await.is_empty(),
         "a dry run creates nothing"
     );
     let first = axctl_ok(
@@ -454,10 +399,8 @@ async fn backfill_creates_one_run_per_slot_in_order_and_never_doubles(backend: B
     );
     assert_eq!(first["created"], 4, "{first}");
     // An overlapping range: the two slots that have runs are not doubled.
-    let response = cluster
+    let response = client
         .control()
-        .await
-        .expect("control")
         .backfill_workflow(pb::BackfillWorkflowRequest {
             name: "bf".into(),
             from_ms: SPRING_0500Z + 2 * HOUR,
@@ -470,7 +413,7 @@ async fn backfill_creates_one_run_per_slot_in_order_and_never_doubles(backend: B
         .expect("backfill")
         .into_inner();
     assert_eq!((response.created, response.existing), (2, 2));
-    let all = wait_all(&cluster, "bf").await;
+    let all = wait_all(&client, "bf").await;
     let logical: Vec<i64> = all.iter().map(|r| r.logical_time_ms).collect();
     let want: Vec<i64> = (0..6).map(|h| SPRING_0500Z + h * HOUR).collect();
     assert_eq!(logical, want);
@@ -479,7 +422,7 @@ async fn backfill_creates_one_run_per_slot_in_order_and_never_doubles(backend: B
     for run in &all {
         assert_eq!(run.state, pb::RunState::Success as i32);
         assert_eq!(run.trigger, pb::TriggerKind::Backfill as i32);
-        let span = interval(&cluster, run.id).await.expect("ran");
+        let span = interval(&client, run.id).await.expect("ran");
         if let Some(previous) = previous {
             assert!(
                 span.0 >= previous.1,
@@ -500,11 +443,11 @@ async fn backfill_creates_one_run_per_slot_in_order_and_never_doubles(backend: B
 }
 
 async fn backfill_refusals_create_nothing(backend: Backend) {
-    let Some(cluster) = cluster(backend, 4).await else {
+    let Some((cluster, client)) = cluster(backend, 4).await else {
         return;
     };
-    cluster.apply(HOURLY_NY).await.expect("apply");
-    cluster
+    client.apply(HOURLY_NY).await.expect("apply");
+    client
         .apply("name: manual\ntasks:\n  - name: t\n    command: \"true\"\n")
         .await
         .expect("apply");
@@ -573,13 +516,13 @@ async fn backfill_refusals_create_nothing(backend: Backend) {
         ],
     );
     assert_eq!(code, 3, "unknown: {err}");
-    assert!(runs(&cluster, "bf").await.is_empty());
-    assert!(runs(&cluster, "manual").await.is_empty());
+    assert!(runs(&client, "bf").await.is_empty());
+    assert!(runs(&client, "manual").await.is_empty());
     cluster.shutdown().await.expect("shutdown");
 }
 
 async fn keyed_runs_with_the_same_key_never_overlap(backend: Backend) {
-    let Some(cluster) = cluster(backend, 8).await else {
+    let Some((cluster, client)) = cluster(backend, 8).await else {
         return;
     };
     let source = r#"
@@ -591,11 +534,11 @@ tasks:
   - name: t
     command: sleep 1
 "#;
-    cluster.apply(source).await.expect("apply");
+    client.apply(source).await.expect("apply");
     let trigger = |customer: &'static str| {
-        let cluster = &cluster;
+        let client = &client;
         async move {
-            cluster
+            client
                 .trigger("keyed", &[("customer", customer)], "")
                 .await
                 .expect("trigger")
@@ -605,7 +548,7 @@ tasks:
     };
     // Without the param the key names, a trigger is refused and creates nothing (it would
     // silently share the key "" with every other such run).
-    let err = cluster
+    let err = client
         .trigger("keyed", &[("other", "x")], "")
         .await
         .expect_err("a trigger without the key's param is refused");
@@ -618,7 +561,7 @@ tasks:
             && status.message().contains("\"${customer}\""),
         "{status:?}"
     );
-    assert!(runs(&cluster, "keyed").await.is_empty());
+    assert!(runs(&client, "keyed").await.is_empty());
     let acme1 = trigger("acme").await;
     let acme2 = trigger("acme").await;
     let bolt = trigger("bolt").await;
@@ -626,12 +569,12 @@ tasks:
     assert_eq!(acme2.state, pb::RunState::Queued as i32);
     assert_eq!(bolt.state, pb::RunState::Running as i32);
     for run in [&acme1, &acme2, &bolt] {
-        let ended = cluster.wait_run(run.id, RUN_TIMEOUT).await.expect("ends");
+        let ended = client.wait_run(run.id).await.expect("ends");
         assert_eq!(ended.state, pb::RunState::Success as i32);
     }
-    let a1 = interval(&cluster, acme1.id).await.expect("ran");
-    let a2 = interval(&cluster, acme2.id).await.expect("ran");
-    let b = interval(&cluster, bolt.id).await.expect("ran");
+    let a1 = interval(&client, acme1.id).await.expect("ran");
+    let a2 = interval(&client, acme2.id).await.expect("ran");
+    let b = interval(&client, bolt.id).await.expect("ran");
     assert!(!overlaps(a1, a2), "same key: {a1:?} {a2:?}");
     assert!(
         overlaps(a1, b),

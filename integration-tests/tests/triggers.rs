@@ -5,7 +5,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use ax_integration_tests::{Backend, Cluster};
+use ax_integration_tests::{Backend, Cluster, TestClient};
 use ax_proto::v1 as pb;
 
 /// A hang guard, not a timing assertion.
@@ -22,18 +22,15 @@ ax_integration_tests::on_every_backend!(
     bad_params_are_refused_with_their_name_and_create_nothing,
 );
 
-async fn cluster(backend: Backend) -> Option<Cluster> {
+async fn cluster(backend: Backend) -> Option<(Cluster, TestClient)> {
     let cluster = Cluster::builder(backend)
         .redis()
         .worker("w1", 4)
         .start()
         .await
         .expect("cluster starts")?;
-    cluster
-        .wait_for_workers(1, Duration::from_secs(20))
-        .await
-        .expect("workers connect");
-    Some(cluster)
+    let client = cluster.client().await.expect("client");
+    Some((cluster, client))
 }
 
 /// Runs axctl on a blocking thread (the scheduler it talks to lives in this runtime).
@@ -78,22 +75,6 @@ async fn trigger_ok(cluster: &Cluster, args: &[&str]) -> (i64, String) {
     (id, text(&out.stderr))
 }
 
-async fn runs_of(cluster: &Cluster, workflow: &str) -> Vec<pb::Run> {
-    cluster
-        .control()
-        .await
-        .expect("control")
-        .list_runs(pb::ListRunsRequest {
-            workflow: workflow.into(),
-            limit: 100,
-            state: 0,
-        })
-        .await
-        .expect("runs")
-        .into_inner()
-        .runs
-}
-
 fn rfc3339(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms)
         .expect("a valid time")
@@ -104,7 +85,7 @@ fn rfc3339(ms: i64) -> String {
 const SHOW: &str = r#"echo "city=$AX_PARAM_CITY note=$AX_PARAM_note run=$AX_RUN_ID instance=$AX_INSTANCE_ID attempt=$AX_ATTEMPT time=$AX_LOGICAL_TIME""#;
 
 async fn every_task_sees_the_params_and_its_run_through_axctl(backend: Backend) {
-    let Some(cluster) = cluster(backend).await else {
+    let Some((cluster, client)) = cluster(backend).await else {
         return;
     };
     // `second` fails its first attempt on purpose, so AX_ATTEMPT is seen to change.
@@ -121,7 +102,7 @@ tasks:
 ",
         show = SHOW.replace('\'', "''")
     );
-    cluster.apply(&source).await.expect("apply");
+    client.apply(&source).await.expect("apply");
     // A value with spaces, quotes and a `$`: passed as data, never expanded again.
     let note = r#"a b "q" $HOME"#;
     let note_arg = format!("note={note}");
@@ -139,18 +120,18 @@ tasks:
     )
     .await;
     assert!(stderr.contains("created"), "{stderr}");
-    let run = cluster.wait_run(id, RUN_TIMEOUT).await.expect("run ends");
+    let run = client.wait_run(id).await.expect("run ends");
     assert_eq!(run.state, pb::RunState::Success as i32, "{run:?}");
     assert_eq!(run.idempotency_key, "order-1");
     assert_eq!(run.params.get("CITY").map(String::as_str), Some("Lyon"));
     assert_eq!(run.params.get("note").map(String::as_str), Some(note));
 
-    let instances = cluster.instances(id).await.expect("instances");
+    let instances = client.instances(id).await.expect("instances");
     assert_eq!(instances.len(), 2);
     for instance in &instances {
         let attempt = if instance.task == "second" { 2 } else { 1 };
         assert_eq!(instance.attempt, attempt, "{}", instance.task);
-        let lines = cluster.logs(instance.id).await.expect("logs");
+        let lines = client.logs(instance.id).await.expect("logs");
         let lines: Vec<&str> = lines.iter().map(|l| l.text.as_str()).collect();
         let expected = format!(
             "city=Lyon note={note} run={id} instance={} attempt={attempt} time={}",
@@ -163,10 +144,10 @@ tasks:
 }
 
 async fn a_repeated_idempotency_key_returns_the_existing_run_through_axctl(backend: Backend) {
-    let Some(cluster) = cluster(backend).await else {
+    let Some((cluster, client)) = cluster(backend).await else {
         return;
     };
-    cluster
+    client
         .apply("name: keyed\ntasks:\n  - name: a\n    command: 'echo $AX_PARAM_N'\n")
         .await
         .expect("apply");
@@ -188,10 +169,7 @@ async fn a_repeated_idempotency_key_returns_the_existing_run_through_axctl(backe
         stderr.contains("already existed") && stderr.contains("order-42"),
         "{stderr}"
     );
-    let ended = cluster
-        .wait_run(first, RUN_TIMEOUT)
-        .await
-        .expect("run ends");
+    let ended = client.wait_run(first).await.expect("run ends");
     assert_eq!(ended.state, pb::RunState::Success as i32);
 
     // After the run ended, and with other params: still that run; the key decides, and the
@@ -214,29 +192,26 @@ async fn a_repeated_idempotency_key_returns_the_existing_run_through_axctl(backe
     let view: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json on stdout");
     assert_eq!(view["created"], false, "{view}");
     assert_eq!(view["run"]["id"], first, "{view}");
-    let runs = runs_of(&cluster, "keyed").await;
+    let runs = client.runs("keyed").await.expect("runs");
     assert_eq!(runs.len(), 1, "nothing new was created: {runs:?}");
     assert_eq!(runs[0].params.get("N").map(String::as_str), Some("1"));
-    let instances = cluster.instances(first).await.expect("instances");
+    let instances = client.instances(first).await.expect("instances");
     assert_eq!(instances.len(), 1);
     assert_eq!(instances[0].attempts.len(), 1, "the task ran once");
 
     // Another key is another run.
     let (other, _) = trigger_ok(&cluster, &["keyed", "--idempotency-key", "order-43"]).await;
     assert_ne!(other, first);
-    assert_eq!(runs_of(&cluster, "keyed").await.len(), 2);
-    cluster
-        .wait_run(other, RUN_TIMEOUT)
-        .await
-        .expect("run ends");
+    assert_eq!(client.runs("keyed").await.expect("runs").len(), 2);
+    client.wait_run(other).await.expect("run ends");
     cluster.shutdown().await.expect("shutdown");
 }
 
 async fn bad_params_are_refused_with_their_name_and_create_nothing(backend: Backend) {
-    let Some(cluster) = cluster(backend).await else {
+    let Some((cluster, client)) = cluster(backend).await else {
         return;
     };
-    cluster
+    client
         .apply("name: strict\ntasks:\n  - name: a\n    command: 'true'\n")
         .await
         .expect("apply");
@@ -256,10 +231,8 @@ async fn bad_params_are_refused_with_their_name_and_create_nothing(backend: Back
         assert!(out.stdout.is_empty());
     }
     // The server refuses it too, for clients other than axctl.
-    let status = cluster
+    let status = client
         .control()
-        .await
-        .expect("control")
         .trigger_workflow(pb::TriggerWorkflowRequest {
             name: "strict".into(),
             params: [("bad-name".to_string(), "x".to_string())].into(),
@@ -325,14 +298,14 @@ async fn bad_params_are_refused_with_their_name_and_create_nothing(backend: Back
         assert!(out.stdout.is_empty());
     }
     assert!(
-        runs_of(&cluster, "strict").await.is_empty(),
+        client.runs("strict").await.expect("runs").is_empty(),
         "no refused trigger created a run"
     );
 
     // At the limits: accepted.
     let at_limit = format!("BIG={}", "v".repeat(64 * 1024));
     let (id, _) = trigger_ok(&cluster, &["strict", "--param", &at_limit]).await;
-    let run = cluster.wait_run(id, RUN_TIMEOUT).await.expect("run ends");
+    let run = client.wait_run(id).await.expect("run ends");
     assert_eq!(run.state, pb::RunState::Success as i32, "{run:?}");
     cluster.shutdown().await.expect("shutdown");
 }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ax_integration_tests::{Backend, Cluster, WorkerSpec};
+use ax_integration_tests::{Backend, Cluster, TestClient, WorkerSpec};
 use ax_proto::v1 as pb;
 
 /// A hang guard, not a timing assertion.
@@ -22,22 +22,19 @@ ax_integration_tests::on_every_backend!(
 );
 
 /// One worker `w1` with the label `zone=a`.
-async fn cluster(backend: Backend) -> Option<Cluster> {
-    let mut cluster = Cluster::builder(backend)
+async fn cluster(backend: Backend) -> Option<(Cluster, TestClient)> {
+    let cluster = Cluster::builder(backend)
         .redis()
+        .labelled_worker(WorkerSpec {
+            id: "w1".into(),
+            capacity: 8,
+            labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
+        })
         .start()
         .await
         .expect("cluster starts")?;
-    cluster.add_worker(WorkerSpec {
-        id: "w1".into(),
-        capacity: 8,
-        labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
-    });
-    cluster
-        .wait_for_workers(1, Duration::from_secs(20))
-        .await
-        .expect("worker connects");
-    Some(cluster)
+    let client = cluster.client().await.expect("client");
+    Some((cluster, client))
 }
 
 struct Ctl {
@@ -95,31 +92,23 @@ async fn trigger(cluster: &Cluster, name: &str) -> i64 {
         .unwrap_or_else(|_| panic!("run id: {text:?}"))
 }
 
-/// Polls the run's instances until `done` holds (or fails after [`TIMEOUT`]).
+/// Polls the run's instances, by task, until `done` holds.
 async fn wait_instances(
-    cluster: &Cluster,
+    client: &TestClient,
     run: i64,
     what: &str,
     done: impl Fn(&BTreeMap<String, pb::Instance>) -> bool,
 ) -> BTreeMap<String, pb::Instance> {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let instances: BTreeMap<String, pb::Instance> = cluster
-            .instances(run)
-            .await
-            .expect("instances")
-            .into_iter()
-            .map(|instance| (instance.task.clone(), instance))
-            .collect();
-        if done(&instances) {
-            return instances;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "run {run}: {what} not reached: {instances:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let by_task = |all: &[pb::Instance]| -> BTreeMap<String, pb::Instance> {
+        all.iter()
+            .map(|instance| (instance.task.clone(), instance.clone()))
+            .collect()
+    };
+    let all = client
+        .wait_instances(run, what, |all| done(&by_task(all)))
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}"));
+    by_task(&all)
 }
 
 fn state(instance: Option<&pb::Instance>) -> Option<pb::InstanceState> {
@@ -188,7 +177,7 @@ tasks:
 "#;
 
 async fn dag_prints_every_format_and_colours_a_run_by_state(backend: Backend) {
-    let Some(cluster) = cluster(backend).await else {
+    let Some((cluster, client)) = cluster(backend).await else {
         return;
     };
     apply(&cluster, "shapes", SHAPES).await;
@@ -209,7 +198,7 @@ async fn dag_prints_every_format_and_colours_a_run_by_state(backend: Backend) {
     );
 
     let run = trigger(&cluster, "shapes").await;
-    let ended = cluster.wait_run(run, TIMEOUT).await.expect("run ends");
+    let ended = client.wait_run(run).await.expect("run ends");
     assert_eq!(ended.state, pb::RunState::Failed as i32, "{ended:?}");
     let run_arg = run.to_string();
     for (format, ext) in formats {
@@ -225,10 +214,8 @@ async fn dag_prints_every_format_and_colours_a_run_by_state(backend: Backend) {
     assert_eq!(exported["run_id"], run);
 
     // The same graph over the API, for the web UI.
-    let dag = cluster
+    let dag = client
         .control()
-        .await
-        .expect("control")
         .get_dag(pb::GetDagRequest {
             workflow: "shapes".into(),
             version: 0,
@@ -277,7 +264,7 @@ async fn dag_prints_every_format_and_colours_a_run_by_state(backend: Backend) {
 }
 
 async fn why_before_the_first_slot_and_after_a_fired_run_of_a_paused_workflow(backend: Backend) {
-    let Some(cluster) = cluster(backend).await else {
+    let Some((cluster, client)) = cluster(backend).await else {
         return;
     };
     // Not yet time: a yearly schedule with no run.
@@ -306,7 +293,7 @@ async fn why_before_the_first_slot_and_after_a_fired_run_of_a_paused_workflow(ba
         "name: ticker\nschedule:\n  cron: \"* * * * * *\"\ntasks:\n  - name: one\n    command: \"true\"\n  - name: two\n    command: \"true\"\n    upstream: [one]\n",
     )
     .await;
-    let mut control = cluster.control().await.expect("control");
+    let mut control = client.control();
     let deadline = tokio::time::Instant::now() + TIMEOUT;
     let succeeded = loop {
         let runs = control
@@ -375,7 +362,7 @@ fn rfc3339(ms: i64) -> String {
 }
 
 async fn why_names_the_upstream_a_task_waits_on_and_the_labels_no_worker_has(backend: Backend) {
-    let Some(cluster) = cluster(backend).await else {
+    let Some((cluster, client)) = cluster(backend).await else {
         return;
     };
     apply(
@@ -395,7 +382,7 @@ tasks:
     )
     .await;
     let run = trigger(&cluster, "blocked").await;
-    wait_instances(&cluster, run, "slow running", |i| {
+    wait_instances(&client, run, "slow running", |i| {
         state(i.get("slow")) == Some(pb::InstanceState::Running)
     })
     .await;
@@ -461,7 +448,7 @@ tasks:
 }
 
 async fn why_shows_a_decision_recorded_in_the_store(backend: Backend) {
-    let Some(cluster) = cluster(backend).await else {
+    let Some((cluster, _client)) = cluster(backend).await else {
         return;
     };
     apply(
@@ -553,7 +540,7 @@ async fn wait_why(
 /// instance held back by a task limit, a run queued behind max_active_runs, cron slots dropped
 /// by the overlap policy `skip`.
 async fn why_explains_real_throttling_queueing_and_overlap_skips(backend: Backend) {
-    let Some(cluster) = cluster(backend).await else {
+    let Some((cluster, client)) = cluster(backend).await else {
         return;
     };
     // A task limit of 1: the second run's instance waits for the first.
@@ -564,7 +551,7 @@ async fn why_explains_real_throttling_queueing_and_overlap_skips(backend: Backen
     )
     .await;
     let first = trigger(&cluster, "limited").await;
-    wait_instances(&cluster, first, "work running", |i| {
+    wait_instances(&client, first, "work running", |i| {
         state(i.get("work")) == Some(pb::InstanceState::Running)
     })
     .await;
@@ -589,7 +576,7 @@ async fn why_explains_real_throttling_queueing_and_overlap_skips(backend: Backen
     )
     .await;
     let active = trigger(&cluster, "serial").await;
-    wait_instances(&cluster, active, "step running", |i| {
+    wait_instances(&client, active, "step running", |i| {
         state(i.get("step")) == Some(pb::InstanceState::Running)
     })
     .await;
@@ -629,24 +616,13 @@ async fn why_explains_real_throttling_queueing_and_overlap_skips(backend: Backen
     let text = ok(&cluster, &["why", "ticker"]).await;
     assert!(text.contains("skipped_overlap"), "{text}\n{why}");
     ok(&cluster, &["pause", "ticker"]).await;
-    let runs = cluster
-        .control()
-        .await
-        .expect("control client")
-        .list_runs(pb::ListRunsRequest {
-            workflow: "ticker".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("list runs")
-        .into_inner()
-        .runs;
+    let runs = client.runs("ticker").await.expect("list runs");
     assert_eq!(runs.len(), 1, "overlap skip keeps one run: {runs:?}");
     cluster.shutdown().await.expect("shutdown");
 }
 
 async fn audit_lists_every_mutating_call_with_actor_and_address(backend: Backend) {
-    let Some(cluster) = cluster(backend).await else {
+    let Some((cluster, client)) = cluster(backend).await else {
         return;
     };
     let flaky = "name: flaky\ntasks:\n  - name: f\n    command: \"exit 1\"\n";
@@ -654,12 +630,12 @@ async fn audit_lists_every_mutating_call_with_actor_and_address(backend: Backend
     let path = cluster.dir().join("flaky.yaml").display().to_string();
     ok(&cluster, &["apply", "--dry-run", "-f", &path]).await;
     let run = trigger(&cluster, "flaky").await;
-    cluster.wait_run(run, TIMEOUT).await.expect("run ends");
-    let failed = cluster.instances(run).await.expect("instances")[0].id;
+    client.wait_run(run).await.expect("run ends");
+    let failed = client.instances(run).await.expect("instances")[0].id;
     ok(&cluster, &["retry", &failed.to_string()]).await;
-    cluster.wait_run(run, TIMEOUT).await.expect("retry ends");
+    client.wait_run(run).await.expect("retry ends");
     ok(&cluster, &["rerun", &run.to_string(), "--failed"]).await;
-    cluster.wait_run(run, TIMEOUT).await.expect("rerun ends");
+    client.wait_run(run).await.expect("rerun ends");
     ok(&cluster, &["pause", "flaky"]).await;
     ok(&cluster, &["resume", "flaky"]).await;
 
@@ -672,7 +648,7 @@ async fn audit_lists_every_mutating_call_with_actor_and_address(backend: Backend
     let first = trigger(&cluster, "sleepy").await;
     ok(&cluster, &["cancel", "run", &first.to_string()]).await;
     let second = trigger(&cluster, "sleepy").await;
-    let instances = wait_instances(&cluster, second, "an instance", |i| !i.is_empty()).await;
+    let instances = wait_instances(&client, second, "an instance", |i| !i.is_empty()).await;
     let instance = instances["s"].id;
     ok(&cluster, &["cancel", "instance", &instance.to_string()]).await;
 

@@ -1,6 +1,6 @@
 //! Fault tests with real processes: workers killed with SIGKILL, cut off from their scheduler
 //! by a proxy, a scheduler killed and restarted, Redis stopped and started, a task over its
-//! timeout, duplicate dispatches, and the seed's incident (a busy worker with late heartbeats).
+//! timeout, duplicate dispatches, and a busy worker whose heartbeats come late.
 //!
 //! Every test ends with `check_invariants` (`ax_integration_tests::fault_kit`), which reads the
 //! attempt history from the control API and a side-effect file that every task appends to
@@ -108,12 +108,12 @@ fn fault_checker_catches_double_starts_overlaps_and_unknown_attempts() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 1. The seed's incident.
+// 1. A busy worker with late heartbeats.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fault_seed_incident_a_busy_worker_with_late_heartbeats_keeps_its_task() {
+async fn fault_a_busy_worker_with_late_heartbeats_keeps_its_task() {
     // Task heartbeats every 2 s on both sides, so the backstop's grace (1.5 × 2 s) is close to
-    // a heartbeat interval, as in the incident: a batched or late heartbeat must not condemn
+    // a heartbeat interval: a batched or late heartbeat must not condemn
     // a task running past half its timeout on a busy worker.
     let settings = SchedulerSettings {
         heartbeat_interval: "300ms".into(),

@@ -1,6 +1,6 @@
 //! `ax-bench`: the benchmark harness. Starts real `ax-scheduler` and `ax-worker` processes
-//! against a chosen store, runs the workloads of workloads.md through the public gRPC API, and
-//! prints one table (median, min, max, target, pass/miss) and optionally JSON.
+//! against a chosen store, runs the workloads S0 and W1–W9 (BENCHMARKS.md) through the public
+//! gRPC API, and prints one table (median, min, max, target, pass/miss) and optionally JSON.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

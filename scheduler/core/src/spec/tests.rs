@@ -93,6 +93,38 @@ fn check_refusals(topic: &str) {
 /// as it is.
 const REFUSALS: &[(&str, &str, &str)] = &[
     (
+        "wrong_types",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                self_fence: no
+        ",
+        "wf.yaml:5: tasks[0].self_fence: expected true or false, found a string",
+    ),
+    (
+        "unknown_fields_name_the_allowed_ones",
+        "
+            name: etl
+            <<: {app: x}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: <<: unknown field \"<<\"; allowed fields: name, app, owner, description, \
+         schedule, concurrency, defaults, tasks",
+    ),
+    (
+        "duplicate_keys",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                labels: {zone: a, zone: b}
+        ",
+        "wf.yaml:5: tasks[0].labels.zone: duplicate key \"zone\" (first at line 5)",
+    ),
+    (
         "a_dependency_trigger_names_its_upstream_workflows",
         "
             name: report

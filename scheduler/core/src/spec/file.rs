@@ -378,7 +378,8 @@ macro_rules! typed_visits {
     };
 }
 
-/// The visits every kept value shares; `$collection` handles the lists and mappings.
+/// The scalar visits every kept value shares: a string as written, a null, or a typed plain
+/// scalar whose text stays in the source.
 macro_rules! scalar_visits {
     () => {
         fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {

@@ -14,8 +14,8 @@ use clap::{Parser, Subcommand};
 
 use crate::client::Ctx;
 use crate::commands::{
-    apply, audit, backfill, cancel, dag, dev, get, logs, pause, rerun, resume, retry, trigger, why,
-    workers,
+    apply, audit, backfill, cancel, cluster, dag, dev, get, logs, pause, rerun, resume, retry,
+    trigger, why, workers,
 };
 use crate::error::Exit;
 use crate::output::Output;
@@ -77,6 +77,8 @@ enum Command {
     Logs(logs::Args),
     /// List the workers known to the scheduler cluster.
     Workers(workers::Args),
+    /// List the scheduler nodes: their leases, clock offsets from the store and workers.
+    Cluster(cluster::Args),
     /// Pause a workflow's schedule: no new cron runs until it is resumed.
     Pause(pause::Args),
     /// Resume a paused workflow's schedule.
@@ -122,6 +124,7 @@ async fn main() -> ExitCode {
         Command::Trigger(args) => trigger::run(&ctx, args).await,
         Command::Logs(args) => logs::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Workers(args) => workers::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Cluster(args) => cluster::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Pause(args) => pause::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Resume(args) => resume::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Cancel(args) => cancel::run(&ctx, args).await.map(|()| Exit::Ok),

@@ -380,6 +380,39 @@ impl From<&pb::WorkerInfo> for WorkerView {
     }
 }
 
+#[derive(Debug, Serialize)]
+pub struct NodeView {
+    pub node_id: String,
+    pub live: bool,
+    pub address: String,
+    pub version: String,
+    pub started_at: Option<String>,
+    pub renewed_at: Option<String>,
+    pub expires_at: Option<String>,
+    /// The node's clock minus the store's.
+    pub clock_offset_ms: i64,
+    pub workers: u32,
+    /// Now on the store's clock, which the lease times are judged against.
+    pub store_now: Option<String>,
+}
+
+impl NodeView {
+    pub fn new(node: &pb::NodeInfo, store_now_ms: i64) -> Self {
+        NodeView {
+            node_id: node.node_id.clone(),
+            live: node.live,
+            address: node.address.clone(),
+            version: node.version.clone(),
+            started_at: rfc3339(node.started_at_ms),
+            renewed_at: rfc3339(node.renewed_at_ms),
+            expires_at: rfc3339(node.expires_at_ms),
+            clock_offset_ms: node.clock_offset_ms,
+            workers: node.workers,
+            store_now: rfc3339(store_now_ms),
+        }
+    }
+}
+
 /// One log line, for `logs -o json` (one object per line, so it streams).
 #[derive(Debug, Serialize)]
 pub struct LogLineView {

@@ -440,6 +440,65 @@ async fn tables_show_what_matters() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn cluster_lists_the_nodes_on_the_store_clock() {
+    let fake = Fake::default();
+    let now = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+    fake.with(|s| {
+        s.store_now_ms = now;
+        s.nodes = vec![
+            pb::NodeInfo {
+                node_id: "n1".into(),
+                address: "http://10.0.0.1:7070".into(),
+                version: "0.1.0".into(),
+                started_at_ms: now - 3_600_000,
+                renewed_at_ms: now - 2_000,
+                expires_at_ms: now + 8_000,
+                clock_offset_ms: -35_000,
+                live: true,
+                workers: 3,
+            },
+            pb::NodeInfo {
+                node_id: "n2".into(),
+                address: "http://10.0.0.2:7070".into(),
+                version: "0.1.0".into(),
+                started_at_ms: now - 7_200_000,
+                renewed_at_ms: now - 70_000,
+                expires_at_ms: now - 60_000,
+                clock_offset_ms: 4,
+                live: false,
+                workers: 0,
+            },
+        ];
+    });
+    let server = fake.clone().start().await;
+    let out = axctl(&server, &["cluster"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("NODE") && lines[0].contains("CLOCK OFFSET"),
+        "{out:?}"
+    );
+    assert!(
+        lines[1].contains("n1")
+            && lines[1].contains("LIVE")
+            && lines[1].contains("renewed 2s ago")
+            && lines[1].contains("-35000 ms"),
+        "{out:?}"
+    );
+    assert!(
+        lines[2].contains("n2") && lines[2].contains("GONE") && lines[2].contains("expired 1m ago"),
+        "{out:?}"
+    );
+    let out = axctl(&server, &["-o", "json", "cluster"]).await;
+    let nodes: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+    assert_eq!(nodes[0]["node_id"], "n1");
+    assert_eq!(nodes[0]["clock_offset_ms"], -35_000);
+    assert_eq!(nodes[1]["live"], false);
+    assert_eq!(nodes[0]["store_now"], "2026-01-01T00:00:00.000Z");
+    assert_eq!(fake.with(|s| s.calls.clone()), ["ListNodes", "ListNodes"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn pause_resume_and_cancel() {
     let (fake, server) = seeded().await;
     let out = axctl(&server, &["pause", "etl"]).await;

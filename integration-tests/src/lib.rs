@@ -189,6 +189,9 @@ impl ClusterBuilder {
             // Test stores all number their instances from 1; their Redis keys must not meet.
             redis_namespace: format!("ax-test-{}", unique_suffix()),
             node_id: "test-node".into(),
+            advertise: None,
+            node_lease: Duration::from_secs(10),
+            max_clock_offset: Duration::from_secs(1),
             strategy: self.strategy,
             heartbeat_interval: Duration::from_millis(500),
             task_heartbeat_interval: Duration::from_secs(2),

@@ -166,6 +166,11 @@ pub struct SchedulerSettings {
     pub task_heartbeat_interval: Option<String>,
     pub dead_after_missed_heartbeats: Option<u32>,
     pub timeout_grace: Option<String>,
+    /// `--node-lease`: short, so a node restarted after kill -9 takes its id back within a
+    /// second (it watches the old lease for two fifths of it).
+    pub node_lease: String,
+    /// Runs the scheduler under `faketime -f SHIFT` (e.g. `+30s`): its own clock is off by it.
+    pub clock_shift: Option<String>,
 }
 
 impl Default for SchedulerSettings {
@@ -176,6 +181,8 @@ impl Default for SchedulerSettings {
             task_heartbeat_interval: None,
             dead_after_missed_heartbeats: None,
             timeout_grace: None,
+            node_lease: "2s".into(),
+            clock_shift: None,
         }
     }
 }
@@ -327,6 +334,7 @@ impl ProcessCluster {
         if let Some(grace) = &self.settings.timeout_grace {
             args.extend(["--timeout-grace".into(), grace.clone()]);
         }
+        args.extend(["--node-lease".into(), self.settings.node_lease.clone()]);
         if let Some((url, namespace)) = &self.redis {
             args.extend([
                 "--redis".into(),
@@ -335,15 +343,29 @@ impl ProcessCluster {
                 namespace.clone(),
             ]);
         }
-        self.spawn(&name, "ax-scheduler", &args)
+        match self.settings.clock_shift.clone() {
+            Some(shift) => {
+                let scheduler = binary("ax-scheduler")?;
+                let mut shifted = vec!["-f".to_string(), shift, scheduler.display().to_string()];
+                shifted.extend(args);
+                let log = self.log_path(&name);
+                Process::spawn(&name, Path::new("faketime"), &shifted, self.dir.path(), log)
+            }
+            None => self.spawn(&name, "ax-scheduler", &args),
+        }
     }
 
-    fn spawn(&mut self, name: &str, program: &str, args: &[String]) -> anyhow::Result<Process> {
+    fn log_path(&mut self, name: &str) -> PathBuf {
         let log = self
             .dir
             .path()
             .join(format!("{}.log", name.replace('#', "-")));
         self.logs.push((name.to_string(), log.clone()));
+        log
+    }
+
+    fn spawn(&mut self, name: &str, program: &str, args: &[String]) -> anyhow::Result<Process> {
+        let log = self.log_path(name);
         Process::spawn(name, &binary(program)?, args, self.dir.path(), log)
     }
 

@@ -35,6 +35,17 @@ pub struct Args {
     /// This node's name in the cluster (default: hostname).
     #[arg(long, env = "AX_NODE_ID")]
     pub node_id: Option<String>,
+    /// The address workers and clients reach this node at, for its lease (default: the listen
+    /// address), e.g. http://sched-1.internal:7070.
+    #[arg(long, env = "AX_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// How long this node's lease lasts without a renewal, e.g. 10s; renewed every fifth of it.
+    #[arg(long, env = "AX_NODE_LEASE", value_parser = parse_duration)]
+    pub node_lease: Option<Duration>,
+    /// A difference between this machine's clock and the database's past this is logged as an
+    /// error, e.g. 1s (the node goes by the database's clock either way).
+    #[arg(long, env = "AX_MAX_CLOCK_OFFSET", value_parser = parse_duration)]
+    pub max_clock_offset: Option<Duration>,
     /// Worker choice: least_running, round_robin or random.
     #[arg(long, env = "AX_STRATEGY")]
     pub strategy: Option<Strategy>,
@@ -72,6 +83,9 @@ struct FileConfig {
     redis: Option<String>,
     redis_namespace: Option<String>,
     node_id: Option<String>,
+    advertise: Option<String>,
+    node_lease: Option<String>,
+    max_clock_offset: Option<String>,
     strategy: Option<String>,
     heartbeat_interval: Option<String>,
     task_heartbeat_interval: Option<String>,
@@ -143,6 +157,19 @@ impl Args {
                 .node_id
                 .or(file.node_id)
                 .unwrap_or_else(|| ax_proto::hostname().unwrap_or(defaults.node_id)),
+            advertise: self.advertise.or(file.advertise),
+            node_lease: self
+                .node_lease
+                .or(file_duration(file.node_lease, "node_lease", &path)?)
+                .unwrap_or(defaults.node_lease),
+            max_clock_offset: self
+                .max_clock_offset
+                .or(file_duration(
+                    file.max_clock_offset,
+                    "max_clock_offset",
+                    &path,
+                )?)
+                .unwrap_or(defaults.max_clock_offset),
             strategy: self.strategy.or(file_strategy).unwrap_or(defaults.strategy),
             heartbeat_interval: self
                 .heartbeat_interval
@@ -197,6 +224,10 @@ impl Args {
         }
         if options.heartbeat_interval.is_zero() || options.task_heartbeat_interval.is_zero() {
             bail!("heartbeat intervals must be greater than zero");
+        }
+        if options.node_lease < Duration::from_secs(1) {
+            // Renewed every fifth of it: shorter leases renew faster than a busy store answers.
+            bail!("node_lease must be at least 1s");
         }
         if options.dead_after_missed_heartbeats < 2 {
             // A threshold equal to one interval kills healthy workers on any jitter.

@@ -4,6 +4,7 @@ pub mod apply;
 pub mod audit;
 pub mod backfill;
 pub mod cancel;
+pub mod cluster;
 pub mod dag;
 pub mod dev;
 pub mod get;

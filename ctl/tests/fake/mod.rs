@@ -31,6 +31,9 @@ pub struct State {
     pub instances: Vec<pb::Instance>,
     pub logs: HashMap<i64, Vec<pb::StoredLogLine>>,
     pub workers: Vec<pb::WorkerInfo>,
+    pub nodes: Vec<pb::NodeInfo>,
+    /// Now on the store's clock, as `ListNodes` answers it.
+    pub store_now_ms: i64,
     /// New runs end in this state after this many GetRun polls.
     pub run_script: (u32, pb::RunState),
     pub idempotency: HashMap<String, i64>,
@@ -61,6 +64,8 @@ impl Default for State {
             instances: Vec::new(),
             logs: HashMap::new(),
             workers: Vec::new(),
+            nodes: Vec::new(),
+            store_now_ms: 0,
             run_script: (3, pb::RunState::Success),
             idempotency: HashMap::new(),
             views: Views::default(),
@@ -569,6 +574,18 @@ impl ControlService for Fake {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn list_nodes(
+        &self,
+        _request: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        self.record("ListNodes");
+        let (nodes, store_now_ms) = self.with(|s| (s.nodes.clone(), s.store_now_ms));
+        Ok(Response::new(pb::ListNodesResponse {
+            nodes,
+            store_now_ms,
+        }))
     }
 
     async fn list_workers(

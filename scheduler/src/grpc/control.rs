@@ -860,6 +860,46 @@ impl ControlService for ControlApi {
         Ok(Response::new(response))
     }
 
+    async fn list_nodes(
+        &self,
+        _request: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let (store_now, leases) = self
+            .node
+            .store
+            .list_node_leases()
+            .await
+            .map_err(store_status)?;
+        let workers = self
+            .list_workers(Request::new(pb::ListWorkersRequest {}))
+            .await?
+            .into_inner()
+            .workers;
+        let nodes = leases
+            .into_iter()
+            .map(|lease| pb::NodeInfo {
+                workers: workers
+                    .iter()
+                    .filter(|w| {
+                        w.scheduler_node == lease.node_id && w.state != pb::WorkerState::Dead as i32
+                    })
+                    .count() as u32,
+                live: lease.expires_at > store_now,
+                node_id: lease.node_id,
+                address: lease.address,
+                version: lease.version,
+                started_at_ms: lease.started_at,
+                renewed_at_ms: lease.renewed_at,
+                expires_at_ms: lease.expires_at,
+                clock_offset_ms: lease.clock_offset_ms,
+            })
+            .collect();
+        Ok(Response::new(pb::ListNodesResponse {
+            nodes,
+            store_now_ms: store_now,
+        }))
+    }
+
     async fn list_workers(
         &self,
         _request: Request<pb::ListWorkersRequest>,

@@ -534,6 +534,36 @@ pub struct StoredLine {
     pub at: Millis,
 }
 
+/// A scheduler node's lease: who holds the node id, where it listens, and until when. Times are
+/// on the database's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeLease {
+    pub node_id: String,
+    /// Random per process start: tells a restarted node from the one it replaces.
+    pub incarnation: String,
+    /// The address workers and clients reach the node at.
+    pub address: String,
+    pub version: String,
+    pub started_at: Millis,
+    pub renewed_at: Millis,
+    pub expires_at: Millis,
+    /// The node's clock minus the database's, as the node last measured it.
+    pub clock_offset_ms: i64,
+}
+
+/// What [`Store::claim_node_lease`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseClaim {
+    /// The lease is the caller's until `db_now + lease_ms`.
+    Claimed { db_now: Millis },
+    /// Live leases stand in the way: the same node id held by another incarnation, or (on
+    /// SQLite, which serves one node) any other node.
+    Refused {
+        db_now: Millis,
+        holders: Vec<NodeLease>,
+    },
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerRecord {
     pub id: String,
@@ -765,6 +795,34 @@ pub trait Store: Send + Sync + 'static {
     /// twice keeps its last record.
     async fn upsert_workers(&self, workers: &[WorkerRecord]) -> Result<()>;
     async fn list_workers(&self) -> Result<Vec<WorkerRecord>>;
+
+    // --- scheduler nodes ---
+
+    /// Takes the lease of `lease.node_id` for `lease_ms` from the database's now, in one
+    /// transaction, unless a live lease stands in the way (see [`LeaseClaim::Refused`]). A
+    /// lease in `presumed_dead` that is unchanged since the caller read it (same node id,
+    /// incarnation and `renewed_at`) counts as dead: its holder stopped renewing.
+    /// `lease.started_at`, `renewed_at` and `expires_at` are set from the database's clock.
+    async fn claim_node_lease(
+        &self,
+        lease: &NodeLease,
+        lease_ms: u64,
+        presumed_dead: &[NodeLease],
+    ) -> Result<LeaseClaim>;
+    /// Extends the caller's lease to `lease_ms` from the database's now and records its clock
+    /// offset. `None` when the row is no longer this incarnation's (it expired and another
+    /// node took the id); otherwise the database's now.
+    async fn renew_node_lease(
+        &self,
+        node_id: &str,
+        incarnation: &str,
+        lease_ms: u64,
+        clock_offset_ms: i64,
+    ) -> Result<Option<Millis>>;
+    /// Gives the lease up (a clean shutdown), if it is still this incarnation's.
+    async fn release_node_lease(&self, node_id: &str, incarnation: &str) -> Result<()>;
+    /// Every node's lease, live or expired, by node id, with the database's now.
+    async fn list_node_leases(&self) -> Result<(Millis, Vec<NodeLease>)>;
 
     // --- audit ---
 

@@ -16,6 +16,7 @@ mod downstream_tasks;
 mod ids;
 mod locks;
 mod logs;
+mod nodes;
 mod patch;
 mod queue;
 mod reports;
@@ -87,6 +88,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "withdrawn_attempts",
         include_str!("../migrations/mysql/0009_withdrawn_attempts.sql"),
     ),
+    (
+        10,
+        "scheduler_node",
+        include_str!("../migrations/mysql/0010_scheduler_node.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -134,6 +140,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "withdrawn_attempts",
         include_str!("../migrations/sqlite/0009_withdrawn_attempts.sql"),
     ),
+    (
+        10,
+        "scheduler_node",
+        include_str!("../migrations/sqlite/0010_scheduler_node.sql"),
+    ),
 ];
 
 /// The statements that differ between the backends.
@@ -149,6 +160,17 @@ impl Dialect {
         match self {
             Dialect::MySql => "INSERT IGNORE INTO",
             Dialect::Sqlite => "INSERT OR IGNORE INTO",
+        }
+    }
+
+    /// The database's clock, in milliseconds since the epoch. MySQL sessions run in UTC
+    /// (sqlx sets `time_zone`), so `UNIX_TIMESTAMP` of `NOW(3)` is the epoch time.
+    pub(crate) fn now_ms(self) -> &'static str {
+        match self {
+            Dialect::MySql => "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
+            Dialect::Sqlite => {
+                "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+            }
         }
     }
 

@@ -67,6 +67,9 @@ conformance!(
     a_withdrawn_dispatch_waits_as_the_next_attempt_without_spending_a_retry,
     a_cancelled_attempt_records_how_its_worker_ended_it,
     a_withdrawal_that_finds_its_attempt_running_loses_it,
+    a_node_id_has_one_live_holder_on_the_database_clock,
+    other_nodes_share_mysql_but_not_sqlite,
+    an_expired_lease_is_free_to_claim,
 );
 
 mod scenarios {
@@ -74,8 +77,10 @@ mod scenarios {
 
     mod dag;
     mod endings;
+    mod nodes;
     pub(super) use dag::*;
     pub(super) use endings::*;
+    pub(super) use nodes::*;
 
     pub(super) async fn apply_creates_then_keeps_then_updates_versions(ctx: Ctx) {
         let s = ctx.s();

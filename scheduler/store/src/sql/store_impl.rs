@@ -6,7 +6,7 @@
 //! The subjects: `workflows.rs` (workflows and their schedules), `run_create.rs` and `runs.rs`
 //! (creating and reading runs and instances), `cancel.rs`, `rerun.rs` (reruns and manual
 //! retries), `dispatch.rs` (the waiting queue, claims, limits and shards), `reports.rs` (worker
-//! reports), `logs.rs`, `workers.rs`, `audit.rs`, `decisions.rs` and `dependents.rs`
+//! reports), `logs.rs`, `workers.rs`, `nodes.rs`, `audit.rs`, `decisions.rs` and `dependents.rs`
 //! (dependencies between workflows).
 
 use ax_core::Millis;
@@ -16,14 +16,14 @@ use ax_core::spec::WorkflowSpec;
 
 use super::counted::Counted;
 use super::{
-    SqlStore, audit, cancel, decisions, dependents, dispatch, logs, reports, rerun, run_create,
-    runs, workers, workflows, write_tx,
+    SqlStore, audit, cancel, decisions, dependents, dispatch, logs, nodes, reports, rerun,
+    run_create, runs, workers, workflows, write_tx,
 };
 use crate::{
     ActiveAttempt, ApplyOutcome, AttemptRecord, AuditFilter, AuditRecord, Backend,
     CancelledAttempt, DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord,
-    LogChunk, ManualRetry, NewRun, Report, ReportResult, RerunFailed, Result, RunRecord, Store,
-    StoredLine, WaitingInstance, WorkerRecord, WorkflowRecord,
+    LeaseClaim, LogChunk, ManualRetry, NewRun, NodeLease, Report, ReportResult, RerunFailed,
+    Result, RunRecord, Store, StoredLine, WaitingInstance, WorkerRecord, WorkflowRecord,
 };
 
 #[async_trait::async_trait]
@@ -217,6 +217,33 @@ impl Store for SqlStore {
 
     async fn list_workers(&self) -> Result<Vec<WorkerRecord>> {
         workers::list_workers(self).await
+    }
+
+    async fn claim_node_lease(
+        &self,
+        lease: &NodeLease,
+        lease_ms: u64,
+        presumed_dead: &[NodeLease],
+    ) -> Result<LeaseClaim> {
+        nodes::claim_node_lease(self, lease, lease_ms, presumed_dead).await
+    }
+
+    async fn renew_node_lease(
+        &self,
+        node_id: &str,
+        incarnation: &str,
+        lease_ms: u64,
+        clock_offset_ms: i64,
+    ) -> Result<Option<Millis>> {
+        nodes::renew_node_lease(self, node_id, incarnation, lease_ms, clock_offset_ms).await
+    }
+
+    async fn release_node_lease(&self, node_id: &str, incarnation: &str) -> Result<()> {
+        nodes::release_node_lease(self, node_id, incarnation).await
+    }
+
+    async fn list_node_leases(&self) -> Result<(Millis, Vec<NodeLease>)> {
+        nodes::list_node_leases(self).await
     }
 
     async fn insert_audits(&self, records: &[AuditRecord]) -> Result<()> {

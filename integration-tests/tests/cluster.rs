@@ -1,0 +1,231 @@
+//! Scheduler nodes sharing a store: each holds a lease on its node id, a second node with a
+//! live node's id is refused, one SQLite file serves one node, a clean shutdown gives the id up
+//! at once, and a node whose clock is off goes by the database's.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ax_integration_tests::process::{ProcessCluster, SchedulerSettings, WorkerSettings};
+use ax_integration_tests::{Backend, TestClient, TestDb};
+use ax_scheduler::SchedulerOptions;
+
+fn node(url: &str, node_id: &str) -> SchedulerOptions {
+    SchedulerOptions {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        store_url: url.to_string(),
+        node_id: node_id.into(),
+        node_lease: Duration::from_secs(2),
+        ..SchedulerOptions::default()
+    }
+}
+
+async fn refusal(options: SchedulerOptions) -> String {
+    match ax_scheduler::start(options).await {
+        Ok(scheduler) => {
+            scheduler.shutdown().await.expect("shutdown");
+            panic!("the second node started");
+        }
+        Err(err) => format!("{err:#}"),
+    }
+}
+
+async fn a_second_node_with_a_live_nodes_id_is_refused(backend: Backend) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(db) = TestDb::create(backend, dir.path()).await.expect("test db") else {
+        return;
+    };
+    let first = ax_scheduler::start(node(&db.url, "n1"))
+        .await
+        .expect("the first node starts");
+    let refused = refusal(node(&db.url, "n1")).await;
+    assert!(
+        refused.contains("node id n1 is held by a live scheduler")
+            && refused.contains(&format!("http://{}", first.local_addr()))
+            && refused.contains("another --node-id"),
+        "{refused}"
+    );
+    // A clean shutdown gives the lease up: the id is free at once.
+    first.shutdown().await.expect("shutdown");
+    let again = tokio::time::timeout(
+        Duration::from_secs(60),
+        ax_scheduler::start(node(&db.url, "n1")),
+    )
+    .await
+    .expect("no hang")
+    .expect("the id is free after a clean shutdown");
+    again.shutdown().await.expect("shutdown");
+    db.drop_database().await.expect("drop database");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_second_node_with_a_live_nodes_id_is_refused() {
+    a_second_node_with_a_live_nodes_id_is_refused(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_second_node_with_a_live_nodes_id_is_refused() {
+    a_second_node_with_a_live_nodes_id_is_refused(Backend::MySql).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_node_on_one_sqlite_file_is_told_a_cluster_needs_mysql() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = TestDb::create(Backend::Sqlite, dir.path())
+        .await
+        .expect("test db")
+        .expect("sqlite is always there");
+    let first = ax_scheduler::start(node(&db.url, "n1"))
+        .await
+        .expect("the first node starts");
+    let refused = refusal(node(&db.url, "n2")).await;
+    assert!(
+        refused.contains("this SQLite store already serves a live scheduler: node n1")
+            && refused.contains("a cluster of schedulers needs MySQL"),
+        "{refused}"
+    );
+    first.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_with_their_own_ids_share_mysql() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(db) = TestDb::create(Backend::MySql, dir.path())
+        .await
+        .expect("test db")
+    else {
+        return;
+    };
+    let first = ax_scheduler::start(node(&db.url, "n1")).await.expect("n1");
+    let second = ax_scheduler::start(node(&db.url, "n2")).await.expect("n2");
+    let store = ax_store::open(&db.url).await.expect("store");
+    let (now, leases) = store.list_node_leases().await.expect("leases");
+    let ids: Vec<&str> = leases.iter().map(|l| l.node_id.as_str()).collect();
+    assert_eq!(ids, ["n1", "n2"]);
+    assert!(leases.iter().all(|l| l.expires_at > now), "{leases:?}");
+    assert_eq!(leases[1].address, format!("http://{}", second.local_addr()));
+    // Either node lists both, judged on the store's clock.
+    let client = TestClient::connect(&format!("http://{}", first.local_addr()))
+        .await
+        .expect("client");
+    let listed = client
+        .control()
+        .list_nodes(ax_proto::v1::ListNodesRequest {})
+        .await
+        .expect("ListNodes")
+        .into_inner();
+    let live: Vec<(&str, bool)> = listed
+        .nodes
+        .iter()
+        .map(|n| (n.node_id.as_str(), n.live))
+        .collect();
+    assert_eq!(live, [("n1", true), ("n2", true)]);
+    assert!(
+        listed.nodes.iter().all(|n| n.clock_offset_ms.abs() < 1_000),
+        "{listed:?}"
+    );
+    first.shutdown().await.expect("shutdown");
+    second.shutdown().await.expect("shutdown");
+    let (_, leases) = store.list_node_leases().await.expect("leases");
+    assert!(
+        leases.is_empty(),
+        "clean shutdowns give the leases up: {leases:?}"
+    );
+    db.drop_database().await.expect("drop database");
+}
+
+/// Whether `faketime` is installed; under CI its absence is a failure (`.ci/run` installs it).
+fn faketime_available() -> bool {
+    let found = std::process::Command::new("faketime")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !found && std::env::var("CI").as_deref() == Ok("true") {
+        panic!("CI=true but faketime is not installed: the clock test cannot be skipped");
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_cluster_a_node_whose_clock_is_30s_ahead_fires_nothing_early() {
+    if !faketime_available() {
+        eprintln!("faketime is not installed; skipping");
+        return;
+    }
+    let settings = SchedulerSettings {
+        clock_shift: Some("+30s".into()),
+        ..SchedulerSettings::default()
+    };
+    let Some(mut cluster) = ProcessCluster::start_with(Backend::MySql, settings)
+        .await
+        .expect("the scheduler starts under faketime")
+    else {
+        return;
+    };
+    cluster
+        .start_live_worker("w1", &WorkerSettings::default())
+        .await
+        .expect("worker");
+    let client = cluster.client().await.expect("client");
+    let ledger = cluster.dir().join("ledger");
+    let workflow = format!(
+        "name: every-second\n\
+         schedule: {{cron: '* * * * * *', misfire: skip}}\n\
+         tasks:\n  \
+           - name: note\n    \
+             command: echo \"$AX_LOGICAL_TIME $(date +%s%3N)\" >> {}\n",
+        ledger.display()
+    );
+    client.apply(&workflow).await.expect("apply");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    client.pause("every-second").await.expect("pause");
+    let runs = client.runs("every-second").await.expect("runs");
+    for run in &runs {
+        client.wait_run(run.id).await.expect("the run ends");
+    }
+
+    // The node corrects its clock to the database's and says how far off it was.
+    let nodes = client
+        .control()
+        .list_nodes(ax_proto::v1::ListNodesRequest {})
+        .await
+        .expect("ListNodes")
+        .into_inner()
+        .nodes;
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    let offset = nodes[0].clock_offset_ms;
+    assert!(
+        (29_000..31_000).contains(&offset),
+        "clock offset {offset} ms"
+    );
+    assert!(
+        cluster
+            .scheduler_logs()
+            .contains("differs from the database's by more than --max-clock-offset"),
+        "the offset is not reported:\n{}",
+        cluster.scheduler_logs()
+    );
+
+    // Every fire happened after its slot on the real clock (a node going by its own clock
+    // would fire each slot 30 s early), and no slot fired twice.
+    let text = std::fs::read_to_string(&ledger).expect("the tasks wrote the ledger");
+    let mut slots = Vec::new();
+    for line in text.lines() {
+        let (logical, started) = line.split_once(' ').expect("two fields");
+        let logical = chrono::DateTime::parse_from_rfc3339(logical)
+            .expect("AX_LOGICAL_TIME")
+            .timestamp_millis();
+        let started: i64 = started.parse().expect("date +%s%3N");
+        assert!(
+            started >= logical - 1_000,
+            "slot {logical} ran at {started}, {} ms early",
+            logical - started
+        );
+        slots.push(logical);
+    }
+    assert!(slots.len() >= 3, "too few fires to judge: {text}");
+    let fired = slots.len();
+    slots.sort();
+    slots.dedup();
+    assert_eq!(slots.len(), fired, "a slot fired twice: {text}");
+    assert_eq!(runs.len(), fired, "runs and ledger lines differ");
+}

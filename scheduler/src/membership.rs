@@ -1,0 +1,190 @@
+//! Membership: this node's lease in the store, claimed at start, renewed every fifth of its
+//! length, given up at a clean shutdown.
+//!
+//! The node id is taken only when no live node holds it. A lease held by another incarnation
+//! is watched for two renewal intervals: unchanged, its holder is dead (killed, say) and the
+//! id is taken over; renewed, a live node has the id and this one refuses to start. On SQLite
+//! any other live node stands in the way, because one SQLite file serves one node.
+//!
+//! Each claim and renewal also measures this node's clock against the database's (the offset
+//! the round trip's midpoint implies) and corrects [`crate::clock`] by it; an offset past
+//! `--max-clock-offset` is logged as an error at every renewal and shown by `axctl cluster`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use ax_store::{Backend, LeaseClaim, NodeLease, Store};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock;
+
+/// What a node says about itself in its lease.
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub node_id: String,
+    pub address: String,
+    pub lease: Duration,
+    pub max_clock_offset: Duration,
+}
+
+/// This node's lease, held.
+pub struct Membership {
+    store: Arc<dyn Store>,
+    member: Member,
+    incarnation: String,
+}
+
+impl Membership {
+    fn renewal_interval(lease: Duration) -> Duration {
+        (lease / 5).max(Duration::from_millis(100))
+    }
+
+    /// Claims the node's lease, or says why it cannot.
+    pub async fn join(store: Arc<dyn Store>, member: Member) -> anyhow::Result<Membership> {
+        let incarnation = format!("{:016x}", rand::random::<u64>());
+        let mut claim = NodeLease {
+            node_id: member.node_id.clone(),
+            incarnation: incarnation.clone(),
+            address: member.address.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            started_at: 0,
+            renewed_at: 0,
+            expires_at: 0,
+            clock_offset_ms: 0,
+        };
+        let lease_ms = member.lease.as_millis() as u64;
+        let mut presumed_dead: Vec<NodeLease> = Vec::new();
+        for round in 0..2 {
+            let sent = clock::local_ms();
+            let outcome = store
+                .claim_node_lease(&claim, lease_ms, &presumed_dead)
+                .await
+                .context("claiming this node's lease in the store")?;
+            let received = clock::local_ms();
+            match outcome {
+                LeaseClaim::Claimed { db_now } => {
+                    claim.clock_offset_ms = observe_offset(sent, received, db_now, &member);
+                    tracing::info!(
+                        node = %member.node_id,
+                        lease_ms,
+                        clock_offset_ms = claim.clock_offset_ms,
+                        "node lease claimed"
+                    );
+                    return Ok(Membership {
+                        store,
+                        member,
+                        incarnation,
+                    });
+                }
+                LeaseClaim::Refused { holders, .. } if round == 0 => {
+                    let wait = 2 * Self::renewal_interval(member.lease);
+                    tracing::info!(
+                        node = %member.node_id,
+                        holders = holders.len(),
+                        wait_ms = wait.as_millis() as u64,
+                        "a lease stands in the way; watching whether its holder renews it"
+                    );
+                    tokio::time::sleep(wait).await;
+                    presumed_dead = holders;
+                }
+                LeaseClaim::Refused { db_now, holders } => {
+                    bail!(refusal(store.backend(), &member.node_id, db_now, &holders))
+                }
+            }
+        }
+        unreachable!("the second round either claims or refuses")
+    }
+
+    /// Renews the lease until `cancel`, then gives it up.
+    pub async fn run(self, cancel: CancellationToken) {
+        let lease_ms = self.member.lease.as_millis() as u64;
+        let mut ticker = tokio::time::interval(Self::renewal_interval(self.member.lease));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        let mut offset = 0;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = ticker.tick() => {}
+            }
+            let sent = clock::local_ms();
+            let renewed = self
+                .store
+                .renew_node_lease(&self.member.node_id, &self.incarnation, lease_ms, offset)
+                .await;
+            let received = clock::local_ms();
+            match renewed {
+                Ok(Some(db_now)) => offset = observe_offset(sent, received, db_now, &self.member),
+                Ok(None) => tracing::error!(
+                    node = %self.member.node_id,
+                    "this node's lease was taken by another node with the same id (it expired \
+                     while the store was out of reach); give the nodes distinct --node-id"
+                ),
+                Err(err) => tracing::warn!(
+                    node = %self.member.node_id,
+                    error = %err,
+                    "renewing this node's lease failed; retrying at the next interval"
+                ),
+            }
+        }
+        self.leave().await;
+    }
+
+    /// Gives the lease up, so the node id is free at once.
+    pub async fn leave(&self) {
+        if let Err(err) = self
+            .store
+            .release_node_lease(&self.member.node_id, &self.incarnation)
+            .await
+        {
+            tracing::warn!(error = %err, "giving up this node's lease failed; it expires by itself");
+        }
+    }
+}
+
+/// This node's clock minus the database's, from one round trip; corrects the node's clock by it
+/// and says so loudly when it passes the bound.
+fn observe_offset(sent: i64, received: i64, db_now: i64, member: &Member) -> i64 {
+    let midpoint = sent + (received - sent) / 2;
+    let offset = midpoint - db_now;
+    clock::set_offset(offset);
+    let bound = member.max_clock_offset.as_millis() as i64;
+    if offset.abs() > bound {
+        tracing::error!(
+            node = %member.node_id,
+            clock_offset_ms = offset,
+            max_clock_offset_ms = bound,
+            "this machine's clock differs from the database's by more than --max-clock-offset; \
+             the node goes by the database's clock, but fix the machine's time (NTP)"
+        );
+    }
+    offset
+}
+
+fn refusal(backend: Backend, node_id: &str, db_now: i64, holders: &[NodeLease]) -> String {
+    let describe = |lease: &NodeLease| {
+        format!(
+            "node {} at {} (lease renewed {} ms ago)",
+            lease.node_id,
+            lease.address,
+            db_now - lease.renewed_at
+        )
+    };
+    if let Some(same) = holders.iter().find(|lease| lease.node_id == node_id) {
+        return format!(
+            "node id {node_id} is held by a live scheduler: {}; start this node with another \
+             --node-id",
+            describe(same)
+        );
+    }
+    let others: Vec<String> = holders.iter().map(describe).collect();
+    match backend {
+        Backend::Sqlite => format!(
+            "this SQLite store already serves a live scheduler: {}; one SQLite file serves one \
+             node, and a cluster of schedulers needs MySQL (--store mysql://USER@HOST/DB)",
+            others.join(", ")
+        ),
+        Backend::MySql => format!("live leases stand in the way: {}", others.join(", ")),
+    }
+}

@@ -199,6 +199,73 @@ async fn fault_a_busy_worker_with_late_heartbeats_keeps_its_task() {
     cluster.shutdown().await.expect("clean shutdown");
 }
 
+/// A task heartbeat that stops while its worker keeps heartbeating: the node records a
+/// `stalled` decision once and leaves the attempt running to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_a_task_heartbeat_that_stops_on_a_live_worker_is_told_never_killed() {
+    // The node expects a task heartbeat every second (silent after 1.5 s); the worker sends
+    // one every 30 s, so a 4 s task is silent for most of its run while its worker lives.
+    let settings = SchedulerSettings {
+        heartbeat_interval: "300ms".into(),
+        task_heartbeat_interval: Some("1s".into()),
+        dead_after_missed_heartbeats: Some(4),
+        ..SchedulerSettings::default()
+    };
+    let Some((mut cluster, client)) = cluster_with(Backend::Sqlite, settings).await else {
+        return;
+    };
+    cluster
+        .start_live_worker(
+            "quiet",
+            &WorkerSettings {
+                heartbeat_interval: Some("300ms".into()),
+                task_heartbeat_interval: Some("30s".into()),
+                ..WorkerSettings::default()
+            },
+        )
+        .await
+        .expect("worker");
+    let effects = cluster.dir().join("effects");
+    let dir = cluster.dir().to_path_buf();
+    let quiet = script(
+        &dir,
+        "quiet",
+        &effects,
+        "i=0\nwhile [ $i -lt 16 ]; do note tick; sleep 0.25; i=$((i + 1)); done",
+    );
+    let yaml = workflow(
+        "quiet-task",
+        "defaults: { retries: 1, retry_backoff: 100ms }",
+        &[("quiet".to_string(), quiet)],
+    );
+    client.apply(&yaml).await.expect("apply");
+    let run_id = client.trigger_run("quiet-task").await.expect("trigger").id;
+    let run = client.wait_run(run_id).await.expect("the run ends");
+    let instances = check_invariants(&client, run_id, &effects, Lines::Unchecked).await;
+    assert_eq!(
+        run.state(),
+        pb::RunState::Success,
+        "{}",
+        summary(&instances)
+    );
+    assert_eq!(instances.len(), 1);
+    assert_eq!(instances[0].attempts.len(), 1, "{}", summary(&instances));
+
+    let why = cluster
+        .axctl(&["why", "quiet-task"])
+        .await
+        .expect("axctl why");
+    assert_eq!(
+        why.stdout
+            .matches("while worker quiet is alive; the attempt keeps running")
+            .count(),
+        1,
+        "one stalled decision, once:\n{why}"
+    );
+    assert!(why.stdout.contains("stalled"), "{why}");
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Timeout: the whole process group dies, and the retry runs.
 

@@ -8,12 +8,13 @@
 //! start, and again whenever it gets its store back after losing it. Its own downtime, or its
 //! blindness, never counts against a worker.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use ax_core::Millis;
 use ax_core::decision::DecisionKind;
+use ax_core::ids::{Attempt, InstanceId};
 use ax_core::liveness::{AttemptFacts, Intervals, Judge, Verdict};
 use ax_core::state::Outcome;
 use ax_proto::v1::{CancelAttempt, SchedulerMessage, scheduler_message};
@@ -89,12 +90,13 @@ pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
     // its threshold.
     let mut tick = tokio::time::interval(node.options.heartbeat_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stalled = HashSet::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = cancel.cancelled() => return,
         }
-        if let Err(err) = judge_active(&node).await {
+        if let Err(err) = judge_active(&node, &mut stalled).await {
             node.watching.store_failed(&err);
             tracing::error!(error = %err, "liveness pass failed");
         }
@@ -117,8 +119,17 @@ async fn workers_last_seen(node: &Node) -> anyhow::Result<HashMap<String, Millis
     Ok(seen)
 }
 
-async fn judge_active(node: &Node) -> anyhow::Result<()> {
+/// `stalled` holds the attempts already told as stalled, so each is told once.
+async fn judge_active(
+    node: &Node,
+    stalled: &mut HashSet<(InstanceId, Attempt)>,
+) -> anyhow::Result<()> {
     let active = node.store.active_attempts(None, MAX_ACTIVE).await?;
+    let still_active: HashSet<(InstanceId, Attempt)> = active
+        .iter()
+        .map(|attempt| (attempt.instance_id, attempt.attempt))
+        .collect();
+    stalled.retain(|key| still_active.contains(key));
     let seen = workers_last_seen(node).await?;
     let now = now_ms();
     let judge = Judge {
@@ -141,6 +152,24 @@ async fn judge_active(node: &Node) -> anyhow::Result<()> {
             worker_last_seen: seen.get(&worker).copied(),
         };
         let verdict = judge.judge(&facts, now);
+        if verdict == Verdict::Stalled {
+            if stalled.insert((attempt.instance_id, attempt.attempt)) {
+                let silent_ms = now
+                    - facts
+                        .last_task_heartbeat
+                        .or(facts.started_at)
+                        .unwrap_or(now);
+                let detail = format!(
+                    "no task heartbeat for {} while worker {worker} is alive; the attempt keeps \
+                     running",
+                    ax_core::humane_duration(silent_ms)
+                );
+                tracing::warn!(instance = %attempt.instance_id, attempt = %attempt.attempt, worker, "task heartbeat stalled on a live worker");
+                alert_stalled(node, &attempt, &worker, &detail, now).await;
+                endings.push((attempt, DecisionKind::Stalled, detail));
+            }
+            continue;
+        }
         if verdict == Verdict::Lost {
             lost_workers
                 .entry(worker.clone())
@@ -172,7 +201,8 @@ async fn judge_active(node: &Node) -> anyhow::Result<()> {
 }
 
 /// One decision per attempt this node ended for its worker's sake (lost, withdrawn, timed
-/// out), on the attempt's workflow, so `axctl why` tells why a task ran again. A failure is
+/// out) or found stalled, on the attempt's workflow, so `axctl why` tells why a task ran
+/// again or seems stuck. A failure is
 /// logged: explanations never hold up scheduling.
 pub async fn record_endings(
     node: &Node,
@@ -202,6 +232,29 @@ pub async fn record_endings(
     if let Err(err) = node.store.record_decisions(&records).await {
         tracing::warn!(error = %err, "recording why attempts ended failed");
     }
+}
+
+/// One alert per stalled attempt.
+async fn alert_stalled(
+    node: &Node,
+    attempt: &ActiveAttempt,
+    worker: &str,
+    detail: &str,
+    now: Millis,
+) {
+    if !node.alerter.is_enabled() {
+        return;
+    }
+    let Ok(Some(instance)) = node.store.get_instance(attempt.instance_id).await else {
+        return;
+    };
+    let message = format!(
+        "task {} (instance {}, attempt {}): {detail}",
+        instance.task, attempt.instance_id, attempt.attempt
+    );
+    node.alerter.notify(
+        Alert::new(AlertKind::TaskStalled, instance.workflow, message, now).with_worker(worker),
+    );
 }
 
 /// One alert per dead worker, naming what it was running.
@@ -248,7 +301,7 @@ fn carry_out(
         message,
     };
     match verdict {
-        Verdict::Healthy => None,
+        Verdict::Healthy | Verdict::Stalled => None,
         Verdict::TimedOut => {
             let message = format!(
                 "timed out: running longer than its timeout of {} ms plus the {} ms grace, and no report from worker {worker}",
@@ -274,10 +327,7 @@ fn carry_out(
             tracing::warn!(instance = %instance_id, attempt = %number, worker, "attempt lost with its worker");
             Some((
                 DecisionKind::Lost,
-                finished(
-                    Outcome::Failed,
-                    format!("lost: worker {worker} is dead and the attempt went silent"),
-                ),
+                finished(Outcome::Failed, format!("lost: worker {worker} is dead")),
             ))
         }
         Verdict::Withdrawn => {

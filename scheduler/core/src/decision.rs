@@ -44,10 +44,13 @@ pub enum DecisionKind {
     /// An attempt ran past its timeout and grace with no report from its worker: the scheduler
     /// ended it TIMEOUT and told the worker to kill it.
     TimedOut,
+    /// A running attempt's task heartbeat stopped while its worker stayed alive: recorded and
+    /// alerted once, never killed.
+    Stalled,
 }
 
 impl DecisionKind {
-    pub const ALL: [DecisionKind; 15] = [
+    pub const ALL: [DecisionKind; 16] = [
         DecisionKind::Fired,
         DecisionKind::Misfired,
         DecisionKind::CaughtUp,
@@ -63,6 +66,7 @@ impl DecisionKind {
         DecisionKind::Lost,
         DecisionKind::Withdrawn,
         DecisionKind::TimedOut,
+        DecisionKind::Stalled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -82,6 +86,7 @@ impl DecisionKind {
             DecisionKind::Lost => "lost",
             DecisionKind::Withdrawn => "withdrawn",
             DecisionKind::TimedOut => "timed_out",
+            DecisionKind::Stalled => "stalled",
         }
     }
 

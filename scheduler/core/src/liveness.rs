@@ -16,8 +16,11 @@
 //!   it; the scheduler enforces it too, whatever the worker does, at
 //!   `now − started_at > timeout + timeout_grace` (the grace covers the worker's own kill,
 //!   SIGTERM then SIGKILL, and its report's way back).
-//! - An attempt is lost when its task heartbeat is older than 1.5 × its interval *and* its
-//!   worker is dead. A late or batched heartbeat alone never condemns a healthy task.
+//! - An attempt is lost when its worker is dead. By then a worker that is alive but cut off has
+//!   fenced itself (it does at ¾ of the dead threshold), so a retry never runs beside it.
+//! - A running attempt whose task heartbeat is older than 1.5 × its interval while its worker
+//!   is alive has stalled: the node records it and alerts, and never kills it. A late or
+//!   batched heartbeat alone never condemns a healthy task.
 //! - A dispatched attempt whose worker died without confirming a start is withdrawn: it goes
 //!   back to WAITING as attempt + 1, because the dispatch may have reached the worker and an
 //!   attempt number is never dispatched twice.
@@ -75,8 +78,10 @@ pub enum Verdict {
     /// Past timeout + grace: the attempt ends TIMEOUT, its worker is told to kill it, and a
     /// retry waits until the worker says the process ended (or the start lock expires).
     TimedOut,
-    /// Its worker is dead and it has been silent: it ends FAILED as lost.
+    /// Its worker is dead: it ends FAILED as lost.
     Lost,
+    /// Its worker is alive but its task heartbeat stopped: told, never killed.
+    Stalled,
     /// Dispatched to a worker that died without confirming a start: back to WAITING as
     /// attempt + 1, which does not count against the task's retries.
     Withdrawn,
@@ -118,8 +123,10 @@ impl Judge {
                     return Verdict::TimedOut;
                 }
                 let last_active = facts.last_task_heartbeat.unwrap_or(started).max(started);
-                if dead && now - last_active > intervals.task_silent_after_ms() {
+                if dead {
                     Verdict::Lost
+                } else if now - last_active > intervals.task_silent_after_ms() {
+                    Verdict::Stalled
                 } else {
                     Verdict::Healthy
                 }
@@ -187,18 +194,19 @@ mod tests {
     }
 
     /// A busy worker with late heartbeats: a 30-minute task on a loaded worker whose heartbeats
-    /// come batched into a 15-minute window. Its worker is alive, so it is healthy at 50% of its
-    /// timeout and at 100%, and only the backstop past timeout + grace ends it.
+    /// come batched into a 15-minute window. Its worker is alive, so at 50% of its timeout and
+    /// at 100% it is at most stalled (told, never killed), and only the backstop past timeout +
+    /// grace ends it.
     #[test]
     fn a_late_heartbeat_alone_never_condemns_a_healthy_task() {
         let timeout = 30 * 60 * SEC;
         let start = 0;
         let at_half = 15 * 60 * SEC;
         let facts = running(start, start, timeout as u64, at_half - SEC);
-        assert_eq!(judge(&facts, at_half), Verdict::Healthy);
+        assert_eq!(judge(&facts, at_half), Verdict::Stalled);
         let at_timeout = timeout;
         let facts = running(start, start, timeout as u64, at_timeout + 10 * SEC);
-        assert_eq!(judge(&facts, at_timeout + 14 * SEC), Verdict::Healthy);
+        assert_eq!(judge(&facts, at_timeout + 14 * SEC), Verdict::Stalled);
         assert_eq!(judge(&facts, at_timeout + 16 * SEC), Verdict::TimedOut);
     }
 
@@ -208,7 +216,7 @@ mod tests {
         let facts = running(0, 100 * SEC, 60_000, 100 * SEC);
         assert_eq!(judge(&facts, 76 * SEC), Verdict::TimedOut);
         // No timeout: never timed out while its worker lives.
-        let facts = running(0, 100 * SEC, 0, 9_999 * SEC);
+        let facts = running(0, 9_999 * SEC, 0, 9_999 * SEC);
         assert_eq!(judge(&facts, 10_000 * SEC), Verdict::Healthy);
     }
 
@@ -222,27 +230,38 @@ mod tests {
     }
 
     #[test]
-    fn lost_needs_both_a_silent_task_and_a_dead_worker() {
-        // Silent task, live worker (the worker is just busy): healthy.
+    fn lost_needs_a_dead_worker_and_a_silent_task_on_a_live_one_has_stalled() {
+        // Silent task, live worker (the worker is just busy): stalled, not lost.
         let facts = running(0, 0, 0, 99 * SEC);
-        assert_eq!(judge(&facts, 100 * SEC), Verdict::Healthy);
-        // Dead worker, but the task heartbeat is recent: not yet.
+        assert_eq!(judge(&facts, 100 * SEC), Verdict::Stalled);
+        // Dead worker, even with a recent task heartbeat: lost (a cut-off worker fenced the
+        // attempt at 3/4 of the dead threshold).
         let facts = running(0, 70 * SEC, 0, 70 * SEC);
-        assert_eq!(judge(&facts, 100 * SEC), Verdict::Healthy);
+        assert_eq!(judge(&facts, 100 * SEC), Verdict::Lost);
         // Dead worker and a silent task: lost.
         let facts = running(0, 50 * SEC, 0, 50 * SEC);
         assert_eq!(judge(&facts, 100 * SEC), Verdict::Lost);
-        // The boundary is strict: exactly at the threshold is still alive.
+        // The boundaries are strict: exactly at either threshold is still healthy.
         let facts = running(0, 55 * SEC, 0, 80 * SEC);
         assert_eq!(judge(&facts, 100 * SEC), Verdict::Healthy);
+    }
+
+    /// A worker killed with -9 while its task heartbeated a moment before: the attempt is lost
+    /// once the worker has been silent for the dead threshold, whatever the task heartbeat.
+    #[test]
+    fn a_dead_workers_attempt_is_lost_at_the_dead_threshold() {
+        let facts = running(0, 10 * SEC, 0, 10 * SEC);
+        assert_eq!(judge(&facts, 30 * SEC), Verdict::Healthy);
+        assert_eq!(judge(&facts, 30 * SEC + 1), Verdict::Lost);
     }
 
     #[test]
     fn a_reconnected_worker_is_alive() {
         // The stream broke at 10 s and came back; heartbeats on the new stream arrived until
-        // 50 s. The task itself has been silent for a minute, but its worker lives.
+        // 50 s. The task itself has been silent for a minute, but its worker lives: the
+        // attempt has stalled, and is not lost.
         let facts = running(0, 0, 0, 50 * SEC);
-        assert_eq!(judge(&facts, 60 * SEC), Verdict::Healthy);
+        assert_eq!(judge(&facts, 60 * SEC), Verdict::Stalled);
     }
 
     #[test]

@@ -576,6 +576,7 @@ fn past_tense(kind: DecisionKind) -> &'static str {
         DecisionKind::Lost => "an attempt was lost with its worker",
         DecisionKind::Withdrawn => "a dispatch was withdrawn from its worker",
         DecisionKind::TimedOut => "an attempt was timed out by the scheduler",
+        DecisionKind::Stalled => "an attempt's task heartbeat stopped on a live worker",
     }
 }
 

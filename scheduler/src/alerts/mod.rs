@@ -89,15 +89,18 @@ pub enum AlertKind {
     WorkerLost,
     /// An instance failed with no retries left.
     RetriesExhausted,
+    /// A running attempt's task heartbeat stopped while its worker is alive (never killed).
+    TaskStalled,
 }
 
 impl AlertKind {
-    pub const ALL: [AlertKind; 5] = [
+    pub const ALL: [AlertKind; 6] = [
         AlertKind::RunFailed,
         AlertKind::InstanceFailed,
         AlertKind::InstanceTimeout,
         AlertKind::WorkerLost,
         AlertKind::RetriesExhausted,
+        AlertKind::TaskStalled,
     ];
 
     /// The name used in the webhook schema and in the configuration.
@@ -108,6 +111,7 @@ impl AlertKind {
             AlertKind::InstanceTimeout => "instance_timeout",
             AlertKind::WorkerLost => "worker_lost",
             AlertKind::RetriesExhausted => "retries_exhausted",
+            AlertKind::TaskStalled => "task_stalled",
         }
     }
 
@@ -127,6 +131,7 @@ impl AlertKind {
             AlertKind::InstanceTimeout => "TIMEOUT",
             AlertKind::WorkerLost => "WORKER LOST",
             AlertKind::RetriesExhausted => "RETRIES EXHAUSTED",
+            AlertKind::TaskStalled => "TASK STALLED",
         }
     }
 }

@@ -11,6 +11,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
 
 use ax_core::Millis;
 use ax_core::decision::DecisionKind;
@@ -86,9 +87,11 @@ impl Watching {
 }
 
 pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
-    // Judging once per worker heartbeat interval keeps every verdict within one interval of
-    // its threshold.
-    let mut tick = tokio::time::interval(node.options.heartbeat_interval);
+    // Judging every second (or every heartbeat interval, when shorter) keeps a verdict within
+    // a second of its threshold: a dead worker's attempts move 20 s after its last heartbeat,
+    // not up to a heartbeat interval later. A pass is one read of the active attempts.
+    let mut tick =
+        tokio::time::interval(node.options.heartbeat_interval.min(Duration::from_secs(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stalled = HashSet::new();
     loop {

@@ -26,7 +26,12 @@ pub fn local_ms() -> Millis {
         .unwrap_or(0)
 }
 
-/// Sets the correction to a new measurement of this node's clock minus the store's.
+/// This node's clock minus the store's, as last adopted.
+pub fn offset() -> i64 {
+    -STORE_CLOCK_CORRECTION_MS.load(Ordering::Relaxed)
+}
+
+/// Adopts a new measurement of this node's clock minus the store's.
 pub fn set_offset(clock_offset_ms: i64) {
     STORE_CLOCK_CORRECTION_MS.store(-clock_offset_ms, Ordering::Relaxed);
 }

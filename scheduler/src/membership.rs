@@ -147,8 +147,16 @@ impl Membership {
 /// and says so loudly when it passes the bound.
 fn observe_offset(sent: i64, received: i64, db_now: i64, member: &Member) -> i64 {
     let midpoint = sent + (received - sent) / 2;
-    let offset = midpoint - db_now;
-    clock::set_offset(offset);
+    let measured = midpoint - db_now;
+    // A measurement is only as exact as half its round trip: within that of the offset in use,
+    // the clock is left alone, so `now` does not jitter by a few milliseconds every renewal.
+    let uncertainty = (received - sent) / 2 + 5;
+    let offset = if (measured - clock::offset()).abs() > uncertainty {
+        clock::set_offset(measured);
+        measured
+    } else {
+        clock::offset()
+    };
     let bound = member.max_clock_offset.as_millis() as i64;
     if offset.abs() > bound {
         tracing::error!(

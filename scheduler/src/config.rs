@@ -312,4 +312,31 @@ mod tests {
             .unwrap_err();
         assert!(format!("{err:#}").contains("colour"), "{err:#}");
     }
+
+    #[test]
+    fn the_lease_settings_come_from_flags_or_the_file_and_a_short_lease_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ax.toml");
+        std::fs::write(
+            &path,
+            "advertise = \"http://sched-1:7070\"\nnode_lease = \"6s\"\nmax_clock_offset = \"250ms\"\n",
+        )
+        .unwrap();
+        let options = Args::parse_from(["ax-scheduler", "--config", path.to_str().unwrap()])
+            .into_options()
+            .unwrap();
+        assert_eq!(options.advertise.as_deref(), Some("http://sched-1:7070"));
+        assert_eq!(options.node_lease, Duration::from_secs(6));
+        assert_eq!(options.max_clock_offset, Duration::from_millis(250));
+        let defaults = Args::parse_from(["ax-scheduler"]).into_options().unwrap();
+        assert_eq!(defaults.node_lease, Duration::from_secs(10));
+        assert_eq!(defaults.advertise, None);
+        let err = Args::parse_from(["ax-scheduler", "--node-lease", "500ms"])
+            .into_options()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("node_lease must be at least 1s"),
+            "{err}"
+        );
+    }
 }

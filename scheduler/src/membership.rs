@@ -179,15 +179,18 @@ fn refusal(backend: Backend, node_id: &str, db_now: i64, holders: &[NodeLease]) 
             db_now - lease.renewed_at
         )
     };
-    if let Some(same) = holders.iter().find(|lease| lease.node_id == node_id) {
+    let others: Vec<String> = holders.iter().map(describe).collect();
+    if backend == Backend::MySql
+        && let Some(same) = holders.iter().find(|lease| lease.node_id == node_id)
+    {
         return format!(
             "node id {node_id} is held by a live scheduler: {}; start this node with another \
              --node-id",
             describe(same)
         );
     }
-    let others: Vec<String> = holders.iter().map(describe).collect();
     match backend {
+        // Whatever the ids, the way out is another store: say so.
         Backend::Sqlite => format!(
             "this SQLite store already serves a live scheduler: {}; one SQLite file serves one \
              node, and a cluster of schedulers needs MySQL (--store mysql://USER@HOST/DB)",

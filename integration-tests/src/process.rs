@@ -52,6 +52,9 @@ impl Process {
             .stderr(stderr)
             .kill_on_drop(true);
         clear_ax_env(&mut command);
+        // Tests read these logs (a scheduler's "scheduler starting", a worker's fencing): the
+        // level is the tests', not the caller's environment's.
+        command.env("RUST_LOG", "info");
         let child = command
             .spawn()
             .with_context(|| format!("starting {}", program.display()))?;
@@ -583,16 +586,20 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// `true` once `port` accepts connections, `false` when the process exited first.
+/// `true` once the scheduler says it bound its port and the port accepts connections, `false`
+/// when the process exited first. The scheduler claims its lease before it binds, so a port
+/// that answers meanwhile may be another process's: its own "scheduler starting" line, written
+/// after the bind, tells.
 async fn wait_listening(process: &mut Process, port: u16) -> anyhow::Result<bool> {
     let deadline = tokio::time::Instant::now() + HANG_GUARD;
     loop {
         if process.try_exited()?.is_some() {
             return Ok(false);
         }
-        if tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port))
-            .await
-            .is_ok()
+        if process.log_text().contains("scheduler starting")
+            && tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port))
+                .await
+                .is_ok()
         {
             // The port answers; make sure it is our process that answers, not a squatter.
             if process.try_exited()?.is_none() {

@@ -43,7 +43,7 @@ impl Membership {
     /// Claims the node's lease, or says why it cannot.
     pub async fn join(store: Arc<dyn Store>, member: Member) -> anyhow::Result<Membership> {
         let incarnation = format!("{:016x}", rand::random::<u64>());
-        let mut claim = NodeLease {
+        let claim = NodeLease {
             node_id: member.node_id.clone(),
             incarnation: incarnation.clone(),
             address: member.address.clone(),
@@ -54,46 +54,49 @@ impl Membership {
             clock_offset_ms: 0,
         };
         let lease_ms = member.lease.as_millis() as u64;
-        let mut presumed_dead: Vec<NodeLease> = Vec::new();
-        for round in 0..2 {
-            let sent = clock::local_ms();
-            let outcome = store
-                .claim_node_lease(&claim, lease_ms, &presumed_dead)
-                .await
-                .context("claiming this node's lease in the store")?;
-            let received = clock::local_ms();
-            match outcome {
-                LeaseClaim::Claimed { db_now } => {
-                    claim.clock_offset_ms = observe_offset(sent, received, db_now, &member);
-                    tracing::info!(
-                        node = %member.node_id,
-                        lease_ms,
-                        clock_offset_ms = claim.clock_offset_ms,
-                        "node lease claimed"
-                    );
-                    return Ok(Membership {
-                        store,
-                        member,
-                        incarnation,
-                    });
-                }
-                LeaseClaim::Refused { holders, .. } if round == 0 => {
-                    let wait = 2 * Self::renewal_interval(member.lease);
-                    tracing::info!(
-                        node = %member.node_id,
-                        holders = holders.len(),
-                        wait_ms = wait.as_millis() as u64,
-                        "a lease stands in the way; watching whether its holder renews it"
-                    );
-                    tokio::time::sleep(wait).await;
-                    presumed_dead = holders;
-                }
-                LeaseClaim::Refused { db_now, holders } => {
-                    bail!(refusal(store.backend(), &member.node_id, db_now, &holders))
-                }
+        let claim_once = |claim: &NodeLease, presumed_dead: Vec<NodeLease>| {
+            let store = store.clone();
+            let claim = claim.clone();
+            async move {
+                let sent = clock::local_ms();
+                let outcome = store
+                    .claim_node_lease(&claim, lease_ms, &presumed_dead)
+                    .await
+                    .context("claiming this node's lease in the store")?;
+                anyhow::Ok((sent, clock::local_ms(), outcome))
+            }
+        };
+        let (mut sent, mut received, mut outcome) = claim_once(&claim, Vec::new()).await?;
+        if let LeaseClaim::Refused { holders, .. } = outcome {
+            let wait = 2 * Self::renewal_interval(member.lease);
+            tracing::info!(
+                node = %member.node_id,
+                holders = holders.len(),
+                wait_ms = wait.as_millis() as u64,
+                "a lease stands in the way; watching whether its holder renews it"
+            );
+            tokio::time::sleep(wait).await;
+            (sent, received, outcome) = claim_once(&claim, holders).await?;
+        }
+        match outcome {
+            LeaseClaim::Claimed { db_now } => {
+                let clock_offset_ms = observe_offset(sent, received, db_now, &member);
+                tracing::info!(
+                    node = %member.node_id,
+                    lease_ms,
+                    clock_offset_ms,
+                    "node lease claimed"
+                );
+                Ok(Membership {
+                    store,
+                    member,
+                    incarnation,
+                })
+            }
+            LeaseClaim::Refused { db_now, holders } => {
+                bail!(refusal(store.backend(), &member.node_id, db_now, &holders))
             }
         }
-        unreachable!("the second round either claims or refuses")
     }
 
     /// Renews the lease until `cancel`, then gives it up.

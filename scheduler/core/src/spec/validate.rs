@@ -127,7 +127,13 @@ impl Validator<'_> {
     }
 
     fn string(&self, node: &Spanned<Value>, field: &str) -> Result<String, SpecError> {
-        match &node.value {
+        self.text(node, &node.value, field)
+    }
+
+    /// The text of `value`, a scalar standing at `node` (a plain number or boolean as the user
+    /// typed it), or the refusal for a collection or a null.
+    fn text<T>(&self, node: &Spanned<T>, value: &Value, field: &str) -> Result<String, SpecError> {
+        match value {
             Value::Text(text) => Ok(text.clone()),
             Value::Typed => Ok(file::raw_text(self.source, node).to_string()),
             other => Err(self.type_err(node, other, field, "a string")),
@@ -216,8 +222,7 @@ impl Validator<'_> {
         let text = match &node.value {
             file::Choice::Known(known) => return Ok(*known),
             file::Choice::Unknown(text) => text.clone(),
-            file::Choice::Other(Value::Typed) => file::raw_text(self.source, node).to_string(),
-            file::Choice::Other(other) => return Err(self.type_err(node, other, field, "a string")),
+            file::Choice::Other(other) => self.text(node, other, field)?,
         };
         if text.trim().is_empty() {
             return Err(self.err(line(node), field, "must not be empty"));
@@ -314,14 +319,11 @@ impl Validator<'_> {
             List::Other(other @ (Value::Mapping | Value::List)) => {
                 Err(self.type_err(node, other, field, expected))
             }
-            List::Other(scalar) => {
-                let text = match scalar {
-                    Value::Text(text) => text.clone(),
-                    Value::Typed => file::raw_text(self.source, node).to_string(),
-                    other => return Err(self.type_err(node, other, field, "a string")),
-                };
-                Ok(vec![(text, field.to_string(), line(node))])
-            }
+            List::Other(scalar) => Ok(vec![(
+                self.text(node, scalar, field)?,
+                field.to_string(),
+                line(node),
+            )]),
         }
     }
 

@@ -18,7 +18,6 @@ use ax_core::decision::DecisionKind;
 use ax_core::ids::{Attempt, InstanceId};
 use ax_core::liveness::{AttemptFacts, Intervals, Judge, Verdict};
 use ax_core::state::Outcome;
-use ax_proto::v1::{CancelAttempt, SchedulerMessage, scheduler_message};
 use ax_store::{ActiveAttempt, AttemptEnd, DecisionRecord, Report};
 use tokio_util::sync::CancellationToken;
 
@@ -93,13 +92,13 @@ pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
     let mut tick =
         tokio::time::interval(node.options.heartbeat_interval.min(Duration::from_secs(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut stalled = HashSet::new();
+    let mut told = Told::default();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = cancel.cancelled() => return,
         }
-        if let Err(err) = judge_active(&node, &mut stalled).await {
+        if let Err(err) = judge_active(&node, &mut told).await {
             node.watching.store_failed(&err);
             tracing::error!(error = %err, "liveness pass failed");
         }
@@ -122,19 +121,33 @@ async fn workers_last_seen(node: &Node) -> anyhow::Result<HashMap<String, Millis
     Ok(seen)
 }
 
-/// `stalled` holds the attempts already told as stalled, so each is told once.
-async fn judge_active(
-    node: &Node,
-    stalled: &mut HashSet<(InstanceId, Attempt)>,
-) -> anyhow::Result<()> {
+/// What a pass already told, so each attempt is told once.
+#[derive(Default)]
+struct Told {
+    /// Attempts recorded and alerted as stalled.
+    stalled: HashSet<(InstanceId, Attempt)>,
+    /// Attempts in flight here that the store has ended, whose workers were told to kill them.
+    ended_elsewhere: HashSet<(InstanceId, Attempt)>,
+}
+
+async fn judge_active(node: &Node, told: &mut Told) -> anyhow::Result<()> {
+    // Read before the store, so every attempt in it was claimed before the store is read (a
+    // claim commits before its attempt goes in flight): one missing from the store's active
+    // attempts has ended.
+    let in_flight = node.registry.in_flight();
     let active = node.store.active_attempts(None, MAX_ACTIVE).await?;
     let still_active: HashSet<(InstanceId, Attempt)> = active
         .iter()
         .map(|attempt| (attempt.instance_id, attempt.attempt))
         .collect();
-    stalled.retain(|key| still_active.contains(key));
-    let seen = workers_last_seen(node).await?;
+    told.stalled.retain(|key| still_active.contains(key));
+    if active.len() < MAX_ACTIVE as usize {
+        kill_ended_elsewhere(node, &in_flight, &still_active, &mut told.ended_elsewhere);
+    }
     let now = now_ms();
+    withdraw_unreached(node, &in_flight, &active, now).await;
+    let stalled = &mut told.stalled;
+    let seen = workers_last_seen(node).await?;
     let judge = Judge {
         intervals: intervals(node),
         watching_since: node.watching.store_answered(now),
@@ -201,6 +214,99 @@ async fn judge_active(
         alert_worker_lost(node, &worker, &attempts, now).await;
     }
     Ok(())
+}
+
+/// A dispatch that another node sent to a worker's earlier stream, after the worker had left
+/// that node and registered here, never reached the worker: withdrawn, to go again as the next
+/// attempt. The proof is a heartbeat of the worker on its stream here from after the dispatch
+/// (by more than the nodes' clocks may differ): a worker holds one stream at a time, so it was
+/// here by then, and it lists at registration everything it runs, which makes the attempt in
+/// flight here (one claimed before it registered here is ended by that registration). The age
+/// keeps clear of the other node's own rejection of an undeliverable dispatch.
+async fn withdraw_unreached(
+    node: &Node,
+    in_flight: &[(String, InstanceId, Attempt)],
+    active: &[ActiveAttempt],
+    now: Millis,
+) {
+    const SETTLED_MS: Millis = 2_000;
+    const CLOCK_MARGIN_MS: Millis = 1_000;
+    let flying: HashSet<(InstanceId, Attempt)> =
+        in_flight.iter().map(|(_, i, a)| (*i, *a)).collect();
+    let mut endings = Vec::new();
+    for attempt in active {
+        let Some(worker) = attempt.worker_id.as_deref() else {
+            continue;
+        };
+        let unreached = attempt.state == ax_core::state::InstanceState::Dispatched
+            && attempt
+                .dispatched_by
+                .as_deref()
+                .is_some_and(|by| by != node.options.node_id)
+            && !flying.contains(&(attempt.instance_id, attempt.attempt))
+            && attempt.dispatched_at.is_some_and(|at| {
+                now - at > SETTLED_MS
+                    && node
+                        .registry
+                        .view(worker)
+                        .is_some_and(|here| here.last_heartbeat > at + CLOCK_MARGIN_MS)
+            });
+        if !unreached {
+            continue;
+        }
+        let reason = format!(
+            "dispatched by node {} to worker {worker} after it had moved to node {}; never              reached it",
+            attempt.dispatched_by.as_deref().unwrap_or_default(),
+            node.options.node_id
+        );
+        tracing::warn!(instance = %attempt.instance_id, attempt = %attempt.attempt, worker, "{reason}; withdrawn");
+        let report = Report::Rejected {
+            instance_id: attempt.instance_id,
+            attempt: attempt.attempt,
+            worker_id: None,
+            reason: reason.clone(),
+            withdrawn: true,
+        };
+        let envelope = Envelope {
+            worker: worker.to_string(),
+            report,
+            from_worker: false,
+        };
+        if node.reports.send(envelope).await.is_err() {
+            return;
+        }
+        endings.push((attempt.clone(), DecisionKind::Withdrawn, reason));
+    }
+    record_endings(node, endings, now).await;
+}
+
+/// Tells this node's workers to kill the attempts the store has ended while they run them: an
+/// attempt cancelled or timed out through another node, whose workers are not connected there.
+/// Each is told once; a worker that no longer runs the attempt ignores the cancel.
+fn kill_ended_elsewhere(
+    node: &Node,
+    in_flight: &[(String, InstanceId, Attempt)],
+    still_active: &HashSet<(InstanceId, Attempt)>,
+    told: &mut HashSet<(InstanceId, Attempt)>,
+) {
+    let flying: HashSet<(InstanceId, Attempt)> =
+        in_flight.iter().map(|(_, i, a)| (*i, *a)).collect();
+    told.retain(|key| flying.contains(key));
+    for (worker, instance, attempt) in in_flight {
+        let key = (*instance, *attempt);
+        if still_active.contains(&key) || told.contains(&key) {
+            continue;
+        }
+        tracing::info!(%instance, %attempt, worker, "attempt ended in the store while its worker runs it; telling the worker to kill it");
+        if node.registry.tell_cancel(
+            worker,
+            *instance,
+            *attempt,
+            "the attempt was ended through another node (cancelled or timed out)",
+        ) {
+            told.insert(key);
+        }
+    }
 }
 
 /// One decision per attempt this node ended for its worker's sake (lost, withdrawn, timed
@@ -314,16 +420,8 @@ fn carry_out(
             tracing::warn!(instance = %instance_id, attempt = %number, worker, "backstop timeout");
             // If the worker is connected here, it must kill the process; the retry waits for
             // the start lock, which this attempt keeps until its worker says it ended.
-            if let Some(sender) = node.registry.sender(worker) {
-                let cancel = SchedulerMessage {
-                    body: Some(scheduler_message::Body::Cancel(CancelAttempt {
-                        instance_id: instance_id.0,
-                        attempt: number.0,
-                        reason: message.clone(),
-                    })),
-                };
-                let _ = sender.try_send(Ok(cancel));
-            }
+            node.registry
+                .tell_cancel(worker, instance_id, number, &message);
             Some((DecisionKind::TimedOut, finished(Outcome::Timeout, message)))
         }
         Verdict::Lost => {

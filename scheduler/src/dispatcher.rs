@@ -65,7 +65,11 @@ const IDLE_POLL: Duration = Duration::from_millis(500);
 
 pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
     loop {
-        if let Err(err) = dispatch_ready(&node).await {
+        // A node cut off from its store claims nothing (its workers are moving elsewhere) until
+        // the store answers again.
+        if !node.standing.is_cut_off()
+            && let Err(err) = dispatch_ready(&node).await
+        {
             node.watching.store_failed(&err);
             tracing::error!(error = %err, "dispatch pass failed");
         }

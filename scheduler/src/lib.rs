@@ -149,6 +149,9 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         address: options.advertise.clone().unwrap_or(address),
         lease: options.node_lease,
         max_clock_offset: options.max_clock_offset,
+        cut_off_after: membership::cut_off_after(
+            options.heartbeat_interval * options.dead_after_missed_heartbeats,
+        ),
     };
     let bind = || async {
         tokio::net::TcpListener::bind(options.listen)
@@ -186,6 +189,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     );
     let node = Arc::new(Node::new(
         options,
+        membership.standing(),
         store,
         guards,
         report_sender,

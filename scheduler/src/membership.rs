@@ -6,6 +6,13 @@
 //! id is taken over; renewed, a live node has the id and this one refuses to start. On SQLite
 //! any other live node stands in the way, because one SQLite file serves one node.
 //!
+//! The renewals also tell whether the node reaches its store ([`Standing`]). On MySQL, a node
+//! that has not renewed for `cut_off_after` is cut off: it stops dispatching and closes its
+//! workers' streams, refusing new ones, so they move to nodes that can record their heartbeats
+//! well before any node could count them dead; the first renewal that succeeds again ends it.
+//! One SQLite file serves one node, so there a slow store cuts nothing off: no other node
+//! could take the workers.
+//!
 //! Each claim and renewal also measures this node's clock against the database's (the offset
 //! the round trip's midpoint implies) and corrects [`crate::clock`] by it; an offset past
 //! `--max-clock-offset` is logged as an error at every renewal and shown by `axctl cluster`.
@@ -15,6 +22,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use ax_store::{Backend, LeaseClaim, NodeLease, Store};
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock;
@@ -26,6 +35,60 @@ pub struct Member {
     pub address: String,
     pub lease: Duration,
     pub max_clock_offset: Duration,
+    /// How long without a renewal makes the node cut off from its store.
+    pub cut_off_after: Duration,
+}
+
+impl Member {
+    /// A fifth of the lease, and at most half the cut-off time, so one slow renewal alone does
+    /// not cut the node off.
+    fn renewal_interval(&self) -> Duration {
+        (self.lease / 5)
+            .min(self.cut_off_after / 2)
+            .max(Duration::from_millis(100))
+    }
+}
+
+/// A node is cut off from its store after this much of the dead-worker threshold without a
+/// renewal (2.5 s of the default 20 s), and never sooner than 2 s, which a busy database's
+/// stall may take: its workers then have most of the threshold to move before another node
+/// could count them dead, and their fence (at ¾ of it, from the last heartbeat this node
+/// recorded) is still far off.
+pub fn cut_off_after(worker_dead_after: Duration) -> Duration {
+    (worker_dead_after / 8).max(Duration::from_secs(2))
+}
+
+/// Whether this node reaches its store.
+#[derive(Debug)]
+pub struct Standing {
+    reaches_store: watch::Sender<bool>,
+}
+
+impl Standing {
+    fn new() -> Arc<Standing> {
+        Arc::new(Standing {
+            reaches_store: watch::channel(true).0,
+        })
+    }
+
+    pub fn is_cut_off(&self) -> bool {
+        !*self.reaches_store.borrow()
+    }
+
+    /// Waits until the node is cut off (at once if it is).
+    pub async fn cut_off(&self) {
+        let mut standing = self.reaches_store.subscribe();
+        let _ = standing.wait_for(|reaches| !reaches).await;
+    }
+
+    /// Sets the standing; true when it changed.
+    fn set(&self, reaches: bool) -> bool {
+        self.reaches_store.send_if_modified(|current| {
+            let changed = *current != reaches;
+            *current = reaches;
+            changed
+        })
+    }
 }
 
 /// This node's lease, held.
@@ -33,11 +96,13 @@ pub struct Membership {
     store: Arc<dyn Store>,
     member: Member,
     incarnation: String,
+    standing: Arc<Standing>,
 }
 
 impl Membership {
-    fn renewal_interval(lease: Duration) -> Duration {
-        (lease / 5).max(Duration::from_millis(100))
+    /// Whether this node reaches its store, as its renewals find.
+    pub fn standing(&self) -> Arc<Standing> {
+        self.standing.clone()
     }
 
     /// Claims the node's lease, or says why it cannot.
@@ -68,7 +133,7 @@ impl Membership {
         };
         let (mut sent, mut received, mut outcome) = claim_once(&claim, Vec::new()).await?;
         if let LeaseClaim::Refused { holders, .. } = outcome {
-            let wait = 2 * Self::renewal_interval(member.lease);
+            let wait = 2 * member.renewal_interval();
             tracing::info!(
                 node = %member.node_id,
                 holders = holders.len(),
@@ -91,6 +156,7 @@ impl Membership {
                     store,
                     member,
                     incarnation,
+                    standing: Standing::new(),
                 })
             }
             LeaseClaim::Refused { db_now, holders } => {
@@ -102,33 +168,77 @@ impl Membership {
     /// Renews the lease until `cancel`, then gives it up.
     pub async fn run(self, cancel: CancellationToken) {
         let lease_ms = self.member.lease.as_millis() as u64;
-        let mut ticker = tokio::time::interval(Self::renewal_interval(self.member.lease));
+        let interval = self.member.renewal_interval();
+        let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
         let mut offset = 0;
+        let mut renewed_at = Instant::now();
+        // Once another node took this node's id, this one stays cut off: two nodes never serve
+        // workers under one id.
+        let mut id_taken = false;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = ticker.tick() => {}
             }
             let sent = clock::local_ms();
-            let renewed = self
-                .store
-                .renew_node_lease(&self.member.node_id, &self.incarnation, lease_ms, offset)
-                .await;
+            // A renewal that hangs (a database that stopped answering) counts as failed once
+            // the next renewal is due.
+            let renewed = tokio::time::timeout(
+                interval,
+                self.store.renew_node_lease(
+                    &self.member.node_id,
+                    &self.incarnation,
+                    lease_ms,
+                    offset,
+                ),
+            )
+            .await;
             let received = clock::local_ms();
             match renewed {
-                Ok(Some(db_now)) => offset = observe_offset(sent, received, db_now, &self.member),
-                Ok(None) => tracing::error!(
-                    node = %self.member.node_id,
-                    "this node's lease was taken by another node with the same id (it expired \
-                     while the store was out of reach); give the nodes distinct --node-id"
-                ),
-                Err(err) => tracing::warn!(
+                Ok(Ok(Some(db_now))) if !id_taken => {
+                    offset = observe_offset(sent, received, db_now, &self.member);
+                    renewed_at = Instant::now();
+                    if self.standing.set(true) {
+                        tracing::info!(
+                            node = %self.member.node_id,
+                            "the store answers again; this node dispatches and takes workers again"
+                        );
+                    }
+                }
+                Ok(Ok(_)) => {
+                    id_taken = true;
+                    self.standing.set(false);
+                    tracing::error!(
+                        node = %self.member.node_id,
+                        "this node's lease was taken by another node with the same id (it \
+                         expired while the store was out of reach); this node serves no workers \
+                         any more: give the nodes distinct --node-id and restart it"
+                    );
+                }
+                Ok(Err(err)) => tracing::warn!(
                     node = %self.member.node_id,
                     error = %err,
                     "renewing this node's lease failed; retrying at the next interval"
                 ),
+                Err(_) => tracing::warn!(
+                    node = %self.member.node_id,
+                    waited_ms = interval.as_millis() as u64,
+                    "renewing this node's lease got no answer in time; retrying"
+                ),
+            }
+            let silent = renewed_at.elapsed();
+            if self.store.backend() == Backend::MySql
+                && silent > self.member.cut_off_after
+                && self.standing.set(false)
+            {
+                tracing::error!(
+                    node = %self.member.node_id,
+                    silent_ms = silent.as_millis() as u64,
+                    "this node cannot reach its store: it stops dispatching and closes its \
+                     workers' streams so they move to other nodes, until the store answers"
+                );
             }
         }
         self.leave().await;

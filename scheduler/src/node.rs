@@ -19,6 +19,8 @@ use crate::worker_rows::WorkerRows;
 
 pub struct Node {
     pub options: SchedulerOptions,
+    /// Whether the node reaches its store: cut off, it dispatches nothing and serves no worker.
+    pub standing: Arc<crate::membership::Standing>,
     pub store: Arc<dyn Store>,
     pub guards: Arc<dyn Guards>,
     pub registry: Registry,
@@ -48,6 +50,7 @@ pub struct Node {
 impl Node {
     pub fn new(
         options: SchedulerOptions,
+        standing: Arc<crate::membership::Standing>,
         store: Arc<dyn Store>,
         guards: Arc<dyn Guards>,
         reports: ReportSender,
@@ -62,6 +65,7 @@ impl Node {
             worker_rows: WorkerRows::start(store.clone(), options.heartbeat_interval),
             registry: Registry::new(),
             options,
+            standing,
             store,
             guards,
             reports,

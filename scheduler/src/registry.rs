@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId};
-use ax_proto::v1::SchedulerMessage;
+use ax_proto::v1::{CancelAttempt, SchedulerMessage, scheduler_message};
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -193,6 +193,41 @@ impl Registry {
     /// The worker's current sender, to tell it something.
     pub fn sender(&self, worker: &str) -> Option<WorkerSender> {
         self.lock().get(worker).map(|entry| entry.sender.clone())
+    }
+
+    /// Tells the worker, if it is connected here, to kill the attempt's process; false when it
+    /// is not connected here or its queue is full.
+    pub fn tell_cancel(
+        &self,
+        worker: &str,
+        instance: InstanceId,
+        attempt: Attempt,
+        reason: &str,
+    ) -> bool {
+        let Some(sender) = self.sender(worker) else {
+            return false;
+        };
+        let message = SchedulerMessage {
+            body: Some(scheduler_message::Body::Cancel(CancelAttempt {
+                instance_id: instance.0,
+                attempt: attempt.0,
+                reason: reason.to_string(),
+            })),
+        };
+        sender.try_send(Ok(message)).is_ok()
+    }
+
+    /// Every attempt in flight on a worker connected here, with its worker.
+    pub fn in_flight(&self) -> Vec<(String, InstanceId, Attempt)> {
+        self.lock()
+            .values()
+            .flat_map(|entry| {
+                entry
+                    .in_flight
+                    .iter()
+                    .map(|(instance, attempt)| (entry.profile.id.clone(), *instance, *attempt))
+            })
+            .collect()
     }
 }
 

@@ -33,7 +33,6 @@ use ax_core::firing::{
 use ax_core::ids::{RunId, WorkflowId};
 use ax_core::run::RunState;
 use ax_core::spec::{TriggerKind, WorkflowSpec};
-use ax_proto::v1 as pb;
 use ax_store::{CancelledAttempt, DecisionRecord, DueSchedule, NewRun, RunRecord, WorkflowRecord};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -405,23 +404,14 @@ pub async fn cancel_run(node: &Node, id: RunId, reason: &str, now: Millis) -> an
     Ok(true)
 }
 
-/// Tells the workers of cancelled attempts to kill them.
+/// Tells the workers of cancelled attempts to kill them. A worker connected to another node is
+/// told by that node, which finds the attempt ended in the store within a second (`backstop`).
 pub fn send_cancels(node: &Node, cancelled: &[CancelledAttempt], reason: &str) {
     for attempt in cancelled {
-        let Some(worker) = &attempt.worker_id else {
-            continue;
-        };
-        let Some(sender) = node.registry.sender(worker) else {
-            continue;
-        };
-        let message = pb::SchedulerMessage {
-            body: Some(pb::scheduler_message::Body::Cancel(pb::CancelAttempt {
-                instance_id: attempt.instance_id.0,
-                attempt: attempt.attempt.0,
-                reason: reason.to_string(),
-            })),
-        };
-        let _ = sender.try_send(Ok(message));
+        if let Some(worker) = &attempt.worker_id {
+            node.registry
+                .tell_cancel(worker, attempt.instance_id, attempt.attempt, reason);
+        }
     }
 }
 

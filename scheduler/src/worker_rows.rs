@@ -1,24 +1,51 @@
 //! Saves workers' rows. Other nodes judge a worker by its row (connected, last heartbeat,
-//! running count), so its heartbeats refresh the row now and then; with a thousand workers a
-//! transaction per refresh would be a hundred a second on an idle cluster. So a refresh is kept,
-//! the latest per worker, and the kept ones are written together a few times a second
+//! running count), so every heartbeat refreshes the row; with a thousand workers a transaction
+//! per refresh would be two hundred a second on an idle cluster. So a refresh is kept, the
+//! latest per worker, and the kept ones are written together a few times a second
 //! (`Store::upsert_workers`). A connect or a disconnect is written at once, with the refreshes
 //! kept so far, and its caller waits for it. Saves reach the store in the order they were made:
-//! a refresh never overwrites a later disconnect.
+//! a refresh never overwrites a later disconnect (and the store keeps the newest row whatever
+//! node saves last).
+//!
+//! A heartbeat is acknowledged to the worker only once its row is stored: an acknowledgement
+//! is what the worker's self-fence counts as contact, so the worker measures its silence from
+//! the same moment every node judges it by. A node that cannot write acknowledges nothing, and
+//! its workers fence in time even if some other node still reaches the store.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use ax_proto::v1::{HeartbeatAck, SchedulerMessage, scheduler_message};
 use ax_store::{Store, StoreError, WorkerRecord};
+
+use crate::registry::WorkerSender;
+
+/// A heartbeat to acknowledge once its row is stored.
+pub struct PendingAck {
+    pub sender: WorkerSender,
+    pub sent_at_ms: i64,
+}
+
+impl PendingAck {
+    fn send(self) {
+        let ack = SchedulerMessage {
+            body: Some(scheduler_message::Body::HeartbeatAck(HeartbeatAck {
+                sent_at_ms: self.sent_at_ms,
+            })),
+        };
+        // A full queue means the worker is far behind; the next ack will do.
+        let _ = self.sender.try_send(Ok(ack));
+    }
+}
 
 /// How often kept refreshes are written at most, and at least.
 const FLUSH_BOUNDS: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 
 pub struct WorkerRows {
     store: Arc<dyn Store>,
-    /// Refreshes not yet written, the latest per worker.
-    kept: Mutex<HashMap<String, WorkerRecord>>,
+    /// Refreshes not yet written, the latest per worker, with the heartbeat to acknowledge.
+    kept: Mutex<HashMap<String, (WorkerRecord, Option<PendingAck>)>>,
     /// Held while a group is written, so groups are written one after the other.
     writing: tokio::sync::Mutex<()>,
 }
@@ -38,14 +65,14 @@ impl WorkerRows {
         rows
     }
 
-    /// Keeps `record` to be written with the next group.
-    pub fn refresh(&self, record: WorkerRecord) {
-        self.kept_rows().insert(record.id.clone(), record);
+    /// Keeps `record` to be written with the next group, and `ack` to be sent once it is.
+    pub fn refresh(&self, record: WorkerRecord, ack: Option<PendingAck>) {
+        self.kept_rows().insert(record.id.clone(), (record, ack));
     }
 
     /// Writes `record` now, with the refreshes kept so far.
     pub async fn save(&self, record: WorkerRecord) -> Result<(), StoreError> {
-        self.refresh(record);
+        self.refresh(record, None);
         self.flush().await
     }
 
@@ -53,23 +80,26 @@ impl WorkerRows {
     /// except where a newer record for the same worker came meanwhile.
     pub async fn flush(&self) -> Result<(), StoreError> {
         let _writing = self.writing.lock().await;
-        let group: Vec<WorkerRecord> = std::mem::take(&mut *self.kept_rows())
-            .into_values()
-            .collect();
+        let (group, acks): (Vec<WorkerRecord>, Vec<Option<PendingAck>>) =
+            std::mem::take(&mut *self.kept_rows()).into_values().unzip();
         if group.is_empty() {
             return Ok(());
         }
         let written = self.store.upsert_workers(&group).await;
-        if written.is_err() {
+        if written.is_ok() {
+            acks.into_iter().flatten().for_each(PendingAck::send);
+        } else {
             let mut kept = self.kept_rows();
-            for record in group {
-                kept.entry(record.id.clone()).or_insert(record);
+            for (record, ack) in group.into_iter().zip(acks) {
+                kept.entry(record.id.clone()).or_insert((record, ack));
             }
         }
         written
     }
 
-    fn kept_rows(&self) -> std::sync::MutexGuard<'_, HashMap<String, WorkerRecord>> {
+    fn kept_rows(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, (WorkerRecord, Option<PendingAck>)>> {
         // The map is whole after any panic (single inserts and takes), so a poisoned lock is
         // still usable.
         self.kept
@@ -124,9 +154,9 @@ mod tests {
         let rows = WorkerRows::start(store.clone(), Duration::from_secs(7200));
         tokio::time::sleep(Duration::from_millis(50)).await; // the first tick is immediate
         for n in 0..50 {
-            rows.refresh(record(&format!("w{n:02}"), 100, true));
+            rows.refresh(record(&format!("w{n:02}"), 100, true), None);
         }
-        rows.refresh(record("w07", 200, true));
+        rows.refresh(record("w07", 200, true), None);
         assert!(
             store.list_workers().await.expect("list").is_empty(),
             "kept, not written"
@@ -143,7 +173,7 @@ mod tests {
     async fn a_disconnect_saved_after_a_refresh_is_what_stays() {
         let (_dir, store) = sqlite_store().await;
         let rows = WorkerRows::start(store.clone(), Duration::from_millis(20));
-        rows.refresh(record("w1", 100, true));
+        rows.refresh(record("w1", 100, true), None);
         rows.save(record("w1", 150, false)).await.expect("save");
         // Timed flushes come and go; nothing older may overwrite the disconnect.
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -157,7 +187,12 @@ mod tests {
     async fn kept_refreshes_are_written_by_the_timer() {
         let (_dir, store) = sqlite_store().await;
         let rows = WorkerRows::start(store.clone(), Duration::from_millis(40));
-        rows.refresh(record("w1", 100, true));
+        let (sender, mut acks) = tokio::sync::mpsc::channel(1);
+        let ack = PendingAck {
+            sender,
+            sent_at_ms: 77,
+        };
+        rows.refresh(record("w1", 100, true), Some(ack));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while store.list_workers().await.expect("list").is_empty() {
             assert!(tokio::time::Instant::now() < deadline, "never written");
@@ -167,5 +202,35 @@ mod tests {
             store.list_workers().await.expect("list"),
             [record("w1", 100, true)]
         );
+        // The heartbeat is acknowledged once its row is stored.
+        let ack = acks.recv().await.expect("an ack").expect("not an error");
+        assert!(matches!(
+            ack.body,
+            Some(scheduler_message::Body::HeartbeatAck(HeartbeatAck {
+                sent_at_ms: 77
+            }))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_heartbeat_whose_row_cannot_be_stored_is_not_acknowledged() {
+        let (dir, store) = sqlite_store().await;
+        let rows = WorkerRows::start(store.clone(), Duration::from_secs(7200));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The store's file loses its table: every write fails.
+        let url = format!("sqlite://{}", dir.path().join("workers.db").display());
+        let pool = sqlx::SqlitePool::connect(&url).await.expect("pool");
+        sqlx::query("DROP TABLE worker")
+            .execute(&pool)
+            .await
+            .expect("drop");
+        let (sender, mut acks) = tokio::sync::mpsc::channel(1);
+        let ack = PendingAck {
+            sender,
+            sent_at_ms: 5,
+        };
+        rows.refresh(record("w1", 100, true), Some(ack));
+        assert!(rows.flush().await.is_err());
+        assert!(acks.try_recv().is_err(), "nothing acknowledged");
     }
 }

@@ -13,8 +13,7 @@ use ax_core::spec::{TriggerKind, WorkflowSpec, parse_workflow};
 use ax_proto::v1 as pb;
 use ax_proto::v1::control_service_server::ControlService;
 use ax_store::{
-    AuditRecord, CancelledAttempt, InstanceCounts, InstanceRecord, LogStream, ManualRetry, NewRun,
-    WorkflowRecord,
+    AuditRecord, InstanceCounts, InstanceRecord, LogStream, ManualRetry, NewRun, WorkflowRecord,
 };
 use futures::Stream;
 use tokio::sync::mpsc;
@@ -164,26 +163,6 @@ impl ControlApi {
             .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
         let counts = self.node.store.run_counts(id).await.map_err(store_status)?;
         Ok(convert::run(&record, Some(&counts)))
-    }
-
-    /// Tells the workers of cancelled attempts to kill them.
-    fn send_cancels(&self, cancelled: &[CancelledAttempt], reason: &str) {
-        for attempt in cancelled {
-            let Some(worker) = &attempt.worker_id else {
-                continue;
-            };
-            let Some(sender) = self.node.registry.sender(worker) else {
-                continue;
-            };
-            let message = pb::SchedulerMessage {
-                body: Some(pb::scheduler_message::Body::Cancel(pb::CancelAttempt {
-                    instance_id: attempt.instance_id.0,
-                    attempt: attempt.attempt.0,
-                    reason: reason.to_string(),
-                })),
-            };
-            let _ = sender.try_send(Ok(message));
-        }
     }
 }
 
@@ -534,7 +513,7 @@ impl ControlService for ControlApi {
         } else {
             request.reason.clone()
         };
-        self.send_cancels(&cancelled, &reason);
+        crate::schedules::send_cancels(&self.node, &cancelled, &reason);
         // Ending a run may have started queued runs of its workflow.
         self.node.dispatch_wake.notify_one();
         let detail = format!("{} attempts stopped; {reason}", cancelled.len());
@@ -627,7 +606,7 @@ impl ControlService for ControlApi {
         } else {
             request.reason.clone()
         };
-        self.send_cancels(cancelled.as_slice(), &reason);
+        crate::schedules::send_cancels(&self.node, cancelled.as_slice(), &reason);
         self.node.dispatch_wake.notify_one();
         self.audit(
             &request.actor,

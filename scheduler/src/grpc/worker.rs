@@ -14,8 +14,8 @@ use ax_core::ids::{Attempt, InstanceId};
 use ax_core::state::{InstanceState, Outcome};
 use ax_proto::v1::worker_service_server::WorkerService;
 use ax_proto::v1::{
-    AttemptOutcome, HeartbeatAck, LogBatch, LogStream as ProtoStream, ProtocolVersion, Register,
-    Registered, SchedulerMessage, WorkerMessage, scheduler_message, worker_message,
+    AttemptOutcome, LogBatch, LogStream as ProtoStream, ProtocolVersion, Register, Registered,
+    SchedulerMessage, WorkerMessage, scheduler_message, worker_message,
 };
 use ax_store::{ActiveAttempt, AttemptEnd, LogChunk, LogStream, Report, WorkerRecord};
 use futures::Stream;
@@ -27,6 +27,7 @@ use crate::clock::now_ms;
 use crate::node::Node;
 use crate::registry::WorkerProfile;
 use crate::reporter::Envelope;
+use crate::worker_rows::PendingAck;
 
 /// How long a new stream may take to send its Register frame.
 const REGISTER_DEADLINE: Duration = Duration::from_secs(10);
@@ -74,6 +75,9 @@ impl WorkerService for WorkerApi {
         };
         let profile = validate_register(&register)?;
         let node = self.node.clone();
+        if node.standing.is_cut_off() {
+            return Err(cut_off_status(&node));
+        }
 
         // Re-attach: attempts the worker runs that are still current are adopted; the rest are
         // stale and the worker kills them. Attempts it says ended are left to their reports,
@@ -151,7 +155,16 @@ impl WorkerService for WorkerApi {
         node.dispatch_wake.notify_one();
 
         tokio::spawn(async move {
-            let reason = serve(&node, &profile.id, connection, &mut inbound).await;
+            let reason = tokio::select! {
+                reason = serve(&node, &profile.id, connection, &mut inbound) => reason,
+                () = node.standing.cut_off() => {
+                    // Ended with a status, so the worker says why it moves on.
+                    if let Some(sender) = node.registry.sender(&profile.id) {
+                        let _ = sender.try_send(Err(cut_off_status(&node)));
+                    }
+                    "this node cannot reach its store".to_string()
+                }
+            };
             if node.registry.disconnect(&profile.id, connection) {
                 tracing::info!(worker = %profile.id, reason = %reason, "worker disconnected");
                 save_worker(&node, &profile, 0, now_ms(), false).await;
@@ -159,6 +172,14 @@ impl WorkerService for WorkerApi {
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
+}
+
+/// Why a node cut off from its store serves no worker: the worker goes to another node.
+fn cut_off_status(node: &Node) -> Status {
+    Status::unavailable(format!(
+        "scheduler node {} cannot reach its store; connect to another node",
+        node.options.node_id
+    ))
 }
 
 /// The attempts the store has DISPATCHED or RUNNING on `worker` (claimed before `registered_at`:
@@ -347,8 +368,6 @@ async fn serve(
     connection: u64,
     inbound: &mut Streaming<WorkerMessage>,
 ) -> String {
-    let save_every = node.options.heartbeat_interval.as_millis() as i64 * 2;
-    let mut last_saved = now_ms();
     loop {
         let message = match inbound.message().await {
             Ok(Some(message)) => message,
@@ -366,23 +385,15 @@ async fn serve(
                 let now = now_ms();
                 node.registry
                     .heartbeat(worker, connection, heartbeat.draining, now);
-                if let Some(sender) = node.registry.sender(worker) {
-                    let ack = SchedulerMessage {
-                        body: Some(scheduler_message::Body::HeartbeatAck(HeartbeatAck {
-                            sent_at_ms: heartbeat.sent_at_ms,
-                        })),
-                    };
-                    // A full queue means the worker is far behind; the next ack will do.
-                    let _ = sender.try_send(Ok(ack));
-                }
-                // Other nodes see this worker through the store; refresh its row now and then,
-                // well within the dead-worker threshold, not on every heartbeat.
-                if now - last_saved >= save_every {
-                    last_saved = now;
-                    if let Some(view) = node.registry.view(worker) {
-                        let row = worker_row(node, &view.profile, view.running, now, true);
-                        node.worker_rows.refresh(row);
-                    }
+                // Other nodes see this worker through the store: every heartbeat refreshes its
+                // row, and is acknowledged once the row is written (`worker_rows`).
+                if let Some(view) = node.registry.view(worker) {
+                    let row = worker_row(node, &view.profile, view.running, now, true);
+                    let ack = node.registry.sender(worker).map(|sender| PendingAck {
+                        sender,
+                        sent_at_ms: heartbeat.sent_at_ms,
+                    });
+                    node.worker_rows.refresh(row, ack);
                 }
                 continue;
             }

@@ -297,6 +297,8 @@ pub struct ActiveAttempt {
     pub attempt: Attempt,
     pub state: InstanceState,
     pub worker_id: Option<String>,
+    /// The scheduler node that dispatched the attempt.
+    pub dispatched_by: Option<String>,
     pub dispatched_at: Option<Millis>,
     pub started_at: Option<Millis>,
     pub last_heartbeat_at: Option<Millis>,

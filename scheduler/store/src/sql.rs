@@ -220,6 +220,32 @@ impl Dialect {
     }
 }
 
+impl Dialect {
+    /// Like [`Dialect::upsert_tail`], but an existing row changes only when the new one is at
+    /// least as recent by `newer` (which must be one of `columns`): an update that arrives late
+    /// never takes a row back in time.
+    pub(crate) fn upsert_newer_tail(self, key: &[&str], columns: &[&str], newer: &str) -> String {
+        match self {
+            Dialect::MySql => {
+                // Assignments apply left to right and later ones see earlier results, so
+                // `newer` itself is assigned last.
+                let fresh = format!("VALUES({newer}) >= {newer}");
+                let sets: Vec<String> = columns
+                    .iter()
+                    .filter(|c| **c != newer)
+                    .chain(std::iter::once(&newer))
+                    .map(|c| format!("{c} = IF({fresh}, VALUES({c}), {c})"))
+                    .collect();
+                format!(" ON DUPLICATE KEY UPDATE {}", sets.join(", "))
+            }
+            Dialect::Sqlite => format!(
+                "{} WHERE excluded.{newer} >= {newer}",
+                self.upsert_tail(key, columns)
+            ),
+        }
+    }
+}
+
 /// `(?, ?, …), (?, ?, …)` for a multi-row insert.
 pub(crate) fn values_rows(rows: usize, columns: usize) -> String {
     let one = format!("({})", vec!["?"; columns].join(", "));

@@ -1298,6 +1298,17 @@ mod scenarios {
         assert_eq!(listed[2].id, "sim-000");
         assert_eq!(listed[301].running, 299);
 
+        // A save that arrives late from another node (older heartbeat) changes nothing: the
+        // worker's row stays the one from the node it is connected to now.
+        let late = WorkerRecord {
+            node_id: "sched-b".into(),
+            connected: false,
+            last_heartbeat: T0 + 12_000,
+            ..w_again.clone()
+        };
+        s.upsert_workers(std::slice::from_ref(&late)).await.unwrap();
+        assert_eq!(s.list_workers().await.unwrap()[1], w_again);
+
         let audit = |at, action: &str| AuditRecord {
             at,
             actor: "alice".into(),

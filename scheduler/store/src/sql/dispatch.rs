@@ -736,7 +736,7 @@ pub(crate) async fn active_attempts(
     };
     let sql = format!(
         "SELECT ti.id, ti.run_id, ti.attempt, ti.state, ti.worker_id, ti.started_at, \
-         ti.last_heartbeat_at, ta.dispatched_at, td.timeout_ms \
+         ti.last_heartbeat_at, ta.dispatched_at, ta.node_id, td.timeout_ms \
          FROM task_instance ti \
          JOIN task_definition td ON td.workflow_id = ti.workflow_id \
            AND td.version = ti.workflow_version AND td.name = ti.task_name \
@@ -758,6 +758,7 @@ pub(crate) async fn active_attempts(
                 attempt: Attempt(to_u32(row.try_get("attempt")?, "attempt")?),
                 state: instance_state(&row.try_get::<String, _>("state")?)?,
                 worker_id: row.try_get("worker_id")?,
+                dispatched_by: row.try_get("node_id")?,
                 dispatched_at: row.try_get("dispatched_at")?,
                 started_at: row.try_get("started_at")?,
                 last_heartbeat_at: row.try_get("last_heartbeat_at")?,

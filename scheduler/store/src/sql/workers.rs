@@ -41,7 +41,11 @@ pub(crate) async fn upsert_workers(store: &SqlStore, workers: &[WorkerRecord]) -
                 "INSERT INTO worker (id, {}) VALUES {}{}",
                 COLUMNS.join(", "),
                 values_rows(chunk.len(), COLUMNS.len() + 1),
-                store.dialect.upsert_tail(&["id"], &COLUMNS)
+                // A row saved late by another node (one cut off from the store, say) must not
+                // overwrite the worker's newer row from the node it is connected to now.
+                store
+                    .dialect
+                    .upsert_newer_tail(&["id"], &COLUMNS, "last_heartbeat")
             );
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
             for (worker, labels) in chunk {

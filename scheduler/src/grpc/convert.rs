@@ -187,6 +187,7 @@ pub fn attempt(record: &AttemptRecord) -> pb::Attempt {
         attempt: record.attempt.0,
         state: instance_state(record.state) as i32,
         worker_id: record.worker_id.clone().unwrap_or_default(),
+        node_id: record.node_id.clone().unwrap_or_default(),
         dispatched_at_ms: record.dispatched_at.unwrap_or(0),
         started_at_ms: record.started_at.unwrap_or(0),
         finished_at_ms: record.finished_at.unwrap_or(0),

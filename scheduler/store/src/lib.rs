@@ -148,6 +148,8 @@ pub struct AttemptRecord {
     pub attempt: Attempt,
     pub state: InstanceState,
     pub worker_id: Option<String>,
+    /// The scheduler node that dispatched it.
+    pub node_id: Option<String>,
     pub dispatched_at: Option<Millis>,
     pub started_at: Option<Millis>,
     pub finished_at: Option<Millis>,

@@ -32,7 +32,7 @@ pub(crate) const INSTANCE_SELECT: &str = "SELECT ti.id, ti.run_id, ti.workflow_i
      FROM task_instance ti JOIN workflow w ON w.id = ti.workflow_id";
 
 pub(crate) const ATTEMPT_SELECT: &str = "SELECT instance_id, attempt, state, worker_id, \
-     dispatched_at, started_at, finished_at, exit_code, signal_num, pid, log_lines, message \
+     node_id, dispatched_at, started_at, finished_at, exit_code, signal_num, pid, log_lines, message \
      FROM task_attempt";
 
 pub(crate) const WORKER_SELECT: &str = "SELECT id, version, hostname, labels_json, capacity, \
@@ -162,6 +162,7 @@ pub(crate) fn attempt(row: &AnyRow) -> Result<AttemptRecord> {
         attempt: Attempt(to_u32(row.try_get("attempt")?, "attempt")?),
         state: instance_state(&row.try_get::<String, _>("state")?)?,
         worker_id: row.try_get("worker_id")?,
+        node_id: row.try_get("node_id")?,
         dispatched_at: row.try_get("dispatched_at")?,
         started_at: row.try_get("started_at")?,
         finished_at: row.try_get("finished_at")?,

@@ -251,3 +251,50 @@ async fn a_task_only_the_other_nodes_worker_can_run_runs_there() {
     assert_eq!(train.attempts[0].node_id, "n1");
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_and_consistent_hash_choose_among_the_whole_clusters_workers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(mut cluster) = TwoNodes::start(dir.path()).await else {
+        return;
+    };
+    // The lowest id is on n2; triggers go to n1, whose only worker is "b".
+    cluster.worker("a", 1, &[]);
+    cluster.worker("b", 0, &[]);
+    let on_n1 = cluster.client(0).await;
+    on_n1
+        .wait_for_workers(2, HANG_GUARD)
+        .await
+        .expect("both live");
+    on_n1
+        .apply(
+            "name: routed\ntasks:\n  - name: primary\n    routing: failover\n    \
+             command: 'true'\n  - name: sticky\n    routing: consistent_hash\n    \
+             command: 'true'\n",
+        )
+        .await
+        .expect("apply");
+    let mut sticky_workers = Vec::new();
+    for _ in 0..6 {
+        let run = on_n1.trigger_run("routed").await.expect("trigger");
+        let ended = on_n1
+            .wait_run_within(run.id, HANG_GUARD)
+            .await
+            .expect("run ends");
+        assert_eq!(ended.state(), pb::RunState::Success);
+        for instance in on_n1.instances(run.id).await.expect("instances") {
+            let worker = instance.attempts[0].worker_id.clone();
+            match instance.task.as_str() {
+                "primary" => assert_eq!(worker, "a", "failover picks the cluster's lowest id"),
+                _ => sticky_workers.push(worker),
+            }
+        }
+    }
+    sticky_workers.dedup();
+    assert_eq!(
+        sticky_workers.len(),
+        1,
+        "one key, one worker, whichever node dispatched: {sticky_workers:?}"
+    );
+    cluster.shutdown().await;
+}

@@ -11,6 +11,13 @@
 //! labels (cluster-wide, from the worker records) instead of being placed. An instance held
 //! back by a limit is recorded once as Throttled; one with no live worker carrying its labels
 //! anywhere in the cluster as NoWorker; a shard whose worker is gone for good fails.
+//!
+//! In a cluster every node runs this over the same WAITING instances, each placing them on the
+//! workers connected to it; the conditional claim lets one node win each attempt. An instance
+//! that only another node's workers can take, or whose `consistent_hash`/`failover` route picks
+//! a worker on another node (those routes choose among the cluster's live workers), is left to
+//! that node, which finds it at its next pass (woken by its own events, or within
+//! `IDLE_POLL`).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -139,7 +146,55 @@ struct ClusterView {
     workers: Option<Vec<WorkerRecord>>,
 }
 
+/// A worker of the cluster as a placement across nodes sees it.
+struct ClusterWorker {
+    id: String,
+    labels: BTreeMap<String, String>,
+    capacity: u32,
+    running: u32,
+    accepting: bool,
+    /// Its index in this node's slots when it is connected here.
+    here: Option<usize>,
+}
+
 impl ClusterView {
+    /// Every live worker of the cluster: this node's from its slots (exact, and counting what
+    /// this pass planned), the others' from their rows (as of their last heartbeat).
+    async fn all_workers(
+        &mut self,
+        node: &Node,
+        slots: &[WorkerSlot],
+        now: Millis,
+    ) -> anyhow::Result<Vec<ClusterWorker>> {
+        let dead_after = crate::backstop::intervals(node).worker_dead_after_ms();
+        let mut all: Vec<ClusterWorker> = slots
+            .iter()
+            .enumerate()
+            .map(|(index, slot)| ClusterWorker {
+                id: slot.id.clone(),
+                labels: slot.labels.clone(),
+                capacity: slot.capacity,
+                running: slot.running,
+                accepting: slot.accepting,
+                here: Some(index),
+            })
+            .collect();
+        for row in self.workers(node).await? {
+            let live = row.connected && row.last_heartbeat >= now - dead_after;
+            if live && !slots.iter().any(|slot| slot.id == row.id) {
+                all.push(ClusterWorker {
+                    id: row.id.clone(),
+                    labels: row.labels.clone(),
+                    capacity: row.capacity,
+                    running: row.running,
+                    accepting: !row.draining,
+                    here: None,
+                });
+            }
+        }
+        Ok(all)
+    }
+
     async fn workers(&mut self, node: &Node) -> anyhow::Result<&[WorkerRecord]> {
         if self.workers.is_none() {
             self.workers = Some(node.store.list_workers().await?);
@@ -318,7 +373,31 @@ async fn dispatch_batch(
             let key = format!("{}/{}", spec.name, task.name);
             let pinned = item.shard.as_ref().map(|shard| shard.worker.as_str());
             let route = Route::for_task(task.routing, node.options.strategy, &key, pinned);
-            let chosen = placer.choose_routed(route, &candidates, &task.labels, rand::random());
+            let chosen = if route.spans_the_cluster() {
+                let all = cluster.all_workers(node, &slots, now).await?;
+                let everyone: Vec<Candidate<'_>> = all
+                    .iter()
+                    .map(|worker| Candidate {
+                        id: &worker.id,
+                        labels: &worker.labels,
+                        capacity: worker.capacity,
+                        running: worker.running,
+                        accepting: worker.accepting,
+                    })
+                    .collect();
+                match placer.choose_routed(route, &everyone, &task.labels, rand::random()) {
+                    Some(index) if all[index].here.is_none() => {
+                        // The node holding that worker dispatches it; look past it.
+                        fitter.give_back(&limits);
+                        pass.held_back = true;
+                        continue;
+                    }
+                    Some(index) => all[index].here,
+                    None => None,
+                }
+            } else {
+                placer.choose_routed(route, &candidates, &task.labels, rand::random())
+            };
             let Some(chosen) = chosen else {
                 fitter.give_back(&limits);
                 if let Some(worker) = pinned {
@@ -333,17 +412,18 @@ async fn dispatch_batch(
                             tracing::warn!(instance = %instance.id, worker, "shard failed: its worker is gone");
                         }
                     }
-                } else if !any_carries(&candidates, &task.labels)
-                    && cluster.live_with(node, &task.labels, now).await?.is_empty()
-                {
+                } else if !any_carries(&candidates, &task.labels) {
+                    // Only another node's workers (if any) can take it: look past it.
                     pass.held_back = true;
-                    decisions.push(decision(
-                        node,
-                        &item,
-                        DecisionKind::NoWorker,
-                        labels_text(&task.labels),
-                        now,
-                    ));
+                    if cluster.live_with(node, &task.labels, now).await?.is_empty() {
+                        decisions.push(decision(
+                            node,
+                            &item,
+                            DecisionKind::NoWorker,
+                            labels_text(&task.labels),
+                            now,
+                        ));
+                    }
                 }
                 continue;
             };

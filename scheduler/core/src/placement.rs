@@ -171,12 +171,12 @@ impl Placer {
 pub enum Route<'a> {
     /// One of the plain strategies (round robin shares the placer's cursor).
     Strategy(Strategy),
-    /// Rendezvous hashing of `key` (workflow and task) over the eligible workers (those the
-    /// caller passes: the dispatching node's own connected workers): the same key
+    /// Rendezvous hashing of `key` (workflow and task) over the eligible workers (the caller
+    /// passes the cluster's live workers, see [`Route::spans_the_cluster`]): the same key
     /// lands on the same worker while it lives and has a free slot, else on the next one in the
     /// key's hash order. Adding or removing a worker moves only the keys that ranked it first.
     ConsistentHash(&'a str),
-    /// The eligible worker with the lowest id.
+    /// The eligible worker with the lowest id (of the cluster's live workers).
     Failover,
     /// Only this worker (a shard of a sharded broadcast is pinned to its worker).
     Pinned(&'a str),
@@ -204,6 +204,16 @@ impl<'a> Route<'a> {
             Routing::ConsistentHash => Route::ConsistentHash(key),
             Routing::Failover => Route::Failover,
         }
+    }
+}
+
+impl Route<'_> {
+    /// Whether the choice depends on the whole worker set, not only on the workers one node
+    /// holds: the same key must land on the same worker whichever node dispatches it. Such a
+    /// route is chosen among the cluster's live workers, and the node holding the chosen one
+    /// dispatches.
+    pub fn spans_the_cluster(&self) -> bool {
+        matches!(self, Route::ConsistentHash(_) | Route::Failover)
     }
 }
 

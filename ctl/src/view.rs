@@ -392,6 +392,8 @@ pub struct NodeView {
     /// The node's clock minus the store's.
     pub clock_offset_ms: i64,
     pub workers: u32,
+    /// `name=limit` pairs.
+    pub pools: String,
     /// Now on the store's clock, which the lease times are judged against.
     pub store_now: Option<String>,
 }
@@ -408,6 +410,7 @@ impl NodeView {
             expires_at: rfc3339(node.expires_at_ms),
             clock_offset_ms: node.clock_offset_ms,
             workers: node.workers,
+            pools: node.pools.clone(),
             store_now: rfc3339(store_now_ms),
         }
     }

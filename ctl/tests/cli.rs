@@ -456,6 +456,7 @@ async fn cluster_lists_the_nodes_on_the_store_clock() {
                 clock_offset_ms: -35_000,
                 live: true,
                 workers: 3,
+                pools: "etl=4".into(),
             },
             pb::NodeInfo {
                 node_id: "n2".into(),
@@ -467,6 +468,7 @@ async fn cluster_lists_the_nodes_on_the_store_clock() {
                 clock_offset_ms: 4,
                 live: false,
                 workers: 0,
+                pools: String::new(),
             },
         ];
     });
@@ -482,7 +484,8 @@ async fn cluster_lists_the_nodes_on_the_store_clock() {
         lines[1].contains("n1")
             && lines[1].contains("LIVE")
             && lines[1].contains("renewed 2s ago")
-            && lines[1].contains("-35000 ms"),
+            && lines[1].contains("-35000 ms")
+            && lines[1].ends_with("etl=4"),
         "{out:?}"
     );
     assert!(
@@ -494,6 +497,7 @@ async fn cluster_lists_the_nodes_on_the_store_clock() {
     assert_eq!(nodes[0]["node_id"], "n1");
     assert_eq!(nodes[0]["clock_offset_ms"], -35_000);
     assert_eq!(nodes[1]["live"], false);
+    assert_eq!(nodes[0]["pools"], "etl=4");
     assert_eq!(nodes[0]["store_now"], "2026-01-01T00:00:00.000Z");
     assert_eq!(fake.with(|s| s.calls.clone()), ["ListNodes", "ListNodes"]);
 }

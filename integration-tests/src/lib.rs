@@ -3,6 +3,7 @@
 //! [`TestClient`] of its control API whose waits give up after a timeout instead of hanging.
 pub mod client;
 pub mod fault_kit;
+pub mod mariadb_server;
 pub mod process;
 pub mod proto_worker;
 pub mod proxy;

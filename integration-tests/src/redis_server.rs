@@ -144,7 +144,7 @@ async fn ping(port: u16) -> bool {
     )
 }
 
-fn which(program: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn which(program: &str) -> anyhow::Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))
@@ -152,7 +152,7 @@ fn which(program: &str) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("{program} is not on PATH"))
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
     Ok(listener.local_addr()?.port())
 }

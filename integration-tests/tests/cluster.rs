@@ -99,7 +99,13 @@ async fn nodes_with_their_own_ids_share_mysql() {
         return;
     };
     let first = ax_scheduler::start(node(&db.url, "n1")).await.expect("n1");
-    let second = ax_scheduler::start(node(&db.url, "n2")).await.expect("n2");
+    // n2 has other pools than n1: it says so in its log, and `axctl cluster` shows both.
+    let second = ax_scheduler::start(SchedulerOptions {
+        pools: std::collections::BTreeMap::from([("etl".to_string(), 8)]),
+        ..node(&db.url, "n2")
+    })
+    .await
+    .expect("n2");
     let store = ax_store::open(&db.url).await.expect("store");
     let (now, leases) = store.list_node_leases().await.expect("leases");
     let ids: Vec<&str> = leases.iter().map(|l| l.node_id.as_str()).collect();
@@ -122,6 +128,8 @@ async fn nodes_with_their_own_ids_share_mysql() {
         .map(|n| (n.node_id.as_str(), n.live))
         .collect();
     assert_eq!(live, [("n1", true), ("n2", true)]);
+    let pools: Vec<&str> = listed.nodes.iter().map(|n| n.pools.as_str()).collect();
+    assert_eq!(pools, ["", "etl=8"]);
     assert!(
         listed.nodes.iter().all(|n| n.clock_offset_ms.abs() < 1_000),
         "{listed:?}"
@@ -231,4 +239,56 @@ async fn fault_cluster_a_node_whose_clock_is_30s_ahead_fires_nothing_early() {
     slots.dedup();
     assert_eq!(slots.len(), fired, "a slot fired twice: {text}");
     assert_eq!(runs.len(), fired, "runs and ledger lines differ");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_without_the_run_dedup_key_is_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(db) = TestDb::create(Backend::MySql, dir.path())
+        .await
+        .expect("test db")
+    else {
+        return;
+    };
+    // ax creates the schema; then someone drops the key that makes each cron slot fire once.
+    drop(ax_store::open(&db.url).await.expect("store"));
+    let pool = sqlx::MySqlPool::connect(&db.url).await.expect("pool");
+    sqlx::query("ALTER TABLE run DROP INDEX uq_run_dedup")
+        .execute(&pool)
+        .await
+        .expect("drop the key");
+    pool.close().await;
+    let refused = refusal(node(&db.url, "n1")).await;
+    assert!(
+        refused.contains("table run has no unique key on (workflow_id, dedup_key)"),
+        "{refused}"
+    );
+    db.drop_database().await.expect("drop database");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_server_is_refused_before_anything_is_written() {
+    if ax_integration_tests::mysql_server_url().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server =
+        ax_integration_tests::mariadb_server::MariaDbServer::start(dir.path(), &["--read-only"])
+            .await
+            .expect("a private read-only mariadbd (a replica's setting)");
+    let refused = refusal(node(&server.url("mysql"), "n1")).await;
+    assert!(
+        refused.contains("the MySQL server is read-only"),
+        "{refused}"
+    );
+    // Nothing was created on it: the refusal comes before the migrations.
+    let pool = sqlx::MySqlPool::connect(&server.url("mysql"))
+        .await
+        .expect("pool");
+    let tables: Vec<(String,)> =
+        sqlx::query_as("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_NAME = 'run'")
+            .fetch_all(&pool)
+            .await
+            .expect("tables");
+    assert!(tables.is_empty(), "{tables:?}");
 }

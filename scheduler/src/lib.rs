@@ -149,6 +149,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         address: options.advertise.clone().unwrap_or(address),
         lease: options.node_lease,
         max_clock_offset: options.max_clock_offset,
+        pools: membership::pools_text(&options.pools),
         cut_off_after: membership::cut_off_after(
             options.heartbeat_interval * options.dead_after_missed_heartbeats,
         ),

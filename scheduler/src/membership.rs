@@ -37,6 +37,49 @@ pub struct Member {
     pub max_clock_offset: Duration,
     /// How long without a renewal makes the node cut off from its store.
     pub cut_off_after: Duration,
+    /// The node's `[pools]`, as [`pools_text`] writes them.
+    pub pools: String,
+}
+
+/// Pools as `name=limit` pairs in name order, comma-separated.
+pub fn pools_text(pools: &std::collections::BTreeMap<String, u32>) -> String {
+    let pairs: Vec<String> = pools
+        .iter()
+        .map(|(name, limit)| format!("{name}={limit}"))
+        .collect();
+    pairs.join(",")
+}
+
+/// A warning for each live node whose pools differ from `ours`: a pool's limit is counted
+/// cluster-wide, so nodes with different limits let different numbers run.
+pub fn pool_differences(
+    node_id: &str,
+    ours: &str,
+    others: &[NodeLease],
+    db_now: i64,
+) -> Vec<String> {
+    let shown = |pools: &str| {
+        if pools.is_empty() {
+            "none".to_string()
+        } else {
+            pools.to_string()
+        }
+    };
+    others
+        .iter()
+        .filter(|lease| {
+            lease.node_id != node_id && lease.expires_at > db_now && lease.pools != ours
+        })
+        .map(|lease| {
+            format!(
+                "node {} has [pools] {} but this node {} has {}; give every node the same [pools]",
+                lease.node_id,
+                shown(&lease.pools),
+                node_id,
+                shown(ours)
+            )
+        })
+        .collect()
 }
 
 impl Member {
@@ -117,6 +160,7 @@ impl Membership {
             renewed_at: 0,
             expires_at: 0,
             clock_offset_ms: 0,
+            pools: member.pools.clone(),
         };
         let lease_ms = member.lease.as_millis() as u64;
         let claim_once = |claim: &NodeLease, presumed_dead: Vec<NodeLease>| {
@@ -152,6 +196,7 @@ impl Membership {
                     clock_offset_ms,
                     "node lease claimed"
                 );
+                warn_of_other_pools(&store, &member).await;
                 Ok(Membership {
                     store,
                     member,
@@ -256,6 +301,18 @@ impl Membership {
     }
 }
 
+/// Says so loudly when another live node has other `[pools]`.
+async fn warn_of_other_pools(store: &Arc<dyn Store>, member: &Member) {
+    match store.list_node_leases().await {
+        Ok((db_now, leases)) => {
+            for warning in pool_differences(&member.node_id, &member.pools, &leases, db_now) {
+                tracing::warn!(node = %member.node_id, "{warning}");
+            }
+        }
+        Err(err) => tracing::warn!(error = %err, "cannot compare [pools] with the other nodes"),
+    }
+}
+
 /// This node's clock minus the database's, from one round trip; corrects the node's clock by it
 /// and says so loudly when it passes the bound.
 fn observe_offset(sent: i64, received: i64, db_now: i64, member: &Member) -> i64 {
@@ -310,5 +367,48 @@ fn refusal(backend: Backend, node_id: &str, db_now: i64, holders: &[NodeLease]) 
             others.join(", ")
         ),
         Backend::MySql => format!("live leases stand in the way: {}", others.join(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn lease(node_id: &str, pools: &str, expires_at: i64) -> NodeLease {
+        NodeLease {
+            node_id: node_id.into(),
+            incarnation: "i".into(),
+            address: String::new(),
+            version: String::new(),
+            started_at: 0,
+            renewed_at: 0,
+            expires_at,
+            clock_offset_ms: 0,
+            pools: pools.into(),
+        }
+    }
+
+    #[test]
+    fn only_live_nodes_with_other_pools_are_warned_of() {
+        let pools = BTreeMap::from([("ml".to_string(), 2), ("etl".to_string(), 4)]);
+        let ours = pools_text(&pools);
+        assert_eq!(ours, "etl=4,ml=2");
+        let others = [
+            lease("n1", "etl=4,ml=2", 100),
+            lease("n2", "etl=8", 100),
+            lease("n3", "", 100),
+            lease("gone", "x=1", 10),
+        ];
+        assert_eq!(
+            pool_differences("n1", &ours, &others, 50),
+            [
+                "node n2 has [pools] etl=8 but this node n1 has etl=4,ml=2; give every node the \
+                 same [pools]",
+                "node n3 has [pools] none but this node n1 has etl=4,ml=2; give every node the \
+                 same [pools]",
+            ]
+        );
     }
 }

@@ -34,6 +34,7 @@ fn nodes_table(list: &ListNodesResponse) -> String {
         "LEASE",
         "CLOCK OFFSET",
         "WORKERS",
+        "POOLS",
     ]);
     let now = list.store_now_ms;
     for node in &list.nodes {
@@ -57,6 +58,11 @@ fn nodes_table(list: &ListNodesResponse) -> String {
             lease,
             format!("{:+} ms", node.clock_offset_ms),
             node.workers.to_string(),
+            if node.pools.is_empty() {
+                "-".into()
+            } else {
+                node.pools.clone()
+            },
         ]);
     }
     table.render()

@@ -871,6 +871,7 @@ impl ControlService for ControlApi {
                 renewed_at_ms: lease.renewed_at,
                 expires_at_ms: lease.expires_at,
                 clock_offset_ms: lease.clock_offset_ms,
+                pools: lease.pools,
             })
             .collect();
         Ok(Response::new(pb::ListNodesResponse {

@@ -32,6 +32,9 @@ pub enum StoreError {
     NotFound(String),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// The database cannot serve ax as it is (read-only, keys missing).
+    #[error("{0}")]
+    Unusable(String),
 }
 
 impl StoreError {
@@ -553,6 +556,8 @@ pub struct NodeLease {
     pub expires_at: Millis,
     /// The node's clock minus the database's, as the node last measured it.
     pub clock_offset_ms: i64,
+    /// Its `[pools]` as `name=limit` pairs in name order, comma-separated.
+    pub pools: String,
 }
 
 /// What [`Store::claim_node_lease`] found.

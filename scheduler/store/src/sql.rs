@@ -25,6 +25,7 @@ mod rows;
 mod run_create;
 mod run_end;
 mod runs;
+mod schema_check;
 mod shard_retry;
 mod store_impl;
 mod workers;
@@ -93,6 +94,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "scheduler_node",
         include_str!("../migrations/mysql/0010_scheduler_node.sql"),
     ),
+    (
+        11,
+        "scheduler_node_pools",
+        include_str!("../migrations/mysql/0011_scheduler_node_pools.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -144,6 +150,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         10,
         "scheduler_node",
         include_str!("../migrations/sqlite/0010_scheduler_node.sql"),
+    ),
+    (
+        11,
+        "scheduler_node_pools",
+        include_str!("../migrations/sqlite/0011_scheduler_node_pools.sql"),
     ),
 ];
 
@@ -465,7 +476,9 @@ impl SqlStore {
             create_statements: AtomicU64::new(0),
             downstream_tasks: Default::default(),
         };
+        schema_check::refuse_read_only(&store).await?;
         store.migrate(MYSQL_MIGRATIONS).await?;
+        schema_check::require_unique_keys(&store).await?;
         Ok(store)
     }
 

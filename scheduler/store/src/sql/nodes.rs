@@ -12,7 +12,7 @@ use super::{Dialect, SqlStore, write_tx};
 use crate::{LeaseClaim, NodeLease, Result};
 
 const NODE_SELECT: &str = "SELECT node_id, incarnation, address, version, started_at, \
-     renewed_at, expires_at, clock_offset_ms FROM scheduler_node";
+     renewed_at, expires_at, clock_offset_ms, pools FROM scheduler_node";
 
 fn lease(row: &AnyRow) -> Result<NodeLease> {
     Ok(NodeLease {
@@ -24,6 +24,7 @@ fn lease(row: &AnyRow) -> Result<NodeLease> {
         renewed_at: row.try_get("renewed_at")?,
         expires_at: row.try_get("expires_at")?,
         clock_offset_ms: row.try_get("clock_offset_ms")?,
+        pools: row.try_get("pools")?,
     })
 }
 
@@ -92,10 +93,10 @@ pub(crate) async fn claim_node_lease(
         let expires = now.saturating_add(lease_ms_i64(lease_ms));
         let statement = if own.is_some() {
             "UPDATE scheduler_node SET incarnation = ?, address = ?, version = ?, started_at = ?, \
-             renewed_at = ?, expires_at = ?, clock_offset_ms = ? WHERE node_id = ?"
+             renewed_at = ?, expires_at = ?, clock_offset_ms = ?, pools = ? WHERE node_id = ?"
         } else {
             "INSERT INTO scheduler_node (incarnation, address, version, started_at, renewed_at, \
-             expires_at, clock_offset_ms, node_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+             expires_at, clock_offset_ms, pools, node_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         };
         sqlx::query(statement)
             .bind(claim.incarnation.as_str())
@@ -105,6 +106,7 @@ pub(crate) async fn claim_node_lease(
             .bind(now)
             .bind(expires)
             .bind(claim.clock_offset_ms)
+            .bind(claim.pools.as_str())
             .bind(claim.node_id.as_str())
             .execute(&mut *c)
             .await?;

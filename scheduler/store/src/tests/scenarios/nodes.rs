@@ -14,6 +14,7 @@ fn node(id: &str, incarnation: &str) -> NodeLease {
         renewed_at: 0,
         expires_at: 0,
         clock_offset_ms: 0,
+        pools: "etl=4".into(),
     }
 }
 

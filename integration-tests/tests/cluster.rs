@@ -292,3 +292,31 @@ async fn a_read_only_server_is_refused_before_anything_is_written() {
             .expect("tables");
     assert!(tables.is_empty(), "{tables:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_started_together_on_a_new_database_all_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(db) = TestDb::create(Backend::MySql, dir.path())
+        .await
+        .expect("test db")
+    else {
+        return;
+    };
+    // All three migrate the empty database at once: one at a time, the others find it done.
+    let (a, b, c) = tokio::join!(
+        ax_scheduler::start(node(&db.url, "n1")),
+        ax_scheduler::start(node(&db.url, "n2")),
+        ax_scheduler::start(node(&db.url, "n3")),
+    );
+    let nodes: Vec<_> = [a, b, c]
+        .into_iter()
+        .map(|started| started.expect("every node starts"))
+        .collect();
+    let store = ax_store::open(&db.url).await.expect("store");
+    let (_, leases) = store.list_node_leases().await.expect("leases");
+    assert_eq!(leases.len(), 3, "{leases:?}");
+    for node in nodes {
+        node.shutdown().await.expect("shutdown");
+    }
+    db.drop_database().await.expect("drop database");
+}

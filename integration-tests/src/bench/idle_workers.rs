@@ -31,6 +31,7 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         .start(&ClusterSpec {
             workers: Vec::new(),
             heartbeat: None,
+            nodes: 1,
         })
         .await?;
     let scheduler = cluster.scheduler_pid()?;

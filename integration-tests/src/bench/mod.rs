@@ -3,7 +3,7 @@
 //! memory, and direct SQL for W7's bulk history, which no API creates).
 //!
 //! Every workload module is named for what it measures, and [`run_workload`] maps the ids of
-//! `--workload` (S0, W1 … W9) to them; each has `run(&Env) -> anyhow::Result<Measurement>`. A
+//! `--workload` (S0, W1 … W10) to them; each has `run(&Env) -> anyhow::Result<Measurement>`. A
 //! run starts its own [`Cluster`] on a fresh store, so one workload never sees another's rows,
 //! and ends with the correctness checks of [`Cluster::verify_runs`].
 
@@ -15,6 +15,7 @@ pub mod large_history;
 pub mod log_throughput;
 pub mod poisson_arrivals;
 pub mod report;
+pub mod seed_load;
 pub mod spawn_ceiling;
 pub mod throughput;
 pub mod worker_kill;
@@ -37,7 +38,9 @@ use tonic::transport::Channel;
 
 /// Every workload the harness knows, in the order `all` runs them (S0 first, so W1's ratio to
 /// the spawn ceiling is measured in the same invocation).
-pub const WORKLOADS: &[&str] = &["S0", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9"];
+pub const WORKLOADS: &[&str] = &[
+    "S0", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10",
+];
 
 /// Calls the harness makes at once when it reads back results: enough to hide round trips,
 /// few enough not to be the load being measured.
@@ -139,6 +142,9 @@ pub struct ClusterSpec {
     /// `--heartbeat-interval` and `--task-heartbeat-interval` of the scheduler and the workers;
     /// the product defaults when `None`.
     pub heartbeat: Option<&'static str>,
+    /// Scheduler nodes on the one store (more than one needs MySQL); every worker is given
+    /// every node's endpoint.
+    pub nodes: usize,
 }
 
 impl ClusterSpec {
@@ -146,6 +152,18 @@ impl ClusterSpec {
         ClusterSpec {
             workers: vec![("bench-w1".into(), capacity)],
             heartbeat: None,
+            nodes: 1,
+        }
+    }
+
+    /// `nodes` scheduler nodes and `workers` workers of `capacity` each.
+    pub fn nodes(nodes: usize, workers: usize, capacity: u32) -> ClusterSpec {
+        ClusterSpec {
+            workers: (1..=workers)
+                .map(|n| (format!("bench-w{n}"), capacity))
+                .collect(),
+            heartbeat: None,
+            nodes,
         }
     }
 }
@@ -179,8 +197,15 @@ impl Env {
         Ok(path)
     }
 
-    /// Starts a scheduler on a fresh store, then the spec's workers, and waits until they are live.
+    /// Starts the spec's scheduler nodes on a fresh store, then its workers, and waits until
+    /// they are live.
     pub async fn start(&self, spec: &ClusterSpec) -> anyhow::Result<Cluster> {
+        if spec.nodes > 1 && matches!(self.store, StoreChoice::Sqlite(_)) {
+            bail!(
+                "{} scheduler nodes need MySQL (--store mysql://USER@HOST): one SQLite file serves one node",
+                spec.nodes
+            );
+        }
         let dir = self.scratch.join(format!("run_{}", unique_suffix()));
         std::fs::create_dir_all(&dir)?;
         let (store_url, database) = match &self.store {
@@ -202,36 +227,58 @@ impl Env {
                 (format!("{server}/{name}"), Some(name))
             }
         };
-        let port = free_port()?;
-        let endpoint = format!("http://127.0.0.1:{port}");
-        let mut args: Vec<String> = vec![
-            "--listen".into(),
-            format!("127.0.0.1:{port}"),
-            "--store".into(),
-            store_url.clone(),
-            "--node-id".into(),
-            "bench-node".into(),
-        ];
-        if let Some(redis) = &self.redis {
-            args.extend([
-                "--redis".into(),
-                redis.clone(),
-                "--redis-namespace".into(),
-                format!("ax-bench-{}", unique_suffix()),
-            ]);
+        let namespace = format!("ax-bench-{}", unique_suffix());
+        let mut endpoints = Vec::new();
+        let mut schedulers = Vec::new();
+        for node in 1..=spec.nodes.max(1) {
+            let port = free_port()?;
+            endpoints.push(format!("http://127.0.0.1:{port}"));
+            let node_id = if spec.nodes > 1 {
+                format!("bench-n{node}")
+            } else {
+                "bench-node".into()
+            };
+            let mut args: Vec<String> = vec![
+                "--listen".into(),
+                format!("127.0.0.1:{port}"),
+                "--store".into(),
+                store_url.clone(),
+                "--node-id".into(),
+                node_id,
+            ];
+            if let Some(redis) = &self.redis {
+                args.extend([
+                    "--redis".into(),
+                    redis.clone(),
+                    "--redis-namespace".into(),
+                    namespace.clone(),
+                ]);
+            }
+            if let Some(interval) = spec.heartbeat {
+                // Both layers shortened alike: the lost-attempt rule waits for the task
+                // heartbeat too.
+                args.extend(["--heartbeat-interval".into(), interval.into()]);
+                args.extend(["--task-heartbeat-interval".into(), interval.into()]);
+            }
+            let log = if node == 1 {
+                "scheduler".to_string()
+            } else {
+                format!("scheduler-{node}")
+            };
+            schedulers.push(spawn_logged(
+                &self.binary("ax-scheduler")?,
+                &args,
+                &dir,
+                &log,
+            )?);
         }
-        if let Some(interval) = spec.heartbeat {
-            // Both layers shortened alike: the lost-attempt rule waits for the task heartbeat too.
-            args.extend(["--heartbeat-interval".into(), interval.into()]);
-            args.extend(["--task-heartbeat-interval".into(), interval.into()]);
-        }
-        let scheduler = spawn_logged(&self.binary("ax-scheduler")?, &args, &dir, "scheduler")?;
         let mut cluster = Cluster {
             dir,
-            endpoint,
+            endpoint: endpoints[0].clone(),
+            endpoints,
             store_url,
             database,
-            scheduler: Some(scheduler),
+            schedulers,
             workers: Vec::new(),
             control: None,
             bin_dir: self.bin_dir.clone(),
@@ -297,13 +344,16 @@ fn spawn_logged(binary: &Path, args: &[String], dir: &Path, name: &str) -> anyho
     Ok(child)
 }
 
-/// A scheduler and its workers, one fresh store, and a control client.
+/// Scheduler nodes and their workers, one fresh store, and a control client (on the first node).
 pub struct Cluster {
     pub dir: PathBuf,
+    /// The first node's.
     pub endpoint: String,
+    /// Every node's.
+    pub endpoints: Vec<String>,
     pub store_url: String,
     pub database: Option<String>,
-    scheduler: Option<Child>,
+    schedulers: Vec<Child>,
     workers: Vec<(String, Child)>,
     control: Option<ControlServiceClient<Channel>>,
     bin_dir: PathBuf,
@@ -319,7 +369,7 @@ impl Drop for Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
-        if let Some(child) = &mut self.scheduler {
+        for child in &mut self.schedulers {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -327,11 +377,17 @@ impl Drop for Cluster {
 }
 
 impl Cluster {
+    /// The first node's process.
     pub fn scheduler_pid(&self) -> anyhow::Result<u32> {
-        self.scheduler
-            .as_ref()
+        self.schedulers
+            .first()
             .map(Child::id)
             .context("the scheduler is not running")
+    }
+
+    /// Every node's process, in node order.
+    pub fn scheduler_pids(&self) -> Vec<u32> {
+        self.schedulers.iter().map(Child::id).collect()
     }
 
     pub fn worker_pid(&self, id: &str) -> anyhow::Result<u32> {
@@ -345,7 +401,7 @@ impl Cluster {
     pub fn add_worker(&mut self, id: &str, capacity: u32) -> anyhow::Result<()> {
         let mut args: Vec<String> = vec![
             "--scheduler".into(),
-            self.endpoint.clone(),
+            self.endpoints.join(","),
             "--id".into(),
             id.into(),
             "--capacity".into(),
@@ -383,26 +439,20 @@ impl Cluster {
     async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(child) = &mut self.scheduler
-                && let Some(status) = child.try_wait()?
-            {
-                bail!(
-                    "ax-scheduler exited with {status} before serving; its log ends with:\n{}",
-                    self.log_tail("scheduler")
-                );
-            }
-            if let Ok(channel) = Channel::from_shared(self.endpoint.clone())?
-                .connect_timeout(Duration::from_secs(2))
-                .connect()
-                .await
-            {
-                let mut client = ControlServiceClient::new(channel)
-                    .max_decoding_message_size(256 << 20)
-                    .max_encoding_message_size(64 << 20);
-                if client.list_workers(pb::ListWorkersRequest {}).await.is_ok() {
-                    self.control = Some(client);
-                    return Ok(());
+            for child in &mut self.schedulers {
+                if let Some(status) = child.try_wait()? {
+                    bail!(
+                        "an ax-scheduler exited with {status} before serving; the first node's \
+                         log ends with:\n{}",
+                        self.log_tail("scheduler")
+                    );
                 }
+            }
+            if let Ok(mut client) = connect(&self.endpoint).await
+                && client.list_workers(pb::ListWorkersRequest {}).await.is_ok()
+            {
+                self.control = Some(client);
+                return Ok(());
             }
             if Instant::now() > deadline {
                 bail!(
@@ -755,12 +805,26 @@ impl Cluster {
         for (_, child) in &mut workers {
             reap(child, Duration::from_secs(15)).await;
         }
-        if let Some(mut scheduler) = self.scheduler.take() {
-            terminate(&mut scheduler);
-            reap(&mut scheduler, Duration::from_secs(20)).await;
+        let mut schedulers = std::mem::take(&mut self.schedulers);
+        for scheduler in &mut schedulers {
+            terminate(scheduler);
+        }
+        for scheduler in &mut schedulers {
+            reap(scheduler, Duration::from_secs(20)).await;
         }
         Ok(())
     }
+}
+
+/// A control client of the node at `endpoint`, with room for big answers (10,000 instances).
+pub async fn connect(endpoint: &str) -> anyhow::Result<ControlServiceClient<Channel>> {
+    let channel = Channel::from_shared(endpoint.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await?;
+    Ok(ControlServiceClient::new(channel)
+        .max_decoding_message_size(256 << 20)
+        .max_encoding_message_size(64 << 20))
 }
 
 pub async fn trigger(
@@ -935,6 +999,7 @@ pub async fn run_workload(id: &str, env: &Env) -> anyhow::Result<Measurement> {
         "W7" => large_history::run(env).await,
         "W8" => cron_lateness::run(env).await,
         "W9" => poisson_arrivals::run(env).await,
+        "W10" => seed_load::run(env).await,
         other => bail!("unknown workload {other}"),
     }
 }

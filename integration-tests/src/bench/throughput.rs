@@ -3,14 +3,34 @@
 //! queue → start is each attempt's started_at − its instance's created_at (when it became
 //! WAITING), from the API; dispatch → start is its part after the scheduler handed the attempt
 //! to the worker.
+//!
+//! On MySQL it then runs the same tasks on three workers of capacity 22 behind one node and
+//! behind three nodes, in the same invocation, and reports both rates, their ratio and each
+//! node's CPU, which says whether the nodes or the store are the ceiling.
 
 use std::time::{Duration, Instant};
 
-use super::{Checks, ClusterSpec, Env, Measurement, Target, percentile, workflow_yaml};
+use super::{
+    Checks, ClusterSpec, Env, Measurement, StoreChoice, Target, cpu_seconds, percentile,
+    workflow_yaml,
+};
 
-pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
-    let tasks: usize = if env.quick { 200 } else { 10_000 };
-    let mut cluster = env.start(&ClusterSpec::one_worker(64)).await?;
+/// One W1 pass on a cluster.
+struct Pass {
+    tasks_per_s: f64,
+    queue_to_start: Vec<f64>,
+    dispatch_to_start: Vec<f64>,
+    /// Each node's CPU over the pass, in cores.
+    node_cpu: Vec<f64>,
+}
+
+async fn pass(
+    env: &Env,
+    spec: &ClusterSpec,
+    tasks: usize,
+    checks: &mut Checks,
+) -> anyhow::Result<Pass> {
+    let mut cluster = env.start(spec).await?;
     let spec: Vec<(String, String, Vec<String>)> = (0..tasks)
         .map(|i| (format!("t{i:05}"), "true".to_string(), Vec::new()))
         .collect();
@@ -18,18 +38,26 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         .apply(&workflow_yaml("w1-independent", None, &spec))
         .await?;
 
+    let pids = cluster.scheduler_pids();
+    let cpu_before: Vec<f64> = pids
+        .iter()
+        .map(|pid| cpu_seconds(*pid))
+        .collect::<Result<_, _>>()?;
     let started = Instant::now();
     let run = cluster.trigger("w1-independent").await?;
     cluster
         .wait_run(run.id, Duration::from_secs(600), Duration::from_millis(25))
         .await?;
     let elapsed = started.elapsed().as_secs_f64();
+    let mut node_cpu = Vec::with_capacity(pids.len());
+    for (pid, before) in pids.iter().zip(cpu_before) {
+        node_cpu.push((cpu_seconds(*pid)? - before) / elapsed);
+    }
 
-    let mut checks = Checks::default();
     let instances = cluster
-        .verify_runs(&[run.id], tasks, true, true, &mut checks)
+        .verify_runs(&[run.id], tasks, true, true, checks)
         .await?;
-    let queue_to_start: Vec<f64> = instances
+    let queue_to_start = instances
         .iter()
         .filter_map(|i| {
             i.attempts
@@ -39,7 +67,7 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         .collect();
     // The part of it after the scheduler handed the attempt to the worker: delivery and spawn,
     // without the wait for a free slot.
-    let dispatch_to_start: Vec<f64> = instances
+    let dispatch_to_start = instances
         .iter()
         .filter_map(|i| {
             i.attempts
@@ -47,39 +75,83 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
                 .map(|a| (a.started_at_ms - a.dispatched_at_ms) as f64)
         })
         .collect();
+    cluster.shutdown().await?;
+    Ok(Pass {
+        tasks_per_s: tasks as f64 / elapsed,
+        queue_to_start,
+        dispatch_to_start,
+        node_cpu,
+    })
+}
+
+pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
+    let tasks: usize = if env.quick { 200 } else { 10_000 };
+    let mut checks = Checks::default();
+    let single = pass(env, &ClusterSpec::one_worker(64), tasks, &mut checks).await?;
 
     let mut m = Measurement::default();
     m.figure(
         "tasks/s trigger -> all SUCCESS",
         "1/s",
-        tasks as f64 / elapsed,
+        single.tasks_per_s,
         Some(Target::AtLeast(1_500.0)),
     );
     m.figure(
         "queue -> start p50",
         "ms",
-        percentile(&queue_to_start, 50.0),
+        percentile(&single.queue_to_start, 50.0),
         None,
     );
     m.figure(
         "queue -> start p99",
         "ms",
-        percentile(&queue_to_start, 99.0),
+        percentile(&single.queue_to_start, 99.0),
         Some(Target::AtMost(100.0)),
     );
     m.figure(
         "dispatch -> start p50",
         "ms",
-        percentile(&dispatch_to_start, 50.0),
+        percentile(&single.dispatch_to_start, 50.0),
         None,
     );
     m.figure(
         "dispatch -> start p99",
         "ms",
-        percentile(&dispatch_to_start, 99.0),
+        percentile(&single.dispatch_to_start, 99.0),
         None,
     );
+
+    if matches!(env.store, StoreChoice::MySql(_)) {
+        let one = pass(env, &ClusterSpec::nodes(1, 3, 22), tasks, &mut checks).await?;
+        let three = pass(env, &ClusterSpec::nodes(3, 3, 22), tasks, &mut checks).await?;
+        for (label, result) in [("1 node", &one), ("3 nodes", &three)] {
+            m.figure(
+                &format!("3 workers, {label}: tasks/s"),
+                "1/s",
+                result.tasks_per_s,
+                None,
+            );
+            m.figure(
+                &format!("3 workers, {label}: queue -> start p99"),
+                "ms",
+                percentile(&result.queue_to_start, 99.0),
+                None,
+            );
+            let busiest = result.node_cpu.iter().copied().fold(0.0, f64::max);
+            m.figure(
+                &format!("3 workers, {label}: busiest node CPU"),
+                "% of a core",
+                busiest * 100.0,
+                None,
+            );
+        }
+        m.figure(
+            "3 workers: 3 nodes / 1 node",
+            "x",
+            three.tasks_per_s / one.tasks_per_s,
+            None,
+        );
+    }
     m.checks = checks.0;
-    cluster.shutdown().await?;
     Ok(m)
 }

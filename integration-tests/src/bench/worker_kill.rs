@@ -29,6 +29,7 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         .start(&ClusterSpec {
             workers: vec![(VICTIM.into(), tasks as u32)],
             heartbeat,
+            nodes: 1,
         })
         .await?;
     let spec: Vec<(String, String, Vec<String>)> = (0..tasks)

@@ -477,7 +477,7 @@ impl SqlStore {
             downstream_tasks: Default::default(),
         };
         schema_check::refuse_read_only(&store).await?;
-        store.migrate(MYSQL_MIGRATIONS).await?;
+        schema_check::migrate_alone(&store, MYSQL_MIGRATIONS).await?;
         schema_check::require_unique_keys(&store).await?;
         Ok(store)
     }

@@ -1,5 +1,5 @@
-//! What a MySQL store must be before a node uses it: the primary (a replica refuses writes), and
-//! with the unique keys ax's guarantees rest on. A database someone altered after ax created it,
+//! What a MySQL store must be before a node uses it: the primary (a replica refuses writes),
+//! migrated by one node at a time, and with the unique keys ax's guarantees rest on. A database someone altered after ax created it,
 //! or a copy made without its indexes, would let a cron slot fire twice or an attempt be
 //! claimed twice, silently; so a node refuses to start on it and names the missing key.
 
@@ -72,6 +72,38 @@ pub(crate) async fn refuse_read_only(store: &SqlStore) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// How long a node waits for another node's migrations before it gives up.
+const MIGRATION_WAIT_S: i64 = 600;
+
+/// Runs the migrations while holding a named lock on the database, so nodes started together
+/// on a new database migrate one after the other (the others then find nothing to do). The
+/// migrator's own lock asks for an infinite wait with a negative timeout, which MariaDB answers
+/// at once with NULL, so without this lock two nodes apply migration 1 side by side and one of
+/// them finds it "partially applied".
+pub(crate) async fn migrate_alone(
+    store: &SqlStore,
+    migrations: &[(i64, &'static str, &'static str)],
+) -> Result<()> {
+    let mut holder = store.pool.acquire().await?;
+    let row = sqlx::query("SELECT GET_LOCK(CONCAT('ax-migrate-', DATABASE()), ?) AS got")
+        .bind(MIGRATION_WAIT_S)
+        .fetch_one(&mut *holder)
+        .await?;
+    let got: Option<i64> = row.try_get("got")?;
+    if got != Some(1) {
+        return Err(StoreError::Unusable(format!(
+            "another scheduler node has been migrating this database for {MIGRATION_WAIT_S} s; \
+             start this node again once it is done"
+        )));
+    }
+    let migrated = store.migrate(migrations).await;
+    // The lock goes with the connection anyway; releasing it lets a waiting node in at once.
+    let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT('ax-migrate-', DATABASE()))")
+        .execute(&mut *holder)
+        .await;
+    migrated
 }
 
 /// Refuses a database that lacks one of [`REQUIRED_KEYS`] (as a primary or unique key on

@@ -222,6 +222,13 @@ impl Registry {
         Some(entry.sender.clone())
     }
 
+    /// Whether the worker on `connection` was asked to move and may still be leaving.
+    pub fn moving(&self, worker: &str, connection: u64) -> bool {
+        self.lock()
+            .get(worker)
+            .is_some_and(|entry| entry.connection == connection && entry.moving())
+    }
+
     /// The request to move could not be sent: the worker takes dispatches again.
     pub fn stay(&self, worker: &str, connection: u64) {
         if let Some(entry) = self.lock().get_mut(worker)
@@ -314,8 +321,10 @@ mod tests {
                 .begin_attempt("w1", conn, InstanceId(1), Attempt(1))
                 .is_none()
         );
+        assert!(registry.moving("w1", conn));
         registry.stay("w1", conn);
         assert!(registry.slots()[0].accepting);
+        assert!(!registry.moving("w1", conn));
         // A hold that is over: dispatches go to the worker again.
         registry.ask_to_move("w1", conn, Duration::ZERO);
         assert!(registry.slots()[0].accepting);

@@ -152,9 +152,14 @@ impl WorkerService for WorkerApi {
 
         tokio::spawn(async move {
             let reason = serve(&node, &profile.id, connection, &mut inbound).await;
+            let moving = node.registry.moving(&profile.id, connection);
             if node.registry.disconnect(&profile.id, connection) {
-                tracing::info!(worker = %profile.id, reason = %reason, "worker disconnected");
-                save_worker(&node, &profile, 0, now_ms(), false).await;
+                tracing::info!(worker = %profile.id, reason = %reason, moving, "worker disconnected");
+                // A worker that leaves as asked registers with another node, which writes its
+                // row: a "disconnected" written here could land after that and hide it.
+                if !moving {
+                    save_worker(&node, &profile, 0, now_ms(), false).await;
+                }
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))

@@ -192,6 +192,7 @@ impl ClusterBuilder {
             node_id: "test-node".into(),
             advertise: None,
             node_lease: Duration::from_secs(10),
+            spread_interval: Some(Duration::from_secs(10)),
             max_clock_offset: Duration::from_secs(1),
             strategy: self.strategy,
             heartbeat_interval: Duration::from_millis(500),

@@ -42,6 +42,10 @@ pub struct Args {
     /// How long this node's lease lasts without a renewal, e.g. 10s; renewed every fifth of it.
     #[arg(long, env = "AX_NODE_LEASE", value_parser = parse_duration)]
     pub node_lease: Option<Duration>,
+    /// How often this node compares its share of the workers with the other nodes' and, holding
+    /// more than its share, asks one of its workers to move, e.g. 10s; 0 never asks.
+    #[arg(long, env = "AX_SPREAD_INTERVAL", value_parser = parse_duration)]
+    pub spread_interval: Option<Duration>,
     /// A difference between this machine's clock and the database's past this is logged as an
     /// error, e.g. 1s (the node goes by the database's clock either way).
     #[arg(long, env = "AX_MAX_CLOCK_OFFSET", value_parser = parse_duration)]
@@ -85,6 +89,7 @@ struct FileConfig {
     node_id: Option<String>,
     advertise: Option<String>,
     node_lease: Option<String>,
+    spread_interval: Option<String>,
     max_clock_offset: Option<String>,
     strategy: Option<String>,
     heartbeat_interval: Option<String>,
@@ -162,6 +167,15 @@ impl Args {
                 .node_lease
                 .or(file_duration(file.node_lease, "node_lease", &path)?)
                 .unwrap_or(defaults.node_lease),
+            spread_interval: match self.spread_interval.or(file_duration(
+                file.spread_interval,
+                "spread_interval",
+                &path,
+            )?) {
+                Some(interval) if interval.is_zero() => None,
+                Some(interval) => Some(interval),
+                None => defaults.spread_interval,
+            },
             max_clock_offset: self
                 .max_clock_offset
                 .or(file_duration(
@@ -331,6 +345,7 @@ mod tests {
         let defaults = Args::parse_from(["ax-scheduler"]).into_options().unwrap();
         assert_eq!(defaults.node_lease, Duration::from_secs(10));
         assert_eq!(defaults.advertise, None);
+        assert_eq!(defaults.spread_interval, Some(Duration::from_secs(10)));
         let err = Args::parse_from(["ax-scheduler", "--node-lease", "500ms"])
             .into_options()
             .unwrap_err();
@@ -338,5 +353,26 @@ mod tests {
             err.to_string().contains("node_lease must be at least 1s"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_spread_interval_comes_from_flags_or_the_file_and_zero_turns_it_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ax.toml");
+        std::fs::write(&path, "spread_interval = \"30s\"\n").unwrap();
+        let from_file = Args::parse_from(["ax-scheduler", "--config", path.to_str().unwrap()])
+            .into_options()
+            .unwrap();
+        assert_eq!(from_file.spread_interval, Some(Duration::from_secs(30)));
+        let off = Args::parse_from([
+            "ax-scheduler",
+            "--config",
+            path.to_str().unwrap(),
+            "--spread-interval",
+            "0",
+        ])
+        .into_options()
+        .unwrap();
+        assert_eq!(off.spread_interval, None);
     }
 }

@@ -38,6 +38,9 @@ pub struct SchedulerOptions {
     pub advertise: Option<String>,
     /// How long this node's lease lasts without a renewal; it is renewed every fifth of it.
     pub node_lease: Duration,
+    /// How often (with jitter) the node compares its share of the workers with the other live
+    /// nodes' and, holding too many, asks one worker to move; `None` never asks.
+    pub spread_interval: Option<Duration>,
     /// A clock offset from the database's past this is logged as an error.
     pub max_clock_offset: Duration,
     pub strategy: Strategy,
@@ -74,6 +77,7 @@ impl Default for SchedulerOptions {
             node_id: "node-1".into(),
             advertise: None,
             node_lease: Duration::from_secs(10),
+            spread_interval: Some(Duration::from_secs(10)),
             max_clock_offset: Duration::from_secs(1),
             strategy: Strategy::LeastRunning,
             heartbeat_interval: Duration::from_secs(5),
@@ -219,6 +223,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     tasks.spawn(dispatcher::run(node.clone(), cancel.clone()));
     tasks.spawn(schedules::run(node.clone(), cancel.clone()));
     tasks.spawn(backstop::run(node.clone(), cancel.clone()));
+    tasks.spawn(spread::run(node.clone(), cancel.clone()));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
@@ -319,6 +324,7 @@ mod reporter;
 mod run_creator;
 mod schedules;
 mod specs;
+mod spread;
 mod worker_rows;
 
 /// The listener's connections with Nagle's algorithm off: a small frame written right after

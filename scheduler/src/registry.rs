@@ -3,11 +3,13 @@
 //! A worker is known by its id; a reconnect replaces its entry (a new connection number), and
 //! the old stream's end does not remove the new one. The attempts in flight on each worker are
 //! tracked here from dispatch to their final report, so a worker's load is exact between
-//! heartbeats.
+//! heartbeats. A worker this node asked to move (`spread`) takes no dispatch for a while: it is
+//! about to leave, and a dispatch sent behind the request would only be withdrawn.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId};
@@ -34,9 +36,16 @@ struct Entry {
     in_flight: HashSet<(InstanceId, Attempt)>,
     last_heartbeat: Millis,
     draining: bool,
+    /// Until when the worker is left out of dispatch, after it was asked to move.
+    moving_until: Option<Instant>,
 }
 
 impl Entry {
+    fn moving(&self) -> bool {
+        self.moving_until
+            .is_some_and(|until| until > Instant::now())
+    }
+
     fn view(&self) -> WorkerView {
         WorkerView {
             profile: self.profile.clone(),
@@ -102,6 +111,7 @@ impl Registry {
             in_flight: running.into_iter().collect(),
             last_heartbeat: now,
             draining: false,
+            moving_until: None,
         };
         self.lock().insert(profile.id, entry);
         connection
@@ -140,7 +150,7 @@ impl Registry {
                 labels: entry.profile.labels.clone(),
                 capacity: entry.profile.capacity,
                 running: entry.in_flight.len() as u32,
-                accepting: !entry.draining,
+                accepting: !entry.draining && !entry.moving(),
             })
             .collect();
         // A stable order keeps round robin and tie-breaking deterministic.
@@ -178,7 +188,7 @@ impl Registry {
         let mut workers = self.lock();
         let entry = workers
             .get_mut(worker)
-            .filter(|entry| entry.connection == connection)?;
+            .filter(|entry| entry.connection == connection && !entry.moving())?;
         entry.in_flight.insert((instance, attempt));
         Some(entry.sender.clone())
     }
@@ -228,6 +238,39 @@ impl Registry {
                     .map(|(instance, attempt)| (entry.profile.id.clone(), *instance, *attempt))
             })
             .collect()
+    }
+
+    /// Leaves the worker out of dispatch for `hold` and returns its sender, to ask it to move;
+    /// `None` when `connection` is no longer its stream. A worker that does not follow the
+    /// request takes dispatches again after `hold`.
+    pub fn ask_to_move(
+        &self,
+        worker: &str,
+        connection: u64,
+        hold: Duration,
+    ) -> Option<WorkerSender> {
+        let mut workers = self.lock();
+        let entry = workers
+            .get_mut(worker)
+            .filter(|entry| entry.connection == connection)?;
+        entry.moving_until = Some(Instant::now() + hold);
+        Some(entry.sender.clone())
+    }
+
+    /// Whether the worker on `connection` was asked to move and may still be leaving.
+    pub fn moving(&self, worker: &str, connection: u64) -> bool {
+        self.lock()
+            .get(worker)
+            .is_some_and(|entry| entry.connection == connection && entry.moving())
+    }
+
+    /// The request to move could not be sent: the worker takes dispatches again.
+    pub fn stay(&self, worker: &str, connection: u64) {
+        if let Some(entry) = self.lock().get_mut(worker)
+            && entry.connection == connection
+        {
+            entry.moving_until = None;
+        }
     }
 }
 
@@ -289,5 +332,41 @@ mod tests {
         registry.heartbeat("w1", conn, true, 5);
         let slot = &registry.slots()[0];
         assert_eq!((slot.running, slot.accepting), (1, false));
+    }
+
+    #[test]
+    fn a_worker_asked_to_move_takes_no_dispatch_until_it_stays_or_the_hold_ends() {
+        let registry = Registry::new();
+        let (tx, _rx) = mpsc::channel(1);
+        let conn = registry.connect(profile("w1"), tx, [], 0);
+        assert!(
+            registry
+                .ask_to_move("w1", conn + 1, Duration::from_secs(60))
+                .is_none(),
+            "an older stream's worker is not asked"
+        );
+        assert!(
+            registry
+                .ask_to_move("w1", conn, Duration::from_secs(60))
+                .is_some()
+        );
+        assert!(!registry.slots()[0].accepting);
+        assert!(
+            registry
+                .begin_attempt("w1", conn, InstanceId(1), Attempt(1))
+                .is_none()
+        );
+        assert!(registry.moving("w1", conn));
+        registry.stay("w1", conn);
+        assert!(registry.slots()[0].accepting);
+        assert!(!registry.moving("w1", conn));
+        // A hold that is over: dispatches go to the worker again.
+        registry.ask_to_move("w1", conn, Duration::ZERO);
+        assert!(registry.slots()[0].accepting);
+        assert!(
+            registry
+                .begin_attempt("w1", conn, InstanceId(1), Attempt(1))
+                .is_some()
+        );
     }
 }

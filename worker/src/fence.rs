@@ -11,8 +11,12 @@
 //! ```
 //!
 //! during which no node could have been hearing from it and judging it: measured from the later
-//! of its last contact and, for each endpoint, the last time a connection to it was actively
-//! refused (the earliest such moment over all endpoints counts). A refused connection means no
+//! of its last contact and, for each address, the last time a connection to it was actively
+//! refused (the earliest such moment over all addresses counts). The addresses judged are those
+//! of the latest pass over the endpoints (a host name counts as each address it resolves to,
+//! see `endpoints`), so a changed record changes the set: an address that appears has never
+//! refused, and an endpoint that did not resolve in that pass proves nothing, so while one does
+//! not, refusals do not stop the count. A refused connection means no
 //! node listens there; a node that starts later judges no worker dead until the threshold has
 //! passed from its own start (the scheduler's `backstop`), so the time before the refusal cannot
 //! count against the worker. A scheduler outage of any length therefore kills nothing as long as
@@ -45,8 +49,10 @@
 //! survivor. An attempt of a task with `self_fence: false` (`Dispatch.keep_when_cut_off`) is
 //! never fenced: its task accepts that a retry may run beside it.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -58,27 +64,57 @@ use crate::attempts::Attempts;
 const FENCE_NUMERATOR: u32 = 3;
 const FENCE_DENOMINATOR: u32 = 4;
 
-/// When the worker last had a working stream, when each endpoint last refused a connection,
+/// When the worker last had a working stream, when each address last refused a connection,
 /// and the scheduler's threshold it learned.
 #[derive(Debug)]
 pub(crate) struct Liveness {
     base: Instant,
     /// Milliseconds after `base` of the last contact.
     last_contact_ms: AtomicU64,
-    /// Per endpoint, milliseconds after `base` of its last refused connection; 0 if none.
-    refused_ms: Vec<AtomicU64>,
+    refusals: Mutex<Refusals>,
     /// The scheduler's `worker_dead_after_ms`; 0 until one was learned.
     dead_after_ms: AtomicU32,
 }
 
+/// The addresses judged, each with the milliseconds after `base` of its last refused
+/// connection (0 if none).
+#[derive(Debug, Default)]
+struct Refusals {
+    judged: HashMap<SocketAddr, u64>,
+    /// Some endpoint did not resolve in the latest pass: nodes may listen behind it.
+    unresolved: bool,
+}
+
 impl Liveness {
-    pub(crate) fn new(endpoints: usize) -> Self {
+    /// Judges no address until [`Liveness::judge`] is given some: until then no refusal counts.
+    pub(crate) fn new() -> Self {
         Liveness {
             base: Instant::now(),
             last_contact_ms: AtomicU64::new(0),
-            refused_ms: (0..endpoints.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            refusals: Mutex::new(Refusals::default()),
             dead_after_ms: AtomicU32::new(0),
         }
+    }
+
+    fn refusals(&self) -> std::sync::MutexGuard<'_, Refusals> {
+        // Whole after any panic (single inserts and reads), so a poisoned lock is still usable.
+        self.refusals
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The addresses of a new pass over the endpoints, and whether some endpoint did not
+    /// resolve. An address kept from the last pass keeps its last refusal; a new one has none.
+    pub(crate) fn judge(&self, addresses: impl IntoIterator<Item = SocketAddr>, unresolved: bool) {
+        let mut refusals = self.refusals();
+        let judged = addresses
+            .into_iter()
+            .map(|address| {
+                let refused = refusals.judged.get(&address).copied().unwrap_or(0);
+                (address, refused)
+            })
+            .collect();
+        *refusals = Refusals { judged, unresolved };
     }
 
     fn now_ms(&self) -> u64 {
@@ -91,24 +127,29 @@ impl Liveness {
             .fetch_max(self.now_ms(), Ordering::Relaxed);
     }
 
-    /// Records that endpoint `index` refused a connection just now: no node listens there.
-    pub(crate) fn refused(&self, index: usize) {
-        if let Some(refused) = self.refused_ms.get(index) {
-            refused.fetch_max(self.now_ms(), Ordering::Relaxed);
+    /// Records that `address` refused a connection just now: no node listens there. An address
+    /// no longer judged changes nothing.
+    pub(crate) fn refused(&self, address: SocketAddr) {
+        let now = self.now_ms();
+        if let Some(refused) = self.refusals().judged.get_mut(&address) {
+            *refused = (*refused).max(now);
         }
     }
 
     /// For how long some node may have been up and not hearing from this worker: since the
-    /// last contact, or since the last refusal of the endpoint refused longest ago, whichever
-    /// is later.
+    /// last contact, or since the last refusal of the address refused longest ago, whichever
+    /// is later (just the last contact while no address is judged or an endpoint did not
+    /// resolve).
     pub(crate) fn unheard_for(&self) -> Duration {
         let contact = self.last_contact_ms.load(Ordering::Relaxed);
-        let oldest_refusal = self
-            .refused_ms
-            .iter()
-            .map(|refused| refused.load(Ordering::Relaxed))
-            .min()
-            .unwrap_or(0);
+        let oldest_refusal = {
+            let refusals = self.refusals();
+            if refusals.unresolved {
+                0
+            } else {
+                refusals.judged.values().copied().min().unwrap_or(0)
+            }
+        };
         let since = Duration::from_millis(contact.max(oldest_refusal));
         self.base.elapsed().saturating_sub(since)
     }
@@ -198,10 +239,14 @@ pub(crate) async fn self_fence(
 mod tests {
     use super::*;
 
+    fn address(text: &str) -> SocketAddr {
+        text.parse().expect("an address")
+    }
+
     #[test]
     fn the_scheduler_threshold_shortens_the_delay_and_is_kept() {
         let configured = Duration::from_secs(60);
-        let liveness = Liveness::new(1);
+        let liveness = Liveness::new();
         assert_eq!(
             effective_delay(configured, liveness.dead_after()),
             configured
@@ -223,7 +268,7 @@ mod tests {
 
     #[tokio::test]
     async fn contact_is_measured_from_the_last_touch() {
-        let liveness = Liveness::new(1);
+        let liveness = Liveness::new();
         tokio::time::sleep(Duration::from_millis(30)).await;
         liveness.touch();
         assert!(liveness.unheard_for() < Duration::from_millis(30));
@@ -233,21 +278,58 @@ mod tests {
     }
 
     /// A node that refuses connections is down: nobody there judges the worker, so the time
-    /// before the refusal does not count. With two endpoints, both must have refused.
+    /// before the refusal does not count. With two addresses, both must have refused.
     #[tokio::test]
-    async fn a_refused_connection_restarts_the_count_once_every_endpoint_refused() {
-        let liveness = Liveness::new(2);
+    async fn a_refused_connection_restarts_the_count_once_every_address_refused() {
+        let (a, b) = (address("10.0.0.1:7070"), address("10.0.0.2:7070"));
+        let liveness = Liveness::new();
+        liveness.judge([a, b], false);
         liveness.touch();
         tokio::time::sleep(Duration::from_millis(60)).await;
-        liveness.refused(0);
-        // Endpoint 1 may be up and cut off from us: the count still runs from the contact.
+        liveness.refused(a);
+        // Address b may be up and cut off from us: the count still runs from the contact.
         assert!(liveness.unheard_for() >= Duration::from_millis(59));
-        liveness.refused(1);
+        liveness.refused(b);
         assert!(liveness.unheard_for() < Duration::from_millis(30));
         tokio::time::sleep(Duration::from_millis(40)).await;
         assert!(liveness.unheard_for() >= Duration::from_millis(39));
-        // An endpoint out of range changes nothing.
-        liveness.refused(5);
+        // An address not judged changes nothing.
+        liveness.refused(address("10.0.0.5:7070"));
         assert!(liveness.unheard_for() >= Duration::from_millis(39));
+    }
+
+    /// The set judged follows the endpoints' resolution: a new address has never refused, a
+    /// kept one keeps its refusal, and an endpoint that did not resolve may hide live nodes.
+    #[tokio::test]
+    async fn refusals_follow_the_addresses_of_the_latest_pass() {
+        let (a, b, c) = (
+            address("10.0.0.1:7070"),
+            address("10.0.0.2:7070"),
+            address("[fd00::3]:7070"),
+        );
+        let liveness = Liveness::new();
+        liveness.touch();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        // Nothing judged yet: no refusal can count.
+        liveness.refused(a);
+        assert!(liveness.unheard_for() >= Duration::from_millis(59));
+        liveness.judge([a, b], false);
+        liveness.refused(a);
+        liveness.refused(b);
+        assert!(liveness.unheard_for() < Duration::from_millis(30));
+        // The record grows: c has not refused, so the count runs from the contact again.
+        liveness.judge([a, b, c], false);
+        assert!(liveness.unheard_for() >= Duration::from_millis(59));
+        liveness.refused(c);
+        assert!(liveness.unheard_for() < Duration::from_millis(30));
+        // The record shrinks: the refusals of what stays still count.
+        liveness.judge([b, c], false);
+        assert!(liveness.unheard_for() < Duration::from_millis(30));
+        // A name that did not resolve proves nothing about the nodes behind it.
+        liveness.judge([b, c], true);
+        assert!(liveness.unheard_for() >= Duration::from_millis(59));
+        // Nothing resolving at all proves nothing either.
+        liveness.judge([], false);
+        assert!(liveness.unheard_for() >= Duration::from_millis(59));
     }
 }

@@ -6,7 +6,13 @@
 //! encoded once; `outgoing` sends them as those bytes; `attempts` is what survives a reconnect
 //! (running attempts, unacknowledged logs, finished reports); `spill` keeps unacknowledged log
 //! batches on disk past the memory bound; `fence` kills attempts when no scheduler has been
-//! reachable for too long; `backoff` paces reconnects.
+//! reachable for too long; `endpoints` turns the configured endpoints into the addresses dialed
+//! in turn; `backoff` paces reconnects.
+//!
+//! The reconnect loop dials one address at a time. A broken stream moves the worker to the next
+//! address after a backoff with full jitter (at once while addresses refuse and some in the
+//! pass have not been tried); a node's request to move (`MoveElsewhere`) moves it at once, to
+//! the named node when it is one of the worker's own.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,6 +27,7 @@ use tracing::Instrument;
 mod attempts;
 pub mod backoff;
 mod command_line;
+pub mod endpoints;
 mod fence;
 mod guardian;
 pub mod logs;
@@ -36,15 +43,20 @@ pub use spill::LogStats;
 
 use attempts::Attempts;
 use backoff::Backoff;
+use endpoints::{Endpoint, EndpointError, Resolve, Rotation, SystemResolver};
 use fence::Liveness;
 use runner::RunnerSettings;
+use session::SessionEnd;
 
 /// Everything a worker needs to start.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
-    /// Scheduler endpoints (`http://host:port`); the worker connects to one at a time and moves
-    /// to the next when a stream breaks.
+    /// Scheduler endpoints (`http://host:port`); a host name counts as each address it resolves
+    /// to. The worker connects to one address at a time, the first chosen by a hash of its id,
+    /// and moves to the next when a stream breaks (see `endpoints`).
     pub endpoints: Vec<String>,
+    /// Resolves the endpoints' host names; the system's resolver by default.
+    pub resolver: Arc<dyn Resolve>,
     pub worker_id: String,
     pub labels: BTreeMap<String, String>,
     /// Attempts run at once.
@@ -93,6 +105,7 @@ impl Default for WorkerOptions {
     fn default() -> Self {
         WorkerOptions {
             endpoints: vec!["http://127.0.0.1:7070".into()],
+            resolver: Arc::new(SystemResolver),
             worker_id: "worker".into(),
             labels: BTreeMap::new(),
             capacity: 20,
@@ -120,6 +133,8 @@ impl Default for WorkerOptions {
 pub enum WorkerError {
     #[error("no scheduler endpoint configured")]
     NoEndpoints,
+    #[error(transparent)]
+    InvalidEndpoint(#[from] EndpointError),
     #[error("capacity must be at least 1")]
     ZeroCapacity,
 }
@@ -154,6 +169,12 @@ pub async fn run_with_stats(
     if options.capacity == 0 {
         return Err(WorkerError::ZeroCapacity.into());
     }
+    let endpoints = options
+        .endpoints
+        .iter()
+        .map(|text| Endpoint::parse(text))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(WorkerError::from)?;
     let spill_dir = options.spill_dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("ax-worker-{}", sanitize(&options.worker_id)))
     });
@@ -165,7 +186,7 @@ pub async fn run_with_stats(
             spill_dir,
             stats,
         )),
-        liveness: Arc::new(Liveness::new(options.endpoints.len())),
+        liveness: Arc::new(Liveness::new()),
         runner: Arc::new(RunnerSettings {
             guardian: match guardian::Guardian::start() {
                 Ok(guardian) => Some(Arc::new(guardian)),
@@ -197,19 +218,26 @@ pub async fn run_with_stats(
         ));
     }
     let _stop_fencing = fencing.drop_guard();
-    let endpoints = &context.options.endpoints;
+    let mut rotation = Rotation::new(
+        endpoints,
+        Arc::clone(&context.options.resolver),
+        &context.options.worker_id,
+    );
+    let mut judged_generation = 0;
     let mut backoff = Backoff::new(
         context.options.reconnect_initial,
         context.options.reconnect_max,
     );
     let mut epoch = 0u64;
-    // Endpoints that refused a connection in a row: until every one has, the next is tried at
-    // once (all of them down is what lets the fence wait; see `fence`).
+    // Addresses that refused a connection in a row: until every one in the pass has, the next
+    // is tried at once (all of them down is what lets the fence wait; see `fence`).
     let mut refused_in_a_row = 0usize;
+    // The last stream ended because its node asked this worker to move.
+    let mut moving = false;
     // Set once shutdown was requested and nothing runs any more: reports not yet delivered get
     // until then to find a stream.
     let mut give_up_at: Option<Instant> = None;
-    tracing::info!(worker_id = %context.options.worker_id, endpoints = ?endpoints, "worker starting");
+    tracing::info!(worker_id = %context.options.worker_id, endpoints = ?context.options.endpoints, "worker starting");
     loop {
         if shutdown.is_cancelled() {
             context.attempts.set_draining();
@@ -225,24 +253,60 @@ pub async fn run_with_stats(
                 }
             }
         }
-        let index = (epoch % endpoints.len() as u64) as usize;
-        let endpoint = &endpoints[index];
+        let target = rotation.next().await;
+        if rotation.generation() != judged_generation {
+            judged_generation = rotation.generation();
+            let resolved = rotation.resolved();
+            context.liveness.judge(
+                resolved.targets.iter().map(|target| target.address),
+                !resolved.unresolved.is_empty(),
+            );
+        }
+        let Some(target) = target else {
+            tracing::warn!(endpoints = ?context.options.endpoints, "no scheduler endpoint resolves; trying again");
+            moving = false;
+            pause(&context, &mut backoff, &shutdown).await;
+            continue;
+        };
         epoch += 1;
-        let span = tracing::info_span!("connection", endpoint = %endpoint, epoch);
-        let outcome = session::run_session(&context, endpoint, epoch, &shutdown)
+        // Right after a move the worker's stream was healthy: a node that does not answer soon
+        // must not keep it from the others until the fence's count runs out.
+        let handshake = if moving {
+            move_handshake(&context)
+        } else {
+            context.options.register_timeout
+        };
+        let span = tracing::info_span!("connection", endpoint = %target.url, epoch);
+        let outcome = session::run_session(&context, &target.url, epoch, handshake, &shutdown)
             .instrument(span.clone())
             .await;
-        match &outcome.result {
-            Ok(()) => break,
+        let after_move = std::mem::take(&mut moving);
+        match outcome.result {
+            Ok(SessionEnd::Drained) => break,
+            Ok(SessionEnd::MoveAsked(request)) => {
+                let found = rotation.after_move(&request.to_address).await;
+                span.in_scope(|| {
+                    tracing::info!(
+                        reason = %request.reason,
+                        to_address = %request.to_address,
+                        to_one_of_ours = found,
+                        "the node asked this worker to move; reconnecting at once"
+                    );
+                });
+                backoff.reset();
+                refused_in_a_row = 0;
+                moving = true;
+                continue;
+            }
             Err(error) => {
                 let refused = error.is_refused();
                 if refused {
-                    context.liveness.refused(index);
+                    context.liveness.refused(target.address);
                     refused_in_a_row += 1;
                 } else {
                     refused_in_a_row = 0;
                 }
-                let error = error_chain(error);
+                let error = error_chain(&error);
                 span.in_scope(|| {
                     tracing::warn!(%error, registered = outcome.registered, refused, "connection ended");
                 });
@@ -251,15 +315,15 @@ pub async fn run_with_stats(
         if outcome.registered {
             backoff.reset();
         }
-        if refused_in_a_row > 0 && !refused_in_a_row.is_multiple_of(endpoints.len()) {
+        // A move costs no backoff, even when the node moved to does not take the worker.
+        if after_move {
             continue;
         }
-        let delay = reconnect_delay(&context, &mut backoff);
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            // A shutdown while idle must not wait out a long backoff.
-            () = shutdown.cancelled(), if context.attempts.running_count() == 0 && !shutdown.is_cancelled() => {}
+        if refused_in_a_row > 0 && refused_in_a_row < rotation.len() {
+            continue;
         }
+        refused_in_a_row = 0;
+        pause(&context, &mut backoff, &shutdown).await;
     }
     context.tracker.close();
     context.tracker.wait().await;
@@ -267,9 +331,38 @@ pub async fn run_with_stats(
     Ok(())
 }
 
+/// Waits out the next reconnect delay, or less when shutdown comes while nothing runs.
+async fn pause(context: &Context, backoff: &mut Backoff, shutdown: &CancellationToken) {
+    let delay = reconnect_delay(context, backoff);
+    tokio::select! {
+        () = tokio::time::sleep(delay) => {}
+        // A shutdown while idle must not wait out a long backoff.
+        () = shutdown.cancelled(), if context.attempts.running_count() == 0 && !shutdown.is_cancelled() => {}
+    }
+}
+
+/// The self-fence delay in force: the configured one, shortened by the scheduler's threshold.
+fn fence_delay(context: &Context) -> Option<Duration> {
+    let dead_after = context.liveness.dead_after();
+    match context.options.self_fence_after {
+        Some(configured) => Some(fence::effective_delay(configured, dead_after)),
+        None => dead_after.map(|threshold| threshold * 3 / 4),
+    }
+}
+
+/// The handshake bound right after a move: the register timeout, but at most a quarter of the
+/// fence delay, so a node that is moved to and does not answer leaves time for another.
+fn move_handshake(context: &Context) -> Duration {
+    let timeout = context.options.register_timeout;
+    match fence_delay(context) {
+        Some(fence) => timeout.min(fence / 4).max(Duration::from_millis(100)),
+        None => timeout,
+    }
+}
+
 /// The wait before the next round of connection attempts: the backoff's, but while attempts
 /// run or their ends are not acknowledged at most a quarter of the self-fence delay (3/16 of
-/// the scheduler's dead-worker threshold), so every endpoint's refusal stays fresh enough to
+/// the scheduler's dead-worker threshold), so every address's refusal stays fresh enough to
 /// show that no node is up to judge this worker, and a node that comes back hears from it well
 /// within the threshold it gives workers from its start.
 fn reconnect_delay(context: &Context, backoff: &mut Backoff) -> Duration {
@@ -278,12 +371,7 @@ fn reconnect_delay(context: &Context, backoff: &mut Backoff) -> Duration {
     if attempts.running_count() == 0 && attempts.unacknowledged().is_empty() {
         return delay;
     }
-    let dead_after = context.liveness.dead_after();
-    let fence = match context.options.self_fence_after {
-        Some(configured) => Some(fence::effective_delay(configured, dead_after)),
-        None => dead_after.map(|threshold| threshold * 3 / 4),
-    };
-    match fence {
+    match fence_delay(context) {
         Some(fence) => delay.min(fence / 4),
         None => delay,
     }

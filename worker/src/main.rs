@@ -14,7 +14,10 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Parser)]
 #[command(name = "ax-worker", version)]
 struct Args {
-    /// Scheduler endpoint (http://host:port); repeat it or separate with commas.
+    /// Scheduler endpoint (http://host:port); repeat it or separate with commas. List every
+    /// node, or a host name that resolves to all of them: a name counts as each of its
+    /// addresses (resolved again at every pass over the list). The worker starts at the address
+    /// its id hashes to and goes round the list when a stream breaks.
     #[arg(
         long = "scheduler",
         env = "AX_SCHEDULER",

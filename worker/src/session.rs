@@ -1,12 +1,14 @@
-//! One stream to one scheduler node: handshake, replay, dispatches, heartbeats and draining.
+//! One stream to one scheduler node: handshake, replay, dispatches, heartbeats, draining, and
+//! the end a node asks for (`MoveElsewhere`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ax_proto::v1::{
-    Dispatch, DispatchAccepted, DispatchRejected, ProtocolVersion, Register, Registered,
-    SchedulerMessage, WorkerHeartbeat, WorkerMessage, scheduler_message, worker_message::Body,
+    Dispatch, DispatchAccepted, DispatchRejected, MoveElsewhere, ProtocolVersion, Register,
+    Registered, SchedulerMessage, WorkerHeartbeat, WorkerMessage, scheduler_message,
+    worker_message::Body,
 };
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior, timeout};
@@ -67,20 +69,31 @@ impl SessionError {
     }
 }
 
+/// How a connection ended well.
+#[derive(Debug)]
+pub enum SessionEnd {
+    /// After shutdown, the worker drained and reported everything.
+    Drained,
+    /// The node asked the worker to go to another node.
+    MoveAsked(MoveElsewhere),
+}
+
 /// How a connection ended.
 #[derive(Debug)]
 pub struct SessionOutcome {
     /// Whether the scheduler answered Register: the connection was healthy at some point.
     pub registered: bool,
-    /// `Ok` when the worker drained and reported everything after shutdown.
-    pub result: Result<(), SessionError>,
+    pub result: Result<SessionEnd, SessionError>,
 }
 
-/// Runs one connection until it breaks or, after `shutdown`, until the worker has drained.
+/// Runs one connection until it breaks, until the node asks the worker to move or, after
+/// `shutdown`, until the worker has drained. `handshake` bounds the connect and the wait for
+/// Registered.
 pub async fn run_session(
     context: &Arc<Context>,
     endpoint: &str,
     epoch: u64,
+    handshake: Duration,
     shutdown: &CancellationToken,
 ) -> SessionOutcome {
     let closed = CancellationToken::new();
@@ -91,7 +104,7 @@ pub async fn run_session(
         registered: false,
         heartbeats_acked: Arc::new(AtomicBool::new(false)),
     };
-    let result = session.run(endpoint, shutdown).await;
+    let result = session.run(endpoint, handshake, shutdown).await;
     // Runners blocked on this stream's full channel give up; what they held is replayed later.
     context.attempts.detach(epoch);
     closed.cancel();
@@ -114,8 +127,9 @@ impl Session {
     async fn run(
         &mut self,
         endpoint: &str,
+        handshake: Duration,
         shutdown: &CancellationToken,
-    ) -> Result<(), SessionError> {
+    ) -> Result<SessionEnd, SessionError> {
         let context = Arc::clone(&self.context);
         let options = &context.options;
         let channel = Endpoint::from_shared(endpoint.to_string())
@@ -123,7 +137,7 @@ impl Session {
                 endpoint: endpoint.to_string(),
                 source,
             })?
-            .connect_timeout(options.register_timeout)
+            .connect_timeout(handshake)
             // A silent network partition would otherwise keep a dead stream "up" until the
             // outgoing channel fills, and the worker would neither reconnect nor self-fence.
             .http2_keep_alive_interval(options.heartbeat_interval.max(Duration::from_millis(100)))
@@ -173,7 +187,7 @@ impl Session {
                 message
             })
         };
-        let deadline = options.register_timeout;
+        let deadline = handshake;
         let response = timeout(deadline, outgoing::connect(channel, outgoing))
             .await
             .map_err(|_| SessionError::HandshakeTimeout(deadline))??;
@@ -249,18 +263,24 @@ impl Session {
                     .get_or_insert_with(|| Instant::now() + options.drain_flush_timeout);
                 if self.context.attempts.all_acked() {
                     tracing::info!("drained: every attempt finished and was reported");
-                    return Ok(());
+                    return Ok(SessionEnd::Drained);
                 }
                 if Instant::now() >= deadline {
                     tracing::warn!("drained, but some log lines were not acknowledged in time");
-                    return Ok(());
+                    return Ok(SessionEnd::Drained);
                 }
             }
             tokio::select! {
                 message = inbound.next() => match message {
                     Some(Ok(message)) => {
                         self.context.liveness.touch();
-                        self.handle(message, &link).await?
+                        if let Some(request) = self.handle(message, &link).await? {
+                            // Nothing more is read from this stream: a Dispatch behind the
+                            // request is withdrawn by the next node, which this worker does not
+                            // list it to. What the runners hold stays with the attempts and is
+                            // sent again on the next stream.
+                            return Ok(SessionEnd::MoveAsked(request));
+                        }
                     }
                     Some(Err(status)) => return Err(status.into()),
                     None => return Err(SessionError::Closed),
@@ -336,7 +356,12 @@ impl Session {
         Ok(())
     }
 
-    async fn handle(&mut self, message: SchedulerMessage, link: &Link) -> Result<(), SessionError> {
+    /// Handles one frame; a move request is handed back, to end the stream.
+    async fn handle(
+        &mut self,
+        message: SchedulerMessage,
+        link: &Link,
+    ) -> Result<Option<MoveElsewhere>, SessionError> {
         let attempts = &self.context.attempts;
         match message.body {
             Some(scheduler_message::Body::Dispatch(dispatch)) => {
@@ -391,9 +416,10 @@ impl Session {
             Some(scheduler_message::Body::Registered(_)) => {
                 tracing::warn!("ignoring a second Registered on one stream");
             }
+            Some(scheduler_message::Body::MoveElsewhere(request)) => return Ok(Some(request)),
             None => tracing::warn!("ignoring an empty message from the scheduler"),
         }
-        Ok(())
+        Ok(None)
     }
 
     async fn dispatch(&mut self, dispatch: Dispatch, link: &Link) -> Result<(), SessionError> {

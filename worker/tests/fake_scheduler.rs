@@ -11,9 +11,10 @@ use std::time::Duration;
 use ax_proto::v1::worker_service_server::{WorkerService, WorkerServiceServer};
 use ax_proto::v1::{
     AttemptFinished, AttemptOutcome, AttemptRef, CancelAttempt, Dispatch, FinishedAck, LogAck,
-    LogStream, ProtocolVersion, Register, Registered, ReportRefused, SchedulerMessage,
-    WorkerHeartbeat, WorkerMessage, scheduler_message, worker_message::Body,
+    LogStream, MoveElsewhere, ProtocolVersion, Register, Registered, ReportRefused,
+    SchedulerMessage, WorkerHeartbeat, WorkerMessage, scheduler_message, worker_message::Body,
 };
+use ax_worker::endpoints::{Resolution, Resolve, first_index};
 use ax_worker::{LogStats, WorkerOptions};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -37,6 +38,8 @@ struct FakeState {
     dead_after_ms: AtomicU32,
     /// While set, the fake refuses new streams, as a node that is down would.
     refuse: AtomicBool,
+    /// Streams the worker ended or broke.
+    ended: AtomicU32,
 }
 
 #[derive(Clone)]
@@ -87,6 +90,7 @@ impl WorkerService for FakeService {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
                 let Ok(Some(received)) = inbound.message().await else {
+                    state.ended.fetch_add(1, Ordering::SeqCst);
                     break;
                 };
                 if let Some(Body::Logs(batch)) = &received.body
@@ -148,6 +152,22 @@ impl FakeScheduler {
 
     fn received(&self) -> Vec<WorkerMessage> {
         self.state.received.lock().unwrap().clone()
+    }
+
+    fn address(&self) -> std::net::SocketAddr {
+        self.url
+            .trim_start_matches("http://")
+            .parse()
+            .expect("the fake's address")
+    }
+
+    /// Asks the worker on the current stream to move.
+    async fn ask_to_move(&self, to_address: &str) {
+        self.send(scheduler_message::Body::MoveElsewhere(MoveElsewhere {
+            reason: "the test asks".into(),
+            to_address: to_address.into(),
+        }))
+        .await;
     }
 
     /// Polls the recorded messages until `probe` finds what it looks for.
@@ -298,7 +318,7 @@ impl Worker {
     ) -> Self {
         let mut options = WorkerOptions {
             endpoints: endpoints.iter().map(|fake| fake.url.clone()).collect(),
-            worker_id: "test-worker".into(),
+            worker_id: id_starting_at(0, endpoints.len()),
             capacity: 4,
             heartbeat_interval: Duration::from_millis(200),
             task_heartbeat_interval: Duration::from_millis(200),
@@ -321,6 +341,50 @@ impl Worker {
             .expect("worker stops")
             .expect("worker task")
             .expect("worker result");
+    }
+}
+
+/// A worker id whose first choice among `len` addresses is the one at `index`. The tests'
+/// workers start at the first endpoint unless a test says otherwise.
+fn id_starting_at(index: usize, len: usize) -> String {
+    (0..)
+        .map(|n| format!("test-worker-{n}"))
+        .find(|id| first_index(id, len) == index)
+        .expect("some id starts there")
+}
+
+/// Resolves host names from a table the test changes; a name not in it does not resolve.
+#[derive(Debug, Default)]
+struct TableResolver(Mutex<BTreeMap<String, Vec<std::net::SocketAddr>>>);
+
+impl TableResolver {
+    fn set(&self, host: &str, fakes: &[&FakeScheduler]) {
+        let addresses = fakes.iter().map(|fake| fake.address()).collect();
+        self.0.lock().unwrap().insert(host.to_string(), addresses);
+    }
+}
+
+impl Resolve for TableResolver {
+    fn resolve<'a>(&'a self, host: &'a str, _port: u16) -> Resolution<'a> {
+        let found = self.0.lock().unwrap().get(host).cloned();
+        Box::pin(async move {
+            found.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no such host"))
+        })
+    }
+}
+
+/// Waits until one of `fakes` has a Register; returns its index.
+async fn registered_at(fakes: &[&FakeScheduler]) -> usize {
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    loop {
+        if let Some(index) = fakes.iter().position(|fake| !fake.registers().is_empty()) {
+            return index;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no fake got a Register"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -448,7 +512,7 @@ async fn stdout_and_stderr_lines_arrive_numbered_with_their_streams() {
 
     let register = &fake.registers()[0];
     assert_eq!(register.protocol, ProtocolVersion::ProtocolVersion1 as i32);
-    assert_eq!(register.worker_id, "test-worker");
+    assert_eq!(register.worker_id, id_starting_at(0, 1));
     assert_eq!(register.capacity, 4);
     assert_eq!(
         register.labels.get("pool").map(String::as_str),
@@ -1175,4 +1239,225 @@ async fn a_chatty_task_is_back_pressured_and_still_timed_out() {
     assert_eq!(lines.len() as u64, finished.log_lines);
     assert!(lines.iter().all(|(_, _, text)| text == "y"));
     worker.stop().await;
+}
+
+/// A command that prints `before`, waits for `go` to exist, then prints `after`.
+fn waiting_command(go: &Path) -> String {
+    format!(
+        "echo before; while [ ! -e {} ]; do sleep 0.02; done; echo after",
+        go.display()
+    )
+}
+
+fn running(instance_id: i64) -> Vec<AttemptRef> {
+    vec![AttemptRef {
+        instance_id,
+        attempt: 1,
+    }]
+}
+
+/// Workers given the same list start at different places in it: where the hash of their id
+/// says.
+#[tokio::test]
+async fn workers_given_the_same_list_start_where_their_ids_hash() {
+    let fakes = [
+        FakeScheduler::start().await,
+        FakeScheduler::start().await,
+        FakeScheduler::start().await,
+    ];
+    let list: Vec<&FakeScheduler> = fakes.iter().collect();
+    let ids: Vec<String> = (0..6).map(|n| format!("spread-{n}")).collect();
+    let mut workers = Vec::new();
+    for id in &ids {
+        let id = id.clone();
+        workers.push(Worker::start(&list, move |options| options.worker_id = id));
+    }
+    let mut homes = Vec::new();
+    for id in &ids {
+        let home = first_index(id, 3);
+        fakes[home]
+            .wait_for("the worker's Register", |_| {
+                fakes[home]
+                    .registers()
+                    .iter()
+                    .any(|r| &r.worker_id == id)
+                    .then_some(())
+            })
+            .await;
+        homes.push(home);
+    }
+    for (index, fake) in fakes.iter().enumerate() {
+        let here: Vec<String> = fake.registers().into_iter().map(|r| r.worker_id).collect();
+        let expected: Vec<&String> = ids
+            .iter()
+            .zip(&homes)
+            .filter(|(_, home)| **home == index)
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(here.len(), expected.len(), "fake {index} got {here:?}");
+    }
+    homes.sort();
+    homes.dedup();
+    assert_eq!(
+        homes,
+        [0, 1, 2],
+        "six ids all started on some of three nodes"
+    );
+    for worker in workers {
+        worker.stop().await;
+    }
+}
+
+/// A host name counts as each address it resolves to, and is resolved again at every pass, so
+/// a changed record is followed; the running attempt and its lines go along.
+#[tokio::test]
+async fn a_name_with_several_addresses_is_each_of_them_and_a_changed_record_is_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let (a, b, c) = (
+        FakeScheduler::start().await,
+        FakeScheduler::start().await,
+        FakeScheduler::start().await,
+    );
+    // Only the last node stores lines: every line must reach it.
+    a.state.auto_ack.store(false, Ordering::SeqCst);
+    b.state.auto_ack.store(false, Ordering::SeqCst);
+    let resolver = Arc::new(TableResolver::default());
+    resolver.set("nodes.test", &[&a, &b]);
+    let worker = Worker::start(&[], |options| {
+        options.endpoints = vec!["http://nodes.test:7070".into()];
+        options.resolver = resolver.clone();
+    });
+    let pair = [&a, &b];
+    let first = registered_at(&pair).await;
+    let (first, second) = (pair[first], pair[1 - first]);
+    first.dispatch(dispatch(100, waiting_command(&go))).await;
+    first.started_pid(100).await;
+    first
+        .wait_for("the first line", |_| {
+            (!first.lines(100).is_empty()).then_some(())
+        })
+        .await;
+
+    first.drop_connection().await;
+    second
+        .wait_for("a Register", |_| {
+            (!second.registers().is_empty()).then_some(())
+        })
+        .await;
+    assert_eq!(second.registers()[0].running, running(100));
+
+    // The name now points at the third node only: after the pass over the first two, the
+    // worker goes there.
+    resolver.set("nodes.test", &[&c]);
+    second.drop_connection().await;
+    c.wait_for("a Register", |_| (!c.registers().is_empty()).then_some(()))
+        .await;
+    assert_eq!(c.registers()[0].running, running(100));
+
+    std::fs::write(&go, "").unwrap();
+    let finished = c.finished(100, 1).await;
+    assert_eq!(outcome(&finished), AttemptOutcome::Success);
+    let texts: Vec<(u64, String)> = c
+        .lines(100)
+        .into_iter()
+        .map(|(seq, _, text)| (seq, text))
+        .collect();
+    assert_eq!(texts, [(1, "before".to_string()), (2, "after".to_string())]);
+    worker.stop().await;
+}
+
+/// A node's MoveElsewhere ends the stream; the worker registers next with the node named when
+/// it is one of its endpoints, else with another than the one it left, with its running
+/// attempt listed and its unacknowledged lines sent again. The move trips no fencing.
+#[tokio::test]
+async fn a_move_asked_by_the_node_goes_to_the_named_endpoint_with_the_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let (a, b, c) = (
+        FakeScheduler::start().await,
+        FakeScheduler::start().await,
+        FakeScheduler::start().await,
+    );
+    a.state.auto_ack.store(false, Ordering::SeqCst);
+    a.state.dead_after_ms.store(2_000, Ordering::SeqCst);
+    let worker = Worker::start(&[&a, &b, &c], |options| {
+        options.self_fence_after = Some(Duration::from_secs(1));
+    });
+    a.dispatch(dispatch(101, waiting_command(&go))).await;
+    let pid = a.started_pid(101).await as i32;
+    a.wait_for("the first line", |_| {
+        (!a.lines(101).is_empty()).then_some(())
+    })
+    .await;
+
+    a.ask_to_move(&c.url).await;
+    c.wait_for("a Register", |_| (!c.registers().is_empty()).then_some(()))
+        .await;
+    assert_eq!(c.registers()[0].running, running(101));
+    a.wait_for("the old stream to end", |_| {
+        (a.state.ended.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    // The line the first node never acknowledged is sent again to the new one.
+    c.wait_for("the replayed line", |_| {
+        (c.lines(101) == [(1, LogStream::Stdout, "before".to_string())]).then_some(())
+    })
+    .await;
+    assert!(
+        b.registers().is_empty(),
+        "the worker went to the node named"
+    );
+
+    // Named an address that is none of the worker's: it goes to another endpoint, not there.
+    c.ask_to_move("http://192.0.2.1:7070").await;
+    a.wait_for("a second Register", |_| {
+        (a.registers().len() == 2).then_some(())
+    })
+    .await;
+    assert_eq!(a.registers()[1].running, running(101));
+    assert!(b.registers().is_empty());
+
+    // Well past the fence delay across the moves, the task still runs and ends well.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(alive(pid), "a move fenced the attempt");
+    std::fs::write(&go, "").unwrap();
+    let finished = a.finished(101, 1).await;
+    assert_eq!(outcome(&finished), AttemptOutcome::Success);
+    assert_eq!(finished.log_lines, 2);
+    assert_eq!(
+        a.lines(101),
+        [
+            (1, LogStream::Stdout, "before".to_string()),
+            (2, LogStream::Stdout, "after".to_string())
+        ]
+    );
+    worker.stop().await;
+}
+
+/// An endpoint that refuses connections and one that accepts them and never answers, listed
+/// before a good one: the worker gets to the good one and runs tasks there.
+#[tokio::test]
+async fn a_worker_given_unreachable_endpoints_first_uses_the_good_one() {
+    let refusing = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        url
+    };
+    // Accepts connections (the kernel's backlog does) and never speaks.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    let good = FakeScheduler::start().await;
+    let worker = Worker::start(&[], |options| {
+        options.endpoints = vec![refusing.clone(), silent_url.clone(), good.url.clone()];
+        options.worker_id = id_starting_at(0, 3);
+        options.register_timeout = Duration::from_millis(300);
+    });
+    good.dispatch(dispatch(102, "echo ran")).await;
+    let finished = good.finished(102, 1).await;
+    assert_eq!(outcome(&finished), AttemptOutcome::Success);
+    assert_eq!(good.lines(102), [(1, LogStream::Stdout, "ran".to_string())]);
+    worker.stop().await;
+    drop(silent);
 }

@@ -22,6 +22,7 @@ pub mod retry;
 pub mod run;
 pub mod shard;
 pub mod spec;
+pub mod spread;
 pub mod state;
 pub mod task_status;
 pub mod why;

@@ -165,9 +165,21 @@ impl WorkerService for WorkerApi {
                     "this node cannot reach its store".to_string()
                 }
             };
+            let moving = node.registry.moving(&profile.id, connection);
+            // The row says when the worker was last heard on this stream: a worker that has
+            // already registered with another node has a newer row there, which this one does
+            // not overwrite (the store keeps the newest).
+            let last_heard = node
+                .registry
+                .view(&profile.id)
+                .map_or_else(now_ms, |view| view.last_heartbeat);
             if node.registry.disconnect(&profile.id, connection) {
-                tracing::info!(worker = %profile.id, reason = %reason, "worker disconnected");
-                save_worker(&node, &profile, 0, now_ms(), false).await;
+                tracing::info!(worker = %profile.id, reason = %reason, moving, "worker disconnected");
+                // A worker that leaves as asked registers with another node, which writes its
+                // row: a "disconnected" written here could land after that and hide it.
+                if !moving {
+                    save_worker(&node, &profile, 0, last_heard, false).await;
+                }
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))

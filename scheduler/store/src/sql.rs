@@ -338,6 +338,9 @@ pub struct SqlStore {
     /// MySQL only: a small pool of its own for id reservations, so a transaction that needs a new
     /// block never waits for a connection its own pool may not have.
     id_pool: Option<AnyPool>,
+    /// MySQL: the connection of the node's lease renewals, so a main pool busy with a burst of
+    /// work never delays a renewal into a false "cut off from the store".
+    pub(crate) lease_pool: Option<AnyPool>,
     pub(crate) ids: IdBlocks,
     /// SQLite only: one writer at a time in this process.
     write_lock: Option<tokio::sync::Mutex<()>>,
@@ -436,6 +439,7 @@ impl SqlStore {
             pool,
             dialect: Dialect::Sqlite,
             id_pool: None,
+            lease_pool: None,
             ids: IdBlocks::default(),
             write_lock: Some(tokio::sync::Mutex::new(())),
             report_statements: AtomicU64::new(0),
@@ -464,12 +468,17 @@ impl SqlStore {
         let id_pool = AnyPoolOptions::new()
             .max_connections(2)
             .idle_timeout(Some(Duration::from_secs(300)))
+            .connect_with(options.clone())
+            .await?;
+        let lease_pool = AnyPoolOptions::new()
+            .max_connections(1)
             .connect_with(options)
             .await?;
         let store = SqlStore {
             pool,
             dialect: Dialect::MySql,
             id_pool: Some(id_pool),
+            lease_pool: Some(lease_pool),
             ids: IdBlocks::default(),
             write_lock: None,
             report_statements: AtomicU64::new(0),
@@ -535,7 +544,7 @@ impl SqlStore {
     /// Closes the pools (tests drop their MySQL database afterwards).
     pub async fn close(&self) {
         self.pool.close().await;
-        if let Some(pool) = &self.id_pool {
+        for pool in self.id_pool.iter().chain(&self.lease_pool) {
             pool.close().await;
         }
     }

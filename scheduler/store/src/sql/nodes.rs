@@ -122,7 +122,7 @@ pub(crate) async fn renew_node_lease(
     clock_offset_ms: i64,
 ) -> Result<Option<i64>> {
     let dialect = store.dialect;
-    write_tx!(store, |c| async {
+    let renew = async |c: &mut sqlx::AnyConnection| -> Result<Option<i64>> {
         let now = db_now(c, dialect).await?;
         let updated = sqlx::query(
             "UPDATE scheduler_node SET renewed_at = ?, expires_at = ?, clock_offset_ms = ? \
@@ -137,7 +137,12 @@ pub(crate) async fn renew_node_lease(
         .await?
         .rows_affected();
         Ok((updated == 1).then_some(now))
-    })
+    };
+    match &store.lease_pool {
+        // One conditional update needs no transaction: it commits by itself.
+        Some(pool) => renew(&mut *pool.acquire().await?).await,
+        None => write_tx!(store, |c| renew(c)),
+    }
 }
 
 pub(crate) async fn release_node_lease(

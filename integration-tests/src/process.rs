@@ -723,6 +723,8 @@ impl ProcessCluster {
                 bail!("{} exited with {status}", scheduler.name);
             }
         }
+        // A proxy's connections end with it, so none holds a lock the drop would wait for.
+        self.nodes.clear();
         if let Some(db) = self.db.take() {
             db.drop_database().await?;
         }
@@ -735,9 +737,13 @@ impl Drop for ProcessCluster {
         if std::thread::panicking() {
             self.print_logs();
         }
-        // The children are killed by `kill_on_drop`. A test that failed before its `shutdown`
-        // still drops its MySQL database, from a thread of its own because `Drop` is not async
-        // and may run on a runtime thread.
+        // The children go first (`kill_on_drop`), and the proxies with them: a connection that
+        // a blackholed proxy holds open keeps its transaction's locks, and the DROP DATABASE
+        // below would wait for them. A test that failed before its `shutdown` still drops its
+        // MySQL database, from a thread of its own because `Drop` is not async and may run on a
+        // runtime thread.
+        self.workers.clear();
+        self.nodes.clear();
         if let Some(db) = self.db.take() {
             let dropped = std::thread::spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread()

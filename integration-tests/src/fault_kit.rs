@@ -248,10 +248,26 @@ pub async fn check_invariants(
     effects: &Path,
     lines: Lines,
 ) -> Vec<pb::Instance> {
-    let instances = client
-        .instances(run_id)
-        .await
-        .expect("the instances of the run");
+    check_invariants_of_runs(client, &[run_id], effects, lines).await
+}
+
+/// [`check_invariants`] for several runs whose tasks share one side-effect file (a note of an
+/// instance of none of them is a violation), and returns the instances of them all.
+pub async fn check_invariants_of_runs(
+    client: &TestClient,
+    run_ids: &[i64],
+    effects: &Path,
+    lines: Lines,
+) -> Vec<pb::Instance> {
+    let mut instances = Vec::new();
+    for run_id in run_ids {
+        instances.extend(
+            client
+                .instances(*run_id)
+                .await
+                .expect("the instances of the run"),
+        );
+    }
     let notes = read_notes(effects);
     let mut failures = violations(&instances, &notes);
 

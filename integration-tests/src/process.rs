@@ -1,10 +1,17 @@
 //! A sandbox of real processes: the built `ax-scheduler`, `ax-worker` and `axctl` binaries, each
 //! with its output in a file of the test's own temporary directory. Every child is killed when the
 //! sandbox is dropped, and a panicking test prints every child's log, so a failure shows what the
-//! scheduler and the workers were doing. Waits give up after generous hang guards; nothing here
+//! schedulers and the workers were doing. Waits give up after generous hang guards; nothing here
 //! measures time.
+//!
+//! A sandbox has one scheduler node or several (`n1` … `nN` on one MySQL database, each on a
+//! port of its own that a restart keeps, optionally each behind a [`TcpProxy`] to MySQL that the
+//! test can cut or blackhole). Workers are given every node's endpoint, each starting at a
+//! different node, so they spread over the nodes and move to the next when theirs goes away.
+//! The single-node calls ([`ProcessCluster::endpoint`], [`ProcessCluster::start_scheduler`],
+//! [`ProcessCluster::take_scheduler`]) are about `n1`.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -12,6 +19,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use crate::client::TestClient;
+use crate::proxy::TcpProxy;
 use crate::{Backend, TestDb, binary, redis_url, unique_suffix};
 
 /// How long any single wait may take before the test gives up. A hang guard, not a measurement.
@@ -149,7 +157,7 @@ impl std::fmt::Display for CtlOutput {
     }
 }
 
-/// Where the scheduler process of a [`ProcessCluster`] keeps its start locks and dedup markers.
+/// Where the scheduler processes of a [`ProcessCluster`] keep its start locks and dedup markers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RedisChoice {
     /// In-process guards.
@@ -160,8 +168,8 @@ pub enum RedisChoice {
     Url(String),
 }
 
-/// How the scheduler process of a [`ProcessCluster`] is started. Durations are in the flags'
-/// syntax (`300ms`, `2s`); `None` keeps the scheduler's default.
+/// How many scheduler processes a [`ProcessCluster`] has and how they are started. Durations
+/// are in the flags' syntax (`300ms`, `2s`); `None` keeps the scheduler's default.
 #[derive(Debug, Clone)]
 pub struct SchedulerSettings {
     pub redis: RedisChoice,
@@ -174,6 +182,11 @@ pub struct SchedulerSettings {
     pub node_lease: String,
     /// Runs the scheduler under `faketime -f SHIFT` (e.g. `+30s`): its own clock is off by it.
     pub clock_shift: Option<String>,
+    /// Scheduler nodes `n1` … `nN` on the one store; more than one needs MySQL.
+    pub nodes: usize,
+    /// Puts a [`TcpProxy`] between each node and MySQL, so that a test can partition one node
+    /// from the database ([`ProcessCluster::database_proxy`]).
+    pub database_proxies: bool,
 }
 
 impl Default for SchedulerSettings {
@@ -186,6 +199,8 @@ impl Default for SchedulerSettings {
             timeout_grace: None,
             node_lease: "2s".into(),
             clock_shift: None,
+            nodes: 1,
+            database_proxies: false,
         }
     }
 }
@@ -194,8 +209,9 @@ impl Default for SchedulerSettings {
 /// except the heartbeat interval, which defaults to the sandbox's short one.
 #[derive(Debug, Clone, Default)]
 pub struct WorkerSettings {
-    /// The scheduler endpoint it connects to, e.g. a [`crate::proxy::TcpProxy`] in front of the
-    /// scheduler; the scheduler itself when `None`.
+    /// The scheduler endpoint it connects to, e.g. a [`TcpProxy`] in front of the scheduler;
+    /// every node's when `None`, starting at the next node in turn (the first worker id at
+    /// `n1`, the second at `n2`, …; a worker started again under its id starts where it did).
     pub endpoint: Option<String>,
     pub capacity: Option<u32>,
     pub heartbeat_interval: Option<String>,
@@ -203,19 +219,32 @@ pub struct WorkerSettings {
     pub kill_grace: Option<String>,
     /// `--self-fence-after` (a duration, or `off`).
     pub self_fence_after: Option<String>,
+    /// `--label KEY=VALUE` each.
+    pub labels: Vec<(String, String)>,
 }
 
-/// A scheduler process, its workers, its store and its temporary directory.
+/// One scheduler node of a [`ProcessCluster`].
+struct SchedulerNode {
+    id: String,
+    /// Chosen at the first start, kept by every restart so that workers find the node again.
+    port: u16,
+    /// The store url the node is started with: the cluster's, or its proxy's in front of MySQL.
+    store_url: String,
+    database_proxy: Option<TcpProxy>,
+    process: Option<Process>,
+    starts: u32,
+}
+
+/// Scheduler processes, their workers, their store and the test's temporary directory.
 pub struct ProcessCluster {
     dir: tempfile::TempDir,
     db: Option<TestDb>,
-    store_url: String,
     redis: Option<(String, String)>,
     settings: SchedulerSettings,
-    port: u16,
-    scheduler: Option<Process>,
-    scheduler_starts: u32,
+    nodes: Vec<SchedulerNode>,
     workers: Vec<Process>,
+    /// Every worker id started, in order of first start: where each starts among the nodes.
+    worker_ids: Vec<String>,
     /// Every log file written, in start order, for the dump of a failed test.
     logs: Vec<(String, PathBuf)>,
 }
@@ -236,12 +265,18 @@ impl ProcessCluster {
         Self::start_with(backend, settings).await
     }
 
-    /// Like [`ProcessCluster::start`], with the scheduler's intervals and Redis chosen by the
-    /// test; a restart of the scheduler keeps them.
+    /// Like [`ProcessCluster::start`], with the number of nodes, their intervals and Redis
+    /// chosen by the test; a restart of a node keeps them. Every node is up when it returns.
     pub async fn start_with(
         backend: Backend,
         settings: SchedulerSettings,
     ) -> anyhow::Result<Option<Self>> {
+        if settings.nodes == 0 {
+            bail!("a cluster needs at least one scheduler node");
+        }
+        if backend == Backend::Sqlite && (settings.nodes > 1 || settings.database_proxies) {
+            bail!("one SQLite file serves one node, reached without a proxy: use MySQL");
+        }
         let namespace = format!("ax-proc-{}", unique_suffix());
         let redis = match &settings.redis {
             RedisChoice::None => None,
@@ -255,19 +290,38 @@ impl ProcessCluster {
         let Some(db) = TestDb::create(backend, dir.path()).await? else {
             return Ok(None);
         };
+        let mut nodes = Vec::with_capacity(settings.nodes);
+        for n in 1..=settings.nodes {
+            let (store_url, database_proxy) = if settings.database_proxies {
+                let proxy = TcpProxy::start(mysql_address(&db.url)?)
+                    .await
+                    .context("starting a proxy to MySQL")?;
+                (mysql_url_through(&db.url, proxy.addr())?, Some(proxy))
+            } else {
+                (db.url.clone(), None)
+            };
+            nodes.push(SchedulerNode {
+                id: format!("n{n}"),
+                port: 0,
+                store_url,
+                database_proxy,
+                process: None,
+                starts: 0,
+            });
+        }
         let mut cluster = ProcessCluster {
-            store_url: db.url.clone(),
             db: Some(db),
             dir,
             redis,
             settings,
-            port: 0,
-            scheduler: None,
-            scheduler_starts: 0,
+            nodes,
             workers: Vec::new(),
+            worker_ids: Vec::new(),
             logs: Vec::new(),
         };
-        cluster.start_scheduler().await?;
+        for index in 0..cluster.nodes.len() {
+            cluster.start_node(index).await?;
+        }
         Ok(Some(cluster))
     }
 
@@ -276,26 +330,72 @@ impl ProcessCluster {
         self.dir.path()
     }
 
-    pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+    /// The url of the cluster's store, straight to the database (not through a node's proxy),
+    /// for a test to read it itself.
+    pub fn store_url(&self) -> anyhow::Result<&str> {
+        self.db
+            .as_ref()
+            .map(|db| db.url.as_str())
+            .context("the test database was dropped")
     }
 
-    /// Starts the scheduler process and waits until it accepts connections. The first start
-    /// takes a free port; a restart keeps the port, so workers find the node again. Either way a
-    /// start that lost its port to another process is retried.
+    /// The endpoint of `n1`.
+    pub fn endpoint(&self) -> String {
+        self.node_endpoint(0)
+    }
+
+    /// How many scheduler nodes the cluster has, running or not.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The id of node `index` (from 0): `n1` for 0.
+    pub fn node_id(&self, index: usize) -> &str {
+        &self.nodes[index].id
+    }
+
+    /// The endpoint of node `index` (from 0), also while it is down.
+    pub fn node_endpoint(&self, index: usize) -> String {
+        format!("http://127.0.0.1:{}", self.nodes[index].port)
+    }
+
+    /// Whether node `index` has a process that has not been taken out.
+    pub fn node_running(&self, index: usize) -> bool {
+        self.nodes[index].process.is_some()
+    }
+
+    /// The proxy between node `index` and MySQL, when the cluster was started with
+    /// `database_proxies`.
+    pub fn database_proxy(&self, index: usize) -> anyhow::Result<&TcpProxy> {
+        let node = &self.nodes[index];
+        node.database_proxy
+            .as_ref()
+            .with_context(|| format!("node {} has no proxy to the database", node.id))
+    }
+
+    /// Starts `n1` again after it was taken out: [`ProcessCluster::start_node`] of node 0.
     pub async fn start_scheduler(&mut self) -> anyhow::Result<()> {
-        if self.scheduler.is_some() {
-            bail!("the scheduler is already running");
+        self.start_node(0).await
+    }
+
+    /// Starts node `index` and waits until it accepts connections. The first start takes a free
+    /// port; a restart keeps the node's id and port, so workers find the node again (after a
+    /// kill -9 the node first waits out its old incarnation's lease). Either way a start that
+    /// lost its port to another process is retried.
+    pub async fn start_node(&mut self, index: usize) -> anyhow::Result<()> {
+        if self.nodes[index].process.is_some() {
+            bail!("scheduler {} is already running", self.nodes[index].id);
         }
-        let keep_port = self.port != 0;
+        let keep_port = self.nodes[index].port != 0;
         for _ in 0..BIND_ATTEMPTS {
             if !keep_port {
-                self.port = free_port()?;
+                self.nodes[index].port = free_port()?;
             }
-            let mut process = self.spawn_scheduler()?;
-            match wait_listening(&mut process, self.port).await? {
+            let port = self.nodes[index].port;
+            let mut process = self.spawn_scheduler(index)?;
+            match wait_listening(&mut process, port).await? {
                 true => {
-                    self.scheduler = Some(process);
+                    self.nodes[index].process = Some(process);
                     return Ok(());
                 }
                 false if is_bind_failure(&process.log_text()) => {
@@ -310,21 +410,53 @@ impl ProcessCluster {
             }
         }
         bail!(
-            "the scheduler could not bind a port in {BIND_ATTEMPTS} attempts (last {})",
-            self.port
+            "scheduler {} could not bind a port in {BIND_ATTEMPTS} attempts (last {})",
+            self.nodes[index].id,
+            self.nodes[index].port
         )
     }
 
-    fn spawn_scheduler(&mut self) -> anyhow::Result<Process> {
-        self.scheduler_starts += 1;
-        let name = format!("ax-scheduler#{}", self.scheduler_starts);
+    /// Kills node `index` with SIGKILL (a crash: no lease given up, no stream closed cleanly)
+    /// and reaps it; its log stays in the dump of a failed test.
+    pub async fn kill_node(&mut self, index: usize) -> anyhow::Result<()> {
+        let mut process = self.take_node(index)?;
+        process.kill().await
+    }
+
+    /// Stops node `index` with SIGTERM and waits, under the hang guard, for it to exit with
+    /// status 0.
+    pub async fn stop_node(&mut self, index: usize) -> anyhow::Result<()> {
+        let mut process = self.take_node(index)?;
+        process.terminate()?;
+        let status = process.wait_exit(HANG_GUARD).await?;
+        if !status.success() {
+            bail!("{} exited with {status} after SIGTERM", process.name());
+        }
+        Ok(())
+    }
+
+    /// Takes node `index`'s process out of the cluster, e.g. to stop it and start another.
+    pub fn take_node(&mut self, index: usize) -> anyhow::Result<Process> {
+        let node = &mut self.nodes[index];
+        node.process
+            .take()
+            .with_context(|| format!("scheduler {} is not running", node.id))
+    }
+
+    fn spawn_scheduler(&mut self, index: usize) -> anyhow::Result<Process> {
+        let node = &mut self.nodes[index];
+        node.starts += 1;
+        let name = format!("ax-scheduler {}#{}", node.id, node.starts);
+        let listen = format!("127.0.0.1:{}", node.port);
         let mut args = vec![
             "--store".to_string(),
-            self.store_url.clone(),
+            node.store_url.clone(),
             "--listen".into(),
-            format!("127.0.0.1:{}", self.port),
+            listen.clone(),
+            "--advertise".into(),
+            format!("http://{listen}"),
             "--node-id".into(),
-            "n1".into(),
+            node.id.clone(),
             "--heartbeat-interval".into(),
             self.settings.heartbeat_interval.clone(),
         ];
@@ -372,7 +504,14 @@ impl ProcessCluster {
         Process::spawn(name, &binary(program)?, args, self.dir.path(), log)
     }
 
-    /// Starts a worker process connected to the scheduler. It is not waited for: see
+    /// Every node's endpoint, starting at node `first` and going round.
+    fn endpoints_from(&self, first: usize) -> Vec<String> {
+        (0..self.nodes.len())
+            .map(|step| self.node_endpoint((first + step) % self.nodes.len()))
+            .collect()
+    }
+
+    /// Starts a worker process connected to the schedulers. It is not waited for: see
     /// [`TestClient::wait_worker_live`].
     pub fn start_worker(&mut self, id: &str) -> anyhow::Result<()> {
         self.start_worker_with(id, &WorkerSettings::default())
@@ -384,9 +523,20 @@ impl ProcessCluster {
             .heartbeat_interval
             .clone()
             .unwrap_or_else(|| HEARTBEAT_INTERVAL.into());
+        let first = match self.worker_ids.iter().position(|known| known == id) {
+            Some(position) => position,
+            None => {
+                self.worker_ids.push(id.to_string());
+                self.worker_ids.len() - 1
+            }
+        };
+        let endpoints = match &settings.endpoint {
+            Some(endpoint) => endpoint.clone(),
+            None => self.endpoints_from(first % self.nodes.len()).join(","),
+        };
         let mut args = vec![
             "--scheduler".to_string(),
-            settings.endpoint.clone().unwrap_or_else(|| self.endpoint()),
+            endpoints,
             "--id".into(),
             id.into(),
             "--heartbeat-interval".into(),
@@ -405,6 +555,9 @@ impl ProcessCluster {
             if let Some(value) = value {
                 args.extend([flag.to_string(), value]);
             }
+        }
+        for (key, value) in &settings.labels {
+            args.extend(["--label".to_string(), format!("{key}={value}")]);
         }
         // A worker started again under the same id gets a log file of its own.
         let starts = self
@@ -450,24 +603,37 @@ impl ProcessCluster {
         Ok(pid)
     }
 
-    /// The port the scheduler listens on (kept across restarts).
+    /// The port `n1` listens on (kept across restarts).
     pub fn port(&self) -> u16 {
-        self.port
+        self.nodes[0].port
     }
 
-    /// Everything the running scheduler process wrote so far, or every scheduler process's log
-    /// after it was taken out.
+    /// Everything every scheduler process wrote so far, running or taken out, in start order.
     pub fn scheduler_logs(&self) -> String {
+        self.logs_of("ax-scheduler ")
+    }
+
+    /// Everything every process of node `index` wrote so far, in start order.
+    pub fn node_logs(&self, index: usize) -> String {
+        self.logs_of(&format!("ax-scheduler {}#", self.nodes[index].id))
+    }
+
+    fn logs_of(&self, prefix: &str) -> String {
         self.logs
             .iter()
-            .filter(|(name, _)| name.starts_with("ax-scheduler"))
+            .filter(|(name, _)| name.starts_with(prefix))
             .map(|(_, path)| std::fs::read_to_string(path).unwrap_or_default())
             .collect()
     }
 
-    /// A client of the scheduler's control API.
+    /// A client of `n1`'s control API.
     pub async fn client(&self) -> anyhow::Result<TestClient> {
         TestClient::connect(&self.endpoint()).await
+    }
+
+    /// A client of node `index`'s control API. It reconnects by itself after a restart.
+    pub async fn node_client(&self, index: usize) -> anyhow::Result<TestClient> {
+        TestClient::connect(&self.node_endpoint(index)).await
     }
 
     /// Prints every log of the sandbox to stderr (a failing test does it by itself on drop).
@@ -481,17 +647,17 @@ impl ProcessCluster {
         }
     }
 
+    /// `n1`'s process.
     pub fn scheduler(&mut self) -> anyhow::Result<&mut Process> {
-        self.scheduler
+        self.nodes[0]
+            .process
             .as_mut()
             .context("the scheduler is not running")
     }
 
-    /// Takes the scheduler process out of the cluster, e.g. to stop it and start another.
+    /// Takes `n1`'s process out of the cluster, e.g. to stop it and start another.
     pub fn take_scheduler(&mut self) -> anyhow::Result<Process> {
-        self.scheduler
-            .take()
-            .context("the scheduler is not running")
+        self.take_node(0)
     }
 
     pub fn worker(&mut self, id: &str) -> anyhow::Result<&mut Process> {
@@ -505,7 +671,7 @@ impl ProcessCluster {
             .with_context(|| format!("no worker {id}"))
     }
 
-    /// Runs the real `axctl` against this cluster, under the hang guard.
+    /// Runs the real `axctl` against `n1`, under the hang guard.
     pub async fn axctl(&self, args: &[&str]) -> anyhow::Result<CtlOutput> {
         let mut command = tokio::process::Command::new(binary("axctl")?);
         clear_ax_env(&mut command);
@@ -527,7 +693,7 @@ impl ProcessCluster {
         })
     }
 
-    /// Stops the workers, then the scheduler, each with SIGTERM, checks that every one exits
+    /// Stops the workers, then the schedulers, each with SIGTERM, checks that every one exits
     /// with status 0, and drops the test database.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         let mut workers = std::mem::take(&mut self.workers);
@@ -542,13 +708,23 @@ impl ProcessCluster {
                 bail!("{} exited with {status}", worker.name);
             }
         }
-        if let Some(mut scheduler) = self.scheduler.take() {
+        let mut schedulers: Vec<Process> = self
+            .nodes
+            .iter_mut()
+            .filter_map(|node| node.process.take())
+            .collect();
+        // All at once: a node stopping alone would hand its workers to the others first.
+        for scheduler in &schedulers {
             scheduler.terminate()?;
+        }
+        for scheduler in &mut schedulers {
             let status = scheduler.wait_exit(HANG_GUARD).await?;
             if !status.success() {
                 bail!("{} exited with {status}", scheduler.name);
             }
         }
+        // A proxy's connections end with it, so none holds a lock the drop would wait for.
+        self.nodes.clear();
         if let Some(db) = self.db.take() {
             db.drop_database().await?;
         }
@@ -561,9 +737,13 @@ impl Drop for ProcessCluster {
         if std::thread::panicking() {
             self.print_logs();
         }
-        // The children are killed by `kill_on_drop`. A test that failed before its `shutdown`
-        // still drops its MySQL database, from a thread of its own because `Drop` is not async
-        // and may run on a runtime thread.
+        // The children go first (`kill_on_drop`), and the proxies with them: a connection that
+        // a blackholed proxy holds open keeps its transaction's locks, and the DROP DATABASE
+        // below would wait for them. A test that failed before its `shutdown` still drops its
+        // MySQL database, from a thread of its own because `Drop` is not async and may run on a
+        // runtime thread.
+        self.workers.clear();
+        self.nodes.clear();
         if let Some(db) = self.db.take() {
             let dropped = std::thread::spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread()
@@ -618,7 +798,63 @@ async fn wait_listening(process: &mut Process, port: u16) -> anyhow::Result<bool
     }
 }
 
+/// A MySQL store url (`mysql://user@host:port/db`) cut into `mysql://user@`, `host:port` and
+/// `/db`.
+fn mysql_parts(url: &str) -> anyhow::Result<(&str, &str, &str)> {
+    let rest = url
+        .strip_prefix("mysql://")
+        .with_context(|| format!("{url} is not a MySQL url"))?;
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let host_start = rest[..authority_end].rfind('@').map_or(0, |at| at + 1);
+    let prefix_end = "mysql://".len() + host_start;
+    let path_start = "mysql://".len() + authority_end;
+    Ok((
+        &url[..prefix_end],
+        &url[prefix_end..path_start],
+        &url[path_start..],
+    ))
+}
+
+/// The MySQL server's address in a store url.
+fn mysql_address(url: &str) -> anyhow::Result<SocketAddr> {
+    let (_, host_port, _) = mysql_parts(url)?;
+    host_port
+        .to_socket_addrs()
+        .with_context(|| format!("resolving {host_port} of {url}"))?
+        .next()
+        .with_context(|| format!("{host_port} of {url} resolves to no address"))
+}
+
+/// A store url with `address` in place of its MySQL server's.
+fn mysql_url_through(url: &str, address: SocketAddr) -> anyhow::Result<String> {
+    let (prefix, _, path) = mysql_parts(url)?;
+    Ok(format!("{prefix}{address}{path}"))
+}
+
 fn is_bind_failure(log: &str) -> bool {
     let log = log.to_lowercase();
     log.contains("address already in use") || log.contains("addrinuse")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_url_goes_through_a_proxy() {
+        let proxy = SocketAddr::from(([127, 0, 0, 1], 4000));
+        assert_eq!(
+            mysql_url_through("mysql://root@127.0.0.1:3306/ax_e2e_1", proxy).expect("url"),
+            "mysql://root@127.0.0.1:4000/ax_e2e_1"
+        );
+        assert_eq!(
+            mysql_url_through("mysql://u:p@w@127.0.0.1:3306", proxy).expect("url"),
+            "mysql://u:p@w@127.0.0.1:4000"
+        );
+        assert_eq!(
+            mysql_address("mysql://127.0.0.1:3306/db").expect("address"),
+            SocketAddr::from(([127, 0, 0, 1], 3306))
+        );
+        assert!(mysql_address("sqlite:///tmp/ax.db").is_err());
+    }
 }

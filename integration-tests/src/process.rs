@@ -187,6 +187,8 @@ pub struct SchedulerSettings {
     /// Puts a [`TcpProxy`] between each node and MySQL, so that a test can partition one node
     /// from the database ([`ProcessCluster::database_proxy`]).
     pub database_proxies: bool,
+    /// `--spread-interval`: short, so workers spread over the nodes within seconds.
+    pub spread_interval: String,
 }
 
 impl Default for SchedulerSettings {
@@ -198,6 +200,7 @@ impl Default for SchedulerSettings {
             dead_after_missed_heartbeats: None,
             timeout_grace: None,
             node_lease: "2s".into(),
+            spread_interval: "1s".into(),
             clock_shift: None,
             nodes: 1,
             database_proxies: false,
@@ -470,6 +473,10 @@ impl ProcessCluster {
             args.extend(["--timeout-grace".into(), grace.clone()]);
         }
         args.extend(["--node-lease".into(), self.settings.node_lease.clone()]);
+        args.extend([
+            "--spread-interval".into(),
+            self.settings.spread_interval.clone(),
+        ]);
         if let Some((url, namespace)) = &self.redis {
             args.extend([
                 "--redis".into(),

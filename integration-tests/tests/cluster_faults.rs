@@ -90,8 +90,9 @@ fn worker_settings() -> WorkerSettings {
 }
 
 impl Nodes {
-    /// Starts the nodes and the workers (`w1` on `n1`, `w2` on `n2`, `w3` on `n3`, each knowing
-    /// every node), or `None` when MySQL (or Redis, when asked for) is not configured here.
+    /// Starts the nodes and the workers (each knowing every node) and waits until each node holds
+    /// one (the nodes spread them), or `None` when MySQL (or Redis, when asked for) is not
+    /// configured here.
     async fn start(redis: RedisChoice, database_proxies: bool) -> Option<Nodes> {
         let mut cluster =
             ProcessCluster::start_with(Backend::MySql, settings(redis, database_proxies))
@@ -116,15 +117,17 @@ impl Nodes {
             cluster,
             clients,
         };
-        // Each node holds the worker that lists it first.
-        for index in 0..NODES {
-            let worker = format!("w{}", index + 1);
-            nodes
-                .wait_workers(index, &format!("{worker} on {}", nodes.id(index)), |on| {
-                    on.get(&worker).map(String::as_str) == Some(nodes.id(index))
-                })
-                .await;
-        }
+        let ids: Vec<String> = (0..NODES)
+            .map(|index| nodes.id(index).to_string())
+            .collect();
+        nodes
+            .wait_workers(0, "one worker on each node", |on| {
+                on.len() == WORKERS
+                    && ids
+                        .iter()
+                        .all(|id| on.values().filter(|node| *node == id).count() == 1)
+            })
+            .await;
         Some(nodes)
     }
 

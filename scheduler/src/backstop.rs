@@ -216,13 +216,13 @@ async fn judge_active(node: &Node, told: &mut Told) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A dispatch that another node sent to a worker's earlier stream, after the worker had left
-/// that node and registered here, never reached the worker: withdrawn, to go again as the next
-/// attempt. The proof is a heartbeat of the worker on its stream here from after the dispatch
-/// (by more than the nodes' clocks may differ): a worker holds one stream at a time, so it was
-/// here by then, and it lists at registration everything it runs, which makes the attempt in
-/// flight here (one claimed before it registered here is ended by that registration). The age
-/// keeps clear of the other node's own rejection of an undeliverable dispatch.
+/// A dispatch that another node claimed after the worker had registered here never reached the
+/// worker (a worker holds one stream at a time: the other node sent it to the stream the worker
+/// had left): withdrawn, to go again as the next attempt. One claimed before the registration is
+/// the registration's business (ended if the worker did not list it, its report awaited if the
+/// worker said it ended). A heartbeat on the stream here from after the claim (by more than the
+/// nodes' clocks may differ) proves this stream is the worker's current one, not one it left
+/// silently. The age keeps clear of the other node's own rejection of an undeliverable dispatch.
 async fn withdraw_unreached(
     node: &Node,
     in_flight: &[(String, InstanceId, Attempt)],
@@ -246,10 +246,9 @@ async fn withdraw_unreached(
             && !flying.contains(&(attempt.instance_id, attempt.attempt))
             && attempt.dispatched_at.is_some_and(|at| {
                 now - at > SETTLED_MS
-                    && node
-                        .registry
-                        .view(worker)
-                        .is_some_and(|here| here.last_heartbeat > at + CLOCK_MARGIN_MS)
+                    && node.registry.view(worker).is_some_and(|here| {
+                        here.connected_at <= at && here.last_heartbeat > at + CLOCK_MARGIN_MS
+                    })
             });
         if !unreached {
             continue;

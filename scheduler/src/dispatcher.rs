@@ -66,6 +66,12 @@ impl DecisionMemo {
         self.seen.remove(&(instance, kind, detail.to_string()));
     }
 }
+/// How long an attempt's dedup marker lives. It guards the moment between the marker and the
+/// claim: once the claim commits, the attempt is no longer WAITING and the claim itself keeps it
+/// single (an attempt put back WAITING has its marker cleared). A node killed between the two
+/// leaves a marker that holds the instance back this long at most, not for the attempt's life.
+const DISPATCH_MARKER_TTL: Duration = Duration::from_secs(30);
+
 /// How often the dispatcher looks without being woken (retries whose backoff ended, a start
 /// lock that expired).
 const IDLE_POLL: Duration = Duration::from_millis(500);
@@ -478,7 +484,7 @@ async fn dispatch_batch(
         }
         if node
             .guards
-            .mark_dispatch(instance, attempt, plan.lock_ttl)
+            .mark_dispatch(instance, attempt, DISPATCH_MARKER_TTL)
             .await
             == Some(false)
         {
@@ -500,7 +506,19 @@ async fn dispatch_batch(
             limits: plan.limits.clone(),
         })
         .collect();
-    let won = node.store.mark_dispatched(&claims).await?;
+    let won = match node.store.mark_dispatched(&claims).await {
+        Ok(won) => won,
+        Err(err) => {
+            // Nothing was claimed: the markers must not hold these attempts back.
+            for plan in &guarded {
+                let waiting = &plan.waiting.instance;
+                node.guards
+                    .clear_dispatch(waiting.id, waiting.attempt)
+                    .await;
+            }
+            return Err(err.into());
+        }
+    };
 
     let mut sent = 0;
     for (plan, won) in guarded.into_iter().zip(won) {

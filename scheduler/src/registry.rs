@@ -35,6 +35,8 @@ struct Entry {
     sender: WorkerSender,
     in_flight: HashSet<(InstanceId, Attempt)>,
     last_heartbeat: Millis,
+    /// When the worker registered on this stream.
+    connected_at: Millis,
     draining: bool,
     /// Until when the worker is left out of dispatch, after it was asked to move.
     moving_until: Option<Instant>,
@@ -51,6 +53,7 @@ impl Entry {
             profile: self.profile.clone(),
             running: self.in_flight.len() as u32,
             last_heartbeat: self.last_heartbeat,
+            connected_at: self.connected_at,
             draining: self.draining,
         }
     }
@@ -74,6 +77,8 @@ pub struct WorkerView {
     pub profile: WorkerProfile,
     pub running: u32,
     pub last_heartbeat: Millis,
+    /// When the worker registered on its current stream here.
+    pub connected_at: Millis,
     pub draining: bool,
 }
 
@@ -110,6 +115,7 @@ impl Registry {
             sender,
             in_flight: running.into_iter().collect(),
             last_heartbeat: now,
+            connected_at: now,
             draining: false,
             moving_until: None,
         };

@@ -139,9 +139,9 @@ impl WorkerService for WorkerApi {
         // is ended below) or is refused by the registry (planned on the old stream), and one
         // claimed after it goes out on this stream.
         let registered_at = now_ms();
-        let connection = node
-            .registry
-            .connect(profile.clone(), sender, adopted.clone(), now);
+        let connection =
+            node.registry
+                .connect(profile.clone(), sender, adopted.clone(), registered_at);
         let missing = match missing_attempts(&node, &profile.id, &register, registered_at).await {
             Ok(missing) => missing,
             Err(status) => {

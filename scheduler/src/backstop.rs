@@ -266,11 +266,7 @@ async fn withdraw_unreached(
             reason: reason.clone(),
             withdrawn: true,
         };
-        let envelope = Envelope {
-            worker: worker.to_string(),
-            report,
-            from_worker: false,
-        };
+        let envelope = Envelope::decided(worker, report);
         if node.reports.send(envelope).await.is_err() {
             return;
         }

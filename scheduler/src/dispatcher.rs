@@ -72,6 +72,11 @@ impl DecisionMemo {
 /// leaves a marker that holds the instance back this long at most, not for the attempt's life.
 const DISPATCH_MARKER_TTL: Duration = Duration::from_secs(30);
 
+/// With several nodes, each reads its own share of the WAITING queue first (instance id modulo
+/// the live nodes), so nodes do not all plan and claim the same instances; then it takes what
+/// has waited this long in any share: a dead node's, or one only this node's workers can run.
+const TAKE_OTHERS_AFTER_MS: Millis = 1_000;
+
 /// How often the dispatcher looks without being woken (retries whose backoff ended, a start
 /// lock that expired).
 const IDLE_POLL: Duration = Duration::from_millis(500);
@@ -110,9 +115,21 @@ async fn dispatch_ready(node: &Node) -> anyhow::Result<()> {
             return Ok(());
         }
         let mut limit = free.saturating_mul(2).clamp(32, BATCH);
+        let share = node.standing.share();
+        let mut own_share = share.is_some();
         loop {
             let started = std::time::Instant::now();
-            let waiting = node.store.waiting(now_ms(), limit).await?;
+            let waiting = match share {
+                Some(share) if own_share => {
+                    node.store.waiting_share(now_ms(), limit, share).await?
+                }
+                Some(_) => {
+                    node.store
+                        .waiting(now_ms() - TAKE_OTHERS_AFTER_MS, limit)
+                        .await?
+                }
+                None => node.store.waiting(now_ms(), limit).await?,
+            };
             let read_us = started.elapsed().as_micros() as u64;
             let full_batch = waiting.len() as u32 == limit;
             let pass = dispatch_batch(node, slots.clone(), waiting).await?;
@@ -132,6 +149,11 @@ async fn dispatch_ready(node: &Node) -> anyhow::Result<()> {
             }
             if pass.sent == 0 && full_batch && pass.held_back && limit < DEEPEST {
                 limit = limit.saturating_mul(4).min(DEEPEST);
+                continue;
+            }
+            if own_share {
+                // Its own share is done for now: what others left waiting comes next.
+                own_share = false;
                 continue;
             }
             return Ok(());
@@ -557,11 +579,7 @@ async fn dispatch_batch(
             };
             let _ = node
                 .reports
-                .send(Envelope {
-                    worker: plan.worker,
-                    report,
-                    from_worker: false,
-                })
+                .send(Envelope::decided(&plan.worker, report))
                 .await;
         }
     }

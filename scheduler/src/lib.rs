@@ -154,6 +154,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         lease: options.node_lease,
         max_clock_offset: options.max_clock_offset,
         pools: membership::pools_text(&options.pools),
+        worker_dead_after: options.heartbeat_interval * options.dead_after_missed_heartbeats,
         cut_off_after: membership::cut_off_after(
             options.heartbeat_interval * options.dead_after_missed_heartbeats,
         ),

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use ax_store::{Backend, LeaseClaim, NodeLease, Store};
+use ax_store::{Backend, LeaseClaim, NodeLease, QueueShare, Store};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -37,6 +37,8 @@ pub struct Member {
     pub max_clock_offset: Duration,
     /// How long without a renewal makes the node cut off from its store.
     pub cut_off_after: Duration,
+    /// A worker silent this long is dead (and holds no node's share of the queue).
+    pub worker_dead_after: Duration,
     /// The node's `[pools]`, as [`pools_text`] writes them.
     pub pools: String,
 }
@@ -101,17 +103,33 @@ pub fn cut_off_after(worker_dead_after: Duration) -> Duration {
     (worker_dead_after / 8).max(Duration::from_secs(2))
 }
 
-/// Whether this node reaches its store.
+/// Whether this node reaches its store, and its share of the WAITING queue.
 #[derive(Debug)]
 pub struct Standing {
     reaches_store: watch::Sender<bool>,
+    /// Live nodes (high half) and this node's index among them by id (low half); 0 until known.
+    share: std::sync::atomic::AtomicU64,
 }
 
 impl Standing {
     fn new() -> Arc<Standing> {
         Arc::new(Standing {
             reaches_store: watch::channel(true).0,
+            share: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// This node's share of the queue while more than one node is live.
+    pub fn share(&self) -> Option<QueueShare> {
+        let packed = self.share.load(std::sync::atomic::Ordering::Relaxed);
+        let (nodes, index) = ((packed >> 32) as u32, packed as u32);
+        (nodes > 1).then_some(QueueShare { nodes, index })
+    }
+
+    fn set_share(&self, nodes: u32, index: u32) {
+        let packed = (u64::from(nodes) << 32) | u64::from(index);
+        self.share
+            .store(packed, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn is_cut_off(&self) -> bool {
@@ -245,6 +263,7 @@ impl Membership {
                 Ok(Ok(Some(db_now))) if !id_taken => {
                     offset = observe_offset(sent, received, db_now, &self.member);
                     renewed_at = Instant::now();
+                    self.learn_share().await;
                     if self.standing.set(true) {
                         tracing::info!(
                             node = %self.member.node_id,
@@ -287,6 +306,43 @@ impl Membership {
             }
         }
         self.leave().await;
+    }
+
+    /// Reads the live nodes that hold live workers and takes this node's place among them by id
+    /// as its share of the queue (none when it holds no worker: it dispatches nothing then). A
+    /// share a node does not serve, a dead node's say, is taken by the others' second look
+    /// (`dispatcher`).
+    async fn learn_share(&self) {
+        if self.store.backend() != Backend::MySql {
+            return;
+        }
+        let read = async {
+            let (db_now, leases) = self.store.list_node_leases().await?;
+            let workers = self.store.list_workers().await?;
+            anyhow::Ok((db_now, leases, workers))
+        };
+        match read.await {
+            Ok((db_now, leases, workers)) => {
+                let dead_after = self.member.worker_dead_after.as_millis() as i64;
+                let serving: Vec<&str> = leases
+                    .iter()
+                    .filter(|lease| lease.expires_at > db_now)
+                    .filter(|lease| {
+                        workers.iter().any(|worker| {
+                            worker.node_id == lease.node_id
+                                && worker.connected
+                                && worker.last_heartbeat >= clock::now_ms() - dead_after
+                        })
+                    })
+                    .map(|lease| lease.node_id.as_str())
+                    .collect();
+                match serving.iter().position(|id| *id == self.member.node_id) {
+                    Some(index) => self.standing.set_share(serving.len() as u32, index as u32),
+                    None => self.standing.set_share(0, 0),
+                }
+            }
+            Err(err) => tracing::debug!(error = %err, "cannot read the live nodes"),
+        }
     }
 
     /// Gives the lease up, so the node id is free at once.

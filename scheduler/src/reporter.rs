@@ -32,6 +32,17 @@ pub struct Envelope {
     pub from_worker: bool,
 }
 
+impl Envelope {
+    /// A report this node decided about an attempt on `worker`.
+    pub fn decided(worker: &str, report: Report) -> Envelope {
+        Envelope {
+            worker: worker.to_string(),
+            report,
+            from_worker: false,
+        }
+    }
+}
+
 pub type ReportSender = mpsc::Sender<Envelope>;
 
 pub fn channel() -> (ReportSender, mpsc::Receiver<Envelope>) {

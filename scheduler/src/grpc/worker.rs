@@ -262,11 +262,7 @@ async fn end_missing(node: &Node, worker: &str, missing: Vec<ActiveAttempt>) {
         };
         tracing::warn!(instance = %attempt.instance_id, attempt = %attempt.attempt, worker = %worker, ?kind, "the worker registered without an attempt the store has on it; ending it now");
         decisions.push((attempt, kind, cause.clone()));
-        let envelope = Envelope {
-            worker: worker.to_string(),
-            report,
-            from_worker: false,
-        };
+        let envelope = Envelope::decided(worker, report);
         if node.reports.send(envelope).await.is_err() {
             return;
         }

@@ -573,6 +573,13 @@ pub enum LeaseClaim {
     },
 }
 
+/// One node's share of the WAITING queue, so that nodes do not all claim the same instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueShare {
+    pub nodes: u32,
+    pub index: u32,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerRecord {
     pub id: String,
@@ -755,6 +762,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// WAITING instances with `not_before <= now`, highest priority first, then oldest.
     async fn waiting(&self, now: Millis, limit: u32) -> Result<Vec<WaitingInstance>>;
+    /// [`Store::waiting`], only the instances of one node's share of the queue: those whose id
+    /// is `share.index` modulo `share.nodes`.
+    async fn waiting_share(
+        &self,
+        now: Millis,
+        limit: u32,
+        share: QueueShare,
+    ) -> Result<Vec<WaitingInstance>>;
     /// WAITING → DISPATCHED for each claim, each a conditional update on (id, attempt, WAITING),
     /// all in one transaction; records the attempt's worker and dispatch time. Returns, per
     /// claim, whether this call won it.

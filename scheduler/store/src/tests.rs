@@ -324,6 +324,18 @@ mod scenarios {
         );
         assert_eq!(first.instance.workflow, "wf");
         assert_eq!(s.waiting(T0 + 100, 2).await.unwrap().len(), 2);
+        // Two nodes' shares of the queue split it by instance id, each in the same order.
+        for index in 0..2 {
+            let share = crate::QueueShare { nodes: 2, index };
+            let mine = s.waiting_share(T0 + 100, 100, share).await.unwrap();
+            let expected: Vec<InstanceId> = waiting
+                .iter()
+                .map(|w| w.instance.id)
+                .filter(|id| id.0 % 2 == i64::from(index))
+                .collect();
+            let got: Vec<InstanceId> = mine.iter().map(|w| w.instance.id).collect();
+            assert_eq!(got, expected);
+        }
         // After the longest possible backoff the retry is waiting too, first by priority.
         let later = s.waiting(T0 + 30 + 60_000, 100).await.unwrap();
         assert_eq!(later.len(), 8);

@@ -37,7 +37,7 @@ use super::reports::{InstanceKey, load_key, lock_runs};
 use super::rows::{self, instance_state, map_json, to_u32};
 use super::run_end::finish_run_if_done;
 use super::{Dialect, SqlStore, in_list, pow2_chunks, values_rows};
-use crate::{ActiveAttempt, DispatchClaim, Result, WaitingInstance};
+use crate::{ActiveAttempt, DispatchClaim, QueueShare, Result, WaitingInstance};
 
 /// The `held_slots` text of a claim: its scopes, one per line.
 pub(crate) fn held_slots(claim: &DispatchClaim) -> String {
@@ -674,6 +674,7 @@ pub(crate) async fn waiting(
     store: &SqlStore,
     now: Millis,
     limit: u32,
+    share: Option<QueueShare>,
 ) -> Result<Vec<WaitingInstance>> {
     // Walk the queue index from its head and stop after `limit` rows, looking up each
     // row's workflow and run by primary key. Left to itself, MariaDB starts from the small
@@ -691,9 +692,14 @@ pub(crate) async fn waiting(
             " ON",
         ),
     };
+    let in_share = if share.is_some() {
+        " AND ti.id % ? = ?"
+    } else {
+        ""
+    };
     let sql = format!(
         "{} JOIN run r{by_key} r.id = ti.run_id \
-         WHERE ti.state = 'WAITING' AND ti.not_before <= ? AND r.state = 'RUNNING' \
+         WHERE ti.state = 'WAITING' AND ti.not_before <= ? AND r.state = 'RUNNING'{in_share} \
          ORDER BY ti.priority DESC, ti.id LIMIT ?",
         rows::INSTANCE_SELECT
             .replace(
@@ -704,11 +710,13 @@ pub(crate) async fn waiting(
             .replacen("task_instance ti", queue_index, 1)
             .replacen("JOIN workflow w ON", &format!("JOIN workflow w{by_key}"), 1)
     );
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(now)
-        .bind(i64::from(limit))
-        .fetch_all(&store.pool)
-        .await?;
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(now);
+    if let Some(share) = share {
+        query = query
+            .bind(i64::from(share.nodes.max(1)))
+            .bind(i64::from(share.index));
+    }
+    let rows = query.bind(i64::from(limit)).fetch_all(&store.pool).await?;
     rows.iter()
         .map(|row| {
             let params: String = row.try_get("params_json")?;

@@ -22,8 +22,9 @@ use super::{
 use crate::{
     ActiveAttempt, ApplyOutcome, AttemptRecord, AuditFilter, AuditRecord, Backend,
     CancelledAttempt, DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord,
-    LeaseClaim, LogChunk, ManualRetry, NewRun, NodeLease, Report, ReportResult, RerunFailed,
-    Result, RunRecord, Store, StoredLine, WaitingInstance, WorkerRecord, WorkflowRecord,
+    LeaseClaim, LogChunk, ManualRetry, NewRun, NodeLease, QueueShare, Report, ReportResult,
+    RerunFailed, Result, RunRecord, Store, StoredLine, WaitingInstance, WorkerRecord,
+    WorkflowRecord,
 };
 
 #[async_trait::async_trait]
@@ -130,7 +131,16 @@ impl Store for SqlStore {
     }
 
     async fn waiting(&self, now: Millis, limit: u32) -> Result<Vec<WaitingInstance>> {
-        dispatch::waiting(self, now, limit).await
+        dispatch::waiting(self, now, limit, None).await
+    }
+
+    async fn waiting_share(
+        &self,
+        now: Millis,
+        limit: u32,
+        share: QueueShare,
+    ) -> Result<Vec<WaitingInstance>> {
+        dispatch::waiting(self, now, limit, Some(share)).await
     }
 
     async fn retry_instance(&self, id: InstanceId, now: Millis) -> Result<ManualRetry> {

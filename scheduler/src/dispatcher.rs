@@ -12,12 +12,13 @@
 //! back by a limit is recorded once as Throttled; one with no live worker carrying its labels
 //! anywhere in the cluster as NoWorker; a shard whose worker is gone for good fails.
 //!
-//! In a cluster every node runs this over the same WAITING instances, each placing them on the
-//! workers connected to it; the conditional claim lets one node win each attempt. An instance
-//! that only another node's workers can take, or whose `consistent_hash`/`failover` route picks
-//! a worker on another node (those routes choose among the cluster's live workers), is left to
-//! that node, which finds it at its next pass (woken by its own events, or within
-//! `IDLE_POLL`).
+//! In a cluster every node runs this, each placing instances on the workers connected to it; the
+//! conditional claim lets one node win each attempt. Each node reads its own share of the queue
+//! first (instance id modulo the live nodes holding workers), then whatever has waited
+//! `TAKE_OTHERS_AFTER_MS` in any share. An instance that only another node's workers can take,
+//! or whose `consistent_hash`/`failover` route picks a worker on another node (those routes
+//! choose among the cluster's live workers), is left to that node, which finds it at its next
+//! pass (woken by its own events, or within `IDLE_POLL`).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;

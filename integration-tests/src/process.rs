@@ -12,6 +12,7 @@
 //! [`ProcessCluster::take_scheduler`]) are about `n1`.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -36,6 +37,10 @@ pub struct Process {
     name: String,
     child: tokio::process::Child,
     log: PathBuf,
+    /// The child is a wrapper (`faketime`) that runs the program as a child of its own: the
+    /// wrapper leads a process group, and every signal goes to the whole group, so that the
+    /// program never outlives it.
+    group: bool,
 }
 
 impl Process {
@@ -47,6 +52,31 @@ impl Process {
         args: &[String],
         dir: &Path,
         log: PathBuf,
+    ) -> anyhow::Result<Self> {
+        Self::start(name, program, args, dir, log, false)
+    }
+
+    /// [`Process::spawn`] for a wrapper whose program is its child (`faketime PROGRAM …`): both
+    /// get every signal, and both die when the process is dropped. The wrapper dies of a
+    /// SIGTERM (it does not pass it on), so after [`Process::terminate`] its exit status says
+    /// only that it was signalled.
+    pub fn spawn_wrapper(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        dir: &Path,
+        log: PathBuf,
+    ) -> anyhow::Result<Self> {
+        Self::start(name, program, args, dir, log, true)
+    }
+
+    fn start(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        dir: &Path,
+        log: PathBuf,
+        group: bool,
     ) -> anyhow::Result<Self> {
         let file =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
@@ -63,6 +93,9 @@ impl Process {
         // Tests read these logs (a scheduler's "scheduler starting", a worker's fencing): the
         // level is the tests', not the caller's environment's.
         command.env("RUST_LOG", "info");
+        if group {
+            command.process_group(0);
+        }
         let child = command
             .spawn()
             .with_context(|| format!("starting {}", program.display()))?;
@@ -70,6 +103,7 @@ impl Process {
             name: name.into(),
             child,
             log,
+            group,
         })
     }
 
@@ -89,12 +123,17 @@ impl Process {
             .child
             .id()
             .with_context(|| format!("{} has already been reaped", self.name))?;
+        let target = if self.group {
+            format!("-{pid}")
+        } else {
+            pid.to_string()
+        };
         let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
+            .args(["-TERM", "--", &target])
             .status()
             .context("running kill")?;
         if !status.success() {
-            bail!("kill -TERM {pid} ({}) failed: {status}", self.name);
+            bail!("kill -TERM {target} ({}) failed: {status}", self.name);
         }
         Ok(())
     }
@@ -107,12 +146,34 @@ impl Process {
         }
     }
 
-    /// Kills the child with SIGKILL and reaps it.
+    /// Whether `status`, the child's after [`Process::terminate`], is a clean exit: status 0,
+    /// or for a wrapper the SIGTERM it dies of.
+    pub fn exited_cleanly(&self, status: ExitStatus) -> bool {
+        status.success() || (self.group && status.signal() == Some(libc::SIGTERM))
+    }
+
+    /// Kills the child (and, for a wrapper, its program) with SIGKILL and reaps it.
     pub async fn kill(&mut self) -> anyhow::Result<()> {
+        self.kill_group();
         self.child
             .kill()
             .await
             .with_context(|| format!("killing {}", self.name))
+    }
+
+    /// SIGKILL to a wrapper's process group while the wrapper is not reaped (so the group id
+    /// is still its own).
+    fn kill_group(&self) {
+        if let Some(pid) = self.child.id().filter(|_| self.group)
+            && let Ok(pid) = i32::try_from(pid)
+            && pid > 1
+        {
+            // SAFETY: kill(2) has no memory-safety preconditions; a negative pid addresses a
+            // group.
+            unsafe {
+                libc::kill(-pid, libc::SIGKILL);
+            }
+        }
     }
 
     /// The exit status when the child has already exited.
@@ -123,6 +184,13 @@ impl Process {
     /// Everything the child wrote so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        // `kill_on_drop` kills the wrapper alone; its program would be left running.
+        self.kill_group();
     }
 }
 
@@ -432,7 +500,7 @@ impl ProcessCluster {
         let mut process = self.take_node(index)?;
         process.terminate()?;
         let status = process.wait_exit(HANG_GUARD).await?;
-        if !status.success() {
+        if !process.exited_cleanly(status) {
             bail!("{} exited with {status} after SIGTERM", process.name());
         }
         Ok(())
@@ -491,7 +559,7 @@ impl ProcessCluster {
                 let mut shifted = vec!["-f".to_string(), shift, scheduler.display().to_string()];
                 shifted.extend(args);
                 let log = self.log_path(&name);
-                Process::spawn(&name, Path::new("faketime"), &shifted, self.dir.path(), log)
+                Process::spawn_wrapper(&name, Path::new("faketime"), &shifted, self.dir.path(), log)
             }
             None => self.spawn(&name, "ax-scheduler", &args),
         }
@@ -711,7 +779,7 @@ impl ProcessCluster {
         }
         for worker in &mut workers {
             let status = worker.wait_exit(HANG_GUARD).await?;
-            if !status.success() {
+            if !worker.exited_cleanly(status) {
                 bail!("{} exited with {status}", worker.name);
             }
         }
@@ -726,7 +794,7 @@ impl ProcessCluster {
         }
         for scheduler in &mut schedulers {
             let status = scheduler.wait_exit(HANG_GUARD).await?;
-            if !status.success() {
+            if !scheduler.exited_cleanly(status) {
                 bail!("{} exited with {status}", scheduler.name);
             }
         }
@@ -846,6 +914,62 @@ fn is_bind_failure(log: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fault_kit::{pid_alive, wait_pids_gone};
+
+    /// Starts `sh` as a wrapper whose program (`sleep`) is its child, and returns the
+    /// program's pid once the wrapper wrote it.
+    async fn wrapper(dir: &Path, name: &str) -> (Process, u32) {
+        let pid_file = dir.join(format!("{name}.pid"));
+        let script = format!("sleep 30 & echo $! > '{}'; wait", pid_file.display());
+        let process = Process::spawn_wrapper(
+            name,
+            Path::new("sh"),
+            &["-c".to_string(), script],
+            dir,
+            dir.join(format!("{name}.log")),
+        )
+        .expect("the wrapper starts");
+        let deadline = tokio::time::Instant::now() + HANG_GUARD;
+        loop {
+            if let Ok(pid) = std::fs::read_to_string(&pid_file)
+                .unwrap_or_default()
+                .trim()
+                .parse()
+            {
+                return (process, pid);
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no pid written");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_wrappers_program_dies_with_it_when_killed_dropped_or_terminated() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut killed, program) = wrapper(dir.path(), "killed").await;
+        assert!(pid_alive(program));
+        killed.kill().await.expect("kill");
+        assert_eq!(
+            wait_pids_gone(&[program], HANG_GUARD).await,
+            Vec::<u32>::new()
+        );
+
+        let (dropped, program) = wrapper(dir.path(), "dropped").await;
+        drop(dropped);
+        assert_eq!(
+            wait_pids_gone(&[program], HANG_GUARD).await,
+            Vec::<u32>::new()
+        );
+
+        let (mut terminated, program) = wrapper(dir.path(), "terminated").await;
+        terminated.terminate().expect("SIGTERM");
+        let status = terminated.wait_exit(HANG_GUARD).await.expect("exit");
+        assert!(terminated.exited_cleanly(status), "{status}");
+        assert_eq!(
+            wait_pids_gone(&[program], HANG_GUARD).await,
+            Vec::<u32>::new()
+        );
+    }
 
     #[test]
     fn a_store_url_goes_through_a_proxy() {

@@ -254,7 +254,8 @@ async fn withdraw_unreached(
             continue;
         }
         let reason = format!(
-            "dispatched by node {} to worker {worker} after it had moved to node {}; never              reached it",
+            "dispatched by node {} to worker {worker} after it had moved to node {}; never \
+             reached it",
             attempt.dispatched_by.as_deref().unwrap_or_default(),
             node.options.node_id
         );

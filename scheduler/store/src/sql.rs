@@ -47,6 +47,10 @@ use ids::IdBlocks;
 pub(crate) const MAX_TRIES: u32 = 6;
 
 /// The embedded migrations of each backend, paired by number (a test checks the pairing).
+/// Seconds after which the MySQL server drops a connection of ax that sent nothing, rolling back
+/// its open transaction (`wait_timeout`).
+const SILENT_CLIENT_TIMEOUT_S: u64 = 10;
+
 pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "init", include_str!("../migrations/mysql/0001_init.sql")),
     (
@@ -452,28 +456,33 @@ impl SqlStore {
 
     async fn connect_mysql(url: &str) -> Result<SqlStore> {
         let options = AnyConnectOptions::from_str(&with_statement_cache(url))?;
-        let pool = AnyPoolOptions::new()
-            .max_connections(16)
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    // Each statement sees the latest committed rows; the fan-in check relies on
-                    // it after it has locked the run row.
-                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        // A node that falls silent in the middle of a transaction (partitioned from the database
+        // while its connection stays open) would keep its row locks, and stall every node that
+        // needs those rows, until the server gave up on it: after `wait_timeout` (8 hours by
+        // default). A short one makes the server roll such a transaction back within seconds.
+        // No ax transaction is idle between its statements for anywhere near that long, and the
+        // pools close their idle connections before the server would.
+        let pool_options = |max: u32| {
+            AnyPoolOptions::new()
+                .max_connections(max)
+                .idle_timeout(Some(Duration::from_secs(SILENT_CLIENT_TIMEOUT_S / 2)))
+                .after_connect(|conn, _| {
+                    Box::pin(async move {
+                        conn.execute(sqlx::AssertSqlSafe(format!(
+                            "SET SESSION wait_timeout = {SILENT_CLIENT_TIMEOUT_S}"
+                        )))
                         .await?;
-                    Ok(())
+                        // Each statement sees the latest committed rows; the fan-in check
+                        // relies on it after it has locked the run row.
+                        conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                            .await?;
+                        Ok(())
+                    })
                 })
-            })
-            .connect_with(options.clone())
-            .await?;
-        let id_pool = AnyPoolOptions::new()
-            .max_connections(2)
-            .idle_timeout(Some(Duration::from_secs(300)))
-            .connect_with(options.clone())
-            .await?;
-        let lease_pool = AnyPoolOptions::new()
-            .max_connections(1)
-            .connect_with(options)
-            .await?;
+        };
+        let pool = pool_options(16).connect_with(options.clone()).await?;
+        let id_pool = pool_options(2).connect_with(options.clone()).await?;
+        let lease_pool = pool_options(1).connect_with(options).await?;
         let store = SqlStore {
             pool,
             dialect: Dialect::MySql,

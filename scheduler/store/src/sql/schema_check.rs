@@ -87,6 +87,11 @@ pub(crate) async fn migrate_alone(
     migrations: &[(i64, &'static str, &'static str)],
 ) -> Result<()> {
     let mut holder = store.pool.acquire().await?;
+    // The holder sits idle while the migrations run on other connections: the server must not
+    // drop it (and the lock with it) after the pool's short `wait_timeout`.
+    sqlx::query("SET SESSION wait_timeout = 28800")
+        .execute(&mut *holder)
+        .await?;
     let row = sqlx::query("SELECT GET_LOCK(CONCAT('ax-migrate-', DATABASE()), ?) AS got")
         .bind(MIGRATION_WAIT_S)
         .fetch_one(&mut *holder)

@@ -177,11 +177,7 @@ struct ClusterView {
 
 /// A worker of the cluster as a placement across nodes sees it.
 struct ClusterWorker {
-    id: String,
-    labels: BTreeMap<String, String>,
-    capacity: u32,
-    running: u32,
-    accepting: bool,
+    slot: WorkerSlot,
     /// Its index in this node's slots when it is connected here.
     here: Option<usize>,
 }
@@ -200,11 +196,7 @@ impl ClusterView {
             .iter()
             .enumerate()
             .map(|(index, slot)| ClusterWorker {
-                id: slot.id.clone(),
-                labels: slot.labels.clone(),
-                capacity: slot.capacity,
-                running: slot.running,
-                accepting: slot.accepting,
+                slot: slot.clone(),
                 here: Some(index),
             })
             .collect();
@@ -212,11 +204,15 @@ impl ClusterView {
             let live = row.connected && row.last_heartbeat >= now - dead_after;
             if live && !slots.iter().any(|slot| slot.id == row.id) {
                 all.push(ClusterWorker {
-                    id: row.id.clone(),
-                    labels: row.labels.clone(),
-                    capacity: row.capacity,
-                    running: row.running,
-                    accepting: !row.draining,
+                    slot: WorkerSlot {
+                        id: row.id.clone(),
+                        // Never sent to from here: the node holding it dispatches.
+                        connection: 0,
+                        labels: row.labels.clone(),
+                        capacity: row.capacity,
+                        running: row.running,
+                        accepting: !row.draining,
+                    },
                     here: None,
                 });
             }
@@ -389,31 +385,14 @@ async fn dispatch_batch(
                 ));
                 continue;
             }
-            let candidates: Vec<Candidate<'_>> = slots
-                .iter()
-                .map(|slot| Candidate {
-                    id: &slot.id,
-                    labels: &slot.labels,
-                    capacity: slot.capacity,
-                    running: slot.running,
-                    accepting: slot.accepting,
-                })
-                .collect();
+            let candidates: Vec<Candidate<'_>> = slots.iter().map(WorkerSlot::candidate).collect();
             let key = format!("{}/{}", spec.name, task.name);
             let pinned = item.shard.as_ref().map(|shard| shard.worker.as_str());
             let route = Route::for_task(task.routing, node.options.strategy, &key, pinned);
             let chosen = if route.spans_the_cluster() {
                 let all = cluster.all_workers(node, &slots, now).await?;
-                let everyone: Vec<Candidate<'_>> = all
-                    .iter()
-                    .map(|worker| Candidate {
-                        id: &worker.id,
-                        labels: &worker.labels,
-                        capacity: worker.capacity,
-                        running: worker.running,
-                        accepting: worker.accepting,
-                    })
-                    .collect();
+                let everyone: Vec<Candidate<'_>> =
+                    all.iter().map(|worker| worker.slot.candidate()).collect();
                 match placer.choose_routed(route, &everyone, &task.labels, rand::random()) {
                     Some(index) if all[index].here.is_none() => {
                         // The node holding that worker dispatches it; look past it.

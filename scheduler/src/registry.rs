@@ -71,6 +71,19 @@ pub struct WorkerSlot {
     pub accepting: bool,
 }
 
+impl WorkerSlot {
+    /// The slot as placement weighs it.
+    pub fn candidate(&self) -> ax_core::placement::Candidate<'_> {
+        ax_core::placement::Candidate {
+            id: &self.id,
+            labels: &self.labels,
+            capacity: self.capacity,
+            running: self.running,
+            accepting: self.accepting,
+        }
+    }
+}
+
 /// A worker as operators see it.
 #[derive(Debug, Clone)]
 pub struct WorkerView {

@@ -1,10 +1,12 @@
 //! Scheduler nodes sharing a store: each holds a lease on its node id, a second node with a
 //! live node's id is refused, one SQLite file serves one node, a clean shutdown gives the id up
-//! at once, and a node whose clock is off goes by the database's.
+//! at once, a node whose clock is off goes by the database's, and a node that takes another
+//! node's share of the queue stays within its workers' capacity.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use ax_integration_tests::fault_kit::plain;
 use ax_integration_tests::process::{ProcessCluster, SchedulerSettings, WorkerSettings};
 use ax_integration_tests::{Backend, TestClient, TestDb};
 use ax_scheduler::SchedulerOptions;
@@ -319,4 +321,70 @@ async fn three_nodes_started_together_on_a_new_database_all_start() {
         node.shutdown().await.expect("shutdown");
     }
     db.drop_database().await.expect("drop database");
+}
+
+/// A node dispatches within its worker's capacity when it also takes what waited in another
+/// node's share of the queue: every task needs a label only n1's worker (capacity 2) carries, so
+/// n2 leaves its share to n1, whose passes over its own share and over the others' both fill
+/// the same two slots. A pass planned on slots an earlier pass already filled sends past the
+/// capacity, and the worker refuses those dispatches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_taking_another_shares_instances_stays_within_its_workers_capacity() {
+    let settings = SchedulerSettings {
+        nodes: 2,
+        ..SchedulerSettings::default()
+    };
+    let Some(mut cluster) = ProcessCluster::start_with(Backend::MySql, settings)
+        .await
+        .expect("two nodes start")
+    else {
+        return;
+    };
+    let only_n1 = WorkerSettings {
+        endpoint: Some(cluster.node_endpoint(0)),
+        capacity: Some(2),
+        labels: vec![("gpu".into(), "yes".into())],
+        ..WorkerSettings::default()
+    };
+    cluster
+        .start_live_worker("gpu", &only_n1)
+        .await
+        .expect("the gpu worker on n1");
+    let only_n2 = WorkerSettings {
+        endpoint: Some(cluster.node_endpoint(1)),
+        ..WorkerSettings::default()
+    };
+    cluster
+        .start_live_worker("plain", &only_n2)
+        .await
+        .expect("the plain worker on n2");
+    let mut spec = String::from("name: trains\ntasks:\n");
+    for n in 0..24 {
+        spec.push_str(&format!(
+            "  - name: t{n}\n    labels: {{gpu: 'yes'}}\n    command: sleep 0.2\n"
+        ));
+    }
+    let client = cluster.node_client(1).await.expect("client of n2");
+    client.apply(&spec).await.expect("apply");
+    let run = client.trigger_run("trains").await.expect("trigger");
+    let ended = client
+        .wait_run_within(run.id, Duration::from_secs(120))
+        .await
+        .expect("the run ends");
+    assert_eq!(ended.state(), ax_proto::v1::RunState::Success);
+    for instance in client.instances(run.id).await.expect("instances") {
+        assert_eq!(instance.attempts.len(), 1, "{instance:?}");
+        assert_eq!(instance.attempts[0].worker_id, "gpu");
+    }
+    let log = plain(&cluster.worker("gpu").expect("gpu").log_text());
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("at capacity"))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "n1 sent past the worker's capacity:\n{}",
+        refused.join("\n")
+    );
+    cluster.shutdown().await.expect("shutdown");
 }

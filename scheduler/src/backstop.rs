@@ -263,9 +263,10 @@ async fn withdraw_unreached(
         let report = Report::Rejected {
             instance_id: attempt.instance_id,
             attempt: attempt.attempt,
-            worker_id: None,
+            worker_id: Some(worker.to_string()),
             reason: reason.clone(),
             withdrawn: true,
+            dispatched_at: attempt.dispatched_at,
         };
         let envelope = Envelope::decided(worker, report);
         if node.reports.send(envelope).await.is_err() {
@@ -434,9 +435,10 @@ fn carry_out(
                 Report::Rejected {
                     instance_id,
                     attempt: number,
-                    worker_id: None,
+                    worker_id: Some(worker.to_string()),
                     reason: format!("worker {worker} died without confirming a start"),
                     withdrawn: true,
+                    dispatched_at: attempt.dispatched_at,
                 },
             ))
         }

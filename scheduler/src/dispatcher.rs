@@ -106,12 +106,7 @@ async fn dispatch_ready(node: &Node) -> anyhow::Result<()> {
         // Read about as many waiting instances as there are free slots (twice, so instances no
         // free worker can take do not hide the ones behind them), not a whole batch each time
         // a slot frees up.
-        let slots = node.registry.slots();
-        let free: u32 = slots
-            .iter()
-            .filter(|slot| slot.accepting)
-            .map(|slot| slot.capacity.saturating_sub(slot.running))
-            .sum();
+        let free = free_slots(&node.registry.slots());
         if free == 0 {
             return Ok(());
         }
@@ -119,6 +114,13 @@ async fn dispatch_ready(node: &Node) -> anyhow::Result<()> {
         let share = node.standing.share();
         let mut own_share = share.is_some();
         loop {
+            // Each read plans on the slots as they are now: the pass before it (its own share)
+            // may have filled some, and a plan on an older copy sends past a worker's capacity.
+            let slots = node.registry.slots();
+            let free = free_slots(&slots);
+            if free == 0 {
+                return Ok(());
+            }
             let started = std::time::Instant::now();
             let waiting = match share {
                 Some(share) if own_share => {
@@ -133,7 +135,7 @@ async fn dispatch_ready(node: &Node) -> anyhow::Result<()> {
             };
             let read_us = started.elapsed().as_micros() as u64;
             let full_batch = waiting.len() as u32 == limit;
-            let pass = dispatch_batch(node, slots.clone(), waiting).await?;
+            let pass = dispatch_batch(node, slots, waiting).await?;
             tracing::debug!(
                 free,
                 read_us,
@@ -160,6 +162,15 @@ async fn dispatch_ready(node: &Node) -> anyhow::Result<()> {
             return Ok(());
         }
     }
+}
+
+/// Free slots on the workers that take attempts now.
+fn free_slots(slots: &[WorkerSlot]) -> u32 {
+    slots
+        .iter()
+        .filter(|slot| slot.accepting)
+        .map(|slot| slot.capacity.saturating_sub(slot.running))
+        .sum()
 }
 
 struct Pass {
@@ -553,9 +564,10 @@ async fn dispatch_batch(
             let report = Report::Rejected {
                 instance_id: instance,
                 attempt,
-                worker_id: None,
+                worker_id: Some(plan.worker.clone()),
                 reason: "worker unreachable at dispatch".into(),
                 withdrawn: false,
+                dispatched_at: None,
             };
             let _ = node
                 .reports

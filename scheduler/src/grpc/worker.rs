@@ -221,12 +221,59 @@ async fn missing_attempts(
         .collect())
 }
 
-/// Ends at once what a registering worker no longer has, each with a decision: a dispatch that
-/// may have reached it is withdrawn (WAITING as the next attempt), a running attempt is lost
-/// (FAILED, retried as its task allows). Its process is gone: a worker that restarted killed it
-/// on the way down (parent-death signal, guardian), and the same worker process lists what it
-/// runs or ran.
-async fn end_missing(node: &Node, worker: &str, missing: Vec<ActiveAttempt>) {
+/// How long a dispatch another node claimed for the worker before it registered here, and that
+/// the worker did not list, is left to that node. Usually that node never sent it (it found the
+/// worker moving) and puts it back WAITING itself as the same attempt, once its report batch
+/// lands; withdrawing it here at once would spend an attempt number on that common case. If it
+/// is still the attempt's dispatch after this, it went to the stream the worker left, or its
+/// node died: withdrawn then.
+const OTHER_NODES_DISPATCH_GRACE: Duration = Duration::from_secs(5);
+
+/// Ends what a registering worker no longer has, each with a decision: a dispatch that may have
+/// reached it is withdrawn (WAITING as the next attempt), a running attempt is lost (FAILED,
+/// retried as its task allows). Its process is gone: a worker that restarted killed it on the
+/// way down (parent-death signal, guardian), and the same worker process lists what it runs or
+/// ran. Dispatches of other nodes are ended after [`OTHER_NODES_DISPATCH_GRACE`], if still the
+/// same dispatch then.
+async fn end_missing(node: &Arc<Node>, worker: &str, missing: Vec<ActiveAttempt>) {
+    let (theirs, ours): (Vec<ActiveAttempt>, Vec<ActiveAttempt>) =
+        missing.into_iter().partition(|attempt| {
+            attempt.state == InstanceState::Dispatched
+                && attempt
+                    .dispatched_by
+                    .as_deref()
+                    .is_some_and(|by| by != node.options.node_id)
+        });
+    end_now(node, worker, ours).await;
+    if theirs.is_empty() {
+        return;
+    }
+    let node = Arc::clone(node);
+    let worker = worker.to_string();
+    tokio::spawn(async move {
+        tokio::time::sleep(OTHER_NODES_DISPATCH_GRACE).await;
+        let Ok(active) = node.store.active_attempts(Some(&worker), 100_000).await else {
+            return;
+        };
+        let still: Vec<ActiveAttempt> = theirs
+            .into_iter()
+            .filter(|read| {
+                active.iter().any(|now| {
+                    (now.instance_id, now.attempt, now.state, now.dispatched_at)
+                        == (
+                            read.instance_id,
+                            read.attempt,
+                            read.state,
+                            read.dispatched_at,
+                        )
+                })
+            })
+            .collect();
+        end_now(&node, &worker, still).await;
+    });
+}
+
+async fn end_now(node: &Node, worker: &str, missing: Vec<ActiveAttempt>) {
     if missing.is_empty() {
         return;
     }
@@ -254,9 +301,10 @@ async fn end_missing(node: &Node, worker: &str, missing: Vec<ActiveAttempt>) {
                 Report::Rejected {
                     instance_id: attempt.instance_id,
                     attempt: attempt.attempt,
-                    worker_id: None,
+                    worker_id: Some(worker.to_string()),
                     reason: cause.clone(),
                     withdrawn: true,
+                    dispatched_at: attempt.dispatched_at,
                 },
             ),
         };
@@ -437,6 +485,7 @@ async fn serve(
                 worker_id: Some(worker.to_string()),
                 reason: rejected.reason,
                 withdrawn: false,
+                dispatched_at: None,
             },
             worker_message::Body::Started(started) => Report::Started {
                 instance_id: InstanceId(started.instance_id),

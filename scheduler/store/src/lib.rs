@@ -206,7 +206,10 @@ pub enum AttemptEnd {
 /// A worker's report about one attempt. Applied only if (instance, attempt) is current, the
 /// instance is in the state the report expects, and the report comes from the worker the
 /// attempt was dispatched to; otherwise the result is `Stale`. `worker_id` is `None` for the
-/// scheduler's own verdicts (the liveness backstop, an undeliverable dispatch).
+/// scheduler's own verdicts on a running attempt (the liveness backstop). A `Rejected` the
+/// scheduler decides (a withdrawal, an undeliverable dispatch) names the worker the dispatch
+/// went to: a dispatch refused by its worker goes out again under the same attempt number,
+/// possibly to another worker, and a withdrawal decided on an older read must not end that one.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Report {
     /// DISPATCHED → WAITING. With `withdrawn` false (the worker refused the dispatch, or it
@@ -220,6 +223,10 @@ pub enum Report {
         worker_id: Option<String>,
         reason: String,
         withdrawn: bool,
+        /// The dispatch a scheduler's verdict is about (the attempt's `dispatched_at` as read):
+        /// applied only while that dispatch is the attempt's, not a later one of the same
+        /// attempt number to the same worker. `None` applies to whichever dispatch it is.
+        dispatched_at: Option<Millis>,
     },
     /// DISPATCHED → RUNNING.
     Started {

@@ -67,6 +67,8 @@ conformance!(
     a_withdrawn_dispatch_waits_as_the_next_attempt_without_spending_a_retry,
     a_cancelled_attempt_records_how_its_worker_ended_it,
     a_withdrawal_that_finds_its_attempt_running_loses_it,
+    a_withdrawal_decided_for_one_worker_spares_the_attempt_sent_to_another,
+    a_withdrawal_of_an_earlier_dispatch_spares_the_same_attempt_sent_again,
     a_node_id_has_one_live_holder_on_the_database_clock,
     other_nodes_share_mysql_but_not_sqlite,
     an_expired_lease_is_free_to_claim,
@@ -442,6 +444,7 @@ mod scenarios {
             worker_id: None,
             reason: "full".into(),
             withdrawn: false,
+            dispatched_at: None,
         };
         let results = s
             .apply_reports(std::slice::from_ref(&reject), T0)
@@ -649,6 +652,7 @@ mod scenarios {
                 worker_id: None,
                 reason: String::new(),
                 withdrawn: false,
+                dispatched_at: None,
             },
         ];
         let results = s.apply_reports(&old, T0 + 500).await.unwrap();

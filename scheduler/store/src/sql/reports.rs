@@ -185,10 +185,21 @@ async fn apply_counted(
     // memory, and nothing else can change them before this transaction ends.
     let mut keys = load_keys(c, &ids, store.dialect.for_update()).await?;
     let policies = load_retry_policies(c, reports, &keys).await?;
+    let superseded = superseded_dispatches(c, reports).await?;
     let mut writes = Writes::default();
     let mut results = Vec::with_capacity(reports.len());
     let mut after = AfterBatch::default();
     for (index, report) in reports.iter().enumerate() {
+        if superseded.contains(&index) {
+            results.push(match keys.get(&report.key().0.0) {
+                Some(key) => ReportResult::Stale {
+                    current_attempt: key.attempt,
+                    state: key.state,
+                },
+                None => ReportResult::NotFound,
+            });
+            continue;
+        }
         results.push(decide(
             report,
             now,
@@ -205,6 +216,40 @@ async fn apply_counted(
     c.add(sent);
     after.carry_out(store, c, now, &mut results).await?;
     Ok(results)
+}
+
+/// The reports (by index) about a dispatch that is no longer the attempt's: a scheduler's
+/// `Rejected` verdict naming the `dispatched_at` it read, while the attempt row (locked with its
+/// instance) holds another, i.e. the attempt was refused and dispatched again meanwhile. One
+/// read per such report: they are rare, and a batch without them reads nothing more.
+async fn superseded_dispatches(c: &mut Counted<'_>, reports: &[Report]) -> Result<BTreeSet<usize>> {
+    let mut superseded = BTreeSet::new();
+    for (index, report) in reports.iter().enumerate() {
+        let Report::Rejected {
+            instance_id,
+            attempt,
+            dispatched_at: Some(read),
+            ..
+        } = report
+        else {
+            continue;
+        };
+        let row = sqlx::query(
+            "SELECT dispatched_at FROM task_attempt WHERE instance_id = ? AND attempt = ?",
+        )
+        .bind(instance_id.0)
+        .bind(i64::from(attempt.0))
+        .fetch_optional(&mut *c)
+        .await?;
+        let stored = match row {
+            Some(row) => row.try_get::<Option<i64>, _>("dispatched_at")?,
+            None => None,
+        };
+        if stored != Some(*read) {
+            superseded.insert(index);
+        }
+    }
+    Ok(superseded)
 }
 
 /// A worker's report of how an attempt ended that the scheduler had already ended itself (a
@@ -301,6 +346,7 @@ async fn load_retry_policies(
             Report::Rejected {
                 instance_id,
                 withdrawn: true,
+                dispatched_at: None,
                 ..
             } => Some(instance_id),
             _ => None,
@@ -454,6 +500,7 @@ fn decide(
     if let Report::Rejected {
         reason,
         withdrawn: true,
+        dispatched_at: None,
         ..
     } = report
         && key.state == InstanceState::Running

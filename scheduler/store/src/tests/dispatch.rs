@@ -214,6 +214,7 @@ mod scenarios {
             worker_id: None,
             reason: "busy".into(),
             withdrawn: false,
+            dispatched_at: None,
         };
         s.apply_reports(&[rejected], T0).await.unwrap();
         check(0).await;

@@ -3,13 +3,15 @@
 
 use super::*;
 
+/// A node's withdrawal of a dispatch it finds on w1 (which came back without it).
 fn withdraw(id: InstanceId, attempt: u32) -> Report {
     Report::Rejected {
         instance_id: id,
         attempt: Attempt(attempt),
-        worker_id: None,
+        worker_id: Some("w1".into()),
         reason: "worker w1 came back without it".into(),
         withdrawn: true,
+        dispatched_at: None,
     }
 }
 
@@ -188,4 +190,108 @@ pub(in crate::tests) async fn a_withdrawal_that_finds_its_attempt_running_loses_
     let first = &s.list_attempts(a.id).await.unwrap()[0];
     assert_eq!(first.state, InstanceState::Failed);
     assert_eq!(first.message, "lost: worker w1 came back without it");
+}
+
+/// A node reads w1's dispatch and decides to withdraw it; meanwhile w1 refuses the dispatch (at
+/// capacity) and the same attempt goes to w2, which starts it. The withdrawal, named for w1, is
+/// stale: it must not end the attempt w2 runs (which would run the task a second time as
+/// attempt 2).
+pub(in crate::tests) async fn a_withdrawal_decided_for_one_worker_spares_the_attempt_sent_to_another(
+    ctx: Ctx,
+) {
+    let s = ctx.s();
+    let wf = apply(s, &spec("wf", vec![task("a", &[])])).await;
+    let run = start_run(s, &wf).await;
+    let a = instance_of(s, run.id, "a").await.unwrap();
+    assert!(s.mark_dispatched(&[claim(a.id, 1, "w1")]).await.unwrap()[0]);
+    let refused = Report::Rejected {
+        instance_id: a.id,
+        attempt: Attempt(1),
+        worker_id: Some("w1".into()),
+        reason: "worker is at capacity (20)".into(),
+        withdrawn: false,
+        dispatched_at: None,
+    };
+    s.apply_reports(&[refused], T0 + 12).await.unwrap();
+    assert!(s.mark_dispatched(&[claim(a.id, 1, "w2")]).await.unwrap()[0]);
+    let on_w2 = Report::Started {
+        instance_id: a.id,
+        attempt: Attempt(1),
+        worker_id: "w2".into(),
+        pid: 4343,
+        at: T0 + 20,
+    };
+    s.apply_reports(&[on_w2], T0 + 20).await.unwrap();
+    let results = s
+        .apply_reports(&[withdraw(a.id, 1)], T0 + 40)
+        .await
+        .unwrap();
+    assert_eq!(
+        results,
+        [ReportResult::Stale {
+            current_attempt: Attempt(1),
+            state: InstanceState::Running
+        }]
+    );
+    let now = s.get_instance(a.id).await.unwrap().unwrap();
+    assert_eq!(
+        (now.state, now.attempt, now.worker_id.as_deref()),
+        (InstanceState::Running, Attempt(1), Some("w2"))
+    );
+}
+
+/// The same race with one worker: w1 refuses the dispatch (at capacity) and the same attempt
+/// goes to w1 again. A withdrawal decided on the first dispatch names its `dispatched_at`, and
+/// spares the second, which w1 may be starting; one naming the second applies.
+pub(in crate::tests) async fn a_withdrawal_of_an_earlier_dispatch_spares_the_same_attempt_sent_again(
+    ctx: Ctx,
+) {
+    let s = ctx.s();
+    let wf = apply(s, &spec("wf", vec![task("a", &[])])).await;
+    let run = start_run(s, &wf).await;
+    let a = instance_of(s, run.id, "a").await.unwrap();
+    assert!(s.mark_dispatched(&[claim(a.id, 1, "w1")]).await.unwrap()[0]);
+    let refused = Report::Rejected {
+        instance_id: a.id,
+        attempt: Attempt(1),
+        worker_id: Some("w1".into()),
+        reason: "worker is at capacity (20)".into(),
+        withdrawn: false,
+        dispatched_at: None,
+    };
+    s.apply_reports(&[refused], T0 + 12).await.unwrap();
+    let again = DispatchClaim {
+        at: T0 + 30,
+        ..claim(a.id, 1, "w1")
+    };
+    assert!(s.mark_dispatched(&[again]).await.unwrap()[0]);
+    let withdrawal = |read: Millis| Report::Rejected {
+        instance_id: a.id,
+        attempt: Attempt(1),
+        worker_id: Some("w1".into()),
+        reason: "worker w1 came back without it".into(),
+        withdrawn: true,
+        dispatched_at: Some(read),
+    };
+    let results = s
+        .apply_reports(&[withdrawal(T0 + 10)], T0 + 40)
+        .await
+        .unwrap();
+    assert_eq!(
+        results,
+        [ReportResult::Stale {
+            current_attempt: Attempt(1),
+            state: InstanceState::Dispatched
+        }]
+    );
+    let results = s
+        .apply_reports(&[withdrawal(T0 + 30)], T0 + 41)
+        .await
+        .unwrap();
+    assert_eq!(applied(&results[0]).new_waiting, 1, "{results:?}");
+    let now = s.get_instance(a.id).await.unwrap().unwrap();
+    assert_eq!(
+        (now.state, now.attempt),
+        (InstanceState::Waiting, Attempt(2))
+    );
 }

@@ -545,40 +545,34 @@ impl Cluster {
         }
     }
 
-    /// Waits until every run in `ids` is terminal.
-    pub async fn wait_runs(&self, ids: &[i64], timeout: Duration) -> anyhow::Result<()> {
+    /// Waits until none of the runs `ids` is RUNNING and returns them as they are then. Runs
+    /// end about in the order they were started, so it asks about the oldest one still
+    /// running until it ends, and only then about the next: a poll costs one read, not one per
+    /// run, and leaves the store to the workload being measured.
+    pub async fn wait_runs(&self, ids: &[i64], timeout: Duration) -> anyhow::Result<Vec<pb::Run>> {
         let deadline = Instant::now() + timeout;
-        let mut pending: Vec<i64> = ids.to_vec();
-        while !pending.is_empty() {
-            let control = self.control();
-            let states: Vec<(i64, anyhow::Result<pb::Run>)> =
-                futures::stream::iter(pending.iter().copied())
-                    .map(|id| {
-                        let mut control = control.clone();
-                        async move {
-                            let run = control.get_run(pb::GetRunRequest { id }).await;
-                            (id, run.map(|r| r.into_inner()).map_err(anyhow::Error::from))
-                        }
-                    })
-                    .buffer_unordered(READ_CONCURRENCY)
-                    .collect()
-                    .await;
-            let mut still = Vec::new();
-            for (id, run) in states {
-                if run?.state == pb::RunState::Running as i32 {
-                    still.push(id);
+        let mut control = self.control();
+        let mut ended = Vec::with_capacity(ids.len());
+        for &id in ids {
+            loop {
+                let run = control
+                    .get_run(pb::GetRunRequest { id })
+                    .await?
+                    .into_inner();
+                if run.state != pb::RunState::Running as i32 {
+                    ended.push(run);
+                    break;
                 }
+                if Instant::now() > deadline {
+                    bail!(
+                        "{} runs still running after {timeout:?}",
+                        ids.len() - ended.len()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            pending = still;
-            if pending.is_empty() {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("{} runs still running after {timeout:?}", pending.len());
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        Ok(())
+        Ok(ended)
     }
 
     /// The run's instances (without attempts).

@@ -55,6 +55,7 @@ conformance!(
     a_report_from_another_worker_is_stale,
     thirty_megabytes_of_log_lines_go_in_one_append,
     a_fan_in_reached_in_one_batch_creates_the_sink_once_and_the_run_goes_on,
+    one_batch_advancing_many_runs_creates_each_runs_ready_tasks_once,
     audit_rows_filter_by_action_target_and_actor,
     a_new_run_asked_for_gets_its_trigger_audit_row_with_it,
     runs_near_a_time_are_the_latest_before_and_the_earliest_after,
@@ -1919,6 +1920,56 @@ mod scenarios {
         );
         let last = run_task(s, run.id, "d", Outcome::Success).await;
         assert_eq!(last.run_finished, Some((run.id, RunState::Success)));
+    }
+
+    /// One batch finishing a root in many runs of a small DAG (the seed's load: more runs than
+    /// downstream tasks, counted per task): each run gets its own ready downstream once, and a
+    /// fan-in waits in every run for its other upstream.
+    pub(super) async fn one_batch_advancing_many_runs_creates_each_runs_ready_tasks_once(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(
+            s,
+            &spec(
+                "wf",
+                vec![
+                    task("a", &[]),
+                    task("x", &[]),
+                    task("b", &["a"]),
+                    task("j", &["a", "x"]),
+                ],
+            ),
+        )
+        .await;
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            runs.push(start_run(s, &wf).await.id);
+        }
+        let mut batch = Vec::new();
+        for &run in &runs {
+            let a = launch(s, run, "a").await;
+            batch.push(finished(a.id, 1, Outcome::Success, 0));
+        }
+        let results = s.apply_reports(&batch, T0 + 40).await.unwrap();
+        let created: u32 = results.iter().map(|r| applied(r).new_waiting).sum();
+        assert_eq!(created, 3, "b in each run, j in none: {results:?}");
+        for &run in &runs {
+            assert_eq!(
+                tasks_of(s, run).await,
+                BTreeSet::from(["a".into(), "x".into(), "b".into()])
+            );
+        }
+        let mut batch = Vec::new();
+        for &run in &runs {
+            let x = launch(s, run, "x").await;
+            batch.push(finished(x.id, 1, Outcome::Success, 0));
+        }
+        let results = s.apply_reports(&batch, T0 + 50).await.unwrap();
+        let created: u32 = results.iter().map(|r| applied(r).new_waiting).sum();
+        assert_eq!(created, 3, "j in each run: {results:?}");
+        for &run in &runs {
+            let j = instance_of(s, run, "j").await.expect("j exists");
+            assert_eq!((j.state, j.attempt), (InstanceState::Waiting, Attempt(1)));
+        }
     }
 }
 

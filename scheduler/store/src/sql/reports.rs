@@ -760,11 +760,12 @@ async fn definitions(
 
 /// Creates the WAITING first attempt of each candidate (a downstream task of an instance that
 /// succeeded, in that instance's run) whose upstreams have all succeeded in the run; returns
-/// how many instances each candidate created or woke (0 or 1). Per run and workflow version of
-/// the batch: one read of the candidates' definitions, one count of their succeeded upstreams'
-/// instances, one multi-row insert of the ready ones, all through indexes: the cost depends
-/// neither on the size of the workflow, nor on the number of runs, nor on the history, nor on
-/// how many candidates became ready at once.
+/// how many instances each candidate created or woke (0 or 1). Per workflow version of the
+/// batch: one read of the candidates' definitions, one count of their succeeded upstreams'
+/// instances per run or per task (whichever is fewer: a batch of many runs of a small DAG counts
+/// per task, a batch of a wide DAG's one run counts per run), one multi-row insert of the ready
+/// ones, all through indexes: the cost depends neither on the size of the workflow, nor on the
+/// history, nor on how many candidates became ready at once.
 async fn create_ready(
     store: &SqlStore,
     c: &mut Counted<'_>,
@@ -772,94 +773,144 @@ async fn create_ready(
     now: Millis,
 ) -> Result<Vec<u32>> {
     let mut created = vec![0u32; candidates.len()];
-    // (run, workflow, version) → candidate positions.
-    let mut groups: BTreeMap<(i64, i64, i64), Vec<usize>> = BTreeMap::new();
-    for (i, (_, done, _)) in candidates.iter().enumerate() {
-        groups
-            .entry((done.run_id.0, done.workflow_id.0, done.version))
+    // (workflow, version) → (run, task) → candidate position.
+    let mut versions: BTreeMap<(i64, i64), BTreeMap<(i64, &str), usize>> = BTreeMap::new();
+    for (i, (_, done, task)) in candidates.iter().enumerate() {
+        versions
+            .entry((done.workflow_id.0, done.version))
             .or_default()
-            .push(i);
+            .insert((done.run_id.0, task.as_str()), i);
     }
-    for ((run, workflow, version), positions) in groups {
-        for positions in positions.chunks(NAMES_PER_STATEMENT) {
-            let tasks: Vec<&str> = positions
-                .iter()
-                .map(|&i| candidates[i].2.as_str())
-                .collect();
-            let ready = ready_tasks(c, run, workflow, version, &tasks).await?;
-            if ready.is_empty() {
-                continue;
-            }
-            let woke = insert_first_attempts(store, c, run, workflow, version, &ready, now).await?;
-            for &i in positions {
-                if let Some(n) = woke.get(candidates[i].2.as_str()) {
-                    created[i] = *n;
-                }
+    for ((workflow, version), wanted) in versions {
+        let pairs: Vec<(i64, &str)> = wanted.keys().copied().collect();
+        let ready = ready_pairs(c, workflow, version, &pairs).await?;
+        if ready.is_empty() {
+            continue;
+        }
+        let woke = insert_first_attempts(store, c, workflow, version, &ready, now).await?;
+        for ((run, task), n) in woke {
+            if let Some(&i) = wanted.get(&(run, task.as_str())) {
+                created[i] = n;
             }
         }
     }
     Ok(created)
 }
 
-/// Of `tasks` in `run`, the ones whose upstreams have all succeeded, with their priority.
-async fn ready_tasks(
+/// A task ready in a run: (run, task, priority).
+type Ready = (i64, String, i64);
+
+/// Of the (run, task) pairs of one workflow version, the ones whose upstreams have all
+/// succeeded in their run, with the task's priority.
+async fn ready_pairs(
     c: &mut Counted<'_>,
-    run: i64,
     workflow: i64,
     version: i64,
-    tasks: &[&str],
-) -> Result<Vec<(String, i64)>> {
-    let mut needs: BTreeMap<String, (i64, i64)> = BTreeMap::new();
-    for row in definitions(c, workflow, version, tasks, "upstream_count, priority").await? {
-        needs.insert(
-            row.try_get("name")?,
-            (row.try_get("upstream_count")?, row.try_get("priority")?),
-        );
-    }
-    if needs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let (list, padded) = in_list(needs.keys().map(String::as_str));
-    let sql = format!(
-        "SELECT d.downstream, COUNT(*) AS n FROM task_dependency d JOIN task_instance ti \
-         ON ti.run_id = ? AND ti.task_name = d.upstream AND ti.shard_slot = 0 \
-         WHERE d.workflow_id = ? AND d.version = ? AND d.downstream IN ({list}) \
-         AND ti.state = 'SUCCESS' GROUP BY d.downstream"
-    );
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(run)
-        .bind(workflow)
-        .bind(version);
-    for task in padded {
-        query = query.bind(task);
-    }
-    let mut succeeded: HashMap<String, i64> = HashMap::new();
-    for row in query.fetch_all(&mut *c).await? {
-        succeeded.insert(row.try_get("downstream")?, row.try_get("n")?);
-    }
-    Ok(needs
+    pairs: &[(i64, &str)],
+) -> Result<Vec<Ready>> {
+    let tasks: Vec<&str> = pairs
+        .iter()
+        .map(|(_, task)| *task)
+        .collect::<BTreeSet<_>>()
         .into_iter()
-        .filter(|(task, (upstreams, _))| succeeded.get(task).copied().unwrap_or(0) >= *upstreams)
-        .map(|(task, (_, priority))| (task, priority))
+        .collect();
+    let mut needs: HashMap<String, (i64, i64)> = HashMap::new();
+    for names in tasks.chunks(NAMES_PER_STATEMENT) {
+        for row in definitions(c, workflow, version, names, "upstream_count, priority").await? {
+            needs.insert(
+                row.try_get("name")?,
+                (row.try_get("upstream_count")?, row.try_get("priority")?),
+            );
+        }
+    }
+    let runs: BTreeSet<i64> = pairs.iter().map(|(run, _)| *run).collect();
+    let mut succeeded: HashMap<(i64, String), i64> = HashMap::new();
+    if runs.len() <= tasks.len() {
+        for &run in &runs {
+            let of_run: Vec<&str> = pairs
+                .iter()
+                .filter(|(r, _)| *r == run)
+                .map(|(_, task)| *task)
+                .collect();
+            for names in of_run.chunks(NAMES_PER_STATEMENT) {
+                count_succeeded(c, workflow, version, &[run], names, &mut succeeded).await?;
+            }
+        }
+    } else {
+        for &task in &tasks {
+            let of_task: Vec<i64> = pairs
+                .iter()
+                .filter(|(_, t)| *t == task)
+                .map(|(run, _)| *run)
+                .collect();
+            for runs in of_task.chunks(NAMES_PER_STATEMENT) {
+                count_succeeded(c, workflow, version, runs, &[task], &mut succeeded).await?;
+            }
+        }
+    }
+    Ok(pairs
+        .iter()
+        .filter_map(|(run, task)| {
+            let (upstreams, priority) = needs.get(*task)?;
+            let done = succeeded
+                .get(&(*run, task.to_string()))
+                .copied()
+                .unwrap_or(0);
+            (done >= *upstreams).then(|| (*run, task.to_string(), *priority))
+        })
         .collect())
 }
 
-/// Inserts the WAITING first attempt of each ready task in one statement; a task whose
-/// instance exists already (it ran before a rerun from above and is PENDING) is woken instead.
-/// Returns, per task, the instances created or woken.
+/// Adds to `succeeded` the succeeded upstream instances of each of `tasks` in each of `runs`,
+/// by (run, task): one statement through the dependency and instance indexes.
+async fn count_succeeded(
+    c: &mut Counted<'_>,
+    workflow: i64,
+    version: i64,
+    runs: &[i64],
+    tasks: &[&str],
+    succeeded: &mut HashMap<(i64, String), i64>,
+) -> Result<()> {
+    let (run_list, padded_runs) = in_list(runs.iter().copied());
+    let (task_list, padded_tasks) = in_list(tasks.iter().copied());
+    let sql = format!(
+        "SELECT ti.run_id, d.downstream, COUNT(*) AS n FROM task_dependency d JOIN task_instance ti \
+         ON ti.run_id IN ({run_list}) AND ti.task_name = d.upstream AND ti.shard_slot = 0 \
+         WHERE d.workflow_id = ? AND d.version = ? AND d.downstream IN ({task_list}) \
+         AND ti.state = 'SUCCESS' GROUP BY ti.run_id, d.downstream"
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for run in padded_runs {
+        query = query.bind(run);
+    }
+    query = query.bind(workflow).bind(version);
+    for task in padded_tasks {
+        query = query.bind(task);
+    }
+    for row in query.fetch_all(&mut *c).await? {
+        succeeded.insert(
+            (row.try_get("run_id")?, row.try_get("downstream")?),
+            row.try_get("n")?,
+        );
+    }
+    Ok(())
+}
+
+/// Inserts the WAITING first attempt of each ready (run, task), in multi-row statements; a task
+/// whose instance exists already (it ran before a rerun from above and is PENDING) is woken
+/// instead. Returns, per (run, task), the instances created or woken.
 async fn insert_first_attempts(
     store: &SqlStore,
     c: &mut Counted<'_>,
-    run: i64,
     workflow: i64,
     version: i64,
-    ready: &[(String, i64)],
+    ready: &[Ready],
     now: Millis,
-) -> Result<HashMap<String, u32>> {
+) -> Result<HashMap<(i64, String), u32>> {
     let ids = store
         .take_ids(c.uncounted(), IdKind::Instance, ready.len())
         .await?;
-    let rows: Vec<(i64, &(String, i64))> = ids.iter().copied().zip(ready).collect();
+    let rows: Vec<(i64, &Ready)> = ids.iter().copied().zip(ready).collect();
     let mut inserted = 0;
     for rows in pow2_chunks(&rows) {
         let sql = format!(
@@ -869,10 +920,10 @@ async fn insert_first_attempts(
             values_rows(rows.len(), 10)
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for (id, (task, priority)) in rows {
+        for (id, (run, task, priority)) in rows {
             query = query
                 .bind(*id)
-                .bind(run)
+                .bind(*run)
                 .bind(workflow)
                 .bind(version)
                 .bind(task.as_str())
@@ -884,27 +935,39 @@ async fn insert_first_attempts(
         }
         inserted += query.execute(&mut *c).await?.rows_affected();
     }
-    let mut woke: HashMap<String, u32> = ready.iter().map(|(task, _)| (task.clone(), 1)).collect();
+    let mut woke: HashMap<(i64, String), u32> = ready
+        .iter()
+        .map(|(run, task, _)| ((*run, task.clone()), 1))
+        .collect();
     if inserted as usize == ready.len() {
         return Ok(woke);
     }
-    // Some instances existed: the ones whose id is not one this call took.
-    let (list, tasks) = in_list(ready.iter().map(|(task, _)| task.as_str()));
-    let sql = format!(
-        "SELECT id, task_name FROM task_instance \
-         WHERE run_id = ? AND shard_slot = 0 AND task_name IN ({list})"
-    );
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(run);
-    for task in tasks {
-        query = query.bind(task);
-    }
+    // Some instances existed: the ones whose id is not one this call took. Rare (a rerun from
+    // above), so one read per run.
     let fresh: BTreeSet<i64> = ids.into_iter().collect();
-    for row in query.fetch_all(&mut *c).await? {
-        let id: i64 = row.try_get("id")?;
-        if !fresh.contains(&id) {
-            let task: String = row.try_get("task_name")?;
-            let n = super::rerun::wake_pending(c.uncounted(), RunId(run), &task, now).await?;
-            woke.insert(task, n);
+    let runs: BTreeSet<i64> = ready.iter().map(|(run, _, _)| *run).collect();
+    for run in runs {
+        let (list, tasks) = in_list(
+            ready
+                .iter()
+                .filter(|(r, _, _)| *r == run)
+                .map(|(_, task, _)| task.as_str()),
+        );
+        let sql = format!(
+            "SELECT id, task_name FROM task_instance \
+             WHERE run_id = ? AND shard_slot = 0 AND task_name IN ({list})"
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(run);
+        for task in tasks {
+            query = query.bind(task);
+        }
+        for row in query.fetch_all(&mut *c).await? {
+            let id: i64 = row.try_get("id")?;
+            if !fresh.contains(&id) {
+                let task: String = row.try_get("task_name")?;
+                let n = super::rerun::wake_pending(c.uncounted(), RunId(run), &task, now).await?;
+                woke.insert((run, task), n);
+            }
         }
     }
     Ok(woke)

@@ -136,8 +136,8 @@ impl WorkerService for WorkerApi {
             .map_err(|_| Status::cancelled("worker went away during registration"))?;
         // The new stream replaces the old one before the store is read for what the worker
         // lacks: a dispatch claimed before this moment either went out on the old stream (and
-        // is ended below) or is refused by the registry (planned on the old stream), and one
-        // claimed after it goes out on this stream.
+        // is ended below: another node's after a grace) or is refused by the registry (planned
+        // on the old stream), and one claimed after it goes out on this stream.
         let registered_at = now_ms();
         let connection =
             node.registry
@@ -252,23 +252,32 @@ async fn end_missing(node: &Arc<Node>, worker: &str, missing: Vec<ActiveAttempt>
     let worker = worker.to_string();
     tokio::spawn(async move {
         tokio::time::sleep(OTHER_NODES_DISPATCH_GRACE).await;
-        let Ok(active) = node.store.active_attempts(Some(&worker), 100_000).await else {
-            return;
-        };
-        let still: Vec<ActiveAttempt> = theirs
-            .into_iter()
-            .filter(|read| {
-                active.iter().any(|now| {
-                    (now.instance_id, now.attempt, now.state, now.dispatched_at)
-                        == (
-                            read.instance_id,
-                            read.attempt,
-                            read.state,
-                            read.dispatched_at,
-                        )
+        // Those still the attempt's dispatch, as they are now: one that went RUNNING meanwhile
+        // was started by a process the worker no longer has (it did not list it), and is lost.
+        // Unread, they go as they were read: the store refuses a withdrawal of a changed
+        // dispatch, and one that finds its attempt RUNNING loses it.
+        let still: Vec<ActiveAttempt> = match node
+            .store
+            .active_attempts(Some(&worker), 100_000)
+            .await
+        {
+            Ok(active) => theirs
+                .iter()
+                .filter_map(|read| {
+                    active
+                        .iter()
+                        .find(|now| {
+                            (now.instance_id, now.attempt, now.dispatched_at)
+                                == (read.instance_id, read.attempt, read.dispatched_at)
+                        })
+                        .cloned()
                 })
-            })
-            .collect();
+                .collect(),
+            Err(err) => {
+                tracing::warn!(error = %err, worker, "reading the dispatches left to another node failed; withdrawing them as read");
+                theirs
+            }
+        };
         end_now(&node, &worker, still).await;
     });
 }

@@ -216,7 +216,9 @@ pub enum Report {
     /// never left the scheduler) the same attempt may go out again. With `withdrawn` true the
     /// dispatch may have reached a worker that never confirmed a start (it died, or came back
     /// without it): the attempt ends FAILED with `reason` and the instance waits as attempt + 1,
-    /// which does not count against its retries (an attempt number is never dispatched twice).
+    /// which does not count against its retries (a withdrawn attempt's number never goes out
+    /// again). A withdrawal that finds its attempt RUNNING (the Started report landed first)
+    /// ends it as lost instead.
     Rejected {
         instance_id: InstanceId,
         attempt: Attempt,

@@ -346,7 +346,6 @@ async fn load_retry_policies(
             Report::Rejected {
                 instance_id,
                 withdrawn: true,
-                dispatched_at: None,
                 ..
             } => Some(instance_id),
             _ => None,
@@ -500,7 +499,6 @@ fn decide(
     if let Report::Rejected {
         reason,
         withdrawn: true,
-        dispatched_at: None,
         ..
     } = report
         && key.state == InstanceState::Running
@@ -773,8 +771,7 @@ async fn create_ready(
     now: Millis,
 ) -> Result<Vec<u32>> {
     let mut created = vec![0u32; candidates.len()];
-    // (workflow, version) → (run, task) → candidate position.
-    let mut versions: BTreeMap<(i64, i64), BTreeMap<(i64, &str), usize>> = BTreeMap::new();
+    let mut versions: BTreeMap<(i64, i64), CandidatesOfVersion<'_>> = BTreeMap::new();
     for (i, (_, done, task)) in candidates.iter().enumerate() {
         versions
             .entry((done.workflow_id.0, done.version))
@@ -796,6 +793,9 @@ async fn create_ready(
     }
     Ok(created)
 }
+
+/// The candidates of one workflow version: (run, task) → position in the batch's candidates.
+type CandidatesOfVersion<'a> = BTreeMap<(i64, &'a str), usize>;
 
 /// A task ready in a run: (run, task, priority).
 type Ready = (i64, String, i64);

@@ -3,7 +3,8 @@
 
 use super::*;
 
-/// A node's withdrawal of a dispatch it finds on w1 (which came back without it).
+/// A node's withdrawal of the dispatch it read on w1 (which came back without it): the one
+/// `claim` makes, at T0 + 10.
 fn withdraw(id: InstanceId, attempt: u32) -> Report {
     Report::Rejected {
         instance_id: id,
@@ -11,7 +12,7 @@ fn withdraw(id: InstanceId, attempt: u32) -> Report {
         worker_id: Some("w1".into()),
         reason: "worker w1 came back without it".into(),
         withdrawn: true,
-        dispatched_at: None,
+        dispatched_at: Some(T0 + 10),
     }
 }
 

@@ -14,10 +14,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = protox::compile(files, ["."])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     let descriptor_path = out_dir.join("ax_v1_descriptor.bin");
-    std::fs::write(
-        &descriptor_path,
-        prost::Message::encode_to_vec(&descriptors),
-    )?;
+    let encoded = prost::Message::encode_to_vec(&descriptors);
+    std::fs::write(&descriptor_path, &encoded)?;
+    // The protobuf JSON mapping of every message, for the HTTP API (`/api/v1`).
+    pbjson_build::Builder::new()
+        .register_descriptors(&encoded)?
+        .build(&[".ax.v1"])?;
     tonic_prost_build::configure()
         .file_descriptor_set_path(&descriptor_path)
         .skip_protoc_run()

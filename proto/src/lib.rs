@@ -3,6 +3,9 @@
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod v1 {
     tonic::include_proto!("ax.v1");
+    // serde's Serialize and Deserialize in the protobuf JSON mapping (camelCase fields, enums by
+    // name, 64-bit integers as strings), for the HTTP API.
+    include!(concat!(env!("OUT_DIR"), "/ax.v1.serde.rs"));
 
     /// The encoded file descriptor set, for gRPC server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ax_v1_descriptor");

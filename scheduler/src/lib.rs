@@ -236,7 +236,11 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building the reflection service")?;
+    // The web UI and its JSON API share the port: their routes first, the gRPC services added
+    // to them (a browser speaks HTTP/1.1, so the server accepts it too).
+    let routes = tonic::service::Routes::from(web::router(ControlApi::new(node.clone())));
     let server = tonic::transport::Server::builder()
+        .accept_http1(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         // A worker stream carries its tasks' log lines: with HTTP/2's default windows a worker
@@ -244,6 +248,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         // let in is bounded, and the log writer's byte budget bounds the rest.
         .initial_stream_window_size(Some(4 << 20))
         .initial_connection_window_size(Some(8 << 20))
+        .add_routes(routes)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(WorkerServiceServer::new(WorkerApi::new(node.clone())))
@@ -326,6 +331,7 @@ mod run_creator;
 mod schedules;
 mod specs;
 mod spread;
+mod web;
 mod worker_rows;
 
 /// The listener's connections with Nagle's algorithm off: a small frame written right after

@@ -55,6 +55,7 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<Exit> {
         .context("cannot start the embedded scheduler")?;
     let url = format!("http://{}", client_addr(scheduler.local_addr()));
     eprintln!("scheduler listening on {url}");
+    eprintln!("web UI and JSON API (/api/v1) at {url}/");
     eprintln!("data dir {}", args.data_dir.display());
     eprintln!("to use it from another shell:\n  export AX_SERVER={url}");
 

@@ -17,8 +17,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let encoded = prost::Message::encode_to_vec(&descriptors);
     std::fs::write(&descriptor_path, &encoded)?;
     // The protobuf JSON mapping of every message, for the HTTP API (`/api/v1`).
+    // Every field is written, defaults too, so a reader sees `"exitCode": 0` rather than
+    // having to know what an absent field means.
     pbjson_build::Builder::new()
         .register_descriptors(&encoded)?
+        .emit_fields()
         .build(&[".ax.v1"])?;
     tonic_prost_build::configure()
         .file_descriptor_set_path(&descriptor_path)

@@ -83,6 +83,37 @@ async fn the_api_answers_with_the_control_service_messages_as_json(backend: Back
     let runs = runs["runs"].as_array().expect("a list");
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0]["id"], run.id.to_string());
+
+    let (status, instances) = get_json(&format!("{base}/api/v1/runs/{}/instances", run.id)).await;
+    assert_eq!(status, StatusCode::OK, "{instances}");
+    let extract = &instances["instances"][0];
+    assert_eq!(extract["task"], "extract", "{instances}");
+    let id = extract["id"].as_str().expect("a string id");
+    let (status, instance) = get_json(&format!("{base}/api/v1/instances/{id}")).await;
+    assert_eq!(status, StatusCode::OK, "{instance}");
+    let attempt = &instance["attempts"][0];
+    assert_eq!(attempt["workerId"], "w1", "{instance}");
+    // Defaults are written: a clean exit reads as 0, not as a missing field.
+    assert_eq!(attempt["exitCode"], 0, "{instance}");
+
+    let (status, dag) = get_json(&format!(
+        "{base}/api/v1/workflows/nightly/dag?run={}",
+        run.id
+    ))
+    .await;
+    assert_eq!(status, StatusCode::OK, "{dag}");
+    assert!(dag.to_string().contains("extract"), "{dag}");
+    let (status, why) = get_json(&format!("{base}/api/v1/workflows/nightly/why")).await;
+    assert_eq!(status, StatusCode::OK, "{why}");
+    let (status, workers) = get_json(&format!("{base}/api/v1/workers")).await;
+    assert_eq!(status, StatusCode::OK, "{workers}");
+    assert_eq!(workers["workers"][0]["id"], "w1", "{workers}");
+    let (status, nodes) = get_json(&format!("{base}/api/v1/nodes")).await;
+    assert_eq!(status, StatusCode::OK, "{nodes}");
+    assert_eq!(nodes["nodes"].as_array().map(Vec::len), Some(1), "{nodes}");
+    let (status, audit) = get_json(&format!("{base}/api/v1/audit?action=trigger")).await;
+    assert_eq!(status, StatusCode::OK, "{audit}");
+    assert!(audit.to_string().contains("nightly"), "{audit}");
     cluster.shutdown().await.expect("shutdown");
 }
 
@@ -94,6 +125,19 @@ async fn a_bad_request_or_an_unknown_id_is_named_in_the_answer(backend: Backend)
         ("/api/v1/workflows/nope", StatusCode::NOT_FOUND, "nope"),
         ("/api/v1/runs/424242", StatusCode::NOT_FOUND, "424242"),
         ("/api/v1/runs/abc", StatusCode::BAD_REQUEST, "id"),
+        ("/api/v1/instances/0x1", StatusCode::BAD_REQUEST, "id"),
+        ("/api/v1/workflows/nope/dag", StatusCode::NOT_FOUND, "nope"),
+        (
+            "/api/v1/workflows/nope/dag?run=x",
+            StatusCode::BAD_REQUEST,
+            "run",
+        ),
+        (
+            "/api/v1/workflows/nope/why?at=soon",
+            StatusCode::BAD_REQUEST,
+            "at",
+        ),
+        ("/api/v1/audit?limit=lots", StatusCode::BAD_REQUEST, "limit"),
         ("/api/v1/runs?limit=-1", StatusCode::BAD_REQUEST, "limit"),
         (
             "/api/v1/runs?state=sleepy",

@@ -31,6 +31,13 @@ pub fn router(api: ControlApi) -> Router {
         .route("/api/v1/workflows/{name}", get(get_workflow))
         .route("/api/v1/runs", get(list_runs))
         .route("/api/v1/runs/{id}", get(get_run))
+        .route("/api/v1/runs/{id}/instances", get(list_instances))
+        .route("/api/v1/instances/{id}", get(get_instance))
+        .route("/api/v1/workflows/{name}/dag", get(get_dag))
+        .route("/api/v1/workflows/{name}/why", get(explain_workflow))
+        .route("/api/v1/workers", get(list_workers))
+        .route("/api/v1/nodes", get(list_nodes))
+        .route("/api/v1/audit", get(list_audit))
         .route("/api/v1/{*rest}", get(no_such_api))
         .route("/", get(index))
         .fallback(not_api)
@@ -99,13 +106,35 @@ struct RunsQuery {
     state: Option<String>,
 }
 
+/// A request parameter the API cannot read: answered as a 400 that names it.
+struct BadParam(String);
+
+impl IntoResponse for BadParam {
+    fn into_response(self) -> Response {
+        bad_request(&self.0)
+    }
+}
+
+/// A number parameter, 0 when absent.
+fn number<T: std::str::FromStr + Default>(field: &str, value: Option<&str>) -> Result<T, BadParam> {
+    match value {
+        None | Some("") => Ok(T::default()),
+        Some(text) => text
+            .parse()
+            .map_err(|_| BadParam(format!("{field}: {text:?} is not a whole number in range"))),
+    }
+}
+
+/// An id from the path.
+fn id_of(field: &str, text: &str) -> Result<i64, BadParam> {
+    text.parse()
+        .map_err(|_| BadParam(format!("{field}: {text:?} is not an id")))
+}
+
 async fn list_runs(State(api): State<Api>, Query(query): Query<RunsQuery>) -> Response {
-    let limit = match query.limit.as_deref().map(str::parse::<u32>) {
-        None => 0,
-        Some(Ok(limit)) => limit,
-        Some(Err(_)) => {
-            return bad_request("limit: not a whole number from 0 to 4294967295");
-        }
+    let limit = match number::<u32>("limit", query.limit.as_deref()) {
+        Ok(limit) => limit,
+        Err(bad) => return bad.into_response(),
     };
     let state = match query.state.as_deref() {
         None | Some("") => pb::RunState::Unspecified,
@@ -125,13 +154,117 @@ async fn list_runs(State(api): State<Api>, Query(query): Query<RunsQuery>) -> Re
 }
 
 async fn get_run(State(api): State<Api>, Path(id): Path<String>) -> Response {
-    let Ok(id) = id.parse::<i64>() else {
-        return bad_request(&format!("id: {id:?} is not a run id"));
+    match id_of("id", &id) {
+        Ok(id) => answer(
+            api.get_run(tonic::Request::new(pb::GetRunRequest { id }))
+                .await,
+        ),
+        Err(bad) => bad.into_response(),
+    }
+}
+
+async fn list_instances(State(api): State<Api>, Path(id): Path<String>) -> Response {
+    match id_of("id", &id) {
+        Ok(run_id) => {
+            let request = pb::ListInstancesRequest { run_id };
+            answer(api.list_instances(tonic::Request::new(request)).await)
+        }
+        Err(bad) => bad.into_response(),
+    }
+}
+
+async fn get_instance(State(api): State<Api>, Path(id): Path<String>) -> Response {
+    match id_of("id", &id) {
+        Ok(id) => {
+            let request = pb::GetInstanceRequest { id };
+            answer(api.get_instance(tonic::Request::new(request)).await)
+        }
+        Err(bad) => bad.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct DagQuery {
+    version: Option<String>,
+    run: Option<String>,
+}
+
+async fn get_dag(
+    State(api): State<Api>,
+    Path(workflow): Path<String>,
+    Query(query): Query<DagQuery>,
+) -> Response {
+    let version = match number::<u32>("version", query.version.as_deref()) {
+        Ok(version) => version,
+        Err(bad) => return bad.into_response(),
     };
+    let run_id = match number::<i64>("run", query.run.as_deref()) {
+        Ok(run) => run,
+        Err(bad) => return bad.into_response(),
+    };
+    let request = pb::GetDagRequest {
+        workflow,
+        version,
+        run_id,
+    };
+    answer(api.get_dag(tonic::Request::new(request)).await)
+}
+
+#[derive(Deserialize)]
+struct WhyQuery {
+    at: Option<String>,
+}
+
+async fn explain_workflow(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    Query(query): Query<WhyQuery>,
+) -> Response {
+    let at_ms = match number::<i64>("at", query.at.as_deref()) {
+        Ok(at) => at,
+        Err(bad) => return bad.into_response(),
+    };
+    let request = pb::ExplainWorkflowRequest { name, at_ms };
+    answer(api.explain_workflow(tonic::Request::new(request)).await)
+}
+
+async fn list_workers(State(api): State<Api>) -> Response {
     answer(
-        api.get_run(tonic::Request::new(pb::GetRunRequest { id }))
+        api.list_workers(tonic::Request::new(pb::ListWorkersRequest {}))
             .await,
     )
+}
+
+async fn list_nodes(State(api): State<Api>) -> Response {
+    answer(
+        api.list_nodes(tonic::Request::new(pb::ListNodesRequest {}))
+            .await,
+    )
+}
+
+#[derive(Deserialize)]
+struct AuditQuery {
+    limit: Option<String>,
+    #[serde(default)]
+    action: String,
+    #[serde(default)]
+    target: String,
+    #[serde(default)]
+    actor: String,
+}
+
+async fn list_audit(State(api): State<Api>, Query(query): Query<AuditQuery>) -> Response {
+    let limit = match number::<u32>("limit", query.limit.as_deref()) {
+        Ok(limit) => limit,
+        Err(bad) => return bad.into_response(),
+    };
+    let request = pb::ListAuditRequest {
+        limit,
+        action: query.action,
+        target: query.target,
+        actor: query.actor,
+    };
+    answer(api.list_audit(tonic::Request::new(request)).await)
 }
 
 fn bad_request(message: &str) -> Response {

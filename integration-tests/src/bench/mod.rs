@@ -551,26 +551,10 @@ impl Cluster {
     /// run, and leaves the store to the workload being measured.
     pub async fn wait_runs(&self, ids: &[i64], timeout: Duration) -> anyhow::Result<Vec<pb::Run>> {
         let deadline = Instant::now() + timeout;
-        let mut control = self.control();
         let mut ended = Vec::with_capacity(ids.len());
         for &id in ids {
-            loop {
-                let run = control
-                    .get_run(pb::GetRunRequest { id })
-                    .await?
-                    .into_inner();
-                if run.state != pb::RunState::Running as i32 {
-                    ended.push(run);
-                    break;
-                }
-                if Instant::now() > deadline {
-                    bail!(
-                        "{} runs still running after {timeout:?}",
-                        ids.len() - ended.len()
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            ended.push(self.wait_run(id, left, Duration::from_millis(200)).await?);
         }
         Ok(ended)
     }

@@ -193,14 +193,9 @@ pub(in crate::tests) async fn a_withdrawal_that_finds_its_attempt_running_loses_
     assert_eq!(first.message, "lost: worker w1 came back without it");
 }
 
-/// A node reads w1's dispatch and decides to withdraw it; meanwhile w1 refuses the dispatch (at
-/// capacity) and the same attempt goes to w2, which starts it. The withdrawal, named for w1, is
-/// stale: it must not end the attempt w2 runs (which would run the task a second time as
-/// attempt 2).
-pub(in crate::tests) async fn a_withdrawal_decided_for_one_worker_spares_the_attempt_sent_to_another(
-    ctx: Ctx,
-) {
-    let s = ctx.s();
+/// An instance whose attempt 1 went to w1 (at T0 + 10) and that w1 refused as over capacity:
+/// WAITING again as the same attempt.
+async fn refused_by_w1(s: &dyn Store) -> InstanceRecord {
     let wf = apply(s, &spec("wf", vec![task("a", &[])])).await;
     let run = start_run(s, &wf).await;
     let a = instance_of(s, run.id, "a").await.unwrap();
@@ -214,6 +209,18 @@ pub(in crate::tests) async fn a_withdrawal_decided_for_one_worker_spares_the_att
         dispatched_at: None,
     };
     s.apply_reports(&[refused], T0 + 12).await.unwrap();
+    a
+}
+
+/// A node reads w1's dispatch and decides to withdraw it; meanwhile w1 refuses the dispatch (at
+/// capacity) and the same attempt goes to w2, which starts it. The withdrawal, named for w1, is
+/// stale: it must not end the attempt w2 runs (which would run the task a second time as
+/// attempt 2).
+pub(in crate::tests) async fn a_withdrawal_decided_for_one_worker_spares_the_attempt_sent_to_another(
+    ctx: Ctx,
+) {
+    let s = ctx.s();
+    let a = refused_by_w1(s).await;
     assert!(s.mark_dispatched(&[claim(a.id, 1, "w2")]).await.unwrap()[0]);
     let on_w2 = Report::Started {
         instance_id: a.id,
@@ -248,19 +255,7 @@ pub(in crate::tests) async fn a_withdrawal_of_an_earlier_dispatch_spares_the_sam
     ctx: Ctx,
 ) {
     let s = ctx.s();
-    let wf = apply(s, &spec("wf", vec![task("a", &[])])).await;
-    let run = start_run(s, &wf).await;
-    let a = instance_of(s, run.id, "a").await.unwrap();
-    assert!(s.mark_dispatched(&[claim(a.id, 1, "w1")]).await.unwrap()[0]);
-    let refused = Report::Rejected {
-        instance_id: a.id,
-        attempt: Attempt(1),
-        worker_id: Some("w1".into()),
-        reason: "worker is at capacity (20)".into(),
-        withdrawn: false,
-        dispatched_at: None,
-    };
-    s.apply_reports(&[refused], T0 + 12).await.unwrap();
+    let a = refused_by_w1(s).await;
     let again = DispatchClaim {
         at: T0 + 30,
         ..claim(a.id, 1, "w1")

@@ -540,6 +540,7 @@ fn diamond_dag(with_run: bool) -> pb::Dag {
         },
         instance_id: if with_run { id } else { 0 },
         upstream: upstream.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
     };
     let nodes = vec![
         node("extract", &[], "SUCCESS", 1),
@@ -563,6 +564,7 @@ fn diamond_dag(with_run: bool) -> pb::Dag {
         run_id: if with_run { 7 } else { 0 },
         nodes,
         edges,
+        ..Default::default()
     }
 }
 

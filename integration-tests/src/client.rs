@@ -168,6 +168,7 @@ impl TestClient {
             workflow: workflow.into(),
             limit: 1_000,
             state: 0,
+            ..Default::default()
         };
         Ok(self.control().list_runs(request).await?.into_inner().runs)
     }
@@ -304,6 +305,7 @@ impl TestClient {
             attempt,
             follow: false,
             after_seq: 0,
+            ..Default::default()
         };
         let mut stream = self.control().get_logs(request).await?.into_inner();
         let mut lines = Vec::new();

@@ -136,9 +136,16 @@ pub struct ClusterBuilder {
     redis: bool,
     alerts: Vec<ax_scheduler::alerts::ChannelConfig>,
     pools: BTreeMap<String, u32>,
+    max_line_bytes: Option<usize>,
 }
 
 impl ClusterBuilder {
+    /// Workers split output lines longer than this (their default when unset).
+    pub fn max_line_bytes(mut self, bytes: usize) -> Self {
+        self.max_line_bytes = Some(bytes);
+        self
+    }
+
     pub fn strategy(mut self, strategy: Strategy) -> Self {
         self.strategy = strategy;
         self
@@ -212,6 +219,7 @@ impl ClusterBuilder {
             workers: Vec::new(),
             dir,
             db,
+            max_line_bytes: self.max_line_bytes,
         };
         let workers = self.workers.len();
         for spec in self.workers {
@@ -232,6 +240,7 @@ pub struct Cluster {
     workers: Vec<(String, CancellationToken, JoinHandle<anyhow::Result<()>>)>,
     dir: tempfile::TempDir,
     db: TestDb,
+    max_line_bytes: Option<usize>,
 }
 
 impl Cluster {
@@ -243,6 +252,7 @@ impl Cluster {
             redis: false,
             alerts: Vec::new(),
             pools: BTreeMap::new(),
+            max_line_bytes: None,
         }
     }
 
@@ -268,6 +278,9 @@ impl Cluster {
             capacity: spec.capacity,
             heartbeat_interval: Duration::from_millis(500),
             task_heartbeat_interval: Duration::from_secs(2),
+            max_line_bytes: self
+                .max_line_bytes
+                .unwrap_or(WorkerOptions::default().max_line_bytes),
             ..WorkerOptions::default()
         };
         let cancel = CancellationToken::new();

@@ -196,6 +196,7 @@ async fn logs_followed_through_another_node_arrive_whole_and_end_with_the_attemp
         attempt: 0,
         follow: true,
         after_seq: 0,
+        ..Default::default()
     };
     let followed = tokio::time::timeout(HANG_GUARD, async {
         let mut stream = on_n2

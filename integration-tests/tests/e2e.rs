@@ -581,6 +581,7 @@ tasks:
             attempt,
             follow: false,
             after_seq: 0,
+            ..Default::default()
         };
         let mut stream = control.get_logs(request).await.expect("logs").into_inner();
         let mut texts = Vec::new();
@@ -596,6 +597,7 @@ tasks:
         attempt: 3,
         follow: false,
         after_seq: 0,
+        ..Default::default()
     };
     let status = control.get_logs(no_such).await.expect_err("refused");
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
@@ -692,6 +694,7 @@ tasks:
         attempt: 0,
         follow: true,
         after_seq: 0,
+        ..Default::default()
     };
     let mut stream = control
         .get_logs(request)

@@ -220,6 +220,7 @@ async fn dag_prints_every_format_and_colours_a_run_by_state(backend: Backend) {
             workflow: "shapes".into(),
             version: 0,
             run_id: run,
+            ..Default::default()
         })
         .await
         .expect("GetDag")
@@ -301,6 +302,7 @@ async fn why_before_the_first_slot_and_after_a_fired_run_of_a_paused_workflow(ba
                 workflow: "ticker".into(),
                 limit: 50,
                 state: pb::RunState::Success as i32,
+                ..Default::default()
             })
             .await
             .expect("list runs")

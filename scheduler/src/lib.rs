@@ -318,6 +318,7 @@ mod backfill;
 mod backstop;
 mod clock;
 pub mod config;
+mod dag_layouts;
 mod dispatcher;
 mod group_commit;
 mod grpc;

@@ -43,6 +43,8 @@ pub struct Node {
     pub watching: crate::backstop::Watching,
     /// Throttled and NoWorker decisions this node already recorded.
     pub decisions: std::sync::Mutex<crate::dispatcher::DecisionMemo>,
+    /// Laid-out task graphs by workflow version, for the web UI.
+    pub dag_layouts: crate::dag_layouts::DagLayouts,
     /// Bumped whenever runs, instances or logs change, for followers (`logs -f`).
     progress: watch::Sender<u64>,
 }
@@ -75,6 +77,7 @@ impl Node {
             schedule_wake: Notify::new(),
             watching: crate::backstop::Watching::new(crate::clock::now_ms()),
             decisions: Default::default(),
+            dag_layouts: Default::default(),
             progress: watch::channel(0).0,
         }
     }

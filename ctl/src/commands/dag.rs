@@ -27,6 +27,7 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
         workflow: args.workflow,
         version: args.version.unwrap_or(0),
         run_id: args.run.unwrap_or(0),
+        ..Default::default()
     };
     let dag = client
         .get_dag(request)

@@ -75,6 +75,7 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
         What::Workflows { app } => {
             let request = pb::ListWorkflowsRequest {
                 app: app.unwrap_or_default(),
+                ..Default::default()
             };
             let list = client
                 .list_workflows(request)
@@ -100,6 +101,7 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
                 workflow: workflow.unwrap_or_default(),
                 limit,
                 state: state.map_or(0, |s| pb::RunState::from(s) as i32),
+                ..Default::default()
             };
             let list = client.list_runs(request).await.map_err(st)?.into_inner();
             let views: Vec<RunView> = list.runs.iter().map(RunView::from).collect();

@@ -75,6 +75,7 @@ pub async fn copy_logs(
         attempt,
         follow,
         after_seq: 0,
+        ..Default::default()
     };
     let mut stream = client
         .get_logs(request)

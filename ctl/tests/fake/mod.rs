@@ -413,7 +413,10 @@ impl ControlService for Fake {
                 })
                 .collect()
         });
-        Ok(Response::new(pb::ListRunsResponse { runs }))
+        Ok(Response::new(pb::ListRunsResponse {
+            runs,
+            ..Default::default()
+        }))
     }
 
     async fn get_run(

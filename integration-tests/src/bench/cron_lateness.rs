@@ -54,6 +54,7 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
                 workflow: name.clone(),
                 limit: 1_000,
                 state: pb::RunState::Unspecified as i32,
+                ..Default::default()
             })
             .await?
             .into_inner()

@@ -582,6 +582,7 @@ impl Cluster {
                 attempt,
                 follow: false,
                 after_seq: 0,
+                ..Default::default()
             })
             .await?
             .into_inner();
@@ -761,6 +762,7 @@ impl Cluster {
                 workflow: String::new(),
                 limit: 1_000,
                 state: pb::RunState::Running as i32,
+                ..Default::default()
             })
             .await?
             .into_inner()

@@ -13,6 +13,7 @@ pub mod decision;
 pub mod dependency;
 pub mod firing;
 pub mod ids;
+pub mod layout;
 pub mod limits;
 pub mod liveness;
 pub mod params;

@@ -435,6 +435,98 @@ pub fn json(graph: &Graph) -> String {
     String::from_utf8(out).expect("serde_json writes UTF-8")
 }
 
+/// A standalone SVG drawing of the whole graph at `layout`'s places: boxes named by task (and
+/// state, with a run), edges as curves from a box's right side to the next box's left side.
+/// Every name is XML-escaped.
+pub fn svg(graph: &Graph, layout: &crate::layout::Layout) -> String {
+    use crate::layout::{NODE_HEIGHT, NODE_WIDTH};
+    let margin = 16.0;
+    let (width, height) = (layout.width + 2.0 * margin, layout.height + 2.0 * margin);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" \
+         viewBox=\"0 0 {width:.0} {height:.0}\" font-family=\"Helvetica, Arial, sans-serif\" \
+         font-size=\"13\">"
+    );
+    let _ = writeln!(out, "<title>{}</title>", xml_escape(&graph.workflow));
+    let _ = writeln!(
+        out,
+        "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>"
+    );
+    let _ = writeln!(
+        out,
+        "<g transform=\"translate({margin},{margin})\" fill=\"none\" stroke=\"#8a8f98\">"
+    );
+    for &(u, d) in &graph.edges {
+        let (Some(from), Some(to)) = (layout.nodes.get(u), layout.nodes.get(d)) else {
+            continue;
+        };
+        let (x1, y1) = (from.x + NODE_WIDTH / 2.0, from.y);
+        let (x2, y2) = (to.x - NODE_WIDTH / 2.0, to.y);
+        let bend = (x2 - x1).abs() / 2.0;
+        let _ = writeln!(
+            out,
+            "<path d=\"M{x1:.1},{y1:.1} C{:.1},{y1:.1} {:.1},{y2:.1} {x2:.1},{y2:.1}\"/>",
+            x1 + bend,
+            x2 - bend
+        );
+    }
+    out.push_str("</g>\n");
+    let _ = writeln!(out, "<g transform=\"translate({margin},{margin})\">");
+    for (node, place) in graph.nodes.iter().zip(&layout.nodes) {
+        let fill_colour = node.state.map(fill).unwrap_or("#ffffff");
+        let (x, y) = (place.x - NODE_WIDTH / 2.0, place.y - NODE_HEIGHT / 2.0);
+        let _ = writeln!(
+            out,
+            "<g><rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{NODE_WIDTH}\" height=\"{NODE_HEIGHT}\" \
+             rx=\"6\" fill=\"{fill_colour}\" stroke=\"#333333\"/>"
+        );
+        let name = xml_escape(&node.task);
+        match node.state {
+            Some(state) => {
+                let _ = writeln!(
+                    out,
+                    "<text x=\"{:.1}\" y=\"{:.1}\">{name}</text><text x=\"{:.1}\" y=\"{:.1}\" \
+                     font-size=\"11\">{}</text></g>",
+                    x + 10.0,
+                    y + 18.0,
+                    x + 10.0,
+                    y + 34.0,
+                    state.label()
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "<text x=\"{:.1}\" y=\"{:.1}\">{name}</text></g>",
+                    x + 10.0,
+                    y + 27.0
+                );
+            }
+        }
+    }
+    out.push_str("</g>\n</svg>\n");
+    out
+}
+
+fn xml_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            // XML 1.0 has no way to write most control characters.
+            c if (c as u32) < 0x20 && c != '\t' => out.push('\u{fffd}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// The layout of [`json`]: the graph object and its two lists one entry a line, indented by
 /// two spaces a level; each node and edge on its line as `{"key": value, ...}`. Control
 /// characters are escaped as `\uXXXX` except `\n`, `\r` and `\t`.
@@ -557,6 +649,36 @@ impl serde_json::ser::Formatter for LineFormatter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_svg_draws_every_task_and_edge_and_escapes_names() {
+        let mut graph = Graph::from_upstreams(
+            "<b>wf</b>",
+            1,
+            &[task("a&b", &[]), task("<script>", &["a&b"])],
+        );
+        graph.apply_run(
+            1,
+            &[RunInstance {
+                task: "a&b".into(),
+                instance_id: 1,
+                state: InstanceState::Failed,
+                shard_of: None,
+            }],
+        );
+        let layout = crate::layout::layout(&graph).unwrap();
+        let svg = svg(&graph, &layout);
+        assert!(
+            svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""),
+            "{svg}"
+        );
+        assert_eq!(svg.matches("<rect x=").count(), 2);
+        assert_eq!(svg.matches("<path ").count(), 1);
+        assert!(svg.contains(">a&amp;b</text>") && svg.contains(">&lt;script&gt;</text>"));
+        assert!(svg.contains("<title>&lt;b&gt;wf&lt;/b&gt;</title>"));
+        assert!(svg.contains(">FAILED</text>") && svg.contains(">UPSTREAM_FAILED</text>"));
+        assert!(!svg.contains("<script>") && !svg.contains("<b>"));
+    }
 
     fn task(name: &str, upstream: &[&str]) -> (String, Vec<String>) {
         (

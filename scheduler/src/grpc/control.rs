@@ -38,6 +38,8 @@ const MAX_KEY_BYTES: usize = 255;
 const LOG_PAGE: u32 = 20_000;
 /// Text per GetLogs message.
 const MAX_CHUNK_BYTES: usize = 1 << 20;
+/// The most recent runs ListWorkflows attaches to each workflow.
+const MAX_RECENT_RUNS: u32 = 50;
 
 pub struct ControlApi {
     node: Arc<Node>,
@@ -46,6 +48,11 @@ pub struct ControlApi {
 impl ControlApi {
     pub fn new(node: Arc<Node>) -> Self {
         ControlApi { node }
+    }
+
+    /// Changes whenever runs, instances or logs change on this node.
+    pub fn watch_progress(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.node.watch_progress()
     }
 
     async fn audit(&self, actor: &str, action: &str, target: String, detail: String, remote: &str) {
@@ -321,8 +328,8 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::ListWorkflowsRequest>,
     ) -> Result<Response<pb::ListWorkflowsResponse>, Status> {
-        let app = request.into_inner().app;
-        let app = (!app.is_empty()).then_some(app.as_str());
+        let request = request.into_inner();
+        let app = (!request.app.is_empty()).then_some(request.app.as_str());
         let records = self
             .node
             .store
@@ -330,10 +337,28 @@ impl ControlService for ControlApi {
             .await
             .map_err(store_status)?;
         let now = now_ms();
-        let workflows = records
-            .iter()
-            .map(|record| convert::workflow(record, now))
-            .collect();
+        let recent = request.recent_runs.min(MAX_RECENT_RUNS);
+        let mut workflows = Vec::with_capacity(records.len());
+        for record in &records {
+            let mut workflow = convert::workflow(record, now);
+            if recent > 0 {
+                let runs = self
+                    .node
+                    .store
+                    .list_runs(Some(&record.name), None, None, recent)
+                    .await
+                    .map_err(store_status)?;
+                workflow.recent_runs = runs
+                    .iter()
+                    .map(|run| pb::RunBrief {
+                        id: run.id.0,
+                        state: convert::run_state(run.state) as i32,
+                        logical_time_ms: run.logical_time,
+                    })
+                    .collect();
+            }
+            workflows.push(workflow);
+        }
         Ok(Response::new(pb::ListWorkflowsResponse { workflows }))
     }
 
@@ -453,12 +478,23 @@ impl ControlService for ControlApi {
         } else {
             request.limit.min(1_000)
         };
-        let records = self
+        let before = match request.before_id {
+            0 => None,
+            id => Some(RunId(positive_id(id, "before_id: run")?)),
+        };
+        // One run more than the page tells whether another page follows.
+        let mut records = self
             .node
             .store
-            .list_runs(workflow, state, limit)
+            .list_runs(workflow, state, before, limit + 1)
             .await
             .map_err(store_status)?;
+        let next_before_id = if records.len() > limit as usize {
+            records.truncate(limit as usize);
+            records.last().map_or(0, |run| run.id.0)
+        } else {
+            0
+        };
         let mut runs = Vec::with_capacity(records.len());
         for record in &records {
             let counts = self
@@ -469,7 +505,10 @@ impl ControlService for ControlApi {
                 .map_err(store_status)?;
             runs.push(convert::run(record, Some(&counts)));
         }
-        Ok(Response::new(pb::ListRunsResponse { runs }))
+        Ok(Response::new(pb::ListRunsResponse {
+            runs,
+            next_before_id,
+        }))
     }
 
     async fn get_run(
@@ -768,16 +807,7 @@ impl ControlService for ControlApi {
         let (sender, receiver) = mpsc::channel(16);
         let node = self.node.clone();
         tokio::spawn(async move {
-            if let Err(status) = stream_logs(
-                &node,
-                id,
-                attempt,
-                request.after_seq,
-                request.follow,
-                &sender,
-            )
-            .await
-            {
+            if let Err(status) = stream_logs(&node, id, attempt, &request, &sender).await {
                 let _ = sender.send(Err(status)).await;
             }
         });
@@ -948,21 +978,34 @@ async fn stream_logs(
     node: &Node,
     instance: InstanceId,
     attempt: Attempt,
-    mut after: u64,
-    follow: bool,
+    request: &pb::GetLogsRequest,
     sender: &mpsc::Sender<Result<pb::LogChunk, Status>>,
 ) -> Result<(), Status> {
+    let follow = request.follow;
+    let mut after = request.after_seq;
+    // Lines still to send: a page of a log viewer asks for a few thousand of a million.
+    let mut left = match request.limit {
+        0 => u64::MAX,
+        _ if follow => u64::MAX,
+        limit => u64::from(limit),
+    };
+    let contains = request.contains.as_str();
     let mut progress = node.watch_progress();
     // Lines queued on this node are made readable first, so a finished attempt reads whole.
     node.logs.flush().await;
     let mut idle_since_end: Option<tokio::time::Instant> = None;
     loop {
+        let page = if contains.is_empty() {
+            LOG_PAGE.min(u32::try_from(left).unwrap_or(u32::MAX))
+        } else {
+            LOG_PAGE
+        };
         let lines = node
             .store
-            .read_logs(instance, attempt, after, LOG_PAGE)
+            .read_logs(instance, attempt, after, page)
             .await
             .map_err(store_status)?;
-        let full_page = lines.len() as u32 == LOG_PAGE;
+        let full_page = lines.len() as u32 == page;
         if let Some(last) = lines.last() {
             after = last.seq;
             idle_since_end = None;
@@ -974,6 +1017,13 @@ async fn stream_logs(
             };
             let mut bytes = 0;
             for line in lines {
+                if !line.text.contains(contains) {
+                    continue;
+                }
+                if left == 0 {
+                    break;
+                }
+                left -= 1;
                 if bytes + line.text.len() > MAX_CHUNK_BYTES && !chunk.lines.is_empty() {
                     let full = std::mem::replace(
                         &mut chunk,
@@ -998,9 +1048,12 @@ async fn stream_logs(
                     at_ms: line.at,
                 });
             }
-            if sender.send(Ok(chunk)).await.is_err() {
+            if !chunk.lines.is_empty() && sender.send(Ok(chunk)).await.is_err() {
                 return Ok(());
             }
+        }
+        if left == 0 {
+            return Ok(());
         }
         if full_page {
             continue;

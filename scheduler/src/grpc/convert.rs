@@ -149,6 +149,7 @@ pub fn workflow(record: &WorkflowRecord, now: i64) -> pb::Workflow {
         updated_at_ms: record.updated_at,
         next_fires_ms: next_fires(record, now, 5),
         source: record.source.clone(),
+        recent_runs: Vec::new(),
     }
 }
 

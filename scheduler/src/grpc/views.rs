@@ -107,9 +107,21 @@ pub async fn get_dag(node: &Node, request: pb::GetDagRequest) -> Result<pb::Dag,
         graph.apply_run(run.id.0, &instances);
     }
     let mut upstream: Vec<Vec<String>> = vec![Vec::new(); graph.nodes.len()];
+    let mut has_edge = vec![false; graph.nodes.len()];
     for &(u, d) in &graph.edges {
         upstream[d].push(graph.nodes[u].task.clone());
+        has_edge[u] = true;
+        has_edge[d] = true;
     }
+    let laid = if request.layout {
+        Some(node.dag_layouts.of(record.id, record.version, &graph).await)
+    } else {
+        None
+    };
+    let placed = |i: usize| match laid.as_deref() {
+        Some(Ok(layout)) => layout.nodes.get(i).copied(),
+        _ => None,
+    };
     Ok(pb::Dag {
         workflow: graph.workflow.clone(),
         version: graph.version,
@@ -118,14 +130,22 @@ pub async fn get_dag(node: &Node, request: pb::GetDagRequest) -> Result<pb::Dag,
             .nodes
             .iter()
             .zip(upstream)
-            .map(|(node, upstream)| pb::DagNode {
-                task: node.task.clone(),
-                state: node
-                    .state
-                    .map(|state| state.label().to_string())
-                    .unwrap_or_default(),
-                instance_id: node.instance_id.unwrap_or(0),
-                upstream,
+            .enumerate()
+            .map(|(i, (node, upstream))| {
+                let place = placed(i);
+                pb::DagNode {
+                    task: node.task.clone(),
+                    state: node
+                        .state
+                        .map(|state| state.label().to_string())
+                        .unwrap_or_default(),
+                    instance_id: node.instance_id.unwrap_or(0),
+                    upstream,
+                    isolated: !has_edge[i],
+                    x: place.map_or(0.0, |p| p.x),
+                    y: place.map_or(0.0, |p| p.y),
+                    layer: place.map_or(0, |p| p.layer),
+                }
             })
             .collect(),
         edges: graph
@@ -136,6 +156,19 @@ pub async fn get_dag(node: &Node, request: pb::GetDagRequest) -> Result<pb::Dag,
                 to: graph.nodes[d].task.clone(),
             })
             .collect(),
+        layout: laid.map(|laid| match laid.as_ref() {
+            Ok(layout) => pb::DagLayout {
+                width: layout.width,
+                height: layout.height,
+                node_width: ax_core::layout::NODE_WIDTH,
+                node_height: ax_core::layout::NODE_HEIGHT,
+                omitted: String::new(),
+            },
+            Err(omitted) => pb::DagLayout {
+                omitted: omitted.to_string(),
+                ..pb::DagLayout::default()
+            },
+        }),
     })
 }
 

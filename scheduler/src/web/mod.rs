@@ -1,45 +1,69 @@
-//! The HTTP edge: the web UI's page and a JSON API under `/api/v1`, served on the node's gRPC
-//! port (HTTP/1.1 and HTTP/2 both reach it).
+//! The HTTP edge: the web UI and a JSON API under `/api/v1`, served on the node's gRPC port
+//! (HTTP/1.1 and HTTP/2 both reach it).
 //!
 //! The API calls the `ControlService` handlers themselves, so no rule exists twice: a request is
 //! the RPC's request message and a response its response message, both in the protobuf JSON
 //! mapping (camelCase fields, enums by name, 64-bit integers as strings). A handler's
 //! `tonic::Status` becomes the HTTP status of its code with `{"code", "message"}` as the body.
+//! Live views are Server-Sent Events (`live`, `logs`); everything else is a plain request.
+
+mod actions;
+mod assets;
+mod live;
+mod logs;
+mod reads;
 
 use std::sync::Arc;
 
-use ax_proto::v1 as pb;
-use ax_proto::v1::control_service_server::ControlService;
 use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use serde::Deserialize;
+use axum::routing::{get, post};
+use tonic::transport::server::TcpConnectInfo;
 
 use crate::grpc::control::ControlApi;
-
-/// The page, embedded in the binary: no build step, no files to deploy.
-const INDEX_HTML: &str = include_str!("index.html");
 
 type Api = Arc<ControlApi>;
 
 pub fn router(api: ControlApi) -> Router {
     let api: Api = Arc::new(api);
     Router::new()
-        .route("/api/v1/workflows", get(list_workflows))
-        .route("/api/v1/workflows/{name}", get(get_workflow))
-        .route("/api/v1/runs", get(list_runs))
-        .route("/api/v1/runs/{id}", get(get_run))
-        .route("/api/v1/runs/{id}/instances", get(list_instances))
-        .route("/api/v1/instances/{id}", get(get_instance))
-        .route("/api/v1/workflows/{name}/dag", get(get_dag))
-        .route("/api/v1/workflows/{name}/why", get(explain_workflow))
-        .route("/api/v1/workers", get(list_workers))
-        .route("/api/v1/nodes", get(list_nodes))
-        .route("/api/v1/audit", get(list_audit))
-        .route("/api/v1/{*rest}", get(no_such_api))
-        .route("/", get(index))
+        .route("/api/v1/workflows", get(reads::list_workflows))
+        .route("/api/v1/workflows/{name}", get(reads::get_workflow))
+        .route("/api/v1/workflows/{name}/dag", get(reads::get_dag))
+        .route(
+            "/api/v1/workflows/{name}/dag/export",
+            get(reads::export_dag),
+        )
+        .route("/api/v1/workflows/{name}/why", get(reads::explain_workflow))
+        .route("/api/v1/workflows/{name}/trigger", post(actions::trigger))
+        .route("/api/v1/workflows/{name}/pause", post(actions::pause))
+        .route("/api/v1/workflows/{name}/resume", post(actions::resume))
+        .route("/api/v1/runs", get(reads::list_runs))
+        .route("/api/v1/runs/{id}", get(reads::get_run))
+        .route("/api/v1/runs/{id}/instances", get(reads::list_instances))
+        .route("/api/v1/runs/{id}/events", get(live::run_events))
+        .route("/api/v1/runs/{id}/cancel", post(actions::cancel_run))
+        .route("/api/v1/runs/{id}/rerun", post(actions::rerun_run))
+        .route("/api/v1/instances/{id}", get(reads::get_instance))
+        .route("/api/v1/instances/{id}/logs", get(logs::page))
+        .route("/api/v1/instances/{id}/logs/download", get(logs::download))
+        .route("/api/v1/instances/{id}/logs/tail", get(logs::tail))
+        .route(
+            "/api/v1/instances/{id}/retry",
+            post(actions::retry_instance),
+        )
+        .route(
+            "/api/v1/instances/{id}/cancel",
+            post(actions::cancel_instance),
+        )
+        .route("/api/v1/workers", get(reads::list_workers))
+        .route("/api/v1/nodes", get(reads::list_nodes))
+        .route("/api/v1/audit", get(reads::list_audit))
+        .route("/api/v1/{*rest}", get(no_such_api).post(no_such_api))
+        .route("/assets/{file}", get(assets::asset))
         .fallback(not_api)
         .with_state(api)
 }
@@ -48,8 +72,12 @@ pub fn router(api: ControlApi) -> Router {
 fn answer<T: serde::Serialize>(result: Result<tonic::Response<T>, tonic::Status>) -> Response {
     match result {
         Ok(response) => axum::Json(response.into_inner()).into_response(),
-        Err(status) => error(http_status(status.code()), status.code(), status.message()),
+        Err(status) => status_error(&status),
     }
+}
+
+fn status_error(status: &tonic::Status) -> Response {
+    error(http_status(status.code()), status.code(), status.message())
 }
 
 fn error(http: StatusCode, code: tonic::Code, message: &str) -> Response {
@@ -80,38 +108,16 @@ fn http_status(code: tonic::Code) -> StatusCode {
     }
 }
 
-#[derive(Deserialize)]
-struct AppQuery {
-    #[serde(default)]
-    app: String,
-}
-
-async fn list_workflows(State(api): State<Api>, Query(query): Query<AppQuery>) -> Response {
-    let request = pb::ListWorkflowsRequest { app: query.app };
-    answer(api.list_workflows(tonic::Request::new(request)).await)
-}
-
-async fn get_workflow(State(api): State<Api>, Path(name): Path<String>) -> Response {
-    let request = pb::GetWorkflowRequest { name };
-    answer(api.get_workflow(tonic::Request::new(request)).await)
-}
-
-#[derive(Deserialize)]
-struct RunsQuery {
-    #[serde(default)]
-    workflow: String,
-    #[serde(default)]
-    limit: Option<String>,
-    #[serde(default)]
-    state: Option<String>,
-}
-
-/// A request parameter the API cannot read: answered as a 400 that names it.
+/// A request the API cannot read: answered as a 400 that names what was wrong.
 struct BadParam(String);
 
 impl IntoResponse for BadParam {
     fn into_response(self) -> Response {
-        bad_request(&self.0)
+        error(
+            StatusCode::BAD_REQUEST,
+            tonic::Code::InvalidArgument,
+            &self.0,
+        )
     }
 }
 
@@ -131,148 +137,28 @@ fn id_of(field: &str, text: &str) -> Result<i64, BadParam> {
         .map_err(|_| BadParam(format!("{field}: {text:?} is not an id")))
 }
 
-async fn list_runs(State(api): State<Api>, Query(query): Query<RunsQuery>) -> Response {
-    let limit = match number::<u32>("limit", query.limit.as_deref()) {
-        Ok(limit) => limit,
-        Err(bad) => return bad.into_response(),
-    };
-    let state = match query.state.as_deref() {
-        None | Some("") => pb::RunState::Unspecified,
-        Some(name) => {
-            match pb::RunState::from_str_name(&format!("RUN_STATE_{}", name.to_ascii_uppercase())) {
-                Some(state) => state,
-                None => return bad_request(&format!("state: unknown run state {name:?}")),
-            }
-        }
-    };
-    let request = pb::ListRunsRequest {
-        workflow: query.workflow,
-        limit,
-        state: state as i32,
-    };
-    answer(api.list_runs(tonic::Request::new(request)).await)
-}
+/// Where a request came from (the TCP peer), carried into the handler's request so the audit
+/// trail names it as it does for gRPC calls.
+#[derive(Clone, Default)]
+struct Peer(Option<TcpConnectInfo>);
 
-async fn get_run(State(api): State<Api>, Path(id): Path<String>) -> Response {
-    match id_of("id", &id) {
-        Ok(id) => answer(
-            api.get_run(tonic::Request::new(pb::GetRunRequest { id }))
-                .await,
-        ),
-        Err(bad) => bad.into_response(),
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Peer(parts.extensions.get::<TcpConnectInfo>().cloned()))
     }
 }
 
-async fn list_instances(State(api): State<Api>, Path(id): Path<String>) -> Response {
-    match id_of("id", &id) {
-        Ok(run_id) => {
-            let request = pb::ListInstancesRequest { run_id };
-            answer(api.list_instances(tonic::Request::new(request)).await)
+impl Peer {
+    /// `message` as a handler's request, from this peer.
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(info) = &self.0 {
+            request.extensions_mut().insert(info.clone());
         }
-        Err(bad) => bad.into_response(),
+        request
     }
-}
-
-async fn get_instance(State(api): State<Api>, Path(id): Path<String>) -> Response {
-    match id_of("id", &id) {
-        Ok(id) => {
-            let request = pb::GetInstanceRequest { id };
-            answer(api.get_instance(tonic::Request::new(request)).await)
-        }
-        Err(bad) => bad.into_response(),
-    }
-}
-
-#[derive(Deserialize)]
-struct DagQuery {
-    version: Option<String>,
-    run: Option<String>,
-}
-
-async fn get_dag(
-    State(api): State<Api>,
-    Path(workflow): Path<String>,
-    Query(query): Query<DagQuery>,
-) -> Response {
-    let version = match number::<u32>("version", query.version.as_deref()) {
-        Ok(version) => version,
-        Err(bad) => return bad.into_response(),
-    };
-    let run_id = match number::<i64>("run", query.run.as_deref()) {
-        Ok(run) => run,
-        Err(bad) => return bad.into_response(),
-    };
-    let request = pb::GetDagRequest {
-        workflow,
-        version,
-        run_id,
-    };
-    answer(api.get_dag(tonic::Request::new(request)).await)
-}
-
-#[derive(Deserialize)]
-struct WhyQuery {
-    at: Option<String>,
-}
-
-async fn explain_workflow(
-    State(api): State<Api>,
-    Path(name): Path<String>,
-    Query(query): Query<WhyQuery>,
-) -> Response {
-    let at_ms = match number::<i64>("at", query.at.as_deref()) {
-        Ok(at) => at,
-        Err(bad) => return bad.into_response(),
-    };
-    let request = pb::ExplainWorkflowRequest { name, at_ms };
-    answer(api.explain_workflow(tonic::Request::new(request)).await)
-}
-
-async fn list_workers(State(api): State<Api>) -> Response {
-    answer(
-        api.list_workers(tonic::Request::new(pb::ListWorkersRequest {}))
-            .await,
-    )
-}
-
-async fn list_nodes(State(api): State<Api>) -> Response {
-    answer(
-        api.list_nodes(tonic::Request::new(pb::ListNodesRequest {}))
-            .await,
-    )
-}
-
-#[derive(Deserialize)]
-struct AuditQuery {
-    limit: Option<String>,
-    #[serde(default)]
-    action: String,
-    #[serde(default)]
-    target: String,
-    #[serde(default)]
-    actor: String,
-}
-
-async fn list_audit(State(api): State<Api>, Query(query): Query<AuditQuery>) -> Response {
-    let limit = match number::<u32>("limit", query.limit.as_deref()) {
-        Ok(limit) => limit,
-        Err(bad) => return bad.into_response(),
-    };
-    let request = pb::ListAuditRequest {
-        limit,
-        action: query.action,
-        target: query.target,
-        actor: query.actor,
-    };
-    answer(api.list_audit(tonic::Request::new(request)).await)
-}
-
-fn bad_request(message: &str) -> Response {
-    error(
-        StatusCode::BAD_REQUEST,
-        tonic::Code::InvalidArgument,
-        message,
-    )
 }
 
 async fn no_such_api(uri: Uri) -> Response {
@@ -281,10 +167,6 @@ async fn no_such_api(uri: Uri) -> Response {
         tonic::Code::NotFound,
         &format!("no such API: {}", uri.path()),
     )
-}
-
-async fn index() -> Response {
-    page()
 }
 
 /// Every other path is the page's (a deep link loads it cold, and the page routes itself); a
@@ -300,18 +182,5 @@ async fn not_api(request: axum::extract::Request) -> Response {
             .into_http::<axum::body::Body>()
             .into_response();
     }
-    page()
-}
-
-fn page() -> Response {
-    (
-        [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            // The page names no versioned assets yet: always fetched fresh, so an upgraded
-            // node serves its own page.
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        INDEX_HTML,
-    )
-        .into_response()
+    assets::page(request.headers())
 }

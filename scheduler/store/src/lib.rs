@@ -726,11 +726,12 @@ pub trait Store: Send + Sync + 'static {
     /// it). On an error nothing is created; the caller may retry the runs one by one.
     async fn create_runs(&self, runs: &[NewRun]) -> Result<Vec<(RunRecord, bool)>>;
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>>;
-    /// Newest first.
+    /// Newest first; with `before`, only runs with a smaller id (the next page).
     async fn list_runs(
         &self,
         workflow: Option<&str>,
         state: Option<RunState>,
+        before: Option<RunId>,
         limit: u32,
     ) -> Result<Vec<RunRecord>>;
     async fn run_counts(&self, id: RunId) -> Result<InstanceCounts>;

@@ -213,7 +213,13 @@ mod scenarios {
         assert!(ca && cb && cc);
         let ids: BTreeSet<RunId> = [first.id, a.id, b.id, c.id].into();
         assert_eq!(ids.len(), 4);
-        assert_eq!(s.list_runs(Some("wf"), None, 100).await.unwrap().len(), 4);
+        assert_eq!(
+            s.list_runs(Some("wf"), None, None, 100)
+                .await
+                .unwrap()
+                .len(),
+            4
+        );
     }
 
     pub(super) async fn a_group_of_runs_is_created_in_order_and_an_error_creates_none(ctx: Ctx) {
@@ -241,7 +247,13 @@ mod scenarios {
             // The answer is the run as stored.
             assert_eq!(s.get_run(run.id).await.unwrap().as_ref(), Some(run));
         }
-        assert_eq!(s.list_runs(Some("wf"), None, 100).await.unwrap().len(), 3);
+        assert_eq!(
+            s.list_runs(Some("wf"), None, None, 100)
+                .await
+                .unwrap()
+                .len(),
+            3
+        );
 
         // A run of a version that does not exist fails the whole group: nothing of it is stored.
         let mut missing = new_run(&wf, Some("cron:3"));
@@ -251,7 +263,13 @@ mod scenarios {
             .await
             .expect_err("an unknown version fails the group");
         assert!(error.to_string().contains("version 99"), "{error}");
-        assert_eq!(s.list_runs(Some("wf"), None, 100).await.unwrap().len(), 3);
+        assert_eq!(
+            s.list_runs(Some("wf"), None, None, 100)
+                .await
+                .unwrap()
+                .len(),
+            3
+        );
         assert!(s.create_runs(&[]).await.unwrap().is_empty());
     }
 
@@ -278,7 +296,11 @@ mod scenarios {
             created += usize::from(new);
         }
         assert_eq!((ids.len(), created), (1, 1));
-        let runs = ctx.s().list_runs(Some("wf"), None, 100).await.unwrap();
+        let runs = ctx
+            .s()
+            .list_runs(Some("wf"), None, None, 100)
+            .await
+            .unwrap();
         assert_eq!(runs.len(), 1);
         assert_eq!(ctx.s().list_instances(runs[0].id).await.unwrap().len(), 2);
     }
@@ -814,7 +836,10 @@ mod scenarios {
             (counts.success, counts.failed, counts.not_created),
             (3, 1, 1)
         );
-        let failed_runs = s.list_runs(None, Some(RunState::Failed), 10).await.unwrap();
+        let failed_runs = s
+            .list_runs(None, Some(RunState::Failed), None, 10)
+            .await
+            .unwrap();
         assert_eq!(failed_runs.len(), 1);
     }
 
@@ -1632,30 +1657,51 @@ mod scenarios {
         run_task(s, r3.id, "a", Outcome::Success).await;
         let ids = |runs: Vec<RunRecord>| runs.into_iter().map(|r| r.id).collect::<Vec<_>>();
         assert_eq!(
-            ids(s.list_runs(None, None, 10).await.unwrap()),
+            ids(s.list_runs(None, None, None, 10).await.unwrap()),
             [r3.id, r2.id, r1.id]
         );
         assert_eq!(
-            ids(s.list_runs(Some("one"), None, 10).await.unwrap()),
+            ids(s.list_runs(Some("one"), None, None, 10).await.unwrap()),
             [r3.id, r1.id]
         );
         assert_eq!(
             ids(s
-                .list_runs(Some("one"), Some(RunState::Running), 10)
+                .list_runs(Some("one"), Some(RunState::Running), None, 10)
                 .await
                 .unwrap()),
             [r1.id]
         );
         assert_eq!(
             ids(s
-                .list_runs(None, Some(RunState::Success), 10)
+                .list_runs(None, Some(RunState::Success), None, 10)
                 .await
                 .unwrap()),
             [r3.id]
         );
-        assert_eq!(ids(s.list_runs(None, None, 1).await.unwrap()), [r3.id]);
+        assert_eq!(
+            ids(s.list_runs(None, None, None, 1).await.unwrap()),
+            [r3.id]
+        );
+        // The next page starts below the last id seen, with or without filters.
+        assert_eq!(
+            ids(s.list_runs(None, None, Some(r3.id), 10).await.unwrap()),
+            [r2.id, r1.id]
+        );
+        assert_eq!(
+            ids(s
+                .list_runs(Some("one"), None, Some(r3.id), 1)
+                .await
+                .unwrap()),
+            [r1.id]
+        );
         assert!(
-            s.list_runs(Some("ghost"), None, 10)
+            s.list_runs(None, None, Some(r1.id), 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            s.list_runs(Some("ghost"), None, None, 10)
                 .await
                 .unwrap()
                 .is_empty()

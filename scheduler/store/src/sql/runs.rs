@@ -46,6 +46,7 @@ pub(crate) async fn list_runs(
     store: &SqlStore,
     workflow: Option<&str>,
     state: Option<RunState>,
+    before: Option<RunId>,
     limit: u32,
 ) -> Result<Vec<RunRecord>> {
     let mut sql = format!("{} WHERE 1 = 1", rows::RUN_SELECT);
@@ -55,6 +56,10 @@ pub(crate) async fn list_runs(
     if state.is_some() {
         sql.push_str(" AND r.state = ?");
     }
+    // Paging by id, never by offset: a page deep in a million runs reads only its own rows.
+    if before.is_some() {
+        sql.push_str(" AND r.id < ?");
+    }
     sql.push_str(" ORDER BY r.id DESC LIMIT ?");
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     if let Some(workflow) = workflow {
@@ -62,6 +67,9 @@ pub(crate) async fn list_runs(
     }
     if let Some(state) = state {
         query = query.bind(state.as_str());
+    }
+    if let Some(before) = before {
+        query = query.bind(before.0);
     }
     let rows = query.bind(i64::from(limit)).fetch_all(&store.pool).await?;
     rows.iter().map(rows::run).collect()

@@ -97,9 +97,10 @@ impl Store for SqlStore {
         &self,
         workflow: Option<&str>,
         state: Option<RunState>,
+        before: Option<RunId>,
         limit: u32,
     ) -> Result<Vec<RunRecord>> {
-        runs::list_runs(self, workflow, state, limit).await
+        runs::list_runs(self, workflow, state, before, limit).await
     }
 
     async fn run_counts(&self, id: RunId) -> Result<InstanceCounts> {

@@ -19,7 +19,7 @@ async fn succeed_once(s: &dyn Store, wf: &WorkflowRecord) -> RunRecord {
 }
 
 async fn runs_of(s: &dyn Store, workflow: &str) -> Vec<RunRecord> {
-    s.list_runs(Some(workflow), None, 100).await.unwrap()
+    s.list_runs(Some(workflow), None, None, 100).await.unwrap()
 }
 
 async fn kinds(s: &dyn Store, wf: &WorkflowRecord) -> Vec<(DecisionKind, String)> {

@@ -1,0 +1,135 @@
+//! The web UI in a real browser: Debian's chromium, driven by playwright-core from
+//! `integration-tests/browser/ui.test.mjs`, against a real scheduler and worker on a fresh
+//! store (SQLite always, MySQL when `AX_TEST_MYSQL_URL` is set). This test applies the
+//! fixtures and runs the suite; the checks are in the suite. Each check leaves a screenshot in
+//! `target/ui-screenshots/<backend>/`.
+//!
+//! Needs `node`, `npm ci` in `integration-tests/browser` and chromium (`AX_CHROMIUM`, default
+//! `/usr/bin/chromium`); `.ci/run` installs them. Without them the test says so and passes,
+//! except under `CI=true`, where a missing tool is a failure.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use ax_integration_tests::{Backend, Cluster};
+
+ax_integration_tests::on_every_backend!(the_web_ui_passes_its_browser_checks);
+
+/// The suite's own checks have their own time limits; this only catches a hang.
+const SUITE_GUARD: Duration = Duration::from_secs(600);
+
+fn browser_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("browser")
+}
+
+/// chromium and the suite's node modules, or why they are missing.
+fn tools() -> Result<PathBuf, String> {
+    let chromium = PathBuf::from(
+        std::env::var("AX_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".to_string()),
+    );
+    if !chromium.exists() {
+        return Err(format!("no chromium at {}", chromium.display()));
+    }
+    if Command::new("node").arg("--version").output().is_err() {
+        return Err("no node on PATH".into());
+    }
+    if !browser_dir().join("node_modules/playwright-core").exists() {
+        return Err(format!(
+            "no playwright-core: run `npm ci` in {}",
+            browser_dir().display()
+        ));
+    }
+    Ok(chromium)
+}
+
+/// A workflow of `tasks` tasks in layers of 40, each depending on two of the layer before.
+fn wide_workflow(name: &str, tasks: usize) -> String {
+    let mut yaml = format!("name: {name}\napp: ui\ntasks:\n");
+    for i in 0..tasks {
+        yaml.push_str(&format!("  - name: t{i}\n    command: \"true\"\n"));
+        if i >= 40 {
+            let second = i - 40 + (i % 7).max(1);
+            yaml.push_str(&format!("    upstream: [t{}, t{second}]\n", i - 40));
+        }
+    }
+    yaml
+}
+
+async fn the_web_ui_passes_its_browser_checks(backend: Backend) {
+    let chromium = match tools() {
+        Ok(chromium) => chromium,
+        Err(missing) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("the browser suite cannot run under CI: {missing}")
+        }
+        Err(missing) => {
+            eprintln!("skipping the browser suite: {missing}");
+            return;
+        }
+    };
+    let Some(cluster) = Cluster::builder(backend)
+        .worker("ui-worker", 8)
+        // The big-log fixture prints one 1 MiB line, kept whole.
+        .max_line_bytes(2 << 20)
+        .start()
+        .await
+        .expect("cluster")
+    else {
+        return;
+    };
+    let client = cluster.client().await.expect("client");
+    let fixtures = browser_dir().join("fixtures");
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&fixtures)
+        .expect("fixtures")
+        .map(|entry| entry.expect("entry").path())
+        .collect();
+    names.sort();
+    for path in names {
+        let source = std::fs::read_to_string(&path).expect("fixture");
+        client
+            .apply(&source)
+            .await
+            .unwrap_or_else(|err| panic!("{}: {err:#}", path.display()));
+    }
+    client
+        .apply(&wide_workflow("ui-big", 2_000))
+        .await
+        .expect("ui-big");
+
+    let label = match backend {
+        Backend::Sqlite => "sqlite",
+        Backend::MySql => "mysql",
+    };
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/ui-screenshots")
+        .join(label);
+    std::fs::create_dir_all(&shots).expect("screenshot dir");
+    let base = format!("http://{}", cluster.addr);
+    let suite = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .args(["--test", "--test-reporter=spec", "ui.test.mjs"])
+            .current_dir(browser_dir())
+            .env("AX_UI_URL", &base)
+            .env("AX_UI_SHOTS", &shots)
+            .env("AX_CHROMIUM", &chromium)
+            .output()
+    });
+    let output = tokio::time::timeout(SUITE_GUARD, suite)
+        .await
+        .expect("the browser suite hung")
+        .expect("join")
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stdout}\n{stderr}");
+    assert!(
+        output.status.success(),
+        "the browser suite failed on {label}:\n{stdout}\n{stderr}"
+    );
+    // The suite ran its checks (a suite that found no test would pass silently).
+    let passed = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("ℹ pass "))
+        .and_then(|count| count.trim().parse::<u32>().ok());
+    assert!(passed.is_some_and(|n| n >= 11), "{stdout}");
+}

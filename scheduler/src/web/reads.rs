@@ -1,0 +1,328 @@
+//! The API's reads: each parses its query, calls the `ControlService` handler and answers its
+//! message.
+
+use ax_core::render::{self, Graph};
+use ax_core::task_status::TaskStatus;
+use ax_proto::v1 as pb;
+use ax_proto::v1::control_service_server::ControlService;
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::{Api, BadParam, Peer, answer, id_of, number, status_error};
+
+#[derive(Deserialize)]
+pub(super) struct WorkflowsQuery {
+    #[serde(default)]
+    app: String,
+    recent: Option<String>,
+}
+
+pub(super) async fn list_workflows(
+    State(api): State<Api>,
+    peer: Peer,
+    Query(query): Query<WorkflowsQuery>,
+) -> Response {
+    let recent_runs = match number::<u32>("recent", query.recent.as_deref()) {
+        Ok(recent) => recent,
+        Err(bad) => return bad.into_response(),
+    };
+    let request = pb::ListWorkflowsRequest {
+        app: query.app,
+        recent_runs,
+    };
+    answer(api.list_workflows(peer.request(request)).await)
+}
+
+pub(super) async fn get_workflow(
+    State(api): State<Api>,
+    peer: Peer,
+    Path(name): Path<String>,
+) -> Response {
+    let request = pb::GetWorkflowRequest { name };
+    answer(api.get_workflow(peer.request(request)).await)
+}
+
+#[derive(Deserialize)]
+pub(super) struct RunsQuery {
+    #[serde(default)]
+    workflow: String,
+    limit: Option<String>,
+    state: Option<String>,
+    before: Option<String>,
+}
+
+pub(super) async fn list_runs(
+    State(api): State<Api>,
+    peer: Peer,
+    Query(query): Query<RunsQuery>,
+) -> Response {
+    let parsed = (|| {
+        let limit = number::<u32>("limit", query.limit.as_deref())?;
+        let before_id = number::<i64>("before", query.before.as_deref())?;
+        let state = match query.state.as_deref() {
+            None | Some("") => pb::RunState::Unspecified,
+            Some(name) => {
+                let full = format!("RUN_STATE_{}", name.to_ascii_uppercase());
+                pb::RunState::from_str_name(&full)
+                    .ok_or_else(|| BadParam(format!("state: unknown run state {name:?}")))?
+            }
+        };
+        Ok::<_, BadParam>((limit, before_id, state))
+    })();
+    let (limit, before_id, state) = match parsed {
+        Ok(parsed) => parsed,
+        Err(bad) => return bad.into_response(),
+    };
+    let request = pb::ListRunsRequest {
+        workflow: query.workflow,
+        limit,
+        state: state as i32,
+        before_id,
+    };
+    answer(api.list_runs(peer.request(request)).await)
+}
+
+pub(super) async fn get_run(
+    State(api): State<Api>,
+    peer: Peer,
+    Path(id): Path<String>,
+) -> Response {
+    match id_of("id", &id) {
+        Ok(id) => answer(api.get_run(peer.request(pb::GetRunRequest { id })).await),
+        Err(bad) => bad.into_response(),
+    }
+}
+
+pub(super) async fn list_instances(
+    State(api): State<Api>,
+    peer: Peer,
+    Path(id): Path<String>,
+) -> Response {
+    match id_of("id", &id) {
+        Ok(run_id) => {
+            let request = pb::ListInstancesRequest { run_id };
+            answer(api.list_instances(peer.request(request)).await)
+        }
+        Err(bad) => bad.into_response(),
+    }
+}
+
+pub(super) async fn get_instance(
+    State(api): State<Api>,
+    peer: Peer,
+    Path(id): Path<String>,
+) -> Response {
+    match id_of("id", &id) {
+        Ok(id) => {
+            let request = pb::GetInstanceRequest { id };
+            answer(api.get_instance(peer.request(request)).await)
+        }
+        Err(bad) => bad.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct DagQuery {
+    version: Option<String>,
+    run: Option<String>,
+    layout: Option<String>,
+    format: Option<String>,
+}
+
+impl DagQuery {
+    fn request(&self, workflow: String) -> Result<pb::GetDagRequest, BadParam> {
+        let layout = match self.layout.as_deref() {
+            None | Some("") | Some("0") | Some("false") => false,
+            Some("1") | Some("true") => true,
+            Some(other) => {
+                return Err(BadParam(format!("layout: {other:?} is not true or false")));
+            }
+        };
+        Ok(pb::GetDagRequest {
+            workflow,
+            version: number("version", self.version.as_deref())?,
+            run_id: number("run", self.run.as_deref())?,
+            layout,
+        })
+    }
+}
+
+pub(super) async fn get_dag(
+    State(api): State<Api>,
+    peer: Peer,
+    Path(workflow): Path<String>,
+    Query(query): Query<DagQuery>,
+) -> Response {
+    match query.request(workflow) {
+        Ok(request) => answer(api.get_dag(peer.request(request)).await),
+        Err(bad) => bad.into_response(),
+    }
+}
+
+/// The whole graph as a file: `dot`, `mermaid`, `json` or `svg` (laid out as the page draws it).
+pub(super) async fn export_dag(
+    State(api): State<Api>,
+    peer: Peer,
+    Path(workflow): Path<String>,
+    Query(query): Query<DagQuery>,
+) -> Response {
+    let format = query.format.clone().unwrap_or_default();
+    let (extension, content_type) = match format.as_str() {
+        "dot" => ("dot", "text/vnd.graphviz; charset=utf-8"),
+        "mermaid" => ("mmd", "text/plain; charset=utf-8"),
+        "json" => ("json", "application/json"),
+        "svg" => ("svg", "image/svg+xml"),
+        other => {
+            return BadParam(format!(
+                "format: {other:?} is not one of dot, mermaid, json, svg"
+            ))
+            .into_response();
+        }
+    };
+    let mut request = match query.request(workflow) {
+        Ok(request) => request,
+        Err(bad) => return bad.into_response(),
+    };
+    request.layout = format == "svg";
+    let dag = match api.get_dag(peer.request(request)).await {
+        Ok(dag) => dag.into_inner(),
+        Err(status) => return status_error(&status),
+    };
+    let graph = graph_of(&dag);
+    let body = match format.as_str() {
+        "dot" => render::dot(&graph),
+        "mermaid" => render::mermaid(&graph),
+        "json" => render::json(&graph),
+        _ => match dag
+            .layout
+            .as_ref()
+            .filter(|layout| layout.omitted.is_empty())
+        {
+            Some(extent) => render::svg(&graph, &layout_of(&dag, extent)),
+            None => {
+                let why = dag.layout.map(|layout| layout.omitted).unwrap_or_default();
+                return BadParam(format!("format: svg is not available: {why}")).into_response();
+            }
+        },
+    };
+    let mut file = format!("{}-v{}", dag.workflow, dag.version);
+    if dag.run_id != 0 {
+        file.push_str(&format!("-run{}", dag.run_id));
+    }
+    let file: String = file
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    (
+        [
+            (header::CONTENT_TYPE, content_type.to_string()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{file}.{extension}\""),
+            ),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// The API's graph as the renderers take it.
+fn graph_of(dag: &pb::Dag) -> Graph {
+    let tasks: Vec<(String, Vec<String>)> = dag
+        .nodes
+        .iter()
+        .map(|node| (node.task.clone(), node.upstream.clone()))
+        .collect();
+    let mut graph = Graph::from_upstreams(&dag.workflow, dag.version, &tasks);
+    if dag.run_id != 0 {
+        graph.run_id = Some(dag.run_id);
+        for (node, from) in graph.nodes.iter_mut().zip(&dag.nodes) {
+            node.state = TaskStatus::parse_label(&from.state);
+            node.instance_id = (from.instance_id != 0).then_some(from.instance_id);
+        }
+    }
+    graph
+}
+
+fn layout_of(dag: &pb::Dag, extent: &pb::DagLayout) -> ax_core::layout::Layout {
+    ax_core::layout::Layout {
+        nodes: dag
+            .nodes
+            .iter()
+            .map(|node| ax_core::layout::Placed {
+                x: node.x,
+                y: node.y,
+                layer: node.layer,
+            })
+            .collect(),
+        width: extent.width,
+        height: extent.height,
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct WhyQuery {
+    at: Option<String>,
+}
+
+pub(super) async fn explain_workflow(
+    State(api): State<Api>,
+    peer: Peer,
+    Path(name): Path<String>,
+    Query(query): Query<WhyQuery>,
+) -> Response {
+    let at_ms = match number::<i64>("at", query.at.as_deref()) {
+        Ok(at) => at,
+        Err(bad) => return bad.into_response(),
+    };
+    let request = pb::ExplainWorkflowRequest { name, at_ms };
+    answer(api.explain_workflow(peer.request(request)).await)
+}
+
+pub(super) async fn list_workers(State(api): State<Api>, peer: Peer) -> Response {
+    answer(
+        api.list_workers(peer.request(pb::ListWorkersRequest {}))
+            .await,
+    )
+}
+
+pub(super) async fn list_nodes(State(api): State<Api>, peer: Peer) -> Response {
+    answer(api.list_nodes(peer.request(pb::ListNodesRequest {})).await)
+}
+
+#[derive(Deserialize)]
+pub(super) struct AuditQuery {
+    limit: Option<String>,
+    #[serde(default)]
+    action: String,
+    #[serde(default)]
+    target: String,
+    #[serde(default)]
+    actor: String,
+}
+
+pub(super) async fn list_audit(
+    State(api): State<Api>,
+    peer: Peer,
+    Query(query): Query<AuditQuery>,
+) -> Response {
+    let limit = match number::<u32>("limit", query.limit.as_deref()) {
+        Ok(limit) => limit,
+        Err(bad) => return bad.into_response(),
+    };
+    let request = pb::ListAuditRequest {
+        limit,
+        action: query.action,
+        target: query.target,
+        actor: query.actor,
+    };
+    answer(api.list_audit(peer.request(request)).await)
+}

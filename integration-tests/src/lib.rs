@@ -8,6 +8,7 @@ pub mod process;
 pub mod proto_worker;
 pub mod proxy;
 pub mod redis_server;
+pub mod workflows;
 
 pub mod bench;
 

@@ -17,6 +17,8 @@ ax_integration_tests::on_every_backend!(
     the_api_answers_with_the_control_service_messages_as_json,
     a_bad_request_or_an_unknown_id_is_named_in_the_answer,
     any_other_path_is_the_page,
+    event_streams_resume_after_the_last_event_id,
+    an_action_takes_a_json_body_and_names_what_is_wrong,
 );
 
 async fn started(backend: Backend) -> Option<(Cluster, TestClient, String)> {
@@ -179,5 +181,209 @@ async fn any_other_path_is_the_page(backend: Backend) {
         let body = response.text().await.expect("body");
         assert!(body.contains("/api/v1/workflows"), "{path}: not the page");
     }
+    cluster.shutdown().await.expect("shutdown");
+}
+
+/// The events of a Server-Sent Events body that ended: (event, id, data).
+fn events(body: &str) -> Vec<(String, String, String)> {
+    body.split("\n\n")
+        .filter(|block| !block.trim().is_empty())
+        .map(|block| {
+            let field = |name: &str| {
+                block
+                    .lines()
+                    .filter_map(|line| line.strip_prefix(name))
+                    .map(|value| value.trim_start().to_string())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            };
+            (field("event:"), field("id:"), field("data:"))
+        })
+        .collect()
+}
+
+async fn sse(url: &str, last_event_id: Option<&str>) -> Vec<(String, String, String)> {
+    let mut request = reqwest::Client::new().get(url);
+    if let Some(id) = last_event_id {
+        request = request.header("Last-Event-ID", id);
+    }
+    let response = tokio::time::timeout(TIMEOUT, request.send())
+        .await
+        .expect("an answer in time")
+        .expect("an answer");
+    assert_eq!(response.status(), StatusCode::OK, "{url}");
+    let body = tokio::time::timeout(TIMEOUT, response.text())
+        .await
+        .expect("the stream ends")
+        .expect("a body");
+    events(&body)
+}
+
+async fn event_streams_resume_after_the_last_event_id(backend: Backend) {
+    let Some((cluster, client, base)) = started(backend).await else {
+        return;
+    };
+    client
+        .apply("name: three\ntasks:\n  - name: say\n    command: printf 'one\\ntwo\\nthree\\n'\n")
+        .await
+        .expect("apply");
+    let run = client.trigger_run("three").await.expect("trigger");
+    client
+        .wait_run_within(run.id, TIMEOUT)
+        .await
+        .expect("run ends");
+    let instance = client.instances(run.id).await.expect("instances").remove(0);
+
+    // A tail of an ended attempt sends its lines, then `end`; after line 2, only line 3.
+    let tail = format!("{base}/api/v1/instances/{}/logs/tail", instance.id);
+    let all = sse(&tail, None).await;
+    assert_eq!(all.last().map(|e| e.0.as_str()), Some("end"), "{all:?}");
+    let texts: Vec<String> = all
+        .iter()
+        .filter(|(event, _, _)| event == "lines")
+        .flat_map(|(_, _, data)| {
+            let chunk: Value = serde_json::from_str(data).expect("a LogChunk");
+            chunk["lines"]
+                .as_array()
+                .expect("lines")
+                .iter()
+                .map(|line| line["text"].as_str().unwrap_or_default().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(texts, ["one", "two", "three"], "{all:?}");
+    let resumed = sse(&tail, Some("2")).await;
+    assert_eq!(resumed.len(), 2, "{resumed:?}");
+    assert_eq!(resumed[0].0, "lines");
+    assert_eq!(
+        resumed[0].1, "3",
+        "the id of a lines event is its last line"
+    );
+    assert!(resumed[0].2.contains("three") && !resumed[0].2.contains("two"));
+
+    // A run's stream sends its state, then `end`; with that state's id, only `end`.
+    let url = format!("{base}/api/v1/runs/{}/events", run.id);
+    let first = sse(&url, None).await;
+    let kinds: Vec<&str> = first.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(kinds, ["run", "end"], "{first:?}");
+    let snapshot: Value = serde_json::from_str(&first[0].2).expect("a snapshot");
+    assert_eq!(snapshot["run"]["state"], "RUN_STATE_SUCCESS");
+    assert_eq!(snapshot["instances"]["tasks"][0]["status"], "success");
+    let again = sse(&url, Some(&first[0].1)).await;
+    let kinds: Vec<&str> = again.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(kinds, ["end"], "{again:?}");
+    let unknown = reqwest::get(format!("{base}/api/v1/runs/424242/events"))
+        .await
+        .expect("answer");
+    assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
+    cluster.shutdown().await.expect("shutdown");
+}
+
+async fn an_action_takes_a_json_body_and_names_what_is_wrong(backend: Backend) {
+    let Some((cluster, client, base)) = started(backend).await else {
+        return;
+    };
+    client
+        .apply("name: acted\ntasks:\n  - name: a\n    command: \"true\"\n")
+        .await
+        .expect("apply");
+    let http = reqwest::Client::new();
+    let post = |path: &str, kind: &str, body: &str| {
+        http.post(format!("{base}{path}"))
+            .header("content-type", kind)
+            .body(body.to_string())
+            .send()
+    };
+    let cases = [
+        (
+            "/api/v1/workflows/acted/trigger",
+            "text/plain",
+            "{}",
+            StatusCode::BAD_REQUEST,
+            "Content-Type",
+        ),
+        (
+            "/api/v1/workflows/acted/trigger",
+            "application/json",
+            "{\"parms\": {}}",
+            StatusCode::BAD_REQUEST,
+            "parms",
+        ),
+        (
+            "/api/v1/workflows/acted/trigger",
+            "application/json",
+            "[1]",
+            StatusCode::BAD_REQUEST,
+            "object",
+        ),
+        (
+            "/api/v1/workflows/nope/trigger",
+            "application/json",
+            "",
+            StatusCode::NOT_FOUND,
+            "nope",
+        ),
+        (
+            "/api/v1/runs/abc/cancel",
+            "application/json",
+            "{}",
+            StatusCode::BAD_REQUEST,
+            "id",
+        ),
+        (
+            "/api/v1/runs/424242/cancel",
+            "application/json",
+            "{}",
+            StatusCode::NOT_FOUND,
+            "424242",
+        ),
+    ];
+    for (path, kind, body, expected, named) in cases {
+        let response = post(path, kind, body).await.expect("answer");
+        let status = response.status();
+        let answer: Value = response.json().await.expect("a JSON error");
+        assert_eq!(status, expected, "{path} {body}: {answer}");
+        let message = answer["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(named),
+            "{path} {body}: {message:?} does not name {named:?}"
+        );
+    }
+    // No run was made by the refused triggers; an accepted one is audited as the web's, with
+    // the caller's address.
+    let runs: Value = reqwest::get(format!("{base}/api/v1/runs?workflow=acted"))
+        .await
+        .expect("answer")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(runs["runs"].as_array().map(Vec::len), Some(0), "{runs}");
+    let response = post(
+        "/api/v1/workflows/acted/trigger",
+        "application/json",
+        "{\"params\": {\"day\": \"monday\"}, \"idempotencyKey\": \"k1\"}",
+    )
+    .await
+    .expect("answer");
+    assert_eq!(response.status(), StatusCode::OK);
+    let triggered: Value = response.json().await.expect("json");
+    assert_eq!(triggered["created"], true, "{triggered}");
+    assert_eq!(triggered["run"]["params"]["day"], "monday", "{triggered}");
+    let (_, audit) = get_json(&format!("{base}/api/v1/audit?action=trigger&actor=web")).await;
+    let entry = &audit["entries"][0];
+    assert!(
+        entry["target"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("acted"),
+        "{audit}"
+    );
+    assert!(
+        entry["remote"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("127.0.0.1:"),
+        "{audit}"
+    );
     cluster.shutdown().await.expect("shutdown");
 }

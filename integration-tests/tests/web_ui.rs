@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use ax_integration_tests::workflows::layered;
 use ax_integration_tests::{Backend, Cluster};
 
 ax_integration_tests::on_every_backend!(the_web_ui_passes_its_browser_checks);
@@ -41,19 +42,6 @@ fn tools() -> Result<PathBuf, String> {
         ));
     }
     Ok(chromium)
-}
-
-/// A workflow of `tasks` tasks in layers of 40, each depending on two of the layer before.
-fn wide_workflow(name: &str, tasks: usize) -> String {
-    let mut yaml = format!("name: {name}\napp: ui\ntasks:\n");
-    for i in 0..tasks {
-        yaml.push_str(&format!("  - name: t{i}\n    command: \"true\"\n"));
-        if i >= 40 {
-            let second = i - 40 + (i % 7).max(1);
-            yaml.push_str(&format!("    upstream: [t{}, t{second}]\n", i - 40));
-        }
-    }
-    yaml
 }
 
 async fn the_web_ui_passes_its_browser_checks(backend: Backend) {
@@ -92,7 +80,7 @@ async fn the_web_ui_passes_its_browser_checks(backend: Backend) {
             .unwrap_or_else(|err| panic!("{}: {err:#}", path.display()));
     }
     client
-        .apply(&wide_workflow("ui-big", 2_000))
+        .apply(&layered("ui-big", 50, 40))
         .await
         .expect("ui-big");
 

@@ -25,21 +25,8 @@ impl DagLayouts {
         if let Some(laid) = self.lock().get(&key) {
             return laid.clone();
         }
-        // States do not move boxes: the layout is of the bare graph.
-        let bare = Graph {
-            run_id: None,
-            nodes: graph
-                .nodes
-                .iter()
-                .map(|node| ax_core::render::GraphNode {
-                    state: None,
-                    instance_id: None,
-                    ..node.clone()
-                })
-                .collect(),
-            ..graph.clone()
-        };
-        let laid = match tokio::task::spawn_blocking(move || layout::layout(&bare)).await {
+        let (tasks, edges) = (graph.nodes.len(), graph.edges.clone());
+        let laid = match tokio::task::spawn_blocking(move || layout::layout(tasks, &edges)).await {
             Ok(result) => Arc::new(result),
             // The layout panicked: say so once in the log, and draw nothing rather than fail
             // the page.

@@ -11,8 +11,6 @@ use std::collections::BTreeMap;
 
 use rust_sugiyama::configure::{Config, RankingType};
 
-use crate::render::Graph;
-
 /// A task's box, in layout units (pixels at 100%).
 pub const NODE_WIDTH: f64 = 200.0;
 pub const NODE_HEIGHT: f64 = 44.0;
@@ -55,8 +53,9 @@ fn column_x(layer: u32) -> f64 {
     f64::from(layer) * (NODE_WIDTH + LAYER_GAP) + NODE_WIDTH / 2.0
 }
 
-pub fn layout(graph: &Graph) -> Result<Layout, Omitted> {
-    let count = graph.nodes.len();
+/// The layout of a graph of `count` tasks (numbered in file order) and its (upstream,
+/// downstream) `edges`; task states do not move boxes.
+pub fn layout(count: usize, edges: &[(usize, usize)]) -> Result<Layout, Omitted> {
     if count > MAX_TASKS {
         return Err(Omitted::TooLarge {
             tasks: count,
@@ -64,17 +63,17 @@ pub fn layout(graph: &Graph) -> Result<Layout, Omitted> {
         });
     }
     let mut has_edge = vec![false; count];
-    let mut edges: Vec<(u32, u32)> = Vec::new();
-    for &(u, d) in &graph.edges {
+    let mut kept: Vec<(u32, u32)> = Vec::new();
+    for &(u, d) in edges {
         if u == d || u >= count || d >= count {
             continue;
         }
         has_edge[u] = true;
         has_edge[d] = true;
-        edges.push((u as u32, d as u32));
+        kept.push((u as u32, d as u32));
     }
-    edges.sort_unstable();
-    edges.dedup();
+    kept.sort_unstable();
+    kept.dedup();
 
     // The library lays layers out top to bottom; ours run left to right, so a box's height is
     // its width across a layer.
@@ -93,7 +92,7 @@ pub fn layout(graph: &Graph) -> Result<Layout, Omitted> {
     let mut parts: Vec<Vec<(usize, (f64, f64))>> = if vertices.is_empty() {
         Vec::new()
     } else {
-        rust_sugiyama::from_vertices_and_edges(&vertices, &edges, &config)
+        rust_sugiyama::from_vertices_and_edges(&vertices, &kept, &config)
             .into_iter()
             .map(|(part, _, _)| part)
             .collect()
@@ -199,6 +198,11 @@ fn place_part(part: &[(usize, (f64, f64))]) -> Vec<(usize, (u32, f64))> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::render::Graph;
+
+    fn layout(graph: &Graph) -> Result<Layout, Omitted> {
+        super::layout(graph.nodes.len(), &graph.edges)
+    }
 
     fn graph(tasks: &[(&str, &[&str])]) -> Graph {
         let tasks: Vec<(String, Vec<String>)> = tasks

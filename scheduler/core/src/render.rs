@@ -666,7 +666,7 @@ mod tests {
                 shard_of: None,
             }],
         );
-        let layout = crate::layout::layout(&graph).unwrap();
+        let layout = crate::layout::layout(graph.nodes.len(), &graph.edges).unwrap();
         let svg = svg(&graph, &layout);
         assert!(
             svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""),

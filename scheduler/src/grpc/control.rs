@@ -50,6 +50,15 @@ impl ControlApi {
         ControlApi { node }
     }
 
+    /// The graph and layout `GetDag` answers with, for renderings the API does not carry (the
+    /// web UI's exports).
+    pub async fn dag(
+        &self,
+        request: &pb::GetDagRequest,
+    ) -> Result<(ax_core::render::Graph, Option<crate::dag_layouts::Laid>), Status> {
+        super::views::dag(&self.node, request).await
+    }
+
     /// Changes whenever runs, instances or logs change on this node.
     pub fn watch_progress(&self) -> tokio::sync::watch::Receiver<u64> {
         self.node.watch_progress()

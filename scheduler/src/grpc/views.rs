@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use ax_core::Millis;
 use ax_core::cron::{CronSchedule, parse_timezone};
 use ax_core::ids::RunId;
+use ax_core::layout::{Layout, Omitted};
 use ax_core::render::{Graph, RunInstance};
 use ax_core::spec::TriggerKind;
 use ax_core::state::InstanceState;
@@ -18,6 +19,7 @@ use tonic::Status;
 
 use super::convert::{self, store_status};
 use crate::clock::now_ms;
+use crate::dag_layouts::Laid;
 use crate::node::Node;
 
 /// Decisions are read from an hour before the time asked about (or its cron slot, if earlier)
@@ -58,6 +60,15 @@ async fn run_of(node: &Node, workflow: &WorkflowRecord, id: i64) -> Result<RunRe
 }
 
 pub async fn get_dag(node: &Node, request: pb::GetDagRequest) -> Result<pb::Dag, Status> {
+    let (graph, laid) = dag(node, &request).await?;
+    Ok(dag_message(&graph, laid.as_deref()))
+}
+
+/// The graph `GetDag` answers with, and its layout when asked for.
+pub async fn dag(
+    node: &Node,
+    request: &pb::GetDagRequest,
+) -> Result<(Graph, Option<Laid>), Status> {
     let latest = workflow_named(node, &request.workflow).await?;
     let run = match request.run_id {
         0 => None,
@@ -106,6 +117,15 @@ pub async fn get_dag(node: &Node, request: pb::GetDagRequest) -> Result<pb::Dag,
             .collect();
         graph.apply_run(run.id.0, &instances);
     }
+    let laid = if request.layout {
+        Some(node.dag_layouts.of(record.id, record.version, &graph).await)
+    } else {
+        None
+    };
+    Ok((graph, laid))
+}
+
+fn dag_message(graph: &Graph, laid: Option<&Result<Layout, Omitted>>) -> pb::Dag {
     let mut upstream: Vec<Vec<String>> = vec![Vec::new(); graph.nodes.len()];
     let mut has_edge = vec![false; graph.nodes.len()];
     for &(u, d) in &graph.edges {
@@ -113,16 +133,11 @@ pub async fn get_dag(node: &Node, request: pb::GetDagRequest) -> Result<pb::Dag,
         has_edge[u] = true;
         has_edge[d] = true;
     }
-    let laid = if request.layout {
-        Some(node.dag_layouts.of(record.id, record.version, &graph).await)
-    } else {
-        None
-    };
-    let placed = |i: usize| match laid.as_deref() {
+    let placed = |i: usize| match laid {
         Some(Ok(layout)) => layout.nodes.get(i).copied(),
         _ => None,
     };
-    Ok(pb::Dag {
+    pb::Dag {
         workflow: graph.workflow.clone(),
         version: graph.version,
         run_id: graph.run_id.unwrap_or(0),
@@ -156,7 +171,7 @@ pub async fn get_dag(node: &Node, request: pb::GetDagRequest) -> Result<pb::Dag,
                 to: graph.nodes[d].task.clone(),
             })
             .collect(),
-        layout: laid.map(|laid| match laid.as_ref() {
+        layout: laid.map(|laid| match laid {
             Ok(layout) => pb::DagLayout {
                 width: layout.width,
                 height: layout.height,
@@ -169,7 +184,7 @@ pub async fn get_dag(node: &Node, request: pb::GetDagRequest) -> Result<pb::Dag,
                 ..pb::DagLayout::default()
             },
         }),
-    })
+    }
 }
 
 /// The workers this node knows: the store's rows (other nodes' workers), overridden by this

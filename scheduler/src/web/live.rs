@@ -3,9 +3,10 @@
 //! differ from what the browser last saw; `end` follows the run's end.
 //!
 //! An event's id is a digest of what it carries. A browser that reconnects sends it back as
-//! `Last-Event-ID` and hears nothing until the run changes from that. A stream costs the node
-//! two reads per change it shows, at most four a second, and nothing once the run has ended or
-//! the page is closed; the page closes it while hidden.
+//! `Last-Event-ID` and hears nothing until the run changes from that. A stream reads the run
+//! (`GetRun` and `ListInstances`) at most four times a second while it changes, once a second
+//! while it does not, and not at all once the run has ended or the page is closed; the page
+//! closes it while hidden.
 
 use std::collections::hash_map::DefaultHasher;
 use std::convert::Infallible;

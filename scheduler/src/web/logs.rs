@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 
-use super::{Api, BadParam, Peer, id_of, number, status_error};
+use super::{Api, BadParam, Peer, attachment, id_of, number, status_error};
 
 /// Lines per page when the request names no limit, and the most a page may ask for.
 const DEFAULT_PAGE: u32 = 1_000;
@@ -84,13 +84,14 @@ pub(super) async fn page(
     axum::Json(page).into_response()
 }
 
-/// The instance and the attempt a request names (0 = its current one).
-async fn instance_and_attempt(
+/// The instance a request names, and a `GetLogs` request for the attempt it names (0 = the
+/// current one) from its first line.
+async fn attempt_logs(
     api: &Api,
     peer: &Peer,
     id: &str,
     attempt: Option<&str>,
-) -> Result<(pb::Instance, u32), Response> {
+) -> Result<(pb::Instance, pb::GetLogsRequest), Response> {
     let (id, attempt) = match (id_of("id", id), number::<u32>("attempt", attempt)) {
         (Ok(id), Ok(attempt)) => (id, attempt),
         (Err(bad), _) | (_, Err(bad)) => return Err(bad.into_response()),
@@ -100,12 +101,16 @@ async fn instance_and_attempt(
         .await
         .map_err(|status| status_error(&status))?
         .into_inner();
-    let attempt = if attempt == 0 {
-        instance.attempt
-    } else {
-        attempt
+    let request = pb::GetLogsRequest {
+        instance_id: instance.id,
+        attempt: if attempt == 0 {
+            instance.attempt
+        } else {
+            attempt
+        },
+        ..Default::default()
     };
-    Ok((instance, attempt))
+    Ok((instance, request))
 }
 
 #[derive(Deserialize)]
@@ -122,16 +127,11 @@ pub(super) async fn download(
     Path(id): Path<String>,
     Query(query): Query<DownloadQuery>,
 ) -> Response {
-    let (instance, attempt) =
-        match instance_and_attempt(&api, &peer, &id, query.attempt.as_deref()).await {
-            Ok(found) => found,
-            Err(response) => return response,
-        };
-    let request = pb::GetLogsRequest {
-        instance_id: instance.id,
-        attempt,
-        ..Default::default()
+    let (instance, request) = match attempt_logs(&api, &peer, &id, query.attempt.as_deref()).await {
+        Ok(found) => found,
+        Err(response) => return response,
     };
+    let attempt = request.attempt;
     let chunks = match api.get_logs(peer.request(request)).await {
         Ok(stream) => stream.into_inner(),
         Err(status) => return status_error(&status),
@@ -149,29 +149,17 @@ pub(super) async fn download(
             })
             .map_err(|status| std::io::Error::other(status.message().to_string()))
     });
-    let file: String = format!(
+    let file = format!(
         "{}-{}-run{}-attempt{attempt}.log",
         instance.workflow, instance.task, instance.run_id
-    )
-    .chars()
-    .map(|c| {
-        if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-            c
-        } else {
-            '_'
-        }
-    })
-    .collect();
+    );
     (
         [
             (
                 header::CONTENT_TYPE,
                 "text/plain; charset=utf-8".to_string(),
             ),
-            (
-                header::CONTENT_DISPOSITION,
-                format!("attachment; filename=\"{file}\""),
-            ),
+            (header::CONTENT_DISPOSITION, attachment(&file)),
         ],
         Body::from_stream(body),
     )
@@ -206,18 +194,12 @@ pub(super) async fn tail(
         Ok(after) => after,
         Err(bad) => return bad.into_response(),
     };
-    let (instance, attempt) =
-        match instance_and_attempt(&api, &peer, &id, query.attempt.as_deref()).await {
-            Ok(found) => found,
-            Err(response) => return response,
-        };
-    let request = pb::GetLogsRequest {
-        instance_id: instance.id,
-        attempt,
-        follow: true,
-        after_seq: after,
-        ..Default::default()
+    let (_, mut request) = match attempt_logs(&api, &peer, &id, query.attempt.as_deref()).await {
+        Ok(found) => found,
+        Err(response) => return response,
     };
+    request.follow = true;
+    request.after_seq = after;
     let chunks = match api.get_logs(peer.request(request)).await {
         Ok(stream) => stream.into_inner(),
         Err(status) => return status_error(&status),

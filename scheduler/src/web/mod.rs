@@ -137,6 +137,22 @@ fn id_of(field: &str, text: &str) -> Result<i64, BadParam> {
         .map_err(|_| BadParam(format!("{field}: {text:?} is not an id")))
 }
 
+/// A `Content-Disposition` that saves the answer as `file`, with every character a file system
+/// or a header could misread replaced by `_`.
+fn attachment(file: &str) -> String {
+    let file: String = file
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("attachment; filename=\"{file}\"")
+}
+
 /// Where a request came from (the TCP peer), carried into the handler's request so the audit
 /// trail names it as it does for gRPC calls.
 #[derive(Clone, Default)]

@@ -1,8 +1,7 @@
 //! The API's reads: each parses its query, calls the `ControlService` handler and answers its
 //! message.
 
-use ax_core::render::{self, Graph};
-use ax_core::task_status::TaskStatus;
+use ax_core::render;
 use ax_proto::v1 as pb;
 use ax_proto::v1::control_service_server::ControlService;
 use axum::extract::{Path, Query, State};
@@ -10,7 +9,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::{Api, BadParam, Peer, answer, id_of, number, status_error};
+use super::{Api, BadParam, Peer, answer, attachment, id_of, number, status_error};
 
 #[derive(Deserialize)]
 pub(super) struct WorkflowsQuery {
@@ -164,7 +163,6 @@ pub(super) async fn get_dag(
 /// The whole graph as a file: `dot`, `mermaid`, `json` or `svg` (laid out as the page draws it).
 pub(super) async fn export_dag(
     State(api): State<Api>,
-    peer: Peer,
     Path(workflow): Path<String>,
     Query(query): Query<DagQuery>,
 ) -> Response {
@@ -186,86 +184,38 @@ pub(super) async fn export_dag(
         Err(bad) => return bad.into_response(),
     };
     request.layout = format == "svg";
-    let dag = match api.get_dag(peer.request(request)).await {
-        Ok(dag) => dag.into_inner(),
+    let (graph, laid) = match api.dag(&request).await {
+        Ok(found) => found,
         Err(status) => return status_error(&status),
     };
-    let graph = graph_of(&dag);
     let body = match format.as_str() {
         "dot" => render::dot(&graph),
         "mermaid" => render::mermaid(&graph),
         "json" => render::json(&graph),
-        _ => match dag
-            .layout
-            .as_ref()
-            .filter(|layout| layout.omitted.is_empty())
-        {
-            Some(extent) => render::svg(&graph, &layout_of(&dag, extent)),
-            None => {
-                let why = dag.layout.map(|layout| layout.omitted).unwrap_or_default();
-                return BadParam(format!("format: svg is not available: {why}")).into_response();
+        _ => match laid.as_deref() {
+            Some(Ok(layout)) => render::svg(&graph, layout),
+            Some(Err(omitted)) => {
+                return BadParam(format!("format: svg is not available: {omitted}"))
+                    .into_response();
             }
+            None => return BadParam("format: svg needs a layout".into()).into_response(),
         },
     };
-    let mut file = format!("{}-v{}", dag.workflow, dag.version);
-    if dag.run_id != 0 {
-        file.push_str(&format!("-run{}", dag.run_id));
+    let mut file = format!("{}-v{}", graph.workflow, graph.version);
+    if let Some(run) = graph.run_id {
+        file.push_str(&format!("-run{run}"));
     }
-    let file: String = file
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
     (
         [
             (header::CONTENT_TYPE, content_type.to_string()),
             (
                 header::CONTENT_DISPOSITION,
-                format!("attachment; filename=\"{file}.{extension}\""),
+                attachment(&format!("{file}.{extension}")),
             ),
         ],
         body,
     )
         .into_response()
-}
-
-/// The API's graph as the renderers take it.
-fn graph_of(dag: &pb::Dag) -> Graph {
-    let tasks: Vec<(String, Vec<String>)> = dag
-        .nodes
-        .iter()
-        .map(|node| (node.task.clone(), node.upstream.clone()))
-        .collect();
-    let mut graph = Graph::from_upstreams(&dag.workflow, dag.version, &tasks);
-    if dag.run_id != 0 {
-        graph.run_id = Some(dag.run_id);
-        for (node, from) in graph.nodes.iter_mut().zip(&dag.nodes) {
-            node.state = TaskStatus::parse_label(&from.state);
-            node.instance_id = (from.instance_id != 0).then_some(from.instance_id);
-        }
-    }
-    graph
-}
-
-fn layout_of(dag: &pb::Dag, extent: &pb::DagLayout) -> ax_core::layout::Layout {
-    ax_core::layout::Layout {
-        nodes: dag
-            .nodes
-            .iter()
-            .map(|node| ax_core::layout::Placed {
-                x: node.x,
-                y: node.y,
-                layer: node.layer,
-            })
-            .collect(),
-        width: extent.width,
-        height: extent.height,
-    }
 }
 
 #[derive(Deserialize)]

@@ -667,7 +667,7 @@ async function viewRun(view, id) {
         ["Params", Object.keys(r.params || {}).length ? table(null, ["Name", "Value"], Object.entries(r.params).map(([k, v]) => [k, h("code", {}, v)])) : "none"]]));
     fill(actions, 
       !TERMINAL_RUN.has(state) ? actionButton("Cancel run", "Cancel run " + r.id + "? Its running tasks are killed and the rest will not run.", "Cancel run", "/api/v1/runs/" + r.id + "/cancel", { reason: "cancelled from the web UI" }, refresh) : null,
-      ["FAILED", "CANCELLED"].includes(state) ? actionButton("Rerun failed tasks", "Run the failed, timed-out and cancelled tasks of run " + r.id + " again, and what depends on them?", "Rerun", "/api/v1/runs/" + r.id + "/rerun", { failed: true }, refresh) : null);
+      ["FAILED", "CANCELLED"].includes(state) ? actionButton("Rerun failed tasks", "Run the failed, timed-out and cancelled tasks of run " + r.id + " again, and what depends on them?", "Rerun", "/api/v1/runs/" + r.id + "/rerun", { failed: true }, () => route()) : null);
     const statuses = snapshot.instances.tasks || [];
     const byTask = new Map((snapshot.instances.instances || []).filter(i => !Number(i.shardParentId)).map(i => [i.task, i]));
     graph.update(new Map(statuses.map(t => [t.task, { state: t.status, instanceId: t.instanceId }])));
@@ -684,8 +684,8 @@ async function viewRun(view, id) {
         h("td", {}, started ? fmtDuration((finished || Date.now()) - started) : "–"),
         h("td", {}, inst && inst.exitCode !== undefined && inst.exitCode !== null && TERMINAL_INSTANCE.has(s) ? String(inst.exitCode) : "–"),
         h("td", {},
-          inst && ["FAILED", "TIMEOUT", "CANCELLED"].includes(s) && TERMINAL_RUN.has(state) ? actionButton("Retry", "Run task " + t.task + " again as a new attempt?", "Retry", "/api/v1/instances/" + inst.id + "/retry", {}, refresh, { "aria-label": "Retry " + t.task }) : null,
-          inst && TERMINAL_INSTANCE.has(s) && TERMINAL_RUN.has(state) ? actionButton("Rerun from here", "Run task " + t.task + " and everything below it again?", "Rerun", "/api/v1/runs/" + r.id + "/rerun", { fromTask: t.task }, refresh, { "aria-label": "Rerun from " + t.task }) : null));
+          inst && ["FAILED", "TIMEOUT", "CANCELLED"].includes(s) && TERMINAL_RUN.has(state) ? actionButton("Retry", "Run task " + t.task + " again as a new attempt?", "Retry", "/api/v1/instances/" + inst.id + "/retry", {}, () => route(), { "aria-label": "Retry " + t.task }) : null,
+          inst && TERMINAL_INSTANCE.has(s) && TERMINAL_RUN.has(state) ? actionButton("Rerun from here", "Run task " + t.task + " and everything below it again?", "Rerun", "/api/v1/runs/" + r.id + "/rerun", { fromTask: t.task }, () => route(), { "aria-label": "Rerun from " + t.task }) : null));
     }));
     renderGantt(gantt, r, [...byTask.values()]);
   };
@@ -702,8 +702,8 @@ async function viewRun(view, id) {
     h("table", {}, h("thead", {}, h("tr", {}, ["Task", "State", "Attempt", "Worker", "Started", "Duration", "Exit code", "Actions"].map(x => h("th", { scope: "col" }, x)))), instancesBody));
   await refresh();
   whileVisible(view, () => {
-    if (TERMINAL_RUN.has(stateName(latest.run.state)) && view.streamed) return null;
-    view.streamed = true;
+    // An ended run changes no more: its page was read whole above.
+    if (TERMINAL_RUN.has(stateName(latest.run.state))) return null;
     return stream("/api/v1/runs/" + id + "/events", { run: render, end: () => {}, error: e => alertBox(actions, e.message) }, refresh);
   });
 }
@@ -908,6 +908,9 @@ function logViewer(view, instance, info, onEnd) {
     if (ended) return null;
     return stream(base + "/logs/tail?" + new URLSearchParams({ attempt, after: String(total) }), {
       lines: chunk => {
+        // Where the reader is now, not what the last scroll event said: a scroll up that has
+        // not reached its event yet must not be undone by these lines.
+        if (following && !atBottom()) { following = false; followBtn.hidden = false; }
         for (const line of chunk.lines || []) {
           const seq = Number(line.seq), index = Math.floor((seq - 1) / PAGE_LINES);
           const page = pages.get(index) || [];

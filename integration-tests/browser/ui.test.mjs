@@ -158,6 +158,18 @@ test("(c) the live tail shows new lines, stays put when scrolled up, and shows t
   await until("new lines", async () => (await count()) > first + 3);
   await page.locator(".log .text", { hasText: /^tick 12$/ }).waitFor({ timeout: GUARD });
   await shot(page, "c-following");
+  // While it runs, the API counts the lines stored so far, and a page opened now starts there.
+  const running = await api(`/api/v1/instances/${inst.id}`);
+  if (running.state === "INSTANCE_STATE_RUNNING") {
+    const lines = Number(running.attempts[0].logLines);
+    assert.ok(lines >= 112, `a running attempt counts ${lines} lines, the page shows tick 12`);
+    const second = await open(`/instances/${inst.id}`);
+    const headers = await second.locator("main table").first().locator("thead th").allInnerTexts();
+    const cell = second.locator("main table").first().locator("tbody tr").first().locator("td").nth(headers.indexOf("Lines"));
+    const shown = Number((await cell.innerText()).replace(/,/g, ""));
+    assert.ok(shown >= lines, `the attempts table counts ${shown} lines, the API said ${lines} before`);
+    await close(second);
+  }
   // Scrolled up, the reader stays where they are while lines keep coming.
   assert.ok(await page.locator(".log").evaluate(el => el.scrollHeight > el.clientHeight * 1.5), "the log is taller than its view");
   await page.locator(".log").evaluate(el => { el.scrollTop = 0; });
@@ -379,5 +391,38 @@ test("triggering with params and an idempotency key from the page opens the run"
   assert.equal(again.created, false);
   assert.equal(again.run.id, id);
   await shot(page, "trigger-run");
+  await close(page);
+});
+
+test("the timeline draws every attempt: a retried task shows its failed attempt beside the one that worked", async () => {
+  const run = await trigger("ui-retry");
+  await ended(run.id);
+  const page = await open(`/runs/${run.id}`);
+  const row = page.locator(".gantt-row", { hasText: "flaky (2 attempts)" });
+  await row.waitFor({ timeout: GUARD });
+  const bars = await row.locator(".gantt-bar").evaluateAll(els => els.map(e => [e.dataset.attempt, e.className, e.title]));
+  assert.deepEqual(bars.map(b => b[0]), ["1", "2"]);
+  assert.match(bars[0][1], /s-failed/);
+  assert.match(bars[1][1], /s-success/);
+  assert.match(bars[0][2], /^flaky, attempt 1: FAILED/);
+  // The second attempt starts after the first ended, so its bar begins further right.
+  const lefts = await row.locator(".gantt-bar").evaluateAll(els => els.map(e => parseFloat(e.style.left)));
+  assert.ok(lefts[1] > lefts[0], `bars at ${lefts}`);
+  await page.locator(".gantt-row", { hasText: "report" }).waitFor({ timeout: GUARD });
+  await shot(page, "timeline-retry");
+  await close(page);
+});
+
+test("a 10,000-task workflow's page lists its tasks and says why the graph is not drawn", async () => {
+  const page = await open("/workflows/ui-huge");
+  await page.getByRole("status").filter({ hasText: "10,000 tasks" }).waitFor({ timeout: GUARD });
+  await page.getByRole("note").filter({ hasText: "The graph is not drawn" }).waitFor({ timeout: GUARD });
+  assert.equal(await page.locator("#task-l0_0").count(), 1);
+  // The last task is past the first 500 rows: the filter finds it.
+  assert.equal(await page.locator("#task-l99_98").count(), 0);
+  await page.getByRole("searchbox", { name: "Filter tasks" }).fill("l99_98");
+  await page.locator("#task-l99_98").waitFor({ timeout: GUARD });
+  await page.getByRole("status").filter({ hasText: "1 match" }).waitFor({ timeout: GUARD });
+  await shot(page, "workflow-10000-tasks");
   await close(page);
 });

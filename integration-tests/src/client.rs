@@ -226,7 +226,10 @@ impl TestClient {
 
     /// The run's instances as listed (without attempts) and the status of every task.
     pub async fn list_instances(&self, run: i64) -> anyhow::Result<pb::ListInstancesResponse> {
-        let request = pb::ListInstancesRequest { run_id: run };
+        let request = pb::ListInstancesRequest {
+            run_id: run,
+            attempts: false,
+        };
         Ok(self.control().list_instances(request).await?.into_inner())
     }
 

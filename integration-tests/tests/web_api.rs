@@ -97,6 +97,21 @@ async fn the_api_answers_with_the_control_service_messages_as_json(backend: Back
     assert_eq!(attempt["workerId"], "w1", "{instance}");
     // Defaults are written: a clean exit reads as 0, not as a missing field.
     assert_eq!(attempt["exitCode"], 0, "{instance}");
+    // The list leaves attempts out unless asked, then gives each instance's as GetInstance does.
+    assert!(
+        extract["attempts"].as_array().is_none_or(Vec::is_empty),
+        "{instances}"
+    );
+    let (status, with) = get_json(&format!(
+        "{base}/api/v1/runs/{}/instances?attempts=true",
+        run.id
+    ))
+    .await;
+    assert_eq!(status, StatusCode::OK, "{with}");
+    assert_eq!(
+        with["instances"][0]["attempts"], instance["attempts"],
+        "{with}"
+    );
 
     let (status, dag) = get_json(&format!(
         "{base}/api/v1/workflows/nightly/dag?run={}",
@@ -140,6 +155,11 @@ async fn a_bad_request_or_an_unknown_id_is_named_in_the_answer(backend: Backend)
             "at",
         ),
         ("/api/v1/audit?limit=lots", StatusCode::BAD_REQUEST, "limit"),
+        (
+            "/api/v1/runs/1/instances?attempts=all",
+            StatusCode::BAD_REQUEST,
+            "attempts",
+        ),
         ("/api/v1/runs?limit=-1", StatusCode::BAD_REQUEST, "limit"),
         (
             "/api/v1/runs?state=sleepy",

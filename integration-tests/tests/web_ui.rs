@@ -79,10 +79,12 @@ async fn the_web_ui_passes_its_browser_checks(backend: Backend) {
             .await
             .unwrap_or_else(|err| panic!("{}: {err:#}", path.display()));
     }
-    client
-        .apply(&layered("ui-big", 50, 40))
-        .await
-        .expect("ui-big");
+    for (name, layers, width) in [("ui-big", 50, 40), ("ui-huge", 100, 100)] {
+        client
+            .apply(&layered(name, layers, width))
+            .await
+            .unwrap_or_else(|err| panic!("{name}: {err:#}"));
+    }
 
     let label = match backend {
         Backend::Sqlite => "sqlite",
@@ -119,5 +121,5 @@ async fn the_web_ui_passes_its_browser_checks(backend: Backend) {
         .lines()
         .find_map(|line| line.strip_prefix("ℹ pass "))
         .and_then(|count| count.trim().parse::<u32>().ok());
-    assert!(passed.is_some_and(|n| n >= 11), "{stdout}");
+    assert!(passed.is_some_and(|n| n >= 13), "{stdout}");
 }

@@ -167,7 +167,10 @@ pub async fn run_file(ctx: &Ctx, file: &Path, out: &mut impl Write) -> anyhow::R
     let (run, _) = trigger::trigger(ctx, &mut client, &name, HashMap::new(), None).await?;
     let run = wait::wait_for_run(ctx, &mut client, run.id).await?;
     let mut instances = client
-        .list_instances(ListInstancesRequest { run_id: run.id })
+        .list_instances(ListInstancesRequest {
+            run_id: run.id,
+            attempts: false,
+        })
         .await
         .map_err(|status| ctx.status(status))?
         .into_inner()

@@ -113,7 +113,10 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
                 .await
                 .map_err(st)?
                 .into_inner();
-            let request = pb::ListInstancesRequest { run_id: id };
+            let request = pb::ListInstancesRequest {
+                run_id: id,
+                attempts: false,
+            };
             let instances = client
                 .list_instances(request)
                 .await
@@ -133,7 +136,10 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
             })
         }
         What::Instances { run_id } => {
-            let request = pb::ListInstancesRequest { run_id };
+            let request = pb::ListInstancesRequest {
+                run_id,
+                attempts: false,
+            };
             let list = client
                 .list_instances(request)
                 .await

@@ -563,7 +563,10 @@ impl Cluster {
     pub async fn list_instances(&self, run: i64) -> anyhow::Result<Vec<pb::Instance>> {
         Ok(self
             .control()
-            .list_instances(pb::ListInstancesRequest { run_id: run })
+            .list_instances(pb::ListInstancesRequest {
+                run_id: run,
+                attempts: false,
+            })
             .await?
             .into_inner()
             .instances)
@@ -614,7 +617,10 @@ impl Cluster {
                     let mut control = control.clone();
                     async move {
                         Ok(control
-                            .list_instances(pb::ListInstancesRequest { run_id: run })
+                            .list_instances(pb::ListInstancesRequest {
+                                run_id: run,
+                                attempts: false,
+                            })
                             .await?
                             .into_inner()
                             .instances)

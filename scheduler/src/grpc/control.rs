@@ -1,6 +1,6 @@
 //! `ControlService`: what axctl, the UI and other services call. Any node serves it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +13,8 @@ use ax_core::spec::{TriggerKind, WorkflowSpec, parse_workflow};
 use ax_proto::v1 as pb;
 use ax_proto::v1::control_service_server::ControlService;
 use ax_store::{
-    AuditRecord, InstanceCounts, InstanceRecord, LogStream, ManualRetry, NewRun, WorkflowRecord,
+    AttemptRecord, AuditRecord, InstanceCounts, InstanceRecord, LogStream, ManualRetry, NewRun,
+    WorkflowRecord,
 };
 use futures::Stream;
 use tokio::sync::mpsc;
@@ -159,12 +160,22 @@ impl ControlApi {
 
     /// An instance with its attempts, as the API shows it.
     async fn instance_message(&self, record: &InstanceRecord) -> Result<pb::Instance, Status> {
-        let attempts = self
+        let mut attempts = self
             .node
             .store
             .list_attempts(record.id)
             .await
             .map_err(store_status)?;
+        // An attempt's line count is written when it ends; until then the log says how far
+        // it has come.
+        for attempt in attempts.iter_mut().filter(|a| !a.state.is_terminal()) {
+            attempt.log_lines = self
+                .node
+                .store
+                .last_log_seq(record.id, attempt.attempt)
+                .await
+                .map_err(store_status)?;
+        }
         Ok(convert::instance(record, &attempts))
     }
 
@@ -581,7 +592,8 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::ListInstancesRequest>,
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
-        let id = RunId(positive_id(request.into_inner().run_id, "run")?);
+        let request = request.into_inner();
+        let id = RunId(positive_id(request.run_id, "run")?);
         let Some(run) = self.node.store.get_run(id).await.map_err(store_status)? else {
             return Err(Status::not_found(format!("run {id} not found")));
         };
@@ -591,9 +603,27 @@ impl ControlService for ControlApi {
             .list_instances(id)
             .await
             .map_err(store_status)?;
+        let mut attempts: HashMap<InstanceId, Vec<AttemptRecord>> = HashMap::new();
+        if request.attempts {
+            for attempt in self
+                .node
+                .store
+                .list_run_attempts(id)
+                .await
+                .map_err(store_status)?
+            {
+                attempts
+                    .entry(attempt.instance_id)
+                    .or_default()
+                    .push(attempt);
+            }
+        }
         let instances = records
             .iter()
-            .map(|record| convert::instance(record, &[]))
+            .map(|record| {
+                let of_instance = attempts.get(&record.id).map_or(&[][..], Vec::as_slice);
+                convert::instance(record, of_instance)
+            })
             .collect();
         let tasks = self.task_statuses(&run, &records).await?;
         Ok(Response::new(pb::ListInstancesResponse {

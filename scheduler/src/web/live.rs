@@ -82,7 +82,10 @@ async fn snapshot(api: &Api, peer: &Peer, id: i64) -> Result<RunSnapshot, tonic:
         .await?
         .into_inner();
     let instances = api
-        .list_instances(peer.request(pb::ListInstancesRequest { run_id: id }))
+        .list_instances(peer.request(pb::ListInstancesRequest {
+            run_id: id,
+            attempts: true,
+        }))
         .await?
         .into_inner();
     Ok(RunSnapshot { run, instances })

@@ -131,6 +131,15 @@ fn number<T: std::str::FromStr + Default>(field: &str, value: Option<&str>) -> R
     }
 }
 
+/// A yes-or-no parameter, false when absent.
+fn flag(field: &str, value: Option<&str>) -> Result<bool, BadParam> {
+    match value {
+        None | Some("") | Some("0") | Some("false") => Ok(false),
+        Some("1") | Some("true") => Ok(true),
+        Some(other) => Err(BadParam(format!("{field}: {other:?} is not true or false"))),
+    }
+}
+
 /// An id from the path.
 fn id_of(field: &str, text: &str) -> Result<i64, BadParam> {
     text.parse()

@@ -9,7 +9,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::{Api, BadParam, Peer, answer, attachment, id_of, number, status_error};
+use super::{Api, BadParam, Peer, answer, attachment, flag, id_of, number, status_error};
 
 #[derive(Deserialize)]
 pub(super) struct WorkflowsQuery {
@@ -94,16 +94,25 @@ pub(super) async fn get_run(
     }
 }
 
+#[derive(Deserialize)]
+pub(super) struct InstancesQuery {
+    attempts: Option<String>,
+}
+
 pub(super) async fn list_instances(
     State(api): State<Api>,
     peer: Peer,
     Path(id): Path<String>,
+    Query(query): Query<InstancesQuery>,
 ) -> Response {
-    match id_of("id", &id) {
-        Ok(run_id) => {
-            let request = pb::ListInstancesRequest { run_id };
-            answer(api.list_instances(peer.request(request)).await)
-        }
+    let parsed = id_of("id", &id).and_then(|run_id| {
+        Ok(pb::ListInstancesRequest {
+            run_id,
+            attempts: flag("attempts", query.attempts.as_deref())?,
+        })
+    });
+    match parsed {
+        Ok(request) => answer(api.list_instances(peer.request(request)).await),
         Err(bad) => bad.into_response(),
     }
 }
@@ -132,18 +141,11 @@ pub(super) struct DagQuery {
 
 impl DagQuery {
     fn request(&self, workflow: String) -> Result<pb::GetDagRequest, BadParam> {
-        let layout = match self.layout.as_deref() {
-            None | Some("") | Some("0") | Some("false") => false,
-            Some("1") | Some("true") => true,
-            Some(other) => {
-                return Err(BadParam(format!("layout: {other:?} is not true or false")));
-            }
-        };
         Ok(pb::GetDagRequest {
             workflow,
             version: number("version", self.version.as_deref())?,
             run_id: number("run", self.run.as_deref())?,
-            layout,
+            layout: flag("layout", self.layout.as_deref())?,
         })
     }
 }

@@ -746,6 +746,8 @@ pub trait Store: Send + Sync + 'static {
     async fn get_instance(&self, id: InstanceId) -> Result<Option<InstanceRecord>>;
     async fn list_instances(&self, run: RunId) -> Result<Vec<InstanceRecord>>;
     async fn list_attempts(&self, id: InstanceId) -> Result<Vec<AttemptRecord>>;
+    /// Every attempt of every instance of a run, by instance id then attempt number.
+    async fn list_run_attempts(&self, run: RunId) -> Result<Vec<AttemptRecord>>;
     /// Cancels one unfinished instance (ending its run if nothing is left). `Ok(None)` when it
     /// does not exist; the returned attempt is set when it was dispatched or running.
     async fn cancel_instance(
@@ -822,6 +824,9 @@ pub trait Store: Send + Sync + 'static {
         after_seq: u64,
         limit: u32,
     ) -> Result<Vec<StoredLine>>;
+    /// The highest line number stored for an attempt (0 when none is): how far a running
+    /// attempt's log has come, before its end report says how many lines it had.
+    async fn last_log_seq(&self, instance: InstanceId, attempt: Attempt) -> Result<u64>;
 
     // --- workers ---
 

@@ -588,6 +588,30 @@ mod scenarios {
         run_task(s, run.id, "flaky", Outcome::Success).await;
         let attempts = s.list_attempts(inst.id).await.unwrap();
         assert_eq!(attempts.len(), 2);
+        // The run's attempts: both of flaky's, then after's (still to run: none), in order.
+        run_task(s, run.id, "after", Outcome::Success).await;
+        let after = instance_of(s, run.id, "after").await.unwrap().id;
+        let of_run: Vec<(InstanceId, Attempt)> = s
+            .list_run_attempts(run.id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|a| (a.instance_id, a.attempt))
+            .collect();
+        assert_eq!(
+            of_run,
+            [
+                (inst.id, Attempt(1)),
+                (inst.id, Attempt(2)),
+                (after, Attempt(1))
+            ]
+        );
+        assert!(
+            s.list_run_attempts(RunId(999_999))
+                .await
+                .unwrap()
+                .is_empty()
+        );
         let (first, second) = (&attempts[0], &attempts[1]);
         assert_eq!(
             (first.attempt, first.state),
@@ -1085,6 +1109,9 @@ mod scenarios {
         assert_eq!(second.len(), 1);
         assert_eq!(second[0].text, "attempt 2");
         assert!(s.read_logs(id, Attempt(3), 0, 10).await.unwrap().is_empty());
+        assert_eq!(s.last_log_seq(id, Attempt(1)).await.unwrap(), 1_005);
+        assert_eq!(s.last_log_seq(id, Attempt(2)).await.unwrap(), 1);
+        assert_eq!(s.last_log_seq(id, Attempt(3)).await.unwrap(), 0);
 
         // Many chunks in one call go in several statements.
         let many: Vec<LogChunk> = (0..1_200u64)

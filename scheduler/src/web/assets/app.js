@@ -690,7 +690,7 @@ async function viewRun(view, id) {
     renderGantt(gantt, r, [...byTask.values()]);
   };
   const refresh = async () => {
-    const [r, instances] = await Promise.all([api("/api/v1/runs/" + id), api("/api/v1/runs/" + id + "/instances")]);
+    const [r, instances] = await Promise.all([api("/api/v1/runs/" + id), api("/api/v1/runs/" + id + "/instances?attempts=true")]);
     if (!view.left) render({ run: r, instances });
     return !TERMINAL_RUN.has(stateName(r.state));
   };
@@ -708,22 +708,32 @@ async function viewRun(view, id) {
   });
 }
 
+/** One row per task, one bar per attempt: a retried task shows its failed attempts beside
+ *  the one that followed. */
 function renderGantt(el, run, instances) {
-  const started = instances.filter(i => Number(i.startedAtMs));
-  if (!started.length) { el.replaceChildren(h("p", { class: "muted" }, "No task has started yet.")); el.setAttribute("aria-label", "No task has started yet"); return; }
-  const t0 = Math.min(...started.map(i => Number(i.startedAtMs)));
-  const t1 = Math.max(...started.map(i => Number(i.finishedAtMs) || Date.now()), t0 + 1);
+  const spans = i => (i.attempts && i.attempts.length ? i.attempts : [i])
+    .filter(a => Number(a.startedAtMs))
+    .map(a => ({ attempt: a.attempt || i.attempt, state: stateName(a.state), s: Number(a.startedAtMs), f: Number(a.finishedAtMs) || Date.now() }));
+  const rows = instances.map(i => ({ task: i.task, bars: spans(i) })).filter(r => r.bars.length);
+  if (!rows.length) { el.replaceChildren(h("p", { class: "muted" }, "No task has started yet.")); el.setAttribute("aria-label", "No task has started yet"); return; }
+  const bars = rows.flatMap(r => r.bars);
+  const t0 = Math.min(...bars.map(b => b.s));
+  const t1 = Math.max(...bars.map(b => b.f), t0 + 1);
   const span = t1 - t0;
-  el.setAttribute("aria-label", "Timeline of " + started.length + " tasks over " + fmtDuration(span));
-  el.replaceChildren(...started.sort((a, b) => a.startedAtMs - b.startedAtMs).slice(0, 300).map(i => {
-    const s = Number(i.startedAtMs), f = Number(i.finishedAtMs) || Date.now();
-    const state = stateName(i.state);
+  el.setAttribute("aria-label", "Timeline of " + rows.length + " tasks, " + bars.length + " attempts, over " + fmtDuration(span));
+  rows.sort((a, b) => a.bars[0].s - b.bars[0].s);
+  el.replaceChildren(...rows.slice(0, 300).map(r => {
+    const last = r.bars[r.bars.length - 1];
     return h("div", { class: "gantt-row" },
-      h("span", { class: "gantt-label" }, i.task + (i.attempt > 1 ? " (attempt " + i.attempt + ")" : "")),
-      h("span", { class: "gantt-track" },
-        h("span", { class: "gantt-bar s-" + state.toLowerCase(), title: i.task + ": " + state + ", " + fmtDuration(f - s), style: { left: ((s - t0) / span * 100) + "%", width: Math.max(0.5, (f - s) / span * 100) + "%" } })),
-      h("span", { class: "gantt-time" }, fmtDuration(f - s)));
-  }));
+      h("span", { class: "gantt-label" }, r.task + (r.bars.length > 1 ? " (" + r.bars.length + " attempts)" : "")),
+      h("span", { class: "gantt-track" }, ...r.bars.map(b => h("span", {
+        class: "gantt-bar s-" + b.state.toLowerCase(),
+        "data-attempt": String(b.attempt),
+        title: r.task + ", attempt " + b.attempt + ": " + b.state + ", " + fmtDuration(b.f - b.s),
+        style: { left: ((b.s - t0) / span * 100) + "%", width: Math.max(0.5, (b.f - b.s) / span * 100) + "%" },
+      }))),
+      h("span", { class: "gantt-time" }, fmtDuration(last.f - r.bars[0].s)));
+  }), rows.length > 300 ? h("p", { class: "muted" }, "The first 300 of " + num(rows.length) + " tasks are drawn.") : "");
 }
 
 // ---------- an instance and its log ----------

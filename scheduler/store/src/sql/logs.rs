@@ -111,6 +111,26 @@ fn split_chunk(
     Ok(())
 }
 
+pub(crate) async fn last_log_seq(
+    store: &SqlStore,
+    instance: InstanceId,
+    attempt: Attempt,
+) -> Result<u64> {
+    // The last chunk by key: one index probe however long the log is.
+    let row = sqlx::query(
+        "SELECT first_seq, line_count FROM execution_log \
+         WHERE instance_id = ? AND attempt = ? ORDER BY first_seq DESC LIMIT 1",
+    )
+    .bind(instance.0)
+    .bind(i64::from(attempt.0))
+    .fetch_optional(&store.pool)
+    .await?;
+    let Some(row) = row else { return Ok(0) };
+    let first: i64 = row.try_get("first_seq")?;
+    let count: i64 = row.try_get("line_count")?;
+    Ok(u64::try_from(first + count - 1).unwrap_or(0))
+}
+
 pub(crate) async fn read_logs(
     store: &SqlStore,
     instance: InstanceId,

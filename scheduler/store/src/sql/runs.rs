@@ -149,6 +149,21 @@ pub(crate) async fn list_attempts(store: &SqlStore, id: InstanceId) -> Result<Ve
     rows.iter().map(rows::attempt).collect()
 }
 
+pub(crate) async fn list_run_attempts(store: &SqlStore, run: RunId) -> Result<Vec<AttemptRecord>> {
+    // The instances' (run_id, …) index finds the run's instances; each one's attempts are a
+    // range of the attempt table's primary key.
+    let sql = format!(
+        "{} WHERE instance_id IN (SELECT id FROM task_instance WHERE run_id = ?) \
+         ORDER BY instance_id, attempt",
+        rows::ATTEMPT_SELECT
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(run.0)
+        .fetch_all(&store.pool)
+        .await?;
+    rows.iter().map(rows::attempt).collect()
+}
+
 pub(crate) async fn runs_near(
     store: &SqlStore,
     workflow_id: WorkflowId,

@@ -123,6 +123,10 @@ impl Store for SqlStore {
         runs::list_attempts(self, id).await
     }
 
+    async fn list_run_attempts(&self, run: RunId) -> Result<Vec<AttemptRecord>> {
+        runs::list_run_attempts(self, run).await
+    }
+
     async fn cancel_instance(
         &self,
         id: InstanceId,
@@ -220,6 +224,10 @@ impl Store for SqlStore {
         limit: u32,
     ) -> Result<Vec<StoredLine>> {
         logs::read_logs(self, instance, attempt, after_seq, limit).await
+    }
+
+    async fn last_log_seq(&self, instance: InstanceId, attempt: Attempt) -> Result<u64> {
+        logs::last_log_seq(self, instance, attempt).await
     }
 
     async fn upsert_workers(&self, workers: &[WorkerRecord]) -> Result<()> {

@@ -1,7 +1,8 @@
 //! The benchmark harness works: `ax-bench --quick --workload all --runs 1` on SQLite exits 0 and
 //! its JSON reports every workload correct (all tasks SUCCESS, no attempt started twice, no log
 //! line lost, nothing left running), and so do the cluster workloads (W1's and W9's three-node
-//! passes, W10) on MySQL. Speed is not asserted: this is a smoke test of the harness.
+//! passes, W10) on MySQL, and the browser workload U1. Speed is not asserted: this is a smoke
+//! test of the harness.
 
 use std::path::Path;
 use std::process::Command;
@@ -69,8 +70,28 @@ fn quick_run(wanted: &[&str], store: Option<&str>, backend: &str) {
 #[test]
 fn quick_mode_runs_every_workload_correctly() {
     // W10 runs three nodes, which SQLite cannot serve: it runs on MySQL below.
-    let single_node = ["S0", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9"];
+    let single_node = [
+        "S0", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W11",
+    ];
     quick_run(&single_node, None, "sqlite");
+}
+
+#[test]
+fn quick_mode_measures_the_web_ui_in_a_browser() {
+    let browser = Path::new(env!("CARGO_MANIFEST_DIR")).join("browser");
+    let ready = Path::new("/usr/bin/chromium").exists()
+        && browser.join("node_modules/playwright-core").exists();
+    if !ready {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "U1 needs chromium and `npm ci` in {} under CI",
+            browser.display()
+        );
+        eprintln!("skipping U1: no chromium or no node modules");
+        return;
+    }
+    quick_run(&["U1"], None, "sqlite");
 }
 
 #[test]

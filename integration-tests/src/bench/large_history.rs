@@ -25,7 +25,7 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
     let before = chains(&mut cluster, length, &mut checks).await?;
 
     let inserted_at = Instant::now();
-    let rows = insert_history(&cluster.store_url, length, history).await?;
+    let rows = insert_history(&cluster.store_url, NAME, length, history).await?;
     let insert_secs = inserted_at.elapsed().as_secs_f64();
 
     let after = chains(&mut cluster, length, &mut checks).await?;
@@ -85,30 +85,35 @@ async fn chains(
     Ok(hops)
 }
 
-/// Writes `count` finished instances (in runs of `length` chain tasks) and their attempts;
-/// returns the number of rows written.
-async fn insert_history(store_url: &str, length: usize, count: usize) -> anyhow::Result<usize> {
+/// Writes `count` finished instances of `workflow` (in runs of `length` tasks named `t000`…)
+/// and their attempts; returns the number of rows written. One run in a hundred failed.
+pub async fn insert_history(
+    store_url: &str,
+    workflow: &str,
+    length: usize,
+    count: usize,
+) -> anyhow::Result<usize> {
     sqlx::any::install_default_drivers();
     let mut conn = sqlx::AnyConnection::connect(store_url)
         .await
         .with_context(|| format!("connecting to {store_url}"))?;
-    let written = write_history(&mut conn, length, count).await?;
+    let written = write_history(&mut conn, workflow, length, count).await?;
     let _ = conn.close().await;
     Ok(written)
 }
 
 async fn write_history(
     conn: &mut AnyConnection,
+    workflow: &str,
     length: usize,
     count: usize,
 ) -> anyhow::Result<usize> {
-    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT id, latest_version FROM workflow WHERE name = '{NAME}'"
-    )))
-    .fetch_one(&mut *conn)
-    .await
-    .context("finding the chain workflow")?;
-    let workflow: i64 = row.try_get(0)?;
+    let row = sqlx::query("SELECT id, latest_version FROM workflow WHERE name = ?")
+        .bind(workflow)
+        .fetch_one(&mut *conn)
+        .await
+        .with_context(|| format!("finding the workflow {workflow}"))?;
+    let workflow_id: i64 = row.try_get(0)?;
     let version: i64 = row.try_get(1)?;
     let runs = count.div_ceil(length);
     let first_run = reserve(conn, "run", runs as i64).await?;
@@ -121,9 +126,10 @@ async fn write_history(
     for r in 0..runs {
         let at = base + r as i64 * 2_000;
         run_rows.push(format!(
-            "({}, {workflow}, {version}, 'SUCCESS', 'api', {at}, NULL, NULL, '{{}}', \
+            "({}, {workflow_id}, {version}, '{}', 'api', {at}, NULL, NULL, '{{}}', \
              'ax-bench-history', 0, {at}, {})",
             first_run + r as i64,
+            if failed(r) { "FAILED" } else { "SUCCESS" },
             at + length as i64 + 1
         ));
         if run_rows.len() == BATCH || r + 1 == runs {
@@ -145,14 +151,20 @@ async fn write_history(
         let id = first_instance + n as i64;
         let created = base + r as i64 * 2_000 + task as i64;
         let (started, finished) = (created, created + 1);
+        // A failed run's last task failed with exit code 1.
+        let (state, exit) = if failed(r) && task + 1 == length {
+            ("FAILED", 1)
+        } else {
+            ("SUCCESS", 0)
+        };
         instance_rows.push(format!(
-            "({id}, {}, {workflow}, {version}, 't{task:03}', 'SUCCESS', 1, 'bench-history', 0, \
-             {created}, {created}, {started}, {finished}, 0, NULL)",
+            "({id}, {}, {workflow_id}, {version}, 't{task:03}', '{state}', 1, 'bench-history', 0, \
+             {created}, {created}, {started}, {finished}, {exit}, NULL)",
             first_run + r as i64
         ));
         attempt_rows.push(format!(
-            "({id}, 1, 'SUCCESS', 'bench-history', 'bench-node', {created}, {started}, \
-             {finished}, 0, NULL, 0, 0, '')"
+            "({id}, 1, '{state}', 'bench-history', 'bench-node', {created}, {started}, \
+             {finished}, {exit}, NULL, 0, 0, '')"
         ));
         if instance_rows.len() == BATCH || n + 1 == total {
             written += flush(
@@ -174,6 +186,10 @@ async fn write_history(
         }
     }
     Ok(written)
+}
+
+fn failed(run: usize) -> bool {
+    run % 100 == 99
 }
 
 async fn flush(

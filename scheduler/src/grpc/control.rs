@@ -360,7 +360,11 @@ impl ControlService for ControlApi {
         let recent = request.recent_runs.min(MAX_RECENT_RUNS);
         let mut workflows = Vec::with_capacity(records.len());
         for record in &records {
-            let mut workflow = convert::workflow(record, now);
+            let mut workflow = if request.summary {
+                convert::workflow_summary(record, now)
+            } else {
+                convert::workflow(record, now)
+            };
             if recent > 0 {
                 let runs = self
                     .node

@@ -130,6 +130,15 @@ fn schedule(schedule: &ScheduleSpec) -> pb::Schedule {
 }
 
 pub fn workflow(record: &WorkflowRecord, now: i64) -> pb::Workflow {
+    pb::Workflow {
+        tasks: record.spec.tasks.iter().map(task).collect(),
+        source: record.source.clone(),
+        ..workflow_summary(record, now)
+    }
+}
+
+/// A workflow without its tasks and source, as a list shows it.
+pub fn workflow_summary(record: &WorkflowRecord, now: i64) -> pb::Workflow {
     let spec = &record.spec;
     pb::Workflow {
         name: record.name.clone(),
@@ -144,12 +153,13 @@ pub fn workflow(record: &WorkflowRecord, now: i64) -> pb::Workflow {
             max_runs_per_key: spec.concurrency.max_runs_per_key,
         }),
         paused: record.paused,
-        tasks: spec.tasks.iter().map(task).collect(),
+        tasks: Vec::new(),
         created_at_ms: record.created_at,
         updated_at_ms: record.updated_at,
         next_fires_ms: next_fires(record, now, 5),
-        source: record.source.clone(),
+        source: String::new(),
         recent_runs: Vec::new(),
+        task_count: u32::try_from(spec.tasks.len()).unwrap_or(u32::MAX),
     }
 }
 

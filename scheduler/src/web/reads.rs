@@ -16,6 +16,7 @@ pub(super) struct WorkflowsQuery {
     #[serde(default)]
     app: String,
     recent: Option<String>,
+    summary: Option<String>,
 }
 
 pub(super) async fn list_workflows(
@@ -23,15 +24,17 @@ pub(super) async fn list_workflows(
     peer: Peer,
     Query(query): Query<WorkflowsQuery>,
 ) -> Response {
-    let recent_runs = match number::<u32>("recent", query.recent.as_deref()) {
-        Ok(recent) => recent,
-        Err(bad) => return bad.into_response(),
-    };
-    let request = pb::ListWorkflowsRequest {
-        app: query.app,
-        recent_runs,
-    };
-    answer(api.list_workflows(peer.request(request)).await)
+    let parsed = (|| -> Result<_, BadParam> {
+        Ok(pb::ListWorkflowsRequest {
+            recent_runs: number("recent", query.recent.as_deref())?,
+            summary: flag("summary", query.summary.as_deref())?,
+            app: query.app,
+        })
+    })();
+    match parsed {
+        Ok(request) => answer(api.list_workflows(peer.request(request)).await),
+        Err(bad) => bad.into_response(),
+    }
 }
 
 pub(super) async fn get_workflow(

@@ -411,6 +411,7 @@ async function viewWorkflows(view) {
     body.replaceChildren(...shown.map(w => h("tr", {},
       h("td", {}, link("/workflows/" + enc(w.name), w.name)),
       h("td", {}, w.app || "–"),
+      h("td", { class: "num" }, num(w.taskCount || 0)),
       h("td", {}, scheduleText(w.schedule)),
       h("td", {}, w.paused ? "paused" : time((w.nextFiresMs || [])[0])),
       h("td", {}, runStrip(w.recentRuns)),
@@ -419,14 +420,14 @@ async function viewWorkflows(view) {
     status.textContent = num(workflows.length) + " workflows" + (shown.length !== workflows.length ? ", " + num(shown.length) + " shown" : "");
   };
   const refresh = async () => {
-    const answer = await api("/api/v1/workflows?recent=12");
+    const answer = await api("/api/v1/workflows?recent=12&summary=true");
     if (view.left) return;
     workflows = answer.workflows || [];
     render();
   };
   filter.addEventListener("input", render);
   show("Workflows", h("h1", {}, "Workflows"), h("div", { class: "toolbar" }, filter), status,
-    h("table", {}, h("thead", {}, h("tr", {}, ["Workflow", "App", "Schedule", "Next fire", "Last runs (oldest → newest)", "Schedule state"].map(x => h("th", { scope: "col" }, x)))), body));
+    h("table", {}, h("thead", {}, h("tr", {}, ["Workflow", "App", "Tasks", "Schedule", "Next fire", "Last runs (oldest → newest)", "Schedule state"].map(x => h("th", { scope: "col" }, x)))), body));
   await refresh();
   poll(view, 10000, refresh);
 }

@@ -1,0 +1,81 @@
+// The web UI's figures in a real browser, for ax-bench's U1 workload (it starts the scheduler,
+// applies the workflows and reads the scheduler's CPU; this script drives chromium and prints
+// one JSON object on its last line). Not a test: it asserts nothing and only times.
+//
+//   AX_UI_URL     the scheduler's base URL
+//   AX_CHROMIUM   chromium's path (default /usr/bin/chromium)
+//   AX_UI_DAG     a workflow whose whole graph is drawn: time from navigation to every node
+//   AX_UI_HUGE    a workflow too big to draw: time from navigation to its task list
+//   AX_UI_PAGES   comma-separated paths kept open for the idle phases
+//   AX_UI_IDLE_S  seconds of each idle phase (visible, then hidden)
+//   AX_UI_LOADS   cold loads of each timed page (default 5)
+
+import { chromium } from "playwright-core";
+
+const BASE = process.env.AX_UI_URL;
+const LOADS = Number(process.env.AX_UI_LOADS || 5);
+const IDLE_S = Number(process.env.AX_UI_IDLE_S || 30);
+/** A hang guard, not a budget. */
+const GUARD = 60_000;
+
+const browser = await chromium.launch({ executablePath: process.env.AX_CHROMIUM || "/usr/bin/chromium", args: ["--no-sandbox"] });
+const fresh = async () => {
+  const context = await browser.newContext({ viewport: { width: 1360, height: 900 }, timezoneId: "UTC", locale: "en-US" });
+  return context.newPage();
+};
+
+/** Milliseconds from starting navigation to `ready(arg)` holding in the page (a function: the
+ *  page's Content-Security-Policy refuses strings), for `LOADS` cold loads. */
+async function coldLoads(path, ready, arg) {
+  const times = [];
+  for (let n = 0; n < LOADS; n++) {
+    const page = await fresh();
+    const started = Date.now();
+    await page.goto(BASE + path);
+    await page.waitForFunction(ready, arg, { timeout: GUARD, polling: 16 });
+    times.push(Date.now() - started);
+    await page.context().close();
+  }
+  return times;
+}
+
+const result = {};
+if (process.env.AX_UI_DAG) {
+  const dag = await (await fetch(`${BASE}/api/v1/workflows/${process.env.AX_UI_DAG}/dag`)).json();
+  const nodes = dag.nodes.length;
+  result.dag_nodes = nodes;
+  result.dag_ms = await coldLoads(`/workflows/${process.env.AX_UI_DAG}`, n => document.querySelectorAll("svg.graph .node").length === n, nodes);
+}
+if (process.env.AX_UI_HUGE) {
+  result.huge_ms = await coldLoads(`/workflows/${process.env.AX_UI_HUGE}`, () => document.querySelectorAll("main tbody tr[id^=task-]").length > 0);
+}
+if (process.env.AX_UI_PAGES) {
+  const pages = [];
+  for (const path of process.env.AX_UI_PAGES.split(",")) {
+    const page = await fresh();
+    page.requests = 0;
+    page.on("request", () => { page.requests += 1; });
+    await page.goto(BASE + path);
+    await page.waitForLoadState("networkidle").catch(() => {});
+    pages.push({ path, page });
+  }
+  const phase = async name => {
+    for (const p of pages) p.page.requests = 0;
+    console.log(JSON.stringify({ phase: name, at: Date.now() }));
+    await new Promise(r => setTimeout(r, IDLE_S * 1000));
+    return Object.fromEntries(pages.map(p => [p.path, p.page.requests]));
+  };
+  result.visible_requests = await phase("visible");
+  // Hidden as a browser reports a background tab: the page's own visibility handling runs.
+  for (const { page } of pages) {
+    await page.evaluate(() => {
+      Object.defineProperty(document, "visibilityState", { configurable: true, get: () => "hidden" });
+      Object.defineProperty(document, "hidden", { configurable: true, get: () => true });
+      document.dispatchEvent(new Event("visibilitychange"));
+    });
+  }
+  result.hidden_requests = await phase("hidden");
+  console.log(JSON.stringify({ phase: "done", at: Date.now() }));
+}
+await browser.close();
+console.log(JSON.stringify(result));

@@ -216,6 +216,13 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         percentile(&run_page_ms, 99.0),
         page,
     );
+    m.figure(
+        "a run's page p50",
+        "ms",
+        percentile(&run_page_ms, 50.0),
+        None,
+    );
+    m.figure("why p50", "ms", percentile(&why_ms, 50.0), None);
     m.figure("why p99", "ms", percentile(&why_ms, 99.0), page);
     m.figure(
         "2,000-task graph, first read (layout)",

@@ -98,6 +98,15 @@ pub async fn insert_history(
         .await
         .with_context(|| format!("connecting to {store_url}"))?;
     let written = write_history(&mut conn, workflow, length, count).await?;
+    // MariaDB refreshes a table's index statistics by itself once a tenth of it has changed,
+    // a little later; until then its plans are made for the empty tables the history went
+    // into. A store that grew to this size over months has current statistics.
+    if store_url.starts_with("mysql:") {
+        sqlx::query("ANALYZE TABLE run, task_instance, task_attempt")
+            .execute(&mut conn)
+            .await
+            .context("refreshing the index statistics")?;
+    }
     let _ = conn.close().await;
     Ok(written)
 }

@@ -1,7 +1,8 @@
 //! Where each task of a graph is drawn: a layered (Sugiyama) layout read left to right, roots in
 //! the first column and every edge pointing right. `rust-sugiyama` does the work (layering,
 //! crossing reduction, Brandes–Köpf placement); this module turns its answer into columns and
-//! rows of fixed-size boxes.
+//! rows of fixed-size boxes, and packs each column (same order, centred) where the aligned
+//! placement would be far taller than the widest column needs.
 //!
 //! Parts of the graph that share no edge are laid out apart and stacked top to bottom, largest
 //! first; tasks with no edge at all are packed into a grid below them. Pure: a server computes
@@ -18,6 +19,9 @@ pub const NODE_HEIGHT: f64 = 44.0;
 const LAYER_GAP: f64 = 72.0;
 /// Between boxes of one column.
 const ROW_GAP: f64 = 14.0;
+/// A part whose aligned placement is more than this many times the height of its widest
+/// column, packed, is drawn packed.
+const LOOSE_FACTOR: f64 = 1.5;
 /// Between stacked parts of the graph.
 const PART_GAP: f64 = 40.0;
 /// Graphs with more tasks than this are not laid out: a page lists and filters them instead.
@@ -164,35 +168,47 @@ fn place_part(part: &[(usize, (f64, f64))]) -> Vec<(usize, (u32, f64))> {
     depths.dedup_by(|a, b| (*a - *b).abs() < 1e-6);
     let layer_of = |y: f64| depths.partition_point(|&d| d < y - 1e-6) as u32;
 
-    // Its x spreads the boxes of a layer; scale it so neighbours never overlap, whatever units
-    // the library used.
-    let mut by_layer: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
-    for &(_, (x, y)) in part {
-        by_layer.entry(layer_of(y)).or_default().push(x);
-    }
-    let mut closest = f64::INFINITY;
-    for xs in by_layer.values_mut() {
-        xs.sort_by(f64::total_cmp);
-        for pair in xs.windows(2) {
-            let gap = pair[1] - pair[0];
-            if gap > 1e-6 {
-                closest = closest.min(gap);
-            }
-        }
-    }
-    let pitch = NODE_HEIGHT + ROW_GAP;
-    let scale = if closest.is_finite() && closest < pitch {
-        pitch / closest
-    } else {
-        1.0
-    };
+    // Its x orders and spreads the boxes of a layer. Each box keeps its place unless that
+    // would overlap the box before it in its layer, which pushes it down to one pitch below
+    // (the library's spacing is not always a whole box apart).
     let left = part
         .iter()
         .map(|&(_, (x, _))| x)
         .fold(f64::INFINITY, f64::min);
-    part.iter()
-        .map(|&(i, (x, y))| (i, (layer_of(y), (x - left) * scale)))
-        .collect()
+    let mut by_layer: BTreeMap<u32, Vec<(f64, usize)>> = BTreeMap::new();
+    for &(i, (x, y)) in part {
+        by_layer.entry(layer_of(y)).or_default().push((x - left, i));
+    }
+    let pitch = NODE_HEIGHT + ROW_GAP;
+    let mut aligned = Vec::with_capacity(part.len());
+    for (layer, boxes) in by_layer.iter_mut() {
+        boxes.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut next = 0.0_f64;
+        for &(x, i) in boxes.iter() {
+            let at = x.max(next);
+            aligned.push((i, (*layer, at)));
+            next = at + pitch;
+        }
+    }
+    // Brandes–Köpf aligns boxes along edges, which on a big, densely crossed graph spreads
+    // the columns over several times the height its widest column needs. Then each column is
+    // packed instead, in the same order (so no crossing is added), centred on one line.
+    let extent = |placed: &[(usize, (u32, f64))]| {
+        placed.iter().map(|&(_, (_, at))| at).fold(0.0, f64::max) + NODE_HEIGHT
+    };
+    let widest = by_layer.values().map(Vec::len).max().unwrap_or(1);
+    let packed_extent = (widest - 1) as f64 * pitch + NODE_HEIGHT;
+    if extent(&aligned) <= LOOSE_FACTOR * packed_extent {
+        return aligned;
+    }
+    let mut packed = Vec::with_capacity(part.len());
+    for (layer, boxes) in &by_layer {
+        let top = (widest - boxes.len()) as f64 * pitch / 2.0;
+        for (k, &(_, i)) in boxes.iter().enumerate() {
+            packed.push((i, (*layer, top + k as f64 * pitch)));
+        }
+    }
+    packed
 }
 
 #[cfg(test)]
@@ -301,5 +317,34 @@ mod tests {
         let layout = layout(&graph(&[])).unwrap();
         assert!(layout.nodes.is_empty());
         assert_eq!((layout.width, layout.height), (0.0, 0.0));
+    }
+
+    #[test]
+    fn a_big_densely_crossed_graph_is_packed_to_its_widest_column() {
+        // 50 layers of 40, each task fed by two or three of the layer before, some across.
+        let (layers, width) = (50, 40);
+        let mut tasks: Vec<(String, Vec<String>)> = Vec::new();
+        for l in 0..layers {
+            for i in 0..width {
+                let mut ups = vec![i, (i + 1) % width, (i + width / 2 + 1) % width];
+                ups.sort_unstable();
+                ups.dedup();
+                let ups = if l == 0 {
+                    Vec::new()
+                } else {
+                    ups.iter().map(|u| format!("l{}_{u}", l - 1)).collect()
+                };
+                tasks.push((format!("l{l}_{i}"), ups));
+            }
+        }
+        let g = Graph::from_upstreams("big", 1, &tasks);
+        let laid = layout(&g).unwrap();
+        assert_sound(&g, &laid);
+        let widest = (width - 1) as f64 * (NODE_HEIGHT + ROW_GAP) + NODE_HEIGHT;
+        assert!(
+            laid.height <= widest * LOOSE_FACTOR,
+            "{} tall for a widest column of {widest}",
+            laid.height
+        );
     }
 }

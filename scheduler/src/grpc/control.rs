@@ -519,16 +519,17 @@ impl ControlService for ControlApi {
         } else {
             0
         };
-        let mut runs = Vec::with_capacity(records.len());
-        for record in &records {
-            let counts = self
-                .node
-                .store
-                .run_counts(record.id)
-                .await
-                .map_err(store_status)?;
-            runs.push(convert::run(record, Some(&counts)));
-        }
+        let ids: Vec<RunId> = records.iter().map(|record| record.id).collect();
+        let counts = self
+            .node
+            .store
+            .runs_counts(&ids)
+            .await
+            .map_err(store_status)?;
+        let runs = records
+            .iter()
+            .map(|record| convert::run(record, counts.get(&record.id)))
+            .collect();
         Ok(Response::new(pb::ListRunsResponse {
             runs,
             next_before_id,

@@ -4,7 +4,7 @@
 //! (instance, attempt, from-state); the decisions themselves (is the transition legal, is a
 //! downstream task ready, does the run end, when does a retry start) come from `ax-core`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use ax_core::Millis;
@@ -735,6 +735,8 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<RunRecord>>;
     async fn run_counts(&self, id: RunId) -> Result<InstanceCounts>;
+    /// The counts of several runs in one read; a run that does not exist is left out.
+    async fn runs_counts(&self, ids: &[RunId]) -> Result<HashMap<RunId, InstanceCounts>>;
     /// Marks the run cancel-requested, cancels its unfinished instances, ends it CANCELLED and
     /// returns the attempts that were dispatched or running (their workers must kill them).
     /// A QUEUED run (no instances) simply ends CANCELLED. Queued runs of the workflow that now

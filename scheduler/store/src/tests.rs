@@ -900,6 +900,17 @@ mod scenarios {
                 ..InstanceCounts::default()
             }
         );
+        // Several runs in one read: each as alone; an unknown run is left out.
+        let second = start_run(s, &wf).await;
+        let many = s
+            .runs_counts(&[run.id, second.id, RunId(424_242)])
+            .await
+            .unwrap();
+        assert_eq!(many.len(), 2);
+        assert_eq!(many[&run.id], counts);
+        assert_eq!(many[&second.id], s.run_counts(second.id).await.unwrap());
+        assert_eq!(many[&second.id].waiting, 3);
+        assert!(s.runs_counts(&[]).await.unwrap().is_empty());
     }
 
     pub(super) async fn cancel_run_returns_live_attempts_and_ends_cancelled(ctx: Ctx) {

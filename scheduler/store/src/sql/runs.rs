@@ -6,14 +6,16 @@
 //! a time inside a writer's transaction. [`run_by_id`] and [`instance_by_id`] take the caller's
 //! connection, so that a writer elsewhere (a cancel, a retry) reads inside its own transaction.
 
+use std::collections::HashMap;
+
 use ax_core::Millis;
 use ax_core::ids::{InstanceId, RunId, WorkflowId};
 use ax_core::run::RunState;
 use ax_core::state::InstanceState;
 use sqlx::{AnyConnection, Row};
 
-use super::SqlStore;
 use super::rows::{self, instance_state, to_u32};
+use super::{SqlStore, in_list};
 use crate::{AttemptRecord, InstanceCounts, InstanceRecord, Result, RunRecord};
 
 pub(crate) async fn run_by_id(c: &mut AnyConnection, id: RunId) -> Result<Option<RunRecord>> {
@@ -49,57 +51,102 @@ pub(crate) async fn list_runs(
     before: Option<RunId>,
     limit: u32,
 ) -> Result<Vec<RunRecord>> {
-    let mut sql = format!("{} WHERE 1 = 1", rows::RUN_SELECT);
-    if workflow.is_some() {
-        sql.push_str(" AND w.name = ?");
-    }
-    if state.is_some() {
-        sql.push_str(" AND r.state = ?");
-    }
-    // Paging by id, never by offset: a page deep in a million runs reads only its own rows.
-    if before.is_some() {
-        sql.push_str(" AND r.id < ?");
-    }
-    sql.push_str(" ORDER BY r.id DESC LIMIT ?");
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    if let Some(workflow) = workflow {
-        query = query.bind(workflow);
+    let workflow_id = match workflow {
+        None => None,
+        Some(name) => {
+            let id: Option<i64> = sqlx::query_scalar("SELECT id FROM workflow WHERE name = ?")
+                .bind(name)
+                .fetch_optional(&store.pool)
+                .await?;
+            match id {
+                Some(id) => Some(id),
+                None => return Ok(Vec::new()),
+            }
+        }
+    };
+    // The page's ids first, from an index alone, then their rows. Paging by id, never by
+    // offset: a page deep in a million runs reads only its own index entries. The ids' query
+    // goes as text with its numbers in it: MariaDB plans a re-executed prepared statement of
+    // it as a walk down the (workflow_id, id) index from the newest run, filtering `id < ?`
+    // entry by entry (hundreds of milliseconds half way down a million runs), and asked for
+    // whole rows at once it sorts every run when no workflow is given. Every value spliced in
+    // is a number or a state's own name.
+    let mut page = String::from("SELECT r.id FROM run r WHERE 1 = 1");
+    if let Some(id) = workflow_id {
+        page.push_str(&format!(" AND r.workflow_id = {id}"));
     }
     if let Some(state) = state {
-        query = query.bind(state.as_str());
+        page.push_str(&format!(" AND r.state = '{}'", state.as_str()));
     }
     if let Some(before) = before {
-        query = query.bind(before.0);
+        page.push_str(&format!(" AND r.id < {}", before.0));
     }
-    let rows = query.bind(i64::from(limit)).fetch_all(&store.pool).await?;
+    page.push_str(&format!(" ORDER BY r.id DESC LIMIT {limit}"));
+    let ids: Vec<i64> = sqlx::raw_sql(sqlx::AssertSqlSafe(page))
+        .fetch_all(&store.pool)
+        .await?
+        .iter()
+        .map(|row| row.try_get(0))
+        .collect::<std::result::Result<_, _>>()?;
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (list, values) = in_list(ids);
+    let sql = format!(
+        "{} WHERE r.id IN ({list}) ORDER BY r.id DESC",
+        rows::RUN_SELECT
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for id in values {
+        query = query.bind(id);
+    }
+    let rows = query.fetch_all(&store.pool).await?;
     rows.iter().map(rows::run).collect()
 }
 
 pub(crate) async fn run_counts(store: &SqlStore, id: RunId) -> Result<InstanceCounts> {
-    // One statement: the run's task count beside its instances' counts by state (one row
-    // with a NULL state for a run without instances). Shards count through their parent.
-    let rows = sqlx::query(
-        "SELECT v.task_count, ti.state, COUNT(ti.id) AS n FROM run r \
+    runs_counts(store, &[id])
+        .await?
+        .remove(&id)
+        .ok_or_else(|| crate::StoreError::NotFound(format!("run {id}")))
+}
+
+pub(crate) async fn runs_counts(
+    store: &SqlStore,
+    ids: &[RunId],
+) -> Result<HashMap<RunId, InstanceCounts>> {
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    // One statement for the lot: each run's task count beside its instances' counts by state
+    // (one row with a NULL state for a run without instances). Shards count through their
+    // parent. A page of runs costs one round trip, not one per run.
+    let (list, values) = in_list(ids.iter().map(|id| id.0));
+    let sql = format!(
+        "SELECT r.id, v.task_count, ti.state, COUNT(ti.id) AS n FROM run r \
          JOIN workflow_version v ON v.workflow_id = r.workflow_id \
          AND v.version = r.workflow_version \
          LEFT JOIN task_instance ti ON ti.run_id = r.id AND ti.shard_slot = 0 \
-         WHERE r.id = ? GROUP BY v.task_count, ti.state",
-    )
-    .bind(id.0)
-    .fetch_all(&store.pool)
-    .await?;
-    let first = rows
-        .first()
-        .ok_or_else(|| crate::StoreError::NotFound(format!("run {id}")))?;
-    let tasks: i64 = first.try_get("task_count")?;
-    let mut counts = InstanceCounts::default();
-    let mut total = 0i64;
+         WHERE r.id IN ({list}) GROUP BY r.id, v.task_count, ti.state"
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for id in values {
+        query = query.bind(id);
+    }
+    let rows = query.fetch_all(&store.pool).await?;
+    // Per run: its task count, the instances counted, and the counts by state.
+    let mut found: HashMap<RunId, (i64, i64, InstanceCounts)> = HashMap::new();
     for row in &rows {
+        let id = RunId(row.try_get("id")?);
+        let tasks: i64 = row.try_get("task_count")?;
+        let (_, total, counts) = found
+            .entry(id)
+            .or_insert_with(|| (tasks, 0, InstanceCounts::default()));
         let Some(state) = row.try_get::<Option<String>, _>("state")? else {
             continue;
         };
         let n: i64 = row.try_get("n")?;
-        total += n;
+        *total += n;
         let n = to_u32(n, "instance count")?;
         match instance_state(&state)? {
             InstanceState::Waiting => counts.waiting = n,
@@ -110,11 +157,16 @@ pub(crate) async fn run_counts(store: &SqlStore, id: RunId) -> Result<InstanceCo
             InstanceState::Timeout => counts.timeout = n,
             InstanceState::Cancelled => counts.cancelled = n,
             // Waits for its upstreams again after a rerun: shown like a task not created.
-            InstanceState::Pending => total -= n as i64,
+            InstanceState::Pending => *total -= i64::from(n),
         }
     }
-    counts.not_created = to_u32((tasks - total).max(0), "task count")?;
-    Ok(counts)
+    found
+        .into_iter()
+        .map(|(id, (tasks, total, mut counts))| {
+            counts.not_created = to_u32((tasks - total).max(0), "task count")?;
+            Ok((id, counts))
+        })
+        .collect()
 }
 
 pub(crate) async fn get_instance(
@@ -170,17 +222,27 @@ pub(crate) async fn runs_near(
     at: Millis,
 ) -> Result<Vec<RunRecord>> {
     let mut runs = Vec::with_capacity(2);
-    for (condition, order) in [
-        ("r.logical_time <= ?", "r.logical_time DESC, r.id DESC"),
-        ("r.logical_time > ?", "r.logical_time, r.id"),
-    ] {
+    // The nearest logical time on each side first (an index's edge), then the run at it. In
+    // one statement, MariaDB sorts every run of the workflow for `ORDER BY logical_time, id`
+    // over the (workflow_id, logical_time, state) index, and SQLite walks all of them when
+    // no run lies on that side.
+    for (nearest, order) in [("MAX", "DESC"), ("MIN", "ASC")] {
+        let side = if nearest == "MAX" { "<=" } else { ">" };
+        let edge: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT {nearest}(logical_time) FROM run WHERE workflow_id = ? AND logical_time {side} ?"
+        )))
+        .bind(workflow_id.0)
+        .bind(at)
+        .fetch_one(&store.pool)
+        .await?;
+        let Some(edge) = edge else { continue };
         let sql = format!(
-            "{} WHERE r.workflow_id = ? AND {condition} ORDER BY {order} LIMIT 1",
+            "{} WHERE r.workflow_id = ? AND r.logical_time = ? ORDER BY r.id {order} LIMIT 1",
             rows::RUN_SELECT
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(workflow_id.0)
-            .bind(at)
+            .bind(edge)
             .fetch_optional(&store.pool)
             .await?;
         if let Some(row) = row {

@@ -9,6 +9,8 @@
 //! reports), `logs.rs`, `workers.rs`, `nodes.rs`, `audit.rs`, `decisions.rs` and `dependents.rs`
 //! (dependencies between workflows).
 
+use std::collections::HashMap;
+
 use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::run::RunState;
@@ -105,6 +107,10 @@ impl Store for SqlStore {
 
     async fn run_counts(&self, id: RunId) -> Result<InstanceCounts> {
         runs::run_counts(self, id).await
+    }
+
+    async fn runs_counts(&self, ids: &[RunId]) -> Result<HashMap<RunId, InstanceCounts>> {
+        runs::runs_counts(self, ids).await
     }
 
     async fn cancel_run(&self, id: RunId, now: Millis) -> Result<Option<Vec<CancelledAttempt>>> {

@@ -1,6 +1,7 @@
 //! A sandbox for end-to-end tests: a scheduler on loopback gRPC over a real store (a fresh SQLite
 //! file, or a fresh MySQL database), real workers running real shell commands, and a
 //! [`TestClient`] of its control API whose waits give up after a timeout instead of hanging.
+pub mod browser;
 pub mod client;
 pub mod fault_kit;
 pub mod mariadb_server;

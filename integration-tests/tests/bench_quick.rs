@@ -78,17 +78,13 @@ fn quick_mode_runs_every_workload_correctly() {
 
 #[test]
 fn quick_mode_measures_the_web_ui_in_a_browser() {
-    let browser = Path::new(env!("CARGO_MANIFEST_DIR")).join("browser");
-    let ready = Path::new("/usr/bin/chromium").exists()
-        && browser.join("node_modules/playwright-core").exists();
-    if !ready {
+    if let Err(missing) = ax_integration_tests::browser::tools() {
         assert_ne!(
             std::env::var("CI").as_deref(),
             Ok("true"),
-            "U1 needs chromium and `npm ci` in {} under CI",
-            browser.display()
+            "U1 cannot run under CI: {missing}"
         );
-        eprintln!("skipping U1: no chromium or no node modules");
+        eprintln!("skipping U1: {missing}");
         return;
     }
     quick_run(&["U1"], None, "sqlite");

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use ax_integration_tests::browser;
 use ax_integration_tests::workflows::layered;
 use ax_integration_tests::{Backend, Cluster};
 
@@ -20,32 +21,8 @@ ax_integration_tests::on_every_backend!(the_web_ui_passes_its_browser_checks);
 /// The suite's own checks have their own time limits; this only catches a hang.
 const SUITE_GUARD: Duration = Duration::from_secs(600);
 
-fn browser_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("browser")
-}
-
-/// chromium and the suite's node modules, or why they are missing.
-fn tools() -> Result<PathBuf, String> {
-    let chromium = PathBuf::from(
-        std::env::var("AX_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".to_string()),
-    );
-    if !chromium.exists() {
-        return Err(format!("no chromium at {}", chromium.display()));
-    }
-    if Command::new("node").arg("--version").output().is_err() {
-        return Err("no node on PATH".into());
-    }
-    if !browser_dir().join("node_modules/playwright-core").exists() {
-        return Err(format!(
-            "no playwright-core: run `npm ci` in {}",
-            browser_dir().display()
-        ));
-    }
-    Ok(chromium)
-}
-
 async fn the_web_ui_passes_its_browser_checks(backend: Backend) {
-    let chromium = match tools() {
+    let chromium = match browser::tools() {
         Ok(chromium) => chromium,
         Err(missing) if std::env::var("CI").as_deref() == Ok("true") => {
             panic!("the browser suite cannot run under CI: {missing}")
@@ -66,7 +43,7 @@ async fn the_web_ui_passes_its_browser_checks(backend: Backend) {
         return;
     };
     let client = cluster.client().await.expect("client");
-    let fixtures = browser_dir().join("fixtures");
+    let fixtures = browser::dir().join("fixtures");
     let mut names: Vec<PathBuf> = std::fs::read_dir(&fixtures)
         .expect("fixtures")
         .map(|entry| entry.expect("entry").path())
@@ -98,7 +75,7 @@ async fn the_web_ui_passes_its_browser_checks(backend: Backend) {
     let suite = tokio::task::spawn_blocking(move || {
         Command::new("node")
             .args(["--test", "--test-reporter=spec", "ui.test.mjs"])
-            .current_dir(browser_dir())
+            .current_dir(browser::dir())
             .env("AX_UI_URL", &base)
             .env("AX_UI_SHOTS", &shots)
             .env("AX_CHROMIUM", &chromium)

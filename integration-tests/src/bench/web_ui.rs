@@ -6,7 +6,6 @@
 //! same pages hidden, plus the requests those pages made in each phase. Needs node, chromium
 //! and `npm ci` in `integration-tests/browser`; without them the workload is unsupported.
 
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -15,38 +14,14 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::{Checks, ClusterSpec, Env, Measurement, Target, cpu_seconds, percentile};
+use crate::browser;
 use crate::workflows::layered;
 
 const DAG_BUDGET_MS: f64 = 2_000.0;
 
-fn browser_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("browser")
-}
-
-/// chromium's path, or why the browser cannot run.
-fn tools() -> Result<PathBuf, String> {
-    let chromium = PathBuf::from(
-        std::env::var("AX_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".to_string()),
-    );
-    if !chromium.exists() {
-        return Err(format!("no chromium at {}", chromium.display()));
-    }
-    if std::process::Command::new("node")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        return Err("no node on PATH".into());
-    }
-    if !browser_dir().join("node_modules/playwright-core").exists() {
-        return Err(format!("run `npm ci` in {}", browser_dir().display()));
-    }
-    Ok(chromium)
-}
-
 pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
     let mut m = Measurement::default();
-    let chromium = match tools() {
+    let chromium = match browser::tools() {
         Ok(chromium) => chromium,
         Err(missing) => {
             m.unsupported = Some(format!("U1 drives a browser: {missing}"));
@@ -85,7 +60,7 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
     let baseline = cpu_share(pid, Duration::from_secs(idle)).await?;
     let mut child = tokio::process::Command::new("node")
         .arg("measure.mjs")
-        .current_dir(browser_dir())
+        .current_dir(browser::dir())
         .env("AX_UI_URL", &base)
         .env("AX_CHROMIUM", &chromium)
         .env("AX_UI_DAG", "u1-dag")

@@ -164,6 +164,8 @@ test("(c) the live tail shows new lines, stays put when scrolled up, and shows t
     const lines = Number(running.attempts[0].logLines);
     assert.ok(lines >= 112, `a running attempt counts ${lines} lines, the page shows tick 12`);
     const second = await open(`/instances/${inst.id}`);
+    // The page fills its tables after it loads: wait for the attempts table before reading it.
+    await second.locator("main table thead th", { hasText: "Lines" }).first().waitFor({ timeout: GUARD });
     const headers = await second.locator("main table").first().locator("thead th").allInnerTexts();
     const cell = second.locator("main table").first().locator("tbody tr").first().locator("td").nth(headers.indexOf("Lines"));
     const shown = Number((await cell.innerText()).replace(/,/g, ""));

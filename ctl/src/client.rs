@@ -2,14 +2,16 @@
 
 use std::time::Duration;
 
+use ax_proto::client::{Bearer, ClientAuth};
 use ax_proto::v1::control_service_client::ControlServiceClient;
 use tonic::Status;
-use tonic::transport::{Channel, Endpoint};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
 
 use crate::error::{self, CtlError};
 use crate::output::Output;
 
-pub type Client = ControlServiceClient<Channel>;
+pub type Client = ControlServiceClient<InterceptedService<Channel, Bearer>>;
 
 /// How long to wait for the TCP/HTTP2 connection before calling the server unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -23,22 +25,31 @@ pub struct Ctx {
     pub server: String,
     pub output: Output,
     pub actor: String,
+    /// The token and the CA to trust.
+    pub auth: ClientAuth,
 }
 
 impl Ctx {
     /// Opens the connection eagerly, so an unreachable server is reported once, up front, with
     /// its address, rather than as an opaque transport error from the first call.
     pub async fn connect(&self) -> Result<Client, CtlError> {
-        let endpoint = Endpoint::from_shared(self.server.clone())
-            .map_err(|e| CtlError::usage(format!("invalid --server URL {:?}: {e}", self.server)))?
+        let endpoint = self
+            .auth
+            .endpoint(&self.server, None)
+            .map_err(|e| CtlError::usage(format!("--server {:?}: {e}", self.server)))?
             .connect_timeout(CONNECT_TIMEOUT);
+        let bearer = self
+            .auth
+            .bearer()
+            .map_err(|e| CtlError::usage(format!("--token: {e}")))?;
         let channel = endpoint
             .connect()
             .await
             .map_err(|e| error::unreachable(&self.server, &e))?;
         // A workflow of 10,000 tasks comes back with its source and every task: more than
         // tonic's default 4 MiB.
-        Ok(ControlServiceClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES))
+        Ok(ControlServiceClient::with_interceptor(channel, bearer)
+            .max_decoding_message_size(MAX_RESPONSE_BYTES))
     }
 
     /// Turns a failed call into the error `main` reports (message and exit code).

@@ -17,6 +17,8 @@ pub enum Exit {
     InvalidArgument = 4,
     Unavailable = 5,
     Conflict = 6,
+    /// No valid token, or one whose role or app does not allow the call.
+    Denied = 7,
     RunFailed = 10,
     RunCancelled = 11,
     Interrupted = 130,
@@ -89,11 +91,11 @@ pub fn from_status(status: &Status, server: &str) -> CtlError {
             CtlError::new(Exit::Conflict, or("failed precondition"))
         }
         Code::Unauthenticated => CtlError::new(
-            Exit::Other,
+            Exit::Denied,
             format!("not authenticated: {}", or("no details")),
         ),
         Code::PermissionDenied => CtlError::new(
-            Exit::Other,
+            Exit::Denied,
             format!("permission denied: {}", or("no details")),
         ),
         code => CtlError::new(
@@ -159,6 +161,8 @@ mod tests {
             (Code::Unavailable, Exit::Unavailable),
             (Code::FailedPrecondition, Exit::Conflict),
             (Code::AlreadyExists, Exit::Conflict),
+            (Code::Unauthenticated, Exit::Denied),
+            (Code::PermissionDenied, Exit::Denied),
             (Code::Internal, Exit::Other),
         ];
         for (code, exit) in cases {

@@ -15,7 +15,7 @@ use clap::{Parser, Subcommand};
 use crate::client::Ctx;
 use crate::commands::{
     apply, audit, backfill, cancel, cluster, dag, dev, get, logs, pause, rerun, resume, retry,
-    trigger, why, workers,
+    token, trigger, whoami, why, workers,
 };
 use crate::error::Exit;
 use crate::output::Output;
@@ -36,6 +36,7 @@ Exit codes:
     4    invalid argument (e.g. a workflow file the server refused, printed as FILE:LINE: FIELD: message)
     5    server unreachable or unavailable
     6    failed precondition or conflict (e.g. cancelling a finished run)
+    7    not authenticated (no valid token) or not allowed (the token's role or app)
     10   a waited run ended FAILED
     11   a waited run ended CANCELLED
     130  interrupted (Ctrl-C) before a waited run ended";
@@ -59,6 +60,19 @@ struct Cli {
     /// Who is acting, recorded in the audit trail of applies, triggers, pauses and cancels.
     #[arg(long, global = true, default_value_t = client::default_actor())]
     actor: String,
+
+    /// The token to call with (a node that asks for tokens refuses calls without one).
+    #[arg(long, global = true, env = "AX_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+
+    /// A file holding the token on its first line.
+    #[arg(long, global = true, env = "AX_TOKEN_FILE", conflicts_with = "token")]
+    token_file: Option<std::path::PathBuf>,
+
+    /// The CA that signed the nodes' certificates (PEM); implies TLS. Without it, an
+    /// https:// --server is checked against the system's roots.
+    #[arg(long, global = true, env = "AX_TLS_CA")]
+    tls_ca: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
     command: Command,
@@ -100,6 +114,8 @@ enum Command {
     Audit(audit::Args),
     /// Create one run per cron slot of a past range, in order (a slot that has a run is kept).
     Backfill(backfill::Args),
+    Token(token::Args),
+    Whoami(whoami::Args),
 }
 
 #[tokio::main]
@@ -113,10 +129,26 @@ async fn main() -> ExitCode {
         eprintln!("error: -o ascii, dot and mermaid are formats of `axctl dag` only");
         return ExitCode::from(Exit::Usage as u8);
     }
+    let token = match (cli.token, &cli.token_file) {
+        (Some(token), _) => Some(token),
+        (None, Some(path)) => match ax_proto::client::read_token_file(path) {
+            Ok(token) => Some(token),
+            Err(err) => {
+                eprintln!("error: --token-file: {err}");
+                return ExitCode::from(Exit::Usage as u8);
+            }
+        },
+        (None, None) => None,
+    };
     let ctx = Ctx {
         server: client::normalize_server(&cli.server),
         output: cli.output,
         actor: cli.actor,
+        auth: ax_proto::client::ClientAuth {
+            token,
+            tls_ca: cli.tls_ca,
+            tls_identity: None,
+        },
     };
     let result = match cli.command {
         Command::Apply(args) => apply::run(&ctx, args).await.map(|()| Exit::Ok),
@@ -135,6 +167,8 @@ async fn main() -> ExitCode {
         Command::Why(args) => why::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Audit(args) => audit::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Backfill(args) => backfill::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Token(args) => token::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Whoami(args) => whoami::run(&ctx, args).await.map(|()| Exit::Ok),
     };
     let exit = match result {
         Ok(exit) => exit,

@@ -744,6 +744,7 @@ async fn audit_lists_rows_and_passes_its_filters() {
                 target: "workflow/etl".into(),
                 detail: String::new(),
                 remote: "10.0.0.2:5555".into(),
+                token: "ops".into(),
             },
             pb::AuditEntry {
                 at_ms: 1_700_000_001_000,
@@ -752,6 +753,7 @@ async fn audit_lists_rows_and_passes_its_filters() {
                 target: "workflow/etl".into(),
                 detail: "run 7".into(),
                 remote: "10.0.0.1:4444".into(),
+                token: String::new(),
             },
         ];
     });

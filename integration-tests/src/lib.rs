@@ -139,9 +139,24 @@ pub struct ClusterBuilder {
     alerts: Vec<ax_scheduler::alerts::ChannelConfig>,
     pools: BTreeMap<String, u32>,
     max_line_bytes: Option<usize>,
+    auth: ax_scheduler::AuthMode,
+    auth_failures_per_address: u32,
 }
 
 impl ClusterBuilder {
+    /// Callers need tokens (the sandbox's own client and workers then have none: a test that
+    /// turns this on starts no workers here and makes its own calls).
+    pub fn auth(mut self, auth: ax_scheduler::AuthMode) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    /// Failed authentications an address may make within a minute before it is refused.
+    pub fn auth_failures_per_address(mut self, limit: u32) -> Self {
+        self.auth_failures_per_address = limit;
+        self
+    }
+
     /// Workers split output lines longer than this (their default when unset).
     pub fn max_line_bytes(mut self, bytes: usize) -> Self {
         self.max_line_bytes = Some(bytes);
@@ -212,6 +227,10 @@ impl ClusterBuilder {
             alerts: self.alerts,
             max_backfill_runs: 1_000,
             pools: self.pools,
+            auth: self.auth,
+            auth_failures_per_address: self.auth_failures_per_address,
+            tls: None,
+            insecure: false,
         };
         let scheduler = ax_scheduler::start(options).await?;
         let addr = scheduler.local_addr();
@@ -227,11 +246,13 @@ impl ClusterBuilder {
         for spec in self.workers {
             cluster.add_worker(spec);
         }
-        cluster
-            .client()
-            .await?
-            .wait_for_workers(workers, WORKERS_GUARD)
-            .await?;
+        if workers > 0 {
+            cluster
+                .client()
+                .await?
+                .wait_for_workers(workers, WORKERS_GUARD)
+                .await?;
+        }
         Ok(Some(cluster))
     }
 }
@@ -255,6 +276,8 @@ impl Cluster {
             alerts: Vec::new(),
             pools: BTreeMap::new(),
             max_line_bytes: None,
+            auth: ax_scheduler::AuthMode::Off,
+            auth_failures_per_address: ax_scheduler::auth::FAILURES_PER_ADDRESS,
         }
     }
 

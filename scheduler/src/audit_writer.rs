@@ -58,6 +58,7 @@ mod tests {
                             target: format!("workflow/w{n}"),
                             detail: String::new(),
                             remote: "127.0.0.1:1".into(),
+                            token: String::new(),
                         })
                         .await
                 })

@@ -13,6 +13,8 @@ use clap::Parser;
 use serde::Deserialize;
 
 use crate::SchedulerOptions;
+use crate::auth::AuthMode;
+use crate::tls::TlsFiles;
 
 #[derive(Debug, Parser)]
 #[command(name = "ax-scheduler", version, about = "The ax scheduler node")]
@@ -76,6 +78,51 @@ pub struct Args {
     /// override the file's `[pools]` table pool by pool.
     #[arg(long = "pool", env = "AX_POOLS", value_delimiter = ',', value_parser = parse_pool)]
     pub pools: Vec<(String, u32)>,
+    /// Whether callers need a token: tokens or none (default: tokens, except on a loopback
+    /// listen address).
+    #[arg(long, env = "AX_AUTH")]
+    pub auth: Option<AuthMode>,
+    /// The node's TLS certificate chain (PEM); read again when it changes.
+    #[arg(long, env = "AX_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "AX_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// A CA (PEM): workers must then present a certificate it signed that names their id.
+    #[arg(long, env = "AX_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Listen on a non-loopback address without TLS or without authentication.
+    #[arg(long, env = "AX_INSECURE")]
+    pub insecure: bool,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// What the binary does besides serving.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Tokens made on the store directly, with the node's store settings: the first admin
+    /// token of a new cluster (later ones come from `axctl token create`).
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum TokenCommand {
+    /// Creates a token and prints it once (only its hash is stored).
+    Create {
+        #[arg(long)]
+        name: String,
+        /// viewer, operator, admin or worker.
+        #[arg(long)]
+        role: ax_core::access::Role,
+        /// Scope the token to this app's workflows.
+        #[arg(long)]
+        app: Option<String>,
+        /// How long it lasts, e.g. 90d, 12h (default: until revoked).
+        #[arg(long, value_parser = ax_core::access::parse_lifetime_ms)]
+        expires: Option<i64>,
+    },
 }
 
 /// The same settings as they appear in the TOML file.
@@ -100,6 +147,11 @@ struct FileConfig {
     max_backfill_runs: Option<u32>,
     alerts: Option<crate::alerts::AlertsConfig>,
     pools: Option<BTreeMap<String, u32>>,
+    auth: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
+    insecure: Option<bool>,
 }
 
 /// `NAME=N`: a pool and its limit.
@@ -150,8 +202,44 @@ impl Args {
             .map(|text| text.parse::<Strategy>())
             .transpose()
             .map_err(|err| anyhow::anyhow!("config file {}: strategy: {err}", path.display()))?;
+        let listen = self.listen.or(file.listen).unwrap_or(defaults.listen);
+        let file_auth = file
+            .auth
+            .map(|text| text.parse::<AuthMode>())
+            .transpose()
+            .map_err(|err| anyhow::anyhow!("config file {}: {err}", path.display()))?;
+        let auth = self
+            .auth
+            .or(file_auth)
+            .unwrap_or(if listen.ip().is_loopback() {
+                AuthMode::Off
+            } else {
+                AuthMode::Tokens
+            });
+        let tls = match (
+            self.tls_cert.or(file.tls_cert),
+            self.tls_key.or(file.tls_key),
+        ) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert,
+                key,
+                client_ca: self.tls_client_ca.or(file.tls_client_ca),
+            }),
+            (None, None) => {
+                if self.tls_client_ca.is_some() || file.tls_client_ca.is_some() {
+                    bail!("--tls-client-ca needs --tls-cert and --tls-key");
+                }
+                None
+            }
+            (Some(_), None) => bail!("--tls-cert needs --tls-key (the certificate's private key)"),
+            (None, Some(_)) => bail!("--tls-key needs --tls-cert (the certificate chain)"),
+        };
         let options = SchedulerOptions {
-            listen: self.listen.or(file.listen).unwrap_or(defaults.listen),
+            listen,
+            auth,
+            auth_failures_per_address: defaults.auth_failures_per_address,
+            tls,
+            insecure: self.insecure || file.insecure.unwrap_or(false),
             store_url: self.store.or(file.store).unwrap_or(defaults.store_url),
             redis_url: self.redis.or(file.redis).filter(|url| !url.is_empty()),
             redis_namespace: self

@@ -18,6 +18,7 @@ use crate::log_writer::LogWriter;
 use crate::membership::{Member, Membership};
 use crate::node::Node;
 
+pub use auth::AuthMode;
 pub use ax_core::placement::Strategy;
 
 /// Everything a scheduler node needs to start. `Default` is the embedded single-node setup.
@@ -65,6 +66,16 @@ pub struct SchedulerOptions {
     /// tasks dispatched or running at once. A pool not listed has no limit. Every node of a
     /// cluster must be given the same limits.
     pub pools: std::collections::BTreeMap<String, u32>,
+    /// Whether callers need a token (`auth::AuthMode`); off by default, which is safe only on
+    /// a loopback address (see [`check_exposure`]).
+    pub auth: AuthMode,
+    /// Failed authentications an address may make within a minute before it is refused for a
+    /// minute, valid token or not.
+    pub auth_failures_per_address: u32,
+    /// TLS on the port; plaintext without it.
+    pub tls: Option<tls::TlsFiles>,
+    /// Serve a non-loopback address without TLS or without authentication.
+    pub insecure: bool,
 }
 
 impl Default for SchedulerOptions {
@@ -88,6 +99,10 @@ impl Default for SchedulerOptions {
             alerts: Vec::new(),
             max_backfill_runs: 1_000,
             pools: std::collections::BTreeMap::new(),
+            auth: AuthMode::Off,
+            auth_failures_per_address: auth::FAILURES_PER_ADDRESS,
+            tls: None,
+            insecure: false,
         }
     }
 }
@@ -131,8 +146,40 @@ impl RunningScheduler {
     }
 }
 
+/// Refuses a setup that would let anyone who reaches the port run commands on every worker:
+/// a non-loopback address without TLS or without authentication, unless `insecure` says the
+/// operator means it.
+pub fn check_exposure(options: &SchedulerOptions) -> anyhow::Result<()> {
+    if options.listen.ip().is_loopback() || options.insecure {
+        return Ok(());
+    }
+    let mut missing = Vec::new();
+    if options.tls.is_none() {
+        missing.push("TLS (--tls-cert and --tls-key)");
+    }
+    if options.auth == AuthMode::Off {
+        missing.push("token authentication (--auth tokens)");
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "refusing to listen on {} without {}: anyone who reaches this port could define shell \
+         commands and have every worker run them. Give the missing settings, listen on a \
+         loopback address, or pass --insecure if the network itself is trusted",
+        options.listen,
+        missing.join(" and ")
+    )
+}
+
 /// Opens the store, runs migrations, binds the listener and starts serving.
 pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler> {
+    check_exposure(&options)?;
+    let tls = match &options.tls {
+        Some(files) => Some(tls::ServerTls::load(files.clone()).context("loading TLS files")?),
+        None => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let store = ax_store::open(&options.store_url)
         .await
         .with_context(|| format!("opening the store at {}", redact(&options.store_url)))?;
@@ -166,11 +213,11 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     };
     let (listener, membership) = if options.listen.port() == 0 {
         let listener = bind().await?;
-        let address = format!("http://{}", listener.local_addr()?);
+        let address = format!("{scheme}://{}", listener.local_addr()?);
         let membership = Membership::join(store.clone(), member(address)).await?;
         (listener, membership)
     } else {
-        let address = format!("http://{}", options.listen);
+        let address = format!("{scheme}://{}", options.listen);
         let membership = Membership::join(store.clone(), member(address)).await?;
         match bind().await {
             Ok(listener) => (listener, membership),
@@ -191,6 +238,8 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         guards = guards.kind(),
         node = %options.node_id,
         strategy = %options.strategy,
+        auth = ?options.auth,
+        tls = tls.is_some(),
         "scheduler starting"
     );
     let node = Arc::new(Node::new(
@@ -239,7 +288,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     // The web UI and its JSON API share the port: their routes first, the gRPC services added
     // to them (a browser speaks HTTP/1.1, so the server accepts it too).
     let routes = tonic::service::Routes::from(web::router(ControlApi::new(node.clone())));
-    let server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .accept_http1(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
@@ -248,6 +297,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         // let in is bounded, and the log writer's byte budget bounds the rest.
         .initial_stream_window_size(Some(4 << 20))
         .initial_connection_window_size(Some(8 << 20))
+        .layer(auth::AuthLayer::new(node.gate.clone()))
         .add_routes(routes)
         .add_service(health_service)
         .add_service(reflection)
@@ -255,11 +305,19 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         .add_service(
             ControlServiceServer::new(ControlApi::new(node.clone()))
                 .max_decoding_message_size(grpc::control::MAX_REQUEST_BYTES),
-        )
-        .serve_with_incoming_shutdown(
-            accepted_without_delay(listener),
-            cancel.clone().cancelled_owned(),
         );
+    let stopped = cancel.clone().cancelled_owned();
+    let server: std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>,
+    > = match tls {
+        Some(tls) => {
+            tasks.spawn(tls.clone().watch(cancel.clone()));
+            Box::pin(router.serve_with_incoming_shutdown(tls.incoming(listener), stopped))
+        }
+        None => {
+            Box::pin(router.serve_with_incoming_shutdown(accepted_without_delay(listener), stopped))
+        }
+    };
     let closing = node.clone();
     let closing_token = cancel.clone();
     tasks.spawn(async move {
@@ -314,6 +372,7 @@ pub fn redact(url: &str) -> String {
 
 pub mod alerts;
 mod audit_writer;
+pub mod auth;
 mod backfill;
 mod backstop;
 mod clock;
@@ -332,6 +391,7 @@ mod run_creator;
 mod schedules;
 mod specs;
 mod spread;
+pub mod tls;
 mod web;
 mod worker_rows;
 

@@ -1,7 +1,7 @@
 //! `ax-scheduler`: one scheduler node.
 
 use anyhow::Context;
-use ax_scheduler::config::Args;
+use ax_scheduler::config::{Args, Command, TokenCommand};
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
@@ -12,7 +12,18 @@ async fn main() -> anyhow::Result<()> {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
-    let options = Args::parse().into_options()?;
+    let mut args = Args::parse();
+    let command = args.command.take();
+    let options = args.into_options()?;
+    if let Some(Command::Token(TokenCommand::Create {
+        name,
+        role,
+        app,
+        expires,
+    })) = command
+    {
+        return create_token(&options.store_url, name, role, app, expires).await;
+    }
     let scheduler = ax_scheduler::start(options)
         .await
         .context("starting the scheduler")?;
@@ -20,6 +31,37 @@ async fn main() -> anyhow::Result<()> {
     shutdown_signal().await;
     tracing::info!("shutting down: draining reports and logs");
     scheduler.shutdown().await
+}
+
+/// `ax-scheduler token create`: a token made on the store directly (whoever holds the store's
+/// credentials holds everything already), printed once on stdout.
+async fn create_token(
+    store_url: &str,
+    name: String,
+    role: ax_core::access::Role,
+    app: Option<String>,
+    lifetime_ms: Option<i64>,
+) -> anyhow::Result<()> {
+    let store = ax_store::open(store_url)
+        .await
+        .with_context(|| format!("opening the store at {}", ax_scheduler::redact(store_url)))?;
+    let request = ax_scheduler::auth::tokens::TokenRequest {
+        name,
+        role,
+        app,
+        lifetime_ms,
+        created_by: "store".into(),
+    };
+    let now = chrono::Utc::now().timestamp_millis();
+    let (token, stored) = ax_scheduler::auth::tokens::create(store.as_ref(), request, now)
+        .await
+        .context("creating the token")?;
+    eprintln!(
+        "token {:?} ({}) created; it is shown once: keep it now",
+        stored.name, stored.role
+    );
+    println!("{token}");
+    Ok(())
 }
 
 async fn shutdown_signal() {

@@ -32,6 +32,8 @@ pub struct Node {
     pub runs: RunCreator,
     /// Records audit rows in groups (one transaction per burst of control calls).
     pub audit: AuditWriter,
+    /// Who may call what (tokens); every request on the port passes it.
+    pub gate: Arc<crate::auth::Gate>,
     /// Saves workers' rows; heartbeat refreshes are written in groups.
     pub worker_rows: Arc<WorkerRows>,
     pub alerter: Alerter,
@@ -59,11 +61,18 @@ impl Node {
         logs: LogWriter,
         alerter: Alerter,
     ) -> Node {
+        let audit = AuditWriter::start(AuditRows(store.clone()));
         Node {
             placer: Mutex::new(Placer::new(options.strategy)),
             specs: SpecCache::new(store.clone()),
             runs: RunCreator::start(NewRuns(store.clone())),
-            audit: AuditWriter::start(AuditRows(store.clone())),
+            gate: Arc::new(crate::auth::Gate::new(
+                options.auth,
+                options.auth_failures_per_address,
+                store.clone(),
+                audit.clone(),
+            )),
+            audit,
             worker_rows: WorkerRows::start(store.clone(), options.heartbeat_interval),
             registry: Registry::new(),
             options,

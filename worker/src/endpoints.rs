@@ -96,6 +96,9 @@ impl Endpoint {
 pub(crate) struct Target {
     pub(crate) address: SocketAddr,
     pub(crate) url: String,
+    /// The host name the endpoint was given with: what a node's TLS certificate must name,
+    /// whichever of its addresses is dialed.
+    pub(crate) host: String,
 }
 
 /// The addresses of one pass over the endpoints.
@@ -133,6 +136,7 @@ pub(crate) async fn resolve_all(endpoints: &[Endpoint], resolver: &dyn Resolve) 
             resolved.targets.push(Target {
                 address,
                 url: format!("{}://{address}", endpoint.scheme),
+                host: endpoint.host.clone(),
             });
         }
     }

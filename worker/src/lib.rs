@@ -99,6 +99,11 @@ pub struct WorkerOptions {
     pub self_fence_after: Option<Duration>,
     /// Reported in Register; the machine's host name when `None`.
     pub hostname: Option<String>,
+    /// The worker's token, CA and client certificate.
+    pub auth: ax_proto::client::ClientAuth,
+    /// A file holding the token, read again at every connection (so a rotated token is
+    /// picked up without a restart); it wins over `auth.token`.
+    pub token_file: Option<PathBuf>,
 }
 
 impl Default for WorkerOptions {
@@ -124,6 +129,8 @@ impl Default for WorkerOptions {
             drain_flush_timeout: Duration::from_secs(5),
             self_fence_after: Some(Duration::from_secs(10)),
             hostname: None,
+            auth: ax_proto::client::ClientAuth::default(),
+            token_file: None,
         }
     }
 }
@@ -277,7 +284,7 @@ pub async fn run_with_stats(
             context.options.register_timeout
         };
         let span = tracing::info_span!("connection", endpoint = %target.url, epoch);
-        let outcome = session::run_session(&context, &target.url, epoch, handshake, &shutdown)
+        let outcome = session::run_session(&context, &target, epoch, handshake, &shutdown)
             .instrument(span.clone())
             .await;
         let after_move = std::mem::take(&mut moving);

@@ -60,6 +60,23 @@ struct Args {
     /// would go there are paused on their output until the scheduler catches up.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
     max_spill_mib: u64,
+    /// The worker's token (a worker or admin token), for nodes that ask for one.
+    #[arg(long, env = "AX_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// A file holding the token on its first line, read again at every connection.
+    #[arg(long, env = "AX_TOKEN_FILE", conflicts_with = "token")]
+    token_file: Option<PathBuf>,
+    /// The CA that signed the nodes' certificates (PEM); implies TLS. Without it, https://
+    /// endpoints are checked against the system's roots.
+    #[arg(long, env = "AX_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// This worker's certificate (PEM), for nodes that require one: it must name the worker's
+    /// --id as a DNS name.
+    #[arg(long, env = "AX_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "AX_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 /// A duration that may be switched off; clap would read `Option<Duration>` as an optional flag.
@@ -128,6 +145,10 @@ async fn main() -> anyhow::Result<()> {
             std::process::id()
         )
     });
+    if let Some(path) = &args.token_file {
+        // Read again at every connection; a file that cannot be read now is a setup error.
+        ax_proto::client::read_token_file(path).context("--token-file")?;
+    }
     let options = WorkerOptions {
         endpoints: schedulers,
         worker_id,
@@ -140,6 +161,12 @@ async fn main() -> anyhow::Result<()> {
         finished_retention: args.finished_retention,
         spill_dir: args.spill_dir,
         max_spilled_log_bytes: args.max_spill_mib.saturating_mul(1 << 20),
+        auth: ax_proto::client::ClientAuth {
+            token: args.token,
+            tls_ca: args.tls_ca,
+            tls_identity: args.tls_cert.zip(args.tls_key),
+        },
+        token_file: args.token_file,
         ..WorkerOptions::default()
     };
 

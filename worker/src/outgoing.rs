@@ -28,12 +28,14 @@ impl From<WorkerMessage> for Outgoing {
 pub async fn connect(
     channel: Channel,
     outgoing: impl IntoStreamingRequest<Message = Outgoing>,
+    bearer: &ax_proto::client::Bearer,
 ) -> Result<Response<Streaming<SchedulerMessage>>, Status> {
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready()
         .await
         .map_err(|error| Status::unknown(format!("service was not ready: {error}")))?;
     let mut request = outgoing.into_streaming_request();
+    bearer.apply(&mut request);
     request
         .extensions_mut()
         .insert(GrpcMethod::new("ax.v1.WorkerService", "Connect"));

@@ -15,7 +15,6 @@ use tokio::time::{Instant, MissedTickBehavior, timeout};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Endpoint;
 
 use crate::attempts::{Admission, AttemptKey, Link, Replay};
 use crate::runner::run_attempt;
@@ -31,11 +30,8 @@ const DRAIN_POLL: Duration = Duration::from_millis(50);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
-    #[error("invalid scheduler endpoint {endpoint}: {source}")]
-    Endpoint {
-        endpoint: String,
-        source: tonic::transport::Error,
-    },
+    #[error("scheduler endpoint: {0}")]
+    Endpoint(#[from] ax_proto::client::ClientError),
     #[error("connecting failed")]
     Connect(#[source] tonic::transport::Error),
     #[error("stream failed: {0}")]
@@ -91,7 +87,7 @@ pub struct SessionOutcome {
 /// Registered.
 pub async fn run_session(
     context: &Arc<Context>,
-    endpoint: &str,
+    target: &crate::endpoints::Target,
     epoch: u64,
     handshake: Duration,
     shutdown: &CancellationToken,
@@ -104,7 +100,7 @@ pub async fn run_session(
         registered: false,
         heartbeats_acked: Arc::new(AtomicBool::new(false)),
     };
-    let result = session.run(endpoint, handshake, shutdown).await;
+    let result = session.run(target, handshake, shutdown).await;
     // Runners blocked on this stream's full channel give up; what they held is replayed later.
     context.attempts.detach(epoch);
     closed.cancel();
@@ -126,17 +122,20 @@ struct Session {
 impl Session {
     async fn run(
         &mut self,
-        endpoint: &str,
+        target: &crate::endpoints::Target,
         handshake: Duration,
         shutdown: &CancellationToken,
     ) -> Result<SessionEnd, SessionError> {
         let context = Arc::clone(&self.context);
         let options = &context.options;
-        let channel = Endpoint::from_shared(endpoint.to_string())
-            .map_err(|source| SessionError::Endpoint {
-                endpoint: endpoint.to_string(),
-                source,
-            })?
+        let mut auth = options.auth.clone();
+        if let Some(path) = &options.token_file {
+            auth.token = Some(ax_proto::client::read_token_file(path)?);
+        }
+        let bearer = auth.bearer()?;
+        // A node's certificate names its host, not the address the name resolved to.
+        let channel = auth
+            .endpoint(&target.url, Some(&target.host))?
             .connect_timeout(handshake)
             // A silent network partition would otherwise keep a dead stream "up" until the
             // outgoing channel fills, and the worker would neither reconnect nor self-fence.
@@ -188,7 +187,7 @@ impl Session {
             })
         };
         let deadline = handshake;
-        let response = timeout(deadline, outgoing::connect(channel, outgoing))
+        let response = timeout(deadline, outgoing::connect(channel, outgoing, &bearer))
             .await
             .map_err(|_| SessionError::HandshakeTimeout(deadline))??;
         let mut inbound = response.into_inner();

@@ -20,12 +20,16 @@ pub struct Args {
     /// Only what this actor did (as recorded: `user@host` by default).
     #[arg(long = "by", value_name = "ACTOR")]
     pub by: Option<String>,
+    /// Only what was done with this token (by its name).
+    #[arg(long = "by-token", value_name = "NAME")]
+    pub by_token: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
 pub struct AuditView {
     pub at: Option<String>,
     pub actor: String,
+    pub token: String,
     pub action: String,
     pub target: String,
     pub remote: String,
@@ -42,6 +46,7 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
         action: args.action.unwrap_or_default(),
         target: args.target.unwrap_or_default(),
         actor: args.by.unwrap_or_default(),
+        token: args.by_token.unwrap_or_default(),
     };
     let entries = client
         .list_audit(request)
@@ -54,6 +59,7 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
         .map(|e| AuditView {
             at: rfc3339(e.at_ms),
             actor: e.actor.clone(),
+            token: e.token.clone(),
             action: e.action.clone(),
             target: e.target.clone(),
             remote: e.remote.clone(),
@@ -64,11 +70,12 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
 }
 
 fn audit_table(entries: &[pb::AuditEntry]) -> String {
-    let mut table = Table::new(&["WHEN", "WHO", "ACTION", "TARGET", "FROM", "DETAIL"]);
+    let mut table = Table::new(&["WHEN", "WHO", "TOKEN", "ACTION", "TARGET", "FROM", "DETAIL"]);
     for e in entries {
         table.row(vec![
             time(e.at_ms),
             or_dash(&e.actor),
+            or_dash(&e.token),
             e.action.clone(),
             or_dash(&e.target),
             or_dash(&e.remote),

@@ -73,8 +73,11 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<Exit> {
             shutdown.clone(),
         ))),
     };
+    // The dev node is plaintext on loopback and asks for no token, whatever the environment
+    // says for other nodes.
     let dev_ctx = Ctx {
         server: url,
+        auth: Default::default(),
         ..ctx.clone()
     };
 
@@ -229,6 +232,7 @@ mod tests {
             server,
             output: Output::Table,
             actor: "tester@host".into(),
+            auth: Default::default(),
         };
         let mut out = Vec::new();
         let exit = run_file(&ctx, &file, &mut out).await.unwrap();

@@ -13,6 +13,8 @@ pub mod pause;
 pub mod rerun;
 pub mod resume;
 pub mod retry;
+pub mod token;
 pub mod trigger;
+pub mod whoami;
 pub mod why;
 pub mod workers;

@@ -636,6 +636,36 @@ impl ControlService for Fake {
         })
     }
 
+    // axctl's token commands and whoami are tested against a real scheduler
+    // (integration-tests/tests/security.rs); the fake has no tokens.
+    async fn who_am_i(
+        &self,
+        _request: Request<pb::WhoAmIRequest>,
+    ) -> Result<Response<pb::Identity>, Status> {
+        Err(Status::unimplemented("the fake has no tokens"))
+    }
+
+    async fn create_token(
+        &self,
+        _request: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        Err(Status::unimplemented("the fake has no tokens"))
+    }
+
+    async fn list_tokens(
+        &self,
+        _request: Request<pb::ListTokensRequest>,
+    ) -> Result<Response<pb::ListTokensResponse>, Status> {
+        Err(Status::unimplemented("the fake has no tokens"))
+    }
+
+    async fn revoke_token(
+        &self,
+        _request: Request<pb::RevokeTokenRequest>,
+    ) -> Result<Response<pb::Token>, Status> {
+        Err(Status::unimplemented("the fake has no tokens"))
+    }
+
     async fn list_audit(
         &self,
         request: Request<pb::ListAuditRequest>,

@@ -6,6 +6,7 @@
 //! numbers (placement's `random`, retry jitter's `unit_random`), so every rule is tested with a
 //! fake clock and chosen draws.
 
+pub mod access;
 pub mod audit_text;
 pub mod cron;
 pub mod dag;

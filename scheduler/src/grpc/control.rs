@@ -13,8 +13,8 @@ use ax_core::spec::{TriggerKind, WorkflowSpec, parse_workflow};
 use ax_proto::v1 as pb;
 use ax_proto::v1::control_service_server::ControlService;
 use ax_store::{
-    AttemptRecord, AuditRecord, InstanceCounts, InstanceRecord, LogStream, ManualRetry, NewRun,
-    WorkflowRecord,
+    AttemptRecord, AuditRecord, Caller, InstanceCounts, InstanceRecord, LogStream, ManualRetry,
+    NewRun, WorkflowRecord,
 };
 use futures::Stream;
 use tokio::sync::mpsc;
@@ -26,7 +26,10 @@ use crate::clock::now_ms;
 use crate::node::Node;
 use crate::specs::VersionedSpec;
 
+mod access;
 mod dag;
+
+use access::Call;
 
 /// Workflow files larger than this are refused.
 const MAX_SOURCE_BYTES: usize = 4 << 20;
@@ -65,7 +68,14 @@ impl ControlApi {
         self.node.watch_progress()
     }
 
-    async fn audit(&self, actor: &str, action: &str, target: String, detail: String, remote: &str) {
+    async fn audit(
+        &self,
+        actor: &str,
+        action: &str,
+        target: String,
+        detail: String,
+        caller: &Caller,
+    ) {
         let record = AuditRecord {
             at: now_ms(),
             actor: if actor.trim().is_empty() {
@@ -76,7 +86,8 @@ impl ControlApi {
             action: action.into(),
             target,
             detail,
-            remote: remote.into(),
+            remote: caller.remote.clone(),
+            token: caller.token.clone(),
         };
         if let Err(err) = self.node.audit.record(record).await {
             tracing::error!(error = %err, action, "writing the audit row failed");
@@ -85,7 +96,7 @@ impl ControlApi {
 
     /// The latest version of the workflow called `name`, its spec from the node's cache: one
     /// light read instead of the whole stored row on every trigger.
-    async fn latest_spec(&self, name: &str) -> Result<LatestSpec, Status> {
+    async fn latest_spec(&self, call: &Call, name: &str) -> Result<LatestSpec, Status> {
         require_name(name)?;
         let (id, version) = self
             .node
@@ -100,6 +111,9 @@ impl ControlApi {
             .get(id, version)
             .await
             .map_err(store_status)?;
+        call.sees(&versioned.spec.app, || {
+            format!("workflow {name:?} not found")
+        })?;
         Ok(LatestSpec {
             id,
             version,
@@ -107,14 +121,19 @@ impl ControlApi {
         })
     }
 
-    async fn workflow_named(&self, name: &str) -> Result<WorkflowRecord, Status> {
+    /// The workflow called `name`, if it exists and the caller may see it.
+    async fn workflow_named(&self, call: &Call, name: &str) -> Result<WorkflowRecord, Status> {
         require_name(name)?;
-        self.node
+        let not_found = || format!("workflow {name:?} not found");
+        let record = self
+            .node
             .store
             .get_workflow(name)
             .await
             .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("workflow {name:?} not found")))
+            .ok_or_else(|| Status::not_found(not_found()))?;
+        call.sees(&record.spec.app, not_found)?;
+        Ok(record)
     }
 
     /// Pauses or resumes a workflow's schedule. The slots that passed while paused are handled
@@ -124,9 +143,9 @@ impl ControlApi {
         name: &str,
         paused: bool,
         actor: &str,
-        remote: &str,
+        call: &Call,
     ) -> Result<Response<pb::Workflow>, Status> {
-        let current = self.workflow_named(name).await?;
+        let current = self.workflow_named(call, name).await?;
         let now = now_ms();
         let (next, decisions) = if paused {
             (None, Vec::new())
@@ -151,7 +170,7 @@ impl ControlApi {
             action,
             format!("workflow/{}", record.name),
             String::new(),
-            remote,
+            &call.caller,
         )
         .await;
         self.node.schedule_wake.notify_one();
@@ -229,13 +248,6 @@ fn require_name(name: &str) -> Result<(), Status> {
     Ok(())
 }
 
-fn remote<T>(request: &Request<T>) -> String {
-    request
-        .remote_addr()
-        .map(|addr| addr.to_string())
-        .unwrap_or_default()
-}
-
 /// The next fire of a cron-triggered spec after `now`, if any.
 fn next_fire(spec: &WorkflowSpec, now: i64) -> Result<Option<i64>, Status> {
     if spec.schedule.trigger != TriggerKind::Cron {
@@ -279,7 +291,7 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::ApplyWorkflowRequest>,
     ) -> Result<Response<pb::ApplyWorkflowResponse>, Status> {
-        let remote = remote(&request);
+        let call = Call::of(&request);
         let request = request.into_inner();
         let source_name = if request.source_name.is_empty() {
             "<request>"
@@ -294,6 +306,7 @@ impl ControlService for ControlApi {
         }
         let mut parsed = parse_workflow(&request.source, source_name)
             .map_err(|err| Status::invalid_argument(err.to_string()))?;
+        self.check_apply_scope(&call, &parsed.spec).await?;
         parsed
             .warnings
             .extend(self.check_after(&parsed.spec).await?);
@@ -333,7 +346,7 @@ impl ControlService for ControlApi {
             "apply",
             format!("workflow/{}", record.name),
             detail,
-            &remote,
+            &call.caller,
         )
         .await;
         self.node.schedule_wake.notify_one();
@@ -348,8 +361,15 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::ListWorkflowsRequest>,
     ) -> Result<Response<pb::ListWorkflowsResponse>, Status> {
+        let call = Call::of(&request);
         let request = request.into_inner();
         let app = (!request.app.is_empty()).then_some(request.app.as_str());
+        if let (Some(scope), Some(asked)) = (call.app_scope(), app)
+            && scope != asked
+        {
+            return Ok(Response::new(pb::ListWorkflowsResponse::default()));
+        }
+        let app = call.app_scope().or(app);
         let records = self
             .node
             .store
@@ -390,7 +410,10 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::GetWorkflowRequest>,
     ) -> Result<Response<pb::Workflow>, Status> {
-        let record = self.workflow_named(&request.into_inner().name).await?;
+        let call = Call::of(&request);
+        let record = self
+            .workflow_named(&call, &request.into_inner().name)
+            .await?;
         Ok(Response::new(convert::workflow(&record, now_ms())))
     }
 
@@ -398,9 +421,9 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::PauseWorkflowRequest>,
     ) -> Result<Response<pb::Workflow>, Status> {
-        let remote = remote(&request);
+        let call = Call::of(&request);
         let request = request.into_inner();
-        self.set_paused(&request.name, true, &request.actor, &remote)
+        self.set_paused(&request.name, true, &request.actor, &call)
             .await
     }
 
@@ -408,9 +431,9 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::ResumeWorkflowRequest>,
     ) -> Result<Response<pb::Workflow>, Status> {
-        let remote = remote(&request);
+        let call = Call::of(&request);
         let request = request.into_inner();
-        self.set_paused(&request.name, false, &request.actor, &remote)
+        self.set_paused(&request.name, false, &request.actor, &call)
             .await
     }
 
@@ -418,7 +441,7 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::TriggerWorkflowRequest>,
     ) -> Result<Response<pb::TriggerWorkflowResponse>, Status> {
-        let remote = remote(&request);
+        let call = Call::of(&request);
         let request = request.into_inner();
         validate_params(&request.params)?;
         if request.idempotency_key.len() > MAX_KEY_BYTES {
@@ -432,7 +455,7 @@ impl ControlService for ControlApi {
                 "logical_time_ms must not be negative",
             ));
         }
-        let workflow = self.latest_spec(&request.name).await?;
+        let workflow = self.latest_spec(&call, &request.name).await?;
         keyed_trigger_check(&workflow.versioned.spec, &request.params)?;
         let now = now_ms();
         let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
@@ -463,7 +486,7 @@ impl ControlService for ControlApi {
                 .collect::<BTreeMap<_, _>>(),
             triggered_by: actor,
             now,
-            audit_from: Some(remote),
+            audit_from: Some(call.caller.clone()),
         };
         let (run, created) = self.node.runs.create(new_run).await.map_err(store_status)?;
         if created {
@@ -491,11 +514,12 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::ListRunsRequest>,
     ) -> Result<Response<pb::ListRunsResponse>, Status> {
+        let call = Call::of(&request);
         let request = request.into_inner();
         let state = convert::run_state_from(request.state)?;
         let workflow = (!request.workflow.is_empty()).then_some(request.workflow.as_str());
         if let Some(name) = workflow {
-            self.workflow_named(name).await?;
+            self.workflow_named(&call, name).await?;
         }
         let limit = if request.limit == 0 {
             50
@@ -519,6 +543,20 @@ impl ControlService for ControlApi {
         } else {
             0
         };
+        if workflow.is_none() && call.app_scope().is_some() {
+            // Across workflows, a scoped caller's page holds its app's runs only (it may come
+            // out shorter than the limit; the paging goes on from the same place).
+            let mut visible = Vec::with_capacity(records.len());
+            for record in records {
+                if call
+                    .sees(&self.app_of_run(&record).await?, String::new)
+                    .is_ok()
+                {
+                    visible.push(record);
+                }
+            }
+            records = visible;
+        }
         let ids: Vec<RunId> = records.iter().map(|record| record.id).collect();
         let counts = self
             .node
@@ -540,7 +578,9 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::GetRunRequest>,
     ) -> Result<Response<pb::Run>, Status> {
+        let call = Call::of(&request);
         let id = RunId(positive_id(request.into_inner().id, "run")?);
+        self.visible_run(&call, id).await?;
         Ok(Response::new(self.run_message(id).await?))
     }
 
@@ -548,16 +588,10 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::CancelRunRequest>,
     ) -> Result<Response<pb::Run>, Status> {
-        let remote = remote(&request);
+        let call = Call::of(&request);
         let request = request.into_inner();
         let id = RunId(positive_id(request.id, "run")?);
-        let before = self
-            .node
-            .store
-            .get_run(id)
-            .await
-            .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
+        let before = self.visible_run(&call, id).await?;
         // Cancelling a cancelled run again is harmless; a run that ended otherwise stays as it is.
         if before.state.is_terminal() && before.state != ax_core::run::RunState::Cancelled {
             return Err(Status::failed_precondition(format!(
@@ -586,7 +620,7 @@ impl ControlService for ControlApi {
             "cancel",
             format!("run/{id}"),
             detail,
-            &remote,
+            &call.caller,
         )
         .await;
         self.node.bump_progress();
@@ -597,11 +631,10 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::ListInstancesRequest>,
     ) -> Result<Response<pb::ListInstancesResponse>, Status> {
+        let call = Call::of(&request);
         let request = request.into_inner();
         let id = RunId(positive_id(request.run_id, "run")?);
-        let Some(run) = self.node.store.get_run(id).await.map_err(store_status)? else {
-            return Err(Status::not_found(format!("run {id} not found")));
-        };
+        let run = self.visible_run(&call, id).await?;
         let records = self
             .node
             .store
@@ -641,14 +674,9 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::GetInstanceRequest>,
     ) -> Result<Response<pb::Instance>, Status> {
+        let call = Call::of(&request);
         let id = InstanceId(positive_id(request.into_inner().id, "instance")?);
-        let record = self
-            .node
-            .store
-            .get_instance(id)
-            .await
-            .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("instance {id} not found")))?;
+        let record = self.visible_instance(&call, id).await?;
         Ok(Response::new(self.instance_message(&record).await?))
     }
 
@@ -656,16 +684,10 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::CancelInstanceRequest>,
     ) -> Result<Response<pb::Instance>, Status> {
-        let remote = remote(&request);
+        let call = Call::of(&request);
         let request = request.into_inner();
         let id = InstanceId(positive_id(request.id, "instance")?);
-        let before = self
-            .node
-            .store
-            .get_instance(id)
-            .await
-            .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("instance {id} not found")))?;
+        let before = self.visible_instance(&call, id).await?;
         if before.state == ax_core::state::InstanceState::Pending {
             return Err(Status::failed_precondition(format!(
                 "instance {id} is PENDING: it waits for an upstream rerun and has nothing to cancel"
@@ -696,7 +718,7 @@ impl ControlService for ControlApi {
             "cancel",
             format!("instance/{id}"),
             reason,
-            &remote,
+            &call.caller,
         )
         .await;
         self.node.bump_progress();
@@ -707,9 +729,10 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::RetryInstanceRequest>,
     ) -> Result<Response<pb::Instance>, Status> {
-        let remote = remote(&request);
+        let call = Call::of(&request);
         let request = request.into_inner();
         let id = InstanceId(positive_id(request.id, "instance")?);
+        self.visible_instance(&call, id).await?;
         let record = match self
             .node
             .store
@@ -745,7 +768,7 @@ impl ControlService for ControlApi {
             "retry",
             format!("instance/{id}"),
             detail,
-            &remote,
+            &call.caller,
         )
         .await;
         self.node.dispatch_wake.notify_one();
@@ -757,9 +780,10 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::RerunRunRequest>,
     ) -> Result<Response<pb::Run>, Status> {
-        let remote = remote(&request);
+        let call = Call::of(&request);
         let request = request.into_inner();
         let id = RunId(positive_id(request.id, "run")?);
+        self.visible_run(&call, id).await?;
         let from_task = request.from_task.trim();
         if !from_task.is_empty() && request.failed {
             return Err(Status::invalid_argument(
@@ -768,7 +792,7 @@ impl ControlService for ControlApi {
         }
         if !from_task.is_empty() {
             let run = self
-                .rerun_from_task(id, from_task, &request.actor, &remote)
+                .rerun_from_task(id, from_task, &request.actor, &call.caller)
                 .await?;
             return Ok(Response::new(run));
         }
@@ -815,7 +839,7 @@ impl ControlService for ControlApi {
             "rerun",
             format!("run/{id}"),
             detail,
-            &remote,
+            &call.caller,
         )
         .await;
         self.node.dispatch_wake.notify_one();
@@ -829,15 +853,10 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::GetLogsRequest>,
     ) -> Result<Response<Self::GetLogsStream>, Status> {
+        let call = Call::of(&request);
         let request = request.into_inner();
         let id = InstanceId(positive_id(request.instance_id, "instance")?);
-        let instance = self
-            .node
-            .store
-            .get_instance(id)
-            .await
-            .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("instance {id} not found")))?;
+        let instance = self.visible_instance(&call, id).await?;
         let attempt = match request.attempt {
             0 => instance.attempt,
             n if n > instance.attempt.0 => {
@@ -862,7 +881,10 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::GetDagRequest>,
     ) -> Result<Response<pb::Dag>, Status> {
-        super::views::get_dag(&self.node, request.into_inner())
+        let call = Call::of(&request);
+        let request = request.into_inner();
+        self.workflow_named(&call, &request.workflow).await?;
+        super::views::get_dag(&self.node, request)
             .await
             .map(Response::new)
     }
@@ -871,7 +893,10 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::ExplainWorkflowRequest>,
     ) -> Result<Response<pb::Explanation>, Status> {
-        super::views::explain_workflow(&self.node, request.into_inner())
+        let call = Call::of(&request);
+        let request = request.into_inner();
+        self.workflow_named(&call, &request.name).await?;
+        super::views::explain_workflow(&self.node, request)
             .await
             .map(Response::new)
     }
@@ -880,6 +905,7 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::ListAuditRequest>,
     ) -> Result<Response<pb::ListAuditResponse>, Status> {
+        Call::of(&request).unscoped("the audit trail")?;
         super::views::list_audit(&self.node, request.into_inner())
             .await
             .map(Response::new)
@@ -889,9 +915,9 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::BackfillWorkflowRequest>,
     ) -> Result<Response<pb::BackfillWorkflowResponse>, Status> {
-        let remote = remote(&request);
+        let call = Call::of(&request);
         let request = request.into_inner();
-        let workflow = self.workflow_named(&request.name).await?;
+        let workflow = self.workflow_named(&call, &request.name).await?;
         let response = crate::backfill::backfill(&self.node, &workflow, &request).await?;
         if !request.dry_run {
             let detail = format!(
@@ -906,7 +932,7 @@ impl ControlService for ControlApi {
                 "backfill",
                 format!("workflow/{}", workflow.name),
                 detail,
-                &remote,
+                &call.caller,
             )
             .await;
         }
@@ -1013,6 +1039,36 @@ impl ControlService for ControlApi {
         Ok(Response::new(pb::ListWorkersResponse {
             workers: workers.into_values().collect(),
         }))
+    }
+
+    async fn who_am_i(
+        &self,
+        request: Request<pb::WhoAmIRequest>,
+    ) -> Result<Response<pb::Identity>, Status> {
+        Ok(Response::new(self.identity_of(&Call::of(&request))))
+    }
+
+    async fn create_token(
+        &self,
+        request: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        let call = Call::of(&request);
+        self.token_create(&call, request.into_inner()).await
+    }
+
+    async fn list_tokens(
+        &self,
+        request: Request<pb::ListTokensRequest>,
+    ) -> Result<Response<pb::ListTokensResponse>, Status> {
+        self.token_list(&Call::of(&request)).await
+    }
+
+    async fn revoke_token(
+        &self,
+        request: Request<pb::RevokeTokenRequest>,
+    ) -> Result<Response<pb::Token>, Status> {
+        let call = Call::of(&request);
+        self.token_revoke(&call, request.into_inner()).await
     }
 }
 

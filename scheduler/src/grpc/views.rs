@@ -437,6 +437,7 @@ pub async fn list_audit(
         action: set(request.action),
         target: set(request.target),
         actor: set(request.actor),
+        token: set(request.token),
     };
     let rows = node
         .store
@@ -453,6 +454,7 @@ pub async fn list_audit(
                 target: row.target,
                 detail: row.detail,
                 remote: row.remote,
+                token: row.token,
             })
             .collect(),
     })

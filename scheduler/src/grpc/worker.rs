@@ -58,6 +58,7 @@ impl WorkerService for WorkerApi {
             .remote_addr()
             .map(|addr| addr.to_string())
             .unwrap_or_default();
+        let peer_certs = request.peer_certs();
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(REGISTER_DEADLINE, inbound.message())
             .await
@@ -75,6 +76,19 @@ impl WorkerService for WorkerApi {
         };
         let profile = validate_register(&register)?;
         let node = self.node.clone();
+        if node
+            .options
+            .tls
+            .as_ref()
+            .is_some_and(|tls| tls.client_ca.is_some())
+            && let Err(why) = crate::tls::require_worker_certificate(
+                peer_certs.as_deref().map(Vec::as_slice),
+                &profile.id,
+            )
+        {
+            tracing::warn!(worker = %profile.id, %remote, "worker refused: {why}");
+            return Err(Status::unauthenticated(why));
+        }
         if node.standing.is_cut_off() {
             return Err(cut_off_status(&node));
         }

@@ -21,7 +21,7 @@ use axum::http::request::Parts;
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use tonic::transport::server::TcpConnectInfo;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use crate::grpc::control::ControlApi;
 
@@ -76,7 +76,7 @@ fn answer<T: serde::Serialize>(result: Result<tonic::Response<T>, tonic::Status>
     }
 }
 
-fn status_error(status: &tonic::Status) -> Response {
+pub(crate) fn status_error(status: &tonic::Status) -> Response {
     error(http_status(status.code()), status.code(), status.message())
 }
 
@@ -162,16 +162,33 @@ fn attachment(file: &str) -> String {
     format!("attachment; filename=\"{file}\"")
 }
 
-/// Where a request came from (the TCP peer), carried into the handler's request so the audit
-/// trail names it as it does for gRPC calls.
+/// Who a request came from (the TCP peer, and the caller's identity when the node asks for
+/// one), carried into the handler's request so app scopes and the audit trail treat it as they
+/// treat a gRPC call.
 #[derive(Clone, Default)]
-struct Peer(Option<TcpConnectInfo>);
+struct Peer {
+    connection: Option<TcpConnectInfo>,
+    identity: Option<ax_core::access::Identity>,
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for Peer {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        Ok(Peer(parts.extensions.get::<TcpConnectInfo>().cloned()))
+        let connection = parts
+            .extensions
+            .get::<TcpConnectInfo>()
+            .cloned()
+            .or_else(|| {
+                parts
+                    .extensions
+                    .get::<TlsConnectInfo<TcpConnectInfo>>()
+                    .map(|info| info.get_ref().clone())
+            });
+        Ok(Peer {
+            connection,
+            identity: parts.extensions.get::<ax_core::access::Identity>().cloned(),
+        })
     }
 }
 
@@ -179,8 +196,11 @@ impl Peer {
     /// `message` as a handler's request, from this peer.
     fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
-        if let Some(info) = &self.0 {
+        if let Some(info) = &self.connection {
             request.extensions_mut().insert(info.clone());
+        }
+        if let Some(identity) = &self.identity {
+            request.extensions_mut().insert(identity.clone());
         }
         request
     }

@@ -262,6 +262,8 @@ pub(super) struct AuditQuery {
     target: String,
     #[serde(default)]
     actor: String,
+    #[serde(default)]
+    token: String,
 }
 
 pub(super) async fn list_audit(
@@ -278,6 +280,7 @@ pub(super) async fn list_audit(
         action: query.action,
         target: query.target,
         actor: query.actor,
+        token: query.token,
     };
     answer(api.list_audit(peer.request(request)).await)
 }

@@ -114,10 +114,19 @@ pub struct NewRun {
     pub params: BTreeMap<String, String>,
     pub triggered_by: String,
     pub now: Millis,
-    /// For a run someone asked for (a manual or API trigger): the client's address. A new run
-    /// then gets its `trigger` audit row (by `triggered_by`, on `workflow/<name>`) in its own
+    /// For a run someone asked for (a manual or API trigger): who asked. A new run then gets
+    /// its `trigger` audit row (by `triggered_by`, on `workflow/<name>`) in its own
     /// transaction.
-    pub audit_from: Option<String>,
+    pub audit_from: Option<Caller>,
+}
+
+/// Where a call came from, as its audit row records it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Caller {
+    /// The client's address.
+    pub remote: String,
+    /// The name of the token it came with; empty without authentication.
+    pub token: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -628,6 +637,53 @@ pub struct AuditRecord {
     pub detail: String,
     /// From where: the client's address.
     pub remote: String,
+    /// The name of the token the call came with; empty when the node runs without
+    /// authentication.
+    pub token: String,
+}
+
+/// An API token as stored: never the token itself, which only its creator saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRecord {
+    pub name: String,
+    pub role: ax_core::access::Role,
+    /// `Some(app)`: the token sees and acts on that app's workflows only.
+    pub app: Option<String>,
+    pub created_at: Millis,
+    /// The token name (or `store` for a token made on the store directly) that created it.
+    pub created_by: String,
+    pub expires_at: Option<Millis>,
+    pub revoked_at: Option<Millis>,
+}
+
+impl TokenRecord {
+    /// Whether a request may use the token at `now`.
+    pub fn is_valid_at(&self, now: Millis) -> bool {
+        self.revoked_at.is_none() && self.expires_at.is_none_or(|at| now < at)
+    }
+}
+
+/// A token to store: its hash, never the token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewToken {
+    pub name: String,
+    pub role: ax_core::access::Role,
+    pub app: Option<String>,
+    /// SHA-256 of the token, as lowercase hex.
+    pub hash: String,
+    pub created_at: Millis,
+    pub created_by: String,
+    pub expires_at: Option<Millis>,
+}
+
+/// A secret as stored: its value sealed with the nodes' key (base64), never in the clear.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretRecord {
+    pub name: String,
+    pub sealed: String,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+    pub updated_by: String,
 }
 
 /// Which audit rows to list: exact matches on the fields that are set, newest first.
@@ -637,6 +693,8 @@ pub struct AuditFilter {
     pub action: Option<String>,
     pub target: Option<String>,
     pub actor: Option<String>,
+    /// The name of the token the calls came with.
+    pub token: Option<String>,
 }
 
 /// A scheduling decision worth explaining later (`axctl why`): see [`ax_core::decision`].
@@ -882,6 +940,30 @@ pub trait Store: Send + Sync + 'static {
     }
     /// The rows matching every set field of `filter`, newest first, at most `filter.limit`.
     async fn query_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>>;
+
+    // --- tokens and secrets ---
+
+    /// Stores a new token; `false` (and nothing changed) when its name is taken.
+    async fn create_token(&self, token: &NewToken) -> Result<bool>;
+    /// Every token, revoked and expired ones too, by name.
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>>;
+    /// The token whose hash is `hash`, whatever its state.
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>>;
+    /// Revokes the token called `name` at `now` (a second revocation keeps the first time);
+    /// `None` when no token has that name.
+    async fn revoke_token(&self, name: &str, now: Millis) -> Result<Option<TokenRecord>>;
+    /// Creates or replaces the secret called `name`.
+    async fn put_secret(
+        &self,
+        name: &str,
+        sealed: &str,
+        now: Millis,
+        by: &str,
+    ) -> Result<SecretRecord>;
+    /// Every secret, by name.
+    async fn list_secrets(&self) -> Result<Vec<SecretRecord>>;
+    /// `false` when no secret has that name.
+    async fn delete_secret(&self, name: &str) -> Result<bool>;
 
     /// The runs of a workflow nearest to `at` by logical time: the latest with
     /// `logical_time <= at` and the earliest after it (either may be missing), in that order.

@@ -5,6 +5,7 @@
 //! serializes SQLite writers (one process lock plus `BEGIN IMMEDIATE`, so a reader never has to
 //! upgrade its lock and fail with SQLITE_BUSY) and retries a MySQL deadlock a few times.
 
+mod access;
 mod audit;
 mod cancel;
 mod counted;
@@ -103,6 +104,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "scheduler_node_pools",
         include_str!("../migrations/mysql/0011_scheduler_node_pools.sql"),
     ),
+    (
+        12,
+        "tokens_secrets",
+        include_str!("../migrations/mysql/0012_tokens_secrets.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -159,6 +165,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         11,
         "scheduler_node_pools",
         include_str!("../migrations/sqlite/0011_scheduler_node_pools.sql"),
+    ),
+    (
+        12,
+        "tokens_secrets",
+        include_str!("../migrations/sqlite/0012_tokens_secrets.sql"),
     ),
 ];
 

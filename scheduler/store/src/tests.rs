@@ -1396,6 +1396,7 @@ mod scenarios {
             target: "workflow/daily".into(),
             detail: r#"{"version":2,"note":"caf\u00e9 \ud83d\ude00"}"#.into(),
             remote: "10.0.0.1:5555".into(),
+            token: "deploy-bot".into(),
         };
         s.insert_audit(&audit(T0, "apply")).await.unwrap();
         s.insert_audits(&[audit(T0 + 2, "pause"), audit(T0 + 1, "trigger")])
@@ -1474,7 +1475,10 @@ mod scenarios {
         let wf = apply(s, &spec("etl", vec![task("a", &[])])).await;
         let asked = |key: &str| NewRun {
             triggered_by: "bob".into(),
-            audit_from: Some("10.0.0.9:5000".into()),
+            audit_from: Some(Caller {
+                remote: "10.0.0.9:5000".into(),
+                token: "ci".into(),
+            }),
             ..new_run(&wf, Some(key))
         };
         let created = s
@@ -1518,6 +1522,7 @@ mod scenarios {
             target: target.into(),
             detail: String::new(),
             remote: "127.0.0.1:5000".into(),
+            token: format!("{actor}-token"),
         };
         let rows = [
             row(T0, "alice", "apply", "workflow/etl"),
@@ -1535,6 +1540,7 @@ mod scenarios {
                 action: action.map(str::to_string),
                 target: target.map(str::to_string),
                 actor: actor.map(str::to_string),
+                token: None,
             };
         let all = s.query_audit(&query(None, None, None, 10)).await.unwrap();
         assert_eq!(all.len(), 5);
@@ -1582,6 +1588,15 @@ mod scenarios {
                 .is_empty()
         );
         assert_eq!(s.list_audit(3).await.unwrap(), all[..3]);
+        let by_token = AuditFilter {
+            limit: 10,
+            token: Some("bob-token".into()),
+            ..AuditFilter::default()
+        };
+        assert_eq!(
+            s.query_audit(&by_token).await.unwrap(),
+            [rows[4].clone(), rows[1].clone()]
+        );
     }
 
     pub(super) async fn runs_near_a_time_are_the_latest_before_and_the_earliest_after(ctx: Ctx) {
@@ -2130,6 +2145,7 @@ fn mysql_server_url_strips_the_database() {
     );
 }
 
+mod access;
 mod advance_cost;
 mod dispatch;
 mod group_cost;

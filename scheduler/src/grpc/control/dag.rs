@@ -23,7 +23,7 @@ impl ControlApi {
         id: RunId,
         task: &str,
         actor: &str,
-        remote: &str,
+        caller: &ax_store::Caller,
     ) -> Result<pb::Run, Status> {
         let answer = self
             .node
@@ -81,7 +81,7 @@ impl ControlApi {
             pending.len(),
             pending.join(", ")
         );
-        self.audit(actor, "rerun", format!("run/{id}"), detail, remote)
+        self.audit(actor, "rerun", format!("run/{id}"), detail, caller)
             .await;
         self.node.dispatch_wake.notify_one();
         self.node.bump_progress();

@@ -11,8 +11,8 @@ use crate::{AuditFilter, AuditRecord, Result};
 pub(crate) async fn insert_rows(c: &mut Counted<'_>, records: &[AuditRecord]) -> Result<()> {
     for chunk in pow2_chunks(records) {
         let sql = format!(
-            "INSERT INTO audit_log (at, actor, action, target, detail, remote) VALUES {}",
-            values_rows(chunk.len(), 6)
+            "INSERT INTO audit_log (at, actor, action, target, detail, remote, token) VALUES {}",
+            values_rows(chunk.len(), 7)
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for record in chunk {
@@ -22,7 +22,8 @@ pub(crate) async fn insert_rows(c: &mut Counted<'_>, records: &[AuditRecord]) ->
                 .bind(record.action.as_str())
                 .bind(record.target.as_str())
                 .bind(record.detail.as_str())
-                .bind(record.remote.as_str());
+                .bind(record.remote.as_str())
+                .bind(record.token.as_str());
         }
         query.execute(&mut *c).await?;
     }
@@ -38,6 +39,7 @@ pub(crate) async fn query_audit(
         ("action", &filter.action),
         ("target", &filter.target),
         ("actor", &filter.actor),
+        ("token", &filter.token),
     ];
     for (column, value) in &fields {
         if value.is_some() {

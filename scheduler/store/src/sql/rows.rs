@@ -39,7 +39,7 @@ pub(crate) const WORKER_SELECT: &str = "SELECT id, version, hostname, labels_jso
      running, started_at, last_heartbeat, node_id, draining, connected FROM worker";
 
 pub(crate) const AUDIT_SELECT: &str =
-    "SELECT at, actor, action, target, detail, remote FROM audit_log";
+    "SELECT at, actor, action, target, detail, remote, token FROM audit_log";
 
 pub(crate) const DECISION_SELECT: &str = "SELECT at, workflow_id, slot_at, run_id, instance_id, \
      task_name, kind, detail, node_id FROM decision_log";
@@ -200,6 +200,7 @@ pub(crate) fn audit(row: &AnyRow) -> Result<AuditRecord> {
         target: row.try_get("target")?,
         detail: row.try_get("detail")?,
         remote: row.try_get("remote")?,
+        token: row.try_get("token")?,
     })
 }
 

@@ -176,13 +176,14 @@ async fn insert_trigger_audits(
         .iter()
         .zip(created)
         .filter_map(|(run, created)| match (created, &run.audit_from) {
-            (Created::New(record), Some(remote)) => Some(AuditRecord {
+            (Created::New(record), Some(caller)) => Some(AuditRecord {
                 at: run.now,
                 actor: run.triggered_by.clone(),
                 action: "trigger".into(),
                 target: format!("workflow/{}", record.workflow),
                 detail: audit_text::trigger(record.id, &run.params),
-                remote: remote.clone(),
+                remote: caller.remote.clone(),
+                token: caller.token.clone(),
             }),
             _ => None,
         })

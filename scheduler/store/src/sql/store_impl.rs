@@ -18,15 +18,15 @@ use ax_core::spec::WorkflowSpec;
 
 use super::counted::Counted;
 use super::{
-    SqlStore, audit, cancel, decisions, dependents, dispatch, logs, nodes, reports, rerun,
+    SqlStore, access, audit, cancel, decisions, dependents, dispatch, logs, nodes, reports, rerun,
     run_create, runs, workers, workflows, write_tx,
 };
 use crate::{
     ActiveAttempt, ApplyOutcome, AttemptRecord, AuditFilter, AuditRecord, Backend,
     CancelledAttempt, DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord,
-    LeaseClaim, LogChunk, ManualRetry, NewRun, NodeLease, QueueShare, Report, ReportResult,
-    RerunFailed, Result, RunRecord, Store, StoredLine, WaitingInstance, WorkerRecord,
-    WorkflowRecord,
+    LeaseClaim, LogChunk, ManualRetry, NewRun, NewToken, NodeLease, QueueShare, Report,
+    ReportResult, RerunFailed, Result, RunRecord, SecretRecord, Store, StoredLine, TokenRecord,
+    WaitingInstance, WorkerRecord, WorkflowRecord,
 };
 
 #[async_trait::async_trait]
@@ -282,6 +282,40 @@ impl Store for SqlStore {
 
     async fn query_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>> {
         audit::query_audit(self, filter).await
+    }
+
+    async fn create_token(&self, token: &NewToken) -> Result<bool> {
+        access::create_token(self, token).await
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>> {
+        access::list_tokens(self).await
+    }
+
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        access::token_by_hash(self, hash).await
+    }
+
+    async fn revoke_token(&self, name: &str, now: Millis) -> Result<Option<TokenRecord>> {
+        access::revoke_token(self, name, now).await
+    }
+
+    async fn put_secret(
+        &self,
+        name: &str,
+        sealed: &str,
+        now: Millis,
+        by: &str,
+    ) -> Result<SecretRecord> {
+        access::put_secret(self, name, sealed, now, by).await
+    }
+
+    async fn list_secrets(&self) -> Result<Vec<SecretRecord>> {
+        access::list_secrets(self).await
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<bool> {
+        access::delete_secret(self, name).await
     }
 
     async fn runs_near(&self, workflow_id: WorkflowId, at: Millis) -> Result<Vec<RunRecord>> {

@@ -17,7 +17,10 @@ mod scenarios {
         (0..n)
             .map(|i| NewRun {
                 params: BTreeMap::from([("i".to_string(), i.to_string())]),
-                audit_from: Some("10.0.0.9:5000".into()),
+                audit_from: Some(Caller {
+                    remote: "10.0.0.9:5000".into(),
+                    token: "ci".into(),
+                }),
                 ..new_run(wf, None)
             })
             .collect()

@@ -1,0 +1,575 @@
+//! Identity and transport security, end to end: every RPC of `ControlService` and the worker
+//! stream, called with no token, a malformed, expired or revoked one, and a token of each role,
+//! is refused exactly where its role says (Unauthenticated or PermissionDenied) and changes
+//! nothing when refused; audit rows name the token; failed authentications are audited; a token
+//! scoped to an app sees nothing of another app; the JSON API takes the same tokens (header or
+//! the UI's session cookie). Then real binaries: TLS with a CA, mutual TLS for workers (a
+//! certificate naming another worker is refused), a certificate replaced on disk is served
+//! without a restart, and a node refuses a public address without TLS and tokens unless told
+//! `--insecure`. Runs on SQLite and, with `AX_TEST_MYSQL_URL`, MySQL.
+
+use std::time::Duration;
+
+use ax_core::access::{Role, control_method_needs};
+use ax_integration_tests::{Backend, Cluster};
+use ax_proto::client::{Bearer, ClientAuth};
+use ax_proto::v1 as pb;
+use ax_proto::v1::control_service_client::ControlServiceClient;
+use ax_scheduler::AuthMode;
+use ax_scheduler::auth::tokens::{TokenRequest, create};
+use tonic::Code;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+type Client = ControlServiceClient<InterceptedService<Channel, Bearer>>;
+
+const WORKFLOW: &str = "name: guarded\napp: sales\ntasks:\n  - name: t\n    command: echo hi\n";
+const OTHER_APP: &str = "name: books\napp: finance\ntasks:\n  - name: t\n    command: echo hi\n";
+
+async fn client(endpoint: &str, token: Option<&str>) -> Client {
+    let auth = ClientAuth {
+        token: token.map(str::to_string),
+        ..ClientAuth::default()
+    };
+    let channel = auth
+        .endpoint(endpoint, None)
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    ControlServiceClient::with_interceptor(channel, auth.bearer().expect("bearer"))
+}
+
+/// Calls the RPC `method` with a request that names the test's workflow, run 1 and instance 1;
+/// answers the status code (`Ok` for success).
+async fn call(client: &mut Client, method: &str) -> Code {
+    let name = "guarded".to_string();
+    let result: Result<(), tonic::Status> = match method {
+        "ApplyWorkflow" => client
+            .apply_workflow(pb::ApplyWorkflowRequest {
+                source: WORKFLOW.into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "ListWorkflows" => client
+            .list_workflows(pb::ListWorkflowsRequest::default())
+            .await
+            .map(drop),
+        "GetWorkflow" => client
+            .get_workflow(pb::GetWorkflowRequest { name })
+            .await
+            .map(drop),
+        "PauseWorkflow" => client
+            .pause_workflow(pb::PauseWorkflowRequest {
+                name,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "ResumeWorkflow" => client
+            .resume_workflow(pb::ResumeWorkflowRequest {
+                name,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "TriggerWorkflow" => client
+            .trigger_workflow(pb::TriggerWorkflowRequest {
+                name,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "ListRuns" => client
+            .list_runs(pb::ListRunsRequest::default())
+            .await
+            .map(drop),
+        "GetRun" => client.get_run(pb::GetRunRequest { id: 1 }).await.map(drop),
+        "CancelRun" => client
+            .cancel_run(pb::CancelRunRequest {
+                id: 1,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "ListInstances" => client
+            .list_instances(pb::ListInstancesRequest {
+                run_id: 1,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "GetInstance" => client
+            .get_instance(pb::GetInstanceRequest { id: 1 })
+            .await
+            .map(drop),
+        "CancelInstance" => client
+            .cancel_instance(pb::CancelInstanceRequest {
+                id: 1,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "RetryInstance" => client
+            .retry_instance(pb::RetryInstanceRequest {
+                id: 1,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "RerunRun" => client
+            .rerun_run(pb::RerunRunRequest {
+                id: 1,
+                failed: true,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "GetLogs" => client
+            .get_logs(pb::GetLogsRequest {
+                instance_id: 1,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "ListWorkers" => client
+            .list_workers(pb::ListWorkersRequest {})
+            .await
+            .map(drop),
+        "ListNodes" => client.list_nodes(pb::ListNodesRequest {}).await.map(drop),
+        "GetDag" => client
+            .get_dag(pb::GetDagRequest {
+                workflow: name,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "ExplainWorkflow" => client
+            .explain_workflow(pb::ExplainWorkflowRequest {
+                name,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "ListAudit" => client
+            .list_audit(pb::ListAuditRequest::default())
+            .await
+            .map(drop),
+        "BackfillWorkflow" => client
+            .backfill_workflow(pb::BackfillWorkflowRequest {
+                name,
+                dry_run: true,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "WhoAmI" => client.who_am_i(pb::WhoAmIRequest {}).await.map(drop),
+        "CreateToken" => client
+            .create_token(pb::CreateTokenRequest {
+                name: "made-by-test".into(),
+                role: "viewer".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "ListTokens" => client.list_tokens(pb::ListTokensRequest {}).await.map(drop),
+        "RevokeToken" => client
+            .revoke_token(pb::RevokeTokenRequest {
+                name: "nobody".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        other => panic!("the table has no call for {other}"),
+    };
+    match result {
+        Ok(()) => Code::Ok,
+        Err(status) => status.code(),
+    }
+}
+
+/// Every `ControlService` method, from the proto's own descriptor: a method added later is in
+/// this test at once (and fails it until `call` knows it).
+fn every_method() -> Vec<String> {
+    use prost::Message;
+    let set = prost_types::FileDescriptorSet::decode(pb::FILE_DESCRIPTOR_SET).expect("descriptor");
+    set.file
+        .iter()
+        .flat_map(|file| &file.service)
+        .filter(|service| service.name() == "ControlService")
+        .flat_map(|service| &service.method)
+        .map(|method| method.name().to_string())
+        .collect()
+}
+
+struct Tokens {
+    viewer: String,
+    operator: String,
+    admin: String,
+    worker: String,
+    expired: String,
+    revoked: String,
+    scoped: String,
+}
+
+async fn make_tokens(store_url: &str) -> Tokens {
+    let store = ax_store::open(store_url).await.expect("store");
+    let now = chrono::Utc::now().timestamp_millis();
+    let make = async |name: &str, role: Role, app: Option<&str>, lifetime_ms: Option<i64>| {
+        let request = TokenRequest {
+            name: name.into(),
+            role,
+            app: app.map(str::to_string),
+            lifetime_ms,
+            created_by: "test".into(),
+        };
+        create(store.as_ref(), request, now).await.expect("token").0
+    };
+    let tokens = Tokens {
+        viewer: make("viewer", Role::Viewer, None, None).await,
+        operator: make("operator", Role::Operator, None, None).await,
+        admin: make("admin", Role::Admin, None, None).await,
+        worker: make("worker", Role::Worker, None, None).await,
+        expired: make("expired", Role::Admin, None, Some(1)).await,
+        revoked: make("revoked", Role::Admin, None, None).await,
+        scoped: make("sales-viewer", Role::Viewer, Some("sales"), None).await,
+    };
+    store.revoke_token("revoked", now).await.expect("revoke");
+    tokens
+}
+
+fn denied(code: Code) -> bool {
+    matches!(code, Code::Unauthenticated | Code::PermissionDenied)
+}
+
+/// What the store holds that a refused call could have changed.
+async fn snapshot(admin: &mut Client) -> String {
+    let workflows = admin
+        .list_workflows(pb::ListWorkflowsRequest::default())
+        .await
+        .expect("workflows")
+        .into_inner()
+        .workflows
+        .iter()
+        .map(|w| format!("{} v{} paused={}", w.name, w.version, w.paused))
+        .collect::<Vec<_>>();
+    let runs = admin
+        .list_runs(pb::ListRunsRequest::default())
+        .await
+        .expect("runs")
+        .into_inner()
+        .runs
+        .len();
+    let tokens = admin
+        .list_tokens(pb::ListTokensRequest {})
+        .await
+        .expect("tokens")
+        .into_inner()
+        .tokens
+        .iter()
+        .map(|t| format!("{} revoked={}", t.name, t.revoked_at_ms > 0))
+        .collect::<Vec<_>>();
+    format!("{workflows:?} runs={runs} {tokens:?}")
+}
+
+async fn every_call_is_refused_where_its_role_says_and_a_refusal_changes_nothing(backend: Backend) {
+    // Every refusal below comes from one address: the throttle is tested on its own.
+    let Some(cluster) = Cluster::builder(backend)
+        .auth(AuthMode::Tokens)
+        .auth_failures_per_address(10_000)
+        .start()
+        .await
+        .expect("cluster")
+    else {
+        return;
+    };
+    let endpoint = cluster.endpoint();
+    let tokens = make_tokens(cluster.store_url()).await;
+    let mut admin = client(&endpoint, Some(&tokens.admin)).await;
+    assert_eq!(call(&mut admin, "ApplyWorkflow").await, Code::Ok);
+    let before = snapshot(&mut admin).await;
+
+    let methods = every_method();
+    assert!(methods.len() >= 25, "{methods:?}");
+    let malformed = "axt_not-a-token".to_string();
+    let callers: Vec<(&str, Option<&String>, Option<Role>)> = vec![
+        ("no token", None, None),
+        ("malformed", Some(&malformed), None),
+        ("expired", Some(&tokens.expired), None),
+        ("revoked", Some(&tokens.revoked), None),
+        ("worker", Some(&tokens.worker), Some(Role::Worker)),
+        ("viewer", Some(&tokens.viewer), Some(Role::Viewer)),
+        ("operator", Some(&tokens.operator), Some(Role::Operator)),
+    ];
+    let mut checked = 0;
+    for (who, token, role) in &callers {
+        let mut caller = client(&endpoint, token.map(String::as_str)).await;
+        for method in &methods {
+            let need = control_method_needs(method);
+            let allowed = role.is_some_and(|role| role.allows(need));
+            if allowed {
+                continue;
+            }
+            let want = if role.is_some() {
+                Code::PermissionDenied
+            } else {
+                Code::Unauthenticated
+            };
+            assert_eq!(call(&mut caller, method).await, want, "{method} by {who}");
+            checked += 1;
+        }
+    }
+    assert!(checked > 100, "only {checked} refusals checked");
+    assert_eq!(
+        snapshot(&mut admin).await,
+        before,
+        "a refused call changed the store"
+    );
+
+    // What each role may do goes through (its answer may be NotFound: no run 1 exists).
+    for (who, token) in [
+        ("viewer", &tokens.viewer),
+        ("operator", &tokens.operator),
+        ("admin", &tokens.admin),
+    ] {
+        let role: Role = who.parse().unwrap();
+        let mut caller = client(&endpoint, Some(token)).await;
+        for method in &methods {
+            if role.allows(control_method_needs(method)) {
+                let code = call(&mut caller, method).await;
+                assert!(!denied(code), "{method} by {who}: {code:?}");
+            }
+        }
+    }
+
+    // The worker stream: only worker and admin tokens open it.
+    for (who, token, open) in [
+        ("viewer", &tokens.viewer, false),
+        ("operator", &tokens.operator, false),
+        ("worker", &tokens.worker, true),
+    ] {
+        let code = connect_worker(&endpoint, token).await;
+        assert_eq!(denied(code), !open, "worker stream by {who}: {code:?}");
+    }
+
+    // Audit rows name the token; failed authentications are audited with the address.
+    let audit = admin
+        .list_audit(pb::ListAuditRequest {
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .expect("audit")
+        .into_inner()
+        .entries;
+    let mut triggers: Vec<&str> = audit
+        .iter()
+        .filter(|e| e.action == "trigger")
+        .map(|e| e.token.as_str())
+        .collect();
+    triggers.sort();
+    assert_eq!(
+        triggers,
+        ["admin", "operator"],
+        "each trigger names its token"
+    );
+    let failed: Vec<_> = audit.iter().filter(|e| e.action == "auth_failed").collect();
+    assert!(
+        failed
+            .iter()
+            .any(|e| e.detail == "expired token" && e.token == "expired"),
+        "{failed:?}"
+    );
+    assert!(
+        failed
+            .iter()
+            .any(|e| e.detail == "revoked token" && e.token == "revoked")
+    );
+    assert!(
+        failed
+            .iter()
+            .any(|e| e.detail == "malformed token" && e.token.is_empty())
+    );
+    assert!(
+        failed.iter().all(|e| e.remote.starts_with("127.0.0.1:")),
+        "{failed:?}"
+    );
+
+    // A scoped token: the other app's workflow does not exist for it, byte for byte.
+    let mut admin_call = client(&endpoint, Some(&tokens.admin)).await;
+    admin_call
+        .apply_workflow(pb::ApplyWorkflowRequest {
+            source: OTHER_APP.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("apply finance");
+    let mut scoped = client(&endpoint, Some(&tokens.scoped)).await;
+    let listed = scoped
+        .list_workflows(pb::ListWorkflowsRequest::default())
+        .await
+        .expect("list")
+        .into_inner()
+        .workflows;
+    assert_eq!(
+        listed.iter().map(|w| w.name.as_str()).collect::<Vec<_>>(),
+        ["guarded"]
+    );
+    let hidden = scoped
+        .get_workflow(pb::GetWorkflowRequest {
+            name: "books".into(),
+        })
+        .await
+        .unwrap_err();
+    let missing = scoped
+        .get_workflow(pb::GetWorkflowRequest {
+            name: "no-such".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(hidden.code(), Code::NotFound);
+    assert_eq!(
+        hidden.message().replace("books", "X"),
+        missing.message().replace("no-such", "X")
+    );
+    assert_eq!(
+        scoped
+            .list_audit(pb::ListAuditRequest::default())
+            .await
+            .unwrap_err()
+            .code(),
+        Code::PermissionDenied
+    );
+
+    // The JSON API takes the same tokens, in a header or in the UI's session cookie.
+    let http = reqwest::Client::new();
+    let url = format!("{endpoint}/api/v1/workflows");
+    let anonymous = http.get(&url).send().await.expect("get");
+    assert_eq!(anonymous.status(), 401);
+    let body: serde_json::Value = anonymous.json().await.expect("json");
+    assert_eq!(body["code"], "Unauthenticated", "{body}");
+    let by_cookie = http
+        .get(&url)
+        .header("cookie", format!("ax_session={}", tokens.viewer))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(by_cookie.status(), 200);
+    let trigger = http
+        .post(format!("{endpoint}/api/v1/workflows/guarded/trigger"))
+        .bearer_auth(&tokens.viewer)
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(trigger.status(), 403);
+    // The page itself loads without a token: it asks for one.
+    assert_eq!(
+        http.get(format!("{endpoint}/"))
+            .send()
+            .await
+            .expect("page")
+            .status(),
+        200
+    );
+    cluster.shutdown().await.expect("shutdown");
+}
+
+/// Opens a worker stream with `token` and answers how it ended (Ok: registered).
+async fn connect_worker(endpoint: &str, token: &str) -> Code {
+    let auth = ClientAuth {
+        token: Some(token.into()),
+        ..ClientAuth::default()
+    };
+    let channel = auth
+        .endpoint(endpoint, None)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut worker = pb::worker_service_client::WorkerServiceClient::with_interceptor(
+        channel,
+        auth.bearer().unwrap(),
+    );
+    let register = pb::WorkerMessage {
+        body: Some(pb::worker_message::Body::Register(pb::Register {
+            protocol: pb::ProtocolVersion::ProtocolVersion1 as i32,
+            worker_id: "probe".into(),
+            capacity: 1,
+            started_at_ms: chrono::Utc::now().timestamp_millis(),
+            ..Default::default()
+        })),
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(register).await.unwrap();
+    let answer = worker
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await;
+    let code = match answer {
+        Err(status) => status.code(),
+        Ok(response) => {
+            let mut inbound = response.into_inner();
+            match tokio::time::timeout(Duration::from_secs(10), inbound.message()).await {
+                Ok(Ok(Some(_))) => Code::Ok,
+                Ok(Err(status)) => status.code(),
+                _ => Code::Unknown,
+            }
+        }
+    };
+    drop(tx);
+    code
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_every_call_is_refused_where_its_role_says_and_a_refusal_changes_nothing() {
+    every_call_is_refused_where_its_role_says_and_a_refusal_changes_nothing(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_every_call_is_refused_where_its_role_says_and_a_refusal_changes_nothing() {
+    every_call_is_refused_where_its_role_says_and_a_refusal_changes_nothing(Backend::MySql).await;
+}
+
+/// An address that keeps failing is refused for a while, even with a good token, and the
+/// refusal starts with an audit row that says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_address_past_its_failed_authentications_is_refused_for_a_while() {
+    let Some(cluster) = Cluster::builder(Backend::Sqlite)
+        .auth(AuthMode::Tokens)
+        .auth_failures_per_address(3)
+        .start()
+        .await
+        .expect("cluster")
+    else {
+        return;
+    };
+    let endpoint = cluster.endpoint();
+    let tokens = make_tokens(cluster.store_url()).await;
+    let mut good = client(&endpoint, Some(&tokens.viewer)).await;
+    let mut bad = client(&endpoint, Some("axt_guess")).await;
+    for _ in 0..3 {
+        assert_eq!(call(&mut bad, "ListRuns").await, Code::Unauthenticated);
+    }
+    assert_eq!(call(&mut bad, "ListRuns").await, Code::ResourceExhausted);
+    assert_eq!(
+        call(&mut good, "ListRuns").await,
+        Code::ResourceExhausted,
+        "the address is refused whatever its token"
+    );
+    let store = ax_store::open(cluster.store_url()).await.expect("store");
+    let rows = store
+        .query_audit(&ax_store::AuditFilter {
+            limit: 10,
+            action: Some("auth_failed".into()),
+            ..Default::default()
+        })
+        .await
+        .expect("audit");
+    assert_eq!(rows.len(), 3, "throttled calls leave no rows: {rows:?}");
+    assert!(
+        rows[0].detail.contains("refused for 60s after 3 failures"),
+        "{rows:?}"
+    );
+    cluster.shutdown().await.expect("shutdown");
+}

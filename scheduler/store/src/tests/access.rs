@@ -1,0 +1,103 @@
+//! Tokens and secrets: a token is found by its hash and keeps its first revocation, names are
+//! unique, and a secret is replaced in place and deleted by name. Runs on SQLite and MySQL
+//! through the suite's `conformance!` macro.
+
+conformance!(
+    tokens_are_found_by_hash_unique_by_name_and_revoked_once,
+    secrets_are_replaced_in_place_and_deleted_by_name,
+);
+
+mod scenarios {
+    use super::super::*;
+    use ax_core::access::Role;
+
+    fn new_token(name: &str, role: Role, hash: &str) -> NewToken {
+        NewToken {
+            name: name.into(),
+            role,
+            app: None,
+            hash: hash.into(),
+            created_at: T0,
+            created_by: "store".into(),
+            expires_at: None,
+        }
+    }
+
+    pub(super) async fn tokens_are_found_by_hash_unique_by_name_and_revoked_once(ctx: Ctx) {
+        let s = ctx.s();
+        let admin = new_token("root", Role::Admin, &"a".repeat(64));
+        let scoped = NewToken {
+            app: Some("sales".into()),
+            expires_at: Some(T0 + 1_000),
+            ..new_token("sales-ci", Role::Operator, &"b".repeat(64))
+        };
+        assert!(s.create_token(&admin).await.unwrap());
+        assert!(s.create_token(&scoped).await.unwrap());
+        // A taken name changes nothing, whatever the rest of the token.
+        let clash = new_token("root", Role::Viewer, &"c".repeat(64));
+        assert!(!s.create_token(&clash).await.unwrap());
+        assert_eq!(s.token_by_hash(&"c".repeat(64)).await.unwrap(), None);
+
+        let found = s.token_by_hash(&"b".repeat(64)).await.unwrap().unwrap();
+        assert_eq!(found.name, "sales-ci");
+        assert_eq!(found.role, Role::Operator);
+        assert_eq!(found.app.as_deref(), Some("sales"));
+        assert!(found.is_valid_at(T0 + 999));
+        assert!(!found.is_valid_at(T0 + 1_000), "expired at its expiry");
+        let names: Vec<String> = s
+            .list_tokens()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(names, ["root", "sales-ci"]);
+
+        let revoked = s.revoke_token("root", T0 + 5).await.unwrap().unwrap();
+        assert_eq!(revoked.revoked_at, Some(T0 + 5));
+        assert!(!revoked.is_valid_at(T0 + 6));
+        let again = s.revoke_token("root", T0 + 9).await.unwrap().unwrap();
+        assert_eq!(
+            again.revoked_at,
+            Some(T0 + 5),
+            "the first revocation stands"
+        );
+        assert_eq!(s.revoke_token("nobody", T0).await.unwrap(), None);
+        let by_hash = s.token_by_hash(&"a".repeat(64)).await.unwrap().unwrap();
+        assert_eq!(by_hash.revoked_at, Some(T0 + 5));
+    }
+
+    pub(super) async fn secrets_are_replaced_in_place_and_deleted_by_name(ctx: Ctx) {
+        let s = ctx.s();
+        let first = s
+            .put_secret("warehouse-db", "c2VhbGVk", T0, "root")
+            .await
+            .unwrap();
+        assert_eq!(
+            (first.created_at, first.updated_at, first.sealed.as_str()),
+            (T0, T0, "c2VhbGVk")
+        );
+        s.put_secret("api-key", "b3RoZXI=", T0 + 1, "root")
+            .await
+            .unwrap();
+        let second = s
+            .put_secret("warehouse-db", "bmV3", T0 + 2, "ops")
+            .await
+            .unwrap();
+        assert_eq!(
+            second.created_at, T0,
+            "a replacement keeps its creation time"
+        );
+        assert_eq!(
+            (second.updated_at, second.updated_by.as_str()),
+            (T0 + 2, "ops")
+        );
+        assert_eq!(second.sealed, "bmV3");
+        let listed = s.list_secrets().await.unwrap();
+        let names: Vec<&str> = listed.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["api-key", "warehouse-db"]);
+        assert!(s.delete_secret("api-key").await.unwrap());
+        assert!(!s.delete_secret("api-key").await.unwrap());
+        assert_eq!(s.list_secrets().await.unwrap(), [second]);
+    }
+}

@@ -573,3 +573,304 @@ async fn an_address_past_its_failed_authentications_is_refused_for_a_while() {
     );
     cluster.shutdown().await.expect("shutdown");
 }
+
+/// A certificate authority of the test's own, and what it signs.
+struct Ca {
+    cert: rcgen::Certificate,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        Ca {
+            cert,
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// A leaf certificate for `names` (DNS names or IP addresses), written as `stem.pem` and
+    /// `stem.key` in `dir`.
+    fn sign(&self, names: &[&str], dir: &std::path::Path, stem: &str) -> (String, String) {
+        let params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let cert_path = dir.join(format!("{stem}.pem"));
+        let key_path = dir.join(format!("{stem}.key"));
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (
+            cert_path.display().to_string(),
+            key_path.display().to_string(),
+        )
+    }
+
+    fn write(&self, dir: &std::path::Path, name: &str) -> String {
+        let path = dir.join(name);
+        std::fs::write(&path, self.cert.pem()).unwrap();
+        path.display().to_string()
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs a binary to its end; answers (exit code, stdout, stderr).
+fn run(program: &str, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(ax_integration_tests::binary(program).unwrap())
+        .args(args)
+        .env_remove("AX_SERVER")
+        .env_remove("AX_TOKEN")
+        .env_remove("AX_TLS_CA")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_with_worker_certificates_and_a_certificate_replaced_without_a_restart() {
+    use ax_integration_tests::process::Process;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = Ca::new("ax test CA");
+    let ca_file = ca.write(d, "ca.pem");
+    let (server_cert, server_key) = ca.sign(&["localhost", "127.0.0.1"], d, "server");
+    let (w1_cert, w1_key) = ca.sign(&["w1"], d, "w1");
+    let store = format!("sqlite://{}", d.join("ax.db").display());
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let server = format!("https://localhost:{port}");
+
+    let (code, admin, err) = run(
+        "ax-scheduler",
+        &[
+            "--store", &store, "token", "create", "--name", "root", "--role", "admin",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let admin = admin.trim().to_string();
+    assert!(
+        ax_core::access::is_token_shaped(&admin),
+        "stdout is the token alone: {admin:?}"
+    );
+    assert!(err.contains("shown once"), "{err}");
+
+    let scheduler_args: Vec<String> = [
+        "--listen",
+        &listen,
+        "--store",
+        &store,
+        "--auth",
+        "tokens",
+        "--tls-cert",
+        &server_cert,
+        "--tls-key",
+        &server_key,
+        "--tls-client-ca",
+        &ca_file,
+        "--node-id",
+        "n1",
+        "--heartbeat-interval",
+        "500ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let scheduler = Process::spawn(
+        "ax-scheduler",
+        &ax_integration_tests::binary("ax-scheduler").unwrap(),
+        &scheduler_args,
+        d,
+        d.join("scheduler.log"),
+    )
+    .unwrap();
+    let axctl = |extra: &[&str]| {
+        let mut args = vec!["--server", &server, "--tls-ca", &ca_file, "--token", &admin];
+        args.extend_from_slice(extra);
+        run("axctl", &args)
+    };
+    eventually("the node answers over TLS", || axctl(&["whoami"]).0 == 0).await;
+    assert!(
+        axctl(&["whoami"])
+            .1
+            .contains("token root (admin, every app)")
+    );
+
+    // Plaintext to a TLS port gets nowhere; a CA that did not sign the node is refused.
+    let (code, _, err) = run(
+        "axctl",
+        &[
+            "--server",
+            &format!("http://127.0.0.1:{port}"),
+            "--token",
+            &admin,
+            "whoami",
+        ],
+    );
+    assert_ne!(code, 0, "plaintext was answered: {err}");
+    let stranger = Ca::new("another CA").write(d, "stranger.pem");
+    let (code, _, err) = run(
+        "axctl",
+        &[
+            "--server", &server, "--tls-ca", &stranger, "--token", &admin, "whoami",
+        ],
+    );
+    assert_eq!(code, 5, "{err}");
+
+    // A worker token from axctl; the token alone on stdout.
+    let (code, worker_token, err) =
+        axctl(&["token", "create", "--name", "workers", "--role", "worker"]);
+    assert_eq!(code, 0, "{err}");
+    let token_file = d.join("worker.token");
+    std::fs::write(&token_file, &worker_token).unwrap();
+    let token_file = token_file.display().to_string();
+    let worker = |id: &str, cert: Option<(&str, &str)>| {
+        let mut args: Vec<String> = [
+            "--scheduler",
+            &server,
+            "--id",
+            id,
+            "--tls-ca",
+            &ca_file,
+            "--token-file",
+            &token_file,
+            "--heartbeat-interval",
+            "500ms",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if let Some((cert, key)) = cert {
+            args.extend([
+                "--tls-cert".into(),
+                cert.into(),
+                "--tls-key".into(),
+                key.into(),
+            ]);
+        }
+        Process::spawn(
+            id,
+            &ax_integration_tests::binary("ax-worker").unwrap(),
+            &args,
+            d,
+            d.join(format!("{id}.log")),
+        )
+        .unwrap()
+    };
+    let w1 = worker("w1", Some((&w1_cert, &w1_key)));
+    let impostor = worker("w2", Some((&w1_cert, &w1_key)));
+    let bare = worker("w3", None);
+    let live = |id: &str| {
+        let (_, out, _) = axctl(&["workers", "-o", "json"]);
+        serde_json::from_str::<serde_json::Value>(&out)
+            .ok()
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .any(|w| w["id"] == id && w["state"] == "LIVE")
+    };
+    eventually("w1 registers with its certificate", || live("w1")).await;
+    eventually("w2 is refused: the certificate names w1", || {
+        impostor
+            .log_text()
+            .contains("does not name worker \\\"w2\\\"")
+            || impostor.log_text().contains("does not name worker \"w2\"")
+    })
+    .await;
+    eventually("w3 is refused: no certificate", || {
+        bare.log_text().contains("client certificate")
+    })
+    .await;
+    assert!(!live("w2") && !live("w3"));
+
+    // A new certificate from another CA, written over the files: served without a restart.
+    let ca2 = Ca::new("renewed CA");
+    let ca2_file = ca2.write(d, "ca2.pem");
+    let (cert2, key2) = ca2.sign(&["localhost", "127.0.0.1"], d, "server2");
+    std::fs::copy(&key2, &server_key).unwrap();
+    std::fs::copy(&cert2, &server_cert).unwrap();
+    let renewed = || {
+        run(
+            "axctl",
+            &[
+                "--server", &server, "--tls-ca", &ca2_file, "--token", &admin, "whoami",
+            ],
+        )
+        .0 == 0
+    };
+    eventually("the renewed certificate is served", renewed).await;
+    assert!(scheduler.log_text().contains("TLS certificate reloaded"));
+    drop((w1, impostor, bare, scheduler));
+}
+
+#[test]
+fn a_public_address_needs_tls_and_tokens_unless_insecure() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("ax.db").display());
+    let (code, _, err) = run(
+        "ax-scheduler",
+        &["--listen", "0.0.0.0:0", "--store", &store],
+    );
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("refusing to listen on 0.0.0.0:0 without TLS (--tls-cert and --tls-key)")
+            && err.contains("--insecure"),
+        "{err}"
+    );
+    // With --auth none the message names both; with TLS files but no auth it names auth only.
+    let (_, _, err) = run(
+        "ax-scheduler",
+        &["--listen", "0.0.0.0:0", "--store", &store, "--auth", "none"],
+    );
+    assert!(
+        err.contains("and token authentication (--auth tokens)"),
+        "{err}"
+    );
+    // --insecure starts it: it serves until killed.
+    let mut child =
+        std::process::Command::new(ax_integration_tests::binary("ax-scheduler").unwrap())
+            .args([
+                "--listen",
+                "0.0.0.0:0",
+                "--store",
+                &store,
+                "--insecure",
+                "--node-id",
+                "open",
+            ])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "an --insecure node started and stays up"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

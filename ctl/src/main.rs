@@ -15,7 +15,7 @@ use clap::{Parser, Subcommand};
 use crate::client::Ctx;
 use crate::commands::{
     apply, audit, backfill, cancel, cluster, dag, dev, get, logs, pause, rerun, resume, retry,
-    token, trigger, whoami, why, workers,
+    secret, token, trigger, whoami, why, workers,
 };
 use crate::error::Exit;
 use crate::output::Output;
@@ -114,6 +114,7 @@ enum Command {
     Audit(audit::Args),
     /// Create one run per cron slot of a past range, in order (a slot that has a run is kept).
     Backfill(backfill::Args),
+    Secret(secret::Args),
     Token(token::Args),
     Whoami(whoami::Args),
 }
@@ -167,6 +168,7 @@ async fn main() -> ExitCode {
         Command::Why(args) => why::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Audit(args) => audit::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Backfill(args) => backfill::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Secret(args) => secret::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Token(args) => token::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Whoami(args) => whoami::run(&ctx, args).await.map(|()| Exit::Ok),
     };

@@ -141,6 +141,7 @@ pub struct ClusterBuilder {
     max_line_bytes: Option<usize>,
     auth: ax_scheduler::AuthMode,
     auth_failures_per_address: u32,
+    secret_key: Option<ax_scheduler::secrets::SecretKey>,
 }
 
 impl ClusterBuilder {
@@ -148,6 +149,12 @@ impl ClusterBuilder {
     /// turns this on starts no workers here and makes its own calls).
     pub fn auth(mut self, auth: ax_scheduler::AuthMode) -> Self {
         self.auth = auth;
+        self
+    }
+
+    /// The key secrets are sealed with.
+    pub fn secret_key(mut self, key: ax_scheduler::secrets::SecretKey) -> Self {
+        self.secret_key = Some(key);
         self
     }
 
@@ -231,6 +238,7 @@ impl ClusterBuilder {
             auth_failures_per_address: self.auth_failures_per_address,
             tls: None,
             insecure: false,
+            secret_key: self.secret_key,
         };
         let scheduler = ax_scheduler::start(options).await?;
         let addr = scheduler.local_addr();
@@ -278,6 +286,7 @@ impl Cluster {
             max_line_bytes: None,
             auth: ax_scheduler::AuthMode::Off,
             auth_failures_per_address: ax_scheduler::auth::FAILURES_PER_ADDRESS,
+            secret_key: None,
         }
     }
 

@@ -874,3 +874,220 @@ fn a_public_address_needs_tls_and_tokens_unless_insecure() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+fn test_key() -> ax_scheduler::secrets::SecretKey {
+    // A key made for this test alone: 32 bytes, base64.
+    ax_scheduler::secrets::SecretKey::from_base64("dGhpcyBpcyB0aGUgc2VjcmV0cyB0ZXN0J3Mga2V5ISE=")
+        .expect("key")
+}
+
+const SECRET_VALUE: &str = "hunter2-very-secret";
+
+const USES_SECRET: &str = "name: warehouse-load
+tasks:
+  - name: load
+    command: 'echo \"pw=$DB_PASSWORD\"; test \"$DB_PASSWORD\" = hunter2-very-secret && echo match'
+    env:
+      DB_PASSWORD: { secret: warehouse-db }
+";
+
+async fn secrets_reach_the_task_only(backend: Backend) {
+    let Some(cluster) = Cluster::builder(backend)
+        .secret_key(test_key())
+        .worker("w1", 2)
+        .start()
+        .await
+        .expect("cluster")
+    else {
+        return;
+    };
+    let client = cluster.client().await.expect("client");
+    // A secret that does not exist fails the apply, naming it.
+    let err = client.apply(USES_SECRET).await.unwrap_err();
+    let status = err.downcast_ref::<tonic::Status>().expect("a status");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status
+            .message()
+            .contains("env DB_PASSWORD names secret \"warehouse-db\", which does not exist"),
+        "{status}"
+    );
+
+    // Set through axctl, the value on stdin.
+    let mut axctl = std::process::Command::new(ax_integration_tests::binary("axctl").unwrap())
+        .args([
+            "--server",
+            &cluster.endpoint(),
+            "secret",
+            "set",
+            "warehouse-db",
+        ])
+        .env_remove("AX_TOKEN")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    axctl
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{SECRET_VALUE}\n").as_bytes())
+        .unwrap();
+    let out = axctl.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "secret warehouse-db set\n"
+    );
+
+    client.apply(USES_SECRET).await.expect("apply");
+    let (_, run) = client.run_to_end("warehouse-load").await.expect("run");
+    assert_eq!(run.state, pb::RunState::Success as i32, "{run:?}");
+    let instance = &client.instances(run.id).await.unwrap()[0];
+    let lines: Vec<String> = client
+        .logs(instance.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.text)
+        .collect();
+    assert_eq!(
+        lines,
+        ["pw=***", "match"],
+        "the task saw the value; the log shows it masked"
+    );
+
+    // Nothing the API answers, the audit trail or the store's table holds the value.
+    let mut control = client.control();
+    let listed = control
+        .list_secrets(pb::ListSecretsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.secrets.len(), 1);
+    assert!(!format!("{listed:?}").contains(SECRET_VALUE));
+    let audit = control
+        .list_audit(pb::ListAuditRequest {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        audit
+            .entries
+            .iter()
+            .any(|e| e.action == "secret_create" && e.target == "secret/warehouse-db")
+    );
+    assert!(!format!("{audit:?}").contains(SECRET_VALUE));
+    let store = ax_store::open(cluster.store_url()).await.unwrap();
+    let stored = store.list_secrets().await.unwrap();
+    assert!(!stored[0].sealed.contains(SECRET_VALUE) && !stored[0].sealed.is_empty());
+
+    // A secret in use is not deleted; the refusal names the workflow.
+    let err = control
+        .delete_secret(pb::DeleteSecretRequest {
+            name: "warehouse-db".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.message().contains("warehouse-load"),
+        "{}",
+        err.message()
+    );
+    cluster.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_secrets_reach_the_task_only() {
+    secrets_reach_the_task_only(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_secrets_reach_the_task_only() {
+    secrets_reach_the_task_only(Backend::MySql).await;
+}
+
+/// A node without the key cannot set secrets, and a task that names one waits, saying why.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_key_secrets_are_refused_and_their_tasks_wait() {
+    let Some(cluster) = Cluster::builder(Backend::Sqlite)
+        .worker("w1", 1)
+        .start()
+        .await
+        .expect("cluster")
+    else {
+        return;
+    };
+    let client = cluster.client().await.unwrap();
+    let err = client
+        .control()
+        .set_secret(pb::SetSecretRequest {
+            name: "warehouse-db".into(),
+            value: "x".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.message().contains("--secret-key-file"),
+        "{}",
+        err.message()
+    );
+    // Sealed by a node that had the key: this one cannot open it.
+    let store = ax_store::open(cluster.store_url()).await.unwrap();
+    store
+        .put_secret(
+            "warehouse-db",
+            &test_key().seal("warehouse-db", SECRET_VALUE),
+            1,
+            "test",
+        )
+        .await
+        .unwrap();
+    client.apply(USES_SECRET).await.expect("apply");
+    let run = client.trigger_run("warehouse-load").await.unwrap();
+    let explained = async || {
+        let why = client
+            .control()
+            .explain_workflow(pb::ExplainWorkflowRequest {
+                name: "warehouse-load".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        format!("{why:?}")
+    };
+    eventually_async("the task waits for its secret", async || {
+        explained().await.contains("this node has no secret key")
+    })
+    .await;
+    assert_eq!(
+        client.get_run(run.id).await.unwrap().state,
+        pb::RunState::Running as i32
+    );
+    assert!(
+        client
+            .logs(client.instances(run.id).await.unwrap()[0].id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    cluster.shutdown().await.expect("shutdown");
+}
+
+async fn eventually_async(what: &str, check: impl AsyncFn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !check().await {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use crate::SchedulerOptions;
 use crate::auth::AuthMode;
+use crate::secrets::SecretKey;
 use crate::tls::TlsFiles;
 
 #[derive(Debug, Parser)]
@@ -94,6 +95,10 @@ pub struct Args {
     /// Listen on a non-loopback address without TLS or without authentication.
     #[arg(long, env = "AX_INSECURE")]
     pub insecure: bool,
+    /// A file holding the key secrets are sealed with: 32 random bytes in base64 (every node
+    /// needs the same one). AX_SECRET_KEY may hold the key itself instead.
+    #[arg(long, env = "AX_SECRET_KEY_FILE")]
+    pub secret_key_file: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -152,6 +157,7 @@ struct FileConfig {
     tls_key: Option<PathBuf>,
     tls_client_ca: Option<PathBuf>,
     insecure: Option<bool>,
+    secret_key_file: Option<PathBuf>,
 }
 
 /// `NAME=N`: a pool and its limit.
@@ -234,8 +240,20 @@ impl Args {
             (Some(_), None) => bail!("--tls-cert needs --tls-key (the certificate's private key)"),
             (None, Some(_)) => bail!("--tls-key needs --tls-cert (the certificate chain)"),
         };
+        // The key itself is read from the environment only: a flag would show it in `ps`.
+        let secret_key = match (
+            self.secret_key_file.or(file.secret_key_file),
+            std::env::var("AX_SECRET_KEY")
+                .ok()
+                .filter(|k| !k.trim().is_empty()),
+        ) {
+            (Some(path), _) => Some(SecretKey::from_file(&path)?),
+            (None, Some(text)) => Some(SecretKey::from_base64(&text).context("AX_SECRET_KEY")?),
+            (None, None) => None,
+        };
         let options = SchedulerOptions {
             listen,
+            secret_key,
             auth,
             auth_failures_per_address: defaults.auth_failures_per_address,
             tls,

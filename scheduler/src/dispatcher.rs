@@ -385,6 +385,25 @@ async fn dispatch_batch(
                 }
                 continue;
             }
+            // A task that names secrets waits, saying why, until this node can give them.
+            let secret_env = if task.secret_env.is_empty() {
+                Vec::new()
+            } else {
+                match node.secrets.environment(&task.secret_env).await? {
+                    Ok(env) => env,
+                    Err(why) => {
+                        pass.held_back = true;
+                        decisions.push(decision(
+                            node,
+                            &item,
+                            DecisionKind::SecretUnavailable,
+                            why,
+                            now,
+                        ));
+                        continue;
+                    }
+                }
+            };
             if let Err(full) = fitter.take(&limits) {
                 pass.held_back = true;
                 decisions.push(decision(
@@ -447,6 +466,8 @@ async fn dispatch_batch(
                 continue;
             };
             slots[chosen].running += 1;
+            let mut env = task_environment(task, &item, &spec.name);
+            env.extend(secret_env);
             let message = Dispatch {
                 instance_id: instance.id.0,
                 attempt: instance.attempt.0,
@@ -455,7 +476,7 @@ async fn dispatch_batch(
                 task: task.name.clone(),
                 command: task.command.clone(),
                 argv: task.argv.clone(),
-                env: task_environment(task, &item, &spec.name),
+                env,
                 working_dir: task.working_dir.clone().unwrap_or_default(),
                 timeout_ms: task.timeout_ms,
                 logical_time_ms: item.logical_time,

@@ -76,6 +76,8 @@ pub struct SchedulerOptions {
     pub tls: Option<tls::TlsFiles>,
     /// Serve a non-loopback address without TLS or without authentication.
     pub insecure: bool,
+    /// Seals and opens secrets; without it, secrets cannot be set or used.
+    pub secret_key: Option<secrets::SecretKey>,
 }
 
 impl Default for SchedulerOptions {
@@ -103,6 +105,7 @@ impl Default for SchedulerOptions {
             auth_failures_per_address: auth::FAILURES_PER_ADDRESS,
             tls: None,
             insecure: false,
+            secret_key: None,
         }
     }
 }
@@ -389,6 +392,7 @@ mod registry;
 mod reporter;
 mod run_creator;
 mod schedules;
+pub mod secrets;
 mod specs;
 mod spread;
 pub mod tls;

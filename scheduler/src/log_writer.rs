@@ -4,7 +4,8 @@
 //! inserts, then acknowledges them to their workers (who may then forget them) and wakes log
 //! followers. A full queue back-pressures the worker streams, and through gRPC flow control the
 //! tasks' pipes, instead of growing memory. A batch is one statement: one insert per line, at
-//! 5,000 lines/s, saturates a database disk.
+//! 5,000 lines/s, saturates a database disk. Secrets' values are masked in the lines here,
+//! before they are stored (`secrets.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,9 +109,11 @@ pub async fn run(
         match command {
             Some(LogCommand::Append {
                 worker,
-                chunk,
+                mut chunk,
                 budget,
             }) => {
+                // Stored lines never show a secret's value, whatever the task printed.
+                node.secrets.mask(&mut chunk).await;
                 lines += chunk.line_count();
                 bytes += chunk.body().len();
                 pending.acks.push(Ack {

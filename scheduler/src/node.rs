@@ -34,6 +34,8 @@ pub struct Node {
     pub audit: AuditWriter,
     /// Who may call what (tokens); every request on the port passes it.
     pub gate: Arc<crate::auth::Gate>,
+    /// Secrets for dispatches and log masking.
+    pub secrets: crate::secrets::Secrets,
     /// Saves workers' rows; heartbeat refreshes are written in groups.
     pub worker_rows: Arc<WorkerRows>,
     pub alerter: Alerter,
@@ -73,6 +75,7 @@ impl Node {
                 audit.clone(),
             )),
             audit,
+            secrets: crate::secrets::Secrets::new(options.secret_key.clone(), store.clone()),
             worker_rows: WorkerRows::start(store.clone(), options.heartbeat_interval),
             registry: Registry::new(),
             options,

@@ -37,6 +37,10 @@ use tokio::net::unix::pipe;
 /// The child's stack: it runs a handful of system calls in frames of a few hundred bytes.
 const CHILD_STACK_BYTES: usize = 64 * 1024;
 
+/// The worker's own credentials: a task does not inherit them (a task that holds the worker's
+/// token could open a worker stream of its own).
+const WORKER_ONLY: [&str; 2] = ["AX_TOKEN", "AX_TOKEN_FILE"];
+
 /// Where the path search starts when neither the task nor the worker sets `PATH`.
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
@@ -53,12 +57,14 @@ pub struct TaskCommand {
 }
 
 impl TaskCommand {
-    /// A command that runs `program` with the worker's environment.
+    /// A command that runs `program` with the worker's environment, but for its credentials.
     pub fn new(program: impl Into<OsString>) -> TaskCommand {
         TaskCommand {
             program: program.into(),
             args: Vec::new(),
-            env: std::env::vars_os().collect(),
+            env: std::env::vars_os()
+                .filter(|(key, _)| !WORKER_ONLY.iter().any(|name| key == name))
+                .collect(),
             working_dir: None,
             resolved: None,
         }

@@ -13,6 +13,7 @@ pub mod pause;
 pub mod rerun;
 pub mod resume;
 pub mod retry;
+pub mod secret;
 pub mod token;
 pub mod trigger;
 pub mod whoami;

@@ -636,7 +636,7 @@ impl ControlService for Fake {
         })
     }
 
-    // axctl's token commands and whoami are tested against a real scheduler
+    // axctl's token and secret commands and whoami are tested against a real scheduler
     // (integration-tests/tests/security.rs); the fake has no tokens.
     async fn who_am_i(
         &self,
@@ -664,6 +664,27 @@ impl ControlService for Fake {
         _request: Request<pb::RevokeTokenRequest>,
     ) -> Result<Response<pb::Token>, Status> {
         Err(Status::unimplemented("the fake has no tokens"))
+    }
+
+    async fn set_secret(
+        &self,
+        _request: Request<pb::SetSecretRequest>,
+    ) -> Result<Response<pb::Secret>, Status> {
+        Err(Status::unimplemented("the fake has no secrets"))
+    }
+
+    async fn list_secrets(
+        &self,
+        _request: Request<pb::ListSecretsRequest>,
+    ) -> Result<Response<pb::ListSecretsResponse>, Status> {
+        Err(Status::unimplemented("the fake has no secrets"))
+    }
+
+    async fn delete_secret(
+        &self,
+        _request: Request<pb::DeleteSecretRequest>,
+    ) -> Result<Response<pb::Secret>, Status> {
+        Err(Status::unimplemented("the fake has no secrets"))
     }
 
     async fn list_audit(

@@ -47,10 +47,13 @@ pub enum DecisionKind {
     /// A running attempt's task heartbeat stopped while its worker stayed alive: recorded and
     /// alerted once, never killed.
     Stalled,
+    /// A waiting instance's task names a secret this node cannot give it (missing, or no key
+    /// to open it): it waits until it can.
+    SecretUnavailable,
 }
 
 impl DecisionKind {
-    pub const ALL: [DecisionKind; 16] = [
+    pub const ALL: [DecisionKind; 17] = [
         DecisionKind::Fired,
         DecisionKind::Misfired,
         DecisionKind::CaughtUp,
@@ -67,6 +70,7 @@ impl DecisionKind {
         DecisionKind::Withdrawn,
         DecisionKind::TimedOut,
         DecisionKind::Stalled,
+        DecisionKind::SecretUnavailable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -87,6 +91,7 @@ impl DecisionKind {
             DecisionKind::Withdrawn => "withdrawn",
             DecisionKind::TimedOut => "timed_out",
             DecisionKind::Stalled => "stalled",
+            DecisionKind::SecretUnavailable => "secret_unavailable",
         }
     }
 

@@ -138,6 +138,8 @@ pub enum Reason {
     Queued { detail: String },
     /// A concurrency limit holds it back.
     Throttled { detail: String },
+    /// A secret its task names cannot be given to it.
+    SecretUnavailable { detail: String },
     /// No live worker carries its labels.
     NoLiveWorker {
         labels: BTreeMap<String, String>,
@@ -171,6 +173,7 @@ impl Reason {
             Reason::Backoff { .. } => "backoff",
             Reason::Queued { .. } => "queued",
             Reason::Throttled { .. } => "throttled",
+            Reason::SecretUnavailable { .. } => "secret_unavailable",
             Reason::NoLiveWorker { .. } => "no_worker",
             Reason::WorkersBusy { .. } => "workers_busy",
             Reason::ReadyToDispatch { .. } => "ready",
@@ -223,6 +226,7 @@ impl Reason {
             Reason::Backoff { until } => format!("retry waits for its backoff until {}", t(*until)),
             Reason::Queued { detail } => format!("run queued: {detail}"),
             Reason::Throttled { detail } => format!("throttled: {detail}"),
+            Reason::SecretUnavailable { detail } => format!("waits for a secret: {detail}"),
             Reason::NoLiveWorker {
                 labels,
                 live_workers,
@@ -577,6 +581,7 @@ fn past_tense(kind: DecisionKind) -> &'static str {
         DecisionKind::Withdrawn => "a dispatch was withdrawn from its worker",
         DecisionKind::TimedOut => "an attempt was timed out by the scheduler",
         DecisionKind::Stalled => "an attempt's task heartbeat stopped on a live worker",
+        DecisionKind::SecretUnavailable => "held: a secret it needs is unavailable",
     }
 }
 
@@ -715,6 +720,11 @@ fn instance_reason(
             let latest = run_decisions.iter().rev().find(mine);
             if let Some(d) = latest.filter(|d| d.kind == DecisionKind::Throttled) {
                 return Reason::Throttled {
+                    detail: d.detail.clone(),
+                };
+            }
+            if let Some(d) = latest.filter(|d| d.kind == DecisionKind::SecretUnavailable) {
+                return Reason::SecretUnavailable {
                     detail: d.detail.clone(),
                 };
             }

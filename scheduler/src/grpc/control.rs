@@ -28,6 +28,7 @@ use crate::specs::VersionedSpec;
 
 mod access;
 mod dag;
+mod secrets;
 
 use access::Call;
 
@@ -307,6 +308,7 @@ impl ControlService for ControlApi {
         let mut parsed = parse_workflow(&request.source, source_name)
             .map_err(|err| Status::invalid_argument(err.to_string()))?;
         self.check_apply_scope(&call, &parsed.spec).await?;
+        self.check_secrets_exist(&parsed.spec).await?;
         parsed
             .warnings
             .extend(self.check_after(&parsed.spec).await?);
@@ -1069,6 +1071,29 @@ impl ControlService for ControlApi {
     ) -> Result<Response<pb::Token>, Status> {
         let call = Call::of(&request);
         self.token_revoke(&call, request.into_inner()).await
+    }
+
+    async fn set_secret(
+        &self,
+        request: Request<pb::SetSecretRequest>,
+    ) -> Result<Response<pb::Secret>, Status> {
+        let call = Call::of(&request);
+        self.secret_set(&call, request.into_inner()).await
+    }
+
+    async fn list_secrets(
+        &self,
+        request: Request<pb::ListSecretsRequest>,
+    ) -> Result<Response<pb::ListSecretsResponse>, Status> {
+        self.secret_list(&Call::of(&request)).await
+    }
+
+    async fn delete_secret(
+        &self,
+        request: Request<pb::DeleteSecretRequest>,
+    ) -> Result<Response<pb::Secret>, Status> {
+        let call = Call::of(&request);
+        self.secret_delete(&call, request.into_inner()).await
     }
 }
 

@@ -541,6 +541,16 @@ impl LogChunk {
         &self.body
     }
 
+    /// Replaces every occurrence of each of `values` (none holding a line break, longest
+    /// first) with `mask`, leaving the lines as they are otherwise.
+    pub fn mask(&mut self, values: &[String], mask: &str) {
+        for value in values.iter().filter(|v| !v.is_empty() && !v.contains('\n')) {
+            if memchr::memmem::find(self.body.as_bytes(), value.as_bytes()).is_some() {
+                self.body = self.body.replace(value.as_str(), mask);
+            }
+        }
+    }
+
     /// The lines in order.
     pub fn lines(&self) -> impl Iterator<Item = (LogStream, &str)> {
         let texts = (!self.streams.is_empty())

@@ -73,7 +73,7 @@ pub struct DefaultsFile {
     pub retries: Option<Spanned<Value>>,
     pub retry_backoff: Option<Spanned<Value>>,
     pub labels: Option<Spanned<Map<Pairs>>>,
-    pub env: Option<Spanned<Map<Pairs>>>,
+    pub env: Option<Spanned<Map<EnvPairs>>>,
 }
 
 #[derive(Deserialize)]
@@ -85,7 +85,7 @@ pub struct TaskFile {
     pub timeout: Option<Spanned<Value>>,
     pub retries: Option<Spanned<Value>>,
     pub retry_backoff: Option<Spanned<Value>>,
-    pub env: Option<Spanned<Map<Pairs>>>,
+    pub env: Option<Spanned<Map<EnvPairs>>>,
     pub working_dir: Option<Spanned<Value>>,
     pub labels: Option<Spanned<Map<Pairs>>>,
     pub priority: Option<Spanned<Value>>,
@@ -99,6 +99,25 @@ pub struct TaskFile {
 /// The values of a string map (`env`, `labels`) in file order; the keys, with their lines,
 /// are in the enclosing [`Map`].
 pub struct Pairs(pub Vec<Spanned<Value>>);
+
+/// The values of an `env` map in file order: strings, or references to secrets.
+pub struct EnvPairs(pub Vec<Spanned<EnvValue>>);
+
+/// An `env` value: a string, or `{ secret: NAME }`, which the task gets as the secret's value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EnvValue {
+    Value(Value),
+    /// What stood after `secret:`.
+    Secret(Spanned<Value>),
+    /// A mapping other than `{ secret: NAME }`: its keys.
+    OtherMapping(Vec<String>),
+}
+
+impl From<Value> for EnvValue {
+    fn from(value: Value) -> Self {
+        EnvValue::Value(value)
+    }
+}
 
 /// A scalar as written, or the kind of collection that stood where a scalar belongs.
 #[derive(Debug, Clone, PartialEq)]
@@ -423,6 +442,67 @@ impl<'de> de::Visitor<'de> for ScalarVisitor {
 impl<'de> Deserialize<'de> for Value {
     fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_any(ScalarVisitor)
+    }
+}
+
+struct EnvVisitor;
+
+impl<'de> de::Visitor<'de> for EnvVisitor {
+    type Value = EnvValue;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string or { secret: NAME }")
+    }
+
+    scalar_visits!();
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<EnvValue, A::Error> {
+        ScalarVisitor.visit_seq(seq).map(EnvValue::Value)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<EnvValue, A::Error> {
+        let mut secret = None;
+        let mut keys = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "secret" {
+                secret = Some(map.next_value::<Spanned<Value>>()?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+            keys.push(key);
+        }
+        match secret {
+            Some(name) if keys.len() == 1 => Ok(EnvValue::Secret(name)),
+            _ => Ok(EnvValue::OtherMapping(keys)),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EnvValue {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(EnvVisitor)
+    }
+}
+
+impl<'de> Deserialize<'de> for EnvPairs {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct EnvPairsVisitor;
+        impl<'de> de::Visitor<'de> for EnvPairsVisitor {
+            type Value = EnvPairs;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a mapping")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<EnvPairs, A::Error> {
+                let mut values = Vec::new();
+                while map.next_key::<IgnoredAny>()?.is_some() {
+                    values.push(map.next_value::<Spanned<EnvValue>>()?);
+                }
+                Ok(EnvPairs(values))
+            }
+        }
+        deserializer.deserialize_map(EnvPairsVisitor)
     }
 }
 

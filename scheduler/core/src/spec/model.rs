@@ -254,6 +254,10 @@ pub struct TaskSpec {
     pub command: String,
     pub argv: Vec<String>,
     pub env: BTreeMap<String, String>,
+    /// Environment variables whose values are secrets, by secret name (`{ secret: NAME }`):
+    /// the scheduler puts the values in at dispatch; the spec holds only the names.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secret_env: BTreeMap<String, String>,
     pub working_dir: Option<String>,
     /// 0 means no timeout.
     pub timeout_ms: u64,

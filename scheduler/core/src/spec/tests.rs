@@ -404,6 +404,32 @@ const REFUSALS: &[(&str, &str, &str)] = &[
         "env_and_labels",
         "
             name: etl
+            tasks:
+              - name: a
+                command: x
+                env:
+                  DB_PASSWORD: {secret: warehouse-db, version: 2}
+        ",
+        "wf.yaml:6: tasks[0].env.DB_PASSWORD: expected a string or { secret: NAME }, found a \
+         mapping with keys secret, version",
+    ),
+    (
+        "env_and_labels",
+        "
+            name: etl
+            tasks:
+              - name: a
+                command: x
+                env:
+                  DB_PASSWORD: {secret: \"has space\"}
+        ",
+        "wf.yaml:6: tasks[0].env.DB_PASSWORD.secret: invalid name \"has space\": expected 1 to \
+         64 of a-z, 0-9, '_', '.', '-', starting with a letter or digit",
+    ),
+    (
+        "env_and_labels",
+        "
+            name: etl
             defaults:
               env: {A-B: x}
             tasks: [{name: a, command: x}]
@@ -1201,6 +1227,31 @@ fn self_fence_is_on_unless_a_task_opts_out() {
     );
     let unfenced: Vec<bool> = parsed.spec.tasks.iter().map(|t| t.unfenced).collect();
     assert_eq!(unfenced, [false, true, false]);
+}
+
+#[test]
+fn env_values_may_name_secrets_and_a_task_overrides_its_defaults() {
+    let parsed = parse_ok(
+        "
+        name: etl
+        defaults:
+          env: {DB_PASSWORD: {secret: warehouse-db}, REGION: cn}
+        tasks:
+          - {name: a, command: x}
+          - name: b
+            command: x
+            env: {DB_PASSWORD: not-secret, API_KEY: {secret: api-key}}
+        ",
+    );
+    let a = &parsed.spec.tasks[0];
+    assert_eq!(a.env, map(&[("REGION", "cn")]));
+    assert_eq!(a.secret_env, map(&[("DB_PASSWORD", "warehouse-db")]));
+    let b = &parsed.spec.tasks[1];
+    assert_eq!(
+        b.env,
+        map(&[("DB_PASSWORD", "not-secret"), ("REGION", "cn")])
+    );
+    assert_eq!(b.secret_env, map(&[("API_KEY", "api-key")]));
 }
 
 #[test]

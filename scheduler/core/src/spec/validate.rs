@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use serde_saphyr::Spanned;
 
 use super::file::{
-    self, ConcurrencyFile, DefaultsFile, Key, List, Map, MisfireName, Pairs, ScheduleFile,
-    TaskFile, Value, WorkflowFile, line,
+    self, ConcurrencyFile, DefaultsFile, EnvPairs, EnvValue, Key, List, Map, MisfireName, Pairs,
+    ScheduleFile, TaskFile, Value, WorkflowFile, line,
 };
 use super::model::{
     ConcurrencySpec, DEFAULT_APP, DEFAULT_MAX_CATCH_UP, DEFAULT_RETRY_BACKOFF_MS, MisfirePolicy,
@@ -79,7 +79,28 @@ struct Defaults {
     retries: Option<u32>,
     retry_backoff_ms: Option<u64>,
     labels: BTreeMap<String, String>,
-    env: BTreeMap<String, String>,
+    env: Env,
+}
+
+/// A task's `env`: plain values, and variables whose values are secrets (by secret name).
+#[derive(Debug, Default, Clone)]
+struct Env {
+    plain: BTreeMap<String, String>,
+    secrets: BTreeMap<String, String>,
+}
+
+impl Env {
+    /// `other`'s variables over these: a name set in both takes `other`'s, plain or secret.
+    fn extend(&mut self, other: Env) {
+        for (name, value) in other.plain {
+            self.secrets.remove(&name);
+            self.plain.insert(name, value);
+        }
+        for (name, secret) in other.secrets {
+            self.plain.remove(&name);
+            self.secrets.insert(name, secret);
+        }
+    }
 }
 
 pub struct Validator<'a> {
@@ -274,18 +295,47 @@ impl Validator<'_> {
         Ok(out)
     }
 
-    fn env(
-        &self,
-        map: &Spanned<Map<Pairs>>,
-        path: &str,
-    ) -> Result<BTreeMap<String, String>, SpecError> {
-        self.string_map(map, path, &|name| {
-            (!is_valid_env_name(name)).then(|| {
-                format!(
-                    "invalid environment variable name \"{name}\": expected [A-Za-z_][A-Za-z0-9_]*"
-                )
-            })
-        })
+    fn env(&self, map: &Spanned<Map<EnvPairs>>, path: &str) -> Result<Env, SpecError> {
+        let (EnvPairs(values), keys) = self.fields(map, path)?;
+        let mut env = Env::default();
+        for (key, value) in keys.iter().zip(values) {
+            let field = join(path, &key.name);
+            if !is_valid_env_name(&key.name) {
+                return Err(self.err(
+                    key.line,
+                    field,
+                    format!(
+                        "invalid environment variable name \"{}\": expected [A-Za-z_][A-Za-z0-9_]*",
+                        key.name
+                    ),
+                ));
+            }
+            match &value.value {
+                EnvValue::Value(plain) => {
+                    let text = self.text(value, plain, &field)?;
+                    env.plain.insert(key.name.clone(), text);
+                }
+                EnvValue::Secret(name) => {
+                    let secret = self.name(name, &join(&field, "secret"))?;
+                    env.secrets.insert(key.name.clone(), secret);
+                }
+                EnvValue::OtherMapping(keys) => {
+                    return Err(self.err(
+                        line(value),
+                        field,
+                        format!(
+                            "expected a string or {{ secret: NAME }}, found a mapping with {}",
+                            if keys.is_empty() {
+                                "no keys".to_string()
+                            } else {
+                                format!("keys {}", keys.join(", "))
+                            }
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(env)
     }
 
     fn labels(
@@ -657,6 +707,10 @@ impl Validator<'_> {
         if let Some(n) = &file.env {
             env.extend(self.env(n, &field("env"))?);
         }
+        let Env {
+            plain: env,
+            secrets: secret_env,
+        } = env;
         let mut labels = defaults.labels.clone();
         if let Some(n) = &file.labels {
             labels.extend(self.labels(n, &field("labels"))?);
@@ -707,6 +761,7 @@ impl Validator<'_> {
             command,
             argv,
             env,
+            secret_env,
             working_dir,
             timeout_ms,
             retries,

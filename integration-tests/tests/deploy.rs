@@ -8,8 +8,8 @@
 //! - the manifests in `deploy/kubernetes` pass the schema validator `kubernetes-validate` (from
 //!   `.ci/requirements.txt`, run by the venv's Python in `AX_TEST_PYTHON`) for the oldest and the
 //!   newest Kubernetes they are meant for, the kustomization lists exactly them and no Secret,
-//!   and the example Secrets hold only placeholders; a broken manifest is rejected, so the
-//!   check can fail;
+//!   the optional client-certificate component names files that are there, and the example
+//!   Secrets hold only placeholders; a broken manifest is rejected, so the check can fail;
 //! - the systemd units pass `systemd-analyze verify` without a warning.
 //!
 //! Outside CI a missing tool skips its test with a message; under `CI=true` it fails.
@@ -277,13 +277,19 @@ fn kubernetes_dir() -> PathBuf {
 }
 
 /// Every manifest in deploy/kubernetes: its YAML files but the kustomization, which is
-/// kustomize's own file and has no Kubernetes schema.
+/// kustomize's own file and has no Kubernetes schema. Its subdirectories are kustomize
+/// components, whose patches are fragments of manifests.
 fn kubernetes_manifests() -> Vec<PathBuf> {
-    files_under(&kubernetes_dir(), &[])
-        .into_iter()
+    let dir = kubernetes_dir();
+    let entries =
+        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
+    let mut manifests: Vec<PathBuf> = entries
+        .map(|entry| entry.expect("directory entry").path())
         .filter(|file| file.extension().is_some_and(|ext| ext == "yaml"))
         .filter(|file| !file.ends_with("kustomization.yaml"))
-        .collect()
+        .collect();
+    manifests.sort();
+    manifests
 }
 
 #[test]
@@ -361,7 +367,35 @@ fn the_kustomization_applies_every_manifest_but_no_secret() {
             line.ends_with(" ax") || line.contains(" Namespace "),
             "a resource outside the ax namespace: {line}"
         );
+    } // The optional client-certificate component names files that exist, and patches only the
+    // two Deployments.
+    let component = dir.join("client-certificates");
+    let listed = python_output(
+        &python,
+        "import sys, yaml\n\
+         k = yaml.safe_load(open(sys.argv[1]))\n\
+         assert k['kind'] == 'Component', k['kind']\n\
+         print('\\n'.join(k['resources'] + [p['path'] for p in k['patches']]))",
+        &[&component.join("kustomization.yaml")],
+    );
+    for name in listed.lines() {
+        assert!(
+            component.join(name).is_file(),
+            "client-certificates/kustomization.yaml names {name}, which is not there"
+        );
     }
+    let patched = python_output(
+        &python,
+        "import sys, yaml\n\
+         for path in sys.argv[1:]:\n\
+         \x20   doc = yaml.safe_load(open(path))\n\
+         \x20   print(doc['kind'], doc['metadata']['name'])",
+        &[
+            &component.join("scheduler-patch.yaml"),
+            &component.join("worker-patch.yaml"),
+        ],
+    );
+    assert_eq!(patched, "Deployment ax-scheduler\nDeployment ax-worker\n");
 }
 
 #[test]

@@ -1,0 +1,129 @@
+"""Parts of the SDK that need no scheduler: settings, the function convention, line cutting,
+and the worker's answers to a repeated Dispatch."""
+
+import queue
+import time
+
+import pytest
+
+from ax_sdk import ConfigError, Credentials, Tasks, Worker
+from ax_sdk import functions
+from ax_sdk.connection import parse_endpoint, parse_endpoints
+from ax_sdk.pb import worker as wpb
+from ax_sdk.worker import _boundary, _Session
+
+
+def test_addresses_parse_and_bad_ones_are_named():
+    assert parse_endpoint("http://sched-1:7070").target == "sched-1:7070"
+    assert parse_endpoint("https://sched-1").tls and parse_endpoint("https://sched-1").port == 7070
+    assert parse_endpoint("127.0.0.1:9000").target == "127.0.0.1:9000"
+    assert [e.port for e in parse_endpoints("a:1, b:2")] == [1, 2]
+    with pytest.raises(ConfigError, match="ftp://"):
+        parse_endpoint("ftp://x:1")
+    with pytest.raises(ConfigError, match="port"):
+        parse_endpoint("http://x:99999")
+    with pytest.raises(ConfigError, match="no scheduler address"):
+        parse_endpoints(" , ")
+
+
+def test_tokens_are_checked_and_sent_as_bearer(tmp_path):
+    assert Credentials.load(token="abc").metadata() == (("authorization", "Bearer abc"),)
+    path = tmp_path / "token"
+    path.write_text("from-file\n")
+    assert Credentials.load(token_file=str(path)).token == "from-file"
+    with pytest.raises(ConfigError, match="whitespace"):
+        Credentials.load(token="a b")
+    with pytest.raises(ConfigError, match="not both"):
+        Credentials.load(token="a", token_file=str(path))
+    with pytest.raises(ConfigError, match="TLS CA file"):
+        Credentials.load(tls_ca=str(tmp_path / "missing.pem"))
+    with pytest.raises(ConfigError, match="both tls_cert and tls_key"):
+        Credentials.load(tls_cert=str(path))
+
+
+def test_the_function_convention():
+    assert functions.function_call("ax-python greet 'big world'", []) == ("greet", ["big world"])
+    assert functions.function_call("", ["ax-python", "greet", "x"]) == ("greet", ["x"])
+    assert functions.function_call("echo ax-python", []) is None
+    assert functions.function_call("ax-pythonic x", []) is None
+    assert functions.function_call("", ["/bin/echo", "ax-python"]) is None
+    with pytest.raises(ValueError, match="needs a function name"):
+        functions.function_call("ax-python", [])
+    with pytest.raises(ValueError, match="cannot split"):
+        functions.function_call("ax-python 'open", [])
+
+
+def module_level():
+    pass
+
+
+def test_only_importable_functions_register():
+    tasks = Tasks()
+    tasks.task("ok")(module_level)
+    assert tasks.names() == ["ok"]
+
+    def local():
+        pass
+
+    with pytest.raises(ValueError, match="top level"):
+        tasks.add(local, "local")
+    with pytest.raises(ValueError, match="whitespace"):
+        tasks.add(module_level, "two words")
+
+
+def test_long_lines_are_cut_between_characters():
+    text = "数据".encode() * 3  # 3-byte characters
+    cut = _boundary(text, 4)
+    assert cut == 3 and text[:cut].decode() == "数"
+    assert _boundary(b"abcdef", 4) == 4
+    assert _boundary(b"\x80\x80\x80\x80\x80", 2) == 2  # not UTF-8: cut at the limit
+
+
+def frames(session):
+    out = []
+    while True:
+        try:
+            message = session.outgoing.get_nowait()
+        except queue.Empty:
+            return out
+        if message is not None:
+            out.append(message)
+
+
+def test_a_repeated_dispatch_is_rejected_as_a_duplicate(tmp_path):
+    worker = Worker("http://127.0.0.1:1", "unit", capacity=1, kill_grace=0.1)
+    session = _Session(worker.endpoints[0])
+    session.registered = True
+    worker._session = session
+    go = tmp_path / "go"
+    # The attempt runs until the test has sent its other dispatches.
+    command = f"echo hi; while [ ! -e '{go}' ]; do sleep 0.01; done"
+    dispatch = wpb.Dispatch(instance_id=5, attempt=1, command=command)
+    worker._dispatch(dispatch)
+    worker._dispatch(dispatch)
+    full = wpb.Dispatch(instance_id=6, attempt=1, command="true")
+    worker._dispatch(full)
+    go.touch()
+    deadline = time.monotonic() + 30
+    while worker._attempts[(5, 1)].finished is None:
+        assert time.monotonic() < deadline, "the attempt did not end"
+        time.sleep(0.01)
+    sent = frames(session)
+    kinds = [m.WhichOneof("body") for m in sent]
+    assert kinds[:2] == ["accepted", "started"], kinds
+    rejected = [m.rejected for m in sent if m.WhichOneof("body") == "rejected"]
+    assert [(r.instance_id, r.duplicate) for r in rejected] == [(5, True), (6, False)]
+    assert "full" in rejected[1].reason
+    logs = [m.logs for m in sent if m.WhichOneof("body") == "logs"]
+    # No flusher runs here: the end sends the lines, and keeps them until a LogAck.
+    assert [(b.first_seq, b.body, b.streams) for b in logs] == [(1, "hi", b"\x01")]
+    assert worker._attempts[(5, 1)].lines == [(1, "hi")]
+    worker._handle(session, wpb.SchedulerMessage(log_ack=wpb.LogAck(instance_id=5, attempt=1, seq=1)))
+    assert worker._attempts[(5, 1)].lines == []
+    (finished,) = [m.finished for m in sent if m.WhichOneof("body") == "finished"]
+    assert finished.outcome == 1 and finished.exit_code == 0 and finished.log_lines == 1
+    # Acknowledged, the attempt is forgotten but still known as a duplicate.
+    worker._handle(session, wpb.SchedulerMessage(finished_ack=wpb.FinishedAck(instance_id=5, attempt=1)))
+    assert (5, 1) not in worker._attempts
+    worker._dispatch(dispatch)
+    assert [m.rejected.duplicate for m in frames(session)] == [True]

@@ -117,9 +117,9 @@ def test_a_repeated_dispatch_is_rejected_as_a_duplicate(tmp_path):
     logs = [m.logs for m in sent if m.WhichOneof("body") == "logs"]
     # No flusher runs here: the end sends the lines, and keeps them until a LogAck.
     assert [(b.first_seq, b.body, b.streams) for b in logs] == [(1, "hi", b"\x01")]
-    assert worker._attempts[(5, 1)].lines == [(1, "hi")]
+    assert [last for last, _ in worker._attempts[(5, 1)].batches] == [1]
     worker._handle(session, wpb.SchedulerMessage(log_ack=wpb.LogAck(instance_id=5, attempt=1, seq=1)))
-    assert worker._attempts[(5, 1)].lines == []
+    assert worker._attempts[(5, 1)].batches == []
     (finished,) = [m.finished for m in sent if m.WhichOneof("body") == "finished"]
     assert finished.outcome == 1 and finished.exit_code == 0 and finished.log_lines == 1
     # Acknowledged, the attempt is forgotten but still known as a duplicate.
@@ -127,3 +127,52 @@ def test_a_repeated_dispatch_is_rejected_as_a_duplicate(tmp_path):
     assert (5, 1) not in worker._attempts
     worker._dispatch(dispatch)
     assert [m.rejected.duplicate for m in frames(session)] == [True]
+
+
+def test_a_reconnect_resends_the_unacknowledged_batches_as_they_were_cut(tmp_path):
+    """The scheduler knows a batch by its first_seq: a re-cut batch would be taken for one it
+    has, and its new lines lost."""
+    worker = Worker("http://127.0.0.1:1", "unit", kill_grace=0.1)
+    first = _Session(worker.endpoints[0])
+    first.registered = True
+    worker._session = first
+    one, two = tmp_path / "one", tmp_path / "two"
+    command = (
+        f"echo a; echo b; echo c; while [ ! -e '{one}' ]; do sleep 0.01; done; echo d; echo e; "
+        f"while [ ! -e '{two}' ]; do sleep 0.01; done; echo f; echo g"
+    )
+    worker._dispatch(wpb.Dispatch(instance_id=7, attempt=2, command=command))
+    attempt = worker._attempts[(7, 2)]
+    deadline = time.monotonic() + 30
+
+    def flush_when(count):
+        while True:
+            with worker._lock:
+                if len(attempt.pending) == count:
+                    worker._flush(attempt)
+                    return
+            assert time.monotonic() < deadline, f"no {count} lines"
+            time.sleep(0.01)
+
+    flush_when(3)
+    one.touch()
+    flush_when(2)
+    sent = [m.logs for m in frames(first) if m.WhichOneof("body") == "logs"]
+    assert [(b.first_seq, b.body) for b in sent] == [(1, "a\nb\nc"), (4, "d\ne")]
+    # Lines 1-3 are stored; the stream breaks before the ack of 4-5, and 6-7 come after it.
+    worker._handle(first, wpb.SchedulerMessage(log_ack=wpb.LogAck(instance_id=7, attempt=2, seq=3)))
+    worker._detach(first)
+    two.touch()
+    while attempt.finished is None:
+        assert time.monotonic() < deadline, "the attempt did not end"
+        time.sleep(0.01)
+    second = _Session(worker.endpoints[0])
+    register = worker._register_frame()
+    assert [(r.instance_id, r.attempt) for r in register.finished] == [(7, 2)]
+    assert list(register.running) == []
+    worker._attach(second, wpb.Registered())
+    resent = frames(second)
+    assert [m.WhichOneof("body") for m in resent] == ["started", "logs", "logs", "finished"]
+    assert resent[1].logs == sent[1]
+    assert (resent[2].logs.first_seq, resent[2].logs.body) == (6, "f\ng")
+    assert resent[3].finished.log_lines == 7

@@ -12,7 +12,9 @@ It holds one stream to one scheduler node at a time and
   for an attempt it runs or ran; otherwise only when it did not and will not start it);
 - runs each attempt as a child process leading a process group of its own, with the Dispatch's
   env added to the worker's; a guardian process kills the groups if the worker dies;
-- numbers the output lines from 1, sends them in packed LogBatches, and keeps them until LogAck;
+- numbers the output lines from 1, sends them in packed LogBatches, and keeps each batch until
+  a LogAck covers it, resending it exactly as first cut (the scheduler knows a batch by its
+  first_seq);
 - enforces Dispatch.timeout_ms itself from the process's start (SIGTERM to the group, SIGKILL
   after the kill grace, outcome TIMEOUT), and CancelAttempt the same way (outcome CANCELLED);
 - resends AttemptFinished on every new stream until FinishedAck or ReportRefused;
@@ -103,11 +105,14 @@ class _Attempt:
         self.pid = 0
         self.started_at_ms = 0
         self.started_mono = 0.0
-        # Lines not yet acknowledged: (stream byte, text); lines[0] has seq acked_seq + 1.
-        self.lines: List[Tuple[int, str]] = []
+        # Lines not yet cut into a batch: (stream byte, text), numbered from next_seq - len.
+        self.pending: List[Tuple[int, str]] = []
         self.next_seq = 1
-        self.sent_seq = 0
-        self.acked_seq = 0
+        # Batches cut and not yet acknowledged, as first sent: (last seq, frame). A resend must
+        # repeat a batch exactly, since the scheduler knows a batch by its first_seq.
+        self.batches: List[Tuple[int, wpb.LogBatch]] = []
+        # How many of `batches` went out on the current stream.
+        self.sent_batches = 0
         self.finished: Optional[wpb.AttemptFinished] = None
         self.finished_mono = 0.0
         # Why the worker killed it: "timeout", "cancel", "fence", "stop"; None while not killed.
@@ -409,15 +414,20 @@ class Worker:
         )
 
     def _flush(self, attempt: _Attempt) -> None:
-        """Sends the attempt's lines not yet sent on this stream, in batches."""
+        """Sends the attempt's batches not yet sent on this stream (as they were cut), then cuts
+        its pending lines into new batches and sends those."""
         if attempt.forgotten or self._session is None or not self._session.registered:
             return
-        while attempt.sent_seq < attempt.next_seq - 1:
-            start = attempt.sent_seq - attempt.acked_seq
+        while attempt.sent_batches < len(attempt.batches):
+            if not self._send("logs", attempt.batches[attempt.sent_batches][1]):
+                return
+            attempt.sent_batches += 1
+        while attempt.pending:
+            first_seq = attempt.next_seq - len(attempt.pending)
             streams = bytearray()
             texts: List[str] = []
             size = 0
-            for stream, text in attempt.lines[start : start + BATCH_MAX_LINES]:
+            for stream, text in attempt.pending[:BATCH_MAX_LINES]:
                 if texts and size + len(text) > BATCH_MAX_BYTES:
                     break
                 streams.append(stream)
@@ -426,14 +436,16 @@ class Worker:
             batch = wpb.LogBatch(
                 instance_id=attempt.key[0],
                 attempt=attempt.key[1],
-                first_seq=attempt.sent_seq + 1,
+                first_seq=first_seq,
                 sent_at_ms=_now_ms(),
                 streams=bytes(streams),
                 body="\n".join(texts),
             )
+            del attempt.pending[: len(texts)]
+            attempt.batches.append((first_seq + len(texts) - 1, batch))
             if not self._send("logs", batch):
                 return
-            attempt.sent_seq += len(texts)
+            attempt.sent_batches += 1
 
     # ------------------------------------------------------------------------------------------
     # The connection loop.
@@ -569,16 +581,20 @@ class Worker:
                 return "moved", session.move_to
             return "registered", None
         finally:
-            with self._lock:
-                if self._session is session:
-                    self._session = None
-                    # What this stream sent but nobody acknowledged goes out again next time.
-                    for attempt in self._attempts.values():
-                        attempt.sent_seq = attempt.acked_seq
+            self._detach(session)
             session.close()
             if session.call is not None:
                 session.call.cancel()
             channel.close()
+
+    def _detach(self, session: _Session) -> None:
+        """The stream is over: nothing more goes onto it, and what it carried without an
+        acknowledgement goes out again on the next one."""
+        with self._lock:
+            if self._session is session:
+                self._session = None
+                for attempt in self._attempts.values():
+                    attempt.sent_batches = 0
 
     def _register_frame(self) -> wpb.Register:
         running, finished = [], []
@@ -624,7 +640,7 @@ class Worker:
                     continue
                 if attempt.pid:
                     self._send_started(attempt)
-                attempt.sent_seq = attempt.acked_seq
+                attempt.sent_batches = 0
                 self._flush(attempt)
                 if attempt.finished is not None:
                     self._send("finished", attempt.finished)
@@ -685,11 +701,12 @@ class Worker:
             ack = message.log_ack
             with self._lock:
                 attempt = self._attempts.get((ack.instance_id, ack.attempt))
-                if attempt is not None and ack.seq > attempt.acked_seq:
-                    seq = min(ack.seq, attempt.next_seq - 1)
-                    del attempt.lines[: seq - attempt.acked_seq]
-                    attempt.acked_seq = seq
-                    attempt.sent_seq = max(attempt.sent_seq, seq)
+                if attempt is not None:
+                    acked = 0
+                    while acked < len(attempt.batches) and attempt.batches[acked][0] <= ack.seq:
+                        acked += 1
+                    del attempt.batches[:acked]
+                    attempt.sent_batches = max(0, attempt.sent_batches - acked)
         elif kind == "finished_ack":
             ack = message.finished_ack
             with self._lock:
@@ -714,11 +731,7 @@ class Worker:
             move = message.move_elsewhere
             log.info("asked to move to another node (%s): %s", move.to_address or "any", move.reason)
             session.move_to = move.to_address or ""
-            with self._lock:
-                if self._session is session:
-                    self._session = None
-                    for attempt in self._attempts.values():
-                        attempt.sent_seq = attempt.acked_seq
+            self._detach(session)
             session.close()
             if session.call is not None:
                 session.call.cancel()
@@ -728,7 +741,8 @@ class Worker:
     def _forget(self, attempt: _Attempt, kill: bool) -> None:
         """Sends nothing more about the attempt; kills its group first when asked."""
         attempt.forgotten = True
-        attempt.lines.clear()
+        attempt.pending.clear()
+        attempt.batches.clear()
         if kill and attempt.running and attempt.pid:
             _killpg(attempt.pid, signal.SIGKILL)
         if not attempt.running:
@@ -850,9 +864,9 @@ class Worker:
         with self._lock:
             if attempt.forgotten:
                 return
-            attempt.lines.append((stream, text))
+            attempt.pending.append((stream, text))
             attempt.next_seq += 1
-            if attempt.next_seq - 1 - attempt.sent_seq >= BATCH_MAX_LINES:
+            if len(attempt.pending) >= BATCH_MAX_LINES:
                 self._flush(attempt)
             else:
                 self._wake.notify_all()
@@ -862,7 +876,7 @@ class Worker:
             with self._lock:
                 self._wake.wait(BATCH_DELAY)
                 for attempt in list(self._attempts.values()):
-                    if attempt.sent_seq < attempt.next_seq - 1:
+                    if attempt.pending or attempt.sent_batches < len(attempt.batches):
                         self._flush(attempt)
             # Lines that arrive now wait a little for company.
             self._stopped.wait(BATCH_DELAY)

@@ -842,7 +842,8 @@ class Worker:
                     return
                 data, carry = carry + chunk, b""
                 if data.endswith(b"\n"):
-                    data = data[:-2] if data.endswith(b"\r\n") else data[:-1]
+                    # Only the newline goes, a '\r' before it stays, as ax-worker does.
+                    data = data[:-1]
                     self._add_pieces(attempt, stream, data)
                 elif len(data) >= limit:
                     cut = _boundary(data, limit)
@@ -908,7 +909,7 @@ class Worker:
                 with self._lock:
                     if attempt.kill_reason is None and not attempt.forgotten:
                         log.info("attempt %s ran past its timeout of %s s: killing it", attempt.key, timeout)
-                        self._kill(attempt, "timeout", f"timed out after {timeout:g} s")
+                        self._kill(attempt, "timeout", f"killed after the timeout of {attempt.dispatch.timeout_ms} ms")
                 deadline = None
                 continue
             try:
@@ -940,8 +941,8 @@ class Worker:
             else:
                 outcome = types.ATTEMPT_OUTCOME_FAILED
             message = attempt.kill_message
-            if not message and sig is not None:
-                message = f"killed by signal {sig}"
+            if not message and outcome == types.ATTEMPT_OUTCOME_FAILED:
+                message = f"exited with code {code}" if sig is None else f"killed by signal {sig}"
             self._end(attempt, outcome, exit_code, sig, message)
 
     def _end(self, attempt: _Attempt, outcome: int, exit_code, sig, message: str) -> None:

@@ -15,7 +15,13 @@
 //! fencing), and starts it again on the same store: the task keeps running, the worker
 //! re-attaches it, and it ends SUCCESS in its one attempt with every line stored once, in order.
 //!
-//! Without AX_TEST_PYTHON both print why and pass, except under CI=true, where they fail.
+//! `python_worker_fences_itself_when_cut_off_from_a_live_scheduler` blackholes a proxy between
+//! the worker and a live scheduler: the worker kills its task by itself (SELF-FENCING in
+//! worker.proto). `python_workers_move_between_nodes_and_fail_over` (MySQL, two nodes) has two
+//! Python workers spread by MoveElsewhere, then kills the node one of them is on while its task
+//! runs: the worker goes to the other node and the task ends SUCCESS in its one attempt.
+//!
+//! Without AX_TEST_PYTHON they print why and pass, except under CI=true, where they fail.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -23,6 +29,7 @@ use std::time::Duration;
 
 use ax_integration_tests::fault_kit::{pid_alive, wait_pids_gone};
 use ax_integration_tests::process::{HANG_GUARD, Process, ProcessCluster, SchedulerSettings};
+use ax_integration_tests::proxy::TcpProxy;
 use ax_integration_tests::{Backend, on_every_backend};
 use ax_proto::v1 as pb;
 use serde_json::Value;
@@ -270,6 +277,58 @@ impl Drop for Logged {
     }
 }
 
+/// Starts `python -m ax_sdk.worker` as worker `id` of `schedulers` (comma-separated), with the
+/// sandbox's short heartbeat and a short kill grace.
+fn python_worker(python: &Path, dir: &Path, id: &str, schedulers: &str, extra: &[&str]) -> Logged {
+    let mut args: Vec<String> = [
+        "-m",
+        "ax_sdk.worker",
+        "--scheduler",
+        schedulers,
+        "--id",
+        id,
+        "--heartbeat-interval",
+        "500ms",
+        "--kill-grace",
+        "1s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Logged(
+        Process::spawn(
+            &format!("python worker {id}"),
+            python,
+            &args,
+            dir,
+            dir.join(format!("python-worker-{id}.log")),
+        )
+        .expect("the Python worker starts"),
+    )
+}
+
+/// Reads the pid a task wrote to `path`, once it is there.
+async fn read_pid(path: &Path) -> u32 {
+    wait_file(path).await;
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    loop {
+        if let Ok(pid) = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .trim()
+            .parse()
+        {
+            return pid;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no pid in {}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits until `path` exists, under the hang guard.
 async fn wait_file(path: &Path) {
     let deadline = tokio::time::Instant::now() + HANG_GUARD;
@@ -292,30 +351,12 @@ async fn python_worker_reattaches_after_a_scheduler_kill9() {
         .expect("SQLite is always there");
     let gates = cluster.dir().join("gates");
     std::fs::create_dir_all(&gates).expect("gates dir");
-    let args: Vec<String> = [
-        "-m",
-        "ax_sdk.worker",
-        "--scheduler",
-        &cluster.endpoint(),
-        "--id",
+    let mut worker = python_worker(
+        &python,
+        cluster.dir(),
         "py-reattach",
-        "--heartbeat-interval",
-        "500ms",
-        "--kill-grace",
-        "1s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut worker = Logged(
-        Process::spawn(
-            "python worker py-reattach",
-            &python,
-            &args,
-            cluster.dir(),
-            cluster.dir().join("python-worker.log"),
-        )
-        .expect("the Python worker starts"),
+        &cluster.endpoint(),
+        &[],
     );
     let client = cluster.client().await.expect("a client");
     client
@@ -346,12 +387,7 @@ tasks:
         .wait_instance(run.id, "long", pb::InstanceState::Running)
         .await
         .expect("the task runs");
-    wait_file(&gates.join("pid")).await;
-    let pid: u32 = std::fs::read_to_string(gates.join("pid"))
-        .expect("pid file")
-        .trim()
-        .parse()
-        .expect("a pid");
+    let pid = read_pid(&gates.join("pid")).await;
     // The first lines are stored before the scheduler dies.
     let deadline = tokio::time::Instant::now() + HANG_GUARD;
     while client.logs(instance.id).await.expect("logs").len() < 5 {
@@ -425,5 +461,193 @@ tasks:
         wait_pids_gone(&[pid], HANG_GUARD).await.is_empty(),
         "the task outlived its run"
     );
+    cluster.shutdown().await.expect("a clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn python_worker_fences_itself_when_cut_off_from_a_live_scheduler() {
+    let Some(python) = python() else { return };
+    let cluster = ProcessCluster::start(Backend::Sqlite, false)
+        .await
+        .expect("a scheduler starts")
+        .expect("SQLite is always there");
+    let target = format!("127.0.0.1:{}", cluster.port())
+        .parse()
+        .expect("an address");
+    let proxy = TcpProxy::start(target).await.expect("a proxy");
+    let worker = python_worker(&python, cluster.dir(), "py-fenced", &proxy.url(), &[]);
+    let client = cluster.client().await.expect("a client");
+    client
+        .wait_worker_live("py-fenced", HANG_GUARD)
+        .await
+        .expect("the Python worker registers");
+    let pids = cluster.dir().join("fenced");
+    std::fs::create_dir_all(&pids).expect("pids dir");
+    let source = format!(
+        r#"
+name: py-fenced
+tasks:
+  - name: sleeps
+    env: {{PIDS: "{pids}"}}
+    command: |
+      sleep 300 &
+      echo $! > "$PIDS/child"
+      echo $$ > "$PIDS/leader"
+      wait
+"#,
+        pids = pids.display()
+    );
+    client.apply(&source).await.expect("apply");
+    let run = client.trigger_run("py-fenced").await.expect("trigger");
+    client
+        .wait_instance(run.id, "sleeps", pb::InstanceState::Running)
+        .await
+        .expect("the task runs");
+    let task = [
+        read_pid(&pids.join("leader")).await,
+        read_pid(&pids.join("child")).await,
+    ];
+
+    // Packets vanish both ways and connections hang: no refusal tells the worker that the
+    // scheduler is down, and the scheduler, alive, will count the worker dead. The worker must
+    // kill its task by itself, before it hears from a scheduler again.
+    proxy.blackhole();
+    let survivors = wait_pids_gone(&task, HANG_GUARD).await;
+    assert!(
+        survivors.is_empty(),
+        "the cut-off worker left its task running: {survivors:?}\n{}",
+        worker.0.log_text()
+    );
+    assert!(
+        worker.0.log_text().contains("fencing attempt"),
+        "{}",
+        worker.0.log_text()
+    );
+
+    proxy.heal();
+    let ended = client.wait_run(run.id).await.expect("the run ends");
+    assert_eq!(ended.state(), pb::RunState::Failed, "{ended:?}");
+    drop(worker);
+    cluster.shutdown().await.expect("a clean shutdown");
+}
+
+/// Two scheduler nodes on MySQL: two Python workers that could reach only `n1` are spread by
+/// MoveElsewhere once `n2` is up, and a kill -9 of the node a worker is on moves it to the
+/// other node with its task still running, re-attached there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn python_workers_move_between_nodes_and_fail_over() {
+    let Some(python) = python() else { return };
+    let settings = SchedulerSettings {
+        nodes: 2,
+        ..SchedulerSettings::default()
+    };
+    let Some(mut cluster) = ProcessCluster::start_with(Backend::MySql, settings)
+        .await
+        .expect("two scheduler nodes start")
+    else {
+        eprintln!("skipping: AX_TEST_MYSQL_URL is not set");
+        return;
+    };
+    cluster.stop_node(1).await.expect("n2 stops");
+    let both = format!("{},{}", cluster.node_endpoint(0), cluster.node_endpoint(1));
+    let workers = [
+        python_worker(&python, cluster.dir(), "py-a", &both, &["--label", "who=a"]),
+        python_worker(&python, cluster.dir(), "py-b", &both, &["--label", "who=b"]),
+    ];
+    let client = cluster.client().await.expect("a client of n1");
+    for id in ["py-a", "py-b"] {
+        client
+            .wait_worker_live(id, HANG_GUARD)
+            .await
+            .expect("the Python workers register with n1");
+    }
+    cluster.start_node(1).await.expect("n2 starts again");
+
+    // n1 holds both workers, n2 none: n1 asks one to move, and it goes to n2.
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    let nodes = loop {
+        let listed = client.workers().await.expect("workers");
+        let nodes: Vec<(String, String)> = listed
+            .iter()
+            .filter(|w| w.state() == pb::WorkerState::Live)
+            .map(|w| (w.id.clone(), w.scheduler_node.clone()))
+            .collect();
+        if nodes.len() == 2 && nodes[0].1 != nodes[1].1 {
+            break nodes;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the workers were not spread over the nodes: {nodes:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let moved = workers
+        .iter()
+        .filter(|w| w.0.log_text().contains("asked to move"))
+        .count();
+    assert_eq!(moved, 1, "one worker moved: {nodes:?}");
+
+    // A task on worker a, and a kill -9 of the node worker a is on.
+    let gates = cluster.dir().join("gates");
+    std::fs::create_dir_all(&gates).expect("gates dir");
+    let source = format!(
+        r#"
+name: py-failover
+tasks:
+  - name: long
+    labels: {{who: a}}
+    env: {{GATES: "{gates}"}}
+    command: |
+      echo $$ > "$GATES/pid"
+      echo "before"
+      while [ ! -e "$GATES/go" ]; do sleep 0.05; done
+      echo "after"
+"#,
+        gates = gates.display()
+    );
+    client.apply(&source).await.expect("apply");
+    let run = client.trigger_run("py-failover").await.expect("trigger");
+    let instance = client
+        .wait_instance(run.id, "long", pb::InstanceState::Running)
+        .await
+        .expect("the task runs");
+    let pid = read_pid(&gates.join("pid")).await;
+    let node_of_a = &nodes.iter().find(|(id, _)| id == "py-a").expect("py-a").1;
+    let (doomed, survivor) = if node_of_a == cluster.node_id(0) {
+        (0, 1)
+    } else {
+        (1, 0)
+    };
+    cluster
+        .kill_node(doomed)
+        .await
+        .expect("kill -9 of a's node");
+    let client = cluster
+        .node_client(survivor)
+        .await
+        .expect("a client of the surviving node");
+    let registered_before = workers[0].0.log_text().matches("registered with").count();
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    while workers[0].0.log_text().matches("registered with").count() == registered_before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "worker a did not register with the other node:\n{}",
+            workers[0].0.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(pid_alive(pid), "the task died with the node");
+    std::fs::write(gates.join("go"), b"").expect("gate");
+    let ended = client.wait_run(run.id).await.expect("the run ends");
+    assert_eq!(ended.state(), pb::RunState::Success, "{ended:?}");
+    let done = get_instance(&client, instance.id).await;
+    assert_eq!(done.attempts.len(), 1, "one attempt, re-attached: {done:?}");
+    assert_eq!(done.worker_id, "py-a");
+    let lines = client.logs(instance.id).await.expect("logs");
+    assert_eq!(
+        texts(&lines, pb::LogStream::Stdout),
+        ["before".to_string(), "after".to_string()]
+    );
+    drop(workers);
     cluster.shutdown().await.expect("a clean shutdown");
 }

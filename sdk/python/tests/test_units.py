@@ -3,11 +3,15 @@ and the worker's answers to a repeated Dispatch."""
 
 import queue
 import time
+from concurrent import futures
 
+import grpc
 import pytest
 
-from ax_sdk import ConfigError, Credentials, Tasks, Worker
+from ax_sdk import Client, ConfigError, Credentials, Tasks, Worker
 from ax_sdk import functions
+from ax_sdk._pb import control_pb2_grpc, worker_pb2_grpc
+from ax_sdk.pb import control
 from ax_sdk.connection import parse_endpoint, parse_endpoints
 from ax_sdk.pb import worker as wpb
 from ax_sdk.worker import _boundary, _Session
@@ -176,3 +180,66 @@ def test_a_reconnect_resends_the_unacknowledged_batches_as_they_were_cut(tmp_pat
     assert resent[1].logs == sent[1]
     assert (resent[2].logs.first_seq, resent[2].logs.body) == (6, "f\ng")
     assert resent[3].finished.log_lines == 7
+
+
+class _Echo(control_pb2_grpc.ControlServiceServicer):
+    """Answers GetRun with the authorization metadata it received, as the run's triggered_by."""
+
+    def GetRun(self, request, context):
+        seen = dict(context.invocation_metadata()).get("authorization", "")
+        return control.Run(id=request.id, triggered_by=seen)
+
+
+class _Hello(worker_pb2_grpc.WorkerServiceServicer):
+    """Records the Register and the metadata of a worker's stream, then ends it."""
+
+    def __init__(self):
+        self.seen = queue.Queue()
+
+    def Connect(self, request_iterator, context):
+        first = next(request_iterator)
+        self.seen.put((dict(context.invocation_metadata()).get("authorization", ""), first))
+        return iter(())
+
+
+def test_the_token_goes_with_every_call_of_the_client_and_the_worker():
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    control_pb2_grpc.add_ControlServiceServicer_to_server(_Echo(), server)
+    hello = _Hello()
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(hello, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with Client(f"http://127.0.0.1:{port}", token="s3cret") as client:
+            assert client.get_run(42).triggered_by == "Bearer s3cret"
+        with Client(f"127.0.0.1:{port}") as client:
+            assert client.get_run(42).triggered_by == ""
+        worker = Worker(f"http://127.0.0.1:{port}", "unit-token", token="w0rker", capacity=3)
+        worker.start()
+        try:
+            authorization, register = hello.seen.get(timeout=30)
+        finally:
+            worker.stop(drain=False, timeout=5)
+        assert authorization == "Bearer w0rker"
+        assert register.WhichOneof("body") == "register"
+        assert (register.register.worker_id, register.register.capacity) == ("unit-token", 3)
+    finally:
+        server.stop(None)
+
+
+def test_a_task_gets_the_dispatch_env_but_not_the_workers_token(monkeypatch):
+    monkeypatch.setenv("AX_TOKEN", "worker-secret")
+    monkeypatch.setenv("WORKER_SETTING", "inherited")
+    worker = Worker("http://127.0.0.1:1", "unit-env")
+    session = _Session(worker.endpoints[0])
+    session.registered = True
+    worker._session = session
+    command = 'echo "${AX_TOKEN-unset} $WORKER_SETTING $FROM_DISPATCH"'
+    worker._dispatch(wpb.Dispatch(instance_id=9, attempt=1, command=command, env={"FROM_DISPATCH": "given"}))
+    attempt = worker._attempts[(9, 1)]
+    deadline = time.monotonic() + 30
+    while attempt.finished is None:
+        assert time.monotonic() < deadline, "the attempt did not end"
+        time.sleep(0.01)
+    (batch,) = [m.logs for m in frames(session) if m.WhichOneof("body") == "logs"]
+    assert batch.body == "unset inherited given"

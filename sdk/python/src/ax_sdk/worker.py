@@ -206,8 +206,9 @@ class _Guardian:
 
 class Worker:
     """A worker. `scheduler`: one address or several (a list or comma-separated); every node
-    should be listed (see SELF-FENCING in worker.proto). `worker_id` must be stable across
-    restarts and unique among live workers (default: the host name).
+    should be listed (see SELF-FENCING in worker.proto). `worker_id` should be stable across
+    restarts and must be unique among live workers (default: `<host name>-<pid>`, unique but not
+    stable, as ax-worker's).
 
     Intervals are in seconds. The heartbeat intervals are used until a scheduler sends its own
     in Registered, which then apply. `self_fence_after` None disables self-fencing.
@@ -238,7 +239,7 @@ class Worker:
         hostname: Optional[str] = None,
     ):
         self.endpoints = parse_endpoints(scheduler)
-        self.worker_id = (worker_id or socket.gethostname()).strip()
+        self.worker_id = (worker_id or f"{socket.gethostname()}-{os.getpid()}").strip()
         if not 1 <= len(self.worker_id) <= 128:
             raise ConfigError(f"worker id {self.worker_id!r} must be 1 to 128 characters")
         if capacity < 1:
@@ -810,6 +811,9 @@ class Worker:
 
     def _command(self, dispatch: wpb.Dispatch) -> Tuple[List[str], Dict[str, str]]:
         env = dict(os.environ)
+        # The worker's own credential is not the task's to use.
+        for secret in ("AX_TOKEN", "AX_TOKEN_FILE"):
+            env.pop(secret, None)
         env.update(dispatch.env)
         call = functions.function_call(dispatch.command, list(dispatch.argv))
         if call is not None:
@@ -1083,7 +1087,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         help="scheduler address (http://host:port or https://host:port); repeat or comma-separate; "
         "env AX_SCHEDULER; default http://127.0.0.1:7070",
     )
-    parser.add_argument("--id", help="worker id, stable across restarts; default: the host name")
+    parser.add_argument(
+        "--id", help="worker id, stable across restarts and unique among live workers; default: <host name>-<pid>"
+    )
     parser.add_argument("--label", action="append", type=_label, default=[], help="key=value; repeatable")
     parser.add_argument("--capacity", type=int, default=20, help="attempts run at once (default 20)")
     parser.add_argument(

@@ -10,7 +10,7 @@
 //! so the TIMEOUT can only be the worker's), and the Python functions' results.
 //!
 //! `python_worker_reattaches_after_a_scheduler_kill9` runs the SDK's worker as a process
-//! (`python -m ax_sdk.worker`), kills the scheduler with SIGKILL while a task runs and prints,
+//! (`python -m ax_sdk`), kills the scheduler with SIGKILL while a task runs and prints,
 //! keeps it down past the dead-worker threshold (the refused connections keep the worker from
 //! fencing), and starts it again on the same store: the task keeps running, the worker
 //! re-attaches it, and it ends SUCCESS in its one attempt with every line stored once, in order.
@@ -277,12 +277,12 @@ impl Drop for Logged {
     }
 }
 
-/// Starts `python -m ax_sdk.worker` as worker `id` of `schedulers` (comma-separated), with the
+/// Starts `python -m ax_sdk` as worker `id` of `schedulers` (comma-separated), with the
 /// sandbox's short heartbeat and a short kill grace.
 fn python_worker(python: &Path, dir: &Path, id: &str, schedulers: &str, extra: &[&str]) -> Logged {
     let mut args: Vec<String> = [
         "-m",
-        "ax_sdk.worker",
+        "ax_sdk",
         "--scheduler",
         schedulers,
         "--id",
@@ -351,12 +351,15 @@ async fn python_worker_reattaches_after_a_scheduler_kill9() {
         .expect("SQLite is always there");
     let gates = cluster.dir().join("gates");
     std::fs::create_dir_all(&gates).expect("gates dir");
+    // The command line serves the test functions of a module too.
+    let functions = repo_root().join("sdk/python/tests/fn_tasks.py");
+    let functions = functions.to_str().expect("a UTF-8 path");
     let mut worker = python_worker(
         &python,
         cluster.dir(),
         "py-reattach",
         &cluster.endpoint(),
-        &[],
+        &["--module", functions],
     );
     let client = cluster.client().await.expect("a client");
     client
@@ -448,6 +451,26 @@ tasks:
     let seqs: Vec<u64> = lines.iter().map(|l| l.seq).collect();
     assert_eq!(seqs, (1..=15).collect::<Vec<u64>>());
     assert_eq!(done.attempts[0].log_lines, 15);
+
+    // A Python function of --module, after the reconnect.
+    client
+        .apply(
+            "name: py-cli-function\ntasks:\n  - name: f\n    argv: [ax-python, exit_with, \"0\"]\n",
+        )
+        .await
+        .expect("apply");
+    let run = client
+        .trigger_run("py-cli-function")
+        .await
+        .expect("trigger");
+    let ended = client.wait_run(run.id).await.expect("the run ends");
+    assert_eq!(ended.state(), pb::RunState::Success, "{ended:?}");
+    let instances = client.instances(run.id).await.expect("instances");
+    assert_eq!(instances.len(), 1, "{instances:?}");
+    let function = &instances[0];
+    assert_eq!(function.worker_id, "py-reattach");
+    let lines = client.logs(function.id).await.expect("logs");
+    assert_eq!(texts(&lines, pb::LogStream::Stdout), ["returning 0"]);
 
     // SIGTERM drains the worker: nothing runs, so it exits at once and cleanly.
     worker.0.terminate().expect("SIGTERM");

@@ -1030,7 +1030,7 @@ class Worker:
 
 
 # ----------------------------------------------------------------------------------------------
-# The command line: `ax-python-worker` / `python -m ax_sdk.worker`.
+# The command line: `ax-python-worker` / `python -m ax_sdk`.
 
 
 def _duration(text: str) -> float:
@@ -1151,7 +1151,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     worker.run()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

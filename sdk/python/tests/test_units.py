@@ -1,14 +1,17 @@
 """Parts of the SDK that need no scheduler: settings, the function convention, line cutting,
 and the worker's answers to a repeated Dispatch."""
 
+import os
 import queue
+import shutil
+import subprocess
 import time
 from concurrent import futures
 
 import grpc
 import pytest
 
-from ax_sdk import Client, ConfigError, Credentials, Tasks, Worker
+from ax_sdk import AxError, Client, ConfigError, Credentials, Tasks, Worker
 from ax_sdk import functions
 from ax_sdk._pb import control_pb2_grpc, worker_pb2_grpc
 from ax_sdk.pb import control
@@ -243,3 +246,55 @@ def test_a_task_gets_the_dispatch_env_but_not_the_workers_token(monkeypatch):
         time.sleep(0.01)
     (batch,) = [m.logs for m in frames(session) if m.WhichOneof("body") == "logs"]
     assert batch.body == "unset inherited given"
+
+
+def _self_signed(directory):
+    """A certificate for 127.0.0.1 and localhost, and its key (openssl's command line)."""
+    if shutil.which("openssl") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true but openssl is not installed: the TLS test cannot be skipped")
+        pytest.skip("openssl is not installed")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+            "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def test_https_addresses_verify_the_server_against_the_ca_file(tmp_path):
+    cert, key = _self_signed(tmp_path)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    control_pb2_grpc.add_ControlServiceServicer_to_server(_Echo(), server)
+    hello = _Hello()
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(hello, server)
+    credentials = grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    server.start()
+    try:
+        address = f"https://127.0.0.1:{port}"
+        with Client(address, token="over-tls", tls_ca=str(cert)) as client:
+            assert client.get_run(7).triggered_by == "Bearer over-tls"
+        # Without the CA the server's certificate is not trusted.
+        with Client(address, timeout=5) as client:
+            with pytest.raises(AxError) as refused:
+                client.get_run(7)
+            assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+        # Plaintext to a TLS port fails too: the scheme decides.
+        with Client(f"http://127.0.0.1:{port}", timeout=5) as client:
+            with pytest.raises(AxError):
+                client.get_run(7)
+        worker = Worker(address, "unit-tls", tls_ca=str(cert))
+        worker.start()
+        try:
+            _, register = hello.seen.get(timeout=30)
+        finally:
+            worker.stop(drain=False, timeout=5)
+        assert register.register.worker_id == "unit-tls"
+    finally:
+        server.stop(None)

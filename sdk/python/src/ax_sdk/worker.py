@@ -189,12 +189,14 @@ class _Guardian:
     def remove(self, group: int) -> None:
         self._write(f"-{group}\n")
 
-    def close(self) -> None:
+    def close(self, kill_left: bool) -> None:
+        """Ends the guardian; with `kill_left` it first kills the groups still listed."""
         with self._lock:
             proc, self._proc = self._proc, None
         if proc is not None and proc.stdin is not None:
             try:
-                proc.stdin.write(b"exit\n")
+                if not kill_left:
+                    proc.stdin.write(b"exit\n")
                 proc.stdin.close()
             except OSError:
                 pass
@@ -374,7 +376,9 @@ class Worker:
             if thread is not threading.current_thread():
                 thread.join(timeout=10)
         if self._guardian is not None:
-            self._guardian.close()
+            with self._lock:
+                running = any(a.running and a.pid for a in self._attempts.values())
+            self._guardian.close(kill_left=running)
 
     @property
     def connected(self) -> bool:
@@ -669,12 +673,16 @@ class Worker:
                     return
                 if now >= next_worker:
                     running = sum(1 for a in self._attempts.values() if a.running)
-                    self._send(
+                    sent = self._send(
                         "heartbeat",
                         wpb.WorkerHeartbeat(
                             sent_at_ms=_now_ms(), running=running, capacity=self.capacity, draining=self._draining
                         ),
                     )
+                    if sent and not session.acks_seen:
+                        # A scheduler that does not acknowledge heartbeats: frames sent on a
+                        # stream that is up are the only contact there is (SELF-FENCING).
+                        self._last_contact = now
                     next_worker = now + self.heartbeat_interval
                 if now >= next_task:
                     for attempt in self._attempts.values():

@@ -20,6 +20,8 @@
 //! worker.proto). `python_workers_move_between_nodes_and_fail_over` (MySQL, two nodes) has two
 //! Python workers spread by MoveElsewhere, then kills the node one of them is on while its task
 //! runs: the worker goes to the other node and the task ends SUCCESS in its one attempt.
+//! `python_workers_tasks_die_with_it` kills the worker with SIGKILL: its guardian kills the
+//! task's process group.
 //!
 //! Without AX_TEST_PYTHON they print why and pass, except under CI=true, where they fail.
 
@@ -672,5 +674,61 @@ tasks:
         ["before".to_string(), "after".to_string()]
     );
     drop(workers);
+    cluster.shutdown().await.expect("a clean shutdown");
+}
+
+/// A Python worker killed with SIGKILL cannot clean up: its guardian kills the process groups of
+/// its tasks, so nothing it ran survives it (worker.proto: a task should die with its worker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn python_workers_tasks_die_with_it() {
+    let Some(python) = python() else { return };
+    let cluster = ProcessCluster::start(Backend::Sqlite, false)
+        .await
+        .expect("a scheduler starts")
+        .expect("SQLite is always there");
+    let mut worker = python_worker(
+        &python,
+        cluster.dir(),
+        "py-doomed",
+        &cluster.endpoint(),
+        &[],
+    );
+    let client = cluster.client().await.expect("a client");
+    client
+        .wait_worker_live("py-doomed", HANG_GUARD)
+        .await
+        .expect("the Python worker registers");
+    let pids = cluster.dir().join("doomed");
+    std::fs::create_dir_all(&pids).expect("pids dir");
+    let source = format!(
+        r#"
+name: py-doomed
+tasks:
+  - name: sleeps
+    env: {{PIDS: "{pids}"}}
+    command: |
+      sleep 300 &
+      echo $! > "$PIDS/child"
+      echo $$ > "$PIDS/leader"
+      wait
+"#,
+        pids = pids.display()
+    );
+    client.apply(&source).await.expect("apply");
+    let run = client.trigger_run("py-doomed").await.expect("trigger");
+    client
+        .wait_instance(run.id, "sleeps", pb::InstanceState::Running)
+        .await
+        .expect("the task runs");
+    let task = [
+        read_pid(&pids.join("leader")).await,
+        read_pid(&pids.join("child")).await,
+    ];
+    worker.0.kill().await.expect("kill -9 of the Python worker");
+    let survivors = wait_pids_gone(&task, HANG_GUARD).await;
+    assert!(
+        survivors.is_empty(),
+        "the task outlived its worker: {survivors:?}"
+    );
     cluster.shutdown().await.expect("a clean shutdown");
 }

@@ -298,3 +298,53 @@ def test_https_addresses_verify_the_server_against_the_ca_file(tmp_path):
         assert register.register.worker_id == "unit-tls"
     finally:
         server.stop(None)
+
+
+def _running(worker, session, instance_id, tmp_path):
+    """Dispatches a task that runs until killed; returns its attempt once its pid is known."""
+    pid_file = tmp_path / f"pid-{instance_id}"
+    command = f"echo $$ > '{pid_file}'; exec sleep 300"
+    worker._dispatch(wpb.Dispatch(instance_id=instance_id, attempt=1, command=command))
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline, "the task did not start"
+        time.sleep(0.01)
+    return worker._attempts[(instance_id, 1)]
+
+
+def _wait_forgotten(worker, key):
+    deadline = time.monotonic() + 30
+    while key in worker._attempts:
+        assert time.monotonic() < deadline, f"{key} is still held"
+        time.sleep(0.01)
+
+
+def test_stale_and_refused_attempts_are_killed_and_forgotten(tmp_path):
+    worker = Worker("http://127.0.0.1:1", "unit-stale", kill_grace=0.1)
+    first = _Session(worker.endpoints[0])
+    first.registered = True
+    worker._session = first
+    stale = _running(worker, first, 11, tmp_path)
+    refused = _running(worker, first, 12, tmp_path)
+    kept = _running(worker, first, 13, tmp_path)
+
+    # ReportRefused with kill: the process group dies, nothing more is said about it.
+    refusal = wpb.ReportRefused(instance_id=12, attempt=1, reason="not current", kill=True, code=9)
+    worker._handle(first, wpb.SchedulerMessage(refused=refusal))
+    _wait_forgotten(worker, (12, 1))
+    assert refused.proc.returncode == -9
+
+    # A new stream on which the scheduler calls attempt 11 stale.
+    worker._detach(first)
+    frames(first)
+    second = _Session(worker.endpoints[0])
+    worker._attach(second, wpb.Registered(stale=[wpb.AttemptRef(instance_id=11, attempt=1)]))
+    _wait_forgotten(worker, (11, 1))
+    assert stale.proc.returncode == -9
+    about = {(m.started.instance_id if m.WhichOneof("body") == "started" else None) for m in frames(second)}
+    assert about == {13}
+    # Both stay known: a repeated dispatch of either is a duplicate.
+    worker._dispatch(wpb.Dispatch(instance_id=11, attempt=1, command="true"))
+    worker._dispatch(wpb.Dispatch(instance_id=12, attempt=1, command="true"))
+    assert [m.rejected.duplicate for m in frames(second)] == [True, True]
+    kept.proc.kill()

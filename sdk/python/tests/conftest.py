@@ -5,7 +5,8 @@ The scheduler is the one at AX_TEST_SCHEDULER (`http://127.0.0.1:PORT`); the Rus
 Without AX_TEST_SCHEDULER the scheduler tests skip, saying why, except under CI=true, where they
 fail. AX_TEST_OUT, when set, is a directory where the suite writes what it did (facts.json: run
 and instance ids, pids, the lines it expects) for the Rust test to check through the
-scheduler's API on its own.
+scheduler's API on its own. AX_TEST_TOKEN, when set, is the bearer token the suite's client and
+worker present (for a scheduler started with `--auth tokens`).
 """
 
 import json
@@ -59,9 +60,13 @@ def facts(out_dir):
     (out_dir / "facts.json").write_text(json.dumps(recorded, indent=2, sort_keys=True))
 
 
+def _token():
+    return os.environ.get("AX_TEST_TOKEN") or None
+
+
 @pytest.fixture(scope="session")
 def client(scheduler):
-    with Client(scheduler, actor="python-sdk-tests") as client:
+    with Client(scheduler, token=_token(), actor="python-sdk-tests") as client:
         yield client
 
 
@@ -75,6 +80,7 @@ def worker(scheduler, client):
         capacity=8,
         tasks=fn_tasks.tasks,
         kill_grace=1.0,
+        token=_token(),
     )
     worker.start()
     wait_for(lambda: any(w.id == WORKER_ID and w.state == 1 for w in client.list_workers()), "the worker LIVE")

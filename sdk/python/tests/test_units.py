@@ -1,10 +1,12 @@
 """Parts of the SDK that need no scheduler: settings, the function convention, line cutting,
 and the worker's answers to a repeated Dispatch."""
 
+import json
 import os
 import queue
 import shutil
 import subprocess
+import sys
 import time
 from concurrent import futures
 
@@ -348,3 +350,23 @@ def test_stale_and_refused_attempts_are_killed_and_forgotten(tmp_path):
     worker._dispatch(wpb.Dispatch(instance_id=12, attempt=1, command="true"))
     assert [m.rejected.duplicate for m in frames(second)] == [True, True]
     kept.proc.kill()
+
+
+def test_a_function_of_the_main_script_runs_without_its_main_block(tmp_path):
+    script = tmp_path / "my_worker.py"
+    script.write_text(
+        "def hello(ctx):\n"
+        "    print('hello', ctx.args, ctx.params, ctx.run_id)\n"
+        "    return 5\n"
+        "if __name__ == '__main__':\n"
+        "    print('the main block ran')\n"
+    )
+    ref = functions.FunctionRef(name="hello", module="__main__", qualname="hello", file=str(script))
+    env = dict(os.environ)
+    env[functions.SPEC_ENV] = json.dumps(functions.child_spec(ref, ["x"]))
+    env.update({"AX_PARAM_day": "monday", "AX_RUN_ID": "12"})
+    done = subprocess.run(
+        [sys.executable, "-m", "ax_sdk._fnrun"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 5, done.stderr
+    assert done.stdout == "hello ('x',) {'day': 'monday'} 12\n"

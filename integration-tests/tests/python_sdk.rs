@@ -250,6 +250,14 @@ async fn python_sdk_suite(backend: Backend) {
     );
     let code = get_instance(&client, facts.id("functions", "exit_code_instance")).await;
     assert_eq!(code.exit_code, Some(4));
+    let cancelled = get_instance(&client, facts.id("function_cancel", "instance_id")).await;
+    assert_eq!(cancelled.state(), pb::InstanceState::Cancelled);
+    for pid in facts.pids("function_cancel") {
+        assert!(
+            !pid_alive(pid),
+            "the cancelled function's process {pid} is alive"
+        );
+    }
 
     cluster.shutdown().await.expect("a clean shutdown");
 }

@@ -31,3 +31,15 @@ def quits():
     """Takes no context; sys.exit decides."""
     print("quitting", file=sys.stderr)
     sys.exit(7)
+
+
+@tasks.task("sleeper")
+def sleeper(ctx):
+    """Writes its pid where its first argument says, then sleeps until killed."""
+    import os
+    import time
+
+    with open(ctx.args[0], "w") as pid_file:
+        pid_file.write(str(os.getpid()))
+    print("sleeping")
+    time.sleep(300)

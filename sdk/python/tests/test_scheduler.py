@@ -251,3 +251,27 @@ def test_python_functions_run_as_tasks(client, worker, facts):
         "greet_lines": greet_lines,
         "exit_code_instance": returns_code.id,
     }
+
+
+def test_a_cancel_kills_a_python_function(client, worker, facts, out_dir):
+    pid_file = out_dir / "function.pid"
+    client.apply(
+        source=f"""
+name: py-function-cancel
+tasks:
+  - name: sleeps
+    argv: [ax-python, sleeper, "{pid_file}"]
+    labels: {{sdk: python}}
+"""
+    )
+    run = client.trigger("py-function-cancel").run
+    pid = read_pid(pid_file)
+    (instance,) = client.instances(run.id)
+    wait_for(lambda: client.get_instance(instance.id).state == types.INSTANCE_STATE_RUNNING, "the function RUNNING")
+    wait_for(lambda: client.log_text(instance.id) == ["sleeping"], "the function's line")
+    client.cancel_run(run.id, reason="python sdk test")
+    ended = client.wait(run.id, timeout=GUARD)
+    assert ended.state == types.RUN_STATE_CANCELLED, ended
+    wait_for(lambda: not pid_alive(pid), "the function's process to be gone")
+    assert client.get_instance(instance.id).state == types.INSTANCE_STATE_CANCELLED
+    facts["function_cancel"] = {"instance_id": instance.id, "pids": [pid]}

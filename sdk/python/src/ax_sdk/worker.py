@@ -237,6 +237,7 @@ class Worker:
         reconnect_max: float = 10.0,
         register_timeout: float = 10.0,
         finished_retention: float = 3600.0,
+        flush_timeout: float = 5.0,
         max_line_bytes: int = 64 * 1024,
         hostname: Optional[str] = None,
     ):
@@ -277,6 +278,7 @@ class Worker:
         self.reconnect_max = reconnect_max
         self.register_timeout = register_timeout
         self.finished_retention = finished_retention
+        self.flush_timeout = flush_timeout
         self.max_line_bytes = max_line_bytes
         self.hostname = hostname or socket.gethostname()
         self.started_at_ms = _now_ms()
@@ -317,7 +319,7 @@ class Worker:
                 signals["count"] += 1
                 if signals["count"] == 1:
                     log.info("signal %s: draining (send another to stop at once)", signum)
-                    threading.Thread(target=self.stop, kwargs={"drain": True}, daemon=True).start()
+                    threading.Thread(target=self.stop, kwargs={"drain": True, "timeout": None}, daemon=True).start()
                 else:
                     log.info("signal %s: stopping now", signum)
                     threading.Thread(target=self.stop, kwargs={"drain": False}, daemon=True).start()
@@ -345,26 +347,32 @@ class Worker:
             self._threads.append(thread)
         return self
 
-    def stop(self, drain: bool = True, timeout: float = 60.0) -> None:
-        """Stops the worker. With `drain`, waits (up to `timeout`) for the running attempts to end
-        and their ends to be acknowledged; without, kills them first (reported FAILED) and waits
-        a few seconds for the reports to be acknowledged."""
+    def stop(self, drain: bool = True, timeout: Optional[float] = None) -> None:
+        """Stops the worker. With `drain` it takes no new attempts and waits for the running ones
+        to end (at most `timeout` seconds; None: no limit); without, it kills them first
+        (reported FAILED). Either way it then waits up to `flush_timeout` for the scheduler to
+        acknowledge the attempts' ends, and kills what still runs."""
         with self._lock:
             self._draining = True
             if not drain:
                 for attempt in self._attempts.values():
                     if attempt.running and attempt.pid:
                         self._kill(attempt, "stop", "the worker is stopping")
-        deadline = time.monotonic() + (timeout if drain else max(self.kill_grace, 0) + 5.0)
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while self._attempts and time.monotonic() < deadline:
+            while any(a.running for a in self._attempts.values()):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                self._wake.wait(0.2)
+            flushed = time.monotonic() + self.flush_timeout
+            while self._attempts and time.monotonic() < flushed:
                 self._wake.wait(0.2)
             left = [a.key for a in self._attempts.values()]
             for attempt in self._attempts.values():
                 if attempt.running and attempt.pid:
                     self._kill(attempt, "stop", "the worker is stopping")
         if left:
-            log.warning("stopping with attempts not acknowledged: %s", left)
+            log.warning("stopping with attempts whose end the scheduler has not acknowledged: %s", left)
         self._stopped.set()
         with self._lock:
             session = self._session
@@ -661,9 +669,10 @@ class Worker:
         next_task = time.monotonic() + self.task_heartbeat_interval
         while not session.closed.is_set():
             now = time.monotonic()
-            if session.acks_seen and now - session.last_frame > max(4 * self.heartbeat_interval, 2.0):
+            if now - session.last_frame > max(4 * self.heartbeat_interval, 2.0):
                 # The scheduler acknowledges every heartbeat: a silent stream is a broken one,
-                # even while the transport still looks up.
+                # even while the transport still looks up (a blackholed connection does for
+                # minutes, gRPC's keepalive pings included).
                 log.warning("no frame from %s for %.1f s: reconnecting", session.endpoint.address, now - session.last_frame)
                 if session.call is not None:
                     session.call.cancel()

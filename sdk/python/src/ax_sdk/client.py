@@ -1,0 +1,281 @@
+"""A client of the scheduler's control API (`proto/ax/v1/control.proto`).
+
+Every scheduler node serves the whole API, so a client given several addresses uses the first
+that answers and moves to the next when a call finds its node unavailable. Calls return the
+generated protobuf messages (`ax_sdk.pb`); a refused call raises `AxError` with the gRPC status
+code and the scheduler's message.
+"""
+
+from __future__ import annotations
+
+import getpass
+import time
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping, Optional, Union
+
+import grpc
+
+from ._pb import control_pb2 as control
+from ._pb import control_pb2_grpc
+from ._pb import types_pb2 as types
+from .connection import Credentials, parse_endpoints
+
+# A run in one of these states is over.
+FINAL_RUN_STATES = frozenset({types.RUN_STATE_SUCCESS, types.RUN_STATE_FAILED, types.RUN_STATE_CANCELLED})
+
+
+class AxError(Exception):
+    """A call the scheduler refused or could not answer."""
+
+    def __init__(self, call: str, code: grpc.StatusCode, details: str):
+        super().__init__(f"{call}: {code.name}: {details}")
+        self.call = call
+        self.code = code
+        self.details = details
+
+
+def _default_actor() -> str:
+    try:
+        return f"{getpass.getuser()} (python-sdk)"
+    except Exception:  # getuser fails without a passwd entry or LOGNAME
+        return "python-sdk"
+
+
+class Client:
+    """A control API client.
+
+    `addresses`: one address or several (a list, or comma-separated), each `http://host:port`,
+    `https://host:port` or `host:port`. `token`/`token_file`: a bearer token sent as
+    `authorization: Bearer <token>`. `tls_ca`: the CA file for https:// addresses.
+    `actor`: who the audit trail records for mutating calls.
+    """
+
+    def __init__(
+        self,
+        addresses: Union[str, Iterable[str]] = "http://127.0.0.1:7070",
+        *,
+        token: Optional[str] = None,
+        token_file: Optional[str] = None,
+        tls_ca: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
+        actor: Optional[str] = None,
+        timeout: float = 30.0,
+    ):
+        self._endpoints = parse_endpoints(addresses)
+        self._credentials = Credentials.load(token, token_file, tls_ca, tls_cert, tls_key)
+        self._actor = actor or _default_actor()
+        self._timeout = timeout
+        self._current = 0
+        self._channel: Optional[grpc.Channel] = None
+        self._stub: Optional[control_pb2_grpc.ControlServiceStub] = None
+
+    @staticmethod
+    def from_env(**kwargs) -> "Client":
+        """AX_SERVER (default http://127.0.0.1:7070) with AX_TOKEN/AX_TOKEN_FILE and AX_TLS_CA, as
+        axctl reads them; keyword arguments override."""
+        import os
+
+        creds = Credentials.from_env()
+        settings = dict(
+            addresses=os.environ.get("AX_SERVER") or "http://127.0.0.1:7070",
+            token=creds.token,
+            tls_ca=creds.tls_ca,
+            tls_cert=creds.tls_cert,
+            tls_key=creds.tls_key,
+        )
+        settings.update(kwargs)
+        addresses = settings.pop("addresses")
+        return Client(addresses, **settings)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = None
+        self._stub = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------
+    # Plumbing.
+
+    def _connect(self) -> control_pb2_grpc.ControlServiceStub:
+        if self._stub is None:
+            self._channel = self._credentials.channel(self._endpoints[self._current])
+            self._stub = control_pb2_grpc.ControlServiceStub(self._channel)
+        return self._stub
+
+    def _call(self, name: str, request, timeout: Optional[float] = None):
+        """Calls `name`, moving to the next address while a node is unavailable (the call did not
+        reach a scheduler, so trying it elsewhere cannot double it)."""
+        last = None
+        for _ in range(len(self._endpoints)):
+            stub = self._connect()
+            try:
+                return getattr(stub, name)(request, timeout=timeout or self._timeout)
+            except grpc.RpcError as error:
+                last = error
+                if error.code() != grpc.StatusCode.UNAVAILABLE or len(self._endpoints) == 1:
+                    break
+                self.close()
+                self._current = (self._current + 1) % len(self._endpoints)
+        assert last is not None
+        raise AxError(name, last.code(), last.details() or "") from None
+
+    # ------------------------------------------------------------------------------------------
+    # Workflows.
+
+    def apply(
+        self,
+        path: Optional[Union[str, Path]] = None,
+        *,
+        source: Optional[str] = None,
+        source_name: Optional[str] = None,
+        dry_run: bool = False,
+    ) -> control.ApplyWorkflowResponse:
+        """Applies a workflow file (or its text as `source`). A refusal names file:line: field."""
+        if (path is None) == (source is None):
+            raise ValueError("apply needs a workflow file path or its source text, exactly one")
+        if path is not None:
+            try:
+                source = Path(path).read_text(encoding="utf-8")
+            except OSError as error:
+                raise ValueError(f"cannot read workflow file {path}: {error.strerror or error}") from None
+            source_name = source_name or str(path)
+        request = control.ApplyWorkflowRequest(
+            source=source, source_name=source_name or "workflow.yaml", dry_run=dry_run, actor=self._actor
+        )
+        return self._call("ApplyWorkflow", request)
+
+    def get_workflow(self, name: str) -> control.Workflow:
+        return self._call("GetWorkflow", control.GetWorkflowRequest(name=name))
+
+    def list_workflows(self, app: str = "") -> control.ListWorkflowsResponse:
+        return self._call("ListWorkflows", control.ListWorkflowsRequest(app=app, summary=True))
+
+    def pause(self, name: str) -> control.Workflow:
+        return self._call("PauseWorkflow", control.PauseWorkflowRequest(name=name, actor=self._actor))
+
+    def resume(self, name: str) -> control.Workflow:
+        return self._call("ResumeWorkflow", control.ResumeWorkflowRequest(name=name, actor=self._actor))
+
+    # ------------------------------------------------------------------------------------------
+    # Runs.
+
+    def trigger(
+        self,
+        workflow: str,
+        params: Optional[Mapping[str, str]] = None,
+        *,
+        idempotency_key: str = "",
+        logical_time_ms: int = 0,
+    ) -> control.TriggerWorkflowResponse:
+        """Starts a run. A repeated idempotency key returns the first call's run with
+        `created` False. Each param reaches every task as AX_PARAM_<NAME>."""
+        request = control.TriggerWorkflowRequest(
+            name=workflow,
+            params={str(k): str(v) for k, v in (params or {}).items()},
+            idempotency_key=idempotency_key,
+            actor=self._actor,
+            logical_time_ms=logical_time_ms,
+        )
+        return self._call("TriggerWorkflow", request)
+
+    def get_run(self, run_id: int) -> control.Run:
+        return self._call("GetRun", control.GetRunRequest(id=run_id))
+
+    def list_runs(self, workflow: str = "", limit: int = 50, state: int = 0) -> control.ListRunsResponse:
+        return self._call("ListRuns", control.ListRunsRequest(workflow=workflow, limit=limit, state=state))
+
+    def wait(self, run_id: int, timeout: Optional[float] = None, poll: float = 0.25) -> control.Run:
+        """Waits until the run is SUCCESS, FAILED or CANCELLED and returns it. Raises
+        TimeoutError after `timeout` seconds (None: no limit). While its node is unavailable
+        (restarting) it keeps polling."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                run = self.get_run(run_id)
+                if run.state in FINAL_RUN_STATES:
+                    return run
+                seen = types.RunState.Name(run.state)
+            except AxError as error:
+                if error.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                seen = f"scheduler unavailable ({error.details})"
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id} did not end within {timeout} s (last seen: {seen})")
+            time.sleep(poll)
+
+    def cancel_run(self, run_id: int, reason: str = "") -> control.Run:
+        return self._call("CancelRun", control.CancelRunRequest(id=run_id, actor=self._actor, reason=reason))
+
+    def rerun(self, run_id: int, *, failed: bool = False, from_task: str = "") -> control.Run:
+        request = control.RerunRunRequest(id=run_id, failed=failed, from_task=from_task, actor=self._actor)
+        return self._call("RerunRun", request)
+
+    # ------------------------------------------------------------------------------------------
+    # Instances and logs.
+
+    def list_instances(self, run_id: int, attempts: bool = False) -> control.ListInstancesResponse:
+        return self._call("ListInstances", control.ListInstancesRequest(run_id=run_id, attempts=attempts))
+
+    def instances(self, run_id: int) -> "list[control.Instance]":
+        """The run's instances, each with its attempts."""
+        return list(self.list_instances(run_id, attempts=True).instances)
+
+    def get_instance(self, instance_id: int) -> control.Instance:
+        return self._call("GetInstance", control.GetInstanceRequest(id=instance_id))
+
+    def cancel_instance(self, instance_id: int, reason: str = "") -> control.Instance:
+        request = control.CancelInstanceRequest(id=instance_id, actor=self._actor, reason=reason)
+        return self._call("CancelInstance", request)
+
+    def retry_instance(self, instance_id: int) -> control.Instance:
+        return self._call("RetryInstance", control.RetryInstanceRequest(id=instance_id, actor=self._actor))
+
+    def logs(
+        self,
+        instance_id: int,
+        *,
+        attempt: int = 0,
+        follow: bool = False,
+        after_seq: int = 0,
+        contains: str = "",
+    ) -> Iterator[control.StoredLogLine]:
+        """The attempt's log lines in order (attempt 0: the current one). With `follow` the
+        iterator ends once the attempt has ended and every line it produced was sent."""
+        request = control.GetLogsRequest(
+            instance_id=instance_id, attempt=attempt, follow=follow, after_seq=after_seq, contains=contains
+        )
+        stub = self._connect()
+        try:
+            for chunk in stub.GetLogs(request, timeout=None if follow else self._timeout):
+                yield from chunk.lines
+        except grpc.RpcError as error:
+            raise AxError("GetLogs", error.code(), error.details() or "") from None
+
+    def log_text(self, instance_id: int, attempt: int = 0) -> "list[str]":
+        """The text of every stored line of the attempt."""
+        return [line.text for line in self.logs(instance_id, attempt=attempt)]
+
+    # ------------------------------------------------------------------------------------------
+    # The cluster.
+
+    def list_workers(self) -> "list[control.WorkerInfo]":
+        return list(self._call("ListWorkers", control.ListWorkersRequest()).workers)
+
+    def list_nodes(self) -> control.ListNodesResponse:
+        return self._call("ListNodes", control.ListNodesRequest())
+
+    def explain(self, workflow: str, at_ms: int = 0) -> control.Explanation:
+        return self._call("ExplainWorkflow", control.ExplainWorkflowRequest(name=workflow, at_ms=at_ms))
+
+    def backfill(self, workflow: str, from_ms: int, to_ms: int, dry_run: bool = False):
+        request = control.BackfillWorkflowRequest(
+            name=workflow, from_ms=from_ms, to_ms=to_ms, dry_run=dry_run, actor=self._actor
+        )
+        return self._call("BackfillWorkflow", request)

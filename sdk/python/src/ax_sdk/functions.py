@@ -1,0 +1,173 @@
+"""Python functions as tasks: the registry, the workflow convention and what a function gets.
+
+A workflow task selects a registered function by its command, with no change to the scheduler:
+
+    command: ax-python NAME [ARG ...]        # words split as a shell would (shlex)
+    argv: [ax-python, NAME, ARG, ...]        # or the argv form
+
+A Python worker that has NAME registered runs the function; on any other worker the command
+fails to start (`ax-python: not found`), so route such tasks to Python workers with a label
+(`labels: {sdk: python}` on the task, `--label sdk=python` on the worker).
+
+The function runs in a child process of its own (a fresh interpreter that imports the
+function's module), in a process group of its own like a shell task, so a cancel or a timeout
+kills it and whatever it started; what it prints on stdout and stderr are the attempt's log
+lines. It gets a `TaskContext` (params, env, args, ids) if it takes an argument. It succeeds
+when it returns None, True or 0; an int return is the exit code, False is exit code 1; an
+exception prints its traceback to stderr and exits with code 1; `sys.exit(n)` exits with n.
+
+Functions must be importable by their module and qualified name, as with multiprocessing's
+spawn: defined at the top level of a module (or of the worker's main script, which the child
+loads under another name, so its `if __name__ == "__main__":` block does not run again).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+# The first word of a command (or argv[0]) that selects a registered function.
+COMMAND = "ax-python"
+
+# The environment variable the child runner reads its function from (JSON).
+SPEC_ENV = "AX_SDK_FUNCTION"
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a task function is told about its attempt."""
+
+    args: Tuple[str, ...]
+    params: Mapping[str, str]
+    env: Mapping[str, str]
+    run_id: int
+    instance_id: int
+    attempt: int
+    workflow: str
+    task: str
+    logical_time: str
+    shard_index: Optional[int] = None
+    shard_total: Optional[int] = None
+
+    @staticmethod
+    def from_environ(args: Sequence[str], environ: Mapping[str, str]) -> "TaskContext":
+        def number(name: str) -> int:
+            try:
+                return int(environ.get(name, "0"))
+            except ValueError:
+                return 0
+
+        shard_total = environ.get("AX_SHARD_TOTAL")
+        return TaskContext(
+            args=tuple(args),
+            params={k[len("AX_PARAM_"):]: v for k, v in environ.items() if k.startswith("AX_PARAM_")},
+            env=dict(environ),
+            run_id=number("AX_RUN_ID"),
+            instance_id=number("AX_INSTANCE_ID"),
+            attempt=number("AX_ATTEMPT"),
+            workflow=environ.get("AX_WORKFLOW", ""),
+            task=environ.get("AX_TASK", ""),
+            logical_time=environ.get("AX_LOGICAL_TIME", ""),
+            shard_index=number("AX_SHARD_INDEX") if shard_total else None,
+            shard_total=number("AX_SHARD_TOTAL") if shard_total else None,
+        )
+
+
+@dataclass(frozen=True)
+class FunctionRef:
+    """Where the child finds a registered function."""
+
+    name: str
+    module: str
+    qualname: str
+    # The module's file when it is the main script (it cannot be imported by name then).
+    file: Optional[str]
+
+
+class Tasks:
+    """A registry of task functions: `@tasks.task("name")`. A `Worker` has one of its own and
+    takes more with `Worker(..., tasks=[...])`."""
+
+    def __init__(self) -> None:
+        self._functions: Dict[str, FunctionRef] = {}
+
+    def task(self, name: Optional[str] = None) -> Callable[[Callable], Callable]:
+        """Registers the decorated function under `name` (its own name by default) and returns
+        it unchanged."""
+
+        def register(function: Callable) -> Callable:
+            self.add(function, name)
+            return function
+
+        return register
+
+    def add(self, function: Callable, name: Optional[str] = None) -> None:
+        name = name or function.__name__
+        if not name or any(c.isspace() for c in name):
+            raise ValueError(f"task function name {name!r} must be non-empty and without whitespace")
+        qualname = getattr(function, "__qualname__", "")
+        module = getattr(function, "__module__", None)
+        if not module or "<locals>" in qualname or "<lambda>" in qualname:
+            raise ValueError(
+                f"task function {name!r} ({qualname or function!r}) must be defined at the top level "
+                "of a module: the child process imports it by module and name"
+            )
+        file = None
+        if module == "__main__":
+            file = getattr(sys.modules.get("__main__"), "__file__", None)
+            if file is None:
+                raise ValueError(f"task function {name!r} is defined in an interactive session; put it in a module")
+            file = os.path.abspath(file)
+        existing = self._functions.get(name)
+        ref = FunctionRef(name=name, module=module, qualname=qualname, file=file)
+        if existing is not None and existing != ref:
+            raise ValueError(f"task function name {name!r} is already registered for {existing.module}.{existing.qualname}")
+        self._functions[name] = ref
+
+    def get(self, name: str) -> Optional[FunctionRef]:
+        return self._functions.get(name)
+
+    def names(self) -> List[str]:
+        return sorted(self._functions)
+
+    def merge(self, other: "Tasks") -> None:
+        for ref in other._functions.values():
+            existing = self._functions.get(ref.name)
+            if existing is not None and existing != ref:
+                raise ValueError(f"task function name {ref.name!r} is registered twice")
+            self._functions[ref.name] = ref
+
+
+def function_call(command: str, argv: Sequence[str]) -> Optional[Tuple[str, List[str]]]:
+    """(name, args) when a dispatch selects a Python function, else None. Raises ValueError for a
+    selection without a name or with unbalanced quotes."""
+    if argv:
+        if argv[0] != COMMAND:
+            return None
+        words = list(argv)
+    else:
+        stripped = command.strip()
+        if stripped != COMMAND and not stripped.startswith(COMMAND + " ") and not stripped.startswith(COMMAND + "\t"):
+            return None
+        try:
+            words = shlex.split(stripped)
+        except ValueError as error:
+            raise ValueError(f"cannot split the command {command!r}: {error}") from None
+    if len(words) < 2:
+        raise ValueError(f"{COMMAND} needs a function name: {COMMAND} NAME [ARG ...]")
+    return words[1], words[2:]
+
+
+def child_spec(ref: FunctionRef, args: Sequence[str]) -> Dict[str, object]:
+    """The JSON the child runner gets: the function and the parent's import path."""
+    return {
+        "name": ref.name,
+        "module": ref.module,
+        "qualname": ref.qualname,
+        "file": ref.file,
+        "args": list(args),
+        "sys_path": [p if p else os.getcwd() for p in sys.path],
+    }

@@ -1,0 +1,45 @@
+"""Task functions of the tests, registered on a Tasks registry the test worker serves."""
+
+import sys
+
+from ax_sdk import Tasks
+
+tasks = Tasks()
+
+
+@tasks.task("greet")
+def greet(ctx):
+    print(f"hello {ctx.args[0]} from {ctx.params['who']}")
+    print(f"run {ctx.run_id} task {ctx.task} attempt {ctx.attempt} of {ctx.workflow}")
+    print(f"instance {ctx.instance_id} env {ctx.env['GREETING_ENV']}")
+
+
+@tasks.task("exit_with")
+def exit_with(ctx):
+    print(f"returning {ctx.args[0]}")
+    return int(ctx.args[0])
+
+
+@tasks.task("boom")
+def boom(ctx):
+    print("about to raise")
+    raise ValueError(f"boom: {ctx.params['who']} is not welcome")
+
+
+@tasks.task()
+def quits():
+    """Takes no context; sys.exit decides."""
+    print("quitting", file=sys.stderr)
+    sys.exit(7)
+
+
+@tasks.task("sleeper")
+def sleeper(ctx):
+    """Writes its pid where its first argument says, then sleeps until killed."""
+    import os
+    import time
+
+    with open(ctx.args[0], "w") as pid_file:
+        pid_file.write(str(os.getpid()))
+    print("sleeping")
+    time.sleep(300)

@@ -1,0 +1,277 @@
+"""The client and the worker against a real scheduler on a fresh store (see conftest.py)."""
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from ax_sdk import AxError
+from ax_sdk.pb import control, types
+
+from conftest import GUARD, WORKER_ID, pid_alive, wait_for
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def lines_of(client, instance_id, follow=False):
+    """The stored lines as (stream, text)."""
+    return [(line.stream, line.text) for line in client.logs(instance_id, follow=follow)]
+
+
+def by_task(client, run_id):
+    return {i.task: i for i in client.instances(run_id)}
+
+
+def read_pid(path):
+    text = wait_for(lambda: path.exists() and path.read_text().strip(), f"the pid in {path}")
+    return int(text)
+
+
+def test_the_etl_example_runs_on_the_python_worker(client, worker, facts, out_dir):
+    source = (REPO / "examples" / "etl.yaml").read_text()
+    # The example writes under AX_DATA; the test's own directory keeps runs of parallel tests
+    # (whose run ids repeat) apart.
+    data = out_dir / "etl-data"
+    source = source.replace("AX_DATA: /tmp/ax-etl", f"AX_DATA: {data}")
+    applied = client.apply(source=source, source_name="examples/etl.yaml")
+    assert applied.workflow.name == "daily-sales-etl"
+    run = client.trigger("daily-sales-etl").run
+    ended = client.wait(run.id, timeout=GUARD)
+    assert ended.state == types.RUN_STATE_SUCCESS, ended
+    instances = by_task(client, run.id)
+    assert sorted(instances) == ["aggregate", "clean", "extract_orders", "extract_refunds", "report"]
+    for instance in instances.values():
+        assert instance.state == types.INSTANCE_STATE_SUCCESS, instance
+        assert instance.worker_id == WORKER_ID, instance
+    assert client.log_text(instances["report"].id) == [f"daily revenue report for run {run.id}: 1560"]
+    # One line on each stream: their relative order is the pipes', not the worker's.
+    assert sorted(lines_of(client, instances["extract_refunds"].id)) == [
+        (1, "extracting refunds"),
+        (2, "1 refund is older than 30 days and was skipped"),
+    ]
+    facts["etl"] = {"run_id": run.id, "report_instance": instances["report"].id}
+
+
+PARAMS_WORKFLOW = """
+name: py-params
+tasks:
+  - name: show
+    command: |
+      echo "region=$AX_PARAM_region"
+      echo "run=$AX_RUN_ID"
+      printf 'tab\\there\\n'
+      echo "unicode: 数据 ✓"
+      echo "to stderr" >&2
+      echo "last line"
+"""
+
+
+def test_apply_trigger_with_params_and_key_wait_and_logs(client, worker, facts):
+    first = client.apply(source=PARAMS_WORKFLOW)
+    assert first.outcome == control.APPLY_OUTCOME_CREATED
+    assert client.apply(source=PARAMS_WORKFLOW).outcome == control.APPLY_OUTCOME_UNCHANGED
+    created = client.trigger("py-params", {"region": "cn"}, idempotency_key="py-sdk-key-1")
+    again = client.trigger("py-params", {"region": "cn"}, idempotency_key="py-sdk-key-1")
+    assert created.created and not again.created
+    assert again.run.id == created.run.id
+    assert dict(created.run.params) == {"region": "cn"}
+    run = client.wait(created.run.id, timeout=GUARD)
+    assert run.state == types.RUN_STATE_SUCCESS, run
+    (instance,) = client.instances(run.id)
+    assert instance.worker_id == WORKER_ID
+    stored = lines_of(client, instance.id)
+    stdout = [text for stream, text in stored if stream == 1]
+    stderr = [text for stream, text in stored if stream == 2]
+    expected = ["region=cn", f"run={run.id}", "tab\there", "unicode: 数据 ✓", "last line"]
+    assert stdout == expected
+    assert stderr == ["to stderr"]
+    assert lines_of(client, instance.id, follow=True) == stored
+    assert instance.attempts[-1].log_lines == len(stored)
+    facts["params"] = {
+        "run_id": run.id,
+        "instance_id": instance.id,
+        "stdout": expected,
+        "stderr": ["to stderr"],
+    }
+
+
+def test_an_unknown_workflow_is_refused_with_its_name(client, worker):
+    with pytest.raises(AxError) as refused:
+        client.trigger("no-such-workflow")
+    assert "no-such-workflow" in str(refused.value)
+
+
+def test_a_failing_task_reports_its_exit_code(client, worker, facts):
+    client.apply(
+        source="""
+name: py-failing
+tasks:
+  - name: fails
+    command: echo "about to fail"; exit 3
+"""
+    )
+    run = client.trigger("py-failing").run
+    ended = client.wait(run.id, timeout=GUARD)
+    assert ended.state == types.RUN_STATE_FAILED, ended
+    (instance,) = client.instances(run.id)
+    assert instance.state == types.INSTANCE_STATE_FAILED
+    assert instance.exit_code == 3
+    assert instance.worker_id == WORKER_ID
+    assert client.log_text(instance.id) == ["about to fail"]
+    facts["failing"] = {"run_id": run.id, "instance_id": instance.id, "exit_code": 3}
+
+
+def test_a_cancel_kills_the_process_group(client, worker, facts, out_dir):
+    pids = out_dir / "cancel"
+    pids.mkdir(exist_ok=True)
+    client.apply(
+        source=f"""
+name: py-cancel
+tasks:
+  - name: sleeps
+    env: {{PIDS: "{pids}"}}
+    command: |
+      sleep 300 &
+      echo $! > "$PIDS/child"
+      echo $$ > "$PIDS/leader"
+      echo started
+      wait
+"""
+    )
+    run = client.trigger("py-cancel").run
+    leader = read_pid(pids / "leader")
+    child = read_pid(pids / "child")
+    assert pid_alive(leader) and pid_alive(child)
+    (instance,) = client.instances(run.id)
+    wait_for(lambda: client.get_instance(instance.id).state == types.INSTANCE_STATE_RUNNING, "the task RUNNING")
+    client.cancel_instance(instance.id, reason="python sdk test")
+    ended = client.wait(run.id, timeout=GUARD)
+    assert ended.state == types.RUN_STATE_CANCELLED, ended
+    wait_for(lambda: not pid_alive(leader) and not pid_alive(child), "the task's processes to be gone")
+    cancelled = client.get_instance(instance.id)
+    assert cancelled.state == types.INSTANCE_STATE_CANCELLED
+    facts["cancel"] = {"run_id": run.id, "instance_id": instance.id, "pids": [leader, child]}
+
+
+def test_the_worker_enforces_the_timeout(client, worker, facts, out_dir):
+    pids = out_dir / "timeout"
+    pids.mkdir(exist_ok=True)
+    # The task and its child ignore SIGTERM: only the SIGKILL after the kill grace ends them.
+    client.apply(
+        source=f"""
+name: py-timeout
+tasks:
+  - name: overruns
+    timeout: 2s
+    env: {{PIDS: "{pids}"}}
+    command: |
+      trap '' TERM
+      sleep 300 &
+      echo $! > "$PIDS/child"
+      echo $$ > "$PIDS/leader"
+      echo waiting
+      wait
+"""
+    )
+    run = client.trigger("py-timeout").run
+    leader = read_pid(pids / "leader")
+    child = read_pid(pids / "child")
+    ended = client.wait(run.id, timeout=GUARD)
+    assert ended.state == types.RUN_STATE_FAILED, ended
+    (instance,) = client.instances(run.id)
+    assert instance.state == types.INSTANCE_STATE_TIMEOUT
+    attempt = instance.attempts[-1]
+    assert attempt.worker_id == WORKER_ID
+    assert attempt.signal == signal.SIGKILL, attempt
+    wait_for(lambda: not pid_alive(leader) and not pid_alive(child), "the timed-out processes to be gone")
+    facts["timeout"] = {"run_id": run.id, "instance_id": instance.id, "pids": [leader, child]}
+
+
+FUNCTIONS_WORKFLOW = """
+name: py-functions
+defaults:
+  labels: {sdk: python}
+tasks:
+  - name: greet
+    argv: [ax-python, greet, world]
+    env: {GREETING_ENV: "from-the-task-env"}
+  - name: returns_code
+    command: ax-python exit_with 4
+  - name: raises
+    command: ax-python boom
+  - name: quits
+    command: ax-python quits
+  - name: unknown
+    command: ax-python not_registered
+"""
+
+
+def test_python_functions_run_as_tasks(client, worker, facts):
+    client.apply(source=FUNCTIONS_WORKFLOW)
+    run = client.trigger("py-functions", {"who": "tester"}).run
+    ended = client.wait(run.id, timeout=GUARD)
+    assert ended.state == types.RUN_STATE_FAILED, ended
+    instances = by_task(client, run.id)
+    for instance in instances.values():
+        assert instance.worker_id == WORKER_ID, instance
+
+    greet = instances["greet"]
+    assert greet.state == types.INSTANCE_STATE_SUCCESS, greet
+    greet_lines = [
+        "hello world from tester",
+        f"run {run.id} task greet attempt 1 of py-functions",
+        f"instance {greet.id} env from-the-task-env",
+    ]
+    assert client.log_text(greet.id) == greet_lines
+
+    returns_code = instances["returns_code"]
+    assert returns_code.state == types.INSTANCE_STATE_FAILED
+    assert returns_code.exit_code == 4
+    assert client.log_text(returns_code.id) == ["returning 4"]
+
+    raises = instances["raises"]
+    assert raises.state == types.INSTANCE_STATE_FAILED
+    assert raises.exit_code == 1
+    raised = lines_of(client, raises.id)
+    assert raised[0] == (1, "about to raise")
+    assert raised[-1] == (2, "ValueError: boom: tester is not welcome")
+    assert (2, "Traceback (most recent call last):") in raised
+
+    quits = instances["quits"]
+    assert quits.exit_code == 7
+    assert client.log_text(quits.id) == ["quitting"]
+
+    unknown = instances["unknown"]
+    assert unknown.state == types.INSTANCE_STATE_FAILED
+    assert "not_registered" in unknown.attempts[-1].message, unknown
+
+    facts["functions"] = {
+        "run_id": run.id,
+        "greet_instance": greet.id,
+        "greet_lines": greet_lines,
+        "exit_code_instance": returns_code.id,
+    }
+
+
+def test_a_cancel_kills_a_python_function(client, worker, facts, out_dir):
+    pid_file = out_dir / "function.pid"
+    client.apply(
+        source=f"""
+name: py-function-cancel
+tasks:
+  - name: sleeps
+    argv: [ax-python, sleeper, "{pid_file}"]
+    labels: {{sdk: python}}
+"""
+    )
+    run = client.trigger("py-function-cancel").run
+    pid = read_pid(pid_file)
+    (instance,) = client.instances(run.id)
+    wait_for(lambda: client.get_instance(instance.id).state == types.INSTANCE_STATE_RUNNING, "the function RUNNING")
+    wait_for(lambda: client.log_text(instance.id) == ["sleeping"], "the function's line")
+    client.cancel_run(run.id, reason="python sdk test")
+    ended = client.wait(run.id, timeout=GUARD)
+    assert ended.state == types.RUN_STATE_CANCELLED, ended
+    wait_for(lambda: not pid_alive(pid), "the function's process to be gone")
+    assert client.get_instance(instance.id).state == types.INSTANCE_STATE_CANCELLED
+    facts["function_cancel"] = {"instance_id": instance.id, "pids": [pid]}

@@ -1,0 +1,372 @@
+"""Parts of the SDK that need no scheduler: settings, the function convention, line cutting,
+and the worker's answers to a repeated Dispatch."""
+
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+
+from ax_sdk import AxError, Client, ConfigError, Credentials, Tasks, Worker
+from ax_sdk import functions
+from ax_sdk._pb import control_pb2_grpc, worker_pb2_grpc
+from ax_sdk.pb import control
+from ax_sdk.connection import parse_endpoint, parse_endpoints
+from ax_sdk.pb import worker as wpb
+from ax_sdk.worker import _boundary, _Session
+
+
+def test_addresses_parse_and_bad_ones_are_named():
+    assert parse_endpoint("http://sched-1:7070").target == "sched-1:7070"
+    assert parse_endpoint("https://sched-1").tls and parse_endpoint("https://sched-1").port == 7070
+    assert parse_endpoint("127.0.0.1:9000").target == "127.0.0.1:9000"
+    assert [e.port for e in parse_endpoints("a:1, b:2")] == [1, 2]
+    with pytest.raises(ConfigError, match="ftp://"):
+        parse_endpoint("ftp://x:1")
+    with pytest.raises(ConfigError, match="port"):
+        parse_endpoint("http://x:99999")
+    with pytest.raises(ConfigError, match="no scheduler address"):
+        parse_endpoints(" , ")
+
+
+def test_tokens_are_checked_and_sent_as_bearer(tmp_path):
+    assert Credentials.load(token="abc").metadata() == (("authorization", "Bearer abc"),)
+    path = tmp_path / "token"
+    path.write_text("from-file\n")
+    assert Credentials.load(token_file=str(path)).token == "from-file"
+    with pytest.raises(ConfigError, match="whitespace"):
+        Credentials.load(token="a b")
+    with pytest.raises(ConfigError, match="not both"):
+        Credentials.load(token="a", token_file=str(path))
+    with pytest.raises(ConfigError, match="TLS CA file"):
+        Credentials.load(tls_ca=str(tmp_path / "missing.pem"))
+    with pytest.raises(ConfigError, match="both tls_cert and tls_key"):
+        Credentials.load(tls_cert=str(path))
+
+
+def test_the_function_convention():
+    assert functions.function_call("ax-python greet 'big world'", []) == ("greet", ["big world"])
+    assert functions.function_call("", ["ax-python", "greet", "x"]) == ("greet", ["x"])
+    assert functions.function_call("echo ax-python", []) is None
+    assert functions.function_call("ax-pythonic x", []) is None
+    assert functions.function_call("", ["/bin/echo", "ax-python"]) is None
+    with pytest.raises(ValueError, match="needs a function name"):
+        functions.function_call("ax-python", [])
+    with pytest.raises(ValueError, match="cannot split"):
+        functions.function_call("ax-python 'open", [])
+
+
+def module_level():
+    pass
+
+
+def test_only_importable_functions_register():
+    tasks = Tasks()
+    tasks.task("ok")(module_level)
+    assert tasks.names() == ["ok"]
+
+    def local():
+        pass
+
+    with pytest.raises(ValueError, match="top level"):
+        tasks.add(local, "local")
+    with pytest.raises(ValueError, match="whitespace"):
+        tasks.add(module_level, "two words")
+
+
+def test_long_lines_are_cut_between_characters():
+    text = "数据".encode() * 3  # 3-byte characters
+    cut = _boundary(text, 4)
+    assert cut == 3 and text[:cut].decode() == "数"
+    assert _boundary(b"abcdef", 4) == 4
+    assert _boundary(b"\x80\x80\x80\x80\x80", 2) == 2  # not UTF-8: cut at the limit
+
+
+def frames(session):
+    out = []
+    while True:
+        try:
+            message = session.outgoing.get_nowait()
+        except queue.Empty:
+            return out
+        if message is not None:
+            out.append(message)
+
+
+def test_a_repeated_dispatch_is_rejected_as_a_duplicate(tmp_path):
+    worker = Worker("http://127.0.0.1:1", "unit", capacity=1, kill_grace=0.1)
+    session = _Session(worker.endpoints[0])
+    session.registered = True
+    worker._session = session
+    go = tmp_path / "go"
+    # The attempt runs until the test has sent its other dispatches.
+    command = f"echo hi; while [ ! -e '{go}' ]; do sleep 0.01; done"
+    dispatch = wpb.Dispatch(instance_id=5, attempt=1, command=command)
+    worker._dispatch(dispatch)
+    worker._dispatch(dispatch)
+    full = wpb.Dispatch(instance_id=6, attempt=1, command="true")
+    worker._dispatch(full)
+    go.touch()
+    deadline = time.monotonic() + 30
+    while worker._attempts[(5, 1)].finished is None:
+        assert time.monotonic() < deadline, "the attempt did not end"
+        time.sleep(0.01)
+    sent = frames(session)
+    kinds = [m.WhichOneof("body") for m in sent]
+    assert kinds[:2] == ["accepted", "started"], kinds
+    rejected = [m.rejected for m in sent if m.WhichOneof("body") == "rejected"]
+    assert [(r.instance_id, r.duplicate) for r in rejected] == [(5, True), (6, False)]
+    assert "full" in rejected[1].reason
+    logs = [m.logs for m in sent if m.WhichOneof("body") == "logs"]
+    # No flusher runs here: the end sends the lines, and keeps them until a LogAck.
+    assert [(b.first_seq, b.body, b.streams) for b in logs] == [(1, "hi", b"\x01")]
+    assert [last for last, _ in worker._attempts[(5, 1)].batches] == [1]
+    worker._handle(session, wpb.SchedulerMessage(log_ack=wpb.LogAck(instance_id=5, attempt=1, seq=1)))
+    assert worker._attempts[(5, 1)].batches == []
+    (finished,) = [m.finished for m in sent if m.WhichOneof("body") == "finished"]
+    assert finished.outcome == 1 and finished.exit_code == 0 and finished.log_lines == 1
+    # Acknowledged, the attempt is forgotten but still known as a duplicate.
+    worker._handle(session, wpb.SchedulerMessage(finished_ack=wpb.FinishedAck(instance_id=5, attempt=1)))
+    assert (5, 1) not in worker._attempts
+    worker._dispatch(dispatch)
+    assert [m.rejected.duplicate for m in frames(session)] == [True]
+
+
+def test_a_reconnect_resends_the_unacknowledged_batches_as_they_were_cut(tmp_path):
+    """The scheduler knows a batch by its first_seq: a re-cut batch would be taken for one it
+    has, and its new lines lost."""
+    worker = Worker("http://127.0.0.1:1", "unit", kill_grace=0.1)
+    first = _Session(worker.endpoints[0])
+    first.registered = True
+    worker._session = first
+    one, two = tmp_path / "one", tmp_path / "two"
+    command = (
+        f"echo a; echo b; echo c; while [ ! -e '{one}' ]; do sleep 0.01; done; echo d; echo e; "
+        f"while [ ! -e '{two}' ]; do sleep 0.01; done; echo f; echo g"
+    )
+    worker._dispatch(wpb.Dispatch(instance_id=7, attempt=2, command=command))
+    attempt = worker._attempts[(7, 2)]
+    deadline = time.monotonic() + 30
+
+    def flush_when(count):
+        while True:
+            with worker._lock:
+                if len(attempt.pending) == count:
+                    worker._flush(attempt)
+                    return
+            assert time.monotonic() < deadline, f"no {count} lines"
+            time.sleep(0.01)
+
+    flush_when(3)
+    one.touch()
+    flush_when(2)
+    sent = [m.logs for m in frames(first) if m.WhichOneof("body") == "logs"]
+    assert [(b.first_seq, b.body) for b in sent] == [(1, "a\nb\nc"), (4, "d\ne")]
+    # Lines 1-3 are stored; the stream breaks before the ack of 4-5, and 6-7 come after it.
+    worker._handle(first, wpb.SchedulerMessage(log_ack=wpb.LogAck(instance_id=7, attempt=2, seq=3)))
+    worker._detach(first)
+    two.touch()
+    while attempt.finished is None:
+        assert time.monotonic() < deadline, "the attempt did not end"
+        time.sleep(0.01)
+    second = _Session(worker.endpoints[0])
+    register = worker._register_frame()
+    assert [(r.instance_id, r.attempt) for r in register.finished] == [(7, 2)]
+    assert list(register.running) == []
+    worker._attach(second, wpb.Registered())
+    resent = frames(second)
+    assert [m.WhichOneof("body") for m in resent] == ["started", "logs", "logs", "finished"]
+    assert resent[1].logs == sent[1]
+    assert (resent[2].logs.first_seq, resent[2].logs.body) == (6, "f\ng")
+    assert resent[3].finished.log_lines == 7
+
+
+class _Echo(control_pb2_grpc.ControlServiceServicer):
+    """Answers GetRun with the authorization metadata it received, as the run's triggered_by."""
+
+    def GetRun(self, request, context):
+        seen = dict(context.invocation_metadata()).get("authorization", "")
+        return control.Run(id=request.id, triggered_by=seen)
+
+
+class _Hello(worker_pb2_grpc.WorkerServiceServicer):
+    """Records the Register and the metadata of a worker's stream, then ends it."""
+
+    def __init__(self):
+        self.seen = queue.Queue()
+
+    def Connect(self, request_iterator, context):
+        first = next(request_iterator)
+        self.seen.put((dict(context.invocation_metadata()).get("authorization", ""), first))
+        return iter(())
+
+
+def test_the_token_goes_with_every_call_of_the_client_and_the_worker():
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    control_pb2_grpc.add_ControlServiceServicer_to_server(_Echo(), server)
+    hello = _Hello()
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(hello, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with Client(f"http://127.0.0.1:{port}", token="s3cret") as client:
+            assert client.get_run(42).triggered_by == "Bearer s3cret"
+        with Client(f"127.0.0.1:{port}") as client:
+            assert client.get_run(42).triggered_by == ""
+        worker = Worker(f"http://127.0.0.1:{port}", "unit-token", token="w0rker", capacity=3)
+        worker.start()
+        try:
+            authorization, register = hello.seen.get(timeout=30)
+        finally:
+            worker.stop(drain=False, timeout=5)
+        assert authorization == "Bearer w0rker"
+        assert register.WhichOneof("body") == "register"
+        assert (register.register.worker_id, register.register.capacity) == ("unit-token", 3)
+    finally:
+        server.stop(None)
+
+
+def test_a_task_gets_the_dispatch_env_but_not_the_workers_token(monkeypatch):
+    monkeypatch.setenv("AX_TOKEN", "worker-secret")
+    monkeypatch.setenv("WORKER_SETTING", "inherited")
+    worker = Worker("http://127.0.0.1:1", "unit-env")
+    session = _Session(worker.endpoints[0])
+    session.registered = True
+    worker._session = session
+    command = 'echo "${AX_TOKEN-unset} $WORKER_SETTING $FROM_DISPATCH"'
+    worker._dispatch(wpb.Dispatch(instance_id=9, attempt=1, command=command, env={"FROM_DISPATCH": "given"}))
+    attempt = worker._attempts[(9, 1)]
+    deadline = time.monotonic() + 30
+    while attempt.finished is None:
+        assert time.monotonic() < deadline, "the attempt did not end"
+        time.sleep(0.01)
+    (batch,) = [m.logs for m in frames(session) if m.WhichOneof("body") == "logs"]
+    assert batch.body == "unset inherited given"
+
+
+def _self_signed(directory):
+    """A certificate for 127.0.0.1 and localhost, and its key (openssl's command line)."""
+    if shutil.which("openssl") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true but openssl is not installed: the TLS test cannot be skipped")
+        pytest.skip("openssl is not installed")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+            "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def test_https_addresses_verify_the_server_against_the_ca_file(tmp_path):
+    cert, key = _self_signed(tmp_path)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    control_pb2_grpc.add_ControlServiceServicer_to_server(_Echo(), server)
+    hello = _Hello()
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(hello, server)
+    credentials = grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    server.start()
+    try:
+        address = f"https://127.0.0.1:{port}"
+        with Client(address, token="over-tls", tls_ca=str(cert)) as client:
+            assert client.get_run(7).triggered_by == "Bearer over-tls"
+        # Without the CA the server's certificate is not trusted.
+        with Client(address, timeout=5) as client:
+            with pytest.raises(AxError) as refused:
+                client.get_run(7)
+            assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+        # Plaintext to a TLS port fails too: the scheme decides.
+        with Client(f"http://127.0.0.1:{port}", timeout=5) as client:
+            with pytest.raises(AxError):
+                client.get_run(7)
+        worker = Worker(address, "unit-tls", tls_ca=str(cert))
+        worker.start()
+        try:
+            _, register = hello.seen.get(timeout=30)
+        finally:
+            worker.stop(drain=False, timeout=5)
+        assert register.register.worker_id == "unit-tls"
+    finally:
+        server.stop(None)
+
+
+def _running(worker, session, instance_id, tmp_path):
+    """Dispatches a task that runs until killed; returns its attempt once its pid is known."""
+    pid_file = tmp_path / f"pid-{instance_id}"
+    command = f"echo $$ > '{pid_file}'; exec sleep 300"
+    worker._dispatch(wpb.Dispatch(instance_id=instance_id, attempt=1, command=command))
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline, "the task did not start"
+        time.sleep(0.01)
+    return worker._attempts[(instance_id, 1)]
+
+
+def _wait_forgotten(worker, key):
+    deadline = time.monotonic() + 30
+    while key in worker._attempts:
+        assert time.monotonic() < deadline, f"{key} is still held"
+        time.sleep(0.01)
+
+
+def test_stale_and_refused_attempts_are_killed_and_forgotten(tmp_path):
+    worker = Worker("http://127.0.0.1:1", "unit-stale", kill_grace=0.1)
+    first = _Session(worker.endpoints[0])
+    first.registered = True
+    worker._session = first
+    stale = _running(worker, first, 11, tmp_path)
+    refused = _running(worker, first, 12, tmp_path)
+    kept = _running(worker, first, 13, tmp_path)
+
+    # ReportRefused with kill: the process group dies, nothing more is said about it.
+    refusal = wpb.ReportRefused(instance_id=12, attempt=1, reason="not current", kill=True, code=9)
+    worker._handle(first, wpb.SchedulerMessage(refused=refusal))
+    _wait_forgotten(worker, (12, 1))
+    assert refused.proc.returncode == -9
+
+    # A new stream on which the scheduler calls attempt 11 stale.
+    worker._detach(first)
+    frames(first)
+    second = _Session(worker.endpoints[0])
+    worker._attach(second, wpb.Registered(stale=[wpb.AttemptRef(instance_id=11, attempt=1)]))
+    _wait_forgotten(worker, (11, 1))
+    assert stale.proc.returncode == -9
+    about = {(m.started.instance_id if m.WhichOneof("body") == "started" else None) for m in frames(second)}
+    assert about == {13}
+    # Both stay known: a repeated dispatch of either is a duplicate.
+    worker._dispatch(wpb.Dispatch(instance_id=11, attempt=1, command="true"))
+    worker._dispatch(wpb.Dispatch(instance_id=12, attempt=1, command="true"))
+    assert [m.rejected.duplicate for m in frames(second)] == [True, True]
+    kept.proc.kill()
+
+
+def test_a_function_of_the_main_script_runs_without_its_main_block(tmp_path):
+    script = tmp_path / "my_worker.py"
+    script.write_text(
+        "def hello(ctx):\n"
+        "    print('hello', ctx.args, ctx.params, ctx.run_id)\n"
+        "    return 5\n"
+        "if __name__ == '__main__':\n"
+        "    print('the main block ran')\n"
+    )
+    ref = functions.FunctionRef(name="hello", module="__main__", qualname="hello", file=str(script))
+    env = dict(os.environ)
+    env[functions.SPEC_ENV] = json.dumps(functions.child_spec(ref, ["x"]))
+    env.update({"AX_PARAM_day": "monday", "AX_RUN_ID": "12"})
+    done = subprocess.run(
+        [sys.executable, "-m", "ax_sdk._fnrun"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 5, done.stderr
+    assert done.stdout == "hello ('x',) {'day': 'monday'} 12\n"

@@ -100,3 +100,85 @@ async fn the_web_ui_passes_its_browser_checks(backend: Backend) {
         .and_then(|count| count.trim().parse::<u32>().ok());
     assert!(passed.is_some_and(|n| n >= 13), "{stdout}");
 }
+
+/// A node that asks for tokens: the page asks for one, and the browser keeps it for its
+/// session only (`browser/sign-in.test.mjs`).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_web_ui_signs_in_with_a_token() {
+    let chromium = match browser::tools() {
+        Ok(chromium) => chromium,
+        Err(missing) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("the browser suite cannot run under CI: {missing}")
+        }
+        Err(missing) => {
+            eprintln!("skipping the sign-in check: {missing}");
+            return;
+        }
+    };
+    let cluster = Cluster::builder(Backend::Sqlite)
+        .auth(ax_scheduler::AuthMode::Tokens)
+        .start()
+        .await
+        .expect("cluster")
+        .expect("sqlite");
+    let store = ax_store::open(cluster.store_url()).await.expect("store");
+    let make = async |name: &str, role| {
+        let request = ax_scheduler::auth::tokens::TokenRequest {
+            name: name.into(),
+            role,
+            app: None,
+            lifetime_ms: None,
+            created_by: "test".into(),
+        };
+        ax_scheduler::auth::tokens::create(store.as_ref(), request, 1)
+            .await
+            .expect("token")
+            .0
+    };
+    let admin = make("ui-admin", ax_core::access::Role::Admin).await;
+    let viewer = make("ui-viewer", ax_core::access::Role::Viewer).await;
+    let auth = ax_proto::client::ClientAuth {
+        token: Some(admin),
+        ..Default::default()
+    };
+    let channel = auth
+        .endpoint(&cluster.endpoint(), None)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    ax_proto::v1::control_service_client::ControlServiceClient::with_interceptor(
+        channel,
+        auth.bearer().unwrap(),
+    )
+    .apply_workflow(ax_proto::v1::ApplyWorkflowRequest {
+        source: "name: signed-in-wf\ntasks:\n  - name: t\n    command: echo hi\n".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("apply");
+
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/ui-screenshots/sign-in");
+    std::fs::create_dir_all(&shots).expect("screenshot dir");
+    let base = format!("http://{}", cluster.addr);
+    let suite = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .args(["--test", "--test-reporter=spec", "sign-in.test.mjs"])
+            .current_dir(browser::dir())
+            .env("AX_UI_URL", &base)
+            .env("AX_UI_TOKEN", &viewer)
+            .env("AX_UI_SHOTS", &shots)
+            .env("AX_CHROMIUM", &chromium)
+            .output()
+    });
+    let output = tokio::time::timeout(SUITE_GUARD, suite)
+        .await
+        .expect("the sign-in check hung")
+        .expect("join")
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("ℹ pass 1"), "{stdout}");
+    cluster.shutdown().await.expect("shutdown");
+}

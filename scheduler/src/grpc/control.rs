@@ -64,6 +64,11 @@ impl ControlApi {
         super::views::dag(&self.node, request).await
     }
 
+    /// The node's check of callers (the web UI's sign-in uses it).
+    pub fn gate(&self) -> &crate::auth::Gate {
+        &self.node.gate
+    }
+
     /// Changes whenever runs, instances or logs change on this node.
     pub fn watch_progress(&self) -> tokio::sync::watch::Receiver<u64> {
         self.node.watch_progress()

@@ -19,7 +19,7 @@ const WEB_ACTOR: &str = "web";
 
 /// An action's request message, read from a JSON body (empty is `{}`), its `actor` `web` when
 /// the body names none.
-pub(super) struct Action<T>(T);
+pub(super) struct Action<T>(pub(super) T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Action<T> {
     type Rejection = BadParam;

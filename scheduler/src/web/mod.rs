@@ -12,6 +12,7 @@ mod assets;
 mod live;
 mod logs;
 mod reads;
+mod session;
 
 use std::sync::Arc;
 
@@ -62,6 +63,11 @@ pub fn router(api: ControlApi) -> Router {
         .route("/api/v1/workers", get(reads::list_workers))
         .route("/api/v1/nodes", get(reads::list_nodes))
         .route("/api/v1/audit", get(reads::list_audit))
+        .route(
+            "/api/v1/session",
+            post(session::sign_in).delete(session::sign_out),
+        )
+        .route("/api/v1/whoami", get(session::who_am_i))
         .route("/api/v1/{*rest}", get(no_such_api).post(no_such_api))
         .route("/assets/{file}", get(assets::asset))
         .fallback(not_api)
@@ -193,6 +199,13 @@ impl<S: Send + Sync> FromRequestParts<S> for Peer {
 }
 
 impl Peer {
+    /// The caller's address.
+    fn remote(&self) -> Option<std::net::SocketAddr> {
+        self.connection
+            .as_ref()
+            .and_then(TcpConnectInfo::remote_addr)
+    }
+
     /// `message` as a handler's request, from this peer.
     fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);

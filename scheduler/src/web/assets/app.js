@@ -272,6 +272,10 @@ async function route() {
     } catch (err) {
       if (view.left) return;
       if (err instanceof ApiError && err.status === 404) notFound(err.message);
+      else if (err instanceof ApiError && err.status === 401) {
+        // A missing token is the normal first visit; anything else (a token gone stale) is said.
+        signIn(err.message.startsWith("this call needs a token") ? "This scheduler asks for a token." : err.message);
+      }
       else failed(err);
     }
     return;
@@ -1118,9 +1122,57 @@ async function viewTrigger(view, name) {
     h("h1", {}, "Trigger ", name), form);
 }
 
+// ---------- signing in ----------
+
+/** Shows who the node sees (the token's name and role) and the sign-out button, when the
+ *  node asks for tokens. */
+async function showIdentity() {
+  const who = document.getElementById("who");
+  const out = document.getElementById("sign-out");
+  let identity = {};
+  try { identity = await api("/api/v1/whoami"); } catch (_) { /* signed out: the page asks */ }
+  const signedIn = Boolean(identity.authentication && identity.token);
+  who.textContent = signedIn ? identity.token + " (" + identity.role + (identity.app ? ", app " + identity.app : "") + ")" : "";
+  who.hidden = !signedIn;
+  out.hidden = !signedIn;
+}
+
+/** The node asks for a token: a form that posts it; the node keeps it in a session cookie, so
+ *  the browser forgets it when its session ends. */
+function signIn(message) {
+  const input = h("input", { id: "token", type: "password", autocomplete: "off", required: true, size: 50 });
+  const error = h("p", { class: "error", role: "alert", hidden: true });
+  const form = h("form", { class: "sign-in" },
+    h("p", {}, h("label", { for: "token" }, "Token "), input, " ", h("button", { type: "submit", class: "primary" }, "Sign in")),
+    error);
+  form.addEventListener("submit", async event => {
+    event.preventDefault();
+    try {
+      await post("/api/v1/session", { token: input.value.trim() });
+      input.value = "";
+      await showIdentity();
+      await route();
+    } catch (err) {
+      error.textContent = err.message;
+      error.hidden = false;
+      input.focus();
+    }
+  });
+  show("Sign in", h("h1", {}, "Sign in"), h("p", {}, message),
+    h("p", { class: "muted" }, "Paste a token made with axctl token create. It is kept for this browser session only."), form);
+  input.focus();
+}
+
+document.getElementById("sign-out").addEventListener("click", async () => {
+  await api("/api/v1/session", { method: "DELETE" });
+  await showIdentity();
+  signIn("Signed out.");
+});
+
 // ---------- start ----------
 
 document.getElementById("zone-toggle").addEventListener("click", () => { prefs.utc = !prefs.utc; showPrefs(); route(); });
 document.getElementById("theme-toggle").addEventListener("click", () => { prefs.theme = prefs.theme === "dark" ? "light" : "dark"; showPrefs(); });
 showPrefs();
+showIdentity();
 route();

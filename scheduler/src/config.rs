@@ -481,4 +481,44 @@ mod tests {
         .unwrap();
         assert_eq!(off.spread_interval, None);
     }
+
+    #[test]
+    fn auth_defaults_to_tokens_off_loopback_and_tls_files_come_in_pairs() {
+        let on = |args: &[&str]| {
+            let mut all = vec!["ax-scheduler"];
+            all.extend_from_slice(args);
+            Args::parse_from(all).into_options()
+        };
+        assert_eq!(on(&[]).unwrap().auth, AuthMode::Off);
+        assert_eq!(
+            on(&["--listen", "0.0.0.0:7070"]).unwrap().auth,
+            AuthMode::Tokens
+        );
+        assert_eq!(
+            on(&["--listen", "127.0.0.1:7070", "--auth", "tokens"])
+                .unwrap()
+                .auth,
+            AuthMode::Tokens
+        );
+        let err = on(&["--tls-cert", "a.pem"]).unwrap_err().to_string();
+        assert!(err.contains("--tls-cert needs --tls-key"), "{err}");
+        let err = on(&["--tls-client-ca", "ca.pem"]).unwrap_err().to_string();
+        assert!(err.contains("--tls-client-ca needs --tls-cert"), "{err}");
+        let tls = on(&["--tls-cert", "a.pem", "--tls-key", "a.key"])
+            .unwrap()
+            .tls
+            .unwrap();
+        assert_eq!(tls.cert, PathBuf::from("a.pem"));
+        assert_eq!(tls.client_ca, None);
+        let err = Args::try_parse_from(["ax-scheduler", "--auth", "maybe"]).unwrap_err();
+        assert!(err.to_string().contains("expected tokens or none"), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("secret.key");
+        std::fs::write(&key, "c2hvcnQ=\n").unwrap();
+        let err = on(&["--secret-key-file", key.to_str().unwrap()]).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("5 bytes; it must be 32"),
+            "{err:#}"
+        );
+    }
 }

@@ -181,6 +181,25 @@ async fn call(client: &mut Client, method: &str) -> Code {
             })
             .await
             .map(drop),
+        "SetSecret" => client
+            .set_secret(pb::SetSecretRequest {
+                name: "made-by-test".into(),
+                value: "value".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "ListSecrets" => client
+            .list_secrets(pb::ListSecretsRequest {})
+            .await
+            .map(drop),
+        "DeleteSecret" => client
+            .delete_secret(pb::DeleteSecretRequest {
+                name: "nobody".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
         other => panic!("the table has no call for {other}"),
     };
     match result {
@@ -345,6 +364,8 @@ async fn every_call_is_refused_where_its_role_says_and_a_refusal_changes_nothing
 
     // The worker stream: only worker and admin tokens open it.
     for (who, token, open) in [
+        ("a malformed token", &malformed, false),
+        ("a revoked token", &tokens.revoked, false),
         ("viewer", &tokens.viewer, false),
         ("operator", &tokens.operator, false),
         ("worker", &tokens.worker, true),
@@ -352,6 +373,11 @@ async fn every_call_is_refused_where_its_role_says_and_a_refusal_changes_nothing
         let code = connect_worker(&endpoint, token).await;
         assert_eq!(denied(code), !open, "worker stream by {who}: {code:?}");
     }
+    assert_eq!(
+        connect_worker(&endpoint, "").await,
+        Code::Unauthenticated,
+        "a worker stream without a token"
+    );
 
     // Audit rows name the token; failed authentications are audited with the address.
     let audit = admin
@@ -476,10 +502,11 @@ async fn every_call_is_refused_where_its_role_says_and_a_refusal_changes_nothing
     cluster.shutdown().await.expect("shutdown");
 }
 
-/// Opens a worker stream with `token` and answers how it ended (Ok: registered).
+/// Opens a worker stream with `token` (none when empty) and answers how it ended (Ok:
+/// registered).
 async fn connect_worker(endpoint: &str, token: &str) -> Code {
     let auth = ClientAuth {
-        token: Some(token.into()),
+        token: (!token.is_empty()).then(|| token.into()),
         ..ClientAuth::default()
     };
     let channel = auth
@@ -1090,4 +1117,108 @@ async fn eventually_async(what: &str, check: impl AsyncFn() -> bool) {
         assert!(std::time::Instant::now() < deadline, "never: {what}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The Python SDK, a second implementation of the client and the worker, against a node that
+/// asks for TLS, tokens and worker certificates: its client applies and triggers with an admin
+/// token, its worker registers with a worker token and a certificate naming it and runs the
+/// task, and a client without a token is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_python_sdk_speaks_tls_tokens_and_worker_certificates() {
+    use ax_integration_tests::process::Process;
+    let Some(python) = std::env::var_os("AX_TEST_PYTHON") else {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "AX_TEST_PYTHON is not set under CI"
+        );
+        eprintln!("skipping: AX_TEST_PYTHON is not set");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = Ca::new("ax python CA");
+    let ca_file = ca.write(d, "ca.pem");
+    let (server_cert, server_key) = ca.sign(&["localhost", "127.0.0.1"], d, "server");
+    let (worker_cert, worker_key) = ca.sign(&["pyw1"], d, "pyw1");
+    let store = format!("sqlite://{}", d.join("ax.db").display());
+    let port = free_port();
+    let server = format!("https://localhost:{port}");
+    let (code, admin, err) = run(
+        "ax-scheduler",
+        &["--store", &store, "token", "create", "--name", "root", "--role", "admin"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let args: Vec<String> = [
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--store",
+        &store,
+        "--auth",
+        "tokens",
+        "--tls-cert",
+        &server_cert,
+        "--tls-key",
+        &server_key,
+        "--tls-client-ca",
+        &ca_file,
+        "--heartbeat-interval",
+        "500ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let scheduler = Process::spawn(
+        "ax-scheduler",
+        &ax_integration_tests::binary("ax-scheduler").unwrap(),
+        &args,
+        d,
+        d.join("scheduler.log"),
+    )
+    .unwrap();
+    let admin = admin.trim().to_string();
+    let axctl = |extra: &[&str]| {
+        let mut args = vec!["--server", &server, "--tls-ca", &ca_file, "--token", &admin];
+        args.extend_from_slice(extra);
+        run("axctl", &args)
+    };
+    eventually("the node answers over TLS", || axctl(&["whoami"]).0 == 0).await;
+    let (code, worker_token, err) =
+        axctl(&["token", "create", "--name", "py-workers", "--role", "worker"]);
+    assert_eq!(code, 0, "{err}");
+
+    let script = r#"
+import sys
+from ax_sdk import AxError, Client, Worker
+server, ca, admin, worker_token, cert, key = sys.argv[1:7]
+client = Client(server, token=admin, tls_ca=ca)
+client.apply(source="name: py-secure\ntasks:\n  - name: t\n    command: echo over-tls\n    labels: {sdk: python}\n")
+worker = Worker(server, "pyw1", labels={"sdk": "python"}, token=worker_token, tls_ca=ca,
+                tls_cert=cert, tls_key=key).start()
+run = client.wait(client.trigger("py-secure").run.id, timeout=60)
+print("run", run.id, client.instances(run.id)[0].worker_id,
+      [line.text for line in client.logs(client.instances(run.id)[0].id)])
+worker.stop(drain=True, timeout=10)
+try:
+    Client(server, tls_ca=ca).list_workflows()
+    print("anonymous allowed")
+except AxError as err:
+    print("anonymous", err.code.name)
+"#;
+    let out = tokio::process::Command::new(&python)
+        .args(["-c", script, &server, &ca_file, &admin, worker_token.trim()])
+        .args([&worker_cert, &worker_key])
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), out)
+        .await
+        .expect("the script ends")
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}\n{}", scheduler.log_text());
+    assert!(stdout.contains("pyw1 ['over-tls']"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("anonymous UNAUTHENTICATED"), "{stdout}");
+    let (_, runs, _) = axctl(&["get", "runs", "--workflow", "py-secure", "-o", "json"]);
+    assert!(runs.contains("SUCCESS"), "{runs}");
+    drop(scheduler);
 }

@@ -73,6 +73,9 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let gate = self.gate.clone();
+        if gate.mode() == super::AuthMode::Off {
+            return Box::pin(inner.call(request));
+        }
         Box::pin(async move {
             let method = request.method().as_str().to_string();
             let path = request.uri().path().to_string();

@@ -139,9 +139,17 @@ pub struct ClusterBuilder {
     alerts: Vec<ax_scheduler::alerts::ChannelConfig>,
     pools: BTreeMap<String, u32>,
     max_line_bytes: Option<usize>,
+    ops_listener: bool,
 }
 
 impl ClusterBuilder {
+    /// The node also serves its ops listener (metrics and health) on a loopback port of its
+    /// own ([`RunningScheduler::ops_addr`]).
+    pub fn ops_listener(mut self) -> Self {
+        self.ops_listener = true;
+        self
+    }
+
     /// Workers split output lines longer than this (their default when unset).
     pub fn max_line_bytes(mut self, bytes: usize) -> Self {
         self.max_line_bytes = Some(bytes);
@@ -212,6 +220,9 @@ impl ClusterBuilder {
             alerts: self.alerts,
             max_backfill_runs: 1_000,
             pools: self.pools,
+            ops_listen: self
+                .ops_listener
+                .then(|| SocketAddr::from(([127, 0, 0, 1], 0))),
         };
         let scheduler = ax_scheduler::start(options).await?;
         let addr = scheduler.local_addr();
@@ -255,6 +266,7 @@ impl Cluster {
             alerts: Vec::new(),
             pools: BTreeMap::new(),
             max_line_bytes: None,
+            ops_listener: false,
         }
     }
 

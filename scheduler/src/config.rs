@@ -76,6 +76,10 @@ pub struct Args {
     /// override the file's `[pools]` table pool by pool.
     #[arg(long = "pool", env = "AX_POOLS", value_delimiter = ',', value_parser = parse_pool)]
     pub pools: Vec<(String, u32)>,
+    /// The ops listener, e.g. 0.0.0.0:7071: plaintext and unauthenticated, it serves only
+    /// GET /metrics and the gRPC health service, for probes and Prometheus. Off without it.
+    #[arg(long, env = "AX_OPS_LISTEN")]
+    pub ops_listen: Option<SocketAddr>,
 }
 
 /// The same settings as they appear in the TOML file.
@@ -100,6 +104,7 @@ struct FileConfig {
     max_backfill_runs: Option<u32>,
     alerts: Option<crate::alerts::AlertsConfig>,
     pools: Option<BTreeMap<String, u32>>,
+    ops_listen: Option<SocketAddr>,
 }
 
 /// `NAME=N`: a pool and its limit.
@@ -230,6 +235,7 @@ impl Args {
                 pools.extend(self.pools);
                 pools
             },
+            ops_listen: self.ops_listen.or(file.ops_listen),
         };
         for channel in &options.alerts {
             channel
@@ -309,6 +315,24 @@ mod tests {
             .unwrap_err();
         let text = format!("{err:#}");
         assert!(text.contains("ax.toml") && text.contains("etl"), "{text}");
+    }
+
+    #[test]
+    fn the_ops_listener_comes_from_flags_or_the_file_and_is_off_by_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ax.toml");
+        std::fs::write(&path, "ops_listen = \"0.0.0.0:7071\"\n").unwrap();
+        let args = ["ax-scheduler", "--config", path.to_str().unwrap()];
+        let from_file = Args::parse_from(args).into_options().unwrap();
+        assert_eq!(from_file.ops_listen, Some(([0, 0, 0, 0], 7071).into()));
+        let flag = Args::parse_from([&args[..], &["--ops-listen", "127.0.0.1:9100"]].concat())
+            .into_options()
+            .unwrap();
+        assert_eq!(flag.ops_listen, Some(([127, 0, 0, 1], 9100).into()));
+        let off = Args::parse_from(["ax-scheduler"]).into_options().unwrap();
+        assert_eq!(off.ops_listen, None);
+        let err = Args::try_parse_from(["ax-scheduler", "--ops-listen", "7071"]).unwrap_err();
+        assert!(err.to_string().contains("--ops-listen"), "{err}");
     }
 
     #[test]

@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
 use crate::guards::StartLock;
+use crate::metrics::Metrics;
 use crate::node::Node;
 use crate::registry::WorkerSlot;
 use crate::reporter::Envelope;
@@ -543,9 +544,11 @@ async fn dispatch_batch(
             node.guards.clear_dispatch(instance, attempt).await;
             continue;
         }
-        let stream = node
-            .registry
-            .begin_attempt(&plan.worker, plan.connection, instance, attempt);
+        let waiting = &plan.waiting.instance;
+        let ready_at = waiting.created_at.max(waiting.not_before);
+        let stream =
+            node.registry
+                .begin_attempt(&plan.worker, plan.connection, instance, attempt, ready_at);
         let delivered = match stream {
             Some(sender) => {
                 let message = SchedulerMessage {
@@ -557,6 +560,8 @@ async fn dispatch_batch(
         };
         if delivered {
             tracing::debug!(instance = %instance, attempt = %attempt, worker = %plan.worker, "dispatched");
+            node.metrics.dispatches.inc();
+            Metrics::observe_ms(&node.metrics.dispatch_latency, ready_at, now_ms());
             sent += 1;
         } else {
             // The worker went away or its queue is full: the claim is undone like a rejection.

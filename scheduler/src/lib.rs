@@ -65,6 +65,9 @@ pub struct SchedulerOptions {
     /// tasks dispatched or running at once. A pool not listed has no limit. Every node of a
     /// cluster must be given the same limits.
     pub pools: std::collections::BTreeMap<String, u32>,
+    /// The ops listener's address: plaintext and unauthenticated, it serves only `GET /metrics`
+    /// and the gRPC health service (probes, Prometheus). None by default.
+    pub ops_listen: Option<SocketAddr>,
 }
 
 impl Default for SchedulerOptions {
@@ -88,6 +91,7 @@ impl Default for SchedulerOptions {
             alerts: Vec::new(),
             max_backfill_runs: 1_000,
             pools: std::collections::BTreeMap::new(),
+            ops_listen: None,
         }
     }
 }
@@ -95,6 +99,7 @@ impl Default for SchedulerOptions {
 /// A started scheduler node. Dropping it does not stop it; call [`RunningScheduler::shutdown`].
 pub struct RunningScheduler {
     local_addr: SocketAddr,
+    ops_addr: Option<SocketAddr>,
     cancel: CancellationToken,
     tasks: TaskTracker,
     background: CancellationToken,
@@ -106,6 +111,11 @@ impl RunningScheduler {
     /// The address the gRPC server listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The address the ops listener listens on, when it has one.
+    pub fn ops_addr(&self) -> Option<SocketAddr> {
+        self.ops_addr
     }
 
     /// Stops accepting, ends the worker streams, drains the report and log queues into the
@@ -231,6 +241,19 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     health
         .set_serving::<ControlServiceServer<ControlApi>>()
         .await;
+    let ops_addr = match node.options.ops_listen {
+        Some(address) => Some(
+            serve_ops(
+                address,
+                node.clone(),
+                health_service.clone(),
+                &tasks,
+                &cancel,
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(ax_proto::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -290,12 +313,45 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     });
     Ok(RunningScheduler {
         local_addr,
+        ops_addr,
         cancel,
         tasks,
         background,
         lease,
         lease_task,
     })
+}
+
+/// Starts the ops listener (`metrics::ops_router` and the same health service as the main
+/// port), stopped with the main server.
+async fn serve_ops(
+    address: SocketAddr,
+    node: Arc<Node>,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    tasks: &TaskTracker,
+    cancel: &CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("binding the ops listener {address}"))?;
+    let bound = listener.local_addr()?;
+    let server = tonic::transport::Server::builder()
+        .accept_http1(true)
+        .add_routes(tonic::service::Routes::from(metrics::ops_router(node)))
+        .add_service(health)
+        .serve_with_incoming_shutdown(
+            accepted_without_delay(listener),
+            cancel.clone().cancelled_owned(),
+        );
+    tasks.spawn(async move {
+        if let Err(err) = server.await {
+            tracing::error!(error = %err, "the ops listener failed");
+        }
+    });
+    tracing::info!(addr = %bound, "ops listener (metrics, health) serving");
+    Ok(bound)
 }
 
 /// A url without its password, for logs and errors.
@@ -325,6 +381,7 @@ mod grpc;
 pub mod guards;
 mod log_writer;
 mod membership;
+mod metrics;
 mod node;
 mod registry;
 mod reporter;

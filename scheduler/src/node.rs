@@ -45,6 +45,8 @@ pub struct Node {
     pub decisions: std::sync::Mutex<crate::dispatcher::DecisionMemo>,
     /// Laid-out task graphs by workflow version, for the web UI.
     pub dag_layouts: crate::dag_layouts::DagLayouts,
+    /// The node's Prometheus metrics (`GET /metrics`).
+    pub metrics: crate::metrics::Metrics,
     /// Bumped whenever runs, instances or logs change, for followers (`logs -f`).
     progress: watch::Sender<u64>,
 }
@@ -59,7 +61,15 @@ impl Node {
         logs: LogWriter,
         alerter: Alerter,
     ) -> Node {
+        let mut metrics = crate::metrics::Metrics::new();
+        metrics.register_readings(crate::metrics::Readings {
+            alerter: alerter.clone(),
+            guards: guards.clone(),
+            standing: standing.clone(),
+            logs: logs.clone(),
+        });
         Node {
+            metrics,
             placer: Mutex::new(Placer::new(options.strategy)),
             specs: SpecCache::new(store.clone()),
             runs: RunCreator::start(NewRuns(store.clone())),

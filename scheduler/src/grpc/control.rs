@@ -51,6 +51,11 @@ impl ControlApi {
         ControlApi { node }
     }
 
+    /// The node it serves (the web edge's `/metrics`).
+    pub(crate) fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
     /// The graph and layout `GetDag` answers with, for renderings the API does not carry (the
     /// web UI's exports).
     pub async fn dag(

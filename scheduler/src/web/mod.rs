@@ -64,6 +64,7 @@ pub fn router(api: ControlApi) -> Router {
         .route("/api/v1/audit", get(reads::list_audit))
         .route("/api/v1/{*rest}", get(no_such_api).post(no_such_api))
         .route("/assets/{file}", get(assets::asset))
+        .route("/metrics", get(metrics))
         .fallback(not_api)
         .with_state(api)
 }
@@ -184,6 +185,11 @@ impl Peer {
         }
         request
     }
+}
+
+/// `GET /metrics`: the node's Prometheus metrics (`crate::metrics`).
+async fn metrics(axum::extract::State(api): axum::extract::State<Api>) -> Response {
+    crate::metrics::response(api.node()).await
 }
 
 async fn no_such_api(uri: Uri) -> Response {

@@ -223,6 +223,7 @@ impl ClusterBuilder {
             ops_listen: self
                 .ops_listener
                 .then(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+            otlp_endpoint: None,
         };
         let scheduler = ax_scheduler::start(options).await?;
         let addr = scheduler.local_addr();

@@ -80,6 +80,10 @@ pub struct Args {
     /// GET /metrics and the gRPC health service, for probes and Prometheus. Off without it.
     #[arg(long, env = "AX_OPS_LISTEN")]
     pub ops_listen: Option<SocketAddr>,
+    /// Export traces over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318 (spans go to
+    /// its /v1/traces). Off without it.
+    #[arg(long, env = "AX_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// The same settings as they appear in the TOML file.
@@ -105,6 +109,7 @@ struct FileConfig {
     alerts: Option<crate::alerts::AlertsConfig>,
     pools: Option<BTreeMap<String, u32>>,
     ops_listen: Option<SocketAddr>,
+    otlp_endpoint: Option<String>,
 }
 
 /// `NAME=N`: a pool and its limit.
@@ -236,11 +241,18 @@ impl Args {
                 pools
             },
             ops_listen: self.ops_listen.or(file.ops_listen),
+            otlp_endpoint: self
+                .otlp_endpoint
+                .or(file.otlp_endpoint)
+                .filter(|endpoint| !endpoint.is_empty()),
         };
         for channel in &options.alerts {
             channel
                 .validate()
                 .map_err(|err| anyhow::anyhow!("config file {}: {err}", path.display()))?;
+        }
+        if let Some(endpoint) = &options.otlp_endpoint {
+            crate::telemetry::traces_url(endpoint)?;
         }
         if options.heartbeat_interval.is_zero() || options.task_heartbeat_interval.is_zero() {
             bail!("heartbeat intervals must be greater than zero");

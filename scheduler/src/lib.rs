@@ -68,6 +68,10 @@ pub struct SchedulerOptions {
     /// The ops listener's address: plaintext and unauthenticated, it serves only `GET /metrics`
     /// and the gRPC health service (probes, Prometheus). None by default.
     pub ops_listen: Option<SocketAddr>,
+    /// Where the binary exports traces (OTLP over HTTP, e.g. http://127.0.0.1:4318); none by
+    /// default. The binary installs the exporter ([`telemetry::install`]) before it starts the
+    /// node, which then emits its spans there.
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for SchedulerOptions {
@@ -92,6 +96,7 @@ impl Default for SchedulerOptions {
             max_backfill_runs: 1_000,
             pools: std::collections::BTreeMap::new(),
             ops_listen: None,
+            otlp_endpoint: None,
         }
     }
 }
@@ -228,6 +233,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         flush_interval,
         background.clone(),
     ));
+    tasks.spawn(telemetry::run(node.clone(), background.clone()));
     // The lease outlives the queues' drain: `shutdown` gives it up last.
     let lease = CancellationToken::new();
     let lease_task = tokio::spawn(membership.run(lease.clone()));
@@ -389,6 +395,7 @@ mod run_creator;
 mod schedules;
 mod specs;
 mod spread;
+pub mod telemetry;
 mod web;
 mod worker_rows;
 

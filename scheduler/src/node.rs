@@ -45,6 +45,8 @@ pub struct Node {
     pub decisions: std::sync::Mutex<crate::dispatcher::DecisionMemo>,
     /// Laid-out task graphs by workflow version, for the web UI.
     pub dag_layouts: crate::dag_layouts::DagLayouts,
+    /// The spans of runs, dispatches and report batches, when the process exports traces.
+    pub traces: Option<crate::telemetry::Traces>,
     /// The node's Prometheus metrics (`GET /metrics`).
     pub metrics: crate::metrics::Metrics,
     /// Bumped whenever runs, instances or logs change, for followers (`logs -f`).
@@ -69,6 +71,7 @@ impl Node {
             logs: logs.clone(),
         });
         Node {
+            traces: crate::telemetry::Traces::installed(),
             metrics,
             placer: Mutex::new(Placer::new(options.strategy)),
             specs: SpecCache::new(store.clone()),

@@ -75,6 +75,7 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
         .map(|envelope| envelope.report.clone())
         .collect();
     let started = std::time::Instant::now();
+    let started_at = std::time::SystemTime::now();
     let mut delay = Duration::from_millis(50);
     // A store outage must not lose reports: they are retried until the store takes them.
     // Retrying is safe because every report is a conditional transition.
@@ -93,6 +94,27 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
     };
     let elapsed = started.elapsed();
     node.metrics.report_batch.observe(elapsed.as_secs_f64());
+    if let Some(traces) = &node.traces {
+        let reports = reports
+            .iter()
+            .filter_map(|report| {
+                let kind = match report {
+                    Report::Started { .. } => "started",
+                    Report::Finished { .. } => "finished",
+                    Report::Rejected { .. } => "rejected",
+                    Report::TaskHeartbeat { .. } => return None,
+                };
+                let (instance, attempt) = report.key();
+                Some((instance, attempt, kind))
+            })
+            .collect();
+        traces.send(crate::telemetry::Event::Reports {
+            started: started_at,
+            ended: started_at + elapsed,
+            reports,
+            batch: batch.len(),
+        });
+    }
     tracing::debug!(
         reports = reports.len(),
         elapsed_us = elapsed.as_micros() as u64,
@@ -154,6 +176,7 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
                 }
                 if let Some((run, state)) = applied.run_finished {
                     tracing::info!(run = %run, state = %state, "run finished");
+                    crate::telemetry::run_ended(node, run);
                     if state == RunState::Failed {
                         failures.push(Failure::run(run));
                     }

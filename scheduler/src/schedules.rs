@@ -402,6 +402,7 @@ pub async fn cancel_run(node: &Node, id: RunId, reason: &str, now: Millis) -> an
     }
     let cancelled = node.store.cancel_run(id, now).await?.unwrap_or_default();
     send_cancels(node, &cancelled, reason);
+    crate::telemetry::run_ended(node, id);
     node.dispatch_wake.notify_one();
     node.bump_progress();
     Ok(true)

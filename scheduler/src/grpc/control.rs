@@ -583,6 +583,7 @@ impl ControlService for ControlApi {
             request.reason.clone()
         };
         crate::schedules::send_cancels(&self.node, &cancelled, &reason);
+        crate::telemetry::run_ended(&self.node, id);
         // Ending a run may have started queued runs of its workflow.
         self.node.dispatch_wake.notify_one();
         let detail = format!("{} attempts stopped; {reason}", cancelled.len());

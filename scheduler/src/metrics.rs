@@ -378,27 +378,29 @@ impl Collector for Readings {
         counter(
             &mut encoder,
             "ax_alerts_failed",
-            "Alert messages a channel gave up on after its retries, or whose service refused them",
+            "Alert messages a channel gave up on after its retries, or whose service refused them.",
             node.alerter.stats().failed,
         )?;
         counter(
             &mut encoder,
             "ax_redis_fallbacks",
-            "Guard calls (start locks, dedup markers) made without Redis while it was unreachable; scheduling went on the store's guards alone",
+            "Guard calls (start locks, dedup markers) made without Redis while it was unreachable; scheduling went on the store's guards alone.",
             node.guards.fallbacks(),
         )?;
         gauge(
             &mut encoder,
             "ax_cluster_lease_age_seconds",
-            "Time since this node last renewed its lease in the store",
+            "Time since this node last renewed its lease in the store.",
             node.standing.lease_age().as_secs_f64(),
         )?;
-        gauge(
-            &mut encoder,
+        let queued = ConstGauge::new(node.logs.queued_bytes() as i64);
+        let described = encoder.encode_descriptor(
             "ax_log_writer_queued_bytes",
-            "Log text queued for the store and not yet written",
-            node.logs.queued_bytes() as f64,
+            "Log text queued for the store and not yet written.",
+            None,
+            queued.metric_type(),
         )?;
+        queued.encode(described)?;
         Ok(())
     }
 }

@@ -4,6 +4,8 @@
 //! trace: the run's span, a span per instance under it, a span per attempt under each, and under
 //! each attempt its dispatch, the report batches that applied its start and its end, and the
 //! worker's span for the process; the task's `TRACEPARENT` names the trace and its attempt's span.
+//! A run with a retried task, then cancelled, shows both attempts (the failed one in error) and
+//! the cancelled task's attempt and killed process.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -198,13 +200,40 @@ async fn the_example_workflow_makes_one_trace_that_the_task_joins() {
         .unwrap_or_else(|| panic!("the task printed no TRACEPARENT: {lines:?}"))
         .to_string();
 
+    // A retried attempt and a cancelled run: their spans say so.
+    client
+        .apply(
+            "name: traced-failures\ntasks:\n  - name: flaky\n    retries: 1\n    retry_backoff: 100ms\n    command: if [ \"$AX_ATTEMPT\" -lt 2 ]; then exit 1; fi\n  - name: hold\n    command: exec sleep 60\n",
+        )
+        .await
+        .expect("apply traced-failures");
+    let second = client
+        .trigger_run("traced-failures")
+        .await
+        .expect("trigger traced-failures");
+    client
+        .wait_instance(second.id, "flaky", pb::InstanceState::Success)
+        .await
+        .expect("flaky succeeds on its retry");
+    client
+        .wait_instance(second.id, "hold", pb::InstanceState::Running)
+        .await
+        .expect("hold runs");
+    client
+        .cancel_run(second.id, "enough")
+        .await
+        .expect("cancel");
+    let cancelled = client.wait_run(second.id).await.expect("run ends");
+    assert_eq!(cancelled.state, pb::RunState::Cancelled as i32);
+
     // A graceful stop flushes every process's exporter.
     cluster.shutdown().await.expect("clean shutdown");
     let deadline = tokio::time::Instant::now() + GUARD;
     let spans = loop {
         let spans = receiver.spans();
         let processes = spans.iter().filter(|s| s.name == "process").count();
-        if spans.iter().any(|s| s.name == "run daily-sales-etl") && processes >= 5 {
+        let runs = ["run daily-sales-etl", "run traced-failures"];
+        if runs.iter().all(|run| spans.iter().any(|s| s.name == *run)) && processes >= 8 {
             break spans;
         }
         assert!(
@@ -305,6 +334,52 @@ async fn the_example_workflow_makes_one_trace_that_the_task_joins() {
         );
     }
     print_tree(&in_trace, &root.id, 0);
+
+    let failures = spans
+        .iter()
+        .find(|s| s.name == "run traced-failures")
+        .expect("the cancelled run's span");
+    assert_eq!(failures.attribute("ax.run.state"), "CANCELLED");
+    assert!(failures.error, "a cancelled run's span has an error status");
+    let of_run: Vec<&Received> = spans.iter().filter(|s| s.trace == failures.trace).collect();
+    let child = |parent: &str, name: &str| -> Vec<&Received> {
+        of_run
+            .iter()
+            .copied()
+            .filter(|s| s.parent == parent && s.name == name)
+            .collect()
+    };
+    let flaky = child(&failures.id, "task flaky");
+    assert_eq!(flaky.len(), 1, "{flaky:#?}");
+    assert_eq!(flaky[0].attribute("ax.attempts"), "2");
+    let mut tries = child(&flaky[0].id, "attempt flaky");
+    tries.sort_by_key(|s| s.attribute("ax.attempt").to_string());
+    let outcomes: Vec<(&str, &str, bool)> = tries
+        .iter()
+        .map(|s| {
+            (
+                s.attribute("ax.attempt"),
+                s.attribute("ax.outcome"),
+                s.error,
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![("1", "failed", true), ("2", "success", false)]
+    );
+    let hold = child(&failures.id, "task hold");
+    assert_eq!(hold.len(), 1, "{hold:#?}");
+    assert_eq!(hold[0].attribute("ax.instance.state"), "CANCELLED");
+    let held = child(&hold[0].id, "attempt hold");
+    assert_eq!(held.len(), 1, "{held:#?}");
+    assert_eq!(held[0].attribute("ax.outcome"), "cancelled");
+    assert_eq!(
+        child(&held[0].id, "process").len(),
+        1,
+        "the killed process's span"
+    );
+    print_tree(&of_run, &failures.id, 0);
 }
 
 /// The trace as a tree on the test's output (shown with `--nocapture`), for the docs.

@@ -357,6 +357,19 @@ pub(crate) fn run_ended(node: &Node, run: RunId) {
     }
 }
 
+/// Queues a run's end for its spans if the run is over (a cancelled instance may have ended
+/// it); one read, only when the node exports traces.
+pub(crate) async fn run_ended_if_over(node: &Node, run: RunId) {
+    if node.traces.is_none() {
+        return;
+    }
+    if let Ok(Some(record)) = node.store.get_run(run).await
+        && record.state.is_terminal()
+    {
+        run_ended(node, run);
+    }
+}
+
 /// Emits the spans of queued events until `cancel`, then those still queued.
 pub(crate) async fn run(node: std::sync::Arc<Node>, cancel: CancellationToken) {
     let Some(traces) = &node.traces else {

@@ -696,6 +696,7 @@ impl ControlService for ControlApi {
             request.reason.clone()
         };
         crate::schedules::send_cancels(&self.node, cancelled.as_slice(), &reason);
+        crate::telemetry::run_ended_if_over(&self.node, record.run_id).await;
         self.node.dispatch_wake.notify_one();
         self.audit(
             &request.actor,

@@ -140,9 +140,17 @@ pub struct ClusterBuilder {
     pools: BTreeMap<String, u32>,
     max_line_bytes: Option<usize>,
     ops_listener: bool,
+    redis_url: Option<String>,
 }
 
 impl ClusterBuilder {
+    /// Guards through this Redis url (e.g. one where nothing listens, to see the node go on
+    /// without it), whatever `AX_TEST_REDIS_URL` says.
+    pub fn redis_url(mut self, url: &str) -> Self {
+        self.redis_url = Some(url.to_string());
+        self
+    }
+
     /// The node also serves its ops listener (metrics and health) on a loopback port of its
     /// own ([`RunningScheduler::ops_addr`]).
     pub fn ops_listener(mut self) -> Self {
@@ -199,7 +207,11 @@ impl ClusterBuilder {
         let Some(db) = TestDb::create(self.backend, dir.path()).await? else {
             return Ok(None);
         };
-        let redis_url = if self.redis { redis_url() } else { None };
+        let redis_url = match self.redis_url {
+            Some(url) => Some(url),
+            None if self.redis => redis_url(),
+            None => None,
+        };
         let options = SchedulerOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             store_url: db.url.clone(),
@@ -268,6 +280,7 @@ impl Cluster {
             pools: BTreeMap::new(),
             max_line_bytes: None,
             ops_listener: false,
+            redis_url: None,
         }
     }
 

@@ -2,7 +2,8 @@
 //! timeout moves the counters and histograms by what the run did; the gauges read what the store
 //! says while runs wait and run; the ops listener serves the metrics and the gRPC health service
 //! and nothing else; the exposition text is well formed (every family has HELP and TYPE, the
-//! names follow Prometheus's conventions).
+//! names follow Prometheus's conventions); cron fires, guard calls made without an unreachable
+//! Redis and alerts that could not be delivered are counted.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -13,6 +14,7 @@ use ax_proto::v1 as pb;
 ax_integration_tests::on_every_backend!(
     a_run_moves_the_counters_and_the_gauges_read_the_store,
     the_ops_listener_serves_metrics_and_health_only,
+    cron_fires_redis_outages_and_failed_alerts_are_counted,
 );
 
 /// A hang guard, not a timing assertion.
@@ -422,5 +424,59 @@ async fn the_ops_listener_serves_metrics_and_health_only(backend: Backend) {
         .await
         .expect_err("no control API on the ops listener");
     assert_eq!(refused.code(), tonic::Code::Unimplemented, "{refused:?}");
+    cluster.shutdown().await.expect("shutdown");
+}
+
+async fn cron_fires_redis_outages_and_failed_alerts_are_counted(backend: Backend) {
+    // Ports where nothing listens: Redis and the alert channel are unreachable.
+    let closed = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+    };
+    let mut channel = ax_scheduler::alerts::ChannelConfig::new(
+        "nowhere",
+        ax_scheduler::alerts::ChannelFormat::Webhook,
+        format!("http://{}/hook", closed()),
+    );
+    channel.retries = 0;
+    let Some(cluster) = Cluster::builder(backend)
+        .worker("w1", 2)
+        .redis_url(&format!("redis://{}", closed()))
+        .alert_channel(channel)
+        .start()
+        .await
+        .expect("cluster starts")
+    else {
+        return;
+    };
+    let client = cluster.client().await.expect("client");
+    let url = format!("http://{}/metrics", cluster.addr);
+    let before = scrape(&url).await;
+    client
+        .apply("name: every-second\nschedule:\n  cron: \"* * * * * *\"\ntasks:\n  - name: fail\n    retries: 0\n    command: exit 1\n")
+        .await
+        .expect("apply");
+    let after = wait_for_scrape(&url, |scrape| {
+        scrape.value("ax_cron_fire_lateness_seconds_count") >= 2.0
+            && scrape.value(r#"ax_attempts_finished_total{outcome="failed"}"#) >= 1.0
+            && scrape.value("ax_alerts_failed_total") >= 1.0
+    })
+    .await;
+    client.pause("every-second").await.expect("pause");
+    let runs = client.runs("every-second").await.expect("runs");
+    assert!(
+        after.value("ax_cron_fire_lateness_seconds_count") <= runs.len() as f64,
+        "one observation per cron run created"
+    );
+    // Every dispatch takes a start lock and a dedup marker: without Redis, each is a fallback.
+    let dispatched = after.value("ax_dispatches_total") - before.value("ax_dispatches_total");
+    assert!(dispatched >= 1.0);
+    assert!(
+        after.value("ax_redis_fallbacks_total") - before.value("ax_redis_fallbacks_total")
+            >= 2.0 * dispatched,
+        "{:#?}",
+        after.samples
+    );
     cluster.shutdown().await.expect("shutdown");
 }

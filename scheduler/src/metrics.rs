@@ -405,14 +405,16 @@ impl Collector for Readings {
     }
 }
 
-/// A worker reports an attempt's process started (on its stream, before the report's batch:
-/// the attempt may end, and leave the registry, before that batch is applied).
-pub fn started(node: &Node, worker: &str, instance: i64, attempt: u32) {
-    let key = (
-        ax_core::ids::InstanceId(instance),
-        ax_core::ids::Attempt(attempt),
-    );
-    if let Some(ready_at) = node.registry.take_ready_at(worker, key.0, key.1) {
+/// A worker's report as its stream receives it: a start is timed here, before the report's
+/// batch, since the attempt may end and leave the registry before that batch is applied.
+pub fn reported(node: &Node, worker: &str, report: &ax_store::Report) {
+    if let ax_store::Report::Started {
+        instance_id,
+        attempt,
+        ..
+    } = report
+        && let Some(ready_at) = node.registry.take_ready_at(worker, *instance_id, *attempt)
+    {
         Metrics::observe_ms(
             &node.metrics.start_latency,
             ready_at,

@@ -496,16 +496,13 @@ async fn serve(
                 withdrawn: false,
                 dispatched_at: None,
             },
-            worker_message::Body::Started(started) => {
-                crate::metrics::started(node, worker, started.instance_id, started.attempt);
-                Report::Started {
-                    instance_id: InstanceId(started.instance_id),
-                    attempt: Attempt(started.attempt),
-                    worker_id: worker.to_string(),
-                    pid: started.pid,
-                    at: started.started_at_ms,
-                }
-            }
+            worker_message::Body::Started(started) => Report::Started {
+                instance_id: InstanceId(started.instance_id),
+                attempt: Attempt(started.attempt),
+                worker_id: worker.to_string(),
+                pid: started.pid,
+                at: started.started_at_ms,
+            },
             worker_message::Body::TaskHeartbeat(heartbeat) => Report::TaskHeartbeat {
                 instance_id: InstanceId(heartbeat.instance_id),
                 attempt: Attempt(heartbeat.attempt),
@@ -534,6 +531,7 @@ async fn serve(
                 }
             }
         };
+        crate::metrics::reported(node, worker, &report);
         if let Report::Finished {
             instance_id,
             attempt,

@@ -142,6 +142,8 @@ pub struct ClusterBuilder {
     auth: ax_scheduler::AuthMode,
     auth_failures_per_address: u32,
     secret_key: Option<ax_scheduler::secrets::SecretKey>,
+    ops_listener: bool,
+    redis_url: Option<String>,
 }
 
 impl ClusterBuilder {
@@ -161,6 +163,20 @@ impl ClusterBuilder {
     /// Failed authentications an address may make within a minute before it is refused.
     pub fn auth_failures_per_address(mut self, limit: u32) -> Self {
         self.auth_failures_per_address = limit;
+        self
+    }
+
+    /// Guards through this Redis url (e.g. one where nothing listens, to see the node go on
+    /// without it), whatever `AX_TEST_REDIS_URL` says.
+    pub fn redis_url(mut self, url: &str) -> Self {
+        self.redis_url = Some(url.to_string());
+        self
+    }
+
+    /// The node also serves its ops listener (metrics and health) on a loopback port of its
+    /// own ([`RunningScheduler::ops_addr`]).
+    pub fn ops_listener(mut self) -> Self {
+        self.ops_listener = true;
         self
     }
 
@@ -213,7 +229,11 @@ impl ClusterBuilder {
         let Some(db) = TestDb::create(self.backend, dir.path()).await? else {
             return Ok(None);
         };
-        let redis_url = if self.redis { redis_url() } else { None };
+        let redis_url = match self.redis_url {
+            Some(url) => Some(url),
+            None if self.redis => redis_url(),
+            None => None,
+        };
         let options = SchedulerOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             store_url: db.url.clone(),
@@ -239,6 +259,10 @@ impl ClusterBuilder {
             tls: None,
             insecure: false,
             secret_key: self.secret_key,
+            ops_listen: self
+                .ops_listener
+                .then(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+            otlp_endpoint: None,
         };
         let scheduler = ax_scheduler::start(options).await?;
         let addr = scheduler.local_addr();
@@ -287,6 +311,8 @@ impl Cluster {
             auth: ax_scheduler::AuthMode::Off,
             auth_failures_per_address: ax_scheduler::auth::FAILURES_PER_ADDRESS,
             secret_key: None,
+            ops_listener: false,
+            redis_url: None,
         }
     }
 

@@ -257,6 +257,8 @@ pub struct SchedulerSettings {
     pub database_proxies: bool,
     /// `--spread-interval`: short, so workers spread over the nodes within seconds.
     pub spread_interval: String,
+    /// `--otlp-endpoint`: the nodes export traces there.
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for SchedulerSettings {
@@ -272,6 +274,7 @@ impl Default for SchedulerSettings {
             clock_shift: None,
             nodes: 1,
             database_proxies: false,
+            otlp_endpoint: None,
         }
     }
 }
@@ -292,6 +295,8 @@ pub struct WorkerSettings {
     pub self_fence_after: Option<String>,
     /// `--label KEY=VALUE` each.
     pub labels: Vec<(String, String)>,
+    /// `--otlp-endpoint`: the worker exports its spans there.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// One scheduler node of a [`ProcessCluster`].
@@ -534,6 +539,9 @@ impl ProcessCluster {
         if let Some(interval) = &self.settings.task_heartbeat_interval {
             args.extend(["--task-heartbeat-interval".into(), interval.clone()]);
         }
+        if let Some(endpoint) = &self.settings.otlp_endpoint {
+            args.extend(["--otlp-endpoint".into(), endpoint.clone()]);
+        }
         if let Some(missed) = self.settings.dead_after_missed_heartbeats {
             args.extend(["--dead-after-missed-heartbeats".into(), missed.to_string()]);
         }
@@ -625,6 +633,7 @@ impl ProcessCluster {
             ),
             ("--kill-grace", settings.kill_grace.clone()),
             ("--self-fence-after", settings.self_fence_after.clone()),
+            ("--otlp-endpoint", settings.otlp_endpoint.clone()),
         ];
         for (flag, value) in optional {
             if let Some(value) = value {

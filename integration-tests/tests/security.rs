@@ -1146,7 +1146,9 @@ async fn the_python_sdk_speaks_tls_tokens_and_worker_certificates() {
     let server = format!("https://localhost:{port}");
     let (code, admin, err) = run(
         "ax-scheduler",
-        &["--store", &store, "token", "create", "--name", "root", "--role", "admin"],
+        &[
+            "--store", &store, "token", "create", "--name", "root", "--role", "admin",
+        ],
     );
     assert_eq!(code, 0, "{err}");
     let args: Vec<String> = [
@@ -1183,8 +1185,14 @@ async fn the_python_sdk_speaks_tls_tokens_and_worker_certificates() {
         run("axctl", &args)
     };
     eventually("the node answers over TLS", || axctl(&["whoami"]).0 == 0).await;
-    let (code, worker_token, err) =
-        axctl(&["token", "create", "--name", "py-workers", "--role", "worker"]);
+    let (code, worker_token, err) = axctl(&[
+        "token",
+        "create",
+        "--name",
+        "py-workers",
+        "--role",
+        "worker",
+    ]);
     assert_eq!(code, 0, "{err}");
 
     let script = r#"
@@ -1215,7 +1223,11 @@ except AxError as err:
         .expect("python runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}\n{}", scheduler.log_text());
+    assert!(
+        out.status.success(),
+        "{stdout}\n{stderr}\n{}",
+        scheduler.log_text()
+    );
     assert!(stdout.contains("pyw1 ['over-tls']"), "{stdout}\n{stderr}");
     assert!(stdout.contains("anonymous UNAUTHENTICATED"), "{stdout}");
     let (_, runs, _) = axctl(&["get", "runs", "--workflow", "py-secure", "-o", "json"]);

@@ -387,6 +387,9 @@ async fn alert_worker_lost(node: &Node, worker: &str, attempts: &[ActiveAttempt]
         .notify(Alert::new(AlertKind::WorkerLost, workflow, message, now).with_worker(worker));
 }
 
+/// How the message of a lost attempt begins (the reporter counts lost attempts by it).
+pub const LOST: &str = "lost: ";
+
 fn carry_out(
     node: &Node,
     attempt: &ActiveAttempt,
@@ -425,7 +428,7 @@ fn carry_out(
             tracing::warn!(instance = %instance_id, attempt = %number, worker, "attempt lost with its worker");
             Some((
                 DecisionKind::Lost,
-                finished(Outcome::Failed, format!("lost: worker {worker} is dead")),
+                finished(Outcome::Failed, format!("{LOST}worker {worker} is dead")),
             ))
         }
         Verdict::Withdrawn => {

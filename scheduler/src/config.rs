@@ -99,6 +99,14 @@ pub struct Args {
     /// needs the same one). AX_SECRET_KEY may hold the key itself instead.
     #[arg(long, env = "AX_SECRET_KEY_FILE")]
     pub secret_key_file: Option<PathBuf>,
+    /// The ops listener, e.g. 0.0.0.0:7071: plaintext and unauthenticated, it serves only
+    /// GET /metrics and the gRPC health service, for probes and Prometheus. Off without it.
+    #[arg(long, env = "AX_OPS_LISTEN")]
+    pub ops_listen: Option<SocketAddr>,
+    /// Export traces over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318 (spans go to
+    /// its /v1/traces). Off without it.
+    #[arg(long, env = "AX_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -158,6 +166,8 @@ struct FileConfig {
     tls_client_ca: Option<PathBuf>,
     insecure: Option<bool>,
     secret_key_file: Option<PathBuf>,
+    ops_listen: Option<SocketAddr>,
+    otlp_endpoint: Option<String>,
 }
 
 /// `NAME=N`: a pool and its limit.
@@ -336,11 +346,19 @@ impl Args {
                 pools.extend(self.pools);
                 pools
             },
+            ops_listen: self.ops_listen.or(file.ops_listen),
+            otlp_endpoint: self
+                .otlp_endpoint
+                .or(file.otlp_endpoint)
+                .filter(|endpoint| !endpoint.is_empty()),
         };
         for channel in &options.alerts {
             channel
                 .validate()
                 .map_err(|err| anyhow::anyhow!("config file {}: {err}", path.display()))?;
+        }
+        if let Some(endpoint) = &options.otlp_endpoint {
+            crate::telemetry::traces_url(endpoint)?;
         }
         if options.heartbeat_interval.is_zero() || options.task_heartbeat_interval.is_zero() {
             bail!("heartbeat intervals must be greater than zero");
@@ -415,6 +433,24 @@ mod tests {
             .unwrap_err();
         let text = format!("{err:#}");
         assert!(text.contains("ax.toml") && text.contains("etl"), "{text}");
+    }
+
+    #[test]
+    fn the_ops_listener_comes_from_flags_or_the_file_and_is_off_by_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ax.toml");
+        std::fs::write(&path, "ops_listen = \"0.0.0.0:7071\"\n").unwrap();
+        let args = ["ax-scheduler", "--config", path.to_str().unwrap()];
+        let from_file = Args::parse_from(args).into_options().unwrap();
+        assert_eq!(from_file.ops_listen, Some(([0, 0, 0, 0], 7071).into()));
+        let flag = Args::parse_from([&args[..], &["--ops-listen", "127.0.0.1:9100"]].concat())
+            .into_options()
+            .unwrap();
+        assert_eq!(flag.ops_listen, Some(([127, 0, 0, 1], 9100).into()));
+        let off = Args::parse_from(["ax-scheduler"]).into_options().unwrap();
+        assert_eq!(off.ops_listen, None);
+        let err = Args::try_parse_from(["ax-scheduler", "--ops-listen", "7071"]).unwrap_err();
+        assert!(err.to_string().contains("--ops-listen"), "{err}");
     }
 
     #[test]

@@ -36,9 +36,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
 use crate::guards::StartLock;
+use crate::metrics::Metrics;
 use crate::node::Node;
 use crate::registry::WorkerSlot;
 use crate::reporter::Envelope;
+use crate::telemetry;
 
 /// WAITING instances read per pass.
 const BATCH: u32 = 512;
@@ -286,6 +288,8 @@ fn labels_text(labels: &BTreeMap<String, String>) -> String {
 }
 
 struct Planned {
+    /// The dispatch's span when the node exports traces; it ends when the plan is dropped.
+    span: Option<tracing::Span>,
     waiting: WaitingInstance,
     worker: String,
     connection: u64,
@@ -468,6 +472,23 @@ async fn dispatch_batch(
             slots[chosen].running += 1;
             let mut env = task_environment(task, &item, &spec.name);
             env.extend(secret_env);
+            let span = node.traces.as_ref().map(|traces| {
+                let trace =
+                    telemetry::trace_id(instance.workflow_id, instance.run_id, item.logical_time);
+                traces.remember(instance.id, trace);
+                env.insert(
+                    "TRACEPARENT".into(),
+                    telemetry::traceparent(trace, instance.id, instance.attempt),
+                );
+                dispatch_span(
+                    trace,
+                    &spec.name,
+                    &task.name,
+                    instance.id,
+                    instance.attempt,
+                    &slots[chosen].id,
+                )
+            });
             let message = Dispatch {
                 instance_id: instance.id.0,
                 attempt: instance.attempt.0,
@@ -485,6 +506,7 @@ async fn dispatch_batch(
                 keep_when_cut_off: task.unfenced,
             };
             planned.push(Planned {
+                span,
                 worker: slots[chosen].id.clone(),
                 connection: slots[chosen].connection,
                 lock_ttl: lock_ttl(node, task.timeout_ms),
@@ -512,6 +534,7 @@ async fn dispatch_batch(
         {
             StartLock::Acquired | StartLock::Unavailable => {}
             StartLock::HeldBy(holder) => {
+                outcome(&plan.span, "start lock held");
                 tracing::info!(instance = %instance, attempt = %attempt, holder = %holder, "start lock held by an earlier attempt; waiting");
                 continue;
             }
@@ -522,6 +545,7 @@ async fn dispatch_batch(
             .await
             == Some(false)
         {
+            outcome(&plan.span, "duplicate");
             tracing::warn!(instance = %instance, attempt = %attempt, "duplicate dispatch dropped");
             continue;
         }
@@ -561,12 +585,15 @@ async fn dispatch_batch(
         if !won {
             // Another node claimed it first (it owns the guards now), or a limit filled up on
             // another node since the counters were read (it stays WAITING for a later pass).
+            outcome(&plan.span, "not claimed");
             node.guards.clear_dispatch(instance, attempt).await;
             continue;
         }
-        let stream = node
-            .registry
-            .begin_attempt(&plan.worker, plan.connection, instance, attempt);
+        let waiting = &plan.waiting.instance;
+        let ready_at = waiting.created_at.max(waiting.not_before);
+        let stream =
+            node.registry
+                .begin_attempt(&plan.worker, plan.connection, instance, attempt, ready_at);
         let delivered = match stream {
             Some(sender) => {
                 let message = SchedulerMessage {
@@ -578,10 +605,14 @@ async fn dispatch_batch(
         };
         if delivered {
             tracing::debug!(instance = %instance, attempt = %attempt, worker = %plan.worker, "dispatched");
+            outcome(&plan.span, "sent");
+            node.metrics.dispatches.inc();
+            Metrics::observe_ms(&node.metrics.dispatch_latency, ready_at, now_ms());
             sent += 1;
         } else {
             // The worker went away or its queue is full: the claim is undone like a rejection.
             // Never sent, so the same attempt may go out again.
+            outcome(&plan.span, "worker unreachable");
             let report = Report::Rejected {
                 instance_id: instance,
                 attempt,
@@ -599,6 +630,37 @@ async fn dispatch_batch(
     node.bump_progress();
     pass.sent = sent;
     Ok(pass)
+}
+
+/// How a dispatch went, on its span.
+fn outcome(span: &Option<tracing::Span>, outcome: &'static str) {
+    if let Some(span) = span {
+        span.record("ax.outcome", outcome);
+    }
+}
+
+/// A dispatch's span, a child of its attempt's span (`telemetry`): from the plan to the send.
+fn dispatch_span(
+    trace: opentelemetry::trace::TraceId,
+    workflow: &str,
+    task: &str,
+    instance: InstanceId,
+    attempt: ax_core::ids::Attempt,
+    worker: &str,
+) -> tracing::Span {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let span = tracing::info_span!(
+        parent: None,
+        "dispatch",
+        ax.workflow = workflow,
+        ax.task = task,
+        ax.instance_id = instance.0,
+        ax.attempt = attempt.0,
+        ax.worker = worker,
+        ax.outcome = tracing::field::Empty,
+    );
+    let _ = span.set_parent(telemetry::attempt_context(trace, instance, attempt));
+    span
 }
 
 /// Records decisions this node has not recorded before; the store skips those another node

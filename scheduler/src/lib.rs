@@ -78,6 +78,13 @@ pub struct SchedulerOptions {
     pub insecure: bool,
     /// Seals and opens secrets; without it, secrets cannot be set or used.
     pub secret_key: Option<secrets::SecretKey>,
+    /// The ops listener's address: plaintext and unauthenticated, it serves only `GET /metrics`
+    /// and the gRPC health service (probes, Prometheus). None by default.
+    pub ops_listen: Option<SocketAddr>,
+    /// Where the binary exports traces (OTLP over HTTP, e.g. http://127.0.0.1:4318); none by
+    /// default. The binary installs the exporter ([`telemetry::install`]) before it starts the
+    /// node, which then emits its spans there.
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for SchedulerOptions {
@@ -106,6 +113,8 @@ impl Default for SchedulerOptions {
             tls: None,
             insecure: false,
             secret_key: None,
+            ops_listen: None,
+            otlp_endpoint: None,
         }
     }
 }
@@ -113,6 +122,7 @@ impl Default for SchedulerOptions {
 /// A started scheduler node. Dropping it does not stop it; call [`RunningScheduler::shutdown`].
 pub struct RunningScheduler {
     local_addr: SocketAddr,
+    ops_addr: Option<SocketAddr>,
     cancel: CancellationToken,
     tasks: TaskTracker,
     background: CancellationToken,
@@ -124,6 +134,11 @@ impl RunningScheduler {
     /// The address the gRPC server listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The address the ops listener listens on, when it has one.
+    pub fn ops_addr(&self) -> Option<SocketAddr> {
+        self.ops_addr
     }
 
     /// Stops accepting, ends the worker streams, drains the report and log queues into the
@@ -270,6 +285,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         flush_interval,
         background.clone(),
     ));
+    tasks.spawn(telemetry::run(node.clone(), background.clone()));
     // The lease outlives the queues' drain: `shutdown` gives it up last.
     let lease = CancellationToken::new();
     let lease_task = tokio::spawn(membership.run(lease.clone()));
@@ -283,6 +299,19 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     health
         .set_serving::<ControlServiceServer<ControlApi>>()
         .await;
+    let ops_addr = match node.options.ops_listen {
+        Some(address) => Some(
+            serve_ops(
+                address,
+                node.clone(),
+                health_service.clone(),
+                &tasks,
+                &cancel,
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(ax_proto::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -351,12 +380,45 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     });
     Ok(RunningScheduler {
         local_addr,
+        ops_addr,
         cancel,
         tasks,
         background,
         lease,
         lease_task,
     })
+}
+
+/// Starts the ops listener (`metrics::ops_router` and the same health service as the main
+/// port), stopped with the main server.
+async fn serve_ops(
+    address: SocketAddr,
+    node: Arc<Node>,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    tasks: &TaskTracker,
+    cancel: &CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("binding the ops listener {address}"))?;
+    let bound = listener.local_addr()?;
+    let server = tonic::transport::Server::builder()
+        .accept_http1(true)
+        .add_routes(tonic::service::Routes::from(metrics::ops_router(node)))
+        .add_service(health)
+        .serve_with_incoming_shutdown(
+            accepted_without_delay(listener),
+            cancel.clone().cancelled_owned(),
+        );
+    tasks.spawn(async move {
+        if let Err(err) = server.await {
+            tracing::error!(error = %err, "the ops listener failed");
+        }
+    });
+    tracing::info!(addr = %bound, "ops listener (metrics, health) serving");
+    Ok(bound)
 }
 
 /// A url without its password, for logs and errors.
@@ -387,6 +449,7 @@ mod grpc;
 pub mod guards;
 mod log_writer;
 mod membership;
+mod metrics;
 mod node;
 mod registry;
 mod reporter;
@@ -395,6 +458,7 @@ mod schedules;
 pub mod secrets;
 mod specs;
 mod spread;
+pub mod telemetry;
 pub mod tls;
 mod web;
 mod worker_rows;

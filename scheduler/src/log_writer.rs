@@ -28,6 +28,8 @@ pub enum LogCommand {
         chunk: LogChunk,
         /// This chunk's share of the queue's byte budget, returned once it is stored.
         budget: OwnedSemaphorePermit,
+        /// When the chunk was queued, for the writer's lag.
+        queued: Instant,
     },
     /// Answered once everything queued before it is stored.
     Flush(oneshot::Sender<()>),
@@ -61,8 +63,14 @@ impl LogWriter {
             worker,
             chunk,
             budget,
+            queued: Instant::now(),
         };
         self.sender.send(command).await.is_ok()
+    }
+
+    /// Bytes of log text queued and not yet stored.
+    pub fn queued_bytes(&self) -> usize {
+        QUEUE_BUDGET_BYTES.saturating_sub(self.budget.available_permits())
     }
 
     /// Waits until every chunk queued so far is stored.
@@ -111,6 +119,7 @@ pub async fn run(
                 worker,
                 mut chunk,
                 budget,
+                queued,
             }) => {
                 // Stored lines never show a secret's value, whatever the task printed.
                 node.secrets.mask(&mut chunk).await;
@@ -124,6 +133,7 @@ pub async fn run(
                     _budget: budget,
                 });
                 pending.chunks.push(chunk);
+                pending.oldest.get_or_insert(queued);
                 deadline.get_or_insert_with(|| Instant::now() + flush_interval);
                 if lines >= MAX_BATCH_LINES || bytes >= MAX_BATCH_BYTES {
                     write(&node, &mut pending, &mut waiters).await;
@@ -151,6 +161,8 @@ pub async fn run(
 struct Pending {
     chunks: Vec<LogChunk>,
     acks: Vec<Ack>,
+    /// When the first of these chunks was queued: the write's lag.
+    oldest: Option<Instant>,
 }
 
 struct Ack {
@@ -181,12 +193,17 @@ async fn write(node: &Node, pending: &mut Pending, waiters: &mut Vec<oneshot::Se
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(5));
         }
+        let stored_lines: usize = chunks.iter().map(LogChunk::line_count).sum();
         tracing::debug!(
             chunks = chunks.len(),
-            lines = chunks.iter().map(LogChunk::line_count).sum::<usize>(),
+            lines = stored_lines,
             elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
             "log lines stored"
         );
+        node.metrics.log_lines.inc_by(stored_lines as u64);
+        if let Some(oldest) = pending.oldest.take() {
+            node.metrics.log_lag.set(oldest.elapsed().as_secs_f64());
+        }
         drop(chunks);
         // Dropping each entry returns its share of the byte budget.
         for ack in pending.acks.drain(..) {

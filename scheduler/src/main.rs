@@ -3,15 +3,8 @@
 use anyhow::Context;
 use ax_scheduler::config::{Args, Command, TokenCommand};
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
+fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     let command = args.command.take();
     let options = args.into_options()?;
@@ -22,8 +15,23 @@ async fn main() -> anyhow::Result<()> {
         expires,
     })) = command
     {
-        return create_token(&options.store_url, name, role, app, expires).await;
+        // No logging: stdout carries the token alone, for `… > admin.token`.
+        let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+        return runtime.block_on(create_token(&options.store_url, name, role, app, expires));
     }
+    // Logging and the trace exporter come first, off the runtime: the exporter's HTTP client
+    // has a runtime of its own.
+    let telemetry =
+        ax_scheduler::telemetry::install(options.otlp_endpoint.as_deref(), "ax-scheduler")?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let served = runtime.block_on(serve(options));
+    drop(runtime);
+    // The spans of the last runs go out before the process exits.
+    telemetry.shutdown();
+    served
+}
+
+async fn serve(options: ax_scheduler::SchedulerOptions) -> anyhow::Result<()> {
     let scheduler = ax_scheduler::start(options)
         .await
         .context("starting the scheduler")?;

@@ -109,6 +109,8 @@ pub struct Standing {
     reaches_store: watch::Sender<bool>,
     /// Live nodes (high half) and this node's index among them by id (low half); 0 until known.
     share: std::sync::atomic::AtomicU64,
+    /// When the lease was last claimed or renewed (this machine's clock, ms).
+    renewed_at: std::sync::atomic::AtomicI64,
 }
 
 impl Standing {
@@ -116,6 +118,7 @@ impl Standing {
         Arc::new(Standing {
             reaches_store: watch::channel(true).0,
             share: std::sync::atomic::AtomicU64::new(0),
+            renewed_at: std::sync::atomic::AtomicI64::new(clock::local_ms()),
         })
     }
 
@@ -130,6 +133,17 @@ impl Standing {
         let packed = (u64::from(nodes) << 32) | u64::from(index);
         self.share
             .store(packed, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How long since the lease was last claimed or renewed.
+    pub fn lease_age(&self) -> std::time::Duration {
+        let renewed = self.renewed_at.load(std::sync::atomic::Ordering::Relaxed);
+        std::time::Duration::from_millis((clock::local_ms() - renewed).max(0) as u64)
+    }
+
+    fn renewed(&self) {
+        self.renewed_at
+            .store(clock::local_ms(), std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn is_cut_off(&self) -> bool {
@@ -263,6 +277,7 @@ impl Membership {
                 Ok(Ok(Some(db_now))) if !id_taken => {
                     offset = observe_offset(sent, received, db_now, &self.member);
                     renewed_at = Instant::now();
+                    self.standing.renewed();
                     self.learn_share().await;
                     if self.standing.set(true) {
                         tracing::info!(

@@ -49,6 +49,10 @@ pub struct Node {
     pub decisions: std::sync::Mutex<crate::dispatcher::DecisionMemo>,
     /// Laid-out task graphs by workflow version, for the web UI.
     pub dag_layouts: crate::dag_layouts::DagLayouts,
+    /// The spans of runs, dispatches and report batches, when the process exports traces.
+    pub traces: Option<crate::telemetry::Traces>,
+    /// The node's Prometheus metrics (`GET /metrics`).
+    pub metrics: crate::metrics::Metrics,
     /// Bumped whenever runs, instances or logs change, for followers (`logs -f`).
     progress: watch::Sender<u64>,
 }
@@ -64,7 +68,16 @@ impl Node {
         alerter: Alerter,
     ) -> Node {
         let audit = AuditWriter::start(AuditRows(store.clone()));
+        let mut metrics = crate::metrics::Metrics::new();
+        metrics.register_readings(crate::metrics::Readings {
+            alerter: alerter.clone(),
+            guards: guards.clone(),
+            standing: standing.clone(),
+            logs: logs.clone(),
+        });
         Node {
+            traces: crate::telemetry::Traces::installed(),
+            metrics,
             placer: Mutex::new(Placer::new(options.strategy)),
             specs: SpecCache::new(store.clone()),
             runs: RunCreator::start(NewRuns(store.clone())),

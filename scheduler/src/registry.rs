@@ -6,7 +6,7 @@
 //! heartbeats. A worker this node asked to move (`spread`) takes no dispatch for a while: it is
 //! about to leave, and a dispatch sent behind the request would only be withdrawn.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -33,7 +33,9 @@ struct Entry {
     profile: WorkerProfile,
     connection: u64,
     sender: WorkerSender,
-    in_flight: HashSet<(InstanceId, Attempt)>,
+    /// Attempts in flight, each with when its instance became ready (ms; 0 when unknown: an
+    /// attempt the worker re-attached) until its start is reported, for the start latency.
+    in_flight: HashMap<(InstanceId, Attempt), Millis>,
     last_heartbeat: Millis,
     /// When the worker registered on this stream.
     connected_at: Millis,
@@ -126,7 +128,7 @@ impl Registry {
             profile: profile.clone(),
             connection,
             sender,
-            in_flight: running.into_iter().collect(),
+            in_flight: running.into_iter().map(|key| (key, 0)).collect(),
             last_heartbeat: now,
             connected_at: now,
             draining: false,
@@ -203,13 +205,30 @@ impl Registry {
         connection: u64,
         instance: InstanceId,
         attempt: Attempt,
+        ready_at: Millis,
     ) -> Option<WorkerSender> {
         let mut workers = self.lock();
         let entry = workers
             .get_mut(worker)
             .filter(|entry| entry.connection == connection && !entry.moving())?;
-        entry.in_flight.insert((instance, attempt));
+        entry.in_flight.insert((instance, attempt), ready_at);
         Some(entry.sender.clone())
+    }
+
+    /// When the attempt's instance became ready, the first time its start is reported here;
+    /// `None` after that, or when unknown.
+    pub fn take_ready_at(
+        &self,
+        worker: &str,
+        instance: InstanceId,
+        attempt: Attempt,
+    ) -> Option<Millis> {
+        let mut workers = self.lock();
+        let ready = workers
+            .get_mut(worker)?
+            .in_flight
+            .get_mut(&(instance, attempt))?;
+        (*ready > 0).then(|| std::mem::take(ready))
     }
 
     /// The attempt is no longer in flight on the worker (it ended, or was rejected).
@@ -253,7 +272,7 @@ impl Registry {
             .flat_map(|entry| {
                 entry
                     .in_flight
-                    .iter()
+                    .keys()
                     .map(|(instance, attempt)| (entry.profile.id.clone(), *instance, *attempt))
             })
             .collect()
@@ -327,23 +346,23 @@ mod tests {
         let conn = registry.connect(profile("w1"), tx, [], 0);
         assert!(
             registry
-                .begin_attempt("w1", conn, InstanceId(1), Attempt(1))
+                .begin_attempt("w1", conn, InstanceId(1), Attempt(1), 0)
                 .is_some()
         );
         assert!(
             registry
-                .begin_attempt("w1", conn, InstanceId(2), Attempt(1))
+                .begin_attempt("w1", conn, InstanceId(2), Attempt(1), 0)
                 .is_some()
         );
         assert!(
             registry
-                .begin_attempt("nobody", conn, InstanceId(3), Attempt(1))
+                .begin_attempt("nobody", conn, InstanceId(3), Attempt(1), 0)
                 .is_none()
         );
         // Planned on an older stream of the worker: not sent to the new one.
         assert!(
             registry
-                .begin_attempt("w1", conn - 1, InstanceId(4), Attempt(1))
+                .begin_attempt("w1", conn - 1, InstanceId(4), Attempt(1), 0)
                 .is_none()
         );
         assert_eq!(registry.slots()[0].running, 2);
@@ -372,7 +391,7 @@ mod tests {
         assert!(!registry.slots()[0].accepting);
         assert!(
             registry
-                .begin_attempt("w1", conn, InstanceId(1), Attempt(1))
+                .begin_attempt("w1", conn, InstanceId(1), Attempt(1), 0)
                 .is_none()
         );
         assert!(registry.moving("w1", conn));
@@ -384,7 +403,7 @@ mod tests {
         assert!(registry.slots()[0].accepting);
         assert!(
             registry
-                .begin_attempt("w1", conn, InstanceId(1), Attempt(1))
+                .begin_attempt("w1", conn, InstanceId(1), Attempt(1), 0)
                 .is_some()
         );
     }

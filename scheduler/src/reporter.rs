@@ -12,7 +12,7 @@ use ax_core::ids::{Attempt, InstanceId, RunId};
 use ax_core::run::RunState;
 use ax_core::state::InstanceState;
 use ax_proto::v1::{FinishedAck, ReportRefused, SchedulerMessage, scheduler_message};
-use ax_store::{Applied, Report, ReportResult};
+use ax_store::{Applied, AttemptEnd, Report, ReportResult};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -75,6 +75,7 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
         .map(|envelope| envelope.report.clone())
         .collect();
     let started = std::time::Instant::now();
+    let started_at = std::time::SystemTime::now();
     let mut delay = Duration::from_millis(50);
     // A store outage must not lose reports: they are retried until the store takes them.
     // Retrying is safe because every report is a conditional transition.
@@ -91,9 +92,32 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
             }
         }
     };
+    let elapsed = started.elapsed();
+    node.metrics.report_batch.observe(elapsed.as_secs_f64());
+    if let Some(traces) = &node.traces {
+        let reports = reports
+            .iter()
+            .filter_map(|report| {
+                let kind = match report {
+                    Report::Started { .. } => "started",
+                    Report::Finished { .. } => "finished",
+                    Report::Rejected { .. } => "rejected",
+                    Report::TaskHeartbeat { .. } => return None,
+                };
+                let (instance, attempt) = report.key();
+                Some((instance, attempt, kind))
+            })
+            .collect();
+        traces.send(crate::telemetry::Event::Reports {
+            started: started_at,
+            ended: started_at + elapsed,
+            reports,
+            batch: batch.len(),
+        });
+    }
     tracing::debug!(
         reports = reports.len(),
-        elapsed_us = started.elapsed().as_micros() as u64,
+        elapsed_us = elapsed.as_micros() as u64,
         "report batch applied"
     );
     let mut wake_dispatch = false;
@@ -102,6 +126,7 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
         match (&envelope.report, result) {
             (report, ReportResult::Applied(applied)) => {
                 wake_dispatch |= applied.new_waiting > 0;
+                count(node, envelope, &applied);
                 match report {
                     Report::Rejected {
                         instance_id,
@@ -151,6 +176,7 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
                 }
                 if let Some((run, state)) = applied.run_finished {
                     tracing::info!(run = %run, state = %state, "run finished");
+                    crate::telemetry::run_ended(node, run);
                     if state == RunState::Failed {
                         failures.push(Failure::run(run));
                     }
@@ -172,6 +198,42 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
     if !failures.is_empty() && node.alerter.is_enabled() {
         // Alerts need names from the store; they are built off the reporter's path.
         tokio::spawn(raise_alerts(node.clone(), failures));
+    }
+}
+
+/// Counts what an applied report did, for `/metrics`.
+fn count(node: &Node, envelope: &Envelope, applied: &Applied) {
+    let metrics = &node.metrics;
+    match &envelope.report {
+        Report::Finished { end, message, .. } => {
+            let Some(state) = applied.attempt_state else {
+                // A late ending of an attempt already ended: counted when it ended.
+                return;
+            };
+            let outcome = match state {
+                InstanceState::Success => "success",
+                InstanceState::Timeout => {
+                    metrics.timeouts.inc();
+                    "timeout"
+                }
+                _ if *end == AttemptEnd::SpawnFailed => "spawn_failed",
+                _ if !envelope.from_worker && message.starts_with(crate::backstop::LOST) => {
+                    metrics.lost.inc();
+                    "lost"
+                }
+                _ => "failed",
+            };
+            metrics.attempt_finished(outcome);
+        }
+        Report::Rejected {
+            withdrawn: true, ..
+        } if applied.attempt_ended => {
+            metrics.attempt_finished("withdrawn");
+        }
+        Report::Rejected { .. } | Report::Started { .. } | Report::TaskHeartbeat { .. } => {}
+    }
+    if applied.retry_scheduled {
+        metrics.retries.inc();
     }
 }
 
@@ -281,6 +343,10 @@ async fn refuse(node: &Node, worker: &str, report: &Report, result: &ReportResul
         ReportResult::NotFound => tonic::Code::NotFound,
         _ => tonic::Code::FailedPrecondition,
     };
+    node.metrics.report_refused(match result {
+        ReportResult::NotFound => "not_found",
+        _ => "stale",
+    });
     let reason = match result {
         ReportResult::Stale {
             current_attempt,

@@ -360,6 +360,9 @@ pub async fn fire_slot(
     let (record, created) = node.runs.create(new_run).await?;
     if created {
         let lateness = now - fire.slot;
+        if fire.trigger == TriggerKind::Cron {
+            crate::metrics::Metrics::observe_ms(&node.metrics.cron_lateness, fire.slot, now);
+        }
         tracing::info!(workflow = %fire.spec.name, run = %record.id, logical_time = fire.slot, lateness_ms = lateness, state = %record.state, "scheduled fire");
         let (kind, detail) = if fire.late {
             (
@@ -399,6 +402,7 @@ pub async fn cancel_run(node: &Node, id: RunId, reason: &str, now: Millis) -> an
     }
     let cancelled = node.store.cancel_run(id, now).await?.unwrap_or_default();
     send_cancels(node, &cancelled, reason);
+    crate::telemetry::run_ended(node, id);
     node.dispatch_wake.notify_one();
     node.bump_progress();
     Ok(true)

@@ -36,6 +36,7 @@ mod runner;
 mod session;
 pub mod spawn;
 mod spill;
+pub mod telemetry;
 
 pub use logs::BatchLimits;
 pub use session::SessionError;

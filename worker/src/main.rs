@@ -77,6 +77,10 @@ struct Args {
     /// The private key of --tls-cert (PEM).
     #[arg(long, env = "AX_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Export traces over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318: a span per
+    /// attempt's process, a child of the attempt's span in its run's trace. Off without it.
+    #[arg(long, env = "AX_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
 /// A duration that may be switched off; clap would read `Option<Duration>` as an optional flag.
@@ -122,16 +126,24 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|error| format!("invalid duration {text:?}: {error}"))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Logging and the trace exporter come first, off the runtime: the exporter's HTTP client
+    // has a runtime of its own.
+    let endpoint = args.otlp_endpoint.clone().filter(|e| !e.is_empty());
+    if let Some(endpoint) = &endpoint {
+        ax_worker::telemetry::traces_url(endpoint)?;
+    }
+    let telemetry = ax_worker::telemetry::install(endpoint.as_deref())?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let ran = runtime.block_on(run(args));
+    drop(runtime);
+    // The spans of the last attempts go out before the process exits.
+    telemetry.shutdown();
+    ran
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     let schedulers: Vec<String> = args
         .schedulers
         .into_iter()

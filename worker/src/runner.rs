@@ -67,7 +67,9 @@ pub async fn run_attempt(
         instance = dispatch.instance_id,
         attempt = dispatch.attempt,
         task = %dispatch.task,
+        otel.name = tracing::field::Empty,
     );
+    crate::telemetry::join_trace(&span, &dispatch.env);
     Runner {
         attempts,
         key: key_of(&dispatch),

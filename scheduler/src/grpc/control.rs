@@ -55,6 +55,11 @@ impl ControlApi {
         ControlApi { node }
     }
 
+    /// The node it serves (the web edge's `/metrics`).
+    pub(crate) fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
     /// The graph and layout `GetDag` answers with, for renderings the API does not carry (the
     /// web UI's exports).
     pub async fn dag(
@@ -619,6 +624,7 @@ impl ControlService for ControlApi {
             request.reason.clone()
         };
         crate::schedules::send_cancels(&self.node, &cancelled, &reason);
+        crate::telemetry::run_ended(&self.node, id);
         // Ending a run may have started queued runs of its workflow.
         self.node.dispatch_wake.notify_one();
         let detail = format!("{} attempts stopped; {reason}", cancelled.len());
@@ -719,6 +725,7 @@ impl ControlService for ControlApi {
             request.reason.clone()
         };
         crate::schedules::send_cancels(&self.node, cancelled.as_slice(), &reason);
+        crate::telemetry::run_ended_if_over(&self.node, record.run_id).await;
         self.node.dispatch_wake.notify_one();
         self.audit(
             &request.actor,

@@ -545,6 +545,7 @@ async fn serve(
                 }
             }
         };
+        crate::metrics::reported(node, worker, &report);
         if let Report::Finished {
             instance_id,
             attempt,

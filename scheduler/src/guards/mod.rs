@@ -55,6 +55,12 @@ pub trait Guards: Send + Sync + 'static {
     /// rejected it before starting).
     async fn clear_dispatch(&self, instance: InstanceId, attempt: Attempt);
 
+    /// Guard calls made without the guards' service while it was unreachable (none for
+    /// guards that cannot be unreachable), for `/metrics`.
+    fn fallbacks(&self) -> u64 {
+        0
+    }
+
     /// "redis" or "local", for logs and the health view.
     fn kind(&self) -> &'static str;
 }

@@ -159,6 +159,10 @@ impl Guards for RedisGuards {
         self.ok(result);
     }
 
+    fn fallbacks(&self) -> u64 {
+        self.outage_counts().1
+    }
+
     fn kind(&self) -> &'static str {
         "redis"
     }

@@ -70,6 +70,7 @@ pub fn router(api: ControlApi) -> Router {
         .route("/api/v1/whoami", get(session::who_am_i))
         .route("/api/v1/{*rest}", get(no_such_api).post(no_such_api))
         .route("/assets/{file}", get(assets::asset))
+        .route("/metrics", get(metrics))
         .fallback(not_api)
         .with_state(api)
 }
@@ -217,6 +218,11 @@ impl Peer {
         }
         request
     }
+}
+
+/// `GET /metrics`: the node's Prometheus metrics (`crate::metrics`).
+async fn metrics(axum::extract::State(api): axum::extract::State<Api>) -> Response {
+    crate::metrics::response(api.node()).await
 }
 
 async fn no_such_api(uri: Uri) -> Response {

@@ -413,6 +413,17 @@ pub struct CancelledAttempt {
     pub worker_id: Option<String>,
 }
 
+/// What is active in the whole store now, for a node's gauges (`Store::active_counts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ActiveCounts {
+    pub waiting: u64,
+    pub dispatched: u64,
+    pub running: u64,
+    /// Runs in the run queue (QUEUED): its depth.
+    pub queued_runs: u64,
+    pub running_runs: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct InstanceCounts {
     pub waiting: u32,
@@ -904,6 +915,9 @@ pub trait Store: Send + Sync + 'static {
     /// twice keeps its last record.
     async fn upsert_workers(&self, workers: &[WorkerRecord]) -> Result<()>;
     async fn list_workers(&self) -> Result<Vec<WorkerRecord>>;
+    /// Instances WAITING, DISPATCHED and RUNNING and runs QUEUED and RUNNING, store-wide: one
+    /// indexed count per table, whatever the history's size.
+    async fn active_counts(&self) -> Result<ActiveCounts>;
 
     // --- scheduler nodes ---
 

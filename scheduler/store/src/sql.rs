@@ -14,6 +14,7 @@ mod decisions;
 mod dependents;
 mod dispatch;
 mod downstream_tasks;
+mod gauges;
 mod ids;
 mod locks;
 mod logs;

@@ -40,6 +40,7 @@ conformance!(
     failure_leaves_downstream_uncreated_and_fails_the_run,
     run_counts_include_tasks_not_created,
     cancel_run_returns_live_attempts_and_ends_cancelled,
+    active_counts_count_what_is_active_store_wide,
     cancel_instance_ends_the_run_when_nothing_is_left,
     logs_round_trip_in_chunks,
     schedules_are_due_and_advance_conditionally,
@@ -911,6 +912,41 @@ mod scenarios {
         assert_eq!(many[&second.id], s.run_counts(second.id).await.unwrap());
         assert_eq!(many[&second.id].waiting, 3);
         assert!(s.runs_counts(&[]).await.unwrap().is_empty());
+    }
+
+    pub(super) async fn active_counts_count_what_is_active_store_wide(ctx: Ctx) {
+        let s = ctx.s();
+        assert_eq!(s.active_counts().await.unwrap(), ActiveCounts::default());
+        let wf = apply(
+            s,
+            &spec(
+                "wf",
+                vec![
+                    task("done", &[]),
+                    task("run", &[]),
+                    task("disp", &[]),
+                    task("wait", &[]),
+                ],
+            ),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        run_task(s, run.id, "done", Outcome::Success).await;
+        launch(s, run.id, "run").await;
+        let disp = instance_of(s, run.id, "disp").await.unwrap();
+        s.mark_dispatched(&[claim(disp.id, 1, "w2")]).await.unwrap();
+        assert_eq!(
+            s.active_counts().await.unwrap(),
+            ActiveCounts {
+                waiting: 1,
+                dispatched: 1,
+                running: 1,
+                queued_runs: 0,
+                running_runs: 1,
+            }
+        );
+        s.cancel_run(run.id, T0 + 99).await.unwrap();
+        assert_eq!(s.active_counts().await.unwrap(), ActiveCounts::default());
     }
 
     pub(super) async fn cancel_run_returns_live_attempts_and_ends_cancelled(ctx: Ctx) {

@@ -18,11 +18,11 @@ use ax_core::spec::WorkflowSpec;
 
 use super::counted::Counted;
 use super::{
-    SqlStore, access, audit, cancel, decisions, dependents, dispatch, logs, nodes, reports, rerun,
-    run_create, runs, workers, workflows, write_tx,
+    SqlStore, access, audit, cancel, decisions, dependents, dispatch, gauges, logs, nodes, reports,
+    rerun, run_create, runs, workers, workflows, write_tx,
 };
 use crate::{
-    ActiveAttempt, ApplyOutcome, AttemptRecord, AuditFilter, AuditRecord, Backend,
+    ActiveAttempt, ActiveCounts, ApplyOutcome, AttemptRecord, AuditFilter, AuditRecord, Backend,
     CancelledAttempt, DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord,
     LeaseClaim, LogChunk, ManualRetry, NewRun, NewToken, NodeLease, QueueShare, Report,
     ReportResult, RerunFailed, Result, RunRecord, SecretRecord, Store, StoredLine, TokenRecord,
@@ -242,6 +242,10 @@ impl Store for SqlStore {
 
     async fn list_workers(&self) -> Result<Vec<WorkerRecord>> {
         workers::list_workers(self).await
+    }
+
+    async fn active_counts(&self) -> Result<ActiveCounts> {
+        gauges::active_counts(self).await
     }
 
     async fn claim_node_lease(

@@ -1,0 +1,447 @@
+//! The node's Prometheus metrics: the one place that names them, says what each means and owns
+//! the registry that `GET /metrics` encodes (on the main port and on the ops listener).
+//!
+//! Hot paths (dispatch, reports, log writes) only bump counters and observe histograms, atomics
+//! and a short mutex each, never held across an await. What needs the store (instances by
+//! state, the run queue's depth, live and dead workers) is read when scraped, at most once per
+//! [`STORE_READ_EVERY`] whatever the number of scrapers, with indexed counts
+//! ([`ax_store::Store::active_counts`]) and the workers' rows: a scrape never scans history.
+//! Counters kept elsewhere (alert deliveries, Redis fallbacks) are read from their own atomics.
+//!
+//! The crate is `prometheus-client`, the Prometheus organisation's Rust client; the text is
+//! the Prometheus exposition format 0.0.4, which every Prometheus and agent reads.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ax_core::Millis;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tokio::sync::Mutex;
+
+use crate::node::Node;
+
+/// The content type of what [`Metrics::encode`] writes.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// A scrape reads the store at most this often; scrapes in between show the last reading.
+pub const STORE_READ_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a scrape waits for the store before it shows the last reading.
+const STORE_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Latency buckets, in seconds: 1 ms to about 2 min.
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    [
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        120.0,
+    ]
+    .into_iter()
+}
+
+/// The outcomes of `ax_attempts_finished_total`.
+const OUTCOMES: [&str; 6] = [
+    "success",
+    "failed",
+    "timeout",
+    "lost",
+    "spawn_failed",
+    "withdrawn",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkerLabel {
+    worker: String,
+}
+
+/// Every metric of a node.
+pub struct Metrics {
+    registry: Registry,
+    /// From an instance's becoming ready (created, or its retry backoff over) to its Dispatch
+    /// leaving this node.
+    pub dispatch_latency: Histogram,
+    /// From an instance's becoming ready to its worker's report that the process started.
+    pub start_latency: Histogram,
+    /// How long after its slot a cron fire created its run.
+    pub cron_lateness: Histogram,
+    /// How long one batch of worker reports took to apply (one transaction).
+    pub report_batch: Histogram,
+    /// Dispatches sent to workers.
+    pub dispatches: Counter,
+    /// Attempts that ended, by outcome ([`OUTCOMES`]).
+    attempts: Family<OutcomeLabel, Counter>,
+    pub retries: Counter,
+    pub timeouts: Counter,
+    pub lost: Counter,
+    /// Worker reports refused as not current, by reason (stale, not_found).
+    refused: Family<ReasonLabel, Counter>,
+    /// Log lines stored by this node's log writer.
+    pub log_lines: Counter,
+    /// How long the oldest chunk of the log writer's last write waited in its queue.
+    pub log_lag: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Scrapes whose store reading failed or took too long.
+    store_read_errors: Counter,
+    gauges: Mutex<StoreGauges>,
+    instances: Family<StateLabel, Gauge>,
+    runs: Family<StateLabel, Gauge>,
+    queue_depth: Gauge,
+    workers: Family<StateLabel, Gauge>,
+    running_per_worker: Family<WorkerLabel, Gauge>,
+}
+
+/// When the store was last read for the gauges.
+#[derive(Default)]
+struct StoreGauges {
+    read_at: Option<Instant>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let histogram = || Histogram::new(latency_buckets());
+        let metrics = Metrics {
+            dispatch_latency: histogram(),
+            start_latency: histogram(),
+            cron_lateness: histogram(),
+            report_batch: histogram(),
+            dispatches: Counter::default(),
+            attempts: Family::default(),
+            retries: Counter::default(),
+            timeouts: Counter::default(),
+            lost: Counter::default(),
+            refused: Family::default(),
+            log_lines: Counter::default(),
+            log_lag: Gauge::default(),
+            store_read_errors: Counter::default(),
+            gauges: Mutex::new(StoreGauges::default()),
+            instances: Family::default(),
+            runs: Family::default(),
+            queue_depth: Gauge::default(),
+            workers: Family::default(),
+            running_per_worker: Family::default(),
+            registry: Registry::default(),
+        };
+        // Counters are registered without `_total`: the encoder appends it.
+        registry.register(
+            "ax_dispatch_latency_seconds",
+            "Time from an instance becoming ready (created, or its retry backoff over) to its dispatch leaving this node",
+            metrics.dispatch_latency.clone(),
+        );
+        registry.register(
+            "ax_start_latency_seconds",
+            "Time from an instance becoming ready to its worker reporting the process started (queue to start)",
+            metrics.start_latency.clone(),
+        );
+        registry.register(
+            "ax_cron_fire_lateness_seconds",
+            "How long after its scheduled slot a cron fire created its run",
+            metrics.cron_lateness.clone(),
+        );
+        registry.register(
+            "ax_report_batch_duration_seconds",
+            "Time to apply one batch of worker reports to the store (one transaction)",
+            metrics.report_batch.clone(),
+        );
+        registry.register(
+            "ax_dispatches",
+            "Dispatches this node sent to workers",
+            metrics.dispatches.clone(),
+        );
+        registry.register(
+            "ax_attempts_finished",
+            "Attempts this node recorded as ended, by outcome (success, failed, timeout, lost, spawn_failed, withdrawn: a dispatch a dead worker never confirmed, sent again as the next attempt)",
+            metrics.attempts.clone(),
+        );
+        registry.register(
+            "ax_retries",
+            "Failed attempts this node sent back to WAITING as a retry",
+            metrics.retries.clone(),
+        );
+        registry.register(
+            "ax_timeouts",
+            "Attempts this node recorded as timed out (the worker's report or this node's verdict)",
+            metrics.timeouts.clone(),
+        );
+        registry.register(
+            "ax_lost_attempts",
+            "Attempts this node recorded as lost with their dead worker",
+            metrics.lost.clone(),
+        );
+        registry.register(
+            "ax_reports_refused",
+            "Worker reports refused because their attempt is not current (stale) or unknown (not_found); the worker is told to kill the process",
+            metrics.refused.clone(),
+        );
+        registry.register(
+            "ax_log_lines_stored",
+            "Task log lines this node's log writer stored",
+            metrics.log_lines.clone(),
+        );
+        registry.register(
+            "ax_log_writer_lag_seconds",
+            "How long the oldest chunk of the log writer's latest write waited in its queue",
+            metrics.log_lag.clone(),
+        );
+        registry.register(
+            "ax_metrics_store_read_errors",
+            "Scrapes whose reading of the store failed or timed out (they show the previous reading)",
+            metrics.store_read_errors.clone(),
+        );
+        registry.register(
+            "ax_instances",
+            "Instances in the whole store by active state (waiting, dispatched, running)",
+            metrics.instances.clone(),
+        );
+        registry.register(
+            "ax_runs",
+            "Runs in the whole store by active state (queued, running)",
+            metrics.runs.clone(),
+        );
+        registry.register(
+            "ax_run_queue_depth",
+            "Runs waiting in the run queue (QUEUED) for a limit to let them start",
+            metrics.queue_depth.clone(),
+        );
+        registry.register(
+            "ax_workers",
+            "Workers of the cluster by state: live (connected and heard from within the dead-worker threshold) or dead (connected by their row but silent past it)",
+            metrics.workers.clone(),
+        );
+        registry.register(
+            "ax_worker_running_attempts",
+            "Attempts in flight on each worker connected to this node",
+            metrics.running_per_worker.clone(),
+        );
+        // Every known label value from the start, so a rate over a series that has not moved
+        // yet reads 0 rather than nothing.
+        for outcome in OUTCOMES {
+            drop(metrics.attempts.get_or_create(&OutcomeLabel { outcome }));
+        }
+        for reason in ["stale", "not_found"] {
+            drop(metrics.refused.get_or_create(&ReasonLabel { reason }));
+        }
+        Metrics {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// Registers the readings kept outside this module (alerts, Redis, the lease, the log
+    /// queue), read at each scrape; called once, as the node is made.
+    pub fn register_readings(&mut self, readings: Readings) {
+        self.registry.register_collector(Box::new(readings));
+    }
+
+    pub fn attempt_finished(&self, outcome: &'static str) {
+        self.attempts.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    pub fn report_refused(&self, reason: &'static str) {
+        self.refused.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Observes a latency from `from` (ms) to `to` (ms); a negative one (clocks) counts as 0.
+    pub fn observe_ms(histogram: &Histogram, from: Millis, to: Millis) {
+        histogram.observe((to - from).max(0) as f64 / 1000.0);
+    }
+
+    /// The text of a scrape: the store-backed gauges brought up to date (at most once per
+    /// [`STORE_READ_EVERY`]), then every metric.
+    pub async fn scrape(&self, node: &Node) -> String {
+        self.refresh(node).await;
+        let mut text = String::with_capacity(16 << 10);
+        if let Err(err) =
+            prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry)
+        {
+            tracing::error!(error = %err, "encoding metrics failed");
+        }
+        text
+    }
+
+    async fn refresh(&self, node: &Node) {
+        let mut gauges = self.gauges.lock().await;
+        if gauges
+            .read_at
+            .is_some_and(|at| at.elapsed() < STORE_READ_EVERY)
+        {
+            return;
+        }
+        gauges.read_at = Some(Instant::now());
+        // This node's own workers need no store.
+        self.running_per_worker.clear();
+        for slot in node.registry.slots() {
+            self.running_per_worker
+                .get_or_create(&WorkerLabel { worker: slot.id })
+                .set(i64::from(slot.running));
+        }
+        let read = async {
+            let counts = node.store.active_counts().await?;
+            let workers = node.store.list_workers().await?;
+            anyhow::Ok((counts, workers))
+        };
+        let (counts, workers) = match tokio::time::timeout(STORE_READ_TIMEOUT, read).await {
+            Ok(Ok(read)) => read,
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "reading the store for /metrics failed");
+                self.store_read_errors.inc();
+                return;
+            }
+            Err(_) => {
+                tracing::warn!("reading the store for /metrics timed out");
+                self.store_read_errors.inc();
+                return;
+            }
+        };
+        let set = |family: &Family<StateLabel, Gauge>, state, value: u64| {
+            family
+                .get_or_create(&StateLabel { state })
+                .set(value as i64);
+        };
+        set(&self.instances, "waiting", counts.waiting);
+        set(&self.instances, "dispatched", counts.dispatched);
+        set(&self.instances, "running", counts.running);
+        set(&self.runs, "queued", counts.queued_runs);
+        set(&self.runs, "running", counts.running_runs);
+        self.queue_depth.set(counts.queued_runs as i64);
+        let now = crate::clock::now_ms();
+        let dead_after = crate::backstop::intervals(node).worker_dead_after_ms();
+        let connected = workers.iter().filter(|worker| worker.connected);
+        let live = connected
+            .clone()
+            .filter(|worker| worker.last_heartbeat >= now - dead_after)
+            .count();
+        let dead = connected.count() - live;
+        set(&self.workers, "live", live as u64);
+        set(&self.workers, "dead", dead as u64);
+    }
+}
+
+/// Counters and ages kept by other parts of the node, read at each scrape.
+pub struct Readings {
+    pub alerter: crate::alerts::Alerter,
+    pub guards: Arc<dyn crate::guards::Guards>,
+    pub standing: Arc<crate::membership::Standing>,
+    pub logs: crate::log_writer::LogWriter,
+}
+
+impl std::fmt::Debug for Readings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Readings").finish_non_exhaustive()
+    }
+}
+
+impl Collector for Readings {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let node = self;
+        let counter = |encoder: &mut DescriptorEncoder, name, help, value: u64| {
+            let metric = ConstCounter::new(value);
+            let described = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+            metric.encode(described)
+        };
+        let gauge = |encoder: &mut DescriptorEncoder, name, help, value: f64| {
+            let metric = ConstGauge::new(value);
+            let described = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+            metric.encode(described)
+        };
+        counter(
+            &mut encoder,
+            "ax_alerts_failed",
+            "Alert messages a channel gave up on after its retries, or whose service refused them.",
+            node.alerter.stats().failed,
+        )?;
+        counter(
+            &mut encoder,
+            "ax_redis_fallbacks",
+            "Guard calls (start locks, dedup markers) made without Redis while it was unreachable; scheduling went on the store's guards alone.",
+            node.guards.fallbacks(),
+        )?;
+        gauge(
+            &mut encoder,
+            "ax_cluster_lease_age_seconds",
+            "Time since this node last renewed its lease in the store.",
+            node.standing.lease_age().as_secs_f64(),
+        )?;
+        let queued = ConstGauge::new(node.logs.queued_bytes() as i64);
+        let described = encoder.encode_descriptor(
+            "ax_log_writer_queued_bytes",
+            "Log text queued for the store and not yet written.",
+            None,
+            queued.metric_type(),
+        )?;
+        queued.encode(described)?;
+        Ok(())
+    }
+}
+
+/// A worker's report as its stream receives it: a start is timed here, before the report's
+/// batch, since the attempt may end and leave the registry before that batch is applied.
+pub fn reported(node: &Node, worker: &str, report: &ax_store::Report) {
+    if let ax_store::Report::Started {
+        instance_id,
+        attempt,
+        ..
+    } = report
+        && let Some(ready_at) = node.registry.take_ready_at(worker, *instance_id, *attempt)
+    {
+        Metrics::observe_ms(
+            &node.metrics.start_latency,
+            ready_at,
+            crate::clock::now_ms(),
+        );
+    }
+}
+
+/// A scrape as an HTTP answer.
+pub async fn response(node: &Node) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let text = node.metrics.scrape(node).await;
+    ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response()
+}
+
+/// The ops listener's routes: only `GET /metrics` (the gRPC health service is added beside
+/// them). Plaintext and without authentication, for Kubernetes probes (which speak no TLS) and
+/// Prometheus; everything else is a 404.
+pub fn ops_router(node: Arc<Node>) -> axum::Router {
+    axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(
+                |axum::extract::State(node): axum::extract::State<Arc<Node>>| async move {
+                    response(&node).await
+                },
+            ),
+        )
+        .with_state(node)
+}

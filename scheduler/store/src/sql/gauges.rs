@@ -1,0 +1,43 @@
+//! The counts a node's `/metrics` shows as gauges: active instances by state and runs waiting in
+//! the run queue. Each is one indexed range count (`idx_task_instance_queue` and `idx_run_state`
+//! lead with the state), so its cost follows what is active now, never the history.
+
+use sqlx::Row;
+
+use super::SqlStore;
+use crate::{ActiveCounts, Result};
+
+pub(crate) async fn active_counts(store: &SqlStore) -> Result<ActiveCounts> {
+    let mut counts = ActiveCounts::default();
+    let rows = sqlx::query(
+        "SELECT state, COUNT(*) AS n FROM task_instance \
+         WHERE state IN ('WAITING', 'DISPATCHED', 'RUNNING') GROUP BY state",
+    )
+    .fetch_all(&store.pool)
+    .await?;
+    for row in rows {
+        let state: String = row.try_get("state")?;
+        let n = row.try_get::<i64, _>("n")?.max(0) as u64;
+        match state.as_str() {
+            "WAITING" => counts.waiting = n,
+            "DISPATCHED" => counts.dispatched = n,
+            "RUNNING" => counts.running = n,
+            _ => {}
+        }
+    }
+    let rows = sqlx::query(
+        "SELECT state, COUNT(*) AS n FROM run WHERE state IN ('QUEUED', 'RUNNING') GROUP BY state",
+    )
+    .fetch_all(&store.pool)
+    .await?;
+    for row in rows {
+        let state: String = row.try_get("state")?;
+        let n = row.try_get::<i64, _>("n")?.max(0) as u64;
+        match state.as_str() {
+            "QUEUED" => counts.queued_runs = n,
+            "RUNNING" => counts.running_runs = n,
+            _ => {}
+        }
+    }
+    Ok(counts)
+}

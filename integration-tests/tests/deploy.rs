@@ -57,10 +57,13 @@ fn files_under(dir: &Path, skip: &[&Path]) -> Vec<PathBuf> {
 
 /// The `AX_*` names a binary's flags read from the environment, from its source.
 fn env_names(source: &str) -> BTreeSet<String> {
-    source
-        .split("env = \"")
-        .skip(1)
+    // Flags' `env = "AX_…"`, and the few settings read from the environment alone
+    // (`env::var("AX_SECRET_KEY")`: a key on the command line would show in `ps`).
+    ["env = \"", "env::var(\""]
+        .iter()
+        .flat_map(|opening| source.split(opening).skip(1))
         .filter_map(|rest| rest.split('"').next())
+        .filter(|name| name.starts_with("AX_"))
         .map(str::to_string)
         .collect()
 }

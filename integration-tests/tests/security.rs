@@ -297,6 +297,7 @@ async fn every_call_is_refused_where_its_role_says_and_a_refusal_changes_nothing
     let Some(cluster) = Cluster::builder(backend)
         .auth(AuthMode::Tokens)
         .auth_failures_per_address(10_000)
+        .ops_listener()
         .start()
         .await
         .expect("cluster")
@@ -490,6 +491,24 @@ async fn every_call_is_refused_where_its_role_says_and_a_refusal_changes_nothing
         .await
         .expect("post");
     assert_eq!(trigger.status(), 403);
+    // Metrics: a viewer's on the main port; open on the ops listener, which serves nothing else.
+    let metrics = format!("{endpoint}/metrics");
+    assert_eq!(http.get(&metrics).send().await.expect("get").status(), 401);
+    let scraped = http
+        .get(&metrics)
+        .bearer_auth(&tokens.viewer)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(scraped.status(), 200);
+    let ops = cluster.scheduler.ops_addr().expect("the ops listener");
+    let open = http
+        .get(format!("http://{ops}/metrics"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(open.status(), 200);
+    assert!(open.text().await.unwrap().contains("ax_dispatches_total"));
     // The page itself loads without a token: it asks for one.
     assert_eq!(
         http.get(format!("{endpoint}/"))

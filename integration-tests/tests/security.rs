@@ -491,6 +491,28 @@ async fn every_call_is_refused_where_its_role_says_and_a_refusal_changes_nothing
         .await
         .expect("post");
     assert_eq!(trigger.status(), 403);
+    // The JSON API keeps the scope too, the graph's export included.
+    for path in [
+        "/api/v1/workflows/books",
+        "/api/v1/workflows/books/dag/export?format=dot",
+    ] {
+        let hidden = http
+            .get(format!("{endpoint}{path}"))
+            .bearer_auth(&tokens.scoped)
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(hidden.status(), 404, "{path}");
+    }
+    let shown = http
+        .get(format!(
+            "{endpoint}/api/v1/workflows/guarded/dag/export?format=dot"
+        ))
+        .bearer_auth(&tokens.scoped)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(shown.status(), 200);
     // Metrics: a viewer's on the main port; open on the ops listener, which serves nothing else.
     let metrics = format!("{endpoint}/metrics");
     assert_eq!(http.get(&metrics).send().await.expect("get").status(), 401);
@@ -909,7 +931,8 @@ fn a_public_address_needs_tls_and_tokens_unless_insecure() {
                 "--node-id",
                 "open",
             ])
-            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
     std::thread::sleep(Duration::from_secs(2));

@@ -44,18 +44,12 @@ pub enum SecretError {
 }
 
 /// The node's secret key: from a file or the environment's text (base64 of 32 bytes).
+#[derive(Clone)]
 pub struct SecretKey(LessSafeKey);
 
 impl std::fmt::Debug for SecretKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("SecretKey(…)")
-    }
-}
-
-impl Clone for SecretKey {
-    fn clone(&self) -> Self {
-        // `LessSafeKey` is not `Clone`; the bytes are not kept, so a clone shares the key.
-        SecretKey(self.0.clone())
     }
 }
 

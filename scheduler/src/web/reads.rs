@@ -168,6 +168,7 @@ pub(super) async fn get_dag(
 /// The whole graph as a file: `dot`, `mermaid`, `json` or `svg` (laid out as the page draws it).
 pub(super) async fn export_dag(
     State(api): State<Api>,
+    peer: Peer,
     Path(workflow): Path<String>,
     Query(query): Query<DagQuery>,
 ) -> Response {
@@ -189,7 +190,7 @@ pub(super) async fn export_dag(
         Err(bad) => return bad.into_response(),
     };
     request.layout = format == "svg";
-    let (graph, laid) = match api.dag(&request).await {
+    let (graph, laid) = match api.dag(peer.request(request)).await {
         Ok(found) => found,
         Err(status) => return status_error(&status),
     };

@@ -15,7 +15,7 @@ mod layer;
 pub mod tokens;
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -202,7 +202,7 @@ impl Gate {
                 Ok(identity)
             }
             Err((failure, name)) => {
-                self.failed(failure, name, address, remote, path);
+                self.failed(failure, name, remote, path);
                 Err(Refusal::unauthenticated(
                     "the token is not valid (malformed, unknown, expired or revoked)",
                 ))
@@ -269,12 +269,11 @@ impl Gate {
         &self,
         failure: Failure,
         name: Option<String>,
-        address: Option<IpAddr>,
         remote: Option<SocketAddr>,
         path: &str,
     ) {
         let now = now_ms();
-        let throttled = address.is_some_and(|ip| self.lock_throttle().fail(ip, now));
+        let throttled = remote.is_some_and(|r| self.lock_throttle().fail(r.ip(), now));
         tracing::warn!(
             remote = ?remote,
             path,

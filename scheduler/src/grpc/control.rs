@@ -55,7 +55,7 @@ impl ControlApi {
         ControlApi { node }
     }
 
-    /// The node it serves (the web edge's `/metrics`).
+    /// The node it serves (the web edge's `/metrics` and sign-in).
     pub(crate) fn node(&self) -> &Arc<Node> {
         &self.node
     }
@@ -72,11 +72,6 @@ impl ControlApi {
                 .await?;
         }
         super::views::dag(&self.node, request.get_ref()).await
-    }
-
-    /// The node's check of callers (the web UI's sign-in uses it).
-    pub fn gate(&self) -> &crate::auth::Gate {
-        &self.node.gate
     }
 
     /// Changes whenever runs, instances or logs change on this node.

@@ -175,6 +175,8 @@ fn attachment(file: &str) -> String {
 #[derive(Clone, Default)]
 struct Peer {
     connection: Option<TcpConnectInfo>,
+    /// The connection is TLS (a cookie may then say `Secure`).
+    over_tls: bool,
     identity: Option<ax_core::access::Identity>,
 }
 
@@ -182,18 +184,15 @@ impl<S: Send + Sync> FromRequestParts<S> for Peer {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let tls = parts.extensions.get::<TlsConnectInfo<TcpConnectInfo>>();
         let connection = parts
             .extensions
             .get::<TcpConnectInfo>()
             .cloned()
-            .or_else(|| {
-                parts
-                    .extensions
-                    .get::<TlsConnectInfo<TcpConnectInfo>>()
-                    .map(|info| info.get_ref().clone())
-            });
+            .or_else(|| tls.map(|info| info.get_ref().clone()));
         Ok(Peer {
             connection,
+            over_tls: tls.is_some(),
             identity: parts.extensions.get::<ax_core::access::Identity>().cloned(),
         })
     }

@@ -8,9 +8,7 @@ use ax_proto::v1 as pb;
 use ax_proto::v1::control_service_server::ControlService;
 use axum::extract::State;
 use axum::http::header;
-use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
-use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use super::actions::Action;
 use super::{Api, Peer, answer};
@@ -26,21 +24,12 @@ pub(super) struct SignIn {
     actor: String,
 }
 
-/// Whether the request came over TLS, so the cookie may say `Secure`.
-fn over_tls(parts: &Parts) -> bool {
-    parts
-        .extensions
-        .get::<TlsConnectInfo<TcpConnectInfo>>()
-        .is_some()
-}
-
 pub(super) async fn sign_in(
     State(api): State<Api>,
     peer: Peer,
-    parts: Parts,
     Action(body): Action<SignIn>,
 ) -> Response {
-    let gate = api.gate();
+    let gate = &api.node().gate;
     if gate.mode() == crate::auth::AuthMode::Off {
         return answer(api.who_am_i(peer.request(pb::WhoAmIRequest {})).await);
     }
@@ -50,7 +39,7 @@ pub(super) async fn sign_in(
         .await
     {
         Ok(identity) => {
-            let secure = if over_tls(&parts) { "; Secure" } else { "" };
+            let secure = if peer.over_tls { "; Secure" } else { "" };
             let cookie =
                 format!("{SESSION_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict{secure}");
             let body = pb::Identity {

@@ -26,10 +26,10 @@ use std::time::Duration;
 
 use ax_core::Millis;
 use ax_core::decision::DecisionKind;
-use ax_core::ids::InstanceId;
+use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::limits::{Fitter, Limit, limits_for};
 use ax_core::placement::{Candidate, Route, any_carries};
-use ax_core::spec::Routing;
+use ax_core::spec::{Routing, TaskSpec};
 use ax_proto::v1::{Dispatch, SchedulerMessage, scheduler_message};
 use ax_store::{DecisionRecord, DispatchClaim, Report, WaitingInstance, WorkerRecord};
 use tokio_util::sync::CancellationToken;
@@ -40,6 +40,7 @@ use crate::metrics::Metrics;
 use crate::node::Node;
 use crate::registry::WorkerSlot;
 use crate::reporter::Envelope;
+use crate::specs::VersionedSpec;
 use crate::telemetry;
 
 /// WAITING instances read per pass.
@@ -469,42 +470,30 @@ async fn dispatch_batch(
                 }
                 continue;
             };
+            // Reserved now, so a placement elsewhere on this node (a run created, an advance)
+            // cannot fill the slot before this claim commits.
+            if !node.registry.reserve(
+                &slots[chosen].id,
+                slots[chosen].connection,
+                instance.id,
+                instance.attempt,
+            ) {
+                fitter.give_back(&limits);
+                slots[chosen].running = slots[chosen].capacity;
+                continue;
+            }
             slots[chosen].running += 1;
-            let mut env = task_environment(task, &item, &spec.name);
-            env.extend(secret_env);
-            let span = node.traces.as_ref().map(|traces| {
-                let trace =
-                    telemetry::trace_id(instance.workflow_id, instance.run_id, item.logical_time);
-                traces.remember(instance.id, trace);
-                env.insert(
-                    "TRACEPARENT".into(),
-                    telemetry::traceparent(trace, instance.id, instance.attempt),
-                );
-                dispatch_span(
-                    trace,
-                    &spec.name,
-                    &task.name,
-                    instance.id,
-                    instance.attempt,
-                    &slots[chosen].id,
-                )
-            });
-            let message = Dispatch {
-                instance_id: instance.id.0,
-                attempt: instance.attempt.0,
-                run_id: instance.run_id.0,
-                workflow: spec.name.clone(),
-                task: task.name.clone(),
-                command: task.command.clone(),
-                argv: task.argv.clone(),
-                env,
-                working_dir: task.working_dir.clone().unwrap_or_default(),
-                timeout_ms: task.timeout_ms,
-                logical_time_ms: item.logical_time,
-                shard_index: item.shard.as_ref().map_or(0, |shard| shard.index),
-                shard_total: item.shard.as_ref().map_or(0, |shard| shard.total),
-                keep_when_cut_off: task.unfenced,
+            let ready = Ready {
+                instance: instance.id,
+                run: instance.run_id,
+                workflow_id: instance.workflow_id,
+                attempt: instance.attempt,
+                logical_time: item.logical_time,
+                params: &item.params,
+                shard: item.shard.as_ref(),
             };
+            let (message, span) =
+                dispatch_message(node, &spec, task, &ready, &slots[chosen].id, secret_env);
             planned.push(Planned {
                 span,
                 worker: slots[chosen].id.clone(),
@@ -534,6 +523,7 @@ async fn dispatch_batch(
         {
             StartLock::Acquired | StartLock::Unavailable => {}
             StartLock::HeldBy(holder) => {
+                node.registry.release(&plan.worker, instance, attempt);
                 outcome(&plan.span, "start lock held");
                 tracing::info!(instance = %instance, attempt = %attempt, holder = %holder, "start lock held by an earlier attempt; waiting");
                 continue;
@@ -545,6 +535,7 @@ async fn dispatch_batch(
             .await
             == Some(false)
         {
+            node.registry.release(&plan.worker, instance, attempt);
             outcome(&plan.span, "duplicate");
             tracing::warn!(instance = %instance, attempt = %attempt, "duplicate dispatch dropped");
             continue;
@@ -570,6 +561,8 @@ async fn dispatch_batch(
             // Nothing was claimed: the markers must not hold these attempts back.
             for plan in &guarded {
                 let waiting = &plan.waiting.instance;
+                node.registry
+                    .release(&plan.worker, waiting.id, waiting.attempt);
                 node.guards
                     .clear_dispatch(waiting.id, waiting.attempt)
                     .await;
@@ -586,50 +579,141 @@ async fn dispatch_batch(
             // Another node claimed it first (it owns the guards now), or a limit filled up on
             // another node since the counters were read (it stays WAITING for a later pass).
             outcome(&plan.span, "not claimed");
+            node.registry.release(&plan.worker, instance, attempt);
             node.guards.clear_dispatch(instance, attempt).await;
             continue;
         }
         let waiting = &plan.waiting.instance;
-        let ready_at = waiting.created_at.max(waiting.not_before);
-        let stream =
-            node.registry
-                .begin_attempt(&plan.worker, plan.connection, instance, attempt, ready_at);
-        let delivered = match stream {
-            Some(sender) => {
-                let message = SchedulerMessage {
-                    body: Some(scheduler_message::Body::Dispatch(plan.message)),
-                };
-                sender.try_send(Ok(message)).is_ok()
-            }
-            None => false,
+        let claimed = Claimed {
+            worker: &plan.worker,
+            connection: plan.connection,
+            instance,
+            attempt,
+            ready_at: waiting.created_at.max(waiting.not_before),
         };
-        if delivered {
-            tracing::debug!(instance = %instance, attempt = %attempt, worker = %plan.worker, "dispatched");
-            outcome(&plan.span, "sent");
-            node.metrics.dispatches.inc();
-            Metrics::observe_ms(&node.metrics.dispatch_latency, ready_at, now_ms());
+        if send_claimed(node, &claimed, plan.message, &plan.span).await {
             sent += 1;
-        } else {
-            // The worker went away or its queue is full: the claim is undone like a rejection.
-            // Never sent, so the same attempt may go out again.
-            outcome(&plan.span, "worker unreachable");
-            let report = Report::Rejected {
-                instance_id: instance,
-                attempt,
-                worker_id: Some(plan.worker.clone()),
-                reason: "worker unreachable at dispatch".into(),
-                withdrawn: false,
-                dispatched_at: None,
-            };
-            let _ = node
-                .reports
-                .send(Envelope::decided(&plan.worker, report))
-                .await;
         }
     }
     node.bump_progress();
     pass.sent = sent;
     Ok(pass)
+}
+
+/// A claimed attempt, to send.
+pub(crate) struct Claimed<'a> {
+    pub worker: &'a str,
+    pub connection: u64,
+    pub instance: InstanceId,
+    pub attempt: Attempt,
+    /// When its instance became ready, for the dispatch latency.
+    pub ready_at: Millis,
+}
+
+/// Sends a claimed attempt to its worker (its slot's reservation becomes an attempt in flight).
+/// One that cannot be delivered (the worker went away, its queue is full) is undone like a
+/// rejection: never sent, so the same attempt may go out again. Returns whether it was sent.
+pub(crate) async fn send_claimed(
+    node: &Node,
+    claimed: &Claimed<'_>,
+    message: Dispatch,
+    span: &Option<tracing::Span>,
+) -> bool {
+    let Claimed {
+        worker,
+        connection,
+        instance,
+        attempt,
+        ready_at,
+    } = *claimed;
+    let stream = node
+        .registry
+        .begin_attempt(worker, connection, instance, attempt, ready_at);
+    let delivered = match stream {
+        Some(sender) => {
+            let message = SchedulerMessage {
+                body: Some(scheduler_message::Body::Dispatch(message)),
+            };
+            sender.try_send(Ok(message)).is_ok()
+        }
+        None => false,
+    };
+    if delivered {
+        tracing::debug!(instance = %instance, attempt = %attempt, worker = %worker, "dispatched");
+        outcome(span, "sent");
+        node.metrics.dispatches.inc();
+        Metrics::observe_ms(&node.metrics.dispatch_latency, ready_at, now_ms());
+        return true;
+    }
+    outcome(span, "worker unreachable");
+    let report = Report::Rejected {
+        instance_id: instance,
+        attempt,
+        worker_id: Some(worker.to_string()),
+        reason: "worker unreachable at dispatch".into(),
+        withdrawn: false,
+        dispatched_at: None,
+    };
+    let _ = node.reports.send(Envelope::decided(worker, report)).await;
+    false
+}
+
+/// What a dispatch carries from its instance and run.
+pub(crate) struct Ready<'a> {
+    pub instance: InstanceId,
+    pub run: RunId,
+    pub workflow_id: WorkflowId,
+    pub attempt: Attempt,
+    pub logical_time: Millis,
+    pub params: &'a BTreeMap<String, String>,
+    pub shard: Option<&'a ax_store::Shard>,
+}
+
+/// The `Dispatch` of an attempt of `task` to `worker`, and its span when the node exports
+/// traces.
+pub(crate) fn dispatch_message(
+    node: &Node,
+    spec: &VersionedSpec,
+    task: &TaskSpec,
+    ready: &Ready<'_>,
+    worker: &str,
+    secret_env: Vec<(String, String)>,
+) -> (Dispatch, Option<tracing::Span>) {
+    let mut env = task_environment(task, ready, &spec.name);
+    env.extend(secret_env);
+    let span = node.traces.as_ref().map(|traces| {
+        let trace = telemetry::trace_id(ready.workflow_id, ready.run, ready.logical_time);
+        traces.remember(ready.instance, trace);
+        env.insert(
+            "TRACEPARENT".into(),
+            telemetry::traceparent(trace, ready.instance, ready.attempt),
+        );
+        dispatch_span(
+            trace,
+            &spec.name,
+            &task.name,
+            ready.instance,
+            ready.attempt,
+            worker,
+        )
+    });
+    let message = Dispatch {
+        instance_id: ready.instance.0,
+        attempt: ready.attempt.0,
+        run_id: ready.run.0,
+        workflow: spec.name.clone(),
+        task: task.name.clone(),
+        command: task.command.clone(),
+        argv: task.argv.clone(),
+        env,
+        working_dir: task.working_dir.clone().unwrap_or_default(),
+        timeout_ms: task.timeout_ms,
+        logical_time_ms: ready.logical_time,
+        shard_index: ready.shard.map_or(0, |shard| shard.index),
+        shard_total: ready.shard.map_or(0, |shard| shard.total),
+        keep_when_cut_off: task.unfenced,
+    };
+    (message, span)
 }
 
 /// How a dispatch went, on its span.
@@ -701,25 +785,24 @@ async fn record_once(node: &Node, decisions: Vec<DecisionRecord>) {
 /// `AX_PARAM_<NAME>`, and the attempt's context, so a worker sets what it is given and needs to
 /// know no list of names.
 fn task_environment(
-    task: &ax_core::spec::TaskSpec,
-    item: &WaitingInstance,
+    task: &TaskSpec,
+    ready: &Ready<'_>,
     workflow: &str,
 ) -> std::collections::HashMap<String, String> {
-    let instance = &item.instance;
     let mut env: std::collections::HashMap<String, String> = task.env.clone().into_iter().collect();
-    for (name, value) in &item.params {
+    for (name, value) in ready.params {
         env.insert(format!("AX_PARAM_{name}"), value.clone());
     }
     let context = [
-        ("AX_RUN_ID", instance.run_id.0.to_string()),
-        ("AX_INSTANCE_ID", instance.id.0.to_string()),
-        ("AX_ATTEMPT", instance.attempt.0.to_string()),
+        ("AX_RUN_ID", ready.run.0.to_string()),
+        ("AX_INSTANCE_ID", ready.instance.0.to_string()),
+        ("AX_ATTEMPT", ready.attempt.0.to_string()),
         ("AX_WORKFLOW", workflow.to_string()),
         ("AX_TASK", task.name.clone()),
-        ("AX_LOGICAL_TIME", rfc3339(item.logical_time)),
+        ("AX_LOGICAL_TIME", rfc3339(ready.logical_time)),
     ];
     env.extend(context.map(|(name, value)| (name.to_string(), value)));
-    if let Some(shard) = &item.shard {
+    if let Some(shard) = ready.shard {
         env.insert("AX_SHARD_INDEX".into(), shard.index.to_string());
         env.insert("AX_SHARD_TOTAL".into(), shard.total.to_string());
     }
@@ -736,7 +819,7 @@ fn rfc3339(ms: Millis) -> String {
 /// The start lock lives as long as the attempt may: its timeout plus the grace the backstop
 /// gives the worker's own report, and a minute more for the kill to land. A task without a
 /// timeout holds it for a day at most.
-fn lock_ttl(node: &Node, timeout_ms: u64) -> Duration {
+pub(crate) fn lock_ttl(node: &Node, timeout_ms: u64) -> Duration {
     let grace = node.options.timeout_grace + Duration::from_secs(60);
     if timeout_ms == 0 {
         Duration::from_secs(24 * 3600)

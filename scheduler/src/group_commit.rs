@@ -62,6 +62,11 @@ impl<W: GroupWrite> GroupCommit<W> {
         GroupCommit { writer, requests }
     }
 
+    /// The writer of the groups.
+    pub fn writer(&self) -> &W {
+        &self.writer
+    }
+
     /// Writes `item` in a group with the requests made at the same time.
     pub async fn submit(&self, item: W::Item) -> Result<W::Done, StoreError> {
         let (reply, answer) = oneshot::channel();

@@ -269,6 +269,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         log_writer,
         alerter,
     ));
+    node.runs.writer().attach(&node);
 
     // The server stops first; the queues it fed are drained after it (background token).
     let cancel = CancellationToken::new();
@@ -451,6 +452,7 @@ mod log_writer;
 mod membership;
 mod metrics;
 mod node;
+mod place_now;
 mod registry;
 mod reporter;
 mod run_creator;

@@ -105,6 +105,7 @@ pub struct Metrics {
     instances: Family<StateLabel, Gauge>,
     runs: Family<StateLabel, Gauge>,
     queue_depth: Gauge,
+    waiting_age: Gauge<f64, std::sync::atomic::AtomicU64>,
     workers: Family<StateLabel, Gauge>,
     running_per_worker: Family<WorkerLabel, Gauge>,
 }
@@ -149,6 +150,7 @@ impl Metrics {
             instances: Family::default(),
             runs: Family::default(),
             queue_depth: Gauge::default(),
+            waiting_age: Gauge::default(),
             workers: Family::default(),
             running_per_worker: Family::default(),
             registry: Registry::default(),
@@ -233,6 +235,11 @@ impl Metrics {
             "ax_run_queue_depth",
             "Runs waiting in the run queue (QUEUED) for a limit to let them start",
             metrics.queue_depth.clone(),
+        );
+        registry.register(
+            "ax_waiting_oldest_age_seconds",
+            "How long the oldest WAITING instance has been ready to start (0 when none is): how far behind dispatch is. Steady while the workers keep up; growing while tasks become ready faster than they are taken (past the knee, or no free slot), or while a limit holds them back",
+            metrics.waiting_age.clone(),
         );
         registry.register(
             "ax_workers",
@@ -336,6 +343,10 @@ impl Metrics {
         set(&self.runs, "running", counts.running_runs);
         self.queue_depth.set(counts.queued_runs as i64);
         let now = crate::clock::now_ms();
+        let age_ms = counts
+            .oldest_ready_since
+            .map_or(0, |since| (now - since).max(0));
+        self.waiting_age.set(age_ms as f64 / 1000.0);
         let dead_after = crate::backstop::intervals(node).worker_dead_after_ms();
         let connected = workers.iter().filter(|worker| worker.connected);
         let live = connected

@@ -80,7 +80,7 @@ impl Node {
             metrics,
             placer: Mutex::new(Placer::new(options.strategy)),
             specs: SpecCache::new(store.clone()),
-            runs: RunCreator::start(NewRuns(store.clone())),
+            runs: RunCreator::start(NewRuns::new(store.clone())),
             gate: Arc::new(crate::auth::Gate::new(
                 options.auth,
                 options.auth_failures_per_address,

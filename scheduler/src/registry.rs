@@ -6,7 +6,7 @@
 //! heartbeats. A worker this node asked to move (`spread`) takes no dispatch for a while: it is
 //! about to leave, and a dispatch sent behind the request would only be withdrawn.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -36,6 +36,9 @@ struct Entry {
     /// Attempts in flight, each with when its instance became ready (ms; 0 when unknown: an
     /// attempt the worker re-attached) until its start is reported, for the start latency.
     in_flight: HashMap<(InstanceId, Attempt), Millis>,
+    /// Slots planned for attempts whose claim has not committed yet: they count against the
+    /// capacity, but are not in flight (the backstop must not judge them before the store has them).
+    reserved: HashSet<(InstanceId, Attempt)>,
     last_heartbeat: Millis,
     /// When the worker registered on this stream.
     connected_at: Millis,
@@ -50,10 +53,15 @@ impl Entry {
             .is_some_and(|until| until > Instant::now())
     }
 
+    /// Attempts in flight and slots reserved.
+    fn load(&self) -> u32 {
+        (self.in_flight.len() + self.reserved.len()) as u32
+    }
+
     fn view(&self) -> WorkerView {
         WorkerView {
             profile: self.profile.clone(),
-            running: self.in_flight.len() as u32,
+            running: self.load(),
             last_heartbeat: self.last_heartbeat,
             connected_at: self.connected_at,
             draining: self.draining,
@@ -129,6 +137,7 @@ impl Registry {
             connection,
             sender,
             in_flight: running.into_iter().map(|key| (key, 0)).collect(),
+            reserved: HashSet::new(),
             last_heartbeat: now,
             connected_at: now,
             draining: false,
@@ -170,7 +179,7 @@ impl Registry {
                 connection: entry.connection,
                 labels: entry.profile.labels.clone(),
                 capacity: entry.profile.capacity,
-                running: entry.in_flight.len() as u32,
+                running: entry.load(),
                 accepting: !entry.draining && !entry.moving(),
             })
             .collect();
@@ -195,8 +204,39 @@ impl Registry {
         self.lock().clear();
     }
 
-    /// Records an attempt as in flight on the worker and returns its sender, or `None` when the
-    /// worker is gone or `connection` is no longer its stream. A worker that reconnected meanwhile
+    /// Reserves a slot on the worker for an attempt about to be claimed, when its stream is still
+    /// `connection`, it takes attempts and has a free slot: plans made on an older view of the
+    /// slots (the dispatcher's pass, a placement inside a transaction) never send past its
+    /// capacity. `begin_attempt` turns the reservation into an attempt in flight; `release`
+    /// gives it back.
+    pub fn reserve(
+        &self,
+        worker: &str,
+        connection: u64,
+        instance: InstanceId,
+        attempt: Attempt,
+    ) -> bool {
+        let mut workers = self.lock();
+        let Some(entry) = workers.get_mut(worker) else {
+            return false;
+        };
+        let free = entry.load() < entry.profile.capacity;
+        if entry.connection != connection || entry.draining || entry.moving() || !free {
+            return false;
+        }
+        entry.reserved.insert((instance, attempt))
+    }
+
+    /// Gives back a reservation whose claim did not happen.
+    pub fn release(&self, worker: &str, instance: InstanceId, attempt: Attempt) {
+        if let Some(entry) = self.lock().get_mut(worker) {
+            entry.reserved.remove(&(instance, attempt));
+        }
+    }
+
+    /// Records an attempt as in flight on the worker (in place of its reservation, if any) and
+    /// returns its sender, or `None` when the worker is gone or `connection` is no longer its
+    /// stream. A worker that reconnected meanwhile
     /// registered without this attempt and had it withdrawn; sending it there would start an
     /// attempt the store already moved past.
     pub fn begin_attempt(
@@ -208,9 +248,11 @@ impl Registry {
         ready_at: Millis,
     ) -> Option<WorkerSender> {
         let mut workers = self.lock();
-        let entry = workers
-            .get_mut(worker)
-            .filter(|entry| entry.connection == connection && !entry.moving())?;
+        let entry = workers.get_mut(worker)?;
+        entry.reserved.remove(&(instance, attempt));
+        if entry.connection != connection || entry.moving() {
+            return None;
+        }
         entry.in_flight.insert((instance, attempt), ready_at);
         Some(entry.sender.clone())
     }
@@ -235,6 +277,7 @@ impl Registry {
     pub fn end_attempt(&self, worker: &str, instance: InstanceId, attempt: Attempt) {
         if let Some(entry) = self.lock().get_mut(worker) {
             entry.in_flight.remove(&(instance, attempt));
+            entry.reserved.remove(&(instance, attempt));
         }
     }
 

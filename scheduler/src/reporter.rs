@@ -80,9 +80,19 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
     // A store outage must not lose reports: they are retried until the store takes them.
     // Retrying is safe because every report is a conditional transition.
     let results = loop {
-        match node.store.apply_reports(&reports, now_ms()).await {
-            Ok(results) => break results,
+        // The tasks the batch makes ready go straight to this node's free slots.
+        let mut placement = crate::place_now::PlaceNow::new(node);
+        match node
+            .store
+            .apply_reports_placed(&reports, now_ms(), &mut placement)
+            .await
+        {
+            Ok((results, placed)) => {
+                placement.send(placed).await;
+                break results;
+            }
             Err(err) => {
+                placement.abandon();
                 if err.is_unreachable() {
                     node.watching.store_lost();
                 }

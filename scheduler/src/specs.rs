@@ -62,6 +62,11 @@ impl SpecCache {
         Ok(versioned)
     }
 
+    /// The version when it is in memory already (for callers that cannot wait on the store).
+    pub fn cached(&self, id: WorkflowId, version: u32) -> Option<Arc<VersionedSpec>> {
+        self.lock().get(&(id, version)).cloned()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(WorkflowId, u32), Arc<VersionedSpec>>> {
         self.versions
             .lock()

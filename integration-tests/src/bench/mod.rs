@@ -116,6 +116,8 @@ pub struct Env {
     pub store: StoreChoice,
     pub redis: Option<String>,
     pub quick: bool,
+    /// W9 steps its arrival rate up until the p99 passes 100 ms (`--sweep`).
+    pub sweep: bool,
     pub scratch: PathBuf,
     /// MySQL databases created by this harness that are not dropped yet.
     databases: Mutex<Vec<String>>,
@@ -183,6 +185,7 @@ impl Env {
             store,
             redis,
             quick,
+            sweep: false,
             scratch,
             databases: Mutex::new(Vec::new()),
         }
@@ -390,6 +393,11 @@ impl Cluster {
     /// Every node's process, in node order.
     pub fn scheduler_pids(&self) -> Vec<u32> {
         self.schedulers.iter().map(Child::id).collect()
+    }
+
+    /// Every worker's process.
+    pub fn worker_pids(&self) -> Vec<u32> {
+        self.workers.iter().map(|(_, child)| child.id()).collect()
     }
 
     pub fn worker_pid(&self, id: &str) -> anyhow::Result<u32> {
@@ -882,6 +890,19 @@ pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let ticks = if ticks > 0 { ticks as f64 } else { 100.0 };
     Ok((utime + stime) as f64 / ticks)
+}
+
+/// The local MySQL/MariaDB server's process, when it runs on this machine (its CPU is part of
+/// what a workload costs).
+pub fn store_server_pid() -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
+            matches!(comm.trim(), "mariadbd" | "mysqld").then_some(pid)
+        })
 }
 
 /// A `/proc/PID/status` memory field (VmRSS, VmHWM) in MiB.

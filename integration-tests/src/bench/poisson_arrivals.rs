@@ -6,28 +6,185 @@
 //!
 //! On MySQL it then offers 500/s for a minute to three workers behind one node and behind three
 //! nodes (triggers spread over the nodes), and reports each with its busiest node's CPU.
+//!
+//! With `--sweep` it instead steps the rate up, 30 s a step, until the queue → start p99 passes
+//! 100 ms: the last rate under that is the knee. Each step reports what the processes and the
+//! store did (CPU of the node, the worker and a local MySQL server; commits, fsyncs and row lock
+//! waits on MySQL), which names what saturates. Then it offers twice the rate that crossed for a
+//! minute and compares the p99 of the arrivals in its first and last 20 s: past the knee, a
+//! latency that keeps growing while the offered rate is steady is a collapse; triggers the node
+//! refuses as overloaded are counted apart from errors.
 
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
+use sqlx::{Connection, Row};
 
 use super::{
     Checks, Cluster, ClusterSpec, Env, Measurement, StoreChoice, Target, cpu_seconds, percentile,
-    trigger, wall_ms, workflow_yaml,
+    store_server_pid, trigger, wall_ms, workflow_yaml,
 };
 
+const WORKFLOW: &str = "w9-arrivals";
+/// The sweep stops at the first step whose queue → start p99 passes this.
+const KNEE_P99_MS: f64 = 100.0;
+const SWEEP_STEP: Duration = Duration::from_secs(30);
+const SWEEP_RATES: &[f64] = &[
+    100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 800.0, 1000.0, 1250.0, 1500.0, 2000.0, 2500.0, 3000.0,
+];
+
+/// What one phase of arrivals did.
+struct Phase {
+    label: String,
+    offered: f64,
+    /// Queue → start of each run's instance, in arrival order.
+    queue: Vec<f64>,
+    arrival: Vec<f64>,
+    /// Runs that ended per second, from the first arrival to the last run's end.
+    completed_per_s: f64,
+    /// Triggers refused with RESOURCE_EXHAUSTED (the node shedding load).
+    shed: usize,
+    busiest_node_cpu: f64,
+    worker_cpu: f64,
+    store_cpu: Option<f64>,
+    store: Option<StoreActivity>,
+    lag_max: f64,
+}
+
+impl Phase {
+    fn p(&self, q: f64) -> f64 {
+        percentile(&self.queue, q)
+    }
+
+    /// The p99 of the arrivals in the first and the last `span` of the phase.
+    fn p99_at_ends(&self, span: usize) -> (f64, f64) {
+        let n = self.queue.len();
+        let span = span.min(n / 2).max(1);
+        (
+            percentile(&self.queue[..span.min(n)], 99.0),
+            percentile(&self.queue[n.saturating_sub(span)..], 99.0),
+        )
+    }
+
+    fn report(&self, m: &mut Measurement, p99_target: Option<f64>, cpu_target: bool) {
+        let label = &self.label;
+        m.figure(&format!("{label} offered rate"), "1/s", self.offered, None);
+        m.figure(
+            &format!("{label} runs ended per second"),
+            "1/s",
+            self.completed_per_s,
+            None,
+        );
+        m.figure(
+            &format!("{label} queue -> start p50"),
+            "ms",
+            self.p(50.0),
+            None,
+        );
+        m.figure(
+            &format!("{label} queue -> start p99"),
+            "ms",
+            self.p(99.0),
+            p99_target.map(Target::AtMost),
+        );
+        m.figure(
+            &format!("{label} arrival -> start p99"),
+            "ms",
+            percentile(&self.arrival, 99.0),
+            None,
+        );
+        m.figure(
+            &format!("{label} busiest node CPU"),
+            "% of a core",
+            self.busiest_node_cpu * 100.0,
+            cpu_target.then_some(Target::AtMost(50.0)),
+        );
+        m.figure(
+            &format!("{label} worker CPU"),
+            "% of a core",
+            self.worker_cpu * 100.0,
+            None,
+        );
+        if let Some(cpu) = self.store_cpu {
+            m.figure(
+                &format!("{label} store server CPU"),
+                "% of a core",
+                cpu * 100.0,
+                None,
+            );
+        }
+        if let Some(store) = &self.store {
+            m.figure(
+                &format!("{label} store commits"),
+                "1/s",
+                store.commits,
+                None,
+            );
+            m.figure(&format!("{label} store fsyncs"), "1/s", store.fsyncs, None);
+            m.figure(
+                &format!("{label} store row lock waits"),
+                "1/s",
+                store.lock_waits,
+                None,
+            );
+        }
+        if self.shed > 0 {
+            m.figure(
+                &format!("{label} triggers refused as overloaded"),
+                "",
+                self.shed as f64,
+                None,
+            );
+        }
+        m.figure(
+            &format!("{label} harness arrival lag max"),
+            "ms",
+            self.lag_max,
+            None,
+        );
+    }
+}
+
+/// What a MySQL server did over a phase, per second (server-wide counters).
+struct StoreActivity {
+    commits: f64,
+    fsyncs: f64,
+    lock_waits: f64,
+}
+
+async fn store_counters(server: &str) -> anyhow::Result<[f64; 3]> {
+    let mut conn = sqlx::MySqlConnection::connect(server).await?;
+    let rows = sqlx::query(
+        "SHOW GLOBAL STATUS WHERE Variable_name IN \
+         ('Handler_commit', 'Innodb_data_fsyncs', 'Innodb_row_lock_waits')",
+    )
+    .fetch_all(&mut conn)
+    .await?;
+    let _ = conn.close().await;
+    let mut counters = [0.0; 3];
+    for row in rows {
+        let name: String = row.try_get(0)?;
+        let value: String = row.try_get(1)?;
+        let slot = match name.as_str() {
+            "Handler_commit" => 0,
+            "Innodb_data_fsyncs" => 1,
+            _ => 2,
+        };
+        counters[slot] = value.parse().unwrap_or(0.0);
+    }
+    Ok(counters)
+}
+
 /// One phase of arrivals at `rate` on `cluster`; its figures are named `{prefix}@{rate}/s …`.
-#[allow(clippy::too_many_arguments)]
 async fn phase(
+    env: &Env,
     cluster: &mut Cluster,
     prefix: &str,
     rate: f64,
     duration: Duration,
-    p99_target: Option<f64>,
     rng: &mut rand::rngs::StdRng,
     checks: &mut Checks,
-    m: &mut Measurement,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Phase> {
     let label = format!("{prefix}@{rate:.0}/s");
     let mut arrivals = Vec::new();
     let mut t = 0.0f64;
@@ -44,11 +201,22 @@ async fn phase(
     for endpoint in &cluster.endpoints {
         controls.push(super::connect(endpoint).await?);
     }
-    let pids = cluster.scheduler_pids();
-    let cpu_before: Vec<f64> = pids
-        .iter()
-        .map(|pid| cpu_seconds(*pid))
-        .collect::<Result<_, _>>()?;
+    let nodes = cluster.scheduler_pids();
+    let workers = cluster.worker_pids();
+    let server = match &env.store {
+        StoreChoice::MySql(server) => Some(server.clone()),
+        StoreChoice::Sqlite(_) => None,
+    };
+    let store_pid = server.as_ref().and_then(|_| store_server_pid());
+    let cpu_of = |pids: &[u32]| -> anyhow::Result<Vec<f64>> {
+        pids.iter().map(|pid| cpu_seconds(*pid)).collect()
+    };
+    let (nodes_before, workers_before) = (cpu_of(&nodes)?, cpu_of(&workers)?);
+    let store_before = store_pid.map(cpu_seconds).transpose()?;
+    let counters_before = match &server {
+        Some(server) => Some(store_counters(server).await?),
+        None => None,
+    };
     let start = Instant::now();
     let start_wall = wall_ms();
     let mut lag_max = 0.0f64;
@@ -60,35 +228,73 @@ async fn phase(
         let mut control = controls[n % controls.len()].clone();
         let arrival_ms = start_wall + (*at * 1000.0) as i64;
         calls.push(tokio::spawn(async move {
-            (arrival_ms, trigger(&mut control, "w9-arrivals").await)
+            (arrival_ms, trigger(&mut control, WORKFLOW).await)
         }));
     }
     let window = start.elapsed().as_secs_f64();
-    let mut cpu = Vec::with_capacity(pids.len());
-    for (pid, before) in pids.iter().zip(cpu_before) {
-        cpu.push((cpu_seconds(*pid)? - before) / window);
-    }
+    let busiest_node_cpu = cpu_of(&nodes)?
+        .iter()
+        .zip(&nodes_before)
+        .map(|(after, before)| (after - before) / window)
+        .fold(0.0, f64::max);
+    let worker_cpu = cpu_of(&workers)?
+        .iter()
+        .zip(&workers_before)
+        .map(|(after, before)| (after - before) / window)
+        .sum();
+    let store_cpu = match (store_pid, store_before) {
+        (Some(pid), Some(before)) => Some((cpu_seconds(pid)? - before) / window),
+        _ => None,
+    };
+    let store = match (&server, counters_before) {
+        (Some(server), Some(before)) => {
+            let after = store_counters(server).await?;
+            let per_s = |i: usize| (after[i] - before[i]) / window;
+            Some(StoreActivity {
+                commits: per_s(0),
+                fsyncs: per_s(1),
+                lock_waits: per_s(2),
+            })
+        }
+        _ => None,
+    };
 
     let mut runs = Vec::with_capacity(calls.len());
     let mut arrival_of = std::collections::HashMap::new();
-    let mut errors = 0usize;
+    let (mut errors, mut shed) = (0usize, 0usize);
+    let mut first_error = None;
     for call in calls {
         match call.await? {
             (arrival, Ok(run)) => {
                 arrival_of.insert(run.id, arrival);
                 runs.push(run.id);
             }
-            (_, Err(_)) => errors += 1,
+            (_, Err(err)) => {
+                let overloaded = err
+                    .downcast_ref::<tonic::Status>()
+                    .is_some_and(|status| status.code() == tonic::Code::ResourceExhausted);
+                if overloaded {
+                    shed += 1;
+                } else {
+                    errors += 1;
+                    first_error.get_or_insert_with(|| format!("{err:#}"));
+                }
+            }
         }
     }
     cluster.runs.extend(runs.iter().copied());
     checks.add(
-        "every trigger was accepted",
+        "every trigger was accepted or refused as overloaded",
         errors == 0,
-        format!("{errors} of {} triggers failed {label}", arrivals.len()),
+        format!(
+            "{errors} of {} triggers failed {label}: {}",
+            arrivals.len(),
+            first_error.unwrap_or_default()
+        ),
     );
     cluster.wait_runs(&runs, Duration::from_secs(600)).await?;
-    let instances = cluster.verify_runs(&runs, 1, true, true, checks).await?;
+    let mut instances = cluster.verify_runs(&runs, 1, true, true, checks).await?;
+    instances.sort_by_key(|i| arrival_of.get(&i.run_id).copied().unwrap_or(i64::MAX));
     let queue: Vec<f64> = instances
         .iter()
         .map(|i| (i.started_at_ms - i.created_at_ms) as f64)
@@ -101,47 +307,31 @@ async fn phase(
                 .map(|a| (i.started_at_ms - a) as f64)
         })
         .collect();
-    m.figure(
-        &format!("{label} offered rate"),
-        "1/s",
-        arrivals.len() as f64 / duration.as_secs_f64(),
-        None,
-    );
-    m.figure(
-        &format!("{label} queue -> start p50"),
-        "ms",
-        percentile(&queue, 50.0),
-        None,
-    );
-    m.figure(
-        &format!("{label} queue -> start p99"),
-        "ms",
-        percentile(&queue, 99.0),
-        p99_target.map(Target::AtMost),
-    );
-    m.figure(
-        &format!("{label} arrival -> start p99"),
-        "ms",
-        percentile(&arrival, 99.0),
-        None,
-    );
-    let busiest = cpu.iter().copied().fold(0.0, f64::max);
-    m.figure(
-        &format!("{label} busiest node CPU"),
-        "% of a core",
-        busiest * 100.0,
-        (rate <= 200.0 && prefix.is_empty()).then_some(Target::AtMost(50.0)),
-    );
-    m.figure(
-        &format!("{label} harness arrival lag max"),
-        "ms",
+    let last_end = instances
+        .iter()
+        .map(|i| i.finished_at_ms)
+        .max()
+        .unwrap_or(start_wall);
+    let completed_per_s = instances.len() as f64 / ((last_end - start_wall).max(1) as f64 / 1000.0);
+    Ok(Phase {
+        label,
+        offered: arrivals.len() as f64 / duration.as_secs_f64(),
+        queue,
+        arrival,
+        completed_per_s,
+        shed,
+        busiest_node_cpu,
+        worker_cpu,
+        store_cpu,
+        store,
         lag_max,
-        None,
-    );
-    Ok(())
+    })
 }
 
 pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
+    if env.sweep {
+        return sweep(env).await;
+    }
     let phases: Vec<(f64, Duration, f64)> = if env.quick {
         vec![(20.0, Duration::from_secs(5), 20.0)]
     } else {
@@ -151,7 +341,7 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         ]
     };
     let workflow = workflow_yaml(
-        "w9-arrivals",
+        WORKFLOW,
         None,
         &[("nap".into(), "sleep 0.05".into(), Vec::new())],
     );
@@ -161,17 +351,8 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
     let mut cluster = env.start(&ClusterSpec::one_worker(64)).await?;
     cluster.apply(&workflow).await?;
     for (rate, duration, p99_target) in phases {
-        phase(
-            &mut cluster,
-            "",
-            rate,
-            duration,
-            Some(p99_target),
-            &mut rng,
-            &mut checks,
-            &mut m,
-        )
-        .await?;
+        let measured = phase(env, &mut cluster, "", rate, duration, &mut rng, &mut checks).await?;
+        measured.report(&mut m, Some(p99_target), rate <= 200.0);
     }
     cluster.shutdown().await?;
 
@@ -186,20 +367,105 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         for (nodes, prefix) in [(1, "3 workers, 1 node "), (3, "3 workers, 3 nodes ")] {
             let mut cluster = env.start(&ClusterSpec::nodes(nodes, 3, 22)).await?;
             cluster.apply(&workflow).await?;
-            phase(
+            let measured = phase(
+                env,
                 &mut cluster,
                 prefix,
                 rate,
                 duration,
-                None,
                 &mut rng,
                 &mut checks,
-                &mut m,
             )
             .await?;
+            measured.report(&mut m, None, false);
             cluster.shutdown().await?;
         }
     }
+    m.checks = checks.0;
+    Ok(m)
+}
+
+/// Steps the rate up until the p99 passes `KNEE_P99_MS`, then offers twice that rate for a
+/// minute to see what happens past the knee.
+async fn sweep(env: &Env) -> anyhow::Result<Measurement> {
+    let (step, overload, rates): (Duration, Duration, &[f64]) = if env.quick {
+        (
+            Duration::from_secs(3),
+            Duration::from_secs(6),
+            &[20.0, 40.0],
+        )
+    } else {
+        (SWEEP_STEP, Duration::from_secs(60), SWEEP_RATES)
+    };
+    let workflow = workflow_yaml(
+        WORKFLOW,
+        None,
+        &[("nap".into(), "sleep 0.05".into(), Vec::new())],
+    );
+    let mut m = Measurement::default();
+    let mut checks = Checks::default();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let mut cluster = env.start(&ClusterSpec::one_worker(64)).await?;
+    cluster.apply(&workflow).await?;
+    let mut knee = None;
+    let mut crossed = None;
+    for &rate in rates {
+        let measured = phase(
+            env,
+            &mut cluster,
+            "sweep ",
+            rate,
+            step,
+            &mut rng,
+            &mut checks,
+        )
+        .await?;
+        measured.report(&mut m, None, false);
+        if measured.p(99.0) > KNEE_P99_MS {
+            crossed = Some(rate);
+            break;
+        }
+        knee = Some(rate);
+    }
+    m.figure(
+        "knee: highest rate with queue -> start p99 <= 100 ms",
+        "1/s",
+        knee.unwrap_or(0.0),
+        None,
+    );
+    if let Some(rate) = crossed {
+        let past = phase(
+            env,
+            &mut cluster,
+            "past the knee ",
+            2.0 * rate,
+            overload,
+            &mut rng,
+            &mut checks,
+        )
+        .await?;
+        past.report(&mut m, None, false);
+        // The arrivals of the first and last third of the phase (20 s of a minute).
+        let span = past.queue.len() / 3;
+        let (first, last) = past.p99_at_ends(span);
+        m.figure(
+            "past the knee: queue -> start p99, first 20 s",
+            "ms",
+            first,
+            None,
+        );
+        m.figure(
+            "past the knee: queue -> start p99, last 20 s",
+            "ms",
+            last,
+            None,
+        );
+    } else {
+        m.notes.push(format!(
+            "the p99 stayed under {KNEE_P99_MS} ms up to the highest rate offered"
+        ));
+    }
+    cluster.shutdown().await?;
     m.checks = checks.0;
     Ok(m)
 }

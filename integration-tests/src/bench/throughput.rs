@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     Checks, ClusterSpec, Env, Measurement, StoreChoice, Target, cpu_seconds, percentile,
-    workflow_yaml,
+    store_server_pid, workflow_yaml,
 };
 
 /// One W1 pass on a cluster.
@@ -22,6 +22,9 @@ struct Pass {
     dispatch_to_start: Vec<f64>,
     /// Each node's CPU over the pass, in cores.
     node_cpu: Vec<f64>,
+    /// The workers' CPU (without their tasks) and a local MySQL server's, in cores.
+    worker_cpu: f64,
+    store_cpu: Option<f64>,
 }
 
 async fn pass(
@@ -43,6 +46,15 @@ async fn pass(
         .iter()
         .map(|pid| cpu_seconds(*pid))
         .collect::<Result<_, _>>()?;
+    let workers = cluster.worker_pids();
+    let workers_before: Vec<f64> = workers
+        .iter()
+        .map(|pid| cpu_seconds(*pid))
+        .collect::<Result<_, _>>()?;
+    let store_pid = matches!(env.store, StoreChoice::MySql(_))
+        .then(store_server_pid)
+        .flatten();
+    let store_before = store_pid.map(cpu_seconds).transpose()?;
     let started = Instant::now();
     let run = cluster.trigger("w1-independent").await?;
     cluster
@@ -53,6 +65,14 @@ async fn pass(
     for (pid, before) in pids.iter().zip(cpu_before) {
         node_cpu.push((cpu_seconds(*pid)? - before) / elapsed);
     }
+    let mut worker_cpu = 0.0;
+    for (pid, before) in workers.iter().zip(workers_before) {
+        worker_cpu += (cpu_seconds(*pid)? - before) / elapsed;
+    }
+    let store_cpu = match (store_pid, store_before) {
+        (Some(pid), Some(before)) => Some((cpu_seconds(pid)? - before) / elapsed),
+        _ => None,
+    };
 
     let instances = cluster
         .verify_runs(&[run.id], tasks, true, true, checks)
@@ -81,6 +101,8 @@ async fn pass(
         queue_to_start,
         dispatch_to_start,
         node_cpu,
+        worker_cpu,
+        store_cpu,
     })
 }
 
@@ -120,6 +142,21 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         percentile(&single.dispatch_to_start, 99.0),
         None,
     );
+    m.figure(
+        "scheduler CPU",
+        "% of a core",
+        single.node_cpu.iter().sum::<f64>() * 100.0,
+        None,
+    );
+    m.figure(
+        "worker CPU (without its tasks)",
+        "% of a core",
+        single.worker_cpu * 100.0,
+        None,
+    );
+    if let Some(cpu) = single.store_cpu {
+        m.figure("store server CPU", "% of a core", cpu * 100.0, None);
+    }
 
     if matches!(env.store, StoreChoice::MySql(_)) {
         let one = pass(env, &ClusterSpec::nodes(1, 3, 22), tasks, &mut checks).await?;

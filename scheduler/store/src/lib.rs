@@ -204,6 +204,57 @@ pub struct DispatchClaim {
     pub limits: Vec<ax_core::limits::Limit>,
 }
 
+/// A first attempt the store is about to create in a transaction: what a node needs to choose
+/// its worker (see [`Placement`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewAttempt {
+    pub instance_id: InstanceId,
+    pub run_id: RunId,
+    pub workflow_id: WorkflowId,
+    pub workflow_version: u32,
+    pub task: String,
+    pub priority: i32,
+    pub created_at: Millis,
+}
+
+/// Chooses, inside the transaction that creates a first attempt (a run's root task, or a task
+/// whose upstreams have just succeeded), the worker it goes to now. A placed attempt is created
+/// DISPATCHED with its attempt row, as a claim would leave it, so a task that can start at once
+/// costs one commit between becoming ready and its dispatch instead of two (the creation, then
+/// the dispatcher's claim). The caller sends it after the commit. `place` is called while the
+/// transaction holds its locks: it must answer from memory. A transaction retried after a
+/// deadlock calls it again for new instance ids; only the attempts returned with the result
+/// were created.
+pub trait Placement: Send {
+    /// The node that claims what it places.
+    fn node_id(&self) -> &str;
+    /// The worker for `attempt` when it can go now; `None` leaves it WAITING.
+    fn place(&mut self, attempt: &NewAttempt) -> Option<String>;
+}
+
+/// Places nothing: every first attempt is created WAITING.
+pub struct NoPlacement;
+
+impl Placement for NoPlacement {
+    fn node_id(&self) -> &str {
+        ""
+    }
+
+    fn place(&mut self, _: &NewAttempt) -> Option<String> {
+        None
+    }
+}
+
+/// A first attempt created DISPATCHED to `worker_id`, with what its dispatch carries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlacedAttempt {
+    pub attempt: NewAttempt,
+    pub worker_id: String,
+    pub dispatched_at: Millis,
+    pub logical_time: Millis,
+    pub params: BTreeMap<String, String>,
+}
+
 /// How an attempt ended, as far as the store is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttemptEnd {
@@ -422,6 +473,9 @@ pub struct ActiveCounts {
     /// Runs in the run queue (QUEUED): its depth.
     pub queued_runs: u64,
     pub running_runs: u64,
+    /// Since when the oldest WAITING instance has been ready to go (its creation, or the end
+    /// of its retry backoff), when one is.
+    pub oldest_ready_since: Option<Millis>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -803,7 +857,16 @@ pub trait Store: Send + Sync + 'static {
     async fn create_run(&self, run: &NewRun) -> Result<(RunRecord, bool)>;
     /// `create_run` for several runs in one transaction, in order (each sees the ones before
     /// it). On an error nothing is created; the caller may retry the runs one by one.
-    async fn create_runs(&self, runs: &[NewRun]) -> Result<Vec<(RunRecord, bool)>>;
+    async fn create_runs(&self, runs: &[NewRun]) -> Result<Vec<(RunRecord, bool)>> {
+        Ok(self.create_runs_placed(runs, &mut NoPlacement).await?.0)
+    }
+    /// `create_runs`, with each new root instance offered to `placement`: the ones it places
+    /// are created DISPATCHED and returned (see [`Placement`]).
+    async fn create_runs_placed(
+        &self,
+        runs: &[NewRun],
+        placement: &mut dyn Placement,
+    ) -> Result<(Vec<(RunRecord, bool)>, Vec<PlacedAttempt>)>;
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>>;
     /// Newest first; with `before`, only runs with a smaller id (the next page).
     async fn list_runs(
@@ -892,7 +955,20 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
     ) -> Result<bool>;
     /// Applies worker reports in one transaction, in order; one result per report.
-    async fn apply_reports(&self, reports: &[Report], now: Millis) -> Result<Vec<ReportResult>>;
+    async fn apply_reports(&self, reports: &[Report], now: Millis) -> Result<Vec<ReportResult>> {
+        Ok(self
+            .apply_reports_placed(reports, now, &mut NoPlacement)
+            .await?
+            .0)
+    }
+    /// `apply_reports`, with each first attempt the advance creates offered to `placement`:
+    /// the ones it places are created DISPATCHED and returned (see [`Placement`]).
+    async fn apply_reports_placed(
+        &self,
+        reports: &[Report],
+        now: Millis,
+        placement: &mut dyn Placement,
+    ) -> Result<(Vec<ReportResult>, Vec<PlacedAttempt>)>;
 
     // --- logs ---
 

@@ -20,6 +20,7 @@ mod locks;
 mod logs;
 mod nodes;
 mod patch;
+mod placing;
 mod queue;
 mod reports;
 mod rerun;

@@ -943,6 +943,8 @@ mod scenarios {
                 running: 1,
                 queued_runs: 0,
                 running_runs: 1,
+                // The one WAITING instance was created with the run.
+                oldest_ready_since: Some(T0),
             }
         );
         s.cancel_run(run.id, T0 + 99).await.unwrap();
@@ -2186,4 +2188,5 @@ mod advance_cost;
 mod dispatch;
 mod group_cost;
 mod interleavings;
+mod placement;
 mod queue;

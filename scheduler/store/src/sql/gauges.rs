@@ -1,5 +1,5 @@
-//! The counts a node's `/metrics` shows as gauges: active instances by state and runs waiting in
-//! the run queue. Each is one indexed range count (`idx_task_instance_queue` and `idx_run_state`
+//! The counts a node's `/metrics` shows as gauges: active instances by state, runs waiting in
+//! the run queue, and how long the oldest ready instance has waited. Each is one indexed range count (`idx_task_instance_queue` and `idx_run_state`
 //! lead with the state), so its cost follows what is active now, never the history.
 
 use sqlx::Row;
@@ -39,5 +39,13 @@ pub(crate) async fn active_counts(store: &SqlStore) -> Result<ActiveCounts> {
             _ => {}
         }
     }
+    // Through the queue index's WAITING range: its length is the backlog. A retry whose backoff
+    // is not over yet has a later time than any ready instance, so the minimum is a ready one's
+    // whenever one is ready.
+    let row =
+        sqlx::query("SELECT MIN(not_before) AS since FROM task_instance WHERE state = 'WAITING'")
+            .fetch_one(&store.pool)
+            .await?;
+    counts.oldest_ready_since = row.try_get::<Option<i64>, _>("since")?;
     Ok(counts)
 }

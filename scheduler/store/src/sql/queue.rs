@@ -20,6 +20,7 @@ use ax_core::spec::{ConcurrencySpec, OverlapPolicy, ScheduleSpec, TriggerKind};
 use sqlx::{AnyConnection, Row};
 
 use super::counted::Counted;
+use super::placing::Placing;
 use super::rows::{corrupt, to_u32};
 use super::run_create::{RootsOf, facts_of_version, insert_roots_of};
 use super::{SqlStore, in_list};
@@ -209,7 +210,7 @@ async fn insert_roots(
         facts: &facts,
         now,
     };
-    insert_roots_of(store, &mut c, &[roots]).await?;
+    insert_roots_of(store, &mut c, &[roots], &mut Placing::none()).await?;
     Ok(())
 }
 

@@ -14,9 +14,10 @@ use super::dispatch::Ended;
 use super::downstream_tasks::VersionTask;
 use super::ids::IdKind;
 use super::patch::{Patches, Table, Value};
+use super::placing::{Placed, Placing};
 use super::rows::{instance_state, to_u32};
 use super::{Dialect, NAMES_PER_STATEMENT, SqlStore, in_list, pow2_chunks, values_rows};
-use crate::{Applied, AttemptEnd, Report, ReportResult, Result};
+use crate::{Applied, AttemptEnd, NewAttempt, Report, ReportResult, Result};
 
 /// The facts about an instance a transition needs.
 #[derive(Debug, Clone)]
@@ -148,9 +149,10 @@ pub(crate) async fn apply_reports(
     c: &mut AnyConnection,
     reports: &[Report],
     now: Millis,
+    placing: &mut Placing<'_>,
 ) -> Result<Vec<ReportResult>> {
     let mut c = Counted::new(c);
-    let result = apply_counted(store, &mut c, reports, now).await;
+    let result = apply_counted(store, &mut c, reports, now, placing).await;
     store.count_report_statements(c.statements());
     result
 }
@@ -160,6 +162,7 @@ async fn apply_counted(
     c: &mut Counted<'_>,
     reports: &[Report],
     now: Millis,
+    placing: &mut Placing<'_>,
 ) -> Result<Vec<ReportResult>> {
     let ids: BTreeSet<i64> = reports.iter().map(|r| r.key().0.0).collect();
     // Only an attempt's end moves a run: it may create downstream instances or end the run,
@@ -214,7 +217,9 @@ async fn apply_counted(
     let sent =
         writes.instances.write(c.uncounted()).await? + writes.attempts.write(c.uncounted()).await?;
     c.add(sent);
-    after.carry_out(store, c, now, &mut results).await?;
+    after
+        .carry_out(store, c, now, &mut results, placing)
+        .await?;
     Ok(results)
 }
 
@@ -405,6 +410,7 @@ impl AfterBatch {
         c: &mut Counted<'_>,
         now: Millis,
         results: &mut [ReportResult],
+        placing: &mut Placing<'_>,
     ) -> Result<()> {
         let AfterBatch {
             mut succeeded,
@@ -436,7 +442,7 @@ impl AfterBatch {
             }
         }
         candidates.reverse();
-        let created = create_ready(store, c, &candidates, now).await?;
+        let created = create_ready(store, c, &candidates, now, placing).await?;
         for ((index, _, _), created) in candidates.iter().zip(created) {
             if created > 0
                 && let Some(ReportResult::Applied(applied)) = results.get_mut(*index)
@@ -769,6 +775,7 @@ async fn create_ready(
     c: &mut Counted<'_>,
     candidates: &[(usize, InstanceKey, String)],
     now: Millis,
+    placing: &mut Placing<'_>,
 ) -> Result<Vec<u32>> {
     let mut created = vec![0u32; candidates.len()];
     let mut versions: BTreeMap<(i64, i64), CandidatesOfVersion<'_>> = BTreeMap::new();
@@ -784,7 +791,7 @@ async fn create_ready(
         if ready.is_empty() {
             continue;
         }
-        let woke = insert_first_attempts(store, c, workflow, version, &ready, now).await?;
+        let woke = insert_first_attempts(store, c, workflow, version, &ready, now, placing).await?;
         for ((run, task), n) in woke {
             if let Some(&i) = wanted.get(&(run, task.as_str())) {
                 created[i] = n;
@@ -896,9 +903,10 @@ async fn count_succeeded(
     Ok(())
 }
 
-/// Inserts the WAITING first attempt of each ready (run, task), in multi-row statements; a task
-/// whose instance exists already (it ran before a rerun from above and is PENDING) is woken
-/// instead. Returns, per (run, task), the instances created or woken.
+/// Inserts the first attempt of each ready (run, task), in multi-row statements: WAITING, or
+/// DISPATCHED with its attempt row when `placing` places it. A task whose instance exists
+/// already (it ran before a rerun from above and is PENDING) is woken instead. Returns, per
+/// (run, task), the instances created or woken.
 async fn insert_first_attempts(
     store: &SqlStore,
     c: &mut Counted<'_>,
@@ -906,28 +914,47 @@ async fn insert_first_attempts(
     version: i64,
     ready: &[Ready],
     now: Millis,
+    placing: &mut Placing<'_>,
 ) -> Result<HashMap<(i64, String), u32>> {
     let ids = store
         .take_ids(c.uncounted(), IdKind::Instance, ready.len())
         .await?;
-    let rows: Vec<(i64, &Ready)> = ids.iter().copied().zip(ready).collect();
+    let rows: Vec<(i64, &Ready, Placed)> = ids
+        .iter()
+        .copied()
+        .zip(ready)
+        .map(|(id, ready)| {
+            let (run, task, priority) = ready;
+            let placed = placing.place(NewAttempt {
+                instance_id: InstanceId(id),
+                run_id: RunId(*run),
+                workflow_id: WorkflowId(workflow),
+                workflow_version: version as u32,
+                task: task.clone(),
+                priority: *priority as i32,
+                created_at: now,
+            });
+            (id, ready, placed)
+        })
+        .collect();
     let mut inserted = 0;
     for rows in pow2_chunks(&rows) {
         let sql = format!(
             "{} task_instance (id, run_id, workflow_id, workflow_version, task_name, state, \
-             attempt, priority, not_before, created_at) VALUES {}",
+             worker_id, attempt, priority, not_before, created_at) VALUES {}",
             store.dialect.insert_ignore(),
-            values_rows(rows.len(), 10)
+            values_rows(rows.len(), 11)
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for (id, (run, task, priority)) in rows {
+        for (id, (run, task, priority), (state, worker)) in rows {
             query = query
                 .bind(*id)
                 .bind(*run)
                 .bind(workflow)
                 .bind(version)
                 .bind(task.as_str())
-                .bind(InstanceState::Waiting.as_str())
+                .bind(*state)
+                .bind(worker.clone())
                 .bind(1i64)
                 .bind(*priority)
                 .bind(now)
@@ -940,8 +967,16 @@ async fn insert_first_attempts(
         .map(|(run, task, _)| ((*run, task.clone()), 1))
         .collect();
     if inserted as usize == ready.len() {
+        placing.write_attempts(c.uncounted()).await?;
         return Ok(woke);
     }
+    // The fresh id each (run, task) was offered: where the task had an instance already, that
+    // id was not inserted, and what was placed under it is not dispatched.
+    let offered: HashMap<(i64, &str), i64> = rows
+        .iter()
+        .map(|(id, (run, task, _), _)| ((*run, task.as_str()), *id))
+        .collect();
+    let mut ignored = BTreeSet::new();
     // Some instances existed: the ones whose id is not one this call took. Rare (a rerun from
     // above), so one read per run.
     let fresh: BTreeSet<i64> = ids.into_iter().collect();
@@ -965,10 +1000,15 @@ async fn insert_first_attempts(
             let id: i64 = row.try_get("id")?;
             if !fresh.contains(&id) {
                 let task: String = row.try_get("task_name")?;
+                if let Some(offered) = offered.get(&(run, task.as_str())) {
+                    ignored.insert(*offered);
+                }
                 let n = super::rerun::wake_pending(c.uncounted(), RunId(run), &task, now).await?;
                 woke.insert((run, task), n);
             }
         }
     }
+    placing.not_inserted(&ignored);
+    placing.write_attempts(c.uncounted()).await?;
     Ok(woke)
 }

@@ -13,17 +13,20 @@ use ax_core::Millis;
 use ax_core::audit_text;
 use ax_core::decision::DecisionKind;
 use ax_core::firing::Admission;
-use ax_core::ids::RunId;
+use ax_core::ids::{InstanceId, RunId, WorkflowId};
 use ax_core::run::{RunProgress, RunState, run_outcome};
 use sqlx::{AnyConnection, Row};
 
 use super::audit;
 use super::counted::Counted;
 use super::ids::IdKind;
+use super::placing::Placing;
 use super::queue::{self, Limits};
 use super::rows::{self, corrupt, to_json};
 use super::{SqlStore, db_errors, in_list, pow2_chunks, values_rows, write_tx};
-use crate::{AuditRecord, NewRun, Result, RunRecord, Store, StoreError};
+use crate::{
+    AuditRecord, NewAttempt, NewRun, PlacedAttempt, Placement, Result, RunRecord, Store, StoreError,
+};
 
 pub(crate) async fn create_run(store: &SqlStore, run: &NewRun) -> Result<(RunRecord, bool)> {
     let mut created = store.create_runs(std::slice::from_ref(run)).await?;
@@ -35,15 +38,19 @@ pub(crate) async fn create_run(store: &SqlStore, run: &NewRun) -> Result<(RunRec
 pub(crate) async fn create_runs(
     store: &SqlStore,
     runs: &[NewRun],
-) -> Result<Vec<(RunRecord, bool)>> {
+    placement: &mut dyn Placement,
+) -> Result<(Vec<(RunRecord, bool)>, Vec<PlacedAttempt>)> {
     if runs.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
-    write_tx!(store, |c| async move {
-        let mut c = Counted::new(c);
-        let created = create_runs_tx(store, &mut c, runs).await;
-        store.count_create_statements(c.statements());
-        Ok(created?.into_iter().map(Into::into).collect())
+    let now = runs.iter().map(|run| run.now).max().unwrap_or_default();
+    write_tx!(store, |c| async {
+        let mut placing = Placing::new(&mut *placement, now);
+        let mut counted = Counted::new(&mut *c);
+        let created = create_runs_tx(store, &mut counted, runs, &mut placing).await;
+        store.count_create_statements(counted.statements());
+        let created = created?.into_iter().map(Into::into).collect();
+        Ok((created, placing.finish(c).await?))
     })
 }
 
@@ -75,7 +82,13 @@ pub(crate) async fn create_run_tx(
     c: &mut AnyConnection,
     run: &NewRun,
 ) -> Result<Created> {
-    let created = create_runs_tx(store, &mut Counted::new(c), std::slice::from_ref(run)).await?;
+    let created = create_runs_tx(
+        store,
+        &mut Counted::new(c),
+        std::slice::from_ref(run),
+        &mut Placing::none(),
+    )
+    .await?;
     created
         .into_iter()
         .next()
@@ -108,6 +121,7 @@ pub(crate) async fn create_runs_tx(
     store: &SqlStore,
     c: &mut Counted<'_>,
     runs: &[NewRun],
+    placing: &mut Placing<'_>,
 ) -> Result<Vec<Created>> {
     let mut known = runs_by_dedup(c, runs).await?;
     let versions = version_facts(c, runs).await?;
@@ -140,7 +154,8 @@ pub(crate) async fn create_runs_tx(
         }
     }
     if !batched.is_empty() {
-        let inserted = insert_started(store, c, runs, &batched, &workflows, &versions).await?;
+        let inserted =
+            insert_started(store, c, runs, &batched, &workflows, &versions, placing).await?;
         for (i, plan) in batched.into_iter().zip(inserted) {
             plans[i] = plan;
         }
@@ -344,7 +359,13 @@ async fn insert_one(
             .await?;
         }
         Admission::Start => {
-            insert_roots_of(store, c, &[RootsOf::new(id, run, facts)]).await?;
+            insert_roots_of(
+                store,
+                c,
+                &[RootsOf::new(id, run, facts)],
+                &mut Placing::none(),
+            )
+            .await?;
         }
     }
     Ok(Plan::New(row.record(workflow)))
@@ -361,6 +382,7 @@ async fn insert_started(
     positions: &[usize],
     workflows: &HashMap<i64, WorkflowFacts>,
     versions: &HashMap<(i64, i64), VersionFacts>,
+    placing: &mut Placing<'_>,
 ) -> Result<Vec<Plan>> {
     let ids = store
         .take_ids(c.uncounted(), IdKind::Run, positions.len())
@@ -415,7 +437,10 @@ async fn insert_started(
         .iter()
         .map(|row| Ok(RootsOf::new(row.id, row.run, facts_of(versions, row.run)?)))
         .collect::<Result<_>>()?;
-    insert_roots_of(store, c, &roots).await?;
+    for row in &rows {
+        placing.run_facts(row.id, row.run.logical_time, &row.run.params);
+    }
+    insert_roots_of(store, c, &roots, placing).await?;
     rows.iter()
         .map(|row| Ok(Plan::New(row.record(workflow_of(workflows, row.run)?))))
         .collect()
@@ -442,12 +467,13 @@ impl<'a> RootsOf<'a> {
     }
 }
 
-/// Inserts a WAITING attempt-1 instance for each root task of each run, in multi-row
-/// statements; returns how many.
+/// Inserts an attempt-1 instance for each root task of each run, in multi-row statements:
+/// WAITING, or DISPATCHED with its attempt row when `placing` places it. Returns how many.
 pub(crate) async fn insert_roots_of(
     store: &SqlStore,
     c: &mut Counted<'_>,
     runs: &[RootsOf<'_>],
+    placing: &mut Placing<'_>,
 ) -> Result<usize> {
     let rows: Vec<(&RootsOf, &(String, i64))> = runs
         .iter()
@@ -459,22 +485,38 @@ pub(crate) async fn insert_roots_of(
     let ids = store
         .take_ids(c.uncounted(), IdKind::Instance, rows.len())
         .await?;
-    let rows: Vec<_> = rows.into_iter().zip(ids).collect();
+    let rows: Vec<_> = rows
+        .into_iter()
+        .zip(ids)
+        .map(|((run, (task, priority)), id)| {
+            let placed = placing.place(NewAttempt {
+                instance_id: InstanceId(id),
+                run_id: RunId(run.run_id),
+                workflow_id: WorkflowId(run.workflow_id),
+                workflow_version: run.version as u32,
+                task: task.clone(),
+                priority: *priority as i32,
+                created_at: run.now,
+            });
+            (run, task, *priority, id, placed)
+        })
+        .collect();
     for chunk in pow2_chunks(&rows) {
         let sql = format!(
             "INSERT INTO task_instance (id, run_id, workflow_id, workflow_version, task_name, \
-             state, attempt, priority, not_before, created_at) VALUES {}",
-            values_rows(chunk.len(), 10)
+             state, worker_id, attempt, priority, not_before, created_at) VALUES {}",
+            values_rows(chunk.len(), 11)
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for ((run, (task, priority)), id) in chunk {
+        for (run, task, priority, id, (state, worker)) in chunk {
             query = query
                 .bind(*id)
                 .bind(run.run_id)
                 .bind(run.workflow_id)
                 .bind(run.version)
                 .bind(task.as_str())
-                .bind("WAITING")
+                .bind(*state)
+                .bind(worker.clone())
                 .bind(1i64)
                 .bind(*priority)
                 .bind(run.now)
@@ -482,6 +524,7 @@ pub(crate) async fn insert_roots_of(
         }
         query.execute(&mut *c).await?;
     }
+    placing.write_attempts(c.uncounted()).await?;
     Ok(rows.len())
 }
 

@@ -17,6 +17,7 @@ use ax_core::run::RunState;
 use ax_core::spec::WorkflowSpec;
 
 use super::counted::Counted;
+use super::placing::Placing;
 use super::{
     SqlStore, access, audit, cancel, decisions, dependents, dispatch, gauges, logs, nodes, reports,
     rerun, run_create, runs, workers, workflows, write_tx,
@@ -24,9 +25,9 @@ use super::{
 use crate::{
     ActiveAttempt, ActiveCounts, ApplyOutcome, AttemptRecord, AuditFilter, AuditRecord, Backend,
     CancelledAttempt, DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord,
-    LeaseClaim, LogChunk, ManualRetry, NewRun, NewToken, NodeLease, QueueShare, Report,
-    ReportResult, RerunFailed, Result, RunRecord, SecretRecord, Store, StoredLine, TokenRecord,
-    WaitingInstance, WorkerRecord, WorkflowRecord,
+    LeaseClaim, LogChunk, ManualRetry, NewRun, NewToken, NodeLease, PlacedAttempt, Placement,
+    QueueShare, Report, ReportResult, RerunFailed, Result, RunRecord, SecretRecord, Store,
+    StoredLine, TokenRecord, WaitingInstance, WorkerRecord, WorkflowRecord,
 };
 
 #[async_trait::async_trait]
@@ -87,8 +88,12 @@ impl Store for SqlStore {
         run_create::create_run(self, run).await
     }
 
-    async fn create_runs(&self, runs: &[NewRun]) -> Result<Vec<(RunRecord, bool)>> {
-        run_create::create_runs(self, runs).await
+    async fn create_runs_placed(
+        &self,
+        runs: &[NewRun],
+        placement: &mut dyn Placement,
+    ) -> Result<(Vec<(RunRecord, bool)>, Vec<PlacedAttempt>)> {
+        run_create::create_runs(self, runs, placement).await
     }
 
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
@@ -208,11 +213,20 @@ impl Store for SqlStore {
         ))
     }
 
-    async fn apply_reports(&self, reports: &[Report], now: Millis) -> Result<Vec<ReportResult>> {
+    async fn apply_reports_placed(
+        &self,
+        reports: &[Report],
+        now: Millis,
+        placement: &mut dyn Placement,
+    ) -> Result<(Vec<ReportResult>, Vec<PlacedAttempt>)> {
         if reports.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
-        write_tx!(self, |c| reports::apply_reports(self, c, reports, now))
+        write_tx!(self, |c| async {
+            let mut placing = Placing::new(&mut *placement, now);
+            let results = reports::apply_reports(self, c, reports, now, &mut placing).await?;
+            Ok((results, placing.finish(c).await?))
+        })
     }
 
     async fn append_logs(&self, chunks: &[LogChunk]) -> Result<()> {

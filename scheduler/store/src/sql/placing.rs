@@ -53,6 +53,11 @@ impl<'p> Placing<'p> {
         }
     }
 
+    /// Whether anything may be placed.
+    pub(crate) fn is_active(&self) -> bool {
+        self.placement.is_some()
+    }
+
     /// The state and worker to insert a new first attempt with: DISPATCHED to a worker when it
     /// is placed, WAITING otherwise.
     pub(crate) fn place(&mut self, attempt: NewAttempt) -> Placed {

@@ -64,8 +64,34 @@ pub async fn run(node: Arc<Node>, mut inbox: mpsc::Receiver<Envelope>, cancel: C
         if received == 0 {
             return;
         }
+        if batch.iter().all(|envelope| !ends_attempt(&envelope.report)) {
+            linger(&mut inbox, &mut batch).await;
+        }
         apply(&node, &batch).await;
         batch.clear();
+    }
+}
+
+/// How long a batch of starts and heartbeats waits for more reports before it is applied.
+const LINGER: Duration = Duration::from_millis(2);
+
+fn ends_attempt(report: &Report) -> bool {
+    matches!(report, Report::Finished { .. } | Report::Rejected { .. })
+}
+
+/// Lets a batch of starts and heartbeats wait up to `LINGER` for an attempt's end, which then
+/// goes in the same transaction. A short task's start and end arrive a moment apart: applied
+/// one after the other, the end (which makes the next task ready) would wait for the start's
+/// whole transaction. Nothing waits on a start being stored but the views.
+async fn linger(inbox: &mut mpsc::Receiver<Envelope>, batch: &mut Vec<Envelope>) {
+    let deadline = tokio::time::Instant::now() + LINGER;
+    while batch.len() < MAX_BATCH {
+        let room = MAX_BATCH - batch.len();
+        match tokio::time::timeout_at(deadline, inbox.recv_many(batch, room)).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) if batch.iter().any(|envelope| ends_attempt(&envelope.report)) => return,
+            Ok(_) => {}
+        }
     }
 }
 

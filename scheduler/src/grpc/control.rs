@@ -28,6 +28,7 @@ use crate::specs::VersionedSpec;
 
 mod access;
 mod dag;
+mod purge;
 mod secrets;
 
 use access::Call;
@@ -961,6 +962,14 @@ impl ControlService for ControlApi {
             .await;
         }
         Ok(Response::new(response))
+    }
+
+    async fn purge_runs(
+        &self,
+        request: Request<pb::PurgeRunsRequest>,
+    ) -> Result<Response<pb::PurgeRunsResponse>, Status> {
+        let call = Call::of(&request);
+        self.purge_runs_call(&call, request.into_inner()).await
     }
 
     async fn list_nodes(

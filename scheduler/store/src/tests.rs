@@ -2186,4 +2186,5 @@ mod advance_cost;
 mod dispatch;
 mod group_cost;
 mod interleavings;
+mod purge;
 mod queue;

@@ -65,11 +65,12 @@ async fn purge_due(node: &Node, cancel: &CancellationToken) -> anyhow::Result<Pu
     let default_ms = node.options.retention.map(|keep| keep.as_millis() as u64);
     let workflows = node
         .store
-        .list_workflows(None)
+        .list_workflow_heads(None)
         .await
         .context("listing workflows")?;
     for workflow in workflows {
-        let cutoff = ax_core::retention::cutoff(workflow.spec.retention, default_ms, now_ms());
+        let spec = node.specs.get(workflow.id, workflow.version).await?;
+        let cutoff = ax_core::retention::cutoff(spec.spec.retention, default_ms, now_ms());
         let Some(cutoff) = cutoff else { continue };
         total += purge_workflow(node, workflow.id, cutoff, false, cancel)
             .await

@@ -72,6 +72,18 @@ pub struct WorkflowRecord {
     pub updated_at: Millis,
 }
 
+/// A workflow and its latest version number, without the version's spec: what a list of many
+/// workflows reads before it takes their specs from a cache (versions never change).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkflowHead {
+    pub id: WorkflowId,
+    pub name: String,
+    pub version: u32,
+    pub paused: bool,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApplyOutcome {
     Created,
@@ -827,6 +839,9 @@ pub trait Store: Send + Sync + 'static {
         version: u32,
     ) -> Result<Option<WorkflowRecord>>;
     async fn list_workflows(&self, app: Option<&str>) -> Result<Vec<WorkflowRecord>>;
+    /// [`Store::list_workflows`] without the specs and sources, by name: one row per workflow,
+    /// however large its definition.
+    async fn list_workflow_heads(&self, app: Option<&str>) -> Result<Vec<WorkflowHead>>;
     /// Pauses or resumes a workflow's schedule. On resume `next_fire_at` replaces the stored one.
     async fn set_paused(
         &self,

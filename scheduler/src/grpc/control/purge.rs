@@ -31,11 +31,17 @@ impl ControlApi {
             for workflow in self
                 .node
                 .store
-                .list_workflows(None)
+                .list_workflow_heads(None)
                 .await
                 .map_err(store_status)?
             {
-                if workflow.spec.retention == Some(Retention::Forever) {
+                let versioned = self
+                    .node
+                    .specs
+                    .get(workflow.id, workflow.version)
+                    .await
+                    .map_err(store_status)?;
+                if versioned.spec.retention == Some(Retention::Forever) {
                     kept_forever.push(workflow.name);
                 } else {
                     targets.push((workflow.id, workflow.name));

@@ -26,7 +26,7 @@ use crate::{
     CancelledAttempt, DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord,
     LeaseClaim, LogChunk, ManualRetry, NewRun, NewToken, NodeLease, PurgeProgress, PurgeStep,
     QueueShare, Report, ReportResult, RerunFailed, Result, RunRecord, SecretRecord, Store,
-    StoredLine, TokenRecord, WaitingInstance, WorkerRecord, WorkflowRecord,
+    StoredLine, TokenRecord, WaitingInstance, WorkerRecord, WorkflowHead, WorkflowRecord,
 };
 
 #[async_trait::async_trait]
@@ -63,6 +63,10 @@ impl Store for SqlStore {
 
     async fn list_workflows(&self, app: Option<&str>) -> Result<Vec<WorkflowRecord>> {
         workflows::list_workflows(self, app).await
+    }
+
+    async fn list_workflow_heads(&self, app: Option<&str>) -> Result<Vec<WorkflowHead>> {
+        workflows::list_workflow_heads(self, app).await
     }
 
     async fn set_paused(

@@ -67,7 +67,7 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
     let mut m = Measurement::default();
     m.figure("finished runs in the store", "", history as f64, None);
     m.figure("history insert", "rows/s", rows as f64 / insert_secs, None);
-    m.figure("history insert", "s", insert_secs, None);
+    m.figure("history insert, time", "s", insert_secs, None);
 
     let runs_url = format!("runs?workflow={NAME}&limit={PAGE}");
     let (newest_ms, newest) = api.times(&runs_url).await?;
@@ -421,14 +421,14 @@ async fn purge_under_load(
     let rows =
         purged.runs + purged.instances + purged.attempts + purged.log_chunks + purged.decisions;
     m.figure("purged runs", "", purged.runs as f64, None);
-    m.figure("purge", "s", purge_secs, None);
+    m.figure("purge, time", "s", purge_secs, None);
     m.figure(
-        "purge rate",
+        "purge rate, runs",
         "runs/s",
         purged.runs as f64 / purge_secs,
         None,
     );
-    m.figure("purge rate", "rows/s", rows as f64 / purge_secs, None);
+    m.figure("purge rate, rows", "rows/s", rows as f64 / purge_secs, None);
     for (phase, latencies) in [("without a purge", &alone), ("during the purge", &during)] {
         m.figure(
             &format!("trickle queue → start p50, {phase}"),

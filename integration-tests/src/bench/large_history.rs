@@ -49,6 +49,7 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         None,
     );
     m.figure("history insert", "rows/s", rows as f64 / insert_secs, None);
+    m.figure("history insert, time", "s", insert_secs, None);
     m.figure(
         "per-hop median, empty store",
         "ms",

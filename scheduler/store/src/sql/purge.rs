@@ -20,9 +20,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ax_core::Millis;
 use ax_core::ids::{RunId, WorkflowId};
+use ax_core::retention::purgeable;
 use sqlx::{AnyConnection, Row};
 
-use super::{SqlStore, in_list, write_tx};
+use super::rows::run_state;
+use super::{Dialect, SqlStore, in_list, write_tx};
 use crate::{PurgeCounts, PurgeCursor, PurgeProgress, PurgeStep, Result};
 
 /// The run states a purge may take: ended ones.
@@ -116,7 +118,8 @@ pub(crate) async fn purge_runs(store: &SqlStore, step: &PurgeStep) -> Result<Pur
 
 /// The next ended runs of the step's workflow past the cursor, in end order, without a lock.
 /// The statement goes as text with its numbers in it (every value spliced in is a number), as
-/// `runs.rs` pages runs: MariaDB plans it as one range of `idx_run_finished` then.
+/// `runs.rs` pages runs, and names its index on both backends: without statistics either may
+/// prefer `idx_run_state`, a scan of every ended run.
 async fn next_ended_runs(
     store: &SqlStore,
     c: &mut AnyConnection,
@@ -124,7 +127,10 @@ async fn next_ended_runs(
 ) -> Result<Vec<Candidate>> {
     let mut sql = format!(
         "SELECT id, finished_at FROM run{} WHERE workflow_id = {} AND finished_at < {}",
-        store.dialect.force_index("idx_run_finished"),
+        match store.dialect {
+            Dialect::MySql => " FORCE INDEX (idx_run_finished)",
+            Dialect::Sqlite => " INDEXED BY idx_run_finished",
+        },
         step.workflow_id.0,
         step.ended_before
     );
@@ -292,23 +298,26 @@ async fn delete(
         return Ok(PurgeCounts::default());
     }
     // Ascending, by primary key: the lock order's first table. A run reopened since it was
-    // read (a manual retry ends with `finished_at` NULL) no longer matches and is left alone.
+    // read (a manual retry leaves `finished_at` NULL) is no longer purgeable and is left alone.
+    // The rows are read by id alone and judged here: given the state and end time too, SQLite
+    // plans a list of a few hundred ids as a scan of every ended run (`idx_run_state`).
     let (list, values) = in_list(planned.iter().copied());
     let sql = format!(
-        "SELECT id FROM run WHERE id IN ({list}) AND state IN ({ENDED}) AND finished_at < ? \
-         ORDER BY id{}",
+        "SELECT id, state, finished_at FROM run WHERE id IN ({list}) ORDER BY id{}",
         store.dialect.for_update()
     );
-    let mut query = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql));
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     for id in values {
         query = query.bind(id);
     }
-    let mut runs: BTreeSet<i64> = query
-        .bind(ended_before)
-        .fetch_all(&mut *c)
-        .await?
-        .into_iter()
-        .collect();
+    let mut runs = BTreeSet::new();
+    for row in query.fetch_all(&mut *c).await? {
+        let state = run_state(&row.try_get::<String, _>("state")?)?;
+        let finished_at: Option<Millis> = row.try_get("finished_at")?;
+        if purgeable(state, finished_at, ended_before) {
+            runs.insert(row.try_get::<i64, _>("id")?);
+        }
+    }
     if runs.is_empty() {
         return Ok(PurgeCounts::default());
     }

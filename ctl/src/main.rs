@@ -14,8 +14,8 @@ use clap::{Parser, Subcommand};
 
 use crate::client::Ctx;
 use crate::commands::{
-    apply, audit, backfill, cancel, cluster, dag, dev, get, logs, pause, rerun, resume, retry,
-    secret, token, trigger, whoami, why, workers,
+    apply, audit, backfill, cancel, cluster, dag, dev, get, logs, pause, purge, rerun, resume,
+    retry, secret, token, trigger, whoami, why, workers,
 };
 use crate::error::Exit;
 use crate::output::Output;
@@ -114,6 +114,9 @@ enum Command {
     Audit(audit::Args),
     /// Create one run per cron slot of a past range, in order (a slot that has a run is kept).
     Backfill(backfill::Args),
+    /// Delete ended runs older than an age, with their instances, attempts, logs and decisions
+    /// (admin); --dry-run counts them.
+    Purge(purge::Args),
     Secret(secret::Args),
     Token(token::Args),
     Whoami(whoami::Args),
@@ -168,6 +171,7 @@ async fn main() -> ExitCode {
         Command::Why(args) => why::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Audit(args) => audit::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Backfill(args) => backfill::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Purge(args) => purge::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Secret(args) => secret::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Token(args) => token::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Whoami(args) => whoami::run(&ctx, args).await.map(|()| Exit::Ok),

@@ -889,3 +889,86 @@ async fn backfill_reads_times_in_the_workflow_time_zone_and_refuses_bad_ones() {
         "refusals send no backfill"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn purge_sends_the_age_and_shows_the_counts_and_refuses_bad_ages() {
+    let (fake, server) = seeded().await;
+    let out = axctl(&server, &["purge", "--older-than", "90d", "--dry-run"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("dry run:"), "{out:?}");
+    assert!(out.stdout.contains("nothing was deleted"), "{out:?}");
+    for line in [
+        "runs:        12",
+        "instances:   24",
+        "attempts:    25",
+        "log chunks:  24",
+        "decisions:   3",
+    ] {
+        assert!(out.stdout.contains(line), "{line:?} in {out:?}");
+    }
+    assert!(out.stdout.contains("kept (retention: forever"), "{out:?}");
+    assert!(out.stdout.contains("ledger"), "{out:?}");
+
+    let out = axctl(
+        &server,
+        &[
+            "purge",
+            "--older-than",
+            "1d12h",
+            "--workflow",
+            "etl",
+            "-o",
+            "json",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let value: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(value["dry_run"], false);
+    assert_eq!(value["runs"], 12);
+    assert_eq!(value["log_chunks"], 24);
+    assert_eq!(value["ended_before"], "2025-12-30T12:00:00.000Z");
+    let sent = fake.with(|s| s.purges.clone());
+    assert_eq!(sent.len(), 2);
+    assert_eq!(
+        (
+            sent[0].older_than_ms,
+            sent[0].dry_run,
+            sent[0].workflow.as_str()
+        ),
+        (90 * 86_400_000, true, "")
+    );
+    assert_eq!(
+        (
+            sent[1].older_than_ms,
+            sent[1].dry_run,
+            sent[1].workflow.as_str()
+        ),
+        (36 * 3_600_000, false, "etl")
+    );
+    assert_eq!(sent[1].actor, "tester@host");
+
+    let out = axctl(
+        &server,
+        &["purge", "--older-than", "90d", "--workflow", "nope"],
+    )
+    .await;
+    assert_eq!(out.code, 3, "{out:?}");
+    for (age, says) in [
+        ("90", "has no unit"),
+        ("0d", "more than zero"),
+        ("soon", "invalid duration"),
+    ] {
+        let out = axctl(&server, &["purge", "--older-than", age]).await;
+        assert_eq!(out.code, 2, "{age}: {out:?}");
+        assert!(out.stderr.contains(says), "{age}: {out:?}");
+    }
+    let out = axctl(&server, &["purge"]).await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("--older-than"), "{out:?}");
+    assert_eq!(
+        fake.with(|s| s.purges.len()),
+        3,
+        "refused ages send no purge"
+    );
+}

@@ -144,6 +144,8 @@ pub struct ClusterBuilder {
     secret_key: Option<ax_scheduler::secrets::SecretKey>,
     ops_listener: bool,
     redis_url: Option<String>,
+    retention: Option<Duration>,
+    purge_interval: Option<Duration>,
 }
 
 impl ClusterBuilder {
@@ -210,6 +212,18 @@ impl ClusterBuilder {
         self
     }
 
+    /// The cluster's default retention (the scheduler config's `retention`); forever unset.
+    pub fn retention(mut self, keep: Duration) -> Self {
+        self.retention = Some(keep);
+        self
+    }
+
+    /// How often the purger looks for runs past their retention (the product's default unset).
+    pub fn purge_interval(mut self, interval: Duration) -> Self {
+        self.purge_interval = Some(interval);
+        self
+    }
+
     /// Failures are announced to these channels.
     pub fn alert_channel(mut self, channel: ax_scheduler::alerts::ChannelConfig) -> Self {
         self.alerts.push(channel);
@@ -253,6 +267,10 @@ impl ClusterBuilder {
             log_flush_interval: Duration::from_millis(10),
             alerts: self.alerts,
             max_backfill_runs: 1_000,
+            retention: self.retention,
+            purge_interval: self
+                .purge_interval
+                .unwrap_or(SchedulerOptions::default().purge_interval),
             pools: self.pools,
             auth: self.auth,
             auth_failures_per_address: self.auth_failures_per_address,
@@ -313,6 +331,8 @@ impl Cluster {
             secret_key: None,
             ops_listener: false,
             redis_url: None,
+            retention: None,
+            purge_interval: None,
         }
     }
 

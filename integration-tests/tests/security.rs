@@ -164,6 +164,15 @@ async fn call(client: &mut Client, method: &str) -> Code {
             })
             .await
             .map(drop),
+        "PurgeRuns" => client
+            .purge_runs(pb::PurgeRunsRequest {
+                older_than_ms: 90 * 86_400_000,
+                workflow: name,
+                dry_run: true,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
         "WhoAmI" => client.who_am_i(pb::WhoAmIRequest {}).await.map(drop),
         "CreateToken" => client
             .create_token(pb::CreateTokenRequest {

@@ -66,6 +66,25 @@ async fn the_api_answers_with_the_control_service_messages_as_json(backend: Back
     assert_eq!(workflows.len(), 1, "{listed}");
     assert_eq!(workflows[0]["name"], "nightly");
     assert_eq!(workflows[0]["app"], "etl");
+    // A summary (as the UI asks) leaves the tasks out but counts them, with the recent runs.
+    let (status, summary) =
+        get_json(&format!("{base}/api/v1/workflows?summary=true&recent=12")).await;
+    assert_eq!(status, StatusCode::OK, "{summary}");
+    let listed = &summary["workflows"][0];
+    assert_eq!(
+        (&listed["name"], &listed["app"], &listed["taskCount"]),
+        (&"nightly".into(), &"etl".into(), &1.into()),
+        "{summary}"
+    );
+    assert!(
+        listed["tasks"].as_array().is_none_or(Vec::is_empty),
+        "{summary}"
+    );
+    assert_eq!(
+        listed["recentRuns"][0]["id"],
+        run.id.to_string(),
+        "{summary}"
+    );
 
     let (status, workflow) = get_json(&format!("{base}/api/v1/workflows/nightly")).await;
     assert_eq!(status, StatusCode::OK, "{workflow}");

@@ -75,6 +75,13 @@ pub struct Args {
     /// The most runs one backfill may create.
     #[arg(long, env = "AX_MAX_BACKFILL_RUNS")]
     pub max_backfill_runs: Option<u32>,
+    /// How long ended runs are kept when their workflow sets no `retention`, e.g. 90d; `forever`
+    /// (the default) keeps them.
+    #[arg(long, env = "AX_RETENTION", value_parser = parse_retention)]
+    pub retention: Option<RetentionSetting>,
+    /// How often the purger looks for runs past their retention, e.g. 10m (the default).
+    #[arg(long, env = "AX_PURGE_INTERVAL", value_parser = parse_duration)]
+    pub purge_interval: Option<Duration>,
     /// A pool's cluster-wide limit, NAME=N (repeat the flag, or AX_POOLS=etl=4,gpu=2); these
     /// override the file's `[pools]` table pool by pool.
     #[arg(long = "pool", env = "AX_POOLS", value_delimiter = ',', value_parser = parse_pool)]
@@ -158,6 +165,8 @@ struct FileConfig {
     timeout_grace: Option<String>,
     log_flush_interval: Option<String>,
     max_backfill_runs: Option<u32>,
+    retention: Option<String>,
+    purge_interval: Option<String>,
     alerts: Option<crate::alerts::AlertsConfig>,
     pools: Option<BTreeMap<String, u32>>,
     auth: Option<String>,
@@ -187,6 +196,32 @@ pub fn parse_pool(text: &str) -> Result<(String, u32), String> {
 
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     parse_duration_ms(text).map(Duration::from_millis)
+}
+
+/// The cluster's default retention as set: a duration, or forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetentionSetting {
+    Forever,
+    Keep(Duration),
+}
+
+/// `90d`, `12h`, … (with a unit, more than zero) or `forever`, as a workflow's `retention`.
+pub fn parse_retention(text: &str) -> Result<RetentionSetting, String> {
+    let text = text.trim();
+    if text == "forever" {
+        return Ok(RetentionSetting::Forever);
+    }
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "retention {text:?} has no unit: give one, e.g. 90d, 12h (or forever)"
+        ));
+    }
+    let ms = parse_duration_ms(text)
+        .map_err(|err| format!("retention: {err}; or forever to keep every run"))?;
+    if ms == 0 {
+        return Err("retention must be more than zero (forever keeps every run)".into());
+    }
+    Ok(RetentionSetting::Keep(Duration::from_millis(ms)))
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
@@ -219,6 +254,12 @@ impl Args {
             .transpose()
             .map_err(|err| anyhow::anyhow!("config file {}: strategy: {err}", path.display()))?;
         let listen = self.listen.or(file.listen).unwrap_or(defaults.listen);
+        let file_retention = file
+            .retention
+            .as_deref()
+            .map(parse_retention)
+            .transpose()
+            .map_err(|err| anyhow::anyhow!("config file {}: {err}", path.display()))?;
         let file_auth = file
             .auth
             .map(|text| text.parse::<AuthMode>())
@@ -337,6 +378,15 @@ impl Args {
                 .max_backfill_runs
                 .or(file.max_backfill_runs)
                 .unwrap_or(defaults.max_backfill_runs),
+            retention: match self.retention.or(file_retention) {
+                Some(RetentionSetting::Forever) => None,
+                Some(RetentionSetting::Keep(keep)) => Some(keep),
+                None => defaults.retention,
+            },
+            purge_interval: self
+                .purge_interval
+                .or(file_duration(file.purge_interval, "purge_interval", &path)?)
+                .unwrap_or(defaults.purge_interval),
             alerts: file
                 .alerts
                 .map(|alerts| alerts.channels)
@@ -366,6 +416,9 @@ impl Args {
         if options.node_lease < Duration::from_secs(1) {
             // Renewed every fifth of it: shorter leases renew faster than a busy store answers.
             bail!("node_lease must be at least 1s");
+        }
+        if options.purge_interval < Duration::from_millis(100) {
+            bail!("purge_interval must be at least 100ms");
         }
         if options.dead_after_missed_heartbeats < 2 {
             // A threshold equal to one interval kills healthy workers on any jitter.
@@ -451,6 +504,43 @@ mod tests {
         assert_eq!(off.ops_listen, None);
         let err = Args::try_parse_from(["ax-scheduler", "--ops-listen", "7071"]).unwrap_err();
         assert!(err.to_string().contains("--ops-listen"), "{err}");
+    }
+
+    #[test]
+    fn retention_comes_from_flags_or_the_file_and_keeps_runs_forever_by_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ax.toml");
+        std::fs::write(&path, "retention = \"90d\"\npurge_interval = \"1m\"\n").unwrap();
+        let args = ["ax-scheduler", "--config", path.to_str().unwrap()];
+        let from_file = Args::parse_from(args).into_options().unwrap();
+        assert_eq!(from_file.retention, Some(Duration::from_secs(90 * 86_400)));
+        assert_eq!(from_file.purge_interval, Duration::from_secs(60));
+        let flag = Args::parse_from([&args[..], &["--retention", "forever"]].concat())
+            .into_options()
+            .unwrap();
+        assert_eq!(flag.retention, None);
+        let defaults = Args::parse_from(["ax-scheduler"]).into_options().unwrap();
+        assert_eq!(
+            (defaults.retention, defaults.purge_interval),
+            (None, Duration::from_secs(600))
+        );
+        for (bad, says) in [
+            ("90", "has no unit"),
+            ("0d", "more than zero"),
+            ("a while", "invalid duration"),
+        ] {
+            let err = Args::try_parse_from(["ax-scheduler", "--retention", bad]).unwrap_err();
+            assert!(err.to_string().contains(says), "{bad}: {err}");
+        }
+        std::fs::write(&path, "retention = \"90\"\n").unwrap();
+        let err = Args::parse_from(["ax-scheduler", "--config", path.to_str().unwrap()])
+            .into_options()
+            .unwrap_err();
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("ax.toml") && text.contains("has no unit"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -62,6 +62,13 @@ pub struct SchedulerOptions {
     pub alerts: Vec<alerts::ChannelConfig>,
     /// The most runs one `BackfillWorkflow` may create (a request's own max is capped by it).
     pub max_backfill_runs: u32,
+    /// How long ended runs are kept when their workflow sets no `retention` (the cluster's
+    /// default); `None` keeps them forever (the default: history is deleted only when someone
+    /// asked for it).
+    pub retention: Option<Duration>,
+    /// How often the purger looks for runs past their retention (one node of the cluster
+    /// purges at a time: `retention.rs`).
+    pub purge_interval: Duration,
     /// Cluster-wide limits of task pools (`pool:` in workflow files): instances of the pool's
     /// tasks dispatched or running at once. A pool not listed has no limit. Every node of a
     /// cluster must be given the same limits.
@@ -107,6 +114,8 @@ impl Default for SchedulerOptions {
             log_flush_interval: Duration::from_millis(20),
             alerts: Vec::new(),
             max_backfill_runs: 1_000,
+            retention: None,
+            purge_interval: Duration::from_secs(600),
             pools: std::collections::BTreeMap::new(),
             auth: AuthMode::Off,
             auth_failures_per_address: auth::FAILURES_PER_ADDRESS,
@@ -294,6 +303,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     tasks.spawn(schedules::run(node.clone(), cancel.clone()));
     tasks.spawn(backstop::run(node.clone(), cancel.clone()));
     tasks.spawn(spread::run(node.clone(), cancel.clone()));
+    tasks.spawn(retention::run(node.clone(), cancel.clone()));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
@@ -455,6 +465,7 @@ mod node;
 mod place_now;
 mod registry;
 mod reporter;
+mod retention;
 mod run_creator;
 mod schedules;
 pub mod secrets;

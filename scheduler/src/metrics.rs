@@ -65,6 +65,14 @@ pub struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+/// The kinds of `ax_purged_rows_total`.
+const PURGED_KINDS: [&str; 5] = ["runs", "instances", "attempts", "log_chunks", "decisions"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
     state: &'static str,
 }
@@ -99,6 +107,8 @@ pub struct Metrics {
     pub log_lines: Counter,
     /// How long the oldest chunk of the log writer's last write waited in its queue.
     pub log_lag: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Rows this node's purges deleted (retention, `axctl purge`), by kind ([`PURGED_KINDS`]).
+    purged: Family<KindLabel, Counter>,
     /// Scrapes whose store reading failed or took too long.
     store_read_errors: Counter,
     gauges: Mutex<StoreGauges>,
@@ -145,6 +155,7 @@ impl Metrics {
             refused: Family::default(),
             log_lines: Counter::default(),
             log_lag: Gauge::default(),
+            purged: Family::default(),
             store_read_errors: Counter::default(),
             gauges: Mutex::new(StoreGauges::default()),
             instances: Family::default(),
@@ -217,6 +228,11 @@ impl Metrics {
             metrics.log_lag.clone(),
         );
         registry.register(
+            "ax_purged_rows",
+            "Rows this node deleted as history past its retention or by axctl purge, by kind (runs, instances, attempts, log_chunks, decisions)",
+            metrics.purged.clone(),
+        );
+        registry.register(
             "ax_metrics_store_read_errors",
             "Scrapes whose reading of the store failed or timed out (they show the previous reading)",
             metrics.store_read_errors.clone(),
@@ -259,6 +275,9 @@ impl Metrics {
         for reason in ["stale", "not_found"] {
             drop(metrics.refused.get_or_create(&ReasonLabel { reason }));
         }
+        for kind in PURGED_KINDS {
+            drop(metrics.purged.get_or_create(&KindLabel { kind }));
+        }
         Metrics {
             registry,
             ..metrics
@@ -273,6 +292,22 @@ impl Metrics {
 
     pub fn attempt_finished(&self, outcome: &'static str) {
         self.attempts.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// Counts the rows of a purge step.
+    pub fn purged(&self, counts: &ax_store::PurgeCounts) {
+        let by_kind = [
+            counts.runs,
+            counts.instances,
+            counts.attempts,
+            counts.log_chunks,
+            counts.decisions,
+        ];
+        for (kind, n) in PURGED_KINDS.into_iter().zip(by_kind) {
+            if n > 0 {
+                self.purged.get_or_create(&KindLabel { kind }).inc_by(n);
+            }
+        }
     }
 
     pub fn report_refused(&self, reason: &'static str) {

@@ -10,6 +10,7 @@ pub mod dev;
 pub mod get;
 pub mod logs;
 pub mod pause;
+pub mod purge;
 pub mod rerun;
 pub mod resume;
 pub mod retry;

@@ -40,6 +40,7 @@ pub struct State {
     /// What GetDag, ExplainWorkflow and ListAudit answer, and what they were asked.
     pub views: Views,
     pub backfills: Vec<pb::BackfillWorkflowRequest>,
+    pub purges: Vec<pb::PurgeRunsRequest>,
 }
 
 #[derive(Default)]
@@ -70,6 +71,7 @@ impl Default for State {
             idempotency: HashMap::new(),
             views: Views::default(),
             backfills: Vec::new(),
+            purges: Vec::new(),
         }
     }
 }
@@ -730,6 +732,38 @@ impl ControlService for Fake {
             created: 0,
             existing: 0,
         }))
+    }
+
+    async fn purge_runs(
+        &self,
+        request: Request<pb::PurgeRunsRequest>,
+    ) -> Result<Response<pb::PurgeRunsResponse>, Status> {
+        self.record("PurgeRuns");
+        let req = request.into_inner();
+        self.with(|s| {
+            s.purges.push(req.clone());
+            if !req.workflow.is_empty() && !s.workflows.iter().any(|w| w.name == req.workflow) {
+                return Err(Status::not_found(format!(
+                    "workflow \"{}\" not found",
+                    req.workflow
+                )));
+            }
+            // Canned counts: 12 runs of two tasks, each with a log chunk; one kept workflow.
+            Ok(Response::new(pb::PurgeRunsResponse {
+                runs: 12,
+                instances: 24,
+                attempts: 25,
+                log_chunks: 24,
+                decisions: 3,
+                ended_before_ms: 1_767_225_600_000 - req.older_than_ms,
+                dry_run: req.dry_run,
+                kept_forever: if req.workflow.is_empty() {
+                    vec!["ledger".into()]
+                } else {
+                    Vec::new()
+                },
+            }))
+        })
     }
 }
 

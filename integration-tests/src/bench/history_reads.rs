@@ -1,32 +1,46 @@
 //! W11: the reads people make of a long history, through the JSON API the web UI calls (the
-//! same handlers as `ControlService`). 1,000,000 finished runs of one workflow go into the
-//! store (10,000 in quick mode; one in a hundred failed), as W7 writes its history; then each
+//! same handlers as `ControlService`), and a purge of its oldest part. 10,000,000 finished
+//! one-task runs of one workflow go into the store (10,000 in quick mode, `AX_BENCH_HISTORY`
+//! sets another size; one in a hundred failed), as W7 writes its history; then each
 //! read is made `SAMPLES` times: the newest page of runs, pages deep in the history (before a
 //! random id), 50 pages walked by `nextBeforeId`, pages of failed runs, a page across every
 //! workflow, the workflows list with each one's strip of recent runs, a run's page (the run and
 //! its instances with every attempt) and `why`. The same cluster also holds a 2,000-task and a
 //! 10,000-task workflow: their definition and laid-out graph are timed too, the first graph
 //! read apart (it computes the layout; later reads are served from the cache).
+//!
+//! Then the purge: a steady trickle of one-task runs is triggered and dispatched for a while
+//! alone, then while `PurgeRuns` deletes the oldest [`PURGE_SLICE`] of the history (each run
+//! with its instance and attempt); the purge's rate (runs and rows a second) and the trickle's
+//! queue → start latency alone and during the purge are reported.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use ax_proto::v1 as pb;
 use rand::Rng;
 use serde_json::Value;
 
-use super::large_history::insert_history;
-use super::{Checks, ClusterSpec, Env, Measurement, Target, percentile};
+use super::large_history::{history_size, write_history};
+use super::{Checks, ClusterSpec, Env, Measurement, Target, percentile, wall_ms};
 use crate::workflows::layered;
 
 const NAME: &str = "w11-history";
 const SAMPLES: usize = 50;
 const PAGE: usize = 50;
 /// A page of runs, or any read a person waits on, answers within this (p99).
-const PAGE_BUDGET_MS: f64 = 100.0;
+const PAGE_BUDGET_MS: f64 = 50.0;
+/// The oldest part of the history the purge deletes.
+const PURGE_SLICE: f64 = 0.02;
+/// One-task runs triggered per second while the purge is measured.
+const TRICKLE_PER_S: u64 = 10;
+/// How long the trickle is measured alone, before the purge.
+const TRICKLE_ALONE_S: u64 = 10;
+const TRICKLE: &str = "w11-trickle";
 
 pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
-    let history: usize = if env.quick { 10_000 } else { 1_000_000 };
-    let cluster = env.start(&ClusterSpec::one_worker(1)).await?;
+    let history = history_size(env)?;
+    let mut cluster = env.start(&ClusterSpec::one_worker(8)).await?;
     cluster
         .apply(&format!(
             "name: {NAME}\ntasks:\n  - name: t000\n    command: 'true'\n"
@@ -35,8 +49,14 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
     for (name, layers, width) in [("w11-dag-2000", 50, 40), ("w11-dag-10000", 100, 100)] {
         cluster.apply(&layered(name, layers, width)).await?;
     }
+    cluster
+        .apply(&format!(
+            "name: {TRICKLE}\ntasks:\n  - name: t\n    command: 'true'\n"
+        ))
+        .await?;
     let inserted_at = Instant::now();
-    let rows = insert_history(&cluster.store_url, NAME, 1, history).await?;
+    let written = write_history(&cluster.store_url, NAME, 1, history).await?;
+    let rows = written.rows;
     let insert_secs = inserted_at.elapsed().as_secs_f64();
 
     let api = Api {
@@ -47,6 +67,7 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
     let mut m = Measurement::default();
     m.figure("finished runs in the store", "", history as f64, None);
     m.figure("history insert", "rows/s", rows as f64 / insert_secs, None);
+    m.figure("history insert, time", "s", insert_secs, None);
 
     let runs_url = format!("runs?workflow={NAME}&limit={PAGE}");
     let (newest_ms, newest) = api.times(&runs_url).await?;
@@ -252,6 +273,7 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         "{SAMPLES} reads of each, one at a time over one HTTP connection; a run's page is its \
          run and its instances with attempts, read one after the other"
     ));
+    purge_under_load(&mut cluster, &written, &mut checks, &mut m).await?;
     m.checks = checks.0;
     cluster.shutdown().await?;
     Ok(m)
@@ -334,4 +356,143 @@ fn run_ids(page: &Value) -> Vec<i64> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The trickle alone, then the purge of the history's oldest [`PURGE_SLICE`] beside it.
+async fn purge_under_load(
+    cluster: &mut super::Cluster,
+    history: &super::large_history::History,
+    checks: &mut Checks,
+    m: &mut Measurement,
+) -> anyhow::Result<()> {
+    let alone = trickle(cluster, Trickle::For(Duration::from_secs(TRICKLE_ALONE_S))).await?;
+    // The cutoff falls right after the slice's last run ended: exactly that many runs go.
+    let slice = ((history.runs as f64 * PURGE_SLICE) as usize).max(1);
+    let cutoff = history.timeline.ended(slice - 1) + 1;
+    let older_than_ms = wall_ms() - cutoff;
+    let mut control = cluster.control();
+    let purge = tokio::spawn(async move {
+        let started = Instant::now();
+        let response = control
+            .purge_runs(pb::PurgeRunsRequest {
+                older_than_ms,
+                workflow: NAME.into(),
+                dry_run: false,
+                actor: "ax-bench".into(),
+            })
+            .await
+            .context("purging the oldest runs")?
+            .into_inner();
+        anyhow::Ok((started.elapsed().as_secs_f64(), response))
+    });
+    let during = trickle(cluster, Trickle::Until(&purge)).await?;
+    let (purge_secs, purged) = purge.await.context("the purge task")??;
+    checks.add(
+        "the purge took exactly the runs that ended before the cutoff, with their rows",
+        purged.runs == slice as u64
+            && purged.instances == slice as u64
+            && purged.attempts == slice as u64,
+        format!(
+            "{} runs, {} instances, {} attempts purged of {slice}",
+            purged.runs, purged.instances, purged.attempts
+        ),
+    );
+    let oldest_left = history.first_run + slice as i64;
+    let kept = cluster
+        .control()
+        .get_run(pb::GetRunRequest { id: oldest_left })
+        .await
+        .is_ok();
+    let gone = cluster
+        .control()
+        .get_run(pb::GetRunRequest {
+            id: oldest_left - 1,
+        })
+        .await
+        .is_err();
+    checks.add(
+        "the first run after the cutoff stays, the last before it is gone",
+        kept && gone,
+        format!(
+            "run {oldest_left} kept: {kept}; run {} gone: {gone}",
+            oldest_left - 1
+        ),
+    );
+    let rows =
+        purged.runs + purged.instances + purged.attempts + purged.log_chunks + purged.decisions;
+    m.figure("purged runs", "", purged.runs as f64, None);
+    m.figure("purge, time", "s", purge_secs, None);
+    m.figure(
+        "purge rate, runs",
+        "runs/s",
+        purged.runs as f64 / purge_secs,
+        None,
+    );
+    m.figure("purge rate, rows", "rows/s", rows as f64 / purge_secs, None);
+    for (phase, latencies) in [("without a purge", &alone), ("during the purge", &during)] {
+        m.figure(
+            &format!("trickle queue → start p50, {phase}"),
+            "ms",
+            percentile(latencies, 50.0),
+            None,
+        );
+        m.figure(
+            &format!("trickle queue → start p99, {phase}"),
+            "ms",
+            percentile(latencies, 99.0),
+            None,
+        );
+    }
+    checks.add(
+        "the trickle ran during the purge",
+        !during.is_empty(),
+        "no run started during the purge",
+    );
+    m.figure(
+        "trickle runs during the purge",
+        "",
+        during.len() as f64,
+        None,
+    );
+    m.notes.push(format!(
+        "purge: PurgeRuns of the oldest {:.0}% of the history ({slice} runs, each with its \
+         instance and attempt) while {TRICKLE_PER_S} one-task runs a second are triggered; \
+         queue → start is an instance's creation to its start as stored",
+        PURGE_SLICE * 100.0
+    ));
+    Ok(())
+}
+
+enum Trickle<'a> {
+    For(Duration),
+    Until(&'a tokio::task::JoinHandle<anyhow::Result<(f64, pb::PurgeRunsResponse)>>),
+}
+
+/// Triggers [`TRICKLE_PER_S`] one-task runs a second for the duration, or until the purge has
+/// ended; waits for them and returns each one's queue → start latency (ms).
+async fn trickle(cluster: &mut super::Cluster, how: Trickle<'_>) -> anyhow::Result<Vec<f64>> {
+    let started = Instant::now();
+    let mut every = tokio::time::interval(Duration::from_millis(1_000 / TRICKLE_PER_S));
+    let mut runs = Vec::new();
+    loop {
+        let done = match &how {
+            Trickle::For(span) => started.elapsed() >= *span,
+            Trickle::Until(purge) => purge.is_finished(),
+        };
+        if done {
+            break;
+        }
+        every.tick().await;
+        runs.push(cluster.trigger(TRICKLE).await?.id);
+    }
+    cluster.wait_runs(&runs, Duration::from_secs(120)).await?;
+    let mut latencies = Vec::with_capacity(runs.len());
+    for run in runs {
+        for instance in cluster.list_instances(run).await? {
+            if instance.started_at_ms > 0 {
+                latencies.push((instance.started_at_ms - instance.created_at_ms) as f64);
+            }
+        }
+    }
+    Ok(latencies)
 }

@@ -112,6 +112,9 @@ pub fn control_method_needs(method: &str) -> Need {
         | "ExplainWorkflow" | "ListAudit" | "WhoAmI" => Need::Role(Role::Viewer),
         "TriggerWorkflow" | "CancelRun" | "CancelInstance" | "RetryInstance" | "RerunRun"
         | "PauseWorkflow" | "ResumeWorkflow" | "BackfillWorkflow" => Need::Role(Role::Operator),
+        // Deleting history is an admin's call, like defining what runs and who may call.
+        "ApplyWorkflow" | "CreateToken" | "ListTokens" | "RevokeToken" | "SetSecret"
+        | "ListSecrets" | "DeleteSecret" | "PurgeRuns" => Need::Role(Role::Admin),
         _ => Need::Role(Role::Admin),
     }
 }
@@ -318,6 +321,11 @@ mod tests {
             (
                 "POST",
                 "/ax.v1.ControlService/SetSecret",
+                Need::Role(Role::Admin),
+            ),
+            (
+                "POST",
+                "/ax.v1.ControlService/PurgeRuns",
                 Need::Role(Role::Admin),
             ),
             (

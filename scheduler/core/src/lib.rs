@@ -20,6 +20,7 @@ pub mod liveness;
 pub mod params;
 pub mod placement;
 pub mod render;
+pub mod retention;
 pub mod retry;
 pub mod run;
 pub mod shard;

@@ -28,6 +28,7 @@ use crate::specs::VersionedSpec;
 
 mod access;
 mod dag;
+mod purge;
 mod secrets;
 
 use access::Call;
@@ -382,26 +383,45 @@ impl ControlService for ControlApi {
             return Ok(Response::new(pb::ListWorkflowsResponse::default()));
         }
         let app = call.app_scope().or(app);
-        let records = self
-            .node
-            .store
-            .list_workflows(app)
-            .await
-            .map_err(store_status)?;
         let now = now_ms();
+        // A summary reads one row per workflow and takes each spec from the node's cache: a
+        // 10,000-task definition is not read and parsed again on every list.
+        let listed: Vec<pb::Workflow> = if request.summary {
+            let heads = self
+                .node
+                .store
+                .list_workflow_heads(app)
+                .await
+                .map_err(store_status)?;
+            let mut listed = Vec::with_capacity(heads.len());
+            for head in &heads {
+                let versioned = self
+                    .node
+                    .specs
+                    .get(head.id, head.version)
+                    .await
+                    .map_err(store_status)?;
+                listed.push(convert::head_summary(head, &versioned.spec, now));
+            }
+            listed
+        } else {
+            self.node
+                .store
+                .list_workflows(app)
+                .await
+                .map_err(store_status)?
+                .iter()
+                .map(|record| convert::workflow(record, now))
+                .collect()
+        };
         let recent = request.recent_runs.min(MAX_RECENT_RUNS);
-        let mut workflows = Vec::with_capacity(records.len());
-        for record in &records {
-            let mut workflow = if request.summary {
-                convert::workflow_summary(record, now)
-            } else {
-                convert::workflow(record, now)
-            };
+        let mut workflows = Vec::with_capacity(listed.len());
+        for mut workflow in listed {
             if recent > 0 {
                 let runs = self
                     .node
                     .store
-                    .list_runs(Some(&record.name), None, None, recent)
+                    .list_runs(Some(&workflow.name), None, None, recent)
                     .await
                     .map_err(store_status)?;
                 workflow.recent_runs = runs
@@ -961,6 +981,14 @@ impl ControlService for ControlApi {
             .await;
         }
         Ok(Response::new(response))
+    }
+
+    async fn purge_runs(
+        &self,
+        request: Request<pb::PurgeRunsRequest>,
+    ) -> Result<Response<pb::PurgeRunsResponse>, Status> {
+        let call = Call::of(&request);
+        self.purge_runs_call(&call, request.into_inner()).await
     }
 
     async fn list_nodes(

@@ -2,11 +2,12 @@
 
 use ax_core::cron::{CronSchedule, parse_timezone};
 use ax_core::run::RunState;
-use ax_core::spec::{MisfirePolicy, ScheduleSpec, TaskSpec, TriggerKind};
+use ax_core::spec::{MisfirePolicy, ScheduleSpec, TaskSpec, TriggerKind, WorkflowSpec};
 use ax_core::state::InstanceState;
 use ax_proto::v1 as pb;
 use ax_store::{
-    AttemptRecord, InstanceCounts, InstanceRecord, RunRecord, StoreError, WorkflowRecord,
+    AttemptRecord, InstanceCounts, InstanceRecord, RunRecord, StoreError, WorkflowHead,
+    WorkflowRecord,
 };
 use tonic::Status;
 
@@ -86,12 +87,11 @@ fn task(task: &TaskSpec) -> pb::TaskSpec {
 
 /// The next fire times of a cron workflow inside its start/end window (none when paused or not
 /// cron-triggered).
-pub fn next_fires(record: &WorkflowRecord, now: i64, count: usize) -> Vec<i64> {
-    let schedule = &record.spec.schedule;
+fn next_fires_of(schedule: &ScheduleSpec, paused: bool, now: i64, count: usize) -> Vec<i64> {
     let Some(expression) = schedule.cron.as_deref() else {
         return Vec::new();
     };
-    if record.paused {
+    if paused {
         return Vec::new();
     }
     match (
@@ -139,24 +139,36 @@ pub fn workflow(record: &WorkflowRecord, now: i64) -> pb::Workflow {
 
 /// A workflow without its tasks and source, as a list shows it.
 pub fn workflow_summary(record: &WorkflowRecord, now: i64) -> pb::Workflow {
-    let spec = &record.spec;
-    pb::Workflow {
+    let head = WorkflowHead {
+        id: record.id,
         name: record.name.clone(),
+        version: record.version,
+        paused: record.paused,
+        created_at: record.created_at,
+        updated_at: record.updated_at,
+    };
+    head_summary(&head, &record.spec, now)
+}
+
+/// A workflow without its tasks and source, from its head and its version's spec (cached).
+pub fn head_summary(head: &WorkflowHead, spec: &WorkflowSpec, now: i64) -> pb::Workflow {
+    pb::Workflow {
+        name: head.name.clone(),
         app: spec.app.clone(),
         owner: spec.owner.clone(),
         description: spec.description.clone(),
-        version: record.version,
+        version: head.version,
         schedule: Some(schedule(&spec.schedule)),
         concurrency: Some(pb::Concurrency {
             max_running_tasks: spec.concurrency.max_running_tasks,
             key: spec.concurrency.key.clone().unwrap_or_default(),
             max_runs_per_key: spec.concurrency.max_runs_per_key,
         }),
-        paused: record.paused,
+        paused: head.paused,
         tasks: Vec::new(),
-        created_at_ms: record.created_at,
-        updated_at_ms: record.updated_at,
-        next_fires_ms: next_fires(record, now, 5),
+        created_at_ms: head.created_at,
+        updated_at_ms: head.updated_at,
+        next_fires_ms: next_fires_of(&spec.schedule, head.paused, now, 5),
         source: String::new(),
         recent_runs: Vec::new(),
         task_count: u32::try_from(spec.tasks.len()).unwrap_or(u32::MAX),

@@ -72,6 +72,18 @@ pub struct WorkflowRecord {
     pub updated_at: Millis,
 }
 
+/// A workflow and its latest version number, without the version's spec: what a list of many
+/// workflows reads before it takes their specs from a cache (versions never change).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkflowHead {
+    pub id: WorkflowId,
+    pub name: String,
+    pub version: u32,
+    pub paused: bool,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApplyOutcome {
     Created,
@@ -772,6 +784,68 @@ pub struct AuditFilter {
     pub token: Option<String>,
 }
 
+/// One step of a purge of history (retention, `axctl purge`): the ended runs of one workflow
+/// that ended before `ended_before`, taken in end order after `after`, a bounded batch at a
+/// time. See [`Store::purge_runs`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PurgeStep {
+    pub workflow_id: WorkflowId,
+    /// Runs that ended (SUCCESS, FAILED or CANCELLED) before this instant go.
+    pub ended_before: Millis,
+    /// Where the previous step of the same pass stopped; `None` for the first step.
+    pub after: Option<PurgeCursor>,
+    /// Runs per step, at most.
+    pub max_runs: u32,
+    /// Rows per step besides the runs' own (instances, attempts, log chunks, decisions), at
+    /// most, except that a step always takes at least one instance.
+    pub max_rows: u32,
+    /// Count what the step would delete; delete nothing.
+    pub dry_run: bool,
+}
+
+/// A position in a workflow's ended runs: end time, then run id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PurgeCursor {
+    pub finished_at: Millis,
+    pub run: RunId,
+}
+
+/// Rows a purge deleted (or, in a dry run, would delete).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PurgeCounts {
+    pub runs: u64,
+    pub instances: u64,
+    pub attempts: u64,
+    pub log_chunks: u64,
+    pub decisions: u64,
+}
+
+impl PurgeCounts {
+    /// Every row, runs included.
+    pub fn rows(&self) -> u64 {
+        self.runs + self.instances + self.attempts + self.log_chunks + self.decisions
+    }
+}
+
+impl std::ops::AddAssign for PurgeCounts {
+    fn add_assign(&mut self, other: PurgeCounts) {
+        self.runs += other.runs;
+        self.instances += other.instances;
+        self.attempts += other.attempts;
+        self.log_chunks += other.log_chunks;
+        self.decisions += other.decisions;
+    }
+}
+
+/// What one [`Store::purge_runs`] step did, and where the next one starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PurgeProgress {
+    pub counts: PurgeCounts,
+    /// `None` when no ended run past the cutoff is left after this step (in a dry run: after the
+    /// runs it counted).
+    pub next: Option<PurgeCursor>,
+}
+
 /// A scheduling decision worth explaining later (`axctl why`): see [`ax_core::decision`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecisionRecord {
@@ -819,6 +893,9 @@ pub trait Store: Send + Sync + 'static {
         version: u32,
     ) -> Result<Option<WorkflowRecord>>;
     async fn list_workflows(&self, app: Option<&str>) -> Result<Vec<WorkflowRecord>>;
+    /// [`Store::list_workflows`] without the specs and sources, by name: one row per workflow,
+    /// however large its definition.
+    async fn list_workflow_heads(&self, app: Option<&str>) -> Result<Vec<WorkflowHead>>;
     /// Pauses or resumes a workflow's schedule. On resume `next_fire_at` replaces the stored one.
     async fn set_paused(
         &self,
@@ -1103,4 +1180,27 @@ pub trait Store: Send + Sync + 'static {
     async fn rerun_from(&self, run: RunId, task: &str, now: Millis) -> Result<RerunFrom>;
     /// Every stored workflow's `schedule.after` list, by workflow name.
     async fn workflow_dependencies(&self) -> Result<BTreeMap<String, Vec<String>>>;
+
+    // --- retention ---
+
+    /// One step of a purge: the next ended runs of the step's workflow (SUCCESS, FAILED or
+    /// CANCELLED, `finished_at` before the cutoff) in end order, at most `max_runs` of them and
+    /// as many as fit in `max_rows`, are deleted with their instances, attempts, log chunks and
+    /// decisions, in one short transaction. The runs are read first without a lock, then
+    /// locked by primary key and checked again: a run reopened meanwhile (a manual retry), or
+    /// with an instance still active or holding a concurrency slot, is skipped. Every delete
+    /// goes by primary key (or its prefix), so the transaction locks only the purged rows. A
+    /// run too large for one step loses a batch of its instances per step and goes with the
+    /// last. With `dry_run` the same runs are counted, nothing is locked or deleted.
+    async fn purge_runs(&self, step: &PurgeStep) -> Result<PurgeProgress>;
+    /// Deletes (or with `dry_run` counts) at most `limit` of the workflow's decisions that
+    /// belong to no run or instance (dropped slots: misfired, skipped) with a slot before
+    /// `before`; returns how many. A dry run counts them all.
+    async fn purge_slot_decisions(
+        &self,
+        workflow_id: WorkflowId,
+        before: Millis,
+        limit: u32,
+        dry_run: bool,
+    ) -> Result<u64>;
 }

@@ -21,6 +21,7 @@ mod logs;
 mod nodes;
 mod patch;
 mod placing;
+mod purge;
 mod queue;
 mod reports;
 mod rerun;
@@ -111,6 +112,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "tokens_secrets",
         include_str!("../migrations/mysql/0012_tokens_secrets.sql"),
     ),
+    (
+        13,
+        "retention",
+        include_str!("../migrations/mysql/0013_retention.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -172,6 +178,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         12,
         "tokens_secrets",
         include_str!("../migrations/sqlite/0012_tokens_secrets.sql"),
+    ),
+    (
+        13,
+        "retention",
+        include_str!("../migrations/sqlite/0013_retention.sql"),
     ),
 ];
 

@@ -22,6 +22,7 @@ use support::*;
 
 conformance!(
     apply_creates_then_keeps_then_updates_versions,
+    workflow_heads_are_the_listed_workflows_without_their_specs,
     create_run_inserts_only_root_tasks,
     dedup_key_returns_the_existing_run,
     a_group_of_runs_is_created_in_order_and_an_error_creates_none,
@@ -85,6 +86,50 @@ mod scenarios {
     pub(super) use dag::*;
     pub(super) use endings::*;
     pub(super) use nodes::*;
+
+    pub(super) async fn workflow_heads_are_the_listed_workflows_without_their_specs(ctx: Ctx) {
+        let s = ctx.s();
+        let a = spec("b-second", vec![task("a", &[])]);
+        let mut b = spec("a-first", vec![task("a", &[])]);
+        b.app = "sales".into();
+        apply(s, &a).await;
+        apply(s, &b).await;
+        let mut b2 = b.clone();
+        b2.tasks.push(task("c", &["a"]));
+        s.apply_workflow(&b2, "v2", None, T0 + 5).await.unwrap();
+        s.set_paused("b-second", true, None, T0 + 6).await.unwrap();
+        let heads = s.list_workflow_heads(None).await.unwrap();
+        let listed = s.list_workflows(None).await.unwrap();
+        assert_eq!(heads.len(), 2);
+        for (head, record) in heads.iter().zip(&listed) {
+            assert_eq!(
+                (
+                    head.id,
+                    &head.name,
+                    head.version,
+                    head.paused,
+                    head.created_at,
+                    head.updated_at
+                ),
+                (
+                    record.id,
+                    &record.name,
+                    record.version,
+                    record.paused,
+                    record.created_at,
+                    record.updated_at
+                )
+            );
+        }
+        let names: Vec<(&str, u32, bool)> = heads
+            .iter()
+            .map(|h| (h.name.as_str(), h.version, h.paused))
+            .collect();
+        assert_eq!(names, vec![("a-first", 2, false), ("b-second", 1, true)]);
+        let sales = s.list_workflow_heads(Some("sales")).await.unwrap();
+        assert_eq!(sales.len(), 1);
+        assert_eq!(sales[0].name, "a-first");
+    }
 
     pub(super) async fn apply_creates_then_keeps_then_updates_versions(ctx: Ctx) {
         let s = ctx.s();
@@ -2189,4 +2234,5 @@ mod dispatch;
 mod group_cost;
 mod interleavings;
 mod placement;
+mod purge;
 mod queue;

@@ -31,6 +31,7 @@ pub struct WorkflowFile {
     pub description: Option<Spanned<Value>>,
     pub schedule: Option<Spanned<Map<ScheduleFile>>>,
     pub concurrency: Option<Spanned<Map<ConcurrencyFile>>>,
+    pub retention: Option<Spanned<Value>>,
     pub defaults: Option<Spanned<Map<DefaultsFile>>>,
     pub tasks: Option<Spanned<List<Spanned<Map<TaskFile>>>>>,
 }

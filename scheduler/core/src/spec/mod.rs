@@ -19,7 +19,7 @@ mod tests;
 
 pub use model::{
     ConcurrencySpec, DEFAULT_APP, DEFAULT_MAX_CATCH_UP, DEFAULT_RETRY_BACKOFF_MS, MisfirePolicy,
-    OverlapPolicy, Routing, ScheduleSpec, TaskSpec, TriggerKind, WorkflowSpec,
+    OverlapPolicy, Retention, Routing, ScheduleSpec, TaskSpec, TriggerKind, WorkflowSpec,
 };
 pub use template::check_key_template;
 pub use values::{is_valid_env_name, is_valid_name, parse_duration_ms, parse_instant};

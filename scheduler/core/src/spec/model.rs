@@ -286,6 +286,16 @@ pub struct TaskSpec {
     pub unfenced: bool,
 }
 
+/// How long a workflow's ended runs are kept before the purger deletes them (`retention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Retention {
+    /// Never purged by retention, whatever the cluster's default (`retention: forever`).
+    Forever,
+    /// Purged once they ended this long ago (`retention: 90d`); more than zero.
+    Keep { ms: u64 },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct WorkflowSpec {
     pub name: String,
@@ -295,6 +305,10 @@ pub struct WorkflowSpec {
     pub schedule: ScheduleSpec,
     #[serde(default)]
     pub concurrency: ConcurrencySpec,
+    /// `None`: the cluster's default retention applies. Left out of the stored JSON when unset,
+    /// so versions stored before the field existed read back (and compare) unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
     pub tasks: Vec<TaskSpec>,
 }
 

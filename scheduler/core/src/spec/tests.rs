@@ -93,6 +93,53 @@ fn check_refusals(topic: &str) {
 /// as it is.
 const REFUSALS: &[(&str, &str, &str)] = &[
     (
+        "retention",
+        "
+            name: etl
+            retention: 90
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: retention: \"90\" has no unit: give one, e.g. 90d, 12h, 30m (or forever to \
+         keep every run)",
+    ),
+    (
+        "retention",
+        "
+            name: etl
+            retention: 0d
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: retention: must be more than zero (forever keeps every run)",
+    ),
+    (
+        "retention",
+        "
+            name: etl
+            retention: three months
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: retention: invalid retention \"three months\": expected a duration with a \
+         unit, e.g. 90d, 12h, 1d12h, or forever",
+    ),
+    (
+        "retention",
+        "
+            name: etl
+            retention: [90d]
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: retention: expected a duration or forever, found a list",
+    ),
+    (
+        "retention",
+        "
+            name: etl
+            retention: 99999999999999d
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: retention: duration \"99999999999999d\" is too large",
+    ),
+    (
         "wrong_types",
         "
             name: etl
@@ -111,7 +158,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
             tasks: [{name: a, command: x}]
         ",
         "wf.yaml:2: <<: unknown field \"<<\"; allowed fields: name, app, owner, description, \
-         schedule, concurrency, defaults, tasks",
+         schedule, concurrency, retention, defaults, tasks",
     ),
     (
         "duplicate_keys",
@@ -176,7 +223,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
                 timeout: 1.5h
         ",
         "wf.yaml:5: tasks[0].timeout: invalid duration \"1.5h\": expected a form like \
-         500ms, 45s, 10m, 2h, 1h30m or a whole number of seconds",
+         500ms, 45s, 10m, 2h, 1h30m, 90d or a whole number of seconds",
     ),
     (
         "bad_durations_and_numbers",
@@ -187,7 +234,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
             tasks: [{name: a, command: x}]
         ",
         "wf.yaml:3: defaults.retry_backoff: invalid duration \"30m1h\": expected a form \
-         like 500ms, 45s, 10m, 2h, 1h30m or a whole number of seconds",
+         like 500ms, 45s, 10m, 2h, 1h30m, 90d or a whole number of seconds",
     ),
     (
         "bad_durations_and_numbers",
@@ -199,7 +246,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
                 timeout: -5
         ",
         "wf.yaml:5: tasks[0].timeout: invalid duration \"-5\": expected a form like \
-         500ms, 45s, 10m, 2h, 1h30m or a whole number of seconds",
+         500ms, 45s, 10m, 2h, 1h30m, 90d or a whole number of seconds",
     ),
     (
         "bad_durations_and_numbers",
@@ -756,7 +803,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
             tasks: [{name: a, command: x}]
         ",
         "wf.yaml:2: schedul: unknown field \"schedul\"; allowed fields: name, app, owner, \
-         description, schedule, concurrency, defaults, tasks",
+         description, schedule, concurrency, retention, defaults, tasks",
     ),
     (
         "unknown_fields_name_the_allowed_ones",
@@ -1001,6 +1048,7 @@ fn canonical_example_round_trip() {
             ..ScheduleSpec::default()
         },
         concurrency: ConcurrencySpec::default(),
+        retention: None,
         tasks: vec![
             TaskSpec {
                 name: "extract_orders".into(),
@@ -1180,11 +1228,13 @@ fn durations() {
         ("1h30m", 5_400_000),
         ("1h30m15s500ms", 5_415_500),
         ("0s", 0),
+        ("90d", 90 * 86_400_000),
+        ("1d12h", 36 * 3_600_000),
     ] {
         assert_eq!(parse_duration_ms(text), Ok(ms), "{text}");
     }
     for text in [
-        "", "1.5h", "30m1h", "1h1h", "10x", "-5s", "-5", "h", "10 m", "1d", "5ms3s",
+        "", "1.5h", "30m1h", "1h1h", "10x", "-5s", "-5", "h", "10 m", "1h1d", "5ms3s",
     ] {
         assert!(parse_duration_ms(text).is_err(), "{text} must be refused");
     }
@@ -1272,6 +1322,41 @@ fn missing_required_fields() {
 #[test]
 fn bad_names() {
     check_refusals("bad_names");
+}
+
+#[test]
+fn retention_refusals() {
+    check_refusals("retention");
+}
+
+#[test]
+fn retention_is_a_duration_forever_or_the_cluster_default() {
+    let with = |line: &str| {
+        parse_ok(&format!(
+            "name: etl\n{line}tasks: [{{name: a, command: x}}]\n"
+        ))
+        .spec
+        .retention
+    };
+    assert_eq!(
+        with("retention: 90d\n"),
+        Some(Retention::Keep {
+            ms: 90 * 86_400_000
+        })
+    );
+    assert_eq!(
+        with("retention: 1d12h\n"),
+        Some(Retention::Keep { ms: 36 * 3_600_000 })
+    );
+    assert_eq!(with("retention: forever\n"), Some(Retention::Forever));
+    assert_eq!(with(""), None);
+    // Unset, the field stays out of the stored JSON: versions stored before it read the same.
+    let spec = parse_ok("name: etl\ntasks: [{name: a, command: x}]\n").spec;
+    let json = serde_json::to_string(&spec).unwrap();
+    assert!(!json.contains("retention"), "{json}");
+    let kept = parse_ok("name: etl\nretention: 2h\ntasks: [{name: a, command: x}]\n").spec;
+    let json = serde_json::to_string(&kept).unwrap();
+    assert_eq!(serde_json::from_str::<WorkflowSpec>(&json).unwrap(), kept);
 }
 
 #[test]

@@ -14,7 +14,7 @@ use super::file::{
 };
 use super::model::{
     ConcurrencySpec, DEFAULT_APP, DEFAULT_MAX_CATCH_UP, DEFAULT_RETRY_BACKOFF_MS, MisfirePolicy,
-    Routing, ScheduleSpec, TaskSpec, TriggerKind, WorkflowSpec,
+    Retention, Routing, ScheduleSpec, TaskSpec, TriggerKind, WorkflowSpec,
 };
 use super::template::check_key_template;
 use super::values::{is_valid_env_name, is_valid_name, parse_duration_ms, parse_instant};
@@ -407,6 +407,11 @@ impl Validator<'_> {
             Some(node) => self.concurrency(node)?,
             None => ConcurrencySpec::default(),
         };
+        let retention = file
+            .retention
+            .as_ref()
+            .map(|node| self.retention(node))
+            .transpose()?;
         if let Some(after) = schedule.after.iter().find(|upstream| **upstream == name) {
             let line = file.schedule.as_ref().map_or(0, line);
             return Err(self.err(
@@ -453,9 +458,54 @@ impl Validator<'_> {
             description,
             schedule,
             concurrency,
+            retention,
             tasks,
         };
         Ok(ParsedWorkflow { spec, warnings })
+    }
+
+    /// `retention: 90d` (any duration with a unit, more than zero) or `retention: forever`. A
+    /// bare number is refused although durations elsewhere read it as seconds: `retention: 90`
+    /// meant as days would delete a workflow's history within minutes.
+    fn retention(&self, node: &Spanned<Value>) -> Result<Retention, SpecError> {
+        const FIELD: &str = "retention";
+        let text = match &node.value {
+            Value::Text(_) | Value::Typed => self.string(node, FIELD)?,
+            other => return Err(self.type_err(node, other, FIELD, "a duration or forever")),
+        };
+        let text = text.trim();
+        if text == "forever" {
+            return Ok(Retention::Forever);
+        }
+        if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(self.err(
+                line(node),
+                FIELD,
+                format!(
+                    "\"{text}\" has no unit: give one, e.g. 90d, 12h, 30m (or forever to keep \
+                     every run)"
+                ),
+            ));
+        }
+        let ms = parse_duration_ms(text).map_err(|message| {
+            let message = if message.ends_with("too large") {
+                message
+            } else {
+                format!(
+                    "invalid retention \"{text}\": expected a duration with a unit, e.g. 90d, \
+                     12h, 1d12h, or forever"
+                )
+            };
+            self.err(line(node), FIELD, message)
+        })?;
+        if ms == 0 {
+            return Err(self.err(
+                line(node),
+                FIELD,
+                "must be more than zero (forever keeps every run)",
+            ));
+        }
+        Ok(Retention::Keep { ms })
     }
 
     fn schedule(&self, node: &Spanned<Map<ScheduleFile>>) -> Result<ScheduleSpec, SpecError> {

@@ -27,12 +27,13 @@ pub fn is_valid_env_name(name: &str) -> bool {
 }
 
 /// Parses a duration of the workflow format into milliseconds: `500ms`, `45s`, `10m`, `2h`,
-/// `1h30m` (units from largest to smallest, each at most once), or a whole number of seconds.
+/// `1h30m`, `90d` (units from largest to smallest, each at most once; a day is 24 hours), or a
+/// whole number of seconds.
 pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
     let invalid = || {
         format!(
-            "invalid duration \"{text}\": expected a form like 500ms, 45s, 10m, 2h, 1h30m \
-             or a whole number of seconds"
+            "invalid duration \"{text}\": expected a form like 500ms, 45s, 10m, 2h, 1h30m, \
+             90d or a whole number of seconds"
         )
     };
     let too_large = || format!("duration \"{text}\" is too large");
@@ -45,7 +46,13 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
         return seconds.checked_mul(1_000).ok_or_else(too_large);
     }
     // Units in the only order they may appear, with their length in milliseconds.
-    const UNITS: [(&str, u64); 4] = [("h", 3_600_000), ("m", 60_000), ("s", 1_000), ("ms", 1)];
+    const UNITS: [(&str, u64); 5] = [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+        ("ms", 1),
+    ];
     let mut total: u64 = 0;
     let mut next_unit = 0;
     let mut rest = s;

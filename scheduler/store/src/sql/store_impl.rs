@@ -6,8 +6,8 @@
 //! The subjects: `workflows.rs` (workflows and their schedules), `run_create.rs` and `runs.rs`
 //! (creating and reading runs and instances), `cancel.rs`, `rerun.rs` (reruns and manual
 //! retries), `dispatch.rs` (the waiting queue, claims, limits and shards), `reports.rs` (worker
-//! reports), `logs.rs`, `workers.rs`, `nodes.rs`, `audit.rs`, `decisions.rs` and `dependents.rs`
-//! (dependencies between workflows).
+//! reports), `logs.rs`, `workers.rs`, `nodes.rs`, `audit.rs`, `decisions.rs`, `dependents.rs`
+//! (dependencies between workflows) and `purge.rs` (retention).
 
 use std::collections::HashMap;
 
@@ -19,15 +19,16 @@ use ax_core::spec::WorkflowSpec;
 use super::counted::Counted;
 use super::placing::Placing;
 use super::{
-    SqlStore, access, audit, cancel, decisions, dependents, dispatch, gauges, logs, nodes, reports,
-    rerun, run_create, runs, workers, workflows, write_tx,
+    SqlStore, access, audit, cancel, decisions, dependents, dispatch, gauges, logs, nodes, purge,
+    reports, rerun, run_create, runs, workers, workflows, write_tx,
 };
 use crate::{
     ActiveAttempt, ActiveCounts, ApplyOutcome, AttemptRecord, AuditFilter, AuditRecord, Backend,
     CancelledAttempt, DecisionRecord, DispatchClaim, DueSchedule, InstanceCounts, InstanceRecord,
     LeaseClaim, LogChunk, ManualRetry, NewRun, NewToken, NodeLease, PlacedAttempt, Placement,
-    QueueShare, Report, ReportResult, RerunFailed, Result, RunRecord, SecretRecord, Store,
-    StoredLine, TokenRecord, WaitingInstance, WorkerRecord, WorkflowRecord,
+    PurgeProgress, PurgeStep, QueueShare, Report, ReportResult, RerunFailed, Result, RunRecord,
+    SecretRecord, Store, StoredLine, TokenRecord, WaitingInstance, WorkerRecord, WorkflowHead,
+    WorkflowRecord,
 };
 
 #[async_trait::async_trait]
@@ -64,6 +65,10 @@ impl Store for SqlStore {
 
     async fn list_workflows(&self, app: Option<&str>) -> Result<Vec<WorkflowRecord>> {
         workflows::list_workflows(self, app).await
+    }
+
+    async fn list_workflow_heads(&self, app: Option<&str>) -> Result<Vec<WorkflowHead>> {
+        workflows::list_workflow_heads(self, app).await
     }
 
     async fn set_paused(
@@ -377,5 +382,19 @@ impl Store for SqlStore {
         &self,
     ) -> Result<std::collections::BTreeMap<String, Vec<String>>> {
         dependents::all_edges(self).await
+    }
+
+    async fn purge_runs(&self, step: &PurgeStep) -> Result<PurgeProgress> {
+        purge::purge_runs(self, step).await
+    }
+
+    async fn purge_slot_decisions(
+        &self,
+        workflow_id: WorkflowId,
+        before: Millis,
+        limit: u32,
+        dry_run: bool,
+    ) -> Result<u64> {
+        purge::purge_slot_decisions(self, workflow_id, before, limit, dry_run).await
     }
 }

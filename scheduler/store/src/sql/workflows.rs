@@ -19,7 +19,7 @@ use super::ids::IdKind;
 use super::queue;
 use super::rows::{self, corrupt, to_json, to_u32};
 use super::{INSERT_CHUNK, SqlStore, db_errors, values_rows, write_tx};
-use crate::{ApplyOutcome, DueSchedule, Result, WorkflowRecord};
+use crate::{ApplyOutcome, DueSchedule, Result, WorkflowHead, WorkflowRecord};
 
 async fn workflow_by_name(c: &mut AnyConnection, name: &str) -> Result<Option<WorkflowRecord>> {
     let sql = format!(
@@ -292,6 +292,38 @@ pub(crate) async fn list_workflows(
         .await?
         .iter()
         .map(rows::workflow)
+        .collect()
+}
+
+pub(crate) async fn list_workflow_heads(
+    store: &SqlStore,
+    app: Option<&str>,
+) -> Result<Vec<WorkflowHead>> {
+    let mut sql = String::from(
+        "SELECT id, name, latest_version, paused, created_at, updated_at FROM workflow",
+    );
+    if app.is_some() {
+        sql.push_str(" WHERE app = ?");
+    }
+    sql.push_str(" ORDER BY name");
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    if let Some(app) = app {
+        query = query.bind(app);
+    }
+    query
+        .fetch_all(&store.pool)
+        .await?
+        .iter()
+        .map(|row| {
+            Ok(WorkflowHead {
+                id: WorkflowId(row.try_get("id")?),
+                name: row.try_get("name")?,
+                version: to_u32(row.try_get("latest_version")?, "workflow version")?,
+                paused: row.try_get::<i64, _>("paused")? != 0,
+                created_at: row.try_get("created_at")?,
+                updated_at: row.try_get("updated_at")?,
+            })
+        })
         .collect()
 }
 

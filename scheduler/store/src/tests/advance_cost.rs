@@ -47,6 +47,7 @@ mod scenarios {
             description: String::new(),
             schedule: ScheduleSpec::default(),
             concurrency: Default::default(),
+            retention: None,
             tasks,
         }
     }

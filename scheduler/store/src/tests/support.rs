@@ -191,6 +191,7 @@ pub(super) fn spec(name: &str, tasks: Vec<TaskSpec>) -> WorkflowSpec {
         description: String::new(),
         schedule: ScheduleSpec::default(),
         concurrency: Default::default(),
+        retention: None,
         tasks,
     }
 }

@@ -1,0 +1,162 @@
+//! The purger: ended runs past their workflow's retention are deleted in small steps, with
+//! their instances, attempts, log chunks and decisions (`ax_core::retention` decides which;
+//! `Store::purge_runs` deletes a step in one short transaction).
+//!
+//! Every node runs the loop; in a pass only the live node with the lowest id purges
+//! (`ax_core::retention::is_purger`, over the node leases), so a cluster deletes on one node at
+//! a time. Two nodes that both believe it for a moment (a lease just expired) only repeat each
+//! other's deletes: a step locks its runs and skips those already gone. Between two steps the
+//! purger pauses at least as long as the step took, so it never holds the store's writers
+//! (SQLite's one writer lock above all) more than about half the time, and the dispatch and
+//! report paths go on beside it. `axctl purge` (`PurgeRuns`) runs the same steps on demand.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use ax_core::Millis;
+use ax_core::ids::WorkflowId;
+use ax_store::{PurgeCounts, PurgeStep, StoreError};
+use rand::Rng;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::now_ms;
+use crate::node::Node;
+
+/// Runs per step (one transaction).
+pub const STEP_RUNS: u32 = 200;
+/// Instances, attempts, log chunks and decisions per step, besides the runs themselves.
+pub const STEP_ROWS: u32 = 4_000;
+/// The shortest pause between two steps; after a longer step the pause is as long as it.
+const MIN_PAUSE: Duration = Duration::from_millis(10);
+
+pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
+    let interval = node.options.purge_interval;
+    loop {
+        let pause = interval.mul_f64(rand::rng().random_range(0.9..1.1));
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = cancel.cancelled() => return,
+        }
+        match purge_due(&node, &cancel).await {
+            Ok(counts) if counts.rows() > 0 => tracing::info!(
+                runs = counts.runs,
+                instances = counts.instances,
+                attempts = counts.attempts,
+                log_chunks = counts.log_chunks,
+                decisions = counts.decisions,
+                "purged runs past their retention"
+            ),
+            Ok(_) => {}
+            Err(err) => tracing::warn!(
+                error = %format!("{err:#}"),
+                "purging runs past their retention failed; trying again next interval"
+            ),
+        }
+    }
+}
+
+/// One pass: on the purging node, every workflow's ended runs past its retention.
+async fn purge_due(node: &Node, cancel: &CancellationToken) -> anyhow::Result<PurgeCounts> {
+    let mut total = PurgeCounts::default();
+    if !is_purger(node).await? {
+        return Ok(total);
+    }
+    let default_ms = node.options.retention.map(|keep| keep.as_millis() as u64);
+    let workflows = node
+        .store
+        .list_workflow_heads(None)
+        .await
+        .context("listing workflows")?;
+    for workflow in workflows {
+        let spec = node.specs.get(workflow.id, workflow.version).await?;
+        let cutoff = ax_core::retention::cutoff(spec.spec.retention, default_ms, now_ms());
+        let Some(cutoff) = cutoff else { continue };
+        total += purge_workflow(node, workflow.id, cutoff, false, cancel)
+            .await
+            .with_context(|| format!("purging workflow {}", workflow.name))?;
+        if cancel.is_cancelled() {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+async fn is_purger(node: &Node) -> anyhow::Result<bool> {
+    let (db_now, leases) = node
+        .store
+        .list_node_leases()
+        .await
+        .context("listing node leases")?;
+    let live = leases
+        .iter()
+        .filter(|lease| lease.expires_at > db_now)
+        .map(|lease| lease.node_id.as_str());
+    Ok(ax_core::retention::is_purger(live, &node.options.node_id))
+}
+
+/// Deletes (or with `dry_run` counts) the workflow's ended runs that ended before
+/// `ended_before`, step by step, then its decisions about dropped slots before it. Stops
+/// between two steps once `cancel` is cancelled.
+pub async fn purge_workflow(
+    node: &Node,
+    workflow_id: WorkflowId,
+    ended_before: Millis,
+    dry_run: bool,
+    cancel: &CancellationToken,
+) -> Result<PurgeCounts, StoreError> {
+    let mut total = PurgeCounts::default();
+    let mut step = PurgeStep {
+        workflow_id,
+        ended_before,
+        after: None,
+        max_runs: STEP_RUNS,
+        max_rows: STEP_ROWS,
+        dry_run,
+    };
+    loop {
+        let started = Instant::now();
+        let progress = node.store.purge_runs(&step).await?;
+        total += progress.counts;
+        if !dry_run {
+            node.metrics.purged(&progress.counts);
+        }
+        let Some(next) = progress.next else { break };
+        step.after = Some(next);
+        if pause(started, dry_run, cancel).await {
+            return Ok(total);
+        }
+    }
+    loop {
+        let started = Instant::now();
+        let decisions = node
+            .store
+            .purge_slot_decisions(workflow_id, ended_before, STEP_ROWS, dry_run)
+            .await?;
+        total.decisions += decisions;
+        if dry_run {
+            break;
+        }
+        node.metrics.purged(&PurgeCounts {
+            decisions,
+            ..PurgeCounts::default()
+        });
+        if decisions < u64::from(STEP_ROWS) || pause(started, dry_run, cancel).await {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// Waits between two steps: as long as the last one took (at least [`MIN_PAUSE`]); a dry run,
+/// which locks and writes nothing, does not wait. True when `cancel` ended the wait.
+async fn pause(started: Instant, dry_run: bool, cancel: &CancellationToken) -> bool {
+    if dry_run {
+        return cancel.is_cancelled();
+    }
+    let pause = started.elapsed().max(MIN_PAUSE);
+    tokio::select! {
+        () = tokio::time::sleep(pause) => false,
+        () = cancel.cancelled() => true,
+    }
+}

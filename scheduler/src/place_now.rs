@@ -30,24 +30,18 @@ use crate::reporter::Envelope;
 /// The placement of one transaction on this node's workers.
 pub struct PlaceNow<'a> {
     node: &'a Node,
-    /// Whether any slot was free when the transaction began.
-    any_free: bool,
-    slots: Vec<WorkerSlot>,
-    /// The slot each placed instance reserved.
-    reserved: HashMap<InstanceId, usize>,
+    /// The node's slots, read at the first offer: most transactions (a batch of starts and
+    /// heartbeats) create nothing and never read them.
+    slots: Option<Vec<WorkerSlot>>,
+    /// The worker (and its stream) each placed instance reserved a slot on.
+    reserved: HashMap<InstanceId, (String, u64)>,
 }
 
 impl<'a> PlaceNow<'a> {
     pub fn new(node: &'a Node) -> PlaceNow<'a> {
-        let slots = node.registry.slots();
-        let any_free = !node.standing.is_cut_off()
-            && slots
-                .iter()
-                .any(|slot| slot.accepting && slot.running < slot.capacity);
         PlaceNow {
             node,
-            any_free,
-            slots,
+            slots: None,
             reserved: HashMap::new(),
         }
     }
@@ -59,19 +53,18 @@ impl<'a> PlaceNow<'a> {
         let any = !placed.is_empty();
         for placed in placed {
             let instance = placed.attempt.instance_id;
-            let Some(slot) = self.reserved.remove(&instance) else {
+            let Some((worker, connection)) = self.reserved.remove(&instance) else {
                 continue;
             };
-            let slot = &self.slots[slot];
             let claimed = Claimed {
-                worker: &slot.id,
-                connection: slot.connection,
+                worker: &worker,
+                connection,
                 instance,
                 attempt: Attempt(1),
                 ready_at: placed.attempt.created_at,
             };
             if !send_placed(node, &placed, &claimed).await {
-                node.registry.release(&slot.id, instance, Attempt(1));
+                node.registry.release(&worker, instance, Attempt(1));
             }
         }
         if any {
@@ -82,10 +75,8 @@ impl<'a> PlaceNow<'a> {
 
     /// Gives back the reservations of attempts that were not created.
     pub fn abandon(mut self) {
-        for (instance, slot) in self.reserved.drain() {
-            self.node
-                .registry
-                .release(&self.slots[slot].id, instance, Attempt(1));
+        for (instance, (worker, _)) in self.reserved.drain() {
+            self.node.registry.release(&worker, instance, Attempt(1));
         }
     }
 }
@@ -148,10 +139,17 @@ impl Placement for PlaceNow<'_> {
     }
 
     fn place(&mut self, attempt: &NewAttempt) -> Option<String> {
-        if !self.any_free {
+        let node = self.node;
+        if node.standing.is_cut_off() {
             return None;
         }
-        let node = self.node;
+        let slots = self.slots.get_or_insert_with(|| node.registry.slots());
+        if !slots
+            .iter()
+            .any(|slot| slot.accepting && slot.running < slot.capacity)
+        {
+            return None;
+        }
         let spec = node
             .specs
             .cached(attempt.workflow_id, attempt.workflow_version)?;
@@ -171,7 +169,7 @@ impl Placement for PlaceNow<'_> {
         if route.spans_the_cluster() {
             return None;
         }
-        let candidates: Vec<Candidate<'_>> = self.slots.iter().map(WorkerSlot::candidate).collect();
+        let candidates: Vec<Candidate<'_>> = slots.iter().map(WorkerSlot::candidate).collect();
         // Taken for this choice only, never across the transaction: a dispatch pass that holds
         // it is not kept waiting on a commit, and meanwhile its instances stay WAITING for it.
         let chosen = node.placer.try_lock().ok()?.choose_routed(
@@ -180,7 +178,7 @@ impl Placement for PlaceNow<'_> {
             &task.labels,
             rand::random(),
         )?;
-        let slot = &mut self.slots[chosen];
+        let slot = &mut slots[chosen];
         if !node
             .registry
             .reserve(&slot.id, slot.connection, attempt.instance_id, Attempt(1))
@@ -189,7 +187,8 @@ impl Placement for PlaceNow<'_> {
             return None;
         }
         slot.running += 1;
-        self.reserved.insert(attempt.instance_id, chosen);
+        self.reserved
+            .insert(attempt.instance_id, (slot.id.clone(), slot.connection));
         Some(slot.id.clone())
     }
 }

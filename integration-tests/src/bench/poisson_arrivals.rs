@@ -56,13 +56,16 @@ impl Phase {
         percentile(&self.queue, q)
     }
 
-    /// The p99 of the arrivals in the first and the last `span` of the phase.
-    fn p99_at_ends(&self, span: usize) -> (f64, f64) {
+    /// The p99 of the arrivals of the phase's first and last third.
+    fn p99_of_first_and_last_third(&self) -> (f64, f64) {
         let n = self.queue.len();
-        let span = span.min(n / 2).max(1);
+        if n == 0 {
+            return (0.0, 0.0);
+        }
+        let third = (n / 3).max(1);
         (
-            percentile(&self.queue[..span.min(n)], 99.0),
-            percentile(&self.queue[n.saturating_sub(span)..], 99.0),
+            percentile(&self.queue[..third], 99.0),
+            percentile(&self.queue[n - third..], 99.0),
         )
     }
 
@@ -328,6 +331,18 @@ async fn phase(
     })
 }
 
+/// A cluster of `spec` with the workflow every arrival triggers: one task, `sleep 0.05`.
+async fn start(env: &Env, spec: &ClusterSpec) -> anyhow::Result<Cluster> {
+    let cluster = env.start(spec).await?;
+    let workflow = workflow_yaml(
+        WORKFLOW,
+        None,
+        &[("nap".into(), "sleep 0.05".into(), Vec::new())],
+    );
+    cluster.apply(&workflow).await?;
+    Ok(cluster)
+}
+
 pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
     if env.sweep {
         return sweep(env).await;
@@ -340,16 +355,10 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
             (500.0, Duration::from_secs(120), 50.0),
         ]
     };
-    let workflow = workflow_yaml(
-        WORKFLOW,
-        None,
-        &[("nap".into(), "sleep 0.05".into(), Vec::new())],
-    );
     let mut m = Measurement::default();
     let mut checks = Checks::default();
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-    let mut cluster = env.start(&ClusterSpec::one_worker(64)).await?;
-    cluster.apply(&workflow).await?;
+    let mut cluster = start(env, &ClusterSpec::one_worker(64)).await?;
     for (rate, duration, p99_target) in phases {
         let measured = phase(env, &mut cluster, "", rate, duration, &mut rng, &mut checks).await?;
         measured.report(&mut m, Some(p99_target), rate <= 200.0);
@@ -365,8 +374,7 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
             (500.0, Duration::from_secs(60))
         };
         for (nodes, prefix) in [(1, "3 workers, 1 node "), (3, "3 workers, 3 nodes ")] {
-            let mut cluster = env.start(&ClusterSpec::nodes(nodes, 3, 22)).await?;
-            cluster.apply(&workflow).await?;
+            let mut cluster = start(env, &ClusterSpec::nodes(nodes, 3, 22)).await?;
             let measured = phase(
                 env,
                 &mut cluster,
@@ -397,16 +405,10 @@ async fn sweep(env: &Env) -> anyhow::Result<Measurement> {
     } else {
         (SWEEP_STEP, Duration::from_secs(60), SWEEP_RATES)
     };
-    let workflow = workflow_yaml(
-        WORKFLOW,
-        None,
-        &[("nap".into(), "sleep 0.05".into(), Vec::new())],
-    );
     let mut m = Measurement::default();
     let mut checks = Checks::default();
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-    let mut cluster = env.start(&ClusterSpec::one_worker(64)).await?;
-    cluster.apply(&workflow).await?;
+    let mut cluster = start(env, &ClusterSpec::one_worker(64)).await?;
     let mut knee = None;
     let mut crossed = None;
     for &rate in rates {
@@ -446,8 +448,7 @@ async fn sweep(env: &Env) -> anyhow::Result<Measurement> {
         .await?;
         past.report(&mut m, None, false);
         // The arrivals of the first and last third of the phase (20 s of a minute).
-        let span = past.queue.len() / 3;
-        let (first, last) = past.p99_at_ends(span);
+        let (first, last) = past.p99_of_first_and_last_third();
         m.figure(
             "past the knee: queue -> start p99, first 20 s",
             "ms",

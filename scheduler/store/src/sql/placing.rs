@@ -25,8 +25,8 @@ pub(crate) struct Placing<'p> {
     now: Millis,
     /// Placed in this transaction, by instance id, with their worker.
     placed: BTreeMap<i64, (NewAttempt, String)>,
-    /// Their attempt rows are written up to here.
-    written: usize,
+    /// Placed since the attempt rows were last written.
+    unwritten: Vec<i64>,
     runs: HashMap<i64, RunFacts>,
 }
 
@@ -37,7 +37,7 @@ impl<'p> Placing<'p> {
             placement: Some(placement),
             now,
             placed: BTreeMap::new(),
-            written: 0,
+            unwritten: Vec::new(),
             runs: HashMap::new(),
         }
     }
@@ -48,7 +48,7 @@ impl<'p> Placing<'p> {
             placement: None,
             now: 0,
             placed: BTreeMap::new(),
-            written: 0,
+            unwritten: Vec::new(),
             runs: HashMap::new(),
         }
     }
@@ -66,6 +66,7 @@ impl<'p> Placing<'p> {
         };
         match placement.place(&attempt) {
             Some(worker) => {
+                self.unwritten.push(attempt.instance_id.0);
                 self.placed
                     .insert(attempt.instance_id.0, (attempt, worker.clone()));
                 (InstanceState::Dispatched.as_str(), Some(worker))
@@ -90,6 +91,7 @@ impl<'p> Placing<'p> {
     /// had an instance already): they are not dispatched.
     pub(crate) fn not_inserted(&mut self, ids: &BTreeSet<i64>) {
         self.placed.retain(|id, _| !ids.contains(id));
+        self.unwritten.retain(|id| !ids.contains(id));
     }
 
     /// Writes the attempt rows of what was placed since the last call: one multi-row insert.
@@ -99,9 +101,9 @@ impl<'p> Placing<'p> {
         };
         let node = placement.node_id().to_string();
         let fresh: Vec<(&NewAttempt, &String)> = self
-            .placed
-            .values()
-            .skip(self.written)
+            .unwritten
+            .iter()
+            .filter_map(|id| self.placed.get(id))
             .map(|(attempt, worker)| (attempt, worker))
             .collect();
         for chunk in pow2_chunks(&fresh) {
@@ -124,7 +126,7 @@ impl<'p> Placing<'p> {
             }
             query.execute(&mut *c).await?;
         }
-        self.written = self.placed.len();
+        self.unwritten.clear();
         Ok(())
     }
 

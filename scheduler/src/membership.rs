@@ -336,8 +336,11 @@ impl Membership {
             let workers = self.store.list_workers().await?;
             anyhow::Ok((db_now, leases, workers))
         };
+        // Bounded like the renewal: a database that stops answering between the two would
+        // otherwise hold the renewal loop here, and the node would never find itself cut off.
+        let read = tokio::time::timeout(self.member.renewal_interval(), read);
         match read.await {
-            Ok((db_now, leases, workers)) => {
+            Ok(Ok((db_now, leases, workers))) => {
                 let dead_after = self.member.worker_dead_after.as_millis() as i64;
                 let serving: Vec<&str> = leases
                     .iter()
@@ -356,7 +359,8 @@ impl Membership {
                     None => self.standing.set_share(0, 0),
                 }
             }
-            Err(err) => tracing::debug!(error = %err, "cannot read the live nodes"),
+            Ok(Err(err)) => tracing::debug!(error = %err, "cannot read the live nodes"),
+            Err(_) => tracing::debug!("reading the live nodes got no answer in time"),
         }
     }
 

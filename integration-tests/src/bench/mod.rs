@@ -621,6 +621,7 @@ impl Cluster {
         checks: &mut Checks,
     ) -> anyhow::Result<Vec<pb::Instance>> {
         let control = self.control();
+        // One read per run, each instance with its attempts.
         let listed: Vec<anyhow::Result<Vec<pb::Instance>>> =
             futures::stream::iter(runs.iter().copied())
                 .map(|run| {
@@ -629,7 +630,7 @@ impl Cluster {
                         Ok(control
                             .list_instances(pb::ListInstancesRequest {
                                 run_id: run,
-                                attempts: false,
+                                attempts: true,
                             })
                             .await?
                             .into_inner()
@@ -639,14 +640,14 @@ impl Cluster {
                 .buffer_unordered(READ_CONCURRENCY)
                 .collect()
                 .await;
-        let mut ids = Vec::new();
+        let mut instances = Vec::new();
         let mut short_runs = 0usize;
         for list in listed {
             let list = list?;
             if list.len() != tasks_per_run {
                 short_runs += 1;
             }
-            ids.extend(list.iter().map(|i| i.id));
+            instances.extend(list);
         }
         checks.add(
             "every task of every run has an instance",
@@ -656,23 +657,6 @@ impl Cluster {
                 runs.len()
             ),
         );
-        let fetched: Vec<anyhow::Result<pb::Instance>> = futures::stream::iter(ids)
-            .map(|id| {
-                let mut control = control.clone();
-                async move {
-                    Ok(control
-                        .get_instance(pb::GetInstanceRequest { id })
-                        .await?
-                        .into_inner())
-                }
-            })
-            .buffer_unordered(READ_CONCURRENCY)
-            .collect()
-            .await;
-        let mut instances = Vec::with_capacity(fetched.len());
-        for instance in fetched {
-            instances.push(instance?);
-        }
         instances.sort_by_key(|i| i.id);
 
         let terminal = |state: i32| {

@@ -207,9 +207,25 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         None => None,
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let store = ax_store::open(&options.store_url)
+    // The database drops a silent node's session (and its transaction's row locks) after the
+    // silence that makes the node dead to the cluster, its lease: a worker moving off a node cut
+    // off in the middle of a transaction on its row is recorded on its new node by then.
+    let store_options = ax_store::StoreOptions {
+        silent_client_timeout: options.node_lease,
+    };
+    let store = ax_store::open_with(&options.store_url, &store_options)
         .await
         .with_context(|| format!("opening the store at {}", redact(&options.store_url)))?;
+    let worker_dead_after = options.heartbeat_interval * options.dead_after_missed_heartbeats;
+    if store.backend() == ax_store::Backend::MySql && worker_dead_after <= options.node_lease {
+        tracing::warn!(
+            worker_dead_after_ms = worker_dead_after.as_millis() as u64,
+            node_lease_ms = options.node_lease.as_millis() as u64,
+            "the dead-worker threshold is not longer than the node lease: a worker moving off a \
+             node cut off from the store may be judged dead before its new node can record it, \
+             and what it finished meanwhile would run again"
+        );
+    }
     let guards: Arc<dyn Guards> = match &options.redis_url {
         Some(url) => Arc::new(
             RedisGuards::connect(url, &options.redis_namespace)
@@ -228,10 +244,8 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         lease: options.node_lease,
         max_clock_offset: options.max_clock_offset,
         pools: membership::pools_text(&options.pools),
-        worker_dead_after: options.heartbeat_interval * options.dead_after_missed_heartbeats,
-        cut_off_after: membership::cut_off_after(
-            options.heartbeat_interval * options.dead_after_missed_heartbeats,
-        ),
+        worker_dead_after,
+        cut_off_after: membership::cut_off_after(worker_dead_after),
     };
     let bind = || async {
         tokio::net::TcpListener::bind(options.listen)

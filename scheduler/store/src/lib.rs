@@ -55,7 +55,30 @@ pub enum Backend {
 
 /// Opens the store at `url` (`sqlite://PATH` or `mysql://…`) and runs its migrations.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
-    Ok(Arc::new(SqlStore::connect(url).await?))
+    open_with(url, &StoreOptions::default()).await
+}
+
+/// [`open`] with `options`.
+pub async fn open_with(url: &str, options: &StoreOptions) -> Result<Arc<dyn Store>> {
+    Ok(Arc::new(SqlStore::connect_with(url, options).await?))
+}
+
+/// How a store's connections behave.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// MySQL: how long the server keeps a session that sends nothing (`wait_timeout`, whole
+    /// seconds, at least 1) before it drops it and rolls back its open transaction. A node cut
+    /// off from the database in the middle of a transaction holds that transaction's row locks
+    /// for this long, and every other node needing those rows waits for it.
+    pub silent_client_timeout: std::time::Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            silent_client_timeout: std::time::Duration::from_secs(10),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -8,6 +8,7 @@
 mod access;
 mod audit;
 mod cancel;
+mod checkpointer;
 mod counted;
 pub(crate) mod db_errors;
 mod decisions;
@@ -51,10 +52,6 @@ use ids::IdBlocks;
 pub(crate) const MAX_TRIES: u32 = 6;
 
 /// The embedded migrations of each backend, paired by number (a test checks the pairing).
-/// Seconds after which the MySQL server drops a connection of ax that sent nothing, rolling back
-/// its open transaction (`wait_timeout`).
-const SILENT_CLIENT_TIMEOUT_S: u64 = 10;
-
 pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "init", include_str!("../migrations/mysql/0001_init.sql")),
     (
@@ -372,6 +369,8 @@ pub struct SqlStore {
     pub(crate) ids: IdBlocks,
     /// SQLite only: one writer at a time in this process.
     write_lock: Option<tokio::sync::Mutex<()>>,
+    /// SQLite file only: the write-ahead log's checkpoints, outside the commits.
+    _checkpointer: Option<checkpointer::Checkpointer>,
     /// Statements sent by `apply_reports` (see [`SqlStore::report_statements`]).
     report_statements: AtomicU64,
     /// Statements sent by `create_runs` (see [`SqlStore::create_statements`]).
@@ -393,11 +392,16 @@ impl SqlStore {
     /// `sqlite::memory:` (one connection, gone when the store is dropped) or `mysql://…`, and
     /// runs the backend's migrations.
     pub async fn connect(url: &str) -> Result<SqlStore> {
+        Self::connect_with(url, &crate::StoreOptions::default()).await
+    }
+
+    /// [`SqlStore::connect`] with `options`.
+    pub async fn connect_with(url: &str, options: &crate::StoreOptions) -> Result<SqlStore> {
         sqlx::any::install_default_drivers();
         if url.starts_with("sqlite:") {
             Self::connect_sqlite(url).await
         } else if url.starts_with("mysql://") {
-            Self::connect_mysql(url).await
+            Self::connect_mysql(url, options.silent_client_timeout).await
         } else {
             Err(StoreError::UnsupportedUrl(url.to_string()))
         }
@@ -449,10 +453,19 @@ impl SqlStore {
             } else {
                 Some(Duration::from_secs(1800))
             })
-            .after_connect(|conn, _| {
+            .after_connect(move |conn, _| {
                 Box::pin(async move {
                     // busy_timeout is 5 s by default in sqlx; NORMAL is durable enough with WAL.
                     conn.execute("PRAGMA synchronous = NORMAL").await?;
+                    if !memory {
+                        // The checkpointer does it, outside any commit.
+                        conn.execute("PRAGMA wal_autocheckpoint = 0").await?;
+                        conn.execute(sqlx::AssertSqlSafe(format!(
+                            "PRAGMA journal_size_limit = {}",
+                            checkpointer::WAL_SIZE_LIMIT
+                        )))
+                        .await?;
+                    }
                     Ok(())
                 })
             })
@@ -463,6 +476,7 @@ impl SqlStore {
             // switching needs an exclusive lock, so it is done before the pool is shared.
             pool.execute("PRAGMA journal_mode = WAL").await?;
         }
+        let checkpointer = (!memory).then(|| checkpointer::Checkpointer::start(pool.clone()));
         let store = SqlStore {
             pool,
             dialect: Dialect::Sqlite,
@@ -470,6 +484,7 @@ impl SqlStore {
             lease_pool: None,
             ids: IdBlocks::default(),
             write_lock: Some(tokio::sync::Mutex::new(())),
+            _checkpointer: checkpointer,
             report_statements: AtomicU64::new(0),
             create_statements: AtomicU64::new(0),
             downstream_tasks: Default::default(),
@@ -478,7 +493,7 @@ impl SqlStore {
         Ok(store)
     }
 
-    async fn connect_mysql(url: &str) -> Result<SqlStore> {
+    async fn connect_mysql(url: &str, silent_client_timeout: Duration) -> Result<SqlStore> {
         let options = AnyConnectOptions::from_str(&with_statement_cache(url))?;
         // A node that falls silent in the middle of a transaction (partitioned from the database
         // while its connection stays open) would keep its row locks, and stall every node that
@@ -486,14 +501,15 @@ impl SqlStore {
         // default). A short one makes the server roll such a transaction back within seconds.
         // No ax transaction is idle between its statements for anywhere near that long, and the
         // pools close their idle connections before the server would.
+        let silent_s = silent_client_timeout.as_secs().max(1);
         let pool_options = |max: u32| {
             AnyPoolOptions::new()
                 .max_connections(max)
-                .idle_timeout(Some(Duration::from_secs(SILENT_CLIENT_TIMEOUT_S / 2)))
-                .after_connect(|conn, _| {
+                .idle_timeout(Some(Duration::from_millis(silent_s * 1000 / 2)))
+                .after_connect(move |conn, _| {
                     Box::pin(async move {
                         conn.execute(sqlx::AssertSqlSafe(format!(
-                            "SET SESSION wait_timeout = {SILENT_CLIENT_TIMEOUT_S}"
+                            "SET SESSION wait_timeout = {silent_s}"
                         )))
                         .await?;
                         // Each statement sees the latest committed rows; the fan-in check
@@ -514,6 +530,7 @@ impl SqlStore {
             lease_pool: Some(lease_pool),
             ids: IdBlocks::default(),
             write_lock: None,
+            _checkpointer: None,
             report_statements: AtomicU64::new(0),
             create_statements: AtomicU64::new(0),
             downstream_tasks: Default::default(),

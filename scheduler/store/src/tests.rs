@@ -2194,6 +2194,83 @@ async fn open_returns_a_working_store_and_in_memory_sqlite_works() {
     assert!(again.list_workflows(None).await.unwrap().is_empty());
 }
 
+#[tokio::test]
+async fn a_sqlite_file_store_checkpoints_its_log_outside_the_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ax.db");
+    let store = SqlStore::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let automatic: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
+        .fetch_one(&store.pool)
+        .await
+        .unwrap();
+    assert_eq!(automatic, 0, "a commit never checkpoints");
+    let before = std::fs::metadata(&path).unwrap().len();
+    // Far fewer pages than an automatic checkpoint waits for (1,000): they reach the database
+    // file only through the checkpointer while the store is open.
+    for w in 0..20 {
+        let tasks = (0..50).map(|t| task(&format!("t{t}"), &[])).collect();
+        store
+            .apply_workflow(&spec(&format!("w{w}"), tasks), "", None, T0)
+            .await
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let now = std::fs::metadata(&path).unwrap().len();
+        if now > before {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the database file stayed at {now} bytes: nothing was checkpointed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    store.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mysql_session_gone_silent_in_a_transaction_frees_its_locks_after_the_timeout() {
+    on_mysql(|ctx| async move {
+        ctx.store
+            .apply_workflow(&spec("held", vec![task("a", &[])]), "", None, T0)
+            .await
+            .unwrap();
+        let options = StoreOptions {
+            silent_client_timeout: std::time::Duration::from_secs(1),
+        };
+        let silent = SqlStore::connect_with(&ctx.url, &options).await.unwrap();
+        let mut tx = silent.pool.begin().await.unwrap();
+        let timeout: i64 = sqlx::query_scalar("SELECT @@session.wait_timeout")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(timeout, 1);
+        sqlx::query("SELECT id FROM workflow WHERE name = 'held' FOR UPDATE")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        // The transaction stays open and sends nothing, like a node cut off from the database.
+        let started = std::time::Instant::now();
+        sqlx::query("UPDATE workflow SET paused = 1 WHERE name = 'held'")
+            .execute(&ctx.store.pool)
+            .await
+            .expect("the lock is freed when the server drops the silent session");
+        // The server's lock wait would give up after innodb_lock_wait_timeout (50 s); the
+        // default silent timeout is 10 s.
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(6),
+            "the row stayed locked for {:?}",
+            started.elapsed()
+        );
+        drop(tx);
+        silent.close().await;
+    })
+    .await;
+}
+
 #[test]
 fn migrations_are_paired_per_backend() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");

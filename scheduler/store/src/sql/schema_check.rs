@@ -108,6 +108,8 @@ pub(crate) async fn migrate_alone(
     let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT('ax-migrate-', DATABASE()))")
         .execute(&mut *holder)
         .await;
+    // Its long `wait_timeout` must not serve a transaction later: the pool opens another.
+    let _ = holder.close().await;
     migrated
 }
 

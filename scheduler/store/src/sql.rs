@@ -8,7 +8,6 @@
 mod access;
 mod audit;
 mod cancel;
-mod checkpointer;
 mod counted;
 pub(crate) mod db_errors;
 mod decisions;
@@ -369,8 +368,6 @@ pub struct SqlStore {
     pub(crate) ids: IdBlocks,
     /// SQLite only: one writer at a time in this process.
     write_lock: Option<tokio::sync::Mutex<()>>,
-    /// SQLite file only: the write-ahead log's checkpoints, outside the commits.
-    _checkpointer: Option<checkpointer::Checkpointer>,
     /// Statements sent by `apply_reports` (see [`SqlStore::report_statements`]).
     report_statements: AtomicU64,
     /// Statements sent by `create_runs` (see [`SqlStore::create_statements`]).
@@ -453,19 +450,10 @@ impl SqlStore {
             } else {
                 Some(Duration::from_secs(1800))
             })
-            .after_connect(move |conn, _| {
+            .after_connect(|conn, _| {
                 Box::pin(async move {
                     // busy_timeout is 5 s by default in sqlx; NORMAL is durable enough with WAL.
                     conn.execute("PRAGMA synchronous = NORMAL").await?;
-                    if !memory {
-                        // The checkpointer does it, outside any commit.
-                        conn.execute("PRAGMA wal_autocheckpoint = 0").await?;
-                        conn.execute(sqlx::AssertSqlSafe(format!(
-                            "PRAGMA journal_size_limit = {}",
-                            checkpointer::WAL_SIZE_LIMIT
-                        )))
-                        .await?;
-                    }
                     Ok(())
                 })
             })
@@ -476,7 +464,6 @@ impl SqlStore {
             // switching needs an exclusive lock, so it is done before the pool is shared.
             pool.execute("PRAGMA journal_mode = WAL").await?;
         }
-        let checkpointer = (!memory).then(|| checkpointer::Checkpointer::start(pool.clone()));
         let store = SqlStore {
             pool,
             dialect: Dialect::Sqlite,
@@ -484,7 +471,6 @@ impl SqlStore {
             lease_pool: None,
             ids: IdBlocks::default(),
             write_lock: Some(tokio::sync::Mutex::new(())),
-            _checkpointer: checkpointer,
             report_statements: AtomicU64::new(0),
             create_statements: AtomicU64::new(0),
             downstream_tasks: Default::default(),
@@ -530,7 +516,6 @@ impl SqlStore {
             lease_pool: Some(lease_pool),
             ids: IdBlocks::default(),
             write_lock: None,
-            _checkpointer: None,
             report_statements: AtomicU64::new(0),
             create_statements: AtomicU64::new(0),
             downstream_tasks: Default::default(),

@@ -2194,43 +2194,6 @@ async fn open_returns_a_working_store_and_in_memory_sqlite_works() {
     assert!(again.list_workflows(None).await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn a_sqlite_file_store_checkpoints_its_log_outside_the_commits() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ax.db");
-    let store = SqlStore::connect(&format!("sqlite://{}", path.display()))
-        .await
-        .unwrap();
-    let automatic: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
-        .fetch_one(&store.pool)
-        .await
-        .unwrap();
-    assert_eq!(automatic, 0, "a commit never checkpoints");
-    let before = std::fs::metadata(&path).unwrap().len();
-    // Far fewer pages than an automatic checkpoint waits for (1,000): they reach the database
-    // file only through the checkpointer while the store is open.
-    for w in 0..20 {
-        let tasks = (0..50).map(|t| task(&format!("t{t}"), &[])).collect();
-        store
-            .apply_workflow(&spec(&format!("w{w}"), tasks), "", None, T0)
-            .await
-            .unwrap();
-    }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let now = std::fs::metadata(&path).unwrap().len();
-        if now > before {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the database file stayed at {now} bytes: nothing was checkpointed"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    store.close().await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mysql_session_gone_silent_in_a_transaction_frees_its_locks_after_the_timeout() {
     on_mysql(|ctx| async move {

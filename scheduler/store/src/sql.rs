@@ -8,6 +8,7 @@
 mod access;
 mod audit;
 mod cancel;
+mod checkpointer;
 mod counted;
 pub(crate) mod db_errors;
 mod decisions;
@@ -37,6 +38,7 @@ mod workflows;
 
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -367,7 +369,9 @@ pub struct SqlStore {
     pub(crate) lease_pool: Option<AnyPool>,
     pub(crate) ids: IdBlocks,
     /// SQLite only: one writer at a time in this process.
-    write_lock: Option<tokio::sync::Mutex<()>>,
+    write_lock: Option<Arc<tokio::sync::Mutex<()>>>,
+    /// SQLite file only: the write-ahead log's checkpoints, outside the commits.
+    checkpointer: Option<checkpointer::Checkpointer>,
     /// Statements sent by `apply_reports` (see [`SqlStore::report_statements`]).
     report_statements: AtomicU64,
     /// Statements sent by `create_runs` (see [`SqlStore::create_statements`]).
@@ -450,27 +454,41 @@ impl SqlStore {
             } else {
                 Some(Duration::from_secs(1800))
             })
-            .after_connect(|conn, _| {
+            .after_connect(move |conn, _| {
                 Box::pin(async move {
                     // busy_timeout is 5 s by default in sqlx; NORMAL is durable enough with WAL.
                     conn.execute("PRAGMA synchronous = NORMAL").await?;
+                    if !memory {
+                        // The checkpointer does it, outside any commit.
+                        conn.execute("PRAGMA wal_autocheckpoint = 0").await?;
+                        conn.execute(sqlx::AssertSqlSafe(format!(
+                            "PRAGMA journal_size_limit = {}",
+                            checkpointer::WAL_SIZE_LIMIT
+                        )))
+                        .await?;
+                    }
                     Ok(())
                 })
             })
-            .connect_with(options)
+            .connect_with(options.clone())
             .await?;
-        if !memory {
+        let write_lock = Arc::new(tokio::sync::Mutex::new(()));
+        let checkpointer = if memory {
+            None
+        } else {
             // WAL lets readers go on beside the writer. It is a property of the file, set once;
             // switching needs an exclusive lock, so it is done before the pool is shared.
             pool.execute("PRAGMA journal_mode = WAL").await?;
-        }
+            Some(checkpointer::Checkpointer::start(&options, write_lock.clone()).await?)
+        };
         let store = SqlStore {
             pool,
             dialect: Dialect::Sqlite,
             id_pool: None,
             lease_pool: None,
             ids: IdBlocks::default(),
-            write_lock: Some(tokio::sync::Mutex::new(())),
+            write_lock: Some(write_lock),
+            checkpointer,
             report_statements: AtomicU64::new(0),
             create_statements: AtomicU64::new(0),
             downstream_tasks: Default::default(),
@@ -516,6 +534,7 @@ impl SqlStore {
             lease_pool: Some(lease_pool),
             ids: IdBlocks::default(),
             write_lock: None,
+            checkpointer: None,
             report_statements: AtomicU64::new(0),
             create_statements: AtomicU64::new(0),
             downstream_tasks: Default::default(),
@@ -578,6 +597,9 @@ impl SqlStore {
 
     /// Closes the pools (tests drop their MySQL database afterwards).
     pub async fn close(&self) {
+        if let Some(checkpointer) = &self.checkpointer {
+            checkpointer.stop().await;
+        }
         self.pool.close().await;
         for pool in self.id_pool.iter().chain(&self.lease_pool) {
             pool.close().await;

@@ -2195,6 +2195,91 @@ async fn open_returns_a_working_store_and_in_memory_sqlite_works() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_file_store_checkpoints_outside_the_commits_and_its_log_rewinds_under_load() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ax.db");
+    let wal = dir.path().join("ax.db-wal");
+    let store = Arc::new(
+        SqlStore::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap(),
+    );
+    let automatic: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
+        .fetch_one(&store.pool)
+        .await
+        .unwrap();
+    assert_eq!(automatic, 0, "a commit never checkpoints");
+    sqlx::query("CREATE TABLE filler (id INTEGER PRIMARY KEY, body BLOB NOT NULL)")
+        .execute(&store.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO filler (id, body) SELECT value, x'' FROM json_each('[0,1,2,3,4,5,6,7]')",
+    )
+    .execute(&store.pool)
+    .await
+    .unwrap();
+    // Readers that keep the log in use all the time, as a busy node's reads do: beside them a
+    // checkpoint that only ever copies never sees the log wholly copied, and the log would
+    // never rewind.
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (store, stop, reads) = (store.clone(), stop.clone(), reads.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let _: Option<i64> = sqlx::query_scalar("SELECT SUM(LENGTH(body)) FROM filler")
+                        .fetch_one(&store.pool)
+                        .await
+                        .unwrap();
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    // About 60 MiB of pages through the log (3,000 commits of a 16 KiB row and its page), at
+    // most one commit a millisecond: steady load for a few seconds.
+    const COMMITS: i64 = 3_000;
+    for i in 0..COMMITS {
+        let mut write = store.begin_write().await.unwrap();
+        sqlx::query("UPDATE filler SET body = randomblob(16384) WHERE id = ?")
+            .bind(i % 8)
+            .execute(&mut *write.tx)
+            .await
+            .unwrap();
+        write.tx.commit().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.await.unwrap();
+    }
+    assert!(
+        reads.load(Ordering::Relaxed) > 100,
+        "the readers ran beside the writes"
+    );
+    // The log file keeps its largest size: it says how far the log ever grew before it was
+    // written from its start again.
+    let wal_bytes = std::fs::metadata(&wal).unwrap().len();
+    assert!(
+        wal_bytes < 24 * 1024 * 1024,
+        "the log grew to {wal_bytes} bytes: it was not rewound under load"
+    );
+    let total: i64 = sqlx::query_scalar("SELECT SUM(LENGTH(body)) FROM filler")
+        .fetch_one(&store.pool)
+        .await
+        .unwrap();
+    assert_eq!(total, 8 * 16384, "every row holds its last write");
+    // Closed, the store leaves nothing in the log: the checkpointer's connection is closed too,
+    // so the last connection's close checkpoints and removes it.
+    store.close().await;
+    let left = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    assert_eq!(left, 0, "the closed store left {left} bytes in its log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mysql_session_gone_silent_in_a_transaction_frees_its_locks_after_the_timeout() {
     on_mysql(|ctx| async move {
         ctx.store

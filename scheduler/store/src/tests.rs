@@ -2194,22 +2194,12 @@ async fn open_returns_a_working_store_and_in_memory_sqlite_works() {
     assert!(again.list_workflows(None).await.unwrap().is_empty());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sqlite_file_store_checkpoints_outside_the_commits_and_its_log_rewinds_under_load() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ax.db");
-    let wal = dir.path().join("ax.db-wal");
-    let store = Arc::new(
-        SqlStore::connect(&format!("sqlite://{}", path.display()))
-            .await
-            .unwrap(),
-    );
-    let automatic: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
-        .fetch_one(&store.pool)
+/// A SQLite file store with a table of eight rows to overwrite, and the path of its log.
+async fn sqlite_store_with_filler(dir: &std::path::Path) -> (Arc<SqlStore>, std::path::PathBuf) {
+    let path = dir.join("ax.db");
+    let store = SqlStore::connect(&format!("sqlite://{}", path.display()))
         .await
         .unwrap();
-    assert_eq!(automatic, 0, "a commit never checkpoints");
     sqlx::query("CREATE TABLE filler (id INTEGER PRIMARY KEY, body BLOB NOT NULL)")
         .execute(&store.pool)
         .await
@@ -2220,6 +2210,38 @@ async fn a_sqlite_file_store_checkpoints_outside_the_commits_and_its_log_rewinds
     .execute(&store.pool)
     .await
     .unwrap();
+    (Arc::new(store), dir.join("ax.db-wal"))
+}
+
+/// About 20 KiB of pages through the log per commit (a 16 KiB row and its page), at most one
+/// commit a millisecond, each through the store's writer lock as the store's own writes go.
+async fn overwrite_filler(store: &SqlStore, commits: i64) {
+    for i in 0..commits {
+        let mut write = store.begin_write().await.unwrap();
+        sqlx::query("UPDATE filler SET body = randomblob(16384) WHERE id = ?")
+            .bind(i % 8)
+            .execute(&mut *write.tx)
+            .await
+            .unwrap();
+        write.tx.commit().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
+fn file_len(path: &std::path::Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_file_store_checkpoints_outside_the_commits_and_its_log_rewinds_under_load() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let (store, wal) = sqlite_store_with_filler(dir.path()).await;
+    let automatic: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
+        .fetch_one(&store.pool)
+        .await
+        .unwrap();
+    assert_eq!(automatic, 0, "a commit never checkpoints");
     // Readers that keep the log in use all the time, as a busy node's reads do: beside them a
     // checkpoint that only ever copies never sees the log wholly copied, and the log would
     // never rewind.
@@ -2239,19 +2261,8 @@ async fn a_sqlite_file_store_checkpoints_outside_the_commits_and_its_log_rewinds
             })
         })
         .collect();
-    // About 60 MiB of pages through the log (3,000 commits of a 16 KiB row and its page), at
-    // most one commit a millisecond: steady load for a few seconds.
-    const COMMITS: i64 = 3_000;
-    for i in 0..COMMITS {
-        let mut write = store.begin_write().await.unwrap();
-        sqlx::query("UPDATE filler SET body = randomblob(16384) WHERE id = ?")
-            .bind(i % 8)
-            .execute(&mut *write.tx)
-            .await
-            .unwrap();
-        write.tx.commit().await.unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
+    // About 60 MiB of pages through the log: steady load for a few seconds.
+    overwrite_filler(&store, 3_000).await;
     stop.store(true, Ordering::Relaxed);
     for reader in readers {
         reader.await.unwrap();
@@ -2262,7 +2273,7 @@ async fn a_sqlite_file_store_checkpoints_outside_the_commits_and_its_log_rewinds
     );
     // The log file keeps its largest size: it says how far the log ever grew before it was
     // written from its start again.
-    let wal_bytes = std::fs::metadata(&wal).unwrap().len();
+    let wal_bytes = file_len(&wal);
     assert!(
         wal_bytes < 24 * 1024 * 1024,
         "the log grew to {wal_bytes} bytes: it was not rewound under load"
@@ -2275,8 +2286,52 @@ async fn a_sqlite_file_store_checkpoints_outside_the_commits_and_its_log_rewinds
     // Closed, the store leaves nothing in the log: the checkpointer's connection is closed too,
     // so the last connection's close checkpoints and removes it.
     store.close().await;
-    let left = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    let left = file_len(&wal);
     assert_eq!(left, 0, "the closed store left {left} bytes in its log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_read_on_a_sqlite_file_store_holds_up_neither_the_writers_nor_later_rewinds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, wal) = sqlite_store_with_filler(dir.path()).await;
+    // A read transaction that stays open across 1,500 commits: no checkpoint can copy past its
+    // snapshot, so every rewinding pass meanwhile finds it on the log and gives up.
+    let mut reader = store.pool.acquire().await.unwrap();
+    sqlx::query("BEGIN").execute(&mut *reader).await.unwrap();
+    let before: i64 = sqlx::query_scalar("SELECT SUM(LENGTH(body)) FROM filler")
+        .fetch_one(&mut *reader)
+        .await
+        .unwrap();
+    assert_eq!(before, 0);
+    // A generous bound that catches writers stuck behind the checkpointer's waits.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        overwrite_filler(&store, 1_500),
+    )
+    .await
+    .expect("the writers went on beside the long read");
+    let seen: i64 = sqlx::query_scalar("SELECT SUM(LENGTH(body)) FROM filler")
+        .fetch_one(&mut *reader)
+        .await
+        .unwrap();
+    assert_eq!(seen, 0, "the long read kept its snapshot");
+    sqlx::query("COMMIT").execute(&mut *reader).await.unwrap();
+    drop(reader);
+    let grown = file_len(&wal);
+    assert!(
+        grown > 24 * 1024 * 1024,
+        "the log grew to {grown} bytes behind the long read"
+    );
+    // Once the reader is gone the log is rewound again, after the back-off (at most 16 ticks)
+    // and a copy of what the read held back: another 60 MiB through the log grow the file by
+    // less than that.
+    overwrite_filler(&store, 3_000).await;
+    let after = file_len(&wal);
+    assert!(
+        after < grown + 24 * 1024 * 1024,
+        "the log grew from {grown} to {after} bytes after the long read ended"
+    );
+    store.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

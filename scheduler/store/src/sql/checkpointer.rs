@@ -15,9 +15,11 @@
 //!   steady load (a passive checkpoint beside writers never finds it wholly copied at the moment
 //!   a writer starts) and grows for as long as the load lasts.
 //!
-//! The restart pass waits at most [`RESTART_PATIENCE`] for readers still on the log (a long
-//! read, such as a million log lines, may hold it longer); then it gives up until the next tick,
-//! so the writers it holds back never wait longer than that for a reader.
+//! The restart pass waits at most [`RESTART_PATIENCE`] for readers still on the log, so the
+//! writers it holds back never wait longer than that for a reader. A reader that stays longer
+//! (a long read transaction) makes it give up, and it then skips ticks, twice as many after each
+//! pass that gave up, up to [`MAX_REWIND_SKIP`]: a reader that holds the log for minutes costs
+//! the writers one such wait every few seconds, not every tick.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +38,9 @@ pub(crate) const REWIND_AT: i64 = 1_000;
 
 /// How long the rewinding pass waits for readers still on the log.
 pub(crate) const RESTART_PATIENCE: Duration = Duration::from_millis(100);
+
+/// Most ticks skipped between rewinding passes that find readers on the log.
+pub(crate) const MAX_REWIND_SKIP: u32 = 16;
 
 /// Bytes the log file is cut back to when it is rewound (it keeps its size otherwise, to be
 /// written over).
@@ -68,13 +73,14 @@ impl Checkpointer {
             let mut tick = tokio::time::interval(CHECKPOINT_EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut failing = false;
+            let mut rewind = RewindBackoff::default();
             loop {
                 tokio::select! {
                     _ = tick.tick() => {}
                     // Stopped, or the checkpointer dropped.
                     _ = stopped.changed() => break,
                 }
-                match checkpoint(&mut conn, &write_lock).await {
+                match checkpoint(&mut conn, &write_lock, &mut rewind).await {
                     Ok(()) => failing = false,
                     // A failed checkpoint loses nothing (the log keeps every page); say so once
                     // until one succeeds again.
@@ -109,18 +115,87 @@ impl Checkpointer {
 }
 
 /// One tick: the passive pass, then the rewinding pass when the log is still long.
-async fn checkpoint(conn: &mut AnyConnection, write_lock: &Mutex<()>) -> Result<(), sqlx::Error> {
+async fn checkpoint(
+    conn: &mut AnyConnection,
+    write_lock: &Mutex<()>,
+    rewind: &mut RewindBackoff,
+) -> Result<(), sqlx::Error> {
     let (_, log_pages, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
         .fetch_one(&mut *conn)
         .await?;
-    if log_pages < REWIND_AT {
+    if log_pages < REWIND_AT || rewind.skips_this_tick() {
         return Ok(());
     }
     let _writers_wait = write_lock.lock().await;
-    // Busy (a reader stayed on the log past the patience) is a row, not an error: the next tick
-    // tries again.
-    let _: (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(RESTART)")
+    // Busy (a reader stayed on the log past the patience) is a row, not an error.
+    let (busy, _, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(RESTART)")
         .fetch_one(&mut *conn)
         .await?;
+    rewind.after_pass(busy != 0);
     Ok(())
+}
+
+/// When the next rewinding pass may run, after passes that found readers on the log.
+#[derive(Debug, Default)]
+struct RewindBackoff {
+    /// Ticks still to skip.
+    skip: u32,
+    /// Ticks skipped after the last pass that gave up; 0 after one that rewound.
+    last_skip: u32,
+}
+
+impl RewindBackoff {
+    fn skips_this_tick(&mut self) -> bool {
+        if self.skip == 0 {
+            return false;
+        }
+        self.skip -= 1;
+        true
+    }
+
+    fn after_pass(&mut self, gave_up: bool) {
+        self.last_skip = if gave_up {
+            (self.last_skip * 2).clamp(1, MAX_REWIND_SKIP)
+        } else {
+            0
+        };
+        self.skip = self.last_skip;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn skipped_before_next_pass(rewind: &mut RewindBackoff) -> u32 {
+        let mut skipped = 0;
+        while rewind.skips_this_tick() {
+            skipped += 1;
+        }
+        skipped
+    }
+
+    #[test]
+    fn passes_that_find_readers_back_off_doubling_up_to_the_cap_and_a_rewind_resets_it() {
+        let mut rewind = RewindBackoff::default();
+        assert_eq!(
+            skipped_before_next_pass(&mut rewind),
+            0,
+            "the first pass runs at once"
+        );
+        let mut skips = Vec::new();
+        for _ in 0..7 {
+            rewind.after_pass(true);
+            skips.push(skipped_before_next_pass(&mut rewind));
+        }
+        assert_eq!(skips, [1, 2, 4, 8, 16, 16, 16]);
+        rewind.after_pass(false);
+        assert_eq!(
+            skipped_before_next_pass(&mut rewind),
+            0,
+            "a rewind ends the back-off"
+        );
+        rewind.after_pass(true);
+        assert_eq!(skipped_before_next_pass(&mut rewind), 1);
+    }
 }

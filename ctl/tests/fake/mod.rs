@@ -639,7 +639,7 @@ impl ControlService for Fake {
     }
 
     // axctl's token and secret commands and whoami are tested against a real scheduler
-    // (integration-tests/tests/security.rs); the fake has no tokens.
+    // (integration-tests/tests/security/); the fake has no tokens.
     async fn who_am_i(
         &self,
         _request: Request<pb::WhoAmIRequest>,

@@ -7,6 +7,8 @@
 //! certificate naming another worker is refused), a certificate replaced on disk is served
 //! without a restart, and a node refuses a public address without TLS and tokens unless told
 //! `--insecure`. Runs on SQLite and, with `AX_TEST_MYSQL_URL`, MySQL.
+//!
+//! Each further subject of the threat model (`docs/security.md`) has a module of its own here.
 
 use std::time::Duration;
 

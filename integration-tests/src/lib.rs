@@ -146,9 +146,23 @@ pub struct ClusterBuilder {
     redis_url: Option<String>,
     retention: Option<Duration>,
     purge_interval: Option<Duration>,
+    public_urls: Vec<String>,
+    audit_retention: Option<Duration>,
 }
 
 impl ClusterBuilder {
+    /// How long audit rows are kept (the product's default unset).
+    pub fn audit_retention(mut self, keep: Duration) -> Self {
+        self.audit_retention = Some(keep);
+        self
+    }
+
+    /// A URL a proxy serves the node at (the scheduler's `--public-url`).
+    pub fn public_url(mut self, url: &str) -> Self {
+        self.public_urls.push(url.to_string());
+        self
+    }
+
     /// Callers need tokens (the sandbox's own client and workers then have none: a test that
     /// turns this on starts no workers here and makes its own calls).
     pub fn auth(mut self, auth: ax_scheduler::AuthMode) -> Self {
@@ -281,6 +295,10 @@ impl ClusterBuilder {
                 .ops_listener
                 .then(|| SocketAddr::from(([127, 0, 0, 1], 0))),
             otlp_endpoint: None,
+            public_urls: self.public_urls,
+            audit_retention: self
+                .audit_retention
+                .or(SchedulerOptions::default().audit_retention),
         };
         let scheduler = ax_scheduler::start(options).await?;
         let addr = scheduler.local_addr();
@@ -333,6 +351,8 @@ impl Cluster {
             redis_url: None,
             retention: None,
             purge_interval: None,
+            public_urls: Vec::new(),
+            audit_retention: None,
         }
     }
 

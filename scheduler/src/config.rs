@@ -79,6 +79,9 @@ pub struct Args {
     /// (the default) keeps them.
     #[arg(long, env = "AX_RETENTION", value_parser = parse_retention)]
     pub retention: Option<RetentionSetting>,
+    /// How long audit rows are kept, e.g. 400d; `forever` keeps them. Default 365d.
+    #[arg(long, env = "AX_AUDIT_RETENTION", value_parser = parse_retention)]
+    pub audit_retention: Option<RetentionSetting>,
     /// How often the purger looks for runs past their retention, e.g. 10m (the default).
     #[arg(long, env = "AX_PURGE_INTERVAL", value_parser = parse_duration)]
     pub purge_interval: Option<Duration>,
@@ -114,6 +117,11 @@ pub struct Args {
     /// its /v1/traces). Off without it.
     #[arg(long, env = "AX_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// A URL (or host name) a proxy or DNS name serves this node at, e.g.
+    /// https://ax.example.com (repeat the flag, or AX_PUBLIC_URL=a,b). Requests naming any
+    /// other host than these, the node's own names, localhost or an IP address are refused.
+    #[arg(long = "public-url", env = "AX_PUBLIC_URL", value_delimiter = ',')]
+    pub public_urls: Vec<String>,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -166,6 +174,7 @@ struct FileConfig {
     log_flush_interval: Option<String>,
     max_backfill_runs: Option<u32>,
     retention: Option<String>,
+    audit_retention: Option<String>,
     purge_interval: Option<String>,
     alerts: Option<crate::alerts::AlertsConfig>,
     pools: Option<BTreeMap<String, u32>>,
@@ -177,6 +186,7 @@ struct FileConfig {
     secret_key_file: Option<PathBuf>,
     ops_listen: Option<SocketAddr>,
     otlp_endpoint: Option<String>,
+    public_urls: Option<Vec<String>>,
 }
 
 /// `NAME=N`: a pool and its limit.
@@ -260,6 +270,14 @@ impl Args {
             .map(parse_retention)
             .transpose()
             .map_err(|err| anyhow::anyhow!("config file {}: {err}", path.display()))?;
+        let file_audit_retention = file
+            .audit_retention
+            .as_deref()
+            .map(parse_retention)
+            .transpose()
+            .map_err(|err| {
+                anyhow::anyhow!("config file {}: audit_retention: {err}", path.display())
+            })?;
         let file_auth = file
             .auth
             .map(|text| text.parse::<AuthMode>())
@@ -383,6 +401,11 @@ impl Args {
                 Some(RetentionSetting::Keep(keep)) => Some(keep),
                 None => defaults.retention,
             },
+            audit_retention: match self.audit_retention.or(file_audit_retention) {
+                Some(RetentionSetting::Forever) => None,
+                Some(RetentionSetting::Keep(keep)) => Some(keep),
+                None => defaults.audit_retention,
+            },
             purge_interval: self
                 .purge_interval
                 .or(file_duration(file.purge_interval, "purge_interval", &path)?)
@@ -401,7 +424,14 @@ impl Args {
                 .otlp_endpoint
                 .or(file.otlp_endpoint)
                 .filter(|endpoint| !endpoint.is_empty()),
+            public_urls: if self.public_urls.is_empty() {
+                file.public_urls.unwrap_or_default()
+            } else {
+                self.public_urls
+            },
         };
+        ax_core::cross_site::NodeNames::new([], &options.public_urls)
+            .map_err(|why| anyhow::anyhow!("--public-url: {why}"))?;
         for channel in &options.alerts {
             channel
                 .validate()

@@ -69,6 +69,9 @@ pub struct SchedulerOptions {
     /// How often the purger looks for runs past their retention (one node of the cluster
     /// purges at a time: `retention.rs`).
     pub purge_interval: Duration,
+    /// How long audit rows are kept; `None` keeps them forever. 365 days by default: failed
+    /// authentications alone can write many rows.
+    pub audit_retention: Option<Duration>,
     /// Cluster-wide limits of task pools (`pool:` in workflow files): instances of the pool's
     /// tasks dispatched or running at once. A pool not listed has no limit. Every node of a
     /// cluster must be given the same limits.
@@ -92,6 +95,10 @@ pub struct SchedulerOptions {
     /// default. The binary installs the exporter ([`telemetry::install`]) before it starts the
     /// node, which then emits its spans there.
     pub otlp_endpoint: Option<String>,
+    /// Where a proxy or a DNS name serves this node to browsers (`https://ax.example.com`, or
+    /// a bare host name): requests naming another host are refused, and these URLs' origins
+    /// count as the node's own (`ax_core::cross_site`).
+    pub public_urls: Vec<String>,
 }
 
 impl Default for SchedulerOptions {
@@ -116,6 +123,7 @@ impl Default for SchedulerOptions {
             max_backfill_runs: 1_000,
             retention: None,
             purge_interval: Duration::from_secs(600),
+            audit_retention: Some(Duration::from_secs(365 * 86_400)),
             pools: std::collections::BTreeMap::new(),
             auth: AuthMode::Off,
             auth_failures_per_address: auth::FAILURES_PER_ADDRESS,
@@ -124,6 +132,7 @@ impl Default for SchedulerOptions {
             secret_key: None,
             ops_listen: None,
             otlp_endpoint: None,
+            public_urls: Vec::new(),
         }
     }
 }
@@ -318,6 +327,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     tasks.spawn(backstop::run(node.clone(), cancel.clone()));
     tasks.spawn(spread::run(node.clone(), cancel.clone()));
     tasks.spawn(retention::run(node.clone(), cancel.clone()));
+    tasks.spawn(node.gate.clone().flush_failures_until(cancel.clone()));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
@@ -337,6 +347,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         ),
         None => None,
     };
+    let names = node_names(&node.options)?;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(ax_proto::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -354,7 +365,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         // let in is bounded, and the log writer's byte budget bounds the rest.
         .initial_stream_window_size(Some(4 << 20))
         .initial_connection_window_size(Some(8 << 20))
-        .layer(auth::AuthLayer::new(node.gate.clone()))
+        .layer(auth::AuthLayer::new(node.gate.clone(), names))
         .add_routes(routes)
         .add_service(health_service)
         .add_service(reflection)
@@ -412,6 +423,23 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         lease,
         lease_task,
     })
+}
+
+/// The names a node answers to in `Host` besides IP literals and `localhost`: its id, the
+/// machine's host name, its advertised address and its public URLs.
+fn node_names(options: &SchedulerOptions) -> anyhow::Result<ax_core::cross_site::NodeNames> {
+    let hostname = ax_proto::hostname();
+    let advertised = options.advertise.as_deref().map(|url| {
+        let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+        rest.split(['/', '?', '#']).next().unwrap_or("")
+    });
+    let names = [
+        Some(options.node_id.as_str()),
+        hostname.as_deref(),
+        advertised,
+    ];
+    ax_core::cross_site::NodeNames::new(names.into_iter().flatten(), &options.public_urls)
+        .map_err(|why| anyhow::anyhow!("--public-url: {why}"))
 }
 
 /// Starts the ops listener (`metrics::ops_router` and the same health service as the main

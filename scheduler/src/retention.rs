@@ -1,6 +1,7 @@
 //! The purger: ended runs past their workflow's retention are deleted in small steps, with
 //! their instances, attempts, log chunks and decisions (`ax_core::retention` decides which;
-//! `Store::purge_runs` deletes a step in one short transaction).
+//! `Store::purge_runs` deletes a step in one short transaction), and audit rows past the audit
+//! retention (`--audit-retention`, 365 days by default) the same way.
 //!
 //! Every node runs the loop; in a pass only the live node with the lowest id purges
 //! (`ax_core::retention::is_purger`, over the node leases), so a cluster deletes on one node at
@@ -76,10 +77,36 @@ async fn purge_due(node: &Node, cancel: &CancellationToken) -> anyhow::Result<Pu
             .await
             .with_context(|| format!("purging workflow {}", workflow.name))?;
         if cancel.is_cancelled() {
-            break;
+            return Ok(total);
+        }
+    }
+    if let Some(keep) = node.options.audit_retention {
+        let before = now_ms().saturating_sub(keep.as_millis() as Millis);
+        let rows = purge_audit(node, before, cancel)
+            .await
+            .context("purging audit rows")?;
+        if rows > 0 {
+            tracing::info!(rows, "purged audit rows past the audit retention");
         }
     }
     Ok(total)
+}
+
+/// Deletes the audit rows written before `before`, a step at a time; returns how many.
+async fn purge_audit(
+    node: &Node,
+    before: Millis,
+    cancel: &CancellationToken,
+) -> Result<u64, StoreError> {
+    let mut total = 0;
+    loop {
+        let started = Instant::now();
+        let rows = node.store.purge_audit(before, STEP_ROWS, false).await?;
+        total += rows;
+        if rows < u64::from(STEP_ROWS) || pause(started, false, cancel).await {
+            return Ok(total);
+        }
+    }
 }
 
 async fn is_purger(node: &Node) -> anyhow::Result<bool> {

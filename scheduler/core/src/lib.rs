@@ -9,9 +9,11 @@
 pub mod access;
 pub mod audit_text;
 pub mod cron;
+pub mod cross_site;
 pub mod dag;
 pub mod decision;
 pub mod dependency;
+pub mod failure_audit;
 pub mod firing;
 pub mod ids;
 pub mod layout;

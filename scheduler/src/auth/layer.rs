@@ -1,6 +1,7 @@
-//! The gate as a tower layer around everything the node's port serves. A refused gRPC call
-//! gets its status as gRPC trailers; a refused HTTP request gets the JSON error the API uses
-//! (`{"code", "message"}`) with the matching HTTP status.
+//! The gate as a tower layer around everything the node's port serves: first the cross-site
+//! rules (`ax_core::cross_site`, with tokens on or off), then the token check. A refused gRPC
+//! call gets its status as gRPC trailers; a refused HTTP request gets the JSON error the API
+//! uses (`{"code", "message"}`) with the matching HTTP status.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -12,16 +13,23 @@ use axum::http::{Request, Response, header};
 use axum::response::IntoResponse;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
-use super::{Gate, Refusal, presented_token};
+use ax_core::cross_site::{self, NodeNames, RequestFacts, Verdict};
+
+use super::{AuthMode, Gate, Refusal, bearer_token, session_cookie};
 
 #[derive(Clone)]
 pub struct AuthLayer {
     gate: Arc<Gate>,
+    names: Arc<NodeNames>,
 }
 
 impl AuthLayer {
-    pub fn new(gate: Arc<Gate>) -> Self {
-        AuthLayer { gate }
+    /// `names`: what the node answers to (`Host`) besides IP literals and `localhost`.
+    pub fn new(gate: Arc<Gate>, names: NodeNames) -> Self {
+        AuthLayer {
+            gate,
+            names: Arc::new(names),
+        }
     }
 }
 
@@ -32,6 +40,7 @@ impl<S> tower::Layer<S> for AuthLayer {
         Authenticated {
             inner,
             gate: self.gate.clone(),
+            names: self.names.clone(),
         }
     }
 }
@@ -40,6 +49,7 @@ impl<S> tower::Layer<S> for AuthLayer {
 pub struct Authenticated<S> {
     inner: S,
     gate: Arc<Gate>,
+    names: Arc<NodeNames>,
 }
 
 /// The caller's address from what the server put in the request (plain TCP or TLS).
@@ -73,13 +83,31 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let gate = self.gate.clone();
-        if gate.mode() == super::AuthMode::Off {
+        let tokens = gate.mode() == AuthMode::Tokens;
+        let cookie_allowed = match cross_site::judge(&facts(&request), &self.names, tokens) {
+            Verdict::Allow { cookie } => cookie,
+            Verdict::Refuse(refusal) => {
+                let response = cross_site_refused(&request, &refusal);
+                tracing::info!(
+                    method = %request.method(),
+                    path = request.uri().path(),
+                    remote = ?remote_of(request.extensions()),
+                    "refused: {refusal}"
+                );
+                return Box::pin(async move { Ok(response) });
+            }
+        };
+        if !tokens {
             return Box::pin(inner.call(request));
         }
         Box::pin(async move {
             let method = request.method().as_str().to_string();
             let path = request.uri().path().to_string();
-            let token = presented_token(request.headers());
+            let token = bearer_token(request.headers()).or_else(|| {
+                cookie_allowed
+                    .then(|| session_cookie(request.headers()))
+                    .flatten()
+            });
             let remote = remote_of(request.extensions());
             match gate.check(&method, &path, token.as_deref(), remote).await {
                 Ok(identity) => {
@@ -92,6 +120,53 @@ where
             }
         })
     }
+}
+
+/// What the cross-site rules look at in a request.
+fn facts<B>(request: &Request<B>) -> RequestFacts<'_> {
+    let headers = request.headers();
+    let text = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
+    RequestFacts {
+        method: request.method().as_str(),
+        path: request.uri().path(),
+        // HTTP/2 names the node in `:authority`, HTTP/1.1 in `Host`.
+        host: request
+            .uri()
+            .authority()
+            .map(|authority| authority.as_str())
+            .or_else(|| text(header::HOST.as_str())),
+        content_type: text(header::CONTENT_TYPE.as_str()),
+        origin: text(header::ORIGIN.as_str()),
+        fetch_site: text("sec-fetch-site"),
+        request_header: headers.contains_key(cross_site::REQUEST_HEADER),
+        authorization: headers.contains_key(header::AUTHORIZATION),
+        tls: request
+            .extensions()
+            .get::<TlsConnectInfo<TcpConnectInfo>>()
+            .is_some(),
+    }
+}
+
+/// A cross-site refusal: gRPC's status to a gRPC client, the API's JSON error to anything
+/// else (a browser).
+fn cross_site_refused<B>(
+    request: &Request<B>,
+    refusal: &cross_site::Refusal,
+) -> Response<tonic::body::Body> {
+    let grpc = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(cross_site::is_grpc);
+    let status = tonic::Status::permission_denied(refusal.to_string());
+    if grpc {
+        return status.into_http::<tonic::body::Body>();
+    }
+    let http = axum::http::StatusCode::from_u16(refusal.http_status())
+        .unwrap_or(axum::http::StatusCode::FORBIDDEN);
+    let mut response = crate::web::status_error(&status);
+    *response.status_mut() = http;
+    response.map(tonic::body::Body::new)
 }
 
 fn refused<B>(request: &Request<B>, refusal: Refusal) -> Response<tonic::body::Body> {

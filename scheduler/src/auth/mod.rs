@@ -1,13 +1,16 @@
 //! Who is calling: every request on the node's port passes the [`Gate`] (as a tower layer,
 //! `layer.rs`) before it reaches a gRPC service, the JSON API or `/metrics`.
 //!
-//! A request carries a bearer token (`authorization: Bearer axt_…`, or the web UI's session
-//! cookie). The gate hashes it, finds the token in the store (remembered for a few seconds, so
+//! A request carries a bearer token (`authorization: Bearer axt_…`, or, on the JSON API from
+//! the node's own origin, the web UI's session cookie). The gate hashes it, finds the token in the store (remembered for a few seconds, so
 //! a revocation reaches every node within [`CACHE_FOR`]), checks what the call needs
 //! (`ax_core::access`) and puts the caller's [`Identity`] in the request's extensions, where
-//! handlers find it for app scopes and audit rows. A failed authentication is audited and
-//! counted per address; an address past the limit is refused for a while without a look at its
-//! token. Refusals never say whether a token name exists.
+//! handlers find it for app scopes and audit rows. A failed authentication is counted per
+//! address and audited (`ax_core::failure_audit` bounds the rows a flood writes). Past the
+//! limit, an address's failures are answered `ResourceExhausted` after a pause, which slows a
+//! guesser down; a valid token from the same address still passes at once, so clients behind
+//! one NAT or proxy are not locked out by a neighbour's bad token. Refusals never say whether a
+//! token name exists.
 //!
 //! With authentication off (the loopback default), every request passes with no identity.
 
@@ -20,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ax_core::access::{self, FailureThrottle, Identity, Need, Throttled};
+use ax_core::failure_audit::{AuditRow, FailureAudit, FailureKind};
 use ax_store::{AuditRecord, Store, TokenRecord};
 
 pub use layer::AuthLayer;
@@ -34,6 +38,11 @@ pub const CACHE_FOR: Duration = Duration::from_secs(5);
 /// refused without a look at its token, by default.
 pub const FAILURES_PER_ADDRESS: u32 = 20;
 const THROTTLE_WINDOW_MS: i64 = 60_000;
+/// How long a throttled address waits for the answer to a failed authentication.
+const THROTTLED_FAILURE_PAUSE: Duration = Duration::from_secs(1);
+/// Failed authentications written as audit rows of their own per minute (the rest are counted
+/// in summary rows).
+const FAILURE_ROWS_PER_MINUTE: usize = 100;
 /// The web UI's session cookie: the token, for the browser session only.
 pub const SESSION_COOKIE: &str = "ax_session";
 
@@ -108,6 +117,7 @@ pub struct Gate {
     audit: AuditWriter,
     cache: Mutex<HashMap<String, Cached>>,
     throttle: Mutex<FailureThrottle>,
+    failure_audit: Mutex<FailureAudit>,
 }
 
 impl Gate {
@@ -125,6 +135,10 @@ impl Gate {
             audit,
             cache: Mutex::new(HashMap::new()),
             throttle: Mutex::new(FailureThrottle::new(failure_limit, THROTTLE_WINDOW_MS)),
+            failure_audit: Mutex::new(FailureAudit::new(
+                THROTTLE_WINDOW_MS,
+                FAILURE_ROWS_PER_MINUTE,
+            )),
         }
     }
 
@@ -178,17 +192,11 @@ impl Gate {
         path: &str,
     ) -> Result<Identity, Refusal> {
         let address = remote.map(|r| r.ip());
-        if let Some(ip) = address
-            && let Throttled::For(ms) = self.lock_throttle().check(ip, now_ms())
-        {
-            return Err(Refusal {
-                code: tonic::Code::ResourceExhausted,
-                message: format!(
-                    "too many failed authentications from {ip}; try again in {}",
-                    ax_core::humane_duration(ms)
-                ),
-            });
-        }
+        let throttled = address.and_then(|ip| match self.lock_throttle().check(ip, now_ms()) {
+            Throttled::For(ms) => Some((ip, ms)),
+            Throttled::No => None,
+        });
+        // The token is judged whatever the throttle says: it governs failures only.
         let verdict = if access::is_token_shaped(token) {
             self.look_up(token).await?
         } else {
@@ -196,13 +204,26 @@ impl Gate {
         };
         match verdict {
             Ok(identity) => {
-                if let Some(ip) = address {
+                if let Some(ip) = address
+                    && throttled.is_none()
+                {
                     self.lock_throttle().succeed(ip);
                 }
                 Ok(identity)
             }
             Err((failure, name)) => {
                 self.failed(failure, name, remote, path);
+                if let Some((ip, ms)) = throttled {
+                    tokio::time::sleep(THROTTLED_FAILURE_PAUSE).await;
+                    return Err(Refusal {
+                        code: tonic::Code::ResourceExhausted,
+                        message: format!(
+                            "too many failed authentications from {ip}; the token is not valid \
+                             (a valid one is taken at once; failures wait {} more)",
+                            ax_core::humane_duration(ms)
+                        ),
+                    });
+                }
                 Err(Refusal::unauthenticated(
                     "the token is not valid (malformed, unknown, expired or revoked)",
                 ))
@@ -263,8 +284,8 @@ impl Gate {
         }))
     }
 
-    /// Counts and audits a failed authentication (the audit row is written off the request's
-    /// path: a flood of bad tokens is not a flood of waiting requests).
+    /// Counts and audits a failed authentication (the audit rows are written off the request's
+    /// path: a flood of bad tokens is not a flood of waiting requests, nor of rows).
     fn failed(
         &self,
         failure: Failure,
@@ -281,31 +302,49 @@ impl Gate {
             token = name.as_deref().unwrap_or(""),
             "authentication failed"
         );
-        let detail = if throttled {
-            format!(
-                "{}; this address is refused for {}s after {} failures",
-                failure.as_str(),
-                THROTTLE_WINDOW_MS / 1000,
-                self.failure_limit
-            )
-        } else {
-            failure.as_str().to_string()
-        };
-        let record = AuditRecord {
-            at: now,
-            actor: "anonymous".into(),
-            action: "auth_failed".into(),
-            target: call_name(path),
-            detail,
-            remote: remote.map(|r| r.to_string()).unwrap_or_default(),
+        let kind = FailureKind {
+            address: remote.map(|r| r.ip().to_string()).unwrap_or_default(),
+            reason: if throttled {
+                format!(
+                    "{}; this address's failures are slowed for {}s after {} of them",
+                    failure.as_str(),
+                    THROTTLE_WINDOW_MS / 1000,
+                    self.failure_limit
+                )
+            } else {
+                failure.as_str().to_string()
+            },
             token: name.unwrap_or_default(),
         };
+        let rows = self.lock_failure_audit().record(kind, now);
+        self.write_failure_rows(rows, remote, path);
+    }
+
+    fn write_failure_rows(&self, rows: Vec<AuditRow>, remote: Option<SocketAddr>, path: &str) {
+        if rows.is_empty() {
+            return;
+        }
+        let records = failure_records(rows, remote, path);
         let audit = self.audit.clone();
-        tokio::spawn(async move {
-            if let Err(err) = audit.record(record).await {
-                tracing::error!(error = %err, "writing the auth_failed audit row failed");
+        tokio::spawn(write_all(audit, records));
+    }
+
+    /// Writes the failure summaries every few seconds until `cancel`, and the last ones then.
+    pub async fn flush_failures_until(
+        self: Arc<Self>,
+        cancel: tokio_util::sync::CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                () = tokio::time::sleep(Duration::from_secs(5)) => {
+                    let rows = self.lock_failure_audit().close_if_ended(now_ms());
+                    self.write_failure_rows(rows, None, "");
+                }
             }
-        });
+        }
+        let rows = self.lock_failure_audit().close();
+        write_all(self.audit.clone(), failure_records(rows, None, "")).await;
     }
 
     /// Forgets what was looked up, so a revocation made through this node holds here at once.
@@ -319,6 +358,81 @@ impl Gate {
 
     fn lock_throttle(&self) -> std::sync::MutexGuard<'_, FailureThrottle> {
         self.throttle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_failure_audit(&self) -> std::sync::MutexGuard<'_, FailureAudit> {
+        self.failure_audit.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+async fn write_all(audit: AuditWriter, records: Vec<AuditRecord>) {
+    for record in records {
+        if let Err(err) = audit.record(record).await {
+            tracing::error!(error = %err, "writing an auth_failed audit row failed");
+        }
+    }
+}
+
+fn failure_records(
+    rows: Vec<AuditRow>,
+    remote: Option<SocketAddr>,
+    path: &str,
+) -> Vec<AuditRecord> {
+    let now = now_ms();
+    rows.into_iter()
+        .map(|row| failure_record(row, now, remote, path))
+        .collect()
+}
+
+/// The audit row of a failure, or of a window's summary.
+fn failure_record(
+    row: AuditRow,
+    now: ax_core::Millis,
+    remote: Option<SocketAddr>,
+    path: &str,
+) -> AuditRecord {
+    let anonymous = |target: String, detail: String, remote: String, token: String| AuditRecord {
+        at: now,
+        actor: "anonymous".into(),
+        action: "auth_failed".into(),
+        target,
+        detail,
+        remote,
+        token,
+    };
+    match row {
+        AuditRow::First(kind) => anonymous(
+            call_name(path),
+            kind.reason,
+            remote.map(|r| r.to_string()).unwrap_or(kind.address),
+            kind.token,
+        ),
+        AuditRow::Repeated { kind, count, since } => anonymous(
+            "(summary)".into(),
+            format!(
+                "{count} more failures like the first ({}) from {} since {}",
+                kind.reason,
+                kind.address,
+                ax_core::rfc3339(since)
+            ),
+            kind.address,
+            kind.token,
+        ),
+        AuditRow::Overflow {
+            failures,
+            addresses,
+            since,
+        } => anonymous(
+            "(summary)".into(),
+            format!(
+                "{failures} failures from {addresses} addresses since {}, past the {} rows a \
+                 minute written one by one",
+                ax_core::rfc3339(since),
+                FAILURE_ROWS_PER_MINUTE
+            ),
+            String::new(),
+            String::new(),
+        ),
     }
 }
 
@@ -340,17 +454,20 @@ fn needs_text(need: Need) -> String {
     }
 }
 
-/// The bearer token of a request: its `authorization` header, else the web UI's session
-/// cookie.
-pub fn presented_token(headers: &axum::http::HeaderMap) -> Option<String> {
-    if let Some(value) = headers.get(axum::http::header::AUTHORIZATION) {
-        let text = value.to_str().ok()?.trim();
-        let token = text
-            .strip_prefix("Bearer ")
-            .or_else(|| text.strip_prefix("bearer "))
-            .unwrap_or(text);
-        return Some(token.trim().to_string());
-    }
+/// The bearer token of a request's `authorization` header.
+pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<String> {
+    let value = headers.get(axum::http::header::AUTHORIZATION)?;
+    let text = value.to_str().ok()?.trim();
+    let token = text
+        .strip_prefix("Bearer ")
+        .or_else(|| text.strip_prefix("bearer "))
+        .unwrap_or(text);
+    Some(token.trim().to_string())
+}
+
+/// The web UI's session cookie. Only the JSON API and its event streams read it, and only for
+/// a request of the node's own origin (`ax_core::cross_site`); gRPC never does.
+pub fn session_cookie(headers: &axum::http::HeaderMap) -> Option<String> {
     headers
         .get_all(axum::http::header::COOKIE)
         .iter()
@@ -367,19 +484,21 @@ mod tests {
     use axum::http::{HeaderMap, HeaderValue, header};
 
     #[test]
-    fn the_token_comes_from_the_header_else_the_session_cookie() {
+    fn the_token_comes_from_the_header_and_the_session_from_its_cookie() {
         let mut headers = HeaderMap::new();
-        assert_eq!(presented_token(&headers), None);
+        assert_eq!(bearer_token(&headers), None);
+        assert_eq!(session_cookie(&headers), None);
         headers.insert(
             header::COOKIE,
             HeaderValue::from_static("theme=dark; ax_session=axt_cookie"),
         );
-        assert_eq!(presented_token(&headers).as_deref(), Some("axt_cookie"));
+        assert_eq!(bearer_token(&headers), None);
+        assert_eq!(session_cookie(&headers).as_deref(), Some("axt_cookie"));
         headers.insert(
             header::AUTHORIZATION,
             HeaderValue::from_static("Bearer axt_header"),
         );
-        assert_eq!(presented_token(&headers).as_deref(), Some("axt_header"));
+        assert_eq!(bearer_token(&headers).as_deref(), Some("axt_header"));
     }
 
     #[test]

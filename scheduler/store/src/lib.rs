@@ -1226,4 +1226,7 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
         dry_run: bool,
     ) -> Result<u64>;
+    /// Deletes (or with `dry_run` counts) at most `limit` of the oldest audit rows written
+    /// before `before`, by id; returns how many. A dry run counts them all.
+    async fn purge_audit(&self, before: Millis, limit: u32, dry_run: bool) -> Result<u64>;
 }

@@ -391,6 +391,34 @@ pub(crate) async fn purge_slot_decisions(
     write_tx!(store, |c| delete_by(c, "decision_log", "id", &ids))
 }
 
+/// Audit rows past the audit retention, oldest first, by id (`idx_audit_log_at` finds them).
+pub(crate) async fn purge_audit(
+    store: &SqlStore,
+    before: Millis,
+    limit: u32,
+    dry_run: bool,
+) -> Result<u64> {
+    if dry_run {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit_log WHERE at < ?")
+            .bind(before)
+            .fetch_one(&store.pool)
+            .await?;
+        return Ok(n.max(0) as u64);
+    }
+    let sql = format!(
+        "SELECT id FROM audit_log WHERE at < ? ORDER BY at LIMIT {}",
+        limit.max(1)
+    );
+    let ids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(before)
+        .fetch_all(&store.pool)
+        .await?;
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    write_tx!(store, |c| delete_by(c, "audit_log", "id", &ids))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

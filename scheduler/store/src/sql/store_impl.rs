@@ -397,4 +397,8 @@ impl Store for SqlStore {
     ) -> Result<u64> {
         purge::purge_slot_decisions(self, workflow_id, before, limit, dry_run).await
     }
+
+    async fn purge_audit(&self, before: Millis, limit: u32, dry_run: bool) -> Result<u64> {
+        purge::purge_audit(self, before, limit, dry_run).await
+    }
 }

@@ -17,6 +17,7 @@ conformance!(
     a_purge_goes_in_bounded_steps_in_end_order,
     a_run_larger_than_a_step_goes_in_parts,
     a_reopened_run_is_not_purged,
+    audit_rows_past_the_cutoff_go_oldest_first_in_bounded_steps,
 );
 
 mod scenarios {
@@ -382,5 +383,39 @@ mod scenarios {
         assert_eq!(counts, PurgeCounts::default());
         let (kept, instances, attempts, _) = rows_of(s, run.id).await;
         assert_eq!((kept, instances, attempts), (true, 1, 1));
+    }
+
+    pub(super) async fn audit_rows_past_the_cutoff_go_oldest_first_in_bounded_steps(ctx: Ctx) {
+        let s = ctx.s();
+        let row = |at: Millis| AuditRecord {
+            at,
+            actor: "anonymous".into(),
+            action: "auth_failed".into(),
+            target: "ListRuns".into(),
+            detail: format!("at {at}"),
+            remote: "10.0.0.1:1".into(),
+            token: String::new(),
+        };
+        let rows: Vec<AuditRecord> = (0..5).map(|i| row(T0 + i * 10)).collect();
+        s.insert_audits(&rows).await.unwrap();
+        let cutoff = T0 + 30;
+        assert_eq!(s.purge_audit(cutoff, 1, true).await.unwrap(), 3, "dry run");
+        assert_eq!(s.list_audit(10).await.unwrap().len(), 5, "deletes nothing");
+        assert_eq!(s.purge_audit(cutoff, 2, false).await.unwrap(), 2);
+        let left: Vec<Millis> = s
+            .list_audit(10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.at)
+            .collect();
+        assert_eq!(
+            left,
+            vec![T0 + 40, T0 + 30, T0 + 20],
+            "the oldest went first"
+        );
+        assert_eq!(s.purge_audit(cutoff, 2, false).await.unwrap(), 1);
+        assert_eq!(s.purge_audit(cutoff, 2, false).await.unwrap(), 0);
+        assert_eq!(s.list_audit(10).await.unwrap().len(), 2);
     }
 }

@@ -10,6 +10,8 @@
 //!
 //! Each further subject of the threat model (`docs/security.md`) has a module of its own here.
 
+mod scopes;
+
 use std::time::Duration;
 
 use ax_core::access::{Role, control_method_needs};
@@ -201,7 +203,7 @@ async fn call(client: &mut Client, method: &str) -> Code {
             .await
             .map(drop),
         "ListSecrets" => client
-            .list_secrets(pb::ListSecretsRequest {})
+            .list_secrets(pb::ListSecretsRequest::default())
             .await
             .map(drop),
         "DeleteSecret" => client
@@ -1042,7 +1044,7 @@ async fn secrets_reach_the_task_only(backend: Backend) {
     // Nothing the API answers, the audit trail or the store's table holds the value.
     let mut control = client.control();
     let listed = control
-        .list_secrets(pb::ListSecretsRequest {})
+        .list_secrets(pb::ListSecretsRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -1125,8 +1127,9 @@ async fn without_a_key_secrets_are_refused_and_their_tasks_wait() {
     let store = ax_store::open(cluster.store_url()).await.unwrap();
     store
         .put_secret(
+            "",
             "warehouse-db",
-            &test_key().seal("warehouse-db", SECRET_VALUE),
+            &test_key().seal("", "warehouse-db", SECRET_VALUE),
             1,
             "test",
         )

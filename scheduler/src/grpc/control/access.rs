@@ -120,7 +120,9 @@ impl ControlApi {
     }
 
     /// Refuses a scoped caller a workflow file of another app, or one whose name another
-    /// app's workflow holds (told apart from nothing, so no name leaks).
+    /// app's workflow holds. Workflow names are one namespace across apps, so the second
+    /// refusal cannot read as nothing: it says the name is taken, and nothing else of the
+    /// workflow that holds it (not even its app).
     pub(super) async fn check_apply_scope(
         &self,
         call: &Call,
@@ -129,14 +131,11 @@ impl ControlApi {
         let Some(scope) = call.app_scope() else {
             return Ok(());
         };
-        let refused = || {
-            Status::permission_denied(format!(
+        if spec.app != scope {
+            return Err(Status::permission_denied(format!(
                 "workflow {:?} of app {:?} cannot be applied with a token scoped to app {scope:?}",
                 spec.name, spec.app
-            ))
-        };
-        if spec.app != scope {
-            return Err(refused());
+            )));
         }
         let existing = self
             .node
@@ -145,7 +144,11 @@ impl ControlApi {
             .await
             .map_err(store_status)?;
         if existing.is_some_and(|record| record.spec.app != scope) {
-            return Err(refused());
+            return Err(Status::permission_denied(format!(
+                "workflow name {:?} is taken by a workflow outside app {scope:?} (names are \
+                 shared by every app): choose another name",
+                spec.name
+            )));
         }
         Ok(())
     }

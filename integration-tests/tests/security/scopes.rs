@@ -198,6 +198,15 @@ async fn set_secret(client: &mut Client, app: &str, name: &str, value: &str) {
 }
 
 async fn apply(client: &mut Client, source: &str, dry_run: bool) -> Result<(), tonic::Status> {
+    applied(client, source, dry_run).await.map(drop)
+}
+
+/// The apply's answer: its outcome and warnings.
+async fn applied(
+    client: &mut Client,
+    source: &str,
+    dry_run: bool,
+) -> Result<pb::ApplyWorkflowResponse, tonic::Status> {
     client
         .apply_workflow(pb::ApplyWorkflowRequest {
             source: source.into(),
@@ -206,7 +215,7 @@ async fn apply(client: &mut Client, source: &str, dry_run: bool) -> Result<(), t
             ..Default::default()
         })
         .await
-        .map(drop)
+        .map(tonic::Response::into_inner)
 }
 
 /// Triggers `workflow` and waits for its run to end; answers the run.
@@ -583,14 +592,14 @@ async fn grpc_answer(client: &mut Client, row: &str, t: &Target) -> String {
             }
         }
         "ApplyWorkflow after it, dry run" | "ApplyWorkflow after it" => {
-            apply(client, &after, row.ends_with("dry run"))
+            applied(client, &after, row.ends_with("dry run"))
                 .await
-                .map(|()| "OK applied".to_string())
+                .map(|r| format!("OK {} warnings {:?}", r.outcome, r.warnings))
         }
         "ApplyWorkflow naming its secret, dry run" | "ApplyWorkflow naming its secret" => {
-            apply(client, &naming, row.ends_with("dry run"))
+            applied(client, &naming, row.ends_with("dry run"))
                 .await
-                .map(|()| "OK applied".to_string())
+                .map(|r| format!("OK {} warnings {:?}", r.outcome, r.warnings))
         }
         "ListWorkflows of the app" => client
             .list_workflows(pb::ListWorkflowsRequest {
@@ -797,10 +806,7 @@ async fn a_scoped_admin_cannot_take_another_apps_secret(backend: Backend) {
     };
     let mut root = scene.root().await;
     set_secret(&mut root, "finance", "finance-db", FINANCE_VALUE).await;
-    set_secret(&mut root, "", "shared-db", "global-shared-value").await;
     let mut admin = scene.client(scene.sales(Role::Admin)).await;
-    // Its own app's secret: a scoped admin sets it (the token's app is the default).
-    set_secret(&mut admin, "", "sales-db", "sales-own-value").await;
 
     // Issue 32: a sales workflow that names the finance secret and sends it out, encoded so
     // masking would not hide it. Refused, dry run or not, and reads as no such secret.
@@ -850,7 +856,8 @@ tasks:
         "nothing ran"
     );
 
-    // Its own app's secrets and the global ones reach its tasks. A line that holds another
+    // Its own app's secrets (a scoped admin sets them: its token's app is the default) and the
+    // global ones reach its tasks. A line that holds another
     // app's value is stored as printed: masking it would tell the task that the string it
     // printed is some app's secret (an oracle to guess values with). Its own value is masked.
     let uses = format!(
@@ -864,6 +871,8 @@ tasks:
       SHARED: {{ secret: shared-db }}
 "
     );
+    set_secret(&mut root, "", "shared-db", "global-shared-value").await;
+    set_secret(&mut admin, "", "sales-db", "sales-own-value").await;
     apply(&mut admin, &uses, false)
         .await
         .expect("apply sales-uses");
@@ -908,7 +917,6 @@ async fn secrets_are_listed_set_and_deleted_within_the_callers_app(backend: Back
             .find(|s| s.app == "finance" && s.name == "finance-db")
             .expect("finance's secret")
     };
-    let finance_before = finance_row().await;
 
     let mut admin = scene.client(scene.sales(Role::Admin)).await;
     let listed = |answer: pb::ListSecretsResponse| -> Vec<(String, String)> {
@@ -968,6 +976,7 @@ async fn secrets_are_listed_set_and_deleted_within_the_callers_app(backend: Back
         "a global secret is not its own"
     );
     // Its own secret of a name another app uses is its own: finance's stays as it was.
+    let finance_before = finance_row().await;
     set_secret(&mut admin, "", "finance-db", "sales-value").await;
     assert_eq!(finance_row().await, finance_before);
     let seen = listed(

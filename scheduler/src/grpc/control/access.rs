@@ -1,8 +1,8 @@
 //! The caller of a control call (for audit rows and app scopes) and the token calls.
 //!
-//! A token scoped to an app sees that app's workflows, runs and instances only: to it, anything
-//! else answers exactly as a missing object does, so a scoped caller cannot learn which names
-//! exist elsewhere. Roles are checked before a call reaches a handler (`auth::AuthLayer`).
+//! A token scoped to an app sees that app's workflows, runs, instances and secrets only: to
+//! it, anything else answers exactly as a missing object does, so a scoped caller cannot learn
+//! which names exist elsewhere. Roles are checked before a call reaches a handler (`auth::AuthLayer`).
 
 use ax_core::access::{Identity, Role};
 use ax_core::ids::{InstanceId, RunId};

@@ -171,7 +171,10 @@ mod scenarios {
             updated_at: T0 + 1,
             updated_by: "root".into(),
         };
-        assert_eq!(migrated.list_secrets().await.unwrap(), std::slice::from_ref(&global));
+        assert_eq!(
+            migrated.list_secrets().await.unwrap(),
+            std::slice::from_ref(&global)
+        );
         let sales = migrated
             .put_secret("sales", "warehouse-db", "c2FsZXM=", T0 + 2, "sal")
             .await

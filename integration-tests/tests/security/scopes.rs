@@ -1078,6 +1078,38 @@ async fn secrets_are_listed_set_and_deleted_within_the_callers_app(backend: Back
             .iter()
             .any(|s| s.name == "finance-db")
     );
+
+    // A secret a workflow gets for a name is not deleted; one it does not get (its app has
+    // its own of that name) is.
+    let uses_shared = "name: uses-shared
+app: sales
+tasks:
+  - name: t
+    command: echo hi
+    env:
+      S: { secret: shared-db }
+";
+    apply(&mut admin, uses_shared, false)
+        .await
+        .expect("a global secret is the app's to name");
+    let global = pb::DeleteSecretRequest {
+        name: "shared-db".into(),
+        ..Default::default()
+    };
+    let in_use = root.delete_secret(global.clone()).await.unwrap_err();
+    assert_eq!(in_use.code(), Code::FailedPrecondition);
+    assert!(in_use.message().contains("uses-shared"), "{in_use}");
+    set_secret(&mut admin, "", "shared-db", "sales-shared-value").await;
+    root.delete_secret(global)
+        .await
+        .expect("sales' workflow now gets sales' own");
+    let own = admin.delete_secret(missing("shared-db")).await.unwrap_err();
+    assert_eq!(own.code(), Code::FailedPrecondition);
+    assert!(
+        own.message()
+            .contains("secret \"shared-db\" of app sales is named by workflow uses-shared"),
+        "{own}"
+    );
     scene.stop().await;
 }
 

@@ -117,6 +117,8 @@ enum Command {
     /// Delete ended runs older than an age, with their instances, attempts, logs and decisions
     /// (admin); --dry-run counts them.
     Purge(purge::Args),
+    /// Set, list and delete the secrets workflows name in a task's env (admin): an app's
+    /// (--app) or global ones.
     Secret(secret::Args),
     Token(token::Args),
     Whoami(whoami::Args),

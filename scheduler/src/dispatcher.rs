@@ -390,11 +390,17 @@ async fn dispatch_batch(
                 }
                 continue;
             }
-            // A task that names secrets waits, saying why, until this node can give them.
+            // A task that names secrets waits, saying why, until this node can give them: its
+            // app's, else global ones, never another app's (checked here again, not only at
+            // apply, so a secret deleted or an app changed since cannot lead elsewhere).
             let secret_env = if task.secret_env.is_empty() {
                 Vec::new()
             } else {
-                match node.secrets.environment(&task.secret_env).await? {
+                match node
+                    .secrets
+                    .environment(&spec.spec.app, &task.secret_env)
+                    .await?
+                {
                     Ok(env) => env,
                     Err(why) => {
                         pass.held_back = true;

@@ -121,8 +121,13 @@ pub async fn run(
                 budget,
                 queued,
             }) => {
-                // Stored lines never show a secret's value, whatever the task printed.
-                node.secrets.mask(&mut chunk).await;
+                // Stored lines never show a value of a secret the task could have been given,
+                // whatever it printed.
+                node.secrets
+                    .mask(&mut chunk, async |instance| {
+                        app_of_instance(&node, instance).await
+                    })
+                    .await;
                 lines += chunk.line_count();
                 bytes += chunk.body().len();
                 pending.acks.push(Ack {
@@ -151,6 +156,30 @@ pub async fn run(
                 write(&node, &mut pending, &mut waiters).await;
                 return;
             }
+        }
+    }
+}
+
+/// The app of the workflow version an instance runs, or `None` when it cannot be read (its
+/// lines are then masked for every app's secrets).
+async fn app_of_instance(node: &Node, instance: ax_core::ids::InstanceId) -> Option<String> {
+    let record = match node.store.get_instance(instance).await {
+        Ok(Some(record)) => record,
+        Ok(None) => return None,
+        Err(err) => {
+            tracing::warn!(%instance, error = %err, "cannot read an instance's app to mask its lines");
+            return None;
+        }
+    };
+    match node
+        .specs
+        .get(record.workflow_id, record.workflow_version)
+        .await
+    {
+        Ok(versioned) => Some(versioned.spec.app.clone()),
+        Err(err) => {
+            tracing::warn!(%instance, error = %err, "cannot read an instance's app to mask its lines");
+            None
         }
     }
 }

@@ -2,16 +2,24 @@
 //! stored sealed with a key only the scheduler nodes hold, opened at dispatch to go into the
 //! task's environment, and masked in the log lines the store keeps.
 //!
+//! A secret belongs to an app, or is global (app ''): each app has its own namespace of names.
+//! A task of a workflow of app X gets X's secret of the name it gives, else the global one; a
+//! workflow without an app gets global ones only. No other app's secret is ever looked at, so a
+//! reference can never resolve to it, whatever was deleted or re-applied since the check at
+//! apply.
+//!
 //! The key is 32 bytes (base64 in a file or the environment; every node needs the same one).
 //! A value is sealed with ChaCha20-Poly1305 under a fresh random nonce, with the secret's name
-//! as associated data, so a sealed value copied to another name does not open. The API takes a
-//! value in and never gives one out; audit rows record that a secret changed, never its value.
+//! (`app/name` for an app's) as associated data, so a sealed value copied to another name or
+//! app does not open. The API takes a value in and never gives one out; audit rows record that
+//! a secret changed, never its value.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ax_core::ids::InstanceId;
 use ax_store::{LogChunk, Store, StoreError};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -76,8 +84,9 @@ impl SecretKey {
             .map_err(|err| SecretError::BadKey(format!("{}: {err}", path.display())))
     }
 
-    /// `value` sealed for the secret called `name`, as base64 of nonce, ciphertext and tag.
-    pub fn seal(&self, name: &str, value: &str) -> String {
+    /// `value` sealed for the secret called `name` of `app` ('' for a global one), as base64
+    /// of nonce, ciphertext and tag.
+    pub fn seal(&self, app: &str, name: &str, value: &str) -> String {
         let mut nonce = [0u8; NONCE_LEN];
         // The system's random source failing is not something a node can go on without.
         SystemRandom::new()
@@ -87,7 +96,7 @@ impl SecretKey {
         self.0
             .seal_in_place_append_tag(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(name.as_bytes()),
+                Aad::from(associated_data(app, name).as_bytes()),
                 &mut sealed,
             )
             .unwrap_or_else(|_| panic!("sealing cannot fail for a value of this size"));
@@ -96,8 +105,8 @@ impl SecretKey {
         STANDARD.encode(out)
     }
 
-    pub fn open(&self, name: &str, sealed: &str) -> Result<String, SecretError> {
-        let unopenable = || SecretError::Unopenable(name.to_string());
+    pub fn open(&self, app: &str, name: &str, sealed: &str) -> Result<String, SecretError> {
+        let unopenable = || SecretError::Unopenable(associated_data(app, name));
         let bytes = STANDARD.decode(sealed).map_err(|_| unopenable())?;
         if bytes.len() < NONCE_LEN {
             return Err(unopenable());
@@ -107,19 +116,101 @@ impl SecretKey {
         let mut sealed = sealed.to_vec();
         let plain = self
             .0
-            .open_in_place(nonce, Aad::from(name.as_bytes()), &mut sealed)
+            .open_in_place(
+                nonce,
+                Aad::from(associated_data(app, name).as_bytes()),
+                &mut sealed,
+            )
             .map_err(|_| unopenable())?;
         String::from_utf8(plain.to_vec()).map_err(|_| unopenable())
+    }
+}
+
+/// What a sealed value is bound to: the name of a global secret (as before apps existed, so
+/// those still open), `app/name` for an app's (a name never holds `/`).
+fn associated_data(app: &str, name: &str) -> String {
+    if app.is_empty() {
+        name.to_string()
+    } else {
+        format!("{app}/{name}")
     }
 }
 
 /// The opened values, as a node last read them.
 struct Opened {
     at: Instant,
-    values: Arc<HashMap<String, String>>,
-    /// What log lines are masked for, longest first (a value inside another is masked after
-    /// it).
-    masked: Arc<Vec<String>>,
+    values: Arc<Values>,
+}
+
+/// Every secret that opened, and what log lines are masked for.
+#[derive(Default)]
+struct Values {
+    /// App ('' for global) → name → value.
+    by_app: HashMap<String, HashMap<String, String>>,
+    /// The global secrets' values (each line of them), longest first: masked in every line.
+    global_masked: Vec<String>,
+    /// Each app's own values (each line of them) that no global one has, longest first: masked
+    /// in the lines of that app's tasks only, so a task cannot test whether a string it prints
+    /// is another app's secret by seeing it masked.
+    app_masked: HashMap<String, Vec<String>>,
+}
+
+impl Values {
+    fn from_opened(by_app: HashMap<String, HashMap<String, String>>) -> Values {
+        let global_masked = masked_lines(by_app.get("").into_iter().flat_map(|v| v.values()));
+        let app_masked = by_app
+            .iter()
+            .filter(|(app, _)| !app.is_empty())
+            .map(|(app, values)| {
+                let mut own = masked_lines(values.values());
+                own.retain(|line| !global_masked.contains(line));
+                (app.clone(), own)
+            })
+            .filter(|(_, own)| !own.is_empty())
+            .collect();
+        Values {
+            by_app,
+            global_masked,
+            app_masked,
+        }
+    }
+
+    /// The value a task of a workflow of `app` gets for `name`: the app's own, else the global
+    /// one. Never another app's.
+    fn resolve(&self, app: &str, name: &str) -> Option<&String> {
+        ax_core::app_scope::secret_lookup(app)
+            .find_map(|app| self.by_app.get(app).and_then(|values| values.get(name)))
+    }
+
+    /// What the lines of a task of `app` are masked for (every app's values when the app is
+    /// unknown), longest first.
+    fn masked_for(&self, app: Option<&str>) -> Vec<String> {
+        let own: Vec<&String> = match app {
+            Some(app) => self.app_masked.get(app).into_iter().flatten().collect(),
+            None => self.app_masked.values().flatten().collect(),
+        };
+        let masked: Vec<String> = self.global_masked.iter().chain(own).cloned().collect();
+        longest_first(masked)
+    }
+}
+
+/// Longest first (a value inside another is masked after it), then in byte order, without
+/// repeats.
+fn longest_first(mut masked: Vec<String>) -> Vec<String> {
+    masked.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    masked.dedup();
+    masked
+}
+
+/// The lines of `values` worth masking (4 characters or more, trimmed), longest first.
+fn masked_lines<'a>(values: impl Iterator<Item = &'a String>) -> Vec<String> {
+    let masked: Vec<String> = values
+        .flat_map(|value| value.lines())
+        .map(str::trim)
+        .filter(|line| line.len() >= MIN_MASKED_LEN)
+        .map(str::to_string)
+        .collect();
+    longest_first(masked)
 }
 
 /// A node's secrets: sealing new ones, opening them for dispatches, masking logs.
@@ -150,54 +241,47 @@ impl Secrets {
     /// Every secret's value, read and opened at most every [`CACHE_FOR`]. Without a key, or
     /// with a value this key does not open, the values that open are answered and the rest
     /// are missing (a dispatch that needs one waits and says why).
-    async fn current(
-        &self,
-    ) -> Result<(Arc<HashMap<String, String>>, Arc<Vec<String>>), StoreError> {
+    async fn current(&self) -> Result<Arc<Values>, StoreError> {
         if let Some(opened) = self.lock().as_ref()
             && opened.at.elapsed() < CACHE_FOR
         {
-            return Ok((opened.values.clone(), opened.masked.clone()));
+            return Ok(opened.values.clone());
         }
         let records = self.store.list_secrets().await?;
-        let mut values = HashMap::new();
+        let mut by_app: HashMap<String, HashMap<String, String>> = HashMap::new();
         if let Some(key) = &self.key {
             for record in records {
-                match key.open(&record.name, &record.sealed) {
+                match key.open(&record.app, &record.name, &record.sealed) {
                     Ok(value) => {
-                        values.insert(record.name, value);
+                        by_app
+                            .entry(record.app)
+                            .or_default()
+                            .insert(record.name, value);
                     }
                     Err(err) => tracing::warn!(error = %err, "a secret does not open"),
                 }
             }
         }
-        let mut masked: Vec<String> = values
-            .values()
-            .flat_map(|value| value.lines())
-            .map(str::trim)
-            .filter(|line| line.len() >= MIN_MASKED_LEN)
-            .map(str::to_string)
-            .collect();
-        masked.sort_by_key(|value| std::cmp::Reverse(value.len()));
-        masked.dedup();
-        let values = Arc::new(values);
-        let masked = Arc::new(masked);
+        let values = Arc::new(Values::from_opened(by_app));
         *self.lock() = Some(Opened {
             at: Instant::now(),
             values: values.clone(),
-            masked: masked.clone(),
         });
-        Ok((values, masked))
+        Ok(values)
     }
 
-    /// The environment a task's secret variables get (variable → value), or why not.
+    /// The environment a task of a workflow of `app` gets for its secret variables (variable
+    /// → value), or why not. Each name is the app's own secret, else the global one; never
+    /// another app's.
     pub async fn environment(
         &self,
+        app: &str,
         wanted: &BTreeMap<String, String>,
     ) -> Result<Result<Vec<(String, String)>, String>, StoreError> {
-        let (values, _) = self.current().await?;
+        let values = self.current().await?;
         let mut env = Vec::with_capacity(wanted.len());
         for (variable, secret) in wanted {
-            match values.get(secret) {
+            match values.resolve(app, secret) {
                 Some(value) => env.push((variable.clone(), value.clone())),
                 None if self.key.is_none() => {
                     return Ok(Err(format!(
@@ -205,9 +289,14 @@ impl Secrets {
                     )));
                 }
                 None => {
+                    let whose = if app.is_empty() {
+                        "no global secret has that name".to_string()
+                    } else {
+                        format!("neither app {app} nor the global secrets have one of that name")
+                    };
                     return Ok(Err(format!(
-                        "secret {secret:?} ({variable}) does not exist or does not open with \
-                         this node's key"
+                        "secret {secret:?} ({variable}): {whose}, or it does not open with this \
+                         node's key"
                     )));
                 }
             }
@@ -215,10 +304,17 @@ impl Secrets {
         Ok(Ok(env))
     }
 
-    /// Masks every secret's value in the chunk's lines. Costs nothing while no secret exists.
-    pub async fn mask(&self, chunk: &mut LogChunk) {
-        let masked = match self.current().await {
-            Ok((_, masked)) => masked,
+    /// Masks in the chunk's lines the values its task could have been given: the global
+    /// secrets' and those of its workflow's app, which `app_of` answers (asked only when a
+    /// line holds an app's own value; every app's values are masked when it cannot tell).
+    /// Costs nothing while no secret exists.
+    pub async fn mask(
+        &self,
+        chunk: &mut LogChunk,
+        app_of: impl AsyncFnOnce(InstanceId) -> Option<String>,
+    ) {
+        let values = match self.current().await {
+            Ok(values) => values,
             Err(err) => {
                 // The chunk is stored as it is rather than held: the store that could not list
                 // the secrets will most likely refuse the chunk too, and it is retried then.
@@ -226,10 +322,20 @@ impl Secrets {
                 return;
             }
         };
-        if masked.is_empty() {
+        let body = chunk.body();
+        let holds_an_apps_value = values
+            .app_masked
+            .values()
+            .flatten()
+            .any(|value| body.contains(value.as_str()));
+        if !holds_an_apps_value {
+            if !values.global_masked.is_empty() {
+                chunk.mask(&values.global_masked, MASK);
+            }
             return;
         }
-        chunk.mask(&masked, MASK);
+        let app = app_of(chunk.instance_id).await;
+        chunk.mask(&values.masked_for(app.as_deref()), MASK);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Opened>> {
@@ -246,24 +352,36 @@ mod tests {
     }
 
     #[test]
-    fn a_value_opens_with_its_key_and_name_only() {
-        let sealed = key(1).seal("warehouse-db", "s3cr3t!");
+    fn a_value_opens_with_its_key_name_and_app_only() {
+        let sealed = key(1).seal("", "warehouse-db", "s3cr3t!");
         assert!(!sealed.contains("s3cr3t"));
         assert_ne!(
             sealed,
-            key(1).seal("warehouse-db", "s3cr3t!"),
+            key(1).seal("", "warehouse-db", "s3cr3t!"),
             "a fresh nonce each time"
         );
-        assert_eq!(key(1).open("warehouse-db", &sealed).unwrap(), "s3cr3t!");
+        assert_eq!(key(1).open("", "warehouse-db", &sealed).unwrap(), "s3cr3t!");
         assert!(matches!(
-            key(2).open("warehouse-db", &sealed),
+            key(2).open("", "warehouse-db", &sealed),
             Err(SecretError::Unopenable(_))
         ));
         assert!(matches!(
-            key(1).open("other-name", &sealed),
+            key(1).open("", "other-name", &sealed),
             Err(SecretError::Unopenable(_))
         ));
-        assert!(key(1).open("warehouse-db", "not base64!").is_err());
+        assert!(key(1).open("", "warehouse-db", "not base64!").is_err());
+        // An app's value does not open as another app's, nor as a global one, nor the reverse.
+        let finance = key(1).seal("finance", "warehouse-db", "s3cr3t!");
+        assert_eq!(
+            key(1).open("finance", "warehouse-db", &finance).unwrap(),
+            "s3cr3t!"
+        );
+        for (app, value) in [("sales", &finance), ("", &finance), ("finance", &sealed)] {
+            assert!(
+                key(1).open(app, "warehouse-db", value).is_err(),
+                "opened as app {app:?}"
+            );
+        }
     }
 
     #[test]
@@ -275,6 +393,58 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("not base64")
+        );
+    }
+
+    fn values(secrets: &[(&str, &str, &str)]) -> Values {
+        let mut by_app: HashMap<String, HashMap<String, String>> = HashMap::new();
+        for (app, name, value) in secrets {
+            by_app
+                .entry(app.to_string())
+                .or_default()
+                .insert(name.to_string(), value.to_string());
+        }
+        Values::from_opened(by_app)
+    }
+
+    #[test]
+    fn a_reference_resolves_to_its_apps_secret_then_the_global_one_never_another_apps() {
+        let v = values(&[
+            ("", "db", "global-db"),
+            ("sales", "db", "sales-db"),
+            ("finance", "ledger", "finance-ledger"),
+        ]);
+        assert_eq!(v.resolve("sales", "db").unwrap(), "sales-db");
+        assert_eq!(v.resolve("finance", "db").unwrap(), "global-db");
+        assert_eq!(v.resolve("", "db").unwrap(), "global-db");
+        assert_eq!(v.resolve("sales", "ledger"), None);
+        assert_eq!(v.resolve("", "ledger"), None);
+        assert_eq!(v.resolve("finance", "ledger").unwrap(), "finance-ledger");
+    }
+
+    #[test]
+    fn an_apps_values_are_masked_in_its_own_tasks_lines_only() {
+        let v = values(&[
+            ("", "db", "global-value"),
+            ("sales", "db", "sales-value"),
+            ("finance", "ledger", "finance-value\nsecond-line"),
+            ("finance", "shared", "global-value"),
+        ]);
+        assert_eq!(v.global_masked, ["global-value"]);
+        assert_eq!(
+            v.masked_for(Some("finance")),
+            ["finance-value", "global-value", "second-line"]
+        );
+        assert_eq!(v.masked_for(Some("sales")), ["global-value", "sales-value"]);
+        assert_eq!(v.masked_for(Some("")), ["global-value"]);
+        assert_eq!(
+            v.masked_for(None),
+            [
+                "finance-value",
+                "global-value",
+                "sales-value",
+                "second-line"
+            ]
         );
     }
 }

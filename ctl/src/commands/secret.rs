@@ -1,6 +1,8 @@
 //! `axctl secret set|list|delete`: secrets workflows name in a task's env (admin). A value is
 //! read from stdin or a file, never from the command line (where `ps` and shell history would
-//! keep it), and never comes back.
+//! keep it), and never comes back. A secret belongs to an app (`--app`) or is global: a token
+//! scoped to an app manages that app's (its default), an unscoped admin the global ones (its
+//! default) and any app's.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -26,15 +28,47 @@ pub enum SecretCommand {
         name: String,
         #[arg(long)]
         from_file: Option<PathBuf>,
+        /// The app whose workflows may name it (default: a scoped token's app; global for an
+        /// unscoped token).
+        #[arg(long, default_value = "")]
+        app: String,
     },
-    /// Lists secrets' names and when they changed (never their values).
-    List,
+    /// Lists secrets' apps, names and when they changed (never their values).
+    List {
+        /// Only those a workflow of this app may name: its own and the global ones (a scoped
+        /// token sees no others anyway).
+        #[arg(long, default_value = "")]
+        app: String,
+    },
     /// Deletes a secret no workflow names.
-    Delete { name: String },
+    Delete {
+        name: String,
+        /// The app it belongs to (default: a scoped token's app; global for an unscoped token).
+        #[arg(long, default_value = "")]
+        app: String,
+    },
+}
+
+/// How a secret's app reads in a table and in messages: its name, or `(global)`.
+const GLOBAL: &str = "(global)";
+
+fn app_text(app: &str) -> &str {
+    if app.is_empty() { GLOBAL } else { app }
+}
+
+/// `secret NAME` of a global secret, `secret NAME of app APP` of an app's.
+fn described(secret: &pb::Secret) -> String {
+    if secret.app.is_empty() {
+        format!("secret {}", secret.name)
+    } else {
+        format!("secret {} of app {}", secret.name, secret.app)
+    }
 }
 
 #[derive(Debug, Serialize)]
 struct SecretView {
+    /// Empty for a global secret.
+    app: String,
     name: String,
     created_at: Option<String>,
     updated_at: Option<String>,
@@ -44,6 +78,7 @@ struct SecretView {
 impl From<&pb::Secret> for SecretView {
     fn from(s: &pb::Secret) -> Self {
         SecretView {
+            app: s.app.clone(),
             name: s.name.clone(),
             created_at: rfc3339(s.created_at_ms),
             updated_at: rfc3339(s.updated_at_ms),
@@ -54,7 +89,11 @@ impl From<&pb::Secret> for SecretView {
 
 pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
     match args.command {
-        SecretCommand::Set { name, from_file } => {
+        SecretCommand::Set {
+            name,
+            from_file,
+            app,
+        } => {
             let value = match from_file {
                 Some(path) => std::fs::read_to_string(&path).map_err(|err| {
                     CtlError::usage(format!("--from-file {}: {err}", path.display()))
@@ -74,27 +113,29 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
                     name,
                     value,
                     actor: ctx.actor.clone(),
+                    app,
                 })
                 .await
                 .map_err(|status| ctx.status(status))?
                 .into_inner();
             output::emit(ctx.output, &SecretView::from(&secret), || {
-                format!("secret {} set\n", secret.name)
+                format!("{} set\n", described(&secret))
             })
         }
-        SecretCommand::List => {
+        SecretCommand::List { app } => {
             let mut client = ctx.connect().await?;
             let secrets = client
-                .list_secrets(pb::ListSecretsRequest {})
+                .list_secrets(pb::ListSecretsRequest { app })
                 .await
                 .map_err(|status| ctx.status(status))?
                 .into_inner()
                 .secrets;
             let views: Vec<SecretView> = secrets.iter().map(SecretView::from).collect();
             output::emit(ctx.output, &views, || {
-                let mut table = Table::new(&["NAME", "CREATED", "UPDATED", "BY"]);
+                let mut table = Table::new(&["APP", "NAME", "CREATED", "UPDATED", "BY"]);
                 for s in &secrets {
                     table.row(vec![
+                        app_text(&s.app).to_string(),
                         s.name.clone(),
                         time(s.created_at_ms),
                         time(s.updated_at_ms),
@@ -104,18 +145,19 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
                 table.render()
             })
         }
-        SecretCommand::Delete { name } => {
+        SecretCommand::Delete { name, app } => {
             let mut client = ctx.connect().await?;
             let secret = client
                 .delete_secret(pb::DeleteSecretRequest {
                     name,
                     actor: ctx.actor.clone(),
+                    app,
                 })
                 .await
                 .map_err(|status| ctx.status(status))?
                 .into_inner();
             output::emit(ctx.output, &SecretView::from(&secret), || {
-                format!("secret {} deleted\n", secret.name)
+                format!("{} deleted\n", described(&secret))
             })
         }
     }

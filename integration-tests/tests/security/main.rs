@@ -12,6 +12,7 @@
 
 mod auth_failures;
 mod cross_site;
+mod scopes;
 
 use std::time::Duration;
 
@@ -204,7 +205,7 @@ async fn call(client: &mut Client, method: &str) -> Code {
             .await
             .map(drop),
         "ListSecrets" => client
-            .list_secrets(pb::ListSecretsRequest {})
+            .list_secrets(pb::ListSecretsRequest::default())
             .await
             .map(drop),
         "DeleteSecret" => client
@@ -1071,7 +1072,7 @@ async fn secrets_reach_the_task_only(backend: Backend) {
     // Nothing the API answers, the audit trail or the store's table holds the value.
     let mut control = client.control();
     let listed = control
-        .list_secrets(pb::ListSecretsRequest {})
+        .list_secrets(pb::ListSecretsRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -1154,8 +1155,9 @@ async fn without_a_key_secrets_are_refused_and_their_tasks_wait() {
     let store = ax_store::open(cluster.store_url()).await.unwrap();
     store
         .put_secret(
+            "",
             "warehouse-db",
-            &test_key().seal("warehouse-db", SECRET_VALUE),
+            &test_key().seal("", "warehouse-db", SECRET_VALUE),
             1,
             "test",
         )

@@ -68,11 +68,25 @@ impl ControlApi {
         request: tonic::Request<pb::GetDagRequest>,
     ) -> Result<(ax_core::render::Graph, Option<crate::dag_layouts::Laid>), Status> {
         let call = Call::of(&request);
-        if call.app_scope().is_some() {
-            self.workflow_named(&call, &request.get_ref().workflow)
-                .await?;
-        }
+        self.check_dag_scope(&call, request.get_ref()).await?;
         super::views::dag(&self.node, request.get_ref()).await
+    }
+
+    /// Refuses a scoped caller the graph of another app's workflow, or of a run of another
+    /// app's workflow drawn on one of its own, each exactly as a missing one is refused.
+    async fn check_dag_scope(
+        &self,
+        call: &Call,
+        request: &pb::GetDagRequest,
+    ) -> Result<(), Status> {
+        if call.app_scope().is_none() {
+            return Ok(());
+        }
+        self.workflow_named(call, &request.workflow).await?;
+        if request.run_id > 0 {
+            self.visible_run(call, RunId(request.run_id)).await?;
+        }
+        Ok(())
     }
 
     /// Changes whenever runs, instances or logs change on this node.
@@ -319,10 +333,10 @@ impl ControlService for ControlApi {
         let mut parsed = parse_workflow(&request.source, source_name)
             .map_err(|err| Status::invalid_argument(err.to_string()))?;
         self.check_apply_scope(&call, &parsed.spec).await?;
-        self.check_secrets_exist(&parsed.spec).await?;
+        self.check_secret_references(&call, &parsed.spec).await?;
         parsed
             .warnings
-            .extend(self.check_after(&parsed.spec).await?);
+            .extend(self.check_after(&call, &parsed.spec).await?);
         let now = now_ms();
         let next = next_fire(&parsed.spec, now)?;
         if request.dry_run {
@@ -562,13 +576,33 @@ impl ControlService for ControlApi {
             0 => None,
             id => Some(RunId(positive_id(id, "before_id: run")?)),
         };
-        // One run more than the page tells whether another page follows.
-        let mut records = self
-            .node
-            .store
-            .list_runs(workflow, state, before, limit + 1)
-            .await
-            .map_err(store_status)?;
+        // One run more than the page tells whether another page follows. Across workflows, a
+        // scoped caller's page is read from its app's workflows' runs alone: whether another
+        // page follows, and where, says nothing of other apps' runs.
+        let mut records = match (workflow, call.app_scope()) {
+            (None, Some(scope)) => {
+                let own: Vec<WorkflowId> = self
+                    .node
+                    .store
+                    .list_workflow_heads(Some(scope))
+                    .await
+                    .map_err(store_status)?
+                    .iter()
+                    .map(|head| head.id)
+                    .collect();
+                self.node
+                    .store
+                    .list_runs_of(&own, state, before, limit + 1)
+                    .await
+            }
+            _ => {
+                self.node
+                    .store
+                    .list_runs(workflow, state, before, limit + 1)
+                    .await
+            }
+        }
+        .map_err(store_status)?;
         let next_before_id = if records.len() > limit as usize {
             records.truncate(limit as usize);
             records.last().map_or(0, |run| run.id.0)
@@ -576,8 +610,8 @@ impl ControlService for ControlApi {
             0
         };
         if workflow.is_none() && call.app_scope().is_some() {
-            // Across workflows, a scoped caller's page holds its app's runs only (it may come
-            // out shorter than the limit; the paging goes on from the same place).
+            // A run is its version's app's: a run of a version from before its workflow moved
+            // to this app (an unscoped admin's doing) is left out, as `GetRun` leaves it out.
             let mut visible = Vec::with_capacity(records.len());
             for record in records {
                 if call
@@ -923,9 +957,7 @@ impl ControlService for ControlApi {
     ) -> Result<Response<pb::Dag>, Status> {
         let call = Call::of(&request);
         let request = request.into_inner();
-        if call.app_scope().is_some() {
-            self.workflow_named(&call, &request.workflow).await?;
-        }
+        self.check_dag_scope(&call, &request).await?;
         super::views::get_dag(&self.node, request)
             .await
             .map(Response::new)
@@ -1135,7 +1167,8 @@ impl ControlService for ControlApi {
         &self,
         request: Request<pb::ListSecretsRequest>,
     ) -> Result<Response<pb::ListSecretsResponse>, Status> {
-        self.secret_list(&Call::of(&request)).await
+        let call = Call::of(&request);
+        self.secret_list(&call, request.into_inner()).await
     }
 
     async fn delete_secret(

@@ -789,6 +789,9 @@ pub struct NewToken {
 /// A secret as stored: its value sealed with the nodes' key (base64), never in the clear.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecretRecord {
+    /// The app whose workflows may name it; '' for a global secret, which every app's may.
+    /// Each app has its own namespace of names: (app, name) is the key.
+    pub app: String,
     pub name: String,
     pub sealed: String,
     pub created_at: Millis,
@@ -976,6 +979,15 @@ pub trait Store: Send + Sync + 'static {
         before: Option<RunId>,
         limit: u32,
     ) -> Result<Vec<RunRecord>>;
+    /// [`Store::list_runs`] over the runs of `workflows` only (none when it is empty): an app's
+    /// page of runs, whatever other apps' runs lie between them.
+    async fn list_runs_of(
+        &self,
+        workflows: &[WorkflowId],
+        state: Option<RunState>,
+        before: Option<RunId>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>>;
     async fn run_counts(&self, id: RunId) -> Result<InstanceCounts>;
     /// The counts of several runs in one read; a run that does not exist is left out.
     async fn runs_counts(&self, ids: &[RunId]) -> Result<HashMap<RunId, InstanceCounts>>;
@@ -1152,18 +1164,21 @@ pub trait Store: Send + Sync + 'static {
     /// Revokes the token called `name` at `now` (a second revocation keeps the first time);
     /// `None` when no token has that name.
     async fn revoke_token(&self, name: &str, now: Millis) -> Result<Option<TokenRecord>>;
-    /// Creates or replaces the secret called `name`.
+    /// Creates or replaces the secret called `name` of `app` ('' for a global one); another
+    /// app's secret of that name is a different secret and stays as it is.
     async fn put_secret(
         &self,
+        app: &str,
         name: &str,
         sealed: &str,
         now: Millis,
         by: &str,
     ) -> Result<SecretRecord>;
-    /// Every secret, by name.
+    /// Every secret of every app, by app ('' first) then name.
     async fn list_secrets(&self) -> Result<Vec<SecretRecord>>;
-    /// `false` when no secret has that name.
-    async fn delete_secret(&self, name: &str) -> Result<bool>;
+    /// Deletes the secret called `name` of `app` ('' for the global one) and no other; `false`
+    /// when that app has no secret of that name.
+    async fn delete_secret(&self, app: &str, name: &str) -> Result<bool>;
 
     /// The runs of a workflow nearest to `at` by logical time: the latest with
     /// `logical_time <= at` and the earliest after it (either may be missing), in that order.

@@ -1842,6 +1842,40 @@ mod scenarios {
                 .unwrap()
                 .is_empty()
         );
+        // A set of workflows (an app's): its runs only, paged as the others are.
+        let three = apply(s, &spec("three", vec![task("a", &[])])).await;
+        let r4 = start_run(s, &three).await;
+        let both = [one.id, three.id];
+        assert_eq!(
+            ids(s.list_runs_of(&both, None, None, 10).await.unwrap()),
+            [r4.id, r3.id, r1.id]
+        );
+        assert_eq!(
+            ids(s.list_runs_of(&both, None, None, 2).await.unwrap()),
+            [r4.id, r3.id]
+        );
+        assert_eq!(
+            ids(s.list_runs_of(&both, None, Some(r3.id), 2).await.unwrap()),
+            [r1.id],
+            "the next page skips the other workflows' runs between"
+        );
+        assert_eq!(
+            ids(s
+                .list_runs_of(&both, Some(RunState::Success), None, 10)
+                .await
+                .unwrap()),
+            [r3.id]
+        );
+        assert_eq!(
+            ids(s.list_runs_of(&[two.id], None, None, 10).await.unwrap()),
+            [r2.id]
+        );
+        assert!(
+            s.list_runs_of(&[], None, None, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
     }
 
     pub(super) async fn a_manual_retry_reopens_the_run_and_keeps_the_history(ctx: Ctx) {

@@ -1,8 +1,8 @@
 //! The caller of a control call (for audit rows and app scopes) and the token calls.
 //!
-//! A token scoped to an app sees that app's workflows, runs and instances only: to it, anything
-//! else answers exactly as a missing object does, so a scoped caller cannot learn which names
-//! exist elsewhere. Roles are checked before a call reaches a handler (`auth::AuthLayer`).
+//! A token scoped to an app sees that app's workflows, runs, instances and secrets only: to
+//! it, anything else answers exactly as a missing object does, so a scoped caller cannot learn
+//! which names exist elsewhere. Roles are checked before a call reaches a handler (`auth::AuthLayer`).
 
 use ax_core::access::{Identity, Role};
 use ax_core::ids::{InstanceId, RunId};
@@ -120,7 +120,9 @@ impl ControlApi {
     }
 
     /// Refuses a scoped caller a workflow file of another app, or one whose name another
-    /// app's workflow holds (told apart from nothing, so no name leaks).
+    /// app's workflow holds. Workflow names are one namespace across apps, so the second
+    /// refusal cannot read as nothing: it says the name is taken, and nothing else of the
+    /// workflow that holds it (not even its app).
     pub(super) async fn check_apply_scope(
         &self,
         call: &Call,
@@ -129,14 +131,11 @@ impl ControlApi {
         let Some(scope) = call.app_scope() else {
             return Ok(());
         };
-        let refused = || {
-            Status::permission_denied(format!(
+        if spec.app != scope {
+            return Err(Status::permission_denied(format!(
                 "workflow {:?} of app {:?} cannot be applied with a token scoped to app {scope:?}",
                 spec.name, spec.app
-            ))
-        };
-        if spec.app != scope {
-            return Err(refused());
+            )));
         }
         let existing = self
             .node
@@ -145,7 +144,11 @@ impl ControlApi {
             .await
             .map_err(store_status)?;
         if existing.is_some_and(|record| record.spec.app != scope) {
-            return Err(refused());
+            return Err(Status::permission_denied(format!(
+                "workflow name {:?} is taken by a workflow outside app {scope:?} (names are \
+                 shared by every app): choose another name",
+                spec.name
+            )));
         }
         Ok(())
     }

@@ -1,8 +1,9 @@
 //! The control API's DAG semantics: `rerun --from TASK`, the status of every task of a run
 //! (`upstream_failed`, `pending`), and the cross-workflow checks at apply.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
+use ax_core::app_scope::hide_invisible;
 use ax_core::dependency;
 use ax_core::ids::RunId;
 use ax_core::spec::WorkflowSpec;
@@ -12,6 +13,7 @@ use ax_store::{InstanceRecord, RerunFrom, RunRecord};
 use tonic::Status;
 
 use super::ControlApi;
+use super::access::Call;
 use crate::clock::now_ms;
 use crate::grpc::convert::store_status;
 
@@ -138,9 +140,39 @@ impl ControlApi {
 
     /// Refuses a `schedule.after` that closes a cycle of workflows (InvalidArgument, the cycle
     /// spelled out) and returns a warning for each upstream workflow not applied yet.
-    pub(super) async fn check_after(&self, spec: &WorkflowSpec) -> Result<Vec<String>, Status> {
+    ///
+    /// A token scoped to an app may name only workflows of its app that exist: a dependency on
+    /// another app's workflow would start this app's runs on that app's successes, and telling
+    /// "not applied yet" from "another app's" would tell which names exist. Both read alike,
+    /// and a cycle is spelled without the names of workflows it cannot see.
+    pub(super) async fn check_after(
+        &self,
+        call: &Call,
+        spec: &WorkflowSpec,
+    ) -> Result<Vec<String>, Status> {
         if spec.schedule.after.is_empty() {
             return Ok(Vec::new());
+        }
+        let mut apps: HashMap<&str, Option<String>> = HashMap::new();
+        for upstream in &spec.schedule.after {
+            let app = self
+                .node
+                .store
+                .get_workflow(upstream)
+                .await
+                .map_err(store_status)?
+                .map(|record| record.spec.app);
+            apps.insert(upstream.as_str(), app);
+        }
+        if let Some(scope) = call.app_scope() {
+            for upstream in &spec.schedule.after {
+                if apps[upstream.as_str()].as_deref() != Some(scope) {
+                    return Err(Status::invalid_argument(format!(
+                        "schedule.after: workflow {upstream} not found: a token scoped to app \
+                         {scope} may name only its app's workflows that exist (apply it first)"
+                    )));
+                }
+            }
         }
         let stored = self
             .node
@@ -148,25 +180,37 @@ impl ControlApi {
             .workflow_dependencies()
             .await
             .map_err(store_status)?;
-        dependency::find_cycle(&spec.name, &spec.schedule.after, &stored)
-            .map_err(|err| Status::invalid_argument(err.to_string()))?;
-        let mut warnings = Vec::new();
-        for upstream in &spec.schedule.after {
-            let exists = self
-                .node
-                .store
-                .get_workflow(upstream)
-                .await
-                .map_err(store_status)?
-                .is_some();
-            if !exists {
-                warnings.push(format!(
+        if let Err(mut cycle) = dependency::find_cycle(&spec.name, &spec.schedule.after, &stored) {
+            if let Some(scope) = call.app_scope() {
+                let mut visible = HashSet::new();
+                for name in &cycle.path {
+                    let app = self
+                        .node
+                        .store
+                        .get_workflow(name)
+                        .await
+                        .map_err(store_status)?
+                        .map(|record| record.spec.app);
+                    if *name == spec.name || app.as_deref() == Some(scope) {
+                        visible.insert(name.clone());
+                    }
+                }
+                cycle.path = hide_invisible(&cycle.path, |name| visible.contains(name));
+            }
+            return Err(Status::invalid_argument(cycle.to_string()));
+        }
+        Ok(spec
+            .schedule
+            .after
+            .iter()
+            .filter(|upstream| apps[upstream.as_str()].is_none())
+            .map(|upstream| {
+                format!(
                     "schedule.after: workflow {upstream} does not exist yet; {} runs only once it \
                      is applied and succeeds",
                     spec.name
-                ));
-            }
-        }
-        Ok(warnings)
+                )
+            })
+            .collect())
     }
 }

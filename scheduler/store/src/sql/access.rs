@@ -12,7 +12,8 @@ use crate::{NewToken, Result, SecretRecord, StoreError, TokenRecord};
 const TOKEN_SELECT: &str = "SELECT name, role, app, created_at, created_by, expires_at, \
      revoked_at FROM api_token";
 
-const SECRET_SELECT: &str = "SELECT name, sealed, created_at, updated_at, updated_by FROM secret";
+const SECRET_SELECT: &str =
+    "SELECT app, name, sealed, created_at, updated_at, updated_by FROM secret";
 
 fn token(row: &AnyRow) -> Result<TokenRecord> {
     let role: String = row.try_get("role")?;
@@ -32,6 +33,7 @@ fn token(row: &AnyRow) -> Result<TokenRecord> {
 
 fn secret(row: &AnyRow) -> Result<SecretRecord> {
     Ok(SecretRecord {
+        app: row.try_get("app")?,
         name: row.try_get("name")?,
         sealed: row.try_get("sealed")?,
         created_at: row.try_get("created_at")?,
@@ -101,6 +103,7 @@ pub(crate) async fn revoke_token(
 
 pub(crate) async fn put_secret(
     store: &SqlStore,
+    app: &str,
     name: &str,
     sealed: &str,
     now: Millis,
@@ -109,12 +112,13 @@ pub(crate) async fn put_secret(
     write_tx!(store, |c| async {
         let tail = store
             .dialect
-            .upsert_tail(&["name"], &["sealed", "updated_at", "updated_by"]);
+            .upsert_tail(&["app", "name"], &["sealed", "updated_at", "updated_by"]);
         let sql = format!(
-            "INSERT INTO secret (name, sealed, created_at, updated_at, updated_by) \
-             VALUES (?, ?, ?, ?, ?){tail}"
+            "INSERT INTO secret (app, name, sealed, created_at, updated_at, updated_by) \
+             VALUES (?, ?, ?, ?, ?, ?){tail}"
         );
         sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(app)
             .bind(name)
             .bind(sealed)
             .bind(now)
@@ -122,8 +126,9 @@ pub(crate) async fn put_secret(
             .bind(by)
             .execute(&mut *c)
             .await?;
-        let sql = format!("{SECRET_SELECT} WHERE name = ?");
+        let sql = format!("{SECRET_SELECT} WHERE app = ? AND name = ?");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(app)
             .bind(name)
             .fetch_one(&mut *c)
             .await?;
@@ -132,15 +137,16 @@ pub(crate) async fn put_secret(
 }
 
 pub(crate) async fn list_secrets(store: &SqlStore) -> Result<Vec<SecretRecord>> {
-    let sql = format!("{SECRET_SELECT} ORDER BY name");
+    let sql = format!("{SECRET_SELECT} ORDER BY app, name");
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
         .fetch_all(&store.pool)
         .await?;
     rows.iter().map(secret).collect()
 }
 
-pub(crate) async fn delete_secret(store: &SqlStore, name: &str) -> Result<bool> {
-    let done = sqlx::query("DELETE FROM secret WHERE name = ?")
+pub(crate) async fn delete_secret(store: &SqlStore, app: &str, name: &str) -> Result<bool> {
+    let done = sqlx::query("DELETE FROM secret WHERE app = ? AND name = ?")
+        .bind(app)
         .bind(name)
         .execute(&store.pool)
         .await?;

@@ -51,7 +51,7 @@ pub(crate) async fn list_runs(
     before: Option<RunId>,
     limit: u32,
 ) -> Result<Vec<RunRecord>> {
-    let workflow_id = match workflow {
+    let workflow_ids = match workflow {
         None => None,
         Some(name) => {
             let id: Option<i64> = sqlx::query_scalar("SELECT id FROM workflow WHERE name = ?")
@@ -59,11 +59,35 @@ pub(crate) async fn list_runs(
                 .fetch_optional(&store.pool)
                 .await?;
             match id {
-                Some(id) => Some(id),
+                Some(id) => Some(vec![WorkflowId(id)]),
                 None => return Ok(Vec::new()),
             }
         }
     };
+    runs_page(store, workflow_ids.as_deref(), state, before, limit).await
+}
+
+pub(crate) async fn list_runs_of(
+    store: &SqlStore,
+    workflows: &[WorkflowId],
+    state: Option<RunState>,
+    before: Option<RunId>,
+    limit: u32,
+) -> Result<Vec<RunRecord>> {
+    if workflows.is_empty() {
+        return Ok(Vec::new());
+    }
+    runs_page(store, Some(workflows), state, before, limit).await
+}
+
+/// A page of runs, newest first, of the given workflows (of every workflow with `None`).
+async fn runs_page(
+    store: &SqlStore,
+    workflows: Option<&[WorkflowId]>,
+    state: Option<RunState>,
+    before: Option<RunId>,
+    limit: u32,
+) -> Result<Vec<RunRecord>> {
     // The page's ids first, from an index alone, then their rows. Paging by id, never by
     // offset: a page deep in a million runs reads only its own index entries. The ids' query
     // goes as text with its numbers in it: MariaDB plans a re-executed prepared statement of
@@ -72,8 +96,13 @@ pub(crate) async fn list_runs(
     // whole rows at once it sorts every run when no workflow is given. Every value spliced in
     // is a number or a state's own name.
     let mut page = String::from("SELECT r.id FROM run r WHERE 1 = 1");
-    if let Some(id) = workflow_id {
-        page.push_str(&format!(" AND r.workflow_id = {id}"));
+    match workflows {
+        None => {}
+        Some([id]) => page.push_str(&format!(" AND r.workflow_id = {}", id.0)),
+        Some(ids) => {
+            let ids: Vec<String> = ids.iter().map(|id| id.0.to_string()).collect();
+            page.push_str(&format!(" AND r.workflow_id IN ({})", ids.join(", ")));
+        }
     }
     if let Some(state) = state {
         page.push_str(&format!(" AND r.state = '{}'", state.as_str()));

@@ -115,6 +115,16 @@ impl Store for SqlStore {
         runs::list_runs(self, workflow, state, before, limit).await
     }
 
+    async fn list_runs_of(
+        &self,
+        workflows: &[WorkflowId],
+        state: Option<RunState>,
+        before: Option<RunId>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>> {
+        runs::list_runs_of(self, workflows, state, before, limit).await
+    }
+
     async fn run_counts(&self, id: RunId) -> Result<InstanceCounts> {
         runs::run_counts(self, id).await
     }
@@ -325,20 +335,21 @@ impl Store for SqlStore {
 
     async fn put_secret(
         &self,
+        app: &str,
         name: &str,
         sealed: &str,
         now: Millis,
         by: &str,
     ) -> Result<SecretRecord> {
-        access::put_secret(self, name, sealed, now, by).await
+        access::put_secret(self, app, name, sealed, now, by).await
     }
 
     async fn list_secrets(&self) -> Result<Vec<SecretRecord>> {
         access::list_secrets(self).await
     }
 
-    async fn delete_secret(&self, name: &str) -> Result<bool> {
-        access::delete_secret(self, name).await
+    async fn delete_secret(&self, app: &str, name: &str) -> Result<bool> {
+        access::delete_secret(self, app, name).await
     }
 
     async fn runs_near(&self, workflow_id: WorkflowId, at: Millis) -> Result<Vec<RunRecord>> {

@@ -1,10 +1,12 @@
 //! Tokens and secrets: a token is found by its hash and keeps its first revocation, names are
-//! unique, and a secret is replaced in place and deleted by name. Runs on SQLite and MySQL
-//! through the suite's `conformance!` macro.
+//! unique; a secret is keyed by its app and name, replaced in place and deleted by both, and
+//! the secrets stored before apps existed become global. Runs on SQLite and MySQL through the
+//! suite's `conformance!` macro.
 
 conformance!(
     tokens_are_found_by_hash_unique_by_name_and_revoked_once,
-    secrets_are_replaced_in_place_and_deleted_by_name,
+    secrets_are_replaced_in_place_and_deleted_by_app_and_name,
+    secrets_stored_before_apps_become_global,
 );
 
 mod scenarios {
@@ -67,21 +69,34 @@ mod scenarios {
         assert_eq!(by_hash.revoked_at, Some(T0 + 5));
     }
 
-    pub(super) async fn secrets_are_replaced_in_place_and_deleted_by_name(ctx: Ctx) {
+    pub(super) async fn secrets_are_replaced_in_place_and_deleted_by_app_and_name(ctx: Ctx) {
         let s = ctx.s();
         let first = s
-            .put_secret("warehouse-db", "c2VhbGVk", T0, "root")
+            .put_secret("", "warehouse-db", "c2VhbGVk", T0, "root")
             .await
             .unwrap();
         assert_eq!(
-            (first.created_at, first.updated_at, first.sealed.as_str()),
-            (T0, T0, "c2VhbGVk")
+            (
+                first.app.as_str(),
+                first.created_at,
+                first.updated_at,
+                first.sealed.as_str()
+            ),
+            ("", T0, T0, "c2VhbGVk")
         );
-        s.put_secret("api-key", "b3RoZXI=", T0 + 1, "root")
+        s.put_secret("", "api-key", "b3RoZXI=", T0 + 1, "root")
+            .await
+            .unwrap();
+        // Another app's secret of the same name is another secret.
+        let finance = s
+            .put_secret("finance", "warehouse-db", "ZmluYW5jZQ==", T0 + 1, "fin")
+            .await
+            .unwrap();
+        s.put_secret("sales", "warehouse-db", "c2FsZXM=", T0 + 1, "sal")
             .await
             .unwrap();
         let second = s
-            .put_secret("warehouse-db", "bmV3", T0 + 2, "ops")
+            .put_secret("", "warehouse-db", "bmV3", T0 + 2, "ops")
             .await
             .unwrap();
         assert_eq!(
@@ -94,10 +109,77 @@ mod scenarios {
         );
         assert_eq!(second.sealed, "bmV3");
         let listed = s.list_secrets().await.unwrap();
-        let names: Vec<&str> = listed.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(names, ["api-key", "warehouse-db"]);
-        assert!(s.delete_secret("api-key").await.unwrap());
-        assert!(!s.delete_secret("api-key").await.unwrap());
-        assert_eq!(s.list_secrets().await.unwrap(), [second]);
+        let keys: Vec<(&str, &str, &str)> = listed
+            .iter()
+            .map(|r| (r.app.as_str(), r.name.as_str(), r.sealed.as_str()))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                ("", "api-key", "b3RoZXI="),
+                ("", "warehouse-db", "bmV3"),
+                ("finance", "warehouse-db", "ZmluYW5jZQ=="),
+                ("sales", "warehouse-db", "c2FsZXM="),
+            ],
+            "by app, then name; a replacement touched its own app's row only"
+        );
+        // A delete takes the named app's secret and no other app's of that name.
+        assert!(!s.delete_secret("sales", "api-key").await.unwrap());
+        assert!(s.delete_secret("sales", "warehouse-db").await.unwrap());
+        assert!(!s.delete_secret("sales", "warehouse-db").await.unwrap());
+        assert!(s.delete_secret("", "api-key").await.unwrap());
+        assert!(!s.delete_secret("", "api-key").await.unwrap());
+        assert_eq!(s.list_secrets().await.unwrap(), [second, finance]);
+    }
+
+    /// Migration 0014 on a store holding secrets from before apps (0012's table): they become
+    /// global, and the app's namespace is then open beside them.
+    pub(super) async fn secrets_stored_before_apps_become_global(ctx: Ctx) {
+        let pool = &ctx.store.pool;
+        let old_table = match ctx.store.dialect {
+            crate::sql::Dialect::Sqlite => {
+                "CREATE TABLE secret (name TEXT NOT NULL PRIMARY KEY, sealed TEXT NOT NULL, \
+                 created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, \
+                 updated_by TEXT NOT NULL)"
+            }
+            crate::sql::Dialect::MySql => {
+                "CREATE TABLE secret (name VARCHAR(191) NOT NULL PRIMARY KEY, \
+                 sealed TEXT NOT NULL, created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, \
+                 updated_by VARCHAR(191) NOT NULL) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 \
+                 COLLATE=utf8mb4_bin"
+            }
+        };
+        // The store as 0013 left it: the old table, a secret in it, 0014 not applied.
+        for statement in [
+            "DROP TABLE secret",
+            old_table,
+            "INSERT INTO secret (name, sealed, created_at, updated_at, updated_by) \
+             VALUES ('warehouse-db', 'c2VhbGVk', 1700000000000, 1700000000001, 'root')",
+            "DELETE FROM _sqlx_migrations WHERE version = 14",
+        ] {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+                .execute(pool)
+                .await
+                .unwrap_or_else(|err| panic!("{statement}: {err}"));
+        }
+        let migrated = ctx.second_store().await;
+        let global = SecretRecord {
+            app: String::new(),
+            name: "warehouse-db".into(),
+            sealed: "c2VhbGVk".into(),
+            created_at: T0,
+            updated_at: T0 + 1,
+            updated_by: "root".into(),
+        };
+        assert_eq!(
+            migrated.list_secrets().await.unwrap(),
+            std::slice::from_ref(&global)
+        );
+        let sales = migrated
+            .put_secret("sales", "warehouse-db", "c2FsZXM=", T0 + 2, "sal")
+            .await
+            .unwrap();
+        assert_eq!(migrated.list_secrets().await.unwrap(), [global, sales]);
+        migrated.close().await;
     }
 }

@@ -4,6 +4,7 @@
 pub mod browser;
 pub mod client;
 pub mod fault_kit;
+pub mod flood;
 pub mod mariadb_server;
 pub mod process;
 pub mod proto_worker;
@@ -281,6 +282,7 @@ impl ClusterBuilder {
                 .ops_listener
                 .then(|| SocketAddr::from(([127, 0, 0, 1], 0))),
             otlp_endpoint: None,
+            connections: Default::default(),
         };
         let scheduler = ax_scheduler::start(options).await?;
         let addr = scheduler.local_addr();

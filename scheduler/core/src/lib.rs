@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod audit_text;
+pub mod connections;
 pub mod cron;
 pub mod dag;
 pub mod decision;

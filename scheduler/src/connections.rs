@@ -363,8 +363,8 @@ struct OpenRequest {
 
 impl OpenRequest {
     fn begin(state: Arc<ConnectionState>, clock: Clock) -> OpenRequest {
-        state.open_requests.fetch_add(1, Ordering::AcqRel);
         state.served.store(true, Ordering::Release);
+        state.open_requests.fetch_add(1, Ordering::AcqRel);
         OpenRequest { state, clock }
     }
 }
@@ -479,9 +479,9 @@ impl Shared {
         (registered, state)
     }
 
-    /// Past the cap: closes the connection quiet the longest, which is `newest` itself when
-    /// every other one is busy.
-    fn make_room(&self, newest: &Arc<ConnectionState>) {
+    /// Past the cap (or out of files): closes the connection quiet the longest, which is
+    /// `newest` itself when every other one is busy.
+    fn make_room(&self, newest: Option<&Arc<ConnectionState>>) {
         let now_ms = self.clock.now_ms();
         let victim = {
             let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
@@ -496,12 +496,12 @@ impl Shared {
             return;
         }
         victim.evicted.notify_one();
-        if Arc::ptr_eq(&victim, newest) {
+        if newest.is_some_and(|newest| Arc::ptr_eq(&victim, newest)) {
             self.counters.refused.fetch_add(1, Ordering::Relaxed);
         } else {
             self.counters.evicted.fetch_add(1, Ordering::Relaxed);
         }
-        if self.due(&self.last_cap_warning_ms, now_ms) {
+        if newest.is_some() && self.due(&self.last_cap_warning_ms, now_ms) {
             tracing::warn!(
                 cap = self.cap,
                 "the node holds the most connections it may (--max-connections, within the \
@@ -574,13 +574,16 @@ async fn accept_loop(
                     .fetch_add(1, Ordering::Relaxed);
                 let now_ms = shared.clock.now_ms();
                 if out_of_files(&error) {
+                    // Something besides the connections holds the files the cap left: a quiet
+                    // connection gives one back for the connection waiting in the queue.
+                    shared.make_room(None);
                     if shared.due(&shared.last_accept_warning_ms, now_ms) {
                         tracing::warn!(
                             %error,
                             open = shared.open_count(),
-                            "cannot accept a connection: out of file descriptors; retrying \
-                             with back-off (lower --max-connections or raise the open-file \
-                             limit)"
+                            "cannot accept a connection: out of file descriptors; closing the \
+                             quietest connection and retrying with back-off (lower \
+                             --max-connections or raise the open-file limit)"
                         );
                     }
                 } else {
@@ -602,7 +605,7 @@ async fn accept_loop(
         }
         let (registered, state) = shared.register();
         if shared.open_count() > shared.cap {
-            shared.make_room(&state);
+            shared.make_room(Some(&state));
         }
         shared.tasks.spawn(serve_connection(
             shared.clone(),

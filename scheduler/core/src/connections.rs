@@ -118,7 +118,8 @@ pub fn judge(view: &ConnectionView, now_ms: u64, timeouts: &Timeouts) -> Verdict
             until_ms: now_ms.saturating_add(timeouts.close_grace_ms.max(1)),
         };
     }
-    if !view.served {
+    // A request counted open before its connection reads as served is served all the same.
+    if !view.served && view.open_requests == 0 {
         let until_ms = view.opened_ms.saturating_add(timeouts.first_request_ms);
         if now_ms >= until_ms {
             return Verdict::Close(CloseReason::FirstRequestTimeout);

@@ -4,6 +4,7 @@
 pub mod browser;
 pub mod client;
 pub mod fault_kit;
+pub mod flood;
 pub mod mariadb_server;
 pub mod process;
 pub mod proto_worker;
@@ -299,6 +300,7 @@ impl ClusterBuilder {
             audit_retention: self
                 .audit_retention
                 .or(SchedulerOptions::default().audit_retention),
+            connections: Default::default(),
         };
         let scheduler = ax_scheduler::start(options).await?;
         let addr = scheduler.local_addr();

@@ -259,6 +259,10 @@ pub struct SchedulerSettings {
     pub spread_interval: String,
     /// `--otlp-endpoint`: the nodes export traces there.
     pub otlp_endpoint: Option<String>,
+    /// Runs the scheduler under `prlimit --nofile=N`: it may hold at most N open files.
+    pub open_files: Option<u32>,
+    /// Further flags, given as they are.
+    pub extra_args: Vec<String>,
 }
 
 impl Default for SchedulerSettings {
@@ -275,6 +279,8 @@ impl Default for SchedulerSettings {
             nodes: 1,
             database_proxies: false,
             otlp_endpoint: None,
+            open_files: None,
+            extra_args: Vec::new(),
         }
     }
 }
@@ -560,6 +566,21 @@ impl ProcessCluster {
                 "--redis-namespace".into(),
                 namespace.clone(),
             ]);
+        }
+        args.extend(self.settings.extra_args.iter().cloned());
+        if let Some(limit) = self.settings.open_files {
+            if self.settings.clock_shift.is_some() {
+                bail!("a scheduler runs under faketime or prlimit, not both");
+            }
+            // prlimit sets the limit and execs the scheduler: the pid is the scheduler's.
+            let mut limited = vec![
+                format!("--nofile={limit}"),
+                "--".into(),
+                binary("ax-scheduler")?.display().to_string(),
+            ];
+            limited.extend(args);
+            let log = self.log_path(&name);
+            return Process::spawn(&name, Path::new("prlimit"), &limited, self.dir.path(), log);
         }
         match self.settings.clock_shift.clone() {
             Some(shift) => {

@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use crate::SchedulerOptions;
 use crate::auth::AuthMode;
+use crate::connections::ConnectionLimits;
 use crate::secrets::SecretKey;
 use crate::tls::TlsFiles;
 
@@ -122,6 +123,25 @@ pub struct Args {
     /// other host than these, the node's own names, localhost or an IP address are refused.
     #[arg(long = "public-url", env = "AX_PUBLIC_URL", value_delimiter = ',')]
     pub public_urls: Vec<String>,
+    /// The most connections open at once, on the port and the ops listener together (default
+    /// 10000); lowered to what the open-file limit leaves. Past it, a new connection closes the
+    /// one quiet the longest (never one with a request open).
+    #[arg(long, env = "AX_MAX_CONNECTIONS")]
+    pub max_connections: Option<u32>,
+    /// How long a new connection has to send its first request, its TLS handshake included,
+    /// e.g. 10s (the default).
+    #[arg(long, env = "AX_FIRST_REQUEST_TIMEOUT", value_parser = parse_duration)]
+    pub first_request_timeout: Option<Duration>,
+    /// How long a connection with no request open (no worker stream, no event stream, no call)
+    /// stays open, e.g. 5m (the default).
+    #[arg(long, env = "AX_IDLE_CONNECTION_TIMEOUT", value_parser = parse_duration)]
+    pub idle_connection_timeout: Option<Duration>,
+    /// How often HTTP/2 connections are pinged, e.g. 10s (the default).
+    #[arg(long, env = "AX_KEEPALIVE_INTERVAL", value_parser = parse_duration)]
+    pub keepalive_interval: Option<Duration>,
+    /// A ping unanswered for this long closes its connection, e.g. 20s (the default).
+    #[arg(long, env = "AX_KEEPALIVE_TIMEOUT", value_parser = parse_duration)]
+    pub keepalive_timeout: Option<Duration>,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -187,6 +207,11 @@ struct FileConfig {
     ops_listen: Option<SocketAddr>,
     otlp_endpoint: Option<String>,
     public_urls: Option<Vec<String>>,
+    max_connections: Option<u32>,
+    first_request_timeout: Option<String>,
+    idle_connection_timeout: Option<String>,
+    keepalive_interval: Option<String>,
+    keepalive_timeout: Option<String>,
 }
 
 /// `NAME=N`: a pool and its limit.
@@ -429,6 +454,44 @@ impl Args {
             } else {
                 self.public_urls
             },
+            connections: ConnectionLimits {
+                max_connections: self
+                    .max_connections
+                    .or(file.max_connections)
+                    .unwrap_or(defaults.connections.max_connections),
+                first_request_timeout: self
+                    .first_request_timeout
+                    .or(file_duration(
+                        file.first_request_timeout,
+                        "first_request_timeout",
+                        &path,
+                    )?)
+                    .unwrap_or(defaults.connections.first_request_timeout),
+                idle_timeout: self
+                    .idle_connection_timeout
+                    .or(file_duration(
+                        file.idle_connection_timeout,
+                        "idle_connection_timeout",
+                        &path,
+                    )?)
+                    .unwrap_or(defaults.connections.idle_timeout),
+                keepalive_interval: self
+                    .keepalive_interval
+                    .or(file_duration(
+                        file.keepalive_interval,
+                        "keepalive_interval",
+                        &path,
+                    )?)
+                    .unwrap_or(defaults.connections.keepalive_interval),
+                keepalive_timeout: self
+                    .keepalive_timeout
+                    .or(file_duration(
+                        file.keepalive_timeout,
+                        "keepalive_timeout",
+                        &path,
+                    )?)
+                    .unwrap_or(defaults.connections.keepalive_timeout),
+            },
         };
         ax_core::cross_site::NodeNames::new([], &options.public_urls)
             .map_err(|why| anyhow::anyhow!("--public-url: {why}"))?;
@@ -449,6 +512,20 @@ impl Args {
         }
         if options.purge_interval < Duration::from_millis(100) {
             bail!("purge_interval must be at least 100ms");
+        }
+        let limits = &options.connections;
+        if limits.max_connections == 0 {
+            bail!("max_connections must be at least 1");
+        }
+        for (key, value) in [
+            ("first_request_timeout", limits.first_request_timeout),
+            ("idle_connection_timeout", limits.idle_timeout),
+            ("keepalive_interval", limits.keepalive_interval),
+            ("keepalive_timeout", limits.keepalive_timeout),
+        ] {
+            if value < Duration::from_millis(100) {
+                bail!("{key} must be at least 100ms");
+            }
         }
         if options.dead_after_missed_heartbeats < 2 {
             // A threshold equal to one interval kills healthy workers on any jitter.
@@ -571,6 +648,94 @@ mod tests {
             text.contains("ax.toml") && text.contains("has no unit"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn connection_limits_come_from_flags_or_the_file_and_have_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ax.toml");
+        std::fs::write(
+            &path,
+            "max_connections = 500\nfirst_request_timeout = \"3s\"\nidle_connection_timeout = \"1m\"\nkeepalive_interval = \"5s\"\nkeepalive_timeout = \"7s\"\n",
+        )
+        .unwrap();
+        let args = ["ax-scheduler", "--config", path.to_str().unwrap()];
+        let from_file = Args::parse_from(args).into_options().unwrap().connections;
+        assert_eq!(
+            from_file,
+            ConnectionLimits {
+                max_connections: 500,
+                first_request_timeout: Duration::from_secs(3),
+                idle_timeout: Duration::from_secs(60),
+                keepalive_interval: Duration::from_secs(5),
+                keepalive_timeout: Duration::from_secs(7),
+            }
+        );
+        let flags = Args::parse_from(
+            [
+                &args[..],
+                &[
+                    "--max-connections",
+                    "64",
+                    "--first-request-timeout",
+                    "1s",
+                    "--idle-connection-timeout",
+                    "2s",
+                ],
+            ]
+            .concat(),
+        )
+        .into_options()
+        .unwrap()
+        .connections;
+        assert_eq!(
+            (
+                flags.max_connections,
+                flags.first_request_timeout,
+                flags.idle_timeout,
+                flags.keepalive_timeout
+            ),
+            (
+                64,
+                Duration::from_secs(1),
+                Duration::from_secs(2),
+                Duration::from_secs(7)
+            )
+        );
+        let defaults = Args::parse_from(["ax-scheduler"])
+            .into_options()
+            .unwrap()
+            .connections;
+        assert_eq!(defaults, ConnectionLimits::default());
+        assert_eq!(defaults.max_connections, 10_000);
+        assert_eq!(defaults.first_request_timeout, Duration::from_secs(10));
+        for (flag, value, says) in [
+            (
+                "--max-connections",
+                "0",
+                "max_connections must be at least 1",
+            ),
+            (
+                "--first-request-timeout",
+                "0s",
+                "first_request_timeout must be at least 100ms",
+            ),
+            (
+                "--idle-connection-timeout",
+                "10ms",
+                "idle_connection_timeout must be at least 100ms",
+            ),
+        ] {
+            let err = Args::parse_from(["ax-scheduler", flag, value])
+                .into_options()
+                .unwrap_err();
+            assert!(err.to_string().contains(says), "{flag} {value}: {err}");
+        }
+        std::fs::write(&path, "idle_connection_timeout = \"soon\"\n").unwrap();
+        let err = Args::parse_from(["ax-scheduler", "--config", path.to_str().unwrap()])
+            .into_options()
+            .unwrap_err();
+        assert!(err.to_string().contains("idle_connection_timeout"), "{err}");
     }
 
     #[test]

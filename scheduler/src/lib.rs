@@ -99,6 +99,8 @@ pub struct SchedulerOptions {
     /// a bare host name): requests naming another host are refused, and these URLs' origins
     /// count as the node's own (`ax_core::cross_site`).
     pub public_urls: Vec<String>,
+    /// The limits every connection to the node's port and ops listener is held to.
+    pub connections: connections::ConnectionLimits,
 }
 
 impl Default for SchedulerOptions {
@@ -133,6 +135,7 @@ impl Default for SchedulerOptions {
             ops_listen: None,
             otlp_endpoint: None,
             public_urls: Vec::new(),
+            connections: connections::ConnectionLimits::default(),
         }
     }
 }
@@ -257,9 +260,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         cut_off_after: membership::cut_off_after(worker_dead_after),
     };
     let bind = || async {
-        tokio::net::TcpListener::bind(options.listen)
-            .await
-            .with_context(|| format!("binding {}", options.listen))
+        connections::bind(options.listen).with_context(|| format!("binding {}", options.listen))
     };
     let (listener, membership) = if options.listen.port() == 0 {
         let listener = bind().await?;
@@ -334,17 +335,16 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     health
         .set_serving::<ControlServiceServer<ControlApi>>()
         .await;
+    // The port and the ops listener share one connection cap: it is one process's files.
+    let connections = connections::Connections::new(
+        &node.options.connections,
+        node.connections.clone(),
+        cancel.clone(),
+    );
     let ops_addr = match node.options.ops_listen {
-        Some(address) => Some(
-            serve_ops(
-                address,
-                node.clone(),
-                health_service.clone(),
-                &tasks,
-                &cancel,
-            )
-            .await?,
-        ),
+        Some(address) => {
+            Some(serve_ops(address, node.clone(), health_service.clone(), &connections).await?)
+        }
         None => None,
     };
     let names = node_names(&node.options)?;
@@ -355,37 +355,26 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         .context("building the reflection service")?;
     // The web UI and its JSON API share the port: their routes first, the gRPC services added
     // to them (a browser speaks HTTP/1.1, so the server accepts it too).
-    let routes = tonic::service::Routes::from(web::router(ControlApi::new(node.clone())));
-    let router = tonic::transport::Server::builder()
-        .accept_http1(true)
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        // A worker stream carries its tasks' log lines: with HTTP/2's default windows a worker
-        // waits for a window update every few batches (BENCHMARKS.md, W4). What these windows
-        // let in is bounded, and the log writer's byte budget bounds the rest.
-        .initial_stream_window_size(Some(4 << 20))
-        .initial_connection_window_size(Some(8 << 20))
-        .layer(auth::AuthLayer::new(node.gate.clone(), names))
-        .add_routes(routes)
+    let routes = tonic::service::Routes::from(web::router(ControlApi::new(node.clone())))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(WorkerServiceServer::new(WorkerApi::new(node.clone())))
         .add_service(
             ControlServiceServer::new(ControlApi::new(node.clone()))
                 .max_decoding_message_size(grpc::control::MAX_REQUEST_BYTES),
-        );
-    let stopped = cancel.clone().cancelled_owned();
-    let server: std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>,
-    > = match tls {
-        Some(tls) => {
-            tasks.spawn(tls.clone().watch(cancel.clone()));
-            Box::pin(router.serve_with_incoming_shutdown(tls.incoming(listener), stopped))
-        }
-        None => {
-            Box::pin(router.serve_with_incoming_shutdown(accepted_without_delay(listener), stopped))
-        }
-    };
+        )
+        .prepare();
+    let service = tower::ServiceBuilder::new()
+        .layer(auth::AuthLayer::new(node.gate.clone(), names))
+        .service(routes);
+    if let Some(tls) = &tls {
+        tasks.spawn(tls.clone().watch(cancel.clone()));
+    }
+    connections.serve(
+        listener,
+        connections::HttpService::new(service),
+        tls.clone(),
+    );
     let closing = node.clone();
     let closing_token = cancel.clone();
     tasks.spawn(async move {
@@ -395,9 +384,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     let server_background = background.clone();
     let alerting = node.clone();
     tasks.spawn(async move {
-        if let Err(err) = server.await {
-            tracing::error!(error = %err, "gRPC server failed");
-        }
+        connections.closed().await;
         // Open worker streams end with the server; then the queues drain.
         server_background.cancel();
     });
@@ -450,26 +437,15 @@ async fn serve_ops(
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
-    tasks: &TaskTracker,
-    cancel: &CancellationToken,
+    connections: &connections::Connections,
 ) -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
+    let listener = connections::bind(address)
         .with_context(|| format!("binding the ops listener {address}"))?;
     let bound = listener.local_addr()?;
-    let server = tonic::transport::Server::builder()
-        .accept_http1(true)
-        .add_routes(tonic::service::Routes::from(metrics::ops_router(node)))
+    let routes = tonic::service::Routes::from(metrics::ops_router(node))
         .add_service(health)
-        .serve_with_incoming_shutdown(
-            accepted_without_delay(listener),
-            cancel.clone().cancelled_owned(),
-        );
-    tasks.spawn(async move {
-        if let Err(err) = server.await {
-            tracing::error!(error = %err, "the ops listener failed");
-        }
-    });
+        .prepare();
+    connections.serve(listener, connections::HttpService::new(routes), None);
     tracing::info!(addr = %bound, "ops listener (metrics, health) serving");
     Ok(bound)
 }
@@ -495,6 +471,7 @@ mod backfill;
 mod backstop;
 mod clock;
 pub mod config;
+pub mod connections;
 mod dag_layouts;
 mod dispatcher;
 mod group_commit;
@@ -517,22 +494,6 @@ pub mod telemetry;
 pub mod tls;
 mod web;
 mod worker_rows;
-
-/// The listener's connections with Nagle's algorithm off: a small frame written right after
-/// another (a FinishedAck, then the Dispatch of the next task) would otherwise wait for the
-/// peer's delayed ACK, about 40 ms.
-fn accepted_without_delay(
-    listener: tokio::net::TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|accepted| {
-        let stream = accepted?;
-        if let Err(error) = stream.set_nodelay(true) {
-            tracing::warn!(%error, "cannot turn off Nagle's algorithm on a connection");
-        }
-        Ok(stream)
-    })
-}
 
 #[cfg(test)]
 mod tests {

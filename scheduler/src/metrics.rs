@@ -400,6 +400,7 @@ pub struct Readings {
     pub guards: Arc<dyn crate::guards::Guards>,
     pub standing: Arc<crate::membership::Standing>,
     pub logs: crate::log_writer::LogWriter,
+    pub connections: Arc<crate::connections::ConnectionCounters>,
 }
 
 impl std::fmt::Debug for Readings {
@@ -447,6 +448,53 @@ impl Collector for Readings {
             queued.metric_type(),
         )?;
         queued.encode(described)?;
+        let connections = node.connections.read();
+        gauge(
+            &mut encoder,
+            "ax_connections_open",
+            "Connections open on the port and the ops listener.",
+            connections.open as f64,
+        )?;
+        gauge(
+            &mut encoder,
+            "ax_connections_max",
+            "The most connections open at once: --max-connections within the open-file limit.",
+            connections.cap as f64,
+        )?;
+        for (name, help, value) in [
+            (
+                "ax_connections_accepted",
+                "Connections accepted.",
+                connections.accepted,
+            ),
+            (
+                "ax_connections_first_request_timeouts",
+                "Connections closed for sending no request (or not finishing their TLS handshake) within --first-request-timeout.",
+                connections.first_request_timeouts,
+            ),
+            (
+                "ax_connections_idle_closed",
+                "Connections closed after --idle-connection-timeout with no request open.",
+                connections.idle_closes,
+            ),
+            (
+                "ax_connections_evicted",
+                "Connections closed to make room for a new one at the connection cap (the one quiet the longest).",
+                connections.evicted,
+            ),
+            (
+                "ax_connections_refused",
+                "New connections closed at once at the connection cap, every open one having a request open.",
+                connections.refused,
+            ),
+            (
+                "ax_connections_accept_errors",
+                "Failed accepts (e.g. out of file descriptors), each followed by a back-off.",
+                connections.accept_errors,
+            ),
+        ] {
+            counter(&mut encoder, name, help, value)?;
+        }
         Ok(())
     }
 }

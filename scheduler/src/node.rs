@@ -53,6 +53,8 @@ pub struct Node {
     pub traces: Option<crate::telemetry::Traces>,
     /// The node's Prometheus metrics (`GET /metrics`).
     pub metrics: crate::metrics::Metrics,
+    /// What the connection limits did (`connections.rs`), for the metrics.
+    pub connections: Arc<crate::connections::ConnectionCounters>,
     /// Bumped whenever runs, instances or logs change, for followers (`logs -f`).
     progress: watch::Sender<u64>,
 }
@@ -69,13 +71,16 @@ impl Node {
     ) -> Node {
         let audit = AuditWriter::start(AuditRows(store.clone()));
         let mut metrics = crate::metrics::Metrics::new();
+        let connections = Arc::new(crate::connections::ConnectionCounters::default());
         metrics.register_readings(crate::metrics::Readings {
             alerter: alerter.clone(),
             guards: guards.clone(),
             standing: standing.clone(),
             logs: logs.clone(),
+            connections: connections.clone(),
         });
         Node {
+            connections,
             traces: crate::telemetry::Traces::installed(),
             metrics,
             placer: Mutex::new(Placer::new(options.strategy)),

@@ -2,8 +2,8 @@
 //! they change (a renewed certificate needs no restart), and optionally a CA whose
 //! certificates workers present (mutual TLS: a worker's certificate names its id).
 //!
-//! Handshakes happen off the accept loop, each under a deadline, so a client that connects and
-//! says nothing holds up no one.
+//! Handshakes happen in each connection's own task (`connections.rs`), within the connection's
+//! first-request deadline, so a client that connects and says nothing holds up no one.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -13,14 +13,10 @@ use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
-use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
 /// How often the files are looked at for a change.
 const RELOAD_EVERY: Duration = Duration::from_secs(5);
-/// A client that has not finished its handshake by then is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the node's TLS material is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +66,8 @@ impl ServerTls {
         self.files.client_ca.is_some()
     }
 
-    fn config(&self) -> Arc<ServerConfig> {
+    /// The configuration a new connection's handshake uses.
+    pub(crate) fn config(&self) -> Arc<ServerConfig> {
         self.current
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -112,48 +109,6 @@ impl ServerTls {
                 Err(_) => {}
             }
         }
-    }
-
-    /// The listener's connections after their TLS handshake, for the gRPC server.
-    pub fn incoming(
-        self: Arc<Self>,
-        listener: TcpListener,
-    ) -> impl tokio_stream::Stream<Item = std::io::Result<TlsStream<TcpStream>>> {
-        let (done, accepted) = tokio::sync::mpsc::channel(64);
-        tokio::spawn(async move {
-            loop {
-                let stream = match listener.accept().await {
-                    Ok((stream, _)) => stream,
-                    Err(err) => {
-                        // Out of file descriptors and the like: the server goes on.
-                        tracing::warn!(error = %err, "accepting a connection failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                if let Err(error) = stream.set_nodelay(true) {
-                    tracing::warn!(%error, "cannot turn off Nagle's algorithm on a connection");
-                }
-                if done.is_closed() {
-                    return;
-                }
-                let acceptor = tokio_rustls::TlsAcceptor::from(self.config());
-                let done = done.clone();
-                tokio::spawn(async move {
-                    let peer = stream.peer_addr().ok();
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = done.send(Ok(tls)).await;
-                        }
-                        Ok(Err(err)) => {
-                            tracing::debug!(peer = ?peer, error = %err, "TLS handshake failed")
-                        }
-                        Err(_) => tracing::debug!(peer = ?peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        tokio_stream::wrappers::ReceiverStream::new(accepted)
     }
 }
 

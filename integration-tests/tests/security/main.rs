@@ -27,6 +27,8 @@ use tonic::Code;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+mod connections;
+
 type Client = ControlServiceClient<InterceptedService<Channel, Bearer>>;
 
 const WORKFLOW: &str = "name: guarded\napp: sales\ntasks:\n  - name: t\n    command: echo hi\n";

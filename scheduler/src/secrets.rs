@@ -22,7 +22,8 @@ use ring::rand::{SecureRandom, SystemRandom};
 /// masking of every node within this.
 const CACHE_FOR: Duration = Duration::from_secs(5);
 /// Values shorter than this are not masked in logs: masking `1` or `on` would garble every line
-/// and hide nothing worth hiding.
+/// and hide nothing worth hiding. It is also the shortest piece of a value masked at a log
+/// chunk's edges, where a worker's line cut may have split it (`ax_core::mask`).
 pub const MIN_MASKED_LEN: usize = 4;
 /// The largest secret value.
 pub const MAX_VALUE_BYTES: usize = 32 << 10;
@@ -229,7 +230,7 @@ impl Secrets {
         if masked.is_empty() {
             return;
         }
-        chunk.mask(&masked, MASK);
+        chunk.mask(&masked, MASK, MIN_MASKED_LEN);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Opened>> {

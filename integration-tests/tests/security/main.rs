@@ -23,6 +23,8 @@ use tonic::Code;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+mod secret_cut;
+
 type Client = ControlServiceClient<InterceptedService<Channel, Bearer>>;
 
 const WORKFLOW: &str = "name: guarded\napp: sales\ntasks:\n  - name: t\n    command: echo hi\n";

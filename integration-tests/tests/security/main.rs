@@ -24,6 +24,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 mod secret_cut;
+mod worker_token;
 
 type Client = ControlServiceClient<InterceptedService<Channel, Bearer>>;
 

@@ -23,6 +23,7 @@ use tonic::Code;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+mod bad_input;
 mod secret_cut;
 mod worker_token;
 

@@ -58,7 +58,7 @@ impl SecretKey {
     pub fn from_base64(text: &str) -> Result<SecretKey, SecretError> {
         let bytes = STANDARD
             .decode(text.trim())
-            .map_err(|err| SecretError::BadKey(format!("not base64: {err}")))?;
+            .map_err(|err| SecretError::BadKey(format!("not base64: {}", not_base64(&err))))?;
         if bytes.len() != 32 {
             return Err(SecretError::BadKey(format!(
                 "{} bytes; it must be 32 (e.g. `openssl rand -base64 32`)",
@@ -111,6 +111,24 @@ impl SecretKey {
             .open_in_place(nonce, Aad::from(name.as_bytes()), &mut sealed)
             .map_err(|_| unopenable())?;
         String::from_utf8(plain.to_vec()).map_err(|_| unopenable())
+    }
+}
+
+/// What is wrong with a key's base64, without the byte that is wrong (base64's own message
+/// quotes it, and the text may be a secret of another kind given by mistake).
+fn not_base64(err: &base64::DecodeError) -> String {
+    use base64::DecodeError;
+    match err {
+        DecodeError::InvalidByte(offset, _) => {
+            format!("the character at offset {offset} is not in base64's alphabet")
+        }
+        DecodeError::InvalidLength(len) => {
+            format!("{len} base64 characters do not make whole bytes")
+        }
+        DecodeError::InvalidLastSymbol(offset, _) => {
+            format!("the last character (offset {offset}) has bits past the last byte")
+        }
+        DecodeError::InvalidPadding => "its `=` padding is wrong".into(),
     }
 }
 
@@ -271,11 +289,12 @@ mod tests {
     fn a_key_must_be_32_bytes_of_base64() {
         let err = SecretKey::from_base64("c2hvcnQ=").unwrap_err().to_string();
         assert!(err.contains("5 bytes; it must be 32"), "{err}");
-        assert!(
-            SecretKey::from_base64("***")
-                .unwrap_err()
-                .to_string()
-                .contains("not base64")
+        let err = SecretKey::from_base64("***").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "secret key: not base64: the character at offset 0 is not in base64's alphabet"
         );
+        // base64's own message would name the byte (`Invalid symbol 42`).
+        assert!(!err.contains("42"), "{err}");
     }
 }

@@ -1,7 +1,8 @@
 //! Bad input is the sender's fault, said plainly: a gRPC request whose string field is not
 //! UTF-8, framed by hand and sent to `ControlService` and to `WorkerService.Connect` of a real
 //! node, answers `INVALID_ARGUMENT` naming the field (not `INTERNAL`); the JSON API answers
-//! such a body 400.
+//! such a body 400. And `ax-scheduler --config FILE` given a file that is not TOML says what is
+//! wrong and where without quoting the file.
 
 use ax_integration_tests::{Backend, Cluster};
 use ax_proto::v1 as pb;
@@ -180,4 +181,41 @@ async fn a_request_that_is_not_utf8_is_an_invalid_argument_naming_the_field() {
         answer.status()
     );
     cluster.shutdown().await.expect("shutdown");
+}
+
+/// `ax-scheduler --config FILE` given a file that is not TOML, whose first line looks like a
+/// secret: the error names the file, the line and column and what was expected, and quotes
+/// nothing of the file.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_config_file_that_is_not_toml_is_never_quoted() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("aws-credentials");
+    let secret = "AKIAIOSFODNN7EXAMPLE wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\nregion=x\n";
+    std::fs::write(&path, secret).expect("write");
+    let binary = ax_integration_tests::binary("ax-scheduler").expect("ax-scheduler is built");
+    let run = tokio::process::Command::new(binary)
+        .arg("--config")
+        .arg(&path)
+        .env_remove("AX_STORE")
+        .env("RUST_LOG", "off")
+        .current_dir(dir.path())
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), run)
+        .await
+        .expect("the scheduler exits")
+        .expect("the scheduler runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stderr}");
+    let want = format!(
+        "config file {}: line 1, column 22: key with no value, expected `=`",
+        path.display()
+    );
+    assert!(stderr.contains(&want), "{stderr}");
+    let said = format!("{stdout}{stderr}").replace(&path.display().to_string(), "PATH");
+    let chars: Vec<char> = secret.chars().filter(|c| !c.is_whitespace()).collect();
+    for piece in chars.windows(4) {
+        let piece: String = piece.iter().collect();
+        assert!(!said.contains(&piece), "{said:?} quotes {piece:?}");
+    }
 }

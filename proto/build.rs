@@ -29,6 +29,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // The worker RPC is called `Connect`, which would clash with the generated `connect`
         // constructor; clients build a `Channel` themselves instead.
         .build_transport(false)
+        // prost's codec, but a request that does not decode is INVALID_ARGUMENT (`codec.rs`).
+        .codec_path("crate::codec::AxCodec")
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -137,8 +137,14 @@ pub fn report(err: &anyhow::Error) -> Exit {
     let exit = ctl.map_or(Exit::Other, |ctl| ctl.exit);
     match ctl {
         // Context added around a verbatim diagnostic would break its FILE:LINE shape.
-        Some(ctl) if ctl.verbatim => eprintln!("{}", ctl.message),
-        _ => eprintln!("error: {}", one_line(&format!("{err:#}"))),
+        // The server's messages may quote what a caller sent: shown escaped, as stdout is.
+        Some(ctl) if ctl.verbatim => {
+            eprintln!("{}", crate::output::escape_keeping_lines(&ctl.message));
+        }
+        _ => eprintln!(
+            "error: {}",
+            crate::output::escape(&one_line(&format!("{err:#}")))
+        ),
     }
     exit
 }

@@ -74,6 +74,13 @@ struct Cli {
     #[arg(long, global = true, env = "AX_TLS_CA")]
     tls_ca: Option<std::path::PathBuf>,
 
+    /// Write text that tasks and callers control (log lines, names, params, messages, audit
+    /// details) as it is. By default the characters a terminal acts on (escape sequences,
+    /// carriage returns, bidirectional controls) are shown escaped, as \u001b: on a terminal,
+    /// in table cells and after `axctl logs --streams` or `--timestamps` prefixes.
+    #[arg(long, global = true)]
+    raw: bool,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -127,6 +134,7 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    output::set_raw(cli.raw);
     // `axctl dev` logs at info while it serves; with `--run` the run's own output is the show.
     init_tracing(matches!(&cli.command, Command::Dev(args) if args.run.is_none()));
     if matches!(cli.output, Output::Ascii | Output::Dot | Output::Mermaid)

@@ -1,6 +1,21 @@
-//! Rendering for stdout: aligned tables for people, JSON and YAML for programs.
+//! Rendering for stdout: aligned tables for people, JSON and YAML for programs; and the one
+//! escaping of text that callers and tasks control (log lines, names, params, messages, audit
+//! details) before it reaches a terminal.
+//!
+//! A terminal acts on some characters: ESC starts sequences that set the window title, clear
+//! the screen or (OSC 52) write the clipboard, a carriage return moves back over what was
+//! printed, and bidirectional controls reorder it. So, unless `--raw` is given:
+//! - on a terminal, every such character is shown escaped, `\u001b` (JSON's form, so JSON stays
+//!   valid), as journalctl and git do;
+//! - in a table cell or a detail view's value, everywhere: a line break or carriage return there
+//!   would forge a row for a reader or a script;
+//! - a log line with `--streams` or `--timestamps`, everywhere: the prefix is the line's structure;
+//! - otherwise, written to a pipe or a file, text is the bytes as stored: `axctl logs 12 > out`
+//!   is the task's output.
 
-use std::io::Write;
+use std::borrow::Cow;
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use chrono::{DateTime, Local, SecondsFormat, Utc};
@@ -79,8 +94,80 @@ pub fn json_to_yaml(value: &serde_json::Value) -> Yaml {
     }
 }
 
-/// Errors (a closed pipe in particular) propagate, so `main` can stop quietly on `| head`.
+/// `--raw`: text goes out as the server sent it.
+static RAW: AtomicBool = AtomicBool::new(false);
+
+/// Sets `--raw` for the process (once, from `main`).
+pub fn set_raw(raw: bool) {
+    RAW.store(raw, Ordering::Relaxed);
+}
+
+pub fn raw() -> bool {
+    RAW.load(Ordering::Relaxed)
+}
+
+/// Whether text bound for stdout is escaped: stdout is a terminal and `--raw` was not given.
+pub fn escapes_stdout() -> bool {
+    !raw() && std::io::stdout().is_terminal()
+}
+
+/// A character a terminal would act on rather than show: C0 controls but tab and line feed,
+/// DEL, C1 controls (U+0080–U+009F: U+009B is a CSI to some terminals), and the line and
+/// paragraph separators and bidirectional controls (which reorder what is shown around them).
+fn acts_on_terminal(c: char) -> bool {
+    matches!(c,
+        '\0'..='\x08' | '\x0b'..='\x1f' | '\x7f'..='\u{9f}'
+        | '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `text` with every character a terminal acts on, line feeds included, written as `\uXXXX`:
+/// the one escaping of text a caller or a task controls.
+pub fn escape(text: &str) -> Cow<'_, str> {
+    escape_where(text, |c| c == '\n' || acts_on_terminal(c))
+}
+
+/// [`escape`], keeping line feeds: for whole documents (a table, JSON) bound for a terminal.
+pub fn escape_keeping_lines(text: &str) -> Cow<'_, str> {
+    escape_where(text, acts_on_terminal)
+}
+
+fn escape_where(text: &str, escaped: impl Fn(char) -> bool) -> Cow<'_, str> {
+    if !text.chars().any(&escaped) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if escaped(c) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// A cell or a detail view's value: escaped unless `--raw` (see the module's rules).
+pub fn cell(text: &str) -> Cow<'_, str> {
+    if raw() {
+        Cow::Borrowed(text)
+    } else {
+        escape(text)
+    }
+}
+
+/// Writes `text` to stdout, escaped on a terminal (see the module's rules). Errors (a closed
+/// pipe in particular) propagate, so `main` can stop quietly on `| head`.
 pub fn write_stdout(text: &str) -> anyhow::Result<()> {
+    if escapes_stdout() {
+        write_stdout_as_is(&escape_keeping_lines(text))
+    } else {
+        write_stdout_as_is(text)
+    }
+}
+
+/// Writes `text` to stdout as it is: text whose control sequences are axctl's own (the colours
+/// of `axctl dag`), its server-given parts escaped already.
+pub fn write_stdout_as_is(text: &str) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(text.as_bytes())?;
     stdout.flush()?;
@@ -101,8 +188,17 @@ impl Table {
         }
     }
 
+    /// Adds a row; its cells are escaped (see [`cell`]).
     pub fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
+        self.rows.push(
+            cells
+                .into_iter()
+                .map(|text| match cell(&text) {
+                    Cow::Borrowed(_) => text,
+                    Cow::Owned(escaped) => escaped,
+                })
+                .collect(),
+        );
     }
 
     pub fn render(&self) -> String {
@@ -132,11 +228,13 @@ impl Table {
     }
 }
 
-/// `Label:  value` lines with the values aligned, for detail views.
+/// `Label:  value` lines with the values aligned, for detail views; values escaped (see
+/// [`cell`]).
 pub fn fields(pairs: &[(&str, String)]) -> String {
     let width = pairs.iter().map(|(k, _)| k.len() + 1).max().unwrap_or(0);
     let mut out = String::new();
     for (key, value) in pairs {
+        let value = cell(value);
         let label = format!("{key}:");
         out.push_str(format!("{label:<width$}  {value}").trim_end());
         out.push('\n');
@@ -249,6 +347,33 @@ mod tests {
         assert!(doc["b"][1].is_null());
         assert_eq!(doc["b"][2].as_str(), Some("x"));
         assert_eq!(doc["c"]["d"].as_f64(), Some(1.5));
+    }
+
+    #[test]
+    fn what_a_terminal_acts_on_is_escaped_and_nothing_else() {
+        assert_eq!(
+            escape("\x1b]0;title\x07 \x1b[2J\r\nx\ty é 日本"),
+            "\\u001b]0;title\\u0007 \\u001b[2J\\u000d\\u000ax\ty é 日本"
+        );
+        assert_eq!(
+            escape("\u{9b}31m \u{7f} \u{202e}abc"),
+            "\\u009b31m \\u007f \\u202eabc"
+        );
+        assert_eq!(escape_keeping_lines("a\n\x1bb\n"), "a\n\\u001bb\n");
+        assert!(matches!(escape("plain text, \\ and all"), Cow::Borrowed(_)));
+        // An escaped string stays valid JSON.
+        let json = format!("\"{}\"", escape("\u{7f}\u{9b}"));
+        assert_eq!(
+            serde_json::from_str::<String>(&json).unwrap(),
+            "\u{7f}\u{9b}"
+        );
+    }
+
+    #[test]
+    fn table_cells_cannot_forge_rows() {
+        let mut table = Table::new(&["ID", "BY"]);
+        table.row(vec!["1".into(), "me\n2   forged".into()]);
+        assert_eq!(table.render(), "ID   BY\n1    me\\u000a2   forged\n");
     }
 
     #[test]

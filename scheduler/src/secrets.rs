@@ -30,7 +30,8 @@ use ring::rand::{SecureRandom, SystemRandom};
 /// masking of every node within this.
 const CACHE_FOR: Duration = Duration::from_secs(5);
 /// Values shorter than this are not masked in logs: masking `1` or `on` would garble every line
-/// and hide nothing worth hiding.
+/// and hide nothing worth hiding. It is also the shortest piece of a value masked at a log
+/// chunk's edges, where a worker's line cut may have split it (`ax_core::mask`).
 pub const MIN_MASKED_LEN: usize = 4;
 /// The largest secret value.
 pub const MAX_VALUE_BYTES: usize = 32 << 10;
@@ -65,7 +66,7 @@ impl SecretKey {
     pub fn from_base64(text: &str) -> Result<SecretKey, SecretError> {
         let bytes = STANDARD
             .decode(text.trim())
-            .map_err(|err| SecretError::BadKey(format!("not base64: {err}")))?;
+            .map_err(|err| SecretError::BadKey(format!("not base64: {}", not_base64(&err))))?;
         if bytes.len() != 32 {
             return Err(SecretError::BadKey(format!(
                 "{} bytes; it must be 32 (e.g. `openssl rand -base64 32`)",
@@ -133,6 +134,24 @@ fn associated_data(app: &str, name: &str) -> String {
         name.to_string()
     } else {
         format!("{app}/{name}")
+    }
+}
+
+/// What is wrong with a key's base64, without the byte that is wrong (base64's own message
+/// quotes it, and the text may be a secret of another kind given by mistake).
+fn not_base64(err: &base64::DecodeError) -> String {
+    use base64::DecodeError;
+    match err {
+        DecodeError::InvalidByte(offset, _) => {
+            format!("the character at offset {offset} is not in base64's alphabet")
+        }
+        DecodeError::InvalidLength(len) => {
+            format!("{len} base64 characters do not make whole bytes")
+        }
+        DecodeError::InvalidLastSymbol(offset, _) => {
+            format!("the last character (offset {offset}) has bits past the last byte")
+        }
+        DecodeError::InvalidPadding => "its `=` padding is wrong".into(),
     }
 }
 
@@ -322,20 +341,17 @@ impl Secrets {
                 return;
             }
         };
-        let body = chunk.body();
-        let holds_an_apps_value = values
-            .app_masked
-            .values()
-            .flatten()
-            .any(|value| body.contains(value.as_str()));
-        if !holds_an_apps_value {
+        // An app's value (or a piece of one at a cut) in the chunk needs the task's app;
+        // otherwise only the global values are masked, without a store read.
+        let all_apps: Vec<String> = values.app_masked.values().flatten().cloned().collect();
+        if all_apps.is_empty() || !chunk.would_mask(&all_apps, MIN_MASKED_LEN) {
             if !values.global_masked.is_empty() {
-                chunk.mask(&values.global_masked, MASK);
+                chunk.mask(&values.global_masked, MASK, MIN_MASKED_LEN);
             }
             return;
         }
         let app = app_of(chunk.instance_id).await;
-        chunk.mask(&values.masked_for(app.as_deref()), MASK);
+        chunk.mask(&values.masked_for(app.as_deref()), MASK, MIN_MASKED_LEN);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Opened>> {
@@ -388,12 +404,13 @@ mod tests {
     fn a_key_must_be_32_bytes_of_base64() {
         let err = SecretKey::from_base64("c2hvcnQ=").unwrap_err().to_string();
         assert!(err.contains("5 bytes; it must be 32"), "{err}");
-        assert!(
-            SecretKey::from_base64("***")
-                .unwrap_err()
-                .to_string()
-                .contains("not base64")
+        let err = SecretKey::from_base64("***").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "secret key: not base64: the character at offset 0 is not in base64's alphabet"
         );
+        // base64's own message would name the byte (`Invalid symbol 42`).
+        assert!(!err.contains("42"), "{err}");
     }
 
     fn values(secrets: &[(&str, &str, &str)]) -> Values {

@@ -7,7 +7,8 @@
 //! (running attempts, unacknowledged logs, finished reports); `spill` keeps unacknowledged log
 //! batches on disk past the memory bound; `fence` kills attempts when no scheduler has been
 //! reachable for too long; `endpoints` turns the configured endpoints into the addresses dialed
-//! in turn; `backoff` paces reconnects.
+//! in turn; `backoff` paces reconnects; `credentials` keeps the worker's token out of its tasks'
+//! sight; `task_user` is the account tasks run as under `--task-user`.
 //!
 //! The reconnect loop dials one address at a time. A broken stream moves the worker to the next
 //! address after a backoff with full jitter (at once while addresses refuse and some in the
@@ -27,6 +28,7 @@ use tracing::Instrument;
 mod attempts;
 pub mod backoff;
 mod command_line;
+pub mod credentials;
 pub mod endpoints;
 mod fence;
 mod guardian;
@@ -36,6 +38,7 @@ mod runner;
 mod session;
 pub mod spawn;
 mod spill;
+pub mod task_user;
 pub mod telemetry;
 
 pub use logs::BatchLimits;
@@ -105,6 +108,9 @@ pub struct WorkerOptions {
     /// A file holding the token, read again at every connection (so a rotated token is
     /// picked up without a restart); it wins over `auth.token`.
     pub token_file: Option<PathBuf>,
+    /// The account tasks run as (`--task-user`); the worker's own when `None`. Needs the worker
+    /// to run as root.
+    pub task_user: Option<task_user::TaskUser>,
 }
 
 impl Default for WorkerOptions {
@@ -132,6 +138,7 @@ impl Default for WorkerOptions {
             hostname: None,
             auth: ax_proto::client::ClientAuth::default(),
             token_file: None,
+            task_user: None,
         }
     }
 }
@@ -145,6 +152,8 @@ pub enum WorkerError {
     InvalidEndpoint(#[from] EndpointError),
     #[error("capacity must be at least 1")]
     ZeroCapacity,
+    #[error(transparent)]
+    TaskUser(#[from] task_user::TaskUserError),
 }
 
 /// What the connection and the runners share.
@@ -177,6 +186,9 @@ pub async fn run_with_stats(
     if options.capacity == 0 {
         return Err(WorkerError::ZeroCapacity.into());
     }
+    if options.task_user.is_some() {
+        task_user::TaskUser::check_worker_can_switch().map_err(WorkerError::from)?;
+    }
     let endpoints = options
         .endpoints
         .iter()
@@ -207,6 +219,7 @@ pub async fn run_with_stats(
             max_line_bytes: options.max_line_bytes,
             batch: options.log_batch,
             task_heartbeat_interval: options.task_heartbeat_interval,
+            task_user: options.task_user.clone(),
         }),
         tracker: TaskTracker::new(),
         started_at_ms: now_ms(),

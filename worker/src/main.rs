@@ -60,12 +60,21 @@ struct Args {
     /// would go there are paused on their output until the scheduler catches up.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
     max_spill_mib: u64,
-    /// The worker's token (a worker or admin token), for nodes that ask for one.
+    /// The worker's token (a worker token), for nodes that ask for one. Prefer --token-file: the
+    /// worker overwrites a token given here or in AX_TOKEN in its own memory at start, so that
+    /// /proc/<pid>/cmdline and /proc/<pid>/environ do not show it, but the shell or unit that
+    /// started it may still hold it.
     #[arg(long, env = "AX_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// A file holding the token on its first line, read again at every connection.
+    /// A file holding the token on its first line, read again at every connection. Give it mode
+    /// 0600: a task running as the worker's user can read it (see --task-user).
     #[arg(long, env = "AX_TOKEN_FILE", conflicts_with = "token")]
     token_file: Option<PathBuf>,
+    /// Run tasks as this account (USER or USER:GROUP, names or numbers), with its groups and
+    /// HOME, USER and LOGNAME set for it, instead of the worker's own: then a task cannot read
+    /// the worker's token file, spill directory or /proc entries. The worker must run as root.
+    #[arg(long, value_name = "USER[:GROUP]")]
+    task_user: Option<String>,
     /// The CA that signed the nodes' certificates (PEM); implies TLS. Without it, https://
     /// endpoints are checked against the system's roots.
     #[arg(long, env = "AX_TLS_CA")]
@@ -127,7 +136,17 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    // SAFETY: the first thing the process does: no other thread exists yet.
+    let environment_token = unsafe { ax_worker::credentials::take_environment_token() }
+        .filter(|token| !token.trim().is_empty());
+    let mut args = Args::parse();
+    // SAFETY: still one thread, and clap has taken its copy of the arguments.
+    let arguments_scrubbed =
+        args.token.is_none() || unsafe { ax_worker::credentials::scrub_token_argument() };
+    if environment_token.is_some() && args.token_file.is_some() {
+        anyhow::bail!("AX_TOKEN and --token-file (or AX_TOKEN_FILE) both give a token: give one");
+    }
+    args.token = args.token.or(environment_token);
     // Logging and the trace exporter come first, off the runtime: the exporter's HTTP client
     // has a runtime of its own.
     let endpoint = args.otlp_endpoint.clone().filter(|e| !e.is_empty());
@@ -135,6 +154,12 @@ fn main() -> anyhow::Result<()> {
         ax_worker::telemetry::traces_url(endpoint)?;
     }
     let telemetry = ax_worker::telemetry::install(endpoint.as_deref())?;
+    if !arguments_scrubbed {
+        tracing::warn!(
+            "cannot find this process's arguments in /proc/self/stat: the --token value stays \
+             visible in /proc/<pid>/cmdline to every user of this host; use --token-file"
+        );
+    }
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let ran = runtime.block_on(run(args));
     drop(runtime);
@@ -161,6 +186,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         // Read again at every connection; a file that cannot be read now is a setup error.
         ax_proto::client::read_token_file(path).context("--token-file")?;
     }
+    let task_user = args
+        .task_user
+        .as_deref()
+        .map(ax_worker::task_user::TaskUser::resolve)
+        .transpose()?;
+    if task_user.is_some() {
+        ax_worker::task_user::TaskUser::check_worker_can_switch()?;
+    }
     let options = WorkerOptions {
         endpoints: schedulers,
         worker_id,
@@ -179,6 +212,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             tls_identity: args.tls_cert.zip(args.tls_key),
         },
         token_file: args.token_file,
+        task_user,
         ..WorkerOptions::default()
     };
 

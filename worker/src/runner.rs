@@ -44,6 +44,8 @@ pub struct RunnerSettings {
     pub max_line_bytes: usize,
     pub batch: BatchLimits,
     pub task_heartbeat_interval: Duration,
+    /// The account tasks run as (`--task-user`); the worker's own when `None`.
+    pub task_user: Option<crate::task_user::TaskUser>,
 }
 
 /// Why the worker is killing an attempt.
@@ -199,7 +201,17 @@ impl Watch {
 
 impl Runner {
     async fn run(mut self) {
-        let mut child = match task_command(&self.dispatch).spawn() {
+        let mut command = task_command(&self.dispatch);
+        if let Some(user) = &self.settings.task_user {
+            command.run_as(user);
+            // The dispatch's own values win, as they do over the worker's environment.
+            for key in ["HOME", "USER", "LOGNAME"] {
+                if let Some(value) = self.dispatch.env.get(key) {
+                    command.env(key, value);
+                }
+            }
+        }
+        let mut child = match command.spawn() {
             Ok(child) => child,
             Err(error) => {
                 tracing::warn!(%error, "attempt could not be started");

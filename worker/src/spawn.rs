@@ -14,7 +14,10 @@
 //!   a task's `yes | head` must end by it), then clears the signal mask;
 //! - leads a process group of its own, so a kill reaches everything the task starts and a Ctrl-C
 //!   at the worker's terminal does not reach the task directly;
-//! - asks for SIGKILL when its parent thread dies, and checks that the worker has not already;
+//! - with `--task-user`, takes that account's groups, group id and user id (raw system calls:
+//!   the C library's wrappers would signal the worker's threads to change theirs too);
+//! - asks for SIGKILL when its parent thread dies (after the user change, which clears it), and
+//!   checks that the worker has not already died;
 //! - takes `/dev/null` as stdin and the two pipes as stdout and stderr;
 //! - enters the working directory and calls `execve`.
 //!
@@ -54,6 +57,16 @@ pub struct TaskCommand {
     /// The program's file, once looked up (`executes_directly`), so `spawn` does not search
     /// `PATH` again; forgotten when `PATH` changes.
     resolved: Option<PathBuf>,
+    /// The account the process runs as; the worker's own when `None`.
+    user: Option<Identity>,
+}
+
+/// A user id, its primary group and every group the process holds.
+#[derive(Debug, Clone)]
+struct Identity {
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    groups: Vec<libc::gid_t>,
 }
 
 impl TaskCommand {
@@ -67,7 +80,21 @@ impl TaskCommand {
                 .collect(),
             working_dir: None,
             resolved: None,
+            user: None,
         }
+    }
+
+    /// Runs the process as `user` (the worker must be root), with `HOME`, `USER` and `LOGNAME`
+    /// set for it.
+    pub fn run_as(&mut self, user: &crate::task_user::TaskUser) -> &mut TaskCommand {
+        self.user = Some(Identity {
+            uid: user.uid,
+            gid: user.gid,
+            groups: user.groups.clone(),
+        });
+        self.env("HOME", &user.home)
+            .env("USER", &user.name)
+            .env("LOGNAME", &user.name)
     }
 
     pub fn arg(&mut self, arg: impl Into<OsString>) -> &mut TaskCommand {
@@ -185,6 +212,7 @@ impl TaskCommand {
             argv,
             envp,
             working_dir,
+            user: self.user.clone(),
         })
     }
 
@@ -330,6 +358,7 @@ struct Prepared {
     argv: Vec<CString>,
     envp: Vec<CString>,
     working_dir: Option<CString>,
+    user: Option<Identity>,
 }
 
 /// The step of the child's setup that failed.
@@ -338,6 +367,7 @@ struct Prepared {
 enum Step {
     None = 0,
     ProcessGroup,
+    User,
     DeathSignal,
     WorkerGone,
     Stdio,
@@ -350,6 +380,7 @@ impl Step {
         [
             Step::None,
             Step::ProcessGroup,
+            Step::User,
             Step::DeathSignal,
             Step::WorkerGone,
             Step::Stdio,
@@ -371,6 +402,12 @@ struct ChildArgs {
     envp: *const *const libc::c_char,
     working_dir: *const libc::c_char,
     stdio: [RawFd; 3],
+    /// Non-zero: switch to `uid`, `gid` and the `ngroups` groups at `groups`.
+    switch_user: i32,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    groups: *const libc::gid_t,
+    ngroups: usize,
     worker_pid: libc::pid_t,
     failed_step: i32,
     errno: i32,
@@ -389,6 +426,14 @@ fn start(prepared: &Prepared, stdio: [RawFd; 3]) -> io::Result<libc::pid_t> {
             .as_ref()
             .map_or(std::ptr::null(), |dir| dir.as_ptr()),
         stdio,
+        switch_user: i32::from(prepared.user.is_some()),
+        uid: prepared.user.as_ref().map_or(0, |user| user.uid),
+        gid: prepared.user.as_ref().map_or(0, |user| user.gid),
+        groups: prepared
+            .user
+            .as_ref()
+            .map_or(std::ptr::null(), |user| user.groups.as_ptr()),
+        ngroups: prepared.user.as_ref().map_or(0, |user| user.groups.len()),
         // SAFETY: getpid has no preconditions.
         worker_pid: unsafe { libc::getpid() },
         failed_step: Step::None as i32,
@@ -451,6 +496,10 @@ fn start(prepared: &Prepared, stdio: [RawFd; 3]) -> io::Result<libc::pid_t> {
             ));
         }
         Step::ProcessGroup => "setpgid".to_string(),
+        Step::User => format!(
+            "switching to uid {} gid {} (--task-user needs the worker to run as root)",
+            args.uid, args.gid
+        ),
         Step::DeathSignal => "prctl(PR_SET_PDEATHSIG)".to_string(),
         Step::Stdio => "redirecting stdin, stdout and stderr".to_string(),
         Step::WorkingDir => format!(
@@ -501,6 +550,15 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
 
         if libc::setpgid(0, 0) != 0 {
             fail(args, Step::ProcessGroup);
+        }
+        // Groups first, then the group id, then the user id: once the user id is not root's,
+        // the others can no longer change. Raw system calls change this process alone.
+        if args.switch_user != 0
+            && (libc::syscall(libc::SYS_setgroups, args.ngroups, args.groups) != 0
+                || libc::syscall(libc::SYS_setresgid, args.gid, args.gid, args.gid) != 0
+                || libc::syscall(libc::SYS_setresuid, args.uid, args.uid, args.uid) != 0)
+        {
+            fail(args, Step::User);
         }
         // SIGKILL when the thread that started the child dies, even by `kill -9` of the
         // worker, so a crashed worker leaves no task running that no scheduler can see or fence.

@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -114,8 +114,15 @@ impl SpillFile {
             path: path.clone(),
             source,
         };
-        std::fs::create_dir_all(dir).map_err(io_error)?;
+        // Spilled lines are not yet masked (the node masks secrets): only the worker's user
+        // reads them.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io_error)?;
         let file = OpenOptions::new()
+            .mode(0o600)
             .read(true)
             .write(true)
             .create(true)

@@ -64,7 +64,7 @@ pub async fn apply_source(
         .map_err(|status| ctx.status(status))?
         .into_inner();
     for warning in &response.warnings {
-        eprintln!("warning: {warning}");
+        eprintln!("warning: {}", output::escape(warning));
     }
     if ctx.output == Output::Table {
         output::write_stdout(&format!("{}\n", outcome_line(&response)))?;

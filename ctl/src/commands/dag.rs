@@ -34,11 +34,21 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
         .await
         .map_err(|status| ctx.status(status))?
         .into_inner();
-    let graph = graph(&dag)?;
+    let mut graph = graph(&dag)?;
     // Colours only for a person at a terminal who did not ask for none (https://no-color.org).
     let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let text = match ctx.output {
-        Output::Table | Output::Ascii => render::ascii(&graph, color),
+        Output::Table | Output::Ascii => {
+            // The tree's colours are axctl's own escape sequences, so it goes out as it is,
+            // its names (the callers') escaped beforehand.
+            if !output::raw() {
+                graph.workflow = output::escape(&graph.workflow).into_owned();
+                for node in &mut graph.nodes {
+                    node.task = output::escape(&node.task).into_owned();
+                }
+            }
+            return output::write_stdout_as_is(&render::ascii(&graph, color));
+        }
         Output::Dot => render::dot(&graph),
         Output::Mermaid => render::mermaid(&graph),
         Output::Json => render::json(&graph),

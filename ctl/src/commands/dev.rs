@@ -2,7 +2,7 @@
 //! Redis. With `--run FILE` it applies the file, triggers it, follows the run and prints the logs.
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::client::Ctx;
 use crate::commands::{apply, logs, trigger};
 use crate::error::Exit;
+use crate::output;
 use crate::view::instance_state;
 use crate::wait;
 
@@ -180,8 +181,8 @@ pub async fn run_file(ctx: &Ctx, file: &Path, out: &mut impl Write) -> anyhow::R
         .instances;
     instances.sort_by_key(|i| (i.created_at_ms, i.id));
     for instance in &instances {
-        writeln!(out, "{}", log_header(instance))?;
-        let format = logs::Format::default();
+        writeln!(out, "{}", output::escape(&log_header(instance)))?;
+        let format = logs::Format::default().escaping(std::io::stdout().is_terminal());
         logs::copy_logs(ctx, &mut client, instance.id, 0, false, format, out).await?;
     }
     out.flush()?;

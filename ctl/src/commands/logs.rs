@@ -1,6 +1,12 @@
 //! `axctl logs INSTANCE [--attempt N] [-f] [--timestamps] [--streams]`
+//!
+//! A line's text is the task's: on a terminal, or after a `--streams` or `--timestamps`
+//! prefix, the characters a terminal acts on are shown escaped (`output::escape`), so a task
+//! cannot set the window title, clear the screen, write the clipboard or print a line that
+//! reads as `err|` on stdout; `--raw` writes the bytes as stored, and so does a plain
+//! `axctl logs ID > file`.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 use ax_proto::v1::{GetLogsRequest, LogStream, StoredLogLine};
 
@@ -30,12 +36,23 @@ pub struct Args {
     pub streams: bool,
 }
 
+impl Format {
+    /// Escapes line texts where the module says: on a terminal, or after a prefix, unless
+    /// `--raw`.
+    pub fn escaping(mut self, terminal: bool) -> Format {
+        self.escape = !output::raw() && (terminal || self.timestamps || self.streams);
+        self
+    }
+}
+
 /// How lines are printed.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Format {
     pub timestamps: bool,
     pub streams: bool,
     pub output: Option<Output>,
+    /// Show the characters a terminal acts on escaped.
+    pub escape: bool,
 }
 
 pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
@@ -44,7 +61,9 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
         timestamps: args.timestamps,
         streams: args.streams,
         output: Some(ctx.output),
-    };
+        escape: false,
+    }
+    .escaping(std::io::stdout().is_terminal());
     let mut stdout = std::io::stdout().lock();
     copy_logs(
         ctx,
@@ -107,10 +126,11 @@ fn write_line(
         Some(Output::Json) => {
             // One object per line (JSON Lines), so the output streams and `jq` reads it as is.
             let text = serde_json::to_string(&LogLineView::new(attempt, line))?;
-            writeln!(out, "{text}")?;
+            writeln!(out, "{}", document(&text, format))?;
         }
         Some(Output::Yaml) => {
-            out.write_all(output::to_yaml(&LogLineView::new(attempt, line))?.as_bytes())?;
+            let text = output::to_yaml(&LogLineView::new(attempt, line))?;
+            out.write_all(document(&text, format).as_bytes())?;
         }
         Some(Output::Table | Output::Ascii | Output::Dot | Output::Mermaid) | None => {
             if format.timestamps {
@@ -123,10 +143,24 @@ fn write_line(
                 };
                 write!(out, "{prefix}")?;
             }
-            writeln!(out, "{}", line.text)?;
+            if format.escape {
+                writeln!(out, "{}", output::escape(&line.text))?;
+            } else {
+                writeln!(out, "{}", line.text)?;
+            }
         }
     }
     Ok(())
+}
+
+/// A JSON or YAML rendering of a line: its serializer escapes line breaks; what a terminal
+/// still acts on (DEL, C1, bidirectional controls) is escaped too when `format` escapes.
+fn document(text: &str, format: Format) -> std::borrow::Cow<'_, str> {
+    if format.escape {
+        output::escape_keeping_lines(text)
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
 }
 
 #[cfg(test)]
@@ -147,8 +181,32 @@ mod tests {
             streams: true,
             timestamps: true,
             output: None,
+            escape: false,
         };
         write_line(&mut out, 1, &line, streams).unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "boom\n- err|boom\n");
+    }
+
+    #[test]
+    fn a_prefix_escapes_the_text_after_it_even_in_a_pipe() {
+        let forged = StoredLogLine {
+            seq: 1,
+            stream: LogStream::Stdout as i32,
+            text: "x\rerr|forged".into(),
+            at_ms: 0,
+        };
+        let piped = Format::default().escaping(false);
+        let prefixed = Format {
+            streams: true,
+            ..Format::default()
+        }
+        .escaping(false);
+        let mut out = Vec::new();
+        write_line(&mut out, 1, &forged, piped).unwrap();
+        write_line(&mut out, 1, &forged, prefixed).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "x\rerr|forged\nout|x\\u000derr|forged\n"
+        );
     }
 }

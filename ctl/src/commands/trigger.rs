@@ -102,10 +102,15 @@ pub async fn trigger(
         .run
         .ok_or_else(|| anyhow::anyhow!("the server answered the trigger without a run"))?;
     if response.created {
-        eprintln!("triggered workflow {name}: run {} created", run.id);
+        eprintln!(
+            "triggered workflow {}: run {} created",
+            output::escape(name),
+            run.id
+        );
     } else {
         eprintln!(
-            "workflow {name}: run {} already existed for idempotency key {:?}",
+            "workflow {}: run {} already existed for idempotency key {:?}",
+            output::escape(name),
             run.id,
             idempotency_key.unwrap_or_default()
         );

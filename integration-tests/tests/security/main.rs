@@ -28,6 +28,9 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 mod connections;
+mod bad_input;
+mod secret_cut;
+mod worker_token;
 
 type Client = ControlServiceClient<InterceptedService<Channel, Bearer>>;
 

@@ -21,6 +21,7 @@ pub mod ids;
 pub mod layout;
 pub mod limits;
 pub mod liveness;
+pub mod mask;
 pub mod params;
 pub mod placement;
 pub mod render;

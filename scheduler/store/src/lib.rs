@@ -641,13 +641,28 @@ impl LogChunk {
         &self.body
     }
 
-    /// Replaces every occurrence of each of `values` (none holding a line break, longest
-    /// first) with `mask`, leaving the lines as they are otherwise.
-    pub fn mask(&mut self, values: &[String], mask: &str) {
-        for value in values.iter().filter(|v| !v.is_empty() && !v.contains('\n')) {
-            if memchr::memmem::find(self.body.as_bytes(), value.as_bytes()).is_some() {
-                self.body = self.body.replace(value.as_str(), mask);
-            }
+    /// Masks every occurrence of each of `values` (none holding a line break) with `mask`: in a
+    /// line, across the lines of a stream (where a worker cut a long line), and pieces of at
+    /// least `min_piece` bytes at the chunk's edges ([`ax_core::mask`]). The lines stay as
+    /// they are otherwise.
+    /// Whether [`LogChunk::mask`] with these values would mask anything.
+    pub fn would_mask(&self, values: &[String], min_piece: usize) -> bool {
+        let rules = ax_core::mask::MaskRules {
+            starts_attempt: self.first_seq <= 1,
+            min_piece,
+        };
+        ax_core::mask::mask_lines(&self.streams, &self.body, values, "", rules).is_some()
+    }
+
+    pub fn mask(&mut self, values: &[String], mask: &str, min_piece: usize) {
+        let rules = ax_core::mask::MaskRules {
+            starts_attempt: self.first_seq <= 1,
+            min_piece,
+        };
+        if let Some(masked) =
+            ax_core::mask::mask_lines(&self.streams, &self.body, values, mask, rules)
+        {
+            self.body = masked;
         }
     }
 

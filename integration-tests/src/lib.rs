@@ -146,9 +146,17 @@ pub struct ClusterBuilder {
     redis_url: Option<String>,
     retention: Option<Duration>,
     purge_interval: Option<Duration>,
+    heartbeat_interval: Option<Duration>,
 }
 
 impl ClusterBuilder {
+    /// The node's worker heartbeat interval (500 ms unset); its dead-worker threshold is four
+    /// of them, and a worker stream silent for two is taken over by another.
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.heartbeat_interval = Some(interval);
+        self
+    }
+
     /// Callers need tokens (the sandbox's own client and workers then have none: a test that
     /// turns this on starts no workers here and makes its own calls).
     pub fn auth(mut self, auth: ax_scheduler::AuthMode) -> Self {
@@ -260,7 +268,9 @@ impl ClusterBuilder {
             spread_interval: Some(Duration::from_secs(10)),
             max_clock_offset: Duration::from_secs(1),
             strategy: self.strategy,
-            heartbeat_interval: Duration::from_millis(500),
+            heartbeat_interval: self
+                .heartbeat_interval
+                .unwrap_or(Duration::from_millis(500)),
             task_heartbeat_interval: Duration::from_secs(2),
             dead_after_missed_heartbeats: 4,
             timeout_grace: Duration::from_secs(2),
@@ -333,6 +343,7 @@ impl Cluster {
             redis_url: None,
             retention: None,
             purge_interval: None,
+            heartbeat_interval: None,
         }
     }
 

@@ -23,6 +23,8 @@ use tonic::Code;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+mod workers;
+
 type Client = ControlServiceClient<InterceptedService<Channel, Bearer>>;
 
 const WORKFLOW: &str = "name: guarded\napp: sales\ntasks:\n  - name: t\n    command: echo hi\n";
@@ -253,6 +255,7 @@ async fn make_tokens(store_url: &str) -> Tokens {
             app: app.map(str::to_string),
             lifetime_ms,
             created_by: "test".into(),
+            worker: (role == Role::Worker).then(ax_core::worker_scope::WorkerScope::any),
         };
         create(store.as_ref(), request, now).await.expect("token").0
     };
@@ -374,12 +377,13 @@ async fn every_call_is_refused_where_its_role_says_and_a_refusal_changes_nothing
         }
     }
 
-    // The worker stream: only worker and admin tokens open it.
+    // The worker stream: only worker tokens open it (workers/ has the rest).
     for (who, token, open) in [
         ("a malformed token", &malformed, false),
         ("a revoked token", &tokens.revoked, false),
         ("viewer", &tokens.viewer, false),
         ("operator", &tokens.operator, false),
+        ("admin", &tokens.admin, false),
         ("worker", &tokens.worker, true),
     ] {
         let code = connect_worker(&endpoint, token).await;
@@ -821,9 +825,18 @@ async fn tls_with_worker_certificates_and_a_certificate_replaced_without_a_resta
     );
     assert_eq!(code, 5, "{err}");
 
-    // A worker token from axctl; the token alone on stdout.
-    let (code, worker_token, err) =
-        axctl(&["token", "create", "--name", "workers", "--role", "worker"]);
+    // A worker token from axctl; the token alone on stdout. It may register any id: here the
+    // certificates decide.
+    let (code, worker_token, err) = axctl(&[
+        "token",
+        "create",
+        "--name",
+        "workers",
+        "--role",
+        "worker",
+        "--worker-id",
+        "*",
+    ]);
     assert_eq!(code, 0, "{err}");
     let token_file = d.join("worker.token");
     std::fs::write(&token_file, &worker_token).unwrap();
@@ -1245,6 +1258,8 @@ async fn the_python_sdk_speaks_tls_tokens_and_worker_certificates() {
         "py-workers",
         "--role",
         "worker",
+        "--worker-id",
+        "pyw1",
     ]);
     assert_eq!(code, 0, "{err}");
 

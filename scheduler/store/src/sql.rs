@@ -115,6 +115,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "retention",
         include_str!("../migrations/mysql/0013_retention.sql"),
     ),
+    (
+        15,
+        "worker_token_scope",
+        include_str!("../migrations/mysql/0015_worker_token_scope.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -181,6 +186,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         13,
         "retention",
         include_str!("../migrations/sqlite/0013_retention.sql"),
+    ),
+    (
+        15,
+        "worker_token_scope",
+        include_str!("../migrations/sqlite/0015_worker_token_scope.sql"),
     ),
 ];
 

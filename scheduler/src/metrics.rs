@@ -226,7 +226,7 @@ impl Metrics {
         );
         registry.register(
             "ax_reports_refused",
-            "Worker reports refused because their attempt is not current (stale) or unknown (not_found); the worker is told to kill the process",
+            "Worker reports refused because their attempt is not current (stale) or unknown (not_found); the worker is told to kill the process. A report about an attempt not dispatched to its worker is counted in ax_worker_frames_refused_total instead",
             metrics.refused.clone(),
         );
         registry.register(

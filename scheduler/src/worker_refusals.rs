@@ -75,14 +75,6 @@ impl WorkerRefusals {
     /// summary row).
     pub fn record(&self, metrics: &Metrics, refusal: Refusal) {
         metrics.worker_refused(refusal.action, refusal.kind);
-        tracing::warn!(
-            worker = %refusal.worker,
-            remote = %refusal.remote,
-            token = %refusal.token,
-            kind = refusal.kind,
-            "{}",
-            refusal.detail
-        );
         let now = now_ms();
         let mut rows = Vec::new();
         {
@@ -133,6 +125,10 @@ impl WorkerRefusals {
     fn write(&self, rows: Vec<AuditRecord>) {
         if rows.is_empty() {
             return;
+        }
+        // Logged as audited: a flood of refused frames is a line or two per window here too.
+        for row in &rows {
+            tracing::warn!(worker = %row.target, remote = %row.remote, token = %row.token, action = %row.action, "{}", row.detail);
         }
         let audit = self.audit.clone();
         // Off the stream's path: a refused frame never waits for the audit trail.

@@ -149,9 +149,17 @@ pub struct ClusterBuilder {
     purge_interval: Option<Duration>,
     public_urls: Vec<String>,
     audit_retention: Option<Duration>,
+    heartbeat_interval: Option<Duration>,
 }
 
 impl ClusterBuilder {
+    /// The node's worker heartbeat interval (500 ms unset); its dead-worker threshold is four
+    /// of them, and a worker stream silent for two is taken over by another.
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.heartbeat_interval = Some(interval);
+        self
+    }
+
     /// How long audit rows are kept (the product's default unset).
     pub fn audit_retention(mut self, keep: Duration) -> Self {
         self.audit_retention = Some(keep);
@@ -275,7 +283,9 @@ impl ClusterBuilder {
             spread_interval: Some(Duration::from_secs(10)),
             max_clock_offset: Duration::from_secs(1),
             strategy: self.strategy,
-            heartbeat_interval: Duration::from_millis(500),
+            heartbeat_interval: self
+                .heartbeat_interval
+                .unwrap_or(Duration::from_millis(500)),
             task_heartbeat_interval: Duration::from_secs(2),
             dead_after_missed_heartbeats: 4,
             timeout_grace: Duration::from_secs(2),
@@ -355,6 +365,7 @@ impl Cluster {
             purge_interval: None,
             public_urls: Vec::new(),
             audit_retention: None,
+            heartbeat_interval: None,
         }
     }
 

@@ -8,7 +8,9 @@
 //! `ax-worker` passes), and as a test double that misbehaves on purpose: it can withhold
 //! `AttemptStarted` (a report lost with a dying scheduler), and enforces `Dispatch.timeout_ms`
 //! only when asked. [`ProtoWorker::die`] is a crash: the processes die with it and nothing more
-//! is reported.
+//! is reported. Each [`ProtoWorker::start`] is a new worker process (a new incarnation): while
+//! the node still holds the previous one's stream, its Register is refused (ALREADY_EXISTS) and
+//! it tries again, as the contract says.
 
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
@@ -42,6 +44,9 @@ pub struct ProtoWorkerOptions {
     /// piece in a batch of its own (the proto lets a worker cut where it likes); no cut when
     /// `None`.
     pub max_line_bytes: Option<usize>,
+    /// The bearer token to present (a node with `--auth tokens`).
+    pub token: Option<String>,
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 impl ProtoWorkerOptions {
@@ -54,6 +59,8 @@ impl ProtoWorkerOptions {
             enforce_timeouts: true,
             withhold_started: false,
             max_line_bytes: None,
+            token: None,
+            labels: Default::default(),
         }
     }
 }
@@ -81,29 +88,65 @@ impl ProtoWorker {
     /// Connects, registers (with nothing running: a fresh process) and serves dispatches until
     /// [`ProtoWorker::die`].
     pub async fn start(options: ProtoWorkerOptions) -> anyhow::Result<ProtoWorker> {
-        let channel = Channel::from_shared(options.endpoint.clone())?
-            .connect()
-            .await
-            .with_context(|| format!("connecting to {}", options.endpoint))?;
-        let (tx, rx) = mpsc::channel::<pb::WorkerMessage>(1024);
-        let register = pb::Register {
-            protocol: pb::ProtocolVersion::ProtocolVersion1 as i32,
-            worker_id: options.id.clone(),
-            version: "proto-worker".into(),
-            labels: Default::default(),
-            capacity: options.capacity,
-            started_at_ms: now_ms(),
-            hostname: "proto-worker".into(),
-            running: Vec::new(),
-            finished: Vec::new(),
+        let incarnation = format!("{:032x}", rand::random::<u128>());
+        let started_at_ms = now_ms();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let (tx, mut inbound, registered) = loop {
+            let channel = Channel::from_shared(options.endpoint.clone())?
+                .connect()
+                .await
+                .with_context(|| format!("connecting to {}", options.endpoint))?;
+            let (tx, rx) = mpsc::channel::<pb::WorkerMessage>(1024);
+            let register = pb::Register {
+                protocol: pb::ProtocolVersion::ProtocolVersion1 as i32,
+                worker_id: options.id.clone(),
+                version: "proto-worker".into(),
+                labels: options.labels.clone().into_iter().collect(),
+                capacity: options.capacity,
+                started_at_ms,
+                hostname: "proto-worker".into(),
+                running: Vec::new(),
+                finished: Vec::new(),
+                incarnation: incarnation.clone(),
+            };
+            tx.send(wrap(ToScheduler::Register(register))).await?;
+            let token = options.token.clone();
+            let mut client = WorkerServiceClient::with_interceptor(
+                channel,
+                move |mut request: tonic::Request<()>| {
+                    if let Some(token) = &token {
+                        let value = format!("Bearer {token}")
+                            .parse()
+                            .map_err(|_| tonic::Status::invalid_argument("token"))?;
+                        request.metadata_mut().insert("authorization", value);
+                    }
+                    Ok(request)
+                },
+            );
+            let answer = match client.connect(ReceiverStream::new(rx)).await {
+                Ok(response) => {
+                    let mut inbound = response.into_inner();
+                    match inbound.message().await {
+                        Ok(Some(first)) => Ok((inbound, first)),
+                        Ok(None) => Err(tonic::Status::unavailable("stream closed at once")),
+                        Err(status) => Err(status),
+                    }
+                }
+                Err(status) => Err(status),
+            };
+            match answer {
+                Ok((inbound, first)) => break (tx, inbound, first),
+                // The node still holds the previous process's stream: try again shortly.
+                Err(status)
+                    if status.code() == tonic::Code::AlreadyExists
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(status) => return Err(anyhow::anyhow!("Connect: {status}")),
+            }
         };
-        tx.send(wrap(ToScheduler::Register(register))).await?;
-        let mut inbound = WorkerServiceClient::new(channel)
-            .connect(ReceiverStream::new(rx))
-            .await
-            .context("Connect")?
-            .into_inner();
-        let received = Arc::new(Mutex::new(Vec::new()));
+        let received = Arc::new(Mutex::new(vec![registered]));
         let groups: Groups = Arc::default();
         let heartbeats = {
             let tx = tx.clone();

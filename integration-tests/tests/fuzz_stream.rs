@@ -1,5 +1,7 @@
 //! The worker stream under random, truncated and hostile input: the scheduler answers with a
-//! refusal or an error status, never panics, and keeps scheduling real work afterwards.
+//! refusal or an error status (a report about another worker's attempt or one to come as not
+//! the stream's own, its own ended attempt as not current), never panics, and keeps scheduling
+//! real work afterwards.
 
 use std::time::Duration;
 
@@ -260,7 +262,7 @@ async fn reports_on_unknown_or_stale_attempts_are_refused_with_a_code() {
         .start()
         .await
         .expect("cluster");
-    let cluster = cluster.expect("sqlite always runs");
+    let mut cluster = cluster.expect("sqlite always runs");
     let client = cluster.client().await.expect("client");
     client
         .apply("name: steady\ntasks:\n  - name: a\n    command: echo ok\n")
@@ -278,6 +280,8 @@ async fn reports_on_unknown_or_stale_attempts_are_refused_with_a_code() {
             started_at_ms: 1,
         })),
     };
+    // Reports about attempts never dispatched to the stream's worker (an unknown instance, an
+    // attempt number to come) are another worker's business: refused as not its own.
     let (answers, status) = converse(
         &cluster.endpoint(),
         "intruder",
@@ -287,19 +291,33 @@ async fn reports_on_unknown_or_stale_attempts_are_refused_with_a_code() {
     assert!(status.is_none(), "the stream stays up: {status:?}");
     let refused = refusals(&answers);
     assert_eq!(refused.len(), 2, "{answers:?}");
+    for (refusal, id) in refused.iter().zip([987_654, instance.id]) {
+        assert_eq!(
+            (refusal.instance_id, refusal.code),
+            (id, tonic::Code::PermissionDenied as i32)
+        );
+        assert!(refusal.kill);
+        assert!(
+            refusal.reason.contains("not dispatched to worker intruder"),
+            "{}",
+            refusal.reason
+        );
+    }
+    // The worker's own attempt, reported again once it is over, is not current.
+    cluster.stop_worker("real").await.expect("stop real");
+    let (answers, status) =
+        converse(&cluster.endpoint(), "real", vec![started(instance.id, 1)]).await;
+    assert!(status.is_none(), "the stream stays up: {status:?}");
+    let refused = refusals(&answers);
+    assert_eq!(refused.len(), 1, "{answers:?}");
     assert_eq!(
         (refused[0].instance_id, refused[0].code),
-        (987_654, tonic::Code::NotFound as i32)
-    );
-    assert!(refused[0].kill);
-    assert_eq!(
-        (refused[1].instance_id, refused[1].code),
         (instance.id, tonic::Code::FailedPrecondition as i32)
     );
     assert!(
-        refused[1].reason.contains("not current"),
+        refused[0].reason.contains("not current"),
         "{}",
-        refused[1].reason
+        refused[0].reason
     );
 
     // A stream that does not open with Register is refused with a status naming the problem.

@@ -129,6 +129,7 @@ async fn the_web_ui_signs_in_with_a_token() {
             app: None,
             lifetime_ms: None,
             created_by: "test".into(),
+            worker: None,
         };
         ax_scheduler::auth::tokens::create(store.as_ref(), request, 1)
             .await

@@ -164,9 +164,19 @@ pub enum TokenCommand {
         /// viewer, operator, admin or worker.
         #[arg(long)]
         role: ax_core::access::Role,
-        /// Scope the token to this app's workflows.
+        /// Scope the token to this app's workflows; a worker token may name several (repeat
+        /// the flag): it is sent only their tasks.
         #[arg(long)]
-        app: Option<String>,
+        app: Vec<String>,
+        /// Worker tokens (required): a worker id the token may register, a prefix such as
+        /// `etl-*`, or `*` for any id (anyone holding the token may then take any worker's
+        /// place); repeatable.
+        #[arg(long = "worker-id")]
+        worker_id: Vec<String>,
+        /// Worker tokens: a label the worker may claim, as key=value; repeatable (default:
+        /// any labels).
+        #[arg(long)]
+        label: Vec<String>,
         /// How long it lasts, e.g. 90d, 12h (default: until revoked).
         #[arg(long, value_parser = ax_core::access::parse_lifetime_ms)]
         expires: Option<i64>,

@@ -7,8 +7,10 @@
 //! DISPATCHED, which also takes the limits race-free), then send. Persist, then send: a
 //! dispatch a worker never received is still recorded and comes back.
 //!
-//! A sharded task's instance is fanned out into one pinned shard per live worker carrying its
-//! labels (cluster-wide, from the worker records) instead of being placed. An instance held
+//! Every choice is among the workers that may serve the instance (`Candidate::may_serve`: their
+//! token allows its app, they carry its labels), so no other worker is ever sent it or its
+//! secrets. A sharded task's instance is fanned out into one pinned shard per live worker that
+//! may serve it (cluster-wide, from the worker records) instead of being placed. An instance held
 //! back by a limit is recorded once as Throttled; one with no live worker carrying its labels
 //! anywhere in the cluster as NoWorker; a shard whose worker is gone for good fails.
 //!
@@ -28,7 +30,7 @@ use ax_core::Millis;
 use ax_core::decision::DecisionKind;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::limits::{Fitter, Limit, limits_for};
-use ax_core::placement::{Candidate, Route, any_carries};
+use ax_core::placement::{Candidate, Route, Wanted, any_may_serve};
 use ax_core::spec::{Routing, TaskSpec};
 use ax_proto::v1::{Dispatch, SchedulerMessage, scheduler_message};
 use ax_store::{DecisionRecord, DispatchClaim, Report, WaitingInstance, WorkerRecord};
@@ -223,6 +225,7 @@ impl ClusterView {
                         // Never sent to from here: the node holding it dispatches.
                         connection: 0,
                         labels: row.labels.clone(),
+                        apps: row.apps.as_deref().map(Into::into),
                         capacity: row.capacity,
                         running: row.running,
                         accepting: !row.draining,
@@ -241,12 +244,12 @@ impl ClusterView {
         Ok(self.workers.as_deref().unwrap_or_default())
     }
 
-    /// Live workers carrying `labels`, by id: connected and heard from within the dead-worker
-    /// threshold, not draining.
+    /// Live workers that may serve `wanted` (its app, its labels), by id: connected and heard
+    /// from within the dead-worker threshold, not draining.
     async fn live_with(
         &mut self,
         node: &Node,
-        labels: &BTreeMap<String, String>,
+        wanted: &Wanted<'_>,
         now: Millis,
     ) -> anyhow::Result<Vec<String>> {
         let dead_after = crate::backstop::intervals(node).worker_dead_after_ms();
@@ -255,7 +258,17 @@ impl ClusterView {
             .await?
             .iter()
             .filter(|w| w.connected && !w.draining && w.last_heartbeat >= now - dead_after)
-            .filter(|w| labels.iter().all(|(k, v)| w.labels.get(k) == Some(v)))
+            .filter(|w| {
+                Candidate {
+                    id: &w.id,
+                    labels: &w.labels,
+                    apps: w.apps.as_deref(),
+                    capacity: w.capacity,
+                    running: w.running,
+                    accepting: true,
+                }
+                .may_serve(wanted)
+            })
             .map(|w| w.id.clone())
             .collect();
         ids.sort();
@@ -286,6 +299,35 @@ fn labels_text(labels: &BTreeMap<String, String>) -> String {
     }
     let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
     format!("no live worker with labels {}", pairs.join(","))
+}
+
+/// Why no worker may take an instance (none of the live ones may serve it): the labels it
+/// needs, and its app when some live worker carries those labels but its token names other
+/// apps.
+async fn no_worker_text(
+    cluster: &mut ClusterView,
+    node: &Node,
+    wanted: &Wanted<'_>,
+    now: Millis,
+) -> anyhow::Result<String> {
+    let dead_after = crate::backstop::intervals(node).worker_dead_after_ms();
+    let carrying = cluster.workers(node).await?.iter().any(|w| {
+        w.connected
+            && !w.draining
+            && w.last_heartbeat >= now - dead_after
+            && wanted
+                .labels
+                .iter()
+                .all(|(k, v)| w.labels.get(k) == Some(v))
+    });
+    if !carrying {
+        return Ok(labels_text(wanted.labels));
+    }
+    Ok(format!(
+        "{} whose token allows app {}",
+        labels_text(wanted.labels),
+        wanted.app
+    ))
 }
 
 struct Planned {
@@ -368,18 +410,17 @@ async fn dispatch_batch(
             let Some(task) = spec.task(&instance.task) else {
                 continue;
             };
+            let wanted = Wanted {
+                labels: &task.labels,
+                app: &spec.spec.app,
+            };
             if task.routing == Routing::ShardedBroadcast && item.shard.is_none() {
-                // The parent of a sharded task: one shard per live worker with its labels.
-                let workers = cluster.live_with(node, &task.labels, now).await?;
+                // The parent of a sharded task: one shard per live worker that may serve it.
+                let workers = cluster.live_with(node, &wanted, now).await?;
                 if workers.is_empty() {
                     pass.held_back = true;
-                    decisions.push(decision(
-                        node,
-                        &item,
-                        DecisionKind::NoWorker,
-                        labels_text(&task.labels),
-                        now,
-                    ));
+                    let why = no_worker_text(&mut cluster, node, &wanted, now).await?;
+                    decisions.push(decision(node, &item, DecisionKind::NoWorker, why, now));
                 } else if node
                     .store
                     .fan_out(instance.id, instance.attempt, &workers, now)
@@ -434,7 +475,7 @@ async fn dispatch_batch(
                 let all = cluster.all_workers(node, &slots, now).await?;
                 let everyone: Vec<Candidate<'_>> =
                     all.iter().map(|worker| worker.slot.candidate()).collect();
-                match placer.choose_routed(route, &everyone, &task.labels, rand::random()) {
+                match placer.choose_routed(route, &everyone, &wanted, rand::random()) {
                     Some(index) if all[index].here.is_none() => {
                         // The node holding that worker dispatches it; look past it.
                         fitter.give_back(&limits);
@@ -445,7 +486,7 @@ async fn dispatch_batch(
                     None => None,
                 }
             } else {
-                placer.choose_routed(route, &candidates, &task.labels, rand::random())
+                placer.choose_routed(route, &candidates, &wanted, rand::random())
             };
             let Some(chosen) = chosen else {
                 fitter.give_back(&limits);
@@ -461,17 +502,12 @@ async fn dispatch_batch(
                             tracing::warn!(instance = %instance.id, worker, "shard failed: its worker is gone");
                         }
                     }
-                } else if !any_carries(&candidates, &task.labels) {
+                } else if !any_may_serve(&candidates, &wanted) {
                     // Only another node's workers (if any) can take it: look past it.
                     pass.held_back = true;
-                    if cluster.live_with(node, &task.labels, now).await?.is_empty() {
-                        decisions.push(decision(
-                            node,
-                            &item,
-                            DecisionKind::NoWorker,
-                            labels_text(&task.labels),
-                            now,
-                        ));
+                    if cluster.live_with(node, &wanted, now).await?.is_empty() {
+                        let why = no_worker_text(&mut cluster, node, &wanted, now).await?;
+                        decisions.push(decision(node, &item, DecisionKind::NoWorker, why, now));
                     }
                 }
                 continue;

@@ -329,6 +329,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     tasks.spawn(spread::run(node.clone(), cancel.clone()));
     tasks.spawn(retention::run(node.clone(), cancel.clone()));
     tasks.spawn(node.gate.clone().flush_failures_until(cancel.clone()));
+    tasks.spawn(worker_refusals::run(node.refusals.clone(), cancel.clone()));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
@@ -493,6 +494,7 @@ mod spread;
 pub mod telemetry;
 pub mod tls;
 mod web;
+mod worker_refusals;
 mod worker_rows;
 
 #[cfg(test)]

@@ -5,18 +5,22 @@
 //! followers. A full queue back-pressures the worker streams, and through gRPC flow control the
 //! tasks' pipes, instead of growing memory. A batch is one statement: one insert per line, at
 //! 5,000 lines/s, saturates a database disk. Secrets' values are masked in the lines here,
-//! before they are stored (`secrets.rs`).
+//! before they are stored (`secrets.rs`). A chunk its stream did not know as its own (see
+//! `grpc/worker.rs`) is checked in the same transaction: one about an attempt not dispatched to
+//! its worker is not stored, not acknowledged, and answered with `ReportRefused`; the refusal
+//! is counted and audited (`worker_refusals`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use ax_proto::v1::{LogAck, SchedulerMessage, scheduler_message};
+use ax_proto::v1::{LogAck, ReportRefused, SchedulerMessage, scheduler_message};
 use ax_store::LogChunk;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::node::Node;
+use crate::worker_refusals::{FRAME_REFUSED, Refusal};
 
 /// Lines per write, and text bytes per write: whichever comes first.
 const MAX_BATCH_LINES: usize = 20_000;
@@ -26,6 +30,9 @@ pub enum LogCommand {
     Append {
         worker: String,
         chunk: LogChunk,
+        /// The stream knows the attempt as its worker's (dispatched or re-attached there); the
+        /// others are checked against the store before they are stored.
+        own: bool,
         /// This chunk's share of the queue's byte budget, returned once it is stored.
         budget: OwnedSemaphorePermit,
         /// When the chunk was queued, for the writer's lag.
@@ -52,8 +59,9 @@ impl LogWriter {
         (LogWriter { sender, budget }, receiver)
     }
 
-    /// Queues a chunk; waits when the queue is full, by count or by bytes (back-pressure).
-    pub async fn append(&self, worker: String, chunk: LogChunk) -> bool {
+    /// Queues a chunk from `worker`'s stream (`own`: the stream knows its attempt as the
+    /// worker's); waits when the queue is full, by count or by bytes (back-pressure).
+    pub async fn append(&self, worker: String, chunk: LogChunk, own: bool) -> bool {
         let bytes = chunk.body().len();
         let permits = bytes.clamp(1, QUEUE_BUDGET_BYTES) as u32;
         let Ok(budget) = self.budget.clone().acquire_many_owned(permits).await else {
@@ -62,6 +70,7 @@ impl LogWriter {
         let command = LogCommand::Append {
             worker,
             chunk,
+            own,
             budget,
             queued: Instant::now(),
         };
@@ -118,6 +127,7 @@ pub async fn run(
             Some(LogCommand::Append {
                 worker,
                 mut chunk,
+                own,
                 budget,
                 queued,
             }) => {
@@ -130,6 +140,7 @@ pub async fn run(
                     .await;
                 lines += chunk.line_count();
                 bytes += chunk.body().len();
+                pending.checks.push((!own).then(|| worker.clone()));
                 pending.acks.push(Ack {
                     worker,
                     instance_id: chunk.instance_id.0,
@@ -189,6 +200,8 @@ async fn app_of_instance(node: &Node, instance: ax_core::ids::InstanceId) -> Opt
 #[derive(Default)]
 struct Pending {
     chunks: Vec<LogChunk>,
+    /// Per chunk, the worker to check it against (`None`: its stream knew it as its own).
+    checks: Vec<Option<String>>,
     acks: Vec<Ack>,
     /// When the first of these chunks was queued: the write's lag.
     oldest: Option<Instant>,
@@ -213,16 +226,36 @@ async fn sleep_until(deadline: Option<Instant>) {
 async fn write(node: &Node, pending: &mut Pending, waiters: &mut Vec<oneshot::Sender<()>>) {
     if !pending.chunks.is_empty() {
         let chunks = std::mem::take(&mut pending.chunks);
+        let checks = std::mem::take(&mut pending.checks);
+        let senders: Vec<Option<&str>> = checks.iter().map(Option::as_deref).collect();
         let started = Instant::now();
         let mut delay = Duration::from_millis(50);
         // Lines a worker sent are acknowledged only once stored, so retrying until the store
         // takes them loses nothing; meanwhile the bounded queue pushes back on the workers.
-        while let Err(err) = node.store.append_logs(&chunks).await {
-            tracing::error!(error = %err, chunks = chunks.len(), "writing logs failed; retrying");
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(5));
-        }
-        let stored_lines: usize = chunks.iter().map(LogChunk::line_count).sum();
+        let kept = loop {
+            let written = if senders.iter().all(Option::is_none) {
+                node.store
+                    .append_logs(&chunks)
+                    .await
+                    .map(|()| vec![true; chunks.len()])
+            } else {
+                node.store.append_worker_logs(&chunks, &senders).await
+            };
+            match written {
+                Ok(kept) => break kept,
+                Err(err) => {
+                    tracing::error!(error = %err, chunks = chunks.len(), "writing logs failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        };
+        let stored_lines: usize = chunks
+            .iter()
+            .zip(&kept)
+            .filter(|(_, kept)| **kept)
+            .map(|(chunk, _)| chunk.line_count())
+            .sum();
         tracing::debug!(
             chunks = chunks.len(),
             lines = stored_lines,
@@ -235,7 +268,11 @@ async fn write(node: &Node, pending: &mut Pending, waiters: &mut Vec<oneshot::Se
         }
         drop(chunks);
         // Dropping each entry returns its share of the byte budget.
-        for ack in pending.acks.drain(..) {
+        for (ack, kept) in pending.acks.drain(..).zip(kept) {
+            if !kept {
+                refuse(node, &ack);
+                continue;
+            }
             let Some(sender) = node.registry.sender(&ack.worker) else {
                 continue;
             };
@@ -253,5 +290,38 @@ async fn write(node: &Node, pending: &mut Pending, waiters: &mut Vec<oneshot::Se
     }
     for waiter in waiters.drain(..) {
         let _ = waiter.send(());
+    }
+}
+
+/// A chunk about an attempt not dispatched to its worker: not stored; counted and audited, and
+/// the worker told (and told to kill whatever runs under that attempt: it is not its own).
+fn refuse(node: &Node, ack: &Ack) {
+    let why = format!(
+        "log lines for attempt {} of instance {}, which was not dispatched to worker {}: not stored",
+        ack.attempt, ack.instance_id, ack.worker
+    );
+    let stream = node.registry.stream_info(&ack.worker).unwrap_or_default();
+    node.refusals.record(
+        &node.metrics,
+        Refusal {
+            worker: ack.worker.clone(),
+            action: FRAME_REFUSED,
+            kind: "logs",
+            detail: why.clone(),
+            remote: stream.remote,
+            token: stream.token,
+        },
+    );
+    if let Some(sender) = node.registry.sender(&ack.worker) {
+        let refused = SchedulerMessage {
+            body: Some(scheduler_message::Body::Refused(ReportRefused {
+                instance_id: ack.instance_id,
+                attempt: ack.attempt,
+                reason: why,
+                kill: true,
+                code: tonic::Code::PermissionDenied as i32,
+            })),
+        };
+        let _ = sender.try_send(Ok(refused));
     }
 }

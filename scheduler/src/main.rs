@@ -12,12 +12,23 @@ fn main() -> anyhow::Result<()> {
         name,
         role,
         app,
+        worker_id,
+        label,
         expires,
     })) = command
     {
+        let (app, worker) = token_scope(role, app, &worker_id, &label)?;
+        let request = ax_scheduler::auth::tokens::TokenRequest {
+            name,
+            role,
+            app,
+            lifetime_ms: expires,
+            created_by: "store".into(),
+            worker,
+        };
         // No logging: stdout carries the token alone, for `… > admin.token`.
         let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-        return runtime.block_on(create_token(&options.store_url, name, role, app, expires));
+        return runtime.block_on(create_token(&options.store_url, request));
     }
     // Logging and the trace exporter come first, off the runtime: the exporter's HTTP client
     // has a runtime of its own.
@@ -45,21 +56,11 @@ async fn serve(options: ax_scheduler::SchedulerOptions) -> anyhow::Result<()> {
 /// credentials holds everything already), printed once on stdout.
 async fn create_token(
     store_url: &str,
-    name: String,
-    role: ax_core::access::Role,
-    app: Option<String>,
-    lifetime_ms: Option<i64>,
+    request: ax_scheduler::auth::tokens::TokenRequest,
 ) -> anyhow::Result<()> {
     let store = ax_store::open(store_url)
         .await
         .with_context(|| format!("opening the store at {}", ax_scheduler::redact(store_url)))?;
-    let request = ax_scheduler::auth::tokens::TokenRequest {
-        name,
-        role,
-        app,
-        lifetime_ms,
-        created_by: "store".into(),
-    };
     let now = chrono::Utc::now().timestamp_millis();
     let (token, stored) = ax_scheduler::auth::tokens::create(store.as_ref(), request, now)
         .await
@@ -70,6 +71,30 @@ async fn create_token(
     );
     println!("{token}");
     Ok(())
+}
+
+/// The app scope and the worker scope of a token from the flags: `--app` once for a person's
+/// token; `--worker-id` (required), `--app` and `--label` for a worker token.
+fn token_scope(
+    role: ax_core::access::Role,
+    apps: Vec<String>,
+    worker_ids: &[String],
+    labels: &[String],
+) -> anyhow::Result<(Option<String>, Option<ax_core::worker_scope::WorkerScope>)> {
+    if role == ax_core::access::Role::Worker {
+        let scope = ax_core::worker_scope::WorkerScope::parse(worker_ids, &apps, labels)
+            .map_err(anyhow::Error::msg)?;
+        return Ok((None, Some(scope)));
+    }
+    if !worker_ids.is_empty() || !labels.is_empty() {
+        anyhow::bail!("--worker-id and --label are for worker tokens (--role worker)");
+    }
+    if apps.len() > 1 {
+        anyhow::bail!(
+            "a {role} token is scoped to one app at most (several --app are for worker tokens)"
+        );
+    }
+    Ok((apps.into_iter().next(), None))
 }
 
 async fn shutdown_signal() {

@@ -69,6 +69,11 @@ struct KindLabel {
     kind: &'static str,
 }
 
+/// The kinds of `ax_worker_frames_refused_total`.
+const REFUSED_FRAMES: [&str; 5] = ["logs", "started", "finished", "heartbeat", "rejected"];
+/// The reasons of `ax_worker_registers_refused_total`.
+const REFUSED_REGISTERS: [&str; 4] = ["id", "labels", "certificate", "second_stream"];
+
 /// The kinds of `ax_purged_rows_total`.
 const PURGED_KINDS: [&str; 5] = ["runs", "instances", "attempts", "log_chunks", "decisions"];
 
@@ -103,6 +108,11 @@ pub struct Metrics {
     pub lost: Counter,
     /// Worker reports refused as not current, by reason (stale, not_found).
     refused: Family<ReasonLabel, Counter>,
+    /// Frames of worker streams about attempts not dispatched to their worker, by kind
+    /// ([`REFUSED_FRAMES`]).
+    frames_refused: Family<KindLabel, Counter>,
+    /// Registers refused, by reason ([`REFUSED_REGISTERS`]).
+    registers_refused: Family<ReasonLabel, Counter>,
     /// Log lines stored by this node's log writer.
     pub log_lines: Counter,
     /// How long the oldest chunk of the log writer's last write waited in its queue.
@@ -153,6 +163,8 @@ impl Metrics {
             timeouts: Counter::default(),
             lost: Counter::default(),
             refused: Family::default(),
+            frames_refused: Family::default(),
+            registers_refused: Family::default(),
             log_lines: Counter::default(),
             log_lag: Gauge::default(),
             purged: Family::default(),
@@ -214,8 +226,18 @@ impl Metrics {
         );
         registry.register(
             "ax_reports_refused",
-            "Worker reports refused because their attempt is not current (stale) or unknown (not_found); the worker is told to kill the process",
+            "Worker reports refused because their attempt is not current (stale) or unknown (not_found); the worker is told to kill the process. A report about an attempt not dispatched to its worker is counted in ax_worker_frames_refused_total instead",
             metrics.refused.clone(),
+        );
+        registry.register(
+            "ax_worker_frames_refused",
+            "Frames of worker streams about an attempt not dispatched to the stream's worker (another worker's, or one that does not exist yet), by kind (logs, started, finished, heartbeat, rejected); none is stored, each is audited (aggregated)",
+            metrics.frames_refused.clone(),
+        );
+        registry.register(
+            "ax_worker_registers_refused",
+            "Worker Registers refused, by reason: id (not one the token may register), labels (a label the token may not claim), certificate (mutual TLS: the certificate does not name the id), second_stream (the id's stream is still live)",
+            metrics.registers_refused.clone(),
         );
         registry.register(
             "ax_log_lines_stored",
@@ -275,6 +297,16 @@ impl Metrics {
         for reason in ["stale", "not_found"] {
             drop(metrics.refused.get_or_create(&ReasonLabel { reason }));
         }
+        for kind in REFUSED_FRAMES {
+            drop(metrics.frames_refused.get_or_create(&KindLabel { kind }));
+        }
+        for reason in REFUSED_REGISTERS {
+            drop(
+                metrics
+                    .registers_refused
+                    .get_or_create(&ReasonLabel { reason }),
+            );
+        }
         for kind in PURGED_KINDS {
             drop(metrics.purged.get_or_create(&KindLabel { kind }));
         }
@@ -312,6 +344,26 @@ impl Metrics {
 
     pub fn report_refused(&self, reason: &'static str) {
         self.refused.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Counts a refusal of `worker_refusals` (`action` says whether a Register or a frame).
+    pub fn worker_refused(&self, action: &'static str, kind: &'static str) {
+        if action == crate::worker_refusals::REGISTER_REFUSED {
+            self.registers_refused
+                .get_or_create(&ReasonLabel { reason: kind })
+                .inc();
+        } else {
+            self.frames_refused.get_or_create(&KindLabel { kind }).inc();
+        }
+    }
+
+    /// The metrics as a scrape shows them, without the store's readings.
+    #[cfg(test)]
+    pub fn encode_now(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry)
+            .expect("encode");
+        text
     }
 
     /// Observes a latency from `from` (ms) to `to` (ms); a negative one (clocks) counts as 0.

@@ -34,6 +34,8 @@ pub struct Node {
     pub audit: AuditWriter,
     /// Who may call what (tokens); every request on the port passes it.
     pub gate: Arc<crate::auth::Gate>,
+    /// Worker Registers and frames this node refused, counted and audited.
+    pub refusals: Arc<crate::worker_refusals::WorkerRefusals>,
     /// Secrets for dispatches and log masking.
     pub secrets: crate::secrets::Secrets,
     /// Saves workers' rows; heartbeat refreshes are written in groups.
@@ -92,6 +94,7 @@ impl Node {
                 store.clone(),
                 audit.clone(),
             )),
+            refusals: Arc::new(crate::worker_refusals::WorkerRefusals::new(audit.clone())),
             audit,
             secrets: crate::secrets::Secrets::new(options.secret_key.clone(), store.clone()),
             worker_rows: WorkerRows::start(store.clone(), options.heartbeat_interval),

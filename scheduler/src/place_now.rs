@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use ax_core::ids::{Attempt, InstanceId};
 use ax_core::limits::limits_for;
-use ax_core::placement::{Candidate, Route};
+use ax_core::placement::{Candidate, Route, Wanted};
 use ax_core::spec::Routing;
 use ax_store::{NewAttempt, PlacedAttempt, Placement, Report};
 
@@ -172,10 +172,14 @@ impl Placement for PlaceNow<'_> {
         let candidates: Vec<Candidate<'_>> = slots.iter().map(WorkerSlot::candidate).collect();
         // Taken for this choice only, never across the transaction: a dispatch pass that holds
         // it is not kept waiting on a commit, and meanwhile its instances stay WAITING for it.
+        let wanted = Wanted {
+            labels: &task.labels,
+            app: &spec.spec.app,
+        };
         let chosen = node.placer.try_lock().ok()?.choose_routed(
             route,
             &candidates,
-            &task.labels,
+            &wanted,
             rand::random(),
         )?;
         let slot = &mut slots[chosen];

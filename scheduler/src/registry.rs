@@ -1,18 +1,22 @@
 //! The workers connected to this node, fed by their streams.
 //!
-//! A worker is known by its id; a reconnect replaces its entry (a new connection number), and
-//! the old stream's end does not remove the new one. The attempts in flight on each worker are
-//! tracked here from dispatch to their final report, so a worker's load is exact between
-//! heartbeats. A worker this node asked to move (`spread`) takes no dispatch for a while: it is
-//! about to leave, and a dispatch sent behind the request would only be withdrawn.
+//! A worker is known by its id, and an id has one live stream: a new stream replaces the
+//! entry (a new connection number) only when the old one is gone (`ax_core::worker_scope::
+//! takeover`: its connection closed, the same process reconnecting, or silence), and the old
+//! stream's end does not remove the new one. The attempts in flight on each worker are tracked
+//! here from dispatch to their final report, so a worker's load is exact between heartbeats, and
+//! a stream's frames about them need no store read to be known as its own. A worker this node
+//! asked to move (`spread`) takes no dispatch for a while: it is about to leave, and a dispatch
+//! sent behind the request would only be withdrawn.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId};
+use ax_core::worker_scope::{HeldStream, Takeover, takeover};
 use ax_proto::v1::{CancelAttempt, SchedulerMessage, scheduler_message};
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -27,11 +31,44 @@ pub struct WorkerProfile {
     pub labels: BTreeMap<String, String>,
     pub capacity: u32,
     pub started_at: Millis,
+    /// The apps whose tasks its token lets it run; `None`: every app.
+    pub apps: Option<Arc<[String]>>,
+    /// The worker process's incarnation (empty: none given): the same value on a new stream is
+    /// the same process reconnecting.
+    pub incarnation: String,
+}
+
+/// Who holds a stream, as its connection said.
+#[derive(Debug, Clone, Default)]
+pub struct StreamInfo {
+    /// The stream's address.
+    pub remote: String,
+    /// The name of its token (empty without authentication).
+    pub token: String,
+}
+
+/// A stream registered: its connection number, and the clock its frames keep.
+#[derive(Debug, Clone)]
+pub struct Connected {
+    pub connection: u64,
+    /// When a frame was last received on the stream (ms); the stream's loop sets it.
+    pub last_heard: Arc<AtomicI64>,
+    /// How the previous stream of the id was judged gone, when there was one.
+    pub took_over: Option<Takeover>,
+}
+
+/// The live stream that kept a Register out.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub remote: String,
+    pub heard_ms_ago: Millis,
 }
 
 struct Entry {
     profile: WorkerProfile,
     connection: u64,
+    stream: StreamInfo,
+    last_heard: Arc<AtomicI64>,
     sender: WorkerSender,
     /// Attempts in flight, each with when its instance became ready (ms; 0 when unknown: an
     /// attempt the worker re-attached) until its start is reported, for the start latency.
@@ -76,6 +113,8 @@ pub struct WorkerSlot {
     /// The stream the slot was read from: a dispatch planned on it goes to that stream only.
     pub connection: u64,
     pub labels: BTreeMap<String, String>,
+    /// The apps whose tasks its token lets it run; `None`: every app.
+    pub apps: Option<Arc<[String]>>,
     pub capacity: u32,
     pub running: u32,
     pub accepting: bool,
@@ -87,6 +126,7 @@ impl WorkerSlot {
         ax_core::placement::Candidate {
             id: &self.id,
             labels: &self.labels,
+            apps: self.apps.as_deref(),
             capacity: self.capacity,
             running: self.running,
             accepting: self.accepting,
@@ -122,19 +162,49 @@ impl Registry {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Registers a (re)connected worker with the attempts it already runs; returns the
-    /// connection number that later calls from this stream must present.
+    /// Registers a (re)connected worker with the attempts it already runs and returns what
+    /// later calls from this stream must present; or, when the id already has a live stream
+    /// here that is not gone (see the module doc; `silent_after_ms` is the silence that counts
+    /// as gone), leaves that stream be and answers where it is.
     pub fn connect(
         &self,
         profile: WorkerProfile,
+        stream: StreamInfo,
         sender: WorkerSender,
         running: impl IntoIterator<Item = (InstanceId, Attempt)>,
         now: Millis,
-    ) -> u64 {
+        silent_after_ms: Millis,
+    ) -> Result<Connected, Held> {
+        let mut workers = self.lock();
+        let took_over = match workers.get(&profile.id) {
+            Some(held) => {
+                let verdict = takeover(
+                    &HeldStream {
+                        incarnation: &held.profile.incarnation,
+                        last_heard: held.last_heard.load(Ordering::Relaxed),
+                        closed: held.sender.is_closed(),
+                    },
+                    &profile.incarnation,
+                    now,
+                    silent_after_ms,
+                );
+                if let Takeover::Refused { heard_ms_ago } = verdict {
+                    return Err(Held {
+                        remote: held.stream.remote.clone(),
+                        heard_ms_ago,
+                    });
+                }
+                Some(verdict)
+            }
+            None => None,
+        };
         let connection = self.next_connection.fetch_add(1, Ordering::Relaxed) + 1;
+        let last_heard = Arc::new(AtomicI64::new(now));
         let entry = Entry {
             profile: profile.clone(),
             connection,
+            stream,
+            last_heard: Arc::clone(&last_heard),
             sender,
             in_flight: running.into_iter().map(|key| (key, 0)).collect(),
             reserved: HashSet::new(),
@@ -143,8 +213,31 @@ impl Registry {
             draining: false,
             moving_until: None,
         };
-        self.lock().insert(profile.id, entry);
-        connection
+        workers.insert(profile.id, entry);
+        Ok(Connected {
+            connection,
+            last_heard,
+            took_over,
+        })
+    }
+
+    /// Whether the attempt was dispatched to the worker on `connection` (or re-attached by
+    /// it) and is still in flight there: a frame about it is the stream's own.
+    pub fn in_flight_on(
+        &self,
+        worker: &str,
+        connection: u64,
+        instance: InstanceId,
+        attempt: Attempt,
+    ) -> bool {
+        self.lock().get(worker).is_some_and(|entry| {
+            entry.connection == connection && entry.in_flight.contains_key(&(instance, attempt))
+        })
+    }
+
+    /// Who holds the worker's stream here (its address and token), for refusals' audit rows.
+    pub fn stream_info(&self, worker: &str) -> Option<StreamInfo> {
+        self.lock().get(worker).map(|entry| entry.stream.clone())
     }
 
     /// Forgets the worker if `connection` is still its current stream.
@@ -178,6 +271,7 @@ impl Registry {
                 id: entry.profile.id.clone(),
                 connection: entry.connection,
                 labels: entry.profile.labels.clone(),
+                apps: entry.profile.apps.clone(),
                 capacity: entry.profile.capacity,
                 running: entry.load(),
                 accepting: !entry.draining && !entry.moving(),
@@ -367,15 +461,63 @@ mod tests {
             labels: BTreeMap::new(),
             capacity: 2,
             started_at: 0,
+            apps: None,
+            incarnation: String::new(),
         }
+    }
+
+    /// `id` as the worker process `incarnation`.
+    fn process(id: &str, incarnation: &str) -> WorkerProfile {
+        WorkerProfile {
+            incarnation: incarnation.into(),
+            ..profile(id)
+        }
+    }
+
+    fn stream(incarnation: &str) -> StreamInfo {
+        StreamInfo {
+            remote: format!("10.0.0.1:{}", incarnation.len()),
+            token: "workers".into(),
+        }
+    }
+
+    /// Connects `id` as process `incarnation` at `now`; panics when refused.
+    fn join(
+        registry: &Registry,
+        id: &str,
+        incarnation: &str,
+        tx: &WorkerSender,
+        now: Millis,
+    ) -> u64 {
+        registry
+            .connect(
+                process(id, incarnation),
+                stream(incarnation),
+                tx.clone(),
+                [],
+                now,
+                1_000,
+            )
+            .expect("connected")
+            .connection
     }
 
     #[test]
     fn a_reconnect_replaces_the_entry_and_the_old_stream_cannot_remove_it() {
         let registry = Registry::new();
         let (tx, _rx) = mpsc::channel(1);
-        let old = registry.connect(profile("w1"), tx.clone(), [], 0);
-        let new = registry.connect(profile("w1"), tx, [(InstanceId(7), Attempt(1))], 1);
+        let old = join(&registry, "w1", "p1", &tx, 0);
+        let new = registry
+            .connect(
+                process("w1", "p1"),
+                stream("p1"),
+                tx,
+                [(InstanceId(7), Attempt(1))],
+                1,
+                1_000,
+            )
+            .expect("the same process takes over at once")
+            .connection;
         assert!(!registry.disconnect("w1", old));
         assert_eq!(registry.slots()[0].running, 1, "re-attached attempt counts");
         assert!(registry.disconnect("w1", new));
@@ -383,10 +525,73 @@ mod tests {
     }
 
     #[test]
+    fn a_second_live_stream_for_an_id_is_refused_until_the_first_is_gone() {
+        let registry = Registry::new();
+        let (first_tx, first_rx) = mpsc::channel(1);
+        let first = join(&registry, "w1", "p1", &first_tx, 10_000);
+        let (tx, rx) = mpsc::channel(1);
+        // Another process, while the first was heard 400 ms ago: refused, the first kept.
+        let held = registry
+            .connect(
+                process("w1", "p2"),
+                stream("p2"),
+                tx.clone(),
+                [],
+                10_400,
+                1_000,
+            )
+            .expect_err("refused");
+        assert_eq!(
+            (held.remote.as_str(), held.heard_ms_ago),
+            ("10.0.0.1:2", 400)
+        );
+        assert_eq!(registry.slots()[0].connection, first);
+        assert!(
+            registry
+                .begin_attempt("w1", first, InstanceId(1), Attempt(1), 0)
+                .is_some()
+        );
+        assert!(registry.in_flight_on("w1", first, InstanceId(1), Attempt(1)));
+        assert!(!registry.in_flight_on("w1", first, InstanceId(1), Attempt(2)));
+        assert!(!registry.in_flight_on("w1", first + 1, InstanceId(1), Attempt(1)));
+        assert!(!registry.in_flight_on("w2", first, InstanceId(1), Attempt(1)));
+        // Silent past the bound: taken over.
+        let taken = registry
+            .connect(process("w1", "p2"), stream("p2"), tx, [], 11_000, 1_000)
+            .expect("silent: gone");
+        assert_eq!(taken.took_over, Some(Takeover::Silent { for_ms: 1_000 }));
+        assert!(
+            !registry.disconnect("w1", first),
+            "the old stream cannot remove it"
+        );
+        drop((first_tx, first_rx));
+        // A frame keeps a stream live; a closed one is gone at once.
+        taken.last_heard.store(20_000, Ordering::Relaxed);
+        let (tx3, _rx3) = mpsc::channel(1);
+        assert!(
+            registry
+                .connect(
+                    process("w1", "p3"),
+                    stream("p3"),
+                    tx3.clone(),
+                    [],
+                    20_100,
+                    1_000
+                )
+                .is_err()
+        );
+        drop(rx);
+        let third = registry
+            .connect(process("w1", "p3"), stream("p3"), tx3, [], 20_100, 1_000)
+            .expect("p2's stream is closed");
+        assert_eq!(third.took_over, Some(Takeover::Closed));
+    }
+
+    #[test]
     fn in_flight_attempts_make_the_load() {
         let registry = Registry::new();
         let (tx, _rx) = mpsc::channel(1);
-        let conn = registry.connect(profile("w1"), tx, [], 0);
+        let conn = join(&registry, "w1", "p1", &tx, 0);
         assert!(
             registry
                 .begin_attempt("w1", conn, InstanceId(1), Attempt(1), 0)
@@ -419,7 +624,7 @@ mod tests {
     fn a_worker_asked_to_move_takes_no_dispatch_until_it_stays_or_the_hold_ends() {
         let registry = Registry::new();
         let (tx, _rx) = mpsc::channel(1);
-        let conn = registry.connect(profile("w1"), tx, [], 0);
+        let conn = join(&registry, "w1", "p1", &tx, 0);
         assert!(
             registry
                 .ask_to_move("w1", conn + 1, Duration::from_secs(60))

@@ -219,6 +219,9 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
                     node.bump_progress();
                 }
             }
+            (report, ReportResult::NotYours) if envelope.from_worker => {
+                refuse_stranger(node, &envelope.worker, report)
+            }
             (report, refusal) if envelope.from_worker => {
                 refuse(node, &envelope.worker, report, &refusal).await
             }
@@ -359,6 +362,48 @@ fn acknowledge_finished(node: &Node, worker: &str, instance: InstanceId, attempt
         };
         // A full queue: the worker resends the report on its next stream, and it is acked then.
         let _ = sender.try_send(Ok(ack));
+    }
+}
+
+/// A report about an attempt that was not dispatched to its sender (another worker's, or one
+/// that does not exist yet): nothing was stored, and nothing of the attempt is touched here
+/// (not its slot, not its start lock: they are its own worker's). The refusal is counted and
+/// audited, and the sender told (to kill what it runs under that attempt: it is not its own).
+fn refuse_stranger(node: &Node, worker: &str, report: &Report) {
+    let (instance_id, attempt) = report.key();
+    let (kind, frame) = match report {
+        Report::Started { .. } => ("started", "AttemptStarted"),
+        Report::Finished { .. } => ("finished", "AttemptFinished"),
+        Report::TaskHeartbeat { .. } => ("heartbeat", "TaskHeartbeat"),
+        Report::Rejected { .. } => ("rejected", "DispatchRejected"),
+    };
+    let why = format!(
+        "{frame} for attempt {attempt} of instance {instance_id}, which was not dispatched to \
+         worker {worker}: not stored"
+    );
+    let stream = node.registry.stream_info(worker).unwrap_or_default();
+    node.refusals.record(
+        &node.metrics,
+        crate::worker_refusals::Refusal {
+            worker: worker.to_string(),
+            action: crate::worker_refusals::FRAME_REFUSED,
+            kind,
+            detail: why.clone(),
+            remote: stream.remote,
+            token: stream.token,
+        },
+    );
+    if let Some(sender) = node.registry.sender(worker) {
+        let message = SchedulerMessage {
+            body: Some(scheduler_message::Body::Refused(ReportRefused {
+                instance_id: instance_id.0,
+                attempt: attempt.0,
+                reason: why,
+                kill: !matches!(report, Report::Finished { .. }),
+                code: tonic::Code::PermissionDenied as i32,
+            })),
+        };
+        let _ = sender.try_send(Ok(message));
     }
 }
 

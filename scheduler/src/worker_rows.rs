@@ -137,6 +137,8 @@ mod tests {
             node_id: "node-a".into(),
             draining: false,
             connected,
+            apps: None,
+            incarnation: String::new(),
         }
     }
 

@@ -166,6 +166,9 @@ pub(crate) struct Context {
     pub(crate) tracker: TaskTracker,
     pub(crate) started_at_ms: i64,
     pub(crate) hostname: String,
+    /// Drawn once per run: every Register of this process carries it, so a node tells this
+    /// process reconnecting (its old stream may linger there) from a second worker with its id.
+    pub(crate) incarnation: String,
 }
 
 /// Runs the worker until `shutdown` is cancelled, then stops taking work, lets running attempts
@@ -223,6 +226,7 @@ pub async fn run_with_stats(
         }),
         tracker: TaskTracker::new(),
         started_at_ms: now_ms(),
+        incarnation: incarnation(),
         hostname: options
             .hostname
             .clone()
@@ -350,6 +354,14 @@ pub async fn run_with_stats(
     context.tracker.wait().await;
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// 128 random bits as hex: this process's incarnation.
+fn incarnation() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; 16];
+    rand::rng().fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Waits out the next reconnect delay, or less when shutdown comes while nothing runs.

@@ -163,6 +163,7 @@ impl Session {
             hostname: self.context.hostname.clone(),
             running: self.context.attempts.running(),
             finished: self.context.attempts.unacknowledged(),
+            incarnation: self.context.incarnation.clone(),
         };
         let running = register.running.len();
         if !link.send(wrap(Body::Register(register))).await {

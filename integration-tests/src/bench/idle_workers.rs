@@ -128,6 +128,7 @@ async fn simulate_worker(
             hostname: "ax-bench".into(),
             running: Vec::new(),
             finished: Vec::new(),
+            incarnation: String::new(),
         })),
     };
     sender.send(register).await?;

@@ -55,6 +55,7 @@ async fn admin_token(store_url: &str) -> String {
         app: None,
         lifetime_ms: None,
         created_by: "test".into(),
+        worker: None,
     };
     let now = chrono::Utc::now().timestamp_millis();
     create(store.as_ref(), request, now).await.expect("token").0

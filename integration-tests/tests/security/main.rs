@@ -31,6 +31,7 @@ mod connections;
 mod bad_input;
 mod secret_cut;
 mod worker_token;
+mod workers;
 
 type Client = ControlServiceClient<InterceptedService<Channel, Bearer>>;
 
@@ -262,6 +263,7 @@ async fn make_tokens(store_url: &str) -> Tokens {
             app: app.map(str::to_string),
             lifetime_ms,
             created_by: "test".into(),
+            worker: (role == Role::Worker).then(ax_core::worker_scope::WorkerScope::any),
         };
         create(store.as_ref(), request, now).await.expect("token").0
     };
@@ -383,12 +385,13 @@ async fn every_call_is_refused_where_its_role_says_and_a_refusal_changes_nothing
         }
     }
 
-    // The worker stream: only worker and admin tokens open it.
+    // The worker stream: only worker tokens open it (workers/ has the rest).
     for (who, token, open) in [
         ("a malformed token", &malformed, false),
         ("a revoked token", &tokens.revoked, false),
         ("viewer", &tokens.viewer, false),
         ("operator", &tokens.operator, false),
+        ("admin", &tokens.admin, false),
         ("worker", &tokens.worker, true),
     ] {
         let code = connect_worker(&endpoint, token).await;
@@ -659,6 +662,7 @@ async fn an_address_past_its_failed_authentications_has_its_failures_slowed_not_
             app: None,
             lifetime_ms: None,
             created_by: "test".into(),
+            worker: None,
         },
         now,
     )
@@ -856,9 +860,18 @@ async fn tls_with_worker_certificates_and_a_certificate_replaced_without_a_resta
     );
     assert_eq!(code, 5, "{err}");
 
-    // A worker token from axctl; the token alone on stdout.
-    let (code, worker_token, err) =
-        axctl(&["token", "create", "--name", "workers", "--role", "worker"]);
+    // A worker token from axctl; the token alone on stdout. It may register any id: here the
+    // certificates decide.
+    let (code, worker_token, err) = axctl(&[
+        "token",
+        "create",
+        "--name",
+        "workers",
+        "--role",
+        "worker",
+        "--worker-id",
+        "*",
+    ]);
     assert_eq!(code, 0, "{err}");
     let token_file = d.join("worker.token");
     std::fs::write(&token_file, &worker_token).unwrap();
@@ -1281,6 +1294,8 @@ async fn the_python_sdk_speaks_tls_tokens_and_worker_certificates() {
         "py-workers",
         "--role",
         "worker",
+        "--worker-id",
+        "pyw1",
     ]);
     assert_eq!(code, 0, "{err}");
 

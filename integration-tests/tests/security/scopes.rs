@@ -85,6 +85,7 @@ impl Scene {
                 app: app.map(str::to_string),
                 lifetime_ms: None,
                 created_by: "test".into(),
+                worker: (role == Role::Worker).then(ax_core::worker_scope::WorkerScope::any),
             };
             create(store.as_ref(), request, now).await.expect("token").0
         };

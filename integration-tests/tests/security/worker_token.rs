@@ -71,6 +71,7 @@ async fn setup(backend: Backend) -> Option<Setup> {
             app: None,
             lifetime_ms: None,
             created_by: "test".into(),
+            worker: (role == Role::Worker).then(ax_core::worker_scope::WorkerScope::any),
         };
         create(store.as_ref(), request, now).await.expect("token").0
     };

@@ -5,8 +5,10 @@
 //! applying workflows and managing tokens and secrets is `admin`'s; triggering, cancelling,
 //! retrying, rerunning, pausing and backfilling is `operator`'s; reading is `viewer`'s. Each
 //! role includes the ones below it. `worker` is a role of its own: it may hold a worker stream
-//! and nothing else (an admin token may also, for small setups). A token scoped to an app sees
-//! and acts on that app's workflows only; to it, another app's workflow does not exist.
+//! and nothing else, and only a worker token may (a worker receives tasks' secrets, so no other
+//! role is one by accident); what it may register and run is its [`WorkerScope`]. A token
+//! scoped to an app sees and acts on that app's workflows only; to it, another app's workflow
+//! does not exist.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -14,6 +16,7 @@ use std::net::IpAddr;
 use std::str::FromStr;
 
 use crate::Millis;
+use crate::worker_scope::WorkerScope;
 
 /// A token's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -41,7 +44,7 @@ impl Role {
     pub fn allows(self, need: Need) -> bool {
         match need {
             Need::Nothing => true,
-            Need::WorkerStream => matches!(self, Role::Worker | Role::Admin),
+            Need::WorkerStream => self == Role::Worker,
             Need::Role(wanted) => match self {
                 Role::Worker => false,
                 _ => self.rank() >= wanted.rank(),
@@ -83,7 +86,7 @@ pub enum Need {
     Nothing,
     /// A token of at least this role (`worker` tokens never qualify).
     Role(Role),
-    /// A worker's stream: a `worker` or `admin` token.
+    /// A worker's stream: a `worker` token, nothing else.
     WorkerStream,
 }
 
@@ -94,6 +97,9 @@ pub struct Identity {
     pub role: Role,
     /// `Some(app)`: this token sees and acts on that app's workflows only.
     pub app: Option<String>,
+    /// A worker token's scope: the worker ids, apps and labels it may take (`None` for the
+    /// other roles).
+    pub worker: Option<WorkerScope>,
 }
 
 impl Identity {
@@ -287,13 +293,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_role_includes_the_ones_below_it_and_worker_holds_only_a_stream() {
+    fn each_role_includes_the_ones_below_it_and_only_worker_holds_a_stream() {
         use Role::{Admin, Operator, Viewer, Worker};
         let table = [
             // (role, nothing, viewer, operator, admin, worker stream)
             (Viewer, true, true, false, false, false),
             (Operator, true, true, true, false, false),
-            (Admin, true, true, true, true, true),
+            (Admin, true, true, true, true, false),
             (Worker, true, false, false, false, true),
         ];
         for (role, nothing, viewer, operator, admin, stream) in table {
@@ -379,6 +385,7 @@ mod tests {
             token: "ci".into(),
             role: Role::Operator,
             app: Some("sales".into()),
+            worker: None,
         };
         assert!(scoped.sees_app("sales"));
         assert!(!scoped.sees_app("finance"));

@@ -34,6 +34,7 @@ pub mod spread;
 pub mod state;
 pub mod task_status;
 pub mod why;
+pub mod worker_scope;
 
 /// Milliseconds since the Unix epoch, UTC. The one representation of an instant in ax.
 pub type Millis = i64;

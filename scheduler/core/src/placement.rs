@@ -2,9 +2,12 @@
 //!
 //! The caller passes only live workers (heartbeat within the threshold); placement then filters
 //! those that can take the attempt now and picks one by the configured [`Strategy`]. A worker is
-//! eligible when it is accepting work, has a free slot (`running < capacity`) and carries every
-//! label the task requires with the same value. The choice is a pure function of its inputs and
-//! the placer's round-robin cursor; randomness comes in as an argument.
+//! eligible when it may serve the attempt ([`Candidate::may_serve`]: its token allows the task's
+//! app, and it carries every label the task requires with the same value), is accepting work and
+//! has a free slot (`running < capacity`). The labels a worker carries were checked against its
+//! token when it registered (`worker_scope`), so a worker limited to some labels serves only
+//! what those labels allow. The choice is a pure function of its inputs and the placer's
+//! round-robin cursor; randomness comes in as an argument.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -73,6 +76,8 @@ impl FromStr for Strategy {
 pub struct Candidate<'a> {
     pub id: &'a str,
     pub labels: &'a BTreeMap<String, String>,
+    /// The apps whose tasks its token lets it run; `None`: every app.
+    pub apps: Option<&'a [String]>,
     /// Attempts the worker runs at once at most.
     pub capacity: u32,
     /// Attempts the worker runs now (including those dispatched to it and not yet started).
@@ -81,14 +86,30 @@ pub struct Candidate<'a> {
     pub accepting: bool,
 }
 
+/// What an attempt asks of its worker: its task's required labels and its workflow's app.
+#[derive(Debug, Clone, Copy)]
+pub struct Wanted<'a> {
+    pub labels: &'a BTreeMap<String, String>,
+    pub app: &'a str,
+}
+
 impl Candidate<'_> {
-    /// Whether this worker may take an attempt that requires `required` labels.
-    pub fn is_eligible(&self, required: &BTreeMap<String, String>) -> bool {
-        self.accepting
-            && self.running < self.capacity
-            && required
+    /// Whether this worker may serve the attempt at all, busy or not: its token allows the
+    /// app, and it carries every required label with the same value. A worker that may not is
+    /// never sent the attempt (nor its secrets), whatever the route.
+    pub fn may_serve(&self, wanted: &Wanted<'_>) -> bool {
+        self.apps
+            .is_none_or(|apps| apps.iter().any(|app| app == wanted.app))
+            && wanted
+                .labels
                 .iter()
                 .all(|(key, value)| self.labels.get(key) == Some(value))
+    }
+
+    /// Whether this worker may take the attempt now: it may serve it, accepts work and has a
+    /// free slot.
+    pub fn is_eligible(&self, wanted: &Wanted<'_>) -> bool {
+        self.accepting && self.running < self.capacity && self.may_serve(wanted)
     }
 }
 
@@ -113,19 +134,19 @@ impl Placer {
         self.strategy
     }
 
-    /// Index of the chosen candidate, or None if none is accepting, has a free slot
-    /// (running < capacity) and carries every required label with the same value.
-    /// `random` is any random number; only the `Random` strategy uses it.
+    /// Index of the chosen candidate, or None if none may serve the attempt, is accepting and
+    /// has a free slot (running < capacity). `random` is any random number; only the `Random`
+    /// strategy uses it.
     pub fn choose(
         &mut self,
         candidates: &[Candidate<'_>],
-        required: &BTreeMap<String, String>,
+        wanted: &Wanted<'_>,
         random: u64,
     ) -> Option<usize> {
         let eligible: Vec<usize> = candidates
             .iter()
             .enumerate()
-            .filter(|(_, candidate)| candidate.is_eligible(required))
+            .filter(|(_, candidate)| candidate.is_eligible(wanted))
             .map(|(index, _)| index)
             .collect();
         if eligible.is_empty() {
@@ -223,13 +244,13 @@ impl Placer {
         &mut self,
         route: Route<'_>,
         candidates: &[Candidate<'_>],
-        required: &BTreeMap<String, String>,
+        wanted: &Wanted<'_>,
         random: u64,
     ) -> Option<usize> {
-        let eligible = |index: &usize| candidates[*index].is_eligible(required);
+        let eligible = |index: &usize| candidates[*index].is_eligible(wanted);
         match route {
             Route::Strategy(strategy) if strategy == self.strategy => {
-                self.choose(candidates, required, random)
+                self.choose(candidates, wanted, random)
             }
             Route::Strategy(strategy) => {
                 // Round robin keeps one cursor per placer whatever the configured strategy.
@@ -237,7 +258,7 @@ impl Placer {
                     strategy,
                     last_chosen: self.last_chosen.take(),
                 };
-                let chosen = other.choose(candidates, required, random);
+                let chosen = other.choose(candidates, wanted, random);
                 self.last_chosen = other.last_chosen;
                 chosen
             }
@@ -254,15 +275,12 @@ impl Placer {
     }
 }
 
-/// Whether any of the live `candidates` carries every required label, busy or not: when none
-/// does, the instance waits for a worker that does not exist (a NoWorker decision), not for a
-/// free slot.
-pub fn any_carries(candidates: &[Candidate<'_>], required: &BTreeMap<String, String>) -> bool {
-    candidates.iter().any(|candidate| {
-        required
-            .iter()
-            .all(|(key, value)| candidate.labels.get(key) == Some(value))
-    })
+/// Whether any of the live `candidates` may serve the attempt, busy or not: when none may, the
+/// instance waits for a worker that does not exist (a NoWorker decision), not for a free slot.
+pub fn any_may_serve(candidates: &[Candidate<'_>], wanted: &Wanted<'_>) -> bool {
+    candidates
+        .iter()
+        .any(|candidate| candidate.may_serve(wanted))
 }
 
 /// Indices of `candidates` in `key`'s rendezvous order: highest hash of (key, worker id) first,
@@ -313,6 +331,7 @@ mod tests {
     struct Worker {
         id: String,
         labels: BTreeMap<String, String>,
+        apps: Option<Vec<String>>,
         capacity: u32,
         running: u32,
         accepting: bool,
@@ -322,6 +341,7 @@ mod tests {
         Worker {
             id: id.to_string(),
             labels: BTreeMap::new(),
+            apps: None,
             capacity,
             running,
             accepting: true,
@@ -335,12 +355,21 @@ mod tests {
             .collect()
     }
 
+    /// A task of app "sales" requiring `labels`.
+    fn wanted(labels: &BTreeMap<String, String>) -> Wanted<'_> {
+        Wanted {
+            labels,
+            app: "sales",
+        }
+    }
+
     fn candidates(workers: &[Worker]) -> Vec<Candidate<'_>> {
         workers
             .iter()
             .map(|w| Candidate {
                 id: &w.id,
                 labels: &w.labels,
+                apps: w.apps.as_deref(),
                 capacity: w.capacity,
                 running: w.running,
                 accepting: w.accepting,
@@ -353,7 +382,7 @@ mod tests {
         workers: &[Worker],
         required: &BTreeMap<String, String>,
     ) -> Option<usize> {
-        placer.choose(&candidates(workers), required, 0)
+        placer.choose(&candidates(workers), &wanted(required), 0)
     }
 
     /// A small deterministic generator (SplitMix64) for the property-style tests.
@@ -433,14 +462,14 @@ mod tests {
             worker("c", 20, 0),
         ];
         let list = candidates(&workers);
-        assert_eq!(placer.choose(&list, &none, 0), Some(0));
-        assert_eq!(placer.choose(&list, &none, u64::MAX), Some(3));
-        assert_eq!(placer.choose(&list, &none, u64::MAX / 2), Some(2));
+        assert_eq!(placer.choose(&list, &wanted(&none), 0), Some(0));
+        assert_eq!(placer.choose(&list, &wanted(&none), u64::MAX), Some(3));
+        assert_eq!(placer.choose(&list, &wanted(&none), u64::MAX / 2), Some(2));
         let mut counts = [0u32; 4];
         let mut state = 7;
         for _ in 0..3_000 {
             counts[placer
-                .choose(&list, &none, next_random(&mut state))
+                .choose(&list, &wanted(&none), next_random(&mut state))
                 .unwrap()] += 1;
         }
         assert_eq!(counts[1], 0);
@@ -457,9 +486,11 @@ mod tests {
             let mut workers = [worker("a", 3, 0), worker("b", 1, 0), worker("c", 2, 1)];
             let mut state = 1;
             let mut placed = 0;
-            while let Some(index) =
-                placer.choose(&candidates(&workers), &none, next_random(&mut state))
-            {
+            while let Some(index) = placer.choose(
+                &candidates(&workers),
+                &wanted(&none),
+                next_random(&mut state),
+            ) {
                 workers[index].running += 1;
                 placed += 1;
                 assert!(placed <= 100, "{strategy}: placement never stops");
@@ -509,10 +540,10 @@ mod tests {
         let workers = [draining, worker("full", 2, 2), worker("zero", 0, 0)];
         for strategy in Strategy::ALL {
             assert_eq!(
-                Placer::new(strategy).choose(&candidates(&workers), &none, 42),
+                Placer::new(strategy).choose(&candidates(&workers), &wanted(&none), 42),
                 None
             );
-            assert_eq!(Placer::new(strategy).choose(&[], &none, 42), None);
+            assert_eq!(Placer::new(strategy).choose(&[], &wanted(&none), 42), None);
         }
     }
 
@@ -543,10 +574,10 @@ mod tests {
                 _ => labels(&[("pool", "y")]),
             };
             let list = candidates(&workers);
-            let any_eligible = list.iter().any(|c| c.is_eligible(&required));
+            let any_eligible = list.iter().any(|c| c.is_eligible(&wanted(&required)));
             // Several choices in a row exercise the round-robin cursor too.
             for _ in 0..3 {
-                let chosen = placer.choose(&list, &required, next_random(&mut state));
+                let chosen = placer.choose(&list, &wanted(&required), next_random(&mut state));
                 assert_eq!(chosen.is_some(), any_eligible, "{strategy}");
                 if let Some(index) = chosen {
                     let c = &list[index];
@@ -558,7 +589,7 @@ mod tests {
                     if strategy == Strategy::LeastRunning {
                         let min = list
                             .iter()
-                            .filter(|c| c.is_eligible(&required))
+                            .filter(|c| c.is_eligible(&wanted(&required)))
                             .map(|c| c.running)
                             .min();
                         assert_eq!(Some(c.running), min);
@@ -570,7 +601,7 @@ mod tests {
 
     fn route(placer: &mut Placer, route: Route<'_>, workers: &[Worker]) -> Option<String> {
         placer
-            .choose_routed(route, &candidates(workers), &BTreeMap::new(), 0)
+            .choose_routed(route, &candidates(workers), &wanted(&BTreeMap::new()), 0)
             .map(|index| workers[index].id.clone())
     }
 
@@ -689,16 +720,76 @@ mod tests {
     }
 
     #[test]
-    fn any_carries_ignores_load_but_not_labels() {
+    fn any_may_serve_ignores_load_but_not_labels_or_apps() {
         let mut busy = worker("busy", 1, 1);
         busy.labels = labels(&[("gpu", "a100")]);
         busy.accepting = false;
         let workers = [busy, worker("plain", 4, 0)];
         let list = candidates(&workers);
-        assert!(any_carries(&list, &labels(&[("gpu", "a100")])));
-        assert!(!any_carries(&list, &labels(&[("gpu", "t4")])));
-        assert!(any_carries(&list, &BTreeMap::new()));
-        assert!(!any_carries(&[], &BTreeMap::new()));
+        assert!(any_may_serve(&list, &wanted(&labels(&[("gpu", "a100")]))));
+        assert!(!any_may_serve(&list, &wanted(&labels(&[("gpu", "t4")]))));
+        assert!(any_may_serve(&list, &wanted(&BTreeMap::new())));
+        assert!(!any_may_serve(&[], &wanted(&BTreeMap::new())));
+        // Workers whose tokens allow other apps only: nobody may serve a sales task.
+        let mut finance = worker("finance", 4, 0);
+        finance.apps = Some(vec!["finance".into()]);
+        let only_finance = [finance];
+        assert!(!any_may_serve(
+            &candidates(&only_finance),
+            &wanted(&BTreeMap::new())
+        ));
+    }
+
+    #[test]
+    fn a_worker_is_never_chosen_for_an_app_its_token_does_not_allow_whatever_the_route() {
+        // "finance" is idle and first by every measure; "sales" is busier and last by id.
+        let mut finance = worker("a-finance", 8, 0);
+        finance.apps = Some(vec!["finance".into()]);
+        let mut sales = worker("z-sales", 8, 5);
+        sales.apps = Some(vec!["sales".into(), "hr".into()]);
+        let anything = worker("m-any", 8, 6);
+        let workers = [finance, sales, anything];
+        let list = candidates(&workers);
+        let none = BTreeMap::new();
+        let sales_task = wanted(&none);
+        let finance_task = Wanted {
+            labels: &none,
+            app: "finance",
+        };
+        assert!(!list[0].may_serve(&sales_task) && list[0].may_serve(&finance_task));
+        assert!(list[1].may_serve(&sales_task) && !list[1].may_serve(&finance_task));
+        assert!(list[2].may_serve(&sales_task) && list[2].may_serve(&finance_task));
+        let routes = [
+            Route::Strategy(Strategy::LeastRunning),
+            Route::Strategy(Strategy::RoundRobin),
+            Route::Strategy(Strategy::Random),
+            Route::ConsistentHash("wf/t"),
+            Route::Failover,
+            Route::Pinned("a-finance"),
+        ];
+        let mut state = 9;
+        for route in routes {
+            let mut placer = Placer::new(Strategy::LeastRunning);
+            for _ in 0..50 {
+                let chosen =
+                    placer.choose_routed(route, &list, &sales_task, next_random(&mut state));
+                assert_ne!(
+                    chosen,
+                    Some(0),
+                    "{route:?} sent a sales task to a finance worker"
+                );
+            }
+        }
+        // Pinned to the finance worker, a sales shard goes nowhere.
+        let mut placer = Placer::new(Strategy::LeastRunning);
+        assert_eq!(
+            placer.choose_routed(Route::Pinned("a-finance"), &list, &sales_task, 0),
+            None
+        );
+        assert_eq!(
+            placer.choose_routed(Route::Failover, &list, &finance_task, 0),
+            Some(0)
+        );
     }
 
     #[test]

@@ -281,6 +281,7 @@ impl Gate {
             token: record.name,
             role: record.role,
             app: record.app,
+            worker: record.worker,
         }))
     }
 
@@ -450,7 +451,9 @@ fn needs_text(need: Need) -> String {
     match need {
         Need::Nothing => "it is open".into(),
         Need::Role(role) => format!("it needs a token of role {role} or above"),
-        Need::WorkerStream => "it needs a worker or admin token".into(),
+        Need::WorkerStream => {
+            "it needs a worker token (axctl token create --role worker --worker-id PATTERN)".into()
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 
 use ax_core::Millis;
 use ax_core::access::{Role, TOKEN_PREFIX, check_token_name};
+use ax_core::worker_scope::WorkerScope;
 use ax_store::{NewToken, Store, StoreError};
 use base64::Engine;
 use rand::RngCore;
@@ -33,6 +34,9 @@ pub struct TokenRequest {
     /// How long it lasts; `None`: until revoked.
     pub lifetime_ms: Option<i64>,
     pub created_by: String,
+    /// A worker token's scope: required for role `worker` (what ids it may register, which
+    /// apps' tasks it is sent, which labels it may claim), refused for the other roles.
+    pub worker: Option<WorkerScope>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,10 +57,27 @@ pub async fn create(
     now: Millis,
 ) -> Result<(String, NewToken), CreateError> {
     check_token_name(&request.name).map_err(CreateError::Invalid)?;
-    if request.role == Role::Worker && request.app.is_some() {
-        return Err(CreateError::Invalid(
-            "a worker token cannot be scoped to an app: a worker runs what it is sent".into(),
-        ));
+    match (request.role, &request.worker) {
+        (Role::Worker, None) => {
+            return Err(CreateError::Invalid(
+                "a worker token names the worker ids it may register: give --worker-id PATTERN \
+                 (an id, a prefix such as etl-*, or '*' for any id)"
+                    .into(),
+            ));
+        }
+        (Role::Worker, Some(_)) if request.app.is_some() => {
+            return Err(CreateError::Invalid(
+                "a worker token's apps are part of its worker scope (--app with --role worker)"
+                    .into(),
+            ));
+        }
+        (Role::Worker, Some(_)) => {}
+        (role, Some(_)) => {
+            return Err(CreateError::Invalid(format!(
+                "worker ids, apps and labels belong to worker tokens, not to a {role} token"
+            )));
+        }
+        (_, None) => {}
     }
     if let Some(app) = &request.app
         && app.trim().is_empty()
@@ -72,6 +93,7 @@ pub async fn create(
         created_at: now,
         created_by: request.created_by,
         expires_at: request.lifetime_ms.map(|ms| now.saturating_add(ms)),
+        worker: request.worker,
     };
     if !store.create_token(&new).await? {
         return Err(CreateError::Taken(request.name));

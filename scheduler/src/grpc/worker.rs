@@ -1,17 +1,29 @@
 //! `WorkerService.Connect`: one bidirectional stream per worker.
 //!
-//! The worker's first frame must be `Register`, within a deadline; the node answers
-//! `Registered`, listing the attempts the worker claims to run that are not current (the worker
-//! kills them). Reports then flow to the reporter (transitions) and the log writer (lines).
+//! The worker's first frame must be `Register`, within a deadline. The Register must fit the
+//! stream's credential (the token's worker scope: its id patterns and labels; with mutual TLS
+//! the certificate naming the id exactly), and the id must have no other live stream, here or,
+//! by the store, on another node (`ax_core::worker_scope::takeover`); else it is refused and
+//! audited (`worker_refusals`). The node answers `Registered`, listing the attempts the worker
+//! claims to run that are not current or not its own (the worker kills them). Reports then flow
+//! to the reporter (transitions) and the log writer (lines); both store only what concerns
+//! attempts dispatched to the stream's worker id: a log batch about an attempt this stream is
+//! known to hold goes in as it is, any other is checked in the writer's transaction, and the
+//! store refuses a report from another worker than the attempt's.
 
 use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
+use ax_core::access::Identity;
 use ax_core::decision::DecisionKind;
 use ax_core::ids::{Attempt, InstanceId};
 use ax_core::state::{InstanceState, Outcome};
+use ax_core::worker_scope::{
+    HeldStream, RegisterRefusal, SILENT_AFTER_HEARTBEATS, Takeover, takeover,
+};
 use ax_proto::v1::worker_service_server::WorkerService;
 use ax_proto::v1::{
     AttemptOutcome, LogBatch, LogStream as ProtoStream, ProtocolVersion, Register, Registered,
@@ -25,8 +37,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::clock::now_ms;
 use crate::node::Node;
-use crate::registry::WorkerProfile;
+use crate::registry::{StreamInfo, WorkerProfile};
 use crate::reporter::Envelope;
+use crate::worker_refusals::{REGISTER_REFUSED, Refusal};
 use crate::worker_rows::PendingAck;
 
 /// How long a new stream may take to send its Register frame.
@@ -59,6 +72,7 @@ impl WorkerService for WorkerApi {
             .map(|addr| addr.to_string())
             .unwrap_or_default();
         let peer_certs = request.peer_certs();
+        let identity = request.extensions().get::<Identity>().cloned();
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(REGISTER_DEADLINE, inbound.message())
             .await
@@ -74,8 +88,48 @@ impl WorkerService for WorkerApi {
                 ));
             }
         };
-        let profile = validate_register(&register)?;
+        let mut profile = validate_register(&register)?;
         let node = self.node.clone();
+        let stream = StreamInfo {
+            remote: remote.clone(),
+            token: identity
+                .as_ref()
+                .map(|identity| identity.token.clone())
+                .unwrap_or_default(),
+        };
+        let worker_id = profile.id.clone();
+        let refuse = |kind: &'static str, detail: String| {
+            node.refusals.record(
+                &node.metrics,
+                Refusal {
+                    worker: worker_id.clone(),
+                    action: REGISTER_REFUSED,
+                    kind,
+                    detail,
+                    remote: stream.remote.clone(),
+                    token: stream.token.clone(),
+                },
+            );
+        };
+        // The credential bounds who the worker may be: the token's id patterns and labels (the
+        // gate let only worker tokens through), then the certificate's names.
+        if let Some(identity) = &identity {
+            let Some(scope) = &identity.worker else {
+                let why = format!("token {:?} is not a worker token", identity.token);
+                refuse("id", why.clone());
+                return Err(Status::permission_denied(why));
+            };
+            if let Err(refusal) = scope.check_register(&profile.id, &profile.labels) {
+                let kind = match refusal {
+                    RegisterRefusal::Id { .. } => "id",
+                    RegisterRefusal::Label { .. } => "labels",
+                };
+                let why = format!("token {:?}: {refusal}", identity.token);
+                refuse(kind, why.clone());
+                return Err(Status::permission_denied(why));
+            }
+            profile.apps = scope.app_limit().map(Into::into);
+        }
         if node
             .options
             .tls
@@ -86,11 +140,17 @@ impl WorkerService for WorkerApi {
                 &profile.id,
             )
         {
-            tracing::warn!(worker = %profile.id, %remote, "worker refused: {why}");
+            refuse("certificate", why.clone());
             return Err(Status::unauthenticated(why));
         }
         if node.standing.is_cut_off() {
             return Err(cut_off_status(&node));
+        }
+        let silent_after_ms =
+            node.options.heartbeat_interval.as_millis() as i64 * SILENT_AFTER_HEARTBEATS;
+        if let Err(why) = live_elsewhere(&node, &profile, silent_after_ms).await? {
+            refuse("second_stream", why.clone());
+            return Err(Status::already_exists(why));
         }
 
         // Re-attach: attempts the worker runs that are still current are adopted; the rest are
@@ -111,9 +171,12 @@ impl WorkerService for WorkerApi {
                 .get_instance(instance)
                 .await
                 .map_err(|err| Status::unavailable(format!("store: {err}")))?;
+            // Only the worker's own attempts are adopted: one dispatched to another id is not
+            // this stream's to re-attach (and its process, if any, is killed).
             match current {
                 Some(record)
                     if record.attempt == attempt
+                        && record.worker_id.as_deref() == Some(profile.id.as_str())
                         && matches!(
                             record.state,
                             InstanceState::Dispatched | InstanceState::Running
@@ -153,9 +216,32 @@ impl WorkerService for WorkerApi {
         // is ended below: another node's after a grace) or is refused by the registry (planned
         // on the old stream), and one claimed after it goes out on this stream.
         let registered_at = now_ms();
-        let connection =
-            node.registry
-                .connect(profile.clone(), sender, adopted.clone(), registered_at);
+        let connected = match node.registry.connect(
+            profile.clone(),
+            stream.clone(),
+            sender,
+            adopted.clone(),
+            registered_at,
+            silent_after_ms,
+        ) {
+            Ok(connected) => connected,
+            Err(held) => {
+                let why = format!(
+                    "worker {:?} already has a live stream on this node, from {}, last heard {} \
+                     ago; {}",
+                    profile.id,
+                    held.remote,
+                    ax_core::humane_duration(held.heard_ms_ago),
+                    one_stream_hint(silent_after_ms)
+                );
+                refuse("second_stream", why.clone());
+                return Err(Status::already_exists(why));
+            }
+        };
+        if let Some(verdict) = connected.took_over {
+            tracing::info!(worker = %profile.id, %remote, ?verdict, "the worker's previous stream is gone; this one takes over");
+        }
+        let connection = connected.connection;
         let missing = match missing_attempts(&node, &profile.id, &register, registered_at).await {
             Ok(missing) => missing,
             Err(status) => {
@@ -169,8 +255,13 @@ impl WorkerService for WorkerApi {
         node.dispatch_wake.notify_one();
 
         tokio::spawn(async move {
+            let attached = Attached {
+                worker: &profile.id,
+                connection,
+                last_heard: connected.last_heard,
+            };
             let reason = tokio::select! {
-                reason = serve(&node, &profile.id, connection, &mut inbound) => reason,
+                reason = serve(&node, &attached, &mut inbound) => reason,
                 () = node.standing.cut_off() => {
                     // Ended with a status, so the worker says why it moves on.
                     if let Some(sender) = node.registry.sender(&profile.id) {
@@ -198,6 +289,52 @@ impl WorkerService for WorkerApi {
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
+}
+
+/// What the refusal of a second stream tells the worker to do about it.
+fn one_stream_hint(silent_after_ms: i64) -> String {
+    format!(
+        "a worker id has one live stream: stop the other worker or give this one another id (a \
+         stream silent for {} is taken over)",
+        ax_core::humane_duration(silent_after_ms)
+    )
+}
+
+/// `Err(why)` when the store shows the worker's id live on another node, as a stream that is
+/// not gone (`takeover`: its row is its last heartbeat there, its process's incarnation).
+async fn live_elsewhere(
+    node: &Node,
+    profile: &WorkerProfile,
+    silent_after_ms: i64,
+) -> Result<Result<(), String>, Status> {
+    let row = node
+        .store
+        .worker(&profile.id)
+        .await
+        .map_err(|err| Status::unavailable(format!("store: {err}")))?;
+    let Some(row) = row.filter(|row| row.connected && row.node_id != node.options.node_id) else {
+        return Ok(Ok(()));
+    };
+    let verdict = takeover(
+        &HeldStream {
+            incarnation: &row.incarnation,
+            last_heard: row.last_heartbeat,
+            closed: false,
+        },
+        &profile.incarnation,
+        now_ms(),
+        silent_after_ms,
+    );
+    Ok(match verdict {
+        Takeover::Refused { heard_ms_ago } => Err(format!(
+            "worker {:?} already has a live stream on node {}, last heard {} ago; {}",
+            profile.id,
+            row.node_id,
+            ax_core::humane_duration(heard_ms_ago),
+            one_stream_hint(silent_after_ms)
+        )),
+        _ => Ok(()),
+    })
 }
 
 /// Why a node cut off from its store serves no worker: the worker goes to another node.
@@ -406,6 +543,8 @@ fn validate_register(register: &Register) -> Result<WorkerProfile, Status> {
             register.capacity
         },
         started_at: register.started_at_ms,
+        apps: None,
+        incarnation: register.incarnation.chars().take(64).collect(),
     })
 }
 
@@ -429,6 +568,8 @@ fn worker_row(
         node_id: node.options.node_id.clone(),
         draining: false,
         connected,
+        apps: profile.apps.as_deref().map(<[String]>::to_vec),
+        incarnation: profile.incarnation.clone(),
     }
 }
 
@@ -440,19 +581,34 @@ async fn save_worker(node: &Node, profile: &WorkerProfile, running: u32, at: i64
     }
 }
 
+/// A registered stream, as its loop knows it.
+struct Attached<'a> {
+    worker: &'a str,
+    connection: u64,
+    /// When a frame was last received (the registry reads it to judge a second stream).
+    last_heard: Arc<AtomicI64>,
+}
+
+/// Attempts this stream's log batches went in for without a check, remembered so that the
+/// registry is asked once per attempt, not once per batch; cleared past this many.
+const KNOWN_ATTEMPTS: usize = 4096;
+
 /// Handles the worker's frames until the stream ends; returns why it ended.
 async fn serve(
     node: &Node,
-    worker: &str,
-    connection: u64,
+    attached: &Attached<'_>,
     inbound: &mut Streaming<WorkerMessage>,
 ) -> String {
+    let worker = attached.worker;
+    let connection = attached.connection;
+    let mut known: HashSet<(InstanceId, Attempt)> = HashSet::new();
     loop {
         let message = match inbound.message().await {
             Ok(Some(message)) => message,
             Ok(None) => return "stream closed".into(),
             Err(status) => return format!("stream error: {}", status.message()),
         };
+        attached.last_heard.store(now_ms(), Ordering::Relaxed);
         let Some(body) = message.body else { continue };
         let report = match body {
             worker_message::Body::Register(_) => {
@@ -487,7 +643,19 @@ async fn serve(
                         continue;
                     }
                 };
-                if !node.logs.append(worker.to_string(), chunk).await {
+                // An attempt dispatched to (or re-attached by) this stream and in flight: its
+                // lines go in as they are. Any other is checked against the store in the log
+                // writer's transaction (a worker that moved nodes resends what another node
+                // dispatched; a stranger's are refused there).
+                let key = (chunk.instance_id, chunk.attempt);
+                let own = known.contains(&key)
+                    || node.registry.in_flight_on(worker, connection, key.0, key.1);
+                if own && known.len() < KNOWN_ATTEMPTS {
+                    known.insert(key);
+                } else if own {
+                    known.clear();
+                }
+                if !node.logs.append(worker.to_string(), chunk, own).await {
                     return "log writer stopped".into();
                 }
                 continue;
@@ -560,6 +728,9 @@ async fn serve(
             // The worker freed the slot before it said so: dispatch into it now, while the
             // report waits for its batch, not after (the reporter frees it again, harmlessly).
             node.registry.end_attempt(worker, *instance_id, *attempt);
+            // A refused dispatch may go to another worker as the same attempt: this stream's
+            // lines about it are checked from now on.
+            known.remove(&(*instance_id, *attempt));
         }
         if node
             .reports

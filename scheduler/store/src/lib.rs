@@ -395,6 +395,9 @@ pub enum ReportResult {
         state: InstanceState,
     },
     NotFound,
+    /// A worker's report about an attempt that was not dispatched to it: another worker's, or
+    /// one that does not exist (yet). Nothing is written.
+    NotYours,
 }
 
 /// An attempt the store believes is on a worker (DISPATCHED or RUNNING), with what the
@@ -736,6 +739,11 @@ pub struct WorkerRecord {
     pub node_id: String,
     pub draining: bool,
     pub connected: bool,
+    /// The apps whose tasks its token lets it run; `None`: every app.
+    pub apps: Option<Vec<String>>,
+    /// The incarnation its worker process registered with (empty: none), so another node can
+    /// tell the same process moving from a second one.
+    pub incarnation: String,
 }
 
 /// A cron schedule whose next fire time has come.
@@ -779,6 +787,9 @@ pub struct TokenRecord {
     pub created_by: String,
     pub expires_at: Option<Millis>,
     pub revoked_at: Option<Millis>,
+    /// A worker token's scope (worker ids, apps, labels); `None` for the other roles. A worker
+    /// token stored before scopes existed reads as `WorkerScope::any()`.
+    pub worker: Option<ax_core::worker_scope::WorkerScope>,
 }
 
 impl TokenRecord {
@@ -799,6 +810,8 @@ pub struct NewToken {
     pub created_at: Millis,
     pub created_by: String,
     pub expires_at: Option<Millis>,
+    /// A worker token's scope; `None` for the other roles.
+    pub worker: Option<ax_core::worker_scope::WorkerScope>,
 }
 
 /// A secret as stored: its value sealed with the nodes' key (base64), never in the clear.
@@ -1081,7 +1094,10 @@ pub trait Store: Send + Sync + 'static {
         reason: &str,
         now: Millis,
     ) -> Result<bool>;
-    /// Applies worker reports in one transaction, in order; one result per report.
+    /// Applies worker reports in one transaction, in order; one result per report. A report
+    /// that names its worker (`worker_id: Some`) is applied only from the worker its attempt was
+    /// dispatched to; from any other it is [`ReportResult::NotYours`], as is one that would be
+    /// stale or not found and whose attempt was never dispatched to that worker.
     async fn apply_reports(&self, reports: &[Report], now: Millis) -> Result<Vec<ReportResult>> {
         Ok(self
             .apply_reports_placed(reports, now, &mut NoPlacement)
@@ -1100,6 +1116,18 @@ pub trait Store: Send + Sync + 'static {
     // --- logs ---
 
     async fn append_logs(&self, chunks: &[LogChunk]) -> Result<()>;
+    /// Appends workers' chunks as [`Store::append_logs`] does, except those whose sender is
+    /// not the worker the attempt was dispatched to. `senders[i]` is `None` for a chunk the
+    /// node already knows is its sender's (an attempt it dispatched or re-attached on that
+    /// stream), or `Some(worker)` to check, in the same transaction, that the attempt exists and
+    /// was dispatched to `worker`. Answers, per chunk, whether it was kept: a refused chunk
+    /// (another worker's attempt, one that does not exist yet) is not stored, so no line can be
+    /// written ahead for an attempt to come.
+    async fn append_worker_logs(
+        &self,
+        chunks: &[LogChunk],
+        senders: &[Option<&str>],
+    ) -> Result<Vec<bool>>;
     /// Lines with seq > `after_seq`, in order, at most `limit`.
     async fn read_logs(
         &self,
@@ -1118,6 +1146,8 @@ pub trait Store: Send + Sync + 'static {
     /// twice keeps its last record.
     async fn upsert_workers(&self, workers: &[WorkerRecord]) -> Result<()>;
     async fn list_workers(&self) -> Result<Vec<WorkerRecord>>;
+    /// The row of the worker `id`, if any.
+    async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>>;
     /// Instances WAITING, DISPATCHED and RUNNING and runs QUEUED and RUNNING, store-wide: one
     /// indexed count per table, whatever the history's size.
     async fn active_counts(&self) -> Result<ActiveCounts>;

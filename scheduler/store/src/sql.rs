@@ -120,6 +120,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "secret_app",
         include_str!("../migrations/mysql/0014_secret_app.sql"),
     ),
+    (
+        15,
+        "worker_token_scope",
+        include_str!("../migrations/mysql/0015_worker_token_scope.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -191,6 +196,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         14,
         "secret_app",
         include_str!("../migrations/sqlite/0014_secret_app.sql"),
+    ),
+    (
+        15,
+        "worker_token_scope",
+        include_str!("../migrations/sqlite/0015_worker_token_scope.sql"),
     ),
 ];
 

@@ -54,7 +54,8 @@ conformance!(
     a_manual_retry_reopens_the_run_and_keeps_the_history,
     rerun_failed_retries_the_failed_part_and_its_downstream_follows,
     active_attempts_list_what_is_on_workers_with_their_timeouts,
-    a_report_from_another_worker_is_stale,
+    a_report_from_another_worker_is_not_its_own,
+    reports_and_lines_about_attempts_never_dispatched_to_their_worker_are_refused,
     thirty_megabytes_of_log_lines_go_in_one_append,
     a_fan_in_reached_in_one_batch_creates_the_sink_once_and_the_run_goes_on,
     one_batch_advancing_many_runs_creates_each_runs_ready_tasks_once,
@@ -787,7 +788,9 @@ mod scenarios {
             )
             .await
             .unwrap();
-        assert_eq!(results, [ReportResult::NotFound, ReportResult::NotFound]);
+        // A worker's report about it is about an attempt never dispatched to that worker; the
+        // node's own verdict (no worker named) finds nothing.
+        assert_eq!(results, [ReportResult::NotYours, ReportResult::NotFound]);
         assert_eq!(
             s.mark_dispatched(&[claim(ghost, 1, "w")]).await.unwrap(),
             [false]
@@ -1420,11 +1423,15 @@ mod scenarios {
             node_id: "sched-a".into(),
             draining: false,
             connected: true,
+            apps: Some(vec!["finance".into(), "sales".into()]),
+            incarnation: "f00d".into(),
         };
         s.upsert_workers(std::slice::from_ref(&w)).await.unwrap();
         let other = WorkerRecord {
             id: "a-first".into(),
             labels: BTreeMap::new(),
+            apps: None,
+            incarnation: String::new(),
             ..w.clone()
         };
         s.upsert_workers(std::slice::from_ref(&other))
@@ -1471,6 +1478,20 @@ mod scenarios {
         };
         s.upsert_workers(std::slice::from_ref(&late)).await.unwrap();
         assert_eq!(s.list_workers().await.unwrap()[1], w_again);
+        // One row by id: its apps and incarnation as saved (none: every app).
+        assert_eq!(s.worker("host-1:77").await.unwrap(), Some(w_again.clone()));
+        assert_eq!(s.worker("a-first").await.unwrap().unwrap().apps, None);
+        assert_eq!(s.worker("nobody").await.unwrap(), None);
+        let moved = WorkerRecord {
+            incarnation: "beef".into(),
+            apps: Some(vec!["hr".into()]),
+            last_heartbeat: T0 + 16_000,
+            ..w_again.clone()
+        };
+        s.upsert_workers(std::slice::from_ref(&moved))
+            .await
+            .unwrap();
+        assert_eq!(s.worker("host-1:77").await.unwrap(), Some(moved));
 
         let audit = |at, action: &str| AuditRecord {
             at,
@@ -2021,7 +2042,7 @@ mod scenarios {
         );
     }
 
-    pub(super) async fn a_report_from_another_worker_is_stale(ctx: Ctx) {
+    pub(super) async fn a_report_from_another_worker_is_not_its_own(ctx: Ctx) {
         let s = ctx.s();
         let wf = apply(s, &spec("wf", vec![task("only", &[])])).await;
         let run = start_run(s, &wf).await;
@@ -2034,23 +2055,23 @@ mod scenarios {
             pid: 1,
             at: T0 + 20,
         };
-        let stale = ReportResult::Stale {
-            current_attempt: Attempt(1),
-            state: InstanceState::Dispatched,
-        };
-        assert_eq!(s.apply_reports(&[impostor], T0).await.unwrap(), [stale]);
+        assert_eq!(
+            s.apply_reports(&[impostor], T0).await.unwrap(),
+            [ReportResult::NotYours]
+        );
         let inst = launch_dispatched(s, inst.id).await;
         let mut report = finished(inst.id, 1, Outcome::Success, 0);
         if let Report::Finished { worker_id, .. } = &mut report {
             *worker_id = Some("w2".into());
         }
-        let stale = ReportResult::Stale {
-            current_attempt: Attempt(1),
-            state: InstanceState::Running,
-        };
         assert_eq!(
             s.apply_reports(&[report.clone()], T0).await.unwrap(),
-            [stale]
+            [ReportResult::NotYours]
+        );
+        assert_eq!(
+            s.get_instance(inst.id).await.unwrap().unwrap().state,
+            InstanceState::Running,
+            "the impostor's end changed nothing"
         );
         if let Report::Finished { worker_id, .. } = &mut report {
             *worker_id = Some("w1".into());
@@ -2059,6 +2080,137 @@ mod scenarios {
         assert_eq!(
             applied(&results[0]).run_finished,
             Some((run.id, RunState::Success))
+        );
+    }
+
+    /// A worker speaks only of attempts dispatched to it: reports about another worker's ended
+    /// attempt, about an attempt to come and about an instance that does not exist are
+    /// NotYours (not merely stale), and their lines are not stored; its own stale report stays
+    /// Stale, and its own lines go in, whether or not the node knew them.
+    pub(super) async fn reports_and_lines_about_attempts_never_dispatched_to_their_worker_are_refused(
+        ctx: Ctx,
+    ) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("wf", vec![task("only", &[])])).await;
+        let run = start_run(s, &wf).await;
+        let inst = instance_of(s, run.id, "only").await.unwrap();
+        s.mark_dispatched(&[claim(inst.id, 1, "w1")]).await.unwrap();
+        let inst = launch_dispatched(s, inst.id).await;
+        let results = s
+            .apply_reports(&[finished(inst.id, 1, Outcome::Success, 0)], T0)
+            .await
+            .unwrap();
+        applied(&results[0]);
+        let as_worker = |report: Report, worker: &str| match report {
+            Report::Finished {
+                instance_id,
+                attempt,
+                end,
+                exit_code,
+                signal,
+                at,
+                log_lines,
+                message,
+                ..
+            } => Report::Finished {
+                instance_id,
+                attempt,
+                worker_id: Some(worker.into()),
+                end,
+                exit_code,
+                signal,
+                at,
+                log_lines,
+                message,
+            },
+            Report::Started {
+                instance_id,
+                attempt,
+                pid,
+                at,
+                ..
+            } => Report::Started {
+                instance_id,
+                attempt,
+                worker_id: worker.into(),
+                pid,
+                at,
+            },
+            other => other,
+        };
+        let heartbeat = |id: InstanceId, attempt: u32, worker: &str| Report::TaskHeartbeat {
+            instance_id: id,
+            attempt: Attempt(attempt),
+            worker_id: Some(worker.into()),
+            at: T0,
+        };
+        let reports = [
+            // Another worker's ended attempt.
+            as_worker(finished(inst.id, 1, Outcome::Failed, 1), "rogue"),
+            // An attempt to come, and an instance that does not exist.
+            as_worker(started(inst.id, 2), "rogue"),
+            heartbeat(inst.id, 2, "w1"),
+            heartbeat(InstanceId(inst.id.0 + 10_000), 1, "rogue"),
+            // w1's own late report about its ended attempt: stale, not a stranger's.
+            as_worker(started(inst.id, 1), "w1"),
+        ];
+        let results = s.apply_reports(&reports, T0).await.unwrap();
+        assert_eq!(
+            results[..4],
+            [
+                ReportResult::NotYours,
+                ReportResult::NotYours,
+                ReportResult::NotYours,
+                ReportResult::NotYours
+            ]
+        );
+        assert!(
+            matches!(results[4], ReportResult::Stale { .. }),
+            "{:?}",
+            results[4]
+        );
+        assert_eq!(
+            s.get_instance(inst.id).await.unwrap().unwrap().state,
+            InstanceState::Success
+        );
+
+        let chunk = |attempt: u32, first: u64, text: &str| {
+            LogChunk::from_lines(
+                inst.id,
+                Attempt(attempt),
+                first,
+                [(LogStream::Stdout, text)],
+                T0,
+            )
+        };
+        let chunks = [
+            chunk(1, 1, "w1 known"),
+            chunk(1, 2, "w1 checked"),
+            chunk(1, 3, "INJECTED by rogue"),
+            chunk(2, 1, "INJECTED ahead"),
+            chunk(2, 2, "INJECTED ahead by w1"),
+        ];
+        let kept = s
+            .append_worker_logs(
+                &chunks,
+                &[None, Some("w1"), Some("rogue"), Some("rogue"), Some("w1")],
+            )
+            .await
+            .unwrap();
+        assert_eq!(kept, [true, true, false, false, false]);
+        let lines = |attempt: u32| async move {
+            s.read_logs(inst.id, Attempt(attempt), 0, 100)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|line| line.text)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(lines(1).await, ["w1 known", "w1 checked"]);
+        assert!(lines(2).await.is_empty(), "nothing written ahead");
+        assert_eq!(
+            s.append_worker_logs(&[], &[]).await.unwrap(),
+            Vec::<bool>::new()
         );
     }
 

@@ -5,8 +5,10 @@ The scheduler is the one at AX_TEST_SCHEDULER (`http://127.0.0.1:PORT`); the Rus
 Without AX_TEST_SCHEDULER the scheduler tests skip, saying why, except under CI=true, where they
 fail. AX_TEST_OUT, when set, is a directory where the suite writes what it did (facts.json: run
 and instance ids, pids, the lines it expects) for the Rust test to check through the
-scheduler's API on its own. AX_TEST_TOKEN, when set, is the bearer token the suite's client and
-worker present (for a scheduler started with `--auth tokens`).
+scheduler's API on its own. AX_TEST_TOKEN, when set, is the bearer token the suite's client
+presents, and AX_TEST_WORKER_TOKEN the one its worker presents (for a scheduler started with
+`--auth tokens`: a worker stream takes only a worker token, e.g. `axctl token create --role
+worker --worker-id py-sdk-worker`).
 """
 
 import json
@@ -64,6 +66,10 @@ def _token():
     return os.environ.get("AX_TEST_TOKEN") or None
 
 
+def _worker_token():
+    return os.environ.get("AX_TEST_WORKER_TOKEN") or None
+
+
 @pytest.fixture(scope="session")
 def client(scheduler):
     with Client(scheduler, token=_token(), actor="python-sdk-tests") as client:
@@ -80,7 +86,7 @@ def worker(scheduler, client):
         capacity=8,
         tasks=fn_tasks.tasks,
         kill_grace=1.0,
-        token=_token(),
+        token=_worker_token(),
     )
     worker.start()
     wait_for(lambda: any(w.id == WORKER_ID and w.state == 1 for w in client.list_workers()), "the worker LIVE")

@@ -228,6 +228,9 @@ def test_the_token_goes_with_every_call_of_the_client_and_the_worker():
         assert authorization == "Bearer w0rker"
         assert register.WhichOneof("body") == "register"
         assert (register.register.worker_id, register.register.capacity) == ("unit-token", 3)
+        # One random incarnation per worker process, the same on every Register.
+        assert len(register.register.incarnation) == 32
+        assert register.register.incarnation == worker.incarnation
     finally:
         server.stop(None)
 

@@ -6,6 +6,7 @@
 
 use ax_core::access::{Identity, Role};
 use ax_core::ids::{InstanceId, RunId};
+use ax_core::worker_scope::WorkerScope;
 use ax_proto::v1 as pb;
 use ax_store::{Caller, InstanceRecord, RunRecord, TokenRecord};
 use tonic::{Request, Response, Status};
@@ -179,6 +180,27 @@ impl ControlApi {
             return Err(Status::invalid_argument("lifetime_ms must not be negative"));
         }
         let app = request.app.trim();
+        let worker = if role == Role::Worker {
+            // A worker's apps are its scope's; `app` counts as one of them.
+            let mut apps = request.worker_apps.clone();
+            if !app.is_empty() {
+                apps.push(app.to_string());
+            }
+            Some(
+                WorkerScope::parse(&request.worker_ids, &apps, &request.worker_labels)
+                    .map_err(Status::invalid_argument)?,
+            )
+        } else if !request.worker_ids.is_empty()
+            || !request.worker_apps.is_empty()
+            || !request.worker_labels.is_empty()
+        {
+            return Err(Status::invalid_argument(format!(
+                "worker ids, apps and labels belong to worker tokens, not to a {role} token"
+            )));
+        } else {
+            None
+        };
+        let app = if role == Role::Worker { "" } else { app };
         let now = now_ms();
         let created_by = match &call.identity {
             Some(identity) => identity.token.clone(),
@@ -192,6 +214,7 @@ impl ControlApi {
                 app: (!app.is_empty()).then(|| app.to_string()),
                 lifetime_ms: (request.lifetime_ms > 0).then_some(request.lifetime_ms),
                 created_by,
+                worker,
             },
             now,
         )
@@ -204,6 +227,9 @@ impl ControlApi {
         let mut detail = format!("role {}", stored.role);
         if let Some(app) = &stored.app {
             detail.push_str(&format!(", app {app}"));
+        }
+        if let Some(scope) = &stored.worker {
+            detail.push_str(&format!(", {}", scope.describe()));
         }
         if let Some(at) = stored.expires_at {
             detail.push_str(&format!(", expires {}", ax_core::rfc3339(at)));
@@ -224,6 +250,7 @@ impl ControlApi {
             created_by: stored.created_by,
             expires_at: stored.expires_at,
             revoked_at: None,
+            worker: stored.worker,
         };
         Ok(Response::new(pb::CreateTokenResponse {
             token: Some(token_message(&record)),
@@ -285,5 +312,16 @@ fn token_message(record: &TokenRecord) -> pb::Token {
         created_by: record.created_by.clone(),
         expires_at_ms: record.expires_at.unwrap_or(0),
         revoked_at_ms: record.revoked_at.unwrap_or(0),
+        worker_ids: record.worker.as_ref().map_or_else(Vec::new, |scope| {
+            scope.ids.iter().map(|id| id.as_str().to_string()).collect()
+        }),
+        worker_apps: record
+            .worker
+            .as_ref()
+            .map_or_else(Vec::new, |scope| scope.apps.iter().cloned().collect()),
+        worker_labels: record
+            .worker
+            .as_ref()
+            .map_or_else(Vec::new, |scope| scope.label_list()),
     }
 }

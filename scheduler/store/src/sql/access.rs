@@ -3,32 +3,64 @@
 //! as its SHA-256, a secret as the nodes' AEAD seal of its value.
 
 use ax_core::Millis;
+use ax_core::access::Role;
+use ax_core::worker_scope::WorkerScope;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use super::rows::to_json;
 use super::{SqlStore, db_errors, write_tx};
 use crate::{NewToken, Result, SecretRecord, StoreError, TokenRecord};
 
 const TOKEN_SELECT: &str = "SELECT name, role, app, created_at, created_by, expires_at, \
-     revoked_at FROM api_token";
+     revoked_at, worker_ids, worker_apps, worker_labels FROM api_token";
 
 const SECRET_SELECT: &str =
     "SELECT app, name, sealed, created_at, updated_at, updated_by FROM secret";
 
 fn token(row: &AnyRow) -> Result<TokenRecord> {
     let role: String = row.try_get("role")?;
+    let role: Role = role
+        .parse()
+        .map_err(|err: String| StoreError::Corrupt(format!("api_token.role: {err}")))?;
     let app: String = row.try_get("app")?;
+    let worker = match role {
+        Role::Worker => Some(worker_scope(row)?),
+        _ => None,
+    };
     Ok(TokenRecord {
         name: row.try_get("name")?,
-        role: role
-            .parse()
-            .map_err(|err: String| StoreError::Corrupt(format!("api_token.role: {err}")))?,
+        role,
         app: (!app.is_empty()).then_some(app),
         created_at: row.try_get("created_at")?,
         created_by: row.try_get("created_by")?,
         expires_at: row.try_get("expires_at")?,
         revoked_at: row.try_get("revoked_at")?,
+        worker,
     })
+}
+
+/// A worker token's scope from its columns; one stored before scopes existed (no ids) reads as
+/// any id, every app, any labels.
+fn worker_scope(row: &AnyRow) -> Result<WorkerScope> {
+    let ids: String = row.try_get("worker_ids")?;
+    if ids.is_empty() {
+        return Ok(WorkerScope::any());
+    }
+    let list = |column: &str| -> Result<Vec<String>> {
+        let text: String = row.try_get(column)?;
+        if text.is_empty() {
+            return Ok(Vec::new());
+        }
+        serde_json::from_str(&text)
+            .map_err(|err| StoreError::Corrupt(format!("api_token.{column}: {err}")))
+    };
+    WorkerScope::parse(
+        &list("worker_ids")?,
+        &list("worker_apps")?,
+        &list("worker_labels")?,
+    )
+    .map_err(|err| StoreError::Corrupt(format!("api_token worker scope: {err}")))
 }
 
 fn secret(row: &AnyRow) -> Result<SecretRecord> {
@@ -43,9 +75,21 @@ fn secret(row: &AnyRow) -> Result<SecretRecord> {
 }
 
 pub(crate) async fn create_token(store: &SqlStore, new: &NewToken) -> Result<bool> {
+    let (ids, apps, labels) = match &new.worker {
+        Some(scope) => {
+            let ids: Vec<&str> = scope.ids.iter().map(|id| id.as_str()).collect();
+            (
+                to_json(&ids)?,
+                to_json(&scope.apps)?,
+                to_json(&scope.label_list())?,
+            )
+        }
+        None => Default::default(),
+    };
     let inserted = sqlx::query(
         "INSERT INTO api_token (name, role, app, token_hash, created_at, created_by, \
-         expires_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
+         expires_at, revoked_at, worker_ids, worker_apps, worker_labels) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
     )
     .bind(new.name.as_str())
     .bind(new.role.as_str())
@@ -54,6 +98,9 @@ pub(crate) async fn create_token(store: &SqlStore, new: &NewToken) -> Result<boo
     .bind(new.created_at)
     .bind(new.created_by.as_str())
     .bind(new.expires_at)
+    .bind(ids)
+    .bind(apps)
+    .bind(labels)
     .execute(&store.pool)
     .await;
     match inserted {

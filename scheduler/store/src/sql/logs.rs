@@ -9,8 +9,10 @@ use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId};
 use sqlx::{AnyConnection, Row};
 
+use std::collections::{BTreeSet, HashSet};
+
 use super::rows::corrupt;
-use super::{INSERT_CHUNK, SqlStore, values_rows};
+use super::{INSERT_CHUNK, NAMES_PER_STATEMENT, SqlStore, in_list, values_rows};
 use crate::{LogChunk, LogStream, Result, StoredLine};
 
 /// Text bytes of log lines per insert statement.
@@ -69,6 +71,65 @@ pub(crate) async fn append_logs_tx(
         query.execute(&mut *c).await?;
     }
     Ok(())
+}
+
+/// [`append_logs_tx`] for workers' chunks: those with a sender to check are kept only when
+/// their attempt exists and was dispatched to that worker (one read of the attempts of their
+/// instances); the answer says, per chunk, whether it was kept.
+pub(crate) async fn append_worker_logs_tx(
+    store: &SqlStore,
+    c: &mut AnyConnection,
+    chunks: &[LogChunk],
+    senders: &[Option<&str>],
+) -> Result<Vec<bool>> {
+    let instances: BTreeSet<i64> = chunks
+        .iter()
+        .zip(senders)
+        .filter(|(_, sender)| sender.is_some())
+        .map(|(chunk, _)| chunk.instance_id.0)
+        .collect();
+    let mut dispatched: HashSet<(i64, i64, String)> = HashSet::new();
+    for group in instances
+        .into_iter()
+        .collect::<Vec<_>>()
+        .chunks(NAMES_PER_STATEMENT)
+    {
+        let (list, padded) = in_list(group.iter().copied());
+        let sql = format!(
+            "SELECT instance_id, attempt, worker_id FROM task_attempt WHERE instance_id IN ({list})"
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for id in padded {
+            query = query.bind(id);
+        }
+        for row in query.fetch_all(&mut *c).await? {
+            if let Some(worker) = row.try_get::<Option<String>, _>("worker_id")? {
+                dispatched.insert((row.try_get("instance_id")?, row.try_get("attempt")?, worker));
+            }
+        }
+    }
+    let kept: Vec<bool> = chunks
+        .iter()
+        .enumerate()
+        .map(
+            |(index, chunk)| match senders.get(index).copied().flatten() {
+                None => true,
+                Some(sender) => dispatched.contains(&(
+                    chunk.instance_id.0,
+                    i64::from(chunk.attempt.0),
+                    sender.to_string(),
+                )),
+            },
+        )
+        .collect();
+    let stored: Vec<LogChunk> = chunks
+        .iter()
+        .zip(&kept)
+        .filter(|(_, kept)| **kept)
+        .map(|(chunk, _)| chunk.clone())
+        .collect();
+    append_logs_tx(store, c, &stored).await?;
+    Ok(kept)
 }
 
 /// Chunks fetched per read while filling a page of log lines.

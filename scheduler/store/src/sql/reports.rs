@@ -243,6 +243,7 @@ async fn apply_counted(
         ));
     }
     record_late_endings(c, reports, &mut results, &mut writes).await?;
+    refuse_strangers(c, reports, &mut results).await?;
     let sent =
         writes.instances.write(c.uncounted()).await? + writes.attempts.write(c.uncounted()).await?;
     c.add(sent);
@@ -284,6 +285,73 @@ async fn superseded_dispatches(c: &mut Counted<'_>, reports: &[Report]) -> Resul
         }
     }
     Ok(superseded)
+}
+
+/// A worker's report that would be stale or not found is [`ReportResult::NotYours`] when its
+/// attempt was never dispatched to that worker (another worker's, or one that does not exist
+/// yet): one read of the attempts of their instances, for the batches that have such reports
+/// (rare: a worker speaks of its own attempts, and most of those are current). A node's own
+/// verdict (a withdrawal, or a `Rejected` naming the dispatch it read) is left as it is.
+async fn refuse_strangers(
+    c: &mut Counted<'_>,
+    reports: &[Report],
+    results: &mut [ReportResult],
+) -> Result<()> {
+    let reporter = |report: &Report| match report {
+        Report::Rejected {
+            dispatched_at: Some(_),
+            ..
+        }
+        | Report::Rejected {
+            withdrawn: true, ..
+        } => None,
+        Report::Started { worker_id, .. } => Some(worker_id.clone()),
+        Report::Rejected { worker_id, .. }
+        | Report::TaskHeartbeat { worker_id, .. }
+        | Report::Finished { worker_id, .. } => worker_id.clone(),
+    };
+    let doubtful: Vec<usize> = (0..reports.len())
+        .filter(|&i| {
+            matches!(
+                results[i],
+                ReportResult::Stale { .. } | ReportResult::NotFound
+            ) && reporter(&reports[i]).is_some()
+        })
+        .collect();
+    if doubtful.is_empty() {
+        return Ok(());
+    }
+    let instances: BTreeSet<i64> = doubtful.iter().map(|&i| reports[i].key().0.0).collect();
+    let mut dispatched: BTreeSet<(i64, i64, String)> = BTreeSet::new();
+    for group in instances
+        .into_iter()
+        .collect::<Vec<_>>()
+        .chunks(NAMES_PER_STATEMENT)
+    {
+        let (list, padded) = in_list(group.iter().copied());
+        let sql = format!(
+            "SELECT instance_id, attempt, worker_id FROM task_attempt WHERE instance_id IN ({list})"
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for id in padded {
+            query = query.bind(id);
+        }
+        for row in query.fetch_all(&mut *c).await? {
+            if let Some(worker) = row.try_get::<Option<String>, _>("worker_id")? {
+                dispatched.insert((row.try_get("instance_id")?, row.try_get("attempt")?, worker));
+            }
+        }
+    }
+    for index in doubtful {
+        let (instance, attempt) = reports[index].key();
+        let Some(worker) = reporter(&reports[index]) else {
+            continue;
+        };
+        if !dispatched.contains(&(instance.0, i64::from(attempt.0), worker)) {
+            results[index] = ReportResult::NotYours;
+        }
+    }
+    Ok(())
 }
 
 /// A worker's report of how an attempt ended that the scheduler had already ended itself (a
@@ -528,7 +596,18 @@ fn decide(
     if let (Some(reporter), Some(assigned)) = (reporter, key.worker_id.as_ref())
         && reporter != assigned
     {
-        return stale_now;
+        // A withdrawal is a node's verdict about the worker it read, not a worker speaking:
+        // the attempt went to another worker since, and the verdict is merely stale.
+        if matches!(
+            report,
+            Report::Rejected {
+                withdrawn: true,
+                ..
+            }
+        ) {
+            return stale_now;
+        }
+        return ReportResult::NotYours;
     }
     let attempt_no = i64::from(attempt.0);
     if let Report::Rejected {

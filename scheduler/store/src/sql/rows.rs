@@ -36,7 +36,8 @@ pub(crate) const ATTEMPT_SELECT: &str = "SELECT instance_id, attempt, state, wor
      FROM task_attempt";
 
 pub(crate) const WORKER_SELECT: &str = "SELECT id, version, hostname, labels_json, capacity, \
-     running, started_at, last_heartbeat, node_id, draining, connected FROM worker";
+     running, started_at, last_heartbeat, node_id, draining, connected, apps_json, incarnation \
+     FROM worker";
 
 pub(crate) const AUDIT_SELECT: &str =
     "SELECT at, actor, action, target, detail, remote, token FROM audit_log";
@@ -189,6 +190,13 @@ pub(crate) fn worker(row: &AnyRow) -> Result<WorkerRecord> {
         node_id: row.try_get("node_id")?,
         draining: row.try_get::<i64, _>("draining")? != 0,
         connected: row.try_get::<i64, _>("connected")? != 0,
+        apps: match row.try_get::<String, _>("apps_json")?.as_str() {
+            "" => None,
+            apps => Some(
+                serde_json::from_str(apps).map_err(|err| corrupt(format!("worker apps: {err}")))?,
+            ),
+        },
+        incarnation: row.try_get("incarnation")?,
     })
 }
 

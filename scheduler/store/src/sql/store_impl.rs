@@ -251,6 +251,19 @@ impl Store for SqlStore {
         write_tx!(self, |c| logs::append_logs_tx(self, c, chunks))
     }
 
+    async fn append_worker_logs(
+        &self,
+        chunks: &[LogChunk],
+        senders: &[Option<&str>],
+    ) -> Result<Vec<bool>> {
+        if chunks.iter().all(|chunk| chunk.line_count() == 0) {
+            return Ok(vec![true; chunks.len()]);
+        }
+        write_tx!(self, |c| logs::append_worker_logs_tx(
+            self, c, chunks, senders
+        ))
+    }
+
     async fn read_logs(
         &self,
         instance: InstanceId,
@@ -271,6 +284,10 @@ impl Store for SqlStore {
 
     async fn list_workers(&self) -> Result<Vec<WorkerRecord>> {
         workers::list_workers(self).await
+    }
+
+    async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>> {
+        workers::worker(self, id).await
     }
 
     async fn active_counts(&self) -> Result<ActiveCounts> {

@@ -9,7 +9,7 @@ use super::{SqlStore, pow2_chunks, values_rows, write_tx};
 use crate::{Result, WorkerRecord};
 
 pub(crate) async fn upsert_workers(store: &SqlStore, workers: &[WorkerRecord]) -> Result<()> {
-    const COLUMNS: [&str; 10] = [
+    const COLUMNS: [&str; 12] = [
         "version",
         "hostname",
         "labels_json",
@@ -20,6 +20,8 @@ pub(crate) async fn upsert_workers(store: &SqlStore, workers: &[WorkerRecord]) -
         "node_id",
         "draining",
         "connected",
+        "apps_json",
+        "incarnation",
     ];
     if workers.is_empty() {
         return Ok(());
@@ -27,14 +29,18 @@ pub(crate) async fn upsert_workers(store: &SqlStore, workers: &[WorkerRecord]) -
     // In id order, so two nodes saving overlapping sets lock their rows in the same order.
     let mut sorted: Vec<&WorkerRecord> = workers.iter().collect();
     sorted.sort_by(|a, b| a.id.cmp(&b.id));
-    let labels = sorted
+    let encoded = sorted
         .iter()
-        .map(|worker| to_json(&worker.labels))
-        .collect::<Result<Vec<String>>>()?;
-    let rows: Vec<(&WorkerRecord, &str)> = sorted
-        .into_iter()
-        .zip(labels.iter().map(String::as_str))
-        .collect();
+        .map(|worker| {
+            let apps = match &worker.apps {
+                Some(apps) => to_json(apps)?,
+                None => String::new(),
+            };
+            Ok((to_json(&worker.labels)?, apps))
+        })
+        .collect::<Result<Vec<(String, String)>>>()?;
+    let rows: Vec<(&WorkerRecord, &(String, String))> =
+        sorted.into_iter().zip(encoded.iter()).collect();
     write_tx!(store, |c| async {
         for chunk in pow2_chunks(&rows) {
             let sql = format!(
@@ -48,19 +54,21 @@ pub(crate) async fn upsert_workers(store: &SqlStore, workers: &[WorkerRecord]) -
                     .upsert_newer_tail(&["id"], &COLUMNS, "last_heartbeat")
             );
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for (worker, labels) in chunk {
+            for (worker, (labels, apps)) in chunk {
                 query = query
                     .bind(worker.id.as_str())
                     .bind(worker.version.as_str())
                     .bind(worker.hostname.as_str())
-                    .bind(*labels)
+                    .bind(labels.as_str())
                     .bind(i64::from(worker.capacity))
                     .bind(i64::from(worker.running))
                     .bind(worker.started_at)
                     .bind(worker.last_heartbeat)
                     .bind(worker.node_id.as_str())
                     .bind(i64::from(worker.draining))
-                    .bind(i64::from(worker.connected));
+                    .bind(i64::from(worker.connected))
+                    .bind(apps.as_str())
+                    .bind(worker.incarnation.as_str());
             }
             query.execute(&mut *c).await?;
         }
@@ -74,4 +82,13 @@ pub(crate) async fn list_workers(store: &SqlStore) -> Result<Vec<WorkerRecord>> 
         .fetch_all(&store.pool)
         .await?;
     rows.iter().map(rows::worker).collect()
+}
+
+pub(crate) async fn worker(store: &SqlStore, id: &str) -> Result<Option<WorkerRecord>> {
+    let sql = format!("{} WHERE id = ?", rows::WORKER_SELECT);
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id)
+        .fetch_optional(&store.pool)
+        .await?;
+    row.as_ref().map(rows::worker).transpose()
 }

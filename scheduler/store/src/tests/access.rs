@@ -7,6 +7,7 @@ conformance!(
     tokens_are_found_by_hash_unique_by_name_and_revoked_once,
     secrets_are_replaced_in_place_and_deleted_by_app_and_name,
     secrets_stored_before_apps_become_global,
+    a_worker_tokens_scope_round_trips_and_an_older_one_reads_as_any,
 );
 
 mod scenarios {
@@ -22,6 +23,7 @@ mod scenarios {
             created_at: T0,
             created_by: "store".into(),
             expires_at: None,
+            worker: None,
         }
     }
 
@@ -67,6 +69,48 @@ mod scenarios {
         assert_eq!(s.revoke_token("nobody", T0).await.unwrap(), None);
         let by_hash = s.token_by_hash(&"a".repeat(64)).await.unwrap().unwrap();
         assert_eq!(by_hash.revoked_at, Some(T0 + 5));
+    }
+
+    pub(super) async fn a_worker_tokens_scope_round_trips_and_an_older_one_reads_as_any(ctx: Ctx) {
+        use ax_core::worker_scope::WorkerScope;
+        let s = ctx.s();
+        let strings = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let scope = WorkerScope::parse(
+            &strings(&["etl-*", "w1"]),
+            &strings(&["sales", "finance"]),
+            &strings(&["pool=gpu", "zone=east"]),
+        )
+        .unwrap();
+        let scoped = NewToken {
+            worker: Some(scope.clone()),
+            ..new_token("etl-workers", Role::Worker, &"d".repeat(64))
+        };
+        assert!(s.create_token(&scoped).await.unwrap());
+        let found = s.token_by_hash(&"d".repeat(64)).await.unwrap().unwrap();
+        assert_eq!(found.worker, Some(scope.clone()));
+        assert_eq!(found.app, None);
+        // A worker token stored with no ids (as before scopes existed) takes any id.
+        let older = new_token("old-workers", Role::Worker, &"e".repeat(64));
+        assert!(s.create_token(&older).await.unwrap());
+        let found = s.token_by_hash(&"e".repeat(64)).await.unwrap().unwrap();
+        assert_eq!(found.worker, Some(WorkerScope::any()));
+        // Other roles have no worker scope.
+        let admin = new_token("root", Role::Admin, &"f".repeat(64));
+        assert!(s.create_token(&admin).await.unwrap());
+        let listed = s.list_tokens().await.unwrap();
+        let scopes: Vec<(&str, Option<&WorkerScope>)> = listed
+            .iter()
+            .map(|t| (t.name.as_str(), t.worker.as_ref()))
+            .collect();
+        let any = WorkerScope::any();
+        assert_eq!(
+            scopes,
+            [
+                ("etl-workers", Some(&scope)),
+                ("old-workers", Some(&any)),
+                ("root", None)
+            ]
+        );
     }
 
     pub(super) async fn secrets_are_replaced_in_place_and_deleted_by_app_and_name(ctx: Ctx) {

@@ -19,6 +19,9 @@ It holds one stream to one scheduler node at a time and
   after the kill grace, outcome TIMEOUT), and CancelAttempt the same way (outcome CANCELLED);
 - resends AttemptFinished on every new stream until FinishedAck or ReportRefused;
 - kills what ReportRefused(kill) and Registered.stale name, and forgets it;
+- sends the same random incarnation on every Register of the process, so a node lets it take
+  its id back from its own lingering stream at once, and refuses (ALREADY_EXISTS) a second
+  process under a live id; a refused Register is retried like any broken stream;
 - reconnects with exponential backoff and full jitter, going round its list of addresses,
   follows MoveElsewhere, and fences itself (kills its attempts, reported FAILED) when cut off
   from every live node for 3/4 of the scheduler's dead-worker threshold, an endpoint that
@@ -37,6 +40,7 @@ import logging
 import os
 import queue
 import random
+import secrets
 import signal
 import socket
 import subprocess
@@ -282,6 +286,9 @@ class Worker:
         self.max_line_bytes = max_line_bytes
         self.hostname = hostname or socket.gethostname()
         self.started_at_ms = _now_ms()
+        # Sent on every Register: the node tells this worker reconnecting (its old stream may
+        # still be open there) from another process registering under the same id.
+        self.incarnation = secrets.token_hex(16)
 
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
@@ -626,6 +633,7 @@ class Worker:
             hostname=self.hostname,
             running=running,
             finished=finished,
+            incarnation=self.incarnation,
         )
 
     def _attach(self, session: _Session, registered: wpb.Registered) -> None:

@@ -127,8 +127,8 @@ pub(in crate::tests) async fn a_cancelled_attempt_records_how_its_worker_ended_i
     };
     let ending = |worker: &str| ending_of(a.id, worker);
     // Only the worker it ran on may say how it ended.
-    let stale = s.apply_reports(&[ending("w2")], T0 + 10).await.unwrap();
-    assert!(matches!(stale[0], ReportResult::Stale { .. }), "{stale:?}");
+    let stranger = s.apply_reports(&[ending("w2")], T0 + 10).await.unwrap();
+    assert_eq!(stranger, [ReportResult::NotYours]);
     let results = s.apply_reports(&[ending("w1")], T0 + 10).await.unwrap();
     assert_eq!(results, [ReportResult::Applied(Applied::default())]);
     // A replay after a reconnect is the same fact again.

@@ -850,9 +850,9 @@ mod tests {
             "axt_5hG7kQ2mN9pR4sT8vW1xY3zA6bC0dE=\n",
             "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n",
             "password: hunter2-very-secret\n",
-            "[section\nsecret = 'sk_live_4eC39HqLyjWDarjtT1zdp7dc\n",
-            "sk_live_4eC39HqLyjWDarjtT1zdp7dc = \"a\"\n",
-            "listen = \"sk_live_4eC39HqLyjWDarjtT1zdp7dc\"\n",
+            "[section\nsecret = 'sk_prod_4eC39HqLyjWDarjtT1zdp7dc\n",
+            "sk_prod_4eC39HqLyjWDarjtT1zdp7dc = \"a\"\n",
+            "listen = \"sk_prod_4eC39HqLyjWDarjtT1zdp7dc\"\n",
             "\u{feff}é sëcrét-ünïcødé-1234\n",
         ];
         for secret in secrets {

@@ -348,7 +348,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         }
         None => None,
     };
-    let names = node_names(&node.options)?;
+    let names = node_names(&node.options, tls.as_deref())?;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(ax_proto::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -414,20 +414,31 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
 }
 
 /// The names a node answers to in `Host` besides IP literals and `localhost`: its id, the
-/// machine's host name, its advertised address and its public URLs.
-fn node_names(options: &SchedulerOptions) -> anyhow::Result<ax_core::cross_site::NodeNames> {
+/// machine's host name, its advertised address, the DNS names of its TLS certificate (as they
+/// are at start) and its public URLs.
+fn node_names(
+    options: &SchedulerOptions,
+    tls: Option<&tls::ServerTls>,
+) -> anyhow::Result<ax_core::cross_site::NodeNames> {
     let hostname = ax_proto::hostname();
     let advertised = options.advertise.as_deref().map(|url| {
         let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
         rest.split(['/', '?', '#']).next().unwrap_or("")
     });
+    let certified = tls.map(tls::ServerTls::own_dns_names).unwrap_or_default();
     let names = [
         Some(options.node_id.as_str()),
         hostname.as_deref(),
         advertised,
     ];
-    ax_core::cross_site::NodeNames::new(names.into_iter().flatten(), &options.public_urls)
-        .map_err(|why| anyhow::anyhow!("--public-url: {why}"))
+    ax_core::cross_site::NodeNames::new(
+        names
+            .into_iter()
+            .flatten()
+            .chain(certified.iter().map(String::as_str)),
+        &options.public_urls,
+    )
+    .map_err(|why| anyhow::anyhow!("--public-url: {why}"))
 }
 
 /// Starts the ops listener (`metrics::ops_router` and the same health service as the main

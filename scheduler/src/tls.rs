@@ -62,6 +62,25 @@ impl ServerTls {
         }))
     }
 
+    /// The DNS names the node's own certificate names (wildcards left out): names clients
+    /// reach this node by, which a DNS-rebinding page cannot hold a certificate for.
+    pub fn own_dns_names(&self) -> Vec<String> {
+        let Ok(chain) = certificates(&self.files.cert) else {
+            return Vec::new();
+        };
+        let Some(leaf) = chain.first() else {
+            return Vec::new();
+        };
+        match webpki::EndEntityCert::try_from(leaf) {
+            Ok(cert) => cert
+                .valid_dns_names()
+                .filter(|name| !name.starts_with('*'))
+                .map(str::to_string)
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
     pub fn requires_worker_certificates(&self) -> bool {
         self.files.client_ca.is_some()
     }

@@ -117,6 +117,20 @@ fn argument_block() -> Option<(usize, usize)> {
     (start != 0 && end > start).then_some((start, end))
 }
 
+/// Makes this process undumpable: its `/proc/<pid>/` files (environ, mem, maps) become root's,
+/// and no process of the same user (a task, when tasks run as the worker's user) may attach to
+/// it or read its memory, where the token lives. A core dump is not written either.
+pub fn forbid_inspection() {
+    // SAFETY: prctl with PR_SET_DUMPABLE takes a plain integer and touches no memory of ours.
+    let result = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if result != 0 {
+        tracing::warn!(
+            error = %std::io::Error::last_os_error(),
+            "cannot make the worker undumpable: tasks of its user may read its memory"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -154,6 +154,7 @@ fn main() -> anyhow::Result<()> {
         ax_worker::telemetry::traces_url(endpoint)?;
     }
     let telemetry = ax_worker::telemetry::install(endpoint.as_deref())?;
+    ax_worker::credentials::forbid_inspection();
     if !arguments_scrubbed {
         tracing::warn!(
             "cannot find this process's arguments in /proc/self/stat: the --token value stays \

@@ -324,3 +324,54 @@ async fn live_streams_outlive_the_idle_timeout_and_idle_connections_do_not() {
     assert_eq!(silent.closed_within(Duration::from_secs(10)).await, 1);
     cluster.shutdown().await.unwrap();
 }
+
+/// With tokens on, a caller without one cannot hold a request (and its connection) open: an
+/// open path's request whose body never comes is answered 408 within the anonymous deadline,
+/// and the health service's endless `Watch` stream needs a token (probes use `Check`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_caller_without_a_token_cannot_hold_a_request_open() {
+    let Some(cluster) = ax_integration_tests::Cluster::builder(Backend::Sqlite)
+        .auth(ax_scheduler::AuthMode::Tokens)
+        .start()
+        .await
+        .expect("cluster")
+    else {
+        return;
+    };
+    // A sign-in whose body is announced and never sent.
+    let mut stalled = tokio::net::TcpStream::connect(cluster.addr)
+        .await
+        .expect("connect");
+    stalled
+        .write_all(
+            b"POST /api/v1/session HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+              Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"tok",
+        )
+        .await
+        .expect("write");
+    let mut answer = vec![0u8; 256];
+    let read = tokio::time::timeout(CLOSED_GUARD, stalled.read(&mut answer))
+        .await
+        .expect("a stalled anonymous request is answered, not held open")
+        .expect("read");
+    let head = String::from_utf8_lossy(&answer[..read]);
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+
+    let channel = tonic::transport::Endpoint::from_shared(cluster.endpoint())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let checked = health
+        .check(tonic_health::pb::HealthCheckRequest::default())
+        .await
+        .expect("Check is open to probes");
+    assert_eq!(checked.into_inner().status, 1, "SERVING");
+    let watched = health
+        .watch(tonic_health::pb::HealthCheckRequest::default())
+        .await
+        .expect_err("Watch needs a token");
+    assert_eq!(watched.code(), tonic::Code::Unauthenticated);
+    cluster.shutdown().await.expect("shutdown");
+}

@@ -27,8 +27,8 @@ use tonic::Code;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-mod connections;
 mod bad_input;
+mod connections;
 mod secret_cut;
 mod worker_token;
 mod workers;

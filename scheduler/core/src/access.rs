@@ -134,8 +134,13 @@ pub fn request_needs(method: &str, path: &str) -> Need {
     if path == "/ax.v1.WorkerService/Connect" {
         return Need::WorkerStream;
     }
-    if path.starts_with("/grpc.health.v1.Health/") {
+    if path == "/grpc.health.v1.Health/Check" {
         return Need::Nothing;
+    }
+    if path.starts_with("/grpc.health.v1.Health/") {
+        // `Watch` is a stream that never ends: open to anyone, it would hold a connection
+        // busy forever (probes use `Check`).
+        return Need::Role(Role::Viewer);
     }
     if path.starts_with("/grpc.reflection.") {
         return Need::Role(Role::Viewer);
@@ -356,6 +361,11 @@ mod tests {
             ),
             ("POST", "/ax.v1.WorkerService/Connect", Need::WorkerStream),
             ("POST", "/grpc.health.v1.Health/Check", Need::Nothing),
+            (
+                "POST",
+                "/grpc.health.v1.Health/Watch",
+                Need::Role(Role::Viewer),
+            ),
             (
                 "POST",
                 "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",

@@ -22,6 +22,8 @@ use serde::{Deserialize, Serialize};
 use crate::Millis;
 
 /// Longest pattern (and worker id) accepted.
+/// What each of a scope's lists may take in all, as stored.
+const MAX_STORED_LIST: usize = 1_000;
 const MAX_PATTERN: usize = 128;
 
 /// A pattern of worker ids: an exact id, a prefix ending in `*` (`etl-*`), or `*` for any id.
@@ -161,14 +163,14 @@ impl WorkerScope {
                     .into(),
             );
         }
-        let ids = ids
+        let ids: Vec<IdPattern> = ids
             .iter()
             .filter(|id| !id.trim().is_empty())
             .map(|id| IdPattern::parse(id))
             .collect::<Result<BTreeSet<_>, _>>()?
             .into_iter()
             .collect();
-        let apps = apps
+        let apps: BTreeSet<String> = apps
             .iter()
             .map(|app| {
                 let app = app.trim();
@@ -182,10 +184,29 @@ impl WorkerScope {
                 }
             })
             .collect::<Result<_, _>>()?;
-        let labels = labels
+        let labels: BTreeSet<(String, String)> = labels
             .iter()
             .map(|label| parse_label(label))
             .collect::<Result<_, _>>()?;
+        // The store keeps each list in a column of 1,024 characters.
+        let id_text: usize = ids.iter().map(|id| id.as_str().len() + 1).sum();
+        let app_text: usize = apps.iter().map(|app| app.len() + 1).sum();
+        let label_text: usize = labels
+            .iter()
+            .map(|(key, value)| key.len() + value.len() + 2)
+            .sum();
+        for (what, length) in [
+            ("worker ids", id_text),
+            ("apps", app_text),
+            ("labels", label_text),
+        ] {
+            if length > MAX_STORED_LIST {
+                return Err(format!(
+                    "a worker token's {what} take at most {MAX_STORED_LIST} characters in all \
+                     ({length} given)"
+                ));
+            }
+        }
         Ok(WorkerScope { ids, apps, labels })
     }
 
@@ -425,6 +446,15 @@ mod tests {
         );
         assert_eq!(any.app_limit(), None);
         assert_eq!(any.describe(), "worker ids *; every app; any labels");
+    }
+
+    #[test]
+    fn a_scope_fits_the_columns_it_is_stored_in() {
+        let many_apps: Vec<String> = (0..200).map(|n| format!("app-number-{n}")).collect();
+        let err = WorkerScope::parse(&["w1".to_string()], &many_apps, &[])
+            .expect_err("too many apps to store");
+        assert!(err.contains("apps take at most 1000 characters"), "{err}");
+        assert!(WorkerScope::parse(&["w1".to_string()], &many_apps[..50], &[]).is_ok());
     }
 
     #[test]

@@ -17,6 +17,9 @@ use ax_core::cross_site::{self, NodeNames, RequestFacts, Verdict};
 
 use super::{AuthMode, Gate, Refusal, bearer_token, session_cookie};
 
+/// How long a request that needs no token may take, its body included.
+const ANONYMOUS_REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[derive(Clone)]
 pub struct AuthLayer {
     gate: Arc<Gate>,
@@ -110,16 +113,48 @@ where
             });
             let remote = remote_of(request.extensions());
             match gate.check(&method, &path, token.as_deref(), remote).await {
-                Ok(identity) => {
-                    if let Some(identity) = identity {
-                        request.extensions_mut().insert(identity);
-                    }
+                Ok(Some(identity)) => {
+                    request.extensions_mut().insert(identity);
                     inner.call(request).await
+                }
+                // An open path (health check, sign-in, the page's files) answers within a
+                // deadline: a caller without a token must not hold a request, and with it a
+                // connection, open by sending its body slowly or never.
+                Ok(None) => {
+                    let grpc = is_grpc_request(&request);
+                    match tokio::time::timeout(ANONYMOUS_REQUEST_DEADLINE, inner.call(request))
+                        .await
+                    {
+                        Ok(answer) => answer,
+                        Err(_) => Ok(deadline_passed(grpc)),
+                    }
                 }
                 Err(refusal) => Ok(refused(&request, refusal)),
             }
         })
     }
+}
+
+fn is_grpc_request<B>(request: &Request<B>) -> bool {
+    request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(cross_site::is_grpc)
+}
+
+/// The answer to an open-path request that outlived [`ANONYMOUS_REQUEST_DEADLINE`].
+fn deadline_passed(grpc: bool) -> Response<tonic::body::Body> {
+    let status = tonic::Status::deadline_exceeded(format!(
+        "a request without a token must be sent and answered within {} s",
+        ANONYMOUS_REQUEST_DEADLINE.as_secs()
+    ));
+    if grpc {
+        return status.into_http::<tonic::body::Body>();
+    }
+    let mut response = crate::web::status_error(&status);
+    *response.status_mut() = axum::http::StatusCode::REQUEST_TIMEOUT;
+    response.map(tonic::body::Body::new)
 }
 
 /// What the cross-site rules look at in a request.

@@ -238,6 +238,9 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
              and what it finished meanwhile would run again"
         );
     }
+    if options.auth == AuthMode::Tokens {
+        warn_of_broad_worker_tokens(store.as_ref()).await;
+    }
     let guards: Arc<dyn Guards> = match &options.redis_url {
         Some(url) => Arc::new(
             RedisGuards::connect(url, &options.redis_namespace)
@@ -411,6 +414,31 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         lease,
         lease_task,
     })
+}
+
+/// Warns of live worker tokens that take any worker id (made before tokens named ids, or
+/// with `--worker-id '*'`): whoever holds one may register as any worker that is not live.
+async fn warn_of_broad_worker_tokens(store: &dyn ax_store::Store) {
+    let tokens = match store.list_tokens().await {
+        Ok(tokens) => tokens,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot list tokens to check worker tokens' scopes");
+            return;
+        }
+    };
+    let now = clock::now_ms();
+    for token in tokens.iter().filter(|token| token.is_valid_at(now)) {
+        if let Some(scope) = &token.worker
+            && scope.ids.iter().any(|pattern| pattern.is_any())
+        {
+            tracing::warn!(
+                token = %token.name,
+                "worker token {:?} takes any worker id: whoever holds it may register as any \
+                 worker that is not connected; re-issue it with --worker-id naming its workers",
+                token.name
+            );
+        }
+    }
 }
 
 /// The names a node answers to in `Host` besides IP literals and `localhost`: its id, the

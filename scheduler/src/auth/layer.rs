@@ -91,7 +91,8 @@ where
             Verdict::Allow { cookie } => cookie,
             Verdict::Refuse(refusal) => {
                 let response = cross_site_refused(&request, &refusal);
-                tracing::info!(
+                // Debug, not info: a page or a scanner can send these as fast as it likes.
+                tracing::debug!(
                     method = %request.method(),
                     path = request.uri().path(),
                     remote = ?remote_of(request.extensions()),
@@ -149,11 +150,23 @@ fn deadline_passed(grpc: bool) -> Response<tonic::body::Body> {
         "a request without a token must be sent and answered within {} s",
         ANONYMOUS_REQUEST_DEADLINE.as_secs()
     ));
+    answer(grpc, &status, Some(axum::http::StatusCode::REQUEST_TIMEOUT))
+}
+
+/// A refusal as its caller reads it: gRPC's status to a gRPC client; to anything else the
+/// API's JSON error, with `http` as its status (else the code's own).
+fn answer(
+    grpc: bool,
+    status: &tonic::Status,
+    http: Option<axum::http::StatusCode>,
+) -> Response<tonic::body::Body> {
     if grpc {
-        return status.into_http::<tonic::body::Body>();
+        return status.clone().into_http::<tonic::body::Body>();
     }
-    let mut response = crate::web::status_error(&status);
-    *response.status_mut() = axum::http::StatusCode::REQUEST_TIMEOUT;
+    let mut response = crate::web::status_error(status);
+    if let Some(http) = http {
+        *response.status_mut() = http;
+    }
     response.map(tonic::body::Body::new)
 }
 
@@ -188,33 +201,14 @@ fn cross_site_refused<B>(
     request: &Request<B>,
     refusal: &cross_site::Refusal,
 ) -> Response<tonic::body::Body> {
-    let grpc = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(cross_site::is_grpc);
     let status = tonic::Status::permission_denied(refusal.to_string());
-    if grpc {
-        return status.into_http::<tonic::body::Body>();
-    }
-    let http = axum::http::StatusCode::from_u16(refusal.http_status())
-        .unwrap_or(axum::http::StatusCode::FORBIDDEN);
-    let mut response = crate::web::status_error(&status);
-    *response.status_mut() = http;
-    response.map(tonic::body::Body::new)
+    let http = axum::http::StatusCode::from_u16(refusal.http_status()).ok();
+    answer(is_grpc_request(request), &status, http)
 }
 
 fn refused<B>(request: &Request<B>, refusal: Refusal) -> Response<tonic::body::Body> {
-    let grpc = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.starts_with("application/grpc"));
     let status = tonic::Status::new(refusal.code, refusal.message);
-    if grpc {
-        return status.into_http::<tonic::body::Body>();
-    }
-    crate::web::status_error(&status).map(tonic::body::Body::new)
+    answer(is_grpc_request(request), &status, None)
 }
 
 impl IntoResponse for Refusal {

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use ax_core::access::Role;
 use ax_integration_tests::{Backend, Cluster, browser};
-use ax_proto::client::ClientAuth;
 use ax_proto::v1 as pb;
 use ax_proto::v1::control_service_client::ControlServiceClient;
 use ax_scheduler::AuthMode;
@@ -63,18 +62,7 @@ async fn admin_token(store_url: &str) -> String {
 
 /// The workflows and the number of runs, read with a token over gRPC.
 async fn state(endpoint: &str, token: Option<&str>) -> (Vec<String>, usize) {
-    let auth = ClientAuth {
-        token: token.map(str::to_string),
-        ..ClientAuth::default()
-    };
-    let channel = auth
-        .endpoint(endpoint, None)
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    let mut client =
-        ControlServiceClient::with_interceptor(channel, auth.bearer().expect("bearer"));
+    let mut client = super::client(endpoint, token).await;
     let mut workflows: Vec<String> = client
         .list_workflows(pb::ListWorkflowsRequest::default())
         .await
@@ -317,19 +305,7 @@ async fn a_page_of_another_origin_cannot_act_through_a_signed_in_admins_browser(
     // The admin applies the victim workflow with a token, as axctl does.
     let applied = state(&endpoint, Some(&admin)).await;
     assert_eq!(applied, (vec![], 0));
-    let channel = ClientAuth {
-        token: Some(admin.clone()),
-        ..ClientAuth::default()
-    };
-    let mut client = ControlServiceClient::with_interceptor(
-        channel
-            .endpoint(&endpoint, None)
-            .expect("endpoint")
-            .connect()
-            .await
-            .expect("connect"),
-        channel.bearer().expect("bearer"),
-    );
+    let mut client = super::client(&endpoint, Some(&admin)).await;
     client
         .apply_workflow(pb::ApplyWorkflowRequest {
             source: VICTIM.into(),
@@ -527,27 +503,14 @@ async fn browser_attacks() {
             None
         };
         let endpoint = cluster.endpoint();
-        {
-            let auth = ClientAuth {
-                token: admin.clone(),
-                ..ClientAuth::default()
-            };
-            let mut client = ControlServiceClient::with_interceptor(
-                auth.endpoint(&endpoint, None)
-                    .expect("endpoint")
-                    .connect()
-                    .await
-                    .expect("connect"),
-                auth.bearer().expect("bearer"),
-            );
-            client
-                .apply_workflow(pb::ApplyWorkflowRequest {
-                    source: VICTIM.into(),
-                    ..Default::default()
-                })
-                .await
-                .expect("apply");
-        }
+        super::client(&endpoint, admin.as_deref())
+            .await
+            .apply_workflow(pb::ApplyWorkflowRequest {
+                source: VICTIM.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("apply");
         let shots = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../target/ui-screenshots/cross-site")
             .join(if tokens { "tokens" } else { "none" });

@@ -715,15 +715,7 @@ async fn http_answer(
 
 /// Every `ControlService` method, from the proto's descriptor.
 fn every_method() -> BTreeSet<String> {
-    use prost::Message;
-    let set = prost_types::FileDescriptorSet::decode(pb::FILE_DESCRIPTOR_SET).expect("descriptor");
-    set.file
-        .iter()
-        .flat_map(|file| &file.service)
-        .filter(|service| service.name() == "ControlService")
-        .flat_map(|service| &service.method)
-        .map(|method| method.name().to_string())
-        .collect()
+    super::every_method().into_iter().collect()
 }
 
 async fn another_apps_objects_read_as_missing_ones(backend: Backend) {

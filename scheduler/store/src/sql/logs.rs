@@ -9,10 +9,10 @@ use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId};
 use sqlx::{AnyConnection, Row};
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 
 use super::rows::corrupt;
-use super::{INSERT_CHUNK, NAMES_PER_STATEMENT, SqlStore, in_list, values_rows};
+use super::{INSERT_CHUNK, SqlStore, values_rows};
 use crate::{LogChunk, LogStream, Result, StoredLine};
 
 /// Text bytes of log lines per insert statement.
@@ -88,26 +88,7 @@ pub(crate) async fn append_worker_logs_tx(
         .filter(|(_, sender)| sender.is_some())
         .map(|(chunk, _)| chunk.instance_id.0)
         .collect();
-    let mut dispatched: HashSet<(i64, i64, String)> = HashSet::new();
-    for group in instances
-        .into_iter()
-        .collect::<Vec<_>>()
-        .chunks(NAMES_PER_STATEMENT)
-    {
-        let (list, padded) = in_list(group.iter().copied());
-        let sql = format!(
-            "SELECT instance_id, attempt, worker_id FROM task_attempt WHERE instance_id IN ({list})"
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for id in padded {
-            query = query.bind(id);
-        }
-        for row in query.fetch_all(&mut *c).await? {
-            if let Some(worker) = row.try_get::<Option<String>, _>("worker_id")? {
-                dispatched.insert((row.try_get("instance_id")?, row.try_get("attempt")?, worker));
-            }
-        }
-    }
+    let dispatched = super::reports::dispatched_attempts(c, instances).await?;
     let kept: Vec<bool> = chunks
         .iter()
         .enumerate()

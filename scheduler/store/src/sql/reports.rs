@@ -322,7 +322,29 @@ async fn refuse_strangers(
         return Ok(());
     }
     let instances: BTreeSet<i64> = doubtful.iter().map(|&i| reports[i].key().0.0).collect();
-    let mut dispatched: BTreeSet<(i64, i64, String)> = BTreeSet::new();
+    let dispatched = dispatched_attempts(c, instances).await?;
+    for index in doubtful {
+        let (instance, attempt) = reports[index].key();
+        let Some(worker) = reporter(&reports[index]) else {
+            continue;
+        };
+        if !dispatched.contains(&(instance.0, i64::from(attempt.0), worker)) {
+            results[index] = ReportResult::NotYours;
+        }
+    }
+    Ok(())
+}
+
+/// The (instance, attempt, worker) of every attempt of `instances` that went to a worker: what
+/// a worker's report or log batch is checked against, in one read per group of instances.
+pub(crate) async fn dispatched_attempts<C>(
+    c: &mut C,
+    instances: BTreeSet<i64>,
+) -> Result<std::collections::HashSet<(i64, i64, String)>>
+where
+    for<'c> &'c mut C: sqlx::Executor<'c, Database = sqlx::Any>,
+{
+    let mut dispatched = std::collections::HashSet::new();
     for group in instances
         .into_iter()
         .collect::<Vec<_>>()
@@ -342,16 +364,7 @@ async fn refuse_strangers(
             }
         }
     }
-    for index in doubtful {
-        let (instance, attempt) = reports[index].key();
-        let Some(worker) = reporter(&reports[index]) else {
-            continue;
-        };
-        if !dispatched.contains(&(instance.0, i64::from(attempt.0), worker)) {
-            results[index] = ReportResult::NotYours;
-        }
-    }
-    Ok(())
+    Ok(dispatched)
 }
 
 /// A worker's report of how an attempt ended that the scheduler had already ended itself (a

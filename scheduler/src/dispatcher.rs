@@ -1,26 +1,23 @@
 //! Sends WAITING instances to live workers.
 //!
-//! One pass: read a batch of WAITING instances (highest priority first), fit them under the
-//! concurrency limits (`ax_core::limits`, from the store's counters), choose a worker for each
-//! by its task's routing (`ax_core::placement`) within capacity and labels, take the guards
-//! (start lock, dedup marker), claim them all in one transaction (conditional WAITING →
-//! DISPATCHED, which also takes the limits race-free), then send. Persist, then send: a
-//! dispatch a worker never received is still recorded and comes back.
-//!
-//! Every choice is among the workers that may serve the instance (`Candidate::may_serve`: their
-//! token allows its app, they carry its labels), so no other worker is ever sent it or its
-//! secrets. A sharded task's instance is fanned out into one pinned shard per live worker that
-//! may serve it (cluster-wide, from the worker records) instead of being placed. An instance held
-//! back by a limit is recorded once as Throttled; one with no live worker carrying its labels
-//! anywhere in the cluster as NoWorker; a shard whose worker is gone for good fails.
+//! One pass: read a batch of WAITING instances (highest priority first), gather what deciding
+//! them needs (their workflow versions, limits and secrets, the limits' counters in one read,
+//! this node's worker slots), then ask the plan (`ax_core::dispatch_plan::Planner`, pure) about
+//! each instance in turn and carry out its answer: reserve the chosen slot and prepare the
+//! dispatch, fan a sharded task out, fail a shard whose worker is gone, or note why it waits.
+//! The plan asks for the cluster's worker records when a rule needs them, and is told when a
+//! reservation fails. Then record the decisions once, take the guards (start lock, dedup
+//! marker), claim the dispatches in one transaction (conditional WAITING → DISPATCHED, which
+//! also takes the limits race-free), and send. Persist, then send: a dispatch a worker never
+//! received is still recorded and comes back. The rules of the plan (limits, labels,
+//! routes across nodes, shards, NoWorker and Throttled) are described and tested there.
 //!
 //! In a cluster every node runs this, each placing instances on the workers connected to it; the
 //! conditional claim lets one node win each attempt. Each node reads its own share of the queue
 //! first (instance id modulo the live nodes holding workers), then whatever has waited
 //! `TAKE_OTHERS_AFTER_MS` in any share. An instance that only another node's workers can take,
-//! or whose `consistent_hash`/`failover` route picks a worker on another node (those routes
-//! choose among the cluster's live workers), is left to that node, which finds it at its next
-//! pass (woken by its own events, or within `IDLE_POLL`).
+//! or whose `consistent_hash`/`failover` route picks a worker on another node, is left to that
+//! node, which finds it at its next pass (woken by its own events, or within `IDLE_POLL`).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -28,9 +25,12 @@ use std::time::Duration;
 
 use ax_core::Millis;
 use ax_core::decision::DecisionKind;
+use ax_core::dispatch_plan::{
+    Action, ClusterWorker, NeedsCluster, Planner, Settings, Slot, Waiting,
+};
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
-use ax_core::limits::{Fitter, Limit, limits_for};
-use ax_core::placement::{Candidate, Route, Wanted, any_may_serve};
+use ax_core::limits::{Limit, limits_for};
+use ax_core::placement::Wanted;
 use ax_core::spec::{Routing, TaskSpec};
 use ax_proto::v1::{Dispatch, SchedulerMessage, scheduler_message};
 use ax_store::{DecisionRecord, DispatchClaim, Report, WaitingInstance, WorkerRecord};
@@ -186,148 +186,49 @@ struct Pass {
     fanned_out: bool,
 }
 
-/// The cluster's live workers as the store knows them (every node's, not only this one's).
-struct ClusterView {
-    workers: Option<Vec<WorkerRecord>>,
-}
-
-/// A worker of the cluster as a placement across nodes sees it.
-struct ClusterWorker {
-    slot: WorkerSlot,
-    /// Its index in this node's slots when it is connected here.
-    here: Option<usize>,
-}
-
-impl ClusterView {
-    /// Every live worker of the cluster: this node's from its slots (exact, and counting what
-    /// this pass planned), the others' from their rows (as of their last heartbeat).
-    async fn all_workers(
-        &mut self,
-        node: &Node,
-        slots: &[WorkerSlot],
-        now: Millis,
-    ) -> anyhow::Result<Vec<ClusterWorker>> {
-        let dead_after = crate::backstop::intervals(node).worker_dead_after_ms();
-        let mut all: Vec<ClusterWorker> = slots
-            .iter()
-            .enumerate()
-            .map(|(index, slot)| ClusterWorker {
-                slot: slot.clone(),
-                here: Some(index),
-            })
-            .collect();
-        for row in self.workers(node).await? {
-            let live = row.connected && row.last_heartbeat >= now - dead_after;
-            if live && !slots.iter().any(|slot| slot.id == row.id) {
-                all.push(ClusterWorker {
-                    slot: WorkerSlot {
-                        id: row.id.clone(),
-                        // Never sent to from here: the node holding it dispatches.
-                        connection: 0,
-                        labels: row.labels.clone(),
-                        apps: row.apps.as_deref().map(Into::into),
-                        capacity: row.capacity,
-                        running: row.running,
-                        accepting: !row.draining,
-                    },
-                    here: None,
-                });
-            }
-        }
-        Ok(all)
-    }
-
-    async fn workers(&mut self, node: &Node) -> anyhow::Result<&[WorkerRecord]> {
-        if self.workers.is_none() {
-            self.workers = Some(node.store.list_workers().await?);
-        }
-        Ok(self.workers.as_deref().unwrap_or_default())
-    }
-
-    /// Live workers that may serve `wanted` (its app, its labels), by id: connected and heard
-    /// from within the dead-worker threshold, not draining.
-    async fn live_with(
-        &mut self,
-        node: &Node,
-        wanted: &Wanted<'_>,
-        now: Millis,
-    ) -> anyhow::Result<Vec<String>> {
-        let dead_after = crate::backstop::intervals(node).worker_dead_after_ms();
-        let mut ids: Vec<String> = self
-            .workers(node)
-            .await?
-            .iter()
-            .filter(|w| w.connected && !w.draining && w.last_heartbeat >= now - dead_after)
-            .filter(|w| {
-                Candidate {
-                    id: &w.id,
-                    labels: &w.labels,
-                    apps: w.apps.as_deref(),
-                    capacity: w.capacity,
-                    running: w.running,
-                    accepting: true,
-                }
-                .may_serve(wanted)
-            })
-            .map(|w| w.id.clone())
-            .collect();
-        ids.sort();
-        ids.dedup();
-        Ok(ids)
-    }
-
-    /// A worker is gone for good when the store has no record of it or has not heard from it
-    /// within the dead-worker threshold.
-    async fn gone_for_good(
-        &mut self,
-        node: &Node,
-        worker: &str,
-        now: Millis,
-    ) -> anyhow::Result<bool> {
-        let dead_after = crate::backstop::intervals(node).worker_dead_after_ms();
-        Ok(!self
-            .workers(node)
-            .await?
-            .iter()
-            .any(|w| w.id == worker && w.last_heartbeat >= now - dead_after))
+/// The plan's settings, from the node's options.
+fn plan_settings(node: &Node) -> Settings {
+    Settings {
+        strategy: node.options.strategy,
+        worker_dead_after_ms: crate::backstop::intervals(node).worker_dead_after_ms(),
     }
 }
 
-fn labels_text(labels: &BTreeMap<String, String>) -> String {
-    if labels.is_empty() {
-        return "no live worker".into();
+/// A slot of this node's registry, as the plan sees it.
+fn plan_slot(slot: WorkerSlot) -> Slot {
+    Slot {
+        id: slot.id,
+        connection: slot.connection,
+        labels: slot.labels,
+        apps: slot.apps,
+        capacity: slot.capacity,
+        running: slot.running,
+        accepting: slot.accepting,
     }
-    let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    format!("no live worker with labels {}", pairs.join(","))
 }
 
-/// Why no worker may take an instance (none of the live ones may serve it): the labels it
-/// needs, and its app when some live worker carries those labels but its token names other
-/// apps.
-async fn no_worker_text(
-    cluster: &mut ClusterView,
-    node: &Node,
-    wanted: &Wanted<'_>,
-    now: Millis,
-) -> anyhow::Result<String> {
-    let dead_after = crate::backstop::intervals(node).worker_dead_after_ms();
-    let carrying = cluster.workers(node).await?.iter().any(|w| {
-        w.connected
-            && !w.draining
-            && w.last_heartbeat >= now - dead_after
-            && wanted
-                .labels
-                .iter()
-                .all(|(k, v)| w.labels.get(k) == Some(v))
-    });
-    if !carrying {
-        return Ok(labels_text(wanted.labels));
+/// A worker record of the store, as the plan sees it.
+fn cluster_worker(row: WorkerRecord) -> ClusterWorker {
+    ClusterWorker {
+        id: row.id,
+        labels: row.labels,
+        apps: row.apps,
+        capacity: row.capacity,
+        running: row.running,
+        draining: row.draining,
+        connected: row.connected,
+        last_heartbeat: row.last_heartbeat,
     }
-    Ok(format!(
-        "{} whose token allows app {}",
-        labels_text(wanted.labels),
-        wanted.app
-    ))
+}
+
+/// A WAITING instance with what its plan and its dispatch need: its workflow version, the
+/// limits it counts against, and its secrets' values (none when its task names none) or why
+/// this node cannot give them.
+struct Gathered {
+    waiting: WaitingInstance,
+    spec: Arc<VersionedSpec>,
+    limits: Vec<Limit>,
+    secrets: Result<Vec<(String, String)>, String>,
 }
 
 struct Planned {
@@ -361,9 +262,10 @@ fn decision(
     }
 }
 
+/// One batch: gather its inputs, plan and place it, record the decisions, then claim and send.
 async fn dispatch_batch(
     node: &Node,
-    mut slots: Vec<WorkerSlot>,
+    slots: Vec<WorkerSlot>,
     waiting: Vec<WaitingInstance>,
 ) -> anyhow::Result<Pass> {
     let now = now_ms();
@@ -372,186 +274,35 @@ async fn dispatch_batch(
         held_back: false,
         fanned_out: false,
     };
-    // The specs and limits of the batch, then the counters of every limited scope in one read.
-    let mut items = Vec::with_capacity(waiting.len());
-    let mut scopes: BTreeSet<String> = BTreeSet::new();
-    for item in waiting {
-        let instance = &item.instance;
-        let spec = node
-            .specs
-            .get(instance.workflow_id, instance.workflow_version)
-            .await?;
-        let Some(task) = spec.task(&instance.task) else {
-            tracing::error!(instance = %instance.id, task = %instance.task, "task missing from its workflow version");
-            continue;
-        };
-        let limits = limits_for(
-            instance.workflow_id,
-            task,
-            spec.spec.concurrency.max_running_tasks,
-            &node.options.pools,
-        );
-        scopes.extend(limits.iter().map(|limit| limit.scope.clone()));
-        items.push((item, spec, limits));
-    }
-    let mut fitter = if scopes.is_empty() {
-        Fitter::default()
-    } else {
-        let scopes: Vec<String> = scopes.into_iter().collect();
-        Fitter::new(node.store.limit_usage(&scopes).await?)
-    };
-    let mut cluster = ClusterView { workers: None };
-    let mut decisions = Vec::new();
-    let mut planned = Vec::new();
-    {
-        let mut placer = node.placer.lock().await;
-        for (item, spec, limits) in items {
-            let instance = &item.instance;
-            let Some(task) = spec.task(&instance.task) else {
-                continue;
-            };
-            let wanted = Wanted {
-                labels: &task.labels,
-                app: &spec.spec.app,
-            };
-            if task.routing == Routing::ShardedBroadcast && item.shard.is_none() {
-                // The parent of a sharded task: one shard per live worker that may serve it.
-                let workers = cluster.live_with(node, &wanted, now).await?;
-                if workers.is_empty() {
-                    pass.held_back = true;
-                    let why = no_worker_text(&mut cluster, node, &wanted, now).await?;
-                    decisions.push(decision(node, &item, DecisionKind::NoWorker, why, now));
-                } else if node
-                    .store
-                    .fan_out(instance.id, instance.attempt, &workers, now)
-                    .await?
-                {
-                    tracing::info!(instance = %instance.id, shards = workers.len(), "sharded task fanned out");
-                    pass.fanned_out = true;
-                }
-                continue;
-            }
-            // A task that names secrets waits, saying why, until this node can give them: its
-            // app's, else global ones, never another app's (checked here again, not only at
-            // apply, so a secret deleted or an app changed since cannot lead elsewhere).
-            let secret_env = if task.secret_env.is_empty() {
-                Vec::new()
-            } else {
-                match node
-                    .secrets
-                    .environment(&spec.spec.app, &task.secret_env)
-                    .await?
-                {
-                    Ok(env) => env,
-                    Err(why) => {
-                        pass.held_back = true;
-                        decisions.push(decision(
-                            node,
-                            &item,
-                            DecisionKind::SecretUnavailable,
-                            why,
-                            now,
-                        ));
-                        continue;
-                    }
-                }
-            };
-            if let Err(full) = fitter.take(&limits) {
-                pass.held_back = true;
-                decisions.push(decision(
-                    node,
-                    &item,
-                    DecisionKind::Throttled,
-                    full.reason(),
-                    now,
-                ));
-                continue;
-            }
-            let candidates: Vec<Candidate<'_>> = slots.iter().map(WorkerSlot::candidate).collect();
-            let key = format!("{}/{}", spec.name, task.name);
-            let pinned = item.shard.as_ref().map(|shard| shard.worker.as_str());
-            let route = Route::for_task(task.routing, node.options.strategy, &key, pinned);
-            let chosen = if route.spans_the_cluster() {
-                let all = cluster.all_workers(node, &slots, now).await?;
-                let everyone: Vec<Candidate<'_>> =
-                    all.iter().map(|worker| worker.slot.candidate()).collect();
-                match placer.choose_routed(route, &everyone, &wanted, rand::random()) {
-                    Some(index) if all[index].here.is_none() => {
-                        // The node holding that worker dispatches it; look past it.
-                        fitter.give_back(&limits);
-                        pass.held_back = true;
-                        continue;
-                    }
-                    Some(index) => all[index].here,
-                    None => None,
-                }
-            } else {
-                placer.choose_routed(route, &candidates, &wanted, rand::random())
-            };
-            let Some(chosen) = chosen else {
-                fitter.give_back(&limits);
-                if let Some(worker) = pinned {
-                    let here = candidates.iter().any(|c| c.id == worker);
-                    if !here && cluster.gone_for_good(node, worker, now).await? {
-                        let reason = format!("worker {worker} of this shard is gone");
-                        if node
-                            .store
-                            .fail_shard(instance.id, instance.attempt, &reason, now)
-                            .await?
-                        {
-                            tracing::warn!(instance = %instance.id, worker, "shard failed: its worker is gone");
-                        }
-                    }
-                } else if !any_may_serve(&candidates, &wanted) {
-                    // Only another node's workers (if any) can take it: look past it.
-                    pass.held_back = true;
-                    if cluster.live_with(node, &wanted, now).await?.is_empty() {
-                        let why = no_worker_text(&mut cluster, node, &wanted, now).await?;
-                        decisions.push(decision(node, &item, DecisionKind::NoWorker, why, now));
-                    }
-                }
-                continue;
-            };
-            // Reserved now, so a placement elsewhere on this node (a run created, an advance)
-            // cannot fill the slot before this claim commits.
-            if !node.registry.reserve(
-                &slots[chosen].id,
-                slots[chosen].connection,
-                instance.id,
-                instance.attempt,
-            ) {
-                fitter.give_back(&limits);
-                slots[chosen].running = slots[chosen].capacity;
-                continue;
-            }
-            slots[chosen].running += 1;
-            let ready = Ready {
-                instance: instance.id,
-                run: instance.run_id,
-                workflow_id: instance.workflow_id,
-                attempt: instance.attempt,
-                logical_time: item.logical_time,
-                params: &item.params,
-                shard: item.shard.as_ref(),
-            };
-            let (message, span) =
-                dispatch_message(node, &spec, task, &ready, &slots[chosen].id, secret_env);
-            planned.push(Planned {
-                span,
-                worker: slots[chosen].id.clone(),
-                connection: slots[chosen].connection,
-                lock_ttl: lock_ttl(node, task.timeout_ms),
-                waiting: item,
-                message,
-                limits,
-            });
+    let (items, used) = gather(node, waiting).await?;
+    let mut placed = Placed::default();
+    if let Err(err) = plan_and_place(node, slots, used, now, items, &mut placed).await {
+        // Nothing planned is claimed: its slots are free again.
+        for plan in &placed.planned {
+            let waiting = &plan.waiting.instance;
+            node.registry
+                .release(&plan.worker, waiting.id, waiting.attempt);
         }
+        return Err(err);
     }
+    let Placed {
+        planned,
+        decisions,
+        held_back,
+        fanned_out,
+    } = placed;
+    pass.held_back = held_back;
+    pass.fanned_out = fanned_out;
     record_once(node, decisions).await;
-    if planned.is_empty() {
-        return Ok(pass);
+    if !planned.is_empty() {
+        pass.sent = claim_and_send(node, planned).await?;
     }
+    Ok(pass)
+}
 
+/// Takes the guards of the planned dispatches, claims them in one transaction, and sends those
+/// this node won; returns how many were sent.
+async fn claim_and_send(node: &Node, planned: Vec<Planned>) -> anyhow::Result<usize> {
     // The fast guards: a retry whose previous attempt may still hold the start lock waits,
     // and an attempt that was already dispatched is not dispatched again.
     let mut guarded = Vec::with_capacity(planned.len());
@@ -638,8 +389,184 @@ async fn dispatch_batch(
         }
     }
     node.bump_progress();
-    pass.sent = sent;
-    Ok(pass)
+    Ok(sent)
+}
+
+/// The batch's workflow versions, limits and secrets, then the counters of every limited scope
+/// in one read. A task that names secrets gets them here, or why this node cannot give them:
+/// its app's, else global ones, never another app's (checked at each dispatch, not only at
+/// apply, so a secret deleted or an app changed since cannot lead elsewhere). A sharded task's
+/// parent is never sent: its shards get them.
+async fn gather(
+    node: &Node,
+    waiting: Vec<WaitingInstance>,
+) -> anyhow::Result<(Vec<Gathered>, BTreeMap<String, u32>)> {
+    let mut items = Vec::with_capacity(waiting.len());
+    let mut scopes: BTreeSet<String> = BTreeSet::new();
+    for item in waiting {
+        let instance = &item.instance;
+        let spec = node
+            .specs
+            .get(instance.workflow_id, instance.workflow_version)
+            .await?;
+        let Some(task) = spec.task(&instance.task) else {
+            tracing::error!(instance = %instance.id, task = %instance.task, "task missing from its workflow version");
+            continue;
+        };
+        let limits = limits_for(
+            instance.workflow_id,
+            task,
+            spec.spec.concurrency.max_running_tasks,
+            &node.options.pools,
+        );
+        scopes.extend(limits.iter().map(|limit| limit.scope.clone()));
+        let sharded_parent = task.routing == Routing::ShardedBroadcast && item.shard.is_none();
+        let secrets = if task.secret_env.is_empty() || sharded_parent {
+            Ok(Vec::new())
+        } else {
+            node.secrets
+                .environment(&spec.spec.app, &task.secret_env)
+                .await?
+        };
+        items.push(Gathered {
+            waiting: item,
+            spec,
+            limits,
+            secrets,
+        });
+    }
+    let used = if scopes.is_empty() {
+        BTreeMap::new()
+    } else {
+        let scopes: Vec<String> = scopes.into_iter().collect();
+        node.store.limit_usage(&scopes).await?
+    };
+    Ok((items, used))
+}
+
+/// What a batch's plan left to do once placed: the dispatches reserved and prepared, and the
+/// decisions to record.
+#[derive(Default)]
+struct Placed {
+    planned: Vec<Planned>,
+    decisions: Vec<DecisionRecord>,
+    /// Some instance was held back (`Action::holds_back`).
+    held_back: bool,
+    /// A sharded task fanned out.
+    fanned_out: bool,
+}
+
+/// Asks the plan about each instance in priority order and carries out its answer: reserves
+/// and prepares the dispatches, fans out and fails shards, collects the decisions to record.
+/// The slots are this node's as the pass read them; `used`, the limits' counters.
+async fn plan_and_place(
+    node: &Node,
+    slots: Vec<WorkerSlot>,
+    used: BTreeMap<String, u32>,
+    now: Millis,
+    items: Vec<Gathered>,
+    placed: &mut Placed,
+) -> anyhow::Result<()> {
+    let slots = slots.into_iter().map(plan_slot).collect();
+    let mut placer = node.placer.lock().await;
+    let mut plan = Planner::new(plan_settings(node), now, slots, used, &mut placer);
+    for gathered in items {
+        let Gathered {
+            waiting: item,
+            spec,
+            limits,
+            secrets,
+        } = gathered;
+        let instance = &item.instance;
+        let Some(task) = spec.task(&instance.task) else {
+            continue;
+        };
+        let key = format!("{}/{}", spec.name, task.name);
+        let pinned = item.shard.as_ref().map(|shard| shard.worker.as_str());
+        let ask = Waiting {
+            instance: instance.id,
+            attempt: instance.attempt,
+            key: &key,
+            routing: task.routing,
+            wanted: Wanted {
+                labels: &task.labels,
+                app: &spec.spec.app,
+            },
+            limits: &limits,
+            pinned,
+            secrets_unavailable: secrets.as_ref().err().map(String::as_str),
+        };
+        let action = loop {
+            match plan.decide(&ask, rand::random()) {
+                Ok(action) => break action,
+                Err(NeedsCluster) => {
+                    let workers = node.store.list_workers().await?;
+                    plan.learn_cluster(workers.into_iter().map(cluster_worker).collect());
+                }
+            }
+        };
+        placed.held_back |= action.holds_back();
+        match action {
+            Action::Dispatch { worker, connection } => {
+                // Reserved now, so a placement elsewhere on this node (a run created, an
+                // advance) cannot fill the slot before this claim commits.
+                if !node
+                    .registry
+                    .reserve(&worker, connection, instance.id, instance.attempt)
+                {
+                    plan.refused(&ask, &worker);
+                    continue;
+                }
+                let ready = Ready {
+                    instance: instance.id,
+                    run: instance.run_id,
+                    workflow_id: instance.workflow_id,
+                    attempt: instance.attempt,
+                    logical_time: item.logical_time,
+                    params: &item.params,
+                    shard: item.shard.as_ref(),
+                };
+                let secret_env = secrets.unwrap_or_default();
+                let (message, span) =
+                    dispatch_message(node, &spec, task, &ready, &worker, secret_env);
+                placed.planned.push(Planned {
+                    span,
+                    worker,
+                    connection,
+                    lock_ttl: lock_ttl(node, task.timeout_ms),
+                    waiting: item,
+                    message,
+                    limits,
+                });
+            }
+            Action::FanOut { workers } => {
+                if node
+                    .store
+                    .fan_out(instance.id, instance.attempt, &workers, now)
+                    .await?
+                {
+                    tracing::info!(instance = %instance.id, shards = workers.len(), "sharded task fanned out");
+                    placed.fanned_out = true;
+                }
+            }
+            Action::FailShard { reason } => {
+                if node
+                    .store
+                    .fail_shard(instance.id, instance.attempt, &reason, now)
+                    .await?
+                {
+                    tracing::warn!(instance = %instance.id, worker = pinned, "shard failed: its worker is gone");
+                }
+            }
+            Action::Hold { kind, detail } => {
+                placed
+                    .decisions
+                    .push(decision(node, &item, kind, detail, now));
+            }
+            Action::LeaveToOtherNode | Action::Wait => {}
+        }
+    }
+    Ok(())
 }
 
 /// A claimed attempt, to send.
@@ -891,18 +818,5 @@ mod tests {
     fn logical_time_is_rfc3339_utc() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(1_714_528_800_500), "2024-05-01T02:00:00.500Z");
-    }
-
-    #[test]
-    fn no_worker_details_name_the_labels() {
-        assert_eq!(labels_text(&BTreeMap::new()), "no live worker");
-        let labels = BTreeMap::from([
-            ("zone".to_string(), "east".to_string()),
-            ("gpu".to_string(), "a100".to_string()),
-        ]);
-        assert_eq!(
-            labels_text(&labels),
-            "no live worker with labels gpu=a100,zone=east"
-        );
     }
 }

@@ -4,9 +4,10 @@
 //! WAITING queue when a worker here has a free slot. That saves the dispatcher's read and its
 //! claim's commit between a task becoming ready and its dispatch.
 //!
-//! Only what the node can decide from memory is placed: a task without concurrency limits,
-//! secrets, or a sharded or cluster-wide route, whose workflow version is cached, while no
-//! dispatch pass is planning. Everything else is created WAITING for the dispatcher, as
+//! Only what the node can decide from memory is placed
+//! (`ax_core::dispatch_plan::route_at_creation`): a task without concurrency limits, secrets,
+//! or a sharded or cluster-wide route, whose workflow version is cached, while no dispatch pass
+//! is planning. Everything else is created WAITING for the dispatcher, as
 //! before. Each placed attempt reserves its worker's slot as it is placed
 //! (`Registry::reserve`); the reservations of attempts the transaction did not create after all
 //! (it failed, or was retried with new ids) are given back. A placed attempt is attempt 1 of
@@ -15,10 +16,10 @@
 
 use std::collections::HashMap;
 
+use ax_core::dispatch_plan::route_at_creation;
 use ax_core::ids::{Attempt, InstanceId};
 use ax_core::limits::limits_for;
-use ax_core::placement::{Candidate, Route, Wanted};
-use ax_core::spec::Routing;
+use ax_core::placement::{Candidate, Wanted};
 use ax_store::{NewAttempt, PlacedAttempt, Placement, Report};
 
 use crate::dispatcher::{Claimed, Ready, dispatch_message, lock_ttl, send_claimed};
@@ -161,14 +162,14 @@ impl Placement for PlaceNow<'_> {
             &node.options.pools,
         )
         .is_empty();
-        if limited || task.routing == Routing::ShardedBroadcast || !task.secret_env.is_empty() {
-            return None;
-        }
         let key = format!("{}/{}", spec.name, task.name);
-        let route = Route::for_task(task.routing, node.options.strategy, &key, None);
-        if route.spans_the_cluster() {
-            return None;
-        }
+        let route = route_at_creation(
+            task.routing,
+            node.options.strategy,
+            &key,
+            limited,
+            !task.secret_env.is_empty(),
+        )?;
         let candidates: Vec<Candidate<'_>> = slots.iter().map(WorkerSlot::candidate).collect();
         // Taken for this choice only, never across the transaction: a dispatch pass that holds
         // it is not kept waiting on a commit, and meanwhile its instances stay WAITING for it.

@@ -15,6 +15,7 @@ pub mod cross_site;
 pub mod dag;
 pub mod decision;
 pub mod dependency;
+pub mod dispatch_plan;
 pub mod failure_audit;
 pub mod firing;
 pub mod ids;

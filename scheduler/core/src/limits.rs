@@ -82,16 +82,20 @@ impl Fitter {
     /// returns the first full limit. Called in priority order, so the highest-priority instances
     /// get the room and a throttled instance never blocks another task's.
     pub fn take<'a>(&mut self, limits: &'a [Limit]) -> Result<(), &'a Limit> {
-        if let Some(full) = limits
-            .iter()
-            .find(|limit| self.used.get(&limit.scope).copied().unwrap_or(0) >= limit.max)
-        {
+        if let Some(full) = self.first_full(limits) {
             return Err(full);
         }
         for limit in limits {
             *self.used.entry(limit.scope.clone()).or_insert(0) += 1;
         }
         Ok(())
+    }
+
+    /// The first of `limits` with no room left, if any; takes nothing.
+    pub fn first_full<'a>(&self, limits: &'a [Limit]) -> Option<&'a Limit> {
+        limits
+            .iter()
+            .find(|limit| self.used(&limit.scope) >= limit.max)
     }
 
     /// Gives back what [`Fitter::take`] took (the instance found no worker after all).

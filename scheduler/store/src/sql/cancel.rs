@@ -16,8 +16,8 @@ use ax_core::state::InstanceState;
 use sqlx::{AnyConnection, Row};
 
 use super::SqlStore;
+use super::instance_locks::{InstanceKey, load_key, lock_key, lock_runs};
 use super::queue;
-use super::reports::{self, load_key, lock_runs};
 use super::rows::{corrupt, instance_state, to_u32};
 use super::run_end::finish_run_if_done;
 use super::runs::{instance_by_id, run_by_id};
@@ -69,7 +69,7 @@ async fn cancel_one(
 pub(crate) async fn cancel_shards_of(
     store: &SqlStore,
     c: &mut AnyConnection,
-    parent: &reports::InstanceKey,
+    parent: &InstanceKey,
     now: Millis,
 ) -> Result<Vec<i64>> {
     // The shards share the parent's run and task: read through the key that never changes.
@@ -185,7 +185,7 @@ pub(crate) async fn cancel_instance_tx(
     // Read again under the run lock, and lock the row: a report may have moved it meanwhile,
     // and a batch of Started reports (which takes no run lock) must not move it between this
     // read and the cancel.
-    let Some(key) = reports::lock_key(store, c, id).await? else {
+    let Some(key) = lock_key(store, c, id).await? else {
         return Ok(None);
     };
     let mut killed = None;

@@ -32,8 +32,8 @@ use ax_core::state::{Event, InstanceState, Outcome, transition};
 use sqlx::{AnyConnection, Row};
 
 use super::ids::IdKind;
+use super::instance_locks::{InstanceKey, load_key, lock_runs};
 use super::patch::{Patches, Table};
-use super::reports::{InstanceKey, load_key, lock_runs};
 use super::rows::{self, instance_state, map_json, to_u32};
 use super::run_end::finish_run_if_done;
 use super::{Dialect, SqlStore, in_list, pow2_chunks, values_rows};

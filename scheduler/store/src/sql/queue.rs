@@ -22,7 +22,7 @@ use sqlx::{AnyConnection, Row};
 use super::counted::Counted;
 use super::placing::Placing;
 use super::rows::{corrupt, to_u32};
-use super::run_create::{RootsOf, facts_of_version, insert_roots_of};
+use super::run_roots::{RootsOf, facts_of_version, insert_roots_of};
 use super::{SqlStore, in_list};
 use crate::{NewRun, Result};
 

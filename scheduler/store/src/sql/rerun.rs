@@ -22,7 +22,7 @@ use ax_core::ids::{Attempt, InstanceId, RunId};
 use ax_core::state::{Event, InstanceState, transition};
 use sqlx::{AnyConnection, Row};
 
-use super::reports::{self, load_key, lock_runs};
+use super::instance_locks::{InstanceKey, load_key, lock_runs};
 use super::rows::{corrupt, instance_state, to_u32};
 use super::runs::{instance_by_id, run_by_id};
 use super::{SqlStore, placeholders};
@@ -213,7 +213,7 @@ pub(crate) async fn wake_pending(
 
 /// Moves one finished, unsuccessful instance to its next attempt (a person asked for it), and
 /// reopens its run. False when the instance is not in `key.state` any more.
-async fn retry_one(c: &mut AnyConnection, key: &reports::InstanceKey, now: Millis) -> Result<bool> {
+async fn retry_one(c: &mut AnyConnection, key: &InstanceKey, now: Millis) -> Result<bool> {
     if transition(key.state, Event::ManualRetry).is_err() {
         return Ok(false);
     }

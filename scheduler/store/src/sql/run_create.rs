@@ -13,7 +13,7 @@ use ax_core::Millis;
 use ax_core::audit_text;
 use ax_core::decision::DecisionKind;
 use ax_core::firing::Admission;
-use ax_core::ids::{InstanceId, RunId, WorkflowId};
+use ax_core::ids::RunId;
 use ax_core::run::{RunProgress, RunState, run_outcome};
 use sqlx::{AnyConnection, Row};
 
@@ -23,10 +23,9 @@ use super::ids::IdKind;
 use super::placing::Placing;
 use super::queue::{self, Limits};
 use super::rows::{self, corrupt, to_json};
+use super::run_roots::{RootsOf, VersionFacts, facts_of_version, insert_roots_of};
 use super::{SqlStore, db_errors, in_list, pow2_chunks, values_rows, write_tx};
-use crate::{
-    AuditRecord, NewAttempt, NewRun, PlacedAttempt, Placement, Result, RunRecord, Store, StoreError,
-};
+use crate::{AuditRecord, NewRun, PlacedAttempt, Placement, Result, RunRecord, Store, StoreError};
 
 pub(crate) async fn create_run(store: &SqlStore, run: &NewRun) -> Result<(RunRecord, bool)> {
     let mut created = store.create_runs(std::slice::from_ref(run)).await?;
@@ -67,13 +66,6 @@ impl From<Created> for (RunRecord, bool) {
             Created::Existing(record) => (record, false),
         }
     }
-}
-
-/// What creating a run needs of its workflow version.
-pub(crate) struct VersionFacts {
-    task_count: i64,
-    /// The root tasks (no upstream), by name: (name, priority).
-    roots: Vec<(String, i64)>,
 }
 
 /// Creates one run (a dependent workflow's run at an upstream's end, a single trigger).
@@ -446,88 +438,6 @@ async fn insert_started(
         .collect()
 }
 
-/// The root instances of one run to insert.
-pub(crate) struct RootsOf<'a> {
-    pub(crate) run_id: i64,
-    pub(crate) workflow_id: i64,
-    pub(crate) version: i64,
-    pub(crate) facts: &'a VersionFacts,
-    pub(crate) now: Millis,
-}
-
-impl<'a> RootsOf<'a> {
-    fn new(run_id: i64, run: &NewRun, facts: &'a VersionFacts) -> RootsOf<'a> {
-        RootsOf {
-            run_id,
-            workflow_id: run.workflow_id.0,
-            version: i64::from(run.workflow_version),
-            facts,
-            now: run.now,
-        }
-    }
-}
-
-/// Inserts an attempt-1 instance for each root task of each run, in multi-row statements:
-/// WAITING, or DISPATCHED with its attempt row when `placing` places it. Returns how many.
-pub(crate) async fn insert_roots_of(
-    store: &SqlStore,
-    c: &mut Counted<'_>,
-    runs: &[RootsOf<'_>],
-    placing: &mut Placing<'_>,
-) -> Result<usize> {
-    let rows: Vec<(&RootsOf, &(String, i64))> = runs
-        .iter()
-        .flat_map(|run| run.facts.roots.iter().map(move |root| (run, root)))
-        .collect();
-    if rows.is_empty() {
-        return Ok(0);
-    }
-    let ids = store
-        .take_ids(c.uncounted(), IdKind::Instance, rows.len())
-        .await?;
-    let rows: Vec<_> = rows
-        .into_iter()
-        .zip(ids)
-        .map(|((run, (task, priority)), id)| {
-            let placed = placing.place(NewAttempt {
-                instance_id: InstanceId(id),
-                run_id: RunId(run.run_id),
-                workflow_id: WorkflowId(run.workflow_id),
-                workflow_version: run.version as u32,
-                task: task.clone(),
-                priority: *priority as i32,
-                created_at: run.now,
-            });
-            (run, task, *priority, id, placed)
-        })
-        .collect();
-    for chunk in pow2_chunks(&rows) {
-        let sql = format!(
-            "INSERT INTO task_instance (id, run_id, workflow_id, workflow_version, task_name, \
-             state, worker_id, attempt, priority, not_before, created_at) VALUES {}",
-            values_rows(chunk.len(), 11)
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for (run, task, priority, id, (state, worker)) in chunk {
-            query = query
-                .bind(*id)
-                .bind(run.run_id)
-                .bind(run.workflow_id)
-                .bind(run.version)
-                .bind(task.as_str())
-                .bind(*state)
-                .bind(worker.clone())
-                .bind(1i64)
-                .bind(*priority)
-                .bind(run.now)
-                .bind(run.now);
-        }
-        query.execute(&mut *c).await?;
-    }
-    placing.write_attempts(c.uncounted()).await?;
-    Ok(rows.len())
-}
-
 /// The runs that exist under the dedup keys of `runs`, by (workflow, key): one statement.
 async fn runs_by_dedup(
     c: &mut Counted<'_>,
@@ -583,38 +493,6 @@ async fn version_facts(
         }
     }
     Ok(facts)
-}
-
-/// A workflow version's task count and root tasks, one statement; `None` when it does not
-/// exist.
-pub(crate) async fn facts_of_version(
-    c: &mut Counted<'_>,
-    workflow: i64,
-    version: i64,
-) -> Result<Option<VersionFacts>> {
-    let rows = sqlx::query(
-        "SELECT v.task_count, d.name, d.priority FROM workflow_version v \
-         LEFT JOIN task_definition d ON d.workflow_id = v.workflow_id \
-         AND d.version = v.version AND d.upstream_count = 0 \
-         WHERE v.workflow_id = ? AND v.version = ? ORDER BY d.name",
-    )
-    .bind(workflow)
-    .bind(version)
-    .fetch_all(&mut *c)
-    .await?;
-    let Some(first) = rows.first() else {
-        return Ok(None);
-    };
-    let mut facts = VersionFacts {
-        task_count: first.try_get("task_count")?,
-        roots: Vec::with_capacity(rows.len()),
-    };
-    for row in &rows {
-        if let Some(name) = row.try_get::<Option<String>, _>("name")? {
-            facts.roots.push((name, row.try_get("priority")?));
-        }
-    }
-    Ok(Some(facts))
 }
 
 /// The name and limits of each workflow of `runs`, one statement; a workflow that does not

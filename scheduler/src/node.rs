@@ -21,7 +21,7 @@ pub struct Node {
     pub options: SchedulerOptions,
     /// Whether the node reaches its store: cut off, it dispatches nothing and serves no worker.
     pub standing: Arc<crate::membership::Standing>,
-    pub store: Arc<dyn Store>,
+    pub store: Arc<Store>,
     pub guards: Arc<dyn Guards>,
     pub registry: Registry,
     pub specs: SpecCache,
@@ -65,7 +65,7 @@ impl Node {
     pub fn new(
         options: SchedulerOptions,
         standing: Arc<crate::membership::Standing>,
-        store: Arc<dyn Store>,
+        store: Arc<Store>,
         guards: Arc<dyn Guards>,
         reports: ReportSender,
         logs: LogWriter,

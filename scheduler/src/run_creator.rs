@@ -17,12 +17,12 @@ pub type RunCreator = GroupCommit<NewRuns>;
 /// New runs, written by the store; once the node is attached, their root tasks are placed on
 /// its workers in the same transaction (`place_now.rs`).
 pub struct NewRuns {
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     node: OnceLock<Weak<Node>>,
 }
 
 impl NewRuns {
-    pub fn new(store: Arc<dyn Store>) -> NewRuns {
+    pub fn new(store: Arc<Store>) -> NewRuns {
         NewRuns {
             store,
             node: OnceLock::new(),

@@ -43,7 +43,7 @@ impl PendingAck {
 const FLUSH_BOUNDS: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 
 pub struct WorkerRows {
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     /// Refreshes not yet written, the latest per worker, with the heartbeat to acknowledge.
     kept: Mutex<HashMap<String, (WorkerRecord, Option<PendingAck>)>>,
     /// Held while a group is written, so groups are written one after the other.
@@ -54,7 +54,7 @@ impl WorkerRows {
     /// Starts writing kept refreshes every half heartbeat interval (within 10 ms and 1 s), so a
     /// row is never more than half an interval behind its refresh; the task ends with the
     /// last handle.
-    pub fn start(store: Arc<dyn Store>, heartbeat_interval: Duration) -> Arc<WorkerRows> {
+    pub fn start(store: Arc<Store>, heartbeat_interval: Duration) -> Arc<WorkerRows> {
         let rows = Arc::new(WorkerRows {
             store,
             kept: Mutex::default(),
@@ -142,7 +142,7 @@ mod tests {
         }
     }
 
-    async fn sqlite_store() -> (tempfile::TempDir, Arc<dyn Store>) {
+    async fn sqlite_store() -> (tempfile::TempDir, Arc<Store>) {
         let dir = tempfile::tempdir().expect("dir");
         let url = format!("sqlite://{}", dir.path().join("workers.db").display());
         let store = ax_store::open(&url).await.expect("store");

@@ -113,7 +113,7 @@ struct Cached {
 pub struct Gate {
     mode: AuthMode,
     failure_limit: u32,
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     audit: AuditWriter,
     cache: Mutex<HashMap<String, Cached>>,
     throttle: Mutex<FailureThrottle>,
@@ -122,12 +122,7 @@ pub struct Gate {
 
 impl Gate {
     /// `failure_limit`: failed authentications an address may make within a minute.
-    pub fn new(
-        mode: AuthMode,
-        failure_limit: u32,
-        store: Arc<dyn Store>,
-        audit: AuditWriter,
-    ) -> Gate {
+    pub fn new(mode: AuthMode, failure_limit: u32, store: Arc<Store>, audit: AuditWriter) -> Gate {
         Gate {
             mode,
             failure_limit,

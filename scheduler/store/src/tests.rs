@@ -2215,7 +2215,7 @@ mod scenarios {
     }
 
     /// Starts an attempt already dispatched to w1.
-    async fn launch_dispatched(s: &dyn Store, id: InstanceId) -> InstanceRecord {
+    async fn launch_dispatched(s: &Store, id: InstanceId) -> InstanceRecord {
         let inst = s.get_instance(id).await.unwrap().unwrap();
         let results = s
             .apply_reports(&[started(id, inst.attempt.0)], T0)
@@ -2344,7 +2344,7 @@ mod scenarios {
 #[tokio::test]
 async fn other_url_schemes_are_refused() {
     for url in ["postgres://localhost/ax", "redis://localhost", "ax.db", ""] {
-        match SqlStore::connect(url).await {
+        match Store::connect(url).await {
             Err(StoreError::UnsupportedUrl(got)) => assert_eq!(got, url),
             other => panic!("{url}: expected UnsupportedUrl, got {other:?}"),
         }
@@ -2374,16 +2374,16 @@ async fn open_returns_a_working_store_and_in_memory_sqlite_works() {
     assert!(path.exists());
     drop(store);
     // Opening again runs no migration twice and keeps the data.
-    let again = SqlStore::connect(&format!("sqlite://{}", path.display()))
+    let again = Store::connect(&format!("sqlite://{}", path.display()))
         .await
         .unwrap();
     assert!(again.list_workflows(None).await.unwrap().is_empty());
 }
 
 /// A SQLite file store with a table of eight rows to overwrite, and the path of its log.
-async fn sqlite_store_with_filler(dir: &std::path::Path) -> (Arc<SqlStore>, std::path::PathBuf) {
+async fn sqlite_store_with_filler(dir: &std::path::Path) -> (Arc<Store>, std::path::PathBuf) {
     let path = dir.join("ax.db");
-    let store = SqlStore::connect(&format!("sqlite://{}", path.display()))
+    let store = Store::connect(&format!("sqlite://{}", path.display()))
         .await
         .unwrap();
     sqlx::query("CREATE TABLE filler (id INTEGER PRIMARY KEY, body BLOB NOT NULL)")
@@ -2401,7 +2401,7 @@ async fn sqlite_store_with_filler(dir: &std::path::Path) -> (Arc<SqlStore>, std:
 
 /// About 20 KiB of pages through the log per commit (a 16 KiB row and its page), at most one
 /// commit a millisecond, each through the store's writer lock as the store's own writes go.
-async fn overwrite_filler(store: &SqlStore, commits: i64) {
+async fn overwrite_filler(store: &Store, commits: i64) {
     for i in 0..commits {
         let mut write = store.begin_write().await.unwrap();
         sqlx::query("UPDATE filler SET body = randomblob(16384) WHERE id = ?")
@@ -2530,7 +2530,7 @@ async fn a_mysql_session_gone_silent_in_a_transaction_frees_its_locks_after_the_
         let options = StoreOptions {
             silent_client_timeout: std::time::Duration::from_secs(1),
         };
-        let silent = SqlStore::connect_with(&ctx.url, &options).await.unwrap();
+        let silent = Store::connect_with(&ctx.url, &options).await.unwrap();
         let mut tx = silent.pool.begin().await.unwrap();
         let timeout: i64 = sqlx::query_scalar("SELECT @@session.wait_timeout")
             .fetch_one(&mut *tx)

@@ -15,12 +15,12 @@ use ax_core::run::RunState;
 use ax_core::state::InstanceState;
 use sqlx::{AnyConnection, Row};
 
-use super::SqlStore;
 use super::instance_locks::{InstanceKey, load_key, lock_key, lock_runs};
 use super::queue;
 use super::rows::{corrupt, instance_state, to_u32};
 use super::run_end::finish_run_if_done;
 use super::runs::{instance_by_id, run_by_id};
+use super::{Store, write_tx};
 use crate::{CancelledAttempt, InstanceRecord, Result};
 
 const UNFINISHED: &str = "('WAITING', 'DISPATCHED', 'RUNNING')";
@@ -67,7 +67,7 @@ async fn cancel_one(
 /// report makes the worker kill it.
 /// Returns the cancelled shards, whose scopes the caller releases.
 pub(crate) async fn cancel_shards_of(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     parent: &InstanceKey,
     now: Millis,
@@ -101,8 +101,32 @@ fn was_started(state: InstanceState) -> bool {
     matches!(state, InstanceState::Dispatched | InstanceState::Running)
 }
 
+impl Store {
+    /// Marks the run cancel-requested, cancels its unfinished instances, ends it CANCELLED and
+    /// returns the attempts that were dispatched or running (their workers must kill them).
+    /// A QUEUED run (no instances) simply ends CANCELLED. Queued runs of the workflow that now
+    /// fit are started in the same transaction.
+    pub async fn cancel_run(
+        &self,
+        id: RunId,
+        now: Millis,
+    ) -> Result<Option<Vec<CancelledAttempt>>> {
+        write_tx!(self, |c| cancel_run_tx(self, c, id, now))
+    }
+
+    /// Cancels one unfinished instance (ending its run if nothing is left). `Ok(None)` when it
+    /// does not exist; the returned attempt is set when it was dispatched or running.
+    pub async fn cancel_instance(
+        &self,
+        id: InstanceId,
+        now: Millis,
+    ) -> Result<Option<(InstanceRecord, Option<CancelledAttempt>)>> {
+        write_tx!(self, |c| cancel_instance_tx(self, c, id, now))
+    }
+}
+
 pub(crate) async fn cancel_run_tx(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     id: RunId,
     now: Millis,
@@ -173,7 +197,7 @@ pub(crate) async fn cancel_run_tx(
 }
 
 pub(crate) async fn cancel_instance_tx(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     id: InstanceId,
     now: Millis,

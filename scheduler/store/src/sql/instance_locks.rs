@@ -15,7 +15,7 @@ use sqlx::{AnyConnection, Row};
 
 use super::counted::Counted;
 use super::rows::{instance_state, to_u32};
-use super::{Dialect, SqlStore, in_list};
+use super::{Dialect, Store, in_list};
 use crate::Result;
 
 /// The facts about an instance a transition needs.
@@ -49,7 +49,7 @@ pub(crate) async fn load_key(c: &mut AnyConnection, id: InstanceId) -> Result<Op
 /// are serialized): what the caller decides on it cannot be overtaken by a report batch, which
 /// locks the same rows, or by a dispatch claim.
 pub(crate) async fn lock_key(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     id: InstanceId,
 ) -> Result<Option<InstanceKey>> {
@@ -116,7 +116,7 @@ fn key_of(row: &sqlx::any::AnyRow) -> Result<InstanceKey> {
 /// Locks the rows of `runs` in ascending id order, so that two transactions finishing upstreams
 /// of one fan-in cannot both miss it, and two batches never lock runs in opposite orders.
 pub(crate) async fn lock_runs(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     runs: &BTreeSet<i64>,
 ) -> Result<()> {
@@ -124,7 +124,7 @@ pub(crate) async fn lock_runs(
 }
 
 pub(crate) async fn lock_run_rows(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     runs: &BTreeSet<i64>,
 ) -> Result<()> {

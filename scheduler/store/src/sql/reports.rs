@@ -17,8 +17,11 @@ use super::instance_locks::{InstanceKey, load_keys, lock_run_rows};
 use super::patch::{Patches, Table, Value};
 use super::placing::{Placed, Placing};
 use super::rows::{instance_state, map_json, to_u32};
-use super::{Dialect, NAMES_PER_STATEMENT, SqlStore, in_list, pow2_chunks, values_rows};
-use crate::{Applied, AttemptEnd, NewAttempt, Report, ReportResult, Result};
+use super::{Dialect, NAMES_PER_STATEMENT, Store, in_list, pow2_chunks, values_rows, write_tx};
+use crate::{
+    Applied, AttemptEnd, NewAttempt, NoPlacement, PlacedAttempt, Placement, Report, ReportResult,
+    Result,
+};
 
 /// `lock_run_rows` on MySQL, reading with the lock what the dispatches of placed instances
 /// carry from their run (its logical time and params), so placing costs no read of its own.
@@ -45,10 +48,45 @@ async fn lock_run_rows_noting(
     Ok(())
 }
 
+impl Store {
+    /// Applies worker reports in one transaction, in order; one result per report. A report
+    /// that names its worker (`worker_id: Some`) is applied only from the worker its attempt was
+    /// dispatched to; from any other it is [`ReportResult::NotYours`], as is one that would be
+    /// stale or not found and whose attempt was never dispatched to that worker.
+    pub async fn apply_reports(
+        &self,
+        reports: &[Report],
+        now: Millis,
+    ) -> Result<Vec<ReportResult>> {
+        Ok(self
+            .apply_reports_placed(reports, now, &mut NoPlacement)
+            .await?
+            .0)
+    }
+
+    /// `apply_reports`, with each first attempt the advance creates offered to `placement`:
+    /// the ones it places are created DISPATCHED and returned (see [`Placement`]).
+    pub async fn apply_reports_placed(
+        &self,
+        reports: &[Report],
+        now: Millis,
+        placement: &mut dyn Placement,
+    ) -> Result<(Vec<ReportResult>, Vec<PlacedAttempt>)> {
+        if reports.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        write_tx!(self, |c| async {
+            let mut placing = Placing::new(&mut *placement, now);
+            let results = apply_reports(self, c, reports, now, &mut placing).await?;
+            Ok((results, placing.finish(c).await?))
+        })
+    }
+}
+
 /// Applies a batch of reports in the caller's transaction, counting the statements it sends
-/// in [`SqlStore::report_statements`].
+/// in [`Store::report_statements`].
 pub(crate) async fn apply_reports(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     reports: &[Report],
     now: Millis,
@@ -61,7 +99,7 @@ pub(crate) async fn apply_reports(
 }
 
 async fn apply_counted(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     reports: &[Report],
     now: Millis,
@@ -394,7 +432,7 @@ struct AfterBatch {
 impl AfterBatch {
     async fn carry_out(
         self,
-        store: &SqlStore,
+        store: &Store,
         c: &mut Counted<'_>,
         now: Millis,
         results: &mut [ReportResult],
@@ -770,7 +808,7 @@ async fn definitions(
 /// ones, all through indexes: the cost depends neither on the size of the workflow, nor on the
 /// history, nor on how many candidates became ready at once.
 async fn create_ready(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     candidates: &[(usize, InstanceKey, String)],
     now: Millis,
@@ -907,7 +945,7 @@ async fn count_succeeded(
 /// already (it ran before a rerun from above and is PENDING) is woken instead. Returns, per
 /// (run, task), the instances created or woken.
 async fn insert_first_attempts(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     workflow: i64,
     version: i64,

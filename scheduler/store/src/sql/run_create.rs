@@ -24,33 +24,52 @@ use super::placing::Placing;
 use super::queue::{self, Limits};
 use super::rows::{self, corrupt, to_json};
 use super::run_roots::{RootsOf, VersionFacts, facts_of_version, insert_roots_of};
-use super::{SqlStore, db_errors, in_list, pow2_chunks, values_rows, write_tx};
-use crate::{AuditRecord, NewRun, PlacedAttempt, Placement, Result, RunRecord, Store, StoreError};
+use super::{Store, db_errors, in_list, pow2_chunks, values_rows, write_tx};
+use crate::{
+    AuditRecord, NewRun, NoPlacement, PlacedAttempt, Placement, Result, RunRecord, StoreError,
+};
 
-pub(crate) async fn create_run(store: &SqlStore, run: &NewRun) -> Result<(RunRecord, bool)> {
-    let mut created = store.create_runs(std::slice::from_ref(run)).await?;
-    created
-        .pop()
-        .ok_or_else(|| corrupt("a run create returned nothing"))
-}
-
-pub(crate) async fn create_runs(
-    store: &SqlStore,
-    runs: &[NewRun],
-    placement: &mut dyn Placement,
-) -> Result<(Vec<(RunRecord, bool)>, Vec<PlacedAttempt>)> {
-    if runs.is_empty() {
-        return Ok((Vec::new(), Vec::new()));
+impl Store {
+    /// Creates the run and a WAITING first attempt for each root task of its version, in one
+    /// transaction. Returns the existing run and `false` when the dedup key is taken.
+    /// Inside the same transaction (the workflow row locked on MySQL) the store decides, by
+    /// `ax_core::firing::start_or_queue` with the latest version's limits, whether the run
+    /// starts or is created QUEUED, without instances (a `queued` decision is recorded). When a
+    /// run ends by any path, the oldest queued runs of its workflow that now fit are started in
+    /// that transaction (`dequeued` decisions).
+    pub async fn create_run(&self, run: &NewRun) -> Result<(RunRecord, bool)> {
+        let mut created = self.create_runs(std::slice::from_ref(run)).await?;
+        created
+            .pop()
+            .ok_or_else(|| corrupt("a run create returned nothing"))
     }
-    let now = runs.iter().map(|run| run.now).max().unwrap_or_default();
-    write_tx!(store, |c| async {
-        let mut placing = Placing::new(&mut *placement, now);
-        let mut counted = Counted::new(&mut *c);
-        let created = create_runs_tx(store, &mut counted, runs, &mut placing).await;
-        store.count_create_statements(counted.statements());
-        let created = created?.into_iter().map(Into::into).collect();
-        Ok((created, placing.finish(c).await?))
-    })
+
+    /// `create_run` for several runs in one transaction, in order (each sees the ones before
+    /// it). On an error nothing is created; the caller may retry the runs one by one.
+    pub async fn create_runs(&self, runs: &[NewRun]) -> Result<Vec<(RunRecord, bool)>> {
+        Ok(self.create_runs_placed(runs, &mut NoPlacement).await?.0)
+    }
+
+    /// `create_runs`, with each new root instance offered to `placement`: the ones it places
+    /// are created DISPATCHED and returned (see [`Placement`]).
+    pub async fn create_runs_placed(
+        &self,
+        runs: &[NewRun],
+        placement: &mut dyn Placement,
+    ) -> Result<(Vec<(RunRecord, bool)>, Vec<PlacedAttempt>)> {
+        if runs.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let now = runs.iter().map(|run| run.now).max().unwrap_or_default();
+        write_tx!(self, |c| async {
+            let mut placing = Placing::new(&mut *placement, now);
+            let mut counted = Counted::new(&mut *c);
+            let created = create_runs_tx(self, &mut counted, runs, &mut placing).await;
+            self.count_create_statements(counted.statements());
+            let created = created?.into_iter().map(Into::into).collect();
+            Ok((created, placing.finish(c).await?))
+        })
+    }
 }
 
 /// The outcome of creating one run.
@@ -70,7 +89,7 @@ impl From<Created> for (RunRecord, bool) {
 
 /// Creates one run (a dependent workflow's run at an upstream's end, a single trigger).
 pub(crate) async fn create_run_tx(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     run: &NewRun,
 ) -> Result<Created> {
@@ -110,7 +129,7 @@ pub(crate) struct WorkflowFacts {
 /// exists already, before or earlier in the group, is answered with that run. Any error (a
 /// workflow version that does not exist, say) fails the whole group.
 pub(crate) async fn create_runs_tx(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     runs: &[NewRun],
     placing: &mut Placing<'_>,
@@ -301,7 +320,7 @@ fn bind_run<'q>(
 /// limits, counted under the workflow row's lock), the run, and either its root instances or,
 /// when it waits, the decision that says why.
 async fn insert_one(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     run: &NewRun,
     workflow: &WorkflowFacts,
@@ -368,7 +387,7 @@ async fn insert_one(
 /// keys since the group's read, the statement fails whole and each run is inserted on its own
 /// instead, the unique key deciding which run is the answer.
 async fn insert_started(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     runs: &[NewRun],
     positions: &[usize],

@@ -8,7 +8,7 @@ use ax_core::Millis;
 use ax_core::ids::{InstanceId, RunId, WorkflowId};
 use sqlx::Row;
 
-use super::SqlStore;
+use super::Store;
 use super::counted::Counted;
 use super::ids::IdKind;
 use super::placing::Placing;
@@ -46,7 +46,7 @@ impl<'a> RootsOf<'a> {
 /// Inserts an attempt-1 instance for each root task of each run, in multi-row statements:
 /// WAITING, or DISPATCHED with its attempt row when `placing` places it. Returns how many.
 pub(crate) async fn insert_roots_of(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     runs: &[RootsOf<'_>],
     placing: &mut Placing<'_>,

@@ -1,4 +1,4 @@
-//! The cost of one dependency advance, counted in statements (`SqlStore::report_statements`):
+//! The cost of one dependency advance, counted in statements (`Store::report_statements`):
 //! finishing an instance with the same direct downstream costs the same in a 10-task and a
 //! 10,000-task workflow, and with 1 or 50 earlier runs in the store; a task's downstream tasks
 //! are read the first time it finishes, and never again. Runs on SQLite and MySQL through the
@@ -52,7 +52,7 @@ mod scenarios {
         }
     }
 
-    async fn start(s: &dyn Store, wf: &WorkflowRecord) -> RunId {
+    async fn start(s: &Store, wf: &WorkflowRecord) -> RunId {
         let (run, created) = s.create_run(&manual(wf)).await.expect("create run");
         assert!(created);
         run.id

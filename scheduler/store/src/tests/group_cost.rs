@@ -71,7 +71,7 @@ mod scenarios {
     }
 
     /// Dispatches and starts the one instance of each run; returns its Finished report.
-    async fn start_all(s: &dyn Store, runs: &[RunRecord]) -> Vec<Report> {
+    async fn start_all(s: &Store, runs: &[RunRecord]) -> Vec<Report> {
         let mut finished = Vec::new();
         for run in runs {
             let instance = s.list_instances(run.id).await.expect("instances").remove(0);

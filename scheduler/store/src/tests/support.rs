@@ -26,18 +26,18 @@ pub(super) const T0: Millis = 1_700_000_000_000;
 /// What a scenario gets: the store, and its url to open a second store on the same database.
 #[derive(Clone)]
 pub(super) struct Ctx {
-    pub(super) store: Arc<SqlStore>,
+    pub(super) store: Arc<Store>,
     pub(super) url: String,
 }
 
 impl Ctx {
-    pub(super) fn s(&self) -> &dyn Store {
+    pub(super) fn s(&self) -> &Store {
         self.store.as_ref()
     }
 
     /// A second store on the scenario's database, as a second scheduler node would open.
-    pub(super) async fn second_store(&self) -> Arc<SqlStore> {
-        Arc::new(SqlStore::connect(&self.url).await.expect("second store"))
+    pub(super) async fn second_store(&self) -> Arc<Store> {
+        Arc::new(Store::connect(&self.url).await.expect("second store"))
     }
 }
 
@@ -68,7 +68,7 @@ where
 {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}/nested/ax.db", dir.path().display());
-    let store = Arc::new(SqlStore::connect(&url).await.expect("open sqlite store"));
+    let store = Arc::new(Store::connect(&url).await.expect("open sqlite store"));
     assert_eq!(store.backend(), Backend::Sqlite);
     let result = run_scenario(
         Ctx {
@@ -119,7 +119,7 @@ where
     .await
     .expect("create test database");
     let db_url = format!("{server}/{database}");
-    let opened = SqlStore::connect(&db_url).await;
+    let opened = Store::connect(&db_url).await;
     let result = match opened {
         Ok(store) => {
             let store = Arc::new(store);
@@ -196,7 +196,7 @@ pub(super) fn spec(name: &str, tasks: Vec<TaskSpec>) -> WorkflowSpec {
     }
 }
 
-pub(super) async fn apply(s: &dyn Store, spec: &WorkflowSpec) -> WorkflowRecord {
+pub(super) async fn apply(s: &Store, spec: &WorkflowSpec) -> WorkflowRecord {
     s.apply_workflow(spec, "source", None, T0)
         .await
         .expect("apply")
@@ -234,20 +234,20 @@ pub(super) fn manual(wf: &WorkflowRecord) -> NewRun {
     }
 }
 
-pub(super) async fn start_run(s: &dyn Store, wf: &WorkflowRecord) -> RunRecord {
+pub(super) async fn start_run(s: &Store, wf: &WorkflowRecord) -> RunRecord {
     let (run, created) = s.create_run(&new_run(wf, None)).await.expect("create run");
     assert!(created);
     run
 }
 
-pub(super) async fn instance_of(s: &dyn Store, run: RunId, task: &str) -> Option<InstanceRecord> {
+pub(super) async fn instance_of(s: &Store, run: RunId, task: &str) -> Option<InstanceRecord> {
     let all = s.list_instances(run).await.expect("list instances");
     all.into_iter().find(|i| i.task == task)
 }
 
 /// Claims `instance` for worker `w1` and applies its Started report; returns the Finished
 /// report of its success, for the caller to apply (and measure).
-pub(super) async fn start_on_w1(s: &dyn Store, instance: &InstanceRecord) -> Report {
+pub(super) async fn start_on_w1(s: &Store, instance: &InstanceRecord) -> Report {
     let claim = DispatchClaim {
         instance_id: instance.id,
         attempt: instance.attempt,
@@ -278,7 +278,7 @@ pub(super) async fn start_on_w1(s: &dyn Store, instance: &InstanceRecord) -> Rep
     }
 }
 
-pub(super) async fn tasks_of(s: &dyn Store, run: RunId) -> BTreeSet<String> {
+pub(super) async fn tasks_of(s: &Store, run: RunId) -> BTreeSet<String> {
     let all = s.list_instances(run).await.expect("list instances");
     all.into_iter().map(|i| i.task).collect()
 }
@@ -326,7 +326,7 @@ pub(super) fn applied(result: &ReportResult) -> &Applied {
 }
 
 /// Dispatches and starts the current attempt of `task` in `run`.
-pub(super) async fn launch(s: &dyn Store, run: RunId, task: &str) -> InstanceRecord {
+pub(super) async fn launch(s: &Store, run: RunId, task: &str) -> InstanceRecord {
     let inst = instance_of(s, run, task).await.expect("instance exists");
     assert_eq!(inst.state, InstanceState::Waiting, "{task}");
     let won = s
@@ -343,7 +343,7 @@ pub(super) async fn launch(s: &dyn Store, run: RunId, task: &str) -> InstanceRec
 }
 
 /// Runs `task` to `outcome` and returns what the finish changed.
-pub(super) async fn run_task(s: &dyn Store, run: RunId, task: &str, outcome: Outcome) -> Applied {
+pub(super) async fn run_task(s: &Store, run: RunId, task: &str, outcome: Outcome) -> Applied {
     let inst = launch(s, run, task).await;
     let exit = if outcome == Outcome::Success { 0 } else { 1 };
     let results = s
@@ -356,7 +356,7 @@ pub(super) async fn run_task(s: &dyn Store, run: RunId, task: &str, outcome: Out
 /// Applies the successful Finished report of each of `running` (first attempts, started) from a
 /// task of its own, all let go at once by a barrier; their results in `running`'s order.
 pub(super) async fn finish_at_once(
-    store: &Arc<SqlStore>,
+    store: &Arc<Store>,
     running: Vec<InstanceRecord>,
 ) -> Vec<Vec<ReportResult>> {
     let barrier = Arc::new(tokio::sync::Barrier::new(running.len()));

@@ -10,7 +10,7 @@ fn after(name: &str, upstreams: &[&str]) -> WorkflowSpec {
 }
 
 /// Runs every task of a one-task workflow's new run to success; returns the run.
-async fn succeed_once(s: &dyn Store, wf: &WorkflowRecord) -> RunRecord {
+async fn succeed_once(s: &Store, wf: &WorkflowRecord) -> RunRecord {
     let (run, created) = s.create_run(&new_run(wf, None)).await.unwrap();
     assert!(created);
     let done = run_task(s, run.id, "only", Outcome::Success).await;
@@ -18,11 +18,11 @@ async fn succeed_once(s: &dyn Store, wf: &WorkflowRecord) -> RunRecord {
     run
 }
 
-async fn runs_of(s: &dyn Store, workflow: &str) -> Vec<RunRecord> {
+async fn runs_of(s: &Store, workflow: &str) -> Vec<RunRecord> {
     s.list_runs(Some(workflow), None, None, 100).await.unwrap()
 }
 
-async fn kinds(s: &dyn Store, wf: &WorkflowRecord) -> Vec<(DecisionKind, String)> {
+async fn kinds(s: &Store, wf: &WorkflowRecord) -> Vec<(DecisionKind, String)> {
     s.list_decisions(wf.id, T0 - 1, T0 + 1, 100)
         .await
         .unwrap()

@@ -195,7 +195,7 @@ pub(in crate::tests) async fn a_withdrawal_that_finds_its_attempt_running_loses_
 
 /// An instance whose attempt 1 went to w1 (at T0 + 10) and that w1 refused as over capacity:
 /// WAITING again as the same attempt.
-async fn refused_by_w1(s: &dyn Store) -> InstanceRecord {
+async fn refused_by_w1(s: &Store) -> InstanceRecord {
     let wf = apply(s, &spec("wf", vec![task("a", &[])])).await;
     let run = start_run(s, &wf).await;
     let a = instance_of(s, run.id, "a").await.unwrap();

@@ -4,13 +4,19 @@
 //! are read the first time it finishes, and never again. Runs on SQLite and MySQL through the
 //! suite's `conformance!` macro.
 
+use ax_core::ids::RunId;
+use ax_core::spec::{ScheduleSpec, TaskSpec, WorkflowSpec};
+
+use super::support::*;
+use crate::*;
+
 conformance!(
     one_advance_costs_the_same_statements_in_ten_and_ten_thousand_tasks,
     one_advance_costs_the_same_statements_after_one_or_fifty_runs,
 );
 
 mod scenarios {
-    use super::super::*;
+    use super::*;
 
     /// Tasks of the local shape every scenario finishes `a` in: `a` and `x` are roots, `b`
     /// waits for `a` alone (ready when `a` succeeds) and `c` for `a` and `x` (not ready yet).

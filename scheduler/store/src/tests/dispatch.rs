@@ -1,6 +1,15 @@
 //! Conformance scenarios for concurrency limits, sharded broadcast and once-only decisions
 //! (`sql/dispatch.rs`, `sql/decisions.rs`), on SQLite and MySQL like the rest of the suite.
 
+use ax_core::decision::DecisionKind;
+use ax_core::ids::{Attempt, InstanceId};
+use ax_core::run::RunState;
+use ax_core::spec::WorkflowSpec;
+use ax_core::state::{InstanceState, Outcome};
+
+use super::support::*;
+use crate::*;
+
 conformance!(
     limits_are_never_exceeded_under_concurrent_claims_from_two_nodes,
     a_full_limit_refuses_its_claim_and_lets_the_next_one_go,
@@ -17,7 +26,7 @@ mod scenarios {
     use ax_core::limits::Limit;
     use ax_core::spec::Routing;
 
-    use super::super::*;
+    use super::*;
 
     async fn start_run(s: &Store, wf: &WorkflowRecord) -> RunRecord {
         s.create_run(&manual(wf)).await.expect("create run").0

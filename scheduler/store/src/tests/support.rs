@@ -1,9 +1,11 @@
 //! What the store's tests share: a fresh store per scenario on SQLite and on MySQL
-//! ([`on_sqlite`], [`on_mysql`], and `conformance!`, which turns a list of scenarios into a test
-//! per backend), and the builders and steps the scenarios are written with (a workflow spec, a
-//! run, a claim and the reports of an attempt).
+//! ([`on_backend`], and `conformance!`, which turns a list of scenarios into a test per backend),
+//! and the builders and steps the scenarios are written with (a workflow spec, a run, a claim
+//! and the reports of an attempt).
 //!
-//! A scenario is an `async fn(Ctx)` written once against `dyn Store`. SQLite gets a fresh file
+//! A scenario is an `async fn(Ctx)` written once against [`Store`]. Every scenario gets its
+//! store from [`on_backend`], and whether the MySQL variants run is decided in one place,
+//! [`mysql_url`]. SQLite gets a fresh file
 //! per test; MySQL a fresh database per test, named uniquely so that tests and test processes
 //! running at once never meet, and dropped afterwards even when the scenario panics (it runs
 //! in a task of its own). Under `CI=true` a missing `AX_TEST_MYSQL_URL` fails the MySQL
@@ -61,7 +63,19 @@ where
     tokio::spawn(scenario(ctx)).await
 }
 
-pub(super) async fn on_sqlite<F, Fut>(scenario: F)
+/// Runs `scenario` on a fresh store of `backend`.
+pub(super) async fn on_backend<F, Fut>(backend: Backend, scenario: F)
+where
+    F: FnOnce(Ctx) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    match backend {
+        Backend::Sqlite => on_sqlite(scenario).await,
+        Backend::MySql => on_mysql(scenario).await,
+    }
+}
+
+async fn on_sqlite<F, Fut>(scenario: F)
 where
     F: FnOnce(Ctx) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -94,16 +108,23 @@ pub(super) fn mysql_server_url(url: &str) -> String {
     format!("{scheme}://{host}")
 }
 
-pub(super) async fn on_mysql<F, Fut>(scenario: F)
+/// The MySQL server of the MySQL variants (`AX_TEST_MYSQL_URL`), or `None` when they are
+/// skipped; under `CI=true` a missing url fails instead.
+pub(super) fn mysql_url() -> Option<String> {
+    let url = std::env::var("AX_TEST_MYSQL_URL").ok();
+    assert!(
+        url.is_some() || std::env::var("CI").as_deref() != Ok("true"),
+        "AX_TEST_MYSQL_URL must be set in CI: the MySQL store suite may not be skipped"
+    );
+    url
+}
+
+async fn on_mysql<F, Fut>(scenario: F)
 where
     F: FnOnce(Ctx) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let Ok(url) = std::env::var("AX_TEST_MYSQL_URL") else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "AX_TEST_MYSQL_URL must be set in CI: the MySQL store suite may not be skipped"
-        );
+    let Some(url) = mysql_url() else {
         eprintln!("AX_TEST_MYSQL_URL is not set: skipping the MySQL variant");
         return;
     };
@@ -159,7 +180,11 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
-                    $crate::tests::support::on_sqlite(super::scenarios::$name).await;
+                    $crate::tests::support::on_backend(
+                        $crate::Backend::Sqlite,
+                        super::scenarios::$name,
+                    )
+                    .await;
                 }
             )*
         }
@@ -167,7 +192,11 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
-                    $crate::tests::support::on_mysql(super::scenarios::$name).await;
+                    $crate::tests::support::on_backend(
+                        $crate::Backend::MySql,
+                        super::scenarios::$name,
+                    )
+                    .await;
                 }
             )*
         }
@@ -377,4 +406,16 @@ pub(super) async fn finish_at_once(
         results.push(handle.await.unwrap());
     }
     results
+}
+
+#[test]
+fn mysql_server_url_strips_the_database() {
+    assert_eq!(
+        mysql_server_url("mysql://root@127.0.0.1:3306"),
+        "mysql://root@127.0.0.1:3306"
+    );
+    assert_eq!(
+        mysql_server_url("mysql://u:p@h:1/db?x=1"),
+        "mysql://u:p@h:1"
+    );
 }

@@ -125,7 +125,7 @@ impl Store {
     }
 }
 
-pub(crate) async fn cancel_run_tx(
+async fn cancel_run_tx(
     store: &Store,
     c: &mut AnyConnection,
     id: RunId,
@@ -196,7 +196,7 @@ pub(crate) async fn cancel_run_tx(
     Ok(Some(killed))
 }
 
-pub(crate) async fn cancel_instance_tx(
+async fn cancel_instance_tx(
     store: &Store,
     c: &mut AnyConnection,
     id: InstanceId,

@@ -82,7 +82,7 @@ impl Store {
     }
 }
 
-pub(crate) async fn record_decisions_once_tx(
+async fn record_decisions_once_tx(
     c: &mut AnyConnection,
     decisions: &[DecisionRecord],
 ) -> Result<u32> {

@@ -526,7 +526,7 @@ pub(crate) async fn settle_parent_of(
     Ok(())
 }
 
-pub(crate) async fn fan_out_tx(
+async fn fan_out_tx(
     store: &Store,
     c: &mut AnyConnection,
     parent: InstanceId,
@@ -595,7 +595,7 @@ pub(crate) async fn fan_out_tx(
     Ok(true)
 }
 
-pub(crate) async fn fail_shard_tx(
+async fn fail_shard_tx(
     store: &Store,
     c: &mut AnyConnection,
     id: InstanceId,

@@ -121,11 +121,7 @@ impl Store {
     }
 }
 
-pub(crate) async fn append_logs_tx(
-    store: &Store,
-    c: &mut AnyConnection,
-    chunks: &[LogChunk],
-) -> Result<()> {
+async fn append_logs_tx(store: &Store, c: &mut AnyConnection, chunks: &[LogChunk]) -> Result<()> {
     let chunks: Vec<&LogChunk> = chunks
         .iter()
         .filter(|chunk| chunk.line_count() > 0)
@@ -179,7 +175,7 @@ pub(crate) async fn append_logs_tx(
 /// [`append_logs_tx`] for workers' chunks: those with a sender to check are kept only when
 /// their attempt exists and was dispatched to that worker (one read of the attempts of their
 /// instances); the answer says, per chunk, whether it was kept.
-pub(crate) async fn append_worker_logs_tx(
+async fn append_worker_logs_tx(
     store: &Store,
     c: &mut AnyConnection,
     chunks: &[LogChunk],

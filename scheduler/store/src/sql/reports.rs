@@ -77,7 +77,7 @@ impl Store {
         }
         write_tx!(self, |c| async {
             let mut placing = Placing::new(&mut *placement, now);
-            let results = apply_reports(self, c, reports, now, &mut placing).await?;
+            let results = apply_reports_tx(self, c, reports, now, &mut placing).await?;
             Ok((results, placing.finish(c).await?))
         })
     }
@@ -85,7 +85,7 @@ impl Store {
 
 /// Applies a batch of reports in the caller's transaction, counting the statements it sends
 /// in [`Store::report_statements`].
-pub(crate) async fn apply_reports(
+async fn apply_reports_tx(
     store: &Store,
     c: &mut AnyConnection,
     reports: &[Report],

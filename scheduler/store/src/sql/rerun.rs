@@ -57,7 +57,7 @@ impl Store {
     }
 }
 
-pub(crate) async fn rerun_from_tx(
+async fn rerun_from_tx(
     store: &Store,
     c: &mut AnyConnection,
     run: RunId,
@@ -266,7 +266,7 @@ async fn retry_one(c: &mut AnyConnection, key: &InstanceKey, now: Millis) -> Res
     Ok(true)
 }
 
-pub(crate) async fn retry_instance_tx(
+async fn retry_instance_tx(
     store: &Store,
     c: &mut AnyConnection,
     id: InstanceId,
@@ -291,7 +291,7 @@ pub(crate) async fn retry_instance_tx(
     Ok(ManualRetry::Retried(record))
 }
 
-pub(crate) async fn rerun_failed_tx(
+async fn rerun_failed_tx(
     store: &Store,
     c: &mut AnyConnection,
     run: RunId,

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use ax_core::placement::Strategy;
-use ax_core::spec::parse_duration_ms;
 use clap::Parser;
 use serde::Deserialize;
 
@@ -240,7 +239,7 @@ pub fn parse_pool(text: &str) -> Result<(String, u32), String> {
 }
 
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    parse_duration_ms(text).map(Duration::from_millis)
+    ax_core::duration::parse(text).map_err(|err| err.to_string())
 }
 
 /// The cluster's default retention as set: a duration, or forever.
@@ -252,21 +251,12 @@ pub enum RetentionSetting {
 
 /// `90d`, `12h`, … (with a unit, more than zero) or `forever`, as a workflow's `retention`.
 pub fn parse_retention(text: &str) -> Result<RetentionSetting, String> {
-    let text = text.trim();
-    if text == "forever" {
-        return Ok(RetentionSetting::Forever);
+    match ax_core::spec::parse_retention(text).map_err(|err| format!("retention: {err}"))? {
+        ax_core::spec::Retention::Forever => Ok(RetentionSetting::Forever),
+        ax_core::spec::Retention::Keep { ms } => {
+            Ok(RetentionSetting::Keep(Duration::from_millis(ms)))
+        }
     }
-    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!(
-            "retention {text:?} has no unit: give one, e.g. 90d, 12h (or forever)"
-        ));
-    }
-    let ms = parse_duration_ms(text)
-        .map_err(|err| format!("retention: {err}; or forever to keep every run"))?;
-    if ms == 0 {
-        return Err("retention must be more than zero (forever keeps every run)".into());
-    }
-    Ok(RetentionSetting::Keep(Duration::from_millis(ms)))
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileConfig> {

@@ -118,8 +118,8 @@ const REFUSALS: &[(&str, &str, &str)] = &[
             retention: three months
             tasks: [{name: a, command: x}]
         ",
-        "wf.yaml:2: retention: invalid retention \"three months\": expected a duration with a \
-         unit, e.g. 90d, 12h, 1d12h, or forever",
+        "wf.yaml:2: retention: invalid duration \"three months\": expected a form like 500ms, \
+         1.5s, 10m, 2h, 1h30m, 90d or a number of seconds (or forever to keep every run)",
     ),
     (
         "retention",
@@ -220,10 +220,10 @@ const REFUSALS: &[(&str, &str, &str)] = &[
             tasks:
               - name: a
                 command: x
-                timeout: 1.5h
+                timeout: 1.5 hours
         ",
-        "wf.yaml:5: tasks[0].timeout: invalid duration \"1.5h\": expected a form like \
-         500ms, 45s, 10m, 2h, 1h30m, 90d or a whole number of seconds",
+        "wf.yaml:5: tasks[0].timeout: invalid duration \"1.5 hours\": expected a form like \
+         500ms, 1.5s, 10m, 2h, 1h30m, 90d or a number of seconds",
     ),
     (
         "bad_durations_and_numbers",
@@ -234,7 +234,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
             tasks: [{name: a, command: x}]
         ",
         "wf.yaml:3: defaults.retry_backoff: invalid duration \"30m1h\": expected a form \
-         like 500ms, 45s, 10m, 2h, 1h30m, 90d or a whole number of seconds",
+         like 500ms, 1.5s, 10m, 2h, 1h30m, 90d or a number of seconds",
     ),
     (
         "bad_durations_and_numbers",
@@ -246,7 +246,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
                 timeout: -5
         ",
         "wf.yaml:5: tasks[0].timeout: invalid duration \"-5\": expected a form like \
-         500ms, 45s, 10m, 2h, 1h30m, 90d or a whole number of seconds",
+         500ms, 1.5s, 10m, 2h, 1h30m, 90d or a number of seconds",
     ),
     (
         "bad_durations_and_numbers",
@@ -1216,8 +1216,18 @@ fn isolated_tasks_are_warnings() {
     );
 }
 
+/// A workflow file's durations read by the one grammar (`crate::duration`, whose table holds
+/// every form), in whole milliseconds.
 #[test]
 fn durations() {
+    let backoff = |text: &str| {
+        parse_workflow(
+            &format!("{{name: etl, tasks: [{{name: a, command: x, retry_backoff: '{text}'}}]}}"),
+            FILE,
+        )
+        .map(|parsed| parsed.spec.tasks[0].retry_backoff_ms)
+        .map_err(|err| err.to_string())
+    };
     for (text, ms) in [
         ("0", 0),
         ("90", 90_000),
@@ -1230,21 +1240,46 @@ fn durations() {
         ("0s", 0),
         ("90d", 90 * 86_400_000),
         ("1d12h", 36 * 3_600_000),
+        ("1.5h", 5_400_000),
+        ("10 m", 600_000),
+        ("1.5", 1_500),
+        ("1.9ms", 1),
     ] {
-        assert_eq!(parse_duration_ms(text), Ok(ms), "{text}");
+        assert_eq!(backoff(text), Ok(ms), "{text}");
     }
     for text in [
-        "", "1.5h", "30m1h", "1h1h", "10x", "-5s", "-5", "h", "10 m", "1h1d", "5ms3s",
+        "",
+        "30m1h",
+        "1h1h",
+        "10x",
+        "-5s",
+        "-5",
+        "h",
+        "1h1d",
+        "5ms3s",
+        "1.5 hours",
     ] {
-        assert!(parse_duration_ms(text).is_err(), "{text} must be refused");
+        let err = backoff(text).unwrap_err();
+        assert!(
+            err.starts_with(&format!(
+                "wf.yaml:1: tasks[0].retry_backoff: invalid duration \"{text}\""
+            )),
+            "{text}: {err}"
+        );
     }
     assert_eq!(
-        parse_duration_ms("99999999999999999h"),
-        Err("duration \"99999999999999999h\" is too large".to_string())
+        backoff("99999999999999999h"),
+        Err(
+            "wf.yaml:1: tasks[0].retry_backoff: duration \"99999999999999999h\" is too large"
+                .to_string()
+        )
     );
     assert_eq!(
-        parse_duration_ms("99999999999999999999"),
-        Err("duration \"99999999999999999999\" is too large".to_string())
+        backoff("99999999999999999999"),
+        Err(
+            "wf.yaml:1: tasks[0].retry_backoff: duration \"99999999999999999999\" is too large"
+                .to_string()
+        )
     );
 }
 

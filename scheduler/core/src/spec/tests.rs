@@ -1,4 +1,5 @@
 use std::collections::BTreeMap;
+use std::num::NonZeroU64;
 
 use super::model::*;
 use super::*;
@@ -1056,7 +1057,7 @@ fn canonical_example_round_trip() {
                 argv: vec![],
                 env: map(&[("SOURCE", "orders"), ("TZ", "Asia/Shanghai")]),
                 working_dir: Some("/tmp".into()),
-                timeout_ms: 600_000,
+                timeout_ms: NonZeroU64::new(600_000),
                 retries: 3,
                 retry_backoff_ms: 30_000,
                 labels: map(&[("pool", "etl"), ("region", "cn")]),
@@ -1070,7 +1071,7 @@ fn canonical_example_round_trip() {
                 argv: strings(&["./extract.sh", "refunds"]),
                 env: map(&[("TZ", "UTC")]),
                 working_dir: None,
-                timeout_ms: 1_800_000,
+                timeout_ms: NonZeroU64::new(1_800_000),
                 retries: 2,
                 retry_backoff_ms: 10_000,
                 labels: map(&[("pool", "etl")]),
@@ -1082,7 +1083,7 @@ fn canonical_example_round_trip() {
                 name: "load".into(),
                 command: "./load.sh".into(),
                 env: map(&[("TZ", "UTC")]),
-                timeout_ms: 1_800_000,
+                timeout_ms: NonZeroU64::new(1_800_000),
                 retries: 2,
                 retry_backoff_ms: 10_000,
                 labels: map(&[("pool", "etl")]),
@@ -1093,7 +1094,7 @@ fn canonical_example_round_trip() {
                 name: "report".into(),
                 command: "./report.sh".into(),
                 env: map(&[("TZ", "UTC")]),
-                timeout_ms: 1_800_000,
+                timeout_ms: NonZeroU64::new(1_800_000),
                 retries: 2,
                 retry_backoff_ms: 10_000,
                 labels: map(&[("pool", "etl")]),
@@ -1129,7 +1130,7 @@ fn minimal_workflow_gets_the_defaults() {
     assert_eq!(parsed.spec.schedule, ScheduleSpec::default());
     assert_eq!(parsed.spec.schedule.trigger, TriggerKind::Manual);
     let task = &parsed.spec.tasks[0];
-    assert_eq!(task.timeout_ms, 0);
+    assert_eq!(task.timeout_ms, None);
     assert_eq!(task.retries, 0);
     assert_eq!(task.retry_backoff_ms, DEFAULT_RETRY_BACKOFF_MS);
     assert_eq!(task.priority, 0);
@@ -1191,7 +1192,7 @@ fn scalars_become_strings_where_strings_are_expected() {
         task.env,
         map(&[("PORT", "8080"), ("DEBUG", "true"), ("EMPTY", "")])
     );
-    assert_eq!(task.timeout_ms, 90_000);
+    assert_eq!(task.timeout_ms, NonZeroU64::new(90_000));
     assert_eq!(task.retry_backoff_ms, 500);
 }
 
@@ -1392,6 +1393,24 @@ fn retention_is_a_duration_forever_or_the_cluster_default() {
     let kept = parse_ok("name: etl\nretention: 2h\ntasks: [{name: a, command: x}]\n").spec;
     let json = serde_json::to_string(&kept).unwrap();
     assert_eq!(serde_json::from_str::<WorkflowSpec>(&json).unwrap(), kept);
+}
+
+/// No timeout, or `timeout: 0`, is `None`; stored JSON keeps 0 for it, and reads it back.
+#[test]
+fn a_task_without_a_timeout_has_none() {
+    let spec = parse_ok(
+        "name: etl\ntasks: [{name: a, command: x}, {name: b, command: x, timeout: 0}, \
+         {name: c, command: x, timeout: 2s}]\n",
+    )
+    .spec;
+    let timeouts: Vec<_> = spec.tasks.iter().map(|task| task.timeout_ms).collect();
+    assert_eq!(timeouts, [None, None, NonZeroU64::new(2_000)]);
+    let json = serde_json::to_value(&spec).unwrap();
+    let stored: Vec<_> = (0..3)
+        .map(|i| json["tasks"][i]["timeout_ms"].clone())
+        .collect();
+    assert_eq!(stored, [0, 0, 2_000]);
+    assert_eq!(serde_json::from_value::<WorkflowSpec>(json).unwrap(), spec);
 }
 
 #[test]

@@ -5,6 +5,7 @@
 //! documented in `docs/workflow-format.md`.
 
 use std::collections::BTreeMap;
+use std::num::NonZeroU64;
 
 use serde_saphyr::Spanned;
 
@@ -76,7 +77,7 @@ struct TaskLines {
 /// Task settings given once under `defaults`.
 #[derive(Default)]
 struct Defaults {
-    timeout_ms: Option<u64>,
+    timeout_ms: Option<NonZeroU64>,
     retries: Option<u32>,
     retry_backoff_ms: Option<u64>,
     labels: BTreeMap<String, String>,
@@ -630,7 +631,7 @@ impl Validator<'_> {
         let (file, _) = self.fields(node, "defaults")?;
         let mut defaults = Defaults::default();
         if let Some(node) = &file.timeout {
-            defaults.timeout_ms = Some(self.duration(node, "defaults.timeout")?);
+            defaults.timeout_ms = NonZeroU64::new(self.duration(node, "defaults.timeout")?);
         }
         if let Some(node) = &file.retries {
             defaults.retries = Some(self.count(node, "defaults.retries", 0)?);
@@ -706,9 +707,10 @@ impl Validator<'_> {
             (None, Some((_, argv))) => (String::new(), argv),
         };
 
+        // `timeout: 0` is no timeout, as no `timeout` is.
         let timeout_ms = match &file.timeout {
-            Some(n) => self.duration(n, &field("timeout"))?,
-            None => defaults.timeout_ms.unwrap_or(0),
+            Some(n) => NonZeroU64::new(self.duration(n, &field("timeout"))?),
+            None => defaults.timeout_ms,
         };
         let retries = match &file.retries {
             Some(n) => self.count(n, &field("retries"), 0)?,

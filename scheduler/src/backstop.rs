@@ -414,7 +414,7 @@ fn carry_out(
         Verdict::TimedOut => {
             let message = format!(
                 "timed out: running longer than its timeout of {} ms plus the {} ms grace, and no report from worker {worker}",
-                attempt.timeout_ms,
+                attempt.timeout_ms.map_or(0, std::num::NonZeroU64::get),
                 intervals(node).timeout_grace_ms
             );
             tracing::warn!(instance = %instance_id, attempt = %number, worker, "backstop timeout");

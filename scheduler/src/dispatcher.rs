@@ -676,7 +676,7 @@ pub(crate) fn dispatch_message(
         argv: task.argv.clone(),
         env,
         working_dir: task.working_dir.clone().unwrap_or_default(),
-        timeout_ms: task.timeout_ms,
+        timeout_ms: task.timeout_ms.map_or(0, std::num::NonZeroU64::get),
         logical_time_ms: ready.logical_time,
         shard_index: ready.shard.map_or(0, |shard| shard.index),
         shard_total: ready.shard.map_or(0, |shard| shard.total),
@@ -788,12 +788,11 @@ fn rfc3339(ms: Millis) -> String {
 /// The start lock lives as long as the attempt may: its timeout plus the grace the backstop
 /// gives the worker's own report, and a minute more for the kill to land. A task without a
 /// timeout holds it for a day at most.
-pub(crate) fn lock_ttl(node: &Node, timeout_ms: u64) -> Duration {
+pub(crate) fn lock_ttl(node: &Node, timeout_ms: Option<std::num::NonZeroU64>) -> Duration {
     let grace = node.options.timeout_grace + Duration::from_secs(60);
-    if timeout_ms == 0 {
-        Duration::from_secs(24 * 3600)
-    } else {
-        Duration::from_millis(timeout_ms) + grace
+    match timeout_ms {
+        Some(timeout) => Duration::from_millis(timeout.get()) + grace,
+        None => Duration::from_secs(24 * 3600),
     }
 }
 

@@ -73,7 +73,7 @@ fn task(task: &TaskSpec) -> pb::TaskSpec {
         argv: task.argv.clone(),
         env: task.env.clone().into_iter().collect(),
         working_dir: task.working_dir.clone().unwrap_or_default(),
-        timeout_ms: task.timeout_ms,
+        timeout_ms: task.timeout_ms.map_or(0, std::num::NonZeroU64::get),
         retries: task.retries,
         retry_backoff_ms: task.retry_backoff_ms,
         labels: task.labels.clone().into_iter().collect(),

@@ -55,8 +55,8 @@ pub struct ActiveAttempt {
     pub dispatched_at: Option<Millis>,
     pub started_at: Option<Millis>,
     pub last_heartbeat_at: Option<Millis>,
-    /// The task's timeout in its workflow version; 0 means none.
-    pub timeout_ms: u64,
+    /// The task's timeout in its workflow version.
+    pub timeout_ms: Option<std::num::NonZeroU64>,
 }
 
 /// One node's share of the WAITING queue, so that nodes do not all claim the same instances.

@@ -91,7 +91,10 @@ impl Store {
                     dispatched_at: row.try_get("dispatched_at")?,
                     started_at: row.try_get("started_at")?,
                     last_heartbeat_at: row.try_get("last_heartbeat_at")?,
-                    timeout_ms: u64::try_from(timeout).unwrap_or(0),
+                    // The column holds 0 for no timeout.
+                    timeout_ms: u64::try_from(timeout)
+                        .ok()
+                        .and_then(std::num::NonZeroU64::new),
                 })
             })
             .collect()

@@ -144,7 +144,11 @@ async fn apply_workflow_tx(
                 .bind(version)
                 .bind(task.name.as_str())
                 .bind(command)
-                .bind(i64::try_from(task.timeout_ms).unwrap_or(i64::MAX))
+                // The column holds 0 for no timeout.
+                .bind(
+                    task.timeout_ms
+                        .map_or(0, |ms| i64::try_from(ms.get()).unwrap_or(i64::MAX)),
+                )
                 .bind(i64::from(task.retries))
                 .bind(i64::try_from(task.retry_backoff_ms).unwrap_or(i64::MAX))
                 .bind(i64::from(task.priority))

@@ -116,7 +116,7 @@ mod scenarios {
     pub(super) async fn active_attempts_list_what_is_on_workers_with_their_timeouts(ctx: Ctx) {
         let s = ctx.s();
         let mut slow = task("slow", &[]);
-        slow.timeout_ms = 60_000;
+        slow.timeout_ms = std::num::NonZeroU64::new(60_000);
         let wf = apply(
             s,
             &spec("wf", vec![slow, task("queued", &[]), task("done", &[])]),
@@ -150,7 +150,12 @@ mod scenarios {
                 slow.timeout_ms,
                 slow.started_at
             ),
-            (InstanceState::Running, Some("w1"), 60_000, Some(T0 + 20))
+            (
+                InstanceState::Running,
+                Some("w1"),
+                std::num::NonZeroU64::new(60_000),
+                Some(T0 + 20)
+            )
         );
         assert_eq!(slow.last_heartbeat_at, Some(T0 + 20));
         let dispatched = find(queued.id);
@@ -160,7 +165,7 @@ mod scenarios {
                 dispatched.worker_id.as_deref(),
                 dispatched.timeout_ms
             ),
-            (InstanceState::Dispatched, Some("w2"), 0)
+            (InstanceState::Dispatched, Some("w2"), None)
         );
         assert_eq!(
             (dispatched.started_at, dispatched.dispatched_at),

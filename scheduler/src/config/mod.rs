@@ -284,6 +284,7 @@ impl Args {
         let cli = Cli::from_arg_matches(&matches)?;
         let layer = |source: ValueSource| {
             let mut only = matches.clone();
+            let mut other_sources_flags = Vec::new();
             for id in matches.ids() {
                 let from = matches.value_source(id.as_str());
                 let given = matches!(
@@ -291,11 +292,21 @@ impl Args {
                     Some(ValueSource::CommandLine | ValueSource::EnvVariable)
                 );
                 if given && from != Some(source) {
-                    only.try_clear_id(id.as_str())
-                        .expect("an id of these matches");
+                    // A flag without a value (`--insecure`) must stay in the matches for
+                    // clap to read it; it is unset after the read instead.
+                    if is_switch(id.as_str()) {
+                        other_sources_flags.push(id.as_str().to_owned());
+                    } else {
+                        only.try_clear_id(id.as_str())
+                            .expect("an id of these matches");
+                    }
                 }
             }
-            Settings::from_arg_matches(&only)
+            let mut settings = Settings::from_arg_matches(&only)?;
+            for id in &other_sources_flags {
+                settings.unset_switch(id);
+            }
+            Ok::<_, clap::Error>(settings)
         };
         Ok(Args {
             config: cli.config,
@@ -487,3 +498,20 @@ fn check(
 
 #[cfg(test)]
 mod tests;
+
+/// Whether the setting `id` is a switch: a flag that takes no value.
+fn is_switch(id: &str) -> bool {
+    Cli::command()
+        .get_arguments()
+        .any(|arg| arg.get_id() == id && !arg.get_action().takes_values())
+}
+
+impl Settings {
+    /// Unsets a switch another source gave, so this source's layer does not claim it.
+    fn unset_switch(&mut self, id: &str) {
+        match id {
+            "insecure" => self.insecure = false,
+            other => unreachable!("the switch {other} is not listed in Settings::unset_switch"),
+        }
+    }
+}

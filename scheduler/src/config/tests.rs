@@ -496,3 +496,24 @@ fn auth_defaults_to_tokens_off_loopback_and_tls_files_come_in_pairs() {
         "{err:#}"
     );
 }
+
+#[test]
+fn a_switch_on_the_command_line_is_read() {
+    let options = Args::try_parse_from(["ax-scheduler", "--insecure", "--listen", "0.0.0.0:0"])
+        .expect("--insecure parses")
+        .into_options()
+        .unwrap();
+    assert!(options.insecure);
+    let options = Args::parse_from(["ax-scheduler"]).into_options().unwrap();
+    assert!(!options.insecure);
+}
+
+#[test]
+fn every_switch_can_be_unset() {
+    for arg in Cli::command().get_arguments() {
+        if !arg.get_action().takes_values() && arg.get_id() != "help" && arg.get_id() != "version" {
+            let mut settings = Settings::default();
+            settings.unset_switch(arg.get_id().as_str());
+        }
+    }
+}

@@ -11,10 +11,13 @@ use ax_proto::v1::worker_service_server::WorkerServiceServer;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use ax_core::Millis;
+use ax_core::liveness::Intervals;
+use ax_core::placement::Placer;
+
 use crate::grpc::control::ControlApi;
 use crate::grpc::worker::WorkerApi;
 use crate::guards::{Guards, LocalGuards, RedisGuards};
-use crate::log_writer::LogWriter;
 use crate::membership::{Member, Membership};
 use crate::node::Node;
 
@@ -144,11 +147,7 @@ impl Default for SchedulerOptions {
 pub struct RunningScheduler {
     local_addr: SocketAddr,
     ops_addr: Option<SocketAddr>,
-    cancel: CancellationToken,
-    tasks: TaskTracker,
-    background: CancellationToken,
-    lease: CancellationToken,
-    lease_task: tokio::task::JoinHandle<()>,
+    shutdown: shutdown::Shutdown,
 }
 
 impl RunningScheduler {
@@ -163,24 +162,9 @@ impl RunningScheduler {
     }
 
     /// Stops accepting, ends the worker streams, drains the report and log queues into the
-    /// store, and returns.
+    /// store, gives up the lease, and returns (the order and its reasons: `shutdown.rs`).
     pub async fn shutdown(self) -> anyhow::Result<()> {
-        self.cancel.cancel();
-        self.tasks.close();
-        // The server task drains the queues once the server has stopped; if a connection keeps
-        // it from stopping, the queues are drained anyway after a grace.
-        if tokio::time::timeout(Duration::from_secs(10), self.tasks.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!("the gRPC server did not stop within 10 s; draining anyway");
-            self.background.cancel();
-            self.tasks.wait().await;
-        }
-        self.lease.cancel();
-        if let Err(err) = self.lease_task.await {
-            tracing::warn!(error = %err, "the lease task ended abnormally");
-        }
+        self.shutdown.run().await;
         Ok(())
     }
 }
@@ -283,9 +267,6 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     };
     let local_addr = listener.local_addr()?;
 
-    let (report_sender, report_inbox) = reporter::channel();
-    let (log_writer, log_inbox) = LogWriter::channel();
-    let flush_interval = options.log_flush_interval;
     tracing::info!(
         addr = %local_addr,
         store = %redact(&options.store_url),
@@ -296,43 +277,231 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         tls = tls.is_some(),
         "scheduler starting"
     );
-    let node = Arc::new(Node::new(
-        options,
-        membership.standing(),
-        store,
-        guards,
-        report_sender,
-        log_writer,
-        alerter,
-    ));
-    node.runs.writer().attach(&node);
 
-    // The server stops first; the queues it fed are drained after it (background token).
-    let cancel = CancellationToken::new();
-    let background = CancellationToken::new();
+    // The node's parts, each built from its options and the handles it needs. Each runs until
+    // its token in the shutdown order (`shutdown.rs`).
+    let serving = CancellationToken::new();
+    let draining = CancellationToken::new();
     let tasks = TaskTracker::new();
-    tasks.spawn(reporter::run(
-        node.clone(),
-        report_inbox,
-        background.clone(),
+    let node_id = options.node_id.clone();
+    let intervals = liveness_intervals(&options);
+    let worker_dead_after_ms = intervals.worker_dead_after_ms();
+    let standing = membership.standing();
+    let registry = Arc::new(registry::Registry::new());
+    let specs = Arc::new(specs::SpecCache::new(store.clone()));
+    let secrets = Arc::new(secrets::Secrets::new(
+        options.secret_key.clone(),
+        store.clone(),
     ));
-    tasks.spawn(log_writer::run(
-        node.clone(),
-        log_inbox,
-        flush_interval,
-        background.clone(),
+    let placer = Arc::new(tokio::sync::Mutex::new(Placer::new(options.strategy)));
+    let watching = Arc::new(watching::Watching::new(clock::now_ms()));
+    let progress = progress::Progress::new();
+    let dispatch_wake = wake::Wake::new();
+    let connection_counters = Arc::new(connections::ConnectionCounters::default());
+    let spans = telemetry::SpanEmitter::new(store.clone(), node_id.clone());
+    let traces = spans.handle();
+    let audit = audit_writer::AuditWriter::start(
+        audit_writer::AuditRows(store.clone()),
+        &tasks,
+        draining.clone(),
+    );
+    let refusals = Arc::new(worker_refusals::WorkerRefusals::new(
+        audit.clone(),
+        tasks.clone(),
     ));
-    tasks.spawn(telemetry::run(node.clone(), background.clone()));
-    // The lease outlives the queues' drain: `shutdown` gives it up last.
+    let gate = Arc::new(auth::Gate::new(
+        options.auth,
+        options.auth_failures_per_address,
+        store.clone(),
+        audit.clone(),
+        tasks.clone(),
+    ));
+    let metrics = Arc::new(metrics::Metrics::new());
+    let failure_alerts =
+        failure_alerts::FailureAlerts::new(alerter.clone(), store.clone(), tasks.clone());
+    let dispatch_sender = dispatch_send::DispatchSender::new(
+        registry.clone(),
+        metrics.clone(),
+        traces.clone(),
+        options.timeout_grace,
+    );
+    let placing = place_now::Placing::new(
+        node_id.clone(),
+        options.strategy,
+        options.pools.clone(),
+        place_now::PlacingParts {
+            standing: standing.clone(),
+            registry: registry.clone(),
+            specs: specs.clone(),
+            placer: placer.clone(),
+            guards: guards.clone(),
+            sender: dispatch_sender.clone(),
+            progress: progress.clone(),
+        },
+    );
+    let reporter = reporter::Reporter::new(reporter::ReporterParts {
+        store: store.clone(),
+        placing: placing.clone(),
+        registry: registry.clone(),
+        guards: guards.clone(),
+        metrics: metrics.clone(),
+        traces: traces.clone(),
+        refusals: refusals.clone(),
+        alerts: failure_alerts.clone(),
+        watching: watching.clone(),
+        progress: progress.clone(),
+        dispatch: dispatch_wake.clone(),
+    });
+    let reports = reporter.handle();
+    let runs = run_creator::RunCreator::start(
+        run_creator::NewRuns::new(store.clone(), specs.clone(), placing, reports.clone()),
+        &tasks,
+        draining.clone(),
+    );
+    let log_writer = log_writer::LogWriter::new(
+        options.log_flush_interval,
+        log_writer::LogWriterParts {
+            store: store.clone(),
+            specs: specs.clone(),
+            secrets: secrets.clone(),
+            registry: registry.clone(),
+            metrics: metrics.clone(),
+            refusals: refusals.clone(),
+            progress: progress.clone(),
+        },
+    );
+    let logs = log_writer.handle();
+    let worker_rows = worker_rows::WorkerRows::start(
+        store.clone(),
+        options.heartbeat_interval,
+        &tasks,
+        draining.clone(),
+    );
+    let dispatcher = dispatcher::Dispatcher::new(
+        dispatcher::DispatcherOptions {
+            node_id: node_id.clone(),
+            strategy: options.strategy,
+            pools: options.pools.clone(),
+            worker_dead_after_ms,
+        },
+        dispatcher::DispatcherParts {
+            store: store.clone(),
+            registry: registry.clone(),
+            guards: guards.clone(),
+            specs: specs.clone(),
+            secrets: secrets.clone(),
+            placer,
+            sender: dispatch_sender,
+            reports: reports.clone(),
+            standing: standing.clone(),
+            watching: watching.clone(),
+            progress: progress.clone(),
+            wake: dispatch_wake.clone(),
+        },
+    );
+    let backstop = backstop::Backstop::new(
+        node_id.clone(),
+        intervals,
+        options.heartbeat_interval,
+        backstop::BackstopParts {
+            store: store.clone(),
+            registry: registry.clone(),
+            reports: reports.clone(),
+            alerts: failure_alerts,
+            watching,
+        },
+    );
+    let schedules = schedules::Schedules::new(
+        node_id.clone(),
+        schedules::SchedulesParts {
+            store: store.clone(),
+            specs: specs.clone(),
+            runs: runs.clone(),
+            registry: registry.clone(),
+            metrics: metrics.clone(),
+            traces: traces.clone(),
+            progress: progress.clone(),
+            dispatch: dispatch_wake.clone(),
+        },
+    );
+    let schedule_wake = schedules.handle();
+    let spread = spread::Spread::new(
+        node_id.clone(),
+        options.spread_interval,
+        worker_dead_after_ms,
+        store.clone(),
+        registry.clone(),
+    );
+    let retention = retention::Retention::new(
+        retention::RetentionOptions {
+            node_id: node_id.clone(),
+            retention: options.retention,
+            audit_retention: options.audit_retention,
+            purge_interval: options.purge_interval,
+        },
+        store.clone(),
+        specs.clone(),
+        metrics.clone(),
+    );
+    metrics.register_readings(metrics::Readings {
+        alerter: alerter.clone(),
+        guards: guards.clone(),
+        standing: standing.clone(),
+        queued_log_bytes: Box::new({
+            let logs = logs.clone();
+            move || logs.queued_bytes()
+        }),
+        connections: connection_counters.clone(),
+    });
+
+    // The queues drain after the server has stopped (`draining`).
+    tasks.spawn(reporter.run(draining.clone()));
+    tasks.spawn(log_writer.run(draining.clone()));
+    tasks.spawn(spans.run(draining.clone()));
+    // The loops that decide stop with the server (`serving`).
+    tasks.spawn(dispatcher.run(serving.clone()));
+    tasks.spawn(schedules.run(serving.clone()));
+    tasks.spawn(backstop.run(serving.clone()));
+    tasks.spawn(spread.run(serving.clone()));
+    tasks.spawn(retention.run(serving.clone()));
+    tasks.spawn(gate.clone().flush_failures_until(serving.clone()));
+    tasks.spawn(worker_refusals::run(refusals.clone(), serving.clone()));
+    // The lease is given up after every task has ended (`shutdown.rs`), so it runs outside the
+    // tracker that shutdown waits on.
     let lease = CancellationToken::new();
     let lease_task = tokio::spawn(membership.run(lease.clone()));
-    tasks.spawn(dispatcher::run(node.clone(), cancel.clone()));
-    tasks.spawn(schedules::run(node.clone(), cancel.clone()));
-    tasks.spawn(backstop::run(node.clone(), cancel.clone()));
-    tasks.spawn(spread::run(node.clone(), cancel.clone()));
-    tasks.spawn(retention::run(node.clone(), cancel.clone()));
-    tasks.spawn(node.gate.clone().flush_failures_until(cancel.clone()));
-    tasks.spawn(worker_refusals::run(node.refusals.clone(), cancel.clone()));
+
+    let scraped = metrics::Scraped {
+        metrics: metrics.clone(),
+        registry: registry.clone(),
+        store: store.clone(),
+        worker_dead_after_ms,
+    };
+    let node = Arc::new(Node {
+        worker_dead_after_ms,
+        standing,
+        store,
+        registry: registry.clone(),
+        specs,
+        reports,
+        logs,
+        runs,
+        audit,
+        gate: gate.clone(),
+        refusals,
+        secrets,
+        worker_rows,
+        dispatch_wake,
+        schedule_wake,
+        dag_layouts: Default::default(),
+        traces,
+        metrics,
+        scraped: scraped.clone(),
+        progress,
+        tasks: tasks.clone(),
+        stopping: draining.clone(),
+        options,
+    });
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
@@ -342,12 +511,12 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     // The port and the ops listener share one connection cap: it is one process's files.
     let connections = connections::Connections::new(
         &node.options.connections,
-        node.connections.clone(),
-        cancel.clone(),
+        connection_counters,
+        serving.clone(),
     );
     let ops_addr = match node.options.ops_listen {
         Some(address) => {
-            Some(serve_ops(address, node.clone(), health_service.clone(), &connections).await?)
+            Some(serve_ops(address, scraped, health_service.clone(), &connections).await?)
         }
         None => None,
     };
@@ -369,51 +538,41 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         )
         .prepare();
     let service = tower::ServiceBuilder::new()
-        .layer(auth::AuthLayer::new(node.gate.clone(), names))
+        .layer(auth::AuthLayer::new(gate, names))
         .service(routes);
     if let Some(tls) = &tls {
-        tasks.spawn(tls.clone().watch(cancel.clone()));
+        tasks.spawn(tls.clone().watch(serving.clone()));
     }
     connections.serve(
         listener,
         connections::HttpService::new(service),
         tls.clone(),
     );
-    let closing = node.clone();
-    let closing_token = cancel.clone();
-    tasks.spawn(async move {
-        closing_token.cancelled().await;
-        closing.registry.disconnect_all();
-    });
-    let server_background = background.clone();
-    let alerting = node.clone();
-    tasks.spawn(async move {
-        connections.closed().await;
-        // Open worker streams end with the server; then the queues drain.
-        server_background.cancel();
-    });
-    // Alerts raised while the queues drain still go out, within a bound.
-    let alerts_done = background.clone();
-    tasks.spawn(async move {
-        alerts_done.cancelled().await;
-        let stats = alerting
-            .alerter
-            .clone()
-            .shutdown(Duration::from_secs(5))
-            .await;
-        if stats.failed > 0 {
-            tracing::warn!(failed = stats.failed, "some alerts could not be delivered");
-        }
-    });
     Ok(RunningScheduler {
         local_addr,
         ops_addr,
-        cancel,
-        tasks,
-        background,
-        lease,
-        lease_task,
+        shutdown: shutdown::Shutdown {
+            serving,
+            draining,
+            lease,
+            tasks,
+            lease_task,
+            registry,
+            connections,
+            alerter,
+        },
     })
+}
+
+/// The heartbeat settings the backstop's verdicts, the dead-worker threshold and the workers'
+/// own fences depend on.
+fn liveness_intervals(options: &SchedulerOptions) -> Intervals {
+    Intervals {
+        worker_heartbeat_ms: options.heartbeat_interval.as_millis() as Millis,
+        task_heartbeat_ms: options.task_heartbeat_interval.as_millis() as Millis,
+        dead_after_missed: options.dead_after_missed_heartbeats,
+        timeout_grace_ms: options.timeout_grace.as_millis() as Millis,
+    }
 }
 
 /// Warns of live worker tokens that take any worker id (made before tokens named ids, or
@@ -473,7 +632,7 @@ fn node_names(
 /// port), stopped with the main server.
 async fn serve_ops(
     address: SocketAddr,
-    node: Arc<Node>,
+    scraped: metrics::Scraped,
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
@@ -482,7 +641,7 @@ async fn serve_ops(
     let listener = connections::bind(address)
         .with_context(|| format!("binding the ops listener {address}"))?;
     let bound = listener.local_addr()?;
-    let routes = tonic::service::Routes::from(metrics::ops_router(node))
+    let routes = tonic::service::Routes::from(metrics::ops_router(scraped))
         .add_service(health)
         .prepare();
     connections.serve(listener, connections::HttpService::new(routes), None);
@@ -507,31 +666,37 @@ pub fn redact(url: &str) -> String {
 pub mod alerts;
 mod audit_writer;
 pub mod auth;
-mod backfill;
 mod backstop;
 mod clock;
 pub mod config;
 pub mod connections;
 mod dag_layouts;
+mod dispatch_send;
 mod dispatcher;
+mod failure_alerts;
 mod group_commit;
 mod grpc;
 pub mod guards;
+mod json_errors;
 mod log_writer;
 mod membership;
 mod metrics;
 mod node;
 mod place_now;
+mod progress;
 mod registry;
 mod reporter;
 mod retention;
 mod run_creator;
 mod schedules;
 pub mod secrets;
+mod shutdown;
 mod specs;
 mod spread;
 pub mod telemetry;
 pub mod tls;
+mod wake;
+mod watching;
 mod web;
 mod worker_refusals;
 mod worker_rows;

@@ -201,8 +201,7 @@ impl WorkerService for WorkerApi {
                 heartbeat_interval_ms: node.options.heartbeat_interval.as_millis() as u32,
                 task_heartbeat_interval_ms: node.options.task_heartbeat_interval.as_millis() as u32,
                 stale: stale.clone(),
-                worker_dead_after_ms: crate::backstop::intervals(&node).worker_dead_after_ms()
-                    as u32,
+                worker_dead_after_ms: node.worker_dead_after_ms as u32,
             })),
         };
         // The welcome is queued before the worker is visible to the dispatcher, so no Dispatch
@@ -254,7 +253,8 @@ impl WorkerService for WorkerApi {
         save_worker(&node, &profile, 0, now, true).await;
         node.dispatch_wake.notify_one();
 
-        tokio::spawn(async move {
+        let tasks = node.tasks.clone();
+        tasks.spawn(async move {
             let attached = Attached {
                 worker: &profile.id,
                 connection,
@@ -269,6 +269,7 @@ impl WorkerService for WorkerApi {
                     }
                     "this node cannot reach its store".to_string()
                 }
+                () = node.stopping.cancelled() => "the node is stopping".to_string(),
             };
             let moving = node.registry.moving(&profile.id, connection);
             // The row says when the worker was last heard on this stream: a worker that has
@@ -401,8 +402,12 @@ async fn end_missing(node: &Arc<Node>, worker: &str, missing: Vec<ActiveAttempt>
     }
     let node = Arc::clone(node);
     let worker = worker.to_string();
-    tokio::spawn(async move {
-        tokio::time::sleep(OTHER_NODES_DISPATCH_GRACE).await;
+    node.tasks.clone().spawn(async move {
+        tokio::select! {
+            () = tokio::time::sleep(OTHER_NODES_DISPATCH_GRACE) => {}
+            // Left to the other node: this one no longer reports anything.
+            () = node.stopping.cancelled() => return,
+        }
         // Those still the attempt's dispatch, as they are now: one that went RUNNING meanwhile
         // was started by a process the worker no longer has (it did not list it), and is lost.
         // Unread, they go as they were read: the store refuses a withdrawal of a changed
@@ -475,7 +480,7 @@ async fn end_now(node: &Node, worker: &str, missing: Vec<ActiveAttempt>) {
             return;
         }
     }
-    crate::backstop::record_endings(node, decisions, now).await;
+    crate::backstop::record_endings(&*node.store, &node.options.node_id, decisions, now).await;
 }
 
 /// The stored form of a worker's log batch: packed lines as they came, or separate lines
@@ -713,7 +718,7 @@ async fn serve(
                 }
             }
         };
-        crate::metrics::reported(node, worker, &report);
+        time_start(node, worker, &report);
         if let Report::Finished {
             instance_id,
             attempt,
@@ -744,6 +749,20 @@ async fn serve(
         {
             return "reporter stopped".into();
         }
+    }
+}
+
+/// Times a start as its stream receives it, before the report's batch: the attempt may end
+/// and leave the registry before that batch is applied.
+fn time_start(node: &Node, worker: &str, report: &Report) {
+    if let Report::Started {
+        instance_id,
+        attempt,
+        ..
+    } = report
+        && let Some(ready_at) = node.registry.take_ready_at(worker, *instance_id, *attempt)
+    {
+        crate::metrics::Metrics::observe_ms(&node.metrics.start_latency, ready_at, now_ms());
     }
 }
 

@@ -13,7 +13,6 @@ use std::time::Duration;
 use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::spec::TaskSpec;
-use ax_proto::v1::{Dispatch, SchedulerMessage, scheduler_message};
 use ax_store::Report;
 
 use crate::clock::now_ms;
@@ -21,6 +20,7 @@ use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::specs::VersionedSpec;
 use crate::telemetry::{self, Traces};
+use crate::to_worker::{Dispatch, ToWorker};
 
 /// Builds and sends dispatches; clones share the node's registry and metrics.
 #[derive(Clone)]
@@ -133,9 +133,9 @@ impl DispatchSender {
             )
         });
         let message = Dispatch {
-            instance_id: ready.instance.0,
-            attempt: ready.attempt.0,
-            run_id: ready.run.0,
+            instance: ready.instance,
+            attempt: ready.attempt,
+            run: ready.run,
             workflow: spec.name.clone(),
             task: task.name.clone(),
             command: task.command.clone(),
@@ -143,9 +143,8 @@ impl DispatchSender {
             env,
             working_dir: task.working_dir.clone().unwrap_or_default(),
             timeout_ms: task.timeout_ms,
-            logical_time_ms: ready.logical_time,
-            shard_index: ready.shard.map_or(0, |shard| shard.index),
-            shard_total: ready.shard.map_or(0, |shard| shard.total),
+            logical_time: ready.logical_time,
+            shard: ready.shard.map(|shard| (shard.index, shard.total)),
             keep_when_cut_off: task.unfenced,
         };
         (message, span)
@@ -170,15 +169,7 @@ impl DispatchSender {
         let stream = self
             .registry
             .begin_attempt(worker, connection, instance, attempt, ready_at);
-        let delivered = match stream {
-            Some(sender) => {
-                let message = SchedulerMessage {
-                    body: Some(scheduler_message::Body::Dispatch(message)),
-                };
-                sender.try_send(Ok(message)).is_ok()
-            }
-            None => false,
-        };
+        let delivered = stream.is_some_and(|outbox| outbox.tell(ToWorker::Dispatch(message)));
         if delivered {
             tracing::debug!(instance = %instance, attempt = %attempt, worker = %worker, "dispatched");
             outcome(span, "sent");

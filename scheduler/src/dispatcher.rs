@@ -33,7 +33,6 @@ use ax_core::limits::{Limit, limits_for};
 use ax_core::placement::Wanted;
 use ax_core::placement::{Placer, Strategy};
 use ax_core::spec::Routing;
-use ax_proto::v1::Dispatch;
 use ax_store::{DecisionRecord, DispatchClaim, Store, WaitingInstance, WorkerRecord};
 use tokio_util::sync::CancellationToken;
 
@@ -46,6 +45,7 @@ use crate::registry::{Registry, WorkerSlot};
 use crate::reporter::Reports;
 use crate::secrets::Secrets;
 use crate::specs::{SpecCache, VersionedSpec};
+use crate::to_worker::Dispatch;
 use crate::wake::Wake;
 use crate::watching::Watching;
 

@@ -695,6 +695,7 @@ mod specs;
 mod spread;
 pub mod telemetry;
 pub mod tls;
+mod to_worker;
 mod wake;
 mod watching;
 mod web;

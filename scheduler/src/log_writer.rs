@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ax_proto::v1::{LogAck, ReportRefused, SchedulerMessage, scheduler_message};
+use ax_core::ids::{Attempt, InstanceId};
 use ax_store::{LogChunk, Store};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
@@ -24,6 +24,7 @@ use crate::progress::Progress;
 use crate::registry::Registry;
 use crate::secrets::Secrets;
 use crate::specs::SpecCache;
+use crate::to_worker::{self, ToWorker};
 use crate::worker_refusals::{FRAME_REFUSED, Refusal, WorkerRefusals};
 
 /// Lines per write, and text bytes per write: whichever comes first.
@@ -204,8 +205,8 @@ impl LogWriter {
                     pending.checks.push((!own).then(|| worker.clone()));
                     pending.acks.push(Ack {
                         worker,
-                        instance_id: chunk.instance_id.0,
-                        attempt: chunk.attempt.0,
+                        instance: chunk.instance_id,
+                        attempt: chunk.attempt,
                         seq: chunk.last_seq(),
                         _budget: budget,
                     });
@@ -308,18 +309,15 @@ impl Writing {
                     self.refuse(&ack);
                     continue;
                 }
-                let Some(sender) = self.registry.sender(&ack.worker) else {
+                let Some(outbox) = self.registry.outbox(&ack.worker) else {
                     continue;
                 };
-                let ack = SchedulerMessage {
-                    body: Some(scheduler_message::Body::LogAck(LogAck {
-                        instance_id: ack.instance_id,
-                        attempt: ack.attempt,
-                        seq: ack.seq,
-                    })),
-                };
                 // A full outbound queue only delays the ack; the next one covers this one.
-                let _ = sender.try_send(Ok(ack));
+                outbox.tell(ToWorker::LogAck {
+                    instance: ack.instance,
+                    attempt: ack.attempt,
+                    seq: ack.seq,
+                });
             }
             self.progress.bump();
         }
@@ -333,7 +331,7 @@ impl Writing {
     fn refuse(&self, ack: &Ack) {
         let why = format!(
             "log lines for attempt {} of instance {}, which was not dispatched to worker {}: not stored",
-            ack.attempt, ack.instance_id, ack.worker
+            ack.attempt, ack.instance, ack.worker
         );
         let stream = self.registry.stream_info(&ack.worker).unwrap_or_default();
         self.refusals.record(
@@ -347,17 +345,14 @@ impl Writing {
                 token: stream.token,
             },
         );
-        if let Some(sender) = self.registry.sender(&ack.worker) {
-            let refused = SchedulerMessage {
-                body: Some(scheduler_message::Body::Refused(ReportRefused {
-                    instance_id: ack.instance_id,
-                    attempt: ack.attempt,
-                    reason: why,
-                    kill: true,
-                    code: tonic::Code::PermissionDenied as i32,
-                })),
-            };
-            let _ = sender.try_send(Ok(refused));
+        if let Some(outbox) = self.registry.outbox(&ack.worker) {
+            outbox.tell(ToWorker::Refused {
+                instance: ack.instance,
+                attempt: ack.attempt,
+                reason: why,
+                kill: true,
+                why: to_worker::Refusal::Stranger,
+            });
         }
     }
 }
@@ -376,8 +371,8 @@ struct Pending {
 
 struct Ack {
     worker: String,
-    instance_id: i64,
-    attempt: u32,
+    instance: InstanceId,
+    attempt: Attempt,
     seq: u64,
     /// The chunk's share of the queue's byte budget, returned when this is dropped.
     _budget: OwnedSemaphorePermit,

@@ -11,7 +11,6 @@ use std::time::Duration;
 use ax_core::ids::{Attempt, InstanceId};
 use ax_core::run::RunState;
 use ax_core::state::InstanceState;
-use ax_proto::v1::{FinishedAck, ReportRefused, SchedulerMessage, scheduler_message};
 use ax_store::{Applied, AttemptEnd, PlacedAttempt, Report, ReportResult, Store};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +24,7 @@ use crate::place_now::{PlaceNow, Placing};
 use crate::progress::Progress;
 use crate::registry::Registry;
 use crate::telemetry::{Event, Traces};
+use crate::to_worker::{self, ToWorker};
 use crate::wake::Wake;
 use crate::watching::Watching;
 use crate::worker_refusals::{FRAME_REFUSED, Refusal, WorkerRefusals};
@@ -437,15 +437,9 @@ impl BatchPath {
 
     /// Tells the worker its AttemptFinished is stored, so it stops resending it.
     fn acknowledge_finished(&self, worker: &str, instance: InstanceId, attempt: Attempt) {
-        if let Some(sender) = self.registry.sender(worker) {
-            let ack = SchedulerMessage {
-                body: Some(scheduler_message::Body::FinishedAck(FinishedAck {
-                    instance_id: instance.0,
-                    attempt: attempt.0,
-                })),
-            };
+        if let Some(outbox) = self.registry.outbox(worker) {
             // A full queue: the worker resends the report on its next stream, and it is acked then.
-            let _ = sender.try_send(Ok(ack));
+            outbox.tell(ToWorker::FinishedAck { instance, attempt });
         }
     }
 
@@ -477,17 +471,14 @@ impl BatchPath {
                 token: stream.token,
             },
         );
-        if let Some(sender) = self.registry.sender(worker) {
-            let message = SchedulerMessage {
-                body: Some(scheduler_message::Body::Refused(ReportRefused {
-                    instance_id: instance_id.0,
-                    attempt: attempt.0,
-                    reason: why,
-                    kill: !matches!(report, Report::Finished { .. }),
-                    code: tonic::Code::PermissionDenied as i32,
-                })),
-            };
-            let _ = sender.try_send(Ok(message));
+        if let Some(outbox) = self.registry.outbox(worker) {
+            outbox.tell(ToWorker::Refused {
+                instance: instance_id,
+                attempt,
+                reason: why,
+                kill: !matches!(report, Report::Finished { .. }),
+                why: to_worker::Refusal::Stranger,
+            });
         }
     }
 
@@ -504,9 +495,9 @@ impl BatchPath {
             // (a no-op unless this attempt holds it).
             self.guards.release_start(instance_id, attempt).await;
         }
-        let code = match result {
-            ReportResult::NotFound => tonic::Code::NotFound,
-            _ => tonic::Code::FailedPrecondition,
+        let why = match result {
+            ReportResult::NotFound => to_worker::Refusal::Unknown,
+            _ => to_worker::Refusal::Stale,
         };
         self.metrics.report_refused(match result {
             ReportResult::NotFound => "not_found",
@@ -522,17 +513,14 @@ impl BatchPath {
             _ => format!("instance {instance_id} not found"),
         };
         tracing::warn!(instance = %instance_id, attempt = %attempt, worker, %reason, "report refused");
-        if let Some(sender) = self.registry.sender(worker) {
-            let message = SchedulerMessage {
-                body: Some(scheduler_message::Body::Refused(ReportRefused {
-                    instance_id: instance_id.0,
-                    attempt: attempt.0,
-                    reason,
-                    kill: !finished,
-                    code: code as i32,
-                })),
-            };
-            let _ = sender.try_send(Ok(message));
+        if let Some(outbox) = self.registry.outbox(worker) {
+            outbox.tell(ToWorker::Refused {
+                instance: instance_id,
+                attempt,
+                reason,
+                kill: !finished,
+                why,
+            });
         }
     }
 }

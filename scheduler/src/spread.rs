@@ -18,13 +18,13 @@ use std::time::Duration;
 use anyhow::Context;
 use ax_core::Millis;
 use ax_core::spread::{Candidate, LiveNode, Move, WorkerSeen, census, choose_move};
-use ax_proto::v1::{MoveElsewhere, SchedulerMessage, scheduler_message};
 use ax_store::Store;
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
 use crate::registry::Registry;
+use crate::to_worker::ToWorker;
 
 /// How long a worker asked to move is left out of dispatch: ample for a worker that follows
 /// the request to leave, short for one that does not.
@@ -152,23 +152,21 @@ impl Spread {
     /// Sends the request on the worker's stream; false when it could not be queued.
     fn ask(&self, chosen: &Move, connection: u64) -> bool {
         let me = &self.node_id;
-        let Some(sender) = self
+        let Some(outbox) = self
             .registry
             .ask_to_move(&chosen.worker_id, connection, MOVE_HOLD)
         else {
             return false;
         };
-        let request = SchedulerMessage {
-            body: Some(scheduler_message::Body::MoveElsewhere(MoveElsewhere {
-                reason: format!(
-                    "node {me} holds {} workers, more than its share of {}; node {} holds {}",
-                    chosen.holding, chosen.share, chosen.to_node, chosen.target_holds
-                ),
-                to_address: chosen.to_address.clone(),
-            })),
+        let request = ToWorker::MoveElsewhere {
+            reason: format!(
+                "node {me} holds {} workers, more than its share of {}; node {} holds {}",
+                chosen.holding, chosen.share, chosen.to_node, chosen.target_holds
+            ),
+            to_address: chosen.to_address.clone(),
         };
         // A full queue means the worker is far behind: it is left alone this time.
-        if sender.try_send(Ok(request)).is_err() {
+        if !outbox.tell(request) {
             self.registry.stay(&chosen.worker_id, connection);
             return false;
         }

@@ -16,28 +16,24 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use ax_proto::v1::{HeartbeatAck, SchedulerMessage, scheduler_message};
 use ax_store::{Store, StoreError, WorkerRecord};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::registry::WorkerSender;
+use crate::to_worker::{Outbox, ToWorker};
 
 /// A heartbeat to acknowledge once its row is stored.
 pub struct PendingAck {
-    pub sender: WorkerSender,
+    pub outbox: Outbox,
     pub sent_at_ms: i64,
 }
 
 impl PendingAck {
     fn send(self) {
-        let ack = SchedulerMessage {
-            body: Some(scheduler_message::Body::HeartbeatAck(HeartbeatAck {
-                sent_at_ms: self.sent_at_ms,
-            })),
-        };
         // A full queue means the worker is far behind; the next ack will do.
-        let _ = self.sender.try_send(Ok(ack));
+        self.outbox.tell(ToWorker::HeartbeatAck {
+            sent_at_ms: self.sent_at_ms,
+        });
     }
 }
 
@@ -215,9 +211,9 @@ mod tests {
             &TaskTracker::new(),
             CancellationToken::new(),
         );
-        let (sender, mut acks) = tokio::sync::mpsc::channel(1);
+        let (outbox, mut acks) = crate::to_worker::outbox(1);
         let ack = PendingAck {
-            sender,
+            outbox,
             sent_at_ms: 77,
         };
         rows.refresh(record("w1", 100, true), Some(ack));
@@ -231,13 +227,8 @@ mod tests {
             [record("w1", 100, true)]
         );
         // The heartbeat is acknowledged once its row is stored.
-        let ack = acks.recv().await.expect("an ack").expect("not an error");
-        assert!(matches!(
-            ack.body,
-            Some(scheduler_message::Body::HeartbeatAck(HeartbeatAck {
-                sent_at_ms: 77
-            }))
-        ));
+        let ack = acks.recv().await.expect("an ack");
+        assert_eq!(ack, ToWorker::HeartbeatAck { sent_at_ms: 77 });
     }
 
     #[tokio::test]
@@ -257,9 +248,9 @@ mod tests {
             .execute(&pool)
             .await
             .expect("drop");
-        let (sender, mut acks) = tokio::sync::mpsc::channel(1);
+        let (outbox, mut acks) = crate::to_worker::outbox(1);
         let ack = PendingAck {
-            sender,
+            outbox,
             sent_at_ms: 5,
         };
         rows.refresh(record("w1", 100, true), Some(ack));

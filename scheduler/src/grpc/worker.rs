@@ -30,15 +30,16 @@ use ax_proto::v1::{
     SchedulerMessage, WorkerMessage, scheduler_message, worker_message,
 };
 use ax_store::{ActiveAttempt, AttemptEnd, LogChunk, LogStream, Report, WorkerRecord};
-use futures::Stream;
-use tokio::sync::mpsc;
+use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::convert;
 use crate::clock::now_ms;
 use crate::node::Node;
 use crate::registry::{StreamInfo, WorkerProfile};
 use crate::reporter::Envelope;
+use crate::to_worker::{self, ToWorker};
 use crate::worker_refusals::{REGISTER_REFUSED, Refusal};
 use crate::worker_rows::PendingAck;
 
@@ -144,7 +145,7 @@ impl WorkerService for WorkerApi {
             return Err(Status::unauthenticated(why));
         }
         if node.standing.is_cut_off() {
-            return Err(cut_off_status(&node));
+            return Err(convert::cut_off_status(&node.options.node_id));
         }
         let silent_after_ms =
             node.options.heartbeat_interval.as_millis() as i64 * SILENT_AFTER_HEARTBEATS;
@@ -192,7 +193,7 @@ impl WorkerService for WorkerApi {
                 _ => stale.push(*reference),
             }
         }
-        let (sender, receiver) = mpsc::channel(OUTBOUND_QUEUE);
+        let (outbox, receiver) = to_worker::outbox(OUTBOUND_QUEUE);
         let now = now_ms();
         let welcome = SchedulerMessage {
             body: Some(scheduler_message::Body::Registered(Registered {
@@ -204,12 +205,10 @@ impl WorkerService for WorkerApi {
                 worker_dead_after_ms: node.worker_dead_after_ms as u32,
             })),
         };
-        // The welcome is queued before the worker is visible to the dispatcher, so no Dispatch
-        // can overtake it.
-        sender
-            .send(Ok(welcome))
-            .await
-            .map_err(|_| Status::cancelled("worker went away during registration"))?;
+        // The welcome goes out first, before anything queued once the worker is visible to the
+        // dispatcher, so no Dispatch can overtake it.
+        let frames = futures::stream::once(std::future::ready(Ok(welcome)))
+            .chain(ReceiverStream::new(receiver).map(convert::worker_frame));
         // The new stream replaces the old one before the store is read for what the worker
         // lacks: a dispatch claimed before this moment either went out on the old stream (and
         // is ended below: another node's after a grace) or is refused by the registry (planned
@@ -218,7 +217,7 @@ impl WorkerService for WorkerApi {
         let connected = match node.registry.connect(
             profile.clone(),
             stream.clone(),
-            sender,
+            outbox,
             adopted.clone(),
             registered_at,
             silent_after_ms,
@@ -264,8 +263,10 @@ impl WorkerService for WorkerApi {
                 reason = serve(&node, &attached, &mut inbound) => reason,
                 () = node.standing.cut_off() => {
                     // Ended with a status, so the worker says why it moves on.
-                    if let Some(sender) = node.registry.sender(&profile.id) {
-                        let _ = sender.try_send(Err(cut_off_status(&node)));
+                    if let Some(outbox) = node.registry.outbox(&profile.id) {
+                        outbox.tell(ToWorker::CutOff {
+                            node_id: node.options.node_id.clone(),
+                        });
                     }
                     "this node cannot reach its store".to_string()
                 }
@@ -288,7 +289,7 @@ impl WorkerService for WorkerApi {
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+        Ok(Response::new(Box::pin(frames)))
     }
 }
 
@@ -336,14 +337,6 @@ async fn live_elsewhere(
         )),
         _ => Ok(()),
     })
-}
-
-/// Why a node cut off from its store serves no worker: the worker goes to another node.
-fn cut_off_status(node: &Node) -> Status {
-    Status::unavailable(format!(
-        "scheduler node {} cannot reach its store; connect to another node",
-        node.options.node_id
-    ))
 }
 
 /// The attempts the store has DISPATCHED or RUNNING on `worker` (claimed before `registered_at`:
@@ -629,8 +622,8 @@ async fn serve(
                 // row, and is acknowledged once the row is written (`worker_rows`).
                 if let Some(view) = node.registry.view(worker) {
                     let row = worker_row(node, &view.profile, view.running, now, true);
-                    let ack = node.registry.sender(worker).map(|sender| PendingAck {
-                        sender,
+                    let ack = node.registry.outbox(worker).map(|outbox| PendingAck {
+                        outbox,
                         sent_at_ms: heartbeat.sent_at_ms,
                     });
                     node.worker_rows.refresh(row, ack);

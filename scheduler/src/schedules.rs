@@ -237,17 +237,7 @@ impl Schedules {
             ));
         }
         if let Some(span) = plan.outside_window {
-            contested.push(span_decision(
-                &self.node_id,
-                due.workflow_id,
-                span,
-                DecisionKind::OutsideWindow,
-                format!(
-                    "{} outside the schedule's start/end window",
-                    span.describe()
-                ),
-                now,
-            ));
+            contested.push(outside_window(&self.node_id, due.workflow_id, span, now));
         }
         Ok(Fired {
             advance: (due.workflow_id, due.next_fire_at, to),
@@ -440,6 +430,27 @@ fn span_decision(
     decision(node_id, workflow_id, span.first, None, kind, detail, now)
 }
 
+/// The decision about slots that fell outside the schedule's start/end window.
+fn outside_window(
+    node_id: &str,
+    workflow_id: WorkflowId,
+    span: SlotSpan,
+    now: Millis,
+) -> DecisionRecord {
+    let detail = format!(
+        "{} outside the schedule's start/end window",
+        span.describe()
+    );
+    span_decision(
+        node_id,
+        workflow_id,
+        span,
+        DecisionKind::OutsideWindow,
+        detail,
+        now,
+    )
+}
+
 /// One scheduled slot to run: a cron slot, or a dependency fire made by other code through
 /// [`fire_slot`].
 pub struct ScheduledFire<'a> {
@@ -517,17 +528,7 @@ pub async fn resume_point(
         ));
     }
     if let Some(span) = plan.outside_window {
-        decisions.push(span_decision(
-            node_id,
-            workflow.id,
-            span,
-            DecisionKind::OutsideWindow,
-            format!(
-                "{} outside the schedule's start/end window",
-                span.describe()
-            ),
-            now,
-        ));
+        decisions.push(outside_window(node_id, workflow.id, span, now));
     }
     // The plan's due slots (within the grace) are fired by the loop from `next` as well.
     Ok((next, decisions))

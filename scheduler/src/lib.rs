@@ -477,20 +477,36 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         store: store.clone(),
         worker_dead_after_ms,
     };
-    let node = Arc::new(Node {
+    let streams = Arc::new(grpc::worker::Streams {
+        node_id: node_id.clone(),
+        heartbeat_interval: options.heartbeat_interval,
+        task_heartbeat_interval: options.task_heartbeat_interval,
+        worker_certificates: options
+            .tls
+            .as_ref()
+            .is_some_and(|tls| tls.client_ca.is_some()),
         worker_dead_after_ms,
         standing,
+        store: store.clone(),
+        registry: registry.clone(),
+        reports,
+        logs: logs.clone(),
+        refusals,
+        metrics: metrics.clone(),
+        worker_rows,
+        dispatch: dispatch_wake.clone(),
+        tasks: tasks.clone(),
+        stopping: draining.clone(),
+    });
+    let node = Arc::new(Node {
         store,
         registry: registry.clone(),
         specs,
-        reports,
         logs,
         runs,
         audit,
         gate: gate.clone(),
-        refusals,
         secrets,
-        worker_rows,
         dispatch_wake,
         schedule_wake,
         dag_layouts: Default::default(),
@@ -531,7 +547,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     let routes = tonic::service::Routes::from(web::router(ControlApi::new(node.clone())))
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(WorkerServiceServer::new(WorkerApi::new(node.clone())))
+        .add_service(WorkerServiceServer::new(WorkerApi::new(streams)))
         .add_service(
             ControlServiceServer::new(ControlApi::new(node.clone()))
                 .max_decoding_message_size(grpc::control::MAX_REQUEST_BYTES),

@@ -339,7 +339,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
             progress: progress.clone(),
         },
     );
-    let reporter = reporter::Reporter::new(reporter::ReporterParts {
+    let reporter = reporter::Reporter::new(reporter::BatchPath {
         store: store.clone(),
         placing: placing.clone(),
         registry: registry.clone(),
@@ -360,7 +360,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     );
     let log_writer = log_writer::LogWriter::new(
         options.log_flush_interval,
-        log_writer::LogWriterParts {
+        log_writer::Writing {
             store: store.clone(),
             specs: specs.clone(),
             secrets: secrets.clone(),

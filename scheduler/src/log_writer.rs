@@ -67,18 +67,7 @@ pub struct LogWriter {
 }
 
 /// The node's parts a write reaches.
-struct Writing {
-    store: Arc<dyn Store>,
-    specs: Arc<SpecCache>,
-    secrets: Arc<Secrets>,
-    registry: Arc<Registry>,
-    metrics: Arc<Metrics>,
-    refusals: Arc<WorkerRefusals>,
-    progress: Progress,
-}
-
-/// The node's parts the log writer works with.
-pub struct LogWriterParts {
+pub struct Writing {
     pub store: Arc<dyn Store>,
     pub specs: Arc<SpecCache>,
     pub secrets: Arc<Secrets>,
@@ -90,18 +79,9 @@ pub struct LogWriterParts {
 
 impl LogWriter {
     /// Writes a batch once it has waited `flush_interval`, or is full.
-    pub fn new(flush_interval: Duration, parts: LogWriterParts) -> LogWriter {
+    pub fn new(flush_interval: Duration, writing: Writing) -> LogWriter {
         let (sender, inbox) = mpsc::channel(4096);
         let budget = Arc::new(Semaphore::new(QUEUE_BUDGET_BYTES));
-        let writing = Writing {
-            store: parts.store,
-            specs: parts.specs,
-            secrets: parts.secrets,
-            registry: parts.registry,
-            metrics: parts.metrics,
-            refusals: parts.refusals,
-            progress: parts.progress,
-        };
         LogWriter {
             inbox,
             logs: Logs { sender, budget },

@@ -89,24 +89,8 @@ pub struct Reporter {
     path: BatchPath,
 }
 
-/// The node's parts a batch's results reach.
-struct BatchPath {
-    store: Arc<dyn Store>,
-    placing: Placing,
-    registry: Arc<Registry>,
-    guards: Arc<dyn Guards>,
-    metrics: Arc<Metrics>,
-    traces: Traces,
-    refusals: Arc<WorkerRefusals>,
-    alerts: FailureAlerts,
-    watching: Arc<Watching>,
-    progress: Progress,
-    /// The dispatcher's wake-up: a batch made instances WAITING, or freed slots.
-    dispatch: Wake,
-}
-
-/// The node's parts the reporter works with.
-pub struct ReporterParts {
+/// The path a batch takes: the node's parts its results reach.
+pub struct BatchPath {
     pub store: Arc<dyn Store>,
     pub placing: Placing,
     pub registry: Arc<Registry>,
@@ -117,6 +101,7 @@ pub struct ReporterParts {
     pub alerts: FailureAlerts,
     pub watching: Arc<Watching>,
     pub progress: Progress,
+    /// The dispatcher's wake-up: a batch made instances WAITING, or freed slots.
     pub dispatch: Wake,
 }
 
@@ -129,21 +114,8 @@ struct Effects {
 }
 
 impl Reporter {
-    pub fn new(parts: ReporterParts) -> Reporter {
+    pub fn new(path: BatchPath) -> Reporter {
         let (sender, inbox) = mpsc::channel(QUEUE);
-        let path = BatchPath {
-            store: parts.store,
-            placing: parts.placing,
-            registry: parts.registry,
-            guards: parts.guards,
-            metrics: parts.metrics,
-            traces: parts.traces,
-            refusals: parts.refusals,
-            alerts: parts.alerts,
-            watching: parts.watching,
-            progress: parts.progress,
-            dispatch: parts.dispatch,
-        };
         Reporter {
             inbox,
             sender,

@@ -11,15 +11,10 @@ use ax_proto::v1::worker_service_server::WorkerServiceServer;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use ax_core::Millis;
-use ax_core::liveness::Intervals;
-use ax_core::placement::Placer;
-
 use crate::grpc::control::ControlApi;
 use crate::grpc::worker::WorkerApi;
 use crate::guards::{Guards, LocalGuards, RedisGuards};
 use crate::membership::{Member, Membership};
-use crate::node::Node;
 
 pub use auth::AuthMode;
 pub use ax_core::placement::Strategy;
@@ -278,246 +273,35 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         "scheduler starting"
     );
 
-    // The node's parts, each built from its options and the handles it needs. Each runs until
-    // its token in the shutdown order (`shutdown.rs`).
+    // The node's parts run until their tokens in the shutdown order (`shutdown.rs`).
     let serving = CancellationToken::new();
     let draining = CancellationToken::new();
     let tasks = TaskTracker::new();
-    let node_id = options.node_id.clone();
-    let intervals = liveness_intervals(&options);
-    let worker_dead_after_ms = intervals.worker_dead_after_ms();
-    let standing = membership.standing();
-    let registry = Arc::new(registry::Registry::new());
-    let specs = Arc::new(specs::SpecCache::new(store.clone()));
-    let secrets = Arc::new(secrets::Secrets::new(
-        options.secret_key.clone(),
-        store.clone(),
-    ));
-    let placer = Arc::new(tokio::sync::Mutex::new(Placer::new(options.strategy)));
-    let watching = Arc::new(watching::Watching::new(clock::now_ms()));
-    let progress = progress::Progress::new();
-    let dispatch_wake = wake::Wake::new();
-    let connection_counters = Arc::new(connections::ConnectionCounters::default());
-    let spans = telemetry::SpanEmitter::new(store.clone(), node_id.clone());
-    let traces = spans.handle();
-    let audit = audit_writer::AuditWriter::start(
-        audit_writer::AuditRows(store.clone()),
-        &tasks,
-        draining.clone(),
-    );
-    let refusals = Arc::new(worker_refusals::WorkerRefusals::new(
-        audit.clone(),
-        tasks.clone(),
-    ));
-    let gate = Arc::new(auth::Gate::new(
-        options.auth,
-        options.auth_failures_per_address,
-        store.clone(),
-        audit.clone(),
-        tasks.clone(),
-    ));
-    let metrics = Arc::new(metrics::Metrics::new());
-    let failure_alerts =
-        failure_alerts::FailureAlerts::new(alerter.clone(), store.clone(), tasks.clone());
-    let dispatch_sender = dispatch_send::DispatchSender::new(
-        registry.clone(),
-        metrics.clone(),
-        traces.clone(),
-        options.timeout_grace,
-    );
-    let placing = place_now::Placing::new(
-        node_id.clone(),
-        options.strategy,
-        options.pools.clone(),
-        place_now::PlacingParts {
-            standing: standing.clone(),
-            registry: registry.clone(),
-            specs: specs.clone(),
-            placer: placer.clone(),
-            guards: guards.clone(),
-            sender: dispatch_sender.clone(),
-            progress: progress.clone(),
+    let parts::Built {
+        node,
+        streams,
+        registry,
+        gate,
+        scraped,
+        connection_counters,
+    } = parts::build(
+        options,
+        parts::Opened {
+            store,
+            guards,
+            alerter: alerter.clone(),
+            standing: membership.standing(),
+        },
+        parts::Runs {
+            tasks: &tasks,
+            serving: &serving,
+            draining: &draining,
         },
     );
-    let reporter = reporter::Reporter::new(reporter::BatchPath {
-        store: store.clone(),
-        placing: placing.clone(),
-        registry: registry.clone(),
-        guards: guards.clone(),
-        metrics: metrics.clone(),
-        traces: traces.clone(),
-        refusals: refusals.clone(),
-        alerts: failure_alerts.clone(),
-        watching: watching.clone(),
-        progress: progress.clone(),
-        dispatch: dispatch_wake.clone(),
-    });
-    let reports = reporter.handle();
-    let runs = run_creator::RunCreator::start(
-        run_creator::NewRuns::new(store.clone(), specs.clone(), placing, reports.clone()),
-        &tasks,
-        draining.clone(),
-    );
-    let log_writer = log_writer::LogWriter::new(
-        options.log_flush_interval,
-        log_writer::Writing {
-            store: store.clone(),
-            specs: specs.clone(),
-            secrets: secrets.clone(),
-            registry: registry.clone(),
-            metrics: metrics.clone(),
-            refusals: refusals.clone(),
-            progress: progress.clone(),
-        },
-    );
-    let logs = log_writer.handle();
-    let worker_rows = worker_rows::WorkerRows::start(
-        store.clone(),
-        options.heartbeat_interval,
-        &tasks,
-        draining.clone(),
-    );
-    let dispatcher = dispatcher::Dispatcher::new(
-        dispatcher::DispatcherOptions {
-            node_id: node_id.clone(),
-            strategy: options.strategy,
-            pools: options.pools.clone(),
-            worker_dead_after_ms,
-        },
-        dispatcher::DispatcherParts {
-            store: store.clone(),
-            registry: registry.clone(),
-            guards: guards.clone(),
-            specs: specs.clone(),
-            secrets: secrets.clone(),
-            placer,
-            sender: dispatch_sender,
-            reports: reports.clone(),
-            standing: standing.clone(),
-            watching: watching.clone(),
-            progress: progress.clone(),
-            wake: dispatch_wake.clone(),
-        },
-    );
-    let backstop = backstop::Backstop::new(
-        node_id.clone(),
-        intervals,
-        options.heartbeat_interval,
-        backstop::BackstopParts {
-            store: store.clone(),
-            registry: registry.clone(),
-            reports: reports.clone(),
-            alerts: failure_alerts,
-            watching,
-        },
-    );
-    let schedules = schedules::Schedules::new(
-        node_id.clone(),
-        schedules::SchedulesParts {
-            store: store.clone(),
-            specs: specs.clone(),
-            runs: runs.clone(),
-            registry: registry.clone(),
-            metrics: metrics.clone(),
-            traces: traces.clone(),
-            progress: progress.clone(),
-            dispatch: dispatch_wake.clone(),
-        },
-    );
-    let schedule_wake = schedules.handle();
-    let spread = spread::Spread::new(
-        node_id.clone(),
-        options.spread_interval,
-        worker_dead_after_ms,
-        store.clone(),
-        registry.clone(),
-    );
-    let retention = retention::Retention::new(
-        retention::RetentionOptions {
-            node_id: node_id.clone(),
-            retention: options.retention,
-            audit_retention: options.audit_retention,
-            purge_interval: options.purge_interval,
-        },
-        store.clone(),
-        specs.clone(),
-        metrics.clone(),
-    );
-    metrics.register_readings(metrics::Readings {
-        alerter: alerter.clone(),
-        guards: guards.clone(),
-        standing: standing.clone(),
-        queued_log_bytes: Box::new({
-            let logs = logs.clone();
-            move || logs.queued_bytes()
-        }),
-        connections: connection_counters.clone(),
-    });
-
-    // The queues drain after the server has stopped (`draining`).
-    tasks.spawn(reporter.run(draining.clone()));
-    tasks.spawn(log_writer.run(draining.clone()));
-    tasks.spawn(spans.run(draining.clone()));
-    // The loops that decide stop with the server (`serving`).
-    tasks.spawn(dispatcher.run(serving.clone()));
-    tasks.spawn(schedules.run(serving.clone()));
-    tasks.spawn(backstop.run(serving.clone()));
-    tasks.spawn(spread.run(serving.clone()));
-    tasks.spawn(retention.run(serving.clone()));
-    tasks.spawn(gate.clone().flush_failures_until(serving.clone()));
-    tasks.spawn(worker_refusals::run(refusals.clone(), serving.clone()));
     // The lease is given up after every task has ended (`shutdown.rs`), so it runs outside the
     // tracker that shutdown waits on.
     let lease = CancellationToken::new();
     let lease_task = tokio::spawn(membership.run(lease.clone()));
-
-    let scraped = metrics::Scraped {
-        metrics: metrics.clone(),
-        registry: registry.clone(),
-        store: store.clone(),
-        worker_dead_after_ms,
-    };
-    let streams = Arc::new(grpc::worker::Streams {
-        node_id: node_id.clone(),
-        heartbeat_interval: options.heartbeat_interval,
-        task_heartbeat_interval: options.task_heartbeat_interval,
-        worker_certificates: options
-            .tls
-            .as_ref()
-            .is_some_and(|tls| tls.client_ca.is_some()),
-        worker_dead_after_ms,
-        standing,
-        store: store.clone(),
-        registry: registry.clone(),
-        reports,
-        logs: logs.clone(),
-        refusals,
-        metrics: metrics.clone(),
-        worker_rows,
-        dispatch: dispatch_wake.clone(),
-        tasks: tasks.clone(),
-        stopping: draining.clone(),
-    });
-    let node = Arc::new(Node {
-        store,
-        registry: registry.clone(),
-        specs,
-        logs,
-        runs,
-        audit,
-        gate: gate.clone(),
-        secrets,
-        dispatch_wake,
-        schedule_wake,
-        dag_layouts: Default::default(),
-        traces,
-        metrics,
-        scraped: scraped.clone(),
-        progress,
-        tasks: tasks.clone(),
-        stopping: draining.clone(),
-        options,
-    });
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
@@ -578,17 +362,6 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
             alerter,
         },
     })
-}
-
-/// The heartbeat settings the backstop's verdicts, the dead-worker threshold and the workers'
-/// own fences depend on.
-fn liveness_intervals(options: &SchedulerOptions) -> Intervals {
-    Intervals {
-        worker_heartbeat_ms: options.heartbeat_interval.as_millis() as Millis,
-        task_heartbeat_ms: options.task_heartbeat_interval.as_millis() as Millis,
-        dead_after_missed: options.dead_after_missed_heartbeats,
-        timeout_grace_ms: options.timeout_grace.as_millis() as Millis,
-    }
 }
 
 /// Warns of live worker tokens that take any worker id (made before tokens named ids, or
@@ -698,6 +471,7 @@ mod log_writer;
 mod membership;
 mod metrics;
 mod node;
+mod parts;
 mod place_now;
 mod progress;
 mod registry;

@@ -46,7 +46,7 @@ struct Sandbox {
     addresses: Vec<SocketAddr>,
     nodes: Vec<Option<RunningScheduler>>,
     workers: Vec<(String, CancellationToken, JoinHandle<anyhow::Result<()>>)>,
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
 }
 
 /// A port nothing listens on now.

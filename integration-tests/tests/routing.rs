@@ -70,7 +70,7 @@ fn max_overlap(spans: &[(i64, i64)]) -> usize {
     max as usize
 }
 
-async fn store_of(cluster: &Cluster) -> std::sync::Arc<dyn ax_store::Store> {
+async fn store_of(cluster: &Cluster) -> std::sync::Arc<ax_store::Store> {
     ax_store::open(cluster.store_url())
         .await
         .expect("open the store")

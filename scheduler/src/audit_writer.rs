@@ -13,7 +13,7 @@ use crate::group_commit::{GroupCommit, GroupWrite};
 pub type AuditWriter = GroupCommit<AuditRows>;
 
 /// Audit rows, written by the store.
-pub struct AuditRows(pub Arc<dyn Store>);
+pub struct AuditRows(pub Arc<Store>);
 
 impl GroupWrite for AuditRows {
     type Item = AuditRecord;

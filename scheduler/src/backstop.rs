@@ -34,7 +34,7 @@ pub struct Backstop {
     node_id: String,
     intervals: Intervals,
     heartbeat_interval: Duration,
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     registry: Arc<Registry>,
     reports: Reports,
     alerts: FailureAlerts,
@@ -43,7 +43,7 @@ pub struct Backstop {
 
 /// The node's parts the backstop works with.
 pub struct BackstopParts {
-    pub store: Arc<dyn Store>,
+    pub store: Arc<Store>,
     pub registry: Arc<Registry>,
     pub reports: Reports,
     pub alerts: FailureAlerts,
@@ -185,7 +185,7 @@ impl Backstop {
                 }
             }
         }
-        record_endings(&*self.store, &self.node_id, endings, now).await;
+        record_endings(&self.store, &self.node_id, endings, now).await;
         for (worker, attempts) in lost_workers {
             self.alerts.worker_lost(&worker, &attempts, now).await;
         }
@@ -250,7 +250,7 @@ impl Backstop {
             }
             endings.push((attempt.clone(), DecisionKind::Withdrawn, reason));
         }
-        record_endings(&*self.store, &self.node_id, endings, now).await;
+        record_endings(&self.store, &self.node_id, endings, now).await;
     }
 
     /// Tells this node's workers to kill the attempts the store has ended while they run them: an
@@ -306,7 +306,8 @@ impl Backstop {
             Verdict::TimedOut => {
                 let message = format!(
                     "timed out: running longer than its timeout of {} ms plus the {} ms grace, and no report from worker {worker}",
-                    attempt.timeout_ms, self.intervals.timeout_grace_ms
+                    attempt.timeout_ms.map_or(0, std::num::NonZeroU64::get),
+                    self.intervals.timeout_grace_ms
                 );
                 tracing::warn!(instance = %instance_id, attempt = %number, worker, "backstop timeout");
                 // If the worker is connected here, it must kill the process; the retry waits for
@@ -354,7 +355,7 @@ struct Told {
 /// again or seems stuck. A failure is
 /// logged: explanations never hold up scheduling.
 pub async fn record_endings(
-    store: &dyn Store,
+    store: &Store,
     node_id: &str,
     ended: Vec<(ActiveAttempt, DecisionKind, String)>,
     now: Millis,

@@ -7,6 +7,7 @@
 //! put it back WAITING.
 
 use std::collections::BTreeMap;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -95,12 +96,11 @@ impl DispatchSender {
     /// The start lock lives as long as the attempt may: its timeout plus the grace the backstop
     /// gives the worker's own report, and a minute more for the kill to land. A task without a
     /// timeout holds it for a day at most.
-    pub fn lock_ttl(&self, timeout_ms: u64) -> Duration {
+    pub fn lock_ttl(&self, timeout_ms: Option<NonZeroU64>) -> Duration {
         let grace = self.timeout_grace + Duration::from_secs(60);
-        if timeout_ms == 0 {
-            Duration::from_secs(24 * 3600)
-        } else {
-            Duration::from_millis(timeout_ms) + grace
+        match timeout_ms {
+            Some(timeout) => Duration::from_millis(timeout.get()) + grace,
+            None => Duration::from_secs(24 * 3600),
         }
     }
 

@@ -98,7 +98,7 @@ pub struct Dispatcher {
     strategy: Strategy,
     pools: BTreeMap<String, u32>,
     worker_dead_after_ms: Millis,
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     registry: Arc<Registry>,
     guards: Arc<dyn Guards>,
     specs: Arc<SpecCache>,
@@ -126,7 +126,7 @@ pub struct DispatcherOptions {
 
 /// The node's parts the dispatcher works with.
 pub struct DispatcherParts {
-    pub store: Arc<dyn Store>,
+    pub store: Arc<Store>,
     pub registry: Arc<Registry>,
     pub guards: Arc<dyn Guards>,
     pub specs: Arc<SpecCache>,

@@ -41,13 +41,13 @@ impl Failure {
 #[derive(Clone)]
 pub struct FailureAlerts {
     alerter: Alerter,
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     /// Where alerts are built, off the reporter's path.
     tasks: TaskTracker,
 }
 
 impl FailureAlerts {
-    pub fn new(alerter: Alerter, store: Arc<dyn Store>, tasks: TaskTracker) -> FailureAlerts {
+    pub fn new(alerter: Alerter, store: Arc<Store>, tasks: TaskTracker) -> FailureAlerts {
         FailureAlerts {
             alerter,
             store,
@@ -106,7 +106,7 @@ impl FailureAlerts {
     }
 }
 
-async fn raise(alerter: Alerter, store: Arc<dyn Store>, failures: Vec<Failure>) {
+async fn raise(alerter: Alerter, store: Arc<Store>, failures: Vec<Failure>) {
     let now = now_ms();
     for failure in failures {
         if failure.instance.0 == 0 {

@@ -366,7 +366,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
 
 /// Warns of live worker tokens that take any worker id (made before tokens named ids, or
 /// with `--worker-id '*'`): whoever holds one may register as any worker that is not live.
-async fn warn_of_broad_worker_tokens(store: &dyn ax_store::Store) {
+async fn warn_of_broad_worker_tokens(store: &ax_store::Store) {
     let tokens = match store.list_tokens().await {
         Ok(tokens) => tokens,
         Err(err) => {

@@ -68,7 +68,7 @@ pub struct LogWriter {
 
 /// The node's parts a write reaches.
 pub struct Writing {
-    pub store: Arc<dyn Store>,
+    pub store: Arc<Store>,
     pub specs: Arc<SpecCache>,
     pub secrets: Arc<Secrets>,
     pub registry: Arc<Registry>,

@@ -2,7 +2,6 @@
 
 use anyhow::Context;
 use ax_scheduler::config::{Args, Command, TokenCommand};
-use clap::Parser;
 
 fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();

@@ -168,7 +168,7 @@ impl Standing {
 
 /// This node's lease, held.
 pub struct Membership {
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     member: Member,
     incarnation: String,
     standing: Arc<Standing>,
@@ -181,7 +181,7 @@ impl Membership {
     }
 
     /// Claims the node's lease, or says why it cannot.
-    pub async fn join(store: Arc<dyn Store>, member: Member) -> anyhow::Result<Membership> {
+    pub async fn join(store: Arc<Store>, member: Member) -> anyhow::Result<Membership> {
         let incarnation = format!("{:016x}", rand::random::<u64>());
         let claim = NodeLease {
             node_id: member.node_id.clone(),
@@ -377,7 +377,7 @@ impl Membership {
 }
 
 /// Says so loudly when another live node has other `[pools]`.
-async fn warn_of_other_pools(store: &Arc<dyn Store>, member: &Member) {
+async fn warn_of_other_pools(store: &Arc<Store>, member: &Member) {
     match store.list_node_leases().await {
         Ok((db_now, leases)) => {
             for warning in pool_differences(&member.node_id, &member.pools, &leases, db_now) {

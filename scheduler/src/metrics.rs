@@ -566,7 +566,7 @@ impl Collector for Readings {
 pub struct Scraped {
     pub metrics: Arc<Metrics>,
     pub registry: Arc<crate::registry::Registry>,
-    pub store: Arc<dyn Store>,
+    pub store: Arc<Store>,
     pub worker_dead_after_ms: Millis,
 }
 

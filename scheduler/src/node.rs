@@ -25,7 +25,7 @@ use crate::wake::Wake;
 
 pub struct Node {
     pub options: SchedulerOptions,
-    pub store: Arc<dyn Store>,
+    pub store: Arc<Store>,
     pub registry: Arc<Registry>,
     pub specs: Arc<SpecCache>,
     /// The log writer, flushed before logs are read.

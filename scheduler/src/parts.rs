@@ -31,7 +31,7 @@ use crate::{
 
 /// What `start` opened before the parts are built.
 pub struct Opened {
-    pub store: Arc<dyn Store>,
+    pub store: Arc<Store>,
     pub guards: Arc<dyn Guards>,
     pub alerter: Alerter,
     pub standing: Arc<Standing>,

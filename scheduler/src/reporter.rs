@@ -91,7 +91,7 @@ pub struct Reporter {
 
 /// The path a batch takes: the node's parts its results reach.
 pub struct BatchPath {
-    pub store: Arc<dyn Store>,
+    pub store: Arc<Store>,
     pub placing: Placing,
     pub registry: Arc<Registry>,
     pub guards: Arc<dyn Guards>,

@@ -40,7 +40,7 @@ pub struct Retention {
     /// How long audit rows are kept; `None` keeps them.
     audit_retention: Option<Duration>,
     purge_interval: Duration,
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     specs: Arc<SpecCache>,
     metrics: Arc<Metrics>,
 }
@@ -56,7 +56,7 @@ pub struct RetentionOptions {
 impl Retention {
     pub fn new(
         options: RetentionOptions,
-        store: Arc<dyn Store>,
+        store: Arc<Store>,
         specs: Arc<SpecCache>,
         metrics: Arc<Metrics>,
     ) -> Retention {
@@ -114,7 +114,7 @@ impl Retention {
             let cutoff = ax_core::retention::cutoff(spec.spec.retention, default_ms, now_ms());
             let Some(cutoff) = cutoff else { continue };
             total += purge_workflow(
-                &*self.store,
+                &self.store,
                 &self.metrics,
                 workflow.id,
                 cutoff,
@@ -175,7 +175,7 @@ impl Retention {
 /// `ended_before`, step by step, then its decisions about dropped slots before it. Stops
 /// between two steps once `cancel` is cancelled.
 pub async fn purge_workflow(
-    store: &dyn Store,
+    store: &Store,
     metrics: &Metrics,
     workflow_id: WorkflowId,
     ended_before: Millis,

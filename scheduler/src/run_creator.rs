@@ -18,7 +18,7 @@ pub type RunCreator = GroupCommit<NewRuns>;
 /// New runs, written by the store, their root tasks placed on this node's workers in the same
 /// transaction (`place_now.rs`).
 pub struct NewRuns {
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     specs: Arc<SpecCache>,
     placing: Placing,
     /// Where placed attempts that could not be sent go back to WAITING.
@@ -27,7 +27,7 @@ pub struct NewRuns {
 
 impl NewRuns {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<Store>,
         specs: Arc<SpecCache>,
         placing: Placing,
         reports: Reports,

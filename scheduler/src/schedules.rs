@@ -64,7 +64,7 @@ const CONCURRENT_FIRES: usize = 128;
 /// The cron loop: its node's id and the node's parts a fire reaches.
 pub struct Schedules {
     node_id: String,
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     specs: Arc<SpecCache>,
     runs: RunCreator,
     registry: Arc<Registry>,
@@ -79,7 +79,7 @@ pub struct Schedules {
 
 /// The node's parts the cron loop works with.
 pub struct SchedulesParts {
-    pub store: Arc<dyn Store>,
+    pub store: Arc<Store>,
     pub specs: Arc<SpecCache>,
     pub runs: RunCreator,
     pub registry: Arc<Registry>,
@@ -492,7 +492,7 @@ pub fn send_cancels(registry: &Registry, cancelled: &[CancelledAttempt], reason:
 /// latest, catch_up N: the latest N) are fired late by the cron loop. A workflow that is not
 /// paused keeps its stored next fire time.
 pub async fn resume_point(
-    store: &dyn Store,
+    store: &Store,
     node_id: &str,
     workflow: &WorkflowRecord,
     now: Millis,

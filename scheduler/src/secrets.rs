@@ -235,12 +235,12 @@ fn masked_lines<'a>(values: impl Iterator<Item = &'a String>) -> Vec<String> {
 /// A node's secrets: sealing new ones, opening them for dispatches, masking logs.
 pub struct Secrets {
     key: Option<SecretKey>,
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     opened: Mutex<Option<Opened>>,
 }
 
 impl Secrets {
-    pub fn new(key: Option<SecretKey>, store: Arc<dyn Store>) -> Secrets {
+    pub fn new(key: Option<SecretKey>, store: Arc<Store>) -> Secrets {
         Secrets {
             key,
             store,

@@ -21,12 +21,12 @@ impl VersionedSpec {
 }
 
 pub struct SpecCache {
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     versions: Mutex<HashMap<(WorkflowId, u32), Arc<VersionedSpec>>>,
 }
 
 impl SpecCache {
-    pub fn new(store: Arc<dyn Store>) -> Self {
+    pub fn new(store: Arc<Store>) -> Self {
         SpecCache {
             store,
             versions: Mutex::new(HashMap::new()),

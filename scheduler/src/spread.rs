@@ -39,7 +39,7 @@ pub struct Spread {
     /// `None`: the node never asks a worker to move.
     interval: Option<Duration>,
     worker_dead_after_ms: Millis,
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     registry: Arc<Registry>,
 }
 
@@ -48,7 +48,7 @@ impl Spread {
         node_id: String,
         interval: Option<Duration>,
         worker_dead_after_ms: Millis,
-        store: Arc<dyn Store>,
+        store: Arc<Store>,
         registry: Arc<Registry>,
     ) -> Spread {
         Spread {

@@ -323,7 +323,7 @@ impl Traces {
 
     /// Queues a run's end for its spans if the run is over (a cancelled instance may have
     /// ended it); one read, only when the node exports traces.
-    pub async fn run_ended_if_over(&self, store: &dyn Store, run: RunId) {
+    pub async fn run_ended_if_over(&self, store: &Store, run: RunId) {
         if !self.enabled() {
             return;
         }
@@ -375,14 +375,14 @@ impl Traces {
 pub struct SpanEmitter {
     traces: Traces,
     inbox: Option<mpsc::Receiver<Event>>,
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     node_id: String,
 }
 
 impl SpanEmitter {
     /// Emits spans when this process installed an exporter ([`install`]); else does nothing,
     /// and its [`Traces`] are off.
-    pub fn new(store: Arc<dyn Store>, node_id: String) -> SpanEmitter {
+    pub fn new(store: Arc<Store>, node_id: String) -> SpanEmitter {
         let (traces, inbox) = match PROVIDER.get() {
             Some(provider) => {
                 let (events, inbox) = mpsc::channel(QUEUE);

@@ -24,8 +24,8 @@ pub struct Dispatch {
     pub env: HashMap<String, String>,
     /// Empty: the worker's own.
     pub working_dir: String,
-    /// 0: no timeout.
-    pub timeout_ms: u64,
+    /// `None`: no timeout.
+    pub timeout_ms: Option<std::num::NonZeroU64>,
     pub logical_time: Millis,
     /// (index, total) of a shard of a sharded broadcast.
     pub shard: Option<(u32, u32)>,

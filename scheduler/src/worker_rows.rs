@@ -41,7 +41,7 @@ impl PendingAck {
 const FLUSH_BOUNDS: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 
 pub struct WorkerRows {
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     /// Refreshes not yet written, the latest per worker, with the heartbeat to acknowledge.
     kept: Mutex<HashMap<String, (WorkerRecord, Option<PendingAck>)>>,
     /// Held while a group is written, so groups are written one after the other.
@@ -53,7 +53,7 @@ impl WorkerRows {
     /// row is never more than half an interval behind its refresh, on `tasks`; the task ends
     /// with the last handle, or writes what is kept once more when `stop` is cancelled.
     pub fn start(
-        store: Arc<dyn Store>,
+        store: Arc<Store>,
         heartbeat_interval: Duration,
         tasks: &TaskTracker,
         stop: CancellationToken,
@@ -149,7 +149,7 @@ mod tests {
         }
     }
 
-    async fn sqlite_store() -> (tempfile::TempDir, Arc<dyn Store>) {
+    async fn sqlite_store() -> (tempfile::TempDir, Arc<Store>) {
         let dir = tempfile::tempdir().expect("dir");
         let url = format!("sqlite://{}", dir.path().join("workers.db").display());
         let store = ax_store::open(&url).await.expect("store");

@@ -24,7 +24,6 @@ fn the_core_depends_on_no_runtime_network_or_database_crate() {
 /// The example configuration in deploy/ must stay loadable.
 #[test]
 fn the_example_config_parses() {
-    use clap::Parser;
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../deploy/scheduler.example.toml"

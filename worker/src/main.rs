@@ -37,20 +37,20 @@ struct Args {
     #[arg(long, default_value_t = 20)]
     capacity: u32,
     /// Worker heartbeat interval, e.g. 5s or 500ms.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = ax_core::duration::parse)]
     heartbeat_interval: Duration,
     /// Per-attempt heartbeat interval.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = ax_core::duration::parse)]
     task_heartbeat_interval: Duration,
     /// Time between SIGTERM and SIGKILL when an attempt is killed.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = ax_core::duration::parse)]
     kill_grace: Duration,
     /// Kill running attempts when no scheduler was reachable for this long ("off" disables).
     #[arg(long, default_value = "10s", value_parser = parse_optional_duration)]
     self_fence_after: OptionalDuration,
     /// How long an attempt's end is kept and resent on every new stream when the scheduler does
     /// not acknowledge it (it is dropped at once when acknowledged).
-    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    #[arg(long, default_value = "1h", value_parser = ax_core::duration::parse)]
     finished_retention: Duration,
     /// Directory for log lines kept on disk while the scheduler has not acknowledged them;
     /// defaults to <temp dir>/ax-worker-<id>.
@@ -99,7 +99,9 @@ struct OptionalDuration(Option<Duration>);
 fn parse_optional_duration(text: &str) -> Result<OptionalDuration, String> {
     match text.trim() {
         "off" | "none" | "0" => Ok(OptionalDuration(None)),
-        other => parse_duration(other).map(|duration| OptionalDuration(Some(duration))),
+        other => ax_core::duration::parse(other)
+            .map(|duration| OptionalDuration(Some(duration)))
+            .map_err(|err| err.to_string()),
     }
 }
 
@@ -108,31 +110,6 @@ fn parse_label(text: &str) -> Result<(String, String), String> {
         Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
         _ => Err(format!("expected key=value, got {text:?}")),
     }
-}
-
-/// Parses `500ms`, `5s`, `2m`, `1h`, or a plain number of seconds.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("invalid duration {text:?}"))?;
-    let seconds = match unit.trim() {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!(
-                "unknown duration unit {other:?} in {text:?} (use ms, s, m, h)"
-            ));
-        }
-    };
-    Duration::try_from_secs_f64(seconds)
-        .map_err(|error| format!("invalid duration {text:?}: {error}"))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -245,20 +222,32 @@ async fn run(args: Args) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    /// The duration flags read the one grammar (`ax_core::duration`); `--self-fence-after`
+    /// may also be off.
     #[test]
     fn durations_parse_humanely() {
-        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-        assert!(parse_duration("5 parsecs").is_err());
-        assert!(parse_duration("s").is_err());
-        assert_eq!(parse_optional_duration("off"), Ok(OptionalDuration(None)));
+        let kill_grace = |text: &str| {
+            Args::try_parse_from(["ax-worker", "--scheduler", "x", "--kill-grace", text])
+                .map(|args| args.kill_grace)
+                .map_err(|err| err.to_string())
+        };
+        assert_eq!(kill_grace("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(kill_grace("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(kill_grace("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(kill_grace("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(kill_grace("7"), Ok(Duration::from_secs(7)));
+        assert_eq!(kill_grace("1h30m"), Ok(Duration::from_secs(5400)));
+        let err = kill_grace("5 parsecs").unwrap_err();
+        assert!(err.contains("invalid duration \"5 parsecs\""), "{err}");
+        assert!(kill_grace("s").is_err());
+        for off in ["off", "none", "0"] {
+            assert_eq!(parse_optional_duration(off), Ok(OptionalDuration(None)));
+        }
         assert_eq!(
             parse_optional_duration("10s"),
             Ok(OptionalDuration(Some(Duration::from_secs(10))))
         );
+        assert!(parse_optional_duration("soon").is_err());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! One attempt's process: spawn, log pump, timeout, cancellation, and the final report.
 
 use std::io;
+use std::num::NonZeroU64;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::pin::Pin;
@@ -81,7 +82,9 @@ pub async fn run_attempt(
             pgid: 0,
             grace: settings.kill_grace,
             timeout: None,
-            timeout_ms: dispatch.timeout_ms,
+            // The wire's 0 is no timeout.
+            time_limit: NonZeroU64::new(dispatch.timeout_ms)
+                .map(|ms| Duration::from_millis(ms.get())),
             keep_when_cut_off: dispatch.keep_when_cut_off,
             reason: None,
             sigkill_at: None,
@@ -121,7 +124,8 @@ struct Watch {
     /// Kept across steps: a timer made anew at each step could be dropped before it fires, every
     /// time, while the task's output keeps the loop busy.
     timeout: Option<Pin<Box<Sleep>>>,
-    timeout_ms: u64,
+    /// How long the attempt may run; `None`: as long as it takes.
+    time_limit: Option<Duration>,
     /// The task opted out of self-fencing.
     keep_when_cut_off: bool,
     reason: Option<KillReason>,
@@ -154,7 +158,7 @@ impl Watch {
                 None => self.control_open = false,
             },
             () = elapsed(&mut self.timeout), if timeout_armed => {
-                tracing::info!(timeout_ms = self.timeout_ms, "attempt timed out");
+                tracing::info!(timeout = ?self.time_limit, "attempt timed out");
                 self.kill(KillReason::Timeout);
             }
             () = elapsed(&mut self.sigkill_at), if self.sigkill_at.is_some() => {
@@ -234,11 +238,10 @@ impl Runner {
         if let Some(guardian) = &self.settings.guardian {
             guardian.watch(self.watch.pgid);
         }
-        self.watch.timeout = (self.dispatch.timeout_ms > 0).then(|| {
-            Box::pin(sleep_until(
-                start + Duration::from_millis(self.dispatch.timeout_ms),
-            ))
-        });
+        self.watch.timeout = self
+            .watch
+            .time_limit
+            .map(|limit| Box::pin(sleep_until(start + limit)));
         tracing::info!(pid, "attempt started");
         let started = AttemptStarted {
             instance_id: self.key.instance_id,

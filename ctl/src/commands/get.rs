@@ -1,5 +1,7 @@
 //! `axctl get workflows|workflow NAME|runs|run ID|instances --run ID|instance ID`
 
+use std::num::NonZeroU64;
+
 use ax_proto::v1 as pb;
 use clap::Subcommand;
 
@@ -246,11 +248,10 @@ pub fn workflow_detail(w: &pb::Workflow) -> String {
                 t.upstream.join(",")
             },
             t.retries.to_string(),
-            if t.timeout_ms == 0 {
-                "-".into()
-            } else {
-                ax_core::humane_duration(t.timeout_ms as i64)
-            },
+            // The wire's 0 is no timeout.
+            NonZeroU64::new(t.timeout_ms).map_or("-".into(), |timeout| {
+                ax_core::humane_duration(timeout.get() as i64)
+            }),
             command,
         ]);
     }

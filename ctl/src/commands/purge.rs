@@ -34,23 +34,21 @@ struct PurgeView {
     kept_forever: Vec<String>,
 }
 
-/// The age as milliseconds: a duration of the workflow format with a unit, more than zero. A
-/// bare number is refused: `--older-than 90` meant as days would take almost everything.
+/// The age as milliseconds: a duration with a unit, more than zero. A bare number is refused:
+/// `--older-than 90` meant as days would take almost everything.
 fn older_than_ms(text: &str) -> Result<i64, CtlError> {
-    let text = text.trim();
-    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(CtlError::usage(format!(
-            "--older-than {text:?} has no unit: give one, e.g. 90d, 12h, 30m"
-        )));
-    }
-    let ms = ax_core::spec::parse_duration_ms(text)
+    let age = ax_core::duration::parse_with_unit(text)
         .map_err(|err| CtlError::usage(format!("--older-than: {err}")))?;
-    if ms == 0 {
-        return Err(CtlError::usage(
+    match i64::try_from(age.as_millis()) {
+        Ok(0) => Err(CtlError::usage(
             "--older-than must be more than zero, e.g. 90d",
-        ));
+        )),
+        Ok(ms) => Ok(ms),
+        Err(_) => Err(CtlError::usage(format!(
+            "--older-than {:?} is too large",
+            text.trim()
+        ))),
     }
-    i64::try_from(ms).map_err(|_| CtlError::usage(format!("--older-than {text:?} is too large")))
 }
 
 pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {

@@ -160,7 +160,7 @@ impl Scene {
             .expect("a sales token of that role")
     }
 
-    async fn store(&self) -> std::sync::Arc<dyn ax_store::Store> {
+    async fn store(&self) -> std::sync::Arc<ax_store::Store> {
         ax_store::open(self.cluster.store_url())
             .await
             .expect("store")
@@ -307,7 +307,7 @@ async fn finance(scene: &Scene) -> (Vec<i64>, i64) {
 }
 
 /// What a scoped caller could have changed of the finance app, read from the store.
-async fn finance_rows(store: &dyn ax_store::Store) -> String {
+async fn finance_rows(store: &ax_store::Store) -> String {
     let workflow = store
         .get_workflow("finance-wf")
         .await

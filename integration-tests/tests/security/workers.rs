@@ -45,7 +45,7 @@ const GUARD: Duration = Duration::from_secs(30);
 /// A node with tokens on, its store opened beside it, and an admin's client.
 struct Node {
     cluster: Cluster,
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     admin: Client,
 }
 
@@ -160,7 +160,7 @@ impl Node {
 }
 
 async fn token(
-    store: &dyn Store,
+    store: &Store,
     name: &str,
     role: Role,
     app: Option<&str>,
@@ -749,7 +749,7 @@ async fn a_killed_or_cut_worker_takes_its_id_back_at_once(backend: Backend) {
     };
     let (stop_w2, w2) = worker("w2", vec![blackholed.url(), node.endpoint()]);
     let (stop_w3, w3) = worker("w3", vec![cut.url()]);
-    let live_on = |id: &'static str, store: Arc<dyn Store>| async move {
+    let live_on = |id: &'static str, store: Arc<Store>| async move {
         let deadline = tokio::time::Instant::now() + GUARD;
         loop {
             let row = store.worker(id).await.expect("row");

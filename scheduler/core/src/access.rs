@@ -193,28 +193,17 @@ pub fn check_token_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `90d`, `12h`, `30m`: how long a new token lasts.
+/// `90d`, `12h`, `30m`: how long a new token lasts, a duration with a unit
+/// ([`crate::duration::parse_with_unit`]), more than zero and at most 100 years.
 pub fn parse_lifetime_ms(text: &str) -> Result<i64, String> {
-    let invalid = || {
-        format!("expiry {text:?}: expected a number of days, hours or minutes, e.g. 90d, 12h, 30m")
-    };
+    let lifetime =
+        crate::duration::parse_with_unit(text).map_err(|err| format!("expiry: {err}"))?;
     let text = text.trim();
-    let split = text.len().checked_sub(1).ok_or_else(invalid)?;
-    let (number, unit) = text.split_at(split);
-    let number: i64 = number.parse().map_err(|_| invalid())?;
-    let unit_ms = match unit {
-        "d" => 86_400_000,
-        "h" => 3_600_000,
-        "m" => 60_000,
-        _ => return Err(invalid()),
-    };
-    if number <= 0 {
-        return Err(format!("expiry {text:?}: must be more than zero"));
+    match i64::try_from(lifetime.as_millis()) {
+        Ok(0) => Err(format!("expiry {text:?}: must be more than zero")),
+        Ok(ms) if ms <= 100 * 365 * 86_400_000 => Ok(ms),
+        _ => Err(format!("expiry {text:?}: at most 100 years")),
     }
-    number
-        .checked_mul(unit_ms)
-        .filter(|ms| *ms <= 100 * 365 * 86_400_000)
-        .ok_or_else(|| format!("expiry {text:?}: at most 100 years"))
 }
 
 /// Counts failed authentications per address. Past `limit` failures within `window_ms`, the
@@ -423,7 +412,10 @@ mod tests {
                 .unwrap_err()
                 .contains("more than zero")
         );
+        assert_eq!(parse_lifetime_ms("+30m"), Ok(30 * 60_000));
+        assert_eq!(parse_lifetime_ms("1.5h"), Ok(90 * 60_000));
         assert!(parse_lifetime_ms("soon").unwrap_err().contains("90d"));
+        assert!(parse_lifetime_ms("90").unwrap_err().contains("no unit"));
         assert!(
             parse_lifetime_ms("99999d")
                 .unwrap_err()

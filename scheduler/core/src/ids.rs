@@ -46,13 +46,3 @@ impl fmt::Display for Attempt {
         write!(f, "{}", self.0)
     }
 }
-
-/// A worker's self-chosen id (by default its hostname and pid).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct WorkerId(pub String);
-
-impl fmt::Display for WorkerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}

@@ -16,6 +16,7 @@ pub mod dag;
 pub mod decision;
 pub mod dependency;
 pub mod dispatch_plan;
+pub mod duration;
 pub mod failure_audit;
 pub mod firing;
 pub mod ids;

@@ -25,6 +25,8 @@
 //!   back to WAITING as attempt + 1, because the dispatch may have reached the worker and an
 //!   attempt number is never dispatched twice.
 
+use std::num::NonZeroU64;
+
 use crate::Millis;
 use crate::state::InstanceState;
 
@@ -57,8 +59,8 @@ pub struct AttemptFacts {
     pub dispatched_at: Option<Millis>,
     pub started_at: Option<Millis>,
     pub last_task_heartbeat: Option<Millis>,
-    /// 0 means no timeout.
-    pub timeout_ms: u64,
+    /// `None`: the attempt may run as long as it takes.
+    pub timeout_ms: Option<NonZeroU64>,
     /// The last sign of life of the attempt's worker on any node (a heartbeat, a registration,
     /// or the moment its stream closed). `None` when no node has ever seen it.
     pub worker_last_seen: Option<Millis>,
@@ -117,8 +119,8 @@ impl Judge {
             }
             InstanceState::Running => {
                 let started = facts.started_at.or(facts.dispatched_at).unwrap_or(now);
-                if facts.timeout_ms > 0
-                    && now - started > facts.timeout_ms as Millis + intervals.timeout_grace_ms
+                if let Some(timeout) = facts.timeout_ms
+                    && now - started > timeout.get() as Millis + intervals.timeout_grace_ms
                 {
                     return Verdict::TimedOut;
                 }
@@ -163,7 +165,7 @@ mod tests {
     fn running(
         started: Millis,
         heartbeat: Millis,
-        timeout_ms: u64,
+        timeout_ms: Option<NonZeroU64>,
         worker_seen: Millis,
     ) -> AttemptFacts {
         AttemptFacts {
@@ -182,7 +184,7 @@ mod tests {
             dispatched_at: Some(at),
             started_at: None,
             last_task_heartbeat: None,
-            timeout_ms: 0,
+            timeout_ms: None,
             worker_last_seen: worker_seen,
         }
     }
@@ -202,10 +204,15 @@ mod tests {
         let timeout = 30 * 60 * SEC;
         let start = 0;
         let at_half = 15 * 60 * SEC;
-        let facts = running(start, start, timeout as u64, at_half - SEC);
+        let facts = running(start, start, NonZeroU64::new(timeout as u64), at_half - SEC);
         assert_eq!(judge(&facts, at_half), Verdict::Stalled);
         let at_timeout = timeout;
-        let facts = running(start, start, timeout as u64, at_timeout + 10 * SEC);
+        let facts = running(
+            start,
+            start,
+            NonZeroU64::new(timeout as u64),
+            at_timeout + 10 * SEC,
+        );
         assert_eq!(judge(&facts, at_timeout + 14 * SEC), Verdict::Stalled);
         assert_eq!(judge(&facts, at_timeout + 16 * SEC), Verdict::TimedOut);
     }
@@ -213,10 +220,10 @@ mod tests {
     #[test]
     fn timeout_is_measured_from_the_start_not_the_heartbeat() {
         // Fresh heartbeats do not extend the timeout.
-        let facts = running(0, 100 * SEC, 60_000, 100 * SEC);
+        let facts = running(0, 100 * SEC, NonZeroU64::new(60_000), 100 * SEC);
         assert_eq!(judge(&facts, 76 * SEC), Verdict::TimedOut);
         // No timeout: never timed out while its worker lives.
-        let facts = running(0, 9_999 * SEC, 0, 9_999 * SEC);
+        let facts = running(0, 9_999 * SEC, None, 9_999 * SEC);
         assert_eq!(judge(&facts, 10_000 * SEC), Verdict::Healthy);
     }
 
@@ -224,7 +231,7 @@ mod tests {
     fn a_connected_worker_does_not_save_an_attempt_past_its_timeout() {
         // The worker heartbeats right now but never reported the timeout it should have
         // enforced: the scheduler enforces it.
-        let facts = running(0, 29 * SEC, 2_000, 30 * SEC);
+        let facts = running(0, 29 * SEC, NonZeroU64::new(2_000), 30 * SEC);
         assert_eq!(judge(&facts, 17 * SEC + 1), Verdict::TimedOut);
         assert_eq!(judge(&facts, 17 * SEC), Verdict::Healthy);
     }
@@ -232,17 +239,17 @@ mod tests {
     #[test]
     fn lost_needs_a_dead_worker_and_a_silent_task_on_a_live_one_has_stalled() {
         // Silent task, live worker (the worker is just busy): stalled, not lost.
-        let facts = running(0, 0, 0, 99 * SEC);
+        let facts = running(0, 0, None, 99 * SEC);
         assert_eq!(judge(&facts, 100 * SEC), Verdict::Stalled);
         // Dead worker, even with a recent task heartbeat: lost (a cut-off worker fenced the
         // attempt at 3/4 of the dead threshold).
-        let facts = running(0, 70 * SEC, 0, 70 * SEC);
+        let facts = running(0, 70 * SEC, None, 70 * SEC);
         assert_eq!(judge(&facts, 100 * SEC), Verdict::Lost);
         // Dead worker and a silent task: lost.
-        let facts = running(0, 50 * SEC, 0, 50 * SEC);
+        let facts = running(0, 50 * SEC, None, 50 * SEC);
         assert_eq!(judge(&facts, 100 * SEC), Verdict::Lost);
         // The boundaries are strict: exactly at either threshold is still healthy.
-        let facts = running(0, 55 * SEC, 0, 80 * SEC);
+        let facts = running(0, 55 * SEC, None, 80 * SEC);
         assert_eq!(judge(&facts, 100 * SEC), Verdict::Healthy);
     }
 
@@ -250,7 +257,7 @@ mod tests {
     /// once the worker has been silent for the dead threshold, whatever the task heartbeat.
     #[test]
     fn a_dead_workers_attempt_is_lost_at_the_dead_threshold() {
-        let facts = running(0, 10 * SEC, 0, 10 * SEC);
+        let facts = running(0, 10 * SEC, None, 10 * SEC);
         assert_eq!(judge(&facts, 30 * SEC), Verdict::Healthy);
         assert_eq!(judge(&facts, 30 * SEC + 1), Verdict::Lost);
     }
@@ -260,7 +267,7 @@ mod tests {
         // The stream broke at 10 s and came back; heartbeats on the new stream arrived until
         // 50 s. The task itself has been silent for a minute, but its worker lives: the
         // attempt has stalled, and is not lost.
-        let facts = running(0, 0, 0, 50 * SEC);
+        let facts = running(0, 0, None, 50 * SEC);
         assert_eq!(judge(&facts, 60 * SEC), Verdict::Stalled);
     }
 
@@ -280,8 +287,8 @@ mod tests {
     #[test]
     fn a_restarted_node_counts_no_silence_from_before_its_start() {
         let node = watching_since(100 * SEC);
-        let silent = running(0, 5 * SEC, 0, 10 * SEC);
-        let over_time = running(0, 5 * SEC, 1_000, 10 * SEC);
+        let silent = running(0, 5 * SEC, None, 10 * SEC);
+        let over_time = running(0, 5 * SEC, NonZeroU64::new(1_000), 10 * SEC);
         let sent = dispatched(9 * SEC, Some(10 * SEC));
         let never_seen = dispatched(9 * SEC, None);
         for facts in [silent, over_time, sent, never_seen] {
@@ -307,7 +314,7 @@ mod tests {
         ] {
             let facts = AttemptFacts {
                 state,
-                ..running(0, 0, 1, 0)
+                ..running(0, 0, NonZeroU64::new(1), 0)
             };
             assert_eq!(judge(&facts, 1_000 * SEC), Verdict::Healthy);
         }

@@ -5,7 +5,6 @@ use std::collections::HashSet;
 use std::fmt;
 use std::time::Duration;
 
-use ax_core::spec::parse_duration_ms;
 use serde::Deserialize;
 
 use super::AlertKind;
@@ -266,9 +265,9 @@ impl TryFrom<ChannelFile> for ChannelConfig {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let duration = |field: &'static str, text: &Option<String>, default: Duration| match text {
-            Some(text) => parse_duration_ms(text)
-                .map(Duration::from_millis)
-                .map_err(|message| invalid(field, message)),
+            Some(text) => {
+                ax_core::duration::parse(text).map_err(|err| invalid(field, err.to_string()))
+            }
             None => Ok(default),
         };
         let config = ChannelConfig {

@@ -113,7 +113,7 @@ struct Cached {
 pub struct Gate {
     mode: AuthMode,
     failure_limit: u32,
-    store: Arc<dyn Store>,
+    store: Arc<Store>,
     audit: AuditWriter,
     /// Where audit rows of failures are written, off the requests' paths.
     tasks: tokio_util::task::TaskTracker,
@@ -127,7 +127,7 @@ impl Gate {
     pub fn new(
         mode: AuthMode,
         failure_limit: u32,
-        store: Arc<dyn Store>,
+        store: Arc<Store>,
         audit: AuditWriter,
         tasks: tokio_util::task::TaskTracker,
     ) -> Gate {

@@ -52,7 +52,7 @@ pub enum CreateError {
 /// Creates a token and returns its text (the only time it exists outside the caller's hands)
 /// with what was stored.
 pub async fn create(
-    store: &dyn Store,
+    store: &Store,
     request: TokenRequest,
     now: Millis,
 ) -> Result<(String, NewToken), CreateError> {

@@ -178,7 +178,7 @@ impl ControlApi {
             (None, Vec::new())
         } else {
             crate::schedules::resume_point(
-                &*self.node.store,
+                &self.node.store,
                 &self.node.options.node_id,
                 &current,
                 now,
@@ -789,7 +789,7 @@ impl ControlService for ControlApi {
         crate::schedules::send_cancels(&self.node.registry, cancelled.as_slice(), &reason);
         self.node
             .traces
-            .run_ended_if_over(&*self.node.store, record.run_id)
+            .run_ended_if_over(&self.node.store, record.run_id)
             .await;
         self.node.dispatch_wake.notify_one();
         self.audit(

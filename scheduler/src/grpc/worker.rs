@@ -64,7 +64,7 @@ pub struct Streams {
     pub worker_dead_after_ms: ax_core::Millis,
     /// Whether the node reaches its store: cut off, it serves no worker.
     pub standing: Arc<Standing>,
-    pub store: Arc<dyn Store>,
+    pub store: Arc<Store>,
     pub registry: Arc<Registry>,
     /// The stream's reports, to the reporter.
     pub reports: Reports,
@@ -503,7 +503,7 @@ async fn end_now(streams: &Streams, worker: &str, missing: Vec<ActiveAttempt>) {
             return;
         }
     }
-    crate::backstop::record_endings(&*streams.store, &streams.node_id, decisions, now).await;
+    crate::backstop::record_endings(&streams.store, &streams.node_id, decisions, now).await;
 }
 
 /// The stored form of a worker's log batch: packed lines as they came, or separate lines

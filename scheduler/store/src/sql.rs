@@ -1,9 +1,10 @@
-//! The SQL implementation of [`Store`](crate::Store) for MySQL and SQLite.
+//! The [`Store`]: its connections to MySQL or SQLite, and what the SQL of every subject shares.
 //!
-//! One implementation over `sqlx::AnyPool`; the few statements that differ between the two
-//! backends come from [`Dialect`]. Every write runs in a transaction through [`write_tx!`], which
-//! serializes SQLite writers (one process lock plus `BEGIN IMMEDIATE`, so a reader never has to
-//! upgrade its lock and fail with SQLITE_BUSY) and retries a MySQL deadlock a few times.
+//! One implementation over `sqlx::AnyPool`, its methods in the subject files below; the few
+//! statements that differ between the two backends come from [`Dialect`]. Every write runs in a
+//! transaction through [`write_tx!`], which serializes SQLite writers (one process lock plus
+//! `BEGIN IMMEDIATE`, so a reader never has to upgrade its lock and fail with SQLITE_BUSY) and
+//! retries a MySQL deadlock a few times.
 
 mod access;
 mod audit;
@@ -17,6 +18,7 @@ mod dispatch;
 mod downstream_tasks;
 mod gauges;
 mod ids;
+mod instance_locks;
 mod locks;
 mod logs;
 mod nodes;
@@ -29,10 +31,10 @@ mod rerun;
 mod rows;
 mod run_create;
 mod run_end;
+mod run_roots;
 mod runs;
 mod schema_check;
 mod shard_retry;
-mod store_impl;
 mod workers;
 mod workflows;
 
@@ -377,8 +379,9 @@ pub(crate) fn pow2_chunks<T>(rows: &[T]) -> Vec<&[T]> {
     chunks
 }
 
-/// The store over one pool, for MySQL or SQLite.
-pub struct SqlStore {
+/// The store over one pool, for MySQL or SQLite. Its methods are by subject in `sql/`: see the
+/// crate's doc.
+pub struct Store {
     pub(crate) pool: AnyPool,
     pub(crate) dialect: Dialect,
     /// MySQL only: a small pool of its own for id reservations, so a transaction that needs a new
@@ -392,32 +395,32 @@ pub struct SqlStore {
     write_lock: Option<Arc<tokio::sync::Mutex<()>>>,
     /// SQLite file only: the write-ahead log's checkpoints, outside the commits.
     checkpointer: Option<checkpointer::Checkpointer>,
-    /// Statements sent by `apply_reports` (see [`SqlStore::report_statements`]).
+    /// Statements sent by `apply_reports` (see [`Store::report_statements`]).
     report_statements: AtomicU64,
-    /// Statements sent by `create_runs` (see [`SqlStore::create_statements`]).
+    /// Statements sent by `create_runs` (see [`Store::create_statements`]).
     create_statements: AtomicU64,
     /// Each finished task's direct downstream tasks, read once (versions never change).
     pub(crate) downstream_tasks: downstream_tasks::DownstreamTasks,
 }
 
-impl std::fmt::Debug for SqlStore {
+impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqlStore")
+        f.debug_struct("Store")
             .field("dialect", &self.dialect)
             .finish_non_exhaustive()
     }
 }
 
-impl SqlStore {
+impl Store {
     /// Connects to `sqlite://PATH` (file and parent directory created when missing),
     /// `sqlite::memory:` (one connection, gone when the store is dropped) or `mysql://…`, and
     /// runs the backend's migrations.
-    pub async fn connect(url: &str) -> Result<SqlStore> {
+    pub async fn connect(url: &str) -> Result<Store> {
         Self::connect_with(url, &crate::StoreOptions::default()).await
     }
 
-    /// [`SqlStore::connect`] with `options`.
-    pub async fn connect_with(url: &str, options: &crate::StoreOptions) -> Result<SqlStore> {
+    /// [`Store::connect`] with `options`.
+    pub async fn connect_with(url: &str, options: &crate::StoreOptions) -> Result<Store> {
         sqlx::any::install_default_drivers();
         if url.starts_with("sqlite:") {
             Self::connect_sqlite(url).await
@@ -428,7 +431,7 @@ impl SqlStore {
         }
     }
 
-    async fn connect_sqlite(url: &str) -> Result<SqlStore> {
+    async fn connect_sqlite(url: &str) -> Result<Store> {
         let rest = url.trim_start_matches("sqlite:");
         let memory = rest == ":memory:" || rest == "//:memory:";
         let (url, max) = if memory {
@@ -501,7 +504,7 @@ impl SqlStore {
             pool.execute("PRAGMA journal_mode = WAL").await?;
             Some(checkpointer::Checkpointer::start(&options, write_lock.clone()).await?)
         };
-        let store = SqlStore {
+        let store = Store {
             pool,
             dialect: Dialect::Sqlite,
             id_pool: None,
@@ -517,7 +520,7 @@ impl SqlStore {
         Ok(store)
     }
 
-    async fn connect_mysql(url: &str, silent_client_timeout: Duration) -> Result<SqlStore> {
+    async fn connect_mysql(url: &str, silent_client_timeout: Duration) -> Result<Store> {
         let options = AnyConnectOptions::from_str(&with_statement_cache(url))?;
         // A node that falls silent in the middle of a transaction (partitioned from the database
         // while its connection stays open) would keep its row locks, and stall every node that
@@ -547,7 +550,7 @@ impl SqlStore {
         let pool = pool_options(16).connect_with(options.clone()).await?;
         let id_pool = pool_options(2).connect_with(options.clone()).await?;
         let lease_pool = pool_options(1).connect_with(options).await?;
-        let store = SqlStore {
+        let store = Store {
             pool,
             dialect: Dialect::MySql,
             id_pool: Some(id_pool),
@@ -584,7 +587,8 @@ impl SqlStore {
         Ok(())
     }
 
-    pub(crate) fn backend_kind(&self) -> Backend {
+    /// The database this store is on.
+    pub fn backend(&self) -> Backend {
         match self.dialect {
             Dialect::MySql => Backend::MySql,
             Dialect::Sqlite => Backend::Sqlite,
@@ -604,7 +608,7 @@ impl SqlStore {
     }
 
     /// The statements `create_run` and `create_runs` have sent, counted as
-    /// [`SqlStore::report_statements`] are: without the run queue's admission of a run of a
+    /// [`Store::report_statements`] are: without the run queue's admission of a run of a
     /// limited workflow (its lock, counts and decision row), a hook on the plain connection.
     /// Tests read it to show that a group of runs costs what one run costs.
     pub fn create_statements(&self) -> u64 {
@@ -676,7 +680,7 @@ pub(crate) struct WriteTx<'a> {
 /// and retries the whole transaction after a deadlock or a busy database.
 macro_rules! write_tx {
     ($store:expr, |$conn:ident| $body:expr) => {{
-        let store: &$crate::sql::SqlStore = $store;
+        let store: &$crate::sql::Store = $store;
         let mut tries = 0u32;
         loop {
             tries += 1;

@@ -1,6 +1,7 @@
 """Parts of the SDK that need no scheduler: settings, the function convention, line cutting,
 and the worker's answers to a repeated Dispatch."""
 
+import argparse
 import json
 import os
 import queue
@@ -9,17 +10,21 @@ import subprocess
 import sys
 import time
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
 
 from ax_sdk import AxError, Client, ConfigError, Credentials, Tasks, Worker
-from ax_sdk import functions
+from ax_sdk import duration, functions
 from ax_sdk._pb import control_pb2_grpc, worker_pb2_grpc
 from ax_sdk.pb import control
 from ax_sdk.connection import parse_endpoint, parse_endpoints
 from ax_sdk.pb import worker as wpb
-from ax_sdk.worker import _boundary, _Session
+from ax_sdk.worker import _boundary, _duration, _Session
+
+# The forms of the duration grammar and what each reads as, shared with the Rust parser's tests.
+DURATIONS = Path(__file__).resolve().parents[3] / "scheduler" / "core" / "tests" / "durations.json"
 
 
 def test_addresses_parse_and_bad_ones_are_named():
@@ -48,6 +53,33 @@ def test_tokens_are_checked_and_sent_as_bearer(tmp_path):
         Credentials.load(tls_ca=str(tmp_path / "missing.pem"))
     with pytest.raises(ConfigError, match="both tls_cert and tls_key"):
         Credentials.load(tls_cert=str(path))
+
+
+def test_durations_read_as_the_rust_parser_reads_them():
+    rows = json.loads(DURATIONS.read_text())
+    assert len(rows) > 50
+    for text, want, source in rows:
+        if isinstance(want, int):
+            assert duration.parse_ns(text) == want, (text, source)
+            assert duration.parse(text) == want / 1e9, (text, source)
+        elif want == "invalid":
+            with pytest.raises(duration.DurationError) as error:
+                duration.parse_ns(text)
+            assert str(error.value) == (
+                f'invalid duration "{text}": expected a form like 500ms, 1.5s, 10m, 2h, 1h30m, 90d or a number of '
+                "seconds"
+            ), source
+        else:
+            assert want == "too large", text
+            with pytest.raises(duration.DurationError, match=f'^duration "{text}" is too large$'):
+                duration.parse_ns(text)
+
+
+def test_the_worker_flags_take_durations():
+    assert _duration("1.5s") == 1.5
+    assert _duration("1h30m") == 5400.0
+    with pytest.raises(argparse.ArgumentTypeError, match='invalid duration "5 parsecs"'):
+        _duration("5 parsecs")
 
 
 def test_the_function_convention():

@@ -22,7 +22,7 @@ pub use model::{
     OverlapPolicy, Retention, Routing, ScheduleSpec, TaskSpec, TriggerKind, WorkflowSpec,
 };
 pub use template::check_key_template;
-pub use values::{is_valid_env_name, is_valid_name, parse_duration_ms, parse_instant};
+pub use values::{is_valid_env_name, is_valid_name, parse_instant, parse_retention};
 
 /// A parsed and validated workflow file.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use std::num::NonZeroU64;
+
 use serde::{Deserialize, Serialize};
 
 use super::template::{self, Piece};
@@ -259,8 +261,10 @@ pub struct TaskSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub secret_env: BTreeMap<String, String>,
     pub working_dir: Option<String>,
-    /// 0 means no timeout.
-    pub timeout_ms: u64,
+    /// How long an attempt may run; `None`: as long as it takes. Stored as a number, 0 for
+    /// none, as the JSON of every stored workflow version has it.
+    #[serde(with = "zero_is_none")]
+    pub timeout_ms: Option<NonZeroU64>,
     /// Further attempts after the first one fails.
     pub retries: u32,
     /// Base delay before a retry; doubled per attempt, with jitter, capped.
@@ -325,5 +329,25 @@ impl WorkflowSpec {
     /// checked again.
     pub fn dag(&self) -> Result<Dag, DagError> {
         Dag::new(&self.tasks)
+    }
+}
+
+/// A number of milliseconds in stored JSON, where 0 stands for none.
+mod zero_is_none {
+    use std::num::NonZeroU64;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        ms: &Option<NonZeroU64>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(ms.map_or(0, NonZeroU64::get))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<NonZeroU64>, D::Error> {
+        u64::deserialize(deserializer).map(NonZeroU64::new)
     }
 }

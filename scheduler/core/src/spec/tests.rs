@@ -1,4 +1,5 @@
 use std::collections::BTreeMap;
+use std::num::NonZeroU64;
 
 use super::model::*;
 use super::*;
@@ -118,8 +119,8 @@ const REFUSALS: &[(&str, &str, &str)] = &[
             retention: three months
             tasks: [{name: a, command: x}]
         ",
-        "wf.yaml:2: retention: invalid retention \"three months\": expected a duration with a \
-         unit, e.g. 90d, 12h, 1d12h, or forever",
+        "wf.yaml:2: retention: invalid duration \"three months\": expected a form like 500ms, \
+         1.5s, 10m, 2h, 1h30m, 90d or a number of seconds (or forever to keep every run)",
     ),
     (
         "retention",
@@ -220,10 +221,10 @@ const REFUSALS: &[(&str, &str, &str)] = &[
             tasks:
               - name: a
                 command: x
-                timeout: 1.5h
+                timeout: 1.5 hours
         ",
-        "wf.yaml:5: tasks[0].timeout: invalid duration \"1.5h\": expected a form like \
-         500ms, 45s, 10m, 2h, 1h30m, 90d or a whole number of seconds",
+        "wf.yaml:5: tasks[0].timeout: invalid duration \"1.5 hours\": expected a form like \
+         500ms, 1.5s, 10m, 2h, 1h30m, 90d or a number of seconds",
     ),
     (
         "bad_durations_and_numbers",
@@ -234,7 +235,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
             tasks: [{name: a, command: x}]
         ",
         "wf.yaml:3: defaults.retry_backoff: invalid duration \"30m1h\": expected a form \
-         like 500ms, 45s, 10m, 2h, 1h30m, 90d or a whole number of seconds",
+         like 500ms, 1.5s, 10m, 2h, 1h30m, 90d or a number of seconds",
     ),
     (
         "bad_durations_and_numbers",
@@ -246,7 +247,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
                 timeout: -5
         ",
         "wf.yaml:5: tasks[0].timeout: invalid duration \"-5\": expected a form like \
-         500ms, 45s, 10m, 2h, 1h30m, 90d or a whole number of seconds",
+         500ms, 1.5s, 10m, 2h, 1h30m, 90d or a number of seconds",
     ),
     (
         "bad_durations_and_numbers",
@@ -1056,7 +1057,7 @@ fn canonical_example_round_trip() {
                 argv: vec![],
                 env: map(&[("SOURCE", "orders"), ("TZ", "Asia/Shanghai")]),
                 working_dir: Some("/tmp".into()),
-                timeout_ms: 600_000,
+                timeout_ms: NonZeroU64::new(600_000),
                 retries: 3,
                 retry_backoff_ms: 30_000,
                 labels: map(&[("pool", "etl"), ("region", "cn")]),
@@ -1070,7 +1071,7 @@ fn canonical_example_round_trip() {
                 argv: strings(&["./extract.sh", "refunds"]),
                 env: map(&[("TZ", "UTC")]),
                 working_dir: None,
-                timeout_ms: 1_800_000,
+                timeout_ms: NonZeroU64::new(1_800_000),
                 retries: 2,
                 retry_backoff_ms: 10_000,
                 labels: map(&[("pool", "etl")]),
@@ -1082,7 +1083,7 @@ fn canonical_example_round_trip() {
                 name: "load".into(),
                 command: "./load.sh".into(),
                 env: map(&[("TZ", "UTC")]),
-                timeout_ms: 1_800_000,
+                timeout_ms: NonZeroU64::new(1_800_000),
                 retries: 2,
                 retry_backoff_ms: 10_000,
                 labels: map(&[("pool", "etl")]),
@@ -1093,7 +1094,7 @@ fn canonical_example_round_trip() {
                 name: "report".into(),
                 command: "./report.sh".into(),
                 env: map(&[("TZ", "UTC")]),
-                timeout_ms: 1_800_000,
+                timeout_ms: NonZeroU64::new(1_800_000),
                 retries: 2,
                 retry_backoff_ms: 10_000,
                 labels: map(&[("pool", "etl")]),
@@ -1129,7 +1130,7 @@ fn minimal_workflow_gets_the_defaults() {
     assert_eq!(parsed.spec.schedule, ScheduleSpec::default());
     assert_eq!(parsed.spec.schedule.trigger, TriggerKind::Manual);
     let task = &parsed.spec.tasks[0];
-    assert_eq!(task.timeout_ms, 0);
+    assert_eq!(task.timeout_ms, None);
     assert_eq!(task.retries, 0);
     assert_eq!(task.retry_backoff_ms, DEFAULT_RETRY_BACKOFF_MS);
     assert_eq!(task.priority, 0);
@@ -1191,7 +1192,7 @@ fn scalars_become_strings_where_strings_are_expected() {
         task.env,
         map(&[("PORT", "8080"), ("DEBUG", "true"), ("EMPTY", "")])
     );
-    assert_eq!(task.timeout_ms, 90_000);
+    assert_eq!(task.timeout_ms, NonZeroU64::new(90_000));
     assert_eq!(task.retry_backoff_ms, 500);
 }
 
@@ -1216,8 +1217,18 @@ fn isolated_tasks_are_warnings() {
     );
 }
 
+/// A workflow file's durations read by the one grammar (`crate::duration`, whose table holds
+/// every form), in whole milliseconds.
 #[test]
 fn durations() {
+    let backoff = |text: &str| {
+        parse_workflow(
+            &format!("{{name: etl, tasks: [{{name: a, command: x, retry_backoff: '{text}'}}]}}"),
+            FILE,
+        )
+        .map(|parsed| parsed.spec.tasks[0].retry_backoff_ms)
+        .map_err(|err| err.to_string())
+    };
     for (text, ms) in [
         ("0", 0),
         ("90", 90_000),
@@ -1230,21 +1241,46 @@ fn durations() {
         ("0s", 0),
         ("90d", 90 * 86_400_000),
         ("1d12h", 36 * 3_600_000),
+        ("1.5h", 5_400_000),
+        ("10 m", 600_000),
+        ("1.5", 1_500),
+        ("1.9ms", 1),
     ] {
-        assert_eq!(parse_duration_ms(text), Ok(ms), "{text}");
+        assert_eq!(backoff(text), Ok(ms), "{text}");
     }
     for text in [
-        "", "1.5h", "30m1h", "1h1h", "10x", "-5s", "-5", "h", "10 m", "1h1d", "5ms3s",
+        "",
+        "30m1h",
+        "1h1h",
+        "10x",
+        "-5s",
+        "-5",
+        "h",
+        "1h1d",
+        "5ms3s",
+        "1.5 hours",
     ] {
-        assert!(parse_duration_ms(text).is_err(), "{text} must be refused");
+        let err = backoff(text).unwrap_err();
+        assert!(
+            err.starts_with(&format!(
+                "wf.yaml:1: tasks[0].retry_backoff: invalid duration \"{text}\""
+            )),
+            "{text}: {err}"
+        );
     }
     assert_eq!(
-        parse_duration_ms("99999999999999999h"),
-        Err("duration \"99999999999999999h\" is too large".to_string())
+        backoff("99999999999999999h"),
+        Err(
+            "wf.yaml:1: tasks[0].retry_backoff: duration \"99999999999999999h\" is too large"
+                .to_string()
+        )
     );
     assert_eq!(
-        parse_duration_ms("99999999999999999999"),
-        Err("duration \"99999999999999999999\" is too large".to_string())
+        backoff("99999999999999999999"),
+        Err(
+            "wf.yaml:1: tasks[0].retry_backoff: duration \"99999999999999999999\" is too large"
+                .to_string()
+        )
     );
 }
 
@@ -1357,6 +1393,24 @@ fn retention_is_a_duration_forever_or_the_cluster_default() {
     let kept = parse_ok("name: etl\nretention: 2h\ntasks: [{name: a, command: x}]\n").spec;
     let json = serde_json::to_string(&kept).unwrap();
     assert_eq!(serde_json::from_str::<WorkflowSpec>(&json).unwrap(), kept);
+}
+
+/// No timeout, or `timeout: 0`, is `None`; stored JSON keeps 0 for it, and reads it back.
+#[test]
+fn a_task_without_a_timeout_has_none() {
+    let spec = parse_ok(
+        "name: etl\ntasks: [{name: a, command: x}, {name: b, command: x, timeout: 0}, \
+         {name: c, command: x, timeout: 2s}]\n",
+    )
+    .spec;
+    let timeouts: Vec<_> = spec.tasks.iter().map(|task| task.timeout_ms).collect();
+    assert_eq!(timeouts, [None, None, NonZeroU64::new(2_000)]);
+    let json = serde_json::to_value(&spec).unwrap();
+    let stored: Vec<_> = (0..3)
+        .map(|i| json["tasks"][i]["timeout_ms"].clone())
+        .collect();
+    assert_eq!(stored, [0, 0, 2_000]);
+    assert_eq!(serde_json::from_value::<WorkflowSpec>(json).unwrap(), spec);
 }
 
 #[test]

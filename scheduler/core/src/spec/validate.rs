@@ -5,6 +5,7 @@
 //! documented in `docs/workflow-format.md`.
 
 use std::collections::BTreeMap;
+use std::num::NonZeroU64;
 
 use serde_saphyr::Spanned;
 
@@ -17,10 +18,11 @@ use super::model::{
     Retention, Routing, ScheduleSpec, TaskSpec, TriggerKind, WorkflowSpec,
 };
 use super::template::check_key_template;
-use super::values::{is_valid_env_name, is_valid_name, parse_duration_ms, parse_instant};
+use super::values::{is_valid_env_name, is_valid_name, parse_instant, parse_retention};
 use super::{ParsedWorkflow, SpecError};
 use crate::cron::CronSchedule;
 use crate::dag::{Dag, DagError};
+use crate::duration;
 
 /// What a value is, for "expected X, found Y": `raw` is its source text (see
 /// [`file::raw_text`]), which decides for a plain number or boolean.
@@ -75,7 +77,7 @@ struct TaskLines {
 /// Task settings given once under `defaults`.
 #[derive(Default)]
 struct Defaults {
-    timeout_ms: Option<u64>,
+    timeout_ms: Option<NonZeroU64>,
     retries: Option<u32>,
     retry_backoff_ms: Option<u64>,
     labels: BTreeMap<String, String>,
@@ -227,8 +229,8 @@ impl Validator<'_> {
 
     fn duration(&self, node: &Spanned<Value>, field: &str) -> Result<u64, SpecError> {
         match &node.value {
-            Value::Text(_) | Value::Typed => parse_duration_ms(&self.string(node, field)?)
-                .map_err(|message| self.err(line(node), field, message)),
+            Value::Text(_) | Value::Typed => duration::parse_ms(&self.string(node, field)?)
+                .map_err(|err| self.err(line(node), field, err.to_string())),
             other => Err(self.type_err(node, other, field, "a duration")),
         }
     }
@@ -464,48 +466,14 @@ impl Validator<'_> {
         Ok(ParsedWorkflow { spec, warnings })
     }
 
-    /// `retention: 90d` (any duration with a unit, more than zero) or `retention: forever`. A
-    /// bare number is refused although durations elsewhere read it as seconds: `retention: 90`
-    /// meant as days would delete a workflow's history within minutes.
+    /// `retention: 90d` or `retention: forever` ([`parse_retention`]).
     fn retention(&self, node: &Spanned<Value>) -> Result<Retention, SpecError> {
         const FIELD: &str = "retention";
         let text = match &node.value {
             Value::Text(_) | Value::Typed => self.string(node, FIELD)?,
             other => return Err(self.type_err(node, other, FIELD, "a duration or forever")),
         };
-        let text = text.trim();
-        if text == "forever" {
-            return Ok(Retention::Forever);
-        }
-        if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(self.err(
-                line(node),
-                FIELD,
-                format!(
-                    "\"{text}\" has no unit: give one, e.g. 90d, 12h, 30m (or forever to keep \
-                     every run)"
-                ),
-            ));
-        }
-        let ms = parse_duration_ms(text).map_err(|message| {
-            let message = if message.ends_with("too large") {
-                message
-            } else {
-                format!(
-                    "invalid retention \"{text}\": expected a duration with a unit, e.g. 90d, \
-                     12h, 1d12h, or forever"
-                )
-            };
-            self.err(line(node), FIELD, message)
-        })?;
-        if ms == 0 {
-            return Err(self.err(
-                line(node),
-                FIELD,
-                "must be more than zero (forever keeps every run)",
-            ));
-        }
-        Ok(Retention::Keep { ms })
+        parse_retention(&text).map_err(|message| self.err(line(node), FIELD, message))
     }
 
     fn schedule(&self, node: &Spanned<Map<ScheduleFile>>) -> Result<ScheduleSpec, SpecError> {
@@ -663,7 +631,7 @@ impl Validator<'_> {
         let (file, _) = self.fields(node, "defaults")?;
         let mut defaults = Defaults::default();
         if let Some(node) = &file.timeout {
-            defaults.timeout_ms = Some(self.duration(node, "defaults.timeout")?);
+            defaults.timeout_ms = NonZeroU64::new(self.duration(node, "defaults.timeout")?);
         }
         if let Some(node) = &file.retries {
             defaults.retries = Some(self.count(node, "defaults.retries", 0)?);
@@ -739,9 +707,10 @@ impl Validator<'_> {
             (None, Some((_, argv))) => (String::new(), argv),
         };
 
+        // `timeout: 0` is no timeout, as no `timeout` is.
         let timeout_ms = match &file.timeout {
-            Some(n) => self.duration(n, &field("timeout"))?,
-            None => defaults.timeout_ms.unwrap_or(0),
+            Some(n) => NonZeroU64::new(self.duration(n, &field("timeout"))?),
+            None => defaults.timeout_ms,
         };
         let retries = match &file.retries {
             Some(n) => self.count(n, &field("retries"), 0)?,

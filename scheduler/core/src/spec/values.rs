@@ -1,6 +1,9 @@
 //! The scalar values of the workflow format: names, environment variable names, durations and
 //! instants. Each is checked the same way wherever it appears (a file, a trigger, a flag).
 
+use super::model::Retention;
+use crate::duration::{self, DurationError};
+
 /// Whether `name` is a valid workflow, app or task name: `[a-z0-9][a-z0-9_.-]{0,63}`.
 pub fn is_valid_name(name: &str) -> bool {
     let bytes = name.as_bytes();
@@ -26,59 +29,23 @@ pub fn is_valid_env_name(name: &str) -> bool {
         .all(|b| b.is_ascii_alphanumeric() || *b == b'_')
 }
 
-/// Parses a duration of the workflow format into milliseconds: `500ms`, `45s`, `10m`, `2h`,
-/// `1h30m`, `90d` (units from largest to smallest, each at most once; a day is 24 hours), or a
-/// whole number of seconds.
-pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
-    let invalid = || {
-        format!(
-            "invalid duration \"{text}\": expected a form like 500ms, 45s, 10m, 2h, 1h30m, \
-             90d or a whole number of seconds"
-        )
-    };
-    let too_large = || format!("duration \"{text}\" is too large");
-    let s = text.trim();
-    if s.is_empty() {
-        return Err(invalid());
+/// `90d`, `12h`, … (a duration with a unit, more than zero) or `forever`: a workflow's
+/// `retention` and the scheduler's default ones. A bare number is refused although durations
+/// elsewhere read it as seconds: `90` meant as days would delete a history within minutes.
+pub fn parse_retention(text: &str) -> Result<Retention, String> {
+    let text = text.trim();
+    if text == "forever" {
+        return Ok(Retention::Forever);
     }
-    if s.bytes().all(|b| b.is_ascii_digit()) {
-        let seconds: u64 = s.parse().map_err(|_| too_large())?;
-        return seconds.checked_mul(1_000).ok_or_else(too_large);
+    let keep = duration::parse_with_unit(text).map_err(|err| match err {
+        DurationError::TooLarge(_) => err.to_string(),
+        _ => format!("{err} (or forever to keep every run)"),
+    })?;
+    match u64::try_from(keep.as_millis()) {
+        Ok(0) => Err("must be more than zero (forever keeps every run)".into()),
+        Ok(ms) => Ok(Retention::Keep { ms }),
+        Err(_) => Err(DurationError::TooLarge(text.to_string()).to_string()),
     }
-    // Units in the only order they may appear, with their length in milliseconds.
-    const UNITS: [(&str, u64); 5] = [
-        ("d", 86_400_000),
-        ("h", 3_600_000),
-        ("m", 60_000),
-        ("s", 1_000),
-        ("ms", 1),
-    ];
-    let mut total: u64 = 0;
-    let mut next_unit = 0;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        let letters = rest[digits..]
-            .bytes()
-            .take_while(u8::is_ascii_alphabetic)
-            .count();
-        if digits == 0 || letters == 0 {
-            return Err(invalid());
-        }
-        let unit = &rest[digits..digits + letters];
-        let Some(position) = UNITS[next_unit..].iter().position(|(u, _)| *u == unit) else {
-            return Err(invalid());
-        };
-        let (_, unit_ms) = UNITS[next_unit + position];
-        next_unit += position + 1;
-        let amount: u64 = rest[..digits].parse().map_err(|_| too_large())?;
-        total = amount
-            .checked_mul(unit_ms)
-            .and_then(|ms| total.checked_add(ms))
-            .ok_or_else(too_large)?;
-        rest = &rest[digits + letters..];
-    }
-    Ok(total)
 }
 
 /// Reads `2026-01-31`, `2026-01-31T08:30`, `2026-01-31T08:30:00` (wall time in `tz`; a time in

@@ -58,7 +58,7 @@ impl ControlApi {
         let mut counts = PurgeCounts::default();
         for (id, _) in &targets {
             counts += purge_workflow(
-                &*self.node.store,
+                &self.node.store,
                 &self.node.metrics,
                 *id,
                 ended_before,

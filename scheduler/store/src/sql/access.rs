@@ -9,7 +9,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::rows::to_json;
-use super::{SqlStore, db_errors, write_tx};
+use super::{Store, db_errors, write_tx};
 use crate::{NewToken, Result, SecretRecord, StoreError, TokenRecord};
 
 const TOKEN_SELECT: &str = "SELECT name, role, app, created_at, created_by, expires_at, \
@@ -74,128 +74,138 @@ fn secret(row: &AnyRow) -> Result<SecretRecord> {
     })
 }
 
-pub(crate) async fn create_token(store: &SqlStore, new: &NewToken) -> Result<bool> {
-    let (ids, apps, labels) = match &new.worker {
-        Some(scope) => {
-            let ids: Vec<&str> = scope.ids.iter().map(|id| id.as_str()).collect();
-            (
-                to_json(&ids)?,
-                to_json(&scope.apps)?,
-                to_json(&scope.label_list())?,
-            )
+impl Store {
+    /// Stores a new token; `false` (and nothing changed) when its name is taken.
+    pub async fn create_token(&self, token: &NewToken) -> Result<bool> {
+        let (ids, apps, labels) = match &token.worker {
+            Some(scope) => {
+                let ids: Vec<&str> = scope.ids.iter().map(|id| id.as_str()).collect();
+                (
+                    to_json(&ids)?,
+                    to_json(&scope.apps)?,
+                    to_json(&scope.label_list())?,
+                )
+            }
+            None => Default::default(),
+        };
+        let inserted = sqlx::query(
+            "INSERT INTO api_token (name, role, app, token_hash, created_at, created_by, \
+             expires_at, revoked_at, worker_ids, worker_apps, worker_labels) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+        )
+        .bind(token.name.as_str())
+        .bind(token.role.as_str())
+        .bind(token.app.as_deref().unwrap_or(""))
+        .bind(token.hash.as_str())
+        .bind(token.created_at)
+        .bind(token.created_by.as_str())
+        .bind(token.expires_at)
+        .bind(ids)
+        .bind(apps)
+        .bind(labels)
+        .execute(&self.pool)
+        .await;
+        match inserted {
+            Ok(_) => Ok(true),
+            Err(err) if db_errors::is_unique_violation(&err) => Ok(false),
+            Err(err) => Err(err.into()),
         }
-        None => Default::default(),
-    };
-    let inserted = sqlx::query(
-        "INSERT INTO api_token (name, role, app, token_hash, created_at, created_by, \
-         expires_at, revoked_at, worker_ids, worker_apps, worker_labels) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
-    )
-    .bind(new.name.as_str())
-    .bind(new.role.as_str())
-    .bind(new.app.as_deref().unwrap_or(""))
-    .bind(new.hash.as_str())
-    .bind(new.created_at)
-    .bind(new.created_by.as_str())
-    .bind(new.expires_at)
-    .bind(ids)
-    .bind(apps)
-    .bind(labels)
-    .execute(&store.pool)
-    .await;
-    match inserted {
-        Ok(_) => Ok(true),
-        Err(err) if db_errors::is_unique_violation(&err) => Ok(false),
-        Err(err) => Err(err.into()),
     }
-}
 
-pub(crate) async fn list_tokens(store: &SqlStore) -> Result<Vec<TokenRecord>> {
-    let sql = format!("{TOKEN_SELECT} ORDER BY name");
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .fetch_all(&store.pool)
-        .await?;
-    rows.iter().map(token).collect()
-}
-
-pub(crate) async fn token_by_hash(store: &SqlStore, hash: &str) -> Result<Option<TokenRecord>> {
-    let sql = format!("{TOKEN_SELECT} WHERE token_hash = ?");
-    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(hash)
-        .fetch_optional(&store.pool)
-        .await?;
-    row.as_ref().map(token).transpose()
-}
-
-pub(crate) async fn revoke_token(
-    store: &SqlStore,
-    name: &str,
-    now: Millis,
-) -> Result<Option<TokenRecord>> {
-    write_tx!(store, |c| async {
-        // A second revocation keeps the first one's time.
-        sqlx::query("UPDATE api_token SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL")
-            .bind(now)
-            .bind(name)
-            .execute(&mut *c)
+    /// Every token, revoked and expired ones too, by name.
+    pub async fn list_tokens(&self) -> Result<Vec<TokenRecord>> {
+        let sql = format!("{TOKEN_SELECT} ORDER BY name");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
             .await?;
-        let sql = format!("{TOKEN_SELECT} WHERE name = ?");
+        rows.iter().map(token).collect()
+    }
+
+    /// The token whose hash is `hash`, whatever its state.
+    pub async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        let sql = format!("{TOKEN_SELECT} WHERE token_hash = ?");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(name)
-            .fetch_optional(&mut *c)
+            .bind(hash)
+            .fetch_optional(&self.pool)
             .await?;
         row.as_ref().map(token).transpose()
-    })
-}
+    }
 
-pub(crate) async fn put_secret(
-    store: &SqlStore,
-    app: &str,
-    name: &str,
-    sealed: &str,
-    now: Millis,
-    by: &str,
-) -> Result<SecretRecord> {
-    write_tx!(store, |c| async {
-        let tail = store
-            .dialect
-            .upsert_tail(&["app", "name"], &["sealed", "updated_at", "updated_by"]);
-        let sql = format!(
-            "INSERT INTO secret (app, name, sealed, created_at, updated_at, updated_by) \
-             VALUES (?, ?, ?, ?, ?, ?){tail}"
-        );
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(app)
+    /// Revokes the token called `name` at `now` (a second revocation keeps the first time);
+    /// `None` when no token has that name.
+    pub async fn revoke_token(&self, name: &str, now: Millis) -> Result<Option<TokenRecord>> {
+        write_tx!(self, |c| async {
+            // A second revocation keeps the first one's time.
+            sqlx::query(
+                "UPDATE api_token SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL",
+            )
+            .bind(now)
             .bind(name)
-            .bind(sealed)
-            .bind(now)
-            .bind(now)
-            .bind(by)
             .execute(&mut *c)
             .await?;
-        let sql = format!("{SECRET_SELECT} WHERE app = ? AND name = ?");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            let sql = format!("{TOKEN_SELECT} WHERE name = ?");
+            let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(name)
+                .fetch_optional(&mut *c)
+                .await?;
+            row.as_ref().map(token).transpose()
+        })
+    }
+
+    /// Creates or replaces the secret called `name` of `app` ('' for a global one); another
+    /// app's secret of that name is a different secret and stays as it is.
+    pub async fn put_secret(
+        &self,
+        app: &str,
+        name: &str,
+        sealed: &str,
+        now: Millis,
+        by: &str,
+    ) -> Result<SecretRecord> {
+        write_tx!(self, |c| async {
+            let tail = self
+                .dialect
+                .upsert_tail(&["app", "name"], &["sealed", "updated_at", "updated_by"]);
+            let sql = format!(
+                "INSERT INTO secret (app, name, sealed, created_at, updated_at, updated_by) \
+                 VALUES (?, ?, ?, ?, ?, ?){tail}"
+            );
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(app)
+                .bind(name)
+                .bind(sealed)
+                .bind(now)
+                .bind(now)
+                .bind(by)
+                .execute(&mut *c)
+                .await?;
+            let sql = format!("{SECRET_SELECT} WHERE app = ? AND name = ?");
+            let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(app)
+                .bind(name)
+                .fetch_one(&mut *c)
+                .await?;
+            secret(&row)
+        })
+    }
+
+    /// Every secret of every app, by app ('' first) then name.
+    pub async fn list_secrets(&self) -> Result<Vec<SecretRecord>> {
+        let sql = format!("{SECRET_SELECT} ORDER BY app, name");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(secret).collect()
+    }
+
+    /// Deletes the secret called `name` of `app` ('' for the global one) and no other; `false`
+    /// when that app has no secret of that name.
+    pub async fn delete_secret(&self, app: &str, name: &str) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM secret WHERE app = ? AND name = ?")
             .bind(app)
             .bind(name)
-            .fetch_one(&mut *c)
+            .execute(&self.pool)
             .await?;
-        secret(&row)
-    })
-}
-
-pub(crate) async fn list_secrets(store: &SqlStore) -> Result<Vec<SecretRecord>> {
-    let sql = format!("{SECRET_SELECT} ORDER BY app, name");
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .fetch_all(&store.pool)
-        .await?;
-    rows.iter().map(secret).collect()
-}
-
-pub(crate) async fn delete_secret(store: &SqlStore, app: &str, name: &str) -> Result<bool> {
-    let done = sqlx::query("DELETE FROM secret WHERE app = ? AND name = ?")
-        .bind(app)
-        .bind(name)
-        .execute(&store.pool)
-        .await?;
-    Ok(done.rows_affected() > 0)
+        Ok(done.rows_affected() > 0)
+    }
 }

@@ -15,12 +15,12 @@ use ax_core::run::RunState;
 use ax_core::state::InstanceState;
 use sqlx::{AnyConnection, Row};
 
-use super::SqlStore;
+use super::instance_locks::{InstanceKey, load_key, lock_key, lock_runs};
 use super::queue;
-use super::reports::{self, load_key, lock_runs};
 use super::rows::{corrupt, instance_state, to_u32};
 use super::run_end::finish_run_if_done;
 use super::runs::{instance_by_id, run_by_id};
+use super::{Store, write_tx};
 use crate::{CancelledAttempt, InstanceRecord, Result};
 
 const UNFINISHED: &str = "('WAITING', 'DISPATCHED', 'RUNNING')";
@@ -67,9 +67,9 @@ async fn cancel_one(
 /// report makes the worker kill it.
 /// Returns the cancelled shards, whose scopes the caller releases.
 pub(crate) async fn cancel_shards_of(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
-    parent: &reports::InstanceKey,
+    parent: &InstanceKey,
     now: Millis,
 ) -> Result<Vec<i64>> {
     // The shards share the parent's run and task: read through the key that never changes.
@@ -101,8 +101,32 @@ fn was_started(state: InstanceState) -> bool {
     matches!(state, InstanceState::Dispatched | InstanceState::Running)
 }
 
-pub(crate) async fn cancel_run_tx(
-    store: &SqlStore,
+impl Store {
+    /// Marks the run cancel-requested, cancels its unfinished instances, ends it CANCELLED and
+    /// returns the attempts that were dispatched or running (their workers must kill them).
+    /// A QUEUED run (no instances) simply ends CANCELLED. Queued runs of the workflow that now
+    /// fit are started in the same transaction.
+    pub async fn cancel_run(
+        &self,
+        id: RunId,
+        now: Millis,
+    ) -> Result<Option<Vec<CancelledAttempt>>> {
+        write_tx!(self, |c| cancel_run_tx(self, c, id, now))
+    }
+
+    /// Cancels one unfinished instance (ending its run if nothing is left). `Ok(None)` when it
+    /// does not exist; the returned attempt is set when it was dispatched or running.
+    pub async fn cancel_instance(
+        &self,
+        id: InstanceId,
+        now: Millis,
+    ) -> Result<Option<(InstanceRecord, Option<CancelledAttempt>)>> {
+        write_tx!(self, |c| cancel_instance_tx(self, c, id, now))
+    }
+}
+
+async fn cancel_run_tx(
+    store: &Store,
     c: &mut AnyConnection,
     id: RunId,
     now: Millis,
@@ -172,8 +196,8 @@ pub(crate) async fn cancel_run_tx(
     Ok(Some(killed))
 }
 
-pub(crate) async fn cancel_instance_tx(
-    store: &SqlStore,
+async fn cancel_instance_tx(
+    store: &Store,
     c: &mut AnyConnection,
     id: InstanceId,
     now: Millis,
@@ -185,7 +209,7 @@ pub(crate) async fn cancel_instance_tx(
     // Read again under the run lock, and lock the row: a report may have moved it meanwhile,
     // and a batch of Started reports (which takes no run lock) must not move it between this
     // read and the cancel.
-    let Some(key) = reports::lock_key(store, c, id).await? else {
+    let Some(key) = lock_key(store, c, id).await? else {
         return Ok(None);
     };
     let mut killed = None;

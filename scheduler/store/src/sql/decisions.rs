@@ -13,62 +13,76 @@ use ax_core::ids::WorkflowId;
 use sqlx::AnyConnection;
 
 use super::rows;
-use super::{SqlStore, values_rows, write_tx};
+use super::{Store, values_rows, write_tx};
 use crate::{DecisionRecord, Result};
 
-pub(crate) async fn record_decisions(store: &SqlStore, decisions: &[DecisionRecord]) -> Result<()> {
-    if decisions.is_empty() {
-        return Ok(());
-    }
-    write_tx!(store, |c| async {
-        for batch in decisions.chunks(500) {
-            let sql = format!(
-                "INSERT INTO decision_log (at, workflow_id, slot_at, run_id, instance_id, \
-                 task_name, kind, detail, node_id) VALUES {}",
-                values_rows(batch.len(), 9)
-            );
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for d in batch {
-                query = query
-                    .bind(d.at)
-                    .bind(d.workflow_id.0)
-                    .bind(d.slot_at)
-                    .bind(d.run_id.map(|id| id.0))
-                    .bind(d.instance_id.map(|id| id.0))
-                    .bind(d.task.as_deref())
-                    .bind(d.kind.as_str())
-                    .bind(d.detail.as_str())
-                    .bind(d.node_id.as_str());
-            }
-            query.execute(&mut *c).await?;
+impl Store {
+    /// Stores decisions in one multi-row insert.
+    pub async fn record_decisions(&self, decisions: &[DecisionRecord]) -> Result<()> {
+        if decisions.is_empty() {
+            return Ok(());
         }
-        Ok(())
-    })
+        write_tx!(self, |c| async {
+            for batch in decisions.chunks(500) {
+                let sql = format!(
+                    "INSERT INTO decision_log (at, workflow_id, slot_at, run_id, instance_id, \
+                     task_name, kind, detail, node_id) VALUES {}",
+                    values_rows(batch.len(), 9)
+                );
+                let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for d in batch {
+                    query = query
+                        .bind(d.at)
+                        .bind(d.workflow_id.0)
+                        .bind(d.slot_at)
+                        .bind(d.run_id.map(|id| id.0))
+                        .bind(d.instance_id.map(|id| id.0))
+                        .bind(d.task.as_deref())
+                        .bind(d.kind.as_str())
+                        .bind(d.detail.as_str())
+                        .bind(d.node_id.as_str());
+                }
+                query.execute(&mut *c).await?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Stores the decisions whose (instance, kind, detail) is not stored yet (each must name an
+    /// instance); returns how many it stored. For decisions a dispatcher would otherwise repeat
+    /// every pass (throttled, no worker).
+    pub async fn record_decisions_once(&self, decisions: &[DecisionRecord]) -> Result<u32> {
+        if decisions.is_empty() {
+            return Ok(0);
+        }
+        write_tx!(self, |c| record_decisions_once_tx(c, decisions))
+    }
+
+    /// A workflow's decisions with `from <= slot_at <= to`, oldest first, at most `limit`.
+    pub async fn list_decisions(
+        &self,
+        workflow_id: WorkflowId,
+        from: Millis,
+        to: Millis,
+        limit: u32,
+    ) -> Result<Vec<DecisionRecord>> {
+        let sql = format!(
+            "{} WHERE workflow_id = ? AND slot_at >= ? AND slot_at <= ? \
+             ORDER BY slot_at, id LIMIT ?",
+            rows::DECISION_SELECT
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(workflow_id.0)
+            .bind(from)
+            .bind(to)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(rows::decision).collect()
+    }
 }
 
-pub(crate) async fn list_decisions(
-    store: &SqlStore,
-    workflow_id: WorkflowId,
-    from: Millis,
-    to: Millis,
-    limit: u32,
-) -> Result<Vec<DecisionRecord>> {
-    let sql = format!(
-        "{} WHERE workflow_id = ? AND slot_at >= ? AND slot_at <= ? \
-         ORDER BY slot_at, id LIMIT ?",
-        rows::DECISION_SELECT
-    );
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(workflow_id.0)
-        .bind(from)
-        .bind(to)
-        .bind(i64::from(limit))
-        .fetch_all(&store.pool)
-        .await?;
-    rows.iter().map(rows::decision).collect()
-}
-
-pub(crate) async fn record_decisions_once_tx(
+async fn record_decisions_once_tx(
     c: &mut AnyConnection,
     decisions: &[DecisionRecord],
 ) -> Result<u32> {

@@ -19,7 +19,7 @@ use ax_core::spec::TriggerKind;
 use sqlx::{AnyConnection, Row};
 
 use super::run_create::{Created, create_run_tx};
-use super::{SqlStore, values_rows};
+use super::{Store, values_rows};
 use crate::{NewRun, Result};
 
 /// The decision log's node for decisions taken inside the run-end transaction: whichever node
@@ -54,22 +54,25 @@ pub(crate) async fn store_edges(
     Ok(())
 }
 
-/// Every workflow's `after` list by workflow name, for the cycle check at apply.
-pub(crate) async fn all_edges(store: &SqlStore) -> Result<BTreeMap<String, Vec<String>>> {
-    let rows = sqlx::query(
-        "SELECT w.name, d.upstream_name FROM workflow_dependency d \
-         JOIN workflow w ON w.id = d.downstream_id ORDER BY w.name, d.position",
-    )
-    .fetch_all(&store.pool)
-    .await?;
-    let mut edges: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for row in rows {
-        edges
-            .entry(row.try_get("name")?)
-            .or_default()
-            .push(row.try_get("upstream_name")?);
+impl Store {
+    /// Every stored workflow's `schedule.after` list, by workflow name: what the cycle check at
+    /// apply reads.
+    pub async fn workflow_dependencies(&self) -> Result<BTreeMap<String, Vec<String>>> {
+        let rows = sqlx::query(
+            "SELECT w.name, d.upstream_name FROM workflow_dependency d \
+             JOIN workflow w ON w.id = d.downstream_id ORDER BY w.name, d.position",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut edges: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for row in rows {
+            edges
+                .entry(row.try_get("name")?)
+                .or_default()
+                .push(row.try_get("upstream_name")?);
+        }
+        Ok(edges)
     }
-    Ok(edges)
 }
 
 /// Called once a run has ended SUCCESS, in the same transaction: every workflow that lists the
@@ -77,7 +80,7 @@ pub(crate) async fn all_edges(store: &SqlStore) -> Result<BTreeMap<String, Vec<S
 /// upstreams succeeded for it. Reads only the dependents' edges and one index probe per
 /// upstream.
 pub(crate) async fn after_run_success(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     run_id: RunId,
     now: Millis,
@@ -110,7 +113,7 @@ pub(crate) async fn after_run_success(
 }
 
 async fn on_upstream_success(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     dependent: WorkflowId,
     logical_time: Millis,

@@ -1,10 +1,11 @@
 //! Dispatch in the store: the queue of waiting instances, the claims that dispatch them, the
 //! concurrency limits a claim carries, sharded broadcast, and the attempts on workers.
 //!
-//! **Queue and claims.** [`waiting`] walks the queue index from its head; [`mark_dispatched_tx`]
-//! claims a batch with a fixed number of statements whatever its size, and
-//! [`mark_dispatched`] puts the limits' decision in front of it when a claim carries limits.
-//! [`active_attempts`] lists what is dispatched or running, for the timeout and worker checks.
+//! **Queue and claims.** [`Store::waiting`] walks the queue index from its head;
+//! [`mark_dispatched_tx`] claims a batch with a fixed number of statements whatever its size,
+//! and [`Store::mark_dispatched`] puts the limits' decision in front of it when a claim carries
+//! limits. [`Store::active_attempts`] lists what is dispatched or running, for the timeout and
+//! worker checks.
 //!
 //! **Limits.** One `concurrency_slot` row per limited scope counts the instances that hold it.
 //! A claim (`mark_dispatched`) that carries limits locks its instance rows (id order), then the
@@ -32,11 +33,11 @@ use ax_core::state::{Event, InstanceState, Outcome, transition};
 use sqlx::{AnyConnection, Row};
 
 use super::ids::IdKind;
+use super::instance_locks::{InstanceKey, load_key, lock_runs};
 use super::patch::{Patches, Table};
-use super::reports::{InstanceKey, load_key, lock_runs};
 use super::rows::{self, instance_state, map_json, to_u32};
 use super::run_end::finish_run_if_done;
-use super::{Dialect, SqlStore, in_list, pow2_chunks, values_rows};
+use super::{Dialect, Store, in_list, pow2_chunks, values_rows, write_tx};
 use crate::{ActiveAttempt, DispatchClaim, QueueShare, Result, WaitingInstance};
 
 /// The `held_slots` text of a claim: its scopes, one per line.
@@ -49,10 +50,127 @@ pub(crate) fn held_slots(claim: &DispatchClaim) -> String {
         .join("\n")
 }
 
+impl Store {
+    /// Attempts that are DISPATCHED or RUNNING, oldest first, for the liveness backstop; only
+    /// those on `worker` when given (a worker re-registering).
+    pub async fn active_attempts(
+        &self,
+        worker: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<ActiveAttempt>> {
+        let on_worker = if worker.is_some() {
+            " AND ti.worker_id = ?"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "SELECT ti.id, ti.run_id, ti.attempt, ti.state, ti.worker_id, ti.started_at, \
+             ti.last_heartbeat_at, ta.dispatched_at, ta.node_id, td.timeout_ms \
+             FROM task_instance ti \
+             JOIN task_definition td ON td.workflow_id = ti.workflow_id \
+               AND td.version = ti.workflow_version AND td.name = ti.task_name \
+             LEFT JOIN task_attempt ta ON ta.instance_id = ti.id AND ta.attempt = ti.attempt \
+             WHERE ti.state IN ('DISPATCHED', 'RUNNING'){on_worker} \
+             AND NOT (ti.shard_slot = 0 AND ti.shard_total IS NOT NULL) ORDER BY ti.id LIMIT ?"
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        if let Some(worker) = worker {
+            query = query.bind(worker);
+        }
+        let rows = query.bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|row| {
+                let timeout: i64 = row.try_get("timeout_ms")?;
+                Ok(ActiveAttempt {
+                    instance_id: InstanceId(row.try_get("id")?),
+                    run_id: RunId(row.try_get("run_id")?),
+                    attempt: Attempt(to_u32(row.try_get("attempt")?, "attempt")?),
+                    state: instance_state(&row.try_get::<String, _>("state")?)?,
+                    worker_id: row.try_get("worker_id")?,
+                    dispatched_by: row.try_get("node_id")?,
+                    dispatched_at: row.try_get("dispatched_at")?,
+                    started_at: row.try_get("started_at")?,
+                    last_heartbeat_at: row.try_get("last_heartbeat_at")?,
+                    // The column holds 0 for no timeout.
+                    timeout_ms: u64::try_from(timeout)
+                        .ok()
+                        .and_then(std::num::NonZeroU64::new),
+                })
+            })
+            .collect()
+    }
+
+    /// WAITING instances with `not_before <= now`, highest priority first, then oldest.
+    pub async fn waiting(&self, now: Millis, limit: u32) -> Result<Vec<WaitingInstance>> {
+        read_waiting(self, now, limit, None).await
+    }
+
+    /// [`Store::waiting`], only the instances of one node's share of the queue: those whose id
+    /// is `share.index` modulo `share.nodes`.
+    pub async fn waiting_share(
+        &self,
+        now: Millis,
+        limit: u32,
+        share: QueueShare,
+    ) -> Result<Vec<WaitingInstance>> {
+        read_waiting(self, now, limit, Some(share)).await
+    }
+
+    /// WAITING → DISPATCHED for each claim, each a conditional update on (id, attempt, WAITING),
+    /// all in one transaction; records the attempt's worker and dispatch time. Returns, per
+    /// claim, whether this call won it.
+    pub async fn mark_dispatched(&self, claims: &[DispatchClaim]) -> Result<Vec<bool>> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        write_tx!(self, |c| claim_in_limits_tx(self, c, claims))
+    }
+
+    /// The counters of these concurrency scopes (instances holding each now); a scope without a
+    /// counter is absent.
+    pub async fn limit_usage(&self, scopes: &[String]) -> Result<BTreeMap<String, u32>> {
+        let mut c = self.pool.acquire().await?;
+        let set: BTreeSet<&str> = scopes.iter().map(String::as_str).collect();
+        let values = read_counters(self, &mut c, &set, false).await?;
+        values
+            .into_iter()
+            .map(|(scope, used)| Ok((scope.to_string(), to_u32(used.max(0), "slot usage")?)))
+            .collect()
+    }
+
+    /// Fans a WAITING sharded task's instance (the parent) out into one WAITING shard per
+    /// worker in `workers` (shard index = position), each pinned to its worker; the parent
+    /// becomes RUNNING with no worker and is never dispatched. One transaction; false (and
+    /// nothing changed) when the parent is no longer WAITING as `attempt`, or `workers` is empty.
+    pub async fn fan_out(
+        &self,
+        parent: InstanceId,
+        attempt: Attempt,
+        workers: &[String],
+        now: Millis,
+    ) -> Result<bool> {
+        write_tx!(self, |c| fan_out_tx(self, c, parent, attempt, workers, now))
+    }
+
+    /// A WAITING shard whose pinned worker is gone for good fails (no retry: it may run only
+    /// there), with `reason` on its attempt; its parent and run end as the rules say. False when
+    /// it is no longer WAITING as `attempt`.
+    pub async fn fail_shard(
+        &self,
+        id: InstanceId,
+        attempt: Attempt,
+        reason: &str,
+        now: Millis,
+    ) -> Result<bool> {
+        write_tx!(self, |c| fail_shard_tx(self, c, id, attempt, reason, now))
+    }
+}
+
 /// Claims with limits: decides which claims fit (see the module doc), then applies the winners
-/// through [`mark_dispatched_tx`] (the plain conditional claims) and raises the counters of what they took.
-pub(crate) async fn mark_dispatched(
-    store: &SqlStore,
+/// through [`mark_dispatched_tx`] (the plain conditional claims) and raises the counters of what
+/// they took.
+async fn claim_in_limits_tx(
+    store: &Store,
     c: &mut AnyConnection,
     claims: &[DispatchClaim],
 ) -> Result<Vec<bool>> {
@@ -130,7 +248,7 @@ pub(crate) async fn mark_dispatched(
 
 /// Locks the counter rows of `scopes` (creating missing ones at 0) and returns their values.
 async fn lock_counters<'a>(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     scopes: &BTreeSet<&'a str>,
 ) -> Result<BTreeMap<&'a str, i64>> {
@@ -158,7 +276,7 @@ async fn lock_counters<'a>(
 }
 
 async fn read_counters<'a>(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     scopes: &BTreeSet<&'a str>,
     lock: bool,
@@ -183,19 +301,6 @@ async fn read_counters<'a>(
         }
     }
     Ok(values)
-}
-
-pub(crate) async fn limit_usage(
-    store: &SqlStore,
-    scopes: &[String],
-) -> Result<BTreeMap<String, u32>> {
-    let mut c = store.pool.acquire().await?;
-    let set: BTreeSet<&str> = scopes.iter().map(String::as_str).collect();
-    let values = read_counters(store, &mut c, &set, false).await?;
-    values
-        .into_iter()
-        .map(|(scope, used)| Ok((scope.to_string(), to_u32(used.max(0), "slot usage")?)))
-        .collect()
 }
 
 /// What [`release`] needs of an instance whose attempt ended.
@@ -424,8 +529,8 @@ pub(crate) async fn settle_parent_of(
     Ok(())
 }
 
-pub(crate) async fn fan_out_tx(
-    store: &SqlStore,
+async fn fan_out_tx(
+    store: &Store,
     c: &mut AnyConnection,
     parent: InstanceId,
     attempt: Attempt,
@@ -493,8 +598,8 @@ pub(crate) async fn fan_out_tx(
     Ok(true)
 }
 
-pub(crate) async fn fail_shard_tx(
-    store: &SqlStore,
+async fn fail_shard_tx(
+    store: &Store,
     c: &mut AnyConnection,
     id: InstanceId,
     attempt: Attempt,
@@ -565,7 +670,7 @@ pub(crate) async fn fail_shard_tx(
 /// of the instances, one update of the winners, one read of their attempt rows, one multi-row
 /// insert of the new attempt rows (and one update for attempts dispatched again).
 pub(crate) async fn mark_dispatched_tx(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     claims: &[DispatchClaim],
     allowed: Option<&[bool]>,
@@ -670,8 +775,9 @@ pub(crate) async fn mark_dispatched_tx(
     Ok(won)
 }
 
-pub(crate) async fn waiting(
-    store: &SqlStore,
+/// The head of the WAITING queue, or of one node's share of it.
+async fn read_waiting(
+    store: &Store,
     now: Millis,
     limit: u32,
     share: Option<QueueShare>,
@@ -727,50 +833,6 @@ pub(crate) async fn waiting(
                 logical_time: row.try_get("logical_time")?,
                 params: map_json(&params, "run params")?,
                 shard,
-            })
-        })
-        .collect()
-}
-
-pub(crate) async fn active_attempts(
-    store: &SqlStore,
-    worker: Option<&str>,
-    limit: u32,
-) -> Result<Vec<ActiveAttempt>> {
-    let on_worker = if worker.is_some() {
-        " AND ti.worker_id = ?"
-    } else {
-        ""
-    };
-    let sql = format!(
-        "SELECT ti.id, ti.run_id, ti.attempt, ti.state, ti.worker_id, ti.started_at, \
-         ti.last_heartbeat_at, ta.dispatched_at, ta.node_id, td.timeout_ms \
-         FROM task_instance ti \
-         JOIN task_definition td ON td.workflow_id = ti.workflow_id \
-           AND td.version = ti.workflow_version AND td.name = ti.task_name \
-         LEFT JOIN task_attempt ta ON ta.instance_id = ti.id AND ta.attempt = ti.attempt \
-         WHERE ti.state IN ('DISPATCHED', 'RUNNING'){on_worker} \
-         AND NOT (ti.shard_slot = 0 AND ti.shard_total IS NOT NULL) ORDER BY ti.id LIMIT ?"
-    );
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    if let Some(worker) = worker {
-        query = query.bind(worker);
-    }
-    let rows = query.bind(i64::from(limit)).fetch_all(&store.pool).await?;
-    rows.iter()
-        .map(|row| {
-            let timeout: i64 = row.try_get("timeout_ms")?;
-            Ok(ActiveAttempt {
-                instance_id: InstanceId(row.try_get("id")?),
-                run_id: RunId(row.try_get("run_id")?),
-                attempt: Attempt(to_u32(row.try_get("attempt")?, "attempt")?),
-                state: instance_state(&row.try_get::<String, _>("state")?)?,
-                worker_id: row.try_get("worker_id")?,
-                dispatched_by: row.try_get("node_id")?,
-                dispatched_at: row.try_get("dispatched_at")?,
-                started_at: row.try_get("started_at")?,
-                last_heartbeat_at: row.try_get("last_heartbeat_at")?,
-                timeout_ms: u64::try_from(timeout).unwrap_or(0),
             })
         })
         .collect()

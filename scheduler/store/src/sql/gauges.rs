@@ -4,48 +4,53 @@
 
 use sqlx::Row;
 
-use super::SqlStore;
+use super::Store;
 use crate::{ActiveCounts, Result};
 
-pub(crate) async fn active_counts(store: &SqlStore) -> Result<ActiveCounts> {
-    let mut counts = ActiveCounts::default();
-    let rows = sqlx::query(
-        "SELECT state, COUNT(*) AS n FROM task_instance \
-         WHERE state IN ('WAITING', 'DISPATCHED', 'RUNNING') GROUP BY state",
-    )
-    .fetch_all(&store.pool)
-    .await?;
-    for row in rows {
-        let state: String = row.try_get("state")?;
-        let n = row.try_get::<i64, _>("n")?.max(0) as u64;
-        match state.as_str() {
-            "WAITING" => counts.waiting = n,
-            "DISPATCHED" => counts.dispatched = n,
-            "RUNNING" => counts.running = n,
-            _ => {}
+impl Store {
+    /// Instances WAITING, DISPATCHED and RUNNING and runs QUEUED and RUNNING, store-wide: one
+    /// indexed count per table, whatever the history's size.
+    pub async fn active_counts(&self) -> Result<ActiveCounts> {
+        let mut counts = ActiveCounts::default();
+        let rows = sqlx::query(
+            "SELECT state, COUNT(*) AS n FROM task_instance \
+             WHERE state IN ('WAITING', 'DISPATCHED', 'RUNNING') GROUP BY state",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        for row in rows {
+            let state: String = row.try_get("state")?;
+            let n = row.try_get::<i64, _>("n")?.max(0) as u64;
+            match state.as_str() {
+                "WAITING" => counts.waiting = n,
+                "DISPATCHED" => counts.dispatched = n,
+                "RUNNING" => counts.running = n,
+                _ => {}
+            }
         }
-    }
-    let rows = sqlx::query(
+        let rows = sqlx::query(
         "SELECT state, COUNT(*) AS n FROM run WHERE state IN ('QUEUED', 'RUNNING') GROUP BY state",
     )
-    .fetch_all(&store.pool)
+    .fetch_all(&self.pool)
     .await?;
-    for row in rows {
-        let state: String = row.try_get("state")?;
-        let n = row.try_get::<i64, _>("n")?.max(0) as u64;
-        match state.as_str() {
-            "QUEUED" => counts.queued_runs = n,
-            "RUNNING" => counts.running_runs = n,
-            _ => {}
+        for row in rows {
+            let state: String = row.try_get("state")?;
+            let n = row.try_get::<i64, _>("n")?.max(0) as u64;
+            match state.as_str() {
+                "QUEUED" => counts.queued_runs = n,
+                "RUNNING" => counts.running_runs = n,
+                _ => {}
+            }
         }
+        // Through the queue index's WAITING range: its length is the backlog. A retry whose backoff
+        // is not over yet has a later time than any ready instance, so the minimum is a ready one's
+        // whenever one is ready.
+        let row = sqlx::query(
+            "SELECT MIN(not_before) AS since FROM task_instance WHERE state = 'WAITING'",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        counts.oldest_ready_since = row.try_get::<Option<i64>, _>("since")?;
+        Ok(counts)
     }
-    // Through the queue index's WAITING range: its length is the backlog. A retry whose backoff
-    // is not over yet has a later time than any ready instance, so the minimum is a ready one's
-    // whenever one is ready.
-    let row =
-        sqlx::query("SELECT MIN(not_before) AS since FROM task_instance WHERE state = 'WAITING'")
-            .fetch_one(&store.pool)
-            .await?;
-    counts.oldest_ready_since = row.try_get::<Option<i64>, _>("since")?;
-    Ok(counts)
 }

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use sqlx::Row;
 
 use super::counted::Counted;
-use super::{Dialect, SqlStore, in_list};
+use super::{Dialect, Store, in_list};
 use crate::Result;
 
 /// Locks, in ascending id order, the rows of `workflows` (the workflows of ending runs) and of
@@ -23,7 +23,7 @@ use crate::Result;
 /// that have a dependent. Two statements on MySQL; on SQLite (one writer at a time) nothing is
 /// locked and only the dependents are read.
 pub(crate) async fn lock_workflows_of_ending_runs(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     workflows: &BTreeSet<i64>,
 ) -> Result<BTreeSet<i64>> {

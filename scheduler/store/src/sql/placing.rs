@@ -1,5 +1,5 @@
 //! First attempts placed in the transaction that creates them ([`crate::Placement`]): a run's
-//! root instances (`run_create.rs`) and the instances an advance makes ready (`reports.rs`)
+//! root instances (`run_roots.rs`) and the instances an advance makes ready (`reports.rs`)
 //! are offered to the node's placement as they are inserted; a placed one is inserted
 //! DISPATCHED to its worker, and its attempt row is written as a claim writes it
 //! (`dispatch.rs`), in the same transaction.

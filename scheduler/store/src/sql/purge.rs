@@ -24,7 +24,7 @@ use ax_core::retention::purgeable;
 use sqlx::{AnyConnection, Row};
 
 use super::rows::run_state;
-use super::{Dialect, SqlStore, in_list, write_tx};
+use super::{Dialect, Store, in_list, write_tx};
 use crate::{PurgeCounts, PurgeCursor, PurgeProgress, PurgeStep, Result};
 
 /// The run states a purge may take: ended ones.
@@ -76,44 +76,116 @@ fn plan(candidates: &[Candidate], max_rows: u64, split: bool) -> Plan {
     Plan::Whole(taken)
 }
 
-pub(crate) async fn purge_runs(store: &SqlStore, step: &PurgeStep) -> Result<PurgeProgress> {
-    let candidates = {
-        let mut c = store.pool.acquire().await?;
-        let mut candidates = next_ended_runs(store, &mut c, step).await?;
-        sizes(&mut c, &mut candidates).await?;
-        candidates
-    };
-    let Some(last_read) = candidates.last().copied() else {
-        return Ok(PurgeProgress::default());
-    };
-    let plan = plan(&candidates, u64::from(step.max_rows), !step.dry_run);
-    let counts = if step.dry_run {
-        let mut c = store.pool.acquire().await?;
-        count(&mut c, &plan).await?
-    } else {
-        write_tx!(store, |c| delete(store, c, &plan, step.ended_before))?
-    };
-    let cursor = |run: &Candidate| PurgeCursor {
-        finished_at: run.finished_at,
-        run: RunId(run.id),
-    };
-    let next = match &plan {
-        // The run stays; the next step starts at it again.
-        Plan::Part { .. } => Some(step.after.unwrap_or(PurgeCursor {
-            finished_at: Millis::MIN,
-            run: RunId(0),
-        })),
-        Plan::Whole(taken) => {
-            let all_read = taken.len() == candidates.len();
-            let more = !all_read || candidates.len() >= step.max_runs as usize;
-            match taken.last() {
-                Some(last) if more => Some(cursor(last)),
-                _ if more => Some(cursor(&last_read)),
-                _ => None,
+impl Store {
+    /// One step of a purge: the next ended runs of the step's workflow (SUCCESS, FAILED or
+    /// CANCELLED, `finished_at` before the cutoff) in end order, at most `max_runs` of them and
+    /// as many as fit in `max_rows`, are deleted with their instances, attempts, log chunks and
+    /// decisions, in one short transaction. The runs are read first without a lock, then
+    /// locked by primary key and checked again: a run reopened meanwhile (a manual retry), or
+    /// with an instance still active or holding a concurrency slot, is skipped. Every delete
+    /// goes by primary key (or its prefix), so the transaction locks only the purged rows. A
+    /// run too large for one step loses a batch of its instances per step and goes with the
+    /// last. With `dry_run` the same runs are counted, nothing is locked or deleted.
+    pub async fn purge_runs(&self, step: &PurgeStep) -> Result<PurgeProgress> {
+        let candidates = {
+            let mut c = self.pool.acquire().await?;
+            let mut candidates = next_ended_runs(self, &mut c, step).await?;
+            sizes(&mut c, &mut candidates).await?;
+            candidates
+        };
+        let Some(last_read) = candidates.last().copied() else {
+            return Ok(PurgeProgress::default());
+        };
+        let plan = plan(&candidates, u64::from(step.max_rows), !step.dry_run);
+        let counts = if step.dry_run {
+            let mut c = self.pool.acquire().await?;
+            count(&mut c, &plan).await?
+        } else {
+            write_tx!(self, |c| delete(self, c, &plan, step.ended_before))?
+        };
+        let cursor = |run: &Candidate| PurgeCursor {
+            finished_at: run.finished_at,
+            run: RunId(run.id),
+        };
+        let next = match &plan {
+            // The run stays; the next step starts at it again.
+            Plan::Part { .. } => Some(step.after.unwrap_or(PurgeCursor {
+                finished_at: Millis::MIN,
+                run: RunId(0),
+            })),
+            Plan::Whole(taken) => {
+                let all_read = taken.len() == candidates.len();
+                let more = !all_read || candidates.len() >= step.max_runs as usize;
+                match taken.last() {
+                    Some(last) if more => Some(cursor(last)),
+                    _ if more => Some(cursor(&last_read)),
+                    _ => None,
+                }
             }
+        };
+        Ok(PurgeProgress { counts, next })
+    }
+
+    /// Deletes (or with `dry_run` counts) at most `limit` of the workflow's decisions that
+    /// belong to no run or instance (dropped slots: misfired, skipped) with a slot before
+    /// `before`; returns how many. A dry run counts them all.
+    pub async fn purge_slot_decisions(
+        &self,
+        workflow_id: WorkflowId,
+        before: Millis,
+        limit: u32,
+        dry_run: bool,
+    ) -> Result<u64> {
+        const RUN_FREE: &str = "workflow_id = ? AND slot_at < ? AND run_id IS NULL \
+             AND instance_id IS NULL";
+        if dry_run {
+            let sql = format!("SELECT COUNT(*) FROM decision_log WHERE {RUN_FREE}");
+            let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .bind(workflow_id.0)
+                .bind(before)
+                .fetch_one(&self.pool)
+                .await?;
+            return Ok(n.max(0) as u64);
         }
-    };
-    Ok(PurgeProgress { counts, next })
+        let sql = format!(
+            "SELECT id FROM decision_log WHERE {RUN_FREE} ORDER BY slot_at LIMIT {}",
+            limit.max(1)
+        );
+        let ids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(workflow_id.0)
+            .bind(before)
+            .fetch_all(&self.pool)
+            .await?;
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        write_tx!(self, |c| delete_by(c, "decision_log", "id", &ids))
+    }
+
+    /// Deletes (or with `dry_run` counts) at most `limit` of the oldest audit rows written
+    /// before `before`, by id (`idx_audit_log_at` finds them); returns how many. A dry run counts
+    /// them all.
+    pub async fn purge_audit(&self, before: Millis, limit: u32, dry_run: bool) -> Result<u64> {
+        if dry_run {
+            let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit_log WHERE at < ?")
+                .bind(before)
+                .fetch_one(&self.pool)
+                .await?;
+            return Ok(n.max(0) as u64);
+        }
+        let sql = format!(
+            "SELECT id FROM audit_log WHERE at < ? ORDER BY at LIMIT {}",
+            limit.max(1)
+        );
+        let ids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(before)
+            .fetch_all(&self.pool)
+            .await?;
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        write_tx!(self, |c| delete_by(c, "audit_log", "id", &ids))
+    }
 }
 
 /// The next ended runs of the step's workflow past the cursor, in end order, without a lock.
@@ -121,7 +193,7 @@ pub(crate) async fn purge_runs(store: &SqlStore, step: &PurgeStep) -> Result<Pur
 /// `runs.rs` pages runs, and names its index on both backends: without statistics either may
 /// prefer `idx_run_state`, a scan of every ended run.
 async fn next_ended_runs(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     step: &PurgeStep,
 ) -> Result<Vec<Candidate>> {
@@ -285,7 +357,7 @@ async fn delete_by(c: &mut AnyConnection, table: &str, column: &str, keys: &[i64
 /// The step's transaction: lock the planned runs, keep those still purgeable, delete them and
 /// everything of theirs.
 async fn delete(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     plan: &Plan,
     ended_before: Millis,
@@ -356,67 +428,6 @@ async fn delete(
         counts.runs = delete_by(c, "run", "id", &runs).await?;
     }
     Ok(counts)
-}
-
-pub(crate) async fn purge_slot_decisions(
-    store: &SqlStore,
-    workflow_id: WorkflowId,
-    before: Millis,
-    limit: u32,
-    dry_run: bool,
-) -> Result<u64> {
-    const RUN_FREE: &str = "workflow_id = ? AND slot_at < ? AND run_id IS NULL \
-         AND instance_id IS NULL";
-    if dry_run {
-        let sql = format!("SELECT COUNT(*) FROM decision_log WHERE {RUN_FREE}");
-        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(workflow_id.0)
-            .bind(before)
-            .fetch_one(&store.pool)
-            .await?;
-        return Ok(n.max(0) as u64);
-    }
-    let sql = format!(
-        "SELECT id FROM decision_log WHERE {RUN_FREE} ORDER BY slot_at LIMIT {}",
-        limit.max(1)
-    );
-    let ids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(workflow_id.0)
-        .bind(before)
-        .fetch_all(&store.pool)
-        .await?;
-    if ids.is_empty() {
-        return Ok(0);
-    }
-    write_tx!(store, |c| delete_by(c, "decision_log", "id", &ids))
-}
-
-/// Audit rows past the audit retention, oldest first, by id (`idx_audit_log_at` finds them).
-pub(crate) async fn purge_audit(
-    store: &SqlStore,
-    before: Millis,
-    limit: u32,
-    dry_run: bool,
-) -> Result<u64> {
-    if dry_run {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit_log WHERE at < ?")
-            .bind(before)
-            .fetch_one(&store.pool)
-            .await?;
-        return Ok(n.max(0) as u64);
-    }
-    let sql = format!(
-        "SELECT id FROM audit_log WHERE at < ? ORDER BY at LIMIT {}",
-        limit.max(1)
-    );
-    let ids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(before)
-        .fetch_all(&store.pool)
-        .await?;
-    if ids.is_empty() {
-        return Ok(0);
-    }
-    write_tx!(store, |c| delete_by(c, "audit_log", "id", &ids))
 }
 
 #[cfg(test)]

@@ -22,8 +22,8 @@ use sqlx::{AnyConnection, Row};
 use super::counted::Counted;
 use super::placing::Placing;
 use super::rows::{corrupt, to_u32};
-use super::run_create::{RootsOf, facts_of_version, insert_roots_of};
-use super::{SqlStore, in_list};
+use super::run_roots::{RootsOf, facts_of_version, insert_roots_of};
+use super::{Store, in_list};
 use crate::{NewRun, Result};
 
 /// Queued runs looked at per promotion.
@@ -110,7 +110,7 @@ pub(crate) async fn limits(c: &mut AnyConnection, workflow_id: WorkflowId) -> Re
 }
 
 pub(crate) async fn lock_workflow(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     id: WorkflowId,
 ) -> Result<()> {
@@ -154,7 +154,7 @@ async fn count(
 /// The decision for a run about to be created under `limits`: `(start?, run key)`. Locks the
 /// workflow row first when the workflow has limits.
 pub(crate) async fn admit(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     limits: &Limits,
     run: &NewRun,
@@ -192,7 +192,7 @@ pub(crate) async fn admit(
 
 /// Inserts a WAITING attempt-1 instance for each root task of the version (a promoted run).
 async fn insert_roots(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     workflow_id: WorkflowId,
     version: i64,
@@ -242,7 +242,7 @@ pub(crate) async fn record(
 /// Starts the oldest queued runs of the run's workflow that now fit, in creation order, and
 /// returns them. Called in the transaction that ended a run (or cancelled a queued one).
 pub(crate) async fn promote_after(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     ended_run: RunId,
     now: Millis,
@@ -262,7 +262,7 @@ pub(crate) async fn promote_after(
 /// just ended, their rows locked already: `sql/locks.rs`). One probe for the whole set; most
 /// workflows never queue.
 pub(crate) async fn promote_queued_of(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     workflows: &BTreeSet<i64>,
     now: Millis,
@@ -289,7 +289,7 @@ pub(crate) async fn promote_queued_of(
 }
 
 pub(crate) async fn promote(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     workflow_id: WorkflowId,
     now: Millis,

@@ -13,134 +13,15 @@ use super::counted::Counted;
 use super::dispatch::Ended;
 use super::downstream_tasks::VersionTask;
 use super::ids::IdKind;
+use super::instance_locks::{InstanceKey, load_keys, lock_run_rows};
 use super::patch::{Patches, Table, Value};
 use super::placing::{Placed, Placing};
 use super::rows::{instance_state, map_json, to_u32};
-use super::{Dialect, NAMES_PER_STATEMENT, SqlStore, in_list, pow2_chunks, values_rows};
-use crate::{Applied, AttemptEnd, NewAttempt, Report, ReportResult, Result};
-
-/// The facts about an instance a transition needs.
-#[derive(Debug, Clone)]
-pub(crate) struct InstanceKey {
-    pub(crate) id: InstanceId,
-    pub(crate) run_id: RunId,
-    pub(crate) workflow_id: WorkflowId,
-    pub(crate) version: i64,
-    pub(crate) task: String,
-    pub(crate) state: InstanceState,
-    pub(crate) attempt: Attempt,
-    pub(crate) worker_id: Option<String>,
-    /// The concurrency scopes the instance holds (see `dispatch.rs`), one per line.
-    pub(crate) held_slots: String,
-    /// The sharded task's instance, when this one is a shard.
-    pub(crate) parent_id: Option<i64>,
-    /// Attempts withdrawn before a start was confirmed; they do not count against retries.
-    pub(crate) withdrawn: u32,
-}
-
-/// The columns [`key_of`] reads.
-const KEY_COLUMNS: &str = "id, run_id, workflow_id, workflow_version, task_name, state, attempt, worker_id, \
-     held_slots, parent_id, withdrawn_attempts";
-
-pub(crate) async fn load_key(c: &mut AnyConnection, id: InstanceId) -> Result<Option<InstanceKey>> {
-    read_key(&mut Counted::new(c), id).await
-}
-
-/// The key of one instance, its row locked until the transaction ends (MySQL; SQLite writers
-/// are serialized): what the caller decides on it cannot be overtaken by a report batch, which
-/// locks the same rows, or by a dispatch claim.
-pub(crate) async fn lock_key(
-    store: &SqlStore,
-    c: &mut AnyConnection,
-    id: InstanceId,
-) -> Result<Option<InstanceKey>> {
-    let sql = format!(
-        "SELECT {KEY_COLUMNS} FROM task_instance WHERE id = ?{}",
-        store.dialect.for_update()
-    );
-    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(id.0)
-        .fetch_optional(&mut *c)
-        .await?;
-    row.as_ref().map(key_of).transpose()
-}
-
-async fn read_key(c: &mut Counted<'_>, id: InstanceId) -> Result<Option<InstanceKey>> {
-    let sql = format!("SELECT {KEY_COLUMNS} FROM task_instance WHERE id = ?");
-    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(id.0)
-        .fetch_optional(&mut *c)
-        .await?;
-    row.as_ref().map(key_of).transpose()
-}
-
-/// The keys of many instances in one statement (a batch's first read of each instance).
-async fn load_keys(
-    c: &mut Counted<'_>,
-    ids: &BTreeSet<i64>,
-    lock: &str,
-) -> Result<HashMap<i64, InstanceKey>> {
-    if ids.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let (list, padded) = in_list(ids.iter().copied());
-    let sql =
-        format!("SELECT {KEY_COLUMNS} FROM task_instance WHERE id IN ({list}) ORDER BY id{lock}");
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for id in padded {
-        query = query.bind(id);
-    }
-    let mut keys = HashMap::with_capacity(ids.len());
-    for row in query.fetch_all(&mut *c).await? {
-        let key = key_of(&row)?;
-        keys.insert(key.id.0, key);
-    }
-    Ok(keys)
-}
-
-fn key_of(row: &sqlx::any::AnyRow) -> Result<InstanceKey> {
-    Ok(InstanceKey {
-        id: InstanceId(row.try_get("id")?),
-        run_id: RunId(row.try_get("run_id")?),
-        workflow_id: WorkflowId(row.try_get("workflow_id")?),
-        version: row.try_get("workflow_version")?,
-        task: row.try_get("task_name")?,
-        state: instance_state(&row.try_get::<String, _>("state")?)?,
-        attempt: Attempt(to_u32(row.try_get("attempt")?, "attempt")?),
-        worker_id: row.try_get("worker_id")?,
-        held_slots: row.try_get("held_slots")?,
-        parent_id: row.try_get("parent_id")?,
-        withdrawn: to_u32(row.try_get("withdrawn_attempts")?, "withdrawn_attempts")?,
-    })
-}
-
-/// Locks the rows of `runs` in ascending id order, so that two transactions finishing upstreams
-/// of one fan-in cannot both miss it, and two batches never lock runs in opposite orders.
-pub(crate) async fn lock_runs(
-    store: &SqlStore,
-    c: &mut AnyConnection,
-    runs: &BTreeSet<i64>,
-) -> Result<()> {
-    lock_run_rows(store, &mut Counted::new(c), runs).await
-}
-
-async fn lock_run_rows(store: &SqlStore, c: &mut Counted<'_>, runs: &BTreeSet<i64>) -> Result<()> {
-    if store.dialect != Dialect::MySql {
-        return Ok(());
-    }
-    if runs.is_empty() {
-        return Ok(());
-    }
-    // One statement; InnoDB locks the rows as it walks the primary key, in ascending id order.
-    let (list, runs) = in_list(runs.iter().copied());
-    let sql = format!("SELECT id FROM run WHERE id IN ({list}) ORDER BY id FOR UPDATE");
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for run in runs {
-        query = query.bind(run);
-    }
-    query.fetch_all(&mut *c).await?;
-    Ok(())
-}
+use super::{Dialect, NAMES_PER_STATEMENT, Store, in_list, pow2_chunks, values_rows, write_tx};
+use crate::{
+    Applied, AttemptEnd, NewAttempt, NoPlacement, PlacedAttempt, Placement, Report, ReportResult,
+    Result,
+};
 
 /// `lock_run_rows` on MySQL, reading with the lock what the dispatches of placed instances
 /// carry from their run (its logical time and params), so placing costs no read of its own.
@@ -167,10 +48,45 @@ async fn lock_run_rows_noting(
     Ok(())
 }
 
+impl Store {
+    /// Applies worker reports in one transaction, in order; one result per report. A report
+    /// that names its worker (`worker_id: Some`) is applied only from the worker its attempt was
+    /// dispatched to; from any other it is [`ReportResult::NotYours`], as is one that would be
+    /// stale or not found and whose attempt was never dispatched to that worker.
+    pub async fn apply_reports(
+        &self,
+        reports: &[Report],
+        now: Millis,
+    ) -> Result<Vec<ReportResult>> {
+        Ok(self
+            .apply_reports_placed(reports, now, &mut NoPlacement)
+            .await?
+            .0)
+    }
+
+    /// `apply_reports`, with each first attempt the advance creates offered to `placement`:
+    /// the ones it places are created DISPATCHED and returned (see [`Placement`]).
+    pub async fn apply_reports_placed(
+        &self,
+        reports: &[Report],
+        now: Millis,
+        placement: &mut dyn Placement,
+    ) -> Result<(Vec<ReportResult>, Vec<PlacedAttempt>)> {
+        if reports.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        write_tx!(self, |c| async {
+            let mut placing = Placing::new(&mut *placement, now);
+            let results = apply_reports_tx(self, c, reports, now, &mut placing).await?;
+            Ok((results, placing.finish(c).await?))
+        })
+    }
+}
+
 /// Applies a batch of reports in the caller's transaction, counting the statements it sends
-/// in [`SqlStore::report_statements`].
-pub(crate) async fn apply_reports(
-    store: &SqlStore,
+/// in [`Store::report_statements`].
+async fn apply_reports_tx(
+    store: &Store,
     c: &mut AnyConnection,
     reports: &[Report],
     now: Millis,
@@ -183,7 +99,7 @@ pub(crate) async fn apply_reports(
 }
 
 async fn apply_counted(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     reports: &[Report],
     now: Millis,
@@ -516,7 +432,7 @@ struct AfterBatch {
 impl AfterBatch {
     async fn carry_out(
         self,
-        store: &SqlStore,
+        store: &Store,
         c: &mut Counted<'_>,
         now: Millis,
         results: &mut [ReportResult],
@@ -892,7 +808,7 @@ async fn definitions(
 /// ones, all through indexes: the cost depends neither on the size of the workflow, nor on the
 /// history, nor on how many candidates became ready at once.
 async fn create_ready(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     candidates: &[(usize, InstanceKey, String)],
     now: Millis,
@@ -1029,7 +945,7 @@ async fn count_succeeded(
 /// already (it ran before a rerun from above and is PENDING) is woken instead. Returns, per
 /// (run, task), the instances created or woken.
 async fn insert_first_attempts(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     workflow: i64,
     version: i64,

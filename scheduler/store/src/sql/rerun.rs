@@ -22,18 +22,43 @@ use ax_core::ids::{Attempt, InstanceId, RunId};
 use ax_core::state::{Event, InstanceState, transition};
 use sqlx::{AnyConnection, Row};
 
-use super::reports::{self, load_key, lock_runs};
+use super::instance_locks::{InstanceKey, load_key, lock_runs};
 use super::rows::{corrupt, instance_state, to_u32};
 use super::runs::{instance_by_id, run_by_id};
-use super::{SqlStore, placeholders};
+use super::{Store, placeholders, write_tx};
 use crate::{ManualRetry, RerunFailed, RerunFrom, Result};
 
 /// The new attempt's columns when an instance goes back to WAITING.
 const FRESH_ATTEMPT: &str = "attempt = attempt + 1, worker_id = NULL, not_before = ?, \
      started_at = NULL, finished_at = NULL, exit_code = NULL, last_heartbeat_at = NULL";
 
-pub(crate) async fn rerun_from_tx(
-    store: &SqlStore,
+impl Store {
+    /// A person asks for another attempt of a finished, unsuccessful instance: it becomes
+    /// WAITING as attempt + 1 (the earlier attempts keep their records), and its run, if it had
+    /// ended, is running again.
+    pub async fn retry_instance(&self, id: InstanceId, now: Millis) -> Result<ManualRetry> {
+        write_tx!(self, |c| retry_instance_tx(self, c, id, now))
+    }
+
+    /// Retries every FAILED, TIMEOUT and CANCELLED task instance of a run (their downstream
+    /// follows when they succeed), except sharded tasks' instances with shards still going.
+    /// `None` when the run does not exist.
+    pub async fn rerun_failed(&self, run: RunId, now: Millis) -> Result<Option<RerunFailed>> {
+        write_tx!(self, |c| rerun_failed_tx(self, c, run, now))
+    }
+
+    /// Reruns `task` of a run and everything below it (transitively), in one transaction: the
+    /// task's instance becomes WAITING as its next attempt, each instance below it that ran
+    /// becomes PENDING (it runs again as its next attempt once its upstreams succeeded again),
+    /// earlier attempts keep their records, and the run is running again. Changes nothing unless
+    /// the answer is `Rerun`.
+    pub async fn rerun_from(&self, run: RunId, task: &str, now: Millis) -> Result<RerunFrom> {
+        write_tx!(self, |c| rerun_from_tx(self, c, run, task, now))
+    }
+}
+
+async fn rerun_from_tx(
+    store: &Store,
     c: &mut AnyConnection,
     run: RunId,
     task: &str,
@@ -213,7 +238,7 @@ pub(crate) async fn wake_pending(
 
 /// Moves one finished, unsuccessful instance to its next attempt (a person asked for it), and
 /// reopens its run. False when the instance is not in `key.state` any more.
-async fn retry_one(c: &mut AnyConnection, key: &reports::InstanceKey, now: Millis) -> Result<bool> {
+async fn retry_one(c: &mut AnyConnection, key: &InstanceKey, now: Millis) -> Result<bool> {
     if transition(key.state, Event::ManualRetry).is_err() {
         return Ok(false);
     }
@@ -241,8 +266,8 @@ async fn retry_one(c: &mut AnyConnection, key: &reports::InstanceKey, now: Milli
     Ok(true)
 }
 
-pub(crate) async fn retry_instance_tx(
-    store: &SqlStore,
+async fn retry_instance_tx(
+    store: &Store,
     c: &mut AnyConnection,
     id: InstanceId,
     now: Millis,
@@ -266,8 +291,8 @@ pub(crate) async fn retry_instance_tx(
     Ok(ManualRetry::Retried(record))
 }
 
-pub(crate) async fn rerun_failed_tx(
-    store: &SqlStore,
+async fn rerun_failed_tx(
+    store: &Store,
     c: &mut AnyConnection,
     run: RunId,
     now: Millis,

@@ -13,7 +13,7 @@ use ax_core::Millis;
 use ax_core::audit_text;
 use ax_core::decision::DecisionKind;
 use ax_core::firing::Admission;
-use ax_core::ids::{InstanceId, RunId, WorkflowId};
+use ax_core::ids::RunId;
 use ax_core::run::{RunProgress, RunState, run_outcome};
 use sqlx::{AnyConnection, Row};
 
@@ -23,35 +23,53 @@ use super::ids::IdKind;
 use super::placing::Placing;
 use super::queue::{self, Limits};
 use super::rows::{self, corrupt, to_json};
-use super::{SqlStore, db_errors, in_list, pow2_chunks, values_rows, write_tx};
+use super::run_roots::{RootsOf, VersionFacts, facts_of_version, insert_roots_of};
+use super::{Store, db_errors, in_list, pow2_chunks, values_rows, write_tx};
 use crate::{
-    AuditRecord, NewAttempt, NewRun, PlacedAttempt, Placement, Result, RunRecord, Store, StoreError,
+    AuditRecord, NewRun, NoPlacement, PlacedAttempt, Placement, Result, RunRecord, StoreError,
 };
 
-pub(crate) async fn create_run(store: &SqlStore, run: &NewRun) -> Result<(RunRecord, bool)> {
-    let mut created = store.create_runs(std::slice::from_ref(run)).await?;
-    created
-        .pop()
-        .ok_or_else(|| corrupt("a run create returned nothing"))
-}
-
-pub(crate) async fn create_runs(
-    store: &SqlStore,
-    runs: &[NewRun],
-    placement: &mut dyn Placement,
-) -> Result<(Vec<(RunRecord, bool)>, Vec<PlacedAttempt>)> {
-    if runs.is_empty() {
-        return Ok((Vec::new(), Vec::new()));
+impl Store {
+    /// Creates the run and a WAITING first attempt for each root task of its version, in one
+    /// transaction. Returns the existing run and `false` when the dedup key is taken.
+    /// Inside the same transaction (the workflow row locked on MySQL) the store decides, by
+    /// `ax_core::firing::start_or_queue` with the latest version's limits, whether the run
+    /// starts or is created QUEUED, without instances (a `queued` decision is recorded). When a
+    /// run ends by any path, the oldest queued runs of its workflow that now fit are started in
+    /// that transaction (`dequeued` decisions).
+    pub async fn create_run(&self, run: &NewRun) -> Result<(RunRecord, bool)> {
+        let mut created = self.create_runs(std::slice::from_ref(run)).await?;
+        created
+            .pop()
+            .ok_or_else(|| corrupt("a run create returned nothing"))
     }
-    let now = runs.iter().map(|run| run.now).max().unwrap_or_default();
-    write_tx!(store, |c| async {
-        let mut placing = Placing::new(&mut *placement, now);
-        let mut counted = Counted::new(&mut *c);
-        let created = create_runs_tx(store, &mut counted, runs, &mut placing).await;
-        store.count_create_statements(counted.statements());
-        let created = created?.into_iter().map(Into::into).collect();
-        Ok((created, placing.finish(c).await?))
-    })
+
+    /// `create_run` for several runs in one transaction, in order (each sees the ones before
+    /// it). On an error nothing is created; the caller may retry the runs one by one.
+    pub async fn create_runs(&self, runs: &[NewRun]) -> Result<Vec<(RunRecord, bool)>> {
+        Ok(self.create_runs_placed(runs, &mut NoPlacement).await?.0)
+    }
+
+    /// `create_runs`, with each new root instance offered to `placement`: the ones it places
+    /// are created DISPATCHED and returned (see [`Placement`]).
+    pub async fn create_runs_placed(
+        &self,
+        runs: &[NewRun],
+        placement: &mut dyn Placement,
+    ) -> Result<(Vec<(RunRecord, bool)>, Vec<PlacedAttempt>)> {
+        if runs.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let now = runs.iter().map(|run| run.now).max().unwrap_or_default();
+        write_tx!(self, |c| async {
+            let mut placing = Placing::new(&mut *placement, now);
+            let mut counted = Counted::new(&mut *c);
+            let created = create_runs_tx(self, &mut counted, runs, &mut placing).await;
+            self.count_create_statements(counted.statements());
+            let created = created?.into_iter().map(Into::into).collect();
+            Ok((created, placing.finish(c).await?))
+        })
+    }
 }
 
 /// The outcome of creating one run.
@@ -69,16 +87,9 @@ impl From<Created> for (RunRecord, bool) {
     }
 }
 
-/// What creating a run needs of its workflow version.
-pub(crate) struct VersionFacts {
-    task_count: i64,
-    /// The root tasks (no upstream), by name: (name, priority).
-    roots: Vec<(String, i64)>,
-}
-
 /// Creates one run (a dependent workflow's run at an upstream's end, a single trigger).
 pub(crate) async fn create_run_tx(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     run: &NewRun,
 ) -> Result<Created> {
@@ -118,7 +129,7 @@ pub(crate) struct WorkflowFacts {
 /// exists already, before or earlier in the group, is answered with that run. Any error (a
 /// workflow version that does not exist, say) fails the whole group.
 pub(crate) async fn create_runs_tx(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     runs: &[NewRun],
     placing: &mut Placing<'_>,
@@ -309,7 +320,7 @@ fn bind_run<'q>(
 /// limits, counted under the workflow row's lock), the run, and either its root instances or,
 /// when it waits, the decision that says why.
 async fn insert_one(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     run: &NewRun,
     workflow: &WorkflowFacts,
@@ -376,7 +387,7 @@ async fn insert_one(
 /// keys since the group's read, the statement fails whole and each run is inserted on its own
 /// instead, the unique key deciding which run is the answer.
 async fn insert_started(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     runs: &[NewRun],
     positions: &[usize],
@@ -446,88 +457,6 @@ async fn insert_started(
         .collect()
 }
 
-/// The root instances of one run to insert.
-pub(crate) struct RootsOf<'a> {
-    pub(crate) run_id: i64,
-    pub(crate) workflow_id: i64,
-    pub(crate) version: i64,
-    pub(crate) facts: &'a VersionFacts,
-    pub(crate) now: Millis,
-}
-
-impl<'a> RootsOf<'a> {
-    fn new(run_id: i64, run: &NewRun, facts: &'a VersionFacts) -> RootsOf<'a> {
-        RootsOf {
-            run_id,
-            workflow_id: run.workflow_id.0,
-            version: i64::from(run.workflow_version),
-            facts,
-            now: run.now,
-        }
-    }
-}
-
-/// Inserts an attempt-1 instance for each root task of each run, in multi-row statements:
-/// WAITING, or DISPATCHED with its attempt row when `placing` places it. Returns how many.
-pub(crate) async fn insert_roots_of(
-    store: &SqlStore,
-    c: &mut Counted<'_>,
-    runs: &[RootsOf<'_>],
-    placing: &mut Placing<'_>,
-) -> Result<usize> {
-    let rows: Vec<(&RootsOf, &(String, i64))> = runs
-        .iter()
-        .flat_map(|run| run.facts.roots.iter().map(move |root| (run, root)))
-        .collect();
-    if rows.is_empty() {
-        return Ok(0);
-    }
-    let ids = store
-        .take_ids(c.uncounted(), IdKind::Instance, rows.len())
-        .await?;
-    let rows: Vec<_> = rows
-        .into_iter()
-        .zip(ids)
-        .map(|((run, (task, priority)), id)| {
-            let placed = placing.place(NewAttempt {
-                instance_id: InstanceId(id),
-                run_id: RunId(run.run_id),
-                workflow_id: WorkflowId(run.workflow_id),
-                workflow_version: run.version as u32,
-                task: task.clone(),
-                priority: *priority as i32,
-                created_at: run.now,
-            });
-            (run, task, *priority, id, placed)
-        })
-        .collect();
-    for chunk in pow2_chunks(&rows) {
-        let sql = format!(
-            "INSERT INTO task_instance (id, run_id, workflow_id, workflow_version, task_name, \
-             state, worker_id, attempt, priority, not_before, created_at) VALUES {}",
-            values_rows(chunk.len(), 11)
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for (run, task, priority, id, (state, worker)) in chunk {
-            query = query
-                .bind(*id)
-                .bind(run.run_id)
-                .bind(run.workflow_id)
-                .bind(run.version)
-                .bind(task.as_str())
-                .bind(*state)
-                .bind(worker.clone())
-                .bind(1i64)
-                .bind(*priority)
-                .bind(run.now)
-                .bind(run.now);
-        }
-        query.execute(&mut *c).await?;
-    }
-    placing.write_attempts(c.uncounted()).await?;
-    Ok(rows.len())
-}
-
 /// The runs that exist under the dedup keys of `runs`, by (workflow, key): one statement.
 async fn runs_by_dedup(
     c: &mut Counted<'_>,
@@ -583,38 +512,6 @@ async fn version_facts(
         }
     }
     Ok(facts)
-}
-
-/// A workflow version's task count and root tasks, one statement; `None` when it does not
-/// exist.
-pub(crate) async fn facts_of_version(
-    c: &mut Counted<'_>,
-    workflow: i64,
-    version: i64,
-) -> Result<Option<VersionFacts>> {
-    let rows = sqlx::query(
-        "SELECT v.task_count, d.name, d.priority FROM workflow_version v \
-         LEFT JOIN task_definition d ON d.workflow_id = v.workflow_id \
-         AND d.version = v.version AND d.upstream_count = 0 \
-         WHERE v.workflow_id = ? AND v.version = ? ORDER BY d.name",
-    )
-    .bind(workflow)
-    .bind(version)
-    .fetch_all(&mut *c)
-    .await?;
-    let Some(first) = rows.first() else {
-        return Ok(None);
-    };
-    let mut facts = VersionFacts {
-        task_count: first.try_get("task_count")?,
-        roots: Vec::with_capacity(rows.len()),
-    };
-    for row in &rows {
-        if let Some(name) = row.try_get::<Option<String>, _>("name")? {
-            facts.roots.push((name, row.try_get("priority")?));
-        }
-    }
-    Ok(Some(facts))
 }
 
 /// The name and limits of each workflow of `runs`, one statement; a workflow that does not

@@ -18,12 +18,12 @@ use sqlx::{AnyConnection, Row};
 
 use super::counted::Counted;
 use super::rows::{instance_state, run_state, to_u32};
-use super::{SqlStore, in_list};
+use super::{Store, in_list};
 use crate::Result;
 
 /// Ends the run when nothing of it can run any more (after an instance became terminal).
 pub(crate) async fn finish_run_if_done(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     run_id: RunId,
     now: Millis,
@@ -36,7 +36,7 @@ pub(crate) async fn finish_run_if_done(
 /// Ends each of `runs` that has nothing left to run, then carries out what follows; returns the
 /// runs that ended and how. The caller holds the run rows' locks (MySQL) or the writer lock.
 pub(crate) async fn end_runs_if_done(
-    store: &SqlStore,
+    store: &Store,
     c: &mut Counted<'_>,
     runs: &BTreeSet<i64>,
     now: Millis,

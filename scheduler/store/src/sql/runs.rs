@@ -15,7 +15,7 @@ use ax_core::state::InstanceState;
 use sqlx::{AnyConnection, Row};
 
 use super::rows::{self, instance_state, to_u32};
-use super::{SqlStore, in_list};
+use super::{Store, in_list};
 use crate::{AttemptRecord, InstanceCounts, InstanceRecord, Result, RunRecord};
 
 pub(crate) async fn run_by_id(c: &mut AnyConnection, id: RunId) -> Result<Option<RunRecord>> {
@@ -39,50 +39,215 @@ pub(crate) async fn instance_by_id(
     row.as_ref().map(rows::instance).transpose()
 }
 
-pub(crate) async fn get_run(store: &SqlStore, id: RunId) -> Result<Option<RunRecord>> {
-    let mut c = store.pool.acquire().await?;
-    run_by_id(&mut c, id).await
-}
+impl Store {
+    pub async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
+        let mut c = self.pool.acquire().await?;
+        run_by_id(&mut c, id).await
+    }
 
-pub(crate) async fn list_runs(
-    store: &SqlStore,
-    workflow: Option<&str>,
-    state: Option<RunState>,
-    before: Option<RunId>,
-    limit: u32,
-) -> Result<Vec<RunRecord>> {
-    let workflow_ids = match workflow {
-        None => None,
-        Some(name) => {
-            let id: Option<i64> = sqlx::query_scalar("SELECT id FROM workflow WHERE name = ?")
-                .bind(name)
-                .fetch_optional(&store.pool)
-                .await?;
-            match id {
-                Some(id) => Some(vec![WorkflowId(id)]),
-                None => return Ok(Vec::new()),
+    /// Newest first; with `before`, only runs with a smaller id (the next page).
+    pub async fn list_runs(
+        &self,
+        workflow: Option<&str>,
+        state: Option<RunState>,
+        before: Option<RunId>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>> {
+        let workflow_ids = match workflow {
+            None => None,
+            Some(name) => {
+                let id: Option<i64> = sqlx::query_scalar("SELECT id FROM workflow WHERE name = ?")
+                    .bind(name)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                match id {
+                    Some(id) => Some(vec![WorkflowId(id)]),
+                    None => return Ok(Vec::new()),
+                }
+            }
+        };
+        runs_page(self, workflow_ids.as_deref(), state, before, limit).await
+    }
+
+    /// [`Store::list_runs`] over the runs of `workflows` only (none when it is empty): an app's
+    /// page of runs, whatever other apps' runs lie between them.
+    pub async fn list_runs_of(
+        &self,
+        workflows: &[WorkflowId],
+        state: Option<RunState>,
+        before: Option<RunId>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>> {
+        if workflows.is_empty() {
+            return Ok(Vec::new());
+        }
+        runs_page(self, Some(workflows), state, before, limit).await
+    }
+
+    pub async fn run_counts(&self, id: RunId) -> Result<InstanceCounts> {
+        self.runs_counts(&[id])
+            .await?
+            .remove(&id)
+            .ok_or_else(|| crate::StoreError::NotFound(format!("run {id}")))
+    }
+
+    /// The counts of several runs in one read; a run that does not exist is left out.
+    pub async fn runs_counts(&self, ids: &[RunId]) -> Result<HashMap<RunId, InstanceCounts>> {
+        if ids.is_empty() {
+            return Ok(HashMap::new());
+        }
+        // One statement for the lot: each run's task count beside its instances' counts by state
+        // (one row with a NULL state for a run without instances). Shards count through their
+        // parent. A page of runs costs one round trip, not one per run.
+        let (list, values) = in_list(ids.iter().map(|id| id.0));
+        let sql = format!(
+            "SELECT r.id, v.task_count, ti.state, COUNT(ti.id) AS n FROM run r \
+             JOIN workflow_version v ON v.workflow_id = r.workflow_id \
+             AND v.version = r.workflow_version \
+             LEFT JOIN task_instance ti ON ti.run_id = r.id AND ti.shard_slot = 0 \
+             WHERE r.id IN ({list}) GROUP BY r.id, v.task_count, ti.state"
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for id in values {
+            query = query.bind(id);
+        }
+        let rows = query.fetch_all(&self.pool).await?;
+        // Per run: its task count, the instances counted, and the counts by state.
+        let mut found: HashMap<RunId, (i64, i64, InstanceCounts)> = HashMap::new();
+        for row in &rows {
+            let id = RunId(row.try_get("id")?);
+            let tasks: i64 = row.try_get("task_count")?;
+            let (_, total, counts) = found
+                .entry(id)
+                .or_insert_with(|| (tasks, 0, InstanceCounts::default()));
+            let Some(state) = row.try_get::<Option<String>, _>("state")? else {
+                continue;
+            };
+            let n: i64 = row.try_get("n")?;
+            *total += n;
+            let n = to_u32(n, "instance count")?;
+            match instance_state(&state)? {
+                InstanceState::Waiting => counts.waiting = n,
+                InstanceState::Dispatched => counts.dispatched = n,
+                InstanceState::Running => counts.running = n,
+                InstanceState::Success => counts.success = n,
+                InstanceState::Failed => counts.failed = n,
+                InstanceState::Timeout => counts.timeout = n,
+                InstanceState::Cancelled => counts.cancelled = n,
+                // Waits for its upstreams again after a rerun: shown like a task not created.
+                InstanceState::Pending => *total -= i64::from(n),
             }
         }
-    };
-    runs_page(store, workflow_ids.as_deref(), state, before, limit).await
-}
-
-pub(crate) async fn list_runs_of(
-    store: &SqlStore,
-    workflows: &[WorkflowId],
-    state: Option<RunState>,
-    before: Option<RunId>,
-    limit: u32,
-) -> Result<Vec<RunRecord>> {
-    if workflows.is_empty() {
-        return Ok(Vec::new());
+        found
+            .into_iter()
+            .map(|(id, (tasks, total, mut counts))| {
+                counts.not_created = to_u32((tasks - total).max(0), "task count")?;
+                Ok((id, counts))
+            })
+            .collect()
     }
-    runs_page(store, Some(workflows), state, before, limit).await
+
+    pub async fn get_instance(&self, id: InstanceId) -> Result<Option<InstanceRecord>> {
+        let mut c = self.pool.acquire().await?;
+        instance_by_id(&mut c, id).await
+    }
+
+    pub async fn list_instances(&self, run: RunId) -> Result<Vec<InstanceRecord>> {
+        let sql = format!(
+            "{} WHERE ti.run_id = ? ORDER BY ti.id",
+            rows::INSTANCE_SELECT
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(run.0)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(rows::instance).collect()
+    }
+
+    pub async fn list_attempts(&self, id: InstanceId) -> Result<Vec<AttemptRecord>> {
+        let sql = format!(
+            "{} WHERE instance_id = ? ORDER BY attempt",
+            rows::ATTEMPT_SELECT
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.0)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(rows::attempt).collect()
+    }
+
+    /// Every attempt of every instance of a run, by instance id then attempt number.
+    pub async fn list_run_attempts(&self, run: RunId) -> Result<Vec<AttemptRecord>> {
+        // The instances' (run_id, …) index finds the run's instances; each one's attempts are a
+        // range of the attempt table's primary key.
+        let sql = format!(
+            "{} WHERE instance_id IN (SELECT id FROM task_instance WHERE run_id = ?) \
+             ORDER BY instance_id, attempt",
+            rows::ATTEMPT_SELECT
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(run.0)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(rows::attempt).collect()
+    }
+
+    /// The runs of a workflow nearest to `at` by logical time: the latest with
+    /// `logical_time <= at` and the earliest after it (either may be missing), in that order.
+    pub async fn runs_near(&self, workflow_id: WorkflowId, at: Millis) -> Result<Vec<RunRecord>> {
+        let mut runs = Vec::with_capacity(2);
+        // The nearest logical time on each side first (an index's edge), then the run at it. In
+        // one statement, MariaDB sorts every run of the workflow for `ORDER BY logical_time, id`
+        // over the (workflow_id, logical_time, state) index, and SQLite walks all of them when
+        // no run lies on that side.
+        for (nearest, order) in [("MAX", "DESC"), ("MIN", "ASC")] {
+            let side = if nearest == "MAX" { "<=" } else { ">" };
+            let edge: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT {nearest}(logical_time) FROM run WHERE workflow_id = ? AND logical_time {side} ?"
+        )))
+        .bind(workflow_id.0)
+        .bind(at)
+        .fetch_one(&self.pool)
+        .await?;
+            let Some(edge) = edge else { continue };
+            let sql = format!(
+                "{} WHERE r.workflow_id = ? AND r.logical_time = ? ORDER BY r.id {order} LIMIT 1",
+                rows::RUN_SELECT
+            );
+            let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(workflow_id.0)
+                .bind(edge)
+                .fetch_optional(&self.pool)
+                .await?;
+            if let Some(row) = row {
+                runs.push(rows::run(&row)?);
+            }
+        }
+        Ok(runs)
+    }
+
+    /// The workflow's runs that have not ended (RUNNING or QUEUED), oldest first, at most `limit`.
+    pub async fn unfinished_runs(
+        &self,
+        workflow_id: WorkflowId,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>> {
+        let sql = format!(
+            "{} WHERE r.workflow_id = ? AND r.state IN ('RUNNING', 'QUEUED') ORDER BY r.id LIMIT ?",
+            rows::RUN_SELECT
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(workflow_id.0)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(rows::run).collect()
+    }
 }
 
 /// A page of runs, newest first, of the given workflows (of every workflow with `None`).
 async fn runs_page(
-    store: &SqlStore,
+    store: &Store,
     workflows: Option<&[WorkflowId]>,
     state: Option<RunState>,
     before: Option<RunId>,
@@ -130,170 +295,5 @@ async fn runs_page(
         query = query.bind(id);
     }
     let rows = query.fetch_all(&store.pool).await?;
-    rows.iter().map(rows::run).collect()
-}
-
-pub(crate) async fn run_counts(store: &SqlStore, id: RunId) -> Result<InstanceCounts> {
-    runs_counts(store, &[id])
-        .await?
-        .remove(&id)
-        .ok_or_else(|| crate::StoreError::NotFound(format!("run {id}")))
-}
-
-pub(crate) async fn runs_counts(
-    store: &SqlStore,
-    ids: &[RunId],
-) -> Result<HashMap<RunId, InstanceCounts>> {
-    if ids.is_empty() {
-        return Ok(HashMap::new());
-    }
-    // One statement for the lot: each run's task count beside its instances' counts by state
-    // (one row with a NULL state for a run without instances). Shards count through their
-    // parent. A page of runs costs one round trip, not one per run.
-    let (list, values) = in_list(ids.iter().map(|id| id.0));
-    let sql = format!(
-        "SELECT r.id, v.task_count, ti.state, COUNT(ti.id) AS n FROM run r \
-         JOIN workflow_version v ON v.workflow_id = r.workflow_id \
-         AND v.version = r.workflow_version \
-         LEFT JOIN task_instance ti ON ti.run_id = r.id AND ti.shard_slot = 0 \
-         WHERE r.id IN ({list}) GROUP BY r.id, v.task_count, ti.state"
-    );
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for id in values {
-        query = query.bind(id);
-    }
-    let rows = query.fetch_all(&store.pool).await?;
-    // Per run: its task count, the instances counted, and the counts by state.
-    let mut found: HashMap<RunId, (i64, i64, InstanceCounts)> = HashMap::new();
-    for row in &rows {
-        let id = RunId(row.try_get("id")?);
-        let tasks: i64 = row.try_get("task_count")?;
-        let (_, total, counts) = found
-            .entry(id)
-            .or_insert_with(|| (tasks, 0, InstanceCounts::default()));
-        let Some(state) = row.try_get::<Option<String>, _>("state")? else {
-            continue;
-        };
-        let n: i64 = row.try_get("n")?;
-        *total += n;
-        let n = to_u32(n, "instance count")?;
-        match instance_state(&state)? {
-            InstanceState::Waiting => counts.waiting = n,
-            InstanceState::Dispatched => counts.dispatched = n,
-            InstanceState::Running => counts.running = n,
-            InstanceState::Success => counts.success = n,
-            InstanceState::Failed => counts.failed = n,
-            InstanceState::Timeout => counts.timeout = n,
-            InstanceState::Cancelled => counts.cancelled = n,
-            // Waits for its upstreams again after a rerun: shown like a task not created.
-            InstanceState::Pending => *total -= i64::from(n),
-        }
-    }
-    found
-        .into_iter()
-        .map(|(id, (tasks, total, mut counts))| {
-            counts.not_created = to_u32((tasks - total).max(0), "task count")?;
-            Ok((id, counts))
-        })
-        .collect()
-}
-
-pub(crate) async fn get_instance(
-    store: &SqlStore,
-    id: InstanceId,
-) -> Result<Option<InstanceRecord>> {
-    let mut c = store.pool.acquire().await?;
-    instance_by_id(&mut c, id).await
-}
-
-pub(crate) async fn list_instances(store: &SqlStore, run: RunId) -> Result<Vec<InstanceRecord>> {
-    let sql = format!(
-        "{} WHERE ti.run_id = ? ORDER BY ti.id",
-        rows::INSTANCE_SELECT
-    );
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(run.0)
-        .fetch_all(&store.pool)
-        .await?;
-    rows.iter().map(rows::instance).collect()
-}
-
-pub(crate) async fn list_attempts(store: &SqlStore, id: InstanceId) -> Result<Vec<AttemptRecord>> {
-    let sql = format!(
-        "{} WHERE instance_id = ? ORDER BY attempt",
-        rows::ATTEMPT_SELECT
-    );
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(id.0)
-        .fetch_all(&store.pool)
-        .await?;
-    rows.iter().map(rows::attempt).collect()
-}
-
-pub(crate) async fn list_run_attempts(store: &SqlStore, run: RunId) -> Result<Vec<AttemptRecord>> {
-    // The instances' (run_id, …) index finds the run's instances; each one's attempts are a
-    // range of the attempt table's primary key.
-    let sql = format!(
-        "{} WHERE instance_id IN (SELECT id FROM task_instance WHERE run_id = ?) \
-         ORDER BY instance_id, attempt",
-        rows::ATTEMPT_SELECT
-    );
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(run.0)
-        .fetch_all(&store.pool)
-        .await?;
-    rows.iter().map(rows::attempt).collect()
-}
-
-pub(crate) async fn runs_near(
-    store: &SqlStore,
-    workflow_id: WorkflowId,
-    at: Millis,
-) -> Result<Vec<RunRecord>> {
-    let mut runs = Vec::with_capacity(2);
-    // The nearest logical time on each side first (an index's edge), then the run at it. In
-    // one statement, MariaDB sorts every run of the workflow for `ORDER BY logical_time, id`
-    // over the (workflow_id, logical_time, state) index, and SQLite walks all of them when
-    // no run lies on that side.
-    for (nearest, order) in [("MAX", "DESC"), ("MIN", "ASC")] {
-        let side = if nearest == "MAX" { "<=" } else { ">" };
-        let edge: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT {nearest}(logical_time) FROM run WHERE workflow_id = ? AND logical_time {side} ?"
-        )))
-        .bind(workflow_id.0)
-        .bind(at)
-        .fetch_one(&store.pool)
-        .await?;
-        let Some(edge) = edge else { continue };
-        let sql = format!(
-            "{} WHERE r.workflow_id = ? AND r.logical_time = ? ORDER BY r.id {order} LIMIT 1",
-            rows::RUN_SELECT
-        );
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(workflow_id.0)
-            .bind(edge)
-            .fetch_optional(&store.pool)
-            .await?;
-        if let Some(row) = row {
-            runs.push(rows::run(&row)?);
-        }
-    }
-    Ok(runs)
-}
-
-pub(crate) async fn unfinished_runs(
-    store: &SqlStore,
-    workflow_id: WorkflowId,
-    limit: u32,
-) -> Result<Vec<RunRecord>> {
-    let sql = format!(
-        "{} WHERE r.workflow_id = ? AND r.state IN ('RUNNING', 'QUEUED') ORDER BY r.id LIMIT ?",
-        rows::RUN_SELECT
-    );
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(workflow_id.0)
-        .bind(i64::from(limit))
-        .fetch_all(&store.pool)
-        .await?;
     rows.iter().map(rows::run).collect()
 }

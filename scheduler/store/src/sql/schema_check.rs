@@ -5,7 +5,7 @@
 
 use sqlx::Row;
 
-use super::SqlStore;
+use super::Store;
 use crate::{Result, StoreError};
 
 /// A unique key ax relies on: its table, its columns in order, and what it guarantees.
@@ -59,7 +59,7 @@ const REQUIRED_KEYS: [RequiredKey; 8] = [
 ];
 
 /// Refuses a server that does not take writes: a read replica, or a primary set read-only.
-pub(crate) async fn refuse_read_only(store: &SqlStore) -> Result<()> {
+pub(crate) async fn refuse_read_only(store: &Store) -> Result<()> {
     let row = sqlx::query("SELECT @@global.read_only AS read_only")
         .fetch_one(&store.pool)
         .await?;
@@ -83,7 +83,7 @@ const MIGRATION_WAIT_S: i64 = 600;
 /// at once with NULL, so without this lock two nodes apply migration 1 side by side and one of
 /// them finds it "partially applied".
 pub(crate) async fn migrate_alone(
-    store: &SqlStore,
+    store: &Store,
     migrations: &[(i64, &'static str, &'static str)],
 ) -> Result<()> {
     let mut holder = store.pool.acquire().await?;
@@ -115,7 +115,7 @@ pub(crate) async fn migrate_alone(
 
 /// Refuses a database that lacks one of [`REQUIRED_KEYS`] (as a primary or unique key on
 /// exactly those columns, whatever its name).
-pub(crate) async fn require_unique_keys(store: &SqlStore) -> Result<()> {
+pub(crate) async fn require_unique_keys(store: &Store) -> Result<()> {
     let rows = sqlx::query(
         "SELECT TABLE_NAME AS table_name, INDEX_NAME AS index_name, \
          GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX SEPARATOR ',') AS columns \

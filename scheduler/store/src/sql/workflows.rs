@@ -18,7 +18,7 @@ use sqlx::{AnyConnection, Row};
 use super::ids::IdKind;
 use super::queue;
 use super::rows::{self, corrupt, to_json, to_u32};
-use super::{INSERT_CHUNK, SqlStore, db_errors, values_rows, write_tx};
+use super::{INSERT_CHUNK, Store, db_errors, values_rows, write_tx};
 use crate::{ApplyOutcome, DueSchedule, Result, WorkflowHead, WorkflowRecord};
 
 async fn workflow_by_name(c: &mut AnyConnection, name: &str) -> Result<Option<WorkflowRecord>> {
@@ -38,7 +38,7 @@ fn spec_value(spec: &WorkflowSpec) -> Result<serde_json::Value> {
 }
 
 async fn apply_workflow_tx(
-    store: &SqlStore,
+    store: &Store,
     c: &mut AnyConnection,
     spec: &WorkflowSpec,
     source: &str,
@@ -144,7 +144,11 @@ async fn apply_workflow_tx(
                 .bind(version)
                 .bind(task.name.as_str())
                 .bind(command)
-                .bind(i64::try_from(task.timeout_ms).unwrap_or(i64::MAX))
+                // The column holds 0 for no timeout.
+                .bind(
+                    task.timeout_ms
+                        .map_or(0, |ms| i64::try_from(ms.get()).unwrap_or(i64::MAX)),
+                )
                 .bind(i64::from(task.retries))
                 .bind(i64::try_from(task.retry_backoff_ms).unwrap_or(i64::MAX))
                 .bind(i64::from(task.priority))
@@ -207,235 +211,246 @@ async fn apply_workflow_tx(
     Ok((record, outcome))
 }
 
-pub(crate) async fn apply_workflow(
-    store: &SqlStore,
-    spec: &WorkflowSpec,
-    source: &str,
-    next_fire_at: Option<Millis>,
-    now: Millis,
-) -> Result<(WorkflowRecord, ApplyOutcome)> {
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        let result = write_tx!(store, |c| apply_workflow_tx(
-            store,
-            c,
-            spec,
-            source,
-            next_fire_at,
-            now
-        ));
-        match result {
-            // Two nodes created the same new workflow at once: the loser applies again and
-            // finds the winner's version.
-            Err(crate::StoreError::Database(err))
-                if db_errors::is_unique_violation(&err) && tries < 3 =>
-            {
-                continue;
+impl Store {
+    /// Stores `spec` as the workflow's next version unless it equals the latest one.
+    /// `next_fire_at` is the schedule's next cron fire (None when not cron-triggered); it is
+    /// stored only when the version changes or the workflow is new.
+    /// Writes the version, its task definitions and dependency edges, and the schedule plan in
+    /// one transaction.
+    pub async fn apply_workflow(
+        &self,
+        spec: &WorkflowSpec,
+        source: &str,
+        next_fire_at: Option<Millis>,
+        now: Millis,
+    ) -> Result<(WorkflowRecord, ApplyOutcome)> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let result = write_tx!(self, |c| apply_workflow_tx(
+                self,
+                c,
+                spec,
+                source,
+                next_fire_at,
+                now
+            ));
+            match result {
+                // Two nodes created the same new workflow at once: the loser applies again and
+                // finds the winner's version.
+                Err(crate::StoreError::Database(err))
+                    if db_errors::is_unique_violation(&err) && tries < 3 =>
+                {
+                    continue;
+                }
+                other => return other,
             }
-            other => return other,
         }
     }
-}
 
-pub(crate) async fn get_workflow(store: &SqlStore, name: &str) -> Result<Option<WorkflowRecord>> {
-    let mut c = store.pool.acquire().await?;
-    workflow_by_name(&mut c, name).await
-}
-
-pub(crate) async fn latest_version(
-    store: &SqlStore,
-    name: &str,
-) -> Result<Option<(WorkflowId, u32)>> {
-    let row = sqlx::query("SELECT id, latest_version FROM workflow WHERE name = ?")
-        .bind(name)
-        .fetch_optional(&store.pool)
-        .await?;
-    row.map(|row| {
-        Ok((
-            WorkflowId(row.try_get("id")?),
-            to_u32(row.try_get("latest_version")?, "workflow version")?,
-        ))
-    })
-    .transpose()
-}
-
-pub(crate) async fn get_workflow_version(
-    store: &SqlStore,
-    id: WorkflowId,
-    version: u32,
-) -> Result<Option<WorkflowRecord>> {
-    let sql = format!("{} WHERE w.id = ? AND v.version = ?", rows::WORKFLOW_SELECT);
-    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(id.0)
-        .bind(i64::from(version))
-        .fetch_optional(&store.pool)
-        .await?;
-    row.as_ref().map(rows::workflow).transpose()
-}
-
-pub(crate) async fn list_workflows(
-    store: &SqlStore,
-    app: Option<&str>,
-) -> Result<Vec<WorkflowRecord>> {
-    let mut sql = format!("{} AND v.version = w.latest_version", rows::WORKFLOW_SELECT);
-    if app.is_some() {
-        sql.push_str(" WHERE w.app = ?");
+    /// The latest version.
+    pub async fn get_workflow(&self, name: &str) -> Result<Option<WorkflowRecord>> {
+        let mut c = self.pool.acquire().await?;
+        workflow_by_name(&mut c, name).await
     }
-    sql.push_str(" ORDER BY w.name");
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    if let Some(app) = app {
-        query = query.bind(app);
-    }
-    query
-        .fetch_all(&store.pool)
-        .await?
-        .iter()
-        .map(rows::workflow)
-        .collect()
-}
 
-pub(crate) async fn list_workflow_heads(
-    store: &SqlStore,
-    app: Option<&str>,
-) -> Result<Vec<WorkflowHead>> {
-    let mut sql = String::from(
-        "SELECT id, name, latest_version, paused, created_at, updated_at FROM workflow",
-    );
-    if app.is_some() {
-        sql.push_str(" WHERE app = ?");
-    }
-    sql.push_str(" ORDER BY name");
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    if let Some(app) = app {
-        query = query.bind(app);
-    }
-    query
-        .fetch_all(&store.pool)
-        .await?
-        .iter()
-        .map(|row| {
-            Ok(WorkflowHead {
-                id: WorkflowId(row.try_get("id")?),
-                name: row.try_get("name")?,
-                version: to_u32(row.try_get("latest_version")?, "workflow version")?,
-                paused: row.try_get::<i64, _>("paused")? != 0,
-                created_at: row.try_get("created_at")?,
-                updated_at: row.try_get("updated_at")?,
-            })
-        })
-        .collect()
-}
-
-pub(crate) async fn set_paused(
-    store: &SqlStore,
-    name: &str,
-    paused: bool,
-    next_fire_at: Option<Millis>,
-    now: Millis,
-) -> Result<Option<WorkflowRecord>> {
-    write_tx!(store, |c| async move {
-        let row = sqlx::query("SELECT id FROM workflow WHERE name = ?")
+    /// The id and latest version number of the workflow called `name`, without its spec: one
+    /// light read for callers that cache versions (a version never changes once stored).
+    pub async fn latest_version(&self, name: &str) -> Result<Option<(WorkflowId, u32)>> {
+        let row = sqlx::query("SELECT id, latest_version FROM workflow WHERE name = ?")
             .bind(name)
-            .fetch_optional(&mut *c)
+            .fetch_optional(&self.pool)
             .await?;
-        let Some(row) = row else { return Ok(None) };
-        let id: i64 = row.try_get("id")?;
-        sqlx::query("UPDATE workflow SET paused = ?, updated_at = ? WHERE id = ?")
-            .bind(i64::from(paused))
-            .bind(now)
-            .bind(id)
-            .execute(&mut *c)
-            .await?;
-        if paused {
-            sqlx::query(
-                "UPDATE schedule_plan SET paused = 1, updated_at = ? WHERE workflow_id = ?",
-            )
-            .bind(now)
-            .bind(id)
-            .execute(&mut *c)
-            .await?;
-        } else {
-            sqlx::query(
-                "UPDATE schedule_plan SET paused = 0, next_fire_at = ?, updated_at = ? \
-                 WHERE workflow_id = ?",
-            )
-            .bind(next_fire_at)
-            .bind(now)
-            .bind(id)
-            .execute(&mut *c)
-            .await?;
-        }
-        workflow_by_name(c, name).await
-    })
-}
-
-pub(crate) async fn due_schedules(
-    store: &SqlStore,
-    now: Millis,
-    limit: u32,
-) -> Result<Vec<DueSchedule>> {
-    let rows = sqlx::query(
-        "SELECT sp.workflow_id, w.name, w.latest_version, sp.cron, sp.timezone, \
-         sp.next_fire_at FROM schedule_plan sp JOIN workflow w ON w.id = sp.workflow_id \
-         WHERE sp.paused = 0 AND sp.next_fire_at <= ? AND sp.trigger_type = 'cron' \
-         AND sp.cron IS NOT NULL ORDER BY sp.next_fire_at, sp.workflow_id LIMIT ?",
-    )
-    .bind(now)
-    .bind(i64::from(limit))
-    .fetch_all(&store.pool)
-    .await?;
-    rows.iter()
-        .map(|row| {
-            Ok(DueSchedule {
-                workflow_id: WorkflowId(row.try_get("workflow_id")?),
-                workflow: row.try_get("name")?,
-                workflow_version: to_u32(row.try_get("latest_version")?, "version")?,
-                cron: row
-                    .try_get::<Option<String>, _>("cron")?
-                    .unwrap_or_default(),
-                timezone: row.try_get("timezone")?,
-                next_fire_at: row.try_get("next_fire_at")?,
-            })
+        row.map(|row| {
+            Ok((
+                WorkflowId(row.try_get("id")?),
+                to_u32(row.try_get("latest_version")?, "workflow version")?,
+            ))
         })
-        .collect()
-}
-
-pub(crate) async fn advance_schedules(
-    store: &SqlStore,
-    moves: &[(WorkflowId, Millis, Millis)],
-) -> Result<Vec<bool>> {
-    if moves.is_empty() {
-        return Ok(Vec::new());
+        .transpose()
     }
-    write_tx!(store, |c| async move {
-        let mut won = Vec::with_capacity(moves.len());
-        for (workflow_id, from, to) in moves {
-            let done = sqlx::query(
-                "UPDATE schedule_plan SET next_fire_at = ? \
-                 WHERE workflow_id = ? AND next_fire_at = ?",
-            )
-            .bind(*to)
-            .bind(workflow_id.0)
-            .bind(*from)
-            .execute(&mut *c)
-            .await?;
-            won.push(done.rows_affected() == 1);
-        }
-        Ok(won)
-    })
-}
 
-pub(crate) async fn schedule_next_fire(
-    store: &SqlStore,
-    workflow_id: WorkflowId,
-) -> Result<Option<Millis>> {
-    let row = sqlx::query("SELECT next_fire_at FROM schedule_plan WHERE workflow_id = ?")
-        .bind(workflow_id.0)
-        .fetch_optional(&store.pool)
+    pub async fn get_workflow_version(
+        &self,
+        id: WorkflowId,
+        version: u32,
+    ) -> Result<Option<WorkflowRecord>> {
+        let sql = format!("{} WHERE w.id = ? AND v.version = ?", rows::WORKFLOW_SELECT);
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.0)
+            .bind(i64::from(version))
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(rows::workflow).transpose()
+    }
+
+    pub async fn list_workflows(&self, app: Option<&str>) -> Result<Vec<WorkflowRecord>> {
+        let mut sql = format!("{} AND v.version = w.latest_version", rows::WORKFLOW_SELECT);
+        if app.is_some() {
+            sql.push_str(" WHERE w.app = ?");
+        }
+        sql.push_str(" ORDER BY w.name");
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        if let Some(app) = app {
+            query = query.bind(app);
+        }
+        query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(rows::workflow)
+            .collect()
+    }
+
+    /// [`Store::list_workflows`] without the specs and sources, by name: one row per workflow,
+    /// however large its definition.
+    pub async fn list_workflow_heads(&self, app: Option<&str>) -> Result<Vec<WorkflowHead>> {
+        let mut sql = String::from(
+            "SELECT id, name, latest_version, paused, created_at, updated_at FROM workflow",
+        );
+        if app.is_some() {
+            sql.push_str(" WHERE app = ?");
+        }
+        sql.push_str(" ORDER BY name");
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        if let Some(app) = app {
+            query = query.bind(app);
+        }
+        query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(WorkflowHead {
+                    id: WorkflowId(row.try_get("id")?),
+                    name: row.try_get("name")?,
+                    version: to_u32(row.try_get("latest_version")?, "workflow version")?,
+                    paused: row.try_get::<i64, _>("paused")? != 0,
+                    created_at: row.try_get("created_at")?,
+                    updated_at: row.try_get("updated_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Pauses or resumes a workflow's schedule. On resume `next_fire_at` replaces the stored one.
+    pub async fn set_paused(
+        &self,
+        name: &str,
+        paused: bool,
+        next_fire_at: Option<Millis>,
+        now: Millis,
+    ) -> Result<Option<WorkflowRecord>> {
+        write_tx!(self, |c| async move {
+            let row = sqlx::query("SELECT id FROM workflow WHERE name = ?")
+                .bind(name)
+                .fetch_optional(&mut *c)
+                .await?;
+            let Some(row) = row else { return Ok(None) };
+            let id: i64 = row.try_get("id")?;
+            sqlx::query("UPDATE workflow SET paused = ?, updated_at = ? WHERE id = ?")
+                .bind(i64::from(paused))
+                .bind(now)
+                .bind(id)
+                .execute(&mut *c)
+                .await?;
+            if paused {
+                sqlx::query(
+                    "UPDATE schedule_plan SET paused = 1, updated_at = ? WHERE workflow_id = ?",
+                )
+                .bind(now)
+                .bind(id)
+                .execute(&mut *c)
+                .await?;
+            } else {
+                sqlx::query(
+                    "UPDATE schedule_plan SET paused = 0, next_fire_at = ?, updated_at = ? \
+                     WHERE workflow_id = ?",
+                )
+                .bind(next_fire_at)
+                .bind(now)
+                .bind(id)
+                .execute(&mut *c)
+                .await?;
+            }
+            workflow_by_name(c, name).await
+        })
+    }
+
+    pub async fn due_schedules(&self, now: Millis, limit: u32) -> Result<Vec<DueSchedule>> {
+        let rows = sqlx::query(
+            "SELECT sp.workflow_id, w.name, w.latest_version, sp.cron, sp.timezone, \
+             sp.next_fire_at FROM schedule_plan sp JOIN workflow w ON w.id = sp.workflow_id \
+             WHERE sp.paused = 0 AND sp.next_fire_at <= ? AND sp.trigger_type = 'cron' \
+             AND sp.cron IS NOT NULL ORDER BY sp.next_fire_at, sp.workflow_id LIMIT ?",
+        )
+        .bind(now)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
         .await?;
-    Ok(match row {
-        Some(row) => row.try_get("next_fire_at")?,
-        None => None,
-    })
+        rows.iter()
+            .map(|row| {
+                Ok(DueSchedule {
+                    workflow_id: WorkflowId(row.try_get("workflow_id")?),
+                    workflow: row.try_get("name")?,
+                    workflow_version: to_u32(row.try_get("latest_version")?, "version")?,
+                    cron: row
+                        .try_get::<Option<String>, _>("cron")?
+                        .unwrap_or_default(),
+                    timezone: row.try_get("timezone")?,
+                    next_fire_at: row.try_get("next_fire_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Moves a schedule's next fire time from `from` to `to`; false if someone else did.
+    pub async fn advance_schedule(
+        &self,
+        workflow_id: WorkflowId,
+        from: Millis,
+        to: Millis,
+    ) -> Result<bool> {
+        let won = self.advance_schedules(&[(workflow_id, from, to)]).await?;
+        Ok(won.first().copied().unwrap_or(false))
+    }
+
+    /// `advance_schedule` for several schedules (workflow, from, to) in one transaction; says for
+    /// each whether this call moved it.
+    pub async fn advance_schedules(
+        &self,
+        moves: &[(WorkflowId, Millis, Millis)],
+    ) -> Result<Vec<bool>> {
+        if moves.is_empty() {
+            return Ok(Vec::new());
+        }
+        write_tx!(self, |c| async move {
+            let mut won = Vec::with_capacity(moves.len());
+            for (workflow_id, from, to) in moves {
+                let done = sqlx::query(
+                    "UPDATE schedule_plan SET next_fire_at = ? \
+                     WHERE workflow_id = ? AND next_fire_at = ?",
+                )
+                .bind(*to)
+                .bind(workflow_id.0)
+                .bind(*from)
+                .execute(&mut *c)
+                .await?;
+                won.push(done.rows_affected() == 1);
+            }
+            Ok(won)
+        })
+    }
+
+    /// The schedule's stored next fire time (kept while paused); `None` without a schedule.
+    pub async fn schedule_next_fire(&self, workflow_id: WorkflowId) -> Result<Option<Millis>> {
+        let row = sqlx::query("SELECT next_fire_at FROM schedule_plan WHERE workflow_id = ?")
+            .bind(workflow_id.0)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(row) => row.try_get("next_fire_at")?,
+            None => None,
+        })
+    }
 }

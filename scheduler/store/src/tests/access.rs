@@ -3,6 +3,9 @@
 //! the secrets stored before apps existed become global. Runs on SQLite and MySQL through the
 //! suite's `conformance!` macro.
 
+use super::support::*;
+use crate::*;
+
 conformance!(
     tokens_are_found_by_hash_unique_by_name_and_revoked_once,
     secrets_are_replaced_in_place_and_deleted_by_app_and_name,
@@ -11,7 +14,7 @@ conformance!(
 );
 
 mod scenarios {
-    use super::super::*;
+    use super::*;
     use ax_core::access::Role;
 
     fn new_token(name: &str, role: Role, hash: &str) -> NewToken {

@@ -1,8 +1,14 @@
-//! The cost of one dependency advance, counted in statements (`SqlStore::report_statements`):
+//! The cost of one dependency advance, counted in statements (`Store::report_statements`):
 //! finishing an instance with the same direct downstream costs the same in a 10-task and a
 //! 10,000-task workflow, and with 1 or 50 earlier runs in the store; a task's downstream tasks
 //! are read the first time it finishes, and never again. Runs on SQLite and MySQL through the
 //! suite's `conformance!` macro.
+
+use ax_core::ids::RunId;
+use ax_core::spec::{ScheduleSpec, TaskSpec, WorkflowSpec};
+
+use super::support::*;
+use crate::*;
 
 conformance!(
     one_advance_costs_the_same_statements_in_ten_and_ten_thousand_tasks,
@@ -10,7 +16,7 @@ conformance!(
 );
 
 mod scenarios {
-    use super::super::*;
+    use super::*;
 
     /// Tasks of the local shape every scenario finishes `a` in: `a` and `x` are roots, `b`
     /// waits for `a` alone (ready when `a` succeeds) and `c` for `a` and `x` (not ready yet).
@@ -52,7 +58,7 @@ mod scenarios {
         }
     }
 
-    async fn start(s: &dyn Store, wf: &WorkflowRecord) -> RunId {
+    async fn start(s: &Store, wf: &WorkflowRecord) -> RunId {
         let (run, created) = s.create_run(&manual(wf)).await.expect("create run");
         assert!(created);
         run.id

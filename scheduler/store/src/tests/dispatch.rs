@@ -1,6 +1,15 @@
 //! Conformance scenarios for concurrency limits, sharded broadcast and once-only decisions
 //! (`sql/dispatch.rs`, `sql/decisions.rs`), on SQLite and MySQL like the rest of the suite.
 
+use ax_core::decision::DecisionKind;
+use ax_core::ids::{Attempt, InstanceId};
+use ax_core::run::RunState;
+use ax_core::spec::WorkflowSpec;
+use ax_core::state::{InstanceState, Outcome};
+
+use super::support::*;
+use crate::*;
+
 conformance!(
     limits_are_never_exceeded_under_concurrent_claims_from_two_nodes,
     a_full_limit_refuses_its_claim_and_lets_the_next_one_go,
@@ -17,9 +26,9 @@ mod scenarios {
     use ax_core::limits::Limit;
     use ax_core::spec::Routing;
 
-    use super::super::*;
+    use super::*;
 
-    async fn start_run(s: &dyn Store, wf: &WorkflowRecord) -> RunRecord {
+    async fn start_run(s: &Store, wf: &WorkflowRecord) -> RunRecord {
         s.create_run(&manual(wf)).await.expect("create run").0
     }
 
@@ -62,7 +71,7 @@ mod scenarios {
         }
     }
 
-    async fn usage(s: &dyn Store, scope: &str) -> u32 {
+    async fn usage(s: &Store, scope: &str) -> u32 {
         s.limit_usage(&[scope.to_string()])
             .await
             .unwrap()
@@ -72,7 +81,7 @@ mod scenarios {
     }
 
     /// `n` runs of a one-task workflow: their WAITING instances.
-    async fn waiting_instances(s: &dyn Store, name: &str, n: usize) -> Vec<InstanceRecord> {
+    async fn waiting_instances(s: &Store, name: &str, n: usize) -> Vec<InstanceRecord> {
         let wf = apply(s, &spec(name, vec![task("t", &[])])).await;
         let mut out = Vec::new();
         for _ in 0..n {
@@ -83,7 +92,7 @@ mod scenarios {
     }
 
     pub(super) async fn limits_are_never_exceeded_under_concurrent_claims_from_two_nodes(ctx: Ctx) {
-        let other: Arc<dyn Store> = ctx.second_store().await;
+        let other: Arc<Store> = ctx.second_store().await;
         let a = waiting_instances(ctx.s(), "wf-a", 8).await;
         let b = waiting_instances(ctx.s(), "wf-b", 8).await;
         // Task a: limit 2; task b: limit 5; both in pool p: limit 3.
@@ -91,7 +100,7 @@ mod scenarios {
         let limits_b = vec![limit("pool:p", 3), limit("task:b", 5)];
         let mut handles = Vec::new();
         for (i, inst) in a.iter().chain(&b).enumerate() {
-            let store: Arc<dyn Store> = if i % 2 == 0 {
+            let store: Arc<Store> = if i % 2 == 0 {
                 ctx.store.clone()
             } else {
                 other.clone()
@@ -290,7 +299,7 @@ mod scenarios {
     }
 
     async fn fanned_out(
-        s: &dyn Store,
+        s: &Store,
         name: &str,
         retries: u32,
     ) -> (RunRecord, InstanceId, Vec<WaitingInstance>) {
@@ -346,11 +355,7 @@ mod scenarios {
         (run, parent.id, shards)
     }
 
-    async fn run_shard(
-        s: &dyn Store,
-        shard: &WaitingInstance,
-        outcome: Outcome,
-    ) -> Vec<ReportResult> {
+    async fn run_shard(s: &Store, shard: &WaitingInstance, outcome: Outcome) -> Vec<ReportResult> {
         let info = shard.shard.as_ref().unwrap();
         let id = shard.instance.id;
         let attempt = shard.instance.attempt.0;

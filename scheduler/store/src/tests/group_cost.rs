@@ -2,13 +2,21 @@
 //! trigger audit rows, costs what creating one does, and one report batch that ends 64 runs costs what ending one does.
 //! Runs on SQLite and MySQL through the suite's `conformance!` macro.
 
+use std::collections::{BTreeMap, BTreeSet};
+
+use ax_core::ids::RunId;
+use ax_core::run::RunState;
+
+use super::support::*;
+use crate::*;
+
 conformance!(
     a_group_of_sixty_four_runs_costs_the_statements_of_one,
     ending_sixty_four_runs_in_one_batch_costs_the_statements_of_one,
 );
 
 mod scenarios {
-    use super::super::*;
+    use super::*;
 
     /// 64: one multi-row statement per table, as for a single row (`pow2_chunks`).
     const GROUP: usize = 64;
@@ -71,7 +79,7 @@ mod scenarios {
     }
 
     /// Dispatches and starts the one instance of each run; returns its Finished report.
-    async fn start_all(s: &dyn Store, runs: &[RunRecord]) -> Vec<Report> {
+    async fn start_all(s: &Store, runs: &[RunRecord]) -> Vec<Report> {
         let mut finished = Vec::new();
         for run in runs {
             let instance = s.list_instances(run.id).await.expect("instances").remove(0);

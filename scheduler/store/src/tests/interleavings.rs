@@ -58,7 +58,7 @@ mod scenarios {
     }
 
     /// Dispatches and starts the instance on `worker`.
-    pub(super) async fn start(s: &dyn Store, id: InstanceId, attempt: Attempt, worker: &str) {
+    pub(super) async fn start(s: &Store, id: InstanceId, attempt: Attempt, worker: &str) {
         assert_eq!(
             s.mark_dispatched(&[claim(id, attempt, worker)])
                 .await
@@ -71,18 +71,18 @@ mod scenarios {
     }
 
     /// Runs the instance to `outcome`.
-    pub(super) async fn run_to(s: &dyn Store, id: InstanceId, attempt: Attempt, outcome: Outcome) {
+    pub(super) async fn run_to(s: &Store, id: InstanceId, attempt: Attempt, outcome: Outcome) {
         start(s, id, attempt, "w1").await;
         s.apply_reports(&[finished(id, attempt, outcome)], T0)
             .await
             .unwrap();
     }
 
-    pub(super) async fn instance(s: &dyn Store, id: InstanceId) -> InstanceRecord {
+    pub(super) async fn instance(s: &Store, id: InstanceId) -> InstanceRecord {
         s.get_instance(id).await.unwrap().unwrap()
     }
 
-    pub(super) async fn run_state(s: &dyn Store, id: RunId) -> RunState {
+    pub(super) async fn run_state(s: &Store, id: RunId) -> RunState {
         s.get_run(id).await.unwrap().unwrap().state
     }
 
@@ -91,8 +91,8 @@ mod scenarios {
     pub(super) async fn a_run_ending_while_another_is_queued_never_strands_the_queued_run(
         ctx: Ctx,
     ) {
-        let a: Arc<dyn Store> = ctx.store.clone();
-        let b: Arc<dyn Store> = ctx.second_store().await;
+        let a: Arc<Store> = ctx.store.clone();
+        let b: Arc<Store> = ctx.second_store().await;
         let mut capped = spec("capped", vec![task("t", &[])]);
         capped.schedule.max_active_runs = 1;
         let wf = apply(a.as_ref(), &capped).await;
@@ -138,7 +138,7 @@ mod scenarios {
         spec(name, vec![task("a", &[]), s, task("d", &["s"])])
     }
 
-    pub(super) async fn by_task(s: &dyn Store, run: RunId, name: &str) -> InstanceRecord {
+    pub(super) async fn by_task(s: &Store, run: RunId, name: &str) -> InstanceRecord {
         s.list_instances(run)
             .await
             .unwrap()
@@ -148,7 +148,7 @@ mod scenarios {
     }
 
     /// The WAITING shards of `parent`, by shard index.
-    pub(super) async fn shards_of(s: &dyn Store, parent: InstanceId) -> Vec<WaitingInstance> {
+    pub(super) async fn shards_of(s: &Store, parent: InstanceId) -> Vec<WaitingInstance> {
         let mut shards: Vec<WaitingInstance> = s
             .waiting(T0 + 1_000_000, 1000)
             .await
@@ -162,7 +162,7 @@ mod scenarios {
 
     /// Fans the parent out to three workers; returns its shards.
     pub(super) async fn fan_out(
-        s: &dyn Store,
+        s: &Store,
         parent: InstanceId,
         attempt: Attempt,
     ) -> Vec<WaitingInstance> {
@@ -173,7 +173,7 @@ mod scenarios {
         shards
     }
 
-    pub(super) async fn run_shard(s: &dyn Store, shard: &WaitingInstance, outcome: Outcome) {
+    pub(super) async fn run_shard(s: &Store, shard: &WaitingInstance, outcome: Outcome) {
         let worker = shard.shard.as_ref().unwrap().worker.clone();
         let (id, attempt) = (shard.instance.id, shard.instance.attempt);
         start(s, id, attempt, &worker).await;
@@ -184,7 +184,7 @@ mod scenarios {
 
     /// A run of `sharded` through `a` and a fan-out of `s`: (run, s's instance, its shards).
     pub(super) async fn sharded_run(
-        s: &dyn Store,
+        s: &Store,
         wf: &WorkflowRecord,
     ) -> (RunId, InstanceId, Vec<WaitingInstance>) {
         let run = s.create_run(&manual(wf)).await.unwrap().0.id;
@@ -307,8 +307,8 @@ mod scenarios {
     /// Finding 3: node B claims a run's instances while node A cancels the run. Whatever the
     /// interleaving, no instance stays DISPATCHED, and every claim that won is in the kill list.
     pub(super) async fn a_claim_racing_cancel_run_is_cancelled_and_its_worker_told(ctx: Ctx) {
-        let a: Arc<dyn Store> = ctx.store.clone();
-        let b: Arc<dyn Store> = ctx.second_store().await;
+        let a: Arc<Store> = ctx.store.clone();
+        let b: Arc<Store> = ctx.second_store().await;
         let tasks = (0..8).map(|i| task(&format!("t{i}"), &[])).collect();
         let wf = apply(a.as_ref(), &spec("wide", tasks)).await;
         for round in 0..30 {
@@ -366,8 +366,8 @@ mod scenarios {
     /// A batch of Started reports takes no run lock: a cancel of one instance must still win
     /// over a start that lands between its read and its update, and tell the worker.
     pub(super) async fn a_start_racing_cancel_instance_is_cancelled_and_its_worker_told(ctx: Ctx) {
-        let a: Arc<dyn Store> = ctx.store.clone();
-        let b: Arc<dyn Store> = ctx.second_store().await;
+        let a: Arc<Store> = ctx.store.clone();
+        let b: Arc<Store> = ctx.second_store().await;
         let tasks = (0..8).map(|i| task(&format!("t{i}"), &[])).collect();
         let wf = apply(a.as_ref(), &spec("wide", tasks)).await;
         for round in 0..30 {

@@ -3,6 +3,13 @@
 //! as a claim leaves it, and goes on like any dispatched attempt; what is not placed is WAITING;
 //! an instance that existed already (a rerun's pending task) is woken, never placed twice.
 
+use ax_core::ids::{Attempt, InstanceId};
+use ax_core::run::RunState;
+use ax_core::state::InstanceState;
+
+use super::support::*;
+use crate::*;
+
 conformance!(
     placed_roots_are_created_dispatched_with_their_attempt,
     an_advance_places_the_tasks_it_makes_ready,
@@ -10,7 +17,7 @@ conformance!(
 );
 
 mod scenarios {
-    use super::super::*;
+    use super::*;
 
     /// Places the tasks named in `take` on worker `w1`, and remembers what it was offered.
     struct TakeNamed {

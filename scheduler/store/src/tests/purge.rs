@@ -26,7 +26,7 @@ mod scenarios {
     /// Runs `task` of `run` (first attempt) to `outcome`, ending at `at`, with `lines` log
     /// lines and a decision about the instance; returns the instance.
     async fn run_task_at(
-        s: &dyn Store,
+        s: &Store,
         run: RunId,
         task: &str,
         outcome: Outcome,
@@ -92,7 +92,7 @@ mod scenarios {
     }
 
     /// Every step of a purge pass, summed.
-    async fn pass(s: &dyn Store, first: PurgeStep) -> (PurgeCounts, u32) {
+    async fn pass(s: &Store, first: PurgeStep) -> (PurgeCounts, u32) {
         let (mut total, mut steps) = (PurgeCounts::default(), 0);
         let mut next = first;
         loop {
@@ -108,7 +108,7 @@ mod scenarios {
     }
 
     /// What a store holds of one run: the run, its instances, their attempts and log lines.
-    async fn rows_of(s: &dyn Store, run: RunId) -> (bool, usize, usize, usize) {
+    async fn rows_of(s: &Store, run: RunId) -> (bool, usize, usize, usize) {
         let exists = s.get_run(run).await.unwrap().is_some();
         let instances = s.list_instances(run).await.unwrap();
         let mut attempts = 0;

@@ -56,7 +56,7 @@ mod scenarios {
         }
     }
 
-    async fn create(s: &dyn Store, run: &NewRun) -> RunRecord {
+    async fn create(s: &Store, run: &NewRun) -> RunRecord {
         let (run, created) = s.create_run(run).await.unwrap();
         assert!(created);
         // The answer (started or queued) is the run as stored.
@@ -64,12 +64,12 @@ mod scenarios {
         run
     }
 
-    async fn state(s: &dyn Store, id: RunId) -> RunState {
+    async fn state(s: &Store, id: RunId) -> RunState {
         s.get_run(id).await.unwrap().unwrap().state
     }
 
     /// Runs the run's only task to success (dispatch, start, finish).
-    async fn finish(s: &dyn Store, run: RunId) {
+    async fn finish(s: &Store, run: RunId) {
         let inst = s.list_instances(run).await.unwrap().remove(0);
         let claim = DispatchClaim {
             instance_id: inst.id,
@@ -107,7 +107,7 @@ mod scenarios {
         );
     }
 
-    async fn kinds(s: &dyn Store, wf: &WorkflowRecord) -> Vec<(DecisionKind, Option<RunId>)> {
+    async fn kinds(s: &Store, wf: &WorkflowRecord) -> Vec<(DecisionKind, Option<RunId>)> {
         s.list_decisions(wf.id, 0, i64::MAX, 100)
             .await
             .unwrap()
@@ -249,7 +249,7 @@ mod scenarios {
         let barrier = Arc::new(tokio::sync::Barrier::new(12));
         let mut handles = Vec::new();
         for i in 0..12 {
-            let store: Arc<SqlStore> = if i % 2 == 0 {
+            let store: Arc<Store> = if i % 2 == 0 {
                 ctx.store.clone()
             } else {
                 other.clone()
@@ -281,7 +281,7 @@ mod scenarios {
             .collect();
         let ends: Vec<RunId> = running.iter().map(|r| r.id).collect();
         let (a, b) = (ends[0], ends[1]);
-        let s2: &dyn Store = other.as_ref();
+        let s2: &Store = other.as_ref();
         let (x, y) = tokio::join!(finish(s, a), finish(s2, b));
         let _ = (x, y);
         let now_running: Vec<RunId> = s

@@ -1,9 +1,11 @@
 //! What the store's tests share: a fresh store per scenario on SQLite and on MySQL
-//! ([`on_sqlite`], [`on_mysql`], and `conformance!`, which turns a list of scenarios into a test
-//! per backend), and the builders and steps the scenarios are written with (a workflow spec, a
-//! run, a claim and the reports of an attempt).
+//! ([`on_backend`], and `conformance!`, which turns a list of scenarios into a test per backend),
+//! and the builders and steps the scenarios are written with (a workflow spec, a run, a claim
+//! and the reports of an attempt).
 //!
-//! A scenario is an `async fn(Ctx)` written once against `dyn Store`. SQLite gets a fresh file
+//! A scenario is an `async fn(Ctx)` written once against [`Store`]. Every scenario gets its
+//! store from [`on_backend`], and whether the MySQL variants run is decided in one place,
+//! [`mysql_url`]. SQLite gets a fresh file
 //! per test; MySQL a fresh database per test, named uniquely so that tests and test processes
 //! running at once never meet, and dropped afterwards even when the scenario panics (it runs
 //! in a task of its own). Under `CI=true` a missing `AX_TEST_MYSQL_URL` fails the MySQL
@@ -26,18 +28,18 @@ pub(super) const T0: Millis = 1_700_000_000_000;
 /// What a scenario gets: the store, and its url to open a second store on the same database.
 #[derive(Clone)]
 pub(super) struct Ctx {
-    pub(super) store: Arc<SqlStore>,
+    pub(super) store: Arc<Store>,
     pub(super) url: String,
 }
 
 impl Ctx {
-    pub(super) fn s(&self) -> &dyn Store {
+    pub(super) fn s(&self) -> &Store {
         self.store.as_ref()
     }
 
     /// A second store on the scenario's database, as a second scheduler node would open.
-    pub(super) async fn second_store(&self) -> Arc<SqlStore> {
-        Arc::new(SqlStore::connect(&self.url).await.expect("second store"))
+    pub(super) async fn second_store(&self) -> Arc<Store> {
+        Arc::new(Store::connect(&self.url).await.expect("second store"))
     }
 }
 
@@ -61,14 +63,26 @@ where
     tokio::spawn(scenario(ctx)).await
 }
 
-pub(super) async fn on_sqlite<F, Fut>(scenario: F)
+/// Runs `scenario` on a fresh store of `backend`.
+pub(super) async fn on_backend<F, Fut>(backend: Backend, scenario: F)
+where
+    F: FnOnce(Ctx) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    match backend {
+        Backend::Sqlite => on_sqlite(scenario).await,
+        Backend::MySql => on_mysql(scenario).await,
+    }
+}
+
+async fn on_sqlite<F, Fut>(scenario: F)
 where
     F: FnOnce(Ctx) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}/nested/ax.db", dir.path().display());
-    let store = Arc::new(SqlStore::connect(&url).await.expect("open sqlite store"));
+    let store = Arc::new(Store::connect(&url).await.expect("open sqlite store"));
     assert_eq!(store.backend(), Backend::Sqlite);
     let result = run_scenario(
         Ctx {
@@ -94,16 +108,23 @@ pub(super) fn mysql_server_url(url: &str) -> String {
     format!("{scheme}://{host}")
 }
 
-pub(super) async fn on_mysql<F, Fut>(scenario: F)
+/// The MySQL server of the MySQL variants (`AX_TEST_MYSQL_URL`), or `None` when they are
+/// skipped; under `CI=true` a missing url fails instead.
+pub(super) fn mysql_url() -> Option<String> {
+    let url = std::env::var("AX_TEST_MYSQL_URL").ok();
+    assert!(
+        url.is_some() || std::env::var("CI").as_deref() != Ok("true"),
+        "AX_TEST_MYSQL_URL must be set in CI: the MySQL store suite may not be skipped"
+    );
+    url
+}
+
+async fn on_mysql<F, Fut>(scenario: F)
 where
     F: FnOnce(Ctx) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let Ok(url) = std::env::var("AX_TEST_MYSQL_URL") else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "AX_TEST_MYSQL_URL must be set in CI: the MySQL store suite may not be skipped"
-        );
+    let Some(url) = mysql_url() else {
         eprintln!("AX_TEST_MYSQL_URL is not set: skipping the MySQL variant");
         return;
     };
@@ -119,7 +140,7 @@ where
     .await
     .expect("create test database");
     let db_url = format!("{server}/{database}");
-    let opened = SqlStore::connect(&db_url).await;
+    let opened = Store::connect(&db_url).await;
     let result = match opened {
         Ok(store) => {
             let store = Arc::new(store);
@@ -159,7 +180,11 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
-                    $crate::tests::support::on_sqlite(super::scenarios::$name).await;
+                    $crate::tests::support::on_backend(
+                        $crate::Backend::Sqlite,
+                        super::scenarios::$name,
+                    )
+                    .await;
                 }
             )*
         }
@@ -167,7 +192,11 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
-                    $crate::tests::support::on_mysql(super::scenarios::$name).await;
+                    $crate::tests::support::on_backend(
+                        $crate::Backend::MySql,
+                        super::scenarios::$name,
+                    )
+                    .await;
                 }
             )*
         }
@@ -196,7 +225,7 @@ pub(super) fn spec(name: &str, tasks: Vec<TaskSpec>) -> WorkflowSpec {
     }
 }
 
-pub(super) async fn apply(s: &dyn Store, spec: &WorkflowSpec) -> WorkflowRecord {
+pub(super) async fn apply(s: &Store, spec: &WorkflowSpec) -> WorkflowRecord {
     s.apply_workflow(spec, "source", None, T0)
         .await
         .expect("apply")
@@ -234,20 +263,20 @@ pub(super) fn manual(wf: &WorkflowRecord) -> NewRun {
     }
 }
 
-pub(super) async fn start_run(s: &dyn Store, wf: &WorkflowRecord) -> RunRecord {
+pub(super) async fn start_run(s: &Store, wf: &WorkflowRecord) -> RunRecord {
     let (run, created) = s.create_run(&new_run(wf, None)).await.expect("create run");
     assert!(created);
     run
 }
 
-pub(super) async fn instance_of(s: &dyn Store, run: RunId, task: &str) -> Option<InstanceRecord> {
+pub(super) async fn instance_of(s: &Store, run: RunId, task: &str) -> Option<InstanceRecord> {
     let all = s.list_instances(run).await.expect("list instances");
     all.into_iter().find(|i| i.task == task)
 }
 
 /// Claims `instance` for worker `w1` and applies its Started report; returns the Finished
 /// report of its success, for the caller to apply (and measure).
-pub(super) async fn start_on_w1(s: &dyn Store, instance: &InstanceRecord) -> Report {
+pub(super) async fn start_on_w1(s: &Store, instance: &InstanceRecord) -> Report {
     let claim = DispatchClaim {
         instance_id: instance.id,
         attempt: instance.attempt,
@@ -278,7 +307,7 @@ pub(super) async fn start_on_w1(s: &dyn Store, instance: &InstanceRecord) -> Rep
     }
 }
 
-pub(super) async fn tasks_of(s: &dyn Store, run: RunId) -> BTreeSet<String> {
+pub(super) async fn tasks_of(s: &Store, run: RunId) -> BTreeSet<String> {
     let all = s.list_instances(run).await.expect("list instances");
     all.into_iter().map(|i| i.task).collect()
 }
@@ -326,7 +355,7 @@ pub(super) fn applied(result: &ReportResult) -> &Applied {
 }
 
 /// Dispatches and starts the current attempt of `task` in `run`.
-pub(super) async fn launch(s: &dyn Store, run: RunId, task: &str) -> InstanceRecord {
+pub(super) async fn launch(s: &Store, run: RunId, task: &str) -> InstanceRecord {
     let inst = instance_of(s, run, task).await.expect("instance exists");
     assert_eq!(inst.state, InstanceState::Waiting, "{task}");
     let won = s
@@ -343,7 +372,7 @@ pub(super) async fn launch(s: &dyn Store, run: RunId, task: &str) -> InstanceRec
 }
 
 /// Runs `task` to `outcome` and returns what the finish changed.
-pub(super) async fn run_task(s: &dyn Store, run: RunId, task: &str, outcome: Outcome) -> Applied {
+pub(super) async fn run_task(s: &Store, run: RunId, task: &str, outcome: Outcome) -> Applied {
     let inst = launch(s, run, task).await;
     let exit = if outcome == Outcome::Success { 0 } else { 1 };
     let results = s
@@ -356,7 +385,7 @@ pub(super) async fn run_task(s: &dyn Store, run: RunId, task: &str, outcome: Out
 /// Applies the successful Finished report of each of `running` (first attempts, started) from a
 /// task of its own, all let go at once by a barrier; their results in `running`'s order.
 pub(super) async fn finish_at_once(
-    store: &Arc<SqlStore>,
+    store: &Arc<Store>,
     running: Vec<InstanceRecord>,
 ) -> Vec<Vec<ReportResult>> {
     let barrier = Arc::new(tokio::sync::Barrier::new(running.len()));
@@ -377,4 +406,16 @@ pub(super) async fn finish_at_once(
         results.push(handle.await.unwrap());
     }
     results
+}
+
+#[test]
+fn mysql_server_url_strips_the_database() {
+    assert_eq!(
+        mysql_server_url("mysql://root@127.0.0.1:3306"),
+        "mysql://root@127.0.0.1:3306"
+    );
+    assert_eq!(
+        mysql_server_url("mysql://u:p@h:1/db?x=1"),
+        "mysql://u:p@h:1"
+    );
 }

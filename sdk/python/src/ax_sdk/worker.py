@@ -52,7 +52,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, 
 
 import grpc
 
-from . import functions
+from . import duration, functions
 from ._pb import types_pb2 as types
 from ._pb import worker_pb2 as wpb
 from ._pb import worker_pb2_grpc
@@ -1059,21 +1059,10 @@ class Worker:
 
 
 def _duration(text: str) -> float:
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    text = text.strip()
-    for unit in ("ms", "s", "m", "h"):
-        if text.endswith(unit):
-            number, scale = text[: -len(unit)], units[unit]
-            break
-    else:
-        number, scale = text, 1.0
     try:
-        value = float(number) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 500ms, 5s, 2m, 1h)") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is negative")
-    return value
+        return duration.parse(text)
+    except duration.DurationError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _label(text: str) -> Tuple[str, str]:

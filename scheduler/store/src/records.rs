@@ -1,0 +1,15 @@
+//! The records the store takes and gives, by subject; the crate root re-exports each.
+
+pub(crate) mod access;
+pub(crate) mod audit;
+pub(crate) mod decisions;
+pub(crate) mod dispatch;
+pub(crate) mod logs;
+pub(crate) mod nodes;
+pub(crate) mod placement;
+pub(crate) mod purge;
+pub(crate) mod reports;
+pub(crate) mod reruns;
+pub(crate) mod runs;
+pub(crate) mod workers;
+pub(crate) mod workflows;

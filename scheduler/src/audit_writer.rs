@@ -45,7 +45,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let url = format!("sqlite://{}", dir.path().join("audit.db").display());
         let store = ax_store::open(&url).await.expect("store");
-        let writer = AuditWriter::start(AuditRows(store.clone()));
+        let writer = AuditWriter::start(
+            AuditRows(store.clone()),
+            &tokio_util::task::TaskTracker::new(),
+            tokio_util::sync::CancellationToken::new(),
+        );
         let calls: Vec<_> = (0..300i64)
             .map(|n| {
                 let writer = writer.clone();

@@ -28,22 +28,26 @@ use ax_core::decision::DecisionKind;
 use ax_core::dispatch_plan::{
     Action, ClusterWorker, NeedsCluster, Planner, Settings, Slot, Waiting,
 };
-use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
+use ax_core::ids::InstanceId;
 use ax_core::limits::{Limit, limits_for};
 use ax_core::placement::Wanted;
-use ax_core::spec::{Routing, TaskSpec};
-use ax_proto::v1::{Dispatch, SchedulerMessage, scheduler_message};
-use ax_store::{DecisionRecord, DispatchClaim, Report, WaitingInstance, WorkerRecord};
+use ax_core::placement::{Placer, Strategy};
+use ax_core::spec::Routing;
+use ax_store::{DecisionRecord, DispatchClaim, Store, WaitingInstance, WorkerRecord};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
-use crate::guards::StartLock;
-use crate::metrics::Metrics;
-use crate::node::Node;
-use crate::registry::WorkerSlot;
-use crate::reporter::Envelope;
-use crate::specs::VersionedSpec;
-use crate::telemetry;
+use crate::dispatch_send::{Claimed, DispatchSender, Ready, outcome};
+use crate::guards::{Guards, StartLock};
+use crate::membership::Standing;
+use crate::progress::Progress;
+use crate::registry::{Registry, WorkerSlot};
+use crate::reporter::Reports;
+use crate::secrets::Secrets;
+use crate::specs::{SpecCache, VersionedSpec};
+use crate::to_worker::Dispatch;
+use crate::wake::Wake;
+use crate::watching::Watching;
 
 /// WAITING instances read per pass.
 const BATCH: u32 = 512;
@@ -87,84 +91,519 @@ const TAKE_OTHERS_AFTER_MS: Millis = 1_000;
 /// lock that expired).
 const IDLE_POLL: Duration = Duration::from_millis(500);
 
-pub async fn run(node: Arc<Node>, cancel: CancellationToken) {
-    loop {
-        // A node cut off from its store claims nothing (its workers are moving elsewhere) until
-        // the store answers again.
-        if !node.standing.is_cut_off()
-            && let Err(err) = dispatch_ready(&node).await
-        {
-            node.watching.store_failed(&err);
-            tracing::error!(error = %err, "dispatch pass failed");
-        }
-        tokio::select! {
-            _ = node.dispatch_wake.notified() => {}
-            _ = tokio::time::sleep(IDLE_POLL) => {}
-            _ = cancel.cancelled() => return,
-        }
-    }
+/// The dispatcher: its settings, the node's parts it reads and writes, and what it remembers
+/// between passes.
+pub struct Dispatcher {
+    node_id: String,
+    strategy: Strategy,
+    pools: BTreeMap<String, u32>,
+    worker_dead_after_ms: Millis,
+    store: Arc<Store>,
+    registry: Arc<Registry>,
+    guards: Arc<dyn Guards>,
+    specs: Arc<SpecCache>,
+    secrets: Arc<Secrets>,
+    /// Worker choice, shared with placements at creation (`place_now.rs`).
+    placer: Arc<tokio::sync::Mutex<Placer>>,
+    sender: DispatchSender,
+    reports: Reports,
+    standing: Arc<Standing>,
+    watching: Arc<Watching>,
+    progress: Progress,
+    /// Wakes it: new WAITING instances, or a worker with a free slot.
+    wake: Wake,
+    /// Throttled and NoWorker decisions this node already recorded.
+    decisions: std::sync::Mutex<DecisionMemo>,
 }
 
-/// Dispatches until nothing more can go out now.
-async fn dispatch_ready(node: &Node) -> anyhow::Result<()> {
-    loop {
-        // Read about as many waiting instances as there are free slots (twice, so instances no
-        // free worker can take do not hide the ones behind them), not a whole batch each time
-        // a slot frees up.
-        let free = free_slots(&node.registry.slots());
-        if free == 0 {
-            return Ok(());
+/// What the dispatcher is built from besides its handles.
+pub struct DispatcherOptions {
+    pub node_id: String,
+    pub strategy: Strategy,
+    pub pools: BTreeMap<String, u32>,
+    pub worker_dead_after_ms: Millis,
+}
+
+/// The node's parts the dispatcher works with.
+pub struct DispatcherParts {
+    pub store: Arc<Store>,
+    pub registry: Arc<Registry>,
+    pub guards: Arc<dyn Guards>,
+    pub specs: Arc<SpecCache>,
+    pub secrets: Arc<Secrets>,
+    pub placer: Arc<tokio::sync::Mutex<Placer>>,
+    pub sender: DispatchSender,
+    pub reports: Reports,
+    pub standing: Arc<Standing>,
+    pub watching: Arc<Watching>,
+    pub progress: Progress,
+    pub wake: Wake,
+}
+
+impl Dispatcher {
+    pub fn new(options: DispatcherOptions, parts: DispatcherParts) -> Dispatcher {
+        Dispatcher {
+            node_id: options.node_id,
+            strategy: options.strategy,
+            pools: options.pools,
+            worker_dead_after_ms: options.worker_dead_after_ms,
+            store: parts.store,
+            registry: parts.registry,
+            guards: parts.guards,
+            specs: parts.specs,
+            secrets: parts.secrets,
+            placer: parts.placer,
+            sender: parts.sender,
+            reports: parts.reports,
+            standing: parts.standing,
+            watching: parts.watching,
+            progress: parts.progress,
+            wake: parts.wake,
+            decisions: Default::default(),
         }
-        let mut limit = free.saturating_mul(2).clamp(32, BATCH);
-        let share = node.standing.share();
-        let mut own_share = share.is_some();
+    }
+
+    pub async fn run(self, cancel: CancellationToken) {
         loop {
-            // Each read plans on the slots as they are now: the pass before it (its own share)
-            // may have filled some, and a plan on an older copy sends past a worker's capacity.
-            let slots = node.registry.slots();
-            let free = free_slots(&slots);
+            // A node cut off from its store claims nothing (its workers are moving elsewhere) until
+            // the store answers again.
+            if !self.standing.is_cut_off()
+                && let Err(err) = self.dispatch_ready().await
+            {
+                self.watching.store_failed(&err);
+                tracing::error!(error = %err, "dispatch pass failed");
+            }
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(IDLE_POLL) => {}
+                _ = cancel.cancelled() => return,
+            }
+        }
+    }
+
+    /// Dispatches until nothing more can go out now.
+    async fn dispatch_ready(&self) -> anyhow::Result<()> {
+        loop {
+            // Read about as many waiting instances as there are free slots (twice, so instances no
+            // free worker can take do not hide the ones behind them), not a whole batch each time
+            // a slot frees up.
+            let free = free_slots(&self.registry.slots());
             if free == 0 {
                 return Ok(());
             }
-            let started = std::time::Instant::now();
-            let waiting = match share {
-                Some(share) if own_share => {
-                    node.store.waiting_share(now_ms(), limit, share).await?
+            let mut limit = free.saturating_mul(2).clamp(32, BATCH);
+            let share = self.standing.share();
+            let mut own_share = share.is_some();
+            loop {
+                // Each read plans on the slots as they are now: the pass before it (its own share)
+                // may have filled some, and a plan on an older copy sends past a worker's capacity.
+                let slots = self.registry.slots();
+                let free = free_slots(&slots);
+                if free == 0 {
+                    return Ok(());
                 }
-                Some(_) => {
-                    node.store
-                        .waiting(now_ms() - TAKE_OTHERS_AFTER_MS, limit)
-                        .await?
+                let started = std::time::Instant::now();
+                let waiting = match share {
+                    Some(share) if own_share => {
+                        self.store.waiting_share(now_ms(), limit, share).await?
+                    }
+                    Some(_) => {
+                        self.store
+                            .waiting(now_ms() - TAKE_OTHERS_AFTER_MS, limit)
+                            .await?
+                    }
+                    None => self.store.waiting(now_ms(), limit).await?,
+                };
+                let read_us = started.elapsed().as_micros() as u64;
+                let full_batch = waiting.len() as u32 == limit;
+                let pass = self.dispatch_batch(slots, waiting).await?;
+                tracing::debug!(
+                    free,
+                    read_us,
+                    sent = pass.sent,
+                    elapsed_us = started.elapsed().as_micros() as u64,
+                    "dispatch pass"
+                );
+                if pass.fanned_out {
+                    // New shards are waiting: read again.
+                    break;
                 }
-                None => node.store.waiting(now_ms(), limit).await?,
+                if pass.sent > 0 && full_batch {
+                    break;
+                }
+                if pass.sent == 0 && full_batch && pass.held_back && limit < DEEPEST {
+                    limit = limit.saturating_mul(4).min(DEEPEST);
+                    continue;
+                }
+                if own_share {
+                    // Its own share is done for now: what others left waiting comes next.
+                    own_share = false;
+                    continue;
+                }
+                return Ok(());
+            }
+        }
+    }
+
+    /// The plan's settings, from the node's options.
+    fn plan_settings(&self) -> Settings {
+        Settings {
+            strategy: self.strategy,
+            worker_dead_after_ms: self.worker_dead_after_ms,
+        }
+    }
+
+    fn decision(
+        &self,
+        item: &WaitingInstance,
+        kind: DecisionKind,
+        detail: String,
+        now: Millis,
+    ) -> DecisionRecord {
+        DecisionRecord {
+            at: now,
+            workflow_id: item.instance.workflow_id,
+            slot_at: now,
+            run_id: Some(item.instance.run_id),
+            instance_id: Some(item.instance.id),
+            task: Some(item.instance.task.clone()),
+            kind,
+            detail,
+            node_id: self.node_id.clone(),
+        }
+    }
+
+    /// One batch: gather its inputs, plan and place it, record the decisions, then claim and send.
+    async fn dispatch_batch(
+        &self,
+        slots: Vec<WorkerSlot>,
+        waiting: Vec<WaitingInstance>,
+    ) -> anyhow::Result<Pass> {
+        let now = now_ms();
+        let mut pass = Pass {
+            sent: 0,
+            held_back: false,
+            fanned_out: false,
+        };
+        let (items, used) = self.gather(waiting).await?;
+        let mut placed = Placed::default();
+        if let Err(err) = self
+            .plan_and_place(slots, used, now, items, &mut placed)
+            .await
+        {
+            // Nothing planned is claimed: its slots are free again.
+            for plan in &placed.planned {
+                let waiting = &plan.waiting.instance;
+                self.registry
+                    .release(&plan.worker, waiting.id, waiting.attempt);
+            }
+            return Err(err);
+        }
+        let Placed {
+            planned,
+            decisions,
+            held_back,
+            fanned_out,
+        } = placed;
+        pass.held_back = held_back;
+        pass.fanned_out = fanned_out;
+        self.record_once(decisions).await;
+        if !planned.is_empty() {
+            pass.sent = self.claim_and_send(planned).await?;
+        }
+        Ok(pass)
+    }
+
+    /// Takes the guards of the planned dispatches, claims them in one transaction, and sends those
+    /// this node won; returns how many were sent.
+    async fn claim_and_send(&self, planned: Vec<Planned>) -> anyhow::Result<usize> {
+        // The fast guards: a retry whose previous attempt may still hold the start lock waits,
+        // and an attempt that was already dispatched is not dispatched again.
+        let mut guarded = Vec::with_capacity(planned.len());
+        for plan in planned {
+            let instance = plan.waiting.instance.id;
+            let attempt = plan.waiting.instance.attempt;
+            match self
+                .guards
+                .acquire_start(instance, attempt, plan.lock_ttl)
+                .await
+            {
+                StartLock::Acquired | StartLock::Unavailable => {}
+                StartLock::HeldBy(holder) => {
+                    self.registry.release(&plan.worker, instance, attempt);
+                    outcome(&plan.span, "start lock held");
+                    tracing::info!(instance = %instance, attempt = %attempt, holder = %holder, "start lock held by an earlier attempt; waiting");
+                    continue;
+                }
+            }
+            if self
+                .guards
+                .mark_dispatch(instance, attempt, DISPATCH_MARKER_TTL)
+                .await
+                == Some(false)
+            {
+                self.registry.release(&plan.worker, instance, attempt);
+                outcome(&plan.span, "duplicate");
+                tracing::warn!(instance = %instance, attempt = %attempt, "duplicate dispatch dropped");
+                continue;
+            }
+            guarded.push(plan);
+        }
+
+        let now = now_ms();
+        let claims: Vec<DispatchClaim> = guarded
+            .iter()
+            .map(|plan| DispatchClaim {
+                instance_id: plan.waiting.instance.id,
+                attempt: plan.waiting.instance.attempt,
+                worker_id: plan.worker.clone(),
+                node_id: self.node_id.clone(),
+                at: now,
+                limits: plan.limits.clone(),
+            })
+            .collect();
+        let won = match self.store.mark_dispatched(&claims).await {
+            Ok(won) => won,
+            Err(err) => {
+                // Nothing was claimed: the markers must not hold these attempts back.
+                for plan in &guarded {
+                    let waiting = &plan.waiting.instance;
+                    self.registry
+                        .release(&plan.worker, waiting.id, waiting.attempt);
+                    self.guards
+                        .clear_dispatch(waiting.id, waiting.attempt)
+                        .await;
+                }
+                return Err(err.into());
+            }
+        };
+
+        let mut sent = 0;
+        for (plan, won) in guarded.into_iter().zip(won) {
+            let instance = plan.waiting.instance.id;
+            let attempt = plan.waiting.instance.attempt;
+            if !won {
+                // Another node claimed it first (it owns the guards now), or a limit filled up on
+                // another node since the counters were read (it stays WAITING for a later pass).
+                outcome(&plan.span, "not claimed");
+                self.registry.release(&plan.worker, instance, attempt);
+                self.guards.clear_dispatch(instance, attempt).await;
+                continue;
+            }
+            let waiting = &plan.waiting.instance;
+            let claimed = Claimed {
+                worker: &plan.worker,
+                connection: plan.connection,
+                instance,
+                attempt,
+                ready_at: waiting.created_at.max(waiting.not_before),
             };
-            let read_us = started.elapsed().as_micros() as u64;
-            let full_batch = waiting.len() as u32 == limit;
-            let pass = dispatch_batch(node, slots, waiting).await?;
-            tracing::debug!(
-                free,
-                read_us,
-                sent = pass.sent,
-                elapsed_us = started.elapsed().as_micros() as u64,
-                "dispatch pass"
+            match self.sender.send(&claimed, plan.message, &plan.span) {
+                Ok(()) => sent += 1,
+                Err(undone) => self.reports.put_back(undone).await,
+            }
+        }
+        self.progress.bump();
+        Ok(sent)
+    }
+
+    /// The batch's workflow versions, limits and secrets, then the counters of every limited scope
+    /// in one read. A task that names secrets gets them here, or why this node cannot give them:
+    /// its app's, else global ones, never another app's (checked at each dispatch, not only at
+    /// apply, so a secret deleted or an app changed since cannot lead elsewhere). A sharded task's
+    /// parent is never sent: its shards get them.
+    async fn gather(
+        &self,
+        waiting: Vec<WaitingInstance>,
+    ) -> anyhow::Result<(Vec<Gathered>, BTreeMap<String, u32>)> {
+        let mut items = Vec::with_capacity(waiting.len());
+        let mut scopes: BTreeSet<String> = BTreeSet::new();
+        for item in waiting {
+            let instance = &item.instance;
+            let spec = self
+                .specs
+                .get(instance.workflow_id, instance.workflow_version)
+                .await?;
+            let Some(task) = spec.task(&instance.task) else {
+                tracing::error!(instance = %instance.id, task = %instance.task, "task missing from its workflow version");
+                continue;
+            };
+            let limits = limits_for(
+                instance.workflow_id,
+                task,
+                spec.spec.concurrency.max_running_tasks,
+                &self.pools,
             );
-            if pass.fanned_out {
-                // New shards are waiting: read again.
-                break;
-            }
-            if pass.sent > 0 && full_batch {
-                break;
-            }
-            if pass.sent == 0 && full_batch && pass.held_back && limit < DEEPEST {
-                limit = limit.saturating_mul(4).min(DEEPEST);
+            scopes.extend(limits.iter().map(|limit| limit.scope.clone()));
+            let sharded_parent = task.routing == Routing::ShardedBroadcast && item.shard.is_none();
+            let secrets = if task.secret_env.is_empty() || sharded_parent {
+                Ok(Vec::new())
+            } else {
+                self.secrets
+                    .environment(&spec.spec.app, &task.secret_env)
+                    .await?
+            };
+            items.push(Gathered {
+                waiting: item,
+                spec,
+                limits,
+                secrets,
+            });
+        }
+        let used = if scopes.is_empty() {
+            BTreeMap::new()
+        } else {
+            let scopes: Vec<String> = scopes.into_iter().collect();
+            self.store.limit_usage(&scopes).await?
+        };
+        Ok((items, used))
+    }
+
+    /// Asks the plan about each instance in priority order and carries out its answer: reserves
+    /// and prepares the dispatches, fans out and fails shards, collects the decisions to record.
+    /// The slots are this node's as the pass read them; `used`, the limits' counters.
+    async fn plan_and_place(
+        &self,
+        slots: Vec<WorkerSlot>,
+        used: BTreeMap<String, u32>,
+        now: Millis,
+        items: Vec<Gathered>,
+        placed: &mut Placed,
+    ) -> anyhow::Result<()> {
+        let slots = slots.into_iter().map(plan_slot).collect();
+        let mut placer = self.placer.lock().await;
+        let mut plan = Planner::new(self.plan_settings(), now, slots, used, &mut placer);
+        for gathered in items {
+            let Gathered {
+                waiting: item,
+                spec,
+                limits,
+                secrets,
+            } = gathered;
+            let instance = &item.instance;
+            let Some(task) = spec.task(&instance.task) else {
                 continue;
+            };
+            let key = format!("{}/{}", spec.name, task.name);
+            let pinned = item.shard.as_ref().map(|shard| shard.worker.as_str());
+            let ask = Waiting {
+                instance: instance.id,
+                attempt: instance.attempt,
+                key: &key,
+                routing: task.routing,
+                wanted: Wanted {
+                    labels: &task.labels,
+                    app: &spec.spec.app,
+                },
+                limits: &limits,
+                pinned,
+                secrets_unavailable: secrets.as_ref().err().map(String::as_str),
+            };
+            let action = loop {
+                match plan.decide(&ask, rand::random()) {
+                    Ok(action) => break action,
+                    Err(NeedsCluster) => {
+                        let workers = self.store.list_workers().await?;
+                        plan.learn_cluster(workers.into_iter().map(cluster_worker).collect());
+                    }
+                }
+            };
+            placed.held_back |= action.holds_back();
+            match action {
+                Action::Dispatch { worker, connection } => {
+                    // Reserved now, so a placement elsewhere on this node (a run created, an
+                    // advance) cannot fill the slot before this claim commits.
+                    if !self
+                        .registry
+                        .reserve(&worker, connection, instance.id, instance.attempt)
+                    {
+                        plan.refused(&ask, &worker);
+                        continue;
+                    }
+                    let ready = Ready {
+                        instance: instance.id,
+                        run: instance.run_id,
+                        workflow_id: instance.workflow_id,
+                        attempt: instance.attempt,
+                        logical_time: item.logical_time,
+                        params: &item.params,
+                        shard: item.shard.as_ref(),
+                    };
+                    let secret_env = secrets.unwrap_or_default();
+                    let (message, span) = self
+                        .sender
+                        .message(&spec, task, &ready, &worker, secret_env);
+                    placed.planned.push(Planned {
+                        span,
+                        worker,
+                        connection,
+                        lock_ttl: self.sender.lock_ttl(task.timeout_ms),
+                        waiting: item,
+                        message,
+                        limits,
+                    });
+                }
+                Action::FanOut { workers } => {
+                    if self
+                        .store
+                        .fan_out(instance.id, instance.attempt, &workers, now)
+                        .await?
+                    {
+                        tracing::info!(instance = %instance.id, shards = workers.len(), "sharded task fanned out");
+                        placed.fanned_out = true;
+                    }
+                }
+                Action::FailShard { reason } => {
+                    if self
+                        .store
+                        .fail_shard(instance.id, instance.attempt, &reason, now)
+                        .await?
+                    {
+                        tracing::warn!(instance = %instance.id, worker = pinned, "shard failed: its worker is gone");
+                    }
+                }
+                Action::Hold { kind, detail } => {
+                    placed
+                        .decisions
+                        .push(self.decision(&item, kind, detail, now));
+                }
+                Action::LeaveToOtherNode | Action::Wait => {}
             }
-            if own_share {
-                // Its own share is done for now: what others left waiting comes next.
-                own_share = false;
-                continue;
+        }
+        Ok(())
+    }
+
+    /// Records decisions this node has not recorded before; the store skips those another node
+    /// recorded. A failure is logged: explanations never stop dispatching.
+    async fn record_once(&self, decisions: Vec<DecisionRecord>) {
+        let fresh: Vec<DecisionRecord> = {
+            let mut memo = self
+                .decisions
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            decisions
+                .into_iter()
+                .filter(|d| {
+                    d.instance_id
+                        .is_some_and(|id| memo.first(id, d.kind, &d.detail))
+                })
+                .collect()
+        };
+        if fresh.is_empty() {
+            return;
+        }
+        if let Err(err) = self.store.record_decisions_once(&fresh).await {
+            tracing::warn!(error = %err, "recording dispatch decisions failed");
+            // Forget them, so a later pass tries again.
+            let mut memo = self
+                .decisions
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            for d in &fresh {
+                if let Some(id) = d.instance_id {
+                    memo.forget(id, d.kind, &d.detail);
+                }
             }
-            return Ok(());
         }
     }
 }
@@ -184,14 +623,6 @@ struct Pass {
     held_back: bool,
     /// A sharded task fanned out.
     fanned_out: bool,
-}
-
-/// The plan's settings, from the node's options.
-fn plan_settings(node: &Node) -> Settings {
-    Settings {
-        strategy: node.options.strategy,
-        worker_dead_after_ms: crate::backstop::intervals(node).worker_dead_after_ms(),
-    }
 }
 
 /// A slot of this node's registry, as the plan sees it.
@@ -242,208 +673,6 @@ struct Planned {
     limits: Vec<Limit>,
 }
 
-fn decision(
-    node: &Node,
-    item: &WaitingInstance,
-    kind: DecisionKind,
-    detail: String,
-    now: Millis,
-) -> DecisionRecord {
-    DecisionRecord {
-        at: now,
-        workflow_id: item.instance.workflow_id,
-        slot_at: now,
-        run_id: Some(item.instance.run_id),
-        instance_id: Some(item.instance.id),
-        task: Some(item.instance.task.clone()),
-        kind,
-        detail,
-        node_id: node.options.node_id.clone(),
-    }
-}
-
-/// One batch: gather its inputs, plan and place it, record the decisions, then claim and send.
-async fn dispatch_batch(
-    node: &Node,
-    slots: Vec<WorkerSlot>,
-    waiting: Vec<WaitingInstance>,
-) -> anyhow::Result<Pass> {
-    let now = now_ms();
-    let mut pass = Pass {
-        sent: 0,
-        held_back: false,
-        fanned_out: false,
-    };
-    let (items, used) = gather(node, waiting).await?;
-    let mut placed = Placed::default();
-    if let Err(err) = plan_and_place(node, slots, used, now, items, &mut placed).await {
-        // Nothing planned is claimed: its slots are free again.
-        for plan in &placed.planned {
-            let waiting = &plan.waiting.instance;
-            node.registry
-                .release(&plan.worker, waiting.id, waiting.attempt);
-        }
-        return Err(err);
-    }
-    let Placed {
-        planned,
-        decisions,
-        held_back,
-        fanned_out,
-    } = placed;
-    pass.held_back = held_back;
-    pass.fanned_out = fanned_out;
-    record_once(node, decisions).await;
-    if !planned.is_empty() {
-        pass.sent = claim_and_send(node, planned).await?;
-    }
-    Ok(pass)
-}
-
-/// Takes the guards of the planned dispatches, claims them in one transaction, and sends those
-/// this node won; returns how many were sent.
-async fn claim_and_send(node: &Node, planned: Vec<Planned>) -> anyhow::Result<usize> {
-    // The fast guards: a retry whose previous attempt may still hold the start lock waits,
-    // and an attempt that was already dispatched is not dispatched again.
-    let mut guarded = Vec::with_capacity(planned.len());
-    for plan in planned {
-        let instance = plan.waiting.instance.id;
-        let attempt = plan.waiting.instance.attempt;
-        match node
-            .guards
-            .acquire_start(instance, attempt, plan.lock_ttl)
-            .await
-        {
-            StartLock::Acquired | StartLock::Unavailable => {}
-            StartLock::HeldBy(holder) => {
-                node.registry.release(&plan.worker, instance, attempt);
-                outcome(&plan.span, "start lock held");
-                tracing::info!(instance = %instance, attempt = %attempt, holder = %holder, "start lock held by an earlier attempt; waiting");
-                continue;
-            }
-        }
-        if node
-            .guards
-            .mark_dispatch(instance, attempt, DISPATCH_MARKER_TTL)
-            .await
-            == Some(false)
-        {
-            node.registry.release(&plan.worker, instance, attempt);
-            outcome(&plan.span, "duplicate");
-            tracing::warn!(instance = %instance, attempt = %attempt, "duplicate dispatch dropped");
-            continue;
-        }
-        guarded.push(plan);
-    }
-
-    let now = now_ms();
-    let claims: Vec<DispatchClaim> = guarded
-        .iter()
-        .map(|plan| DispatchClaim {
-            instance_id: plan.waiting.instance.id,
-            attempt: plan.waiting.instance.attempt,
-            worker_id: plan.worker.clone(),
-            node_id: node.options.node_id.clone(),
-            at: now,
-            limits: plan.limits.clone(),
-        })
-        .collect();
-    let won = match node.store.mark_dispatched(&claims).await {
-        Ok(won) => won,
-        Err(err) => {
-            // Nothing was claimed: the markers must not hold these attempts back.
-            for plan in &guarded {
-                let waiting = &plan.waiting.instance;
-                node.registry
-                    .release(&plan.worker, waiting.id, waiting.attempt);
-                node.guards
-                    .clear_dispatch(waiting.id, waiting.attempt)
-                    .await;
-            }
-            return Err(err.into());
-        }
-    };
-
-    let mut sent = 0;
-    for (plan, won) in guarded.into_iter().zip(won) {
-        let instance = plan.waiting.instance.id;
-        let attempt = plan.waiting.instance.attempt;
-        if !won {
-            // Another node claimed it first (it owns the guards now), or a limit filled up on
-            // another node since the counters were read (it stays WAITING for a later pass).
-            outcome(&plan.span, "not claimed");
-            node.registry.release(&plan.worker, instance, attempt);
-            node.guards.clear_dispatch(instance, attempt).await;
-            continue;
-        }
-        let waiting = &plan.waiting.instance;
-        let claimed = Claimed {
-            worker: &plan.worker,
-            connection: plan.connection,
-            instance,
-            attempt,
-            ready_at: waiting.created_at.max(waiting.not_before),
-        };
-        if send_claimed(node, &claimed, plan.message, &plan.span).await {
-            sent += 1;
-        }
-    }
-    node.bump_progress();
-    Ok(sent)
-}
-
-/// The batch's workflow versions, limits and secrets, then the counters of every limited scope
-/// in one read. A task that names secrets gets them here, or why this node cannot give them:
-/// its app's, else global ones, never another app's (checked at each dispatch, not only at
-/// apply, so a secret deleted or an app changed since cannot lead elsewhere). A sharded task's
-/// parent is never sent: its shards get them.
-async fn gather(
-    node: &Node,
-    waiting: Vec<WaitingInstance>,
-) -> anyhow::Result<(Vec<Gathered>, BTreeMap<String, u32>)> {
-    let mut items = Vec::with_capacity(waiting.len());
-    let mut scopes: BTreeSet<String> = BTreeSet::new();
-    for item in waiting {
-        let instance = &item.instance;
-        let spec = node
-            .specs
-            .get(instance.workflow_id, instance.workflow_version)
-            .await?;
-        let Some(task) = spec.task(&instance.task) else {
-            tracing::error!(instance = %instance.id, task = %instance.task, "task missing from its workflow version");
-            continue;
-        };
-        let limits = limits_for(
-            instance.workflow_id,
-            task,
-            spec.spec.concurrency.max_running_tasks,
-            &node.options.pools,
-        );
-        scopes.extend(limits.iter().map(|limit| limit.scope.clone()));
-        let sharded_parent = task.routing == Routing::ShardedBroadcast && item.shard.is_none();
-        let secrets = if task.secret_env.is_empty() || sharded_parent {
-            Ok(Vec::new())
-        } else {
-            node.secrets
-                .environment(&spec.spec.app, &task.secret_env)
-                .await?
-        };
-        items.push(Gathered {
-            waiting: item,
-            spec,
-            limits,
-            secrets,
-        });
-    }
-    let used = if scopes.is_empty() {
-        BTreeMap::new()
-    } else {
-        let scopes: Vec<String> = scopes.into_iter().collect();
-        node.store.limit_usage(&scopes).await?
-    };
-    Ok((items, used))
-}
-
 /// What a batch's plan left to do once placed: the dispatches reserved and prepared, and the
 /// decisions to record.
 #[derive(Default)]
@@ -454,346 +683,6 @@ struct Placed {
     held_back: bool,
     /// A sharded task fanned out.
     fanned_out: bool,
-}
-
-/// Asks the plan about each instance in priority order and carries out its answer: reserves
-/// and prepares the dispatches, fans out and fails shards, collects the decisions to record.
-/// The slots are this node's as the pass read them; `used`, the limits' counters.
-async fn plan_and_place(
-    node: &Node,
-    slots: Vec<WorkerSlot>,
-    used: BTreeMap<String, u32>,
-    now: Millis,
-    items: Vec<Gathered>,
-    placed: &mut Placed,
-) -> anyhow::Result<()> {
-    let slots = slots.into_iter().map(plan_slot).collect();
-    let mut placer = node.placer.lock().await;
-    let mut plan = Planner::new(plan_settings(node), now, slots, used, &mut placer);
-    for gathered in items {
-        let Gathered {
-            waiting: item,
-            spec,
-            limits,
-            secrets,
-        } = gathered;
-        let instance = &item.instance;
-        let Some(task) = spec.task(&instance.task) else {
-            continue;
-        };
-        let key = format!("{}/{}", spec.name, task.name);
-        let pinned = item.shard.as_ref().map(|shard| shard.worker.as_str());
-        let ask = Waiting {
-            instance: instance.id,
-            attempt: instance.attempt,
-            key: &key,
-            routing: task.routing,
-            wanted: Wanted {
-                labels: &task.labels,
-                app: &spec.spec.app,
-            },
-            limits: &limits,
-            pinned,
-            secrets_unavailable: secrets.as_ref().err().map(String::as_str),
-        };
-        let action = loop {
-            match plan.decide(&ask, rand::random()) {
-                Ok(action) => break action,
-                Err(NeedsCluster) => {
-                    let workers = node.store.list_workers().await?;
-                    plan.learn_cluster(workers.into_iter().map(cluster_worker).collect());
-                }
-            }
-        };
-        placed.held_back |= action.holds_back();
-        match action {
-            Action::Dispatch { worker, connection } => {
-                // Reserved now, so a placement elsewhere on this node (a run created, an
-                // advance) cannot fill the slot before this claim commits.
-                if !node
-                    .registry
-                    .reserve(&worker, connection, instance.id, instance.attempt)
-                {
-                    plan.refused(&ask, &worker);
-                    continue;
-                }
-                let ready = Ready {
-                    instance: instance.id,
-                    run: instance.run_id,
-                    workflow_id: instance.workflow_id,
-                    attempt: instance.attempt,
-                    logical_time: item.logical_time,
-                    params: &item.params,
-                    shard: item.shard.as_ref(),
-                };
-                let secret_env = secrets.unwrap_or_default();
-                let (message, span) =
-                    dispatch_message(node, &spec, task, &ready, &worker, secret_env);
-                placed.planned.push(Planned {
-                    span,
-                    worker,
-                    connection,
-                    lock_ttl: lock_ttl(node, task.timeout_ms),
-                    waiting: item,
-                    message,
-                    limits,
-                });
-            }
-            Action::FanOut { workers } => {
-                if node
-                    .store
-                    .fan_out(instance.id, instance.attempt, &workers, now)
-                    .await?
-                {
-                    tracing::info!(instance = %instance.id, shards = workers.len(), "sharded task fanned out");
-                    placed.fanned_out = true;
-                }
-            }
-            Action::FailShard { reason } => {
-                if node
-                    .store
-                    .fail_shard(instance.id, instance.attempt, &reason, now)
-                    .await?
-                {
-                    tracing::warn!(instance = %instance.id, worker = pinned, "shard failed: its worker is gone");
-                }
-            }
-            Action::Hold { kind, detail } => {
-                placed
-                    .decisions
-                    .push(decision(node, &item, kind, detail, now));
-            }
-            Action::LeaveToOtherNode | Action::Wait => {}
-        }
-    }
-    Ok(())
-}
-
-/// A claimed attempt, to send.
-pub(crate) struct Claimed<'a> {
-    pub worker: &'a str,
-    pub connection: u64,
-    pub instance: InstanceId,
-    pub attempt: Attempt,
-    /// When its instance became ready, for the dispatch latency.
-    pub ready_at: Millis,
-}
-
-/// Sends a claimed attempt to its worker (its slot's reservation becomes an attempt in flight).
-/// One that cannot be delivered (the worker went away, its queue is full) is undone like a
-/// rejection: never sent, so the same attempt may go out again. Returns whether it was sent.
-pub(crate) async fn send_claimed(
-    node: &Node,
-    claimed: &Claimed<'_>,
-    message: Dispatch,
-    span: &Option<tracing::Span>,
-) -> bool {
-    let Claimed {
-        worker,
-        connection,
-        instance,
-        attempt,
-        ready_at,
-    } = *claimed;
-    let stream = node
-        .registry
-        .begin_attempt(worker, connection, instance, attempt, ready_at);
-    let delivered = match stream {
-        Some(sender) => {
-            let message = SchedulerMessage {
-                body: Some(scheduler_message::Body::Dispatch(message)),
-            };
-            sender.try_send(Ok(message)).is_ok()
-        }
-        None => false,
-    };
-    if delivered {
-        tracing::debug!(instance = %instance, attempt = %attempt, worker = %worker, "dispatched");
-        outcome(span, "sent");
-        node.metrics.dispatches.inc();
-        Metrics::observe_ms(&node.metrics.dispatch_latency, ready_at, now_ms());
-        return true;
-    }
-    outcome(span, "worker unreachable");
-    let report = Report::Rejected {
-        instance_id: instance,
-        attempt,
-        worker_id: Some(worker.to_string()),
-        reason: "worker unreachable at dispatch".into(),
-        withdrawn: false,
-        dispatched_at: None,
-    };
-    let _ = node.reports.send(Envelope::decided(worker, report)).await;
-    false
-}
-
-/// What a dispatch carries from its instance and run.
-pub(crate) struct Ready<'a> {
-    pub instance: InstanceId,
-    pub run: RunId,
-    pub workflow_id: WorkflowId,
-    pub attempt: Attempt,
-    pub logical_time: Millis,
-    pub params: &'a BTreeMap<String, String>,
-    pub shard: Option<&'a ax_store::Shard>,
-}
-
-/// The `Dispatch` of an attempt of `task` to `worker`, and its span when the node exports
-/// traces.
-pub(crate) fn dispatch_message(
-    node: &Node,
-    spec: &VersionedSpec,
-    task: &TaskSpec,
-    ready: &Ready<'_>,
-    worker: &str,
-    secret_env: Vec<(String, String)>,
-) -> (Dispatch, Option<tracing::Span>) {
-    let mut env = task_environment(task, ready, &spec.name);
-    env.extend(secret_env);
-    let span = node.traces.as_ref().map(|traces| {
-        let trace = telemetry::trace_id(ready.workflow_id, ready.run, ready.logical_time);
-        traces.remember(ready.instance, trace);
-        env.insert(
-            "TRACEPARENT".into(),
-            telemetry::traceparent(trace, ready.instance, ready.attempt),
-        );
-        dispatch_span(
-            trace,
-            &spec.name,
-            &task.name,
-            ready.instance,
-            ready.attempt,
-            worker,
-        )
-    });
-    let message = Dispatch {
-        instance_id: ready.instance.0,
-        attempt: ready.attempt.0,
-        run_id: ready.run.0,
-        workflow: spec.name.clone(),
-        task: task.name.clone(),
-        command: task.command.clone(),
-        argv: task.argv.clone(),
-        env,
-        working_dir: task.working_dir.clone().unwrap_or_default(),
-        timeout_ms: task.timeout_ms.map_or(0, std::num::NonZeroU64::get),
-        logical_time_ms: ready.logical_time,
-        shard_index: ready.shard.map_or(0, |shard| shard.index),
-        shard_total: ready.shard.map_or(0, |shard| shard.total),
-        keep_when_cut_off: task.unfenced,
-    };
-    (message, span)
-}
-
-/// How a dispatch went, on its span.
-fn outcome(span: &Option<tracing::Span>, outcome: &'static str) {
-    if let Some(span) = span {
-        span.record("ax.outcome", outcome);
-    }
-}
-
-/// A dispatch's span, a child of its attempt's span (`telemetry`): from the plan to the send.
-fn dispatch_span(
-    trace: opentelemetry::trace::TraceId,
-    workflow: &str,
-    task: &str,
-    instance: InstanceId,
-    attempt: ax_core::ids::Attempt,
-    worker: &str,
-) -> tracing::Span {
-    use tracing_opentelemetry::OpenTelemetrySpanExt;
-    let span = tracing::info_span!(
-        parent: None,
-        "dispatch",
-        ax.workflow = workflow,
-        ax.task = task,
-        ax.instance_id = instance.0,
-        ax.attempt = attempt.0,
-        ax.worker = worker,
-        ax.outcome = tracing::field::Empty,
-    );
-    let _ = span.set_parent(telemetry::attempt_context(trace, instance, attempt));
-    span
-}
-
-/// Records decisions this node has not recorded before; the store skips those another node
-/// recorded. A failure is logged: explanations never stop dispatching.
-async fn record_once(node: &Node, decisions: Vec<DecisionRecord>) {
-    let fresh: Vec<DecisionRecord> = {
-        let mut memo = node
-            .decisions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        decisions
-            .into_iter()
-            .filter(|d| {
-                d.instance_id
-                    .is_some_and(|id| memo.first(id, d.kind, &d.detail))
-            })
-            .collect()
-    };
-    if fresh.is_empty() {
-        return;
-    }
-    if let Err(err) = node.store.record_decisions_once(&fresh).await {
-        tracing::warn!(error = %err, "recording dispatch decisions failed");
-        // Forget them, so a later pass tries again.
-        let mut memo = node
-            .decisions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        for d in &fresh {
-            if let Some(id) = d.instance_id {
-                memo.forget(id, d.kind, &d.detail);
-            }
-        }
-    }
-}
-
-/// The environment a dispatch carries: the task's own, the trigger's params as
-/// `AX_PARAM_<NAME>`, and the attempt's context, so a worker sets what it is given and needs to
-/// know no list of names.
-fn task_environment(
-    task: &TaskSpec,
-    ready: &Ready<'_>,
-    workflow: &str,
-) -> std::collections::HashMap<String, String> {
-    let mut env: std::collections::HashMap<String, String> = task.env.clone().into_iter().collect();
-    for (name, value) in ready.params {
-        env.insert(format!("AX_PARAM_{name}"), value.clone());
-    }
-    let context = [
-        ("AX_RUN_ID", ready.run.0.to_string()),
-        ("AX_INSTANCE_ID", ready.instance.0.to_string()),
-        ("AX_ATTEMPT", ready.attempt.0.to_string()),
-        ("AX_WORKFLOW", workflow.to_string()),
-        ("AX_TASK", task.name.clone()),
-        ("AX_LOGICAL_TIME", rfc3339(ready.logical_time)),
-    ];
-    env.extend(context.map(|(name, value)| (name.to_string(), value)));
-    if let Some(shard) = ready.shard {
-        env.insert("AX_SHARD_INDEX".into(), shard.index.to_string());
-        env.insert("AX_SHARD_TOTAL".into(), shard.total.to_string());
-    }
-    env
-}
-
-/// A logical time as RFC 3339 in UTC, e.g. `2024-05-01T02:00:00Z`.
-fn rfc3339(ms: Millis) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|time| time.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
-        .unwrap_or_default()
-}
-
-/// The start lock lives as long as the attempt may: its timeout plus the grace the backstop
-/// gives the worker's own report, and a minute more for the kill to land. A task without a
-/// timeout holds it for a day at most.
-pub(crate) fn lock_ttl(node: &Node, timeout_ms: Option<std::num::NonZeroU64>) -> Duration {
-    let grace = node.options.timeout_grace + Duration::from_secs(60);
-    match timeout_ms {
-        Some(timeout) => Duration::from_millis(timeout.get()) + grace,
-        None => Duration::from_secs(24 * 3600),
-    }
 }
 
 #[cfg(test)]
@@ -811,11 +700,5 @@ mod tests {
         assert!(memo.first(b, DecisionKind::Throttled, "task limit 2 reached"));
         memo.forget(a, DecisionKind::Throttled, "task limit 2 reached");
         assert!(memo.first(a, DecisionKind::Throttled, "task limit 2 reached"));
-    }
-
-    #[test]
-    fn logical_time_is_rfc3339_utc() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(1_714_528_800_500), "2024-05-01T02:00:00.500Z");
     }
 }

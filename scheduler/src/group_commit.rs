@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use ax_store::StoreError;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Requests per transaction at most.
 const MAX_GROUP: usize = 128;
@@ -54,11 +56,13 @@ impl<W: GroupWrite> Clone for GroupCommit<W> {
 }
 
 impl<W: GroupWrite> GroupCommit<W> {
-    /// Starts the task that writes the groups; it ends when the last handle is dropped.
-    pub fn start(writer: W) -> GroupCommit<W> {
+    /// Starts the task that writes the groups, on `tasks`; it ends when the last handle is
+    /// dropped, or once `stop` is cancelled and the requests queued by then are written (later
+    /// ones are written alone).
+    pub fn start(writer: W, tasks: &TaskTracker, stop: CancellationToken) -> GroupCommit<W> {
         let writer = Arc::new(writer);
         let (requests, inbox) = mpsc::channel(4 * MAX_GROUP);
-        tokio::spawn(write_groups(Arc::clone(&writer), inbox));
+        tasks.spawn(write_groups(Arc::clone(&writer), inbox, stop));
         GroupCommit { writer, requests }
     }
 
@@ -84,9 +88,24 @@ impl<W: GroupWrite> GroupCommit<W> {
     }
 }
 
-async fn write_groups<W: GroupWrite>(writer: Arc<W>, mut inbox: mpsc::Receiver<Request<W>>) {
+async fn write_groups<W: GroupWrite>(
+    writer: Arc<W>,
+    mut inbox: mpsc::Receiver<Request<W>>,
+    stop: CancellationToken,
+) {
     let mut group = Vec::with_capacity(MAX_GROUP);
-    while inbox.recv_many(&mut group, MAX_GROUP).await > 0 {
+    loop {
+        let received = tokio::select! {
+            biased;
+            received = inbox.recv_many(&mut group, MAX_GROUP) => received,
+            () = stop.cancelled() => {
+                inbox.close();
+                inbox.recv_many(&mut group, MAX_GROUP).await
+            }
+        };
+        if received == 0 {
+            return;
+        }
         let items: Vec<W::Item> = group.iter().map(|request| request.item.clone()).collect();
         match writer.write_group(&items).await {
             Ok(done) => {
@@ -144,7 +163,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_burst_is_grouped_and_a_refused_request_fails_alone() {
-        let commit = GroupCommit::start(Doubler::default());
+        let commit = GroupCommit::start(
+            Doubler::default(),
+            &TaskTracker::new(),
+            CancellationToken::new(),
+        );
         let calls: Vec<_> = (-2..200i64)
             .map(|n| {
                 let commit = commit.clone();

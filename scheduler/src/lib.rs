@@ -14,9 +14,7 @@ use tokio_util::task::TaskTracker;
 use crate::grpc::control::ControlApi;
 use crate::grpc::worker::WorkerApi;
 use crate::guards::{Guards, LocalGuards, RedisGuards};
-use crate::log_writer::LogWriter;
 use crate::membership::{Member, Membership};
-use crate::node::Node;
 
 pub use auth::AuthMode;
 pub use ax_core::placement::Strategy;
@@ -144,11 +142,7 @@ impl Default for SchedulerOptions {
 pub struct RunningScheduler {
     local_addr: SocketAddr,
     ops_addr: Option<SocketAddr>,
-    cancel: CancellationToken,
-    tasks: TaskTracker,
-    background: CancellationToken,
-    lease: CancellationToken,
-    lease_task: tokio::task::JoinHandle<()>,
+    shutdown: shutdown::Shutdown,
 }
 
 impl RunningScheduler {
@@ -163,24 +157,9 @@ impl RunningScheduler {
     }
 
     /// Stops accepting, ends the worker streams, drains the report and log queues into the
-    /// store, and returns.
+    /// store, gives up the lease, and returns (the order and its reasons: `shutdown.rs`).
     pub async fn shutdown(self) -> anyhow::Result<()> {
-        self.cancel.cancel();
-        self.tasks.close();
-        // The server task drains the queues once the server has stopped; if a connection keeps
-        // it from stopping, the queues are drained anyway after a grace.
-        if tokio::time::timeout(Duration::from_secs(10), self.tasks.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!("the gRPC server did not stop within 10 s; draining anyway");
-            self.background.cancel();
-            self.tasks.wait().await;
-        }
-        self.lease.cancel();
-        if let Err(err) = self.lease_task.await {
-            tracing::warn!(error = %err, "the lease task ended abnormally");
-        }
+        self.shutdown.run().await;
         Ok(())
     }
 }
@@ -283,9 +262,6 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     };
     let local_addr = listener.local_addr()?;
 
-    let (report_sender, report_inbox) = reporter::channel();
-    let (log_writer, log_inbox) = LogWriter::channel();
-    let flush_interval = options.log_flush_interval;
     tracing::info!(
         addr = %local_addr,
         store = %redact(&options.store_url),
@@ -296,43 +272,36 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         tls = tls.is_some(),
         "scheduler starting"
     );
-    let node = Arc::new(Node::new(
-        options,
-        membership.standing(),
-        store,
-        guards,
-        report_sender,
-        log_writer,
-        alerter,
-    ));
-    node.runs.writer().attach(&node);
 
-    // The server stops first; the queues it fed are drained after it (background token).
-    let cancel = CancellationToken::new();
-    let background = CancellationToken::new();
+    // The node's parts run until their tokens in the shutdown order (`shutdown.rs`).
+    let serving = CancellationToken::new();
+    let draining = CancellationToken::new();
     let tasks = TaskTracker::new();
-    tasks.spawn(reporter::run(
-        node.clone(),
-        report_inbox,
-        background.clone(),
-    ));
-    tasks.spawn(log_writer::run(
-        node.clone(),
-        log_inbox,
-        flush_interval,
-        background.clone(),
-    ));
-    tasks.spawn(telemetry::run(node.clone(), background.clone()));
-    // The lease outlives the queues' drain: `shutdown` gives it up last.
+    let parts::Built {
+        node,
+        streams,
+        registry,
+        gate,
+        scraped,
+        connection_counters,
+    } = parts::build(
+        options,
+        parts::Opened {
+            store,
+            guards,
+            alerter: alerter.clone(),
+            standing: membership.standing(),
+        },
+        parts::Runs {
+            tasks: &tasks,
+            serving: &serving,
+            draining: &draining,
+        },
+    );
+    // The lease is given up after every task has ended (`shutdown.rs`), so it runs outside the
+    // tracker that shutdown waits on.
     let lease = CancellationToken::new();
     let lease_task = tokio::spawn(membership.run(lease.clone()));
-    tasks.spawn(dispatcher::run(node.clone(), cancel.clone()));
-    tasks.spawn(schedules::run(node.clone(), cancel.clone()));
-    tasks.spawn(backstop::run(node.clone(), cancel.clone()));
-    tasks.spawn(spread::run(node.clone(), cancel.clone()));
-    tasks.spawn(retention::run(node.clone(), cancel.clone()));
-    tasks.spawn(node.gate.clone().flush_failures_until(cancel.clone()));
-    tasks.spawn(worker_refusals::run(node.refusals.clone(), cancel.clone()));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
@@ -342,12 +311,12 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     // The port and the ops listener share one connection cap: it is one process's files.
     let connections = connections::Connections::new(
         &node.options.connections,
-        node.connections.clone(),
-        cancel.clone(),
+        connection_counters,
+        serving.clone(),
     );
     let ops_addr = match node.options.ops_listen {
         Some(address) => {
-            Some(serve_ops(address, node.clone(), health_service.clone(), &connections).await?)
+            Some(serve_ops(address, scraped, health_service.clone(), &connections).await?)
         }
         None => None,
     };
@@ -362,57 +331,36 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     let routes = tonic::service::Routes::from(web::router(ControlApi::new(node.clone())))
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(WorkerServiceServer::new(WorkerApi::new(node.clone())))
+        .add_service(WorkerServiceServer::new(WorkerApi::new(streams)))
         .add_service(
             ControlServiceServer::new(ControlApi::new(node.clone()))
                 .max_decoding_message_size(grpc::control::MAX_REQUEST_BYTES),
         )
         .prepare();
     let service = tower::ServiceBuilder::new()
-        .layer(auth::AuthLayer::new(node.gate.clone(), names))
+        .layer(auth::AuthLayer::new(gate, names))
         .service(routes);
     if let Some(tls) = &tls {
-        tasks.spawn(tls.clone().watch(cancel.clone()));
+        tasks.spawn(tls.clone().watch(serving.clone()));
     }
     connections.serve(
         listener,
         connections::HttpService::new(service),
         tls.clone(),
     );
-    let closing = node.clone();
-    let closing_token = cancel.clone();
-    tasks.spawn(async move {
-        closing_token.cancelled().await;
-        closing.registry.disconnect_all();
-    });
-    let server_background = background.clone();
-    let alerting = node.clone();
-    tasks.spawn(async move {
-        connections.closed().await;
-        // Open worker streams end with the server; then the queues drain.
-        server_background.cancel();
-    });
-    // Alerts raised while the queues drain still go out, within a bound.
-    let alerts_done = background.clone();
-    tasks.spawn(async move {
-        alerts_done.cancelled().await;
-        let stats = alerting
-            .alerter
-            .clone()
-            .shutdown(Duration::from_secs(5))
-            .await;
-        if stats.failed > 0 {
-            tracing::warn!(failed = stats.failed, "some alerts could not be delivered");
-        }
-    });
     Ok(RunningScheduler {
         local_addr,
         ops_addr,
-        cancel,
-        tasks,
-        background,
-        lease,
-        lease_task,
+        shutdown: shutdown::Shutdown {
+            serving,
+            draining,
+            lease,
+            tasks,
+            lease_task,
+            registry,
+            connections,
+            alerter,
+        },
     })
 }
 
@@ -473,7 +421,7 @@ fn node_names(
 /// port), stopped with the main server.
 async fn serve_ops(
     address: SocketAddr,
-    node: Arc<Node>,
+    scraped: metrics::Scraped,
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
@@ -482,7 +430,7 @@ async fn serve_ops(
     let listener = connections::bind(address)
         .with_context(|| format!("binding the ops listener {address}"))?;
     let bound = listener.local_addr()?;
-    let routes = tonic::service::Routes::from(metrics::ops_router(node))
+    let routes = tonic::service::Routes::from(metrics::ops_router(scraped))
         .add_service(health)
         .prepare();
     connections.serve(listener, connections::HttpService::new(routes), None);
@@ -507,31 +455,39 @@ pub fn redact(url: &str) -> String {
 pub mod alerts;
 mod audit_writer;
 pub mod auth;
-mod backfill;
 mod backstop;
 mod clock;
 pub mod config;
 pub mod connections;
 mod dag_layouts;
+mod dispatch_send;
 mod dispatcher;
+mod failure_alerts;
 mod group_commit;
 mod grpc;
 pub mod guards;
+mod json_errors;
 mod log_writer;
 mod membership;
 mod metrics;
 mod node;
+mod parts;
 mod place_now;
+mod progress;
 mod registry;
 mod reporter;
 mod retention;
 mod run_creator;
 mod schedules;
 pub mod secrets;
+mod shutdown;
 mod specs;
 mod spread;
 pub mod telemetry;
 pub mod tls;
+mod to_worker;
+mod wake;
+mod watching;
 mod web;
 mod worker_refusals;
 mod worker_rows;

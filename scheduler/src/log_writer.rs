@@ -13,14 +13,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ax_proto::v1::{LogAck, ReportRefused, SchedulerMessage, scheduler_message};
-use ax_store::LogChunk;
+use ax_core::ids::{Attempt, InstanceId};
+use ax_store::{LogChunk, Store};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::node::Node;
-use crate::worker_refusals::{FRAME_REFUSED, Refusal};
+use crate::metrics::Metrics;
+use crate::progress::Progress;
+use crate::registry::Registry;
+use crate::secrets::Secrets;
+use crate::specs::SpecCache;
+use crate::to_worker::{self, ToWorker};
+use crate::worker_refusals::{FRAME_REFUSED, Refusal, WorkerRefusals};
 
 /// Lines per write, and text bytes per write: whichever comes first.
 const MAX_BATCH_LINES: usize = 20_000;
@@ -46,19 +51,51 @@ pub enum LogCommand {
 /// logs stays bounded while a chatty task is pushed back.
 const QUEUE_BUDGET_BYTES: usize = 16 << 20;
 
+/// Queues log chunks for the writer; clones share its queue.
 #[derive(Clone)]
-pub struct LogWriter {
+pub struct Logs {
     sender: mpsc::Sender<LogCommand>,
     budget: Arc<Semaphore>,
 }
 
+/// The log writer: its queue, and the node's parts a write reaches.
+pub struct LogWriter {
+    inbox: mpsc::Receiver<LogCommand>,
+    logs: Logs,
+    flush_interval: Duration,
+    writing: Writing,
+}
+
+/// The node's parts a write reaches.
+pub struct Writing {
+    pub store: Arc<Store>,
+    pub specs: Arc<SpecCache>,
+    pub secrets: Arc<Secrets>,
+    pub registry: Arc<Registry>,
+    pub metrics: Arc<Metrics>,
+    pub refusals: Arc<WorkerRefusals>,
+    pub progress: Progress,
+}
+
 impl LogWriter {
-    pub fn channel() -> (LogWriter, mpsc::Receiver<LogCommand>) {
-        let (sender, receiver) = mpsc::channel(4096);
+    /// Writes a batch once it has waited `flush_interval`, or is full.
+    pub fn new(flush_interval: Duration, writing: Writing) -> LogWriter {
+        let (sender, inbox) = mpsc::channel(4096);
         let budget = Arc::new(Semaphore::new(QUEUE_BUDGET_BYTES));
-        (LogWriter { sender, budget }, receiver)
+        LogWriter {
+            inbox,
+            logs: Logs { sender, budget },
+            flush_interval,
+            writing,
+        }
     }
 
+    pub fn handle(&self) -> Logs {
+        self.logs.clone()
+    }
+}
+
+impl Logs {
     /// Queues a chunk from `worker`'s stream (`own`: the stream knows its attempt as the
     /// worker's); waits when the queue is full, by count or by bytes (back-pressure).
     pub async fn append(&self, worker: String, chunk: LogChunk, own: bool) -> bool {
@@ -91,106 +128,211 @@ impl LogWriter {
     }
 }
 
-pub async fn run(
-    node: Arc<Node>,
-    mut inbox: mpsc::Receiver<LogCommand>,
-    flush_interval: Duration,
-    cancel: CancellationToken,
-) {
-    let mut pending = Pending::default();
-    let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
-    let mut lines = 0usize;
-    let mut bytes = 0usize;
-    let mut deadline: Option<Instant> = None;
-    let mut closing = false;
-    loop {
-        let command = if closing {
-            inbox.recv().await
-        } else {
-            tokio::select! {
-                command = inbox.recv() => command,
-                _ = sleep_until(deadline) => {
-                    write(&node, &mut pending, &mut waiters).await;
-                    (lines, bytes) = (0, 0);
-                    deadline = None;
-                    continue;
+impl LogWriter {
+    pub async fn run(self, cancel: CancellationToken) {
+        let LogWriter {
+            mut inbox,
+            logs,
+            flush_interval,
+            writing,
+        } = self;
+        // Its own handle would keep its queue open: only the others' count.
+        drop(logs);
+        let mut pending = Pending::default();
+        let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
+        let mut lines = 0usize;
+        let mut bytes = 0usize;
+        let mut deadline: Option<Instant> = None;
+        let mut closing = false;
+        loop {
+            let command = if closing {
+                inbox.recv().await
+            } else {
+                tokio::select! {
+                    command = inbox.recv() => command,
+                    _ = sleep_until(deadline) => {
+                        writing.write(&mut pending, &mut waiters).await;
+                        (lines, bytes) = (0, 0);
+                        deadline = None;
+                        continue;
+                    }
+                    _ = cancel.cancelled() => {
+                        // Stop taking new chunks, write what is queued, then return.
+                        inbox.close();
+                        closing = true;
+                        continue;
+                    }
                 }
-                _ = cancel.cancelled() => {
-                    // Stop taking new chunks, write what is queued, then return.
-                    inbox.close();
-                    closing = true;
-                    continue;
-                }
-            }
-        };
-        match command {
-            Some(LogCommand::Append {
-                worker,
-                mut chunk,
-                own,
-                budget,
-                queued,
-            }) => {
-                // Stored lines never show a value of a secret the task could have been given,
-                // whatever it printed.
-                node.secrets
-                    .mask(&mut chunk, async |instance| {
-                        app_of_instance(&node, instance).await
-                    })
-                    .await;
-                lines += chunk.line_count();
-                bytes += chunk.body().len();
-                pending.checks.push((!own).then(|| worker.clone()));
-                pending.acks.push(Ack {
+            };
+            match command {
+                Some(LogCommand::Append {
                     worker,
-                    instance_id: chunk.instance_id.0,
-                    attempt: chunk.attempt.0,
-                    seq: chunk.last_seq(),
-                    _budget: budget,
-                });
-                pending.chunks.push(chunk);
-                pending.oldest.get_or_insert(queued);
-                deadline.get_or_insert_with(|| Instant::now() + flush_interval);
-                if lines >= MAX_BATCH_LINES || bytes >= MAX_BATCH_BYTES {
-                    write(&node, &mut pending, &mut waiters).await;
+                    mut chunk,
+                    own,
+                    budget,
+                    queued,
+                }) => {
+                    // Stored lines never show a value of a secret the task could have been given,
+                    // whatever it printed.
+                    writing
+                        .secrets
+                        .mask(&mut chunk, async |instance| {
+                            writing.app_of_instance(instance).await
+                        })
+                        .await;
+                    lines += chunk.line_count();
+                    bytes += chunk.body().len();
+                    pending.checks.push((!own).then(|| worker.clone()));
+                    pending.acks.push(Ack {
+                        worker,
+                        instance: chunk.instance_id,
+                        attempt: chunk.attempt,
+                        seq: chunk.last_seq(),
+                        _budget: budget,
+                    });
+                    pending.chunks.push(chunk);
+                    pending.oldest.get_or_insert(queued);
+                    deadline.get_or_insert_with(|| Instant::now() + flush_interval);
+                    if lines >= MAX_BATCH_LINES || bytes >= MAX_BATCH_BYTES {
+                        writing.write(&mut pending, &mut waiters).await;
+                        (lines, bytes) = (0, 0);
+                        deadline = None;
+                    }
+                }
+                Some(LogCommand::Flush(done)) => {
+                    waiters.push(done);
+                    writing.write(&mut pending, &mut waiters).await;
                     (lines, bytes) = (0, 0);
                     deadline = None;
                 }
-            }
-            Some(LogCommand::Flush(done)) => {
-                waiters.push(done);
-                write(&node, &mut pending, &mut waiters).await;
-                (lines, bytes) = (0, 0);
-                deadline = None;
-            }
-            None => {
-                write(&node, &mut pending, &mut waiters).await;
-                return;
+                None => {
+                    writing.write(&mut pending, &mut waiters).await;
+                    return;
+                }
             }
         }
     }
 }
 
-/// The app of the workflow version an instance runs, or `None` when it cannot be read (its
-/// lines are then masked for every app's secrets).
-async fn app_of_instance(node: &Node, instance: ax_core::ids::InstanceId) -> Option<String> {
-    let record = match node.store.get_instance(instance).await {
-        Ok(Some(record)) => record,
-        Ok(None) => return None,
-        Err(err) => {
-            tracing::warn!(%instance, error = %err, "cannot read an instance's app to mask its lines");
-            return None;
+impl Writing {
+    /// The app of the workflow version an instance runs, or `None` when it cannot be read (its
+    /// lines are then masked for every app's secrets).
+    async fn app_of_instance(&self, instance: ax_core::ids::InstanceId) -> Option<String> {
+        let record = match self.store.get_instance(instance).await {
+            Ok(Some(record)) => record,
+            Ok(None) => return None,
+            Err(err) => {
+                tracing::warn!(%instance, error = %err, "cannot read an instance's app to mask its lines");
+                return None;
+            }
+        };
+        match self
+            .specs
+            .get(record.workflow_id, record.workflow_version)
+            .await
+        {
+            Ok(versioned) => Some(versioned.spec.app.clone()),
+            Err(err) => {
+                tracing::warn!(%instance, error = %err, "cannot read an instance's app to mask its lines");
+                None
+            }
         }
-    };
-    match node
-        .specs
-        .get(record.workflow_id, record.workflow_version)
-        .await
-    {
-        Ok(versioned) => Some(versioned.spec.app.clone()),
-        Err(err) => {
-            tracing::warn!(%instance, error = %err, "cannot read an instance's app to mask its lines");
-            None
+    }
+
+    async fn write(&self, pending: &mut Pending, waiters: &mut Vec<oneshot::Sender<()>>) {
+        if !pending.chunks.is_empty() {
+            let chunks = std::mem::take(&mut pending.chunks);
+            let checks = std::mem::take(&mut pending.checks);
+            let senders: Vec<Option<&str>> = checks.iter().map(Option::as_deref).collect();
+            let started = Instant::now();
+            let mut delay = Duration::from_millis(50);
+            // Lines a worker sent are acknowledged only once stored, so retrying until the store
+            // takes them loses nothing; meanwhile the bounded queue pushes back on the workers.
+            let kept = loop {
+                let written = if senders.iter().all(Option::is_none) {
+                    self.store
+                        .append_logs(&chunks)
+                        .await
+                        .map(|()| vec![true; chunks.len()])
+                } else {
+                    self.store.append_worker_logs(&chunks, &senders).await
+                };
+                match written {
+                    Ok(kept) => break kept,
+                    Err(err) => {
+                        tracing::error!(error = %err, chunks = chunks.len(), "writing logs failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                }
+            };
+            let stored_lines: usize = chunks
+                .iter()
+                .zip(&kept)
+                .filter(|(_, kept)| **kept)
+                .map(|(chunk, _)| chunk.line_count())
+                .sum();
+            tracing::debug!(
+                chunks = chunks.len(),
+                lines = stored_lines,
+                elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+                "log lines stored"
+            );
+            self.metrics.log_lines.inc_by(stored_lines as u64);
+            if let Some(oldest) = pending.oldest.take() {
+                self.metrics.log_lag.set(oldest.elapsed().as_secs_f64());
+            }
+            drop(chunks);
+            // Dropping each entry returns its share of the byte budget.
+            for (ack, kept) in pending.acks.drain(..).zip(kept) {
+                if !kept {
+                    self.refuse(&ack);
+                    continue;
+                }
+                let Some(outbox) = self.registry.outbox(&ack.worker) else {
+                    continue;
+                };
+                // A full outbound queue only delays the ack; the next one covers this one.
+                outbox.tell(ToWorker::LogAck {
+                    instance: ack.instance,
+                    attempt: ack.attempt,
+                    seq: ack.seq,
+                });
+            }
+            self.progress.bump();
+        }
+        for waiter in waiters.drain(..) {
+            let _ = waiter.send(());
+        }
+    }
+
+    /// A chunk about an attempt not dispatched to its worker: not stored; counted and audited, and
+    /// the worker told (and told to kill whatever runs under that attempt: it is not its own).
+    fn refuse(&self, ack: &Ack) {
+        let why = format!(
+            "log lines for attempt {} of instance {}, which was not dispatched to worker {}: not stored",
+            ack.attempt, ack.instance, ack.worker
+        );
+        let stream = self.registry.stream_info(&ack.worker).unwrap_or_default();
+        self.refusals.record(
+            &self.metrics,
+            Refusal {
+                worker: ack.worker.clone(),
+                action: FRAME_REFUSED,
+                kind: "logs",
+                detail: why.clone(),
+                remote: stream.remote,
+                token: stream.token,
+            },
+        );
+        if let Some(outbox) = self.registry.outbox(&ack.worker) {
+            outbox.tell(ToWorker::Refused {
+                instance: ack.instance,
+                attempt: ack.attempt,
+                reason: why,
+                kill: true,
+                why: to_worker::Refusal::Stranger,
+            });
         }
     }
 }
@@ -209,8 +351,8 @@ struct Pending {
 
 struct Ack {
     worker: String,
-    instance_id: i64,
-    attempt: u32,
+    instance: InstanceId,
+    attempt: Attempt,
     seq: u64,
     /// The chunk's share of the queue's byte budget, returned when this is dropped.
     _budget: OwnedSemaphorePermit,
@@ -220,108 +362,5 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
-    }
-}
-
-async fn write(node: &Node, pending: &mut Pending, waiters: &mut Vec<oneshot::Sender<()>>) {
-    if !pending.chunks.is_empty() {
-        let chunks = std::mem::take(&mut pending.chunks);
-        let checks = std::mem::take(&mut pending.checks);
-        let senders: Vec<Option<&str>> = checks.iter().map(Option::as_deref).collect();
-        let started = Instant::now();
-        let mut delay = Duration::from_millis(50);
-        // Lines a worker sent are acknowledged only once stored, so retrying until the store
-        // takes them loses nothing; meanwhile the bounded queue pushes back on the workers.
-        let kept = loop {
-            let written = if senders.iter().all(Option::is_none) {
-                node.store
-                    .append_logs(&chunks)
-                    .await
-                    .map(|()| vec![true; chunks.len()])
-            } else {
-                node.store.append_worker_logs(&chunks, &senders).await
-            };
-            match written {
-                Ok(kept) => break kept,
-                Err(err) => {
-                    tracing::error!(error = %err, chunks = chunks.len(), "writing logs failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-            }
-        };
-        let stored_lines: usize = chunks
-            .iter()
-            .zip(&kept)
-            .filter(|(_, kept)| **kept)
-            .map(|(chunk, _)| chunk.line_count())
-            .sum();
-        tracing::debug!(
-            chunks = chunks.len(),
-            lines = stored_lines,
-            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
-            "log lines stored"
-        );
-        node.metrics.log_lines.inc_by(stored_lines as u64);
-        if let Some(oldest) = pending.oldest.take() {
-            node.metrics.log_lag.set(oldest.elapsed().as_secs_f64());
-        }
-        drop(chunks);
-        // Dropping each entry returns its share of the byte budget.
-        for (ack, kept) in pending.acks.drain(..).zip(kept) {
-            if !kept {
-                refuse(node, &ack);
-                continue;
-            }
-            let Some(sender) = node.registry.sender(&ack.worker) else {
-                continue;
-            };
-            let ack = SchedulerMessage {
-                body: Some(scheduler_message::Body::LogAck(LogAck {
-                    instance_id: ack.instance_id,
-                    attempt: ack.attempt,
-                    seq: ack.seq,
-                })),
-            };
-            // A full outbound queue only delays the ack; the next one covers this one.
-            let _ = sender.try_send(Ok(ack));
-        }
-        node.bump_progress();
-    }
-    for waiter in waiters.drain(..) {
-        let _ = waiter.send(());
-    }
-}
-
-/// A chunk about an attempt not dispatched to its worker: not stored; counted and audited, and
-/// the worker told (and told to kill whatever runs under that attempt: it is not its own).
-fn refuse(node: &Node, ack: &Ack) {
-    let why = format!(
-        "log lines for attempt {} of instance {}, which was not dispatched to worker {}: not stored",
-        ack.attempt, ack.instance_id, ack.worker
-    );
-    let stream = node.registry.stream_info(&ack.worker).unwrap_or_default();
-    node.refusals.record(
-        &node.metrics,
-        Refusal {
-            worker: ack.worker.clone(),
-            action: FRAME_REFUSED,
-            kind: "logs",
-            detail: why.clone(),
-            remote: stream.remote,
-            token: stream.token,
-        },
-    );
-    if let Some(sender) = node.registry.sender(&ack.worker) {
-        let refused = SchedulerMessage {
-            body: Some(scheduler_message::Body::Refused(ReportRefused {
-                instance_id: ack.instance_id,
-                attempt: ack.attempt,
-                reason: why,
-                kill: true,
-                code: tonic::Code::PermissionDenied as i32,
-            })),
-        };
-        let _ = sender.try_send(Ok(refused));
     }
 }

@@ -24,7 +24,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::sync::Mutex;
 
-use crate::node::Node;
+use ax_store::Store;
 
 /// The content type of what [`Metrics::encode`] writes.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -89,7 +89,8 @@ struct WorkerLabel {
 
 /// Every metric of a node.
 pub struct Metrics {
-    registry: Registry,
+    /// Locked to register the readings kept elsewhere once, and to encode a scrape.
+    registry: std::sync::Mutex<Registry>,
     /// From an instance's becoming ready (created, or its retry backoff over) to its Dispatch
     /// leaving this node.
     pub dispatch_latency: Histogram,
@@ -176,7 +177,7 @@ impl Metrics {
             waiting_age: Gauge::default(),
             workers: Family::default(),
             running_per_worker: Family::default(),
-            registry: Registry::default(),
+            registry: std::sync::Mutex::default(),
         };
         // Counters are registered without `_total`: the encoder appends it.
         registry.register(
@@ -311,15 +312,21 @@ impl Metrics {
             drop(metrics.purged.get_or_create(&KindLabel { kind }));
         }
         Metrics {
-            registry,
+            registry: std::sync::Mutex::new(registry),
             ..metrics
         }
     }
 
     /// Registers the readings kept outside this module (alerts, Redis, the lease, the log
     /// queue), read at each scrape; called once, as the node is made.
-    pub fn register_readings(&mut self, readings: Readings) {
-        self.registry.register_collector(Box::new(readings));
+    pub fn register_readings(&self, readings: Readings) {
+        self.encoder().register_collector(Box::new(readings));
+    }
+
+    fn encoder(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.registry
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn attempt_finished(&self, outcome: &'static str) {
@@ -346,22 +353,23 @@ impl Metrics {
         self.refused.get_or_create(&ReasonLabel { reason }).inc();
     }
 
-    /// Counts a refusal of `worker_refusals` (`action` says whether a Register or a frame).
-    pub fn worker_refused(&self, action: &'static str, kind: &'static str) {
-        if action == crate::worker_refusals::REGISTER_REFUSED {
-            self.registers_refused
-                .get_or_create(&ReasonLabel { reason: kind })
-                .inc();
-        } else {
-            self.frames_refused.get_or_create(&KindLabel { kind }).inc();
-        }
+    /// Counts a Register refused (`worker_refusals`), by reason.
+    pub fn register_refused(&self, reason: &'static str) {
+        self.registers_refused
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    /// Counts a frame refused (`worker_refusals`), by kind.
+    pub fn frame_refused(&self, kind: &'static str) {
+        self.frames_refused.get_or_create(&KindLabel { kind }).inc();
     }
 
     /// The metrics as a scrape shows them, without the store's readings.
     #[cfg(test)]
     pub fn encode_now(&self) -> String {
         let mut text = String::new();
-        prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry)
+        prometheus_client::encoding::prometheus_text::encode(&mut text, &self.encoder())
             .expect("encode");
         text
     }
@@ -373,18 +381,18 @@ impl Metrics {
 
     /// The text of a scrape: the store-backed gauges brought up to date (at most once per
     /// [`STORE_READ_EVERY`]), then every metric.
-    pub async fn scrape(&self, node: &Node) -> String {
-        self.refresh(node).await;
+    pub async fn scrape(&self, sources: &Scraped) -> String {
+        self.refresh(sources).await;
         let mut text = String::with_capacity(16 << 10);
         if let Err(err) =
-            prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry)
+            prometheus_client::encoding::prometheus_text::encode(&mut text, &self.encoder())
         {
             tracing::error!(error = %err, "encoding metrics failed");
         }
         text
     }
 
-    async fn refresh(&self, node: &Node) {
+    async fn refresh(&self, sources: &Scraped) {
         let mut gauges = self.gauges.lock().await;
         if gauges
             .read_at
@@ -395,14 +403,14 @@ impl Metrics {
         gauges.read_at = Some(Instant::now());
         // This node's own workers need no store.
         self.running_per_worker.clear();
-        for slot in node.registry.slots() {
+        for slot in sources.registry.slots() {
             self.running_per_worker
                 .get_or_create(&WorkerLabel { worker: slot.id })
                 .set(i64::from(slot.running));
         }
         let read = async {
-            let counts = node.store.active_counts().await?;
-            let workers = node.store.list_workers().await?;
+            let counts = sources.store.active_counts().await?;
+            let workers = sources.store.list_workers().await?;
             anyhow::Ok((counts, workers))
         };
         let (counts, workers) = match tokio::time::timeout(STORE_READ_TIMEOUT, read).await {
@@ -434,7 +442,7 @@ impl Metrics {
             .oldest_ready_since
             .map_or(0, |since| (now - since).max(0));
         self.waiting_age.set(age_ms as f64 / 1000.0);
-        let dead_after = crate::backstop::intervals(node).worker_dead_after_ms();
+        let dead_after = sources.worker_dead_after_ms;
         let connected = workers.iter().filter(|worker| worker.connected);
         let live = connected
             .clone()
@@ -451,7 +459,8 @@ pub struct Readings {
     pub alerter: crate::alerts::Alerter,
     pub guards: Arc<dyn crate::guards::Guards>,
     pub standing: Arc<crate::membership::Standing>,
-    pub logs: crate::log_writer::LogWriter,
+    /// Bytes of log text queued for the store (the log writer's).
+    pub queued_log_bytes: Box<dyn Fn() -> usize + Send + Sync>,
     pub connections: Arc<crate::connections::ConnectionCounters>,
 }
 
@@ -492,7 +501,7 @@ impl Collector for Readings {
             "Time since this node last renewed its lease in the store.",
             node.standing.lease_age().as_secs_f64(),
         )?;
-        let queued = ConstGauge::new(node.logs.queued_bytes() as i64);
+        let queued = ConstGauge::new((node.queued_log_bytes)() as i64);
         let described = encoder.encode_descriptor(
             "ax_log_writer_queued_bytes",
             "Log text queued for the store and not yet written.",
@@ -551,43 +560,37 @@ impl Collector for Readings {
     }
 }
 
-/// A worker's report as its stream receives it: a start is timed here, before the report's
-/// batch, since the attempt may end and leave the registry before that batch is applied.
-pub fn reported(node: &Node, worker: &str, report: &ax_store::Report) {
-    if let ax_store::Report::Started {
-        instance_id,
-        attempt,
-        ..
-    } = report
-        && let Some(ready_at) = node.registry.take_ready_at(worker, *instance_id, *attempt)
-    {
-        Metrics::observe_ms(
-            &node.metrics.start_latency,
-            ready_at,
-            crate::clock::now_ms(),
-        );
-    }
+/// What a scrape reads besides the counters: this node's workers, the store, and the
+/// dead-worker threshold that tells live workers from dead ones.
+#[derive(Clone)]
+pub struct Scraped {
+    pub metrics: Arc<Metrics>,
+    pub registry: Arc<crate::registry::Registry>,
+    pub store: Arc<Store>,
+    pub worker_dead_after_ms: Millis,
 }
 
-/// A scrape as an HTTP answer.
-pub async fn response(node: &Node) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let text = node.metrics.scrape(node).await;
-    ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response()
+impl Scraped {
+    /// A scrape as an HTTP answer.
+    pub async fn response(&self) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let text = self.metrics.scrape(self).await;
+        ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response()
+    }
 }
 
 /// The ops listener's routes: only `GET /metrics` (the gRPC health service is added beside
 /// them). Plaintext and without authentication, for Kubernetes probes (which speak no TLS) and
 /// Prometheus; everything else is a 404.
-pub fn ops_router(node: Arc<Node>) -> axum::Router {
+pub fn ops_router(scraped: Scraped) -> axum::Router {
     axum::Router::new()
         .route(
             "/metrics",
             axum::routing::get(
-                |axum::extract::State(node): axum::extract::State<Arc<Node>>| async move {
-                    response(&node).await
+                |axum::extract::State(scraped): axum::extract::State<Scraped>| async move {
+                    scraped.response().await
                 },
             ),
         )
-        .with_state(node)
+        .with_state(scraped)
 }

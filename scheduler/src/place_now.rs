@@ -14,23 +14,131 @@
 //! a new instance: no other node ever sees it WAITING, so it needs no dispatch marker, and its
 //! start lock is taken after the commit, before it is sent.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use ax_core::dispatch_plan::route_at_creation;
 use ax_core::ids::{Attempt, InstanceId};
 use ax_core::limits::limits_for;
-use ax_core::placement::{Candidate, Wanted};
-use ax_store::{NewAttempt, PlacedAttempt, Placement, Report};
+use ax_core::placement::{Candidate, Placer, Strategy, Wanted};
+use ax_store::{NewAttempt, PlacedAttempt, Placement};
 
-use crate::dispatcher::{Claimed, Ready, dispatch_message, lock_ttl, send_claimed};
-use crate::guards::StartLock;
-use crate::node::Node;
-use crate::registry::WorkerSlot;
-use crate::reporter::Envelope;
+use crate::dispatch_send::{Claimed, DispatchSender, Ready, Undone};
+use crate::guards::{Guards, StartLock};
+use crate::membership::Standing;
+use crate::progress::Progress;
+use crate::registry::{Registry, WorkerSlot};
+use crate::specs::SpecCache;
+
+/// Places new tasks on this node's workers; clones share the node's parts. Each transaction
+/// that creates tasks takes a [`PlaceNow`] of it.
+#[derive(Clone)]
+pub struct Placing {
+    node_id: String,
+    strategy: Strategy,
+    pools: Arc<BTreeMap<String, u32>>,
+    standing: Arc<Standing>,
+    registry: Arc<Registry>,
+    specs: Arc<SpecCache>,
+    placer: Arc<tokio::sync::Mutex<Placer>>,
+    guards: Arc<dyn Guards>,
+    sender: DispatchSender,
+    progress: Progress,
+}
+
+/// The node's parts a placement works with.
+pub struct PlacingParts {
+    pub standing: Arc<Standing>,
+    pub registry: Arc<Registry>,
+    pub specs: Arc<SpecCache>,
+    pub placer: Arc<tokio::sync::Mutex<Placer>>,
+    pub guards: Arc<dyn Guards>,
+    pub sender: DispatchSender,
+    pub progress: Progress,
+}
+
+impl Placing {
+    pub fn new(
+        node_id: String,
+        strategy: Strategy,
+        pools: BTreeMap<String, u32>,
+        parts: PlacingParts,
+    ) -> Placing {
+        Placing {
+            node_id,
+            strategy,
+            pools: Arc::new(pools),
+            standing: parts.standing,
+            registry: parts.registry,
+            specs: parts.specs,
+            placer: parts.placer,
+            guards: parts.guards,
+            sender: parts.sender,
+            progress: parts.progress,
+        }
+    }
+
+    /// The placement of one transaction.
+    pub fn begin(&self) -> PlaceNow<'_> {
+        PlaceNow {
+            placing: self,
+            slots: None,
+            reserved: HashMap::new(),
+        }
+    }
+
+    /// Sends one placed attempt, or gives it back undone.
+    async fn send_placed(
+        &self,
+        placed: &PlacedAttempt,
+        claimed: &Claimed<'_>,
+    ) -> Result<(), Undone> {
+        let attempt = &placed.attempt;
+        let spec = self
+            .specs
+            .cached(attempt.workflow_id, attempt.workflow_version);
+        let task = spec.as_ref().and_then(|spec| spec.task(&attempt.task));
+        let (Some(spec), Some(task)) = (spec.as_ref(), task) else {
+            return Err(self.undo(claimed, "its workflow version left the node's memory"));
+        };
+        let ttl = self.sender.lock_ttl(task.timeout_ms);
+        if let StartLock::HeldBy(holder) = self
+            .guards
+            .acquire_start(claimed.instance, claimed.attempt, ttl)
+            .await
+        {
+            // A new instance's first attempt has no earlier one; a lock held means a guard
+            // store out of step with this one. The dispatcher decides again.
+            tracing::warn!(instance = %claimed.instance, holder = %holder, "start lock of a new instance held; leaving it to the dispatcher");
+            return Err(self.undo(claimed, "start lock held"));
+        }
+        let ready = Ready {
+            instance: claimed.instance,
+            run: attempt.run_id,
+            workflow_id: attempt.workflow_id,
+            attempt: claimed.attempt,
+            logical_time: placed.logical_time,
+            params: &placed.params,
+            shard: None,
+        };
+        let (message, span) = self
+            .sender
+            .message(spec, task, &ready, claimed.worker, Vec::new());
+        self.sender.send(claimed, message, &span)
+    }
+
+    /// Gives back a placed attempt's slot; it goes back to WAITING (never sent, so the same
+    /// attempt may go out again).
+    fn undo(&self, claimed: &Claimed<'_>, reason: &str) -> Undone {
+        self.registry
+            .release(claimed.worker, claimed.instance, claimed.attempt);
+        Undone::new(claimed, format!("not sent at creation: {reason}"))
+    }
+}
 
 /// The placement of one transaction on this node's workers.
 pub struct PlaceNow<'a> {
-    node: &'a Node,
+    placing: &'a Placing,
     /// The node's slots, read at the first offer: most transactions (a batch of starts and
     /// heartbeats) create nothing and never read them.
     slots: Option<Vec<WorkerSlot>>,
@@ -38,20 +146,13 @@ pub struct PlaceNow<'a> {
     reserved: HashMap<InstanceId, (String, u64)>,
 }
 
-impl<'a> PlaceNow<'a> {
-    pub fn new(node: &'a Node) -> PlaceNow<'a> {
-        PlaceNow {
-            node,
-            slots: None,
-            reserved: HashMap::new(),
-        }
-    }
-
+impl PlaceNow<'_> {
     /// Sends what the transaction placed (it has committed) and gives back every other
-    /// reservation.
-    pub async fn send(mut self, placed: Vec<PlacedAttempt>) {
-        let node = self.node;
+    /// reservation; returns the placed attempts that were not sent, to put back WAITING.
+    pub async fn send(mut self, placed: Vec<PlacedAttempt>) -> Vec<Undone> {
+        let placing = self.placing;
         let any = !placed.is_empty();
+        let mut undone = Vec::new();
         for placed in placed {
             let instance = placed.attempt.instance_id;
             let Some((worker, connection)) = self.reserved.remove(&instance) else {
@@ -64,94 +165,43 @@ impl<'a> PlaceNow<'a> {
                 attempt: Attempt(1),
                 ready_at: placed.attempt.created_at,
             };
-            if !send_placed(node, &placed, &claimed).await {
-                node.registry.release(&worker, instance, Attempt(1));
+            if let Err(not_sent) = placing.send_placed(&placed, &claimed).await {
+                undone.push(not_sent);
             }
         }
         if any {
-            node.bump_progress();
+            placing.progress.bump();
         }
         self.abandon();
+        undone
     }
 
     /// Gives back the reservations of attempts that were not created.
     pub fn abandon(mut self) {
         for (instance, (worker, _)) in self.reserved.drain() {
-            self.node.registry.release(&worker, instance, Attempt(1));
+            self.placing.registry.release(&worker, instance, Attempt(1));
         }
     }
-}
-
-/// Sends one placed attempt; false when it was undone without reaching `send_claimed`.
-async fn send_placed(node: &Node, placed: &PlacedAttempt, claimed: &Claimed<'_>) -> bool {
-    let attempt = &placed.attempt;
-    let spec = node
-        .specs
-        .cached(attempt.workflow_id, attempt.workflow_version);
-    let task = spec.as_ref().and_then(|spec| spec.task(&attempt.task));
-    let (Some(spec), Some(task)) = (spec.as_ref(), task) else {
-        return undo(node, claimed, "its workflow version left the node's memory").await;
-    };
-    let ttl = lock_ttl(node, task.timeout_ms);
-    if let StartLock::HeldBy(holder) = node
-        .guards
-        .acquire_start(claimed.instance, claimed.attempt, ttl)
-        .await
-    {
-        // A new instance's first attempt has no earlier one; a lock held means a guard store
-        // out of step with this one. The dispatcher decides again.
-        tracing::warn!(instance = %claimed.instance, holder = %holder, "start lock of a new instance held; leaving it to the dispatcher");
-        return undo(node, claimed, "start lock held").await;
-    }
-    let ready = Ready {
-        instance: claimed.instance,
-        run: attempt.run_id,
-        workflow_id: attempt.workflow_id,
-        attempt: claimed.attempt,
-        logical_time: placed.logical_time,
-        params: &placed.params,
-        shard: None,
-    };
-    let (message, span) = dispatch_message(node, spec, task, &ready, claimed.worker, Vec::new());
-    send_claimed(node, claimed, message, &span).await;
-    true
-}
-
-/// Puts a placed attempt back to WAITING (never sent, so the same attempt may go out again).
-async fn undo(node: &Node, claimed: &Claimed<'_>, reason: &str) -> bool {
-    let report = Report::Rejected {
-        instance_id: claimed.instance,
-        attempt: claimed.attempt,
-        worker_id: Some(claimed.worker.to_string()),
-        reason: format!("not sent at creation: {reason}"),
-        withdrawn: false,
-        dispatched_at: None,
-    };
-    let _ = node
-        .reports
-        .send(Envelope::decided(claimed.worker, report))
-        .await;
-    false
 }
 
 impl Placement for PlaceNow<'_> {
     fn node_id(&self) -> &str {
-        &self.node.options.node_id
+        &self.placing.node_id
     }
 
     fn place(&mut self, attempt: &NewAttempt) -> Option<String> {
-        let node = self.node;
-        if node.standing.is_cut_off() {
+        let placing = self.placing;
+        if placing.standing.is_cut_off() {
             return None;
         }
-        let slots = self.slots.get_or_insert_with(|| node.registry.slots());
+        let slots = self.slots.get_or_insert_with(|| placing.registry.slots());
         if !slots
             .iter()
             .any(|slot| slot.accepting && slot.running < slot.capacity)
         {
             return None;
         }
-        let spec = node
+        let spec = placing
             .specs
             .cached(attempt.workflow_id, attempt.workflow_version)?;
         let task = spec.task(&attempt.task)?;
@@ -159,13 +209,13 @@ impl Placement for PlaceNow<'_> {
             attempt.workflow_id,
             task,
             spec.spec.concurrency.max_running_tasks,
-            &node.options.pools,
+            &placing.pools,
         )
         .is_empty();
         let key = format!("{}/{}", spec.name, task.name);
         let route = route_at_creation(
             task.routing,
-            node.options.strategy,
+            placing.strategy,
             &key,
             limited,
             !task.secret_env.is_empty(),
@@ -177,14 +227,14 @@ impl Placement for PlaceNow<'_> {
             labels: &task.labels,
             app: &spec.spec.app,
         };
-        let chosen = node.placer.try_lock().ok()?.choose_routed(
+        let chosen = placing.placer.try_lock().ok()?.choose_routed(
             route,
             &candidates,
             &wanted,
             rand::random(),
         )?;
         let slot = &mut slots[chosen];
-        if !node
+        if !placing
             .registry
             .reserve(&slot.id, slot.connection, attempt.instance_id, Attempt(1))
         {

@@ -17,11 +17,8 @@ use std::time::{Duration, Instant};
 use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId};
 use ax_core::worker_scope::{HeldStream, Takeover, takeover};
-use ax_proto::v1::{CancelAttempt, SchedulerMessage, scheduler_message};
-use tokio::sync::mpsc;
-use tonic::Status;
 
-pub type WorkerSender = mpsc::Sender<Result<SchedulerMessage, Status>>;
+use crate::to_worker::{Outbox, ToWorker};
 
 #[derive(Debug, Clone)]
 pub struct WorkerProfile {
@@ -69,7 +66,7 @@ struct Entry {
     connection: u64,
     stream: StreamInfo,
     last_heard: Arc<AtomicI64>,
-    sender: WorkerSender,
+    outbox: Outbox,
     /// Attempts in flight, each with when its instance became ready (ms; 0 when unknown: an
     /// attempt the worker re-attached) until its start is reported, for the start latency.
     in_flight: HashMap<(InstanceId, Attempt), Millis>,
@@ -170,7 +167,7 @@ impl Registry {
         &self,
         profile: WorkerProfile,
         stream: StreamInfo,
-        sender: WorkerSender,
+        outbox: Outbox,
         running: impl IntoIterator<Item = (InstanceId, Attempt)>,
         now: Millis,
         silent_after_ms: Millis,
@@ -182,7 +179,7 @@ impl Registry {
                     &HeldStream {
                         incarnation: &held.profile.incarnation,
                         last_heard: held.last_heard.load(Ordering::Relaxed),
-                        closed: held.sender.is_closed(),
+                        closed: held.outbox.is_closed(),
                     },
                     &profile.incarnation,
                     now,
@@ -205,7 +202,7 @@ impl Registry {
             connection,
             stream,
             last_heard: Arc::clone(&last_heard),
-            sender,
+            outbox,
             in_flight: running.into_iter().map(|key| (key, 0)).collect(),
             reserved: HashSet::new(),
             last_heartbeat: now,
@@ -292,7 +289,7 @@ impl Registry {
         self.lock().get(worker).map(Entry::view)
     }
 
-    /// Forgets every worker, dropping the senders of their streams so the streams end (on
+    /// Forgets every worker, dropping the outboxes of their streams so the streams end (on
     /// shutdown: the server waits for open streams before it stops).
     pub fn disconnect_all(&self) {
         self.lock().clear();
@@ -329,7 +326,7 @@ impl Registry {
     }
 
     /// Records an attempt as in flight on the worker (in place of its reservation, if any) and
-    /// returns its sender, or `None` when the worker is gone or `connection` is no longer its
+    /// returns its outbox, or `None` when the worker is gone or `connection` is no longer its
     /// stream. A worker that reconnected meanwhile
     /// registered without this attempt and had it withdrawn; sending it there would start an
     /// attempt the store already moved past.
@@ -340,7 +337,7 @@ impl Registry {
         instance: InstanceId,
         attempt: Attempt,
         ready_at: Millis,
-    ) -> Option<WorkerSender> {
+    ) -> Option<Outbox> {
         let mut workers = self.lock();
         let entry = workers.get_mut(worker)?;
         entry.reserved.remove(&(instance, attempt));
@@ -348,7 +345,7 @@ impl Registry {
             return None;
         }
         entry.in_flight.insert((instance, attempt), ready_at);
-        Some(entry.sender.clone())
+        Some(entry.outbox.clone())
     }
 
     /// When the attempt's instance became ready, the first time its start is reported here;
@@ -375,9 +372,9 @@ impl Registry {
         }
     }
 
-    /// The worker's current sender, to tell it something.
-    pub fn sender(&self, worker: &str) -> Option<WorkerSender> {
-        self.lock().get(worker).map(|entry| entry.sender.clone())
+    /// The worker's current outbox, to tell it something.
+    pub fn outbox(&self, worker: &str) -> Option<Outbox> {
+        self.lock().get(worker).map(|entry| entry.outbox.clone())
     }
 
     /// Tells the worker, if it is connected here, to kill the attempt's process; false when it
@@ -389,17 +386,14 @@ impl Registry {
         attempt: Attempt,
         reason: &str,
     ) -> bool {
-        let Some(sender) = self.sender(worker) else {
+        let Some(outbox) = self.outbox(worker) else {
             return false;
         };
-        let message = SchedulerMessage {
-            body: Some(scheduler_message::Body::Cancel(CancelAttempt {
-                instance_id: instance.0,
-                attempt: attempt.0,
-                reason: reason.to_string(),
-            })),
-        };
-        sender.try_send(Ok(message)).is_ok()
+        outbox.tell(ToWorker::Cancel {
+            instance,
+            attempt,
+            reason: reason.to_string(),
+        })
     }
 
     /// Every attempt in flight on a worker connected here, with its worker.
@@ -415,21 +409,16 @@ impl Registry {
             .collect()
     }
 
-    /// Leaves the worker out of dispatch for `hold` and returns its sender, to ask it to move;
+    /// Leaves the worker out of dispatch for `hold` and returns its outbox, to ask it to move;
     /// `None` when `connection` is no longer its stream. A worker that does not follow the
     /// request takes dispatches again after `hold`.
-    pub fn ask_to_move(
-        &self,
-        worker: &str,
-        connection: u64,
-        hold: Duration,
-    ) -> Option<WorkerSender> {
+    pub fn ask_to_move(&self, worker: &str, connection: u64, hold: Duration) -> Option<Outbox> {
         let mut workers = self.lock();
         let entry = workers
             .get_mut(worker)
             .filter(|entry| entry.connection == connection)?;
         entry.moving_until = Some(Instant::now() + hold);
-        Some(entry.sender.clone())
+        Some(entry.outbox.clone())
     }
 
     /// Whether the worker on `connection` was asked to move and may still be leaving.
@@ -482,13 +471,7 @@ mod tests {
     }
 
     /// Connects `id` as process `incarnation` at `now`; panics when refused.
-    fn join(
-        registry: &Registry,
-        id: &str,
-        incarnation: &str,
-        tx: &WorkerSender,
-        now: Millis,
-    ) -> u64 {
+    fn join(registry: &Registry, id: &str, incarnation: &str, tx: &Outbox, now: Millis) -> u64 {
         registry
             .connect(
                 process(id, incarnation),
@@ -505,7 +488,7 @@ mod tests {
     #[test]
     fn a_reconnect_replaces_the_entry_and_the_old_stream_cannot_remove_it() {
         let registry = Registry::new();
-        let (tx, _rx) = mpsc::channel(1);
+        let (tx, _rx) = crate::to_worker::outbox(1);
         let old = join(&registry, "w1", "p1", &tx, 0);
         let new = registry
             .connect(
@@ -527,9 +510,9 @@ mod tests {
     #[test]
     fn a_second_live_stream_for_an_id_is_refused_until_the_first_is_gone() {
         let registry = Registry::new();
-        let (first_tx, first_rx) = mpsc::channel(1);
+        let (first_tx, first_rx) = crate::to_worker::outbox(1);
         let first = join(&registry, "w1", "p1", &first_tx, 10_000);
-        let (tx, rx) = mpsc::channel(1);
+        let (tx, rx) = crate::to_worker::outbox(1);
         // Another process, while the first was heard 400 ms ago: refused, the first kept.
         let held = registry
             .connect(
@@ -567,7 +550,7 @@ mod tests {
         drop((first_tx, first_rx));
         // A frame keeps a stream live; a closed one is gone at once.
         taken.last_heard.store(20_000, Ordering::Relaxed);
-        let (tx3, _rx3) = mpsc::channel(1);
+        let (tx3, _rx3) = crate::to_worker::outbox(1);
         assert!(
             registry
                 .connect(
@@ -590,7 +573,7 @@ mod tests {
     #[test]
     fn in_flight_attempts_make_the_load() {
         let registry = Registry::new();
-        let (tx, _rx) = mpsc::channel(1);
+        let (tx, _rx) = crate::to_worker::outbox(1);
         let conn = join(&registry, "w1", "p1", &tx, 0);
         assert!(
             registry
@@ -623,7 +606,7 @@ mod tests {
     #[test]
     fn a_worker_asked_to_move_takes_no_dispatch_until_it_stays_or_the_hold_ends() {
         let registry = Registry::new();
-        let (tx, _rx) = mpsc::channel(1);
+        let (tx, _rx) = crate::to_worker::outbox(1);
         let conn = join(&registry, "w1", "p1", &tx, 0);
         assert!(
             registry

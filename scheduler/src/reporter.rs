@@ -8,20 +8,31 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ax_core::ids::{Attempt, InstanceId, RunId};
+use ax_core::ids::{Attempt, InstanceId};
 use ax_core::run::RunState;
 use ax_core::state::InstanceState;
-use ax_proto::v1::{FinishedAck, ReportRefused, SchedulerMessage, scheduler_message};
-use ax_store::{Applied, AttemptEnd, Report, ReportResult};
+use ax_store::{Applied, AttemptEnd, PlacedAttempt, Report, ReportResult, Store};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::alerts::{Alert, AlertKind};
 use crate::clock::now_ms;
-use crate::node::Node;
+use crate::dispatch_send::Undone;
+use crate::failure_alerts::{Failure, FailureAlerts};
+use crate::guards::Guards;
+use crate::metrics::Metrics;
+use crate::place_now::{PlaceNow, Placing};
+use crate::progress::Progress;
+use crate::registry::Registry;
+use crate::telemetry::{Event, Traces};
+use crate::to_worker::{self, ToWorker};
+use crate::wake::Wake;
+use crate::watching::Watching;
+use crate::worker_refusals::{FRAME_REFUSED, Refusal, WorkerRefusals};
 
 /// The most reports applied in one transaction.
 const MAX_BATCH: usize = 512;
+/// Reports queued at most; past it their senders wait.
+const QUEUE: usize = 8192;
 
 pub struct Envelope {
     /// The worker the attempt is on (the sender, when `from_worker`).
@@ -43,32 +54,115 @@ impl Envelope {
     }
 }
 
-pub type ReportSender = mpsc::Sender<Envelope>;
+/// The reporter stopped: the node is shutting down.
+#[derive(Debug)]
+pub struct Stopped;
 
-pub fn channel() -> (ReportSender, mpsc::Receiver<Envelope>) {
-    mpsc::channel(8192)
+/// Queues reports for the reporter; clones share its queue.
+#[derive(Clone)]
+pub struct Reports {
+    sender: mpsc::Sender<Envelope>,
 }
 
-/// Runs until the channel closes or `cancel` fires with the queue drained.
-pub async fn run(node: Arc<Node>, mut inbox: mpsc::Receiver<Envelope>, cancel: CancellationToken) {
-    let mut batch: Vec<Envelope> = Vec::with_capacity(MAX_BATCH);
-    loop {
-        let received = tokio::select! {
-            biased;
-            n = inbox.recv_many(&mut batch, MAX_BATCH) => n,
-            _ = cancel.cancelled() => {
-                inbox.close();
-                inbox.recv_many(&mut batch, MAX_BATCH).await
+impl Reports {
+    /// Queues a report; waits while the queue is full.
+    pub async fn send(&self, envelope: Envelope) -> Result<(), Stopped> {
+        self.sender.send(envelope).await.map_err(|_| Stopped)
+    }
+
+    /// Puts an attempt that was claimed and not sent back to WAITING.
+    pub async fn put_back(&self, undone: Undone) {
+        let _ = self
+            .send(Envelope::decided(&undone.worker, undone.report))
+            .await;
+    }
+}
+
+/// How the message of a lost attempt begins (the metrics count lost attempts by it).
+pub const LOST: &str = "lost: ";
+
+/// The reporter: its queue, and the path a batch takes.
+pub struct Reporter {
+    inbox: mpsc::Receiver<Envelope>,
+    /// The queue's sender, for [`Reporter::handle`]; dropped when it runs.
+    sender: mpsc::Sender<Envelope>,
+    path: BatchPath,
+}
+
+/// The path a batch takes: the node's parts its results reach.
+pub struct BatchPath {
+    pub store: Arc<Store>,
+    pub placing: Placing,
+    pub registry: Arc<Registry>,
+    pub guards: Arc<dyn Guards>,
+    pub metrics: Arc<Metrics>,
+    pub traces: Traces,
+    pub refusals: Arc<WorkerRefusals>,
+    pub alerts: FailureAlerts,
+    pub watching: Arc<Watching>,
+    pub progress: Progress,
+    /// The dispatcher's wake-up: a batch made instances WAITING, or freed slots.
+    pub dispatch: Wake,
+}
+
+/// What a batch's results leave to do once its workers are answered.
+#[derive(Default)]
+struct Effects {
+    /// Instances became WAITING, or slots were freed.
+    wake_dispatch: bool,
+    failures: Vec<Failure>,
+}
+
+impl Reporter {
+    pub fn new(path: BatchPath) -> Reporter {
+        let (sender, inbox) = mpsc::channel(QUEUE);
+        Reporter {
+            inbox,
+            sender,
+            path,
+        }
+    }
+
+    pub fn handle(&self) -> Reports {
+        Reports {
+            sender: self.sender.clone(),
+        }
+    }
+
+    /// Runs until every handle is dropped, or `cancel` fires with the queue drained.
+    pub async fn run(self, cancel: CancellationToken) {
+        let Reporter {
+            mut inbox,
+            sender,
+            path,
+        } = self;
+        // Undone placements go back through the queue, which still closes with the last handle.
+        let requeue = sender.downgrade();
+        drop(sender);
+        let mut batch: Vec<Envelope> = Vec::with_capacity(MAX_BATCH);
+        loop {
+            let received = tokio::select! {
+                biased;
+                n = inbox.recv_many(&mut batch, MAX_BATCH) => n,
+                _ = cancel.cancelled() => {
+                    inbox.close();
+                    inbox.recv_many(&mut batch, MAX_BATCH).await
+                }
+            };
+            if received == 0 {
+                return;
             }
-        };
-        if received == 0 {
-            return;
+            if batch.iter().all(|envelope| !ends_attempt(&envelope.report)) {
+                linger(&mut inbox, &mut batch).await;
+            }
+            let undone = path.apply(&batch).await;
+            if let Some(reports) = requeue.upgrade().map(|sender| Reports { sender }) {
+                for undone in undone {
+                    reports.put_back(undone).await;
+                }
+            }
+            batch.clear();
         }
-        if batch.iter().all(|envelope| !ends_attempt(&envelope.report)) {
-            linger(&mut inbox, &mut batch).await;
-        }
-        apply(&node, &batch).await;
-        batch.clear();
     }
 }
 
@@ -95,42 +189,78 @@ async fn linger(inbox: &mut mpsc::Receiver<Envelope>, batch: &mut Vec<Envelope>)
     }
 }
 
-async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
-    let reports: Vec<Report> = batch
-        .iter()
-        .map(|envelope| envelope.report.clone())
-        .collect();
-    let started = std::time::Instant::now();
-    let started_at = std::time::SystemTime::now();
-    let mut delay = Duration::from_millis(50);
-    // A store outage must not lose reports: they are retried until the store takes them.
-    // Retrying is safe because every report is a conditional transition.
-    let results = loop {
-        // The tasks the batch makes ready go straight to this node's free slots.
-        let mut placement = crate::place_now::PlaceNow::new(node);
-        match node
-            .store
-            .apply_reports_placed(&reports, now_ms(), &mut placement)
-            .await
-        {
-            Ok((results, placed)) => {
-                placement.send(placed).await;
-                break results;
-            }
-            Err(err) => {
-                placement.abandon();
-                if err.is_unreachable() {
-                    node.watching.store_lost();
+impl BatchPath {
+    /// One batch, its path in order: stored in one transaction, the tasks it made ready placed
+    /// on this node's workers (`place_now.rs`); those dispatches sent (`dispatch_send.rs`);
+    /// its spans queued (`telemetry.rs`); its workers answered and the node's state moved on
+    /// (here); its failures alerted (`failure_alerts.rs`). Returns the placed attempts that
+    /// could not be sent, to put back WAITING.
+    async fn apply(&self, batch: &[Envelope]) -> Vec<Undone> {
+        let reports: Vec<Report> = batch
+            .iter()
+            .map(|envelope| envelope.report.clone())
+            .collect();
+        let started = std::time::Instant::now();
+        let started_at = std::time::SystemTime::now();
+        let (results, placed, placement) = self.store(&reports).await;
+        let undone = placement.send(placed).await;
+        let elapsed = started.elapsed();
+        self.metrics.report_batch.observe(elapsed.as_secs_f64());
+        self.trace(&reports, batch.len(), started_at, elapsed);
+        tracing::debug!(
+            reports = reports.len(),
+            elapsed_us = elapsed.as_micros() as u64,
+            "report batch applied"
+        );
+        let effects = self.answer(batch, results).await;
+        self.progress.bump();
+        if effects.wake_dispatch {
+            self.dispatch.notify_one();
+        }
+        self.alerts.raise(effects.failures);
+        undone
+    }
+
+    /// Stores the reports in one transaction, with the tasks they make ready placed on this
+    /// node's free slots. A store outage must not lose reports: they are retried until the
+    /// store takes them, which is safe because every report is a conditional transition.
+    async fn store(
+        &self,
+        reports: &[Report],
+    ) -> (Vec<ReportResult>, Vec<PlacedAttempt>, PlaceNow<'_>) {
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let mut placement = self.placing.begin();
+            match self
+                .store
+                .apply_reports_placed(reports, now_ms(), &mut placement)
+                .await
+            {
+                Ok((results, placed)) => return (results, placed, placement),
+                Err(err) => {
+                    placement.abandon();
+                    if err.is_unreachable() {
+                        self.watching.store_lost();
+                    }
+                    tracing::error!(error = %err, reports = reports.len(), "applying reports failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
                 }
-                tracing::error!(error = %err, reports = reports.len(), "applying reports failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
             }
         }
-    };
-    let elapsed = started.elapsed();
-    node.metrics.report_batch.observe(elapsed.as_secs_f64());
-    if let Some(traces) = &node.traces {
+    }
+
+    /// Queues the batch's report spans, when the node exports traces.
+    fn trace(
+        &self,
+        reports: &[Report],
+        batch: usize,
+        started: std::time::SystemTime,
+        elapsed: Duration,
+    ) {
+        if !self.traces.enabled() {
+            return;
+        }
         let reports = reports
             .iter()
             .filter_map(|report| {
@@ -144,310 +274,225 @@ async fn apply(node: &Arc<Node>, batch: &[Envelope]) {
                 Some((instance, attempt, kind))
             })
             .collect();
-        traces.send(crate::telemetry::Event::Reports {
-            started: started_at,
-            ended: started_at + elapsed,
+        self.traces.send(Event::Reports {
+            started,
+            ended: started + elapsed,
             reports,
-            batch: batch.len(),
+            batch,
         });
     }
-    tracing::debug!(
-        reports = reports.len(),
-        elapsed_us = elapsed.as_micros() as u64,
-        "report batch applied"
-    );
-    let mut wake_dispatch = false;
-    let mut failures = Vec::new();
-    for (envelope, result) in batch.iter().zip(results) {
-        match (&envelope.report, result) {
-            (report, ReportResult::Applied(applied)) => {
-                wake_dispatch |= applied.new_waiting > 0;
-                count(node, envelope, &applied);
-                match report {
-                    Report::Rejected {
-                        instance_id,
-                        attempt,
-                        ..
-                    } => {
-                        node.registry
-                            .end_attempt(&envelope.worker, *instance_id, *attempt);
-                        node.guards.clear_dispatch(*instance_id, *attempt).await;
-                        node.guards.release_start(*instance_id, *attempt).await;
-                        wake_dispatch = true;
-                    }
-                    Report::Finished {
-                        instance_id,
-                        attempt,
-                        message,
-                        ..
-                    } => {
-                        if applied
-                            .attempt_state
-                            .is_some_and(|state| state != InstanceState::Success)
-                        {
-                            failures.push(Failure {
-                                instance: *instance_id,
-                                attempt: *attempt,
-                                applied: applied.clone(),
-                                message: message.clone(),
-                            });
-                        }
-                        node.registry
-                            .end_attempt(&envelope.worker, *instance_id, *attempt);
-                        // A timeout this node declared ends the attempt in the store, not its
-                        // process: the start lock stays with it, so the retry never runs beside
-                        // it, until its worker reports the end (or the lock expires).
-                        let process_may_run = !envelope.from_worker
-                            && applied.attempt_state == Some(InstanceState::Timeout);
-                        if !process_may_run {
-                            node.guards.release_start(*instance_id, *attempt).await;
-                        }
-                        if envelope.from_worker {
-                            acknowledge_finished(node, &envelope.worker, *instance_id, *attempt);
-                        }
-                        // A finished attempt frees a slot on its worker.
-                        wake_dispatch = true;
-                    }
-                    Report::Started { .. } | Report::TaskHeartbeat { .. } => {}
+
+    /// What each stored report's result does here: its worker's slot and start lock freed,
+    /// the worker acknowledged or refused, the ended run's spans, the counts.
+    async fn answer(&self, batch: &[Envelope], results: Vec<ReportResult>) -> Effects {
+        let mut effects = Effects::default();
+        for (envelope, result) in batch.iter().zip(results) {
+            match (&envelope.report, result) {
+                (report, ReportResult::Applied(applied)) => {
+                    self.applied(envelope, report, applied, &mut effects).await
                 }
-                if let Some((run, state)) = applied.run_finished {
-                    tracing::info!(run = %run, state = %state, "run finished");
-                    crate::telemetry::run_ended(node, run);
-                    if state == RunState::Failed {
-                        failures.push(Failure::run(run));
-                    }
-                    node.bump_progress();
+                (report, ReportResult::NotYours) if envelope.from_worker => {
+                    self.refuse_stranger(&envelope.worker, report)
                 }
+                (report, refusal) if envelope.from_worker => {
+                    self.refuse(&envelope.worker, report, &refusal).await
+                }
+                // This node's own verdict lost a race (the worker reported first, or another
+                // node judged it): nothing to undo.
+                (_, _) => {}
             }
-            (report, ReportResult::NotYours) if envelope.from_worker => {
-                refuse_stranger(node, &envelope.worker, report)
+        }
+        effects
+    }
+
+    async fn applied(
+        &self,
+        envelope: &Envelope,
+        report: &Report,
+        applied: Applied,
+        effects: &mut Effects,
+    ) {
+        effects.wake_dispatch |= applied.new_waiting > 0;
+        self.count(envelope, &applied);
+        match report {
+            Report::Rejected {
+                instance_id,
+                attempt,
+                ..
+            } => {
+                self.registry
+                    .end_attempt(&envelope.worker, *instance_id, *attempt);
+                self.guards.clear_dispatch(*instance_id, *attempt).await;
+                self.guards.release_start(*instance_id, *attempt).await;
+                effects.wake_dispatch = true;
             }
-            (report, refusal) if envelope.from_worker => {
-                refuse(node, &envelope.worker, report, &refusal).await
+            Report::Finished {
+                instance_id,
+                attempt,
+                message,
+                ..
+            } => {
+                if applied
+                    .attempt_state
+                    .is_some_and(|state| state != InstanceState::Success)
+                {
+                    effects.failures.push(Failure {
+                        instance: *instance_id,
+                        attempt: *attempt,
+                        applied: applied.clone(),
+                        message: message.clone(),
+                    });
+                }
+                self.registry
+                    .end_attempt(&envelope.worker, *instance_id, *attempt);
+                // A timeout this node declared ends the attempt in the store, not its
+                // process: the start lock stays with it, so the retry never runs beside
+                // it, until its worker reports the end (or the lock expires).
+                let process_may_run =
+                    !envelope.from_worker && applied.attempt_state == Some(InstanceState::Timeout);
+                if !process_may_run {
+                    self.guards.release_start(*instance_id, *attempt).await;
+                }
+                if envelope.from_worker {
+                    self.acknowledge_finished(&envelope.worker, *instance_id, *attempt);
+                }
+                // A finished attempt frees a slot on its worker.
+                effects.wake_dispatch = true;
             }
-            // This node's own verdict lost a race (the worker reported first, or another node
-            // judged it): nothing to undo.
-            (_, _) => {}
+            Report::Started { .. } | Report::TaskHeartbeat { .. } => {}
+        }
+        if let Some((run, state)) = applied.run_finished {
+            tracing::info!(run = %run, state = %state, "run finished");
+            self.traces.run_ended(run);
+            if state == RunState::Failed {
+                effects.failures.push(Failure::run(run));
+            }
+            self.progress.bump();
         }
     }
-    node.bump_progress();
-    if wake_dispatch {
-        node.dispatch_wake.notify_one();
-    }
-    if !failures.is_empty() && node.alerter.is_enabled() {
-        // Alerts need names from the store; they are built off the reporter's path.
-        tokio::spawn(raise_alerts(node.clone(), failures));
-    }
-}
 
-/// Counts what an applied report did, for `/metrics`.
-fn count(node: &Node, envelope: &Envelope, applied: &Applied) {
-    let metrics = &node.metrics;
-    match &envelope.report {
-        Report::Finished { end, message, .. } => {
-            let Some(state) = applied.attempt_state else {
-                // A late ending of an attempt already ended: counted when it ended.
-                return;
-            };
-            let outcome = match state {
-                InstanceState::Success => "success",
-                InstanceState::Timeout => {
-                    metrics.timeouts.inc();
-                    "timeout"
-                }
-                _ if *end == AttemptEnd::SpawnFailed => "spawn_failed",
-                _ if !envelope.from_worker && message.starts_with(crate::backstop::LOST) => {
-                    metrics.lost.inc();
-                    "lost"
-                }
-                _ => "failed",
-            };
-            metrics.attempt_finished(outcome);
+    /// Counts what an applied report did, for `/metrics`.
+    fn count(&self, envelope: &Envelope, applied: &Applied) {
+        let metrics = &self.metrics;
+        match &envelope.report {
+            Report::Finished { end, message, .. } => {
+                let Some(state) = applied.attempt_state else {
+                    // A late ending of an attempt already ended: counted when it ended.
+                    return;
+                };
+                let outcome = match state {
+                    InstanceState::Success => "success",
+                    InstanceState::Timeout => {
+                        metrics.timeouts.inc();
+                        "timeout"
+                    }
+                    _ if *end == AttemptEnd::SpawnFailed => "spawn_failed",
+                    _ if !envelope.from_worker && message.starts_with(LOST) => {
+                        metrics.lost.inc();
+                        "lost"
+                    }
+                    _ => "failed",
+                };
+                metrics.attempt_finished(outcome);
+            }
+            Report::Rejected {
+                withdrawn: true, ..
+            } if applied.attempt_ended => {
+                metrics.attempt_finished("withdrawn");
+            }
+            Report::Rejected { .. } | Report::Started { .. } | Report::TaskHeartbeat { .. } => {}
         }
-        Report::Rejected {
-            withdrawn: true, ..
-        } if applied.attempt_ended => {
-            metrics.attempt_finished("withdrawn");
+        if applied.retry_scheduled {
+            metrics.retries.inc();
         }
-        Report::Rejected { .. } | Report::Started { .. } | Report::TaskHeartbeat { .. } => {}
     }
-    if applied.retry_scheduled {
-        metrics.retries.inc();
+
+    /// Tells the worker its AttemptFinished is stored, so it stops resending it.
+    fn acknowledge_finished(&self, worker: &str, instance: InstanceId, attempt: Attempt) {
+        if let Some(outbox) = self.registry.outbox(worker) {
+            // A full queue: the worker resends the report on its next stream, and it is acked then.
+            outbox.tell(ToWorker::FinishedAck { instance, attempt });
+        }
     }
-}
 
-/// A failure worth an alert: an attempt that did not succeed, or a run that failed.
-struct Failure {
-    instance: InstanceId,
-    attempt: Attempt,
-    applied: Applied,
-    message: String,
-}
-
-impl Failure {
-    fn run(run: RunId) -> Failure {
-        Failure {
-            instance: InstanceId(0),
-            attempt: Attempt(0),
-            applied: Applied {
-                run_finished: Some((run, RunState::Failed)),
-                ..Applied::default()
+    /// A report about an attempt that was not dispatched to its sender (another worker's, or one
+    /// that does not exist yet): nothing was stored, and nothing of the attempt is touched here
+    /// (not its slot, not its start lock: they are its own worker's). The refusal is counted and
+    /// audited, and the sender told (to kill what it runs under that attempt: it is not its own).
+    fn refuse_stranger(&self, worker: &str, report: &Report) {
+        let (instance_id, attempt) = report.key();
+        let (kind, frame) = match report {
+            Report::Started { .. } => ("started", "AttemptStarted"),
+            Report::Finished { .. } => ("finished", "AttemptFinished"),
+            Report::TaskHeartbeat { .. } => ("heartbeat", "TaskHeartbeat"),
+            Report::Rejected { .. } => ("rejected", "DispatchRejected"),
+        };
+        let why = format!(
+            "{frame} for attempt {attempt} of instance {instance_id}, which was not dispatched to \
+             worker {worker}: not stored"
+        );
+        let stream = self.registry.stream_info(worker).unwrap_or_default();
+        self.refusals.record(
+            &self.metrics,
+            Refusal {
+                worker: worker.to_string(),
+                action: FRAME_REFUSED,
+                kind,
+                detail: why.clone(),
+                remote: stream.remote,
+                token: stream.token,
             },
-            message: String::new(),
-        }
-    }
-}
-
-async fn raise_alerts(node: Arc<Node>, failures: Vec<Failure>) {
-    let now = now_ms();
-    for failure in failures {
-        if failure.instance.0 == 0 {
-            let Some((run, _)) = failure.applied.run_finished else {
-                continue;
-            };
-            let Ok(Some(record)) = node.store.get_run(run).await else {
-                continue;
-            };
-            let counts = node.store.run_counts(run).await.unwrap_or_default();
-            let message = format!(
-                "run failed: {} succeeded, {} failed, {} timed out, {} not run",
-                counts.success, counts.failed, counts.timeout, counts.not_created
-            );
-            node.alerter.notify(
-                Alert::new(AlertKind::RunFailed, record.workflow, message, now).with_run(run.0),
-            );
-            continue;
-        }
-        let Ok(Some(instance)) = node.store.get_instance(failure.instance).await else {
-            continue;
-        };
-        let alert = |kind, message: String| {
-            Alert::new(kind, instance.workflow.clone(), message, now)
-                .with_run(instance.run_id.0)
-                .with_instance(instance.id.0, instance.task.clone(), failure.attempt.0)
-        };
-        let detail = if failure.message.is_empty() {
-            "failed".to_string()
-        } else {
-            failure.message.clone()
-        };
-        let timed_out = failure.applied.attempt_state == Some(InstanceState::Timeout);
-        if timed_out {
-            node.alerter
-                .notify(alert(AlertKind::InstanceTimeout, detail.clone()));
-        }
-        if failure.applied.retry_scheduled {
-            continue;
-        }
-        if !timed_out {
-            node.alerter
-                .notify(alert(AlertKind::InstanceFailed, detail.clone()));
-        }
-        if failure.attempt.0 > 1 {
-            let message = format!("gave up after {} attempts: {detail}", failure.attempt.0);
-            node.alerter
-                .notify(alert(AlertKind::RetriesExhausted, message));
-        }
-    }
-}
-
-/// Tells the worker its AttemptFinished is stored, so it stops resending it.
-fn acknowledge_finished(node: &Node, worker: &str, instance: InstanceId, attempt: Attempt) {
-    if let Some(sender) = node.registry.sender(worker) {
-        let ack = SchedulerMessage {
-            body: Some(scheduler_message::Body::FinishedAck(FinishedAck {
-                instance_id: instance.0,
-                attempt: attempt.0,
-            })),
-        };
-        // A full queue: the worker resends the report on its next stream, and it is acked then.
-        let _ = sender.try_send(Ok(ack));
-    }
-}
-
-/// A report about an attempt that was not dispatched to its sender (another worker's, or one
-/// that does not exist yet): nothing was stored, and nothing of the attempt is touched here
-/// (not its slot, not its start lock: they are its own worker's). The refusal is counted and
-/// audited, and the sender told (to kill what it runs under that attempt: it is not its own).
-fn refuse_stranger(node: &Node, worker: &str, report: &Report) {
-    let (instance_id, attempt) = report.key();
-    let (kind, frame) = match report {
-        Report::Started { .. } => ("started", "AttemptStarted"),
-        Report::Finished { .. } => ("finished", "AttemptFinished"),
-        Report::TaskHeartbeat { .. } => ("heartbeat", "TaskHeartbeat"),
-        Report::Rejected { .. } => ("rejected", "DispatchRejected"),
-    };
-    let why = format!(
-        "{frame} for attempt {attempt} of instance {instance_id}, which was not dispatched to \
-         worker {worker}: not stored"
-    );
-    let stream = node.registry.stream_info(worker).unwrap_or_default();
-    node.refusals.record(
-        &node.metrics,
-        crate::worker_refusals::Refusal {
-            worker: worker.to_string(),
-            action: crate::worker_refusals::FRAME_REFUSED,
-            kind,
-            detail: why.clone(),
-            remote: stream.remote,
-            token: stream.token,
-        },
-    );
-    if let Some(sender) = node.registry.sender(worker) {
-        let message = SchedulerMessage {
-            body: Some(scheduler_message::Body::Refused(ReportRefused {
-                instance_id: instance_id.0,
-                attempt: attempt.0,
+        );
+        if let Some(outbox) = self.registry.outbox(worker) {
+            outbox.tell(ToWorker::Refused {
+                instance: instance_id,
+                attempt,
                 reason: why,
                 kill: !matches!(report, Report::Finished { .. }),
-                code: tonic::Code::PermissionDenied as i32,
-            })),
-        };
-        let _ = sender.try_send(Ok(message));
+                why: to_worker::Refusal::Stranger,
+            });
+        }
     }
-}
 
-/// A report for an attempt that is not current: the worker is told, and told to kill the
-/// process (the attempt number is the fencing token).
-async fn refuse(node: &Node, worker: &str, report: &Report, result: &ReportResult) {
-    let (instance_id, attempt) = report.key();
-    let finished = matches!(report, Report::Finished { .. } | Report::Rejected { .. });
-    if finished {
-        node.registry.end_attempt(worker, instance_id, attempt);
-    }
-    if matches!(report, Report::Finished { .. }) {
-        // The worker says this attempt's process is over: the start lock is free for the next
-        // (a no-op unless this attempt holds it).
-        node.guards.release_start(instance_id, attempt).await;
-    }
-    let code = match result {
-        ReportResult::NotFound => tonic::Code::NotFound,
-        _ => tonic::Code::FailedPrecondition,
-    };
-    node.metrics.report_refused(match result {
-        ReportResult::NotFound => "not_found",
-        _ => "stale",
-    });
-    let reason = match result {
-        ReportResult::Stale {
-            current_attempt,
-            state,
-        } => format!(
-            "attempt {attempt} of instance {instance_id} is not current (current attempt {current_attempt}, state {state})"
-        ),
-        _ => format!("instance {instance_id} not found"),
-    };
-    tracing::warn!(instance = %instance_id, attempt = %attempt, worker, %reason, "report refused");
-    if let Some(sender) = node.registry.sender(worker) {
-        let message = SchedulerMessage {
-            body: Some(scheduler_message::Body::Refused(ReportRefused {
-                instance_id: instance_id.0,
-                attempt: attempt.0,
+    /// A report for an attempt that is not current: the worker is told, and told to kill the
+    /// process (the attempt number is the fencing token).
+    async fn refuse(&self, worker: &str, report: &Report, result: &ReportResult) {
+        let (instance_id, attempt) = report.key();
+        let finished = matches!(report, Report::Finished { .. } | Report::Rejected { .. });
+        if finished {
+            self.registry.end_attempt(worker, instance_id, attempt);
+        }
+        if matches!(report, Report::Finished { .. }) {
+            // The worker says this attempt's process is over: the start lock is free for the next
+            // (a no-op unless this attempt holds it).
+            self.guards.release_start(instance_id, attempt).await;
+        }
+        let why = match result {
+            ReportResult::NotFound => to_worker::Refusal::Unknown,
+            _ => to_worker::Refusal::Stale,
+        };
+        self.metrics.report_refused(match result {
+            ReportResult::NotFound => "not_found",
+            _ => "stale",
+        });
+        let reason = match result {
+            ReportResult::Stale {
+                current_attempt,
+                state,
+            } => format!(
+                "attempt {attempt} of instance {instance_id} is not current (current attempt {current_attempt}, state {state})"
+            ),
+            _ => format!("instance {instance_id} not found"),
+        };
+        tracing::warn!(instance = %instance_id, attempt = %attempt, worker, %reason, "report refused");
+        if let Some(outbox) = self.registry.outbox(worker) {
+            outbox.tell(ToWorker::Refused {
+                instance: instance_id,
+                attempt,
                 reason,
                 kill: !finished,
-                code: code as i32,
-            })),
-        };
-        let _ = sender.try_send(Ok(message));
+                why,
+            });
+        }
     }
 }

@@ -3,35 +3,41 @@
 //! (`Store::create_runs`).
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::Arc;
 
 use ax_store::{NewRun, RunRecord, Store, StoreError};
 
 use crate::group_commit::{GroupCommit, GroupWrite};
-use crate::node::Node;
-use crate::place_now::PlaceNow;
+use crate::place_now::Placing;
+use crate::reporter::Reports;
+use crate::specs::SpecCache;
 
 /// The handle through which a node creates runs.
 pub type RunCreator = GroupCommit<NewRuns>;
 
-/// New runs, written by the store; once the node is attached, their root tasks are placed on
-/// its workers in the same transaction (`place_now.rs`).
+/// New runs, written by the store, their root tasks placed on this node's workers in the same
+/// transaction (`place_now.rs`).
 pub struct NewRuns {
     store: Arc<Store>,
-    node: OnceLock<Weak<Node>>,
+    specs: Arc<SpecCache>,
+    placing: Placing,
+    /// Where placed attempts that could not be sent go back to WAITING.
+    reports: Reports,
 }
 
 impl NewRuns {
-    pub fn new(store: Arc<Store>) -> NewRuns {
+    pub fn new(
+        store: Arc<Store>,
+        specs: Arc<SpecCache>,
+        placing: Placing,
+        reports: Reports,
+    ) -> NewRuns {
         NewRuns {
             store,
-            node: OnceLock::new(),
+            specs,
+            placing,
+            reports,
         }
-    }
-
-    /// Places the root tasks of new runs on `node`'s workers from now on.
-    pub fn attach(&self, node: &Arc<Node>) {
-        let _ = self.node.set(Arc::downgrade(node));
     }
 }
 
@@ -40,21 +46,20 @@ impl GroupWrite for NewRuns {
     type Done = (RunRecord, bool);
 
     async fn write_group(&self, runs: &[NewRun]) -> Result<Vec<(RunRecord, bool)>, StoreError> {
-        let Some(node) = self.node.get().and_then(Weak::upgrade) else {
-            return self.store.create_runs(runs).await;
-        };
         // Placement answers from memory: the versions are loaded before the transaction.
         let versions: BTreeSet<_> = runs
             .iter()
             .map(|run| (run.workflow_id, run.workflow_version))
             .collect();
         for (workflow, version) in versions {
-            node.specs.get(workflow, version).await?;
+            self.specs.get(workflow, version).await?;
         }
-        let mut placement = PlaceNow::new(&node);
+        let mut placement = self.placing.begin();
         match self.store.create_runs_placed(runs, &mut placement).await {
             Ok((created, placed)) => {
-                placement.send(placed).await;
+                for undone in placement.send(placed).await {
+                    self.reports.put_back(undone).await;
+                }
                 Ok(created)
             }
             Err(err) => {

@@ -17,7 +17,7 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, bail};
@@ -25,6 +25,7 @@ use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::run::RunState;
 use ax_core::state::InstanceState;
+use ax_store::Store;
 use opentelemetry::trace::{
     Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
     TraceState, Tracer as _, TracerProvider as _,
@@ -37,8 +38,6 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-
-use crate::node::Node;
 
 /// The process's tracer provider, once [`install`] made one.
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
@@ -247,11 +246,16 @@ fn time(ms: Millis) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
 }
 
-/// What a node emits spans for; absent when the process exports no traces.
+/// The node's traces: what its parts hand spans and events to. Off (every call a no-op) when
+/// the process exports no traces; clones share one queue and one memory of traces.
+#[derive(Clone, Default)]
 pub struct Traces {
+    on: Option<Arc<Exporting>>,
+}
+
+struct Exporting {
     tracer: SdkTracer,
     events: mpsc::Sender<Event>,
-    inbox: Mutex<Option<mpsc::Receiver<Event>>>,
     /// Each dispatched instance's trace, so reports need no store read to find it.
     known: Mutex<HashMap<InstanceId, TraceId>>,
 }
@@ -272,21 +276,15 @@ pub enum Event {
 }
 
 impl Traces {
-    /// The node's traces when this process installed an exporter.
-    pub fn installed() -> Option<Traces> {
-        let provider = PROVIDER.get()?;
-        let (events, inbox) = mpsc::channel(QUEUE);
-        Some(Traces {
-            tracer: provider.tracer(SCOPE),
-            events,
-            inbox: Mutex::new(Some(inbox)),
-            known: Mutex::new(HashMap::new()),
-        })
+    /// Whether the process exports traces.
+    pub fn enabled(&self) -> bool {
+        self.on.is_some()
     }
 
     /// Remembers an instance's trace (at its dispatch).
     pub fn remember(&self, instance: InstanceId, trace: TraceId) {
-        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(on) = &self.on else { return };
+        let mut known = on.known.lock().unwrap_or_else(|p| p.into_inner());
         if known.len() >= KNOWN_LIMIT {
             known.clear();
         }
@@ -294,14 +292,16 @@ impl Traces {
     }
 
     fn forget(&self, instances: impl Iterator<Item = InstanceId>) {
-        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(on) = &self.on else { return };
+        let mut known = on.known.lock().unwrap_or_else(|p| p.into_inner());
         for instance in instances {
             known.remove(&instance);
         }
     }
 
     fn known(&self, instance: InstanceId) -> Option<TraceId> {
-        self.known
+        let on = self.on.as_ref()?;
+        on.known
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&instance)
@@ -310,8 +310,27 @@ impl Traces {
 
     /// Queues an event for the emitting task; never waits (a full queue drops it).
     pub fn send(&self, event: Event) {
-        if self.events.try_send(event).is_err() {
+        let Some(on) = &self.on else { return };
+        if on.events.try_send(event).is_err() {
             tracing::debug!("trace event queue full; event dropped");
+        }
+    }
+
+    /// Queues a run's end for its spans.
+    pub fn run_ended(&self, run: RunId) {
+        self.send(Event::RunEnded(run));
+    }
+
+    /// Queues a run's end for its spans if the run is over (a cancelled instance may have
+    /// ended it); one read, only when the node exports traces.
+    pub async fn run_ended_if_over(&self, store: &Store, run: RunId) {
+        if !self.enabled() {
+            return;
+        }
+        if let Ok(Some(record)) = store.get_run(run).await
+            && record.state.is_terminal()
+        {
+            self.run_ended(run);
         }
     }
 
@@ -327,11 +346,12 @@ impl Traces {
         attributes: Vec<KeyValue>,
         error: Option<String>,
     ) {
+        let Some(on) = &self.on else { return };
         let context = match parent {
             Some(parent) => child_of(trace, parent),
             None => Context::new(),
         };
-        let builder = self
+        let builder = on
             .tracer
             .span_builder(name)
             .with_kind(SpanKind::Internal)
@@ -339,9 +359,9 @@ impl Traces {
             .with_attributes(attributes);
         let mut span = match id {
             Some(id) => with_ids(trace, id, || {
-                self.tracer.build_with_context(builder, &context)
+                on.tracer.build_with_context(builder, &context)
             }),
-            None => self.tracer.build_with_context(builder, &context),
+            None => on.tracer.build_with_context(builder, &context),
         };
         if let Some(message) = error {
             span.set_status(Status::error(message));
@@ -350,215 +370,227 @@ impl Traces {
     }
 }
 
-/// Queues a run's end for its spans (no-op without traces).
-pub(crate) fn run_ended(node: &Node, run: RunId) {
-    if let Some(traces) = &node.traces {
-        traces.send(Event::RunEnded(run));
-    }
+/// The task that emits the spans of queued events: report batches and ended runs, read from
+/// the store.
+pub struct SpanEmitter {
+    traces: Traces,
+    inbox: Option<mpsc::Receiver<Event>>,
+    store: Arc<Store>,
+    node_id: String,
 }
 
-/// Queues a run's end for its spans if the run is over (a cancelled instance may have ended
-/// it); one read, only when the node exports traces.
-pub(crate) async fn run_ended_if_over(node: &Node, run: RunId) {
-    if node.traces.is_none() {
-        return;
-    }
-    if let Ok(Some(record)) = node.store.get_run(run).await
-        && record.state.is_terminal()
-    {
-        run_ended(node, run);
-    }
-}
-
-/// Emits the spans of queued events until `cancel`, then those still queued.
-pub(crate) async fn run(node: std::sync::Arc<Node>, cancel: CancellationToken) {
-    let Some(traces) = &node.traces else {
-        return;
-    };
-    let Some(mut inbox) = traces
-        .inbox
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-    else {
-        return;
-    };
-    loop {
-        let event = tokio::select! {
-            event = inbox.recv() => event,
-            _ = cancel.cancelled() => {
-                inbox.close();
-                inbox.recv().await
+impl SpanEmitter {
+    /// Emits spans when this process installed an exporter ([`install`]); else does nothing,
+    /// and its [`Traces`] are off.
+    pub fn new(store: Arc<Store>, node_id: String) -> SpanEmitter {
+        let (traces, inbox) = match PROVIDER.get() {
+            Some(provider) => {
+                let (events, inbox) = mpsc::channel(QUEUE);
+                let on = Exporting {
+                    tracer: provider.tracer(SCOPE),
+                    events,
+                    known: Mutex::new(HashMap::new()),
+                };
+                let traces = Traces {
+                    on: Some(Arc::new(on)),
+                };
+                (traces, Some(inbox))
             }
+            None => (Traces::default(), None),
         };
-        let Some(event) = event else {
-            return;
-        };
-        let done = match event {
-            Event::Reports {
-                started,
-                ended,
-                reports,
-                batch,
-            } => report_spans(&node, traces, started, ended, reports, batch).await,
-            Event::RunEnded(run) => run_spans(&node, traces, run).await,
-        };
-        if let Err(err) = done {
-            tracing::warn!(error = %err, "emitting spans failed");
+        SpanEmitter {
+            traces,
+            inbox,
+            store,
+            node_id,
         }
     }
-}
 
-/// An instance's trace: remembered from its dispatch, else read from the store.
-async fn trace_of(
-    node: &Node,
-    traces: &Traces,
-    instance: InstanceId,
-) -> anyhow::Result<Option<TraceId>> {
-    if let Some(trace) = traces.known(instance) {
-        return Ok(Some(trace));
+    pub fn handle(&self) -> Traces {
+        self.traces.clone()
     }
-    let Some(record) = node.store.get_instance(instance).await? else {
-        return Ok(None);
-    };
-    let Some(run) = node.store.get_run(record.run_id).await? else {
-        return Ok(None);
-    };
-    let trace = trace_id(run.workflow_id, run.id, run.logical_time);
-    traces.remember(instance, trace);
-    Ok(Some(trace))
-}
 
-async fn report_spans(
-    node: &Node,
-    traces: &Traces,
-    started: SystemTime,
-    ended: SystemTime,
-    reports: Vec<(InstanceId, Attempt, &'static str)>,
-    batch: usize,
-) -> anyhow::Result<()> {
-    for (instance, attempt, report) in reports {
-        let Some(trace) = trace_of(node, traces, instance).await? else {
-            continue;
+    /// Emits the spans of queued events until `cancel`, then those still queued.
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let Some(mut inbox) = self.inbox.take() else {
+            return;
         };
-        traces.emit(
-            "report batch".into(),
-            trace,
-            None,
-            Some(attempt_span(trace, instance, attempt)),
-            started,
-            ended,
-            vec![
-                KeyValue::new("ax.report", report),
-                KeyValue::new("ax.batch.reports", batch as i64),
-                KeyValue::new("ax.instance_id", instance.0),
-                KeyValue::new("ax.attempt", i64::from(attempt.0)),
-                KeyValue::new("ax.node", node.options.node_id.clone()),
-            ],
-            None,
-        );
+        loop {
+            let event = tokio::select! {
+                event = inbox.recv() => event,
+                _ = cancel.cancelled() => {
+                    inbox.close();
+                    inbox.recv().await
+                }
+            };
+            let Some(event) = event else {
+                return;
+            };
+            let done = match event {
+                Event::Reports {
+                    started,
+                    ended,
+                    reports,
+                    batch,
+                } => self.report_spans(started, ended, reports, batch).await,
+                Event::RunEnded(run) => self.run_spans(run).await,
+            };
+            if let Err(err) = done {
+                tracing::warn!(error = %err, "emitting spans failed");
+            }
+        }
     }
-    Ok(())
-}
 
-async fn run_spans(node: &Node, traces: &Traces, id: RunId) -> anyhow::Result<()> {
-    let Some(run) = node.store.get_run(id).await? else {
-        return Ok(());
-    };
-    let trace = trace_id(run.workflow_id, run.id, run.logical_time);
-    let run_end = run.finished_at.unwrap_or_else(crate::clock::now_ms);
-    let instances = node.store.list_instances(id).await?;
-    let attempts = node.store.list_run_attempts(id).await?;
-    let failed = |state: RunState| (state != RunState::Success).then(|| state.as_str().to_string());
-    traces.emit(
-        format!("run {}", run.workflow),
-        trace,
-        Some(run_span(trace)),
-        None,
-        time(run.created_at),
-        time(run_end),
-        vec![
-            KeyValue::new("ax.workflow", run.workflow.clone()),
-            KeyValue::new("ax.run_id", run.id.0),
-            KeyValue::new("ax.run.state", run.state.as_str()),
-            KeyValue::new("ax.trigger", format!("{:?}", run.trigger).to_lowercase()),
-            KeyValue::new("ax.logical_time", ax_core::rfc3339(run.logical_time)),
-            KeyValue::new("ax.triggered_by", run.triggered_by.clone()),
-        ],
-        failed(run.state),
-    );
-    let by_id: HashMap<InstanceId, &ax_store::InstanceRecord> =
-        instances.iter().map(|i| (i.id, i)).collect();
-    let not_ok = |state: InstanceState| {
-        (state != InstanceState::Success).then(|| state.as_str().to_string())
-    };
-    for instance in &instances {
-        let end = instance.finished_at.unwrap_or(run_end);
+    /// An instance's trace: remembered from its dispatch, else read from the store.
+    async fn trace_of(&self, instance: InstanceId) -> anyhow::Result<Option<TraceId>> {
+        let (traces, store) = (&self.traces, &self.store);
+        if let Some(trace) = traces.known(instance) {
+            return Ok(Some(trace));
+        }
+        let Some(record) = store.get_instance(instance).await? else {
+            return Ok(None);
+        };
+        let Some(run) = store.get_run(record.run_id).await? else {
+            return Ok(None);
+        };
+        let trace = trace_id(run.workflow_id, run.id, run.logical_time);
+        traces.remember(instance, trace);
+        Ok(Some(trace))
+    }
+
+    async fn report_spans(
+        &self,
+        started: SystemTime,
+        ended: SystemTime,
+        reports: Vec<(InstanceId, Attempt, &'static str)>,
+        batch: usize,
+    ) -> anyhow::Result<()> {
+        let traces = &self.traces;
+        for (instance, attempt, report) in reports {
+            let Some(trace) = self.trace_of(instance).await? else {
+                continue;
+            };
+            traces.emit(
+                "report batch".into(),
+                trace,
+                None,
+                Some(attempt_span(trace, instance, attempt)),
+                started,
+                ended,
+                vec![
+                    KeyValue::new("ax.report", report),
+                    KeyValue::new("ax.batch.reports", batch as i64),
+                    KeyValue::new("ax.instance_id", instance.0),
+                    KeyValue::new("ax.attempt", i64::from(attempt.0)),
+                    KeyValue::new("ax.node", self.node_id.clone()),
+                ],
+                None,
+            );
+        }
+        Ok(())
+    }
+
+    async fn run_spans(&self, id: RunId) -> anyhow::Result<()> {
+        let (traces, store) = (&self.traces, &self.store);
+        let Some(run) = store.get_run(id).await? else {
+            return Ok(());
+        };
+        let trace = trace_id(run.workflow_id, run.id, run.logical_time);
+        let run_end = run.finished_at.unwrap_or_else(crate::clock::now_ms);
+        let instances = store.list_instances(id).await?;
+        let attempts = store.list_run_attempts(id).await?;
+        let failed =
+            |state: RunState| (state != RunState::Success).then(|| state.as_str().to_string());
         traces.emit(
-            format!("task {}", instance.task),
+            format!("run {}", run.workflow),
             trace,
-            Some(instance_span(trace, instance.id)),
             Some(run_span(trace)),
-            time(instance.created_at),
-            time(end.max(instance.created_at)),
+            None,
+            time(run.created_at),
+            time(run_end),
             vec![
+                KeyValue::new("ax.workflow", run.workflow.clone()),
+                KeyValue::new("ax.run_id", run.id.0),
+                KeyValue::new("ax.run.state", run.state.as_str()),
+                KeyValue::new("ax.trigger", format!("{:?}", run.trigger).to_lowercase()),
+                KeyValue::new("ax.logical_time", ax_core::rfc3339(run.logical_time)),
+                KeyValue::new("ax.triggered_by", run.triggered_by.clone()),
+            ],
+            failed(run.state),
+        );
+        let by_id: HashMap<InstanceId, &ax_store::InstanceRecord> =
+            instances.iter().map(|i| (i.id, i)).collect();
+        let not_ok = |state: InstanceState| {
+            (state != InstanceState::Success).then(|| state.as_str().to_string())
+        };
+        for instance in &instances {
+            let end = instance.finished_at.unwrap_or(run_end);
+            traces.emit(
+                format!("task {}", instance.task),
+                trace,
+                Some(instance_span(trace, instance.id)),
+                Some(run_span(trace)),
+                time(instance.created_at),
+                time(end.max(instance.created_at)),
+                vec![
+                    KeyValue::new("ax.workflow", run.workflow.clone()),
+                    KeyValue::new("ax.task", instance.task.clone()),
+                    KeyValue::new("ax.instance_id", instance.id.0),
+                    KeyValue::new("ax.instance.state", instance.state.as_str()),
+                    KeyValue::new("ax.attempts", i64::from(instance.attempt.0)),
+                ],
+                not_ok(instance.state),
+            );
+        }
+        for attempt in &attempts {
+            let Some(instance) = by_id.get(&attempt.instance_id) else {
+                continue;
+            };
+            let start = attempt
+                .dispatched_at
+                .or(attempt.started_at)
+                .unwrap_or(instance.created_at);
+            let end = attempt.finished_at.unwrap_or(run_end).max(start);
+            let mut attributes = vec![
                 KeyValue::new("ax.workflow", run.workflow.clone()),
                 KeyValue::new("ax.task", instance.task.clone()),
                 KeyValue::new("ax.instance_id", instance.id.0),
-                KeyValue::new("ax.instance.state", instance.state.as_str()),
-                KeyValue::new("ax.attempts", i64::from(instance.attempt.0)),
-            ],
-            not_ok(instance.state),
-        );
-    }
-    for attempt in &attempts {
-        let Some(instance) = by_id.get(&attempt.instance_id) else {
-            continue;
-        };
-        let start = attempt
-            .dispatched_at
-            .or(attempt.started_at)
-            .unwrap_or(instance.created_at);
-        let end = attempt.finished_at.unwrap_or(run_end).max(start);
-        let mut attributes = vec![
-            KeyValue::new("ax.workflow", run.workflow.clone()),
-            KeyValue::new("ax.task", instance.task.clone()),
-            KeyValue::new("ax.instance_id", instance.id.0),
-            KeyValue::new("ax.attempt", i64::from(attempt.attempt.0)),
-            KeyValue::new("ax.outcome", attempt.state.as_str().to_lowercase()),
-        ];
-        if let Some(worker) = &attempt.worker_id {
-            attributes.push(KeyValue::new("ax.worker", worker.clone()));
-        }
-        if let Some(node_id) = &attempt.node_id {
-            attributes.push(KeyValue::new("ax.node", node_id.clone()));
-        }
-        if let Some(code) = attempt.exit_code {
-            attributes.push(KeyValue::new("process.exit.code", i64::from(code)));
-        }
-        if let Some(started) = attempt.started_at {
-            attributes.push(KeyValue::new("ax.started_at", ax_core::rfc3339(started)));
-        }
-        let error = (attempt.state != InstanceState::Success).then(|| {
-            if attempt.message.is_empty() {
-                attempt.state.as_str().to_string()
-            } else {
-                attempt.message.clone()
+                KeyValue::new("ax.attempt", i64::from(attempt.attempt.0)),
+                KeyValue::new("ax.outcome", attempt.state.as_str().to_lowercase()),
+            ];
+            if let Some(worker) = &attempt.worker_id {
+                attributes.push(KeyValue::new("ax.worker", worker.clone()));
             }
-        });
-        traces.emit(
-            format!("attempt {}", instance.task),
-            trace,
-            Some(attempt_span(trace, instance.id, attempt.attempt)),
-            Some(instance_span(trace, instance.id)),
-            time(start),
-            time(end),
-            attributes,
-            error,
-        );
+            if let Some(node_id) = &attempt.node_id {
+                attributes.push(KeyValue::new("ax.node", node_id.clone()));
+            }
+            if let Some(code) = attempt.exit_code {
+                attributes.push(KeyValue::new("process.exit.code", i64::from(code)));
+            }
+            if let Some(started) = attempt.started_at {
+                attributes.push(KeyValue::new("ax.started_at", ax_core::rfc3339(started)));
+            }
+            let error = (attempt.state != InstanceState::Success).then(|| {
+                if attempt.message.is_empty() {
+                    attempt.state.as_str().to_string()
+                } else {
+                    attempt.message.clone()
+                }
+            });
+            traces.emit(
+                format!("attempt {}", instance.task),
+                trace,
+                Some(attempt_span(trace, instance.id, attempt.attempt)),
+                Some(instance_span(trace, instance.id)),
+                time(start),
+                time(end),
+                attributes,
+                error,
+            );
+        }
+        traces.forget(instances.iter().map(|instance| instance.id));
+        Ok(())
     }
-    traces.forget(instances.iter().map(|instance| instance.id));
-    Ok(())
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use std::time::Duration;
 use ax_core::Millis;
 use ax_store::AuditRecord;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::audit_writer::AuditWriter;
 use crate::clock::now_ms;
@@ -60,13 +61,16 @@ type Key = (String, &'static str, &'static str);
 /// The node's record of refusals.
 pub struct WorkerRefusals {
     audit: AuditWriter,
+    /// Where the audit rows are written, off the streams' paths.
+    tasks: TaskTracker,
     windows: Mutex<HashMap<Key, Window>>,
 }
 
 impl WorkerRefusals {
-    pub fn new(audit: AuditWriter) -> WorkerRefusals {
+    pub fn new(audit: AuditWriter, tasks: TaskTracker) -> WorkerRefusals {
         WorkerRefusals {
             audit,
+            tasks,
             windows: Mutex::new(HashMap::new()),
         }
     }
@@ -74,7 +78,11 @@ impl WorkerRefusals {
     /// Counts a refusal and audits it (at once when it opens a window, else in the window's
     /// summary row).
     pub fn record(&self, metrics: &Metrics, refusal: Refusal) {
-        metrics.worker_refused(refusal.action, refusal.kind);
+        if refusal.action == REGISTER_REFUSED {
+            metrics.register_refused(refusal.kind);
+        } else {
+            metrics.frame_refused(refusal.kind);
+        }
         let now = now_ms();
         let mut rows = Vec::new();
         {
@@ -132,7 +140,7 @@ impl WorkerRefusals {
         }
         let audit = self.audit.clone();
         // Off the stream's path: a refused frame never waits for the audit trail.
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             for row in rows {
                 if let Err(err) = audit.record(row).await {
                     tracing::error!(error = %err, "writing a worker refusal's audit row failed");
@@ -206,7 +214,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let url = format!("sqlite://{}", dir.path().join("audit.db").display());
         let store = ax_store::open(&url).await.expect("store");
-        let refusals = WorkerRefusals::new(AuditWriter::start(AuditRows(store.clone())));
+        let tasks = TaskTracker::new();
+        let audit = AuditWriter::start(AuditRows(store.clone()), &tasks, CancellationToken::new());
+        let refusals = WorkerRefusals::new(audit, tasks);
         let metrics = Metrics::new();
         for n in 0..500 {
             refusals.record(

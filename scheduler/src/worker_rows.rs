@@ -16,26 +16,24 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use ax_proto::v1::{HeartbeatAck, SchedulerMessage, scheduler_message};
 use ax_store::{Store, StoreError, WorkerRecord};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use crate::registry::WorkerSender;
+use crate::to_worker::{Outbox, ToWorker};
 
 /// A heartbeat to acknowledge once its row is stored.
 pub struct PendingAck {
-    pub sender: WorkerSender,
+    pub outbox: Outbox,
     pub sent_at_ms: i64,
 }
 
 impl PendingAck {
     fn send(self) {
-        let ack = SchedulerMessage {
-            body: Some(scheduler_message::Body::HeartbeatAck(HeartbeatAck {
-                sent_at_ms: self.sent_at_ms,
-            })),
-        };
         // A full queue means the worker is far behind; the next ack will do.
-        let _ = self.sender.try_send(Ok(ack));
+        self.outbox.tell(ToWorker::HeartbeatAck {
+            sent_at_ms: self.sent_at_ms,
+        });
     }
 }
 
@@ -52,16 +50,21 @@ pub struct WorkerRows {
 
 impl WorkerRows {
     /// Starts writing kept refreshes every half heartbeat interval (within 10 ms and 1 s), so a
-    /// row is never more than half an interval behind its refresh; the task ends with the
-    /// last handle.
-    pub fn start(store: Arc<Store>, heartbeat_interval: Duration) -> Arc<WorkerRows> {
+    /// row is never more than half an interval behind its refresh, on `tasks`; the task ends
+    /// with the last handle, or writes what is kept once more when `stop` is cancelled.
+    pub fn start(
+        store: Arc<Store>,
+        heartbeat_interval: Duration,
+        tasks: &TaskTracker,
+        stop: CancellationToken,
+    ) -> Arc<WorkerRows> {
         let rows = Arc::new(WorkerRows {
             store,
             kept: Mutex::default(),
             writing: tokio::sync::Mutex::new(()),
         });
         let every = (heartbeat_interval / 2).clamp(FLUSH_BOUNDS.0, FLUSH_BOUNDS.1);
-        tokio::spawn(flush_kept(Arc::downgrade(&rows), every));
+        tasks.spawn(flush_kept(Arc::downgrade(&rows), every, stop));
         rows
     }
 
@@ -108,11 +111,15 @@ impl WorkerRows {
     }
 }
 
-async fn flush_kept(rows: Weak<WorkerRows>, every: Duration) {
+async fn flush_kept(rows: Weak<WorkerRows>, every: Duration, stop: CancellationToken) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
+    let mut stopping = false;
+    while !stopping {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = stop.cancelled() => stopping = true,
+        }
         let Some(rows) = rows.upgrade() else { return };
         if let Err(error) = rows.flush().await {
             tracing::warn!(%error, "saving workers' rows failed; they are tried again");
@@ -153,7 +160,12 @@ mod tests {
     async fn refreshes_are_written_together_and_a_save_goes_out_at_once_with_them() {
         let (_dir, store) = sqlite_store().await;
         // An hour between timed flushes: only `save` writes in this test.
-        let rows = WorkerRows::start(store.clone(), Duration::from_secs(7200));
+        let rows = WorkerRows::start(
+            store.clone(),
+            Duration::from_secs(7200),
+            &TaskTracker::new(),
+            CancellationToken::new(),
+        );
         tokio::time::sleep(Duration::from_millis(50)).await; // the first tick is immediate
         for n in 0..50 {
             rows.refresh(record(&format!("w{n:02}"), 100, true), None);
@@ -174,7 +186,12 @@ mod tests {
     #[tokio::test]
     async fn a_disconnect_saved_after_a_refresh_is_what_stays() {
         let (_dir, store) = sqlite_store().await;
-        let rows = WorkerRows::start(store.clone(), Duration::from_millis(20));
+        let rows = WorkerRows::start(
+            store.clone(),
+            Duration::from_millis(20),
+            &TaskTracker::new(),
+            CancellationToken::new(),
+        );
         rows.refresh(record("w1", 100, true), None);
         rows.save(record("w1", 150, false)).await.expect("save");
         // Timed flushes come and go; nothing older may overwrite the disconnect.
@@ -188,10 +205,15 @@ mod tests {
     #[tokio::test]
     async fn kept_refreshes_are_written_by_the_timer() {
         let (_dir, store) = sqlite_store().await;
-        let rows = WorkerRows::start(store.clone(), Duration::from_millis(40));
-        let (sender, mut acks) = tokio::sync::mpsc::channel(1);
+        let rows = WorkerRows::start(
+            store.clone(),
+            Duration::from_millis(40),
+            &TaskTracker::new(),
+            CancellationToken::new(),
+        );
+        let (outbox, mut acks) = crate::to_worker::outbox(1);
         let ack = PendingAck {
-            sender,
+            outbox,
             sent_at_ms: 77,
         };
         rows.refresh(record("w1", 100, true), Some(ack));
@@ -205,19 +227,19 @@ mod tests {
             [record("w1", 100, true)]
         );
         // The heartbeat is acknowledged once its row is stored.
-        let ack = acks.recv().await.expect("an ack").expect("not an error");
-        assert!(matches!(
-            ack.body,
-            Some(scheduler_message::Body::HeartbeatAck(HeartbeatAck {
-                sent_at_ms: 77
-            }))
-        ));
+        let ack = acks.recv().await.expect("an ack");
+        assert_eq!(ack, ToWorker::HeartbeatAck { sent_at_ms: 77 });
     }
 
     #[tokio::test]
     async fn a_heartbeat_whose_row_cannot_be_stored_is_not_acknowledged() {
         let (dir, store) = sqlite_store().await;
-        let rows = WorkerRows::start(store.clone(), Duration::from_secs(7200));
+        let rows = WorkerRows::start(
+            store.clone(),
+            Duration::from_secs(7200),
+            &TaskTracker::new(),
+            CancellationToken::new(),
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
         // The store's file loses its table: every write fails.
         let url = format!("sqlite://{}", dir.path().join("workers.db").display());
@@ -226,9 +248,9 @@ mod tests {
             .execute(&pool)
             .await
             .expect("drop");
-        let (sender, mut acks) = tokio::sync::mpsc::channel(1);
+        let (outbox, mut acks) = crate::to_worker::outbox(1);
         let ack = PendingAck {
-            sender,
+            outbox,
             sent_at_ms: 5,
         };
         rows.refresh(record("w1", 100, true), Some(ack));

@@ -163,7 +163,7 @@ fn answer(
     if grpc {
         return status.clone().into_http::<tonic::body::Body>();
     }
-    let mut response = crate::web::status_error(status);
+    let mut response = crate::json_errors::status_error(status);
     if let Some(http) = http {
         *response.status_mut() = http;
     }
@@ -213,6 +213,6 @@ fn refused<B>(request: &Request<B>, refusal: Refusal) -> Response<tonic::body::B
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> axum::response::Response {
-        crate::web::status_error(&tonic::Status::new(self.code, self.message))
+        crate::json_errors::status_error(&tonic::Status::new(self.code, self.message))
     }
 }

@@ -115,6 +115,8 @@ pub struct Gate {
     failure_limit: u32,
     store: Arc<Store>,
     audit: AuditWriter,
+    /// Where audit rows of failures are written, off the requests' paths.
+    tasks: tokio_util::task::TaskTracker,
     cache: Mutex<HashMap<String, Cached>>,
     throttle: Mutex<FailureThrottle>,
     failure_audit: Mutex<FailureAudit>,
@@ -122,12 +124,19 @@ pub struct Gate {
 
 impl Gate {
     /// `failure_limit`: failed authentications an address may make within a minute.
-    pub fn new(mode: AuthMode, failure_limit: u32, store: Arc<Store>, audit: AuditWriter) -> Gate {
+    pub fn new(
+        mode: AuthMode,
+        failure_limit: u32,
+        store: Arc<Store>,
+        audit: AuditWriter,
+        tasks: tokio_util::task::TaskTracker,
+    ) -> Gate {
         Gate {
             mode,
             failure_limit,
             store,
             audit,
+            tasks,
             cache: Mutex::new(HashMap::new()),
             throttle: Mutex::new(FailureThrottle::new(failure_limit, THROTTLE_WINDOW_MS)),
             failure_audit: Mutex::new(FailureAudit::new(
@@ -322,7 +331,8 @@ impl Gate {
         }
         let records = failure_records(rows, remote, path);
         let audit = self.audit.clone();
-        tokio::spawn(write_all(audit, records));
+        // Off the request's path: a refusal never waits for the audit trail.
+        self.tasks.spawn(write_all(audit, records));
     }
 
     /// Writes the failure summaries every few seconds until `cancel`, and the last ones then.

@@ -27,6 +27,7 @@ use crate::node::Node;
 use crate::specs::VersionedSpec;
 
 mod access;
+mod backfill;
 mod dag;
 mod purge;
 mod secrets;
@@ -176,9 +177,14 @@ impl ControlApi {
         let (next, decisions) = if paused {
             (None, Vec::new())
         } else {
-            crate::schedules::resume_point(&self.node, &current, now)
-                .await
-                .map_err(|err| Status::internal(format!("resume: {err:#}")))?
+            crate::schedules::resume_point(
+                &self.node.store,
+                &self.node.options.node_id,
+                &current,
+                now,
+            )
+            .await
+            .map_err(|err| Status::internal(format!("resume: {err:#}")))?
         };
         let record = self
             .node
@@ -679,8 +685,8 @@ impl ControlService for ControlApi {
         } else {
             request.reason.clone()
         };
-        crate::schedules::send_cancels(&self.node, &cancelled, &reason);
-        crate::telemetry::run_ended(&self.node, id);
+        crate::schedules::send_cancels(&self.node.registry, &cancelled, &reason);
+        self.node.traces.run_ended(id);
         // Ending a run may have started queued runs of its workflow.
         self.node.dispatch_wake.notify_one();
         let detail = format!("{} attempts stopped; {reason}", cancelled.len());
@@ -780,8 +786,11 @@ impl ControlService for ControlApi {
         } else {
             request.reason.clone()
         };
-        crate::schedules::send_cancels(&self.node, cancelled.as_slice(), &reason);
-        crate::telemetry::run_ended_if_over(&self.node, record.run_id).await;
+        crate::schedules::send_cancels(&self.node.registry, cancelled.as_slice(), &reason);
+        self.node
+            .traces
+            .run_ended_if_over(&self.node.store, record.run_id)
+            .await;
         self.node.dispatch_wake.notify_one();
         self.audit(
             &request.actor,
@@ -943,9 +952,15 @@ impl ControlService for ControlApi {
         };
         let (sender, receiver) = mpsc::channel(16);
         let node = self.node.clone();
-        tokio::spawn(async move {
-            if let Err(status) = stream_logs(&node, id, attempt, &request, &sender).await {
-                let _ = sender.send(Err(status)).await;
+        self.node.tasks.spawn(async move {
+            tokio::select! {
+                streamed = stream_logs(&node, id, attempt, &request, &sender) => {
+                    if let Err(status) = streamed {
+                        let _ = sender.send(Err(status)).await;
+                    }
+                }
+                // The stream ends with the node's server.
+                () = node.stopping.cancelled() => {}
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
@@ -994,7 +1009,7 @@ impl ControlService for ControlApi {
         let call = Call::of(&request);
         let request = request.into_inner();
         let workflow = self.workflow_named(&call, &request.name).await?;
-        let response = crate::backfill::backfill(&self.node, &workflow, &request).await?;
+        let response = backfill::backfill(&self.node, &workflow, &request).await?;
         if !request.dry_run {
             let detail = format!(
                 "{} .. {}: {} runs created, {} slots already had one",

@@ -1,4 +1,5 @@
-//! Store records to protobuf messages. Protobuf types stop at the gRPC layer.
+//! Store records and messages to workers as protobuf messages. Protobuf types stop at the
+//! gRPC layer.
 
 use ax_core::cron::{CronSchedule, parse_timezone};
 use ax_core::run::RunState;
@@ -10,6 +11,8 @@ use ax_store::{
     WorkflowRecord,
 };
 use tonic::Status;
+
+use crate::to_worker::{Refusal, ToWorker};
 
 pub fn store_status(err: StoreError) -> Status {
     match err {
@@ -241,4 +244,86 @@ pub fn instance(record: &InstanceRecord, attempts: &[AttemptRecord]) -> pb::Inst
         shard_index: record.shard.as_ref().map_or(0, |s| s.index),
         shard_total: record.shard.as_ref().map_or(0, |s| s.total),
     }
+}
+
+/// A message to a worker as its stream's frame; the end of the stream as its status.
+pub fn worker_frame(message: ToWorker) -> Result<pb::SchedulerMessage, Status> {
+    use pb::scheduler_message::Body;
+    let body = match message {
+        ToWorker::Dispatch(dispatch) => Body::Dispatch(pb::Dispatch {
+            instance_id: dispatch.instance.0,
+            attempt: dispatch.attempt.0,
+            run_id: dispatch.run.0,
+            workflow: dispatch.workflow,
+            task: dispatch.task,
+            command: dispatch.command,
+            argv: dispatch.argv,
+            env: dispatch.env,
+            working_dir: dispatch.working_dir,
+            timeout_ms: dispatch.timeout_ms.map_or(0, std::num::NonZeroU64::get),
+            logical_time_ms: dispatch.logical_time,
+            shard_index: dispatch.shard.map_or(0, |(index, _)| index),
+            shard_total: dispatch.shard.map_or(0, |(_, total)| total),
+            keep_when_cut_off: dispatch.keep_when_cut_off,
+        }),
+        ToWorker::Cancel {
+            instance,
+            attempt,
+            reason,
+        } => Body::Cancel(pb::CancelAttempt {
+            instance_id: instance.0,
+            attempt: attempt.0,
+            reason,
+        }),
+        ToWorker::FinishedAck { instance, attempt } => Body::FinishedAck(pb::FinishedAck {
+            instance_id: instance.0,
+            attempt: attempt.0,
+        }),
+        ToWorker::LogAck {
+            instance,
+            attempt,
+            seq,
+        } => Body::LogAck(pb::LogAck {
+            instance_id: instance.0,
+            attempt: attempt.0,
+            seq,
+        }),
+        ToWorker::HeartbeatAck { sent_at_ms } => {
+            Body::HeartbeatAck(pb::HeartbeatAck { sent_at_ms })
+        }
+        ToWorker::Refused {
+            instance,
+            attempt,
+            reason,
+            kill,
+            why,
+        } => Body::Refused(pb::ReportRefused {
+            instance_id: instance.0,
+            attempt: attempt.0,
+            reason,
+            kill,
+            code: refusal_code(why) as i32,
+        }),
+        ToWorker::MoveElsewhere { reason, to_address } => {
+            Body::MoveElsewhere(pb::MoveElsewhere { reason, to_address })
+        }
+        ToWorker::CutOff { node_id } => return Err(cut_off_status(&node_id)),
+    };
+    Ok(pb::SchedulerMessage { body: Some(body) })
+}
+
+/// A refusal's gRPC code, as `ReportRefused.code` carries it.
+fn refusal_code(why: Refusal) -> tonic::Code {
+    match why {
+        Refusal::Stranger => tonic::Code::PermissionDenied,
+        Refusal::Unknown => tonic::Code::NotFound,
+        Refusal::Stale => tonic::Code::FailedPrecondition,
+    }
+}
+
+/// Why a node cut off from its store serves no worker: the worker goes to another node.
+pub fn cut_off_status(node_id: &str) -> Status {
+    Status::unavailable(format!(
+        "scheduler node {node_id} cannot reach its store; connect to another node"
+    ))
 }

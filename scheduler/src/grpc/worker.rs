@@ -29,31 +29,65 @@ use ax_proto::v1::{
     AttemptOutcome, LogBatch, LogStream as ProtoStream, ProtocolVersion, Register, Registered,
     SchedulerMessage, WorkerMessage, scheduler_message, worker_message,
 };
-use ax_store::{ActiveAttempt, AttemptEnd, LogChunk, LogStream, Report, WorkerRecord};
-use futures::Stream;
-use tokio::sync::mpsc;
+use ax_store::{ActiveAttempt, AttemptEnd, LogChunk, LogStream, Report, Store, WorkerRecord};
+use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::convert;
 use crate::clock::now_ms;
-use crate::node::Node;
-use crate::registry::{StreamInfo, WorkerProfile};
-use crate::reporter::Envelope;
-use crate::worker_refusals::{REGISTER_REFUSED, Refusal};
-use crate::worker_rows::PendingAck;
+use crate::log_writer::Logs;
+use crate::membership::Standing;
+use crate::metrics::Metrics;
+use crate::registry::{Registry, StreamInfo, WorkerProfile};
+use crate::reporter::{Envelope, Reports};
+use crate::to_worker::{self, ToWorker};
+use crate::wake::Wake;
+use crate::worker_refusals::{REGISTER_REFUSED, Refusal, WorkerRefusals};
+use crate::worker_rows::{PendingAck, WorkerRows};
 
 /// How long a new stream may take to send its Register frame.
 const REGISTER_DEADLINE: Duration = Duration::from_secs(10);
 /// Frames queued towards one worker before dispatches to it fail over.
 const OUTBOUND_QUEUE: usize = 1024;
 
+/// What the worker streams hold: handles to the node's parts, made once in [`crate::start`].
+pub struct Streams {
+    pub node_id: String,
+    pub heartbeat_interval: Duration,
+    pub task_heartbeat_interval: Duration,
+    /// Mutual TLS: a worker's certificate must name its id.
+    pub worker_certificates: bool,
+    /// Silence after which a worker is dead, as the worker is told.
+    pub worker_dead_after_ms: ax_core::Millis,
+    /// Whether the node reaches its store: cut off, it serves no worker.
+    pub standing: Arc<Standing>,
+    pub store: Arc<Store>,
+    pub registry: Arc<Registry>,
+    /// The stream's reports, to the reporter.
+    pub reports: Reports,
+    /// The stream's lines, to the log writer.
+    pub logs: Logs,
+    pub refusals: Arc<WorkerRefusals>,
+    pub metrics: Arc<Metrics>,
+    pub worker_rows: Arc<WorkerRows>,
+    /// The dispatcher's wake-up: a worker connected.
+    pub dispatch: Wake,
+    /// Where each stream's task runs, so that shutdown waits for it.
+    pub tasks: TaskTracker,
+    /// Cancelled when the node stops serving: the streams end.
+    pub stopping: CancellationToken,
+}
+
 pub struct WorkerApi {
-    node: Arc<Node>,
+    streams: Arc<Streams>,
 }
 
 impl WorkerApi {
-    pub fn new(node: Arc<Node>) -> Self {
-        WorkerApi { node }
+    pub fn new(streams: Arc<Streams>) -> Self {
+        WorkerApi { streams }
     }
 }
 
@@ -89,7 +123,7 @@ impl WorkerService for WorkerApi {
             }
         };
         let mut profile = validate_register(&register)?;
-        let node = self.node.clone();
+        let streams = self.streams.clone();
         let stream = StreamInfo {
             remote: remote.clone(),
             token: identity
@@ -99,8 +133,8 @@ impl WorkerService for WorkerApi {
         };
         let worker_id = profile.id.clone();
         let refuse = |kind: &'static str, detail: String| {
-            node.refusals.record(
-                &node.metrics,
+            streams.refusals.record(
+                &streams.metrics,
                 Refusal {
                     worker: worker_id.clone(),
                     action: REGISTER_REFUSED,
@@ -130,11 +164,7 @@ impl WorkerService for WorkerApi {
             }
             profile.apps = scope.app_limit().map(Into::into);
         }
-        if node
-            .options
-            .tls
-            .as_ref()
-            .is_some_and(|tls| tls.client_ca.is_some())
+        if streams.worker_certificates
             && let Err(why) = crate::tls::require_worker_certificate(
                 peer_certs.as_deref().map(Vec::as_slice),
                 &profile.id,
@@ -143,12 +173,12 @@ impl WorkerService for WorkerApi {
             refuse("certificate", why.clone());
             return Err(Status::unauthenticated(why));
         }
-        if node.standing.is_cut_off() {
-            return Err(cut_off_status(&node));
+        if streams.standing.is_cut_off() {
+            return Err(convert::cut_off_status(&streams.node_id));
         }
         let silent_after_ms =
-            node.options.heartbeat_interval.as_millis() as i64 * SILENT_AFTER_HEARTBEATS;
-        if let Err(why) = live_elsewhere(&node, &profile, silent_after_ms).await? {
+            streams.heartbeat_interval.as_millis() as i64 * SILENT_AFTER_HEARTBEATS;
+        if let Err(why) = live_elsewhere(&streams, &profile, silent_after_ms).await? {
             refuse("second_stream", why.clone());
             return Err(Status::already_exists(why));
         }
@@ -166,7 +196,7 @@ impl WorkerService for WorkerApi {
         for (reference, running) in claimed {
             let instance = InstanceId(reference.instance_id);
             let attempt = Attempt(reference.attempt);
-            let current = node
+            let current = streams
                 .store
                 .get_instance(instance)
                 .await
@@ -192,34 +222,31 @@ impl WorkerService for WorkerApi {
                 _ => stale.push(*reference),
             }
         }
-        let (sender, receiver) = mpsc::channel(OUTBOUND_QUEUE);
+        let (outbox, receiver) = to_worker::outbox(OUTBOUND_QUEUE);
         let now = now_ms();
         let welcome = SchedulerMessage {
             body: Some(scheduler_message::Body::Registered(Registered {
                 protocol: ProtocolVersion::ProtocolVersion1 as i32,
-                scheduler_node: node.options.node_id.clone(),
-                heartbeat_interval_ms: node.options.heartbeat_interval.as_millis() as u32,
-                task_heartbeat_interval_ms: node.options.task_heartbeat_interval.as_millis() as u32,
+                scheduler_node: streams.node_id.clone(),
+                heartbeat_interval_ms: streams.heartbeat_interval.as_millis() as u32,
+                task_heartbeat_interval_ms: streams.task_heartbeat_interval.as_millis() as u32,
                 stale: stale.clone(),
-                worker_dead_after_ms: crate::backstop::intervals(&node).worker_dead_after_ms()
-                    as u32,
+                worker_dead_after_ms: streams.worker_dead_after_ms as u32,
             })),
         };
-        // The welcome is queued before the worker is visible to the dispatcher, so no Dispatch
-        // can overtake it.
-        sender
-            .send(Ok(welcome))
-            .await
-            .map_err(|_| Status::cancelled("worker went away during registration"))?;
+        // The welcome goes out first, before anything queued once the worker is visible to the
+        // dispatcher, so no Dispatch can overtake it.
+        let frames = futures::stream::once(std::future::ready(Ok(welcome)))
+            .chain(ReceiverStream::new(receiver).map(convert::worker_frame));
         // The new stream replaces the old one before the store is read for what the worker
         // lacks: a dispatch claimed before this moment either went out on the old stream (and
         // is ended below: another node's after a grace) or is refused by the registry (planned
         // on the old stream), and one claimed after it goes out on this stream.
         let registered_at = now_ms();
-        let connected = match node.registry.connect(
+        let connected = match streams.registry.connect(
             profile.clone(),
             stream.clone(),
-            sender,
+            outbox,
             adopted.clone(),
             registered_at,
             silent_after_ms,
@@ -242,52 +269,57 @@ impl WorkerService for WorkerApi {
             tracing::info!(worker = %profile.id, %remote, ?verdict, "the worker's previous stream is gone; this one takes over");
         }
         let connection = connected.connection;
-        let missing = match missing_attempts(&node, &profile.id, &register, registered_at).await {
+        let missing = match missing_attempts(&streams, &profile.id, &register, registered_at).await
+        {
             Ok(missing) => missing,
             Err(status) => {
-                node.registry.disconnect(&profile.id, connection);
+                streams.registry.disconnect(&profile.id, connection);
                 return Err(status);
             }
         };
-        end_missing(&node, &profile.id, missing).await;
+        end_missing(&streams, &profile.id, missing).await;
         tracing::info!(worker = %profile.id, %remote, capacity = profile.capacity, adopted = adopted.len(), stale = stale.len(), "worker connected");
-        save_worker(&node, &profile, 0, now, true).await;
-        node.dispatch_wake.notify_one();
+        save_worker(&streams, &profile, 0, now, true).await;
+        streams.dispatch.notify_one();
 
-        tokio::spawn(async move {
+        let tasks = streams.tasks.clone();
+        tasks.spawn(async move {
             let attached = Attached {
                 worker: &profile.id,
                 connection,
                 last_heard: connected.last_heard,
             };
             let reason = tokio::select! {
-                reason = serve(&node, &attached, &mut inbound) => reason,
-                () = node.standing.cut_off() => {
+                reason = serve(&streams, &attached, &mut inbound) => reason,
+                () = streams.standing.cut_off() => {
                     // Ended with a status, so the worker says why it moves on.
-                    if let Some(sender) = node.registry.sender(&profile.id) {
-                        let _ = sender.try_send(Err(cut_off_status(&node)));
+                    if let Some(outbox) = streams.registry.outbox(&profile.id) {
+                        outbox.tell(ToWorker::CutOff {
+                            node_id: streams.node_id.clone(),
+                        });
                     }
                     "this node cannot reach its store".to_string()
                 }
+                () = streams.stopping.cancelled() => "the node is stopping".to_string(),
             };
-            let moving = node.registry.moving(&profile.id, connection);
+            let moving = streams.registry.moving(&profile.id, connection);
             // The row says when the worker was last heard on this stream: a worker that has
             // already registered with another node has a newer row there, which this one does
             // not overwrite (the store keeps the newest).
-            let last_heard = node
+            let last_heard = streams
                 .registry
                 .view(&profile.id)
                 .map_or_else(now_ms, |view| view.last_heartbeat);
-            if node.registry.disconnect(&profile.id, connection) {
+            if streams.registry.disconnect(&profile.id, connection) {
                 tracing::info!(worker = %profile.id, reason = %reason, moving, "worker disconnected");
                 // A worker that leaves as asked registers with another node, which writes its
                 // row: a "disconnected" written here could land after that and hide it.
                 if !moving {
-                    save_worker(&node, &profile, 0, last_heard, false).await;
+                    save_worker(&streams, &profile, 0, last_heard, false).await;
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+        Ok(Response::new(Box::pin(frames)))
     }
 }
 
@@ -303,16 +335,16 @@ fn one_stream_hint(silent_after_ms: i64) -> String {
 /// `Err(why)` when the store shows the worker's id live on another node, as a stream that is
 /// not gone (`takeover`: its row is its last heartbeat there, its process's incarnation).
 async fn live_elsewhere(
-    node: &Node,
+    streams: &Streams,
     profile: &WorkerProfile,
     silent_after_ms: i64,
 ) -> Result<Result<(), String>, Status> {
-    let row = node
+    let row = streams
         .store
         .worker(&profile.id)
         .await
         .map_err(|err| Status::unavailable(format!("store: {err}")))?;
-    let Some(row) = row.filter(|row| row.connected && row.node_id != node.options.node_id) else {
+    let Some(row) = row.filter(|row| row.connected && row.node_id != streams.node_id) else {
         return Ok(Ok(()));
     };
     let verdict = takeover(
@@ -337,19 +369,11 @@ async fn live_elsewhere(
     })
 }
 
-/// Why a node cut off from its store serves no worker: the worker goes to another node.
-fn cut_off_status(node: &Node) -> Status {
-    Status::unavailable(format!(
-        "scheduler node {} cannot reach its store; connect to another node",
-        node.options.node_id
-    ))
-}
-
 /// The attempts the store has DISPATCHED or RUNNING on `worker` (claimed before `registered_at`:
 /// a dispatch claimed later may still be on its way to this very stream) that the worker's
 /// Register names neither as running nor as finished.
 async fn missing_attempts(
-    node: &Node,
+    streams: &Streams,
     worker: &str,
     register: &Register,
     registered_at: i64,
@@ -360,7 +384,7 @@ async fn missing_attempts(
         .chain(&register.finished)
         .map(|r| (r.instance_id, r.attempt))
         .collect();
-    let active = node
+    let active = streams
         .store
         .active_attempts(Some(worker), 100_000)
         .await
@@ -386,28 +410,32 @@ const OTHER_NODES_DISPATCH_GRACE: Duration = Duration::from_secs(5);
 /// way down (parent-death signal, guardian), and the same worker process lists what it runs or
 /// ran. Dispatches of other nodes are ended after [`OTHER_NODES_DISPATCH_GRACE`], if still the
 /// same dispatch then.
-async fn end_missing(node: &Arc<Node>, worker: &str, missing: Vec<ActiveAttempt>) {
+async fn end_missing(streams: &Arc<Streams>, worker: &str, missing: Vec<ActiveAttempt>) {
     let (theirs, ours): (Vec<ActiveAttempt>, Vec<ActiveAttempt>) =
         missing.into_iter().partition(|attempt| {
             attempt.state == InstanceState::Dispatched
                 && attempt
                     .dispatched_by
                     .as_deref()
-                    .is_some_and(|by| by != node.options.node_id)
+                    .is_some_and(|by| by != streams.node_id)
         });
-    end_now(node, worker, ours).await;
+    end_now(streams, worker, ours).await;
     if theirs.is_empty() {
         return;
     }
-    let node = Arc::clone(node);
+    let streams = Arc::clone(streams);
     let worker = worker.to_string();
-    tokio::spawn(async move {
-        tokio::time::sleep(OTHER_NODES_DISPATCH_GRACE).await;
+    streams.tasks.clone().spawn(async move {
+        tokio::select! {
+            () = tokio::time::sleep(OTHER_NODES_DISPATCH_GRACE) => {}
+            // Left to the other node: this one no longer reports anything.
+            () = streams.stopping.cancelled() => return,
+        }
         // Those still the attempt's dispatch, as they are now: one that went RUNNING meanwhile
         // was started by a process the worker no longer has (it did not list it), and is lost.
         // Unread, they go as they were read: the store refuses a withdrawal of a changed
         // dispatch, and one that finds its attempt RUNNING loses it.
-        let still: Vec<ActiveAttempt> = match node
+        let still: Vec<ActiveAttempt> = match streams
             .store
             .active_attempts(Some(&worker), 100_000)
             .await
@@ -429,11 +457,11 @@ async fn end_missing(node: &Arc<Node>, worker: &str, missing: Vec<ActiveAttempt>
                 theirs
             }
         };
-        end_now(&node, &worker, still).await;
+        end_now(&streams, &worker, still).await;
     });
 }
 
-async fn end_now(node: &Node, worker: &str, missing: Vec<ActiveAttempt>) {
+async fn end_now(streams: &Streams, worker: &str, missing: Vec<ActiveAttempt>) {
     if missing.is_empty() {
         return;
     }
@@ -471,11 +499,11 @@ async fn end_now(node: &Node, worker: &str, missing: Vec<ActiveAttempt>) {
         tracing::warn!(instance = %attempt.instance_id, attempt = %attempt.attempt, worker = %worker, ?kind, "the worker registered without an attempt the store has on it; ending it now");
         decisions.push((attempt, kind, cause.clone()));
         let envelope = Envelope::decided(worker, report);
-        if node.reports.send(envelope).await.is_err() {
+        if streams.reports.send(envelope).await.is_err() {
             return;
         }
     }
-    crate::backstop::record_endings(node, decisions, now).await;
+    crate::backstop::record_endings(&streams.store, &streams.node_id, decisions, now).await;
 }
 
 /// The stored form of a worker's log batch: packed lines as they came, or separate lines
@@ -550,7 +578,7 @@ fn validate_register(register: &Register) -> Result<WorkerProfile, Status> {
 
 /// The worker's row as this node sees it now.
 fn worker_row(
-    node: &Node,
+    streams: &Streams,
     profile: &WorkerProfile,
     running: u32,
     at: i64,
@@ -565,7 +593,7 @@ fn worker_row(
         running,
         started_at: profile.started_at,
         last_heartbeat: at,
-        node_id: node.options.node_id.clone(),
+        node_id: streams.node_id.clone(),
         draining: false,
         connected,
         apps: profile.apps.as_deref().map(<[String]>::to_vec),
@@ -574,9 +602,15 @@ fn worker_row(
 }
 
 /// Writes the worker's row now (a connect or a disconnect), with any heartbeat refreshes kept.
-async fn save_worker(node: &Node, profile: &WorkerProfile, running: u32, at: i64, connected: bool) {
-    let record = worker_row(node, profile, running, at, connected);
-    if let Err(err) = node.worker_rows.save(record).await {
+async fn save_worker(
+    streams: &Streams,
+    profile: &WorkerProfile,
+    running: u32,
+    at: i64,
+    connected: bool,
+) {
+    let record = worker_row(streams, profile, running, at, connected);
+    if let Err(err) = streams.worker_rows.save(record).await {
         tracing::warn!(worker = %profile.id, error = %err, "saving the worker record failed");
     }
 }
@@ -595,7 +629,7 @@ const KNOWN_ATTEMPTS: usize = 4096;
 
 /// Handles the worker's frames until the stream ends; returns why it ended.
 async fn serve(
-    node: &Node,
+    streams: &Streams,
     attached: &Attached<'_>,
     inbound: &mut Streaming<WorkerMessage>,
 ) -> String {
@@ -618,17 +652,18 @@ async fn serve(
             worker_message::Body::Accepted(_) => continue,
             worker_message::Body::Heartbeat(heartbeat) => {
                 let now = now_ms();
-                node.registry
+                streams
+                    .registry
                     .heartbeat(worker, connection, heartbeat.draining, now);
                 // Other nodes see this worker through the store: every heartbeat refreshes its
                 // row, and is acknowledged once the row is written (`worker_rows`).
-                if let Some(view) = node.registry.view(worker) {
-                    let row = worker_row(node, &view.profile, view.running, now, true);
-                    let ack = node.registry.sender(worker).map(|sender| PendingAck {
-                        sender,
+                if let Some(view) = streams.registry.view(worker) {
+                    let row = worker_row(streams, &view.profile, view.running, now, true);
+                    let ack = streams.registry.outbox(worker).map(|outbox| PendingAck {
+                        outbox,
                         sent_at_ms: heartbeat.sent_at_ms,
                     });
-                    node.worker_rows.refresh(row, ack);
+                    streams.worker_rows.refresh(row, ack);
                 }
                 continue;
             }
@@ -649,13 +684,15 @@ async fn serve(
                 // dispatched; a stranger's are refused there).
                 let key = (chunk.instance_id, chunk.attempt);
                 let own = known.contains(&key)
-                    || node.registry.in_flight_on(worker, connection, key.0, key.1);
+                    || streams
+                        .registry
+                        .in_flight_on(worker, connection, key.0, key.1);
                 if own && known.len() < KNOWN_ATTEMPTS {
                     known.insert(key);
                 } else if own {
                     known.clear();
                 }
-                if !node.logs.append(worker.to_string(), chunk, own).await {
+                if !streams.logs.append(worker.to_string(), chunk, own).await {
                     return "log writer stopped".into();
                 }
                 continue;
@@ -713,7 +750,7 @@ async fn serve(
                 }
             }
         };
-        crate::metrics::reported(node, worker, &report);
+        time_start(streams, worker, &report);
         if let Report::Finished {
             instance_id,
             attempt,
@@ -727,12 +764,12 @@ async fn serve(
         {
             // The worker freed the slot before it said so: dispatch into it now, while the
             // report waits for its batch, not after (the reporter frees it again, harmlessly).
-            node.registry.end_attempt(worker, *instance_id, *attempt);
+            streams.registry.end_attempt(worker, *instance_id, *attempt);
             // A refused dispatch may go to another worker as the same attempt: this stream's
             // lines about it are checked from now on.
             known.remove(&(*instance_id, *attempt));
         }
-        if node
+        if streams
             .reports
             .send(Envelope {
                 worker: worker.to_string(),
@@ -744,6 +781,22 @@ async fn serve(
         {
             return "reporter stopped".into();
         }
+    }
+}
+
+/// Times a start as its stream receives it, before the report's batch: the attempt may end
+/// and leave the registry before that batch is applied.
+fn time_start(streams: &Streams, worker: &str, report: &Report) {
+    if let Report::Started {
+        instance_id,
+        attempt,
+        ..
+    } = report
+        && let Some(ready_at) = streams
+            .registry
+            .take_ready_at(worker, *instance_id, *attempt)
+    {
+        Metrics::observe_ms(&streams.metrics.start_latency, ready_at, now_ms());
     }
 }
 

@@ -25,6 +25,7 @@ use axum::routing::{get, post};
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use crate::grpc::control::ControlApi;
+pub(crate) use crate::json_errors::{error, status_error};
 
 type Api = Arc<ControlApi>;
 
@@ -80,38 +81,6 @@ fn answer<T: serde::Serialize>(result: Result<tonic::Response<T>, tonic::Status>
     match result {
         Ok(response) => axum::Json(response.into_inner()).into_response(),
         Err(status) => status_error(&status),
-    }
-}
-
-pub(crate) fn status_error(status: &tonic::Status) -> Response {
-    error(http_status(status.code()), status.code(), status.message())
-}
-
-fn error(http: StatusCode, code: tonic::Code, message: &str) -> Response {
-    let body = serde_json::json!({
-        "code": format!("{code:?}"),
-        "message": message,
-    });
-    (http, axum::Json(body)).into_response()
-}
-
-/// The HTTP status a gRPC code maps to (as gRPC-gateway maps them).
-fn http_status(code: tonic::Code) -> StatusCode {
-    use tonic::Code;
-    match code {
-        Code::Ok => StatusCode::OK,
-        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
-        Code::FailedPrecondition => StatusCode::CONFLICT,
-        Code::NotFound => StatusCode::NOT_FOUND,
-        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
-        Code::PermissionDenied => StatusCode::FORBIDDEN,
-        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
-        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -221,7 +190,7 @@ impl Peer {
 
 /// `GET /metrics`: the node's Prometheus metrics (`crate::metrics`).
 async fn metrics(axum::extract::State(api): axum::extract::State<Api>) -> Response {
-    crate::metrics::response(api.node()).await
+    api.node().scraped.response().await
 }
 
 async fn no_such_api(uri: Uri) -> Response {

@@ -57,9 +57,16 @@ impl ControlApi {
         let never = CancellationToken::new();
         let mut counts = PurgeCounts::default();
         for (id, _) in &targets {
-            counts += purge_workflow(&self.node, *id, ended_before, request.dry_run, &never)
-                .await
-                .map_err(store_status)?;
+            counts += purge_workflow(
+                &self.node.store,
+                &self.node.metrics,
+                *id,
+                ended_before,
+                request.dry_run,
+                &never,
+            )
+            .await
+            .map_err(store_status)?;
         }
         if !request.dry_run {
             let target = if name.is_empty() {

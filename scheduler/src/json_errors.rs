@@ -1,0 +1,39 @@
+//! Errors as the JSON API and the gate answer them over HTTP: a gRPC status's code as its
+//! HTTP status (as gRPC-gateway maps them), with `{"code", "message"}` as the body.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+/// A handler's status as the JSON API answers it.
+pub fn status_error(status: &tonic::Status) -> Response {
+    error(http_status(status.code()), status.code(), status.message())
+}
+
+/// An error answer: the HTTP status, and `{"code", "message"}` as the body.
+pub fn error(http: StatusCode, code: tonic::Code, message: &str) -> Response {
+    let body = serde_json::json!({
+        "code": format!("{code:?}"),
+        "message": message,
+    });
+    (http, axum::Json(body)).into_response()
+}
+
+/// The HTTP status a gRPC code maps to (as gRPC-gateway maps them).
+fn http_status(code: tonic::Code) -> StatusCode {
+    use tonic::Code;
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+        Code::FailedPrecondition => StatusCode::CONFLICT,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}

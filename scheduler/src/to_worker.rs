@@ -1,0 +1,113 @@
+//! What the node tells a connected worker, in the domain's terms: a dispatch, a cancel, the
+//! acknowledgements of its reports, lines and heartbeats, a refusal, a request to move, the end
+//! of its stream. Each worker's stream has an [`Outbox`] (`registry.rs` keeps it); the stream
+//! (`grpc/worker.rs`) puts what comes out of it in the protocol's frames.
+
+use std::collections::HashMap;
+
+use ax_core::Millis;
+use ax_core::ids::{Attempt, InstanceId, RunId};
+use tokio::sync::mpsc;
+
+/// One attempt to run, as its worker gets it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dispatch {
+    pub instance: InstanceId,
+    pub attempt: Attempt,
+    pub run: RunId,
+    pub workflow: String,
+    pub task: String,
+    /// Run with a shell, unless `argv` is given.
+    pub command: String,
+    pub argv: Vec<String>,
+    /// The task's environment, its params and context, its secrets, its trace parent.
+    pub env: HashMap<String, String>,
+    /// Empty: the worker's own.
+    pub working_dir: String,
+    /// `None`: no timeout.
+    pub timeout_ms: Option<std::num::NonZeroU64>,
+    pub logical_time: Millis,
+    /// (index, total) of a shard of a sharded broadcast.
+    pub shard: Option<(u32, u32)>,
+    /// The task opted out of self-fencing.
+    pub keep_when_cut_off: bool,
+}
+
+/// Why the node refused a worker's report or lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The attempt was not dispatched to this worker.
+    Stranger,
+    /// The instance does not exist.
+    Unknown,
+    /// The attempt is not current, or not in the state the report expects.
+    Stale,
+}
+
+/// A message to a worker.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToWorker {
+    Dispatch(Dispatch),
+    /// Kill the attempt's process.
+    Cancel {
+        instance: InstanceId,
+        attempt: Attempt,
+        reason: String,
+    },
+    /// The attempt's end is stored: stop resending it.
+    FinishedAck {
+        instance: InstanceId,
+        attempt: Attempt,
+    },
+    /// The attempt's lines up to `seq` are stored.
+    LogAck {
+        instance: InstanceId,
+        attempt: Attempt,
+        seq: u64,
+    },
+    /// The heartbeat sent at `sent_at_ms` is stored.
+    HeartbeatAck {
+        sent_at_ms: Millis,
+    },
+    /// A report or lines about the attempt were refused; `kill`: its process, if any, must go.
+    Refused {
+        instance: InstanceId,
+        attempt: Attempt,
+        reason: String,
+        kill: bool,
+        why: Refusal,
+    },
+    /// Connect to another node (the one at `to_address`, when given).
+    MoveElsewhere {
+        reason: String,
+        to_address: String,
+    },
+    /// This node cannot reach its store: the stream ends, and the worker goes elsewhere.
+    CutOff {
+        node_id: String,
+    },
+}
+
+/// The messages queued towards one worker's stream; clones queue to the same stream.
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    sender: mpsc::Sender<ToWorker>,
+}
+
+/// A worker stream's outbox holding `capacity` messages, and what its stream sends from.
+pub fn outbox(capacity: usize) -> (Outbox, mpsc::Receiver<ToWorker>) {
+    let (sender, receiver) = mpsc::channel(capacity);
+    (Outbox { sender }, receiver)
+}
+
+impl Outbox {
+    /// Queues `message` without waiting; false when the stream is gone or its queue full.
+    pub fn tell(&self, message: ToWorker) -> bool {
+        self.sender.try_send(message).is_ok()
+    }
+
+    /// Whether the stream has ended.
+    pub fn is_closed(&self) -> bool {
+        self.sender.is_closed()
+    }
+}

@@ -429,15 +429,14 @@ pub fn running_on(instances: &[pb::Instance], worker: &str) -> usize {
         .count()
 }
 
-/// A process cluster (`None` when its backend is not configured here) and a client of its
-/// scheduler.
+/// A process cluster and a client of its scheduler.
 pub async fn cluster_with(
     backend: Backend,
     settings: SchedulerSettings,
-) -> Option<(ProcessCluster, TestClient)> {
+) -> (ProcessCluster, TestClient) {
     let cluster = ProcessCluster::start_with(backend, settings)
         .await
-        .expect("the scheduler process starts")?;
+        .expect("the scheduler process starts");
     let client = cluster.client().await.expect("a client of the scheduler");
-    Some((cluster, client))
+    (cluster, client)
 }

@@ -230,7 +230,8 @@ impl std::fmt::Display for CtlOutput {
 pub enum RedisChoice {
     /// In-process guards.
     None,
-    /// The shared test Redis of `AX_TEST_REDIS_URL` (the cluster is `None` when it is unset).
+    /// The shared test Redis of `AX_TEST_REDIS_URL` (the test requires
+    /// [`crate::requirements::REDIS`]).
     FromEnv,
     /// A Redis of the test's own, e.g. a [`crate::redis_server::RedisServer`].
     Url(String),
@@ -333,8 +334,8 @@ pub struct ProcessCluster {
 
 impl ProcessCluster {
     /// A fresh store (and, with `with_redis`, a fresh Redis namespace) and a running scheduler
-    /// process; `None` when the backend or Redis is not configured here (never under CI).
-    pub async fn start(backend: Backend, with_redis: bool) -> anyhow::Result<Option<Self>> {
+    /// process.
+    pub async fn start(backend: Backend, with_redis: bool) -> anyhow::Result<Self> {
         let redis = if with_redis {
             RedisChoice::FromEnv
         } else {
@@ -349,10 +350,7 @@ impl ProcessCluster {
 
     /// Like [`ProcessCluster::start`], with the number of nodes, their intervals and Redis
     /// chosen by the test; a restart of a node keeps them. Every node is up when it returns.
-    pub async fn start_with(
-        backend: Backend,
-        settings: SchedulerSettings,
-    ) -> anyhow::Result<Option<Self>> {
+    pub async fn start_with(backend: Backend, settings: SchedulerSettings) -> anyhow::Result<Self> {
         if settings.nodes == 0 {
             bail!("a cluster needs at least one scheduler node");
         }
@@ -362,16 +360,11 @@ impl ProcessCluster {
         let namespace = format!("ax-proc-{}", unique_suffix());
         let redis = match &settings.redis {
             RedisChoice::None => None,
-            RedisChoice::FromEnv => match redis_url() {
-                Some(url) => Some((url, namespace)),
-                None => return Ok(None),
-            },
+            RedisChoice::FromEnv => Some((redis_url()?, namespace)),
             RedisChoice::Url(url) => Some((url.clone(), namespace)),
         };
         let dir = tempfile::tempdir()?;
-        let Some(db) = TestDb::create(backend, dir.path()).await? else {
-            return Ok(None);
-        };
+        let db = TestDb::create(backend, dir.path()).await?;
         let mut nodes = Vec::with_capacity(settings.nodes);
         for n in 1..=settings.nodes {
             let (store_url, database_proxy) = if settings.database_proxies {
@@ -404,7 +397,7 @@ impl ProcessCluster {
         for index in 0..cluster.nodes.len() {
             cluster.start_node(index).await?;
         }
-        Ok(Some(cluster))
+        Ok(cluster)
     }
 
     /// The test's scratch directory; it lives as long as the cluster.

@@ -17,17 +17,34 @@ use std::time::Duration;
 use ax_integration_tests::Backend;
 use ax_integration_tests::client::summary;
 use ax_integration_tests::fault_kit::*;
+use ax_integration_tests::harness::{Test, trial};
 use ax_integration_tests::process::{
     HANG_GUARD, Process, RedisChoice, SchedulerSettings, WorkerSettings,
 };
 use ax_integration_tests::proxy::TcpProxy;
 use ax_integration_tests::redis_server::RedisServer;
+use ax_integration_tests::requirements::{MYSQL, REDIS_SERVER};
 use ax_proto::v1 as pb;
 use pb::InstanceState as S;
 
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(fault_checker_catches_double_starts_overlaps_and_unknown_attempts),
+        trial!(async(multi_thread = 2) fault_a_busy_worker_with_late_heartbeats_keeps_its_task),
+        trial!(async(multi_thread = 2) fault_a_task_heartbeat_that_stops_on_a_live_worker_is_told_never_killed),
+        trial!(async(multi_thread = 2) fault_a_task_over_its_timeout_is_killed_with_its_children_and_retried),
+        trial!(async(multi_thread = 2) fault_kill_9_of_a_worker_with_20_running_tasks_retries_all_on_another).requires(&MYSQL),
+        trial!(async(multi_thread = 2) fault_a_worker_cut_off_longer_than_the_lost_threshold_fences_itself),
+        trial!(async(multi_thread = 2) fault_a_worker_cut_off_with_the_default_fence_setting_fences_before_its_task_is_retried),
+        trial!(async(multi_thread = 2) fault_a_stream_cut_for_a_few_seconds_reattaches_and_finishes_once),
+        trial!(async(multi_thread = 2) fault_redis_stopped_mid_run_and_started_again).requires(&MYSQL).requires(&REDIS_SERVER),
+        trial!(async(multi_thread = 2) fault_kill_9_and_restart_of_the_scheduler_mid_run_on_mysql).requires(&MYSQL),
+        trial!(async(multi_thread = 2) fault_duplicate_dispatch_messages_start_one_process),
+    ]
+}
+
 /// The checker itself: clean histories pass, and each kind of violation is caught. Without
 /// this, a checker that never complains would make every fault test pass.
-#[test]
 fn fault_checker_catches_double_starts_overlaps_and_unknown_attempts() {
     let attempt = |number: u32, state: S, pid: u32| pb::Attempt {
         attempt: number,
@@ -110,7 +127,6 @@ fn fault_checker_catches_double_starts_overlaps_and_unknown_attempts() {
 // ---------------------------------------------------------------------------------------------
 // 1. A busy worker with late heartbeats.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_busy_worker_with_late_heartbeats_keeps_its_task() {
     // Task heartbeats every 2 s on both sides, so the backstop's grace (1.5 × 2 s) is close to
     // a heartbeat interval: a batched or late heartbeat must not condemn
@@ -121,9 +137,7 @@ async fn fault_a_busy_worker_with_late_heartbeats_keeps_its_task() {
         dead_after_missed_heartbeats: Some(4),
         ..SchedulerSettings::default()
     };
-    let Some((mut cluster, client)) = cluster_with(Backend::Sqlite, settings).await else {
-        return;
-    };
+    let (mut cluster, client) = cluster_with(Backend::Sqlite, settings).await;
     cluster
         .start_live_worker(
             "busy",
@@ -201,7 +215,6 @@ async fn fault_a_busy_worker_with_late_heartbeats_keeps_its_task() {
 
 /// A task heartbeat that stops while its worker keeps heartbeating: the node records a
 /// `stalled` decision once and leaves the attempt running to its end.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_task_heartbeat_that_stops_on_a_live_worker_is_told_never_killed() {
     // The node expects a task heartbeat every second (silent after 1.5 s); the worker sends
     // one every 30 s, so a 4 s task is silent for most of its run while its worker lives.
@@ -211,9 +224,7 @@ async fn fault_a_task_heartbeat_that_stops_on_a_live_worker_is_told_never_killed
         dead_after_missed_heartbeats: Some(4),
         ..SchedulerSettings::default()
     };
-    let Some((mut cluster, client)) = cluster_with(Backend::Sqlite, settings).await else {
-        return;
-    };
+    let (mut cluster, client) = cluster_with(Backend::Sqlite, settings).await;
     cluster
         .start_live_worker(
             "quiet",
@@ -269,16 +280,13 @@ async fn fault_a_task_heartbeat_that_stops_on_a_live_worker_is_told_never_killed
 // ---------------------------------------------------------------------------------------------
 // 2. Timeout: the whole process group dies, and the retry runs.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_task_over_its_timeout_is_killed_with_its_children_and_retried() {
     let settings = SchedulerSettings {
         heartbeat_interval: "300ms".into(),
         task_heartbeat_interval: Some("500ms".into()),
         ..SchedulerSettings::default()
     };
-    let Some((mut cluster, client)) = cluster_with(Backend::Sqlite, settings).await else {
-        return;
-    };
+    let (mut cluster, client) = cluster_with(Backend::Sqlite, settings).await;
     cluster
         .start_live_worker(
             "w1",
@@ -341,7 +349,6 @@ async fn fault_a_task_over_its_timeout_is_killed_with_its_children_and_retried()
 // ---------------------------------------------------------------------------------------------
 // 3. SIGKILL of a worker with 20 running tasks.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_kill_9_of_a_worker_with_20_running_tasks_retries_all_on_another() {
     let settings = SchedulerSettings {
         heartbeat_interval: "300ms".into(),
@@ -349,9 +356,7 @@ async fn fault_kill_9_of_a_worker_with_20_running_tasks_retries_all_on_another()
         dead_after_missed_heartbeats: Some(4),
         ..SchedulerSettings::default()
     };
-    let Some((mut cluster, client)) = cluster_with(Backend::MySql, settings).await else {
-        return;
-    };
+    let (mut cluster, client) = cluster_with(Backend::MySql, settings).await;
     let worker = WorkerSettings {
         capacity: Some(20),
         heartbeat_interval: Some("300ms".into()),
@@ -447,7 +452,6 @@ async fn fault_kill_9_of_a_worker_with_20_running_tasks_retries_all_on_another()
 // ---------------------------------------------------------------------------------------------
 // 4. A worker cut off longer than the dead threshold fences itself.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_worker_cut_off_longer_than_the_lost_threshold_fences_itself() {
     // Dead after 8 × 300 ms = 2.4 s; the worker fences after 800 ms and kills within 300 ms.
     cut_off_worker_fences_itself(8, Some("800ms")).await;
@@ -456,7 +460,6 @@ async fn fault_a_worker_cut_off_longer_than_the_lost_threshold_fences_itself() {
 /// The same partition with the worker's default `--self-fence-after` (10 s), longer than this
 /// scheduler's dead threshold (10 × 300 ms = 3 s): the worker must learn the threshold from
 /// Registered (`worker_dead_after_ms`) and fence before it, or the retry runs beside its task.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_worker_cut_off_with_the_default_fence_setting_fences_before_its_task_is_retried() {
     cut_off_worker_fences_itself(10, None).await;
 }
@@ -472,9 +475,7 @@ async fn cut_off_worker_fences_itself(dead_after_missed: u32, self_fence_after: 
         dead_after_missed_heartbeats: Some(dead_after_missed),
         ..SchedulerSettings::default()
     };
-    let Some((mut cluster, client)) = cluster_with(Backend::Sqlite, settings).await else {
-        return;
-    };
+    let (mut cluster, client) = cluster_with(Backend::Sqlite, settings).await;
     let target = std::net::SocketAddr::from(([127, 0, 0, 1], cluster.port()));
     let proxy = TcpProxy::start(target).await.expect("proxy");
     let worker = WorkerSettings {
@@ -601,7 +602,6 @@ async fn cut_off_worker_fences_itself(dead_after_missed: u32, self_fence_after: 
 // ---------------------------------------------------------------------------------------------
 // 5. A short cut: the stream re-attaches and the attempt finishes once.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_stream_cut_for_a_few_seconds_reattaches_and_finishes_once() {
     // Dead after 10 × 500 ms = 5 s; the cut lasts about 1 s; the worker fences only after 4 s.
     let settings = SchedulerSettings {
@@ -610,9 +610,7 @@ async fn fault_a_stream_cut_for_a_few_seconds_reattaches_and_finishes_once() {
         dead_after_missed_heartbeats: Some(10),
         ..SchedulerSettings::default()
     };
-    let Some((mut cluster, client)) = cluster_with(Backend::Sqlite, settings).await else {
-        return;
-    };
+    let (mut cluster, client) = cluster_with(Backend::Sqlite, settings).await;
     let target = std::net::SocketAddr::from(([127, 0, 0, 1], cluster.port()));
     let proxy = TcpProxy::start(target).await.expect("proxy");
     cluster
@@ -677,7 +675,6 @@ async fn fault_a_stream_cut_for_a_few_seconds_reattaches_and_finishes_once() {
 // ---------------------------------------------------------------------------------------------
 // 6. Redis stopped in the middle of a run, then started again.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_redis_stopped_mid_run_and_started_again() {
     let redis_dir = tempfile::tempdir().expect("tempdir");
     let mut redis = RedisServer::start(redis_dir.path())
@@ -689,9 +686,7 @@ async fn fault_redis_stopped_mid_run_and_started_again() {
         heartbeat_interval: "300ms".into(),
         ..SchedulerSettings::default()
     };
-    let Some((mut cluster, client)) = cluster_with(Backend::MySql, settings).await else {
-        return;
-    };
+    let (mut cluster, client) = cluster_with(Backend::MySql, settings).await;
     cluster
         .start_live_worker(
             "w1",
@@ -784,7 +779,6 @@ impl Drop for DumpOnPanic {
 // ---------------------------------------------------------------------------------------------
 // 7. SIGKILL of the scheduler mid-run, and a restart on the same port and store.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_kill_9_and_restart_of_the_scheduler_mid_run_on_mysql() {
     // A generous dead threshold (16 × 500 ms = 8 s) so the restart is shorter than it; the
     // worker fences only after 5 s without a scheduler.
@@ -794,9 +788,7 @@ async fn fault_kill_9_and_restart_of_the_scheduler_mid_run_on_mysql() {
         dead_after_missed_heartbeats: Some(16),
         ..SchedulerSettings::default()
     };
-    let Some((mut cluster, client)) = cluster_with(Backend::MySql, settings).await else {
-        return;
-    };
+    let (mut cluster, client) = cluster_with(Backend::MySql, settings).await;
     cluster
         .start_live_worker(
             "w1",
@@ -1009,7 +1001,6 @@ async fn wait_received(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_duplicate_dispatch_messages_start_one_process() {
     use ax_proto::v1::{Dispatch, SchedulerMessage, scheduler_message, worker_message::Body};
 

@@ -21,11 +21,24 @@ use std::time::Duration;
 use ax_integration_tests::Backend;
 use ax_integration_tests::client::summary;
 use ax_integration_tests::fault_kit::*;
+use ax_integration_tests::harness::{Test, trial};
 use ax_integration_tests::process::{HANG_GUARD, RedisChoice, SchedulerSettings, WorkerSettings};
 use ax_integration_tests::proto_worker::{ProtoWorker, ProtoWorkerOptions};
+use ax_integration_tests::requirements::{MYSQL, REDIS};
 use ax_proto::v1 as pb;
 use pb::InstanceState as S;
 use pb::scheduler_message::Body as FromScheduler;
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(async(multi_thread = 2) fault_scheduler_killed_and_down_past_the_dead_threshold_kills_and_reruns_nothing).requires(&MYSQL).requires(&REDIS),
+        trial!(async(multi_thread = 2) fault_a_started_attempt_whose_report_died_with_the_scheduler_is_never_dispatched_again).requires(&MYSQL).requires(&REDIS),
+        trial!(async(multi_thread = 2) fault_a_worker_restarted_under_its_id_has_its_running_attempt_ended_at_once).requires(&MYSQL).requires(&REDIS),
+        trial!(async(multi_thread = 2) fault_a_worker_that_ignores_timeouts_has_the_attempt_timed_out_by_the_scheduler).requires(&MYSQL).requires(&REDIS),
+        trial!(async(multi_thread = 2) fault_a_cancelled_attempt_records_the_exit_its_worker_reports).requires(&MYSQL).requires(&REDIS),
+        trial!(async(multi_thread = 2) a_worker_written_from_the_proto_alone_runs_a_workflow_with_its_context),
+    ]
+}
 
 /// 300 ms heartbeats, dead after 4 missed (1.2 s): a worker fences after 0.9 s cut off from a
 /// live node.
@@ -51,13 +64,9 @@ fn worker_settings(capacity: u32) -> WorkerSettings {
 // ---------------------------------------------------------------------------------------------
 // 1 and 6. The scheduler down for longer than the dead-worker threshold and the fence time.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_scheduler_killed_and_down_past_the_dead_threshold_kills_and_reruns_nothing() {
-    let Some((mut cluster, client)) =
-        cluster_with(Backend::MySql, short_heartbeats(RedisChoice::FromEnv)).await
-    else {
-        return;
-    };
+    let (mut cluster, client) =
+        cluster_with(Backend::MySql, short_heartbeats(RedisChoice::FromEnv)).await;
     for id in ["w1", "w2"] {
         cluster
             .start_live_worker(id, &worker_settings(6))
@@ -134,13 +143,9 @@ async fn fault_scheduler_killed_and_down_past_the_dead_threshold_kills_and_rerun
 // ---------------------------------------------------------------------------------------------
 // 2. A dispatch accepted and started, its Started report lost with the scheduler.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_started_attempt_whose_report_died_with_the_scheduler_is_never_dispatched_again() {
-    let Some((mut cluster, client)) =
-        cluster_with(Backend::MySql, short_heartbeats(RedisChoice::FromEnv)).await
-    else {
-        return;
-    };
+    let (mut cluster, client) =
+        cluster_with(Backend::MySql, short_heartbeats(RedisChoice::FromEnv)).await;
     let effects = cluster.dir().join("effects");
     let dir = cluster.dir().to_path_buf();
     let command = script(&dir, "once", &effects, &numbered_lines(5, "0.2"));
@@ -205,7 +210,6 @@ async fn fault_a_started_attempt_whose_report_died_with_the_scheduler_is_never_d
 // ---------------------------------------------------------------------------------------------
 // 3. A worker restarted under its id within the dead-worker threshold.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_worker_restarted_under_its_id_has_its_running_attempt_ended_at_once() {
     // Dead only after 10 minutes of silence: without the registration check the attempt would
     // stay RUNNING far past the hang guard.
@@ -215,9 +219,7 @@ async fn fault_a_worker_restarted_under_its_id_has_its_running_attempt_ended_at_
         dead_after_missed_heartbeats: Some(1200),
         ..SchedulerSettings::default()
     };
-    let Some((mut cluster, client)) = cluster_with(Backend::MySql, settings).await else {
-        return;
-    };
+    let (mut cluster, client) = cluster_with(Backend::MySql, settings).await;
     let worker = WorkerSettings {
         heartbeat_interval: Some("500ms".into()),
         ..WorkerSettings::default()
@@ -284,7 +286,6 @@ async fn fault_a_worker_restarted_under_its_id_has_its_running_attempt_ended_at_
 // ---------------------------------------------------------------------------------------------
 // 4. A worker that ignores Dispatch.timeout_ms.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_worker_that_ignores_timeouts_has_the_attempt_timed_out_by_the_scheduler() {
     let settings = SchedulerSettings {
         redis: RedisChoice::FromEnv,
@@ -292,9 +293,7 @@ async fn fault_a_worker_that_ignores_timeouts_has_the_attempt_timed_out_by_the_s
         timeout_grace: Some("1s".into()),
         ..SchedulerSettings::default()
     };
-    let Some((cluster, client)) = cluster_with(Backend::MySql, settings).await else {
-        return;
-    };
+    let (cluster, client) = cluster_with(Backend::MySql, settings).await;
     let mut options = ProtoWorkerOptions::new("lax", &cluster.endpoint());
     options.enforce_timeouts = false;
     let worker = ProtoWorker::start(options).await.expect("worker");
@@ -352,13 +351,9 @@ async fn fault_a_worker_that_ignores_timeouts_has_the_attempt_timed_out_by_the_s
 // ---------------------------------------------------------------------------------------------
 // 5. A cancel, then the worker's report of how the process ended.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_cancelled_attempt_records_the_exit_its_worker_reports() {
-    let Some((mut cluster, client)) =
-        cluster_with(Backend::MySql, short_heartbeats(RedisChoice::FromEnv)).await
-    else {
-        return;
-    };
+    let (mut cluster, client) =
+        cluster_with(Backend::MySql, short_heartbeats(RedisChoice::FromEnv)).await;
     cluster
         .start_live_worker("w1", &worker_settings(2))
         .await
@@ -414,13 +409,9 @@ async fn fault_a_cancelled_attempt_records_the_exit_its_worker_reports() {
 // ---------------------------------------------------------------------------------------------
 // 7. The proto is the contract: a worker written from it alone runs a workflow.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_written_from_the_proto_alone_runs_a_workflow_with_its_context() {
-    let Some((cluster, client)) =
-        cluster_with(Backend::Sqlite, short_heartbeats(RedisChoice::None)).await
-    else {
-        return;
-    };
+    let (cluster, client) =
+        cluster_with(Backend::Sqlite, short_heartbeats(RedisChoice::None)).await;
     let worker = ProtoWorker::start(ProtoWorkerOptions::new("second", &cluster.endpoint()))
         .await
         .expect("worker");

@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ax_integration_tests::fault_kit::plain;
+use ax_integration_tests::fault_kit::{Scenario, Scene, plain};
 use ax_integration_tests::harness::{Test, trial};
 use ax_integration_tests::process::{ProcessCluster, SchedulerSettings, WorkerSettings};
 use ax_integration_tests::requirements::{MYSQL, Requirement};
@@ -160,19 +160,16 @@ static FAKETIME: Requirement = Requirement::program(
 );
 
 async fn fault_cluster_a_node_whose_clock_is_30s_ahead_fires_nothing_early() {
-    let settings = SchedulerSettings {
-        clock_shift: Some("+30s".into()),
-        ..SchedulerSettings::default()
-    };
-    let mut cluster = ProcessCluster::start_with(Backend::MySql, settings)
-        .await
-        .expect("the scheduler starts under faketime");
-    cluster
-        .start_live_worker("w1", &WorkerSettings::default())
-        .await
-        .expect("worker");
-    let client = cluster.client().await.expect("client");
-    let ledger = cluster.dir().join("ledger");
+    let Scene {
+        cluster,
+        client,
+        effects: ledger,
+        ..
+    } = Scenario::new(Backend::MySql)
+        .clock_shift("+30s")
+        .worker("w1")
+        .start()
+        .await;
     let workflow = format!(
         "name: every-second\n\
          schedule: {{cron: '* * * * * *', misfire: skip}}\n\

@@ -20,12 +20,10 @@ use std::time::Duration;
 
 use ax_integration_tests::client::{RUN_GUARD, summary};
 use ax_integration_tests::fault_kit::{
-    Lines, Note, check_invariants_of_runs, numbered_lines, read_notes, script,
+    Lines, Note, Scenario, Scene, check_invariants_of_runs, numbered_lines, read_notes, script,
 };
 use ax_integration_tests::harness::{Test, trial};
-use ax_integration_tests::process::{
-    HANG_GUARD, ProcessCluster, RedisChoice, SchedulerSettings, WorkerSettings,
-};
+use ax_integration_tests::process::{HANG_GUARD, ProcessCluster, RedisChoice, WorkerSettings};
 use ax_integration_tests::requirements::{MYSQL, REDIS};
 use ax_integration_tests::{Backend, TestClient};
 use ax_proto::v1 as pb;
@@ -76,42 +74,39 @@ struct Nodes {
     cluster: ProcessCluster,
     clients: Vec<TestClient>,
     effects: PathBuf,
+    /// The settings of its workers.
+    worker: WorkerSettings,
 }
 
-/// The dead-worker threshold is twice the node lease (4 s and 2 s), as the defaults have it
-/// (20 s and 10 s): a node that loses its store has its lease's length to hand its workers over
-/// before the other nodes would find them dead.
-fn settings(redis: RedisChoice, database_proxies: bool) -> SchedulerSettings {
-    SchedulerSettings {
-        redis,
-        nodes: NODES,
-        database_proxies,
-        heartbeat_interval: "500ms".into(),
-        dead_after_missed_heartbeats: Some(8),
-        node_lease: "2s".into(),
-        ..SchedulerSettings::default()
-    }
-}
-
-/// The kill grace is under the self-fencing margin (3/4 of the 4 s threshold): a fenced task's
-/// process group is dead before the other nodes could find its worker dead.
-fn worker_settings() -> WorkerSettings {
-    WorkerSettings {
-        capacity: Some(8),
-        heartbeat_interval: Some("500ms".into()),
-        kill_grace: Some("1s".into()),
-        ..WorkerSettings::default()
-    }
+/// Three nodes, on a lease of 2 s (the sandbox's), with a dead-worker threshold of twice that
+/// (8 × 500 ms), as the defaults have it (20 s and 10 s): a node that loses its store has its
+/// lease's length to hand its workers over before the other nodes would find them dead. The
+/// workers' kill grace is under the self-fencing margin (3/4 of the 4 s threshold): a fenced
+/// task's process group is dead before the other nodes could find its worker dead.
+fn scenario(redis: RedisChoice, database_proxies: bool) -> Scenario {
+    Scenario::new(Backend::MySql)
+        .nodes(NODES)
+        .redis(redis)
+        .database_proxies(database_proxies)
+        .heartbeats("500ms")
+        .dead_after(8)
+        .worker_settings(WorkerSettings {
+            capacity: Some(8),
+            kill_grace: Some("1s".into()),
+            ..WorkerSettings::default()
+        })
 }
 
 impl Nodes {
     /// Starts the nodes and the workers (each knowing every node) and waits until each node holds
     /// one (the nodes spread them).
     async fn start(redis: RedisChoice, database_proxies: bool) -> Nodes {
-        let mut cluster =
-            ProcessCluster::start_with(Backend::MySql, settings(redis, database_proxies))
-                .await
-                .expect("three scheduler nodes start");
+        let Scene {
+            mut cluster,
+            effects,
+            worker,
+            ..
+        } = scenario(redis, database_proxies).start().await;
         let mut clients = Vec::new();
         for index in 0..NODES {
             clients.push(
@@ -121,15 +116,16 @@ impl Nodes {
                     .expect("a client of a node"),
             );
         }
-        for worker in 1..=WORKERS {
+        for id in 1..=WORKERS {
             cluster
-                .start_worker_with(&format!("w{worker}"), &worker_settings())
+                .start_worker_with(&format!("w{id}"), &worker)
                 .expect("a worker starts");
         }
         let nodes = Nodes {
-            effects: cluster.dir().join("effects"),
+            effects,
             cluster,
             clients,
+            worker,
         };
         let ids: Vec<String> = (0..NODES)
             .map(|index| nodes.id(index).to_string())
@@ -546,7 +542,7 @@ async fn a_node_partitioned_from_the_database(redis: RedisChoice, partition: Par
     let only_n2 = WorkerSettings {
         endpoint: Some(nodes.cluster.node_endpoint(cut_off)),
         labels: vec![("only".into(), "n2".into())],
-        ..worker_settings()
+        ..nodes.worker.clone()
     };
     nodes
         .cluster

@@ -495,7 +495,7 @@ impl Scenario {
 
     /// The worker heartbeat interval, of the nodes and of every worker.
     pub fn heartbeats(mut self, interval: &str) -> Scenario {
-        self.settings.heartbeat_interval = interval.into();
+        self.settings.heartbeat_interval = Some(interval.into());
         self.worker.heartbeat_interval = Some(interval.into());
         self
     }

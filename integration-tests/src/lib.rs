@@ -119,7 +119,7 @@ impl TestDb {
 }
 
 /// `<pid>_<counter>_<nanos>`: unique across the tests of one run and across parallel runs.
-fn unique_suffix() -> String {
+pub(crate) fn unique_suffix() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())

@@ -828,7 +828,7 @@ async fn fault_cluster_soak_of_per_second_cron_with_nodes_killed_fires_every_slo
     }
 
     // A fire pass under way at the pause may still create a run: read until none is new.
-    let url = nodes.cluster.store_url().expect("the store").to_string();
+    let url = nodes.cluster.store_url().to_string();
     let mut runs = stored_runs(&url).await;
     loop {
         for run in &runs {

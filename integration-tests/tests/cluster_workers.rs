@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use ax_integration_tests::fault_kit::{Lines, check_invariants, script, wait_notes, workflow};
 use ax_integration_tests::harness::{Test, trial};
+use ax_integration_tests::process::free_port;
 use ax_integration_tests::requirements::MYSQL;
 use ax_integration_tests::{Backend, TestClient, TestDb, redis_url_if_set};
 use ax_proto::v1 as pb;
@@ -62,8 +63,7 @@ struct Sandbox {
 
 /// A port nothing listens on now.
 fn free_address() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("its address")
+    SocketAddr::from(([127, 0, 0, 1], free_port().expect("a free port")))
 }
 
 fn node_id(index: usize) -> String {

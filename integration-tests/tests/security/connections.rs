@@ -166,7 +166,7 @@ async fn tls_sessions_silent_after_their_handshake_are_closed() {
     let ca = Ca::new("ax flood CA");
     let ca_file = ca.write(d, "ca.pem");
     let (cert, key) = ca.sign(&["localhost", "127.0.0.1"], d, "server");
-    let port = free_port();
+    let port = free_port().expect("a free port");
     let store = format!("sqlite://{}", d.join("ax.db").display());
     let scheduler = ax_integration_tests::binary("ax-scheduler").unwrap();
     let args: Vec<String> = [

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use ax_core::access::{Role, control_method_needs};
 use ax_integration_tests::harness::{Test, trial};
+use ax_integration_tests::process::free_port;
 use ax_integration_tests::requirements::{MYSQL, PYTHON};
 use ax_integration_tests::{Backend, Cluster};
 use ax_proto::client::{Bearer, ClientAuth};
@@ -760,14 +761,6 @@ impl Ca {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Runs a binary to its end; answers (exit code, stdout, stderr).
 fn run(program: &str, args: &[&str]) -> (i32, String, String) {
     let out = std::process::Command::new(ax_integration_tests::binary(program).unwrap())
@@ -801,7 +794,7 @@ async fn tls_with_worker_certificates_and_a_certificate_replaced_without_a_resta
     let (server_cert, server_key) = ca.sign(&["localhost", "127.0.0.1"], d, "server");
     let (w1_cert, w1_key) = ca.sign(&["w1"], d, "w1");
     let store = format!("sqlite://{}", d.join("ax.db").display());
-    let port = free_port();
+    let port = free_port().expect("a free port");
     let listen = format!("127.0.0.1:{port}");
     let server = format!("https://localhost:{port}");
 
@@ -1246,7 +1239,7 @@ async fn the_python_sdk_speaks_tls_tokens_and_worker_certificates() {
     let (server_cert, server_key) = ca.sign(&["localhost", "127.0.0.1"], d, "server");
     let (worker_cert, worker_key) = ca.sign(&["pyw1"], d, "pyw1");
     let store = format!("sqlite://{}", d.join("ax.db").display());
-    let port = free_port();
+    let port = free_port().expect("a free port");
     let server = format!("https://localhost:{port}");
     let (code, admin, err) = run(
         "ax-scheduler",

@@ -1055,7 +1055,7 @@ async fn certificate_names_compare_to_worker_ids_exactly() {
     let worker_token = create(&["--name", "workers", "--role", "worker", "--worker-id", "*"]);
     let token_file = d.join("worker.token");
     std::fs::write(&token_file, &worker_token).unwrap();
-    let port = super::free_port();
+    let port = super::free_port().expect("a free port");
     let listen = format!("127.0.0.1:{port}");
     let server = format!("https://localhost:{port}");
     let args: Vec<String> = [

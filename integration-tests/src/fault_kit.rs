@@ -441,7 +441,8 @@ pub struct Scenario {
     backend: Backend,
     settings: SchedulerSettings,
     worker: WorkerSettings,
-    workers: Vec<(String, WorkerSettings, Route)>,
+    /// Each with settings of its own, or the scenario's when `None`.
+    workers: Vec<(String, Option<WorkerSettings>, Route)>,
 }
 
 /// How a worker of a scenario reaches the scheduler.
@@ -537,21 +538,21 @@ impl Scenario {
     }
 
     /// A worker with the scenario's settings, LIVE before [`Scenario::start`] returns.
-    pub fn worker(self, id: &str) -> Scenario {
-        let settings = self.worker.clone();
-        self.worker_with(id, settings)
+    pub fn worker(mut self, id: &str) -> Scenario {
+        self.workers.push((id.into(), None, Route::Direct));
+        self
     }
 
     /// A worker with settings of its own, LIVE before [`Scenario::start`] returns.
     pub fn worker_with(mut self, id: &str, settings: WorkerSettings) -> Scenario {
-        self.workers.push((id.into(), settings, Route::Direct));
+        self.workers
+            .push((id.into(), Some(settings), Route::Direct));
         self
     }
 
     /// A worker with the scenario's settings that reaches `n1` only through the scene's proxy.
     pub fn worker_through_proxy(mut self, id: &str) -> Scenario {
-        self.workers
-            .push((id.into(), self.worker.clone(), Route::Proxy));
+        self.workers.push((id.into(), None, Route::Proxy));
         self
     }
 
@@ -575,6 +576,7 @@ impl Scenario {
             false => None,
         };
         for (id, settings, route) in workers {
+            let settings = settings.unwrap_or_else(|| worker.clone());
             let settings = match (&proxy, route) {
                 (Some(proxy), Route::Proxy) => WorkerSettings {
                     endpoint: Some(proxy.url()),

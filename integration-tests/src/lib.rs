@@ -43,12 +43,12 @@ pub enum Backend {
 }
 
 /// `AX_TEST_MYSQL_URL` (server url without a database). A test that calls this requires
-/// [`harness::MYSQL`], so the harness has checked it is set.
+/// [`requirements::MYSQL`], so the harness has checked it is set.
 pub fn mysql_server_url() -> anyhow::Result<String> {
     required("AX_TEST_MYSQL_URL", "MYSQL").map(|url| url.trim_end_matches('/').to_string())
 }
 
-/// `AX_TEST_REDIS_URL`, for a test that requires [`harness::REDIS`].
+/// `AX_TEST_REDIS_URL`, for a test that requires [`requirements::REDIS`].
 pub fn redis_url() -> anyhow::Result<String> {
     required("AX_TEST_REDIS_URL", "REDIS")
 }
@@ -68,7 +68,7 @@ pub fn redis_url_if_set() -> Option<String> {
 fn required(var: &str, requirement: &str) -> anyhow::Result<String> {
     match std::env::var(var) {
         Ok(value) if !value.is_empty() => Ok(value),
-        _ => bail!("{var} is not set: register the test with `.requires(&harness::{requirement})`"),
+        _ => bail!("{var} is not set: register the test with `.requires(&{requirement})`"),
     }
 }
 
@@ -537,19 +537,26 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
         .parent()
         .and_then(Path::parent)
         .context("locating the target directory")?;
-    let path = profile_dir.join(name);
+    built(
+        profile_dir,
+        name,
+        "run `cargo build --bins` (or `cargo test --workspace`) first",
+    )
+}
+
+/// `dir/name` when it exists; otherwise an error that says where it was looked for and `how` to
+/// build it.
+pub(crate) fn built(dir: &Path, name: &str, how: &str) -> anyhow::Result<PathBuf> {
+    let path = dir.join(name);
     if !path.exists() {
-        bail!(
-            "{} is not built; run `cargo build --bins` (or `cargo test --workspace`) first",
-            path.display()
-        );
+        bail!("{} is not built; {how}", path.display());
     }
     Ok(path)
 }
 
 /// The tests of each named scenario `async fn NAME(backend: Backend)` of the calling module, on
 /// a four-thread runtime each: `MODULE::sqlite::NAME`, and `MODULE::mysql::NAME`, which
-/// requires [`harness::MYSQL`].
+/// requires [`requirements::MYSQL`].
 /// `on_every_backend!(requires(&BROWSER); NAME, …)` adds requirements to both.
 #[macro_export]
 macro_rules! on_every_backend {

@@ -21,7 +21,7 @@ use anyhow::{Context, bail};
 
 use crate::client::TestClient;
 use crate::proxy::TcpProxy;
-use crate::{Backend, TestDb, binary, redis_url, unique_suffix};
+use crate::{Backend, TestDb, binary, built, redis_url, unique_suffix};
 
 /// How long any single wait may take before the test gives up. A hang guard, not a measurement.
 pub const HANG_GUARD: Duration = Duration::from_secs(60);
@@ -697,17 +697,14 @@ impl ProcessCluster {
 
     /// A binary of this workspace: the site's, or the one built next to the test executable.
     fn binary(&self, name: &str) -> anyhow::Result<PathBuf> {
-        let Some(dir) = &self.bin_dir else {
-            return binary(name);
-        };
-        let path = dir.join(name);
-        if !path.exists() {
-            bail!(
-                "{} not found; build it with `cargo build --release --bins` or point --bin-dir at it",
-                path.display()
-            );
+        match &self.bin_dir {
+            Some(dir) => built(
+                dir,
+                name,
+                "build it with `cargo build --release --bins` or point --bin-dir at it",
+            ),
+            None => binary(name),
         }
-        Ok(path)
     }
 
     /// Every node's endpoint, starting at node `first` and going round.
@@ -824,14 +821,18 @@ impl ProcessCluster {
 
     /// The pid of the latest process started as worker `id`.
     pub fn worker_pid(&self, id: &str) -> anyhow::Result<u32> {
+        self.worker_index(id)
+            .and_then(|index| self.workers[index].pid())
+            .with_context(|| format!("no running worker {id}"))
+    }
+
+    /// Where the latest process started under worker id `id` is in `workers`.
+    fn worker_index(&self, id: &str) -> Option<usize> {
         let name = format!("ax-worker {id}");
         let again = format!("{name}#");
         self.workers
             .iter()
-            .rev()
-            .find(|w| w.name == name || w.name.starts_with(&again))
-            .and_then(Process::pid)
-            .with_context(|| format!("no running worker {id}"))
+            .rposition(|w| w.name == name || w.name.starts_with(&again))
     }
 
     /// The port `n1` listens on (kept across restarts).
@@ -891,15 +892,12 @@ impl ProcessCluster {
         self.take_node(0)
     }
 
+    /// The latest process started under worker id `id`.
     pub fn worker(&mut self, id: &str) -> anyhow::Result<&mut Process> {
-        let name = format!("ax-worker {id}");
-        let again = format!("{name}#");
-        // The latest process started under this id.
-        self.workers
-            .iter_mut()
-            .rev()
-            .find(|w| w.name == name || w.name.starts_with(&again))
-            .with_context(|| format!("no worker {id}"))
+        let index = self
+            .worker_index(id)
+            .with_context(|| format!("no worker {id}"))?;
+        Ok(&mut self.workers[index])
     }
 
     /// Runs the real `axctl` against `n1`, under the hang guard.

@@ -392,9 +392,6 @@ impl ProcessCluster {
     /// Like [`ProcessCluster::start`], with the number of nodes, their intervals and Redis
     /// chosen by the test; a restart of a node keeps them. Every node is up when it returns.
     pub async fn start_with(backend: Backend, settings: SchedulerSettings) -> anyhow::Result<Self> {
-        if settings.nodes == 0 {
-            bail!("a cluster needs at least one scheduler node");
-        }
         if backend == Backend::Sqlite && (settings.nodes > 1 || settings.database_proxies) {
             bail!("one SQLite file serves one node, reached without a proxy: use MySQL");
         }
@@ -430,6 +427,9 @@ impl ProcessCluster {
         bin_dir: Option<PathBuf>,
         settings: SchedulerSettings,
     ) -> anyhow::Result<Self> {
+        if settings.nodes == 0 {
+            bail!("a cluster needs at least one scheduler node");
+        }
         let namespace = format!("ax-proc-{}", unique_suffix());
         let redis = match &settings.redis {
             RedisChoice::None => None,

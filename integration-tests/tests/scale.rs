@@ -1,7 +1,7 @@
 //! Scale: a 10,000-task workflow (100 layers of 100 tasks, each depending on 2–3 tasks of the
 //! layer before) is applied through the API, and a layered run of real `true` processes ends
 //! with every instance SUCCESS. Every scenario runs on SQLite, and on MySQL when
-//! `AX_TEST_MYSQL_URL` is set. The apply time is printed (`--nocapture`), never asserted.
+//! `AX_TEST_MYSQL_URL` is set. The apply time is printed, never asserted.
 
 use std::time::{Duration, Instant};
 

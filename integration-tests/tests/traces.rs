@@ -383,7 +383,7 @@ async fn the_example_workflow_makes_one_trace_that_the_task_joins() {
     print_tree(&of_run, &failures.id, 0);
 }
 
-/// The trace as a tree on the test's output (shown with `--nocapture`), for the docs.
+/// The trace as a tree on the test's output, for the docs.
 fn print_tree(spans: &[&Received], id: &str, depth: usize) {
     let Some(span) = spans.iter().find(|s| s.id == id) else {
         return;

@@ -15,8 +15,7 @@ pub static PYTHON: Requirement = Requirement::env(
 /// chromium, node, and the browser scripts' node modules ([`crate::browser::tools`]).
 pub static BROWSER: Requirement = Requirement::custom(
     || crate::browser::tools().map(|_| ()),
-    "install chromium and node, and run `npm ci` in integration-tests/browser, to run the \
-     browser checks",
+    "the browser checks need chromium, node and `npm ci` in integration-tests/browser",
 );
 
 /// `redis-server`, for a test that stops and starts a Redis of its own

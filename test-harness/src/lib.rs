@@ -252,7 +252,7 @@ pub fn run(mut tests: Vec<Test>) -> ExitCode {
                     how: requirement.how(),
                 })
             });
-            trial(test, lack, ci, forced, &ignored)
+            trial(test, verdict(lack, ci, forced), &ignored)
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
@@ -266,41 +266,62 @@ pub fn run(mut tests: Vec<Test>) -> ExitCode {
     conclusion.exit_code()
 }
 
-fn trial(
-    test: Test,
-    lack: Option<Lack>,
-    ci: bool,
-    forced: bool,
-    ignored: &Arc<Mutex<BTreeMap<String, usize>>>,
-) -> Trial {
-    let Test { name, body, .. } = test;
+/// What the harness does with a test, from what it lacks here and how the run was asked for.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Nothing is missing: the body runs.
+    Run,
+    /// It fails with `message` without running: under CI, or when `--ignored` or
+    /// `--include-ignored` picked it (`picked`: it is listed among the ignored tests).
+    Fail { message: String, picked: bool },
+    /// It is ignored, saying what is `missing`, and counted in the end line of `group`.
+    Ignore { missing: String, group: String },
+}
+
+fn verdict(lack: Option<Lack>, ci: bool, forced: bool) -> Verdict {
     let Some(Lack { missing, how }) = lack else {
-        return Trial::test(name, move || {
-            body();
-            Ok(())
-        });
+        return Verdict::Run;
     };
     if ci {
-        return Trial::test(name, move || {
-            Err(Failed::from(format!(
-                "CI=true but {missing}: {how}; under CI nothing is ignored"
-            )))
-        });
+        Verdict::Fail {
+            message: format!("CI=true but {missing}: {how}; under CI nothing is ignored"),
+            picked: false,
+        }
+    } else if forced {
+        Verdict::Fail {
+            message: format!("{missing}: {how}"),
+            picked: true,
+        }
+    } else {
+        Verdict::Ignore {
+            group: format!("{missing}; {how}"),
+            missing,
+        }
     }
-    if forced {
-        // Asked for by `--ignored` or `--include-ignored`: it fails, saying what it lacks.
-        return Trial::test(name, move || Err(Failed::from(format!("{missing}: {how}"))))
-            .with_ignored_flag(true);
+}
+
+fn trial(test: Test, verdict: Verdict, ignored: &Arc<Mutex<BTreeMap<String, usize>>>) -> Trial {
+    let Test { name, body, .. } = test;
+    match verdict {
+        Verdict::Run => Trial::test(name, move || {
+            body();
+            Ok(())
+        }),
+        Verdict::Fail { message, picked } => {
+            Trial::test(name, move || Err(Failed::from(message))).with_ignored_flag(picked)
+        }
+        Verdict::Ignore { missing, group } => {
+            let ignored = Arc::clone(ignored);
+            Trial::ignorable_test(name, move || {
+                *ignored
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(group)
+                    .or_default() += 1;
+                Ok(Completion::ignored_with(missing))
+            })
+        }
     }
-    let ignored = Arc::clone(ignored);
-    Trial::ignorable_test(name, move || {
-        *ignored
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(format!("{missing}; {how}"))
-            .or_default() += 1;
-        Ok(Completion::ignored_with(missing))
-    })
 }
 
 #[cfg(test)]
@@ -325,6 +346,41 @@ mod tests {
             Some("`ax-test-harness-no-such-program` is not installed")
         );
         assert_eq!(TRUE.missing(), None);
+    }
+
+    #[test]
+    fn a_missing_requirement_ignores_outside_ci_and_fails_under_it_or_when_picked() {
+        let lack = || {
+            Some(Lack {
+                missing: "AX_TEST_MYSQL_URL is not set".into(),
+                how: "set it",
+            })
+        };
+        assert_eq!(verdict(None, true, true), Verdict::Run);
+        assert_eq!(verdict(None, false, false), Verdict::Run);
+        assert_eq!(
+            verdict(lack(), false, false),
+            Verdict::Ignore {
+                missing: "AX_TEST_MYSQL_URL is not set".into(),
+                group: "AX_TEST_MYSQL_URL is not set; set it".into(),
+            }
+        );
+        assert_eq!(
+            verdict(lack(), true, false),
+            Verdict::Fail {
+                message: "CI=true but AX_TEST_MYSQL_URL is not set: set it; under CI nothing is \
+                          ignored"
+                    .into(),
+                picked: false,
+            }
+        );
+        assert_eq!(
+            verdict(lack(), false, true),
+            Verdict::Fail {
+                message: "AX_TEST_MYSQL_URL is not set: set it".into(),
+                picked: true,
+            }
+        );
     }
 
     #[test]

@@ -262,12 +262,11 @@ fn random_and_truncated_worker_frames_never_break_the_scheduler() {
 }
 
 async fn reports_on_unknown_or_stale_attempts_are_refused_with_a_code() {
-    let cluster = Cluster::builder(Backend::Sqlite)
+    let mut cluster = Cluster::builder(Backend::Sqlite)
         .worker("real", 2)
         .start()
         .await
         .expect("cluster");
-    let mut cluster = cluster;
     let client = cluster.client().await.expect("client");
     client
         .apply("name: steady\ntasks:\n  - name: a\n    command: echo ok\n")

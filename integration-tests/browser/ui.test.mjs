@@ -1,6 +1,6 @@
 // The web UI's checks in a real browser (Debian's chromium through playwright-core), against
 // the scheduler at AX_UI_URL with the fixtures of ./fixtures applied (web_ui.rs does that).
-// Every check saves a screenshot in AX_UI_SHOTS. Run by `cargo test --test web_ui`.
+// Every check saves a screenshot in AX_UI_SHOTS. Run by `cargo test -p ax-integration-tests -- web_ui::`.
 
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";

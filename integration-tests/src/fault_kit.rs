@@ -1,10 +1,11 @@
-//! What the fault tests share: tasks that append to a ledger outside ax (the side-effect file),
-//! the checker of the invariants every fault test promises, read from that ledger joined with
-//! the store's attempt history (through a [`TestClient`]), and helpers for the processes a
-//! fault leaves behind. Waits give up after generous hang guards; nothing here measures time.
+//! What the fault tests share: the [`Scenario`] each sets up before its fault, tasks that append
+//! to a ledger outside ax (the side-effect file), the checker of the invariants every fault test
+//! promises, read from that ledger joined with the store's attempt history (through a
+//! [`TestClient`]), and helpers for the processes a fault leaves behind. Waits give up after
+//! generous hang guards; nothing here measures time.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ax_proto::v1 as pb;
@@ -12,7 +13,8 @@ use pb::InstanceState as S;
 
 use crate::Backend;
 use crate::client::{RUN_GUARD, TestClient, summary};
-use crate::process::{ProcessCluster, SchedulerSettings};
+use crate::process::{ProcessCluster, RedisChoice, SchedulerSettings, WorkerSettings};
+use crate::proxy::TcpProxy;
 
 // ---------------------------------------------------------------------------------------------
 // Tasks and their side effects.
@@ -429,15 +431,183 @@ pub fn running_on(instances: &[pb::Instance], worker: &str) -> usize {
         .count()
 }
 
-/// A process cluster (`None` when its backend is not configured here) and a client of its
-/// scheduler.
-pub async fn cluster_with(
+// ---------------------------------------------------------------------------------------------
+// The scenario: what every fault test sets up before its fault.
+
+/// A fault test's sandbox, described before it starts: real scheduler processes on a fresh store,
+/// the heartbeats of the nodes and of every worker, and the workers that must be LIVE before the
+/// test goes on. [`Scenario::start`] returns the running [`Scene`].
+pub struct Scenario {
     backend: Backend,
     settings: SchedulerSettings,
-) -> Option<(ProcessCluster, TestClient)> {
-    let cluster = ProcessCluster::start_with(backend, settings)
-        .await
-        .expect("the scheduler process starts")?;
-    let client = cluster.client().await.expect("a client of the scheduler");
-    Some((cluster, client))
+    worker: WorkerSettings,
+    /// Each with settings of its own, or the scenario's when `None`.
+    workers: Vec<(String, Option<WorkerSettings>, Route)>,
+}
+
+/// How a worker of a scenario reaches the scheduler.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Direct,
+    /// Through the scene's [`TcpProxy`] to `n1`, which the test can cut.
+    Proxy,
+}
+
+/// A started [`Scenario`]: the processes, a client of `n1`, the side-effect file every task of
+/// [`script`] appends to, the scratch directory, the worker settings of the scenario (for the
+/// workers the test starts later), and the proxy in front of `n1` when a worker goes through it.
+pub struct Scene {
+    pub cluster: ProcessCluster,
+    pub client: TestClient,
+    /// The side-effect file (the ledger) of [`prelude`].
+    pub effects: PathBuf,
+    pub dir: PathBuf,
+    pub worker: WorkerSettings,
+    pub proxy: Option<TcpProxy>,
+}
+
+impl Scenario {
+    /// One node on `backend`, the sandbox's heartbeats, no worker.
+    pub fn new(backend: Backend) -> Scenario {
+        Scenario {
+            backend,
+            settings: SchedulerSettings::default(),
+            worker: WorkerSettings::default(),
+            workers: Vec::new(),
+        }
+    }
+
+    /// `n1` … `nN` on the one store (MySQL).
+    pub fn nodes(mut self, nodes: usize) -> Scenario {
+        self.settings.nodes = nodes;
+        self
+    }
+
+    /// A proxy between each node and MySQL ([`ProcessCluster::database_proxy`]).
+    pub fn database_proxies(mut self, on: bool) -> Scenario {
+        self.settings.database_proxies = on;
+        self
+    }
+
+    pub fn redis(mut self, redis: RedisChoice) -> Scenario {
+        self.settings.redis = redis;
+        self
+    }
+
+    /// The worker heartbeat interval, of the nodes and of every worker.
+    pub fn heartbeats(mut self, interval: &str) -> Scenario {
+        self.settings.heartbeat_interval = Some(interval.into());
+        self.worker.heartbeat_interval = Some(interval.into());
+        self
+    }
+
+    /// The task heartbeat interval, of the nodes and of every worker.
+    pub fn task_heartbeats(mut self, interval: &str) -> Scenario {
+        self.settings.task_heartbeat_interval = Some(interval.into());
+        self.worker.task_heartbeat_interval = Some(interval.into());
+        self
+    }
+
+    /// Heartbeats a worker may miss before the nodes find it dead.
+    pub fn dead_after(mut self, missed: u32) -> Scenario {
+        self.settings.dead_after_missed_heartbeats = Some(missed);
+        self
+    }
+
+    /// Runs the nodes under `faketime -f SHIFT` (e.g. `+30s`): their clocks are off by it.
+    pub fn clock_shift(mut self, shift: &str) -> Scenario {
+        self.settings.clock_shift = Some(shift.into());
+        self
+    }
+
+    /// How long past its timeout the nodes wait for a worker to report an attempt's end.
+    pub fn timeout_grace(mut self, grace: &str) -> Scenario {
+        self.settings.timeout_grace = Some(grace.into());
+        self
+    }
+
+    /// Every worker's other settings (capacity, kill grace, fencing); the heartbeats stay the
+    /// scenario's.
+    pub fn worker_settings(mut self, settings: WorkerSettings) -> Scenario {
+        self.worker = WorkerSettings {
+            heartbeat_interval: self.worker.heartbeat_interval,
+            task_heartbeat_interval: self.worker.task_heartbeat_interval,
+            ..settings
+        };
+        self
+    }
+
+    /// A worker with the scenario's settings, LIVE before [`Scenario::start`] returns.
+    pub fn worker(mut self, id: &str) -> Scenario {
+        self.workers.push((id.into(), None, Route::Direct));
+        self
+    }
+
+    /// A worker with settings of its own, LIVE before [`Scenario::start`] returns.
+    pub fn worker_with(mut self, id: &str, settings: WorkerSettings) -> Scenario {
+        self.workers
+            .push((id.into(), Some(settings), Route::Direct));
+        self
+    }
+
+    /// A worker with the scenario's settings that reaches `n1` only through the scene's proxy.
+    pub fn worker_through_proxy(mut self, id: &str) -> Scenario {
+        self.workers.push((id.into(), None, Route::Proxy));
+        self
+    }
+
+    /// Starts the nodes, then the workers, each LIVE before the next starts.
+    pub async fn start(self) -> Scene {
+        let Scenario {
+            backend,
+            settings,
+            worker,
+            workers,
+        } = self;
+        let mut cluster = ProcessCluster::start_with(backend, settings)
+            .await
+            .expect("the scheduler process starts");
+        let client = cluster.client().await.expect("a client of the scheduler");
+        let proxy = match workers.iter().any(|(_, _, route)| *route == Route::Proxy) {
+            true => {
+                let target = std::net::SocketAddr::from(([127, 0, 0, 1], cluster.port()));
+                Some(TcpProxy::start(target).await.expect("proxy"))
+            }
+            false => None,
+        };
+        for (id, settings, route) in workers {
+            let settings = settings.unwrap_or_else(|| worker.clone());
+            let settings = match (&proxy, route) {
+                (Some(proxy), Route::Proxy) => WorkerSettings {
+                    endpoint: Some(proxy.url()),
+                    ..settings
+                },
+                _ => settings,
+            };
+            cluster
+                .start_live_worker(&id, &settings)
+                .await
+                .unwrap_or_else(|err| panic!("worker {id}: {err:#}"));
+        }
+        Scene {
+            effects: cluster.dir().join("effects"),
+            dir: cluster.dir().to_path_buf(),
+            cluster,
+            client,
+            worker,
+            proxy,
+        }
+    }
+}
+
+/// Applies a workflow file (`name: NAME` on its first line, as [`workflow`] writes it) and
+/// triggers it; returns the run's id.
+pub async fn apply_and_trigger(client: &TestClient, yaml: &str) -> i64 {
+    let name = yaml
+        .lines()
+        .next()
+        .and_then(|line| line.strip_prefix("name: "))
+        .expect("a workflow file that starts with its name");
+    client.apply(yaml).await.expect("apply");
+    client.trigger_run(name).await.expect("trigger").id
 }

@@ -10,6 +10,7 @@ pub mod process;
 pub mod proto_worker;
 pub mod proxy;
 pub mod redis_server;
+pub mod requirements;
 pub mod workflows;
 
 pub mod bench;
@@ -28,6 +29,7 @@ use sqlx::Connection;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use ax_test_harness as harness;
 pub use client::TestClient;
 
 /// How long the workers of a starting sandbox may take to connect. A hang guard.
@@ -40,26 +42,33 @@ pub enum Backend {
     MySql,
 }
 
-/// `AX_TEST_MYSQL_URL` (server url without a database), or `None` when unset outside CI.
-/// Under `CI=true` a missing url is a failure, never a silent skip.
-pub fn mysql_server_url() -> Option<String> {
-    match std::env::var("AX_TEST_MYSQL_URL") {
-        Ok(url) if !url.is_empty() => Some(url.trim_end_matches('/').to_string()),
-        _ if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("CI=true but AX_TEST_MYSQL_URL is not set: MySQL tests cannot be skipped")
-        }
-        _ => None,
-    }
+/// `AX_TEST_MYSQL_URL` (server url without a database). A test that calls this requires
+/// [`requirements::MYSQL`], so the harness has checked it is set.
+pub fn mysql_server_url() -> anyhow::Result<String> {
+    required("AX_TEST_MYSQL_URL", "MYSQL").map(|url| url.trim_end_matches('/').to_string())
 }
 
-/// `AX_TEST_REDIS_URL`, with the same rule as [`mysql_server_url`].
-pub fn redis_url() -> Option<String> {
+/// `AX_TEST_REDIS_URL`, for a test that requires [`requirements::REDIS`].
+pub fn redis_url() -> anyhow::Result<String> {
+    required("AX_TEST_REDIS_URL", "REDIS")
+}
+
+/// `AX_TEST_REDIS_URL` for a test that uses Redis when there is one and in-process guards
+/// otherwise; under `CI=true` it must be set.
+pub fn redis_url_if_set() -> Option<String> {
     match std::env::var("AX_TEST_REDIS_URL") {
         Ok(url) if !url.is_empty() => Some(url),
         _ if std::env::var("CI").as_deref() == Ok("true") => {
             panic!("CI=true but AX_TEST_REDIS_URL is not set: Redis tests cannot be skipped")
         }
         _ => None,
+    }
+}
+
+fn required(var: &str, requirement: &str) -> anyhow::Result<String> {
+    match std::env::var(var) {
+        Ok(value) if !value.is_empty() => Ok(value),
+        _ => bail!("{var} is not set: register the test with `.requires(&{requirement})`"),
     }
 }
 
@@ -72,16 +81,14 @@ pub struct TestDb {
 static DB_COUNTER: AtomicU32 = AtomicU32::new(0);
 
 impl TestDb {
-    pub async fn create(backend: Backend, dir: &Path) -> anyhow::Result<Option<TestDb>> {
+    pub async fn create(backend: Backend, dir: &Path) -> anyhow::Result<TestDb> {
         match backend {
-            Backend::Sqlite => Ok(Some(TestDb {
+            Backend::Sqlite => Ok(TestDb {
                 url: format!("sqlite://{}", dir.join("ax.db").display()),
                 server: None,
-            })),
+            }),
             Backend::MySql => {
-                let Some(server) = mysql_server_url() else {
-                    return Ok(None);
-                };
+                let server = mysql_server_url()?;
                 let name = format!("ax_e2e_{}", unique_suffix());
                 let mut conn = sqlx::MySqlConnection::connect(&server)
                     .await
@@ -90,10 +97,10 @@ impl TestDb {
                 sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
                     .execute(&mut conn)
                     .await?;
-                Ok(Some(TestDb {
+                Ok(TestDb {
                     url: format!("{server}/{name}"),
                     server: Some((server, name)),
-                }))
+                })
             }
         }
     }
@@ -112,7 +119,7 @@ impl TestDb {
 }
 
 /// `<pid>_<counter>_<nanos>`: unique across the tests of one run and across parallel runs.
-fn unique_suffix() -> String {
+pub(crate) fn unique_suffix() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
@@ -253,22 +260,20 @@ impl ClusterBuilder {
         self
     }
 
-    /// Dedup markers and start locks through the test Redis (when `AX_TEST_REDIS_URL` is set).
+    /// Dedup markers and start locks through the test Redis when `AX_TEST_REDIS_URL` is set, in
+    /// process otherwise ([`redis_url_if_set`]).
     pub fn redis(mut self) -> Self {
         self.redis = true;
         self
     }
 
-    /// Starts the sandbox and waits until its workers are LIVE, or returns `None` when its
-    /// backend is not configured here (never under CI).
-    pub async fn start(self) -> anyhow::Result<Option<Cluster>> {
+    /// Starts the sandbox and waits until its workers are LIVE.
+    pub async fn start(self) -> anyhow::Result<Cluster> {
         let dir = tempfile::tempdir()?;
-        let Some(db) = TestDb::create(self.backend, dir.path()).await? else {
-            return Ok(None);
-        };
+        let db = TestDb::create(self.backend, dir.path()).await?;
         let redis_url = match self.redis_url {
             Some(url) => Some(url),
-            None if self.redis => redis_url(),
+            None if self.redis => redis_url_if_set(),
             None => None,
         };
         let options = SchedulerOptions {
@@ -333,7 +338,7 @@ impl ClusterBuilder {
                 .wait_for_workers(workers, WORKERS_GUARD)
                 .await?;
         }
-        Ok(Some(cluster))
+        Ok(cluster)
     }
 }
 
@@ -532,37 +537,48 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
         .parent()
         .and_then(Path::parent)
         .context("locating the target directory")?;
-    let path = profile_dir.join(name);
+    built(
+        profile_dir,
+        name,
+        "run `cargo build --bins` (or `cargo test --workspace`) first",
+    )
+}
+
+/// `dir/name` when it exists; otherwise an error that says where it was looked for and `how` to
+/// build it.
+pub(crate) fn built(dir: &Path, name: &str, how: &str) -> anyhow::Result<PathBuf> {
+    let path = dir.join(name);
     if !path.exists() {
-        bail!(
-            "{} is not built; run `cargo build --bins` (or `cargo test --workspace`) first",
-            path.display()
-        );
+        bail!("{} is not built; {how}", path.display());
     }
     Ok(path)
 }
 
-/// Declares each named scenario `async fn NAME(backend: Backend)` of the calling test file as two
-/// tests, `sqlite::NAME` and `mysql::NAME`, on a four-thread runtime. (A scenario whose backend
-/// is not configured gets no cluster from the builder and returns, except under `CI=true`.)
+/// The tests of each named scenario `async fn NAME(backend: Backend)` of the calling module, on
+/// a four-thread runtime each: `MODULE::sqlite::NAME`, and `MODULE::mysql::NAME`, which
+/// requires [`requirements::MYSQL`].
+/// `on_every_backend!(requires(&BROWSER); NAME, …)` adds requirements to both.
 #[macro_export]
 macro_rules! on_every_backend {
+    (requires($($requirement:expr),+ $(,)?); $($scenario:ident),* $(,)?) => {
+        $crate::on_every_backend!($($scenario),*)
+            .into_iter()
+            .map(|test| test$(.requires($requirement))+)
+            .collect::<Vec<_>>()
+    };
     ($($scenario:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(ax_integration_tests::Backend::MySql).await;
-                }
-            )*
-        }
+        vec![$(
+            $crate::harness::Test::on_tokio(
+                $crate::harness::test_name(module_path!(), concat!("sqlite::", stringify!($scenario))),
+                $crate::harness::Runtime::MultiThread(Some(4)),
+                || $scenario($crate::Backend::Sqlite),
+            ),
+            $crate::harness::Test::on_tokio(
+                $crate::harness::test_name(module_path!(), concat!("mysql::", stringify!($scenario))),
+                $crate::harness::Runtime::MultiThread(Some(4)),
+                || $scenario($crate::Backend::MySql),
+            )
+            .requires(&$crate::harness::MYSQL),
+        )*]
     };
 }

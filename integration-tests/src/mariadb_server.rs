@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use crate::process::{HANG_GUARD, Process};
-use crate::redis_server::{free_port, which};
+use crate::process::{HANG_GUARD, Process, free_port};
+use crate::redis_server::which;
 
 pub struct MariaDbServer {
     port: u16,

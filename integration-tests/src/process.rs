@@ -21,13 +21,16 @@ use anyhow::{Context, bail};
 
 use crate::client::TestClient;
 use crate::proxy::TcpProxy;
-use crate::{Backend, TestDb, binary, redis_url, unique_suffix};
+use crate::{Backend, TestDb, binary, built, redis_url, unique_suffix};
 
 /// How long any single wait may take before the test gives up. A hang guard, not a measurement.
 pub const HANG_GUARD: Duration = Duration::from_secs(60);
 
 /// The interval of worker heartbeats in the sandbox, short so liveness shows up quickly.
 const HEARTBEAT_INTERVAL: &str = "500ms";
+
+/// The log level of a test's processes: tests read their `info` lines.
+const TEST_LOG: &str = "info";
 
 /// How often a scheduler start is retried when its port was taken by someone else meanwhile.
 const BIND_ATTEMPTS: u32 = 10;
@@ -53,7 +56,7 @@ impl Process {
         dir: &Path,
         log: PathBuf,
     ) -> anyhow::Result<Self> {
-        Self::start(name, program, args, dir, log, false)
+        Self::start(name, program, args, dir, log, false, Some(TEST_LOG))
     }
 
     /// [`Process::spawn`] for a wrapper whose program is its child (`faketime PROGRAM …`): both
@@ -67,9 +70,10 @@ impl Process {
         dir: &Path,
         log: PathBuf,
     ) -> anyhow::Result<Self> {
-        Self::start(name, program, args, dir, log, true)
+        Self::start(name, program, args, dir, log, true, Some(TEST_LOG))
     }
 
+    /// `RUST_LOG` is `rust_log`, or unset (the program's default) when `None`.
     fn start(
         name: &str,
         program: &Path,
@@ -77,6 +81,7 @@ impl Process {
         dir: &Path,
         log: PathBuf,
         group: bool,
+        rust_log: Option<&str>,
     ) -> anyhow::Result<Self> {
         let file =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
@@ -91,8 +96,11 @@ impl Process {
             .kill_on_drop(true);
         clear_ax_env(&mut command);
         // Tests read these logs (a scheduler's "scheduler starting", a worker's fencing): the
-        // level is the tests', not the caller's environment's.
-        command.env("RUST_LOG", "info");
+        // level is the cluster's, not the caller's environment's.
+        match rust_log {
+            Some(filter) => command.env("RUST_LOG", filter),
+            None => command.env_remove("RUST_LOG"),
+        };
         if group {
             command.process_group(0);
         }
@@ -230,24 +238,27 @@ impl std::fmt::Display for CtlOutput {
 pub enum RedisChoice {
     /// In-process guards.
     None,
-    /// The shared test Redis of `AX_TEST_REDIS_URL` (the cluster is `None` when it is unset).
+    /// The shared test Redis of `AX_TEST_REDIS_URL` (the test requires
+    /// [`crate::requirements::REDIS`]).
     FromEnv,
     /// A Redis of the test's own, e.g. a [`crate::redis_server::RedisServer`].
     Url(String),
 }
 
 /// How many scheduler processes a [`ProcessCluster`] has and how they are started. Durations
-/// are in the flags' syntax (`300ms`, `2s`); `None` keeps the scheduler's default.
+/// are in the flags' syntax (`300ms`, `2s`); `None` keeps the scheduler's default. The default
+/// is the test sandbox's: short intervals, so that liveness, leases and moves show up quickly.
 #[derive(Debug, Clone)]
 pub struct SchedulerSettings {
     pub redis: RedisChoice,
-    pub heartbeat_interval: String,
+    /// The worker heartbeat interval of the nodes, and of the workers that set none.
+    pub heartbeat_interval: Option<String>,
     pub task_heartbeat_interval: Option<String>,
     pub dead_after_missed_heartbeats: Option<u32>,
     pub timeout_grace: Option<String>,
     /// `--node-lease`: short, so a node restarted after kill -9 takes its id back within a
     /// second (it watches the old lease for two fifths of it).
-    pub node_lease: String,
+    pub node_lease: Option<String>,
     /// Runs the scheduler under `faketime -f SHIFT` (e.g. `+30s`): its own clock is off by it.
     pub clock_shift: Option<String>,
     /// Scheduler nodes `n1` … `nN` on the one store; more than one needs MySQL.
@@ -256,37 +267,41 @@ pub struct SchedulerSettings {
     /// from the database ([`ProcessCluster::database_proxy`]).
     pub database_proxies: bool,
     /// `--spread-interval`: short, so workers spread over the nodes within seconds.
-    pub spread_interval: String,
+    pub spread_interval: Option<String>,
     /// `--otlp-endpoint`: the nodes export traces there.
     pub otlp_endpoint: Option<String>,
     /// Runs the scheduler under `prlimit --nofile=N`: it may hold at most N open files.
     pub open_files: Option<u32>,
     /// Further flags, given as they are.
     pub extra_args: Vec<String>,
+    /// `RUST_LOG` of every process; unset (the programs' default) when `None`. The cluster
+    /// waits for a node's `info` line "scheduler starting".
+    pub rust_log: Option<String>,
 }
 
 impl Default for SchedulerSettings {
     fn default() -> Self {
         SchedulerSettings {
             redis: RedisChoice::None,
-            heartbeat_interval: HEARTBEAT_INTERVAL.into(),
+            heartbeat_interval: Some(HEARTBEAT_INTERVAL.into()),
             task_heartbeat_interval: None,
             dead_after_missed_heartbeats: None,
             timeout_grace: None,
-            node_lease: "2s".into(),
-            spread_interval: "1s".into(),
+            node_lease: Some("2s".into()),
+            spread_interval: Some("1s".into()),
             clock_shift: None,
             nodes: 1,
             database_proxies: false,
             otlp_endpoint: None,
             open_files: None,
             extra_args: Vec::new(),
+            rust_log: Some(TEST_LOG.into()),
         }
     }
 }
 
 /// How a worker process of a [`ProcessCluster`] is started. `None` keeps the worker's default,
-/// except the heartbeat interval, which defaults to the sandbox's short one.
+/// except the heartbeat interval, which defaults to the nodes'.
 #[derive(Debug, Clone, Default)]
 pub struct WorkerSettings {
     /// The scheduler endpoint it connects to, e.g. a [`TcpProxy`] in front of the scheduler;
@@ -317,10 +332,37 @@ struct SchedulerNode {
     starts: u32,
 }
 
-/// Scheduler processes, their workers, their store and the test's temporary directory.
+/// Where a [`ProcessCluster`] that is not a test's sandbox runs: the benchmark harness's
+/// binaries, a store it made (and drops), and a directory it may keep.
+pub struct Site {
+    pub bin_dir: PathBuf,
+    pub store_url: String,
+    pub dir: PathBuf,
+}
+
+/// A cluster's scratch directory: a test's, removed with it, or a [`Site`]'s.
+enum Scratch {
+    Test(tempfile::TempDir),
+    Site(PathBuf),
+}
+
+impl Scratch {
+    fn path(&self) -> &Path {
+        match self {
+            Scratch::Test(dir) => dir.path(),
+            Scratch::Site(dir) => dir,
+        }
+    }
+}
+
+/// Scheduler processes, their workers, their store and their scratch directory.
 pub struct ProcessCluster {
-    dir: tempfile::TempDir,
+    dir: Scratch,
+    /// The test's database, dropped with the cluster; `None` on a [`Site`].
     db: Option<TestDb>,
+    store_url: String,
+    /// Where the binaries are: next to the test executable when `None`.
+    bin_dir: Option<PathBuf>,
     redis: Option<(String, String)>,
     settings: SchedulerSettings,
     nodes: Vec<SchedulerNode>,
@@ -333,8 +375,8 @@ pub struct ProcessCluster {
 
 impl ProcessCluster {
     /// A fresh store (and, with `with_redis`, a fresh Redis namespace) and a running scheduler
-    /// process; `None` when the backend or Redis is not configured here (never under CI).
-    pub async fn start(backend: Backend, with_redis: bool) -> anyhow::Result<Option<Self>> {
+    /// process.
+    pub async fn start(backend: Backend, with_redis: bool) -> anyhow::Result<Self> {
         let redis = if with_redis {
             RedisChoice::FromEnv
         } else {
@@ -349,51 +391,75 @@ impl ProcessCluster {
 
     /// Like [`ProcessCluster::start`], with the number of nodes, their intervals and Redis
     /// chosen by the test; a restart of a node keeps them. Every node is up when it returns.
-    pub async fn start_with(
-        backend: Backend,
-        settings: SchedulerSettings,
-    ) -> anyhow::Result<Option<Self>> {
-        if settings.nodes == 0 {
-            bail!("a cluster needs at least one scheduler node");
-        }
+    pub async fn start_with(backend: Backend, settings: SchedulerSettings) -> anyhow::Result<Self> {
         if backend == Backend::Sqlite && (settings.nodes > 1 || settings.database_proxies) {
             bail!("one SQLite file serves one node, reached without a proxy: use MySQL");
+        }
+        let dir = tempfile::tempdir()?;
+        let db = TestDb::create(backend, dir.path()).await?;
+        let store_url = db.url.clone();
+        Self::launch(Scratch::Test(dir), Some(db), store_url, None, settings).await
+    }
+
+    /// The nodes of `settings` on a [`Site`]'s store, binaries and directory. The store is the
+    /// site's to drop.
+    pub async fn start_at(site: Site, settings: SchedulerSettings) -> anyhow::Result<Self> {
+        if site.store_url.starts_with("sqlite:") && settings.nodes > 1 {
+            bail!(
+                "{} scheduler nodes need MySQL: one SQLite file serves one node",
+                settings.nodes
+            );
+        }
+        Self::launch(
+            Scratch::Site(site.dir),
+            None,
+            site.store_url,
+            Some(site.bin_dir),
+            settings,
+        )
+        .await
+    }
+
+    async fn launch(
+        dir: Scratch,
+        db: Option<TestDb>,
+        store_url: String,
+        bin_dir: Option<PathBuf>,
+        settings: SchedulerSettings,
+    ) -> anyhow::Result<Self> {
+        if settings.nodes == 0 {
+            bail!("a cluster needs at least one scheduler node");
         }
         let namespace = format!("ax-proc-{}", unique_suffix());
         let redis = match &settings.redis {
             RedisChoice::None => None,
-            RedisChoice::FromEnv => match redis_url() {
-                Some(url) => Some((url, namespace)),
-                None => return Ok(None),
-            },
+            RedisChoice::FromEnv => Some((redis_url()?, namespace)),
             RedisChoice::Url(url) => Some((url.clone(), namespace)),
-        };
-        let dir = tempfile::tempdir()?;
-        let Some(db) = TestDb::create(backend, dir.path()).await? else {
-            return Ok(None);
         };
         let mut nodes = Vec::with_capacity(settings.nodes);
         for n in 1..=settings.nodes {
-            let (store_url, database_proxy) = if settings.database_proxies {
-                let proxy = TcpProxy::start(mysql_address(&db.url)?)
+            let (node_store_url, database_proxy) = if settings.database_proxies {
+                let proxy = TcpProxy::start(mysql_address(&store_url)?)
                     .await
                     .context("starting a proxy to MySQL")?;
-                (mysql_url_through(&db.url, proxy.addr())?, Some(proxy))
+                (mysql_url_through(&store_url, proxy.addr())?, Some(proxy))
             } else {
-                (db.url.clone(), None)
+                (store_url.clone(), None)
             };
             nodes.push(SchedulerNode {
                 id: format!("n{n}"),
                 port: 0,
-                store_url,
+                store_url: node_store_url,
                 database_proxy,
                 process: None,
                 starts: 0,
             });
         }
         let mut cluster = ProcessCluster {
-            db: Some(db),
+            db,
             dir,
+            store_url,
+            bin_dir,
             redis,
             settings,
             nodes,
@@ -404,21 +470,18 @@ impl ProcessCluster {
         for index in 0..cluster.nodes.len() {
             cluster.start_node(index).await?;
         }
-        Ok(Some(cluster))
+        Ok(cluster)
     }
 
-    /// The test's scratch directory; it lives as long as the cluster.
+    /// The scratch directory; a test's lives as long as the cluster.
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
 
     /// The url of the cluster's store, straight to the database (not through a node's proxy),
     /// for a test to read it itself.
-    pub fn store_url(&self) -> anyhow::Result<&str> {
-        self.db
-            .as_ref()
-            .map(|db| db.url.as_str())
-            .context("the test database was dropped")
+    pub fn store_url(&self) -> &str {
+        &self.store_url
     }
 
     /// The endpoint of `n1`.
@@ -539,11 +602,20 @@ impl ProcessCluster {
             format!("http://{listen}"),
             "--node-id".into(),
             node.id.clone(),
-            "--heartbeat-interval".into(),
-            self.settings.heartbeat_interval.clone(),
         ];
-        if let Some(interval) = &self.settings.task_heartbeat_interval {
-            args.extend(["--task-heartbeat-interval".into(), interval.clone()]);
+        let optional = [
+            ("--heartbeat-interval", &self.settings.heartbeat_interval),
+            (
+                "--task-heartbeat-interval",
+                &self.settings.task_heartbeat_interval,
+            ),
+            ("--node-lease", &self.settings.node_lease),
+            ("--spread-interval", &self.settings.spread_interval),
+        ];
+        for (flag, value) in optional {
+            if let Some(value) = value {
+                args.extend([flag.to_string(), value.clone()]);
+            }
         }
         if let Some(endpoint) = &self.settings.otlp_endpoint {
             args.extend(["--otlp-endpoint".into(), endpoint.clone()]);
@@ -554,11 +626,6 @@ impl ProcessCluster {
         if let Some(grace) = &self.settings.timeout_grace {
             args.extend(["--timeout-grace".into(), grace.clone()]);
         }
-        args.extend(["--node-lease".into(), self.settings.node_lease.clone()]);
-        args.extend([
-            "--spread-interval".into(),
-            self.settings.spread_interval.clone(),
-        ]);
         if let Some((url, namespace)) = &self.redis {
             args.extend([
                 "--redis".into(),
@@ -576,19 +643,17 @@ impl ProcessCluster {
             let mut limited = vec![
                 format!("--nofile={limit}"),
                 "--".into(),
-                binary("ax-scheduler")?.display().to_string(),
+                self.binary("ax-scheduler")?.display().to_string(),
             ];
             limited.extend(args);
-            let log = self.log_path(&name);
-            return Process::spawn(&name, Path::new("prlimit"), &limited, self.dir.path(), log);
+            return self.spawn_program(&name, Path::new("prlimit"), &limited, false);
         }
         match self.settings.clock_shift.clone() {
             Some(shift) => {
-                let scheduler = binary("ax-scheduler")?;
+                let scheduler = self.binary("ax-scheduler")?;
                 let mut shifted = vec!["-f".to_string(), shift, scheduler.display().to_string()];
                 shifted.extend(args);
-                let log = self.log_path(&name);
-                Process::spawn_wrapper(&name, Path::new("faketime"), &shifted, self.dir.path(), log)
+                self.spawn_program(&name, Path::new("faketime"), &shifted, true)
             }
             None => self.spawn(&name, "ax-scheduler", &args),
         }
@@ -604,8 +669,42 @@ impl ProcessCluster {
     }
 
     fn spawn(&mut self, name: &str, program: &str, args: &[String]) -> anyhow::Result<Process> {
+        let program = self.binary(program)?;
+        self.spawn_program(name, &program, args, false)
+    }
+
+    /// Starts `program` (a wrapper of its child when `group`) with the cluster's log level and
+    /// its log among the cluster's.
+    fn spawn_program(
+        &mut self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        group: bool,
+    ) -> anyhow::Result<Process> {
         let log = self.log_path(name);
-        Process::spawn(name, &binary(program)?, args, self.dir.path(), log)
+        let rust_log = self.settings.rust_log.clone();
+        Process::start(
+            name,
+            program,
+            args,
+            self.dir.path(),
+            log,
+            group,
+            rust_log.as_deref(),
+        )
+    }
+
+    /// A binary of this workspace: the site's, or the one built next to the test executable.
+    fn binary(&self, name: &str) -> anyhow::Result<PathBuf> {
+        match &self.bin_dir {
+            Some(dir) => built(
+                dir,
+                name,
+                "build it with `cargo build --release --bins` or point --bin-dir at it",
+            ),
+            None => binary(name),
+        }
     }
 
     /// Every node's endpoint, starting at node `first` and going round.
@@ -626,7 +725,7 @@ impl ProcessCluster {
         let heartbeat = settings
             .heartbeat_interval
             .clone()
-            .unwrap_or_else(|| HEARTBEAT_INTERVAL.into());
+            .or_else(|| self.settings.heartbeat_interval.clone());
         let first = match self.worker_ids.iter().position(|known| known == id) {
             Some(position) => position,
             None => {
@@ -643,10 +742,9 @@ impl ProcessCluster {
             endpoints,
             "--id".into(),
             id.into(),
-            "--heartbeat-interval".into(),
-            heartbeat,
         ];
         let optional = [
+            ("--heartbeat-interval", heartbeat),
             ("--capacity", settings.capacity.map(|c| c.to_string())),
             (
                 "--task-heartbeat-interval",
@@ -708,6 +806,35 @@ impl ProcessCluster {
         Ok(pid)
     }
 
+    /// The pids of the running nodes, in node order.
+    pub fn node_pids(&self) -> Vec<u32> {
+        self.nodes
+            .iter()
+            .filter_map(|node| node.process.as_ref()?.pid())
+            .collect()
+    }
+
+    /// The pids of the running workers.
+    pub fn worker_pids(&self) -> Vec<u32> {
+        self.workers.iter().filter_map(Process::pid).collect()
+    }
+
+    /// The pid of the latest process started as worker `id`.
+    pub fn worker_pid(&self, id: &str) -> anyhow::Result<u32> {
+        self.worker_index(id)
+            .and_then(|index| self.workers[index].pid())
+            .with_context(|| format!("no running worker {id}"))
+    }
+
+    /// Where the latest process started under worker id `id` is in `workers`.
+    fn worker_index(&self, id: &str) -> Option<usize> {
+        let name = format!("ax-worker {id}");
+        let again = format!("{name}#");
+        self.workers
+            .iter()
+            .rposition(|w| w.name == name || w.name.starts_with(&again))
+    }
+
     /// The port `n1` listens on (kept across restarts).
     pub fn port(&self) -> u16 {
         self.nodes[0].port
@@ -765,20 +892,17 @@ impl ProcessCluster {
         self.take_node(0)
     }
 
+    /// The latest process started under worker id `id`.
     pub fn worker(&mut self, id: &str) -> anyhow::Result<&mut Process> {
-        let name = format!("ax-worker {id}");
-        let again = format!("{name}#");
-        // The latest process started under this id.
-        self.workers
-            .iter_mut()
-            .rev()
-            .find(|w| w.name == name || w.name.starts_with(&again))
-            .with_context(|| format!("no worker {id}"))
+        let index = self
+            .worker_index(id)
+            .with_context(|| format!("no worker {id}"))?;
+        Ok(&mut self.workers[index])
     }
 
     /// Runs the real `axctl` against `n1`, under the hang guard.
     pub async fn axctl(&self, args: &[&str]) -> anyhow::Result<CtlOutput> {
-        let mut command = tokio::process::Command::new(binary("axctl")?);
+        let mut command = tokio::process::Command::new(self.binary("axctl")?);
         clear_ax_env(&mut command);
         command
             .args(args)
@@ -837,6 +961,34 @@ impl ProcessCluster {
     }
 }
 
+impl ProcessCluster {
+    /// Stops the workers, then the nodes, each with SIGTERM, and kills what has not exited
+    /// within its grace; how they exited is not judged (a benchmark's end, not a test's).
+    pub async fn stop(mut self, worker_grace: Duration, node_grace: Duration) {
+        stop_all(std::mem::take(&mut self.workers), worker_grace).await;
+        let nodes = self
+            .nodes
+            .iter_mut()
+            .filter_map(|node| node.process.take())
+            .collect();
+        stop_all(nodes, node_grace).await;
+    }
+}
+
+/// SIGTERM to every process, then SIGKILL to each still running after `grace`.
+async fn stop_all(mut processes: Vec<Process>, grace: Duration) {
+    for process in &processes {
+        if process.pid().is_some() {
+            let _ = process.terminate();
+        }
+    }
+    for process in &mut processes {
+        if process.wait_exit(grace).await.is_err() {
+            let _ = process.kill().await;
+        }
+    }
+}
+
 impl Drop for ProcessCluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
@@ -864,9 +1016,9 @@ impl Drop for ProcessCluster {
     }
 }
 
-/// A port that was free a moment ago. Another process may take it before the scheduler binds it;
-/// [`ProcessCluster::start_scheduler`] retries then.
-fn free_port() -> anyhow::Result<u16> {
+/// A loopback port that was free a moment ago. Another process may take it before the
+/// program it is for binds it: [`ProcessCluster::start_node`] and the private servers retry then.
+pub fn free_port() -> anyhow::Result<u16> {
     let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
     Ok(listener.local_addr()?.port())
 }

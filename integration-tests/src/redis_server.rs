@@ -2,14 +2,14 @@
 //! test can stop (as a crash: SIGKILL) and start again on the same port. The shared test Redis
 //! cannot be stopped without breaking every other test; this one can.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::process::{HANG_GUARD, Process};
+use crate::process::{HANG_GUARD, Process, free_port};
 
 /// How often a start is retried when another process took the port meanwhile.
 const BIND_ATTEMPTS: u32 = 10;
@@ -150,9 +150,4 @@ pub(crate) fn which(program: &str) -> anyhow::Result<PathBuf> {
         .map(|dir| dir.join(program))
         .find(|candidate| candidate.is_file())
         .with_context(|| format!("{program} is not on PATH"))
-}
-
-pub(crate) fn free_port() -> anyhow::Result<u16> {
-    let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
-    Ok(listener.local_addr()?.port())
 }

@@ -7,6 +7,18 @@
 use std::path::Path;
 use std::process::Command;
 
+use ax_integration_tests::harness::{Test, trial};
+use ax_integration_tests::requirements::{BROWSER, MYSQL};
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(quick_mode_runs_every_workload_correctly),
+        trial!(quick_mode_measures_the_web_ui_in_a_browser).requires(&BROWSER),
+        trial!(quick_mode_runs_the_cluster_workloads_on_mysql).requires(&MYSQL),
+        trial!(unknown_workloads_and_unreachable_stores_are_refused_clearly),
+    ]
+}
+
 /// Runs `ax-bench --quick --runs 1` on `workloads` (and `store`), and checks every workload's
 /// report is correct and measured something.
 fn quick_run(wanted: &[&str], store: Option<&str>, backend: &str) {
@@ -67,7 +79,6 @@ fn quick_run(wanted: &[&str], store: Option<&str>, backend: &str) {
     assert!(stdout.contains("| workload | backend | figure"), "{stdout}");
 }
 
-#[test]
 fn quick_mode_runs_every_workload_correctly() {
     // W10 runs three nodes, which SQLite cannot serve: it runs on MySQL below.
     let single_node = [
@@ -76,29 +87,15 @@ fn quick_mode_runs_every_workload_correctly() {
     quick_run(&single_node, None, "sqlite");
 }
 
-#[test]
 fn quick_mode_measures_the_web_ui_in_a_browser() {
-    if let Err(missing) = ax_integration_tests::browser::tools() {
-        assert_ne!(
-            std::env::var("CI").as_deref(),
-            Ok("true"),
-            "U1 cannot run under CI: {missing}"
-        );
-        eprintln!("skipping U1: {missing}");
-        return;
-    }
     quick_run(&["U1"], None, "sqlite");
 }
 
-#[test]
 fn quick_mode_runs_the_cluster_workloads_on_mysql() {
-    let Some(server) = ax_integration_tests::mysql_server_url() else {
-        return;
-    };
+    let server = ax_integration_tests::mysql_server_url().expect("AX_TEST_MYSQL_URL");
     quick_run(&["W1", "W9", "W10"], Some(&server), "mysql");
 }
 
-#[test]
 fn unknown_workloads_and_unreachable_stores_are_refused_clearly() {
     let harness = env!("CARGO_BIN_EXE_ax-bench");
     let output = Command::new(harness)

@@ -6,10 +6,26 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ax_integration_tests::fault_kit::plain;
+use ax_integration_tests::fault_kit::{Scenario, Scene, plain};
+use ax_integration_tests::harness::{Test, trial};
 use ax_integration_tests::process::{ProcessCluster, SchedulerSettings, WorkerSettings};
+use ax_integration_tests::requirements::{MYSQL, Requirement};
 use ax_integration_tests::{Backend, TestClient, TestDb};
 use ax_scheduler::SchedulerOptions;
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(async(multi_thread = 2) sqlite_a_second_node_with_a_live_nodes_id_is_refused),
+        trial!(async(multi_thread = 2) mysql_a_second_node_with_a_live_nodes_id_is_refused).requires(&MYSQL),
+        trial!(async(multi_thread = 2) a_second_node_on_one_sqlite_file_is_told_a_cluster_needs_mysql),
+        trial!(async(multi_thread = 2) nodes_with_their_own_ids_share_mysql).requires(&MYSQL),
+        trial!(async(multi_thread = 2) fault_cluster_a_node_whose_clock_is_30s_ahead_fires_nothing_early).requires(&MYSQL).requires(&FAKETIME),
+        trial!(async(multi_thread = 2) a_database_without_the_run_dedup_key_is_refused_by_name).requires(&MYSQL),
+        trial!(async(multi_thread = 2) a_read_only_server_is_refused_before_anything_is_written).requires(&MYSQL),
+        trial!(async(multi_thread = 2) three_nodes_started_together_on_a_new_database_all_start).requires(&MYSQL),
+        trial!(async(multi_thread = 2) a_node_taking_another_shares_instances_stays_within_its_workers_capacity).requires(&MYSQL),
+    ]
+}
 
 fn node(url: &str, node_id: &str) -> SchedulerOptions {
     SchedulerOptions {
@@ -33,9 +49,7 @@ async fn refusal(options: SchedulerOptions) -> String {
 
 async fn a_second_node_with_a_live_nodes_id_is_refused(backend: Backend) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(db) = TestDb::create(backend, dir.path()).await.expect("test db") else {
-        return;
-    };
+    let db = TestDb::create(backend, dir.path()).await.expect("test db");
     let first = ax_scheduler::start(node(&db.url, "n1"))
         .await
         .expect("the first node starts");
@@ -62,23 +76,19 @@ async fn a_second_node_with_a_live_nodes_id_is_refused(backend: Backend) {
     db.drop_database().await.expect("drop database");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_a_second_node_with_a_live_nodes_id_is_refused() {
     a_second_node_with_a_live_nodes_id_is_refused(Backend::Sqlite).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_a_second_node_with_a_live_nodes_id_is_refused() {
     a_second_node_with_a_live_nodes_id_is_refused(Backend::MySql).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_node_on_one_sqlite_file_is_told_a_cluster_needs_mysql() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = TestDb::create(Backend::Sqlite, dir.path())
         .await
-        .expect("test db")
-        .expect("sqlite is always there");
+        .expect("test db");
     let first = ax_scheduler::start(node(&db.url, "n1"))
         .await
         .expect("the first node starts");
@@ -91,15 +101,11 @@ async fn a_second_node_on_one_sqlite_file_is_told_a_cluster_needs_mysql() {
     first.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_with_their_own_ids_share_mysql() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(db) = TestDb::create(Backend::MySql, dir.path())
+    let db = TestDb::create(Backend::MySql, dir.path())
         .await
-        .expect("test db")
-    else {
-        return;
-    };
+        .expect("test db");
     let first = ax_scheduler::start(node(&db.url, "n1")).await.expect("n1");
     // n2 has other pools than n1: it says so in its log, and `axctl cluster` shows both.
     let second = ax_scheduler::start(SchedulerOptions {
@@ -146,40 +152,24 @@ async fn nodes_with_their_own_ids_share_mysql() {
     db.drop_database().await.expect("drop database");
 }
 
-/// Whether `faketime` is installed; under CI its absence is a failure (`.ci/run` installs it).
-fn faketime_available() -> bool {
-    let found = std::process::Command::new("faketime")
-        .arg("--version")
-        .output()
-        .is_ok();
-    if !found && std::env::var("CI").as_deref() == Ok("true") {
-        panic!("CI=true but faketime is not installed: the clock test cannot be skipped");
-    }
-    found
-}
+/// `faketime`, to run a node whose clock is off (`.ci/run` installs it).
+static FAKETIME: Requirement = Requirement::program(
+    "faketime",
+    &["-f", "+0s", "true"],
+    "install faketime to run the test of a node whose clock is off",
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_cluster_a_node_whose_clock_is_30s_ahead_fires_nothing_early() {
-    if !faketime_available() {
-        eprintln!("faketime is not installed; skipping");
-        return;
-    }
-    let settings = SchedulerSettings {
-        clock_shift: Some("+30s".into()),
-        ..SchedulerSettings::default()
-    };
-    let Some(mut cluster) = ProcessCluster::start_with(Backend::MySql, settings)
-        .await
-        .expect("the scheduler starts under faketime")
-    else {
-        return;
-    };
-    cluster
-        .start_live_worker("w1", &WorkerSettings::default())
-        .await
-        .expect("worker");
-    let client = cluster.client().await.expect("client");
-    let ledger = cluster.dir().join("ledger");
+    let Scene {
+        cluster,
+        client,
+        effects: ledger,
+        ..
+    } = Scenario::new(Backend::MySql)
+        .clock_shift("+30s")
+        .worker("w1")
+        .start()
+        .await;
     let workflow = format!(
         "name: every-second\n\
          schedule: {{cron: '* * * * * *', misfire: skip}}\n\
@@ -243,15 +233,11 @@ async fn fault_cluster_a_node_whose_clock_is_30s_ahead_fires_nothing_early() {
     assert_eq!(runs.len(), fired, "runs and ledger lines differ");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_without_the_run_dedup_key_is_refused_by_name() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(db) = TestDb::create(Backend::MySql, dir.path())
+    let db = TestDb::create(Backend::MySql, dir.path())
         .await
-        .expect("test db")
-    else {
-        return;
-    };
+        .expect("test db");
     // ax creates the schema; then someone drops the key that makes each cron slot fire once.
     drop(ax_store::open(&db.url).await.expect("store"));
     let pool = sqlx::MySqlPool::connect(&db.url).await.expect("pool");
@@ -268,11 +254,7 @@ async fn a_database_without_the_run_dedup_key_is_refused_by_name() {
     db.drop_database().await.expect("drop database");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_server_is_refused_before_anything_is_written() {
-    if ax_integration_tests::mysql_server_url().is_none() {
-        return;
-    }
     let dir = tempfile::tempdir().expect("tempdir");
     let server =
         ax_integration_tests::mariadb_server::MariaDbServer::start(dir.path(), &["--read-only"])
@@ -295,15 +277,11 @@ async fn a_read_only_server_is_refused_before_anything_is_written() {
     assert!(tables.is_empty(), "{tables:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_started_together_on_a_new_database_all_start() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(db) = TestDb::create(Backend::MySql, dir.path())
+    let db = TestDb::create(Backend::MySql, dir.path())
         .await
-        .expect("test db")
-    else {
-        return;
-    };
+        .expect("test db");
     // All three migrate the empty database at once: one at a time, the others find it done.
     let (a, b, c) = tokio::join!(
         ax_scheduler::start(node(&db.url, "n1")),
@@ -328,18 +306,14 @@ async fn three_nodes_started_together_on_a_new_database_all_start() {
 /// n2 leaves its share to n1, whose passes over its own share and over the others' both fill
 /// the same two slots. A pass planned on slots an earlier pass already filled sends past the
 /// capacity, and the worker refuses those dispatches.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_taking_another_shares_instances_stays_within_its_workers_capacity() {
     let settings = SchedulerSettings {
         nodes: 2,
         ..SchedulerSettings::default()
     };
-    let Some(mut cluster) = ProcessCluster::start_with(Backend::MySql, settings)
+    let mut cluster = ProcessCluster::start_with(Backend::MySql, settings)
         .await
-        .expect("two nodes start")
-    else {
-        return;
-    };
+        .expect("two nodes start");
     let only_n1 = WorkerSettings {
         endpoint: Some(cluster.node_endpoint(0)),
         capacity: Some(2),

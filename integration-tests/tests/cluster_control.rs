@@ -7,11 +7,22 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use ax_integration_tests::harness::{Test, trial};
+use ax_integration_tests::requirements::MYSQL;
 use ax_integration_tests::{Backend, TestClient, TestDb};
 use ax_proto::v1 as pb;
 use ax_scheduler::{RunningScheduler, SchedulerOptions};
 use ax_worker::WorkerOptions;
 use tokio_util::sync::CancellationToken;
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(async(multi_thread = 2) a_cancel_sent_to_another_node_kills_the_task_on_its_worker).requires(&MYSQL),
+        trial!(async(multi_thread = 2) logs_followed_through_another_node_arrive_whole_and_end_with_the_attempt).requires(&MYSQL),
+        trial!(async(multi_thread = 2) a_task_only_the_other_nodes_worker_can_run_runs_there).requires(&MYSQL),
+        trial!(async(multi_thread = 2) failover_and_consistent_hash_choose_among_the_whole_clusters_workers).requires(&MYSQL),
+    ]
+}
 
 /// What a test waits for at most before it calls a hang a failure.
 const HANG_GUARD: Duration = Duration::from_secs(30);
@@ -26,10 +37,8 @@ struct TwoNodes {
 }
 
 impl TwoNodes {
-    async fn start(dir: &Path) -> Option<TwoNodes> {
-        let db = TestDb::create(Backend::MySql, dir)
-            .await
-            .expect("test db")?;
+    async fn start(dir: &Path) -> TwoNodes {
+        let db = TestDb::create(Backend::MySql, dir).await.expect("test db");
         let mut nodes = Vec::new();
         for id in ["n1", "n2"] {
             let options = SchedulerOptions {
@@ -42,11 +51,11 @@ impl TwoNodes {
             };
             nodes.push(ax_scheduler::start(options).await.expect("node starts"));
         }
-        Some(TwoNodes {
+        TwoNodes {
             db,
             nodes,
             workers: Vec::new(),
-        })
+        }
     }
 
     fn endpoint(&self, node: usize) -> String {
@@ -107,12 +116,9 @@ async fn wait_within(limit: Duration, what: &str, mut done: impl AsyncFnMut() ->
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_sent_to_another_node_kills_the_task_on_its_worker() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(mut cluster) = TwoNodes::start(dir.path()).await else {
-        return;
-    };
+    let mut cluster = TwoNodes::start(dir.path()).await;
     cluster.worker("w1", 0, &[]);
     let on_n1 = cluster.client(0).await;
     let on_n2 = cluster.client(1).await;
@@ -166,12 +172,9 @@ async fn a_cancel_sent_to_another_node_kills_the_task_on_its_worker() {
     cluster.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_followed_through_another_node_arrive_whole_and_end_with_the_attempt() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(mut cluster) = TwoNodes::start(dir.path()).await else {
-        return;
-    };
+    let mut cluster = TwoNodes::start(dir.path()).await;
     cluster.worker("w1", 0, &[]);
     let on_n1 = cluster.client(0).await;
     let on_n2 = cluster.client(1).await;
@@ -218,12 +221,9 @@ async fn logs_followed_through_another_node_arrive_whole_and_end_with_the_attemp
     cluster.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_only_the_other_nodes_worker_can_run_runs_there() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(mut cluster) = TwoNodes::start(dir.path()).await else {
-        return;
-    };
+    let mut cluster = TwoNodes::start(dir.path()).await;
     cluster.worker("plain", 1, &[]);
     cluster.worker("gpu", 0, &[("gpu", "yes")]);
     let on_n2 = cluster.client(1).await;
@@ -253,12 +253,9 @@ async fn a_task_only_the_other_nodes_worker_can_run_runs_there() {
     cluster.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_and_consistent_hash_choose_among_the_whole_clusters_workers() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(mut cluster) = TwoNodes::start(dir.path()).await else {
-        return;
-    };
+    let mut cluster = TwoNodes::start(dir.path()).await;
     // The lowest id is on n2; triggers go to n1, whose only worker is "b".
     cluster.worker("a", 1, &[]);
     cluster.worker("b", 0, &[]);

@@ -20,15 +20,28 @@ use std::time::Duration;
 
 use ax_integration_tests::client::{RUN_GUARD, summary};
 use ax_integration_tests::fault_kit::{
-    Lines, Note, check_invariants_of_runs, numbered_lines, read_notes, script,
+    Lines, Note, Scenario, Scene, check_invariants_of_runs, numbered_lines, read_notes, script,
 };
-use ax_integration_tests::process::{
-    HANG_GUARD, ProcessCluster, RedisChoice, SchedulerSettings, WorkerSettings,
-};
+use ax_integration_tests::harness::{Test, trial};
+use ax_integration_tests::process::{HANG_GUARD, ProcessCluster, RedisChoice, WorkerSettings};
+use ax_integration_tests::requirements::{MYSQL, REDIS};
 use ax_integration_tests::{Backend, TestClient};
 use ax_proto::v1 as pb;
 use pb::InstanceState as S;
 use sqlx::Connection;
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(fault_cluster_a_start_after_an_end_is_caught_as_ran_again),
+        trial!(async(multi_thread = 2) fault_cluster_kill_9_of_each_node_in_turn_with_redis_loses_nothing_and_runs_nothing_twice).requires(&MYSQL).requires(&REDIS),
+        trial!(async(multi_thread = 2) fault_cluster_kill_9_of_each_node_in_turn_without_redis_loses_nothing_and_runs_nothing_twice).requires(&MYSQL),
+        trial!(async(multi_thread = 2) fault_cluster_rolling_restart_of_every_node_under_load_loses_nothing).requires(&MYSQL).requires(&REDIS),
+        trial!(async(multi_thread = 2) fault_cluster_a_node_cut_off_from_the_database_hands_its_workers_over).requires(&MYSQL),
+        trial!(async(multi_thread = 2) fault_cluster_a_node_blackholed_from_the_database_hands_its_workers_over).requires(&MYSQL).requires(&REDIS),
+        trial!(fault_cluster_slot_judge_catches_misses_duplicates_and_tasks_not_run_once),
+        trial!(async(multi_thread = 2) fault_cluster_soak_of_per_second_cron_with_nodes_killed_fires_every_slot_once).requires(&MYSQL).requires(&REDIS),
+    ]
+}
 
 /// Nodes and workers of every test here.
 const NODES: usize = 3;
@@ -61,43 +74,39 @@ struct Nodes {
     cluster: ProcessCluster,
     clients: Vec<TestClient>,
     effects: PathBuf,
+    /// The settings of its workers.
+    worker: WorkerSettings,
 }
 
-/// The dead-worker threshold is twice the node lease (4 s and 2 s), as the defaults have it
-/// (20 s and 10 s): a node that loses its store has its lease's length to hand its workers over
-/// before the other nodes would find them dead.
-fn settings(redis: RedisChoice, database_proxies: bool) -> SchedulerSettings {
-    SchedulerSettings {
-        redis,
-        nodes: NODES,
-        database_proxies,
-        heartbeat_interval: "500ms".into(),
-        dead_after_missed_heartbeats: Some(8),
-        node_lease: "2s".into(),
-        ..SchedulerSettings::default()
-    }
-}
-
-/// The kill grace is under the self-fencing margin (3/4 of the 4 s threshold): a fenced task's
-/// process group is dead before the other nodes could find its worker dead.
-fn worker_settings() -> WorkerSettings {
-    WorkerSettings {
-        capacity: Some(8),
-        heartbeat_interval: Some("500ms".into()),
-        kill_grace: Some("1s".into()),
-        ..WorkerSettings::default()
-    }
+/// Three nodes, on a lease of 2 s (the sandbox's), with a dead-worker threshold of twice that
+/// (8 × 500 ms), as the defaults have it (20 s and 10 s): a node that loses its store has its
+/// lease's length to hand its workers over before the other nodes would find them dead. The
+/// workers' kill grace is under the self-fencing margin (3/4 of the 4 s threshold): a fenced
+/// task's process group is dead before the other nodes could find its worker dead.
+fn scenario(redis: RedisChoice, database_proxies: bool) -> Scenario {
+    Scenario::new(Backend::MySql)
+        .nodes(NODES)
+        .redis(redis)
+        .database_proxies(database_proxies)
+        .heartbeats("500ms")
+        .dead_after(8)
+        .worker_settings(WorkerSettings {
+            capacity: Some(8),
+            kill_grace: Some("1s".into()),
+            ..WorkerSettings::default()
+        })
 }
 
 impl Nodes {
     /// Starts the nodes and the workers (each knowing every node) and waits until each node holds
-    /// one (the nodes spread them), or `None` when MySQL (or Redis, when asked for) is not
-    /// configured here.
-    async fn start(redis: RedisChoice, database_proxies: bool) -> Option<Nodes> {
-        let mut cluster =
-            ProcessCluster::start_with(Backend::MySql, settings(redis, database_proxies))
-                .await
-                .expect("three scheduler nodes start")?;
+    /// one (the nodes spread them).
+    async fn start(redis: RedisChoice, database_proxies: bool) -> Nodes {
+        let Scene {
+            mut cluster,
+            effects,
+            worker,
+            ..
+        } = scenario(redis, database_proxies).start().await;
         let mut clients = Vec::new();
         for index in 0..NODES {
             clients.push(
@@ -107,15 +116,16 @@ impl Nodes {
                     .expect("a client of a node"),
             );
         }
-        for worker in 1..=WORKERS {
+        for id in 1..=WORKERS {
             cluster
-                .start_worker_with(&format!("w{worker}"), &worker_settings())
+                .start_worker_with(&format!("w{id}"), &worker)
                 .expect("a worker starts");
         }
         let nodes = Nodes {
-            effects: cluster.dir().join("effects"),
+            effects,
             cluster,
             clients,
+            worker,
         };
         let ids: Vec<String> = (0..NODES)
             .map(|index| nodes.id(index).to_string())
@@ -128,7 +138,7 @@ impl Nodes {
                         .all(|id| on.values().filter(|node| *node == id).count() == 1)
             })
             .await;
-        Some(nodes)
+        nodes
     }
 
     fn id(&self, index: usize) -> &str {
@@ -382,7 +392,6 @@ fn retried(instances: &[pb::Instance]) -> usize {
 
 /// The ran-again check itself: a retry after a failed attempt passes, a start after an end is
 /// caught.
-#[test]
 fn fault_cluster_a_start_after_an_end_is_caught_as_ran_again() {
     let note = |index: usize, attempt: u32, what: &str| Note {
         index,
@@ -418,9 +427,7 @@ enum Down {
 /// quarter of the instances has succeeded; checks that its workers move to the other nodes and
 /// that work goes on without it, then starts it again (same id, same port) before the next.
 async fn each_node_down_in_turn(redis: RedisChoice, down: Down) {
-    let Some(mut nodes) = Nodes::start(redis, false).await else {
-        return;
-    };
+    let mut nodes = Nodes::start(redis, false).await;
     let runs = nodes.start_dag_runs().await;
     let total = RUNS * TASKS_PER_RUN;
     let mut in_flight_at = Vec::new();
@@ -464,19 +471,16 @@ async fn each_node_down_in_turn(redis: RedisChoice, down: Down) {
     nodes.cluster.shutdown().await.expect("clean shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_cluster_kill_9_of_each_node_in_turn_with_redis_loses_nothing_and_runs_nothing_twice()
 {
     each_node_down_in_turn(RedisChoice::FromEnv, Down::Killed).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_cluster_kill_9_of_each_node_in_turn_without_redis_loses_nothing_and_runs_nothing_twice()
  {
     each_node_down_in_turn(RedisChoice::None, Down::Killed).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_cluster_rolling_restart_of_every_node_under_load_loses_nothing() {
     each_node_down_in_turn(RedisChoice::FromEnv, Down::Stopped).await;
 }
@@ -498,9 +502,7 @@ enum Partition {
 /// runs twice; after the heal the node holds its lease again and dispatches to a worker that
 /// knows only it.
 async fn a_node_partitioned_from_the_database(redis: RedisChoice, partition: Partition) {
-    let Some(mut nodes) = Nodes::start(redis, true).await else {
-        return;
-    };
+    let mut nodes = Nodes::start(redis, true).await;
     let cut_off = 1;
     let runs = nodes.start_dag_runs().await;
     let total = RUNS * TASKS_PER_RUN;
@@ -540,7 +542,7 @@ async fn a_node_partitioned_from_the_database(redis: RedisChoice, partition: Par
     let only_n2 = WorkerSettings {
         endpoint: Some(nodes.cluster.node_endpoint(cut_off)),
         labels: vec![("only".into(), "n2".into())],
-        ..worker_settings()
+        ..nodes.worker.clone()
     };
     nodes
         .cluster
@@ -571,12 +573,10 @@ async fn a_node_partitioned_from_the_database(redis: RedisChoice, partition: Par
     nodes.cluster.shutdown().await.expect("clean shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_cluster_a_node_cut_off_from_the_database_hands_its_workers_over() {
     a_node_partitioned_from_the_database(RedisChoice::None, Partition::Cut).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_cluster_a_node_blackholed_from_the_database_hands_its_workers_over() {
     a_node_partitioned_from_the_database(RedisChoice::FromEnv, Partition::Blackhole).await;
 }
@@ -719,7 +719,6 @@ fn judge_slots(
 /// The slot judge itself: a clean history passes, and a missed slot, a doubled run, a run with
 /// another key and a task run twice or not at all are each caught. Without this, a judge that
 /// never complains would make the soak pass.
-#[test]
 fn fault_cluster_slot_judge_catches_misses_duplicates_and_tasks_not_run_once() {
     let run = |id: i64, slot: i64, key: &str| StoredRun {
         id,
@@ -784,12 +783,9 @@ fn now_ms() -> i64 {
 /// (one at a time, so at least one is always up) and started again: 0 duplicate fires, 0 slots
 /// missed, every slot's task run exactly once to SUCCESS, no attempt started twice or
 /// overlapping. 45 s by default; `AX_SOAK_SECS=300` for a longer soak.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_cluster_soak_of_per_second_cron_with_nodes_killed_fires_every_slot_once() {
     let soak = soak_duration();
-    let Some(mut nodes) = Nodes::start(RedisChoice::FromEnv, false).await else {
-        return;
-    };
+    let mut nodes = Nodes::start(RedisChoice::FromEnv, false).await;
     let dir = nodes.cluster.dir().to_path_buf();
     let ledger = dir.join("slots");
     let body = format!(
@@ -832,7 +828,7 @@ async fn fault_cluster_soak_of_per_second_cron_with_nodes_killed_fires_every_slo
     }
 
     // A fire pass under way at the pause may still create a run: read until none is new.
-    let url = nodes.cluster.store_url().expect("the store").to_string();
+    let url = nodes.cluster.store_url().to_string();
     let mut runs = stored_runs(&url).await;
     loop {
         for run in &runs {

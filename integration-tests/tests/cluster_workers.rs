@@ -17,7 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ax_integration_tests::fault_kit::{Lines, check_invariants, script, wait_notes, workflow};
-use ax_integration_tests::{Backend, TestClient, TestDb, redis_url};
+use ax_integration_tests::harness::{Test, trial};
+use ax_integration_tests::process::free_port;
+use ax_integration_tests::requirements::MYSQL;
+use ax_integration_tests::{Backend, TestClient, TestDb, redis_url_if_set};
 use ax_proto::v1 as pb;
 use ax_scheduler::{RunningScheduler, SchedulerOptions};
 use ax_store::Store;
@@ -25,6 +28,15 @@ use ax_worker::WorkerOptions;
 use ax_worker::endpoints::first_index;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(async(multi_thread = 4) workers_that_all_start_on_one_node_end_up_spread).requires(&MYSQL),
+        trial!(async(multi_thread = 4) a_restarted_node_gets_its_share_of_workers_back).requires(&MYSQL),
+        trial!(async(multi_thread = 4) tasks_running_through_a_move_finish_as_attempt_one_with_every_line).requires(&MYSQL),
+        trial!(async(multi_thread = 4) a_worker_whose_first_endpoint_is_unreachable_runs_tasks).requires(&MYSQL),
+    ]
+}
 
 /// How long the cluster may take to reach what a test waits for.
 const GUARD: Duration = Duration::from_secs(90);
@@ -51,8 +63,7 @@ struct Sandbox {
 
 /// A port nothing listens on now.
 fn free_address() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("its address")
+    SocketAddr::from(([127, 0, 0, 1], free_port().expect("a free port")))
 }
 
 fn node_id(index: usize) -> String {
@@ -69,28 +80,27 @@ fn ids_starting_at(index: usize, len: usize, count: usize) -> Vec<String> {
 }
 
 impl Sandbox {
-    /// A fresh MySQL database and `nodes` node addresses, no node started; `None` when MySQL is
-    /// not configured here (never under CI).
-    async fn new(nodes: usize) -> Option<Sandbox> {
+    /// A fresh MySQL database and `nodes` node addresses, no node started.
+    async fn new(nodes: usize) -> Sandbox {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = TestDb::create(Backend::MySql, dir.path())
             .await
-            .expect("test db")?;
+            .expect("test db");
         let store = ax_store::open(&db.url).await.expect("store");
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
-        Some(Sandbox {
+        Sandbox {
             _dir: dir,
             db,
-            redis: redis_url(),
+            redis: redis_url_if_set(),
             namespace: format!("ax-test-spread-{}-{nanos}", std::process::id()),
             addresses: (0..nodes).map(|_| free_address()).collect(),
             nodes: (0..nodes).map(|_| None).collect(),
             workers: Vec::new(),
             store,
-        })
+        }
     }
 
     fn url(&self, index: usize) -> String {
@@ -213,11 +223,8 @@ fn total(placement: &Placement) -> usize {
 /// Six workers that all start at the first node: once the other two nodes are up, the first
 /// asks workers to move, one at a time, until every node holds its share (2; the tolerance is
 /// a tenth of the share, 0 here), and then nothing moves any more.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workers_that_all_start_on_one_node_end_up_spread() {
-    let Some(mut sandbox) = Sandbox::new(3).await else {
-        return;
-    };
+    let mut sandbox = Sandbox::new(3).await;
     sandbox.start_node(0).await;
     let ids = ids_starting_at(0, 3, 6);
     for id in &ids {
@@ -245,11 +252,8 @@ async fn workers_that_all_start_on_one_node_end_up_spread() {
 
 /// A node shut down hands its workers to the others (they reconnect); started again, it gets
 /// its share back over time, moved to it by the nodes that hold too many.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_restarted_node_gets_its_share_of_workers_back() {
-    let Some(mut sandbox) = Sandbox::new(3).await else {
-        return;
-    };
+    let mut sandbox = Sandbox::new(3).await;
     for index in 0..3 {
         sandbox.start_node(index).await;
     }
@@ -279,11 +283,8 @@ async fn a_restarted_node_gets_its_share_of_workers_back() {
 /// more. A second node comes up; the first asks one of the busy workers to move. The task goes
 /// on across the move: every task ends SUCCESS as attempt 1, ran in one process, and has all
 /// twenty lines stored once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tasks_running_through_a_move_finish_as_attempt_one_with_every_line() {
-    let Some(mut sandbox) = Sandbox::new(2).await else {
-        return;
-    };
+    let mut sandbox = Sandbox::new(2).await;
     sandbox.start_node(0).await;
     let ids = ids_starting_at(0, 2, 3);
     for id in &ids {
@@ -348,11 +349,8 @@ async fn tasks_running_through_a_move_finish_as_attempt_one_with_every_line() {
 
 /// The first endpoint of the worker's list refuses connections: it goes on to the nodes and
 /// runs tasks.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_whose_first_endpoint_is_unreachable_runs_tasks() {
-    let Some(mut sandbox) = Sandbox::new(2).await else {
-        return;
-    };
+    let mut sandbox = Sandbox::new(2).await;
     sandbox.start_node(0).await;
     sandbox.start_node(1).await;
     let unreachable = format!("http://{}", free_address());

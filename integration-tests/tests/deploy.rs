@@ -12,11 +12,27 @@
 //!   Secrets hold only placeholders; a broken manifest is rejected, so the check can fail;
 //! - the systemd units pass `systemd-analyze verify` without a warning.
 //!
-//! Outside CI a missing tool skips its test with a message; under `CI=true` it fails.
+//! Outside CI a missing tool makes its test ignored, saying so; under `CI=true` it fails.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use ax_integration_tests::harness::{Test, trial};
+use ax_integration_tests::requirements::{PYTHON, Requirement};
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(every_deploy_file_sets_only_settings_the_binaries_read),
+        trial!(the_compose_file_is_a_valid_three_node_cluster_with_tls_and_tokens)
+            .requires(&COMPOSE),
+        trial!(the_kubernetes_manifests_pass_the_schema_validator).requires(&PYTHON),
+        trial!(the_kustomization_applies_every_manifest_but_no_secret).requires(&PYTHON),
+        trial!(the_example_secrets_hold_only_placeholders).requires(&PYTHON),
+        trial!(the_schema_validator_rejects_a_broken_manifest).requires(&PYTHON),
+        trial!(the_systemd_units_pass_systemd_analyze_verify).requires(&SYSTEMD_ANALYZE),
+    ]
+}
 
 /// The Kubernetes versions the manifests are validated against: the oldest they support (the
 /// scheduler's `preStop: sleep` needs 1.30) and the newest the validator knows.
@@ -92,7 +108,6 @@ fn settings_the_binaries_read() -> BTreeSet<String> {
     known
 }
 
-#[test]
 fn every_deploy_file_sets_only_settings_the_binaries_read() {
     let known = settings_the_binaries_read();
     assert!(known.contains("AX_NODE_ID") && known.contains("AX_SCHEDULER"));
@@ -149,25 +164,24 @@ fn compose() -> Option<Vec<&'static str>> {
     }
 }
 
-/// Skips (returns false) outside CI when a tool is missing; fails under `CI=true`.
-fn available(tool: &str, found: bool) -> bool {
-    if !found {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but {tool} is missing (.ci/run installs it)"
-        );
-        eprintln!("{tool} is missing here; skipping");
-    }
-    found
-}
+/// `docker compose` or `docker-compose`.
+static COMPOSE: Requirement = Requirement::custom(
+    || {
+        compose()
+            .map(|_| ())
+            .ok_or_else(|| "neither `docker compose` nor `docker-compose` works here".into())
+    },
+    "install docker-compose to check the Compose file",
+);
 
-#[test]
+static SYSTEMD_ANALYZE: Requirement = Requirement::program(
+    "systemd-analyze",
+    &["--version"],
+    "install systemd (systemd-analyze) to check the systemd units",
+);
+
 fn the_compose_file_is_a_valid_three_node_cluster_with_tls_and_tokens() {
-    let program = compose();
-    if !available("docker compose or docker-compose", program.is_some()) {
-        return;
-    }
-    let program = program.expect("checked above");
+    let program = compose().expect("docker compose or docker-compose");
     let file = deploy_file("docker-compose.yml");
     let out = Command::new(program[0])
         .args(&program[1..])
@@ -236,14 +250,9 @@ fn the_compose_file_is_a_valid_three_node_cluster_with_tls_and_tokens() {
     );
 }
 
-/// The venv's Python (`AX_TEST_PYTHON`), or `None` (skip) outside CI.
-fn test_python() -> Option<PathBuf> {
-    let python = std::env::var_os("AX_TEST_PYTHON").map(PathBuf::from);
-    if available("AX_TEST_PYTHON (the venv .ci/run makes)", python.is_some()) {
-        python
-    } else {
-        None
-    }
+/// The venv's Python (`AX_TEST_PYTHON`: the test requires [`PYTHON`]).
+fn test_python() -> PathBuf {
+    PathBuf::from(std::env::var_os("AX_TEST_PYTHON").expect("AX_TEST_PYTHON"))
 }
 
 /// `kubernetes-validate --strict` on `files` for every version in [`KUBERNETES_VERSIONS`].
@@ -295,9 +304,8 @@ fn kubernetes_manifests() -> Vec<PathBuf> {
     manifests
 }
 
-#[test]
 fn the_kubernetes_manifests_pass_the_schema_validator() {
-    let Some(python) = test_python() else { return };
+    let python = test_python();
     let manifests = kubernetes_manifests();
     assert!(
         manifests.len() >= 6,
@@ -331,9 +339,8 @@ fn the_kubernetes_manifests_pass_the_schema_validator() {
     }
 }
 
-#[test]
 fn the_kustomization_applies_every_manifest_but_no_secret() {
-    let Some(python) = test_python() else { return };
+    let python = test_python();
     let dir = kubernetes_dir();
     let listed = python_output(
         &python,
@@ -401,9 +408,8 @@ fn the_kustomization_applies_every_manifest_but_no_secret() {
     assert_eq!(patched, "Deployment ax-scheduler\nDeployment ax-worker\n");
 }
 
-#[test]
 fn the_example_secrets_hold_only_placeholders() {
-    let Some(python) = test_python() else { return };
+    let python = test_python();
     let values = python_output(
         &python,
         "import sys, yaml\n\
@@ -441,9 +447,8 @@ fn the_example_secrets_hold_only_placeholders() {
     }
 }
 
-#[test]
 fn the_schema_validator_rejects_a_broken_manifest() {
-    let Some(python) = test_python() else { return };
+    let python = test_python();
     let dir = tempfile::tempdir().expect("temp dir");
     let deployment = std::fs::read_to_string(kubernetes_dir().join("scheduler-deployment.yaml"))
         .expect("scheduler deployment");
@@ -483,15 +488,7 @@ fn the_schema_validator_rejects_a_broken_manifest() {
     }
 }
 
-#[test]
 fn the_systemd_units_pass_systemd_analyze_verify() {
-    let found = Command::new("systemd-analyze")
-        .arg("--version")
-        .output()
-        .is_ok_and(|out| out.status.success());
-    if !available("systemd-analyze", found) {
-        return;
-    }
     let dir = tempfile::tempdir().expect("temp dir");
     let verify = |units: &[(&str, String)]| {
         let mut paths = Vec::new();

@@ -5,6 +5,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
+use ax_integration_tests::harness::{Test, trial};
+use ax_integration_tests::on_every_backend;
 use ax_integration_tests::{Backend, Cluster, TestClient};
 use ax_proto::v1 as pb;
 use ax_scheduler::Strategy;
@@ -12,23 +14,31 @@ use ax_scheduler::Strategy;
 /// A hang guard, not a timing assertion.
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 
-ax_integration_tests::on_every_backend!(
-    example_etl_runs_every_task_and_keeps_its_logs,
-    a_failed_task_leaves_its_downstream_unrun,
-    a_per_second_cron_schedule_fires_on_time,
-    two_workers_share_forty_tasks_within_capacity,
-    a_repeated_idempotency_key_creates_one_run,
-    a_trigger_answers_with_the_run_s_counts_as_created,
-    bad_input_is_refused_and_changes_nothing,
-    a_failed_attempt_is_retried_and_each_attempt_keeps_its_logs,
-    cancelling_a_run_kills_its_process_and_starts_nothing_more,
-    following_logs_streams_lines_until_the_attempt_ends,
-    rerun_of_the_failed_part_and_retry_of_an_instance_through_axctl,
-    failures_are_announced_to_the_alert_channels,
-    a_ten_megabyte_line_and_binary_output_are_stored_split_and_replaced,
-);
+pub(crate) fn tests() -> Vec<Test> {
+    [
+        vec![trial!(max_overlap_counts_concurrent_spans)],
+        on_every_backend!(
+            example_etl_runs_every_task_and_keeps_its_logs,
+            a_failed_task_leaves_its_downstream_unrun,
+            a_per_second_cron_schedule_fires_on_time,
+            two_workers_share_forty_tasks_within_capacity,
+            a_repeated_idempotency_key_creates_one_run,
+            a_trigger_answers_with_the_run_s_counts_as_created,
+            bad_input_is_refused_and_changes_nothing,
+            a_failed_attempt_is_retried_and_each_attempt_keeps_its_logs,
+            cancelling_a_run_kills_its_process_and_starts_nothing_more,
+            following_logs_streams_lines_until_the_attempt_ends,
+            rerun_of_the_failed_part_and_retry_of_an_instance_through_axctl,
+            failures_are_announced_to_the_alert_channels,
+            a_ten_megabyte_line_and_binary_output_are_stored_split_and_replaced,
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
 
-async fn cluster(backend: Backend, workers: &[(&str, u32)]) -> Option<(Cluster, TestClient)> {
+async fn cluster(backend: Backend, workers: &[(&str, u32)]) -> (Cluster, TestClient) {
     cluster_with(backend, workers, Strategy::LeastRunning).await
 }
 
@@ -36,14 +46,14 @@ async fn cluster_with(
     backend: Backend,
     workers: &[(&str, u32)],
     strategy: Strategy,
-) -> Option<(Cluster, TestClient)> {
+) -> (Cluster, TestClient) {
     let mut builder = Cluster::builder(backend).redis().strategy(strategy);
     for (id, capacity) in workers {
         builder = builder.worker(id, *capacity);
     }
-    let cluster = builder.start().await.expect("cluster starts")?;
+    let cluster = builder.start().await.expect("cluster starts");
     let client = cluster.client().await.expect("client");
-    Some((cluster, client))
+    (cluster, client)
 }
 
 fn state_of(instance: &pb::Instance) -> pb::InstanceState {
@@ -51,9 +61,7 @@ fn state_of(instance: &pb::Instance) -> pb::InstanceState {
 }
 
 async fn example_etl_runs_every_task_and_keeps_its_logs(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, &[("w1", 4)]).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, &[("w1", 4)]).await;
     let source =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/etl.yaml"))
             .expect("example file");
@@ -168,9 +176,7 @@ async fn example_etl_runs_every_task_and_keeps_its_logs(backend: Backend) {
 }
 
 async fn a_failed_task_leaves_its_downstream_unrun(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, &[("w1", 4)]).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, &[("w1", 4)]).await;
     let marker = cluster.dir().join("after_ran");
     let source = format!(
         r#"
@@ -217,9 +223,7 @@ tasks:
 }
 
 async fn a_per_second_cron_schedule_fires_on_time(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, &[("w1", 4)]).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, &[("w1", 4)]).await;
     let source = r#"
 name: every-second
 schedule:
@@ -262,10 +266,7 @@ tasks:
 
 async fn two_workers_share_forty_tasks_within_capacity(backend: Backend) {
     let workers = [("w1", 8), ("w2", 8)];
-    let Some((cluster, client)) = cluster_with(backend, &workers, Strategy::RoundRobin).await
-    else {
-        return;
-    };
+    let (cluster, client) = cluster_with(backend, &workers, Strategy::RoundRobin).await;
     let mut source = String::from("name: forty\ntasks:\n");
     for i in 0..40 {
         source.push_str(&format!("  - name: t{i:02}\n    command: sleep 0.2\n"));
@@ -318,9 +319,7 @@ fn max_overlap(spans: &[(i64, i64)]) -> usize {
 }
 
 async fn a_repeated_idempotency_key_creates_one_run(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, &[("w1", 4)]).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, &[("w1", 4)]).await;
     let source = r#"
 name: keyed
 tasks:
@@ -362,9 +361,7 @@ tasks:
 /// same as the store's once read back, for a started run, a queued one and a repeated key.
 async fn a_trigger_answers_with_the_run_s_counts_as_created(backend: Backend) {
     // No worker: the runs stay as created.
-    let Some((cluster, client)) = cluster(backend, &[]).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, &[]).await;
     let source = r#"
 name: diamond
 schedule:
@@ -415,9 +412,7 @@ tasks:
 }
 
 async fn bad_input_is_refused_and_changes_nothing(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, &[("w1", 2)]).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, &[("w1", 2)]).await;
     client
         .apply("name: good\ntasks:\n  - name: a\n    command: 'true'\n")
         .await
@@ -537,9 +532,7 @@ async fn bad_input_is_refused_and_changes_nothing(backend: Backend) {
 }
 
 async fn a_failed_attempt_is_retried_and_each_attempt_keeps_its_logs(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, &[("w1", 2)]).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, &[("w1", 2)]).await;
     let source = r#"
 name: flaky
 tasks:
@@ -614,9 +607,7 @@ fn process_alive(pid: i32) -> bool {
 }
 
 async fn cancelling_a_run_kills_its_process_and_starts_nothing_more(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, &[("w1", 2)]).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, &[("w1", 2)]).await;
     let pid_file = cluster.dir().join("pid");
     let source = format!(
         r#"
@@ -673,9 +664,7 @@ tasks:
 }
 
 async fn following_logs_streams_lines_until_the_attempt_ends(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, &[("w1", 2)]).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, &[("w1", 2)]).await;
     let source = r#"
 name: chatty
 tasks:
@@ -724,9 +713,7 @@ tasks:
 }
 
 async fn rerun_of_the_failed_part_and_retry_of_an_instance_through_axctl(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, &[("w1", 2)]).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, &[("w1", 2)]).await;
     let ready = cluster.dir().join("ready");
     let source = format!(
         r#"
@@ -832,9 +819,7 @@ async fn failures_are_announced_to_the_alert_channels(backend: Backend) {
         .alert_channel(channel)
         .start()
         .await;
-    let Some(cluster) = cluster.expect("cluster starts") else {
-        return;
-    };
+    let cluster = cluster.expect("cluster starts");
     let client = cluster.client().await.expect("client");
     let source = r#"
 name: alerting
@@ -892,9 +877,7 @@ tasks:
 }
 
 async fn a_ten_megabyte_line_and_binary_output_are_stored_split_and_replaced(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, &[("w1", 2)]).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, &[("w1", 2)]).await;
     let source = r#"
 name: noisy
 tasks:
@@ -952,7 +935,6 @@ tasks:
     cluster.shutdown().await.expect("shutdown");
 }
 
-#[test]
 fn max_overlap_counts_concurrent_spans() {
     assert_eq!(max_overlap(&[(0, 10), (5, 15), (10, 20)]), 2);
     assert_eq!(max_overlap(&[(0, 1), (1, 2)]), 1);

@@ -17,17 +17,31 @@ use std::time::Duration;
 use ax_integration_tests::Backend;
 use ax_integration_tests::client::summary;
 use ax_integration_tests::fault_kit::*;
-use ax_integration_tests::process::{
-    HANG_GUARD, Process, RedisChoice, SchedulerSettings, WorkerSettings,
-};
-use ax_integration_tests::proxy::TcpProxy;
+use ax_integration_tests::harness::{Test, trial};
+use ax_integration_tests::process::{HANG_GUARD, Process, RedisChoice, WorkerSettings};
 use ax_integration_tests::redis_server::RedisServer;
+use ax_integration_tests::requirements::{MYSQL, REDIS_SERVER};
 use ax_proto::v1 as pb;
 use pb::InstanceState as S;
 
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(fault_checker_catches_double_starts_overlaps_and_unknown_attempts),
+        trial!(async(multi_thread = 2) fault_a_busy_worker_with_late_heartbeats_keeps_its_task),
+        trial!(async(multi_thread = 2) fault_a_task_heartbeat_that_stops_on_a_live_worker_is_told_never_killed),
+        trial!(async(multi_thread = 2) fault_a_task_over_its_timeout_is_killed_with_its_children_and_retried),
+        trial!(async(multi_thread = 2) fault_kill_9_of_a_worker_with_20_running_tasks_retries_all_on_another).requires(&MYSQL),
+        trial!(async(multi_thread = 2) fault_a_worker_cut_off_longer_than_the_lost_threshold_fences_itself),
+        trial!(async(multi_thread = 2) fault_a_worker_cut_off_with_the_default_fence_setting_fences_before_its_task_is_retried),
+        trial!(async(multi_thread = 2) fault_a_stream_cut_for_a_few_seconds_reattaches_and_finishes_once),
+        trial!(async(multi_thread = 2) fault_redis_stopped_mid_run_and_started_again).requires(&MYSQL).requires(&REDIS_SERVER),
+        trial!(async(multi_thread = 2) fault_kill_9_and_restart_of_the_scheduler_mid_run_on_mysql).requires(&MYSQL),
+        trial!(async(multi_thread = 2) fault_duplicate_dispatch_messages_start_one_process),
+    ]
+}
+
 /// The checker itself: clean histories pass, and each kind of violation is caught. Without
 /// this, a checker that never complains would make every fault test pass.
-#[test]
 fn fault_checker_catches_double_starts_overlaps_and_unknown_attempts() {
     let attempt = |number: u32, state: S, pid: u32| pb::Attempt {
         attempt: number,
@@ -110,35 +124,27 @@ fn fault_checker_catches_double_starts_overlaps_and_unknown_attempts() {
 // ---------------------------------------------------------------------------------------------
 // 1. A busy worker with late heartbeats.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_busy_worker_with_late_heartbeats_keeps_its_task() {
     // Task heartbeats every 2 s on both sides, so the backstop's grace (1.5 × 2 s) is close to
     // a heartbeat interval: a batched or late heartbeat must not condemn
     // a task running past half its timeout on a busy worker.
-    let settings = SchedulerSettings {
-        heartbeat_interval: "300ms".into(),
-        task_heartbeat_interval: Some("2s".into()),
-        dead_after_missed_heartbeats: Some(4),
-        ..SchedulerSettings::default()
-    };
-    let Some((mut cluster, client)) = cluster_with(Backend::Sqlite, settings).await else {
-        return;
-    };
-    cluster
-        .start_live_worker(
-            "busy",
-            &WorkerSettings {
-                capacity: Some(16),
-                heartbeat_interval: Some("300ms".into()),
-                task_heartbeat_interval: Some("2s".into()),
-                ..WorkerSettings::default()
-            },
-        )
-        .await
-        .expect("worker");
-
-    let effects = cluster.dir().join("effects");
-    let dir = cluster.dir().to_path_buf();
+    let Scene {
+        cluster,
+        client,
+        effects,
+        dir,
+        ..
+    } = Scenario::new(Backend::Sqlite)
+        .heartbeats("300ms")
+        .task_heartbeats("2s")
+        .dead_after(4)
+        .worker_settings(WorkerSettings {
+            capacity: Some(16),
+            ..WorkerSettings::default()
+        })
+        .worker("busy")
+        .start()
+        .await;
     let busy = script(
         &dir,
         "busy",
@@ -163,8 +169,7 @@ async fn fault_a_busy_worker_with_late_heartbeats_keeps_its_task() {
     );
     // Only the slow task has the 4 s timeout.
     yaml = yaml.replace("  - name: slow\n", "  - name: slow\n    timeout: 4s\n");
-    client.apply(&yaml).await.expect("apply");
-    let run_id = client.trigger_run("incident").await.expect("trigger").id;
+    let run_id = apply_and_trigger(&client, &yaml).await;
 
     let run = client.wait_run(run_id).await.expect("the run ends");
     let instances = check_invariants(&client, run_id, &effects, Lines::Unchecked).await;
@@ -201,32 +206,29 @@ async fn fault_a_busy_worker_with_late_heartbeats_keeps_its_task() {
 
 /// A task heartbeat that stops while its worker keeps heartbeating: the node records a
 /// `stalled` decision once and leaves the attempt running to its end.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_task_heartbeat_that_stops_on_a_live_worker_is_told_never_killed() {
     // The node expects a task heartbeat every second (silent after 1.5 s); the worker sends
     // one every 30 s, so a 4 s task is silent for most of its run while its worker lives.
-    let settings = SchedulerSettings {
-        heartbeat_interval: "300ms".into(),
-        task_heartbeat_interval: Some("1s".into()),
-        dead_after_missed_heartbeats: Some(4),
-        ..SchedulerSettings::default()
-    };
-    let Some((mut cluster, client)) = cluster_with(Backend::Sqlite, settings).await else {
-        return;
-    };
-    cluster
-        .start_live_worker(
+    let Scene {
+        cluster,
+        client,
+        effects,
+        dir,
+        ..
+    } = Scenario::new(Backend::Sqlite)
+        .heartbeats("300ms")
+        .task_heartbeats("1s")
+        .dead_after(4)
+        .worker_with(
             "quiet",
-            &WorkerSettings {
+            WorkerSettings {
                 heartbeat_interval: Some("300ms".into()),
                 task_heartbeat_interval: Some("30s".into()),
                 ..WorkerSettings::default()
             },
         )
-        .await
-        .expect("worker");
-    let effects = cluster.dir().join("effects");
-    let dir = cluster.dir().to_path_buf();
+        .start()
+        .await;
     let quiet = script(
         &dir,
         "quiet",
@@ -238,8 +240,7 @@ async fn fault_a_task_heartbeat_that_stops_on_a_live_worker_is_told_never_killed
         "defaults: { retries: 1, retry_backoff: 100ms }",
         &[("quiet".to_string(), quiet)],
     );
-    client.apply(&yaml).await.expect("apply");
-    let run_id = client.trigger_run("quiet-task").await.expect("trigger").id;
+    let run_id = apply_and_trigger(&client, &yaml).await;
     let run = client.wait_run(run_id).await.expect("the run ends");
     let instances = check_invariants(&client, run_id, &effects, Lines::Unchecked).await;
     assert_eq!(
@@ -269,31 +270,23 @@ async fn fault_a_task_heartbeat_that_stops_on_a_live_worker_is_told_never_killed
 // ---------------------------------------------------------------------------------------------
 // 2. Timeout: the whole process group dies, and the retry runs.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_task_over_its_timeout_is_killed_with_its_children_and_retried() {
-    let settings = SchedulerSettings {
-        heartbeat_interval: "300ms".into(),
-        task_heartbeat_interval: Some("500ms".into()),
-        ..SchedulerSettings::default()
-    };
-    let Some((mut cluster, client)) = cluster_with(Backend::Sqlite, settings).await else {
-        return;
-    };
-    cluster
-        .start_live_worker(
-            "w1",
-            &WorkerSettings {
-                heartbeat_interval: Some("300ms".into()),
-                task_heartbeat_interval: Some("500ms".into()),
-                kill_grace: Some("500ms".into()),
-                ..WorkerSettings::default()
-            },
-        )
-        .await
-        .expect("worker");
-
-    let effects = cluster.dir().join("effects");
-    let dir = cluster.dir().to_path_buf();
+    let Scene {
+        cluster,
+        client,
+        effects,
+        dir,
+        ..
+    } = Scenario::new(Backend::Sqlite)
+        .heartbeats("300ms")
+        .task_heartbeats("500ms")
+        .worker_settings(WorkerSettings {
+            kill_grace: Some("500ms".into()),
+            ..WorkerSettings::default()
+        })
+        .worker("w1")
+        .start()
+        .await;
     let body = format!(
         "if [ \"$AX_ATTEMPT\" = 1 ]; then\n  sleep 30 &\n  echo $! > '{}/grandchild-'$AX_INSTANCE_ID\n  while :; do note tick; sleep 0.1; done\nfi\n{}",
         dir.display(),
@@ -305,8 +298,7 @@ async fn fault_a_task_over_its_timeout_is_killed_with_its_children_and_retried()
         "defaults: { timeout: 1s, retries: 1, retry_backoff: 100ms }",
         &[("overrun".into(), command)],
     );
-    client.apply(&yaml).await.expect("apply");
-    let run_id = client.trigger_run("overrun").await.expect("trigger").id;
+    let run_id = apply_and_trigger(&client, &yaml).await;
     let run = client.wait_run(run_id).await.expect("the run ends");
 
     let instances = check_invariants(&client, run_id, &effects, Lines::Exactly(3)).await;
@@ -341,31 +333,26 @@ async fn fault_a_task_over_its_timeout_is_killed_with_its_children_and_retried()
 // ---------------------------------------------------------------------------------------------
 // 3. SIGKILL of a worker with 20 running tasks.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_kill_9_of_a_worker_with_20_running_tasks_retries_all_on_another() {
-    let settings = SchedulerSettings {
-        heartbeat_interval: "300ms".into(),
-        task_heartbeat_interval: Some("500ms".into()),
-        dead_after_missed_heartbeats: Some(4),
-        ..SchedulerSettings::default()
-    };
-    let Some((mut cluster, client)) = cluster_with(Backend::MySql, settings).await else {
-        return;
-    };
-    let worker = WorkerSettings {
-        capacity: Some(20),
-        heartbeat_interval: Some("300ms".into()),
-        task_heartbeat_interval: Some("500ms".into()),
-        kill_grace: Some("500ms".into()),
-        ..WorkerSettings::default()
-    };
-    cluster
-        .start_live_worker("a", &worker)
-        .await
-        .expect("worker a");
-
-    let effects = cluster.dir().join("effects");
-    let dir = cluster.dir().to_path_buf();
+    let Scene {
+        mut cluster,
+        client,
+        effects,
+        dir,
+        worker,
+        ..
+    } = Scenario::new(Backend::MySql)
+        .heartbeats("300ms")
+        .task_heartbeats("500ms")
+        .dead_after(4)
+        .worker_settings(WorkerSettings {
+            capacity: Some(20),
+            kill_grace: Some("500ms".into()),
+            ..WorkerSettings::default()
+        })
+        .worker("a")
+        .start()
+        .await;
     let body = format!(
         "if [ \"$AX_ATTEMPT\" = 1 ]; then\n  sleep 30 &\n  echo $! > '{}/grandchild-'$AX_INSTANCE_ID\n  while :; do note tick; sleep 0.5; done\nfi\n{}",
         dir.display(),
@@ -380,8 +367,7 @@ async fn fault_kill_9_of_a_worker_with_20_running_tasks_retries_all_on_another()
         "defaults: { retries: 1, retry_backoff: 100ms }",
         &tasks,
     );
-    client.apply(&yaml).await.expect("apply");
-    let run_id = client.trigger_run("twenty").await.expect("trigger").id;
+    let run_id = apply_and_trigger(&client, &yaml).await;
     client
         .wait_instances(run_id, "20 running on a", |all| {
             all.len() == 20 && running_on(all, "a") == 20
@@ -447,7 +433,6 @@ async fn fault_kill_9_of_a_worker_with_20_running_tasks_retries_all_on_another()
 // ---------------------------------------------------------------------------------------------
 // 4. A worker cut off longer than the dead threshold fences itself.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_worker_cut_off_longer_than_the_lost_threshold_fences_itself() {
     // Dead after 8 × 300 ms = 2.4 s; the worker fences after 800 ms and kills within 300 ms.
     cut_off_worker_fences_itself(8, Some("800ms")).await;
@@ -456,7 +441,6 @@ async fn fault_a_worker_cut_off_longer_than_the_lost_threshold_fences_itself() {
 /// The same partition with the worker's default `--self-fence-after` (10 s), longer than this
 /// scheduler's dead threshold (10 × 300 ms = 3 s): the worker must learn the threshold from
 /// Registered (`worker_dead_after_ms`) and fence before it, or the retry runs beside its task.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_worker_cut_off_with_the_default_fence_setting_fences_before_its_task_is_retried() {
     cut_off_worker_fences_itself(10, None).await;
 }
@@ -466,37 +450,26 @@ async fn fault_a_worker_cut_off_with_the_default_fence_setting_fences_before_its
 /// retry started, report that it fenced, come back after the partition heals, and have its late
 /// report about attempt 1 refused.
 async fn cut_off_worker_fences_itself(dead_after_missed: u32, self_fence_after: Option<&str>) {
-    let settings = SchedulerSettings {
-        heartbeat_interval: "300ms".into(),
-        task_heartbeat_interval: Some("500ms".into()),
-        dead_after_missed_heartbeats: Some(dead_after_missed),
-        ..SchedulerSettings::default()
-    };
-    let Some((mut cluster, client)) = cluster_with(Backend::Sqlite, settings).await else {
-        return;
-    };
-    let target = std::net::SocketAddr::from(([127, 0, 0, 1], cluster.port()));
-    let proxy = TcpProxy::start(target).await.expect("proxy");
-    let worker = WorkerSettings {
-        heartbeat_interval: Some("300ms".into()),
-        task_heartbeat_interval: Some("500ms".into()),
-        kill_grace: Some("300ms".into()),
-        self_fence_after: self_fence_after.map(String::from),
-        ..WorkerSettings::default()
-    };
-    cluster
-        .start_live_worker(
-            "a",
-            &WorkerSettings {
-                endpoint: Some(proxy.url()),
-                ..worker.clone()
-            },
-        )
-        .await
-        .expect("worker a");
-
-    let effects = cluster.dir().join("effects");
-    let dir = cluster.dir().to_path_buf();
+    let Scene {
+        mut cluster,
+        client,
+        effects,
+        dir,
+        worker,
+        proxy,
+    } = Scenario::new(Backend::Sqlite)
+        .heartbeats("300ms")
+        .task_heartbeats("500ms")
+        .dead_after(dead_after_missed)
+        .worker_settings(WorkerSettings {
+            kill_grace: Some("300ms".into()),
+            self_fence_after: self_fence_after.map(String::from),
+            ..WorkerSettings::default()
+        })
+        .worker_through_proxy("a")
+        .start()
+        .await;
+    let proxy = proxy.expect("the proxy in front of the scheduler");
     let body = format!(
         "if [ \"$AX_ATTEMPT\" = 1 ]; then\n  while :; do note tick; sleep 0.1; done\nfi\n{}",
         numbered_lines(3, "0.01")
@@ -507,8 +480,7 @@ async fn cut_off_worker_fences_itself(dead_after_missed: u32, self_fence_after: 
         "defaults: { retries: 1, retry_backoff: 100ms }",
         &[("fenced".into(), command)],
     );
-    client.apply(&yaml).await.expect("apply");
-    let run_id = client.trigger_run("fenced").await.expect("trigger").id;
+    let run_id = apply_and_trigger(&client, &yaml).await;
     client
         .wait_instances(run_id, "running on a", |all| running_on(all, "a") == 1)
         .await
@@ -601,44 +573,34 @@ async fn cut_off_worker_fences_itself(dead_after_missed: u32, self_fence_after: 
 // ---------------------------------------------------------------------------------------------
 // 5. A short cut: the stream re-attaches and the attempt finishes once.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_stream_cut_for_a_few_seconds_reattaches_and_finishes_once() {
     // Dead after 10 × 500 ms = 5 s; the cut lasts about 1 s; the worker fences only after 4 s.
-    let settings = SchedulerSettings {
-        heartbeat_interval: "500ms".into(),
-        task_heartbeat_interval: Some("1s".into()),
-        dead_after_missed_heartbeats: Some(10),
-        ..SchedulerSettings::default()
-    };
-    let Some((mut cluster, client)) = cluster_with(Backend::Sqlite, settings).await else {
-        return;
-    };
-    let target = std::net::SocketAddr::from(([127, 0, 0, 1], cluster.port()));
-    let proxy = TcpProxy::start(target).await.expect("proxy");
-    cluster
-        .start_live_worker(
-            "a",
-            &WorkerSettings {
-                endpoint: Some(proxy.url()),
-                heartbeat_interval: Some("500ms".into()),
-                task_heartbeat_interval: Some("1s".into()),
-                self_fence_after: Some("4s".into()),
-                ..WorkerSettings::default()
-            },
-        )
-        .await
-        .expect("worker a");
-
-    let effects = cluster.dir().join("effects");
-    let dir = cluster.dir().to_path_buf();
+    let Scene {
+        cluster,
+        client,
+        effects,
+        dir,
+        proxy,
+        ..
+    } = Scenario::new(Backend::Sqlite)
+        .heartbeats("500ms")
+        .task_heartbeats("1s")
+        .dead_after(10)
+        .worker_settings(WorkerSettings {
+            self_fence_after: Some("4s".into()),
+            ..WorkerSettings::default()
+        })
+        .worker_through_proxy("a")
+        .start()
+        .await;
+    let proxy = proxy.expect("the proxy in front of the scheduler");
     let command = script(&dir, "chatty", &effects, &numbered_lines(40, "0.1"));
     let yaml = workflow(
         "chatty",
         "defaults: { retries: 1, retry_backoff: 100ms }",
         &[("chatty".into(), command)],
     );
-    client.apply(&yaml).await.expect("apply");
-    let run_id = client.trigger_run("chatty").await.expect("trigger").id;
+    let run_id = apply_and_trigger(&client, &yaml).await;
     wait_notes(&effects, "a few lines in", |n| {
         n.iter().filter(|n| n.what == "tick").count() >= 8
     })
@@ -677,42 +639,34 @@ async fn fault_a_stream_cut_for_a_few_seconds_reattaches_and_finishes_once() {
 // ---------------------------------------------------------------------------------------------
 // 6. Redis stopped in the middle of a run, then started again.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_redis_stopped_mid_run_and_started_again() {
     let redis_dir = tempfile::tempdir().expect("tempdir");
     let mut redis = RedisServer::start(redis_dir.path())
         .await
         .expect("a private redis-server");
     let _dump = DumpOnPanic(vec![redis_dir.path().to_path_buf()]);
-    let settings = SchedulerSettings {
-        redis: RedisChoice::Url(redis.url()),
-        heartbeat_interval: "300ms".into(),
-        ..SchedulerSettings::default()
-    };
-    let Some((mut cluster, client)) = cluster_with(Backend::MySql, settings).await else {
-        return;
-    };
-    cluster
-        .start_live_worker(
-            "w1",
-            &WorkerSettings {
-                capacity: Some(6),
-                heartbeat_interval: Some("300ms".into()),
-                ..WorkerSettings::default()
-            },
-        )
-        .await
-        .expect("worker");
-
-    let effects = cluster.dir().join("effects");
-    let dir = cluster.dir().to_path_buf();
+    let Scene {
+        cluster,
+        client,
+        effects,
+        dir,
+        ..
+    } = Scenario::new(Backend::MySql)
+        .redis(RedisChoice::Url(redis.url()))
+        .heartbeats("300ms")
+        .worker_settings(WorkerSettings {
+            capacity: Some(6),
+            ..WorkerSettings::default()
+        })
+        .worker("w1")
+        .start()
+        .await;
     let command = script(&dir, "steady", &effects, &numbered_lines(5, "0.15"));
     let tasks: Vec<(String, String)> = (1..=30)
         .map(|i| (format!("t{i:02}"), command.clone()))
         .collect();
     let yaml = workflow("steady", "", &tasks);
-    client.apply(&yaml).await.expect("apply");
-    let run_id = client.trigger_run("steady").await.expect("trigger").id;
+    let run_id = apply_and_trigger(&client, &yaml).await;
 
     client
         .wait_instances(run_id, "a quarter done", |all| {
@@ -784,35 +738,27 @@ impl Drop for DumpOnPanic {
 // ---------------------------------------------------------------------------------------------
 // 7. SIGKILL of the scheduler mid-run, and a restart on the same port and store.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_kill_9_and_restart_of_the_scheduler_mid_run_on_mysql() {
     // A generous dead threshold (16 × 500 ms = 8 s) so the restart is shorter than it; the
     // worker fences only after 5 s without a scheduler.
-    let settings = SchedulerSettings {
-        heartbeat_interval: "500ms".into(),
-        task_heartbeat_interval: Some("2s".into()),
-        dead_after_missed_heartbeats: Some(16),
-        ..SchedulerSettings::default()
-    };
-    let Some((mut cluster, client)) = cluster_with(Backend::MySql, settings).await else {
-        return;
-    };
-    cluster
-        .start_live_worker(
-            "w1",
-            &WorkerSettings {
-                capacity: Some(16),
-                heartbeat_interval: Some("500ms".into()),
-                task_heartbeat_interval: Some("2s".into()),
-                self_fence_after: Some("5s".into()),
-                ..WorkerSettings::default()
-            },
-        )
-        .await
-        .expect("worker");
-
-    let effects = cluster.dir().join("effects");
-    let dir = cluster.dir().to_path_buf();
+    let Scene {
+        mut cluster,
+        client,
+        effects,
+        dir,
+        ..
+    } = Scenario::new(Backend::MySql)
+        .heartbeats("500ms")
+        .task_heartbeats("2s")
+        .dead_after(16)
+        .worker_settings(WorkerSettings {
+            capacity: Some(16),
+            self_fence_after: Some("5s".into()),
+            ..WorkerSettings::default()
+        })
+        .worker("w1")
+        .start()
+        .await;
     let command = script(&dir, "fan", &effects, &numbered_lines(5, "0.05"));
     let tasks: Vec<(String, String)> = (1..=200)
         .map(|i| (format!("t{i:03}"), command.clone()))
@@ -822,8 +768,7 @@ async fn fault_kill_9_and_restart_of_the_scheduler_mid_run_on_mysql() {
         "defaults: { retries: 2, retry_backoff: 100ms }",
         &tasks,
     );
-    client.apply(&yaml).await.expect("apply");
-    let run_id = client.trigger_run("fanout").await.expect("trigger").id;
+    let run_id = apply_and_trigger(&client, &yaml).await;
 
     client
         .wait_instances(run_id, "a quarter done", |all| {
@@ -1009,7 +954,6 @@ async fn wait_received(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_duplicate_dispatch_messages_start_one_process() {
     use ax_proto::v1::{Dispatch, SchedulerMessage, scheduler_message, worker_message::Body};
 

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use ax_integration_tests::harness::{Test, trial};
 use ax_integration_tests::{Backend, Cluster};
 use ax_proto::v1 as pb;
 use ax_proto::v1::worker_service_client::WorkerServiceClient;
@@ -14,6 +15,13 @@ use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(random_and_truncated_worker_frames_never_break_the_scheduler),
+        trial!(async(multi_thread = 2) reports_on_unknown_or_stale_attempts_are_refused_with_a_code),
+    ]
+}
 
 fn register(worker: &str) -> pb::WorkerMessage {
     pb::WorkerMessage {
@@ -173,7 +181,6 @@ fn worker_message(real_instance: i64) -> impl Strategy<Value = pb::WorkerMessage
         })
 }
 
-#[test]
 fn random_and_truncated_worker_frames_never_break_the_scheduler() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -186,7 +193,6 @@ fn random_and_truncated_worker_frames_never_break_the_scheduler() {
             .start()
             .await
             .expect("cluster");
-        let cluster = cluster.expect("sqlite always runs");
         let client = cluster.client().await.expect("client");
         client
             .apply("name: steady\ntasks:\n  - name: a\n    command: echo ok\n")
@@ -255,14 +261,12 @@ fn random_and_truncated_worker_frames_never_break_the_scheduler() {
     });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_on_unknown_or_stale_attempts_are_refused_with_a_code() {
-    let cluster = Cluster::builder(Backend::Sqlite)
+    let mut cluster = Cluster::builder(Backend::Sqlite)
         .worker("real", 2)
         .start()
         .await
         .expect("cluster");
-    let mut cluster = cluster.expect("sqlite always runs");
     let client = cluster.client().await.expect("client");
     client
         .apply("name: steady\ntasks:\n  - name: a\n    command: echo ok\n")

@@ -8,8 +8,26 @@ use std::path::Path;
 use std::time::Duration;
 
 use ax_integration_tests::Backend;
+use ax_integration_tests::harness::{Test, trial};
 use ax_integration_tests::process::{CtlOutput, HANG_GUARD, ProcessCluster};
+use ax_integration_tests::requirements::{MYSQL, REDIS};
 use serde_json::Value;
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(async(multi_thread = 2) real_binaries_run_the_example_on_mysql_and_redis)
+            .requires(&MYSQL)
+            .requires(&REDIS),
+        trial!(async(multi_thread = 2) real_binaries_run_the_example_on_sqlite),
+        trial!(async(multi_thread = 2) a_failing_run_exits_10_and_keeps_the_downstream_unrun),
+        trial!(async(multi_thread = 2) a_bad_workflow_file_is_refused_with_file_line_and_field_and_nothing_is_stored),
+        trial!(async(multi_thread = 2) sigterm_on_a_worker_lets_its_running_task_finish),
+        trial!(async(multi_thread = 2) sigterm_on_the_scheduler_exits_cleanly_and_a_restart_keeps_everything),
+        trial!(async(multi_thread = 2) unknown_ids_exit_3_and_an_unreachable_server_exits_5),
+        trial!(async(multi_thread = 2) health_and_reflection_are_served),
+        trial!(async(multi_thread = 2) fault_a_cron_slot_missed_during_scheduler_downtime_fires_once_on_restart),
+    ]
+}
 
 /// The example workflow, with its data directory moved into the test's scratch directory.
 fn example_in(dir: &Path) -> std::path::PathBuf {
@@ -134,33 +152,29 @@ async fn trigger(cluster: &ProcessCluster, workflow: &str) -> i64 {
         .unwrap_or_else(|err| panic!("not a run id ({err}):\n{output}"))
 }
 
-async fn started(backend: Backend, redis: bool, workers: &[&str]) -> Option<ProcessCluster> {
+async fn started(backend: Backend, redis: bool, workers: &[&str]) -> ProcessCluster {
     let mut cluster = ProcessCluster::start(backend, redis)
         .await
-        .expect("the scheduler process starts")?;
+        .expect("the scheduler process starts");
     for id in workers {
         cluster.start_worker(id).expect("the worker process starts");
     }
     for id in workers {
         wait_worker_live(&cluster, id).await;
     }
-    Some(cluster)
+    cluster
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_binaries_run_the_example_on_mysql_and_redis() {
     run_the_example(Backend::MySql, true).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_binaries_run_the_example_on_sqlite() {
     run_the_example(Backend::Sqlite, false).await;
 }
 
 async fn run_the_example(backend: Backend, redis: bool) {
-    let Some(cluster) = started(backend, redis, &["w1"]).await else {
-        return;
-    };
+    let cluster = started(backend, redis, &["w1"]).await;
     let file = example_in(cluster.dir());
     let file = file.to_str().expect("utf-8 path");
     apply(&cluster, file, "created").await;
@@ -231,11 +245,8 @@ async fn run_the_example(backend: Backend, redis: bool) {
     cluster.shutdown().await.expect("clean shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_run_exits_10_and_keeps_the_downstream_unrun() {
-    let Some(cluster) = started(Backend::Sqlite, false, &["w1"]).await else {
-        return;
-    };
+    let cluster = started(Backend::Sqlite, false, &["w1"]).await;
     let marker = cluster.dir().join("downstream-ran");
     let file = cluster.dir().join("breaks.yaml");
     std::fs::write(
@@ -288,11 +299,8 @@ async fn a_failing_run_exits_10_and_keeps_the_downstream_unrun() {
     cluster.shutdown().await.expect("clean shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_workflow_file_is_refused_with_file_line_and_field_and_nothing_is_stored() {
-    let Some(cluster) = started(Backend::Sqlite, false, &[]).await else {
-        return;
-    };
+    let cluster = started(Backend::Sqlite, false, &[]).await;
     std::fs::create_dir(cluster.dir().join("bad")).expect("mkdir");
     let absolute = |name: &str| cluster.dir().join(name).display().to_string();
     // Relative paths are relative to axctl's working directory, the test's directory; the error
@@ -358,11 +366,8 @@ async fn a_bad_workflow_file_is_refused_with_file_line_and_field_and_nothing_is_
     cluster.shutdown().await.expect("clean shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_on_a_worker_lets_its_running_task_finish() {
-    let Some(mut cluster) = started(Backend::Sqlite, false, &["w1"]).await else {
-        return;
-    };
+    let mut cluster = started(Backend::Sqlite, false, &["w1"]).await;
     let file = cluster.dir().join("slow.yaml");
     std::fs::write(
         &file,
@@ -400,11 +405,8 @@ async fn sigterm_on_a_worker_lets_its_running_task_finish() {
     cluster.shutdown().await.expect("clean shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_on_the_scheduler_exits_cleanly_and_a_restart_keeps_everything() {
-    let Some(mut cluster) = started(Backend::Sqlite, false, &["w1"]).await else {
-        return;
-    };
+    let mut cluster = started(Backend::Sqlite, false, &["w1"]).await;
     let file = cluster.dir().join("short.yaml");
     std::fs::write(
         &file,
@@ -479,11 +481,8 @@ async fn sigterm_on_the_scheduler_exits_cleanly_and_a_restart_keeps_everything()
     cluster.shutdown().await.expect("clean shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_ids_exit_3_and_an_unreachable_server_exits_5() {
-    let Some(cluster) = started(Backend::Sqlite, false, &[]).await else {
-        return;
-    };
+    let cluster = started(Backend::Sqlite, false, &[]).await;
     let missing = cluster
         .axctl(&["get", "run", "999999"])
         .await
@@ -502,7 +501,6 @@ async fn unknown_ids_exit_3_and_an_unreachable_server_exits_5() {
     cluster.shutdown().await.expect("clean shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_and_reflection_are_served() {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_check_response::ServingStatus;
@@ -512,9 +510,7 @@ async fn health_and_reflection_are_served() {
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
-    let Some(cluster) = started(Backend::Sqlite, false, &[]).await else {
-        return;
-    };
+    let cluster = started(Backend::Sqlite, false, &[]).await;
     let channel = tonic::transport::Channel::from_shared(cluster.endpoint())
         .expect("endpoint")
         .connect()
@@ -571,11 +567,8 @@ async fn health_and_reflection_are_served() {
 
 /// Cron slots that fall while the scheduler is down fire once when it comes back (the default
 /// misfire policy), not once per missed slot and not never.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_cron_slot_missed_during_scheduler_downtime_fires_once_on_restart() {
-    let Some(mut cluster) = started(Backend::Sqlite, false, &["w1"]).await else {
-        return;
-    };
+    let mut cluster = started(Backend::Sqlite, false, &["w1"]).await;
     let file = cluster.dir().join("every2s.yaml");
     std::fs::write(
         &file,

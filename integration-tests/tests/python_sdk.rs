@@ -23,15 +23,17 @@
 //! `python_workers_tasks_die_with_it` kills the worker with SIGKILL: its guardian kills the
 //! task's process group.
 //!
-//! Without AX_TEST_PYTHON they print why and pass, except under CI=true, where they fail.
+//! Without AX_TEST_PYTHON they are ignored, saying why, except under CI=true, where they fail.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use ax_integration_tests::fault_kit::{pid_alive, wait_pids_gone};
+use ax_integration_tests::harness::{Test, trial};
 use ax_integration_tests::process::{HANG_GUARD, Process, ProcessCluster, SchedulerSettings};
 use ax_integration_tests::proxy::TcpProxy;
+use ax_integration_tests::requirements::{MYSQL, PYTHON};
 use ax_integration_tests::{Backend, on_every_backend};
 use ax_proto::v1 as pb;
 use serde_json::Value;
@@ -42,22 +44,10 @@ const SUITE_GUARD: Duration = Duration::from_secs(300);
 /// The worker id the suite's Python worker registers under (`sdk/python/tests/conftest.py`).
 const SUITE_WORKER: &str = "py-sdk-worker";
 
-/// The interpreter of AX_TEST_PYTHON, checked to import the SDK; `None` (after saying why) when
-/// it is unset outside CI.
-fn python() -> Option<PathBuf> {
-    let python = match std::env::var("AX_TEST_PYTHON") {
-        Ok(path) if !path.is_empty() => PathBuf::from(path),
-        _ if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("CI=true but AX_TEST_PYTHON is not set: the Python SDK tests cannot be skipped")
-        }
-        _ => {
-            eprintln!(
-                "skipping: AX_TEST_PYTHON is not set (.ci/run points it at .ci/venv/bin/python, \
-                 where it installs sdk/python)"
-            );
-            return None;
-        }
-    };
+/// The interpreter of AX_TEST_PYTHON (every test here requires [`PYTHON`]), checked to import
+/// the SDK.
+fn python() -> PathBuf {
+    let python = PathBuf::from(std::env::var_os("AX_TEST_PYTHON").expect("AX_TEST_PYTHON"));
     let check = std::process::Command::new(&python)
         .args(["-c", "import ax_sdk, pytest"])
         .output()
@@ -69,7 +59,7 @@ fn python() -> Option<PathBuf> {
         python.display(),
         String::from_utf8_lossy(&check.stderr)
     );
-    Some(python)
+    python
 }
 
 fn repo_root() -> PathBuf {
@@ -126,22 +116,31 @@ fn texts(lines: &[pb::StoredLogLine], stream: pb::LogStream) -> Vec<String> {
         .collect()
 }
 
-on_every_backend!(python_sdk_suite);
+pub(crate) fn tests() -> Vec<Test> {
+    [
+        vec![
+            trial!(async(multi_thread = 4) python_worker_reattaches_after_a_scheduler_kill9).requires(&PYTHON),
+            trial!(async(multi_thread = 4) python_worker_fences_itself_when_cut_off_from_a_live_scheduler).requires(&PYTHON),
+            trial!(async(multi_thread = 4) python_workers_move_between_nodes_and_fail_over).requires(&PYTHON).requires(&MYSQL),
+            trial!(async(multi_thread = 4) python_workers_tasks_die_with_it).requires(&PYTHON),
+        ],
+        on_every_backend!(requires(&PYTHON); python_sdk_suite),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
 
 async fn python_sdk_suite(backend: Backend) {
-    let Some(python) = python() else { return };
+    let python = python();
     let settings = SchedulerSettings {
         // Only the worker can time the task out within the test's guards.
         timeout_grace: Some("10m".into()),
         ..SchedulerSettings::default()
     };
-    let Some(cluster) = ProcessCluster::start_with(backend, settings)
+    let cluster = ProcessCluster::start_with(backend, settings)
         .await
-        .expect("a scheduler starts")
-    else {
-        eprintln!("skipping {backend:?}: not configured here");
-        return;
-    };
+        .expect("a scheduler starts");
     let out = cluster.dir().join("python-out");
     let mut suite = tokio::process::Command::new(&python);
     suite
@@ -352,13 +351,11 @@ async fn wait_file(path: &Path) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn python_worker_reattaches_after_a_scheduler_kill9() {
-    let Some(python) = python() else { return };
+    let python = python();
     let mut cluster = ProcessCluster::start(Backend::Sqlite, false)
         .await
-        .expect("a scheduler starts")
-        .expect("SQLite is always there");
+        .expect("a scheduler starts");
     let gates = cluster.dir().join("gates");
     std::fs::create_dir_all(&gates).expect("gates dir");
     // The command line serves the test functions of a module too.
@@ -497,13 +494,11 @@ tasks:
     cluster.shutdown().await.expect("a clean shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn python_worker_fences_itself_when_cut_off_from_a_live_scheduler() {
-    let Some(python) = python() else { return };
+    let python = python();
     let cluster = ProcessCluster::start(Backend::Sqlite, false)
         .await
-        .expect("a scheduler starts")
-        .expect("SQLite is always there");
+        .expect("a scheduler starts");
     let target = format!("127.0.0.1:{}", cluster.port())
         .parse()
         .expect("an address");
@@ -567,20 +562,15 @@ tasks:
 /// Two scheduler nodes on MySQL: two Python workers that could reach only `n1` are spread by
 /// MoveElsewhere once `n2` is up, and a kill -9 of the node a worker is on moves it to the
 /// other node with its task still running, re-attached there.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn python_workers_move_between_nodes_and_fail_over() {
-    let Some(python) = python() else { return };
+    let python = python();
     let settings = SchedulerSettings {
         nodes: 2,
         ..SchedulerSettings::default()
     };
-    let Some(mut cluster) = ProcessCluster::start_with(Backend::MySql, settings)
+    let mut cluster = ProcessCluster::start_with(Backend::MySql, settings)
         .await
-        .expect("two scheduler nodes start")
-    else {
-        eprintln!("skipping: AX_TEST_MYSQL_URL is not set");
-        return;
-    };
+        .expect("two scheduler nodes start");
     cluster.stop_node(1).await.expect("n2 stops");
     let both = format!("{},{}", cluster.node_endpoint(0), cluster.node_endpoint(1));
     let workers = [
@@ -687,13 +677,11 @@ tasks:
 
 /// A Python worker killed with SIGKILL cannot clean up: its guardian kills the process groups of
 /// its tasks, so nothing it ran survives it (worker.proto: a task should die with its worker).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn python_workers_tasks_die_with_it() {
-    let Some(python) = python() else { return };
+    let python = python();
     let cluster = ProcessCluster::start(Backend::Sqlite, false)
         .await
-        .expect("a scheduler starts")
-        .expect("SQLite is always there");
+        .expect("a scheduler starts");
     let mut worker = python_worker(
         &python,
         cluster.dir(),

@@ -21,29 +21,38 @@ use std::time::Duration;
 use ax_integration_tests::Backend;
 use ax_integration_tests::client::summary;
 use ax_integration_tests::fault_kit::*;
-use ax_integration_tests::process::{HANG_GUARD, RedisChoice, SchedulerSettings, WorkerSettings};
+use ax_integration_tests::harness::{Test, trial};
+use ax_integration_tests::process::{HANG_GUARD, RedisChoice, WorkerSettings};
 use ax_integration_tests::proto_worker::{ProtoWorker, ProtoWorkerOptions};
+use ax_integration_tests::requirements::{MYSQL, REDIS};
 use ax_proto::v1 as pb;
 use pb::InstanceState as S;
 use pb::scheduler_message::Body as FromScheduler;
 
-/// 300 ms heartbeats, dead after 4 missed (1.2 s): a worker fences after 0.9 s cut off from a
-/// live node.
-fn short_heartbeats(redis: RedisChoice) -> SchedulerSettings {
-    SchedulerSettings {
-        redis,
-        heartbeat_interval: "300ms".into(),
-        task_heartbeat_interval: Some("1s".into()),
-        dead_after_missed_heartbeats: Some(4),
-        ..SchedulerSettings::default()
-    }
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(async(multi_thread = 2) fault_scheduler_killed_and_down_past_the_dead_threshold_kills_and_reruns_nothing).requires(&MYSQL).requires(&REDIS),
+        trial!(async(multi_thread = 2) fault_a_started_attempt_whose_report_died_with_the_scheduler_is_never_dispatched_again).requires(&MYSQL).requires(&REDIS),
+        trial!(async(multi_thread = 2) fault_a_worker_restarted_under_its_id_has_its_running_attempt_ended_at_once).requires(&MYSQL).requires(&REDIS),
+        trial!(async(multi_thread = 2) fault_a_worker_that_ignores_timeouts_has_the_attempt_timed_out_by_the_scheduler).requires(&MYSQL).requires(&REDIS),
+        trial!(async(multi_thread = 2) fault_a_cancelled_attempt_records_the_exit_its_worker_reports).requires(&MYSQL).requires(&REDIS),
+        trial!(async(multi_thread = 2) a_worker_written_from_the_proto_alone_runs_a_workflow_with_its_context),
+    ]
 }
 
-fn worker_settings(capacity: u32) -> WorkerSettings {
+/// 300 ms heartbeats, dead after 4 missed (1.2 s): a worker fences after 0.9 s cut off from a
+/// live node.
+fn short_heartbeats(backend: Backend, redis: RedisChoice) -> Scenario {
+    Scenario::new(backend)
+        .redis(redis)
+        .heartbeats("300ms")
+        .task_heartbeats("1s")
+        .dead_after(4)
+}
+
+fn capacity(capacity: u32) -> WorkerSettings {
     WorkerSettings {
         capacity: Some(capacity),
-        heartbeat_interval: Some("300ms".into()),
-        task_heartbeat_interval: Some("1s".into()),
         ..WorkerSettings::default()
     }
 }
@@ -51,36 +60,34 @@ fn worker_settings(capacity: u32) -> WorkerSettings {
 // ---------------------------------------------------------------------------------------------
 // 1 and 6. The scheduler down for longer than the dead-worker threshold and the fence time.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_scheduler_killed_and_down_past_the_dead_threshold_kills_and_reruns_nothing() {
-    let Some((mut cluster, client)) =
-        cluster_with(Backend::MySql, short_heartbeats(RedisChoice::FromEnv)).await
-    else {
-        return;
-    };
-    for id in ["w1", "w2"] {
-        cluster
-            .start_live_worker(id, &worker_settings(6))
-            .await
-            .expect("worker");
-    }
-    let effects = cluster.dir().join("effects");
-    let dir = cluster.dir().to_path_buf();
+    let Scene {
+        mut cluster,
+        client,
+        effects,
+        dir,
+        ..
+    } = short_heartbeats(Backend::MySql, RedisChoice::FromEnv)
+        .worker_settings(capacity(6))
+        .worker("w1")
+        .worker("w2")
+        .start()
+        .await;
     // Each task prints 10 lines over about 3 s; 12 of 30 run at once, so the outage finds some
     // running through it, some ending during it (their reports unstored), some not started.
     let command = script(&dir, "steady", &effects, &numbered_lines(10, "0.3"));
     let tasks: Vec<(String, String)> = (1..=30)
         .map(|i| (format!("t{i:02}"), command.clone()))
         .collect();
-    client
-        .apply(&workflow(
+    let run_id = apply_and_trigger(
+        &client,
+        &workflow(
             "steady",
             "defaults: { retries: 3, retry_backoff: 100ms }",
             &tasks,
-        ))
-        .await
-        .expect("apply");
-    let run_id = client.trigger_run("steady").await.expect("trigger").id;
+        ),
+    )
+    .await;
     client
         .wait_instances(run_id, "12 running", |all| {
             all.iter().filter(|i| i.state() == S::Running).count() >= 12
@@ -134,15 +141,16 @@ async fn fault_scheduler_killed_and_down_past_the_dead_threshold_kills_and_rerun
 // ---------------------------------------------------------------------------------------------
 // 2. A dispatch accepted and started, its Started report lost with the scheduler.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_started_attempt_whose_report_died_with_the_scheduler_is_never_dispatched_again() {
-    let Some((mut cluster, client)) =
-        cluster_with(Backend::MySql, short_heartbeats(RedisChoice::FromEnv)).await
-    else {
-        return;
-    };
-    let effects = cluster.dir().join("effects");
-    let dir = cluster.dir().to_path_buf();
+    let Scene {
+        mut cluster,
+        client,
+        effects,
+        dir,
+        ..
+    } = short_heartbeats(Backend::MySql, RedisChoice::FromEnv)
+        .start()
+        .await;
     let command = script(&dir, "once", &effects, &numbered_lines(5, "0.2"));
     client
         .apply(&workflow("once", "", &[("only".to_string(), command)]))
@@ -205,29 +213,23 @@ async fn fault_a_started_attempt_whose_report_died_with_the_scheduler_is_never_d
 // ---------------------------------------------------------------------------------------------
 // 3. A worker restarted under its id within the dead-worker threshold.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_worker_restarted_under_its_id_has_its_running_attempt_ended_at_once() {
     // Dead only after 10 minutes of silence: without the registration check the attempt would
     // stay RUNNING far past the hang guard.
-    let settings = SchedulerSettings {
-        redis: RedisChoice::FromEnv,
-        heartbeat_interval: "500ms".into(),
-        dead_after_missed_heartbeats: Some(1200),
-        ..SchedulerSettings::default()
-    };
-    let Some((mut cluster, client)) = cluster_with(Backend::MySql, settings).await else {
-        return;
-    };
-    let worker = WorkerSettings {
-        heartbeat_interval: Some("500ms".into()),
-        ..WorkerSettings::default()
-    };
-    cluster
-        .start_live_worker("w1", &worker)
-        .await
-        .expect("worker");
-    let effects = cluster.dir().join("effects");
-    let dir = cluster.dir().to_path_buf();
+    let Scene {
+        mut cluster,
+        client,
+        effects,
+        dir,
+        worker,
+        ..
+    } = Scenario::new(Backend::MySql)
+        .redis(RedisChoice::FromEnv)
+        .heartbeats("500ms")
+        .dead_after(1200)
+        .worker("w1")
+        .start()
+        .await;
     // Attempt 1 runs until it is killed; attempt 2 ends at once.
     let command = script(
         &dir,
@@ -235,15 +237,15 @@ async fn fault_a_worker_restarted_under_its_id_has_its_running_attempt_ended_at_
         &effects,
         "if [ \"$AX_ATTEMPT\" = 1 ]; then\n  while :; do note tick; sleep 0.1; done\nfi",
     );
-    client
-        .apply(&workflow(
+    let run_id = apply_and_trigger(
+        &client,
+        &workflow(
             "stuck",
             "defaults: { retries: 1 }",
             &[("only".to_string(), command)],
-        ))
-        .await
-        .expect("apply");
-    let run_id = client.trigger_run("stuck").await.expect("trigger").id;
+        ),
+    )
+    .await;
     client
         .wait_instances(run_id, "running", |all| {
             all.iter().any(|i| i.state() == S::Running)
@@ -284,17 +286,19 @@ async fn fault_a_worker_restarted_under_its_id_has_its_running_attempt_ended_at_
 // ---------------------------------------------------------------------------------------------
 // 4. A worker that ignores Dispatch.timeout_ms.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_worker_that_ignores_timeouts_has_the_attempt_timed_out_by_the_scheduler() {
-    let settings = SchedulerSettings {
-        redis: RedisChoice::FromEnv,
-        heartbeat_interval: "300ms".into(),
-        timeout_grace: Some("1s".into()),
-        ..SchedulerSettings::default()
-    };
-    let Some((cluster, client)) = cluster_with(Backend::MySql, settings).await else {
-        return;
-    };
+    let Scene {
+        cluster,
+        client,
+        effects,
+        dir,
+        ..
+    } = Scenario::new(Backend::MySql)
+        .redis(RedisChoice::FromEnv)
+        .heartbeats("300ms")
+        .timeout_grace("1s")
+        .start()
+        .await;
     let mut options = ProtoWorkerOptions::new("lax", &cluster.endpoint());
     options.enforce_timeouts = false;
     let worker = ProtoWorker::start(options).await.expect("worker");
@@ -302,8 +306,6 @@ async fn fault_a_worker_that_ignores_timeouts_has_the_attempt_timed_out_by_the_s
         .wait_worker_live("lax", HANG_GUARD)
         .await
         .expect("live");
-    let effects = cluster.dir().join("effects");
-    let dir = cluster.dir().to_path_buf();
     // Attempt 1 would run for 30 s and succeed; attempt 2 ends at once.
     let command = script(
         &dir,
@@ -311,15 +313,15 @@ async fn fault_a_worker_that_ignores_timeouts_has_the_attempt_timed_out_by_the_s
         &effects,
         "if [ \"$AX_ATTEMPT\" = 1 ]; then\n  i=0; while [ $i -lt 300 ]; do note tick; sleep 0.1; i=$((i + 1)); done\nfi",
     );
-    client
-        .apply(&workflow(
+    let run_id = apply_and_trigger(
+        &client,
+        &workflow(
             "slow",
             "defaults: { timeout: 2s, retries: 1 }",
             &[("only".to_string(), command)],
-        ))
-        .await
-        .expect("apply");
-    let run_id = client.trigger_run("slow").await.expect("trigger").id;
+        ),
+    )
+    .await;
 
     let run = client.wait_run(run_id).await.expect("the run ends");
     let instances = check_invariants(&client, run_id, &effects, Lines::Unchecked).await;
@@ -352,25 +354,24 @@ async fn fault_a_worker_that_ignores_timeouts_has_the_attempt_timed_out_by_the_s
 // ---------------------------------------------------------------------------------------------
 // 5. A cancel, then the worker's report of how the process ended.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_a_cancelled_attempt_records_the_exit_its_worker_reports() {
-    let Some((mut cluster, client)) =
-        cluster_with(Backend::MySql, short_heartbeats(RedisChoice::FromEnv)).await
-    else {
-        return;
-    };
-    cluster
-        .start_live_worker("w1", &worker_settings(2))
-        .await
-        .expect("worker");
-    let effects = cluster.dir().join("effects");
-    let dir = cluster.dir().to_path_buf();
+    let Scene {
+        mut cluster,
+        client,
+        effects,
+        dir,
+        ..
+    } = short_heartbeats(Backend::MySql, RedisChoice::FromEnv)
+        .worker_settings(capacity(2))
+        .worker("w1")
+        .start()
+        .await;
     let command = script(&dir, "long", &effects, &numbered_lines(600, "0.1"));
-    client
-        .apply(&workflow("long", "", &[("only".to_string(), command)]))
-        .await
-        .expect("apply");
-    let run_id = client.trigger_run("long").await.expect("trigger").id;
+    let run_id = apply_and_trigger(
+        &client,
+        &workflow("long", "", &[("only".to_string(), command)]),
+    )
+    .await;
     wait_notes(&effects, "ticking", |notes| {
         notes.iter().filter(|n| n.what == "tick").count() >= 5
     })
@@ -414,13 +415,16 @@ async fn fault_a_cancelled_attempt_records_the_exit_its_worker_reports() {
 // ---------------------------------------------------------------------------------------------
 // 7. The proto is the contract: a worker written from it alone runs a workflow.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_written_from_the_proto_alone_runs_a_workflow_with_its_context() {
-    let Some((cluster, client)) =
-        cluster_with(Backend::Sqlite, short_heartbeats(RedisChoice::None)).await
-    else {
-        return;
-    };
+    let Scene {
+        cluster,
+        client,
+        effects,
+        dir,
+        ..
+    } = short_heartbeats(Backend::Sqlite, RedisChoice::None)
+        .start()
+        .await;
     let worker = ProtoWorker::start(ProtoWorkerOptions::new("second", &cluster.endpoint()))
         .await
         .expect("worker");
@@ -428,8 +432,6 @@ async fn a_worker_written_from_the_proto_alone_runs_a_workflow_with_its_context(
         .wait_worker_live("second", HANG_GUARD)
         .await
         .expect("live");
-    let effects = cluster.dir().join("effects");
-    let dir = cluster.dir().to_path_buf();
     let show = "echo \"run=$AX_RUN_ID instance=$AX_INSTANCE_ID attempt=$AX_ATTEMPT workflow=$AX_WORKFLOW task=$AX_TASK time=$AX_LOGICAL_TIME\"";
     let first = script(&dir, "first", &effects, show);
     let second = script(&dir, "second", &effects, &format!("{show}\nexit 3"));
@@ -438,8 +440,7 @@ async fn a_worker_written_from_the_proto_alone_runs_a_workflow_with_its_context(
         first.replace('"', "\\\""),
         second.replace('"', "\\\""),
     );
-    client.apply(&yaml).await.expect("apply");
-    let run_id = client.trigger_run("contract").await.expect("trigger").id;
+    let run_id = apply_and_trigger(&client, &yaml).await;
     let run = client.wait_run(run_id).await.expect("the run ends");
     let instances = check_invariants(&client, run_id, &effects, Lines::Unchecked).await;
     assert_eq!(run.state(), pb::RunState::Failed, "{}", summary(&instances));

@@ -8,6 +8,8 @@
 use std::process::Output;
 use std::time::Duration;
 
+use ax_integration_tests::harness::Test;
+use ax_integration_tests::on_every_backend;
 use ax_integration_tests::{Backend, Cluster, TestClient};
 use ax_proto::v1 as pb;
 
@@ -16,9 +18,9 @@ const GUARD: Duration = Duration::from_secs(60);
 /// The cluster's default retention in these tests.
 const KEEP: Duration = Duration::from_secs(3);
 
-ax_integration_tests::on_every_backend!(
-    the_purger_deletes_ended_runs_past_their_retention_and_axctl_purges_on_demand,
-);
+pub(crate) fn tests() -> Vec<Test> {
+    on_every_backend!(the_purger_deletes_ended_runs_past_their_retention_and_axctl_purges_on_demand,)
+}
 
 fn workflow(name: &str, retention: Option<&str>, command: &str) -> String {
     let retention = retention
@@ -96,16 +98,13 @@ async fn metric(cluster: &Cluster, series: &str) -> f64 {
 async fn the_purger_deletes_ended_runs_past_their_retention_and_axctl_purges_on_demand(
     backend: Backend,
 ) {
-    let Some(cluster) = Cluster::builder(backend)
+    let cluster = Cluster::builder(backend)
         .worker("w1", 4)
         .retention(KEEP)
         .purge_interval(Duration::from_millis(200))
         .start()
         .await
-        .expect("cluster starts")
-    else {
-        return;
-    };
+        .expect("cluster starts");
     let client = cluster.client().await.expect("client");
     for source in [
         workflow("short", None, "echo short"),

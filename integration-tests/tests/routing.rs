@@ -6,28 +6,32 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use ax_core::decision::DecisionKind;
+use ax_integration_tests::harness::Test;
+use ax_integration_tests::on_every_backend;
 use ax_integration_tests::{Backend, Cluster, TestClient};
 use ax_proto::v1 as pb;
 
 /// A hang guard, not a timing assertion.
 const RUN_TIMEOUT: Duration = Duration::from_secs(90);
 
-ax_integration_tests::on_every_backend!(
-    sharded_broadcast_runs_one_shard_per_worker_and_waits_for_all,
-    a_failing_shard_fails_the_sharded_task,
-    a_shard_retry_waits_for_its_worker_and_fails_when_it_is_gone,
-    consistent_hash_keeps_a_task_on_one_worker,
-    failover_takes_workers_in_id_order,
-    task_workflow_and_pool_limits_are_never_exceeded,
-    waiting_instances_start_highest_priority_first,
-    a_task_without_a_worker_for_its_labels_waits_with_one_no_worker_decision,
-);
+pub(crate) fn tests() -> Vec<Test> {
+    on_every_backend!(
+        sharded_broadcast_runs_one_shard_per_worker_and_waits_for_all,
+        a_failing_shard_fails_the_sharded_task,
+        a_shard_retry_waits_for_its_worker_and_fails_when_it_is_gone,
+        consistent_hash_keeps_a_task_on_one_worker,
+        failover_takes_workers_in_id_order,
+        task_workflow_and_pool_limits_are_never_exceeded,
+        waiting_instances_start_highest_priority_first,
+        a_task_without_a_worker_for_its_labels_waits_with_one_no_worker_decision,
+    )
+}
 
 async fn start(
     backend: Backend,
     workers: &[(&str, u32)],
     pools: &[(&str, u32)],
-) -> Option<(Cluster, TestClient)> {
+) -> (Cluster, TestClient) {
     let mut builder = Cluster::builder(backend).redis();
     for (id, capacity) in workers {
         builder = builder.worker(id, *capacity);
@@ -35,9 +39,9 @@ async fn start(
     for (pool, limit) in pools {
         builder = builder.pool(pool, *limit);
     }
-    let cluster = builder.start().await.expect("cluster starts")?;
+    let cluster = builder.start().await.expect("cluster starts");
     let client = cluster.client().await.expect("client");
-    Some((cluster, client))
+    (cluster, client)
 }
 
 fn state(instance: &pb::Instance) -> pb::InstanceState {
@@ -90,10 +94,7 @@ async fn decisions(cluster: &Cluster, workflow: &str) -> Vec<ax_store::DecisionR
 }
 
 async fn sharded_broadcast_runs_one_shard_per_worker_and_waits_for_all(backend: Backend) {
-    let Some((cluster, client)) = start(backend, &[("w1", 2), ("w2", 2), ("w3", 2)], &[]).await
-    else {
-        return;
-    };
+    let (cluster, client) = start(backend, &[("w1", 2), ("w2", 2), ("w3", 2)], &[]).await;
     let source = r#"
 name: broadcast
 tasks:
@@ -167,10 +168,7 @@ tasks:
 }
 
 async fn a_failing_shard_fails_the_sharded_task(backend: Backend) {
-    let Some((cluster, client)) = start(backend, &[("w1", 2), ("w2", 2), ("w3", 2)], &[]).await
-    else {
-        return;
-    };
+    let (cluster, client) = start(backend, &[("w1", 2), ("w2", 2), ("w3", 2)], &[]).await;
     let source = r#"
 name: broadcast-fails
 tasks:
@@ -265,9 +263,7 @@ fn axctl_json(cluster: &Cluster, args: &[&str]) -> serde_json::Value {
 }
 
 async fn a_shard_retry_waits_for_its_worker_and_fails_when_it_is_gone(backend: Backend) {
-    let Some((mut cluster, client)) = start(backend, &[("w1", 2), ("w2", 2)], &[]).await else {
-        return;
-    };
+    let (mut cluster, client) = start(backend, &[("w1", 2), ("w2", 2)], &[]).await;
     // Shard 1 (on w2, the second worker id) fails its first attempt; its retry would succeed.
     let source = r#"
 name: broadcast-gone
@@ -323,10 +319,7 @@ tasks:
 }
 
 async fn consistent_hash_keeps_a_task_on_one_worker(backend: Backend) {
-    let Some((cluster, client)) = start(backend, &[("w1", 4), ("w2", 4), ("w3", 4)], &[]).await
-    else {
-        return;
-    };
+    let (cluster, client) = start(backend, &[("w1", 4), ("w2", 4), ("w3", 4)], &[]).await;
     let source = r#"
 name: sticky
 tasks:
@@ -351,10 +344,7 @@ tasks:
 }
 
 async fn failover_takes_workers_in_id_order(backend: Backend) {
-    let Some((cluster, client)) = start(backend, &[("w3", 1), ("w2", 1), ("w1", 1)], &[]).await
-    else {
-        return;
-    };
+    let (cluster, client) = start(backend, &[("w3", 1), ("w2", 1), ("w1", 1)], &[]).await;
     let source = r#"
 name: failover
 tasks:
@@ -397,10 +387,7 @@ tasks:
 }
 
 async fn task_workflow_and_pool_limits_are_never_exceeded(backend: Backend) {
-    let Some((cluster, client)) = start(backend, &[("w1", 10), ("w2", 10)], &[("etl", 2)]).await
-    else {
-        return;
-    };
+    let (cluster, client) = start(backend, &[("w1", 10), ("w2", 10)], &[("etl", 2)]).await;
     let limited = r#"
 name: limited
 concurrency:
@@ -526,9 +513,7 @@ tasks:
 }
 
 async fn waiting_instances_start_highest_priority_first(backend: Backend) {
-    let Some((cluster, client)) = start(backend, &[("w1", 1)], &[]).await else {
-        return;
-    };
+    let (cluster, client) = start(backend, &[("w1", 1)], &[]).await;
     let gate = cluster.dir().join("gate");
     let blocker = format!(
         "name: blocker\ntasks:\n  - name: block\n    priority: 100\n    command: 'while [ ! -e {} ]; do sleep 0.05; done'\n",
@@ -585,9 +570,7 @@ async fn waiting_instances_start_highest_priority_first(backend: Backend) {
 async fn a_task_without_a_worker_for_its_labels_waits_with_one_no_worker_decision(
     backend: Backend,
 ) {
-    let Some((mut cluster, client)) = start(backend, &[("w1", 2)], &[]).await else {
-        return;
-    };
+    let (mut cluster, client) = start(backend, &[("w1", 2)], &[]).await;
     let source = r#"
 name: needs-gpu
 tasks:

@@ -6,30 +6,34 @@
 use std::time::Duration;
 
 use ax_core::decision::DecisionKind;
+use ax_integration_tests::harness::Test;
+use ax_integration_tests::on_every_backend;
 use ax_integration_tests::{Backend, Cluster, TestClient};
 use ax_proto::v1 as pb;
 use ax_store::DecisionRecord;
 
-ax_integration_tests::on_every_backend!(
-    overlap_allow_runs_fires_side_by_side,
-    overlap_skip_drops_fires_while_a_run_is_active,
-    overlap_queue_runs_every_fire_one_after_another,
-    overlap_replace_cancels_the_active_run,
-    misfire_policies_apply_to_the_slots_missed_while_paused,
-    backfill_creates_one_run_per_slot_in_order_and_never_doubles,
-    backfill_refusals_create_nothing,
-    keyed_runs_with_the_same_key_never_overlap,
-);
+pub(crate) fn tests() -> Vec<Test> {
+    on_every_backend!(
+        overlap_allow_runs_fires_side_by_side,
+        overlap_skip_drops_fires_while_a_run_is_active,
+        overlap_queue_runs_every_fire_one_after_another,
+        overlap_replace_cancels_the_active_run,
+        misfire_policies_apply_to_the_slots_missed_while_paused,
+        backfill_creates_one_run_per_slot_in_order_and_never_doubles,
+        backfill_refusals_create_nothing,
+        keyed_runs_with_the_same_key_never_overlap,
+    )
+}
 
-async fn cluster(backend: Backend, capacity: u32) -> Option<(Cluster, TestClient)> {
+async fn cluster(backend: Backend, capacity: u32) -> (Cluster, TestClient) {
     let cluster = Cluster::builder(backend)
         .redis()
         .worker("w1", capacity)
         .start()
         .await
-        .expect("cluster starts")?;
+        .expect("cluster starts");
     let client = cluster.client().await.expect("client");
-    Some((cluster, client))
+    (cluster, client)
 }
 
 fn now_ms() -> i64 {
@@ -112,9 +116,7 @@ tasks:
 }
 
 async fn overlap_allow_runs_fires_side_by_side(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, 8).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, 8).await;
     client
         .apply(&every_two_seconds("ov-allow", "allow", "sleep 3"))
         .await
@@ -138,9 +140,7 @@ async fn overlap_allow_runs_fires_side_by_side(backend: Backend) {
 }
 
 async fn overlap_skip_drops_fires_while_a_run_is_active(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, 8).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, 8).await;
     client
         .apply(&every_two_seconds("ov-skip", "skip", "sleep 3"))
         .await
@@ -165,9 +165,7 @@ async fn overlap_skip_drops_fires_while_a_run_is_active(backend: Backend) {
 }
 
 async fn overlap_queue_runs_every_fire_one_after_another(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, 8).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, 8).await;
     client
         .apply(&every_two_seconds("ov-queue", "queue", "sleep 2.5"))
         .await
@@ -229,9 +227,7 @@ async fn overlap_queue_runs_every_fire_one_after_another(backend: Backend) {
 }
 
 async fn overlap_replace_cancels_the_active_run(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, 8).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, 8).await;
     client
         .apply(&every_two_seconds("ov-replace", "replace", "sleep 30"))
         .await
@@ -267,9 +263,7 @@ async fn overlap_replace_cancels_the_active_run(backend: Backend) {
 }
 
 async fn misfire_policies_apply_to_the_slots_missed_while_paused(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, 20).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, 20).await;
     let names = ["mf-skip", "mf-once", "mf-catch"];
     let policies = [
         "misfire: skip",
@@ -359,9 +353,7 @@ const SPRING_0500Z: i64 = 1_772_946_000_000;
 const HOUR: i64 = 3_600_000;
 
 async fn backfill_creates_one_run_per_slot_in_order_and_never_doubles(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, 8).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, 8).await;
     client.apply(HOURLY_NY).await.expect("apply");
     // 00:00 .. 04:00 New York time across spring forward: 02:00 does not exist and collapses
     // with 03:00 EDT into one slot at 07:00Z.
@@ -443,9 +435,7 @@ async fn backfill_creates_one_run_per_slot_in_order_and_never_doubles(backend: B
 }
 
 async fn backfill_refusals_create_nothing(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, 4).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, 4).await;
     client.apply(HOURLY_NY).await.expect("apply");
     client
         .apply("name: manual\ntasks:\n  - name: t\n    command: \"true\"\n")
@@ -522,9 +512,7 @@ async fn backfill_refusals_create_nothing(backend: Backend) {
 }
 
 async fn keyed_runs_with_the_same_key_never_overlap(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend, 8).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend, 8).await;
     let source = r#"
 name: keyed
 concurrency:

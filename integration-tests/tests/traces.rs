@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ax_integration_tests::Backend;
+use ax_integration_tests::harness::{Test, trial};
 use ax_integration_tests::process::{ProcessCluster, SchedulerSettings, WorkerSettings};
 use ax_proto::v1 as pb;
 use opentelemetry_proto::tonic::collector::trace::v1::{
@@ -19,6 +20,10 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use prost::Message;
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![trial!(async(multi_thread = 4) the_example_workflow_makes_one_trace_that_the_task_joins)]
+}
 
 /// A hang guard, not a timing assertion.
 const GUARD: Duration = Duration::from_secs(60);
@@ -145,19 +150,15 @@ impl Drop for Receiver {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_example_workflow_makes_one_trace_that_the_task_joins() {
     let receiver = Receiver::start().await;
     let settings = SchedulerSettings {
         otlp_endpoint: Some(receiver.endpoint.clone()),
         ..SchedulerSettings::default()
     };
-    let Some(mut cluster) = ProcessCluster::start_with(Backend::Sqlite, settings)
+    let mut cluster = ProcessCluster::start_with(Backend::Sqlite, settings)
         .await
-        .expect("the scheduler starts")
-    else {
-        return;
-    };
+        .expect("the scheduler starts");
     let worker = WorkerSettings {
         capacity: Some(4),
         otlp_endpoint: Some(receiver.endpoint.clone()),
@@ -382,7 +383,7 @@ async fn the_example_workflow_makes_one_trace_that_the_task_joins() {
     print_tree(&of_run, &failures.id, 0);
 }
 
-/// The trace as a tree on the test's output (shown with `--nocapture`), for the docs.
+/// The trace as a tree on the test's output, for the docs.
 fn print_tree(spans: &[&Received], id: &str, depth: usize) {
     let Some(span) = spans.iter().find(|s| s.id == id) else {
         return;

@@ -5,6 +5,8 @@
 use std::process::Output;
 use std::time::Duration;
 
+use ax_integration_tests::harness::Test;
+use ax_integration_tests::on_every_backend;
 use ax_integration_tests::{Backend, Cluster, TestClient};
 use ax_proto::v1 as pb;
 
@@ -16,21 +18,23 @@ const EXIT_USAGE: i32 = 2;
 const EXIT_NOT_FOUND: i32 = 3;
 const EXIT_INVALID_ARGUMENT: i32 = 4;
 
-ax_integration_tests::on_every_backend!(
-    every_task_sees_the_params_and_its_run_through_axctl,
-    a_repeated_idempotency_key_returns_the_existing_run_through_axctl,
-    bad_params_are_refused_with_their_name_and_create_nothing,
-);
+pub(crate) fn tests() -> Vec<Test> {
+    on_every_backend!(
+        every_task_sees_the_params_and_its_run_through_axctl,
+        a_repeated_idempotency_key_returns_the_existing_run_through_axctl,
+        bad_params_are_refused_with_their_name_and_create_nothing,
+    )
+}
 
-async fn cluster(backend: Backend) -> Option<(Cluster, TestClient)> {
+async fn cluster(backend: Backend) -> (Cluster, TestClient) {
     let cluster = Cluster::builder(backend)
         .redis()
         .worker("w1", 4)
         .start()
         .await
-        .expect("cluster starts")?;
+        .expect("cluster starts");
     let client = cluster.client().await.expect("client");
-    Some((cluster, client))
+    (cluster, client)
 }
 
 /// Runs axctl on a blocking thread (the scheduler it talks to lives in this runtime).
@@ -85,9 +89,7 @@ fn rfc3339(ms: i64) -> String {
 const SHOW: &str = r#"echo "city=$AX_PARAM_CITY note=$AX_PARAM_note run=$AX_RUN_ID instance=$AX_INSTANCE_ID attempt=$AX_ATTEMPT time=$AX_LOGICAL_TIME""#;
 
 async fn every_task_sees_the_params_and_its_run_through_axctl(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend).await;
     // `second` fails its first attempt on purpose, so AX_ATTEMPT is seen to change.
     let source = format!(
         "name: params
@@ -144,9 +146,7 @@ tasks:
 }
 
 async fn a_repeated_idempotency_key_returns_the_existing_run_through_axctl(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend).await;
     client
         .apply("name: keyed\ntasks:\n  - name: a\n    command: 'echo $AX_PARAM_N'\n")
         .await
@@ -208,9 +208,7 @@ async fn a_repeated_idempotency_key_returns_the_existing_run_through_axctl(backe
 }
 
 async fn bad_params_are_refused_with_their_name_and_create_nothing(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend).await;
     client
         .apply("name: strict\ntasks:\n  - name: a\n    command: 'true'\n")
         .await

@@ -6,23 +6,27 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ax_integration_tests::harness::Test;
+use ax_integration_tests::on_every_backend;
 use ax_integration_tests::{Backend, Cluster, TestClient, WorkerSpec};
 use ax_proto::v1 as pb;
 
 /// A hang guard, not a timing assertion.
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-ax_integration_tests::on_every_backend!(
-    dag_prints_every_format_and_colours_a_run_by_state,
-    why_before_the_first_slot_and_after_a_fired_run_of_a_paused_workflow,
-    why_names_the_upstream_a_task_waits_on_and_the_labels_no_worker_has,
-    why_shows_a_decision_recorded_in_the_store,
-    why_explains_real_throttling_queueing_and_overlap_skips,
-    audit_lists_every_mutating_call_with_actor_and_address,
-);
+pub(crate) fn tests() -> Vec<Test> {
+    on_every_backend!(
+        dag_prints_every_format_and_colours_a_run_by_state,
+        why_before_the_first_slot_and_after_a_fired_run_of_a_paused_workflow,
+        why_names_the_upstream_a_task_waits_on_and_the_labels_no_worker_has,
+        why_shows_a_decision_recorded_in_the_store,
+        why_explains_real_throttling_queueing_and_overlap_skips,
+        audit_lists_every_mutating_call_with_actor_and_address,
+    )
+}
 
 /// One worker `w1` with the label `zone=a`.
-async fn cluster(backend: Backend) -> Option<(Cluster, TestClient)> {
+async fn cluster(backend: Backend) -> (Cluster, TestClient) {
     let cluster = Cluster::builder(backend)
         .redis()
         .labelled_worker(WorkerSpec {
@@ -32,9 +36,9 @@ async fn cluster(backend: Backend) -> Option<(Cluster, TestClient)> {
         })
         .start()
         .await
-        .expect("cluster starts")?;
+        .expect("cluster starts");
     let client = cluster.client().await.expect("client");
-    Some((cluster, client))
+    (cluster, client)
 }
 
 struct Ctl {
@@ -177,9 +181,7 @@ tasks:
 "#;
 
 async fn dag_prints_every_format_and_colours_a_run_by_state(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend).await;
     apply(&cluster, "shapes", SHAPES).await;
     let formats = [
         ("ascii", "txt"),
@@ -265,9 +267,7 @@ async fn dag_prints_every_format_and_colours_a_run_by_state(backend: Backend) {
 }
 
 async fn why_before_the_first_slot_and_after_a_fired_run_of_a_paused_workflow(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend).await;
     // Not yet time: a yearly schedule with no run.
     apply(
         &cluster,
@@ -364,9 +364,7 @@ fn rfc3339(ms: i64) -> String {
 }
 
 async fn why_names_the_upstream_a_task_waits_on_and_the_labels_no_worker_has(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend).await;
     apply(
         &cluster,
         "blocked",
@@ -450,9 +448,7 @@ tasks:
 }
 
 async fn why_shows_a_decision_recorded_in_the_store(backend: Backend) {
-    let Some((cluster, _client)) = cluster(backend).await else {
-        return;
-    };
+    let (cluster, _client) = cluster(backend).await;
     apply(
         &cluster,
         "daily",
@@ -542,9 +538,7 @@ async fn wait_why(
 /// instance held back by a task limit, a run queued behind max_active_runs, cron slots dropped
 /// by the overlap policy `skip`.
 async fn why_explains_real_throttling_queueing_and_overlap_skips(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend).await;
     // A task limit of 1: the second run's instance waits for the first.
     apply(
         &cluster,
@@ -624,9 +618,7 @@ async fn why_explains_real_throttling_queueing_and_overlap_skips(backend: Backen
 }
 
 async fn audit_lists_every_mutating_call_with_actor_and_address(backend: Backend) {
-    let Some((cluster, client)) = cluster(backend).await else {
-        return;
-    };
+    let (cluster, client) = cluster(backend).await;
     let flaky = "name: flaky\ntasks:\n  - name: f\n    command: \"exit 1\"\n";
     apply(&cluster, "flaky", flaky).await;
     let path = cluster.dir().join("flaky.yaml").display().to_string();

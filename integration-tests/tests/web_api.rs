@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use ax_integration_tests::harness::Test;
+use ax_integration_tests::on_every_backend;
 use ax_integration_tests::{Backend, Cluster, TestClient};
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -13,25 +15,27 @@ use serde_json::Value;
 /// A hang guard, not a timing assertion.
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-ax_integration_tests::on_every_backend!(
-    the_api_answers_with_the_control_service_messages_as_json,
-    a_bad_request_or_an_unknown_id_is_named_in_the_answer,
-    any_other_path_is_the_page,
-    event_streams_resume_after_the_last_event_id,
-    an_action_takes_a_json_body_and_names_what_is_wrong,
-);
+pub(crate) fn tests() -> Vec<Test> {
+    on_every_backend!(
+        the_api_answers_with_the_control_service_messages_as_json,
+        a_bad_request_or_an_unknown_id_is_named_in_the_answer,
+        any_other_path_is_the_page,
+        event_streams_resume_after_the_last_event_id,
+        an_action_takes_a_json_body_and_names_what_is_wrong,
+    )
+}
 
-async fn started(backend: Backend) -> Option<(Cluster, TestClient, String)> {
+async fn started(backend: Backend) -> (Cluster, TestClient, String) {
     let cluster = Cluster::builder(backend)
         .worker("w1", 4)
         .start()
         .await
-        .expect("cluster")?;
+        .expect("cluster");
     let client = TestClient::connect(&cluster.endpoint())
         .await
         .expect("client");
     let base = format!("http://{}", cluster.addr);
-    Some((cluster, client, base))
+    (cluster, client, base)
 }
 
 async fn get(url: &str) -> (StatusCode, String) {
@@ -47,9 +51,7 @@ async fn get_json(url: &str) -> (StatusCode, Value) {
 }
 
 async fn the_api_answers_with_the_control_service_messages_as_json(backend: Backend) {
-    let Some((cluster, client, base)) = started(backend).await else {
-        return;
-    };
+    let (cluster, client, base) = started(backend).await;
     client
         .apply("name: nightly\napp: etl\ntasks:\n  - name: extract\n    command: echo hi\n")
         .await
@@ -154,9 +156,7 @@ async fn the_api_answers_with_the_control_service_messages_as_json(backend: Back
 }
 
 async fn a_bad_request_or_an_unknown_id_is_named_in_the_answer(backend: Backend) {
-    let Some((cluster, _client, base)) = started(backend).await else {
-        return;
-    };
+    let (cluster, _client, base) = started(backend).await;
     let cases = [
         ("/api/v1/workflows/nope", StatusCode::NOT_FOUND, "nope"),
         ("/api/v1/runs/424242", StatusCode::NOT_FOUND, "424242"),
@@ -204,9 +204,7 @@ async fn a_bad_request_or_an_unknown_id_is_named_in_the_answer(backend: Backend)
 }
 
 async fn any_other_path_is_the_page(backend: Backend) {
-    let Some((cluster, _client, base)) = started(backend).await else {
-        return;
-    };
+    let (cluster, _client, base) = started(backend).await;
     for path in ["/", "/workflows/nightly", "/runs/7"] {
         let response = reqwest::get(format!("{base}{path}")).await.expect("answer");
         assert_eq!(response.status(), StatusCode::OK, "{path}");
@@ -259,9 +257,7 @@ async fn sse(url: &str, last_event_id: Option<&str>) -> Vec<(String, String, Str
 }
 
 async fn event_streams_resume_after_the_last_event_id(backend: Backend) {
-    let Some((cluster, client, base)) = started(backend).await else {
-        return;
-    };
+    let (cluster, client, base) = started(backend).await;
     client
         .apply("name: three\ntasks:\n  - name: say\n    command: printf 'one\\ntwo\\nthree\\n'\n")
         .await
@@ -319,9 +315,7 @@ async fn event_streams_resume_after_the_last_event_id(backend: Backend) {
 }
 
 async fn an_action_takes_a_json_body_and_names_what_is_wrong(backend: Backend) {
-    let Some((cluster, client, base)) = started(backend).await else {
-        return;
-    };
+    let (cluster, client, base) = started(backend).await;
     client
         .apply("name: acted\ntasks:\n  - name: a\n    command: \"true\"\n")
         .await

@@ -5,43 +5,42 @@
 //! `target/ui-screenshots/<backend>/`.
 //!
 //! Needs `node`, `npm ci` in `integration-tests/browser` and chromium (`AX_CHROMIUM`, default
-//! `/usr/bin/chromium`); `.ci/run` installs them. Without them the test says so and passes,
-//! except under `CI=true`, where a missing tool is a failure.
+//! `/usr/bin/chromium`); `.ci/run` installs them. Without them the tests are ignored, except
+//! under `CI=true`, where a missing tool is a failure.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use ax_integration_tests::browser;
+use ax_integration_tests::harness::{Test, trial};
+use ax_integration_tests::on_every_backend;
+use ax_integration_tests::requirements::BROWSER;
 use ax_integration_tests::workflows::layered;
 use ax_integration_tests::{Backend, Cluster};
 
-ax_integration_tests::on_every_backend!(the_web_ui_passes_its_browser_checks);
+pub(crate) fn tests() -> Vec<Test> {
+    [
+        vec![trial!(async(multi_thread) the_web_ui_signs_in_with_a_token).requires(&BROWSER)],
+        on_every_backend!(requires(&BROWSER); the_web_ui_passes_its_browser_checks),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
 
 /// The suite's own checks have their own time limits; this only catches a hang.
 const SUITE_GUARD: Duration = Duration::from_secs(600);
 
 async fn the_web_ui_passes_its_browser_checks(backend: Backend) {
-    let chromium = match browser::tools() {
-        Ok(chromium) => chromium,
-        Err(missing) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("the browser suite cannot run under CI: {missing}")
-        }
-        Err(missing) => {
-            eprintln!("skipping the browser suite: {missing}");
-            return;
-        }
-    };
-    let Some(cluster) = Cluster::builder(backend)
+    let chromium = browser::tools().unwrap_or_else(|missing| panic!("{missing}"));
+    let cluster = Cluster::builder(backend)
         .worker("ui-worker", 8)
         // The big-log fixture prints one 1 MiB line, kept whole.
         .max_line_bytes(2 << 20)
         .start()
         .await
-        .expect("cluster")
-    else {
-        return;
-    };
+        .expect("cluster");
     let client = cluster.client().await.expect("client");
     let fixtures = browser::dir().join("fixtures");
     let mut names: Vec<PathBuf> = std::fs::read_dir(&fixtures)
@@ -103,24 +102,13 @@ async fn the_web_ui_passes_its_browser_checks(backend: Backend) {
 
 /// A node that asks for tokens: the page asks for one, and the browser keeps it for its
 /// session only (`browser/sign-in.test.mjs`).
-#[tokio::test(flavor = "multi_thread")]
 async fn the_web_ui_signs_in_with_a_token() {
-    let chromium = match browser::tools() {
-        Ok(chromium) => chromium,
-        Err(missing) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("the browser suite cannot run under CI: {missing}")
-        }
-        Err(missing) => {
-            eprintln!("skipping the sign-in check: {missing}");
-            return;
-        }
-    };
+    let chromium = browser::tools().unwrap_or_else(|missing| panic!("{missing}"));
     let cluster = Cluster::builder(Backend::Sqlite)
         .auth(ax_scheduler::AuthMode::Tokens)
         .start()
         .await
-        .expect("cluster")
-        .expect("sqlite");
+        .expect("cluster");
     let store = ax_store::open(cluster.store_url()).await.expect("store");
     let make = async |name: &str, role| {
         let request = ax_scheduler::auth::tokens::TokenRequest {

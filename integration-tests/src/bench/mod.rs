@@ -22,12 +22,8 @@ pub mod throughput;
 pub mod web_ui;
 pub mod worker_kill;
 
-use std::fs::File;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -37,6 +33,9 @@ use futures::StreamExt;
 use serde::Serialize;
 use sqlx::Connection;
 use tonic::transport::Channel;
+
+use crate::process::{ProcessCluster, RedisChoice, SchedulerSettings, Site, WorkerSettings};
+use crate::unique_suffix;
 
 /// Every workload the harness knows, in the order `all` runs them (S0 first, so W1's ratio to
 /// the spawn ceiling is measured in the same invocation).
@@ -123,21 +122,6 @@ pub struct Env {
     databases: Mutex<Vec<String>>,
 }
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-fn unique_suffix() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!(
-        "{}_{}_{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed),
-        nanos % 1_000_000
-    )
-}
-
 /// How one cluster is started.
 #[derive(Debug, Clone)]
 pub struct ClusterSpec {
@@ -191,32 +175,15 @@ impl Env {
         }
     }
 
-    pub fn binary(&self, name: &str) -> anyhow::Result<PathBuf> {
-        let path = self.bin_dir.join(name);
-        if !path.exists() {
-            bail!(
-                "{} not found; build it with `cargo build --release --bins` or point --bin-dir at it",
-                path.display()
-            );
-        }
-        Ok(path)
-    }
-
     /// Starts the spec's scheduler nodes on a fresh store, then its workers, and waits until
     /// they are live.
     pub async fn start(&self, spec: &ClusterSpec) -> anyhow::Result<Cluster> {
-        if spec.nodes > 1 && matches!(self.store, StoreChoice::Sqlite(_)) {
-            bail!(
-                "{} scheduler nodes need MySQL (--store mysql://USER@HOST): one SQLite file serves one node",
-                spec.nodes
-            );
-        }
         let dir = self.scratch.join(format!("run_{}", unique_suffix()));
         std::fs::create_dir_all(&dir)?;
-        let (store_url, database) = match &self.store {
+        let store_url = match &self.store {
             StoreChoice::Sqlite(base) => {
                 let file = base.join(format!("ax_{}.db", unique_suffix()));
-                (format!("sqlite://{}", file.display()), None)
+                format!("sqlite://{}", file.display())
             }
             StoreChoice::MySql(server) => {
                 let name = format!("ax_bench_{}", unique_suffix());
@@ -229,68 +196,50 @@ impl Env {
                     .await?;
                 let _ = conn.close().await;
                 self.lock_databases().push(name.clone());
-                (format!("{server}/{name}"), Some(name))
+                format!("{server}/{name}")
             }
         };
-        let namespace = format!("ax-bench-{}", unique_suffix());
-        let mut endpoints = Vec::new();
-        let mut schedulers = Vec::new();
-        for node in 1..=spec.nodes.max(1) {
-            let port = free_port()?;
-            endpoints.push(format!("http://127.0.0.1:{port}"));
-            let node_id = if spec.nodes > 1 {
-                format!("bench-n{node}")
-            } else {
-                "bench-node".into()
-            };
-            let mut args: Vec<String> = vec![
-                "--listen".into(),
-                format!("127.0.0.1:{port}"),
-                "--store".into(),
-                store_url.clone(),
-                "--node-id".into(),
-                node_id,
-            ];
-            if let Some(redis) = &self.redis {
-                args.extend([
-                    "--redis".into(),
-                    redis.clone(),
-                    "--redis-namespace".into(),
-                    namespace.clone(),
-                ]);
-            }
-            if let Some(interval) = spec.heartbeat {
-                // Both layers shortened alike: the lost-attempt rule waits for the task
-                // heartbeat too.
-                args.extend(["--heartbeat-interval".into(), interval.into()]);
-                args.extend(["--task-heartbeat-interval".into(), interval.into()]);
-            }
-            let log = if node == 1 {
-                "scheduler".to_string()
-            } else {
-                format!("scheduler-{node}")
-            };
-            schedulers.push(spawn_logged(
-                &self.binary("ax-scheduler")?,
-                &args,
-                &dir,
-                &log,
-            )?);
-        }
-        let mut cluster = Cluster {
+        // The product's intervals and log level, unless the spec shortens the heartbeats (both
+        // layers alike: the lost-attempt rule waits for the task heartbeat too) or AX_BENCH_LOG
+        // asks for another level (a RUST_LOG filter, for looking into a run with --keep).
+        let heartbeat = spec.heartbeat.map(String::from);
+        let settings = SchedulerSettings {
+            redis: match &self.redis {
+                Some(url) => RedisChoice::Url(url.clone()),
+                None => RedisChoice::None,
+            },
+            heartbeat_interval: heartbeat.clone(),
+            task_heartbeat_interval: heartbeat.clone(),
+            node_lease: None,
+            spread_interval: None,
+            nodes: spec.nodes.max(1),
+            rust_log: std::env::var("AX_BENCH_LOG").ok(),
+            ..SchedulerSettings::default()
+        };
+        let site = Site {
+            bin_dir: self.bin_dir.clone(),
+            store_url: store_url.clone(),
             dir,
+        };
+        let processes = ProcessCluster::start_at(site, settings).await?;
+        let endpoints: Vec<String> = (0..processes.node_count())
+            .map(|index| processes.node_endpoint(index))
+            .collect();
+        let control = connect(&endpoints[0]).await?;
+        let mut cluster = Cluster {
             endpoint: endpoints[0].clone(),
+            worker: WorkerSettings {
+                endpoint: Some(endpoints.join(",")),
+                heartbeat_interval: heartbeat.clone(),
+                task_heartbeat_interval: heartbeat,
+                ..WorkerSettings::default()
+            },
             endpoints,
             store_url,
-            database,
-            schedulers,
-            workers: Vec::new(),
-            control: None,
-            bin_dir: self.bin_dir.clone(),
-            heartbeat: spec.heartbeat,
+            processes,
+            control,
             runs: Vec::new(),
         };
-        cluster.wait_ready(Duration::from_secs(60)).await?;
         for (id, capacity) in &spec.workers {
             cluster.add_worker(id, *capacity)?;
         }
@@ -323,164 +272,60 @@ impl Env {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    // The port is free when we look; the scheduler binds it a moment later. A collision would
-    // show up as a scheduler that fails to start, with its log saying so.
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
-}
-
-fn spawn_logged(binary: &Path, args: &[String], dir: &Path, name: &str) -> anyhow::Result<Child> {
-    let log = File::create(dir.join(format!("{name}.log")))?;
-    let mut command = Command::new(binary);
-    command.args(args);
-    // The product's default log level, whatever the harness was started with, unless
-    // AX_BENCH_LOG asks for another (a RUST_LOG filter, for looking into a run with --keep).
-    match std::env::var("AX_BENCH_LOG") {
-        Ok(filter) => command.env("RUST_LOG", filter),
-        Err(_) => command.env_remove("RUST_LOG"),
-    };
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("starting {}", binary.display()))?;
-    Ok(child)
-}
-
 /// Scheduler nodes and their workers, one fresh store, and a control client (on the first node).
 pub struct Cluster {
-    pub dir: PathBuf,
     /// The first node's.
     pub endpoint: String,
     /// Every node's.
     pub endpoints: Vec<String>,
     pub store_url: String,
-    pub database: Option<String>,
-    schedulers: Vec<Child>,
-    workers: Vec<(String, Child)>,
-    control: Option<ControlServiceClient<Channel>>,
-    bin_dir: PathBuf,
-    heartbeat: Option<&'static str>,
+    processes: ProcessCluster,
+    /// How its workers are started: every node's endpoint, the spec's heartbeats.
+    worker: WorkerSettings,
+    control: ControlServiceClient<Channel>,
     /// Runs this cluster triggered, for the final store-wide checks.
     pub runs: Vec<i64>,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        // A failed workload must not leave processes behind; a clean one already stopped them.
-        for (_, child) in &mut self.workers {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        for child in &mut self.schedulers {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 impl Cluster {
     /// The first node's process.
     pub fn scheduler_pid(&self) -> anyhow::Result<u32> {
-        self.schedulers
+        self.scheduler_pids()
             .first()
-            .map(Child::id)
+            .copied()
             .context("the scheduler is not running")
     }
 
     /// Every node's process, in node order.
     pub fn scheduler_pids(&self) -> Vec<u32> {
-        self.schedulers.iter().map(Child::id).collect()
+        self.processes.node_pids()
     }
 
     /// Every worker's process.
     pub fn worker_pids(&self) -> Vec<u32> {
-        self.workers.iter().map(|(_, child)| child.id()).collect()
+        self.processes.worker_pids()
     }
 
     pub fn worker_pid(&self, id: &str) -> anyhow::Result<u32> {
-        self.workers
-            .iter()
-            .find(|(worker, _)| worker == id)
-            .map(|(_, child)| child.id())
-            .with_context(|| format!("no worker {id}"))
+        self.processes.worker_pid(id)
     }
 
     pub fn add_worker(&mut self, id: &str, capacity: u32) -> anyhow::Result<()> {
-        let mut args: Vec<String> = vec![
-            "--scheduler".into(),
-            self.endpoints.join(","),
-            "--id".into(),
-            id.into(),
-            "--capacity".into(),
-            capacity.to_string(),
-        ];
-        if let Some(interval) = self.heartbeat {
-            args.extend(["--heartbeat-interval".into(), interval.into()]);
-            args.extend(["--task-heartbeat-interval".into(), interval.into()]);
-        }
-        let binary = self.bin_dir.join("ax-worker");
-        let child = spawn_logged(&binary, &args, &self.dir, &format!("worker-{id}"))?;
-        self.workers.push((id.into(), child));
-        Ok(())
+        let settings = WorkerSettings {
+            capacity: Some(capacity),
+            ..self.worker.clone()
+        };
+        self.processes.start_worker_with(id, &settings)
     }
 
     /// SIGKILL of one worker: no drain, no goodbye.
-    pub fn kill_worker(&mut self, id: &str) -> anyhow::Result<()> {
-        let (_, child) = self
-            .workers
-            .iter_mut()
-            .find(|(worker, _)| worker == id)
-            .with_context(|| format!("no worker {id}"))?;
-        child.kill()?;
-        child.wait()?;
-        Ok(())
-    }
-
-    fn log_tail(&self, name: &str) -> String {
-        let text =
-            std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(15)..].join("\n")
-    }
-
-    async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            for child in &mut self.schedulers {
-                if let Some(status) = child.try_wait()? {
-                    bail!(
-                        "an ax-scheduler exited with {status} before serving; the first node's \
-                         log ends with:\n{}",
-                        self.log_tail("scheduler")
-                    );
-                }
-            }
-            if let Ok(mut client) = connect(&self.endpoint).await
-                && client.list_workers(pb::ListWorkersRequest {}).await.is_ok()
-            {
-                self.control = Some(client);
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "ax-scheduler did not serve on {} within {timeout:?}; its log ends with:\n{}",
-                    self.endpoint,
-                    self.log_tail("scheduler")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    pub async fn kill_worker(&mut self, id: &str) -> anyhow::Result<()> {
+        self.processes.kill_worker(id).await.map(|_| ())
     }
 
     /// A clone of the control client (clones share one HTTP/2 connection).
     pub fn control(&self) -> ControlServiceClient<Channel> {
-        // `wait_ready` set it before any caller can see the cluster.
-        self.control
-            .clone()
-            .unwrap_or_else(|| unreachable!("the control client is set by Env::start"))
+        self.control.clone()
     }
 
     pub async fn wait_for_workers(&self, count: usize, timeout: Duration) -> anyhow::Result<()> {
@@ -777,21 +622,10 @@ impl Cluster {
     }
 
     /// Stops the workers (SIGTERM, they drain), then the scheduler; SIGKILL after a grace.
-    pub async fn shutdown(mut self) -> anyhow::Result<()> {
-        let mut workers = std::mem::take(&mut self.workers);
-        for (_, child) in &mut workers {
-            terminate(child);
-        }
-        for (_, child) in &mut workers {
-            reap(child, Duration::from_secs(15)).await;
-        }
-        let mut schedulers = std::mem::take(&mut self.schedulers);
-        for scheduler in &mut schedulers {
-            terminate(scheduler);
-        }
-        for scheduler in &mut schedulers {
-            reap(scheduler, Duration::from_secs(20)).await;
-        }
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        self.processes
+            .stop(Duration::from_secs(15), Duration::from_secs(20))
+            .await;
         Ok(())
     }
 }
@@ -824,41 +658,6 @@ pub async fn trigger(
         .into_inner()
         .run
         .context("trigger returned no run")
-}
-
-fn terminate(child: &mut Child) {
-    if let Ok(pid) = i32::try_from(child.id()) {
-        // SAFETY: kill(2) with a pid of our own child and a valid signal number.
-        unsafe {
-            libc::kill(pid, libc::SIGTERM);
-        }
-    }
-}
-
-async fn reap(child: &mut Child, grace: Duration) {
-    let deadline = Instant::now() + grace;
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) | Err(_) => return,
-            Ok(None) if Instant::now() > deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return;
-            }
-            Ok(None) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-}
-
-/// Is a process with this pid alive (and not a zombie)?
-pub fn process_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
-            .unwrap_or(false),
-        Err(_) => false,
-    }
 }
 
 /// User + system CPU time of a process so far, in seconds, from `/proc/PID/stat`.

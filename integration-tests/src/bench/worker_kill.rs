@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use ax_proto::v1 as pb;
 
-use super::{Checks, ClusterSpec, Env, Measurement, Target, process_alive, workflow_yaml};
+use super::{Checks, ClusterSpec, Env, Measurement, Target, workflow_yaml};
+use crate::fault_kit::pid_alive as process_alive;
 
 const VICTIM: &str = "bench-victim";
 const SURVIVOR: &str = "bench-survivor";
@@ -72,7 +73,7 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
     cluster.wait_for_workers(2, Duration::from_secs(30)).await?;
 
     let killed = Instant::now();
-    cluster.kill_worker(VICTIM)?;
+    cluster.kill_worker(VICTIM).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let orphans_after_kill = victim_pids
         .values()

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use ax_integration_tests::fault_kit::plain;
 use ax_integration_tests::flood::{CpuMeter, Flood, open_files};
-use ax_integration_tests::process::Process;
+use ax_integration_tests::process::{Process, free_port};
 use ax_proto::client::ClientAuth;
 use ax_proto::v1 as pb;
 use ax_proto::v1::control_service_client::ControlServiceClient;
@@ -170,12 +170,6 @@ fn tls_files(dir: &Path) -> anyhow::Result<(PathBuf, PathBuf, PathBuf)> {
     std::fs::write(&paths.1, cert.pem())?;
     std::fs::write(&paths.2, key.serialize_pem())?;
     Ok(paths)
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// A fresh client's first call (connect, then ListWorkflows); its time, or `None` after 10 s.

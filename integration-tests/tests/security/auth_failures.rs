@@ -5,9 +5,17 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use ax_integration_tests::harness::{Test, trial};
 use ax_integration_tests::{Backend, Cluster, TestDb};
 use ax_scheduler::{AuthMode, SchedulerOptions};
 use ax_store::{AuditFilter, AuditRecord};
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(async(multi_thread) a_flood_of_failures_from_many_addresses_writes_few_rows_and_counts_them_all),
+        trial!(async(multi_thread) audit_rows_past_the_audit_retention_are_purged),
+    ]
+}
 
 /// 250 addresses (127.0.0.2 …) each failing 19 times, just under the throttle, as the finding
 /// did: 4,750 failures that wrote 4,750 rows.
@@ -23,15 +31,11 @@ fn failures_in(row: &AuditRecord) -> u64 {
     number(&row.detail).unwrap_or_else(|| panic!("a summary without a count: {row:?}"))
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn a_flood_of_failures_from_many_addresses_writes_few_rows_and_counts_them_all() {
     let dir = tempfile::tempdir().expect("dir");
-    let Some(db) = TestDb::create(Backend::Sqlite, dir.path())
+    let db = TestDb::create(Backend::Sqlite, dir.path())
         .await
-        .expect("db")
-    else {
-        return;
-    };
+        .expect("db");
     let scheduler = ax_scheduler::start(SchedulerOptions {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         store_url: db.url.clone(),
@@ -107,18 +111,14 @@ async fn a_flood_of_failures_from_many_addresses_writes_few_rows_and_counts_them
     db.drop_database().await.expect("drop");
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn audit_rows_past_the_audit_retention_are_purged() {
-    let Some(cluster) = Cluster::builder(Backend::Sqlite)
+    let cluster = Cluster::builder(Backend::Sqlite)
         .auth(AuthMode::Tokens)
         .audit_retention(Duration::from_secs(3_600))
         .purge_interval(Duration::from_millis(200))
         .start()
         .await
-        .expect("cluster")
-    else {
-        return;
-    };
+        .expect("cluster");
     let store = ax_store::open(cluster.store_url()).await.expect("store");
     let now = chrono::Utc::now().timestamp_millis();
     let row = |at: i64, detail: &str| AuditRecord {

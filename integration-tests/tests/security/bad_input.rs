@@ -4,12 +4,20 @@
 //! such a body 400. And `ax-scheduler --config FILE` given a file that is not TOML says what is
 //! wrong and where without quoting the file.
 
+use ax_integration_tests::harness::{Test, trial};
 use ax_integration_tests::{Backend, Cluster};
 use ax_proto::v1 as pb;
 use prost::Message;
 use tonic::Code;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(async(multi_thread) a_request_that_is_not_utf8_is_an_invalid_argument_naming_the_field),
+        trial!(async(multi_thread) a_config_file_that_is_not_toml_is_never_quoted),
+    ]
+}
 
 /// Sends the bytes it is given as the message, and takes any answer as bytes: the request is
 /// framed by gRPC, its content by hand.
@@ -85,15 +93,11 @@ async fn unary(endpoint: &str, path: &'static str, body: Vec<u8>) -> tonic::Stat
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn a_request_that_is_not_utf8_is_an_invalid_argument_naming_the_field() {
-    let Some(cluster) = Cluster::builder(Backend::Sqlite)
+    let cluster = Cluster::builder(Backend::Sqlite)
         .start()
         .await
-        .expect("cluster")
-    else {
-        return;
-    };
+        .expect("cluster");
     let endpoint = cluster.endpoint();
 
     let get = not_utf8(
@@ -186,7 +190,6 @@ async fn a_request_that_is_not_utf8_is_an_invalid_argument_naming_the_field() {
 /// `ax-scheduler --config FILE` given a file that is not TOML, whose first line looks like a
 /// secret: the error names the file, the line and column and what was expected, and quotes
 /// nothing of the file.
-#[tokio::test(flavor = "multi_thread")]
 async fn a_config_file_that_is_not_toml_is_never_quoted() {
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("aws-credentials");

@@ -11,6 +11,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use ax_core::access::Role;
+use ax_integration_tests::harness::{Test, trial};
+use ax_integration_tests::requirements::BROWSER;
 use ax_integration_tests::{Backend, Cluster, browser};
 use ax_proto::v1 as pb;
 use ax_proto::v1::control_service_client::ControlServiceClient;
@@ -18,6 +20,14 @@ use ax_scheduler::AuthMode;
 use ax_scheduler::auth::tokens::{TokenRequest, create};
 use prost::Message;
 use reqwest::StatusCode;
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(async(multi_thread) a_page_of_another_origin_cannot_act_through_a_signed_in_admins_browser),
+        trial!(async(multi_thread) the_loopback_default_serves_only_its_own_origin_and_names),
+        trial!(async(multi_thread) browser_attacks).requires(&BROWSER),
+    ]
+}
 
 const PAYLOAD: &str = "name: pwned\ntasks:\n  - name: t\n    command: touch /tmp/ax-pwned\n";
 const VICTIM: &str = "name: victim\ntasks:\n  - name: t\n    command: echo hi\n";
@@ -287,16 +297,12 @@ async fn every_attack_is_refused(node: &str, cookie: Option<&str>, read_token: O
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn a_page_of_another_origin_cannot_act_through_a_signed_in_admins_browser() {
-    let Some(cluster) = Cluster::builder(Backend::Sqlite)
+    let cluster = Cluster::builder(Backend::Sqlite)
         .auth(AuthMode::Tokens)
         .start()
         .await
-        .expect("cluster")
-    else {
-        return;
-    };
+        .expect("cluster");
     let admin = admin_token(cluster.store_url()).await;
     let node = cluster.addr.to_string();
     let endpoint = cluster.endpoint();
@@ -390,16 +396,12 @@ async fn a_page_of_another_origin_cannot_act_through_a_signed_in_admins_browser(
     cluster.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn the_loopback_default_serves_only_its_own_origin_and_names() {
-    let Some(cluster) = Cluster::builder(Backend::Sqlite)
+    let cluster = Cluster::builder(Backend::Sqlite)
         .public_url("https://ax.example.com")
         .start()
         .await
-        .expect("cluster")
-    else {
-        return;
-    };
+        .expect("cluster");
     let node = cluster.addr.to_string();
     let endpoint = cluster.endpoint();
     let client = cluster.client().await.expect("client");
@@ -477,26 +479,14 @@ async fn the_loopback_default_serves_only_its_own_origin_and_names() {
 /// The attacks above, made by pages in Chromium (`browser/cross-site.test.mjs`): pages on
 /// another port of 127.0.0.1 and on `localhost` against a node with tokens (an admin signed in
 /// through the UI) and one without, and a rebinding page. The store is read here afterwards.
-#[tokio::test(flavor = "multi_thread")]
 async fn browser_attacks() {
-    let chromium = match browser::tools() {
-        Ok(chromium) => chromium,
-        Err(missing) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("the browser checks cannot run under CI: {missing}")
-        }
-        Err(missing) => {
-            eprintln!("skipping the cross-site browser checks: {missing}");
-            return;
-        }
-    };
+    let chromium = browser::tools().unwrap_or_else(|missing| panic!("{missing}"));
     for tokens in [true, false] {
         let mut builder = Cluster::builder(Backend::Sqlite);
         if tokens {
             builder = builder.auth(AuthMode::Tokens);
         }
-        let Some(cluster) = builder.start().await.expect("cluster") else {
-            return;
-        };
+        let cluster = builder.start().await.expect("cluster");
         let admin = if tokens {
             Some(admin_token(cluster.store_url()).await)
         } else {

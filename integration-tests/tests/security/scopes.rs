@@ -17,6 +17,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use ax_core::access::Role;
+use ax_integration_tests::harness::{Runtime, Test, test_name};
+use ax_integration_tests::requirements::MYSQL;
 use ax_integration_tests::{Backend, Cluster};
 use ax_proto::client::{Bearer, ClientAuth};
 use ax_proto::v1 as pb;
@@ -68,14 +70,14 @@ struct Scene {
 }
 
 impl Scene {
-    async fn start(backend: Backend) -> Option<Scene> {
+    async fn start(backend: Backend) -> Scene {
         let cluster = Cluster::builder(backend)
             .auth(AuthMode::Tokens)
             .auth_failures_per_address(100_000)
             .secret_key(ax_scheduler::secrets::SecretKey::from_base64(KEY).expect("key"))
             .start()
             .await
-            .expect("cluster")?;
+            .expect("cluster");
         let store = ax_store::open(cluster.store_url()).await.expect("store");
         let now = chrono::Utc::now().timestamp_millis();
         let make = async |name: &str, role: Role, app: Option<&str>| {
@@ -131,7 +133,7 @@ impl Scene {
                 })
         })
         .await;
-        Some(scene)
+        scene
     }
 
     async fn client(&self, token: &str) -> Client {
@@ -719,9 +721,7 @@ fn every_method() -> BTreeSet<String> {
 }
 
 async fn another_apps_objects_read_as_missing_ones(backend: Backend) {
-    let Some(scene) = Scene::start(backend).await else {
-        return;
-    };
+    let scene = Scene::start(backend).await;
     // Every method is either in the table or names nothing of an app: a method added later
     // fails this until it is placed.
     let tabled: BTreeSet<String> = GRPC_ROWS
@@ -794,9 +794,7 @@ async fn another_apps_objects_read_as_missing_ones(backend: Backend) {
 }
 
 async fn a_scoped_admin_cannot_take_another_apps_secret(backend: Backend) {
-    let Some(scene) = Scene::start(backend).await else {
-        return;
-    };
+    let scene = Scene::start(backend).await;
     let mut root = scene.root().await;
     set_secret(&mut root, "finance", "finance-db", FINANCE_VALUE).await;
     let mut admin = scene.client(scene.sales(Role::Admin)).await;
@@ -894,9 +892,7 @@ tasks:
 }
 
 async fn secrets_are_listed_set_and_deleted_within_the_callers_app(backend: Backend) {
-    let Some(scene) = Scene::start(backend).await else {
-        return;
-    };
+    let scene = Scene::start(backend).await;
     let mut root = scene.root().await;
     set_secret(&mut root, "finance", "finance-db", FINANCE_VALUE).await;
     set_secret(&mut root, "", "shared-db", "global-shared-value").await;
@@ -1107,9 +1103,7 @@ tasks:
 }
 
 async fn a_scoped_run_list_pages_over_its_own_apps_runs_only(backend: Backend) {
-    let Some(scene) = Scene::start(backend).await else {
-        return;
-    };
+    let scene = Scene::start(backend).await;
     finance(&scene).await;
     let mut root = scene.root().await;
     apply(&mut root, SALES_WF, false).await.expect("sales-wf");
@@ -1170,9 +1164,7 @@ async fn a_scoped_run_list_pages_over_its_own_apps_runs_only(backend: Backend) {
 /// when the app's own is gone after the apply's check (removed from the store here, as a
 /// concurrent change would): the task waits, saying why, until a secret it may have exists.
 async fn a_dispatch_takes_its_apps_secret_or_a_global_one_never_another_apps(backend: Backend) {
-    let Some(scene) = Scene::start(backend).await else {
-        return;
-    };
+    let scene = Scene::start(backend).await;
     let mut root = scene.root().await;
     set_secret(&mut root, "finance", "late-db", FINANCE_VALUE).await;
     set_secret(&mut root, "sales", "late-db", "sales-late-value").await;
@@ -1250,31 +1242,31 @@ tasks:
     scene.stop().await;
 }
 
+/// Each named scenario on SQLite and, where `AX_TEST_MYSQL_URL` is set, on MySQL.
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread")]
-                async fn $name() {
-                    super::$name(super::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread")]
-                async fn $name() {
-                    super::$name(super::Backend::MySql).await;
-                }
-            )*
-        }
+        vec![$(
+            Test::on_tokio(
+                test_name(module_path!(), concat!("sqlite::", stringify!($name))),
+                Runtime::MultiThread(None),
+                || $name(Backend::Sqlite),
+            ),
+            Test::on_tokio(
+                test_name(module_path!(), concat!("mysql::", stringify!($name))),
+                Runtime::MultiThread(None),
+                || $name(Backend::MySql),
+            )
+            .requires(&MYSQL),
+        )*]
     };
 }
 
-on_both_backends!(
-    another_apps_objects_read_as_missing_ones,
-    a_scoped_admin_cannot_take_another_apps_secret,
-    secrets_are_listed_set_and_deleted_within_the_callers_app,
-    a_scoped_run_list_pages_over_its_own_apps_runs_only,
-    a_dispatch_takes_its_apps_secret_or_a_global_one_never_another_apps,
-);
+pub(crate) fn tests() -> Vec<Test> {
+    on_both_backends!(
+        another_apps_objects_read_as_missing_ones,
+        a_scoped_admin_cannot_take_another_apps_secret,
+        secrets_are_listed_set_and_deleted_within_the_callers_app,
+        a_scoped_run_list_pages_over_its_own_apps_runs_only,
+        a_dispatch_takes_its_apps_secret_or_a_global_one_never_another_apps,
+    )
+}

@@ -5,8 +5,7 @@
 //! never holds the token, though it shows the worker's other variables. With `--task-user
 //! nobody` the task runs as nobody (its groups, HOME, USER, LOGNAME) and cannot read the token
 //! file (mode 0600) nor the worker's environment; a worker that is not root refuses
-//! `--task-user` at start. The `--task-user` checks need root and report themselves skipped
-//! otherwise.
+//! `--task-user` at start. The `--task-user` checks need root and are ignored otherwise.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -14,6 +13,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use ax_core::access::Role;
+use ax_integration_tests::harness::{Test, trial};
+use ax_integration_tests::requirements::{MYSQL, Requirement};
 use ax_integration_tests::{Backend, Cluster};
 use ax_proto::client::{Bearer, ClientAuth};
 use ax_proto::v1 as pb;
@@ -22,6 +23,15 @@ use ax_scheduler::AuthMode;
 use ax_scheduler::auth::tokens::{TokenRequest, create};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(async(multi_thread) sqlite_a_task_does_not_find_the_workers_token),
+        trial!(async(multi_thread) mysql_a_task_does_not_find_the_workers_token).requires(&MYSQL),
+        trial!(async(multi_thread) with_task_user_a_task_runs_as_that_user_and_cannot_read_the_token_file).requires(&ROOT),
+        trial!(async(multi_thread) a_worker_not_running_as_root_refuses_task_user).requires(&ROOT),
+    ]
+}
 
 type Client = ControlServiceClient<InterceptedService<Channel, Bearer>>;
 
@@ -56,12 +66,12 @@ struct Setup {
     worker_token: String,
 }
 
-async fn setup(backend: Backend) -> Option<Setup> {
+async fn setup(backend: Backend) -> Setup {
     let cluster = Cluster::builder(backend)
         .auth(AuthMode::Tokens)
         .start()
         .await
-        .expect("cluster")?;
+        .expect("cluster");
     let store = ax_store::open(cluster.store_url()).await.expect("store");
     let now = chrono::Utc::now().timestamp_millis();
     let token = async |name: &str, role: Role| {
@@ -88,11 +98,11 @@ async fn setup(backend: Backend) -> Option<Setup> {
         .await
         .expect("connect");
     let admin = ControlServiceClient::with_interceptor(channel, auth.bearer().expect("bearer"));
-    Some(Setup {
+    Setup {
         cluster,
         admin,
         worker_token,
-    })
+    }
 }
 
 /// An `ax-worker` process with `id`, labelled `variant=<id>`, given `args` and `env` besides.
@@ -253,9 +263,7 @@ fn assert_hidden(log: &str, token: &str, how: &str) {
 }
 
 async fn a_task_does_not_find_the_workers_token(backend: Backend) {
-    let Some(mut setup) = setup(backend).await else {
-        return;
-    };
+    let mut setup = setup(backend).await;
     let token = setup.worker_token.clone();
     let dir = tempfile::tempdir().expect("dir");
 
@@ -291,34 +299,29 @@ async fn a_task_does_not_find_the_workers_token(backend: Backend) {
     setup.cluster.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn sqlite_a_task_does_not_find_the_workers_token() {
     a_task_does_not_find_the_workers_token(Backend::Sqlite).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn mysql_a_task_does_not_find_the_workers_token() {
     a_task_does_not_find_the_workers_token(Backend::MySql).await;
 }
 
-/// Whether this test runs as root; says why it skips otherwise.
-fn root_or_skip(what: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    if euid != 0 {
-        eprintln!("skipping {what}: --task-user needs root and this test runs as uid {euid}");
-    }
-    euid == 0
-}
+/// Running as root, which `--task-user` needs.
+static ROOT: Requirement = Requirement::custom(
+    || {
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        match euid {
+            0 => Ok(()),
+            _ => Err(format!("the tests run as uid {euid}, not root")),
+        }
+    },
+    "run them as root to check --task-user",
+);
 
-#[tokio::test(flavor = "multi_thread")]
 async fn with_task_user_a_task_runs_as_that_user_and_cannot_read_the_token_file() {
-    if !root_or_skip("the --task-user checks") {
-        return;
-    }
-    let Some(mut setup) = setup(Backend::Sqlite).await else {
-        return;
-    };
+    let mut setup = setup(Backend::Sqlite).await;
     let token = setup.worker_token.clone();
     let dir = tempfile::tempdir().expect("dir");
     let file = token_file(dir.path(), &token);
@@ -364,11 +367,7 @@ async fn with_task_user_a_task_runs_as_that_user_and_cannot_read_the_token_file(
 }
 
 /// A worker that is not root refuses `--task-user` at start, saying why.
-#[tokio::test(flavor = "multi_thread")]
 async fn a_worker_not_running_as_root_refuses_task_user() {
-    if !root_or_skip("the refusal of --task-user as another user") {
-        return;
-    }
     let binary = ax_integration_tests::binary("ax-worker").expect("ax-worker is built");
     let run = tokio::process::Command::new("setpriv")
         .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])

@@ -26,8 +26,10 @@ use ax_core::access::Role;
 use ax_core::ids::{Attempt, InstanceId};
 use ax_core::state::InstanceState;
 use ax_core::worker_scope::WorkerScope;
+use ax_integration_tests::harness::{Test, trial};
 use ax_integration_tests::proto_worker::{ProtoWorker, ProtoWorkerOptions};
 use ax_integration_tests::proxy::TcpProxy;
+use ax_integration_tests::requirements::MYSQL;
 use ax_integration_tests::{Backend, Cluster};
 use ax_proto::v1 as pb;
 use ax_scheduler::AuthMode;
@@ -38,6 +40,22 @@ use pb::worker_message::Body as ToScheduler;
 use tonic::Code;
 
 use super::{Client, client};
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(async(multi_thread) sqlite_admin_tokens_cannot_hold_a_worker_stream),
+        trial!(async(multi_thread) mysql_admin_tokens_cannot_hold_a_worker_stream).requires(&MYSQL),
+        trial!(async(multi_thread) sqlite_a_worker_token_limited_to_apps_and_labels_gets_only_what_it_may_serve),
+        trial!(async(multi_thread) mysql_a_worker_token_limited_to_apps_and_labels_gets_only_what_it_may_serve).requires(&MYSQL),
+        trial!(async(multi_thread) sqlite_a_token_takes_only_its_ids_and_a_live_id_is_not_taken),
+        trial!(async(multi_thread) mysql_a_token_takes_only_its_ids_and_a_live_id_is_not_taken).requires(&MYSQL),
+        trial!(async(multi_thread) sqlite_a_killed_or_cut_worker_takes_its_id_back_at_once),
+        trial!(async(multi_thread) mysql_a_killed_or_cut_worker_takes_its_id_back_at_once).requires(&MYSQL),
+        trial!(async(multi_thread) sqlite_frames_about_attempts_not_dispatched_to_the_stream_are_refused),
+        trial!(async(multi_thread) mysql_frames_about_attempts_not_dispatched_to_the_stream_are_refused).requires(&MYSQL),
+        trial!(async(multi_thread) certificate_names_compare_to_worker_ids_exactly),
+    ]
+}
 
 /// A hang guard for waits, never a measurement.
 const GUARD: Duration = Duration::from_secs(30);
@@ -51,7 +69,7 @@ struct Node {
 
 impl Node {
     /// `heartbeat`: the node's worker heartbeat interval (a stream silent for two is gone).
-    async fn start(backend: Backend, heartbeat: Option<Duration>) -> Option<Node> {
+    async fn start(backend: Backend, heartbeat: Option<Duration>) -> Node {
         let mut builder = Cluster::builder(backend)
             .auth(AuthMode::Tokens)
             .auth_failures_per_address(10_000)
@@ -59,15 +77,15 @@ impl Node {
         if let Some(interval) = heartbeat {
             builder = builder.heartbeat_interval(interval);
         }
-        let cluster = builder.start().await.expect("cluster")?;
+        let cluster = builder.start().await.expect("cluster");
         let store = ax_store::open(cluster.store_url()).await.expect("store");
         let admin_token = token(store.as_ref(), "admin", Role::Admin, None, None).await;
         let admin = client(&cluster.endpoint(), Some(&admin_token)).await;
-        Some(Node {
+        Node {
             cluster,
             store,
             admin,
-        })
+        }
     }
 
     fn endpoint(&self) -> String {
@@ -290,9 +308,7 @@ fn dispatched_workflows(worker: &ProtoWorker) -> Vec<String> {
 }
 
 async fn admin_tokens_cannot_hold_a_worker_stream(backend: Backend) {
-    let Some(node) = Node::start(backend, None).await else {
-        return;
-    };
+    let node = Node::start(backend, None).await;
     let store = node.store.as_ref();
     let admin = token(store, "root", Role::Admin, None, None).await;
     let sales_admin = token(store, "sales-admin", Role::Admin, Some("sales"), None).await;
@@ -330,12 +346,10 @@ async fn admin_tokens_cannot_hold_a_worker_stream(backend: Backend) {
     node.cluster.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn sqlite_admin_tokens_cannot_hold_a_worker_stream() {
     admin_tokens_cannot_hold_a_worker_stream(Backend::Sqlite).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn mysql_admin_tokens_cannot_hold_a_worker_stream() {
     admin_tokens_cannot_hold_a_worker_stream(Backend::MySql).await;
 }
@@ -363,9 +377,7 @@ tasks:
 ";
 
 async fn a_worker_token_limited_to_apps_and_labels_gets_only_what_it_may_serve(backend: Backend) {
-    let Some(mut node) = Node::start(backend, None).await else {
-        return;
-    };
+    let mut node = Node::start(backend, None).await;
     let store = node.store.clone();
     let sales_token = token(
         store.as_ref(),
@@ -522,12 +534,10 @@ async fn a_worker_token_limited_to_apps_and_labels_gets_only_what_it_may_serve(b
     node.cluster.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn sqlite_a_worker_token_limited_to_apps_and_labels_gets_only_what_it_may_serve() {
     a_worker_token_limited_to_apps_and_labels_gets_only_what_it_may_serve(Backend::Sqlite).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn mysql_a_worker_token_limited_to_apps_and_labels_gets_only_what_it_may_serve() {
     a_worker_token_limited_to_apps_and_labels_gets_only_what_it_may_serve(Backend::MySql).await;
 }
@@ -541,9 +551,7 @@ tasks:
 ";
 
 async fn a_token_takes_only_its_ids_and_a_live_id_is_not_taken(backend: Backend) {
-    let Some(mut node) = Node::start(backend, None).await else {
-        return;
-    };
+    let mut node = Node::start(backend, None).await;
     let store = node.store.clone();
     let w1_token = token(
         store.as_ref(),
@@ -652,12 +660,10 @@ async fn a_token_takes_only_its_ids_and_a_live_id_is_not_taken(backend: Backend)
     node.cluster.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn sqlite_a_token_takes_only_its_ids_and_a_live_id_is_not_taken() {
     a_token_takes_only_its_ids_and_a_live_id_is_not_taken(Backend::Sqlite).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn mysql_a_token_takes_only_its_ids_and_a_live_id_is_not_taken() {
     a_token_takes_only_its_ids_and_a_live_id_is_not_taken(Backend::MySql).await;
 }
@@ -672,9 +678,7 @@ tasks:
 /// every recovery below, within the 30 s guard, is the node telling a gone stream from a live
 /// one (its connection closed, or the same process reconnecting), not waiting it out.
 async fn a_killed_or_cut_worker_takes_its_id_back_at_once(backend: Backend) {
-    let Some(mut node) = Node::start(backend, Some(Duration::from_secs(30))).await else {
-        return;
-    };
+    let mut node = Node::start(backend, Some(Duration::from_secs(30))).await;
     let store = node.store.clone();
     let any_token = token(
         store.as_ref(),
@@ -814,12 +818,10 @@ async fn a_killed_or_cut_worker_takes_its_id_back_at_once(backend: Backend) {
     node.cluster.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn sqlite_a_killed_or_cut_worker_takes_its_id_back_at_once() {
     a_killed_or_cut_worker_takes_its_id_back_at_once(Backend::Sqlite).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn mysql_a_killed_or_cut_worker_takes_its_id_back_at_once() {
     a_killed_or_cut_worker_takes_its_id_back_at_once(Backend::MySql).await;
 }
@@ -831,9 +833,7 @@ tasks:
 ";
 
 async fn frames_about_attempts_not_dispatched_to_the_stream_are_refused(backend: Backend) {
-    let Some(mut node) = Node::start(backend, None).await else {
-        return;
-    };
+    let mut node = Node::start(backend, None).await;
     let store = node.store.clone();
     let w1_token = token(
         store.as_ref(),
@@ -1026,19 +1026,16 @@ async fn frames_about_attempts_not_dispatched_to_the_stream_are_refused(backend:
     node.cluster.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn sqlite_frames_about_attempts_not_dispatched_to_the_stream_are_refused() {
     frames_about_attempts_not_dispatched_to_the_stream_are_refused(Backend::Sqlite).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn mysql_frames_about_attempts_not_dispatched_to_the_stream_are_refused() {
     frames_about_attempts_not_dispatched_to_the_stream_are_refused(Backend::MySql).await;
 }
 
 /// With mutual TLS a worker's certificate must name its id exactly: DNS matching would take
 /// `W1` and `w1.` for `w1`.
-#[tokio::test(flavor = "multi_thread")]
 async fn certificate_names_compare_to_worker_ids_exactly() {
     use ax_integration_tests::process::Process;
     let dir = tempfile::tempdir().unwrap();
@@ -1058,7 +1055,7 @@ async fn certificate_names_compare_to_worker_ids_exactly() {
     let worker_token = create(&["--name", "workers", "--role", "worker", "--worker-id", "*"]);
     let token_file = d.join("worker.token");
     std::fs::write(&token_file, &worker_token).unwrap();
-    let port = super::free_port();
+    let port = super::free_port().expect("a free port");
     let listen = format!("127.0.0.1:{port}");
     let server = format!("https://localhost:{port}");
     let args: Vec<String> = [

@@ -1,0 +1,60 @@
+//! The end-to-end suite, one binary: a module per subject, each opening with what it covers and
+//! listing its tests in `tests()` with what they need (see `ax_integration_tests::requirements`).
+//! A test whose requirement is missing here is reported as ignored, with the reason.
+
+use ax_integration_tests::harness::{self, Test};
+
+mod bench_quick;
+mod cluster;
+mod cluster_control;
+mod cluster_faults;
+mod cluster_workers;
+mod dag_semantics;
+mod deploy;
+mod e2e;
+mod faults;
+mod fuzz_stream;
+mod metrics;
+mod processes;
+mod python_sdk;
+mod restarts;
+mod retention;
+mod routing;
+mod scale;
+mod schedule_policies;
+mod security;
+mod traces;
+mod triggers;
+mod views;
+mod web_api;
+mod web_ui;
+
+fn main() -> std::process::ExitCode {
+    let tests: Vec<Vec<Test>> = vec![
+        bench_quick::tests(),
+        cluster::tests(),
+        cluster_control::tests(),
+        cluster_faults::tests(),
+        cluster_workers::tests(),
+        dag_semantics::tests(),
+        deploy::tests(),
+        e2e::tests(),
+        faults::tests(),
+        fuzz_stream::tests(),
+        metrics::tests(),
+        processes::tests(),
+        python_sdk::tests(),
+        restarts::tests(),
+        retention::tests(),
+        routing::tests(),
+        scale::tests(),
+        schedule_policies::tests(),
+        security::tests(),
+        traces::tests(),
+        triggers::tests(),
+        views::tests(),
+        web_api::tests(),
+        web_ui::tests(),
+    ];
+    harness::run(tests.into_iter().flatten().collect())
+}

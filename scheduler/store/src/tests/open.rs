@@ -187,6 +187,10 @@ async fn a_long_read_on_a_sqlite_file_store_holds_up_neither_the_writers_nor_lat
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    ax_test_without_mysql,
+    ignore = "set AX_TEST_MYSQL_URL=mysql://USER@HOST:PORT to run the MySQL variants"
+)]
 async fn a_mysql_session_gone_silent_in_a_transaction_frees_its_locks_after_the_timeout() {
     on_backend(Backend::MySql, |ctx| async move {
         ctx.store

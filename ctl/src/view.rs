@@ -192,6 +192,8 @@ pub struct CountsView {
     pub failed: u32,
     pub timeout: u32,
     pub cancelled: u32,
+    pub skipped: u32,
+    pub upstream_failed: u32,
     pub not_created: u32,
 }
 
@@ -205,6 +207,8 @@ impl From<&pb::InstanceCounts> for CountsView {
             failed: c.failed,
             timeout: c.timeout,
             cancelled: c.cancelled,
+            skipped: c.skipped,
+            upstream_failed: c.upstream_failed,
             not_created: c.not_created,
         }
     }

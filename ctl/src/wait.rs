@@ -49,6 +49,8 @@ pub fn progress_line(run: &Run) -> String {
         timeout,
         cancelled,
         not_created,
+        skipped,
+        upstream_failed,
     } = c;
     let mut line = format!(
         "run {} {}: {success} success, {} running, {waiting} waiting, {} failed",
@@ -59,6 +61,12 @@ pub fn progress_line(run: &Run) -> String {
     );
     if cancelled > 0 {
         line.push_str(&format!(", {cancelled} cancelled"));
+    }
+    if skipped > 0 {
+        line.push_str(&format!(", {skipped} skipped"));
+    }
+    if upstream_failed > 0 {
+        line.push_str(&format!(", {upstream_failed} upstream failed"));
     }
     if not_created > 0 {
         line.push_str(&format!(", {not_created} pending"));
@@ -135,12 +143,14 @@ mod tests {
                 timeout: 1,
                 cancelled: 0,
                 not_created: 3,
+                skipped: 2,
+                upstream_failed: 1,
             }),
             ..Default::default()
         };
         assert_eq!(
             progress_line(&run),
-            "run 7 RUNNING: 2 success, 2 running, 1 waiting, 2 failed, 3 pending"
+            "run 7 RUNNING: 2 success, 2 running, 1 waiting, 2 failed, 2 skipped, 1 upstream failed, 3 pending"
         );
     }
 

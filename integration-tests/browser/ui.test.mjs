@@ -291,7 +291,7 @@ test("(g) keyboard only: workflows → run → task; no serious accessibility vi
   await tabTo(page, `run ${run.id}`, 300);
   await page.keyboard.press("Enter");
   await page.waitForURL(BASE + `/runs/${run.id}`);
-  await page.locator("main table").getByRole("link", { name: "breaks" }).waitFor({ timeout: GUARD });
+  await page.locator("main table").getByRole("link", { name: "breaks", exact: true }).waitFor({ timeout: GUARD });
   await tabTo(page, "breaks", 300);
   await page.keyboard.press("Enter");
   await page.waitForURL(BASE + `/instances/${breaks.id}`);
@@ -426,5 +426,27 @@ test("a 10,000-task workflow's page lists its tasks and says why the graph is no
   await page.locator("#task-l99_98").waitFor({ timeout: GUARD });
   await page.getByRole("status").filter({ hasText: "1 match" }).waitFor({ timeout: GUARD });
   await shot(page, "workflow-10000-tasks");
+  await close(page);
+});
+
+test("trigger rules: the run shows SKIPPED and UPSTREAM_FAILED tasks, the handler that ran, and why each did not run", async () => {
+  const run = await trigger("ui-rules");
+  const done = await ended(run.id);
+  assert.equal(done.state, "RUN_STATE_FAILED");
+  const page = await open(`/runs/${run.id}`);
+  const table = page.locator("main table").first();
+  for (const [task, state] of [["on_error", "SKIPPED"], ["publish", "UPSTREAM_FAILED"], ["join", "SUCCESS"], ["page", "SUCCESS"]]) {
+    await table.locator("tr", { hasText: task }).getByText(state).first().waitFor({ timeout: GUARD });
+  }
+  await shot(page, "rules-run");
+  const skipped = await instanceOf(run.id, "on_error");
+  assert.equal(skipped.state, "INSTANCE_STATE_SKIPPED");
+  await page.goto(BASE + `/instances/${skipped.id}`);
+  await page.locator("main h1").getByText("SKIPPED").waitFor({ timeout: GUARD });
+  await shot(page, "rules-skipped-task");
+  await page.goto(BASE + "/workflows/ui-rules/why");
+  await page.getByText("skipped: no upstream failed and trigger_rule is one_failed").waitFor({ timeout: GUARD });
+  await page.getByText("will not run: upstream check was FAILED and trigger_rule is all_success").waitFor({ timeout: GUARD });
+  await shot(page, "rules-why");
   await close(page);
 });

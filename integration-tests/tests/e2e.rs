@@ -197,8 +197,13 @@ tasks:
     assert_eq!(finished.state, pb::RunState::Failed as i32);
     let counts = finished.counts.expect("counts");
     assert_eq!(
-        (counts.failed, counts.success, counts.not_created),
-        (1, 1, 1)
+        (
+            counts.failed,
+            counts.success,
+            counts.upstream_failed,
+            counts.not_created
+        ),
+        (1, 1, 1, 0)
     );
 
     let instances = client.instances(run.id).await.expect("instances");
@@ -209,10 +214,12 @@ tasks:
     assert_eq!(state_of(broken), pb::InstanceState::Failed);
     assert_eq!(broken.exit_code, Some(3));
     assert_eq!(broken.attempts[0].exit_code, Some(3));
-    assert!(
-        instances.iter().all(|i| i.task != "after"),
-        "downstream of a failure was created"
-    );
+    let after = instances
+        .iter()
+        .find(|i| i.task == "after")
+        .expect("the downstream's verdict is kept");
+    assert_eq!(state_of(after), pb::InstanceState::UpstreamFailed);
+    assert!(after.attempts.is_empty(), "it never had an attempt");
     assert!(!marker.exists(), "downstream of a failure ran");
     let other = instances
         .iter()

@@ -24,6 +24,7 @@ mod scale;
 mod schedule_policies;
 mod security;
 mod traces;
+mod trigger_rules;
 mod triggers;
 mod views;
 mod web_api;
@@ -51,6 +52,7 @@ fn main() -> std::process::ExitCode {
         schedule_policies::tests(),
         security::tests(),
         traces::tests(),
+        trigger_rules::tests(),
         triggers::tests(),
         views::tests(),
         web_api::tests(),

@@ -188,7 +188,13 @@ tasks:
     let ended = client.wait_run(run).await.expect("run ends");
     assert_eq!(ended.state, pb::RunState::Failed as i32);
     let instances = client.instances(run).await.expect("instances");
-    assert!(instances.iter().all(|i| i.task != "after"), "{instances:?}");
+    assert!(
+        instances
+            .iter()
+            .filter(|i| i.task == "after")
+            .all(|i| state(i) == pb::InstanceState::UpstreamFailed && i.attempts.is_empty()),
+        "{instances:?}"
+    );
     let mut states: Vec<(String, pb::InstanceState)> = instances
         .iter()
         .filter(|i| !i.attempts.is_empty())

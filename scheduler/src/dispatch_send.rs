@@ -51,6 +51,8 @@ pub struct Ready<'a> {
     pub attempt: Attempt,
     pub logical_time: Millis,
     pub params: &'a BTreeMap<String, String>,
+    /// What the run tells its handlers (empty for the graph's tasks).
+    pub run_env: &'a BTreeMap<String, String>,
     pub shard: Option<&'a ax_store::Shard>,
 }
 
@@ -217,7 +219,7 @@ fn dispatch_span(
 }
 
 /// The environment a dispatch carries: the task's own, the trigger's params as
-/// `AX_PARAM_<NAME>`, and the attempt's context, so a worker sets what it is given and needs to
+/// `AX_PARAM_<NAME>`, and the attempt's context (with the run's outcome for a handler), so a worker sets what it is given and needs to
 /// know no list of names.
 fn task_environment(
     task: &TaskSpec,
@@ -237,6 +239,7 @@ fn task_environment(
         ("AX_LOGICAL_TIME", rfc3339(ready.logical_time)),
     ];
     env.extend(context.map(|(name, value)| (name.to_string(), value)));
+    env.extend(ready.run_env.iter().map(|(k, v)| (k.clone(), v.clone())));
     if let Some(shard) = ready.shard {
         env.insert("AX_SHARD_INDEX".into(), shard.index.to_string());
         env.insert("AX_SHARD_TOTAL".into(), shard.total.to_string());

@@ -527,6 +527,7 @@ impl Dispatcher {
                         attempt: instance.attempt,
                         logical_time: item.logical_time,
                         params: &item.params,
+                        run_env: &item.run_env,
                         shard: item.shard.as_ref(),
                     };
                     let secret_env = secrets.unwrap_or_default();

@@ -119,6 +119,7 @@ impl Placing {
             attempt: claimed.attempt,
             logical_time: placed.logical_time,
             params: &placed.params,
+            run_env: &placed.run_env,
             shard: None,
         };
         let (message, span) = self

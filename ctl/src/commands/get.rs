@@ -327,12 +327,16 @@ fn progress(run: &pb::Run) -> String {
         + c.failed
         + c.timeout
         + c.cancelled
+        + c.skipped
+        + c.upstream_failed
         + c.not_created;
     let mut text = format!("{}/{total} success", c.success);
     for (n, label) in [
         (c.failed + c.timeout, "failed"),
         (c.dispatched + c.running, "running"),
         (c.cancelled, "cancelled"),
+        (c.skipped, "skipped"),
+        (c.upstream_failed, "upstream failed"),
     ] {
         if n > 0 {
             text.push_str(&format!(", {n} {label}"));

@@ -8,7 +8,8 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
-use crate::spec::TaskSpec;
+use crate::spec::{Handler, TaskSpec};
+use crate::trigger_rule::TriggerRule;
 
 /// Why a list of tasks is not a valid DAG. Indexes are positions in the task list (file order),
 /// so the spec parser can point at the line of the offending task or upstream entry.
@@ -56,6 +57,8 @@ pub struct Dag {
     upstream: Vec<Vec<String>>,
     downstream: Vec<Vec<String>>,
     downstream_idx: Vec<Vec<usize>>,
+    rules: Vec<TriggerRule>,
+    handlers: Vec<Option<Handler>>,
 }
 
 impl Dag {
@@ -117,6 +120,8 @@ impl Dag {
             upstream: tasks.iter().map(|t| t.upstream.clone()).collect(),
             downstream,
             downstream_idx,
+            rules: tasks.iter().map(|t| t.trigger_rule).collect(),
+            handlers: tasks.iter().map(|t| t.handler).collect(),
         };
         if dag.topological_indexes().len() < dag.names.len() {
             return Err(DagError::Cycle {
@@ -159,23 +164,38 @@ impl Dag {
         self.upstream(task).len()
     }
 
-    /// Tasks with no upstream, in file order: the tasks a new run starts with.
+    /// The trigger rule of `task` (`all_success` for an unknown task).
+    pub fn rule(&self, task: &str) -> TriggerRule {
+        self.index
+            .get(task)
+            .map_or(TriggerRule::default(), |&i| self.rules[i])
+    }
+
+    /// Which of the run's handler lists `task` belongs to; `None` for a task of the graph.
+    pub fn handler(&self, task: &str) -> Option<Handler> {
+        self.index.get(task).and_then(|&i| self.handlers[i])
+    }
+
+    /// The tasks a new run starts with, in file order: those of the graph (not handlers) with no
+    /// upstream or whose rule is `always`.
     pub fn roots(&self) -> Vec<&str> {
-        self.names
-            .iter()
-            .zip(&self.upstream)
-            .filter(|(_, ups)| ups.is_empty())
-            .map(|(name, _)| name.as_str())
+        (0..self.names.len())
+            .filter(|&i| {
+                self.handlers[i].is_none()
+                    && (self.upstream[i].is_empty() || self.rules[i].starts_with_run())
+            })
+            .map(|i| self.names[i].as_str())
             .collect()
     }
 
-    /// Tasks with neither upstream nor downstream, in file order. Empty for a one-task DAG, where
-    /// being alone is the point rather than a likely mistake.
+    /// Tasks of the graph (not handlers) with neither upstream nor downstream, in file order.
+    /// Empty for a one-task graph, where being alone is the point rather than a likely mistake.
     pub fn isolated(&self) -> Vec<&str> {
-        if self.names.len() <= 1 {
+        let graph = || (0..self.names.len()).filter(|&i| self.handlers[i].is_none());
+        if graph().count() <= 1 {
             return Vec::new();
         }
-        (0..self.names.len())
+        graph()
             .filter(|&i| self.upstream[i].is_empty() && self.downstream[i].is_empty())
             .map(|i| self.names[i].as_str())
             .collect()

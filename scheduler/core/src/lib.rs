@@ -35,6 +35,7 @@ pub mod spec;
 pub mod spread;
 pub mod state;
 pub mod task_status;
+pub mod trigger_rule;
 pub mod why;
 pub mod worker_scope;
 

@@ -13,8 +13,9 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::dag::topological_positions;
-use crate::spec::TaskSpec;
+use crate::spec::{Handler, TaskSpec};
 use crate::state::InstanceState;
+use crate::trigger_rule::TriggerRule;
 
 /// A task's state in a run, as the graph shows it (see [`crate::task_status`]).
 pub use crate::task_status::TaskStatus as NodeState;
@@ -30,7 +31,8 @@ fn fill(state: NodeState) -> &'static str {
         NodeState::Instance(InstanceState::Dispatched) => "#cfe3f7",
         NodeState::Instance(InstanceState::Waiting) => "#fff3b0",
         NodeState::Instance(InstanceState::Cancelled) => "#d9d9d9",
-        NodeState::UpstreamFailed => "#e8c8c8",
+        NodeState::Instance(InstanceState::Skipped) => "#eeeeee",
+        NodeState::Instance(InstanceState::UpstreamFailed) => "#e8c8c8",
         NodeState::Pending | NodeState::Instance(InstanceState::Pending) => "#ffffff",
     }
 }
@@ -45,7 +47,8 @@ fn ansi(state: NodeState) -> &'static str {
         NodeState::Instance(InstanceState::Dispatched) => "36",
         NodeState::Instance(InstanceState::Waiting) => "33",
         NodeState::Instance(InstanceState::Cancelled) => "90",
-        NodeState::UpstreamFailed => "35",
+        NodeState::Instance(InstanceState::Skipped) => "90",
+        NodeState::Instance(InstanceState::UpstreamFailed) => "35",
         NodeState::Pending | NodeState::Instance(InstanceState::Pending) => "2",
     }
 }
@@ -57,6 +60,10 @@ pub struct GraphNode {
     pub state: Option<NodeState>,
     /// The task's instance in the run, when it has one.
     pub instance_id: Option<i64>,
+    /// Judges the state of a task without an instance.
+    pub rule: TriggerRule,
+    /// The handler list the task belongs to; `None` for a task of the graph.
+    pub handler: Option<Handler>,
 }
 
 /// Tasks and their edges. `edges` are (upstream, downstream) indexes into `nodes`, listed by
@@ -90,7 +97,12 @@ impl Graph {
             .iter()
             .map(|task| (task.name.clone(), task.upstream.clone()))
             .collect();
-        Graph::from_upstreams(workflow, version, &nodes)
+        let mut graph = Graph::from_upstreams(workflow, version, &nodes);
+        for (node, task) in graph.nodes.iter_mut().zip(tasks) {
+            node.rule = task.trigger_rule;
+            node.handler = task.handler;
+        }
+        graph
     }
 
     /// The graph of tasks given with their upstream names, in file order.
@@ -118,6 +130,8 @@ impl Graph {
                     task: name.clone(),
                     state: None,
                     instance_id: None,
+                    rule: TriggerRule::default(),
+                    handler: None,
                 })
                 .collect(),
             edges,
@@ -125,8 +139,8 @@ impl Graph {
     }
 
     /// Gives every node its state in run `run_id`: its instance's (the latest one when a task
-    /// has several; shards are skipped, the parent stands for a sharded task), else `UpstreamFailed` when an upstream can no longer succeed, else
-    /// `Pending`. Instances of tasks the graph does not have are ignored.
+    /// has several; shards are skipped, the parent stands for a sharded task), else what its rule already decides
+    /// (`task_status::without_instance`), else `Pending`. Instances of tasks the graph does not have are ignored.
     pub fn apply_run(&mut self, run_id: i64, instances: &[RunInstance]) {
         self.run_id = Some(run_id);
         let index: HashMap<&str, usize> = self
@@ -151,15 +165,10 @@ impl Graph {
                 .filter(|state| *state != InstanceState::Pending);
             let state = match own {
                 Some(state) => NodeState::Instance(state),
-                None if upstream[i].iter().any(|&u| {
-                    self.nodes[u]
-                        .state
-                        .is_some_and(NodeState::blocks_downstream)
-                }) =>
-                {
-                    NodeState::UpstreamFailed
-                }
-                None => NodeState::Pending,
+                None => crate::task_status::without_instance(
+                    self.nodes[i].rule,
+                    upstream[i].iter().filter_map(|&u| self.nodes[u].state),
+                ),
             };
             self.nodes[i].state = Some(state);
             self.nodes[i].instance_id = found[i].map(|(id, _)| id);
@@ -835,7 +844,10 @@ mod tests {
             Some(NodeState::Instance(InstanceState::Failed))
         );
         assert_eq!(graph.nodes[0].instance_id, Some(5));
-        assert_eq!(graph.nodes[1].state, Some(NodeState::UpstreamFailed));
+        assert_eq!(
+            graph.nodes[1].state,
+            Some(NodeState::Instance(InstanceState::UpstreamFailed))
+        );
     }
 
     #[test]
@@ -855,7 +867,7 @@ mod tests {
             .into_iter()
             .filter(|state| *state != InstanceState::Pending)
             .map(NodeState::Instance)
-            .chain([NodeState::Pending, NodeState::UpstreamFailed])
+            .chain([NodeState::Pending])
         {
             assert_eq!(NodeState::parse_label(state.label()), Some(state));
         }

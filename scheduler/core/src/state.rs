@@ -8,8 +8,13 @@
 //! any non-terminal → CANCELLED
 //! FAILED | TIMEOUT | CANCELLED | SUCCESS → (rerun from this task) WAITING as attempt+1
 //! FAILED | TIMEOUT | CANCELLED | SUCCESS → (rerun from an upstream task) PENDING
-//! PENDING → (every upstream succeeded again) WAITING as attempt+1
+//! PENDING → (its trigger rule says run) WAITING as attempt+1
+//! PENDING → (its trigger rule says not) SKIPPED | UPSTREAM_FAILED
+//! SKIPPED | UPSTREAM_FAILED → (an upstream retried or rerun) PENDING
 //! ```
+//! SKIPPED and UPSTREAM_FAILED are the ends of a task that did not run: the advance creates its
+//! instance in that state when the task's trigger rule (`crate::trigger_rule`) or its condition
+//! says so, with no attempt of its own.
 //! PENDING is an instance that ran before and must wait for its upstreams again because a person
 //! reran a task above it (`axctl rerun RUN --from TASK`). It keeps its attempt number (the last
 //! attempt's record stays as it ended) until the advance, which looks only at a finished task's
@@ -23,6 +28,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::trigger_rule::Verdict;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum InstanceState {
     Waiting,
@@ -34,10 +41,14 @@ pub enum InstanceState {
     Cancelled,
     /// Ran before; waits for its upstreams again after a rerun from a task above it.
     Pending,
+    /// Did not run: its trigger rule cannot be met without a failure, or its condition is false.
+    Skipped,
+    /// Did not run: an upstream failed and its trigger rule does not allow that.
+    UpstreamFailed,
 }
 
 impl InstanceState {
-    pub const ALL: [InstanceState; 8] = [
+    pub const ALL: [InstanceState; 10] = [
         InstanceState::Waiting,
         InstanceState::Dispatched,
         InstanceState::Running,
@@ -46,12 +57,19 @@ impl InstanceState {
         InstanceState::Timeout,
         InstanceState::Cancelled,
         InstanceState::Pending,
+        InstanceState::Skipped,
+        InstanceState::UpstreamFailed,
     ];
 
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            Self::Success | Self::Failed | Self::Timeout | Self::Cancelled
+            Self::Success
+                | Self::Failed
+                | Self::Timeout
+                | Self::Cancelled
+                | Self::Skipped
+                | Self::UpstreamFailed
         )
     }
 
@@ -71,6 +89,8 @@ impl InstanceState {
             Self::Timeout => "TIMEOUT",
             Self::Cancelled => "CANCELLED",
             Self::Pending => "PENDING",
+            Self::Skipped => "SKIPPED",
+            Self::UpstreamFailed => "UPSTREAM_FAILED",
         }
     }
 }
@@ -144,8 +164,8 @@ pub enum Event {
     RerunFrom,
     /// A person reran the run from a task upstream of this one: it waits for its upstreams again.
     UpstreamRerun,
-    /// Every upstream of a PENDING instance succeeded (again).
-    UpstreamsReady,
+    /// The trigger rule of a PENDING instance's task was judged on its upstreams' ends (again).
+    Judged(Verdict),
     /// A sharded task's instance fanned out into its shards: it runs (on no worker of its own)
     /// until its shards decide its end (`crate::shard`), which comes as a `Finish` or `Cancel`.
     FanOut,
@@ -215,9 +235,16 @@ pub fn transition(from: InstanceState, event: Event) -> Result<Transition, Illeg
         ) => stay(outcome.state()),
         (Waiting | Dispatched | Running, Event::Cancel) => stay(Cancelled),
         (Failed | Timeout | Cancelled, Event::ManualRetry) => retry,
-        (Success | Failed | Timeout | Cancelled, Event::RerunFrom) => retry,
-        (Success | Failed | Timeout | Cancelled, Event::UpstreamRerun) => stay(Pending),
-        (Pending, Event::UpstreamsReady) => retry,
+        (Success | Failed | Timeout | Cancelled | Skipped | UpstreamFailed, Event::RerunFrom) => {
+            retry
+        }
+        (
+            Success | Failed | Timeout | Cancelled | Skipped | UpstreamFailed,
+            Event::UpstreamRerun,
+        ) => stay(Pending),
+        (Pending, Event::Judged(Verdict::Run)) => retry,
+        (Pending, Event::Judged(Verdict::Skip)) => stay(Skipped),
+        (Pending, Event::Judged(Verdict::UpstreamFailed)) => stay(UpstreamFailed),
         (Waiting, Event::FanOut) => stay(Running),
         (Waiting, Event::PinnedWorkerGone) => stay(Failed),
         _ => Err(IllegalTransition { from, event }),
@@ -239,7 +266,9 @@ mod tests {
             Event::ManualRetry,
             Event::RerunFrom,
             Event::UpstreamRerun,
-            Event::UpstreamsReady,
+            Event::Judged(Verdict::Run),
+            Event::Judged(Verdict::Skip),
+            Event::Judged(Verdict::UpstreamFailed),
             Event::FanOut,
             Event::PinnedWorkerGone,
         ];
@@ -297,11 +326,22 @@ mod tests {
             (Failed, Event::RerunFrom, Waiting, true),
             (Timeout, Event::RerunFrom, Waiting, true),
             (Cancelled, Event::RerunFrom, Waiting, true),
+            (Skipped, Event::RerunFrom, Waiting, true),
+            (UpstreamFailed, Event::RerunFrom, Waiting, true),
+            (Skipped, Event::UpstreamRerun, Pending, false),
+            (UpstreamFailed, Event::UpstreamRerun, Pending, false),
             (Success, Event::UpstreamRerun, Pending, false),
             (Failed, Event::UpstreamRerun, Pending, false),
             (Timeout, Event::UpstreamRerun, Pending, false),
             (Cancelled, Event::UpstreamRerun, Pending, false),
-            (Pending, Event::UpstreamsReady, Waiting, true),
+            (Pending, Event::Judged(Verdict::Run), Waiting, true),
+            (Pending, Event::Judged(Verdict::Skip), Skipped, false),
+            (
+                Pending,
+                Event::Judged(Verdict::UpstreamFailed),
+                UpstreamFailed,
+                false,
+            ),
             (Waiting, Event::FanOut, Running, false),
             (Waiting, Event::PinnedWorkerGone, Failed, false),
         ]
@@ -327,7 +367,7 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 8 * 19);
+        assert_eq!(checked, 10 * 21);
     }
 
     #[test]
@@ -335,7 +375,9 @@ mod tests {
         for from in InstanceState::ALL.into_iter().filter(|s| s.is_terminal()) {
             for event in events() {
                 let ok = transition(from, event).is_ok();
-                let expected = (event == Event::ManualRetry && from != Success)
+                // Only what ran can be retried; SKIPPED and UPSTREAM_FAILED follow their upstreams.
+                let expected = (event == Event::ManualRetry
+                    && matches!(from, Failed | Timeout | Cancelled))
                     || matches!(event, Event::RerunFrom | Event::UpstreamRerun);
                 assert_eq!(ok, expected, "{from} on {event:?}");
             }
@@ -346,7 +388,11 @@ mod tests {
     fn a_pending_instance_only_waits_for_its_upstreams() {
         for event in events() {
             let ok = transition(Pending, event).is_ok();
-            assert_eq!(ok, event == Event::UpstreamsReady, "PENDING on {event:?}");
+            assert_eq!(
+                ok,
+                matches!(event, Event::Judged(_)),
+                "PENDING on {event:?}"
+            );
         }
         assert!(!Pending.is_terminal());
     }

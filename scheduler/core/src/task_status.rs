@@ -1,29 +1,31 @@
-//! What each task of a run looks like, including the tasks without an instance: a task below a
-//! failure is `upstream_failed`, one whose upstreams are still going is `pending`.
+//! What each task of a run looks like, including the tasks without an instance yet.
 //!
-//! An instance is created only when all its upstreams succeeded, so the run's instances alone do
-//! not tell a person why a task never ran. This walks the DAG once in topological order
-//! (O(tasks + edges)) and derives the missing tasks' status from their upstreams'.
+//! The advance gives a task an instance once its trigger rule is judged (`crate::trigger_rule`):
+//! to run, or SKIPPED or UPSTREAM_FAILED. A task without one is still waiting for its upstreams,
+//! or sits in a run that stopped before its rule was judged (cancelled, or ended before the
+//! advance kept the tasks that did not run). This walks the DAG once in topological order
+//! (O(tasks + edges)) and judges those tasks' rules on their upstreams' statuses, so a person
+//! sees `skipped` or `upstream_failed` where the rule already decides it and `pending` otherwise.
+//! The run's handlers (`on_failure`, `on_success`) without an instance are `pending`.
 
 use std::collections::HashMap;
 use std::fmt;
 
 use crate::dag::Dag;
 use crate::state::InstanceState;
+use crate::trigger_rule::{TriggerRule, UpstreamEnd, Upstreams, judge};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskStatus {
-    /// The task has an instance in this state (never PENDING: that shows as `Pending`).
+    /// The task has an instance in this state (never PENDING: that shows as `Pending`), or its
+    /// rule already decides SKIPPED or UPSTREAM_FAILED.
     Instance(InstanceState),
-    /// No instance (or a PENDING one) and no upstream failed: it waits for its upstreams.
+    /// No instance (or a PENDING one) and its rule not decided yet: it waits for its upstreams.
     Pending,
-    /// No instance (or a PENDING one) because an upstream, directly or transitively, failed,
-    /// timed out or was cancelled.
-    UpstreamFailed,
 }
 
 impl TaskStatus {
-    /// Lower-case: the instance state's name, `pending` or `upstream_failed`.
+    /// Lower-case: the instance state's name or `pending`.
     pub fn as_str(self) -> &'static str {
         match self {
             TaskStatus::Instance(state) => match state {
@@ -35,19 +37,18 @@ impl TaskStatus {
                 InstanceState::Timeout => "timeout",
                 InstanceState::Cancelled => "cancelled",
                 InstanceState::Pending => "pending",
+                InstanceState::Skipped => "skipped",
+                InstanceState::UpstreamFailed => "upstream_failed",
             },
             TaskStatus::Pending => "pending",
-            TaskStatus::UpstreamFailed => "upstream_failed",
         }
     }
 
-    /// Upper-case, as graphs and tables show it: the instance state's name, `PENDING` or
-    /// `UPSTREAM_FAILED`.
+    /// Upper-case, as graphs and tables show it: the instance state's name or `PENDING`.
     pub fn label(self) -> &'static str {
         match self {
             TaskStatus::Instance(state) => state.as_str(),
             TaskStatus::Pending => "PENDING",
-            TaskStatus::UpstreamFailed => "UPSTREAM_FAILED",
         }
     }
 
@@ -55,26 +56,40 @@ impl TaskStatus {
     pub fn parse_label(text: &str) -> Option<TaskStatus> {
         match text {
             "PENDING" => Some(TaskStatus::Pending),
-            "UPSTREAM_FAILED" => Some(TaskStatus::UpstreamFailed),
             other => other.parse().ok().map(TaskStatus::Instance),
         }
     }
 
-    /// Whether the tasks below this one can no longer run in this run (without a person).
-    pub fn blocks_downstream(self) -> bool {
-        matches!(
-            self,
-            TaskStatus::UpstreamFailed
-                | TaskStatus::Instance(
-                    InstanceState::Failed | InstanceState::Timeout | InstanceState::Cancelled
-                )
-        )
+    /// The state the trigger rules read: `None` while the task may still change.
+    fn state(self) -> Option<InstanceState> {
+        match self {
+            TaskStatus::Instance(state) => Some(state),
+            TaskStatus::Pending => None,
+        }
     }
 }
 
 impl fmt::Display for TaskStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// The status of a task without an instance (or with a PENDING one), from its rule and its
+/// direct upstreams' statuses: SKIPPED or UPSTREAM_FAILED where the rule already decides so,
+/// else `Pending`.
+pub fn without_instance(
+    rule: TriggerRule,
+    upstreams: impl IntoIterator<Item = TaskStatus>,
+) -> TaskStatus {
+    let upstreams = Upstreams::count(
+        upstreams
+            .into_iter()
+            .map(|status| UpstreamEnd::of(status.state())),
+    );
+    match judge(rule, upstreams).and_then(|verdict| verdict.state()) {
+        Some(state) => TaskStatus::Instance(state),
+        None => TaskStatus::Pending,
     }
 }
 
@@ -91,15 +106,13 @@ pub fn task_statuses(
             .filter(|state| *state != InstanceState::Pending);
         let value = match own {
             Some(state) => TaskStatus::Instance(state),
-            None if dag.upstream(task).iter().any(|up| {
-                status
-                    .get(up.as_str())
-                    .is_some_and(|s| s.blocks_downstream())
-            }) =>
-            {
-                TaskStatus::UpstreamFailed
-            }
-            None => TaskStatus::Pending,
+            None if dag.handler(task).is_some() => TaskStatus::Pending,
+            None => without_instance(
+                dag.rule(task),
+                dag.upstream(task)
+                    .iter()
+                    .filter_map(|up| status.get(up.as_str()).copied()),
+            ),
         };
         status.insert(task, value);
     }
@@ -116,11 +129,24 @@ mod tests {
     use InstanceState::*;
 
     fn check(spec: &[(&str, &[&str])], states: &[(&str, InstanceState)], expect: &[(&str, &str)]) {
+        let ruled: Vec<(&str, &[&str], TriggerRule)> = spec
+            .iter()
+            .map(|(name, ups)| (*name, *ups, TriggerRule::AllSuccess))
+            .collect();
+        check_ruled(&ruled, states, expect);
+    }
+
+    fn check_ruled(
+        spec: &[(&str, &[&str], TriggerRule)],
+        states: &[(&str, InstanceState)],
+        expect: &[(&str, &str)],
+    ) {
         let tasks: Vec<TaskSpec> = spec
             .iter()
-            .map(|(name, ups)| TaskSpec {
+            .map(|(name, ups, rule)| TaskSpec {
                 name: name.to_string(),
                 upstream: ups.iter().map(|u| u.to_string()).collect(),
+                trigger_rule: *rule,
                 ..TaskSpec::default()
             })
             .collect();
@@ -233,6 +259,44 @@ mod tests {
                 ("b", "running"),
                 ("c", "success"),
                 ("d", "pending"),
+                ("e", "pending"),
+            ],
+        );
+    }
+
+    const RULED: &[(&str, &[&str], TriggerRule)] = &[
+        ("a", &[], TriggerRule::AllSuccess),
+        ("b", &["a"], TriggerRule::AllSuccess),
+        ("c", &["b"], TriggerRule::AllSuccess),
+        ("d", &["a"], TriggerRule::OneFailed),
+        ("e", &["c", "d"], TriggerRule::NoneFailed),
+    ];
+
+    #[test]
+    fn tasks_without_an_instance_show_what_their_rule_decides() {
+        // a failed: b and c are upstream-failed; d (one_failed) is about to run; e
+        // (none_failed) already has a failed upstream.
+        check_ruled(
+            RULED,
+            &[("a", Failed)],
+            &[
+                ("a", "failed"),
+                ("b", "upstream_failed"),
+                ("c", "upstream_failed"),
+                ("d", "pending"),
+                ("e", "upstream_failed"),
+            ],
+        );
+        // b skipped: c follows it under all_success; d is skipped (nothing failed); e
+        // (none_failed) over two skipped upstreams runs.
+        check_ruled(
+            RULED,
+            &[("a", Success), ("b", Skipped)],
+            &[
+                ("a", "success"),
+                ("b", "skipped"),
+                ("c", "skipped"),
+                ("d", "skipped"),
                 ("e", "pending"),
             ],
         );

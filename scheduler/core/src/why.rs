@@ -16,8 +16,9 @@ use crate::Millis;
 use crate::cron::{CronSchedule, parse_timezone};
 use crate::decision::DecisionKind;
 use crate::run::RunState;
-use crate::spec::{TaskSpec, TriggerKind, WorkflowSpec};
+use crate::spec::{Handler, TaskSpec, TriggerKind, WorkflowSpec};
 use crate::state::InstanceState;
+use crate::trigger_rule::{UpstreamEnd, Upstreams, Verdict, judge, not_run_reason};
 
 /// A decision recorded by the schedule loop, the run queue or the dispatcher.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,8 +129,14 @@ pub enum Reason {
     NotTriggered,
     /// Its upstreams have not all succeeded yet: (task, state).
     WaitingOnUpstream { upstream: Vec<(String, String)> },
-    /// An upstream failed, timed out or was cancelled (or is itself blocked): it will not run.
-    UpstreamFailed { upstream: String, state: String },
+    /// Its trigger rule decided it does not run (SKIPPED or UPSTREAM_FAILED): `because` names
+    /// the upstreams that decided it and the rule.
+    NotRun {
+        state: InstanceState,
+        because: String,
+    },
+    /// A task of the run's `on_failure` or `on_success` list, waiting for the graph's outcome.
+    Handler { handler: Handler },
     /// It has no instance and its run ended.
     RunEnded { state: RunState },
     /// A retry waiting for its backoff.
@@ -168,7 +175,12 @@ impl Reason {
             Reason::SlotPassed { .. } => "slot_passed",
             Reason::NotTriggered => "not_triggered",
             Reason::WaitingOnUpstream { .. } => "waiting_upstream",
-            Reason::UpstreamFailed { .. } => "upstream_failed",
+            Reason::NotRun {
+                state: InstanceState::Skipped,
+                ..
+            } => "skipped",
+            Reason::NotRun { .. } => "upstream_failed",
+            Reason::Handler { .. } => "handler",
             Reason::RunEnded { .. } => "run_ended",
             Reason::Backoff { .. } => "backoff",
             Reason::Queued { .. } => "queued",
@@ -219,8 +231,20 @@ impl Reason {
                     .collect();
                 format!("waiting on upstream {}", list.join(", "))
             }
-            Reason::UpstreamFailed { upstream, state } => {
-                format!("will not run: upstream {upstream} is {state}")
+            Reason::NotRun {
+                state: InstanceState::Skipped,
+                because,
+            } => format!("skipped: {because}"),
+            Reason::NotRun { because, .. } => format!("will not run: {because}"),
+            Reason::Handler { handler } => {
+                let outcome = match handler {
+                    Handler::OnFailure => "FAILED",
+                    Handler::OnSuccess => "SUCCESS",
+                };
+                format!(
+                    "{}: runs once the run's tasks ended and only if the run is {outcome}",
+                    handler.field()
+                )
             }
             Reason::RunEnded { state } => format!("not run: the run ended {state}"),
             Reason::Backoff { until } => format!("retry waits for its backoff until {}", t(*until)),
@@ -610,16 +634,40 @@ fn run_tasks(
         .find(|d| matches!(d.kind, DecisionKind::Queued | DecisionKind::Dequeued))
         .filter(|d| d.kind == DecisionKind::Queued);
 
-    // States for upstream lookups: tasks are visited upstream first (a file may list a task
-    // before its upstream), and the answer is put back in file order.
-    let mut states: BTreeMap<String, String> = BTreeMap::new();
+    // States for upstream lookups (`None`: not decided yet): tasks are visited upstream first
+    // (a file may list a task before its upstream), and the answer is put back in file order.
+    let mut states: BTreeMap<String, Option<InstanceState>> = BTreeMap::new();
     let order = crate::dag::topological_positions(&run.tasks);
     let mut results: BTreeMap<usize, TaskExplanation> = BTreeMap::new();
     for i in order {
         let task = &run.tasks[i];
-        let explanation = match by_task.get(task.name.as_str()) {
+        let upstreams: Vec<(&str, Option<InstanceState>)> = task
+            .upstream
+            .iter()
+            .map(|up| (up.as_str(), states.get(up).copied().flatten()))
+            .collect();
+        let not_run = |state: InstanceState| {
+            let verdict = if state == InstanceState::Skipped {
+                Verdict::Skip
+            } else {
+                Verdict::UpstreamFailed
+            };
+            Reason::NotRun {
+                state,
+                because: not_run_reason(task.trigger_rule, verdict, &upstreams),
+            }
+        };
+        let own = by_task
+            .get(task.name.as_str())
+            .filter(|instance| instance.state != InstanceState::Pending);
+        let explanation = match own {
             Some(instance) => {
-                let reason = instance_reason(instance, task, input, &run_decisions, queued);
+                let reason = match instance.state {
+                    state @ (InstanceState::Skipped | InstanceState::UpstreamFailed) => {
+                        not_run(state)
+                    }
+                    _ => instance_reason(instance, task, input, &run_decisions, queued),
+                };
                 TaskExplanation {
                     task: task.name.clone(),
                     state: instance.state.as_str().into(),
@@ -631,19 +679,14 @@ fn run_tasks(
                 }
             }
             None => {
-                let blocked = task.upstream.iter().find_map(|up| {
-                    let state = states.get(up)?;
-                    matches!(
-                        state.as_str(),
-                        "FAILED" | "TIMEOUT" | "CANCELLED" | "UPSTREAM_FAILED"
-                    )
-                    .then(|| (up.clone(), state.clone()))
-                });
-                let (state, reason) = if let Some((upstream, state)) = blocked {
-                    (
-                        "UPSTREAM_FAILED",
-                        Reason::UpstreamFailed { upstream, state },
-                    )
+                let decided = if task.handler.is_some() {
+                    None
+                } else {
+                    let ups = Upstreams::count(upstreams.iter().map(|(_, s)| UpstreamEnd::of(*s)));
+                    judge(task.trigger_rule, ups).and_then(|verdict| verdict.state())
+                };
+                let (state, reason) = if let Some(state) = decided {
+                    (state.as_str(), not_run(state))
                 } else if run.state.is_terminal() {
                     ("PENDING", Reason::RunEnded { state: run.state })
                 } else if run.state == RunState::Queued {
@@ -653,13 +696,15 @@ fn run_tasks(
                         |d| d.detail.clone(),
                     );
                     ("PENDING", Reason::Queued { detail })
+                } else if let Some(handler) = task.handler {
+                    ("PENDING", Reason::Handler { handler })
                 } else {
-                    let upstream = task
-                        .upstream
+                    let upstream = upstreams
                         .iter()
-                        .filter_map(|up| {
-                            let state = states.get(up).map_or("PENDING", String::as_str);
-                            (state != "SUCCESS").then(|| (up.clone(), state.to_string()))
+                        .filter(|(_, state)| *state != Some(InstanceState::Success))
+                        .map(|(up, state)| {
+                            let state = state.map_or("PENDING", InstanceState::as_str);
+                            (up.to_string(), state.to_string())
                         })
                         .collect();
                     ("PENDING", Reason::WaitingOnUpstream { upstream })
@@ -675,7 +720,8 @@ fn run_tasks(
                 }
             }
         };
-        states.insert(task.name.clone(), explanation.state.clone());
+        let decided = explanation.state.parse::<InstanceState>().ok();
+        states.insert(task.name.clone(), decided);
         results.insert(i, explanation);
     }
     results.into_values().collect()
@@ -1019,7 +1065,10 @@ mod tests {
         run.instances[1].finished_at = Some(SLOT + MINUTE);
         let e = explain(&failed);
         assert_eq!(e.tasks[3].state, "UPSTREAM_FAILED");
-        assert_eq!(e.tasks[3].text, "will not run: upstream clean is FAILED");
+        assert_eq!(
+            e.tasks[3].text,
+            "will not run: upstream clean was FAILED and trigger_rule is all_success"
+        );
     }
 
     #[test]
@@ -1236,7 +1285,10 @@ mod tests {
             e.tasks[2].text,
             "dispatched to worker w1 since 2026-01-31 02:30:01 UTC"
         );
-        assert_eq!(e.tasks[3].text, "will not run: upstream clean is CANCELLED");
+        assert_eq!(
+            e.tasks[3].text,
+            "will not run: upstream clean was CANCELLED and trigger_rule is all_success"
+        );
     }
 
     #[test]

@@ -32,6 +32,8 @@ pub fn instance_state(state: InstanceState) -> pb::InstanceState {
         InstanceState::Timeout => pb::InstanceState::Timeout,
         InstanceState::Cancelled => pb::InstanceState::Cancelled,
         InstanceState::Pending => pb::InstanceState::Pending,
+        InstanceState::Skipped => pb::InstanceState::Skipped,
+        InstanceState::UpstreamFailed => pb::InstanceState::UpstreamFailed,
     }
 }
 
@@ -188,6 +190,8 @@ pub fn counts(counts: &InstanceCounts) -> pb::InstanceCounts {
         timeout: counts.timeout,
         cancelled: counts.cancelled,
         not_created: counts.not_created,
+        skipped: counts.skipped,
+        upstream_failed: counts.upstream_failed,
     }
 }
 

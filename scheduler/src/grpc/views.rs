@@ -156,7 +156,12 @@ fn dag_message(graph: &Graph, laid: Option<&Result<Layout, Omitted>>) -> pb::Dag
                         .unwrap_or_default(),
                     instance_id: node.instance_id.unwrap_or(0),
                     upstream,
-                    isolated: !has_edge[i],
+                    isolated: !has_edge[i] && node.handler.is_none(),
+                    trigger_rule: node.rule.as_str().to_string(),
+                    handler: node
+                        .handler
+                        .map(|h| h.field().to_string())
+                        .unwrap_or_default(),
                     x: place.map_or(0.0, |p| p.x),
                     y: place.map_or(0.0, |p| p.y),
                     layer: place.map_or(0, |p| p.layer),

@@ -127,6 +127,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "worker_token_scope",
         include_str!("../migrations/mysql/0015_worker_token_scope.sql"),
     ),
+    (
+        16,
+        "trigger_rules",
+        include_str!("../migrations/mysql/0016_trigger_rules.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -203,6 +208,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         15,
         "worker_token_scope",
         include_str!("../migrations/sqlite/0015_worker_token_scope.sql"),
+    ),
+    (
+        16,
+        "trigger_rules",
+        include_str!("../migrations/sqlite/0016_trigger_rules.sql"),
     ),
 ];
 

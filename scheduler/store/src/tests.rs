@@ -28,5 +28,6 @@ mod queue;
 mod reports;
 mod reruns;
 mod runs;
+mod trigger_rules;
 mod workers;
 mod workflows;

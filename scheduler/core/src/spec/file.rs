@@ -34,6 +34,8 @@ pub struct WorkflowFile {
     pub retention: Option<Spanned<Value>>,
     pub defaults: Option<Spanned<Map<DefaultsFile>>>,
     pub tasks: Option<Spanned<List<Spanned<Map<TaskFile>>>>>,
+    pub on_failure: Option<Spanned<List<Spanned<Map<TaskFile>>>>>,
+    pub on_success: Option<Spanned<List<Spanned<Map<TaskFile>>>>>,
 }
 
 #[derive(Deserialize)]
@@ -95,6 +97,7 @@ pub struct TaskFile {
     pub pool: Option<Spanned<Value>>,
     pub routing: Option<Spanned<Choice<crate::spec::Routing>>>,
     pub self_fence: Option<Spanned<Value>>,
+    pub trigger_rule: Option<Spanned<Choice<crate::trigger_rule::TriggerRule>>>,
 }
 
 /// The values of a string map (`env`, `labels`) in file order; the keys, with their lines,

@@ -18,8 +18,9 @@ mod values;
 mod tests;
 
 pub use model::{
-    ConcurrencySpec, DEFAULT_APP, DEFAULT_MAX_CATCH_UP, DEFAULT_RETRY_BACKOFF_MS, MisfirePolicy,
-    OverlapPolicy, Retention, Routing, ScheduleSpec, TaskSpec, TriggerKind, WorkflowSpec,
+    ConcurrencySpec, DEFAULT_APP, DEFAULT_MAX_CATCH_UP, DEFAULT_RETRY_BACKOFF_MS, Handler,
+    MisfirePolicy, OverlapPolicy, Retention, Routing, ScheduleSpec, TaskSpec, TriggerKind,
+    WorkflowSpec,
 };
 pub use template::check_key_template;
 pub use values::{is_valid_env_name, is_valid_name, parse_instant, parse_retention};

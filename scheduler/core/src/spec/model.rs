@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::template::{self, Piece};
 use crate::dag::{Dag, DagError};
+use crate::trigger_rule::TriggerRule;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -288,6 +289,39 @@ pub struct TaskSpec {
     /// attempt).
     #[serde(default)]
     pub unfenced: bool,
+    /// When the task runs given how its direct upstreams ended (`crate::trigger_rule`). Left
+    /// out of the stored JSON when it is the default, as for the fields below, so versions
+    /// stored before it existed read back (and compare) unchanged.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub trigger_rule: TriggerRule,
+    /// Set for a task of the workflow's `on_failure` or `on_success` list: it runs once the
+    /// run's outcome is known, not as part of the graph.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler: Option<Handler>,
+}
+
+/// The lists of tasks a run starts once its graph's outcome is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Handler {
+    /// `on_failure:`: the graph ended FAILED.
+    OnFailure,
+    /// `on_success:`: the graph ended SUCCESS.
+    OnSuccess,
+}
+
+impl Handler {
+    /// The field that lists these tasks in a workflow file.
+    pub fn field(self) -> &'static str {
+        match self {
+            Handler::OnFailure => "on_failure",
+            Handler::OnSuccess => "on_success",
+        }
+    }
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 /// How long a workflow's ended runs are kept before the purger deletes them (`retention`).
@@ -324,6 +358,11 @@ pub const DEFAULT_RETRY_BACKOFF_MS: u64 = 10_000;
 pub const DEFAULT_MAX_CATCH_UP: u32 = 10;
 
 impl WorkflowSpec {
+    /// The tasks of the graph, without the `on_failure`/`on_success` handlers.
+    pub fn graph_tasks(&self) -> impl Iterator<Item = &TaskSpec> {
+        self.tasks.iter().filter(|task| task.handler.is_none())
+    }
+
     /// The task graph of this workflow. Always `Ok` for a spec that came out of
     /// [`super::parse_workflow`]; other specs (built by hand, read back from a store) are
     /// checked again.

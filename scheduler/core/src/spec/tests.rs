@@ -94,6 +94,65 @@ fn check_refusals(topic: &str) {
 /// as it is.
 const REFUSALS: &[(&str, &str, &str)] = &[
     (
+        "trigger_rules",
+        "
+            name: etl
+            tasks:
+              - {name: a, command: x}
+              - name: b
+                command: y
+                upstream: a
+                trigger_rule: one_succes
+        ",
+        "wf.yaml:7: tasks[1].trigger_rule: unknown trigger rule \"one_succes\": expected \
+         all_success, all_done, one_failed, one_success, none_failed or always",
+    ),
+    (
+        "trigger_rules",
+        "
+            name: etl
+            tasks:
+              - {name: a, command: x}
+            on_failure:
+              - {name: page, command: y, upstream: a}
+        ",
+        "wf.yaml:5: on_failure[0].upstream[0]: task \"a\" is in tasks, not in on_failure: \
+         upstreams are tasks of the same list",
+    ),
+    (
+        "trigger_rules",
+        "
+            name: etl
+            tasks:
+              - {name: a, command: x, upstream: [clean]}
+            on_success:
+              - {name: clean, command: y}
+        ",
+        "wf.yaml:3: tasks[0].upstream[0]: task \"clean\" is in on_success, not in tasks: \
+         upstreams are tasks of the same list",
+    ),
+    (
+        "trigger_rules",
+        "
+            name: etl
+            tasks:
+              - {name: a, command: x}
+            on_failure:
+              - {name: a, command: y}
+        ",
+        "wf.yaml:5: on_failure[0].name: duplicate task name \"a\" (first defined at line 3)",
+    ),
+    (
+        "trigger_rules",
+        "
+            name: etl
+            tasks:
+              - {name: a, command: x}
+            on_failure: page
+        ",
+        "wf.yaml:4: on_failure: expected a list of tasks, found a string",
+    ),
+    (
         "retention",
         "
             name: etl
@@ -159,7 +218,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
             tasks: [{name: a, command: x}]
         ",
         "wf.yaml:2: <<: unknown field \"<<\"; allowed fields: name, app, owner, description, \
-         schedule, concurrency, retention, defaults, tasks",
+         schedule, concurrency, retention, defaults, tasks, on_failure, on_success",
     ),
     (
         "duplicate_keys",
@@ -804,7 +863,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
             tasks: [{name: a, command: x}]
         ",
         "wf.yaml:2: schedul: unknown field \"schedul\"; allowed fields: name, app, owner, \
-         description, schedule, concurrency, retention, defaults, tasks",
+         description, schedule, concurrency, retention, defaults, tasks, on_failure, on_success",
     ),
     (
         "unknown_fields_name_the_allowed_ones",
@@ -817,7 +876,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
         ",
         "wf.yaml:5: tasks[0].retires: unknown field \"retires\"; allowed fields: name, \
          command, argv, timeout, retries, retry_backoff, env, working_dir, labels, \
-         priority, upstream, concurrency, pool, routing, self_fence",
+         priority, upstream, concurrency, pool, routing, self_fence, trigger_rule",
     ),
     (
         "unknown_fields_name_the_allowed_ones",
@@ -1595,4 +1654,76 @@ fn wide_file_parses() {
     let parsed = parse_workflow(&yaml, FILE).unwrap();
     assert_eq!(parsed.spec.tasks.len(), 2_000);
     assert_eq!(parsed.spec.dag().unwrap().roots(), ["t0"]);
+}
+
+#[test]
+fn trigger_rules_and_handlers_are_read() {
+    let parsed = parse_ok(
+        "
+            name: etl
+            tasks:
+              - {name: extract, command: x}
+              - {name: load, command: y, upstream: extract}
+              - {name: cleanup, command: z, upstream: [extract, load], trigger_rule: all_done}
+            on_failure:
+              - {name: page, command: p}
+              - {name: ticket, command: t, upstream: page}
+            on_success:
+              - {name: notify, command: n}
+        ",
+    );
+    let spec = &parsed.spec;
+    let rules: Vec<_> = spec.tasks.iter().map(|t| t.trigger_rule.as_str()).collect();
+    assert_eq!(
+        rules,
+        [
+            "all_success",
+            "all_success",
+            "all_done",
+            "all_success",
+            "all_success",
+            "all_success"
+        ]
+    );
+    let handlers: Vec<_> = spec.tasks.iter().map(|t| t.handler).collect();
+    assert_eq!(
+        handlers,
+        [
+            None,
+            None,
+            None,
+            Some(Handler::OnFailure),
+            Some(Handler::OnFailure),
+            Some(Handler::OnSuccess)
+        ]
+    );
+    let graph: Vec<_> = spec.graph_tasks().map(|t| t.name.as_str()).collect();
+    assert_eq!(graph, ["extract", "load", "cleanup"]);
+    // Handlers start with no run and are not isolated tasks of the graph.
+    assert_eq!(spec.dag().unwrap().roots(), ["extract"]);
+    assert!(parsed.warnings.is_empty(), "{:?}", parsed.warnings);
+    // The default rule and no handler leave the stored JSON as it was.
+    let json = serde_json::to_string(&spec.tasks[0]).unwrap();
+    assert!(
+        !json.contains("trigger_rule") && !json.contains("handler"),
+        "{json}"
+    );
+}
+
+#[test]
+fn an_always_task_starts_with_the_run() {
+    let parsed = parse_ok(
+        "
+            name: etl
+            tasks:
+              - {name: a, command: x}
+              - {name: watch, command: y, upstream: a, trigger_rule: always}
+        ",
+    );
+    assert_eq!(parsed.spec.dag().unwrap().roots(), ["a", "watch"]);
+}
+
+#[test]
+fn trigger_rule_refusals() {
+    check_refusals("trigger_rules");
 }

@@ -14,8 +14,8 @@ use super::file::{
     ScheduleFile, TaskFile, Value, WorkflowFile, line,
 };
 use super::model::{
-    ConcurrencySpec, DEFAULT_APP, DEFAULT_MAX_CATCH_UP, DEFAULT_RETRY_BACKOFF_MS, MisfirePolicy,
-    Retention, Routing, ScheduleSpec, TaskSpec, TriggerKind, WorkflowSpec,
+    ConcurrencySpec, DEFAULT_APP, DEFAULT_MAX_CATCH_UP, DEFAULT_RETRY_BACKOFF_MS, Handler,
+    MisfirePolicy, Retention, Routing, ScheduleSpec, TaskSpec, TriggerKind, WorkflowSpec,
 };
 use super::template::check_key_template;
 use super::values::{is_valid_env_name, is_valid_name, parse_instant, parse_retention};
@@ -23,6 +23,7 @@ use super::{ParsedWorkflow, SpecError};
 use crate::cron::CronSchedule;
 use crate::dag::{Dag, DagError};
 use crate::duration;
+use crate::trigger_rule::TriggerRule;
 
 /// What a value is, for "expected X, found Y": `raw` is its source text (see
 /// [`file::raw_text`]), which decides for a plain number or boolean.
@@ -69,6 +70,8 @@ fn join(path: &str, name: &str) -> String {
 
 /// Where in the file each task and upstream entry is, to place DAG errors.
 struct TaskLines {
+    /// `tasks[2]`, `on_failure[0]`: where the task is listed.
+    path: String,
     task: usize,
     name: usize,
     upstream: Vec<usize>,
@@ -430,24 +433,30 @@ impl Validator<'_> {
         let Some(tasks_node) = &file.tasks else {
             return Err(self.missing(root, "", "tasks"));
         };
-        let items = match &tasks_node.value {
-            List::Items(items) => items,
-            List::Other(other) => {
-                return Err(self.type_err(tasks_node, other, "tasks", "a list of tasks"));
-            }
-        };
-        if items.is_empty() {
+        let mut tasks = Vec::new();
+        let mut lines = Vec::new();
+        self.task_list(tasks_node, "tasks", None, &defaults, &mut tasks, &mut lines)?;
+        if tasks.is_empty() {
             return Err(self.err(line(tasks_node), "tasks", "at least one task is required"));
         }
-        let mut tasks = Vec::with_capacity(items.len());
-        let mut lines = Vec::with_capacity(items.len());
-        for (i, item) in items.iter().enumerate() {
-            let (task, task_lines) = self.task(item, &format!("tasks[{i}]"), &defaults)?;
-            tasks.push(task);
-            lines.push(task_lines);
+        for (node, handler) in [
+            (&file.on_failure, Handler::OnFailure),
+            (&file.on_success, Handler::OnSuccess),
+        ] {
+            if let Some(node) = node {
+                self.task_list(
+                    node,
+                    handler.field(),
+                    Some(handler),
+                    &defaults,
+                    &mut tasks,
+                    &mut lines,
+                )?;
+            }
         }
 
         let dag = Dag::new(&tasks).map_err(|e| self.dag_error(e, &tasks, &lines))?;
+        self.handler_edges(&tasks, &lines)?;
         let warnings = dag
             .isolated()
             .into_iter()
@@ -464,6 +473,60 @@ impl Validator<'_> {
             tasks,
         };
         Ok(ParsedWorkflow { spec, warnings })
+    }
+
+    /// The tasks of `tasks`, `on_failure` or `on_success`, appended to `tasks` (marked with
+    /// their handler list) with their lines.
+    fn task_list(
+        &self,
+        node: &Spanned<List<Spanned<Map<TaskFile>>>>,
+        field: &str,
+        handler: Option<Handler>,
+        defaults: &Defaults,
+        tasks: &mut Vec<TaskSpec>,
+        lines: &mut Vec<TaskLines>,
+    ) -> Result<(), SpecError> {
+        let items = match &node.value {
+            List::Items(items) => items,
+            List::Other(other) => {
+                return Err(self.type_err(node, other, field, "a list of tasks"));
+            }
+        };
+        for (i, item) in items.iter().enumerate() {
+            let (mut task, task_lines) = self.task(item, &format!("{field}[{i}]"), defaults)?;
+            task.handler = handler;
+            tasks.push(task);
+            lines.push(task_lines);
+        }
+        Ok(())
+    }
+
+    /// A handler's upstreams are tasks of its own list, and no task of the graph waits for a
+    /// handler: the lists run after the graph, on their own.
+    fn handler_edges(&self, tasks: &[TaskSpec], lines: &[TaskLines]) -> Result<(), SpecError> {
+        let list_of: BTreeMap<&str, Option<Handler>> = tasks
+            .iter()
+            .map(|task| (task.name.as_str(), task.handler))
+            .collect();
+        for (task, at) in tasks.iter().zip(lines) {
+            for (j, up) in task.upstream.iter().enumerate() {
+                let theirs = list_of.get(up.as_str()).copied().flatten();
+                if theirs == task.handler {
+                    continue;
+                }
+                let list = |h: Option<Handler>| h.map_or("tasks", Handler::field);
+                return Err(self.err(
+                    at.upstream.get(j).copied().unwrap_or(at.task),
+                    format!("{}.upstream[{j}]", at.path),
+                    format!(
+                        "task \"{up}\" is in {}, not in {}: upstreams are tasks of the same list",
+                        list(theirs),
+                        list(task.handler)
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// `retention: 90d` or `retention: forever` ([`parse_retention`]).
@@ -774,6 +837,10 @@ impl Validator<'_> {
             Some(n) => !self.boolean(n, &field("self_fence"))?,
             None => false,
         };
+        let trigger_rule = match &file.trigger_rule {
+            Some(n) => self.choice(n, &field("trigger_rule"), "trigger rule")?,
+            None => TriggerRule::default(),
+        };
 
         let task = TaskSpec {
             name,
@@ -792,8 +859,11 @@ impl Validator<'_> {
             pool,
             routing,
             unfenced,
+            trigger_rule,
+            handler: None,
         };
         let lines = TaskLines {
+            path: path.to_string(),
             task: line(node),
             name: line(name_node),
             upstream: upstream_lines,
@@ -810,7 +880,7 @@ impl Validator<'_> {
                 .unwrap_or(lines[index].task);
             self.err(
                 line,
-                format!("tasks[{index}].upstream[{upstream_index}]"),
+                format!("{}.upstream[{upstream_index}]", lines[index].path),
                 message,
             )
         };
@@ -821,7 +891,7 @@ impl Validator<'_> {
                 first_index,
             } => self.err(
                 lines[index].name,
-                format!("tasks[{index}].name"),
+                format!("{}.name", lines[index].path),
                 format!(
                     "duplicate task name \"{name}\" (first defined at line {})",
                     lines[first_index].name
@@ -866,7 +936,7 @@ impl Validator<'_> {
                     .unwrap_or(0);
                 self.err(
                     lines[index].task,
-                    format!("tasks[{index}]"),
+                    lines[index].path.clone(),
                     error.to_string(),
                 )
             }

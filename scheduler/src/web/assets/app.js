@@ -105,7 +105,7 @@ function since(ms) {
 // Each state has a name in text, a glyph and a colour (a palette told apart with the common
 // colour-vision deficiencies; failed and upstream-failed also differ in glyph and border).
 const STATES = {
-  SUCCESS: "✓", FAILED: "✕", UPSTREAM_FAILED: "⊘", TIMEOUT: "⏱", RUNNING: "▶", DISPATCHED: "↗",
+  SUCCESS: "✓", FAILED: "✕", UPSTREAM_FAILED: "⊘", SKIPPED: "↷", TIMEOUT: "⏱", RUNNING: "▶", DISPATCHED: "↗",
   WAITING: "…", PENDING: "○", CANCELLED: "■", QUEUED: "≡", LIVE: "●", DEAD: "✕", DRAINING: "◐", PAUSED: "⏸",
 };
 
@@ -479,13 +479,13 @@ function dagView(dag, options = {}) {
   const nodesLayer = h("g", { class: "nodes", transform: `translate(${pad},${pad})` });
   const nodeEls = new Map();
   const reaches = reach(dag.nodes, dag.edges);
-  const label = n => "task " + n.task + (n.state ? ": " + stateName(n.state) : "") + (n.isolated ? " (isolated: no upstream or downstream)" : "");
+  const label = n => "task " + n.task + (n.state ? ": " + stateName(n.state) : "") + (n.handler ? " (runs " + n.handler.replace("_", " ") + ")" : "") + (n.isolated ? " (isolated: no upstream or downstream)" : "");
   for (const n of dag.nodes) {
     const state = n.state ? stateName(n.state) : "";
     const box = h("g", { class: "node" + (state ? " s-" + state.toLowerCase() : "") + (n.isolated ? " isolated" : ""), transform: `translate(${n.x - W / 2},${n.y - H / 2})`, "data-task": n.task },
       h("rect", { width: W, height: H, rx: 6 }),
-      h("text", { x: 10, y: state || n.isolated ? 18 : 27, class: "name" }, n.task.length > 26 ? n.task.slice(0, 25) + "…" : n.task),
-      h("text", { x: 10, y: 35, class: "sub" }, state ? (STATES[state] || "") + " " + state : n.isolated ? "isolated" : ""),
+      h("text", { x: 10, y: state || n.isolated || n.handler ? 18 : 27, class: "name" }, n.task.length > 26 ? n.task.slice(0, 25) + "…" : n.task),
+      h("text", { x: 10, y: 35, class: "sub" }, state ? (STATES[state] || "") + " " + state : n.handler ? n.handler : n.isolated ? "isolated" : ""),
       h("title", {}, label(n)));
     const href = n.instanceId && n.instanceId !== "0" ? "/instances/" + n.instanceId : options.taskHref ? options.taskHref(n) : null;
     const el = href ? svgLink(href, { "aria-label": label(n), class: "node-link" }, box)
@@ -627,7 +627,8 @@ function runsTable(filter) {
         h("td", {}, String(run.trigger || "").replace("TRIGGER_KIND_", "").toLowerCase()),
         h("td", {}, time(run.logicalTimeMs)),
         h("td", {}, Number(run.finishedAtMs) ? fmtDuration(run.finishedAtMs - run.createdAtMs) : "running"),
-        h("td", {}, `${c.success || 0} ok · ${(c.failed || 0) + (c.timeout || 0)} failed · ${(c.running || 0) + (c.dispatched || 0)} running`)));
+        h("td", {}, `${c.success || 0} ok · ${(c.failed || 0) + (c.timeout || 0)} failed · ${(c.running || 0) + (c.dispatched || 0)} running` +
+          (c.skipped ? ` · ${c.skipped} skipped` : "") + (c.upstreamFailed ? ` · ${c.upstreamFailed} upstream failed` : ""))));
       shown += 1;
     }
     before = answer.nextBeforeId || "0";

@@ -15,6 +15,8 @@ pub struct WaitingInstance {
     pub instance: InstanceRecord,
     pub logical_time: Millis,
     pub params: BTreeMap<String, String>,
+    /// What the run tells its handlers (`AX_RUN_STATE`, `AX_FAILED_TASKS`) once they started.
+    pub run_env: BTreeMap<String, String>,
     /// Set for a shard of a sharded broadcast (see [`Store::fan_out`](crate::Store::fan_out)).
     pub shard: Option<Shard>,
 }

@@ -55,4 +55,6 @@ pub struct PlacedAttempt {
     pub dispatched_at: Millis,
     pub logical_time: Millis,
     pub params: BTreeMap<String, String>,
+    /// What the run tells its handlers (`AX_RUN_STATE`, `AX_FAILED_TASKS`) once they started.
+    pub run_env: BTreeMap<String, String>,
 }

@@ -135,6 +135,8 @@ pub struct InstanceCounts {
     pub failed: u32,
     pub timeout: u32,
     pub cancelled: u32,
+    pub skipped: u32,
+    pub upstream_failed: u32,
     /// Tasks of the run's workflow version with no instance yet.
     pub not_created: u32,
 }

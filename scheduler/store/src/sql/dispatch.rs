@@ -390,12 +390,12 @@ async fn release_loaded(c: &mut AnyConnection, ended: &[Ended]) -> Result<()> {
 /// After a batch of reports: the instances whose attempt ended (`ended`: report index, the
 /// instance as the batch read it under lock, its new state) give back their scopes; shards
 /// leave the downstream advance to their parent, and a shard's terminal end settles its parent
-/// (a parent that succeeded joins `succeeded`, so its downstream is created; its run is checked
+/// (a parent that ended joins `finished`, so its downstream is judged; its run is checked
 /// for its end).
 pub(crate) async fn after_attempts_ended(
     c: &mut AnyConnection,
     ended: &[(usize, Ended, InstanceState)],
-    succeeded: &mut Vec<(usize, InstanceKey)>,
+    finished: &mut Vec<(usize, InstanceKey)>,
     touched_runs: &mut Vec<(usize, RunId)>,
     now: Millis,
 ) -> Result<()> {
@@ -417,7 +417,7 @@ pub(crate) async fn after_attempts_ended(
     if parents.is_empty() {
         return Ok(());
     }
-    succeeded.retain(|(_, key)| !parents.contains_key(&key.id.0));
+    finished.retain(|(_, key)| !parents.contains_key(&key.id.0));
     let mut settle: BTreeMap<i64, usize> = BTreeMap::new();
     for (index, instance, state) in ended {
         if state.is_terminal()
@@ -429,8 +429,8 @@ pub(crate) async fn after_attempts_ended(
     for (parent, index) in settle {
         if let Some((key, state)) = settle_parent(c, parent, now).await? {
             touched_runs.push((index, key.run_id));
-            if state == InstanceState::Success {
-                succeeded.push((index, key));
+            if state.is_terminal() {
+                finished.push((index, InstanceKey { state, ..key }));
             }
         }
     }
@@ -810,7 +810,7 @@ async fn read_waiting(
         rows::INSTANCE_SELECT
             .replace(
                 "ti.exit_code,",
-                "ti.exit_code, r.logical_time, r.params_json,"
+                "ti.exit_code, r.logical_time, r.params_json, r.handler_env_json,"
             )
             .replacen("SELECT", join_order, 1)
             .replacen("task_instance ti", queue_index, 1)
@@ -832,6 +832,7 @@ async fn read_waiting(
                 instance,
                 logical_time: row.try_get("logical_time")?,
                 params: map_json(&params, "run params")?,
+                run_env: rows::run_env(row)?,
                 shard,
             })
         })

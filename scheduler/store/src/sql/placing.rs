@@ -16,8 +16,9 @@ use crate::{NewAttempt, PlacedAttempt, Placement, Result};
 /// The state a first attempt is inserted in, and its worker when it was placed.
 pub(crate) type Placed = (&'static str, Option<String>);
 
-/// What a run gives the dispatches of its instances: its logical time and params.
-type RunFacts = (Millis, BTreeMap<String, String>);
+/// What a run gives the dispatches of its instances: its logical time, params and what it
+/// tells its handlers.
+type RunFacts = (Millis, BTreeMap<String, String>, BTreeMap<String, String>);
 
 /// The placement of one transaction and what it placed so far.
 pub(crate) struct Placing<'p> {
@@ -81,9 +82,11 @@ impl<'p> Placing<'p> {
         run: i64,
         logical_time: Millis,
         params: &BTreeMap<String, String>,
+        run_env: BTreeMap<String, String>,
     ) {
         if self.placement.is_some() {
-            self.runs.insert(run, (logical_time, params.clone()));
+            self.runs
+                .insert(run, (logical_time, params.clone(), run_env));
         }
     }
 
@@ -144,7 +147,10 @@ impl<'p> Placing<'p> {
             .collect();
         if !unknown.is_empty() {
             let (list, padded) = in_list(unknown);
-            let sql = format!("SELECT id, logical_time, params_json FROM run WHERE id IN ({list})");
+            let sql = format!(
+                "SELECT id, logical_time, params_json, handler_env_json FROM run \
+                 WHERE id IN ({list})"
+            );
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
             for run in padded {
                 query = query.bind(run);
@@ -152,15 +158,15 @@ impl<'p> Placing<'p> {
             for row in query.fetch_all(&mut *c).await? {
                 let params =
                     rows::map_json(&row.try_get::<String, _>("params_json")?, "run params")?;
-                self.runs
-                    .insert(row.try_get("id")?, (row.try_get("logical_time")?, params));
+                let facts = (row.try_get("logical_time")?, params, rows::run_env(&row)?);
+                self.runs.insert(row.try_get("id")?, facts);
             }
         }
         let now = self.now;
         Ok(std::mem::take(&mut self.placed)
             .into_values()
             .map(|(attempt, worker_id)| {
-                let (logical_time, params) = self
+                let (logical_time, params, run_env) = self
                     .runs
                     .get(&attempt.run_id.0)
                     .cloned()
@@ -171,6 +177,7 @@ impl<'p> Placing<'p> {
                     dispatched_at: now,
                     logical_time,
                     params,
+                    run_env,
                 }
             })
             .collect())

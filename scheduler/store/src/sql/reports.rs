@@ -7,6 +7,7 @@ use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::retry::{retries_left, retry_delay_ms};
 use ax_core::state::{Event, InstanceState, transition};
+use ax_core::trigger_rule::{TriggerRule, UpstreamEnd, Upstreams, Verdict, judge};
 use sqlx::{AnyConnection, Row};
 
 use super::counted::Counted;
@@ -35,7 +36,8 @@ async fn lock_run_rows_noting(
     }
     let (list, padded) = in_list(runs.iter().copied());
     let sql = format!(
-        "SELECT id, logical_time, params_json FROM run WHERE id IN ({list}) ORDER BY id FOR UPDATE"
+        "SELECT id, logical_time, params_json, handler_env_json FROM run WHERE id IN ({list}) \
+         ORDER BY id FOR UPDATE"
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     for run in padded {
@@ -43,7 +45,13 @@ async fn lock_run_rows_noting(
     }
     for row in query.fetch_all(&mut *c).await? {
         let params = map_json(&row.try_get::<String, _>("params_json")?, "run params")?;
-        placing.run_facts(row.try_get("id")?, row.try_get("logical_time")?, &params);
+        let run_env = super::rows::run_env(&row)?;
+        placing.run_facts(
+            row.try_get("id")?,
+            row.try_get("logical_time")?,
+            &params,
+            run_env,
+        );
     }
     Ok(())
 }
@@ -420,8 +428,9 @@ fn may_retry(end: &AttemptEnd) -> bool {
 /// once, not once per upstream, and a run ends only after its new instances exist.
 #[derive(Default)]
 struct AfterBatch {
-    /// Instances that succeeded, with the report that said so.
-    succeeded: Vec<(usize, InstanceKey)>,
+    /// Task instances that ended (succeeded, or failed with no retry left), with the report
+    /// that said so; their downstream tasks' rules are judged.
+    finished: Vec<(usize, InstanceKey)>,
     /// Runs with an instance that became terminal, with the last such report.
     touched_runs: Vec<(usize, RunId)>,
     /// Instances whose attempt ended or went back to WAITING: (report, the instance as read
@@ -439,42 +448,32 @@ impl AfterBatch {
         placing: &mut Placing<'_>,
     ) -> Result<()> {
         let AfterBatch {
-            mut succeeded,
+            mut finished,
             mut touched_runs,
             ended,
         } = self;
         super::dispatch::after_attempts_ended(
             c.uncounted(),
             &ended,
-            &mut succeeded,
+            &mut finished,
             &mut touched_runs,
             now,
         )
         .await?;
-        // Each (run, downstream task) is examined once, credited to the last report reaching it.
-        let finished_tasks: BTreeSet<VersionTask> = succeeded
+        let mut frontier: Vec<TaskEnd> = finished
             .iter()
-            .map(|(_, done)| (done.workflow_id.0, done.version, done.task.clone()))
+            .map(|(index, key)| TaskEnd {
+                index: *index,
+                run: key.run_id.0,
+                workflow: key.workflow_id.0,
+                version: key.version,
+                task: key.task.clone(),
+            })
             .collect();
-        let downstream = store.downstream_tasks.of(c, &finished_tasks).await?;
-        let mut candidates: Vec<(usize, InstanceKey, String)> = Vec::new();
-        let mut seen: BTreeSet<(i64, String)> = BTreeSet::new();
-        for (index, done) in succeeded.iter().rev() {
-            let edges = (done.workflow_id.0, done.version, done.task.clone());
-            for task in downstream.get(&edges).into_iter().flatten() {
-                if seen.insert((done.run_id.0, task.clone())) {
-                    candidates.push((*index, done.clone(), task.clone()));
-                }
-            }
-        }
-        candidates.reverse();
-        let created = create_ready(store, c, &candidates, now, placing).await?;
-        for ((index, _, _), created) in candidates.iter().zip(created) {
-            if created > 0
-                && let Some(ReportResult::Applied(applied)) = results.get_mut(*index)
-            {
-                applied.new_waiting += created;
-            }
+        // A task judged SKIPPED or UPSTREAM_FAILED ended too: its downstream is judged in the
+        // next round, each round O(the direct downstream of what ended in the last one).
+        while !frontier.is_empty() {
+            frontier = advance(store, c, &frontier, now, placing, results).await?;
         }
         // Each run is credited to the last report that touched it.
         let mut last_report: BTreeMap<i64, usize> = BTreeMap::new();
@@ -763,15 +762,13 @@ fn decide(
                 return ReportResult::Applied(applied);
             }
             after.touched_runs.push((index, done.run_id));
-            if next.to == InstanceState::Success {
-                after.succeeded.push((
-                    index,
-                    InstanceKey {
-                        state: next.to,
-                        ..done
-                    },
-                ));
-            }
+            after.finished.push((
+                index,
+                InstanceKey {
+                    state: next.to,
+                    ..done
+                },
+            ));
             ReportResult::Applied(applied)
         }
     }
@@ -799,76 +796,170 @@ async fn definitions(
     Ok(query.fetch_all(&mut *c).await?)
 }
 
-/// Creates the WAITING first attempt of each candidate (a downstream task of an instance that
-/// succeeded, in that instance's run) whose upstreams have all succeeded in the run; returns
-/// how many instances each candidate created or woke (0 or 1). Per workflow version of the
-/// batch: one read of the candidates' definitions, one count of their succeeded upstreams'
-/// instances per run or per task (whichever is fewer: a batch of many runs of a small DAG counts
-/// per task, a batch of a wide DAG's one run counts per run), one multi-row insert of the ready
-/// ones, all through indexes: the cost depends neither on the size of the workflow, nor on the
-/// history, nor on how many candidates became ready at once.
-async fn create_ready(
+/// A task instance that ended in a run, as the advance needs it; `index` is the report it is
+/// credited to.
+struct TaskEnd {
+    index: usize,
+    run: i64,
+    workflow: i64,
+    version: i64,
+    task: String,
+}
+
+/// One round of the advance: judges the trigger rule of each direct downstream task of `ended`
+/// in its run (each (run, task) once, credited to the last report reaching it), creates the
+/// instances of those that run (or wakes their PENDING ones) and of those that do not
+/// (SKIPPED or UPSTREAM_FAILED), and returns the latter: they ended, and their own downstream
+/// is judged next.
+async fn advance(
     store: &Store,
     c: &mut Counted<'_>,
-    candidates: &[(usize, InstanceKey, String)],
+    ended: &[TaskEnd],
     now: Millis,
     placing: &mut Placing<'_>,
-) -> Result<Vec<u32>> {
-    let mut created = vec![0u32; candidates.len()];
-    let mut versions: BTreeMap<(i64, i64), CandidatesOfVersion<'_>> = BTreeMap::new();
-    for (i, (_, done, task)) in candidates.iter().enumerate() {
-        versions
-            .entry((done.workflow_id.0, done.version))
-            .or_default()
-            .insert((done.run_id.0, task.as_str()), i);
-    }
-    for ((workflow, version), wanted) in versions {
-        let pairs: Vec<(i64, &str)> = wanted.keys().copied().collect();
-        let ready = ready_pairs(c, workflow, version, &pairs).await?;
-        if ready.is_empty() {
-            continue;
-        }
-        let woke = insert_first_attempts(store, c, workflow, version, &ready, now, placing).await?;
-        for ((run, task), n) in woke {
-            if let Some(&i) = wanted.get(&(run, task.as_str())) {
-                created[i] = n;
+    results: &mut [ReportResult],
+) -> Result<Vec<TaskEnd>> {
+    let tasks: BTreeSet<VersionTask> = ended
+        .iter()
+        .map(|end| (end.workflow, end.version, end.task.clone()))
+        .collect();
+    let downstream = store.downstream_tasks.of(c, &tasks).await?;
+    let mut candidates: Vec<TaskEnd> = Vec::new();
+    let mut seen: BTreeSet<(i64, String)> = BTreeSet::new();
+    for end in ended.iter().rev() {
+        let edges = (end.workflow, end.version, end.task.clone());
+        for task in downstream.get(&edges).into_iter().flatten() {
+            if seen.insert((end.run, task.clone())) {
+                candidates.push(TaskEnd {
+                    task: task.clone(),
+                    ..*end
+                });
             }
         }
     }
-    Ok(created)
+    candidates.reverse();
+    let judged = judge_candidates(store, c, &candidates, now, placing).await?;
+    let mut not_run = Vec::new();
+    for (candidate, judged) in candidates.into_iter().zip(judged) {
+        match judged {
+            Judged::Created(created) if created > 0 => {
+                if let Some(ReportResult::Applied(applied)) = results.get_mut(candidate.index) {
+                    applied.new_waiting += created;
+                }
+            }
+            Judged::NotRun => not_run.push(candidate),
+            Judged::Created(_) | Judged::Undecided => {}
+        }
+    }
+    Ok(not_run)
+}
+
+/// What the advance did with one candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Judged {
+    /// Its rule waits for an upstream still going.
+    Undecided,
+    /// It runs: instances created or woken (0 when it had one already).
+    Created(u32),
+    /// It does not run, and now has an instance that says so.
+    NotRun,
+}
+
+/// Judges each candidate's trigger rule on its direct upstreams' instances in its run. Per
+/// workflow version of the batch: one read of the candidates' definitions, one count of their
+/// upstreams' instances by state per run or per task (whichever is fewer: a batch of many runs
+/// of a small DAG counts per task, a batch of a wide DAG's one run counts per run), one
+/// multi-row insert of the instances that run and one of those that do not, all through
+/// indexes: the cost depends neither on the size of the workflow, nor on the history, nor on
+/// how many candidates were judged at once.
+async fn judge_candidates(
+    store: &Store,
+    c: &mut Counted<'_>,
+    candidates: &[TaskEnd],
+    now: Millis,
+    placing: &mut Placing<'_>,
+) -> Result<Vec<Judged>> {
+    let mut judged = vec![Judged::Undecided; candidates.len()];
+    let mut versions: BTreeMap<(i64, i64), CandidatesOfVersion<'_>> = BTreeMap::new();
+    for (i, candidate) in candidates.iter().enumerate() {
+        versions
+            .entry((candidate.workflow, candidate.version))
+            .or_default()
+            .insert((candidate.run, candidate.task.as_str()), i);
+    }
+    for ((workflow, version), wanted) in versions {
+        let pairs: Vec<(i64, &str)> = wanted.keys().copied().collect();
+        let verdicts = verdicts(c, workflow, version, &pairs).await?;
+        let mut ready: Vec<Ready> = Vec::new();
+        let mut not_run: Vec<NotRun> = Vec::new();
+        for (run, task, priority, verdict) in verdicts {
+            match verdict.state() {
+                None => ready.push((run, task, priority)),
+                Some(state) => not_run.push((run, task, priority, state)),
+            }
+        }
+        if !ready.is_empty() {
+            let woke =
+                insert_first_attempts(store, c, workflow, version, &ready, now, placing).await?;
+            for ((run, task), n) in woke {
+                if let Some(&i) = wanted.get(&(run, task.as_str())) {
+                    judged[i] = Judged::Created(n);
+                }
+            }
+        }
+        if !not_run.is_empty() {
+            for (run, task) in insert_not_run(store, c, workflow, version, &not_run, now).await? {
+                if let Some(&i) = wanted.get(&(run, task.as_str())) {
+                    judged[i] = Judged::NotRun;
+                }
+            }
+        }
+    }
+    Ok(judged)
 }
 
 /// The candidates of one workflow version: (run, task) → position in the batch's candidates.
 type CandidatesOfVersion<'a> = BTreeMap<(i64, &'a str), usize>;
 
 /// A task ready in a run: (run, task, priority).
-type Ready = (i64, String, i64);
+pub(crate) type Ready = (i64, String, i64);
 
-/// Of the (run, task) pairs of one workflow version, the ones whose upstreams have all
-/// succeeded in their run, with the task's priority.
-async fn ready_pairs(
+/// A task that does not run in a run: (run, task, priority, SKIPPED or UPSTREAM_FAILED).
+type NotRun = (i64, String, i64, InstanceState);
+
+/// Of the (run, task) pairs of one workflow version, those whose rule is decided, with the
+/// task's priority and the verdict.
+async fn verdicts(
     c: &mut Counted<'_>,
     workflow: i64,
     version: i64,
     pairs: &[(i64, &str)],
-) -> Result<Vec<Ready>> {
+) -> Result<Vec<(i64, String, i64, Verdict)>> {
     let tasks: Vec<&str> = pairs
         .iter()
         .map(|(_, task)| *task)
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let mut needs: HashMap<String, (i64, i64)> = HashMap::new();
+    let mut defs: HashMap<String, (u32, i64, TriggerRule)> = HashMap::new();
     for names in tasks.chunks(NAMES_PER_STATEMENT) {
-        for row in definitions(c, workflow, version, names, "upstream_count, priority").await? {
-            needs.insert(
+        let columns = "upstream_count, priority, trigger_rule";
+        for row in definitions(c, workflow, version, names, columns).await? {
+            let rule: String = row.try_get("trigger_rule")?;
+            let rule = TriggerRule::parse(&rule)
+                .ok_or_else(|| super::rows::corrupt(format!("unknown trigger rule {rule:?}")))?;
+            defs.insert(
                 row.try_get("name")?,
-                (row.try_get("upstream_count")?, row.try_get("priority")?),
+                (
+                    to_u32(row.try_get("upstream_count")?, "upstream count")?,
+                    row.try_get("priority")?,
+                    rule,
+                ),
             );
         }
     }
     let runs: BTreeSet<i64> = pairs.iter().map(|(run, _)| *run).collect();
-    let mut succeeded: HashMap<(i64, String), i64> = HashMap::new();
+    let mut ends: HashMap<(i64, String), Upstreams> = HashMap::new();
     if runs.len() <= tasks.len() {
         for &run in &runs {
             let of_run: Vec<&str> = pairs
@@ -877,7 +968,7 @@ async fn ready_pairs(
                 .map(|(_, task)| *task)
                 .collect();
             for names in of_run.chunks(NAMES_PER_STATEMENT) {
-                count_succeeded(c, workflow, version, &[run], names, &mut succeeded).await?;
+                count_upstream_ends(c, workflow, version, &[run], names, &mut ends).await?;
             }
         }
     } else {
@@ -888,40 +979,46 @@ async fn ready_pairs(
                 .map(|(run, _)| *run)
                 .collect();
             for runs in of_task.chunks(NAMES_PER_STATEMENT) {
-                count_succeeded(c, workflow, version, runs, &[task], &mut succeeded).await?;
+                count_upstream_ends(c, workflow, version, runs, &[task], &mut ends).await?;
             }
         }
     }
     Ok(pairs
         .iter()
         .filter_map(|(run, task)| {
-            let (upstreams, priority) = needs.get(*task)?;
-            let done = succeeded
-                .get(&(*run, task.to_string()))
-                .copied()
-                .unwrap_or(0);
-            (done >= *upstreams).then(|| (*run, task.to_string(), *priority))
+            let (total, priority, rule) = defs.get(*task)?;
+            let upstreams = Upstreams {
+                total: *total,
+                ..ends
+                    .get(&(*run, task.to_string()))
+                    .copied()
+                    .unwrap_or_default()
+            };
+            let verdict = judge(*rule, upstreams)?;
+            Some((*run, task.to_string(), *priority, verdict))
         })
         .collect())
 }
 
-/// Adds to `succeeded` the succeeded upstream instances of each of `tasks` in each of `runs`,
-/// by (run, task): one statement through the dependency and instance indexes.
-async fn count_succeeded(
+/// Adds to `ends` how the upstream instances of each of `tasks` in each of `runs` ended, by
+/// (run, task): one statement through the dependency and instance indexes.
+async fn count_upstream_ends(
     c: &mut Counted<'_>,
     workflow: i64,
     version: i64,
     runs: &[i64],
     tasks: &[&str],
-    succeeded: &mut HashMap<(i64, String), i64>,
+    ends: &mut HashMap<(i64, String), Upstreams>,
 ) -> Result<()> {
     let (run_list, padded_runs) = in_list(runs.iter().copied());
     let (task_list, padded_tasks) = in_list(tasks.iter().copied());
     let sql = format!(
-        "SELECT ti.run_id, d.downstream, COUNT(*) AS n FROM task_dependency d JOIN task_instance ti \
+        "SELECT ti.run_id, d.downstream, ti.state, COUNT(*) AS n FROM task_dependency d \
+         JOIN task_instance ti \
          ON ti.run_id IN ({run_list}) AND ti.task_name = d.upstream AND ti.shard_slot = 0 \
          WHERE d.workflow_id = ? AND d.version = ? AND d.downstream IN ({task_list}) \
-         AND ti.state = 'SUCCESS' GROUP BY ti.run_id, d.downstream"
+         AND ti.state IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELLED', 'SKIPPED', \
+         'UPSTREAM_FAILED') GROUP BY ti.run_id, d.downstream, ti.state"
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     for run in padded_runs {
@@ -932,19 +1029,124 @@ async fn count_succeeded(
         query = query.bind(task);
     }
     for row in query.fetch_all(&mut *c).await? {
-        succeeded.insert(
-            (row.try_get("run_id")?, row.try_get("downstream")?),
-            row.try_get("n")?,
-        );
+        let n = to_u32(row.try_get("n")?, "upstream count")?;
+        let entry = ends
+            .entry((row.try_get("run_id")?, row.try_get("downstream")?))
+            .or_default();
+        match UpstreamEnd::of(Some(instance_state(&row.try_get::<String, _>("state")?)?)) {
+            Some(UpstreamEnd::Succeeded) => entry.succeeded += n,
+            Some(UpstreamEnd::Failed) => entry.failed += n,
+            Some(UpstreamEnd::Skipped) => entry.skipped += n,
+            None => {}
+        }
     }
     Ok(())
+}
+
+/// Gives each task of `not_run` its instance in its run, in the state its rule decided, with no
+/// attempt (attempt 0): a new row, or its PENDING one (it ran before a rerun from above) moved.
+/// Returns the (run, task) pairs that got it; one that has an instance in another state (it ran
+/// already) is left alone.
+async fn insert_not_run(
+    store: &Store,
+    c: &mut Counted<'_>,
+    workflow: i64,
+    version: i64,
+    not_run: &[NotRun],
+    now: Millis,
+) -> Result<Vec<(i64, String)>> {
+    let ids = store
+        .take_ids(c.uncounted(), IdKind::Instance, not_run.len())
+        .await?;
+    let rows: Vec<(i64, &NotRun)> = ids.iter().copied().zip(not_run).collect();
+    let mut inserted = 0;
+    for rows in pow2_chunks(&rows) {
+        let sql = format!(
+            "{} task_instance (id, run_id, workflow_id, workflow_version, task_name, state, \
+             attempt, priority, not_before, created_at, finished_at) VALUES {}",
+            store.dialect.insert_ignore(),
+            values_rows(rows.len(), 11)
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (id, (run, task, priority, state)) in rows {
+            query = query
+                .bind(*id)
+                .bind(*run)
+                .bind(workflow)
+                .bind(version)
+                .bind(task.as_str())
+                .bind(state.as_str())
+                .bind(0i64)
+                .bind(*priority)
+                .bind(now)
+                .bind(now)
+                .bind(now);
+        }
+        inserted += query.execute(&mut *c).await?.rows_affected();
+    }
+    let all = || not_run.iter().map(|(run, task, _, _)| (*run, task.clone()));
+    if inserted as usize == not_run.len() {
+        return Ok(all().collect());
+    }
+    // Some had an instance: the rows whose id is not one this call took. Rare (a rerun from
+    // above), so one read per run.
+    let fresh: BTreeSet<i64> = ids.into_iter().collect();
+    let mut got = Vec::new();
+    let runs: BTreeSet<i64> = not_run.iter().map(|(run, _, _, _)| *run).collect();
+    for run in runs {
+        let of_run: Vec<&NotRun> = not_run.iter().filter(|(r, _, _, _)| *r == run).collect();
+        let (list, tasks) = in_list(of_run.iter().map(|(_, task, _, _)| task.as_str()));
+        let sql = format!(
+            "SELECT id, task_name, attempt, state FROM task_instance \
+             WHERE run_id = ? AND shard_slot = 0 AND task_name IN ({list})"
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(run);
+        for task in tasks {
+            query = query.bind(task);
+        }
+        for row in query.fetch_all(&mut *c).await? {
+            let id: i64 = row.try_get("id")?;
+            let task: String = row.try_get("task_name")?;
+            if fresh.contains(&id) {
+                got.push((run, task));
+                continue;
+            }
+            let Some((_, _, _, to)) = of_run.iter().find(|(_, t, _, _)| *t == task) else {
+                continue;
+            };
+            let verdict = if *to == InstanceState::Skipped {
+                Verdict::Skip
+            } else {
+                Verdict::UpstreamFailed
+            };
+            let from = instance_state(&row.try_get::<String, _>("state")?)?;
+            if transition(from, Event::Judged(verdict)).is_err() {
+                continue;
+            }
+            let moved = sqlx::query(
+                "UPDATE task_instance SET state = ?, finished_at = ? \
+                 WHERE id = ? AND attempt = ? AND state = ?",
+            )
+            .bind(to.as_str())
+            .bind(now)
+            .bind(id)
+            .bind(row.try_get::<i64, _>("attempt")?)
+            .bind(from.as_str())
+            .execute(&mut *c)
+            .await?;
+            if moved.rows_affected() == 1 {
+                got.push((run, task));
+            }
+        }
+    }
+    Ok(got)
 }
 
 /// Inserts the first attempt of each ready (run, task), in multi-row statements: WAITING, or
 /// DISPATCHED with its attempt row when `placing` places it. A task whose instance exists
 /// already (it ran before a rerun from above and is PENDING) is woken instead. Returns, per
 /// (run, task), the instances created or woken.
-async fn insert_first_attempts(
+pub(crate) async fn insert_first_attempts(
     store: &Store,
     c: &mut Counted<'_>,
     workflow: i64,

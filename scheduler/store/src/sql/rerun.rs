@@ -19,6 +19,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId, RunId};
+use ax_core::spec::WorkflowSpec;
 use ax_core::state::{Event, InstanceState, transition};
 use sqlx::{AnyConnection, Row};
 
@@ -65,19 +66,9 @@ async fn rerun_from_tx(
     now: Millis,
 ) -> Result<RerunFrom> {
     lock_runs(store, c, &BTreeSet::from([run.0])).await?;
-    let row = sqlx::query(
-        "SELECT v.spec_json FROM run r JOIN workflow_version v \
-         ON v.workflow_id = r.workflow_id AND v.version = r.workflow_version WHERE r.id = ?",
-    )
-    .bind(run.0)
-    .fetch_optional(&mut *c)
-    .await?;
-    let Some(row) = row else {
+    let Some(spec) = spec_of_run(c, run).await? else {
         return Ok(RerunFrom::RunNotFound);
     };
-    let spec: ax_core::spec::WorkflowSpec =
-        serde_json::from_str(&row.try_get::<String, _>("spec_json")?)
-            .map_err(|err| corrupt(format!("stored workflow spec: {err}")))?;
     let dag = spec
         .dag()
         .map_err(|err| corrupt(format!("stored workflow DAG: {err}")))?;
@@ -155,13 +146,7 @@ async fn rerun_from_tx(
             pending.push(id);
         }
     }
-    sqlx::query(
-        "UPDATE run SET state = 'RUNNING', finished_at = NULL, cancel_requested = 0 \
-         WHERE id = ? AND state <> 'RUNNING'",
-    )
-    .bind(run.0)
-    .execute(&mut *c)
-    .await?;
+    reopen(c, run, &spec, &[], now).await?;
     Ok(RerunFrom::Rerun { again: id, pending })
 }
 
@@ -222,7 +207,13 @@ pub(crate) async fn wake_pending(
     task: &str,
     now: Millis,
 ) -> Result<u32> {
-    debug_assert!(transition(InstanceState::Pending, Event::UpstreamsReady).is_ok());
+    debug_assert!(
+        transition(
+            InstanceState::Pending,
+            Event::Judged(ax_core::trigger_rule::Verdict::Run)
+        )
+        .is_ok()
+    );
     let sql = format!(
         "UPDATE task_instance SET state = 'WAITING', {FRESH_ATTEMPT} \
          WHERE run_id = ? AND task_name = ? AND shard_slot = 0 AND state = 'PENDING'"
@@ -253,17 +244,99 @@ async fn retry_one(c: &mut AnyConnection, key: &InstanceKey, now: Millis) -> Res
     .bind(key.state.as_str())
     .execute(&mut *c)
     .await?;
-    if done.rows_affected() != 1 {
-        return Ok(false);
-    }
-    sqlx::query(
-        "UPDATE run SET state = 'RUNNING', finished_at = NULL, cancel_requested = 0 \
-         WHERE id = ? AND state <> 'RUNNING'",
+    Ok(done.rows_affected() == 1)
+}
+
+/// The spec of a run's workflow version.
+async fn spec_of_run(c: &mut AnyConnection, run: RunId) -> Result<Option<WorkflowSpec>> {
+    let row = sqlx::query(
+        "SELECT v.spec_json FROM run r JOIN workflow_version v \
+         ON v.workflow_id = r.workflow_id AND v.version = r.workflow_version WHERE r.id = ?",
     )
-    .bind(key.run_id.0)
-    .execute(&mut *c)
+    .bind(run.0)
+    .fetch_optional(&mut *c)
     .await?;
-    Ok(true)
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let spec = serde_json::from_str(&row.try_get::<String, _>("spec_json")?)
+        .map_err(|err| corrupt(format!("stored workflow spec: {err}")))?;
+    Ok(Some(spec))
+}
+
+/// Reopens a run after tasks of it go again (`retried`: tasks retried as a new attempt): the
+/// tasks below them that did not run (SKIPPED, UPSTREAM_FAILED) wait for their upstreams again
+/// (PENDING), to be judged anew, and the run is RUNNING. Unless a handler itself is retried,
+/// the run's handlers that ran wait for its next outcome (PENDING) and the run has no handler
+/// outcome yet.
+async fn reopen(
+    c: &mut AnyConnection,
+    run: RunId,
+    spec: &WorkflowSpec,
+    retried: &[&str],
+    now: Millis,
+) -> Result<()> {
+    let dag = spec
+        .dag()
+        .map_err(|err| corrupt(format!("stored workflow DAG: {err}")))?;
+    let mut below: BTreeSet<&str> = BTreeSet::new();
+    for task in retried {
+        below.extend(dag.downstream_closure(task).into_iter().skip(1));
+    }
+    let handlers: BTreeSet<&str> = spec
+        .tasks
+        .iter()
+        .filter(|task| task.handler.is_some())
+        .map(|task| task.name.as_str())
+        .collect();
+    let handlers_again = !retried.iter().any(|task| handlers.contains(task));
+    let names: Vec<&str> = if handlers_again {
+        below.union(&handlers).copied().collect()
+    } else {
+        below.iter().copied().collect()
+    };
+    for names in names.chunks(super::NAMES_PER_STATEMENT) {
+        let sql = format!(
+            "SELECT id, task_name, state, attempt FROM task_instance \
+             WHERE run_id = ? AND shard_slot = 0 AND task_name IN ({}) ORDER BY id",
+            placeholders(names.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(run.0);
+        for name in names {
+            query = query.bind(*name);
+        }
+        for row in query.fetch_all(&mut *c).await? {
+            let task: String = row.try_get("task_name")?;
+            let state = instance_state(&row.try_get::<String, _>("state")?)?;
+            let again = if handlers.contains(task.as_str()) {
+                state.is_terminal()
+            } else {
+                matches!(
+                    state,
+                    InstanceState::Skipped | InstanceState::UpstreamFailed
+                )
+            };
+            if again && transition(state, Event::UpstreamRerun).is_ok() {
+                let id = InstanceId(row.try_get("id")?);
+                let attempt = Attempt(to_u32(row.try_get("attempt")?, "attempt")?);
+                move_to(c, id, attempt, state, InstanceState::Pending, now).await?;
+            }
+        }
+    }
+    let handlers_reset = if handlers_again {
+        ", handlers_for = NULL, handler_env_json = NULL"
+    } else {
+        ""
+    };
+    let sql = format!(
+        "UPDATE run SET state = 'RUNNING', finished_at = NULL, cancel_requested = 0{handlers_reset} \
+         WHERE id = ?"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(run.0)
+        .execute(&mut *c)
+        .await?;
+    Ok(())
 }
 
 async fn retry_instance_tx(
@@ -285,6 +358,10 @@ async fn retry_instance_tx(
     if !retry_one(c, &key, now).await? {
         return Ok(ManualRetry::NotRetryable(key.state));
     }
+    let spec = spec_of_run(c, key.run_id)
+        .await?
+        .ok_or_else(|| corrupt("retried instance's run vanished"))?;
+    reopen(c, key.run_id, &spec, &[key.task.as_str()], now).await?;
     let record = instance_by_id(c, id)
         .await?
         .ok_or_else(|| corrupt("retried instance vanished"))?;
@@ -314,6 +391,7 @@ async fn rerun_failed_tx(
         .collect::<Result<_>>()?;
     let shards_active = super::shard_retry::shards_going(c, &ids).await?;
     let mut retried = Vec::new();
+    let mut tasks = Vec::new();
     for id in ids {
         if shards_active.iter().any(|(parent, _)| *parent == id) {
             continue;
@@ -322,7 +400,15 @@ async fn rerun_failed_tx(
             && retry_one(c, &key, now).await?
         {
             retried.push(id);
+            tasks.push(key.task);
         }
+    }
+    if !retried.is_empty() {
+        let spec = spec_of_run(c, run)
+            .await?
+            .ok_or_else(|| corrupt("rerun run vanished"))?;
+        let tasks: Vec<&str> = tasks.iter().map(String::as_str).collect();
+        reopen(c, run, &spec, &tasks, now).await?;
     }
     Ok(Some(RerunFailed {
         retried,

@@ -229,3 +229,11 @@ pub(crate) fn decision(row: &AnyRow) -> Result<DecisionRecord> {
         node_id: row.try_get("node_id")?,
     })
 }
+
+/// What a run tells its handlers (`run.handler_env_json`; empty before they started).
+pub(crate) fn run_env(row: &AnyRow) -> Result<BTreeMap<String, String>> {
+    match row.try_get::<Option<String>, _>("handler_env_json")? {
+        Some(json) => map_json(&json, "run handler env"),
+        None => Ok(BTreeMap::new()),
+    }
+}

@@ -7,7 +7,7 @@
 //! workflow with limits is decided and inserted on its own, in order, so that its admission
 //! counts the runs before it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ax_core::Millis;
 use ax_core::audit_text;
@@ -449,7 +449,12 @@ async fn insert_started(
         .map(|row| Ok(RootsOf::new(row.id, row.run, facts_of(versions, row.run)?)))
         .collect::<Result<_>>()?;
     for row in &rows {
-        placing.run_facts(row.id, row.run.logical_time, &row.run.params);
+        placing.run_facts(
+            row.id,
+            row.run.logical_time,
+            &row.run.params,
+            BTreeMap::new(),
+        );
     }
     insert_roots_of(store, c, &roots, placing).await?;
     rows.iter()

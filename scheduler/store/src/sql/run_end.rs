@@ -2,6 +2,11 @@
 //! run ends, and what follows a run end happens in the same transaction (the dependent
 //! workflows' decisions, the promotion of queued runs).
 //!
+//! A run whose workflow has handlers (`on_failure`, `on_success`) takes one more step first
+//! (`ax_core::run::run_step`): when its graph's outcome is known, the handler list for it starts
+//! (its first tasks WAITING, the outcome kept in `run.handlers_for` and told to them through
+//! `run.handler_env_json`), and the run ends with that outcome once they ended.
+//!
 //! Set-based, so a report batch that ends a hundred runs costs about what one run end costs:
 //! one statement finds the runs that may end (RUNNING, no unfinished instance), one counts
 //! their instances, one reads (and on MySQL one locks) the workflow rows they need, one update
@@ -12,7 +17,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ax_core::Millis;
 use ax_core::ids::RunId;
-use ax_core::run::{RunProgress, RunState, run_outcome};
+use ax_core::run::{Handlers, RunProgress, RunState, RunStep, run_step};
+use ax_core::spec::Handler;
 use ax_core::state::InstanceState;
 use sqlx::{AnyConnection, Row};
 
@@ -41,7 +47,10 @@ pub(crate) async fn end_runs_if_done(
     runs: &BTreeSet<i64>,
     now: Millis,
 ) -> Result<BTreeMap<i64, RunState>> {
-    let ending = ends_due(c, runs).await?;
+    let (ending, handlers) = ends_due(c, runs).await?;
+    if !handlers.is_empty() {
+        start_handlers(store, c, &handlers, now).await?;
+    }
     if ending.is_empty() {
         return Ok(BTreeMap::new());
     }
@@ -61,21 +70,28 @@ pub(crate) async fn end_runs_if_done(
     Ok(ended)
 }
 
+/// A run whose graph ended and whose handler list for that outcome starts: (workflow,
+/// version, outcome, list).
+type HandlersDue = BTreeMap<i64, (i64, i64, RunState, Handler)>;
+
 /// The runs of `runs` that are RUNNING with no unfinished instance, with their workflow and how
-/// they end: two statements for the whole set. The common case, a run with an instance still
-/// to run, is one index probe inside the first.
+/// they end, and those whose handlers start instead: two statements for the whole set (three
+/// when a run's workflow has handlers). The common case, a run with an instance still to run,
+/// is one index probe inside the first.
 async fn ends_due(
     c: &mut Counted<'_>,
     runs: &BTreeSet<i64>,
-) -> Result<BTreeMap<i64, (i64, RunState)>> {
+) -> Result<(BTreeMap<i64, (i64, RunState)>, HandlersDue)> {
+    let mut handlers_due = BTreeMap::new();
     if runs.is_empty() {
-        return Ok(BTreeMap::new());
+        return Ok((BTreeMap::new(), handlers_due));
     }
     let (list, padded) = in_list(runs.iter().copied());
     // The run's state is checked here, not in SQL: a condition on `r.state` would let SQLite
     // walk the run state index (every RUNNING run) instead of the listed ids.
     let sql = format!(
-        "SELECT r.id, r.state, r.workflow_id, r.cancel_requested, v.task_count FROM run r \
+        "SELECT r.id, r.state, r.workflow_id, r.workflow_version, r.cancel_requested, \
+         r.handlers_for, v.task_count, v.on_failure_tasks, v.on_success_tasks FROM run r \
          JOIN workflow_version v ON v.workflow_id = r.workflow_id AND v.version = r.workflow_version \
          WHERE r.id IN ({list}) AND NOT EXISTS (SELECT 1 FROM task_instance ti \
          WHERE ti.run_id = r.id AND ti.state IN ('WAITING', 'DISPATCHED', 'RUNNING'))"
@@ -84,52 +100,176 @@ async fn ends_due(
     for run in padded {
         query = query.bind(run);
     }
-    let mut idle: BTreeMap<i64, (i64, RunProgress)> = BTreeMap::new();
+    let mut idle: BTreeMap<i64, IdleRun> = BTreeMap::new();
     for row in query.fetch_all(&mut *c).await? {
         if run_state(&row.try_get::<String, _>("state")?)? != RunState::Running {
             continue;
         }
-        let progress = RunProgress {
+        let graph = RunProgress {
             tasks: to_u32(row.try_get("task_count")?, "task count")?,
             cancel_requested: row.try_get::<i64, _>("cancel_requested")? != 0,
             ..RunProgress::default()
         };
-        idle.insert(row.try_get("id")?, (row.try_get("workflow_id")?, progress));
+        let handlers = Handlers {
+            on_failure: row.try_get::<i64, _>("on_failure_tasks")? > 0,
+            on_success: row.try_get::<i64, _>("on_success_tasks")? > 0,
+            started_for: row
+                .try_get::<Option<String>, _>("handlers_for")?
+                .map(|state| run_state(&state))
+                .transpose()?,
+            unfinished: 0,
+        };
+        idle.insert(
+            row.try_get("id")?,
+            IdleRun {
+                workflow: row.try_get("workflow_id")?,
+                version: row.try_get("workflow_version")?,
+                graph,
+                handlers,
+            },
+        );
     }
     if idle.is_empty() {
-        return Ok(BTreeMap::new());
+        return Ok((BTreeMap::new(), handlers_due));
     }
-    // Shards count through their parent.
-    let (list, padded) = in_list(idle.keys().copied());
-    let sql = format!(
-        "SELECT run_id, state, COUNT(*) AS n FROM task_instance \
-         WHERE run_id IN ({list}) AND shard_slot = 0 GROUP BY run_id, state"
-    );
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for run in padded {
-        query = query.bind(run);
-    }
-    for row in query.fetch_all(&mut *c).await? {
-        let Some((_, progress)) = idle.get_mut(&row.try_get::<i64, _>("run_id")?) else {
+    // Shards count through their parent; a handler's instance does not count for the graph.
+    let (with_handlers, plain): (Vec<i64>, Vec<i64>) = idle
+        .keys()
+        .partition(|run| idle[*run].handlers.on_failure || idle[*run].handlers.on_success);
+    for (runs, join) in [(plain, false), (with_handlers, true)] {
+        if runs.is_empty() {
             continue;
+        }
+        let (list, padded) = in_list(runs.iter().copied());
+        let sql = if join {
+            format!(
+                "SELECT ti.run_id, ti.state, COUNT(*) AS n FROM task_instance ti \
+                 JOIN task_definition td ON td.workflow_id = ti.workflow_id \
+                 AND td.version = ti.workflow_version AND td.name = ti.task_name \
+                 WHERE ti.run_id IN ({list}) AND ti.shard_slot = 0 AND td.handler IS NULL \
+                 GROUP BY ti.run_id, ti.state"
+            )
+        } else {
+            format!(
+                "SELECT run_id, state, COUNT(*) AS n FROM task_instance \
+                 WHERE run_id IN ({list}) AND shard_slot = 0 GROUP BY run_id, state"
+            )
         };
-        let n = to_u32(row.try_get("n")?, "instance count")?;
-        match instance_state(&row.try_get::<String, _>("state")?)? {
-            InstanceState::Success => progress.succeeded += n,
-            InstanceState::Cancelled => progress.cancelled += n,
-            // PENDING (after a rerun from above) counts like a task without an instance.
-            InstanceState::Failed | InstanceState::Timeout | InstanceState::Pending => {}
-            InstanceState::Waiting | InstanceState::Dispatched | InstanceState::Running => {
-                progress.unfinished += n
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for run in padded {
+            query = query.bind(run);
+        }
+        for row in query.fetch_all(&mut *c).await? {
+            let Some(facts) = idle.get_mut(&row.try_get::<i64, _>("run_id")?) else {
+                continue;
+            };
+            let progress = &mut facts.graph;
+            let n = to_u32(row.try_get("n")?, "instance count")?;
+            match instance_state(&row.try_get::<String, _>("state")?)? {
+                InstanceState::Success => progress.succeeded += n,
+                InstanceState::Skipped => progress.skipped += n,
+                InstanceState::Cancelled => progress.cancelled += n,
+                InstanceState::Failed | InstanceState::Timeout | InstanceState::UpstreamFailed => {
+                    progress.failed += n
+                }
+                // PENDING (after a rerun from above) counts like a task without an instance.
+                InstanceState::Pending => {}
+                InstanceState::Waiting | InstanceState::Dispatched | InstanceState::Running => {
+                    progress.unfinished += n
+                }
             }
         }
     }
-    Ok(idle
-        .into_iter()
-        .filter_map(|(run, (workflow, progress))| {
-            run_outcome(progress).map(|end| (run, (workflow, end)))
-        })
-        .collect())
+    let mut ending = BTreeMap::new();
+    for (run, facts) in idle {
+        match run_step(facts.graph, facts.handlers) {
+            RunStep::Continue => {}
+            RunStep::End(state) => {
+                ending.insert(run, (facts.workflow, state));
+            }
+            RunStep::StartHandlers { outcome, handler } => {
+                handlers_due.insert(run, (facts.workflow, facts.version, outcome, handler));
+            }
+        }
+    }
+    Ok((ending, handlers_due))
+}
+
+/// What the end of a run reads of a RUNNING run with nothing unfinished.
+struct IdleRun {
+    workflow: i64,
+    version: i64,
+    graph: RunProgress,
+    handlers: Handlers,
+}
+
+/// The most failed tasks `AX_FAILED_TASKS` names.
+const FAILED_TASKS_NAMED: usize = 100;
+
+/// Starts the handler list of each run of `due`: its first tasks WAITING (or woken, when they
+/// ran before the run was reopened), the outcome and what the handlers are told kept on the run.
+async fn start_handlers(
+    store: &Store,
+    c: &mut Counted<'_>,
+    due: &HandlersDue,
+    now: Millis,
+) -> Result<()> {
+    for (run, (workflow, version, outcome, handler)) in due {
+        let failed: Vec<String> = sqlx::query(
+            "SELECT task_name FROM task_instance WHERE run_id = ? AND shard_slot = 0 \
+             AND state IN ('FAILED', 'TIMEOUT', 'CANCELLED') ORDER BY task_name",
+        )
+        .bind(*run)
+        .fetch_all(&mut *c)
+        .await?
+        .iter()
+        .map(|row| row.try_get("task_name"))
+        .collect::<std::result::Result<_, _>>()?;
+        let env = BTreeMap::from([
+            ("AX_RUN_STATE", outcome.as_str().to_string()),
+            (
+                "AX_FAILED_TASKS",
+                failed
+                    .iter()
+                    .take(FAILED_TASKS_NAMED)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+        ]);
+        sqlx::query(
+            "UPDATE run SET handlers_for = ?, handler_env_json = ? \
+             WHERE id = ? AND state = 'RUNNING'",
+        )
+        .bind(outcome.as_str())
+        .bind(super::rows::to_json(&env)?)
+        .bind(*run)
+        .execute(&mut *c)
+        .await?;
+        let first: Vec<(i64, String, i64)> = sqlx::query(
+            "SELECT name, priority FROM task_definition \
+             WHERE workflow_id = ? AND version = ? AND start_group = ? ORDER BY name",
+        )
+        .bind(*workflow)
+        .bind(*version)
+        .bind(handler.field())
+        .fetch_all(&mut *c)
+        .await?
+        .iter()
+        .map(|row| Ok((*run, row.try_get("name")?, row.try_get("priority")?)))
+        .collect::<Result<_>>()?;
+        super::reports::insert_first_attempts(
+            store,
+            c,
+            *workflow,
+            *version,
+            &first,
+            now,
+            &mut super::placing::Placing::none(),
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// Moves the runs from RUNNING to their end, one conditional update per end state; returns the

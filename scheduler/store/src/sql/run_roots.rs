@@ -114,7 +114,7 @@ pub(crate) async fn facts_of_version(
     let rows = sqlx::query(
         "SELECT v.task_count, d.name, d.priority FROM workflow_version v \
          LEFT JOIN task_definition d ON d.workflow_id = v.workflow_id \
-         AND d.version = v.version AND d.upstream_count = 0 \
+         AND d.version = v.version AND d.start_group = 'run' \
          WHERE v.workflow_id = ? AND v.version = ? ORDER BY d.name",
     )
     .bind(workflow)

@@ -134,6 +134,8 @@ impl Store {
                 InstanceState::Failed => counts.failed = n,
                 InstanceState::Timeout => counts.timeout = n,
                 InstanceState::Cancelled => counts.cancelled = n,
+                InstanceState::Skipped => counts.skipped = n,
+                InstanceState::UpstreamFailed => counts.upstream_failed = n,
                 // Waits for its upstreams again after a rerun: shown like a task not created.
                 InstanceState::Pending => *total -= i64::from(n),
             }

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 
 use ax_core::Millis;
 use ax_core::ids::WorkflowId;
-use ax_core::spec::WorkflowSpec;
+use ax_core::spec::{Handler, TaskSpec, WorkflowSpec};
 use sqlx::{AnyConnection, Row};
 
 use super::ids::IdKind;
@@ -106,13 +106,15 @@ async fn apply_workflow_tx(
 
     sqlx::query(
         "INSERT INTO workflow_version (workflow_id, version, spec_json, source, task_count, \
-         created_at) VALUES (?, ?, ?, ?, ?, ?)",
+         on_failure_tasks, on_success_tasks, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(workflow_id)
     .bind(version)
     .bind(spec_json)
     .bind(source)
-    .bind(spec.tasks.len() as i64)
+    .bind(spec.graph_tasks().count() as i64)
+    .bind(handler_count(spec, Handler::OnFailure))
+    .bind(handler_count(spec, Handler::OnSuccess))
     .bind(now)
     .execute(&mut *c)
     .await?;
@@ -128,9 +130,9 @@ async fn apply_workflow_tx(
     for chunk in tasks.chunks(INSERT_CHUNK) {
         let sql = format!(
             "INSERT INTO task_definition (workflow_id, version, name, command, timeout_ms, \
-             retries, retry_backoff_ms, priority, labels_json, upstream_count, app, owner) \
-             VALUES {}",
-            values_rows(chunk.len(), 12)
+             retries, retry_backoff_ms, priority, labels_json, upstream_count, app, owner, \
+             trigger_rule, handler, start_group) VALUES {}",
+            values_rows(chunk.len(), 15)
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for (task, upstreams) in chunk {
@@ -155,7 +157,10 @@ async fn apply_workflow_tx(
                 .bind(to_json(&task.labels)?)
                 .bind(*upstreams)
                 .bind(spec.app.as_str())
-                .bind(spec.owner.as_str());
+                .bind(spec.owner.as_str())
+                .bind(task.trigger_rule.as_str())
+                .bind(task.handler.map(Handler::field))
+                .bind(start_group(task));
         }
         query.execute(&mut *c).await?;
     }
@@ -452,5 +457,24 @@ impl Store {
             Some(row) => row.try_get("next_fire_at")?,
             None => None,
         })
+    }
+}
+
+/// The tasks of one handler list of `spec`.
+fn handler_count(spec: &WorkflowSpec, handler: Handler) -> i64 {
+    spec.tasks
+        .iter()
+        .filter(|task| task.handler == Some(handler))
+        .count() as i64
+}
+
+/// The group a task starts with (`start_group`): `run` for a task a new run starts with,
+/// `on_failure`/`on_success` for the first tasks of a handler list, none for the others.
+fn start_group(task: &TaskSpec) -> Option<&'static str> {
+    let first = task.upstream.is_empty() || task.trigger_rule.starts_with_run();
+    match task.handler {
+        _ if !first => None,
+        None => Some("run"),
+        Some(handler) => Some(handler.field()),
     }
 }

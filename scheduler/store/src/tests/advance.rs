@@ -15,7 +15,7 @@ use super::support::*;
 conformance!(
     diamond_creates_the_sink_only_after_both_branches,
     concurrent_fan_in_creates_the_sink_once,
-    failure_leaves_downstream_uncreated_and_fails_the_run,
+    a_failure_marks_its_downstream_upstream_failed_and_fails_the_run,
     advance_creates_exactly_the_ready_downstream_in_a_large_workflow,
     a_fan_in_reached_in_one_batch_creates_the_sink_once_and_the_run_goes_on,
     one_batch_advancing_many_runs_creates_each_runs_ready_tasks_once,
@@ -83,7 +83,7 @@ mod scenarios {
         }
     }
 
-    pub(super) async fn failure_leaves_downstream_uncreated_and_fails_the_run(ctx: Ctx) {
+    pub(super) async fn a_failure_marks_its_downstream_upstream_failed_and_fails_the_run(ctx: Ctx) {
         let s = ctx.s();
         let wf = apply(
             s,
@@ -114,7 +114,12 @@ mod scenarios {
             (failed.attempt_state, failed.retry_scheduled),
             (Some(InstanceState::Failed), false)
         );
-        assert!(instance_of(s, run.id, "below").await.is_none());
+        let below = instance_of(s, run.id, "below").await.unwrap();
+        assert_eq!(
+            (below.state, below.attempt),
+            (InstanceState::UpstreamFailed, Attempt(0)),
+            "judged at once, never run"
+        );
         let good = run_task(s, run.id, "good", Outcome::Success).await;
         assert_eq!(
             (good.new_waiting, good.run_finished),
@@ -123,11 +128,21 @@ mod scenarios {
         );
         let last = run_task(s, run.id, "good2", Outcome::Success).await;
         assert_eq!(last.run_finished, Some((run.id, RunState::Failed)));
-        assert!(instance_of(s, run.id, "below").await.is_none());
+        let below = instance_of(s, run.id, "below").await.unwrap();
+        assert_eq!(
+            (below.state, below.attempt),
+            (InstanceState::UpstreamFailed, Attempt(0)),
+            "judged at once, never run"
+        );
         let counts = s.run_counts(run.id).await.unwrap();
         assert_eq!(
-            (counts.success, counts.failed, counts.not_created),
-            (3, 1, 1)
+            (
+                counts.success,
+                counts.failed,
+                counts.upstream_failed,
+                counts.not_created
+            ),
+            (3, 1, 1, 0)
         );
         let failed_runs = s
             .list_runs(None, Some(RunState::Failed), None, 10)

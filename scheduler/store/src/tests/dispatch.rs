@@ -477,7 +477,7 @@ mod scenarios {
                 .await
                 .unwrap()
                 .iter()
-                .all(|i| i.task != "d")
+                .all(|i| i.task != "d" || i.state == InstanceState::UpstreamFailed)
         );
     }
 

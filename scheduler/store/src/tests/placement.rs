@@ -3,6 +3,8 @@
 //! as a claim leaves it, and goes on like any dispatched attempt; what is not placed is WAITING;
 //! an instance that existed already (a rerun's pending task) is woken, never placed twice.
 
+use std::collections::BTreeMap;
+
 use ax_core::ids::{Attempt, InstanceId};
 use ax_core::run::RunState;
 use ax_core::state::InstanceState;
@@ -84,6 +86,7 @@ mod scenarios {
                 dispatched_at: T0,
                 logical_time: T0,
                 params: run.params.clone(),
+                run_env: BTreeMap::new(),
             }
         );
         assert_eq!(

@@ -171,7 +171,7 @@ mod scenarios {
         // The cancelled run's instance never went out: it has no attempt.
         let expected = PurgeCounts {
             runs: 3,
-            instances: 4,
+            instances: 5,
             attempts: 3,
             log_chunks: 3,
             decisions: 3,
@@ -213,7 +213,8 @@ mod scenarios {
             s.get_instance(running_a.id).await.unwrap().unwrap().state,
             ax_core::state::InstanceState::Dispatched
         );
-        assert_eq!(rows_of(s, late.id).await, (true, 1, 1, 2), "ended late");
+        // Its failed task's downstream is kept as UPSTREAM_FAILED: a second instance row.
+        assert_eq!(rows_of(s, late.id).await, (true, 2, 1, 2), "ended late");
         assert_eq!(rows_of(s, elsewhere.id).await, (true, 1, 1, 2), "other");
         let left = s.list_decisions(wf.id, 0, i64::MAX, 100).await.unwrap();
         let about: Vec<(Option<RunId>, Millis)> =

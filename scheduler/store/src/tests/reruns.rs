@@ -13,7 +13,7 @@ conformance!(
     a_manual_retry_reopens_the_run_and_keeps_the_history,
     rerun_failed_retries_the_failed_part_and_its_downstream_follows,
     rerun_from_a_task_reruns_it_and_its_downstream_keeping_history,
-    a_rerun_task_that_fails_again_fails_the_run_with_the_rest_pending,
+    a_rerun_task_that_fails_again_fails_the_run_with_the_rest_upstream_failed,
     rerun_from_refuses_unknown_tasks_and_active_instances,
 );
 
@@ -170,7 +170,7 @@ mod scenarios {
         }
     }
 
-    pub(super) async fn a_rerun_task_that_fails_again_fails_the_run_with_the_rest_pending(
+    pub(super) async fn a_rerun_task_that_fails_again_fails_the_run_with_the_rest_upstream_failed(
         ctx: Ctx,
     ) {
         let s = ctx.s();
@@ -194,12 +194,19 @@ mod scenarios {
         let failed = run_task(s, run.id, "a", Outcome::Failed).await;
         assert_eq!(failed.run_finished, Some((run.id, RunState::Failed)));
         let counts = s.run_counts(run.id).await.unwrap();
-        assert_eq!((counts.failed, counts.not_created), (1, 2));
+        assert_eq!(
+            (counts.failed, counts.upstream_failed, counts.not_created),
+            (1, 2, 0)
+        );
         for t in ["b", "c"] {
             let i = instance_of(s, run.id, t).await.unwrap();
-            assert_eq!((i.state, i.attempt), (InstanceState::Pending, Attempt(1)));
+            assert_eq!(
+                (i.state, i.attempt),
+                (InstanceState::UpstreamFailed, Attempt(1)),
+                "judged again, keeping the attempt that ran"
+            );
         }
-        // The failed part reruns, and the PENDING ones follow it.
+        // The failed part reruns, and the ones below it wait for it again, then follow it.
         assert_eq!(
             s.rerun_failed(run.id, T0 + 200)
                 .await
@@ -258,10 +265,15 @@ mod scenarios {
             applied(&results[0]).run_finished,
             Some((run.id, RunState::Failed))
         );
-        // A failed task can be rerun from too.
+        // A failed task can be rerun from too; c, upstream-failed, waits for it again.
+        let c = instance_of(s, run.id, "c").await.unwrap();
+        assert_eq!(
+            (c.state, c.attempt),
+            (InstanceState::UpstreamFailed, Attempt(0))
+        );
         assert!(matches!(
             s.rerun_from(run.id, "b", T0 + 50).await.unwrap(),
-            RerunFrom::Rerun { pending, .. } if pending.is_empty()
+            RerunFrom::Rerun { pending, .. } if pending == [c.id]
         ));
     }
 }

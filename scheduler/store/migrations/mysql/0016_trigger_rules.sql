@@ -1,0 +1,18 @@
+-- Trigger rules and handlers. A task's rule (`all_success` for every task stored before rules
+-- existed) and the group it starts with: 'run' for a task a new run starts with (no upstream, or
+-- the rule `always`), 'on_failure' / 'on_success' for the first tasks of a handler list, NULL for
+-- every other task. `handler` names the list a handler task belongs to.
+ALTER TABLE task_definition ADD COLUMN trigger_rule VARCHAR(32) NOT NULL DEFAULT 'all_success';
+ALTER TABLE task_definition ADD COLUMN handler VARCHAR(16) NULL;
+ALTER TABLE task_definition ADD COLUMN start_group VARCHAR(16) NULL;
+UPDATE task_definition SET start_group = 'run' WHERE upstream_count = 0;
+CREATE INDEX idx_task_definition_start ON task_definition (workflow_id, version, start_group);
+
+-- How many tasks each handler list of a version has, so the end of a run knows without a read.
+ALTER TABLE workflow_version ADD COLUMN on_failure_tasks BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE workflow_version ADD COLUMN on_success_tasks BIGINT NOT NULL DEFAULT 0;
+
+-- The outcome a run's handlers were started for (NULL while none was), and what they are told
+-- (a JSON object of environment variables: AX_RUN_STATE, AX_FAILED_TASKS).
+ALTER TABLE run ADD COLUMN handlers_for VARCHAR(16) NULL;
+ALTER TABLE run ADD COLUMN handler_env_json TEXT NULL;

@@ -296,6 +296,7 @@ pub struct AttemptView {
     pub pid: u32,
     pub log_lines: u64,
     pub message: String,
+    pub outputs: std::collections::BTreeMap<String, String>,
 }
 
 impl From<&pb::Attempt> for AttemptView {
@@ -312,6 +313,11 @@ impl From<&pb::Attempt> for AttemptView {
             pid: a.pid,
             log_lines: a.log_lines,
             message: a.message.clone(),
+            outputs: a
+                .outputs
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
         }
     }
 }

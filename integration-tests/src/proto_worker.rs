@@ -396,6 +396,7 @@ async fn accept(
             finished_at_ms: now_ms(),
             log_lines: *seq.lock().await,
             message: String::new(),
+            outputs: Default::default(),
         };
         let _ = tx.send(wrap(ToScheduler::Finished(finished))).await;
     });

@@ -171,6 +171,7 @@ fn worker_message(real_instance: i64) -> impl Strategy<Value = pb::WorkerMessage
                     finished_at_ms: at,
                     log_lines: seq,
                     message: text,
+                    outputs: Default::default(),
                 }),
                 _ => Body::Register(pb::Register {
                     worker_id: text,

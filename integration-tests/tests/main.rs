@@ -15,6 +15,7 @@ mod e2e;
 mod faults;
 mod fuzz_stream;
 mod metrics;
+mod outputs;
 mod processes;
 mod python_sdk;
 mod restarts;
@@ -43,6 +44,7 @@ fn main() -> std::process::ExitCode {
         faults::tests(),
         fuzz_stream::tests(),
         metrics::tests(),
+        outputs::tests(),
         processes::tests(),
         python_sdk::tests(),
         restarts::tests(),

@@ -300,6 +300,7 @@ impl Backstop {
             at: now,
             log_lines: 0,
             message,
+            outputs: Default::default(),
         };
         match verdict {
             Verdict::Healthy | Verdict::Stalled => None,

@@ -53,6 +53,8 @@ pub struct Ready<'a> {
     pub params: &'a BTreeMap<String, String>,
     /// What the run tells its handlers (empty for the graph's tasks).
     pub run_env: &'a BTreeMap<String, String>,
+    /// The outputs the run's tasks passed on, by task (empty for a run without any).
+    pub outputs: &'a BTreeMap<String, ax_core::outputs::Outputs>,
     pub shard: Option<&'a ax_store::Shard>,
 }
 
@@ -60,7 +62,8 @@ pub struct Ready<'a> {
 /// attempt, about its worker.
 pub struct Undone {
     pub worker: String,
-    pub report: Report,
+    /// Boxed: an `Undone` travels in `Result`s, and a report is large.
+    pub report: Box<Report>,
 }
 
 impl Undone {
@@ -68,14 +71,14 @@ impl Undone {
     pub fn new(claimed: &Claimed<'_>, reason: String) -> Undone {
         Undone {
             worker: claimed.worker.to_string(),
-            report: Report::Rejected {
+            report: Box::new(Report::Rejected {
                 instance_id: claimed.instance,
                 attempt: claimed.attempt,
                 worker_id: Some(claimed.worker.to_string()),
                 reason,
                 withdrawn: false,
                 dispatched_at: None,
-            },
+            }),
         }
     }
 }
@@ -140,8 +143,12 @@ impl DispatchSender {
             run: ready.run,
             workflow: spec.name.clone(),
             task: task.name.clone(),
-            command: task.command.clone(),
-            argv: task.argv.clone(),
+            command: with_outputs(&task.command, ready.outputs),
+            argv: task
+                .argv
+                .iter()
+                .map(|word| with_outputs(word, ready.outputs))
+                .collect(),
             env,
             working_dir: task.working_dir.clone().unwrap_or_default(),
             timeout_ms: task.timeout_ms,
@@ -226,7 +233,17 @@ fn task_environment(
     ready: &Ready<'_>,
     workflow: &str,
 ) -> std::collections::HashMap<String, String> {
-    let mut env: std::collections::HashMap<String, String> = task.env.clone().into_iter().collect();
+    let mut env: std::collections::HashMap<String, String> = task
+        .env
+        .iter()
+        .map(|(name, value)| (name.clone(), with_outputs(value, ready.outputs)))
+        .collect();
+    // The outputs of its direct upstreams, each as AX_UPSTREAM_<TASK>_<KEY>.
+    for upstream in &task.upstream {
+        for (key, value) in ready.outputs.get(upstream).into_iter().flatten() {
+            env.insert(ax_core::outputs::env_name(upstream, key), value.clone());
+        }
+    }
     for (name, value) in ready.params {
         env.insert(format!("AX_PARAM_{name}"), value.clone());
     }
@@ -245,6 +262,23 @@ fn task_environment(
         env.insert("AX_SHARD_TOTAL".into(), shard.total.to_string());
     }
     env
+}
+
+/// `text` with its `${tasks.T.outputs.K}` replaced by the outputs the run's tasks passed on. The
+/// advance fails a task whose named output is missing before it is ever dispatched, so a
+/// reference left as written (a rerun that moved an upstream back) is a rare mismatch, logged.
+fn with_outputs(text: &str, outputs: &BTreeMap<String, ax_core::outputs::Outputs>) -> String {
+    if !text.contains("${tasks.") {
+        return text.to_string();
+    }
+    let lookup = |r: &ax_core::outputs::OutputRef| outputs.get(&r.task)?.get(&r.key).cloned();
+    match ax_core::outputs::substitute(text, lookup) {
+        Ok(text) => text,
+        Err(missing) => {
+            tracing::warn!(reference = %missing, "an output named by a task is missing at dispatch");
+            text.to_string()
+        }
+    }
 }
 
 /// A logical time as RFC 3339 in UTC, e.g. `2024-05-01T02:00:00Z`.

@@ -528,6 +528,7 @@ impl Dispatcher {
                         logical_time: item.logical_time,
                         params: &item.params,
                         run_env: &item.run_env,
+                        outputs: &item.run_outputs,
                         shard: item.shard.as_ref(),
                     };
                     let secret_env = secrets.unwrap_or_default();

@@ -136,6 +136,7 @@ pub fn build(options: SchedulerOptions, opened: Opened, runs: Runs<'_>) -> Built
         watching: watching.clone(),
         progress: progress.clone(),
         dispatch: dispatch_wake.clone(),
+        secrets: secrets.clone(),
     });
     let reports = reporter.handle();
     let runs = run_creator::RunCreator::start(

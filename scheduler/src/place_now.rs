@@ -120,6 +120,7 @@ impl Placing {
             logical_time: placed.logical_time,
             params: &placed.params,
             run_env: &placed.run_env,
+            outputs: &placed.run_outputs,
             shard: None,
         };
         let (message, span) = self

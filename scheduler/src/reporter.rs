@@ -73,7 +73,7 @@ impl Reports {
     /// Puts an attempt that was claimed and not sent back to WAITING.
     pub async fn put_back(&self, undone: Undone) {
         let _ = self
-            .send(Envelope::decided(&undone.worker, undone.report))
+            .send(Envelope::decided(&undone.worker, *undone.report))
             .await;
     }
 }
@@ -103,6 +103,8 @@ pub struct BatchPath {
     pub progress: Progress,
     /// The dispatcher's wake-up: a batch made instances WAITING, or freed slots.
     pub dispatch: Wake,
+    /// Masks secrets' values in outputs before they are stored, as in log lines.
+    pub secrets: Arc<crate::secrets::Secrets>,
 }
 
 /// What a batch's results leave to do once its workers are answered.
@@ -196,10 +198,17 @@ impl BatchPath {
     /// (here); its failures alerted (`failure_alerts.rs`). Returns the placed attempts that
     /// could not be sent, to put back WAITING.
     async fn apply(&self, batch: &[Envelope]) -> Vec<Undone> {
-        let reports: Vec<Report> = batch
+        let mut reports: Vec<Report> = batch
             .iter()
             .map(|envelope| envelope.report.clone())
             .collect();
+        for report in &mut reports {
+            if let Report::Finished { outputs, .. } = report
+                && !outputs.is_empty()
+            {
+                self.secrets.mask_outputs(outputs).await;
+            }
+        }
         let started = std::time::Instant::now();
         let started_at = std::time::SystemTime::now();
         let (results, placed, placement) = self.store(&reports).await;

@@ -354,6 +354,33 @@ impl Secrets {
         chunk.mask(&values.masked_for(app.as_deref()), MASK, MIN_MASKED_LEN);
     }
 
+    /// Masks in outputs the value of every secret (of any app: outputs are few, and masking a
+    /// value another app's task cannot have been given costs nothing but a `****`), before they
+    /// are stored. Costs nothing while no secret exists.
+    pub async fn mask_outputs(&self, outputs: &mut ax_core::outputs::Outputs) {
+        let values = match self.current().await {
+            Ok(values) => values,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read secrets to mask outputs");
+                return;
+            }
+        };
+        let every = values.masked_for(None);
+        if every.is_empty() {
+            return;
+        }
+        let rules = ax_core::mask::MaskRules {
+            starts_attempt: true,
+            min_piece: MIN_MASKED_LEN,
+        };
+        for value in outputs.values_mut() {
+            let streams = vec![(); value.split('\n').count()];
+            if let Some(masked) = ax_core::mask::mask_lines(&streams, value, &every, MASK, rules) {
+                *value = masked;
+            }
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Opened>> {
         self.opened.lock().unwrap_or_else(|e| e.into_inner())
     }

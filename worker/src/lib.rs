@@ -206,7 +206,7 @@ pub async fn run_with_stats(
         attempts: Arc::new(Attempts::new(
             options.max_retained_log_bytes,
             options.max_spilled_log_bytes,
-            spill_dir,
+            spill_dir.clone(),
             stats,
         )),
         liveness: Arc::new(Liveness::new()),
@@ -223,6 +223,7 @@ pub async fn run_with_stats(
             batch: options.log_batch,
             task_heartbeat_interval: options.task_heartbeat_interval,
             task_user: options.task_user.clone(),
+            outputs_dir: spill_dir.join("outputs"),
         }),
         tracker: TaskTracker::new(),
         started_at_ms: now_ms(),

@@ -47,6 +47,8 @@ pub struct RunnerSettings {
     pub task_heartbeat_interval: Duration,
     /// The account tasks run as (`--task-user`); the worker's own when `None`.
     pub task_user: Option<crate::task_user::TaskUser>,
+    /// Where each attempt's `$AX_OUTPUT` file is made (the worker's spill directory).
+    pub outputs_dir: std::path::PathBuf,
 }
 
 /// Why the worker is killing an attempt.
@@ -206,6 +208,23 @@ impl Watch {
 impl Runner {
     async fn run(mut self) {
         let mut command = task_command(&self.dispatch);
+        let output_file = match self.output_file() {
+            Ok(path) => path,
+            Err(error) => {
+                tracing::warn!(%error, "cannot make the attempt's $AX_OUTPUT file");
+                let report = AttemptFinished {
+                    instance_id: self.key.instance_id,
+                    attempt: self.key.attempt,
+                    outcome: AttemptOutcome::SpawnFailed as i32,
+                    finished_at_ms: now_ms(),
+                    message: format!("spawn failed: cannot make the $AX_OUTPUT file: {error}"),
+                    ..AttemptFinished::default()
+                };
+                self.send_finished(report).await;
+                return;
+            }
+        };
+        command.env("AX_OUTPUT", &output_file);
         if let Some(user) = &self.settings.task_user {
             command.run_as(user);
             // The dispatch's own values win, as they do over the worker's environment.
@@ -354,6 +373,7 @@ impl Runner {
         }
         let mut report = self.report(exit, kill, batcher.lines_taken());
         report.finished_at_ms = exited_at_ms.unwrap_or(report.finished_at_ms);
+        read_outputs(&mut report, &output_file);
         tracing::info!(
             outcome = ?AttemptOutcome::try_from(report.outcome).unwrap_or_default(),
             exit_code = ?report.exit_code,
@@ -419,6 +439,28 @@ impl Runner {
         report
     }
 
+    /// Makes the attempt's empty `$AX_OUTPUT` file, writable by the task's account only.
+    fn output_file(&self) -> io::Result<std::path::PathBuf> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = &self.settings.outputs_dir;
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join(format!(
+            "output-{}-{}",
+            self.key.instance_id, self.key.attempt
+        ));
+        // A file left by an earlier worker process under this id is not this attempt's.
+        let _ = std::fs::remove_file(&path);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        if let Some(user) = &self.settings.task_user {
+            std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))?;
+        }
+        Ok(path)
+    }
+
     /// Cuts the pending lines into a batch and hands it to the shipper.
     fn flush(&self, batcher: &mut Batcher, shipper: &Shipper) {
         let Some(frame) = batcher.take(self.key.instance_id, self.key.attempt, now_ms()) else {
@@ -432,6 +474,30 @@ impl Runner {
     async fn send_finished(&self, report: AttemptFinished) {
         if let Some((link, message)) = self.attempts.finished(self.key, report) {
             link.send(message).await;
+        }
+    }
+}
+
+/// Puts what a successful attempt wrote to `$AX_OUTPUT` in its report, and removes the file. A
+/// file that is not outputs (too large, malformed) fails the attempt, saying why: a downstream
+/// task must not run on a truncated or misread value.
+fn read_outputs(report: &mut AttemptFinished, path: &std::path::Path) {
+    let read = std::fs::read(path);
+    let _ = std::fs::remove_file(path);
+    if report.outcome != AttemptOutcome::Success as i32 {
+        return;
+    }
+    let parsed = match read {
+        Ok(bytes) => ax_core::outputs::parse(&bytes).map_err(|e| e.to_string()),
+        // The task removed its own file: it wrote nothing.
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(Default::default()),
+        Err(error) => Err(format!("cannot read $AX_OUTPUT: {error}")),
+    };
+    match parsed {
+        Ok(outputs) => report.outputs = outputs.into_iter().collect(),
+        Err(problem) => {
+            report.outcome = AttemptOutcome::Failed as i32;
+            report.message = format!("outputs refused: {problem}");
         }
     }
 }

@@ -502,5 +502,14 @@ fn instance_detail(i: &pb::Instance) -> String {
         ]);
     }
     out.push_str(&table.render());
+    // The outputs of the attempt that succeeded: what the tasks below it were given.
+    if let Some(done) = i.attempts.iter().rev().find(|a| !a.outputs.is_empty()) {
+        out.push_str(&format!("\nOutputs (attempt {}):\n", done.attempt));
+        let mut outputs: Vec<(&String, &String)> = done.outputs.iter().collect();
+        outputs.sort();
+        for (key, value) in outputs {
+            out.push_str(&format!("  {key}={value}\n"));
+        }
+    }
     out
 }

@@ -24,6 +24,7 @@ pub mod layout;
 pub mod limits;
 pub mod liveness;
 pub mod mask;
+pub mod outputs;
 pub mod params;
 pub mod placement;
 pub mod render;

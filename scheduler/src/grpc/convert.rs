@@ -226,6 +226,11 @@ pub fn attempt(record: &AttemptRecord) -> pb::Attempt {
         pid: record.pid.unwrap_or(0),
         log_lines: record.log_lines,
         message: record.message.clone(),
+        outputs: record
+            .outputs
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     }
 }
 

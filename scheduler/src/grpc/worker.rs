@@ -26,8 +26,8 @@ use ax_core::worker_scope::{
 };
 use ax_proto::v1::worker_service_server::WorkerService;
 use ax_proto::v1::{
-    AttemptOutcome, LogBatch, LogStream as ProtoStream, ProtocolVersion, Register, Registered,
-    SchedulerMessage, WorkerMessage, scheduler_message, worker_message,
+    AttemptFinished, AttemptOutcome, LogBatch, LogStream as ProtoStream, ProtocolVersion, Register,
+    Registered, SchedulerMessage, WorkerMessage, scheduler_message, worker_message,
 };
 use ax_store::{ActiveAttempt, AttemptEnd, LogChunk, LogStream, Report, Store, WorkerRecord};
 use futures::{Stream, StreamExt};
@@ -482,6 +482,7 @@ async fn end_now(streams: &Streams, worker: &str, missing: Vec<ActiveAttempt>) {
                     at: now,
                     log_lines: 0,
                     message: format!("lost: {cause}"),
+                    outputs: Default::default(),
                 },
             ),
             _ => (
@@ -728,27 +729,7 @@ async fn serve(
                 worker_id: Some(worker.to_string()),
                 at: heartbeat.sent_at_ms,
             },
-            worker_message::Body::Finished(finished) => {
-                let end = match AttemptOutcome::try_from(finished.outcome) {
-                    Ok(AttemptOutcome::Success) => AttemptEnd::Finished(Outcome::Success),
-                    Ok(AttemptOutcome::Timeout) => AttemptEnd::Finished(Outcome::Timeout),
-                    Ok(AttemptOutcome::SpawnFailed) => AttemptEnd::SpawnFailed,
-                    // A cancelled attempt's instance is already CANCELLED; recording the
-                    // attempt as failed is refused as stale, which is what we want.
-                    _ => AttemptEnd::Finished(Outcome::Failed),
-                };
-                Report::Finished {
-                    instance_id: InstanceId(finished.instance_id),
-                    attempt: Attempt(finished.attempt),
-                    worker_id: Some(worker.to_string()),
-                    end,
-                    exit_code: finished.exit_code,
-                    signal: finished.signal,
-                    at: finished.finished_at_ms,
-                    log_lines: finished.log_lines,
-                    message: finished.message,
-                }
-            }
+            worker_message::Body::Finished(finished) => finished_report(finished, worker),
         };
         time_start(streams, worker, &report);
         if let Report::Finished {
@@ -786,6 +767,42 @@ async fn serve(
 
 /// Times a start as its stream receives it, before the report's batch: the attempt may end
 /// and leave the registry before that batch is applied.
+/// A worker's `AttemptFinished` as a report. The worker is not trusted with its outputs: outputs
+/// with a bad name or past an attempt's limit fail the attempt, and only a success keeps any.
+fn finished_report(mut finished: AttemptFinished, worker: &str) -> Report {
+    let outputs: ax_core::outputs::Outputs = finished.outputs.drain().collect();
+    let refused = ax_core::outputs::check(&outputs).err();
+    if let Some(problem) = &refused {
+        finished.outcome = AttemptOutcome::Failed as i32;
+        finished.message = format!("outputs refused: {problem}");
+    }
+    let end = match AttemptOutcome::try_from(finished.outcome) {
+        Ok(AttemptOutcome::Success) => AttemptEnd::Finished(Outcome::Success),
+        Ok(AttemptOutcome::Timeout) => AttemptEnd::Finished(Outcome::Timeout),
+        Ok(AttemptOutcome::SpawnFailed) => AttemptEnd::SpawnFailed,
+        // A cancelled attempt's instance is already CANCELLED; recording the attempt as failed
+        // is refused as stale, which is what we want.
+        _ => AttemptEnd::Finished(Outcome::Failed),
+    };
+    let outputs = if end == AttemptEnd::Finished(Outcome::Success) {
+        outputs
+    } else {
+        Default::default()
+    };
+    Report::Finished {
+        instance_id: InstanceId(finished.instance_id),
+        attempt: Attempt(finished.attempt),
+        worker_id: Some(worker.to_string()),
+        end,
+        exit_code: finished.exit_code,
+        signal: finished.signal,
+        at: finished.finished_at_ms,
+        log_lines: finished.log_lines,
+        message: finished.message,
+        outputs,
+    }
+}
+
 fn time_start(streams: &Streams, worker: &str, report: &Report) {
     if let Report::Started {
         instance_id,
@@ -874,5 +891,64 @@ mod tests {
         };
         let error = log_chunk(both).expect_err("both forms");
         assert!(error.contains("both"), "{error}");
+    }
+}
+
+#[cfg(test)]
+mod finished_tests {
+    use super::*;
+
+    fn finished(outcome: AttemptOutcome, outputs: &[(&str, String)]) -> AttemptFinished {
+        AttemptFinished {
+            instance_id: 7,
+            attempt: 1,
+            outcome: outcome as i32,
+            outputs: outputs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// A worker is not trusted with outputs: a bad name or too many bytes fail the attempt and
+    /// keep nothing; a failed attempt keeps none.
+    #[test]
+    fn outputs_from_a_worker_are_checked() {
+        let ok = finished_report(
+            finished(AttemptOutcome::Success, &[("rows", "3".into())]),
+            "w1",
+        );
+        let Report::Finished { end, outputs, .. } = ok else {
+            panic!()
+        };
+        assert_eq!(end, AttemptEnd::Finished(Outcome::Success));
+        assert_eq!(outputs["rows"], "3");
+        for bad in [
+            vec![("1bad", "x".to_string())],
+            vec![("blob", "x".repeat(ax_core::outputs::MAX_ATTEMPT_BYTES))],
+        ] {
+            let report = finished_report(finished(AttemptOutcome::Success, &bad), "w1");
+            let Report::Finished {
+                end,
+                outputs,
+                message,
+                ..
+            } = report
+            else {
+                panic!()
+            };
+            assert_eq!(end, AttemptEnd::Finished(Outcome::Failed));
+            assert!(outputs.is_empty());
+            assert!(message.starts_with("outputs refused: "), "{message}");
+        }
+        let failed = finished_report(
+            finished(AttemptOutcome::Failed, &[("rows", "3".into())]),
+            "w1",
+        );
+        let Report::Finished { outputs, .. } = failed else {
+            panic!()
+        };
+        assert!(outputs.is_empty());
     }
 }

@@ -22,6 +22,7 @@ mod instance_locks;
 mod locks;
 mod logs;
 mod nodes;
+mod outputs;
 mod patch;
 mod placing;
 mod purge;
@@ -129,8 +130,8 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
     (
         16,
-        "trigger_rules",
-        include_str!("../migrations/mysql/0016_trigger_rules.sql"),
+        "workflow_semantics",
+        include_str!("../migrations/mysql/0016_workflow_semantics.sql"),
     ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
@@ -211,8 +212,8 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
     (
         16,
-        "trigger_rules",
-        include_str!("../migrations/sqlite/0016_trigger_rules.sql"),
+        "workflow_semantics",
+        include_str!("../migrations/sqlite/0016_workflow_semantics.sql"),
     ),
 ];
 

@@ -22,6 +22,7 @@ mod interleavings;
 mod logs;
 mod nodes;
 mod open;
+mod outputs;
 mod placement;
 mod purge;
 mod queue;

@@ -300,6 +300,22 @@ pub struct TaskSpec {
     pub handler: Option<Handler>,
 }
 
+impl TaskSpec {
+    /// The `${tasks.T.outputs.K}` its command, argv and env name, each once, in order; those
+    /// that do not parse are left out (validation refuses them before a spec is stored).
+    pub fn output_refs(&self) -> Vec<crate::outputs::OutputRef> {
+        let texts = std::iter::once(&self.command)
+            .chain(&self.argv)
+            .chain(self.env.values());
+        let mut refs: Vec<crate::outputs::OutputRef> = texts
+            .flat_map(|text| crate::outputs::references(text).unwrap_or_default())
+            .collect();
+        refs.sort();
+        refs.dedup();
+        refs
+    }
+}
+
 /// The lists of tasks a run starts once its graph's outcome is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

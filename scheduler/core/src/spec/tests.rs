@@ -94,6 +94,46 @@ fn check_refusals(topic: &str) {
 /// as it is.
 const REFUSALS: &[(&str, &str, &str)] = &[
     (
+        "outputs",
+        "
+            name: etl
+            tasks:
+              - {name: extract, command: x}
+              - {name: side, command: y}
+              - name: load
+                upstream: extract
+                command: load --rows ${tasks.side.outputs.rows}
+        ",
+        "wf.yaml:7: tasks[2].command: ${tasks.side.outputs.rows}: task side is not upstream of \
+         load, so its outputs may not exist when load runs",
+    ),
+    (
+        "outputs",
+        "
+            name: etl
+            tasks:
+              - {name: extract, command: x}
+              - name: load
+                upstream: extract
+                env: {ROWS: '${tasks.extrct.outputs.rows}'}
+                command: load
+        ",
+        "wf.yaml:6: tasks[1].env.ROWS: ${tasks.extrct.outputs.rows}: unknown task \"extrct\"",
+    ),
+    (
+        "outputs",
+        "
+            name: etl
+            tasks:
+              - {name: extract, command: x}
+              - name: load
+                upstream: extract
+                argv: [load, '${tasks.extract.rows}']
+        ",
+        "wf.yaml:6: tasks[1].argv[1]: ${tasks.extract.rows} is not an output reference: write \
+         ${tasks.TASK.outputs.KEY}",
+    ),
+    (
         "trigger_rules",
         "
             name: etl
@@ -1726,4 +1766,26 @@ fn an_always_task_starts_with_the_run() {
 #[test]
 fn trigger_rule_refusals() {
     check_refusals("trigger_rules");
+}
+
+#[test]
+fn output_references_name_tasks_above() {
+    parse_ok(
+        "
+            name: etl
+            tasks:
+              - {name: extract, command: x}
+              - {name: clean, command: y, upstream: extract}
+              - name: load
+                upstream: clean
+                command: load --rows ${tasks.extract.outputs.rows} ${HOME}
+            on_success:
+              - {name: notify, command: 'echo ${tasks.load.outputs.table}'}
+        ",
+    );
+}
+
+#[test]
+fn output_reference_refusals() {
+    check_refusals("outputs");
 }

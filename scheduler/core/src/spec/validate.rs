@@ -23,6 +23,7 @@ use super::{ParsedWorkflow, SpecError};
 use crate::cron::CronSchedule;
 use crate::dag::{Dag, DagError};
 use crate::duration;
+use crate::outputs;
 use crate::trigger_rule::TriggerRule;
 
 /// What a value is, for "expected X, found Y": `raw` is its source text (see
@@ -75,6 +76,9 @@ struct TaskLines {
     task: usize,
     name: usize,
     upstream: Vec<usize>,
+    /// The lines of `command` (or `argv`) and `env`, where output references are written.
+    command: usize,
+    env: usize,
 }
 
 /// Task settings given once under `defaults`.
@@ -457,6 +461,7 @@ impl Validator<'_> {
 
         let dag = Dag::new(&tasks).map_err(|e| self.dag_error(e, &tasks, &lines))?;
         self.handler_edges(&tasks, &lines)?;
+        self.output_references(&dag, &tasks, &lines)?;
         let warnings = dag
             .isolated()
             .into_iter()
@@ -524,6 +529,54 @@ impl Validator<'_> {
                         list(task.handler)
                     ),
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every `${tasks.T.outputs.K}` in a task's command, argv or env names a task above it (of
+    /// its own list; a handler may also name the graph's tasks, which ended before it starts).
+    fn output_references(
+        &self,
+        dag: &Dag,
+        tasks: &[TaskSpec],
+        lines: &[TaskLines],
+    ) -> Result<(), SpecError> {
+        for (task, at) in tasks.iter().zip(lines) {
+            let mut places: Vec<(String, usize, &str)> = Vec::new();
+            if task.argv.is_empty() {
+                places.push((format!("{}.command", at.path), at.command, &task.command));
+            } else {
+                for (j, word) in task.argv.iter().enumerate() {
+                    places.push((format!("{}.argv[{j}]", at.path), at.command, word));
+                }
+            }
+            for (name, value) in &task.env {
+                places.push((format!("{}.env.{name}", at.path), at.env, value));
+            }
+            for (field, line, text) in places {
+                let references = outputs::references(text)
+                    .map_err(|problem| self.err(line, field.clone(), problem))?;
+                for reference in references {
+                    let above = dag.contains(&reference.task)
+                        && (dag
+                            .downstream_closure(&reference.task)
+                            .contains(&task.name.as_str())
+                            || (task.handler.is_some() && dag.handler(&reference.task).is_none()));
+                    if above {
+                        continue;
+                    }
+                    let why = if dag.contains(&reference.task) {
+                        format!(
+                            "{reference}: task {} is not upstream of {}, so its outputs may not \
+                             exist when {} runs",
+                            reference.task, task.name, task.name
+                        )
+                    } else {
+                        format!("{reference}: unknown task \"{}\"", reference.task)
+                    };
+                    return Err(self.err(line, field, why));
+                }
             }
         }
         Ok(())
@@ -863,6 +916,13 @@ impl Validator<'_> {
             handler: None,
         };
         let lines = TaskLines {
+            command: file
+                .command
+                .as_ref()
+                .map(line)
+                .or(file.argv.as_ref().map(line))
+                .unwrap_or(line(node)),
+            env: file.env.as_ref().map_or(line(node), line),
             path: path.to_string(),
             task: line(node),
             name: line(name_node),

@@ -57,4 +57,6 @@ pub struct PlacedAttempt {
     pub params: BTreeMap<String, String>,
     /// What the run tells its handlers (`AX_RUN_STATE`, `AX_FAILED_TASKS`) once they started.
     pub run_env: BTreeMap<String, String>,
+    /// The outputs of the run's tasks that succeeded and passed some on, by task.
+    pub run_outputs: BTreeMap<String, ax_core::outputs::Outputs>,
 }

@@ -71,6 +71,8 @@ pub enum Report {
         at: Millis,
         log_lines: u64,
         message: String,
+        /// What a successful attempt passes on (`ax_core::outputs`); empty otherwise.
+        outputs: ax_core::outputs::Outputs,
     },
 }
 

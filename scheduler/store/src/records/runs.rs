@@ -102,6 +102,8 @@ pub struct AttemptRecord {
     pub pid: Option<u32>,
     pub log_lines: u64,
     pub message: String,
+    /// What a successful attempt passed on (`$AX_OUTPUT`).
+    pub outputs: ax_core::outputs::Outputs,
 }
 
 /// An instance that was DISPATCHED or RUNNING when it was cancelled: its worker must kill it.

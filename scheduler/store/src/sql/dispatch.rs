@@ -810,7 +810,7 @@ async fn read_waiting(
         rows::INSTANCE_SELECT
             .replace(
                 "ti.exit_code,",
-                "ti.exit_code, r.logical_time, r.params_json, r.handler_env_json,"
+                "ti.exit_code, r.logical_time, r.params_json, r.handler_env_json, r.outputs_bytes,"
             )
             .replacen("SELECT", join_order, 1)
             .replacen("task_instance ti", queue_index, 1)
@@ -823,16 +823,30 @@ async fn read_waiting(
             .bind(i64::from(share.index));
     }
     let rows = query.bind(i64::from(limit)).fetch_all(&store.pool).await?;
+    let mut with_outputs = BTreeSet::new();
+    for row in &rows {
+        if row.try_get::<i64, _>("outputs_bytes")? > 0 {
+            with_outputs.insert(row.try_get::<i64, _>("run_id")?);
+        }
+    }
+    let outputs = if with_outputs.is_empty() {
+        BTreeMap::new()
+    } else {
+        let mut conn = store.pool.acquire().await?;
+        super::outputs::of_runs(&mut conn, &with_outputs).await?
+    };
     rows.iter()
         .map(|row| {
             let params: String = row.try_get("params_json")?;
             let instance = rows::instance(row)?;
             let shard = instance.shard.clone();
+            let run_outputs = outputs.get(&instance.run_id.0).cloned().unwrap_or_default();
             Ok(WaitingInstance {
                 instance,
                 logical_time: row.try_get("logical_time")?,
                 params: map_json(&params, "run params")?,
                 run_env: rows::run_env(row)?,
+                run_outputs,
                 shard,
             })
         })

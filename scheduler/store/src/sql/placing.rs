@@ -29,6 +29,9 @@ pub(crate) struct Placing<'p> {
     /// Placed since the attempt rows were last written.
     unwritten: Vec<i64>,
     runs: HashMap<i64, RunFacts>,
+    /// Runs that kept outputs (before this transaction or in it): their placed dispatches carry
+    /// the outputs of the tasks above them.
+    with_outputs: BTreeSet<i64>,
 }
 
 impl<'p> Placing<'p> {
@@ -40,6 +43,7 @@ impl<'p> Placing<'p> {
             placed: BTreeMap::new(),
             unwritten: Vec::new(),
             runs: HashMap::new(),
+            with_outputs: BTreeSet::new(),
         }
     }
 
@@ -51,6 +55,7 @@ impl<'p> Placing<'p> {
             placed: BTreeMap::new(),
             unwritten: Vec::new(),
             runs: HashMap::new(),
+            with_outputs: BTreeSet::new(),
         }
     }
 
@@ -83,11 +88,20 @@ impl<'p> Placing<'p> {
         logical_time: Millis,
         params: &BTreeMap<String, String>,
         run_env: BTreeMap<String, String>,
+        outputs_bytes: i64,
     ) {
         if self.placement.is_some() {
             self.runs
                 .insert(run, (logical_time, params.clone(), run_env));
+            if outputs_bytes > 0 {
+                self.with_outputs.insert(run);
+            }
         }
+    }
+
+    /// Notes that a run's outputs grew in this transaction.
+    pub(crate) fn outputs_grew(&mut self, run: i64) {
+        self.with_outputs.insert(run);
     }
 
     /// Instances placed but not inserted after all (an insert that ignored rows whose task
@@ -148,7 +162,7 @@ impl<'p> Placing<'p> {
         if !unknown.is_empty() {
             let (list, padded) = in_list(unknown);
             let sql = format!(
-                "SELECT id, logical_time, params_json, handler_env_json FROM run \
+                "SELECT id, logical_time, params_json, handler_env_json, outputs_bytes FROM run \
                  WHERE id IN ({list})"
             );
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -159,13 +173,25 @@ impl<'p> Placing<'p> {
                 let params =
                     rows::map_json(&row.try_get::<String, _>("params_json")?, "run params")?;
                 let facts = (row.try_get("logical_time")?, params, rows::run_env(&row)?);
-                self.runs.insert(row.try_get("id")?, facts);
+                let run: i64 = row.try_get("id")?;
+                if row.try_get::<i64, _>("outputs_bytes")? > 0 {
+                    self.with_outputs.insert(run);
+                }
+                self.runs.insert(run, facts);
             }
         }
+        let placed_runs: BTreeSet<i64> = self
+            .placed
+            .values()
+            .map(|(attempt, _)| attempt.run_id.0)
+            .filter(|run| self.with_outputs.contains(run))
+            .collect();
+        let outputs = super::outputs::of_runs(c, &placed_runs).await?;
         let now = self.now;
         Ok(std::mem::take(&mut self.placed)
             .into_values()
             .map(|(attempt, worker_id)| {
+                let run = attempt.run_id.0;
                 let (logical_time, params, run_env) = self
                     .runs
                     .get(&attempt.run_id.0)
@@ -178,6 +204,7 @@ impl<'p> Placing<'p> {
                     logical_time,
                     params,
                     run_env,
+                    run_outputs: outputs.get(&run).cloned().unwrap_or_default(),
                 }
             })
             .collect())

@@ -36,8 +36,8 @@ async fn lock_run_rows_noting(
     }
     let (list, padded) = in_list(runs.iter().copied());
     let sql = format!(
-        "SELECT id, logical_time, params_json, handler_env_json FROM run WHERE id IN ({list}) \
-         ORDER BY id FOR UPDATE"
+        "SELECT id, logical_time, params_json, handler_env_json, outputs_bytes FROM run \
+         WHERE id IN ({list}) ORDER BY id FOR UPDATE"
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     for run in padded {
@@ -51,6 +51,7 @@ async fn lock_run_rows_noting(
             row.try_get("logical_time")?,
             &params,
             run_env,
+            row.try_get("outputs_bytes")?,
         );
     }
     Ok(())
@@ -144,7 +145,10 @@ async fn apply_counted(
     let superseded = superseded_dispatches(c, reports).await?;
     let mut writes = Writes::default();
     let mut results = Vec::with_capacity(reports.len());
-    let mut after = AfterBatch::default();
+    let mut after = AfterBatch {
+        output_bytes: output_bytes_of_runs(c, reports, &keys).await?,
+        ..AfterBatch::default()
+    };
     for (index, report) in reports.iter().enumerate() {
         if superseded.contains(&index) {
             results.push(match keys.get(&report.key().0.0) {
@@ -175,6 +179,41 @@ async fn apply_counted(
         .carry_out(store, c, now, &mut results, placing)
         .await?;
     Ok(results)
+}
+
+/// The bytes of outputs kept by each run with a successful end carrying outputs in `reports`:
+/// one read, and none for a batch without outputs (the common case).
+async fn output_bytes_of_runs(
+    c: &mut Counted<'_>,
+    reports: &[Report],
+    keys: &HashMap<i64, InstanceKey>,
+) -> Result<BTreeMap<i64, u64>> {
+    let runs: BTreeSet<i64> = reports
+        .iter()
+        .filter_map(|report| match report {
+            Report::Finished {
+                instance_id,
+                outputs,
+                ..
+            } if !outputs.is_empty() => keys.get(&instance_id.0).map(|key| key.run_id.0),
+            _ => None,
+        })
+        .collect();
+    let mut bytes = BTreeMap::new();
+    if runs.is_empty() {
+        return Ok(bytes);
+    }
+    let (list, padded) = in_list(runs.iter().copied());
+    let sql = format!("SELECT id, outputs_bytes FROM run WHERE id IN ({list})");
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for run in padded {
+        query = query.bind(run);
+    }
+    for row in query.fetch_all(&mut *c).await? {
+        let used: i64 = row.try_get("outputs_bytes")?;
+        bytes.insert(row.try_get("id")?, u64::try_from(used).unwrap_or(0));
+    }
+    Ok(bytes)
 }
 
 /// The reports (by index) about a dispatch that is no longer the attempt's: a scheduler's
@@ -436,6 +475,10 @@ struct AfterBatch {
     /// Instances whose attempt ended or went back to WAITING: (report, the instance as read
     /// at the start of the batch, its new state).
     ended: Vec<(usize, Ended, InstanceState)>,
+    /// The bytes of outputs each run kept, for the runs of the batch's successes with outputs.
+    output_bytes: BTreeMap<i64, u64>,
+    /// The runs whose outputs grew in this batch.
+    outputs_grew: BTreeSet<i64>,
 }
 
 impl AfterBatch {
@@ -451,7 +494,17 @@ impl AfterBatch {
             mut finished,
             mut touched_runs,
             ended,
+            output_bytes,
+            outputs_grew,
         } = self;
+        for run in outputs_grew {
+            placing.outputs_grew(run);
+            sqlx::query("UPDATE run SET outputs_bytes = ? WHERE id = ?")
+                .bind(i64::try_from(output_bytes[&run]).unwrap_or(i64::MAX))
+                .bind(run)
+                .execute(&mut *c)
+                .await?;
+        }
         super::dispatch::after_attempts_ended(
             c.uncounted(),
             &ended,
@@ -557,6 +610,7 @@ fn decide(
             at: now,
             log_lines: 0,
             message: format!("lost: {reason}"),
+            outputs: Default::default(),
         };
         return decide(&lost, now, index, keys, policies, writes, after);
     }
@@ -676,8 +730,31 @@ fn decide(
             at,
             log_lines,
             message,
+            outputs,
             ..
         } => {
+            // Outputs past the run's limit fail the attempt whole: a downstream task must not
+            // run without a value it was promised.
+            let mut end = *end;
+            let mut message = message.clone();
+            let mut kept = None;
+            if end == AttemptEnd::Finished(ax_core::state::Outcome::Success) && !outputs.is_empty()
+            {
+                let used = after.output_bytes.get(&key.run_id.0).copied().unwrap_or(0);
+                let total = used + ax_core::outputs::size(outputs);
+                if total > ax_core::outputs::MAX_RUN_BYTES {
+                    end = AttemptEnd::Finished(ax_core::state::Outcome::Failed);
+                    message = format!(
+                        "outputs refused: the run's outputs would reach {total} bytes, more than \
+                         the {} a run may keep",
+                        ax_core::outputs::MAX_RUN_BYTES
+                    );
+                } else {
+                    kept = Some((total, super::rows::to_json(outputs).unwrap_or_default()));
+                }
+            }
+            let end = &end;
+            let message = &message;
             let (retries, backoff) = policies
                 .get(&(key.workflow_id.0, key.version, key.task.clone()))
                 .copied()
@@ -699,6 +776,10 @@ fn decide(
             let Ok(next) = transition(key.state, event) else {
                 return stale_now;
             };
+            if let Some((total, _)) = &kept {
+                after.output_bytes.insert(key.run_id.0, *total);
+                after.outputs_grew.insert(key.run_id.0);
+            }
             let exit = exit_code.map(i64::from);
             if next.next_attempt {
                 let failures = attempt.0.saturating_sub(key.withdrawn);
@@ -742,6 +823,7 @@ fn decide(
                         i64::try_from(*log_lines).unwrap_or(i64::MAX).into(),
                     ),
                     ("message", message.as_str().into()),
+                    ("outputs_json", Value::Text(kept.map(|(_, json)| json))),
                 ],
             );
             after.ended.push((index, Ended::of(key), next.to));
@@ -892,10 +974,13 @@ async fn judge_candidates(
         let verdicts = verdicts(c, workflow, version, &pairs).await?;
         let mut ready: Vec<Ready> = Vec::new();
         let mut not_run: Vec<NotRun> = Vec::new();
-        for (run, task, priority, verdict) in verdicts {
-            match verdict.state() {
-                None => ready.push((run, task, priority)),
-                Some(state) => not_run.push((run, task, priority, state)),
+        for (run, task, priority, verdict, missing) in verdicts {
+            match (verdict.state(), missing) {
+                (None, None) => ready.push((run, task, priority)),
+                (None, Some(missing)) => {
+                    not_run.push((run, task, priority, InstanceState::Failed, Some(missing)))
+                }
+                (Some(state), _) => not_run.push((run, task, priority, state, None)),
             }
         }
         if !ready.is_empty() {
@@ -924,17 +1009,20 @@ type CandidatesOfVersion<'a> = BTreeMap<(i64, &'a str), usize>;
 /// A task ready in a run: (run, task, priority).
 pub(crate) type Ready = (i64, String, i64);
 
-/// A task that does not run in a run: (run, task, priority, SKIPPED or UPSTREAM_FAILED).
-type NotRun = (i64, String, i64, InstanceState);
+/// A task that does not run in a run: (run, task, priority, its state, why it failed). SKIPPED
+/// or UPSTREAM_FAILED without an attempt; FAILED as attempt 1, with the message, when an output
+/// it names was never passed on.
+type NotRun = (i64, String, i64, InstanceState, Option<String>);
 
 /// Of the (run, task) pairs of one workflow version, those whose rule is decided, with the
-/// task's priority and the verdict.
+/// task's priority, the verdict and, for a task that runs, the first output it names that its
+/// run does not have (read only for tasks that name outputs).
 async fn verdicts(
     c: &mut Counted<'_>,
     workflow: i64,
     version: i64,
     pairs: &[(i64, &str)],
-) -> Result<Vec<(i64, String, i64, Verdict)>> {
+) -> Result<Vec<(i64, String, i64, Verdict, Option<String>)>> {
     let tasks: Vec<&str> = pairs
         .iter()
         .map(|(_, task)| *task)
@@ -942,12 +1030,18 @@ async fn verdicts(
         .into_iter()
         .collect();
     let mut defs: HashMap<String, (u32, i64, TriggerRule)> = HashMap::new();
+    let mut refs: HashMap<String, Vec<(String, String)>> = HashMap::new();
     for names in tasks.chunks(NAMES_PER_STATEMENT) {
-        let columns = "upstream_count, priority, trigger_rule";
+        let columns = "upstream_count, priority, trigger_rule, output_refs";
         for row in definitions(c, workflow, version, names, columns).await? {
             let rule: String = row.try_get("trigger_rule")?;
             let rule = TriggerRule::parse(&rule)
                 .ok_or_else(|| super::rows::corrupt(format!("unknown trigger rule {rule:?}")))?;
+            if let Some(json) = row.try_get::<Option<String>, _>("output_refs")? {
+                let named: Vec<(String, String)> = serde_json::from_str(&json)
+                    .map_err(|err| super::rows::corrupt(format!("output refs: {err}")))?;
+                refs.insert(row.try_get("name")?, named);
+            }
             defs.insert(
                 row.try_get("name")?,
                 (
@@ -983,7 +1077,7 @@ async fn verdicts(
             }
         }
     }
-    Ok(pairs
+    let decided: Vec<(i64, String, i64, Verdict)> = pairs
         .iter()
         .filter_map(|(run, task)| {
             let (total, priority, rule) = defs.get(*task)?;
@@ -996,6 +1090,33 @@ async fn verdicts(
             };
             let verdict = judge(*rule, upstreams)?;
             Some((*run, task.to_string(), *priority, verdict))
+        })
+        .collect();
+    let naming: BTreeSet<i64> = decided
+        .iter()
+        .filter(|(_, task, _, verdict)| *verdict == Verdict::Run && refs.contains_key(task))
+        .map(|(run, _, _, _)| *run)
+        .collect();
+    let outputs = super::outputs::of_runs(c.uncounted(), &naming).await?;
+    Ok(decided
+        .into_iter()
+        .map(|(run, task, priority, verdict)| {
+            let missing = (verdict == Verdict::Run)
+                .then(|| refs.get(&task))
+                .flatten()
+                .and_then(|named| {
+                    let (from, key) = named.iter().find(|(from, key)| {
+                        outputs
+                            .get(&run)
+                            .and_then(|tasks| tasks.get(from))
+                            .is_none_or(|out| !out.contains_key(key))
+                    })?;
+                    Some(format!(
+                        "${{tasks.{from}.outputs.{key}}}: task {from} passed on no output {key} \
+                         (it did not succeed, or did not write {key} to $AX_OUTPUT)"
+                    ))
+                });
+            (run, task, priority, verdict, missing)
         })
         .collect())
 }
@@ -1068,7 +1189,10 @@ async fn insert_not_run(
             values_rows(rows.len(), 11)
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for (id, (run, task, priority, state)) in rows {
+        for (id, (run, task, priority, state, _)) in rows {
+            // A task failed for a missing output gets its one attempt; one that did not run has
+            // none.
+            let attempt = i64::from(*state == InstanceState::Failed);
             query = query
                 .bind(*id)
                 .bind(*run)
@@ -1076,7 +1200,7 @@ async fn insert_not_run(
                 .bind(version)
                 .bind(task.as_str())
                 .bind(state.as_str())
-                .bind(0i64)
+                .bind(attempt)
                 .bind(*priority)
                 .bind(now)
                 .bind(now)
@@ -1084,7 +1208,16 @@ async fn insert_not_run(
         }
         inserted += query.execute(&mut *c).await?.rows_affected();
     }
-    let all = || not_run.iter().map(|(run, task, _, _)| (*run, task.clone()));
+    for (id, (_, _, _, _, message)) in &rows {
+        if let Some(message) = message {
+            failed_attempt(c, *id, message, now).await?;
+        }
+    }
+    let all = || {
+        not_run
+            .iter()
+            .map(|(run, task, _, _, _)| (*run, task.clone()))
+    };
     if inserted as usize == not_run.len() {
         return Ok(all().collect());
     }
@@ -1092,10 +1225,10 @@ async fn insert_not_run(
     // above), so one read per run.
     let fresh: BTreeSet<i64> = ids.into_iter().collect();
     let mut got = Vec::new();
-    let runs: BTreeSet<i64> = not_run.iter().map(|(run, _, _, _)| *run).collect();
+    let runs: BTreeSet<i64> = not_run.iter().map(|(run, _, _, _, _)| *run).collect();
     for run in runs {
-        let of_run: Vec<&NotRun> = not_run.iter().filter(|(r, _, _, _)| *r == run).collect();
-        let (list, tasks) = in_list(of_run.iter().map(|(_, task, _, _)| task.as_str()));
+        let of_run: Vec<&NotRun> = not_run.iter().filter(|(r, _, _, _, _)| *r == run).collect();
+        let (list, tasks) = in_list(of_run.iter().map(|(_, task, _, _, _)| task.as_str()));
         let sql = format!(
             "SELECT id, task_name, attempt, state FROM task_instance \
              WHERE run_id = ? AND shard_slot = 0 AND task_name IN ({list})"
@@ -1111,13 +1244,14 @@ async fn insert_not_run(
                 got.push((run, task));
                 continue;
             }
-            let Some((_, _, _, to)) = of_run.iter().find(|(_, t, _, _)| *t == task) else {
+            let Some((_, _, _, to, _)) = of_run.iter().find(|(_, t, _, _, _)| *t == task) else {
                 continue;
             };
-            let verdict = if *to == InstanceState::Skipped {
-                Verdict::Skip
-            } else {
-                Verdict::UpstreamFailed
+            let verdict = match to {
+                InstanceState::Skipped => Verdict::Skip,
+                InstanceState::UpstreamFailed => Verdict::UpstreamFailed,
+                // A rerun task (PENDING) whose output is missing runs and meets it there.
+                _ => continue,
             };
             let from = instance_state(&row.try_get::<String, _>("state")?)?;
             if transition(from, Event::Judged(verdict)).is_err() {
@@ -1140,6 +1274,21 @@ async fn insert_not_run(
         }
     }
     Ok(got)
+}
+
+/// The attempt row of an instance failed before it ran (an output it names is missing); none
+/// when the insert found the task's instance there already and `id` was not inserted.
+async fn failed_attempt(c: &mut Counted<'_>, id: i64, message: &str, now: Millis) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO task_attempt (instance_id, attempt, state, finished_at, log_lines, message) \
+         SELECT id, 1, 'FAILED', ?, 0, ? FROM task_instance WHERE id = ?",
+    )
+    .bind(now)
+    .bind(message)
+    .bind(id)
+    .execute(&mut *c)
+    .await?;
+    Ok(())
 }
 
 /// Inserts the first attempt of each ready (run, task), in multi-row statements: WAITING, or

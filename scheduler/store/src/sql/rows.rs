@@ -32,7 +32,8 @@ pub(crate) const INSTANCE_SELECT: &str = "SELECT ti.id, ti.run_id, ti.workflow_i
      FROM task_instance ti JOIN workflow w ON w.id = ti.workflow_id";
 
 pub(crate) const ATTEMPT_SELECT: &str = "SELECT instance_id, attempt, state, worker_id, \
-     node_id, dispatched_at, started_at, finished_at, exit_code, signal_num, pid, log_lines, message \
+     node_id, dispatched_at, started_at, finished_at, exit_code, signal_num, pid, log_lines, message, \
+     outputs_json \
      FROM task_attempt";
 
 pub(crate) const WORKER_SELECT: &str = "SELECT id, version, hostname, labels_json, capacity, \
@@ -173,6 +174,10 @@ pub(crate) fn attempt(row: &AnyRow) -> Result<AttemptRecord> {
         log_lines: u64::try_from(row.try_get::<i64, _>("log_lines")?)
             .map_err(|_| corrupt("negative log line count"))?,
         message: row.try_get("message")?,
+        outputs: match row.try_get::<Option<String>, _>("outputs_json")? {
+            Some(json) => map_json(&json, "attempt outputs")?,
+            None => Default::default(),
+        },
     })
 }
 

@@ -454,6 +454,7 @@ async fn insert_started(
             row.run.logical_time,
             &row.run.params,
             BTreeMap::new(),
+            0,
         );
     }
     insert_roots_of(store, c, &roots, placing).await?;

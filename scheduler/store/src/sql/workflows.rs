@@ -131,8 +131,8 @@ async fn apply_workflow_tx(
         let sql = format!(
             "INSERT INTO task_definition (workflow_id, version, name, command, timeout_ms, \
              retries, retry_backoff_ms, priority, labels_json, upstream_count, app, owner, \
-             trigger_rule, handler, start_group) VALUES {}",
-            values_rows(chunk.len(), 15)
+             trigger_rule, handler, start_group, output_refs) VALUES {}",
+            values_rows(chunk.len(), 16)
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for (task, upstreams) in chunk {
@@ -160,7 +160,8 @@ async fn apply_workflow_tx(
                 .bind(spec.owner.as_str())
                 .bind(task.trigger_rule.as_str())
                 .bind(task.handler.map(Handler::field))
-                .bind(start_group(task));
+                .bind(start_group(task))
+                .bind(output_refs_json(task)?);
         }
         query.execute(&mut *c).await?;
     }
@@ -458,6 +459,20 @@ impl Store {
             None => None,
         })
     }
+}
+
+/// The output references of a task as stored (`[[task, key], …]`), `None` for none: the
+/// advance checks them when the task is ready.
+fn output_refs_json(task: &TaskSpec) -> Result<Option<String>> {
+    let refs: Vec<(String, String)> = task
+        .output_refs()
+        .into_iter()
+        .map(|r| (r.task, r.key))
+        .collect();
+    if refs.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(to_json(&refs)?))
 }
 
 /// The tasks of one handler list of `spec`.

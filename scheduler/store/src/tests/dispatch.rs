@@ -68,6 +68,7 @@ mod scenarios {
             at: T0 + 30,
             log_lines: 0,
             message: String::new(),
+            outputs: Default::default(),
         }
     }
 
@@ -248,6 +249,7 @@ mod scenarios {
             at: T0,
             log_lines: 0,
             message: "no such file".into(),
+            outputs: Default::default(),
         };
         s.apply_reports(&[spawn], T0).await.unwrap();
         check(0).await;

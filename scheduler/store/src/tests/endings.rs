@@ -44,6 +44,7 @@ mod scenarios {
             at: T0 + 30,
             log_lines: 3,
             message: "exit 1".into(),
+            outputs: Default::default(),
         }
     }
 
@@ -141,6 +142,7 @@ mod scenarios {
             at: T0 + 9,
             log_lines: 7,
             message: "cancelled".into(),
+            outputs: Default::default(),
         };
         let ending = |worker: &str| ending_of(a.id, worker);
         // Only the worker it ran on may say how it ended.

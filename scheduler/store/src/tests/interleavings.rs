@@ -54,6 +54,7 @@ mod scenarios {
             at: T0,
             log_lines: 0,
             message: String::new(),
+            outputs: Default::default(),
         }
     }
 

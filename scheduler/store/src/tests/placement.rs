@@ -87,6 +87,7 @@ mod scenarios {
                 logical_time: T0,
                 params: run.params.clone(),
                 run_env: BTreeMap::new(),
+                run_outputs: BTreeMap::new(),
             }
         );
         assert_eq!(

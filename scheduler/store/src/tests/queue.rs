@@ -98,6 +98,7 @@ mod scenarios {
                 at: T0,
                 log_lines: 0,
                 message: String::new(),
+                outputs: Default::default(),
             },
         ];
         let results = s.apply_reports(&reports, T0 + 1).await.unwrap();

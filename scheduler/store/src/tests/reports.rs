@@ -172,6 +172,7 @@ mod scenarios {
             at: T0 + 30,
             log_lines: 7,
             message: "killed after timeout".into(),
+            outputs: Default::default(),
         };
         let results = s.apply_reports(&[fail], T0 + 100).await.unwrap();
         let applied1 = applied(&results[0]);
@@ -267,6 +268,7 @@ mod scenarios {
             at: T0 + 5,
             log_lines: 0,
             message: "no such file".into(),
+            outputs: Default::default(),
         };
         let inst = instance_of(s, run.id, "t").await.unwrap();
         s.mark_dispatched(&[claim(inst.id, 1, "w1")]).await.unwrap();
@@ -448,6 +450,7 @@ mod scenarios {
                 at,
                 log_lines,
                 message,
+                outputs,
                 ..
             } => Report::Finished {
                 instance_id,
@@ -459,6 +462,7 @@ mod scenarios {
                 at,
                 log_lines,
                 message,
+                outputs,
             },
             Report::Started {
                 instance_id,

@@ -305,6 +305,7 @@ pub(super) async fn start_on_w1(s: &Store, instance: &InstanceRecord) -> Report 
         at: T0 + 30,
         log_lines: 0,
         message: String::new(),
+        outputs: Default::default(),
     }
 }
 
@@ -345,6 +346,7 @@ pub(super) fn finished(id: InstanceId, attempt: u32, outcome: Outcome, exit: i32
         at: T0 + 30,
         log_lines: 3,
         message: format!("exit {exit}"),
+        outputs: Default::default(),
     }
 }
 

@@ -14,6 +14,7 @@ pub(crate) fn tests() -> Vec<Test> {
     on_every_backend!(
         a_failure_runs_its_handlers_and_a_skip_reaches_the_join,
         a_bad_trigger_rule_or_handler_edge_is_refused_with_its_line,
+        the_examples_end_as_their_comments_say,
     )
 }
 
@@ -178,6 +179,95 @@ async fn a_bad_trigger_rule_or_handler_edge_is_refused_with_its_line(backend: Ba
         !listed.contains("typo") && !listed.contains("edge"),
         "nothing was stored:\n{listed}"
     );
+    drop(client);
+    cluster.shutdown().await.expect("shutdown");
+}
+
+/// `examples/flaky-sync.yaml` and `examples/nightly-report.yaml`, which the README's tour uses,
+/// do what their comments say.
+async fn the_examples_end_as_their_comments_say(backend: Backend) {
+    let (cluster, client) = cluster(backend).await;
+    let example = |name: &str| {
+        std::fs::read_to_string(format!("{}/../examples/{name}", env!("CARGO_MANIFEST_DIR")))
+            .expect("example")
+    };
+    let states = |instances: &[pb::Instance]| -> Vec<(String, i32)> {
+        instances
+            .iter()
+            .map(|i| (i.task.clone(), i.state))
+            .collect()
+    };
+    use pb::InstanceState as S;
+
+    client
+        .apply(&example("flaky-sync.yaml"))
+        .await
+        .expect("apply");
+    let run = client.trigger_run("flaky-sync").await.expect("trigger");
+    let ended = client.wait_run(run.id).await.expect("ends");
+    assert_eq!(ended.state, pb::RunState::Success as i32);
+    let instances = client.instances(run.id).await.expect("instances");
+    let pull = instances.iter().find(|i| i.task == "pull").expect("pull");
+    assert_eq!(pull.attempts.len(), 2, "failed once, then succeeded");
+    assert_eq!(
+        pull.attempts[1].outputs.get("records").map(String::as_str),
+        Some("42")
+    );
+    let push = instances.iter().find(|i| i.task == "push").expect("push");
+    let lines: Vec<String> = client
+        .logs(push.id)
+        .await
+        .expect("logs")
+        .into_iter()
+        .map(|l| l.text)
+        .collect();
+    assert_eq!(
+        lines,
+        ["pushing 42 records (also in $AX_UPSTREAM_PULL_records=42)"]
+    );
+
+    client
+        .apply(&example("nightly-report.yaml"))
+        .await
+        .expect("apply");
+    let good = client
+        .trigger("nightly-report", &[], "")
+        .await
+        .expect("trigger");
+    let good = good.run.expect("run");
+    let ended = client.wait_run(good.id).await.expect("ends");
+    assert_eq!(ended.state, pb::RunState::Success as i32);
+    let mut got = states(&client.instances(good.id).await.expect("instances"));
+    got.sort();
+    let mut want = vec![
+        ("alert".to_string(), S::Skipped as i32),
+        ("check".to_string(), S::Success as i32),
+        ("cleanup".to_string(), S::Success as i32),
+        ("extract".to_string(), S::Success as i32),
+        ("publish".to_string(), S::Success as i32),
+    ];
+    want.sort();
+    assert_eq!(got, want);
+
+    let bad = client
+        .trigger("nightly-report", &[("fail", "1")], "")
+        .await
+        .expect("trigger");
+    let bad = bad.run.expect("run");
+    let ended = client.wait_run(bad.id).await.expect("ends");
+    assert_eq!(ended.state, pb::RunState::Failed as i32);
+    let mut got = states(&client.instances(bad.id).await.expect("instances"));
+    got.sort();
+    let mut want = vec![
+        ("alert".to_string(), S::Success as i32),
+        ("check".to_string(), S::Failed as i32),
+        ("cleanup".to_string(), S::Success as i32),
+        ("extract".to_string(), S::Success as i32),
+        ("page".to_string(), S::Success as i32),
+        ("publish".to_string(), S::UpstreamFailed as i32),
+    ];
+    want.sort();
+    assert_eq!(got, want);
     drop(client);
     cluster.shutdown().await.expect("shutdown");
 }

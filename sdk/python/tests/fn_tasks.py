@@ -43,3 +43,17 @@ def sleeper(ctx):
         pid_file.write(str(os.getpid()))
     print("sleeping")
     time.sleep(300)
+
+
+@tasks.task("count_rows")
+def count_rows(ctx):
+    """Returns its outputs: a dict, one output per key."""
+    return {"rows": 3, "names": ["a", "b"], "note": "two\nlines"}
+
+
+@tasks.task("use_rows")
+def use_rows(ctx):
+    """Reads the outputs of its upstream `count`."""
+    print(f"rows={ctx.output('count', 'rows')} names={ctx.output_json('count', 'names')}")
+    print(ctx.output("count", "note"))
+    return {"doubled": ctx.output_json("count", "rows") * 2}

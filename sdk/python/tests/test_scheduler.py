@@ -277,3 +277,32 @@ tasks:
     wait_for(lambda: not pid_alive(pid), "the function's process to be gone")
     assert client.get_instance(instance.id).state == types.INSTANCE_STATE_CANCELLED
     facts["function_cancel"] = {"instance_id": instance.id, "pids": [pid]}
+
+
+OUTPUTS_WORKFLOW = """
+name: py-outputs
+defaults:
+  labels: {sdk: python}
+tasks:
+  - name: count
+    command: ax-python count_rows
+  - name: use
+    upstream: count
+    command: ax-python use_rows
+"""
+
+
+def test_a_return_value_becomes_outputs_the_next_function_reads(client, worker):
+    client.apply(source=OUTPUTS_WORKFLOW)
+    run = client.trigger("py-outputs").run
+    ended = client.wait(run.id, timeout=GUARD)
+    assert ended.state == types.RUN_STATE_SUCCESS, [
+        (i.task, i.attempts[-1].message if i.attempts else "", client.log_text(i.id))
+        for i in client.instances(run.id)
+    ]
+    instances = by_task(client, run.id)
+    count = instances["count"]
+    assert dict(count.attempts[-1].outputs) == {"rows": "3", "names": '["a", "b"]', "note": "two\nlines"}
+    use = instances["use"]
+    assert client.log_text(use.id) == ["rows=3 names=['a', 'b']", "two", "lines"]
+    assert dict(use.attempts[-1].outputs) == {"doubled": "6"}

@@ -405,3 +405,33 @@ def test_a_function_of_the_main_script_runs_without_its_main_block(tmp_path):
     )
     assert done.returncode == 5, done.stderr
     assert done.stdout == "hello ('x',) {'day': 'monday'} 12\n"
+
+
+def test_outputs_read_as_the_rust_worker_reads_them():
+    from ax_sdk import outputs
+
+    text = "rows=1250\n\nreport<<EOF\nfirst\nsecond = 2\nEOF\nempty=\nrows=1251\nurl=a=b\n"
+    assert outputs.parse(text.encode()) == {
+        "rows": "1251",
+        "report": "first\nsecond = 2",
+        "empty": "",
+        "url": "a=b",
+    }
+    refusals = [
+        ("rows 12\n", "$AX_OUTPUT line 1: expected KEY=VALUE or KEY<<DELIMITER"),
+        ("ok=1\n1rows=2\n", '$AX_OUTPUT line 2: "1rows" is not a valid output name ([A-Za-z_][A-Za-z0-9_]*)'),
+        ("text<<END\nline\n", '$AX_OUTPUT line 1: the block is not closed by a line "END"'),
+        ("text<<\n", "$AX_OUTPUT line 1: a block needs a delimiter after <<"),
+    ]
+    for text, message in refusals:
+        with pytest.raises(outputs.OutputsError) as refused:
+            outputs.parse(text.encode())
+        assert str(refused.value) == message
+    over = b"k=" + b"x" * outputs.MAX_ATTEMPT_BYTES
+    with pytest.raises(outputs.OutputsError, match="more than the 65536"):
+        outputs.parse(over)
+    rendered = outputs.render({"a": "1", "b": "x\ny"})
+    assert outputs.parse(rendered.encode()) == {"a": "1", "b": "x\ny"}
+    assert outputs.from_return({"n": 3, "s": "t"}) == {"n": "3", "s": "t"}
+    assert outputs.from_return([1, 2]) == {"return": "[1, 2]"}
+    assert outputs.env_name("load-db.v2", "rows") == "AX_UPSTREAM_LOAD_DB_V2_rows"

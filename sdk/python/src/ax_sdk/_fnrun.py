@@ -14,6 +14,7 @@ import sys
 import traceback
 
 from ax_sdk.functions import SPEC_ENV, TaskContext
+from ax_sdk.outputs import from_return, render
 
 
 def _load(spec):
@@ -40,6 +41,23 @@ def _exit_code(result):
         return 1
     if isinstance(result, int):
         return result & 0xFF if result >= 0 else 1
+    return _pass_on(result)
+
+
+def _pass_on(result):
+    """Writes a returned value to $AX_OUTPUT, for the tasks below; 1 when it cannot be."""
+    path = os.environ.get("AX_OUTPUT")
+    if not path:
+        print("ax-python: the function returned a value, but $AX_OUTPUT is not set (a worker "
+              "without outputs); the value is dropped", file=sys.stderr)
+        return 0
+    try:
+        text = render(from_return(result))
+    except (TypeError, ValueError) as error:
+        print(f"ax-python: the function's return value cannot become outputs: {error}", file=sys.stderr)
+        return 1
+    with open(path, "a", encoding="utf-8") as file:
+        file.write(text)
     return 0
 
 

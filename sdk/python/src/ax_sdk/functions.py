@@ -12,8 +12,10 @@ fails to start (`ax-python: not found`), so route such tasks to Python workers w
 The function runs in a child process of its own (a fresh interpreter that imports the
 function's module), in a process group of its own like a shell task, so a cancel or a timeout
 kills it and whatever it started; what it prints on stdout and stderr are the attempt's log
-lines. It gets a `TaskContext` (params, env, args, ids) if it takes an argument. It succeeds
-when it returns None, True or 0; an int return is the exit code, False is exit code 1; an
+lines. It gets a `TaskContext` (params, env, args, ids, its upstreams' outputs) if it takes an
+argument. It succeeds when it returns None, True or 0; an int return is the exit code, False is
+exit code 1; a dict (or any other JSON-serialisable value) succeeds and becomes its outputs
+(`outputs.from_return`), which the tasks below it read with `ctx.output(task, key)`; an
 exception prints its traceback to stderr and exits with code 1; `sys.exit(n)` exits with n.
 
 Functions must be importable by their module and qualified name, as with multiprocessing's
@@ -23,11 +25,12 @@ loads under another name, so its `if __name__ == "__main__":` block does not run
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 # The first word of a command (or argv[0]) that selects a registered function.
 COMMAND = "ax-python"
@@ -51,6 +54,21 @@ class TaskContext:
     logical_time: str
     shard_index: Optional[int] = None
     shard_total: Optional[int] = None
+
+    def output(self, task: str, key: str, default: Optional[str] = None) -> Optional[str]:
+        """The output `key` a direct upstream `task` passed on, as text (`default` when it
+        passed on none)."""
+        from ax_sdk.outputs import env_name
+
+        return self.env.get(env_name(task, key), default)
+
+    def output_json(self, task: str, key: str = "return") -> Any:
+        """An upstream's output read back as JSON: what its function returned (`key`
+        "return"), or one key of the dict it returned."""
+        text = self.output(task, key)
+        if text is None:
+            raise KeyError(f"task {task} passed on no output {key}")
+        return json.loads(text)
 
     @staticmethod
     def from_environ(args: Sequence[str], environ: Mapping[str, str]) -> "TaskContext":

@@ -45,6 +45,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zlib
@@ -53,6 +54,8 @@ from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, 
 import grpc
 
 from . import duration, functions
+from . import outputs as outputs_mod
+from .outputs import OutputsError
 from ._pb import types_pb2 as types
 from ._pb import worker_pb2 as wpb
 from ._pb import worker_pb2_grpc
@@ -71,6 +74,38 @@ BATCH_DELAY = 0.05
 FENCE_FRACTION = 0.75
 
 Key = Tuple[int, int]
+
+
+def _output_file(key: Key) -> str:
+    """Makes an attempt's empty $AX_OUTPUT file, readable by this worker's account only."""
+    directory = os.path.join(tempfile.gettempdir(), f"ax-sdk-outputs-{os.getuid()}")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = os.path.join(directory, f"output-{key[0]}-{key[1]}-{os.getpid()}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.close(fd)
+    return path
+
+
+def _read_outputs(path: Optional[str]) -> Dict[str, str]:
+    """The outputs an attempt wrote, its file removed; OutputsError when it cannot be read."""
+    if not path:
+        return {}
+    try:
+        size = os.stat(path).st_size
+        if size > outputs_mod.MAX_ATTEMPT_BYTES:
+            raise OutputsError(
+                f"$AX_OUTPUT holds {size} bytes, more than the {outputs_mod.MAX_ATTEMPT_BYTES} an attempt may pass on"
+            )
+        with open(path, "rb") as file:
+            data = file.read()
+    except FileNotFoundError:
+        return {}
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return outputs_mod.parse(data)
 
 
 def _now_ms() -> int:
@@ -125,6 +160,8 @@ class _Attempt:
         # Refused by the scheduler or named stale: nothing more is sent about it.
         self.forgotten = False
         self.exited = threading.Event()
+        # The file the task writes its outputs to ($AX_OUTPUT); read when it exits.
+        self.output_path: Optional[str] = None
         self.readers: List[threading.Thread] = []
 
     @property
@@ -805,6 +842,8 @@ class Worker:
             self._send("accepted", wpb.DispatchAccepted(instance_id=key[0], attempt=key[1]))
         try:
             args, env = self._command(dispatch)
+            attempt.output_path = _output_file(key)
+            env["AX_OUTPUT"] = attempt.output_path
             proc = subprocess.Popen(
                 args,
                 env=env,
@@ -972,9 +1011,26 @@ class Worker:
             message = attempt.kill_message
             if not message and outcome == types.ATTEMPT_OUTCOME_FAILED:
                 message = f"exited with code {code}" if sig is None else f"killed by signal {sig}"
-            self._end(attempt, outcome, exit_code, sig, message)
+            passed: Dict[str, str] = {}
+            try:
+                read = _read_outputs(attempt.output_path)
+                if outcome == types.ATTEMPT_OUTCOME_SUCCESS:
+                    passed = read
+            except OutputsError as error:
+                if outcome == types.ATTEMPT_OUTCOME_SUCCESS:
+                    outcome = types.ATTEMPT_OUTCOME_FAILED
+                    message = f"outputs refused: {error}"
+            self._end(attempt, outcome, exit_code, sig, message, passed)
 
-    def _end(self, attempt: _Attempt, outcome: int, exit_code, sig, message: str) -> None:
+    def _end(
+        self,
+        attempt: _Attempt,
+        outcome: int,
+        exit_code,
+        sig,
+        message: str,
+        outputs: Optional[Dict[str, str]] = None,
+    ) -> None:
         """Records the attempt's end and sends it after its last lines (lock held)."""
         finished = wpb.AttemptFinished(
             instance_id=attempt.key[0],
@@ -983,6 +1039,7 @@ class Worker:
             finished_at_ms=_now_ms(),
             log_lines=attempt.next_seq - 1,
             message=message,
+            outputs=outputs or {},
         )
         if exit_code is not None:
             finished.exit_code = exit_code

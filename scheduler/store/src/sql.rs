@@ -36,6 +36,7 @@ mod runs;
 mod schema_check;
 mod shard_retry;
 mod workers;
+mod workflow_sets;
 mod workflows;
 
 use std::path::Path;
@@ -127,6 +128,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "worker_token_scope",
         include_str!("../migrations/mysql/0015_worker_token_scope.sql"),
     ),
+    (
+        17,
+        "workflow_delete",
+        include_str!("../migrations/mysql/0017_workflow_delete.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -203,6 +209,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         15,
         "worker_token_scope",
         include_str!("../migrations/sqlite/0015_worker_token_scope.sql"),
+    ),
+    (
+        17,
+        "workflow_delete",
+        include_str!("../migrations/sqlite/0017_workflow_delete.sql"),
     ),
 ];
 

@@ -29,4 +29,5 @@ mod reports;
 mod reruns;
 mod runs;
 mod workers;
+mod workflow_sets;
 mod workflows;

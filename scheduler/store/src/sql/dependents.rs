@@ -60,7 +60,8 @@ impl Store {
     pub async fn workflow_dependencies(&self) -> Result<BTreeMap<String, Vec<String>>> {
         let rows = sqlx::query(
             "SELECT w.name, d.upstream_name FROM workflow_dependency d \
-             JOIN workflow w ON w.id = d.downstream_id ORDER BY w.name, d.position",
+             JOIN workflow w ON w.id = d.downstream_id AND w.deleted_at IS NULL \
+             ORDER BY w.name, d.position",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -120,7 +121,7 @@ async fn on_upstream_success(
     now: Millis,
 ) -> Result<()> {
     let sql = format!(
-        "SELECT paused, latest_version FROM workflow WHERE id = ?{}",
+        "SELECT paused, latest_version FROM workflow WHERE id = ? AND deleted_at IS NULL{}",
         store.dialect.for_update()
     );
     let workflow = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -145,7 +146,7 @@ async fn on_upstream_success(
     for workflow in upstreams {
         let success = sqlx::query(
             "SELECT r.id FROM workflow w JOIN run r ON r.workflow_id = w.id \
-             AND r.logical_time = ? AND r.state = 'SUCCESS' WHERE w.name = ? \
+             AND r.logical_time = ? AND r.state = 'SUCCESS' WHERE w.live_name = ? \
              ORDER BY r.id LIMIT 1",
         )
         .bind(logical_time)

@@ -470,25 +470,34 @@ impl ControlApi {
     ) -> Result<Response<pb::DeleteWorkflowResponse>, Status> {
         let workflow = self.workflow_named(call, &request.name).await?;
         let mut cancelled_runs = Vec::new();
-        if request.cancel_runs {
-            cancelled_runs = self
-                .cancel_unfinished(&workflow.name, &request.actor, call)
-                .await?;
-        }
-        let gone = match self
-            .node
-            .store
-            .delete_workflow(workflow.id, now_ms())
-            .await
-            .map_err(store_status)?
-        {
-            Deleted::Deleted(gone) => gone,
-            Deleted::Busy(busy) => return Err(Status::failed_precondition(busy_text(&busy))),
-            Deleted::NotFound => {
-                return Err(Status::not_found(format!(
-                    "workflow {:?} not found",
-                    request.name
-                )));
+        let mut tries = 0;
+        let gone = loop {
+            tries += 1;
+            if request.cancel_runs {
+                cancelled_runs.extend(
+                    self.cancel_unfinished(&workflow.name, &request.actor, call)
+                        .await?,
+                );
+            }
+            match self
+                .node
+                .store
+                .delete_workflow(workflow.id, now_ms())
+                .await
+                .map_err(store_status)?
+            {
+                Deleted::Deleted(gone) => break gone,
+                // A fire or trigger between the cancels and the delete: cancel it too.
+                Deleted::Busy(_) if request.cancel_runs && tries < 3 => continue,
+                Deleted::Busy(busy) => {
+                    return Err(Status::failed_precondition(busy_text(&busy)));
+                }
+                Deleted::NotFound => {
+                    return Err(Status::not_found(format!(
+                        "workflow {:?} not found",
+                        request.name
+                    )));
+                }
             }
         };
         let mut detail = format!("version {}; its runs are kept", gone.version);

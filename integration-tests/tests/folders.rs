@@ -277,6 +277,20 @@ async fn a_deleted_workflow_stops_keeps_its_runs_and_frees_its_name(backend: Bac
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
 
+    // A prune that would delete it is refused whole: nothing of the folder is stored.
+    write(d, "keep/other.yaml", &workflow("other", "ops", ""));
+    let args = ["apply", "-f", "keep", "--prune", "--app", "ops"];
+    let out = axctl(&cluster, d, &args).await;
+    assert_eq!(code(&args, &out), 6);
+    assert!(
+        text(&out.stderr).contains(&format!(
+            "nothing applied: cannot prune: workflow ticker has unfinished runs (run {} RUNNING)",
+            run.id
+        )),
+        "the refusal names the run"
+    );
+    assert_eq!(listed(&client).await, ["ticker@ops v1"], "nothing stored");
+
     let args = ["delete", "workflow", "ticker"];
     let out = axctl(&cluster, d, &args).await;
     assert_eq!(code(&args, &out), 6);

@@ -151,10 +151,11 @@ impl ControlApi {
             file_warnings.splice(0..0, p.workflow.warnings.iter().cloned());
         }
         if request.dry_run {
-            if let Some(busy) = plan.busy.first() {
+            if !plan.busy.is_empty() {
+                let lines: Vec<String> = plan.busy.iter().map(busy_text).collect();
                 return Err(Status::failed_precondition(format!(
-                    "the prune would delete {}",
-                    busy_text(busy)
+                    "cannot prune: {}",
+                    lines.join("; ")
                 )));
             }
             let specs: Vec<_> = items.iter().map(|item| item.spec).collect();
@@ -199,7 +200,7 @@ impl ControlApi {
             BatchApplied::Busy(busy) => {
                 let lines: Vec<String> = busy.iter().map(busy_text).collect();
                 return Err(Status::failed_precondition(format!(
-                    "nothing applied: the prune would delete {}",
+                    "nothing applied: cannot prune: {}",
                     lines.join("; ")
                 )));
             }
@@ -432,13 +433,13 @@ impl ControlApi {
             warnings.push(own);
         }
         refusals.into_status()?;
-        let deleted_graph: BTreeMap<String, Vec<String>> = graph
+        let visible_graph: BTreeMap<String, Vec<String>> = graph
             .into_iter()
             .filter(|(name, _)| visible(name))
             .collect();
         Ok((
             warnings,
-            workflow_set::orphaned_dependents(&deleted_graph, pruned),
+            workflow_set::orphaned_dependents(&visible_graph, pruned),
         ))
     }
 

@@ -87,7 +87,7 @@ pub(crate) async fn after_run_success(
     now: Millis,
 ) -> Result<()> {
     let run = sqlx::query(
-        "SELECT r.logical_time, w.name FROM run r JOIN workflow w ON w.id = r.workflow_id \
+        "SELECT r.logical_time, w.live_name FROM run r JOIN workflow w ON w.id = r.workflow_id \
          WHERE r.id = ?",
     )
     .bind(run_id.0)
@@ -95,7 +95,10 @@ pub(crate) async fn after_run_success(
     .await?;
     let Some(run) = run else { return Ok(()) };
     let logical_time: i64 = run.try_get("logical_time")?;
-    let upstream_name: String = run.try_get("name")?;
+    // A deleted workflow's run fires nothing: its name may be a new workflow's by now.
+    let Some(upstream_name) = run.try_get::<Option<String>, _>("live_name")? else {
+        return Ok(());
+    };
     let dependents: Vec<i64> = sqlx::query(
         "SELECT downstream_id FROM workflow_dependency WHERE upstream_name = ? \
          ORDER BY downstream_id",

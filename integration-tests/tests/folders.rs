@@ -381,6 +381,24 @@ async fn a_deleted_workflow_stops_keeps_its_runs_and_frees_its_name(backend: Bac
         audit_actions(&client, "workflow/ticker").await,
         ["trigger", "apply", "delete", "apply"]
     );
+
+    // The deleted workflow's runs are history like any: a purge of every workflow takes them.
+    let purged = client
+        .control()
+        .purge_runs(pb::PurgeRunsRequest {
+            older_than_ms: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("purge")
+        .into_inner();
+    assert!(purged.runs >= 2, "{purged:?}");
+    let gone = client
+        .control()
+        .get_run(pb::GetRunRequest { id: run.id })
+        .await
+        .expect_err("purged");
+    assert_eq!(gone.code(), tonic::Code::NotFound);
     cluster.shutdown().await.expect("shutdown");
 }
 

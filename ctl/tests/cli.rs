@@ -1198,6 +1198,17 @@ async fn apply_of_a_folder_sends_its_workflow_files_in_one_call_in_path_order() 
     assert_eq!(json["files"][0]["outcome"], "UNCHANGED");
     assert_eq!(json["files"][0]["file"], "wf/b.yaml");
 
+    // A dry run says what applying would do, storing nothing.
+    write_tree(dir.path(), &[("wf/b.yaml", "name: beta\nowner: me\n")]);
+    let out = axctl_in(dir.path(), &server, &["apply", "--dry-run", "-f", "wf"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        out.stdout,
+        "workflow beta would be updated (version 1 to 2)\nworkflow alpha unchanged (version 1)\n\
+         workflow zeta unchanged (version 1)\n"
+    );
+    assert!(fake.with(|s| s.set_applies[2].dry_run));
+
     // An empty folder is refused before any call (with --prune it would delete everything).
     std::fs::create_dir(dir.path().join("empty")).unwrap();
     let out = axctl_in(dir.path(), &server, &["apply", "-f", "empty"]).await;
@@ -1206,7 +1217,7 @@ async fn apply_of_a_folder_sends_its_workflow_files_in_one_call_in_path_order() 
         out.stderr
             .contains("no workflow files (.yaml, .yml) under empty")
     );
-    assert_eq!(fake.calls().len(), 2);
+    assert_eq!(fake.calls().len(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -21,6 +21,8 @@ pub enum Exit {
     Denied = 7,
     RunFailed = 10,
     RunCancelled = 11,
+    /// `axctl diff`: applying would change something.
+    Changes = 12,
     Interrupted = 130,
 }
 
@@ -68,9 +70,20 @@ pub fn from_status(status: &Status, server: &str) -> CtlError {
     };
     match status.code() {
         Code::NotFound => CtlError::new(Exit::NotFound, or("not found")),
+        // A set of files is refused with a line per problem: the lines are kept.
         Code::InvalidArgument | Code::OutOfRange => CtlError {
             exit: Exit::InvalidArgument,
-            message: or("invalid argument"),
+            message: if message.is_empty() {
+                "invalid argument".into()
+            } else {
+                status
+                    .message()
+                    .lines()
+                    .map(one_line)
+                    .filter(|line| !line.is_empty())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            },
             verbatim: !message.is_empty(),
         },
         Code::Unavailable => CtlError::new(
@@ -189,6 +202,11 @@ mod tests {
         );
         assert!(err.verbatim);
         assert_eq!(err.message, "wf.yaml:3: tasks[0].cron: bad");
+        let err = from_status(
+            &Status::invalid_argument("a.yaml:3: x:  bad\n\nb.yaml:1: y: worse\n"),
+            server,
+        );
+        assert_eq!(err.message, "a.yaml:3: x: bad\nb.yaml:1: y: worse");
         let err = from_status(&Status::unavailable("connection reset"), server);
         assert!(err.message.contains(server), "{}", err.message);
     }

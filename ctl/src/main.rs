@@ -14,8 +14,8 @@ use clap::{Parser, Subcommand};
 
 use crate::client::Ctx;
 use crate::commands::{
-    apply, audit, backfill, cancel, cluster, dag, dev, get, logs, pause, purge, rerun, resume,
-    retry, secret, token, trigger, whoami, why, workers,
+    apply, audit, backfill, cancel, cluster, dag, delete, dev, diff, get, import, logs, pause,
+    purge, rerun, resume, retry, secret, token, trigger, whoami, why, workers,
 };
 use crate::error::Exit;
 use crate::output::Output;
@@ -39,6 +39,7 @@ Exit codes:
     7    not authenticated (no valid token) or not allowed (the token's role or app)
     10   a waited run ended FAILED
     11   a waited run ended CANCELLED
+    12   `axctl diff`: applying would change something (0: nothing would)
     130  interrupted (Ctrl-C) before a waited run ended";
 
 #[derive(Debug, Parser)]
@@ -87,8 +88,17 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Apply (create or update) a workflow from a file, or validate it with --dry-run.
+    /// Apply (create or update) a workflow from a file, or every workflow file of a folder in
+    /// one transaction (all or nothing); --prune --app APP deletes the app's workflows the
+    /// folder does not declare; --dry-run checks only.
     Apply(apply::Args),
+    /// Show what `apply` would change: workflows created, changed (a diff of the file),
+    /// unchanged and, with --prune, deleted. Exit code 12 when something would change.
+    Diff(diff::Args),
+    /// Delete a workflow (`delete workflow NAME`); its runs are kept as history.
+    Delete(delete::Args),
+    /// Write workflow files from another scheduler's definitions (`import crontab FILE`).
+    Import(import::Args),
     /// Show workflows, runs, instances (kubectl-like: `get runs`, `get run ID`).
     #[command(visible_alias = "list")]
     Get(get::Args),
@@ -166,6 +176,9 @@ async fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Apply(args) => apply::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Diff(args) => diff::run(&ctx, args).await,
+        Command::Delete(args) => delete::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Import(args) => import::run(args).map(|()| Exit::Ok),
         Command::Get(args) => get::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Trigger(args) => trigger::run(&ctx, args).await,
         Command::Logs(args) => logs::run(&ctx, args).await.map(|()| Exit::Ok),

@@ -1141,3 +1141,280 @@ async fn on_a_terminal_logs_audit_and_runs_show_control_characters_escaped() {
         "--raw keeps the audit detail's bytes"
     );
 }
+
+/// Writes `files` (path, text) under `dir`, making folders as needed.
+fn write_tree(dir: &Path, files: &[(&str, &str)]) {
+    for (path, text) in files {
+        let path = dir.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn apply_of_a_folder_sends_its_workflow_files_in_one_call_in_path_order() {
+    let fake = Fake::default();
+    let server = fake.clone().start().await;
+    let dir = tempfile::tempdir().unwrap();
+    write_tree(
+        dir.path(),
+        &[
+            ("wf/z.yaml", "name: zeta\n"),
+            ("wf/sub/a.yml", "name: alpha\n"),
+            ("wf/b.yaml", "name: beta\n"),
+            ("wf/.hidden.yaml", "name: hidden\n"),
+            ("wf/.git/c.yaml", "name: in-git\n"),
+            ("wf/notes.txt", "name: notes\n"),
+        ],
+    );
+    let out = axctl_in(dir.path(), &server, &["apply", "-f", "wf"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        out.stdout,
+        "workflow beta created (version 1)\nworkflow alpha created (version 1)\n\
+         workflow zeta created (version 1)\n"
+    );
+    let sets = fake.with(|s| s.set_applies.clone());
+    assert_eq!(fake.calls(), ["ApplyWorkflows"]);
+    let sent: Vec<(&str, &str)> = sets[0]
+        .files
+        .iter()
+        .map(|f| (f.source_name.as_str(), f.source.as_str()))
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            ("wf/b.yaml", "name: beta\n"),
+            ("wf/sub/a.yml", "name: alpha\n"),
+            ("wf/z.yaml", "name: zeta\n")
+        ]
+    );
+    assert!(!sets[0].dry_run && !sets[0].prune && sets[0].actor == "tester@host");
+
+    // Again: nothing changes, said per workflow; as JSON, a view of the set.
+    let out = axctl_in(dir.path(), &server, &["-o", "json", "apply", "-f", "wf"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(json["files"][0]["outcome"], "UNCHANGED");
+    assert_eq!(json["files"][0]["file"], "wf/b.yaml");
+
+    // A dry run says what applying would do, storing nothing.
+    write_tree(dir.path(), &[("wf/b.yaml", "name: beta\nowner: me\n")]);
+    let out = axctl_in(dir.path(), &server, &["apply", "--dry-run", "-f", "wf"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        out.stdout,
+        "workflow beta would be updated (version 1 to 2)\nworkflow alpha unchanged (version 1)\n\
+         workflow zeta unchanged (version 1)\n"
+    );
+    assert!(fake.with(|s| s.set_applies[2].dry_run));
+
+    // An empty folder is refused before any call (with --prune it would delete everything).
+    std::fs::create_dir(dir.path().join("empty")).unwrap();
+    let out = axctl_in(dir.path(), &server, &["apply", "-f", "empty"]).await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(
+        out.stderr
+            .contains("no workflow files (.yaml, .yml) under empty")
+    );
+    assert_eq!(fake.calls().len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_folder_with_bad_files_prints_every_error_on_its_line_and_exits_4() {
+    let fake = Fake::default();
+    let server = fake.clone().start().await;
+    let dir = tempfile::tempdir().unwrap();
+    write_tree(
+        dir.path(),
+        &[
+            ("wf/a.yaml", "name: a\ntasks: [nope]\n"),
+            ("wf/b.yaml", "name: b\n"),
+            ("wf/c.yaml", "tasks: []\n"),
+        ],
+    );
+    let out = axctl_in(dir.path(), &server, &["apply", "-f", "wf"]).await;
+    assert_eq!(out.code, 4, "{out:?}");
+    assert_eq!(
+        out.stderr,
+        "wf/a.yaml:2: tasks.load.upstream: unknown task \"nope\"\nwf/c.yaml:1: name: missing\n"
+    );
+    assert!(fake.with(|s| s.workflows.is_empty()), "nothing stored");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prune_needs_an_app_and_deletes_that_apps_workflows_the_folder_lacks() {
+    let (fake, server) = seeded().await;
+    fake.with(|s| {
+        let mut other = fake::workflow("books", 1);
+        other.app = "finance".into();
+        s.workflows.push(other);
+    });
+    let dir = tempfile::tempdir().unwrap();
+    write_tree(dir.path(), &[("wf/new.yaml", "name: fresh\napp: data\n")]);
+    let out = axctl_in(dir.path(), &server, &["apply", "-f", "wf", "--prune"]).await;
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("--app"), "{out:?}");
+
+    let out = axctl_in(
+        dir.path(),
+        &server,
+        &["apply", "-f", "wf", "--prune", "--app", "data"],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        out.stdout,
+        "workflow fresh created (version 1)\nworkflow etl deleted (app data, version 1: no file \
+         declares it; its runs are kept)\n"
+    );
+    let sets = fake.with(|s| s.set_applies.clone());
+    assert!(sets[0].prune && sets[0].app == "data");
+    let names: Vec<String> = fake.with(|s| s.workflows.iter().map(|w| w.name.clone()).collect());
+    assert_eq!(names, ["books", "fresh"], "finance's workflow is kept");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn diff_shows_what_apply_would_change_and_exits_12_until_it_is_applied() {
+    let (fake, server) = seeded().await;
+    let dir = tempfile::tempdir().unwrap();
+    write_tree(
+        dir.path(),
+        &[
+            ("wf/etl.yaml", "name: etl\ntasks: [a, b]\n"),
+            ("wf/new.yaml", "name: new\n"),
+        ],
+    );
+    fake.with(|s| s.workflows[0].source = "name: etl\ntasks: [a]\n".into());
+    let out = axctl_in(
+        dir.path(),
+        &server,
+        &["diff", "-f", "wf", "--prune", "--app", "data"],
+    )
+    .await;
+    assert_eq!(out.code, 12, "{out:?}");
+    assert_eq!(
+        out.stdout,
+        "\
+workflow etl: changed (version 1 to 2) by wf/etl.yaml
+--- workflow/etl (version 1, stored)
++++ wf/etl.yaml
+@@ -1,2 +1,2 @@
+ name: etl
+-tasks: [a]
++tasks: [a, b]
+workflow new: created from wf/new.yaml
+--- /dev/null
++++ wf/new.yaml
+@@ -0,0 +1 @@
++name: new
+1 to create, 1 to change, 0 to delete, 0 unchanged
+"
+    );
+    let sets = fake.with(|s| s.set_applies.clone());
+    assert!(sets[0].dry_run, "a diff stores nothing");
+    assert_eq!(fake.with(|s| s.workflows.len()), 1);
+
+    let out = axctl_in(dir.path(), &server, &["apply", "-f", "wf"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let out = axctl_in(dir.path(), &server, &["diff", "-f", "wf"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stdout
+            .ends_with("0 to create, 0 to change, 0 to delete, 2 unchanged\n"),
+        "{out:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_workflow_deletes_and_refuses_one_with_runs_unless_told_to_cancel_them() {
+    let (fake, server) = seeded().await;
+    fake.with(|s| s.workflows.push(fake::workflow("busy", 3)));
+    let out = axctl(&server, &["delete", "workflow", "etl"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        out.stdout,
+        "workflow etl deleted (version 1); its runs are kept\n"
+    );
+    let out = axctl(&server, &["delete", "workflow", "etl"]).await;
+    assert_eq!(out.code, 3, "{out:?}");
+    let out = axctl(&server, &["delete", "workflow", "busy"]).await;
+    assert_eq!(out.code, 6, "{out:?}");
+    assert!(out.stderr.contains("unfinished runs"), "{out:?}");
+    let out = axctl(&server, &["delete", "workflow", "busy", "--cancel-runs"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        out.stdout,
+        "run 7 cancelled\nworkflow busy deleted (version 3); its runs are kept\n"
+    );
+    let deletes = fake.with(|s| s.deletes.clone());
+    assert_eq!(deletes.len(), 4);
+    assert!(deletes[3].cancel_runs && deletes[3].actor == "tester@host");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn import_crontab_writes_a_file_per_entry_warns_and_refuses_bad_lines() {
+    let fake = Fake::default();
+    let server = fake.clone().start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let crontab = "\
+MAILTO=ops@example.com
+CRON_TZ=Asia/Shanghai
+# backups
+30 2 * * * /usr/local/bin/backup.sh --full
+@reboot /srv/start.sh
+@hourly php artisan schedule:run
+";
+    write_tree(dir.path(), &[("crontab", crontab)]);
+    let out = axctl_in(
+        dir.path(),
+        &server,
+        &["import", "crontab", "crontab", "-d", "jobs", "--app", "ops"],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        out.stdout,
+        "wrote jobs/backup.yaml (line 4)\nwrote jobs/artisan-schedule-run.yaml (line 6)\n"
+    );
+    let warnings: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(warnings.len(), 2, "{out:?}");
+    assert!(warnings[0].starts_with("warning: crontab:1: MAILTO:"));
+    assert!(warnings[1].starts_with("warning: crontab:5: @reboot:"));
+    let backup = std::fs::read_to_string(dir.path().join("jobs/backup.yaml")).unwrap();
+    assert!(backup.contains("name: backup\napp: ops\n"), "{backup}");
+    assert!(backup.contains("  cron: \"30 2 * * *\"\n  timezone: \"Asia/Shanghai\"\n"));
+    assert!(backup.contains("    command: \"/usr/local/bin/backup.sh --full\"\n"));
+    assert!(fake.calls().is_empty(), "an import is offline");
+
+    // The files are there: a second import refuses to overwrite them, writing nothing.
+    let out = axctl_in(
+        dir.path(),
+        &server,
+        &["import", "crontab", "crontab", "--output-dir", "jobs"],
+    )
+    .await;
+    assert_eq!(out.code, 6, "{out:?}");
+    assert!(
+        out.stderr
+            .contains("exist already (--force overwrites them)")
+    );
+
+    // A line that does not parse: every error with its line, no file written.
+    write_tree(
+        dir.path(),
+        &[("bad", "0 2 * * * ok\n61 * * * * x\n0 2 *\n")],
+    );
+    let out = axctl_in(
+        dir.path(),
+        &server,
+        &["import", "crontab", "bad", "-d", "bad-out"],
+    )
+    .await;
+    assert_eq!(out.code, 4, "{out:?}");
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{out:?}");
+    assert!(lines[0].starts_with("bad:2: schedule: "), "{out:?}");
+    assert!(lines[1].starts_with("bad:3: entry: "), "{out:?}");
+    assert!(!dir.path().join("bad-out").exists());
+}

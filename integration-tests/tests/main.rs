@@ -13,6 +13,7 @@ mod dag_semantics;
 mod deploy;
 mod e2e;
 mod faults;
+mod folders;
 mod fuzz_stream;
 mod metrics;
 mod outputs;
@@ -42,6 +43,7 @@ fn main() -> std::process::ExitCode {
         deploy::tests(),
         e2e::tests(),
         faults::tests(),
+        folders::tests(),
         fuzz_stream::tests(),
         metrics::tests(),
         outputs::tests(),

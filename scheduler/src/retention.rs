@@ -106,7 +106,7 @@ impl Retention {
         let default_ms = self.retention.map(|keep| keep.as_millis() as u64);
         let workflows = self
             .store
-            .list_workflow_heads(None)
+            .history_heads(None)
             .await
             .context("listing workflows")?;
         for workflow in workflows {

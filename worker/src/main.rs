@@ -52,8 +52,9 @@ struct Args {
     /// not acknowledge it (it is dropped at once when acknowledged).
     #[arg(long, default_value = "1h", value_parser = ax_core::duration::parse)]
     finished_retention: Duration,
-    /// Directory for log lines kept on disk while the scheduler has not acknowledged them;
-    /// defaults to <temp dir>/ax-worker-<id>.
+    /// Directory for log lines kept on disk while the scheduler has not acknowledged them, and
+    /// (in `outputs/`) each running attempt's $AX_OUTPUT file; defaults to
+    /// <temp dir>/ax-worker-<id>.
     #[arg(long)]
     spill_dir: Option<PathBuf>,
     /// MiB of unacknowledged log lines the spill directory may hold; past it, tasks whose lines

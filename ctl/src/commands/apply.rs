@@ -1,31 +1,45 @@
-//! `axctl apply -f FILE [--dry-run]`
+//! `axctl apply -f FILE|DIR [--dry-run] [--prune --app APP]`
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use ax_proto::v1::{ApplyOutcome, ApplyWorkflowRequest, ApplyWorkflowResponse};
 
+use super::folder;
 use crate::client::{Client, Ctx};
 use crate::output::{self, Output};
 use crate::view::ApplyView;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The workflow file (YAML).
+    /// A workflow file (YAML), or a folder: every .yaml and .yml file under it (hidden ones
+    /// skipped), applied in one transaction, all or nothing.
     #[arg(
         short = 'f',
         long = "filename",
         visible_alias = "file",
-        value_name = "FILE"
+        value_name = "PATH"
     )]
     pub file: PathBuf,
 
-    /// Validate only; store nothing.
+    /// Check only; store nothing (a folder: say what applying would do).
     #[arg(long)]
     pub dry_run: bool,
+
+    /// Delete the workflows of --app that no file declares, in the same transaction (their
+    /// runs are kept as history). Refused while one of them has unfinished runs.
+    #[arg(long, requires = "app")]
+    pub prune: bool,
+
+    /// The app --prune covers.
+    #[arg(long, requires = "prune", value_name = "APP")]
+    pub app: Option<String>,
 }
 
 pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
+    if args.prune || args.file.is_dir() {
+        return apply_set(ctx, args).await;
+    }
     // The file is read before connecting, so a typo in its name is reported as such even when
     // the server is down.
     let source = read_source(&args.file)?;
@@ -35,6 +49,18 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
         output::emit(ctx.output, &ApplyView::from(&response), String::new)?;
     }
     Ok(())
+}
+
+/// A folder (or a pruning apply of one file): one `ApplyWorkflows` call.
+async fn apply_set(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
+    let files = folder::read(&args.file)?;
+    let mut client = ctx.connect().await?;
+    let response = folder::apply(ctx, &mut client, files, args.dry_run, args.app).await?;
+    output::emit(
+        ctx.output,
+        &folder::SetView::of(&response, |_, _| None),
+        || folder::outcome_lines(&response),
+    )
 }
 
 pub fn read_source(file: &Path) -> anyhow::Result<String> {

@@ -41,6 +41,8 @@ pub struct State {
     pub views: Views,
     pub backfills: Vec<pb::BackfillWorkflowRequest>,
     pub purges: Vec<pb::PurgeRunsRequest>,
+    pub set_applies: Vec<pb::ApplyWorkflowsRequest>,
+    pub deletes: Vec<pb::DeleteWorkflowRequest>,
 }
 
 #[derive(Default)]
@@ -72,6 +74,8 @@ impl Default for State {
             views: Views::default(),
             backfills: Vec::new(),
             purges: Vec::new(),
+            set_applies: Vec::new(),
+            deletes: Vec::new(),
         }
     }
 }
@@ -293,6 +297,147 @@ impl ControlService for Fake {
             }
         });
         Ok(Response::new(response))
+    }
+
+    /// Applies a set as the real one does, on the fake's workflows: each file's `name:` and
+    /// `app:` lines; a file containing "nope" is refused at its line; all or nothing.
+    async fn apply_workflows(
+        &self,
+        request: Request<pb::ApplyWorkflowsRequest>,
+    ) -> Result<Response<pb::ApplyWorkflowsResponse>, Status> {
+        self.record("ApplyWorkflows");
+        let req = request.into_inner();
+        self.with(|s| s.set_applies.push(req.clone()));
+        let field = |source: &str, key: &str| {
+            source
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(|v| v.trim().to_string())
+        };
+        let mut errors = Vec::new();
+        for file in &req.files {
+            if let Some(line) = line_of(&file.source, "nope") {
+                errors.push(format!(
+                    "{}:{line}: tasks.load.upstream: unknown task \"nope\"",
+                    file.source_name
+                ));
+            }
+            if field(&file.source, "name:").is_none() {
+                errors.push(format!("{}:1: name: missing", file.source_name));
+            }
+        }
+        if !errors.is_empty() {
+            return Err(Status::invalid_argument(errors.join("\n")));
+        }
+        let response = self.with(|s| {
+            let mut files = Vec::new();
+            let mut names = Vec::new();
+            for file in &req.files {
+                let name = field(&file.source, "name:").unwrap_or_default();
+                let app = field(&file.source, "app:").unwrap_or_else(|| "data".into());
+                names.push(name.clone());
+                let existing = s.workflows.iter_mut().find(|w| w.name == name);
+                let (outcome, version, stored_source) = match existing {
+                    Some(w) if w.source == file.source => {
+                        (pb::ApplyOutcome::Unchanged, w.version, w.source.clone())
+                    }
+                    Some(w) => {
+                        let stored = (w.version, w.source.clone());
+                        if !req.dry_run {
+                            w.version += 1;
+                            w.source = file.source.clone();
+                        }
+                        (
+                            pb::ApplyOutcome::Updated,
+                            if req.dry_run { stored.0 } else { w.version },
+                            stored.1,
+                        )
+                    }
+                    None => {
+                        if !req.dry_run {
+                            let mut w = workflow(&name, 1);
+                            w.app = app.clone();
+                            w.source = file.source.clone();
+                            s.workflows.push(w);
+                        }
+                        (
+                            pb::ApplyOutcome::Created,
+                            u32::from(!req.dry_run),
+                            String::new(),
+                        )
+                    }
+                };
+                files.push(pb::AppliedFile {
+                    source_name: file.source_name.clone(),
+                    name,
+                    app,
+                    outcome: outcome as i32,
+                    version,
+                    stored_source: if req.dry_run {
+                        stored_source
+                    } else {
+                        String::new()
+                    },
+                    warnings: Vec::new(),
+                });
+            }
+            let mut deleted = Vec::new();
+            if req.prune {
+                for w in &s.workflows {
+                    if w.app == req.app && !names.contains(&w.name) {
+                        deleted.push(pb::RemovedWorkflow {
+                            name: w.name.clone(),
+                            app: w.app.clone(),
+                            version: w.version,
+                        });
+                    }
+                }
+                if !req.dry_run {
+                    s.workflows
+                        .retain(|w| !deleted.iter().any(|d| d.name == w.name));
+                }
+            }
+            pb::ApplyWorkflowsResponse {
+                files,
+                deleted,
+                warnings: Vec::new(),
+                dry_run: req.dry_run,
+            }
+        });
+        Ok(Response::new(response))
+    }
+
+    /// Deletes a fake workflow; one called `busy` has unfinished runs unless cancelled.
+    async fn delete_workflow(
+        &self,
+        request: Request<pb::DeleteWorkflowRequest>,
+    ) -> Result<Response<pb::DeleteWorkflowResponse>, Status> {
+        self.record("DeleteWorkflow");
+        let req = request.into_inner();
+        self.with(|s| {
+            s.deletes.push(req.clone());
+            let Some(index) = s.workflows.iter().position(|w| w.name == req.name) else {
+                return Err(Status::not_found(format!(
+                    "workflow \"{}\" not found",
+                    req.name
+                )));
+            };
+            if req.name == "busy" && !req.cancel_runs {
+                return Err(Status::failed_precondition(
+                    "workflow busy has unfinished runs (run 7 RUNNING)",
+                ));
+            }
+            let w = s.workflows.remove(index);
+            Ok(Response::new(pb::DeleteWorkflowResponse {
+                workflow: Some(pb::RemovedWorkflow {
+                    name: w.name,
+                    app: w.app,
+                    version: w.version,
+                }),
+                cancelled_runs: if req.cancel_runs { vec![7] } else { Vec::new() },
+                warnings: Vec::new(),
+            }))
+        })
     }
 
     async fn list_workflows(

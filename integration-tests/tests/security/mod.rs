@@ -96,6 +96,23 @@ async fn call(client: &mut Client, method: &str) -> Code {
             })
             .await
             .map(drop),
+        "ApplyWorkflows" => client
+            .apply_workflows(pb::ApplyWorkflowsRequest {
+                files: vec![pb::WorkflowFile {
+                    source_name: "guarded.yaml".into(),
+                    source: WORKFLOW.into(),
+                }],
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "DeleteWorkflow" => client
+            .delete_workflow(pb::DeleteWorkflowRequest {
+                name: "nobody".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
         "ListWorkflows" => client
             .list_workflows(pb::ListWorkflowsRequest::default())
             .await

@@ -405,6 +405,11 @@ const GRPC_ROWS: &[&str] = &[
     "ApplyWorkflow after it",
     "ApplyWorkflow naming its secret, dry run",
     "ApplyWorkflow naming its secret",
+    "ApplyWorkflows after it, dry run",
+    "ApplyWorkflows after it",
+    "ApplyWorkflows pruning the app, dry run",
+    "ApplyWorkflows pruning the app",
+    "DeleteWorkflow",
     "ListWorkflows of the app",
     "ListSecrets of the app",
     "SetSecret of the app",
@@ -604,6 +609,36 @@ async fn grpc_answer(client: &mut Client, row: &str, t: &Target) -> String {
                 .await
                 .map(|r| format!("OK {} warnings {:?}", r.outcome, r.warnings))
         }
+        "ApplyWorkflows after it, dry run"
+        | "ApplyWorkflows after it"
+        | "ApplyWorkflows pruning the app, dry run"
+        | "ApplyWorkflows pruning the app" => {
+            let prune = row.contains("pruning");
+            client
+                .apply_workflows(pb::ApplyWorkflowsRequest {
+                    files: vec![pb::WorkflowFile {
+                        source_name: "test.yaml".into(),
+                        source: after.clone(),
+                    }],
+                    dry_run: row.ends_with("dry run"),
+                    prune,
+                    app: if prune { t.app.clone() } else { String::new() },
+                    ..Default::default()
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    format!("OK {:?} deleted {:?}", r.files, r.deleted)
+                })
+        }
+        "DeleteWorkflow" => client
+            .delete_workflow(pb::DeleteWorkflowRequest {
+                name: wf,
+                cancel_runs: true,
+                ..Default::default()
+            })
+            .await
+            .map(|r| format!("OK {:?}", r.into_inner().workflow)),
         "ListWorkflows of the app" => client
             .list_workflows(pb::ListWorkflowsRequest {
                 app: t.app.clone(),

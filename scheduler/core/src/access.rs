@@ -118,9 +118,12 @@ pub fn control_method_needs(method: &str) -> Need {
         | "ExplainWorkflow" | "ListAudit" | "WhoAmI" => Need::Role(Role::Viewer),
         "TriggerWorkflow" | "CancelRun" | "CancelInstance" | "RetryInstance" | "RerunRun"
         | "PauseWorkflow" | "ResumeWorkflow" | "BackfillWorkflow" => Need::Role(Role::Operator),
-        // Deleting history is an admin's call, like defining what runs and who may call.
-        "ApplyWorkflow" | "CreateToken" | "ListTokens" | "RevokeToken" | "SetSecret"
-        | "ListSecrets" | "DeleteSecret" | "PurgeRuns" => Need::Role(Role::Admin),
+        // Deleting history is an admin's call, like defining what runs and who may call;
+        // deleting a workflow is part of defining what runs.
+        "ApplyWorkflow" | "ApplyWorkflows" | "DeleteWorkflow" | "CreateToken" | "ListTokens"
+        | "RevokeToken" | "SetSecret" | "ListSecrets" | "DeleteSecret" | "PurgeRuns" => {
+            Need::Role(Role::Admin)
+        }
         _ => Need::Role(Role::Admin),
     }
 }
@@ -311,6 +314,16 @@ mod tests {
             (
                 "POST",
                 "/ax.v1.ControlService/ApplyWorkflow",
+                Need::Role(Role::Admin),
+            ),
+            (
+                "POST",
+                "/ax.v1.ControlService/ApplyWorkflows",
+                Need::Role(Role::Admin),
+            ),
+            (
+                "POST",
+                "/ax.v1.ControlService/DeleteWorkflow",
                 Need::Role(Role::Admin),
             ),
             (

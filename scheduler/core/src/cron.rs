@@ -287,8 +287,9 @@ fn gap_end(tz: Tz, wall: NaiveDateTime) -> Option<Millis> {
     Some(high * 1000)
 }
 
-/// The macros of the dialect, as the five-field expressions they stand for.
-fn expand_macro(name: &str) -> Option<&'static str> {
+/// The five fields a macro stands for (`daily` → `0 0 * * *`), its name without the `@`, in
+/// any case.
+pub fn expand_macro(name: &str) -> Option<&'static str> {
     match name.to_ascii_lowercase().as_str() {
         "yearly" | "annually" => Some("0 0 1 1 *"),
         "monthly" => Some("0 0 1 * *"),

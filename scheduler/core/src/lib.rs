@@ -11,6 +11,7 @@ pub mod app_scope;
 pub mod audit_text;
 pub mod connections;
 pub mod cron;
+pub mod crontab_import;
 pub mod cross_site;
 pub mod dag;
 pub mod decision;
@@ -39,6 +40,7 @@ pub mod task_status;
 pub mod trigger_rule;
 pub mod why;
 pub mod worker_scope;
+pub mod workflow_set;
 
 /// Milliseconds since the Unix epoch, UTC. The one representation of an instant in ax.
 pub type Millis = i64;

@@ -31,15 +31,17 @@ mod backfill;
 mod dag;
 mod purge;
 mod secrets;
+mod workflow_sets;
 
 use access::Call;
 
 /// Workflow files larger than this are refused.
 const MAX_SOURCE_BYTES: usize = 4 << 20;
-/// The largest control request the server decodes: a workflow file at the limit plus room for
-/// the other fields, so an oversized file meets the clear "the limit is" refusal above rather
-/// than the transport's generic one (tonic decodes at most 4 MiB by default).
-pub(crate) const MAX_REQUEST_BYTES: usize = MAX_SOURCE_BYTES + (1 << 20);
+/// The largest control request the server decodes: a set of workflow files at the limit
+/// (`ApplyWorkflows`) plus room for the other fields, so an oversized file or set meets the
+/// clear "the limit is" refusal rather than the transport's generic one (tonic decodes at most
+/// 4 MiB by default).
+pub(crate) const MAX_REQUEST_BYTES: usize = workflow_sets::MAX_SET_BYTES + (1 << 20);
 const MAX_KEY_BYTES: usize = 255;
 /// Lines read from the store per page of GetLogs.
 const LOG_PAGE: u32 = 20_000;
@@ -83,9 +85,11 @@ impl ControlApi {
         if call.app_scope().is_none() {
             return Ok(());
         }
-        self.workflow_named(call, &request.workflow).await?;
+        // A run is checked by itself: a deleted workflow's run keeps its graph.
         if request.run_id > 0 {
             self.visible_run(call, RunId(request.run_id)).await?;
+        } else {
+            self.workflow_named(call, &request.workflow).await?;
         }
         Ok(())
     }
@@ -390,6 +394,22 @@ impl ControlService for ControlApi {
         }))
     }
 
+    async fn apply_workflows(
+        &self,
+        request: Request<pb::ApplyWorkflowsRequest>,
+    ) -> Result<Response<pb::ApplyWorkflowsResponse>, Status> {
+        let call = Call::of(&request);
+        self.apply_set(&call, request.into_inner()).await
+    }
+
+    async fn delete_workflow(
+        &self,
+        request: Request<pb::DeleteWorkflowRequest>,
+    ) -> Result<Response<pb::DeleteWorkflowResponse>, Status> {
+        let call = Call::of(&request);
+        self.delete_one(&call, request.into_inner()).await
+    }
+
     async fn list_workflows(
         &self,
         request: Request<pb::ListWorkflowsRequest>,
@@ -587,10 +607,11 @@ impl ControlService for ControlApi {
         // page follows, and where, says nothing of other apps' runs.
         let mut records = match (workflow, call.app_scope()) {
             (None, Some(scope)) => {
+                // Deleted workflows' runs are history, kept and listed like any other run.
                 let own: Vec<WorkflowId> = self
                     .node
                     .store
-                    .list_workflow_heads(Some(scope))
+                    .history_heads(Some(scope))
                     .await
                     .map_err(store_status)?
                     .iter()
@@ -811,9 +832,9 @@ impl ControlService for ControlApi {
         let call = Call::of(&request);
         let request = request.into_inner();
         let id = InstanceId(positive_id(request.id, "instance")?);
-        if call.app_scope().is_some() {
-            self.visible_instance(&call, id).await?;
-        }
+        let instance = self.visible_instance(&call, id).await?;
+        self.refuse_deleted(instance.workflow_id, &instance.workflow)
+            .await?;
         let record = match self
             .node
             .store
@@ -864,9 +885,8 @@ impl ControlService for ControlApi {
         let call = Call::of(&request);
         let request = request.into_inner();
         let id = RunId(positive_id(request.id, "run")?);
-        if call.app_scope().is_some() {
-            self.visible_run(&call, id).await?;
-        }
+        let run = self.visible_run(&call, id).await?;
+        self.refuse_deleted(run.workflow_id, &run.workflow).await?;
         let from_task = request.from_task.trim();
         if !from_task.is_empty() && request.failed {
             return Err(Status::invalid_argument(

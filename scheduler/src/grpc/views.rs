@@ -38,7 +38,9 @@ async fn workflow_named(node: &Node, name: &str) -> Result<WorkflowRecord, Statu
         .ok_or_else(|| Status::not_found(format!("workflow {name:?} not found")))
 }
 
-async fn run_of(node: &Node, workflow: &WorkflowRecord, id: i64) -> Result<RunRecord, Status> {
+/// Run `id` of the workflow called `name`. A deleted workflow's run is found by its id (its
+/// history is kept), so a run's page still draws its graph.
+async fn run_of(node: &Node, name: &str, id: i64) -> Result<RunRecord, Status> {
     if id < 0 {
         return Err(Status::invalid_argument(format!(
             "run id must be a positive number, got {id}"
@@ -50,10 +52,10 @@ async fn run_of(node: &Node, workflow: &WorkflowRecord, id: i64) -> Result<RunRe
         .await
         .map_err(store_status)?
         .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
-    if run.workflow_id != workflow.id {
+    if run.workflow != name {
         return Err(Status::invalid_argument(format!(
-            "run {id} is a run of workflow {:?}, not {:?}",
-            run.workflow, workflow.name
+            "run {id} is a run of workflow {:?}, not {name:?}",
+            run.workflow
         )));
     }
     Ok(run)
@@ -69,10 +71,23 @@ pub async fn dag(
     node: &Node,
     request: &pb::GetDagRequest,
 ) -> Result<(Graph, Option<Laid>), Status> {
-    let latest = workflow_named(node, &request.workflow).await?;
-    let run = match request.run_id {
-        0 => None,
-        id => Some(run_of(node, &latest, id).await?),
+    let (run, latest) = match request.run_id {
+        0 => (None, workflow_named(node, &request.workflow).await?),
+        id => {
+            let run = run_of(node, &request.workflow, id).await?;
+            let of_run = node
+                .store
+                .get_workflow_version(run.workflow_id, run.workflow_version)
+                .await
+                .map_err(store_status)?
+                .ok_or_else(|| {
+                    Status::internal(format!(
+                        "run {id} names workflow version {} which is not stored",
+                        run.workflow_version
+                    ))
+                })?;
+            (Some(run), of_run)
+        }
     };
     let version = match (&run, request.version) {
         (Some(run), 0) => run.workflow_version,

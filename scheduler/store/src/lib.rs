@@ -10,8 +10,8 @@
 //! beside its SQL with a doc comment that says what it guarantees: `workflows.rs` (and their
 //! schedules), `run_create.rs`, `runs.rs`, `cancel.rs`, `rerun.rs`, `dispatch.rs`, `reports.rs`,
 //! `logs.rs`, `workers.rs`, `gauges.rs`, `nodes.rs`, `audit.rs`, `access.rs`, `decisions.rs`,
-//! `dependents.rs` and `purge.rs`. The records they take and give live by subject in `records/`
-//! and are re-exported here.
+//! `dependents.rs`, `purge.rs` and `workflow_sets.rs` (batches of files, deletes). The
+//! records they take and give live by subject in `records/` and are re-exported here.
 
 use std::sync::Arc;
 
@@ -35,7 +35,10 @@ pub use records::runs::{
     RunRecord,
 };
 pub use records::workers::WorkerRecord;
-pub use records::workflows::{ApplyOutcome, DueSchedule, WorkflowHead, WorkflowRecord};
+pub use records::workflows::{
+    ApplyOutcome, BUSY_RUNS_LISTED, BatchApplied, BatchItem, BusyWorkflow, Deleted, DueSchedule,
+    GoneWorkflow, PlannedApply, PrunePlan, WorkflowHead, WorkflowRecord,
+};
 pub use sql::Store;
 
 #[derive(Debug, thiserror::Error)]

@@ -37,6 +37,7 @@ mod runs;
 mod schema_check;
 mod shard_retry;
 mod workers;
+mod workflow_sets;
 mod workflows;
 
 use std::path::Path;
@@ -133,6 +134,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "workflow_semantics",
         include_str!("../migrations/mysql/0016_workflow_semantics.sql"),
     ),
+    (
+        17,
+        "workflow_delete",
+        include_str!("../migrations/mysql/0017_workflow_delete.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -214,6 +220,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         16,
         "workflow_semantics",
         include_str!("../migrations/sqlite/0016_workflow_semantics.sql"),
+    ),
+    (
+        17,
+        "workflow_delete",
+        include_str!("../migrations/sqlite/0017_workflow_delete.sql"),
     ),
 ];
 

@@ -31,4 +31,5 @@ mod reruns;
 mod runs;
 mod trigger_rules;
 mod workers;
+mod workflow_sets;
 mod workflows;

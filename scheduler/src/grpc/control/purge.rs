@@ -31,7 +31,7 @@ impl ControlApi {
             for workflow in self
                 .node
                 .store
-                .list_workflow_heads(None)
+                .history_heads(None)
                 .await
                 .map_err(store_status)?
             {

@@ -60,7 +60,8 @@ impl Store {
     pub async fn workflow_dependencies(&self) -> Result<BTreeMap<String, Vec<String>>> {
         let rows = sqlx::query(
             "SELECT w.name, d.upstream_name FROM workflow_dependency d \
-             JOIN workflow w ON w.id = d.downstream_id ORDER BY w.name, d.position",
+             JOIN workflow w ON w.id = d.downstream_id AND w.deleted_at IS NULL \
+             ORDER BY w.name, d.position",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -86,7 +87,7 @@ pub(crate) async fn after_run_success(
     now: Millis,
 ) -> Result<()> {
     let run = sqlx::query(
-        "SELECT r.logical_time, w.name FROM run r JOIN workflow w ON w.id = r.workflow_id \
+        "SELECT r.logical_time, w.live_name FROM run r JOIN workflow w ON w.id = r.workflow_id \
          WHERE r.id = ?",
     )
     .bind(run_id.0)
@@ -94,7 +95,10 @@ pub(crate) async fn after_run_success(
     .await?;
     let Some(run) = run else { return Ok(()) };
     let logical_time: i64 = run.try_get("logical_time")?;
-    let upstream_name: String = run.try_get("name")?;
+    // A deleted workflow's run fires nothing: its name may be a new workflow's by now.
+    let Some(upstream_name) = run.try_get::<Option<String>, _>("live_name")? else {
+        return Ok(());
+    };
     let dependents: Vec<i64> = sqlx::query(
         "SELECT downstream_id FROM workflow_dependency WHERE upstream_name = ? \
          ORDER BY downstream_id",
@@ -120,7 +124,7 @@ async fn on_upstream_success(
     now: Millis,
 ) -> Result<()> {
     let sql = format!(
-        "SELECT paused, latest_version FROM workflow WHERE id = ?{}",
+        "SELECT paused, latest_version FROM workflow WHERE id = ? AND deleted_at IS NULL{}",
         store.dialect.for_update()
     );
     let workflow = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -145,7 +149,7 @@ async fn on_upstream_success(
     for workflow in upstreams {
         let success = sqlx::query(
             "SELECT r.id FROM workflow w JOIN run r ON r.workflow_id = w.id \
-             AND r.logical_time = ? AND r.state = 'SUCCESS' WHERE w.name = ? \
+             AND r.logical_time = ? AND r.state = 'SUCCESS' WHERE w.live_name = ? \
              ORDER BY r.id LIMIT 1",
         )
         .bind(logical_time)

@@ -521,7 +521,7 @@ async fn version_facts(
 }
 
 /// The name and limits of each workflow of `runs`, one statement; a workflow that does not
-/// exist is left out.
+/// exist or was deleted is left out (its run is refused: a deleted workflow runs no more).
 async fn workflow_facts(
     c: &mut Counted<'_>,
     runs: &[NewRun],
@@ -534,7 +534,8 @@ async fn workflow_facts(
     let (list, padded) = in_list(workflows);
     let sql = format!(
         "SELECT w.id, w.name, v.spec_json FROM workflow w JOIN workflow_version v \
-         ON v.workflow_id = w.id AND v.version = w.latest_version WHERE w.id IN ({list})"
+         ON v.workflow_id = w.id AND v.version = w.latest_version WHERE w.id IN ({list}) \
+         AND w.deleted_at IS NULL"
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     for workflow in padded {

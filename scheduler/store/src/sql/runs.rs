@@ -56,10 +56,11 @@ impl Store {
         let workflow_ids = match workflow {
             None => None,
             Some(name) => {
-                let id: Option<i64> = sqlx::query_scalar("SELECT id FROM workflow WHERE name = ?")
-                    .bind(name)
-                    .fetch_optional(&self.pool)
-                    .await?;
+                let id: Option<i64> =
+                    sqlx::query_scalar("SELECT id FROM workflow WHERE live_name = ?")
+                        .bind(name)
+                        .fetch_optional(&self.pool)
+                        .await?;
                 match id {
                     Some(id) => Some(vec![WorkflowId(id)]),
                     None => return Ok(Vec::new()),

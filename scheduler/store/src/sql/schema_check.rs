@@ -38,8 +38,8 @@ const REQUIRED_KEYS: [RequiredKey; 8] = [
     },
     RequiredKey {
         table: "workflow",
-        columns: &["name"],
-        guarantees: "a workflow name is applied once",
+        columns: &["live_name"],
+        guarantees: "a live workflow's name is applied once",
     },
     RequiredKey {
         table: "worker",

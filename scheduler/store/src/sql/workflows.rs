@@ -23,7 +23,7 @@ use crate::{ApplyOutcome, DueSchedule, Result, WorkflowHead, WorkflowRecord};
 
 async fn workflow_by_name(c: &mut AnyConnection, name: &str) -> Result<Option<WorkflowRecord>> {
     let sql = format!(
-        "{} AND v.version = w.latest_version WHERE w.name = ?",
+        "{} AND v.version = w.latest_version WHERE w.live_name = ?",
         rows::WORKFLOW_SELECT
     );
     let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -33,11 +33,19 @@ async fn workflow_by_name(c: &mut AnyConnection, name: &str) -> Result<Option<Wo
     row.as_ref().map(rows::workflow).transpose()
 }
 
-fn spec_value(spec: &WorkflowSpec) -> Result<serde_json::Value> {
+pub(super) fn spec_value(spec: &WorkflowSpec) -> Result<serde_json::Value> {
     serde_json::to_value(spec).map_err(|err| corrupt(format!("cannot encode spec: {err}")))
 }
 
-async fn apply_workflow_tx(
+/// A stored version's spec as JSON: what an apply compares the new spec with (equal: nothing
+/// to store).
+pub(super) fn stored_spec_value(spec_json: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(spec_json).map_err(|err| corrupt(format!("stored workflow spec: {err}")))
+}
+
+/// Stores `spec` as its workflow's next version in the caller's transaction, unless it equals
+/// the latest (see [`Store::apply_workflow`]).
+pub(super) async fn apply_workflow_tx(
     store: &Store,
     c: &mut AnyConnection,
     spec: &WorkflowSpec,
@@ -46,7 +54,7 @@ async fn apply_workflow_tx(
     now: Millis,
 ) -> Result<(WorkflowRecord, ApplyOutcome)> {
     let sql = format!(
-        "SELECT id, latest_version FROM workflow WHERE name = ?{}",
+        "SELECT id, latest_version FROM workflow WHERE live_name = ?{}",
         store.dialect.for_update()
     );
     let existing = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -66,9 +74,7 @@ async fn apply_workflow_tx(
             .fetch_one(&mut *c)
             .await?
             .try_get("spec_json")?;
-            let stored: serde_json::Value = serde_json::from_str(&stored)
-                .map_err(|err| corrupt(format!("stored workflow spec: {err}")))?;
-            if stored == spec_value(spec)? {
+            if stored_spec_value(&stored)? == spec_value(spec)? {
                 let record = workflow_by_name(c, &spec.name).await?;
                 let record = record.ok_or_else(|| corrupt("workflow vanished during apply"))?;
                 return Ok((record, ApplyOutcome::Unchanged));
@@ -89,11 +95,12 @@ async fn apply_workflow_tx(
         None => {
             let id = store.take_ids(c, IdKind::Workflow, 1).await?[0];
             sqlx::query(
-                "INSERT INTO workflow (id, app, name, owner, latest_version, paused, created_at, \
-                 updated_at) VALUES (?, ?, ?, ?, 1, 0, ?, ?)",
+                "INSERT INTO workflow (id, app, name, live_name, owner, latest_version, paused, \
+                 created_at, updated_at) VALUES (?, ?, ?, ?, ?, 1, 0, ?, ?)",
             )
             .bind(id)
             .bind(spec.app.as_str())
+            .bind(spec.name.as_str())
             .bind(spec.name.as_str())
             .bind(spec.owner.as_str())
             .bind(now)
@@ -263,7 +270,7 @@ impl Store {
     /// The id and latest version number of the workflow called `name`, without its spec: one
     /// light read for callers that cache versions (a version never changes once stored).
     pub async fn latest_version(&self, name: &str) -> Result<Option<(WorkflowId, u32)>> {
-        let row = sqlx::query("SELECT id, latest_version FROM workflow WHERE name = ?")
+        let row = sqlx::query("SELECT id, latest_version FROM workflow WHERE live_name = ?")
             .bind(name)
             .fetch_optional(&self.pool)
             .await?;
@@ -290,10 +297,14 @@ impl Store {
         row.as_ref().map(rows::workflow).transpose()
     }
 
+    /// The live workflows (a deleted one is gone), by name.
     pub async fn list_workflows(&self, app: Option<&str>) -> Result<Vec<WorkflowRecord>> {
-        let mut sql = format!("{} AND v.version = w.latest_version", rows::WORKFLOW_SELECT);
+        let mut sql = format!(
+            "{} AND v.version = w.latest_version WHERE w.deleted_at IS NULL",
+            rows::WORKFLOW_SELECT
+        );
         if app.is_some() {
-            sql.push_str(" WHERE w.app = ?");
+            sql.push_str(" AND w.app = ?");
         }
         sql.push_str(" ORDER BY w.name");
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -311,13 +322,28 @@ impl Store {
     /// [`Store::list_workflows`] without the specs and sources, by name: one row per workflow,
     /// however large its definition.
     pub async fn list_workflow_heads(&self, app: Option<&str>) -> Result<Vec<WorkflowHead>> {
+        self.heads(app, false).await
+    }
+
+    /// [`Store::list_workflow_heads`] with the deleted workflows too: every workflow that may
+    /// have runs, for what reads or purges history (a deleted workflow's runs are kept until
+    /// its retention purges them).
+    pub async fn history_heads(&self, app: Option<&str>) -> Result<Vec<WorkflowHead>> {
+        self.heads(app, true).await
+    }
+
+    async fn heads(&self, app: Option<&str>, deleted_too: bool) -> Result<Vec<WorkflowHead>> {
         let mut sql = String::from(
-            "SELECT id, name, latest_version, paused, created_at, updated_at FROM workflow",
+            "SELECT id, name, latest_version, paused, created_at, updated_at FROM workflow \
+             WHERE 1 = 1",
         );
-        if app.is_some() {
-            sql.push_str(" WHERE app = ?");
+        if !deleted_too {
+            sql.push_str(" AND deleted_at IS NULL");
         }
-        sql.push_str(" ORDER BY name");
+        if app.is_some() {
+            sql.push_str(" AND app = ?");
+        }
+        sql.push_str(" ORDER BY name, id");
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         if let Some(app) = app {
             query = query.bind(app);
@@ -348,7 +374,7 @@ impl Store {
         now: Millis,
     ) -> Result<Option<WorkflowRecord>> {
         write_tx!(self, |c| async move {
-            let row = sqlx::query("SELECT id FROM workflow WHERE name = ?")
+            let row = sqlx::query("SELECT id FROM workflow WHERE live_name = ?")
                 .bind(name)
                 .fetch_optional(&mut *c)
                 .await?;
@@ -388,6 +414,7 @@ impl Store {
             "SELECT sp.workflow_id, w.name, w.latest_version, sp.cron, sp.timezone, \
              sp.next_fire_at FROM schedule_plan sp JOIN workflow w ON w.id = sp.workflow_id \
              WHERE sp.paused = 0 AND sp.next_fire_at <= ? AND sp.trigger_type = 'cron' \
+             AND w.deleted_at IS NULL \
              AND sp.cron IS NOT NULL ORDER BY sp.next_fire_at, sp.workflow_id LIMIT ?",
         )
         .bind(now)

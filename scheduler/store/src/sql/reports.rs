@@ -1228,16 +1228,8 @@ async fn insert_not_run(
     let runs: BTreeSet<i64> = not_run.iter().map(|(run, _, _, _, _)| *run).collect();
     for run in runs {
         let of_run: Vec<&NotRun> = not_run.iter().filter(|(r, _, _, _, _)| *r == run).collect();
-        let (list, tasks) = in_list(of_run.iter().map(|(_, task, _, _, _)| task.as_str()));
-        let sql = format!(
-            "SELECT id, task_name, attempt, state FROM task_instance \
-             WHERE run_id = ? AND shard_slot = 0 AND task_name IN ({list})"
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(run);
-        for task in tasks {
-            query = query.bind(task);
-        }
-        for row in query.fetch_all(&mut *c).await? {
+        let names = of_run.iter().map(|(_, task, _, _, _)| task.as_str());
+        for row in task_instances_of_run(c, run, names).await? {
             let id: i64 = row.try_get("id")?;
             let task: String = row.try_get("task_name")?;
             if fresh.contains(&id) {
@@ -1370,21 +1362,11 @@ pub(crate) async fn insert_first_attempts(
     let fresh: BTreeSet<i64> = ids.into_iter().collect();
     let runs: BTreeSet<i64> = ready.iter().map(|(run, _, _)| *run).collect();
     for run in runs {
-        let (list, tasks) = in_list(
-            ready
-                .iter()
-                .filter(|(r, _, _)| *r == run)
-                .map(|(_, task, _)| task.as_str()),
-        );
-        let sql = format!(
-            "SELECT id, task_name FROM task_instance \
-             WHERE run_id = ? AND shard_slot = 0 AND task_name IN ({list})"
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(run);
-        for task in tasks {
-            query = query.bind(task);
-        }
-        for row in query.fetch_all(&mut *c).await? {
+        let names = ready
+            .iter()
+            .filter(|(r, _, _)| *r == run)
+            .map(|(_, task, _)| task.as_str());
+        for row in task_instances_of_run(c, run, names).await? {
             let id: i64 = row.try_get("id")?;
             if !fresh.contains(&id) {
                 let task: String = row.try_get("task_name")?;
@@ -1399,4 +1381,23 @@ pub(crate) async fn insert_first_attempts(
     placing.not_inserted(&ignored);
     placing.write_attempts(c.uncounted()).await?;
     Ok(woke)
+}
+
+/// The task instances (not shards) of `tasks` in `run`, as rows of `id, task_name, attempt,
+/// state`: where an insert of the advance found an instance already.
+async fn task_instances_of_run<'t>(
+    c: &mut Counted<'_>,
+    run: i64,
+    tasks: impl Iterator<Item = &'t str>,
+) -> Result<Vec<sqlx::any::AnyRow>> {
+    let (list, tasks) = in_list(tasks);
+    let sql = format!(
+        "SELECT id, task_name, attempt, state FROM task_instance \
+         WHERE run_id = ? AND shard_slot = 0 AND task_name IN ({list})"
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(run);
+    for task in tasks {
+        query = query.bind(task);
+    }
+    Ok(query.fetch_all(&mut *c).await?)
 }

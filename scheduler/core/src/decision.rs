@@ -50,10 +50,13 @@ pub enum DecisionKind {
     /// A waiting instance's task names a secret this node cannot give it (missing, or no key
     /// to open it): it waits until it can.
     SecretUnavailable,
+    /// A task's `if:` was false: it is SKIPPED. The detail holds the expression and the
+    /// values it read.
+    ConditionFalse,
 }
 
 impl DecisionKind {
-    pub const ALL: [DecisionKind; 17] = [
+    pub const ALL: [DecisionKind; 18] = [
         DecisionKind::Fired,
         DecisionKind::Misfired,
         DecisionKind::CaughtUp,
@@ -71,6 +74,7 @@ impl DecisionKind {
         DecisionKind::TimedOut,
         DecisionKind::Stalled,
         DecisionKind::SecretUnavailable,
+        DecisionKind::ConditionFalse,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -92,6 +96,7 @@ impl DecisionKind {
             DecisionKind::TimedOut => "timed_out",
             DecisionKind::Stalled => "stalled",
             DecisionKind::SecretUnavailable => "secret_unavailable",
+            DecisionKind::ConditionFalse => "condition_false",
         }
     }
 

@@ -9,6 +9,7 @@
 pub mod access;
 pub mod app_scope;
 pub mod audit_text;
+pub mod condition;
 pub mod connections;
 pub mod cron;
 pub mod crontab_import;

@@ -606,6 +606,7 @@ fn past_tense(kind: DecisionKind) -> &'static str {
         DecisionKind::TimedOut => "an attempt was timed out by the scheduler",
         DecisionKind::Stalled => "an attempt's task heartbeat stopped on a live worker",
         DecisionKind::SecretUnavailable => "held: a secret it needs is unavailable",
+        DecisionKind::ConditionFalse => "skipped: its if: was false",
     }
 }
 
@@ -662,8 +663,17 @@ fn run_tasks(
             .filter(|instance| instance.state != InstanceState::Pending);
         let explanation = match own {
             Some(instance) => {
-                let reason = match instance.state {
-                    state @ (InstanceState::Skipped | InstanceState::UpstreamFailed) => {
+                // A task skipped by its `if:` says so with the values it read; one skipped
+                // by its rule names the upstreams that decided it.
+                let condition_false = run_decisions.iter().rev().find(|d| {
+                    d.kind == DecisionKind::ConditionFalse && d.instance_id == Some(instance.id)
+                });
+                let reason = match (instance.state, condition_false) {
+                    (InstanceState::Skipped, Some(decision)) => Reason::NotRun {
+                        state: InstanceState::Skipped,
+                        because: decision.detail.clone(),
+                    },
+                    (state @ (InstanceState::Skipped | InstanceState::UpstreamFailed), _) => {
                         not_run(state)
                     }
                     _ => instance_reason(instance, task, input, &run_decisions, queued),

@@ -10,6 +10,7 @@ mod access;
 mod audit;
 mod cancel;
 mod checkpointer;
+mod conditions;
 mod counted;
 pub(crate) mod db_errors;
 mod decisions;
@@ -139,6 +140,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "workflow_delete",
         include_str!("../migrations/mysql/0017_workflow_delete.sql"),
     ),
+    (
+        18,
+        "conditions",
+        include_str!("../migrations/mysql/0018_conditions.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -225,6 +231,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         17,
         "workflow_delete",
         include_str!("../migrations/sqlite/0017_workflow_delete.sql"),
+    ),
+    (
+        18,
+        "conditions",
+        include_str!("../migrations/sqlite/0018_conditions.sql"),
     ),
 ];
 

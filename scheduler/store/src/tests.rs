@@ -13,6 +13,7 @@ mod advance_cost;
 mod audit;
 mod cancel;
 mod claims;
+mod conditions;
 mod decisions;
 mod dependents;
 mod dispatch;

@@ -98,6 +98,8 @@ pub struct TaskFile {
     pub routing: Option<Spanned<Choice<crate::spec::Routing>>>,
     pub self_fence: Option<Spanned<Value>>,
     pub trigger_rule: Option<Spanned<Choice<crate::trigger_rule::TriggerRule>>>,
+    #[serde(rename = "if")]
+    pub condition: Option<Spanned<Value>>,
 }
 
 /// The values of a string map (`env`, `labels`) in file order; the keys, with their lines,

@@ -35,11 +35,13 @@ pub struct ParsedWorkflow {
 
 /// A workflow file that cannot be applied: where, which field, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{source_name}:{line}: {field}: {message}")]
+#[error("{source_name}:{line}{}: {field}: {message}", column.map(|c| format!(":{c}")).unwrap_or_default())]
 pub struct SpecError {
     pub source_name: String,
     /// 1-based line of the offending node (0 when the error is about the file as a whole).
     pub line: usize,
+    /// 1-based column, for an error inside a value (an `if:` expression's).
+    pub column: Option<usize>,
     /// Path of the field, e.g. `tasks[2].upstream[0]` or `schedule.cron`.
     pub field: String,
     pub message: String,

@@ -298,6 +298,10 @@ pub struct TaskSpec {
     /// run's outcome is known, not as part of the graph.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handler: Option<Handler>,
+    /// `if:`: a CEL expression judged when the task's rule says it runs
+    /// (`crate::condition`); false makes it SKIPPED.
+    #[serde(default, rename = "if", skip_serializing_if = "Option::is_none")]
+    pub condition: Option<String>,
 }
 
 impl TaskSpec {

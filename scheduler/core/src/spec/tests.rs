@@ -94,6 +94,104 @@ fn check_refusals(topic: &str) {
 /// as it is.
 const REFUSALS: &[(&str, &str, &str)] = &[
     (
+        "conditions",
+        "
+            name: etl
+            tasks:
+              - {name: extract, command: x}
+              - name: load
+                upstream: extract
+                command: y
+                if: tasks.extract.outputs.rows > 0
+        ",
+        "wf.yaml:7:36: tasks[1].if: compares a string with an int; outputs and params are \
+         strings: convert with int(...) or double(...)",
+    ),
+    (
+        "conditions",
+        "
+            name: etl
+            tasks:
+              - {name: extract, command: x}
+              - name: load
+                upstream: extract
+                command: y
+                if: \"tasks.extract.state == 'SUCESS'\"
+        ",
+        "wf.yaml:7:33: tasks[1].if: 'SUCESS' is no state; an upstream ends SUCCESS, FAILED, \
+         TIMEOUT, CANCELLED, SKIPPED, UPSTREAM_FAILED",
+    ),
+    (
+        "conditions",
+        "
+            name: etl
+            tasks:
+              - {name: extract, command: x}
+              - name: load
+                command: y
+                if: tasks.extract.state == 'SUCCESS'
+        ",
+        "wf.yaml:6:9: tasks[1].if: task extract is not upstream of this task, so it has not \
+         ended when this one is judged",
+    ),
+    (
+        "conditions",
+        "
+            name: etl
+            tasks:
+              - {name: extract, command: x}
+              - name: load
+                upstream: extract
+                command: y
+                if: >-
+                  params.mode == 'full' &&
+                  tasks.extract.outputs.rows
+        ",
+        "wf.yaml:8: tasks[1].if: at character 26 of the expression: && needs true or false, \
+         and this is a string",
+    ),
+    (
+        "conditions",
+        "
+            name: etl
+            tasks:
+              - {name: extract, command: x}
+              - name: load
+                upstream: extract
+                command: y
+                if: params.mode ==
+        ",
+        "wf.yaml:7:23: tasks[1].if: syntax error: the expression ends where a value is expected",
+    ),
+    (
+        "conditions",
+        "
+            name: etl
+            tasks:
+              - {name: extract, command: x}
+              - name: cleanup
+                upstream: extract
+                trigger_rule: always
+                command: y
+                if: tasks.extract.state == 'FAILED'
+        ",
+        "wf.yaml:8: tasks[1].if: trigger_rule always starts this task with the run, before its \
+         upstreams end: its if: may read params only",
+    ),
+    (
+        "conditions",
+        "
+            name: etl
+            tasks:
+              - {name: extract, command: x}
+              - name: load
+                upstream: extract
+                command: y
+                if: ''
+        ",
+        "wf.yaml:7: tasks[1].if: must not be empty",
+    ),
+    (
         "outputs",
         "
             name: etl
@@ -916,7 +1014,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
         ",
         "wf.yaml:5: tasks[0].retires: unknown field \"retires\"; allowed fields: name, \
          command, argv, timeout, retries, retry_backoff, env, working_dir, labels, \
-         priority, upstream, concurrency, pool, routing, self_fence, trigger_rule",
+         priority, upstream, concurrency, pool, routing, self_fence, trigger_rule, if",
     ),
     (
         "unknown_fields_name_the_allowed_ones",
@@ -1788,4 +1886,46 @@ fn output_references_name_tasks_above() {
 #[test]
 fn output_reference_refusals() {
     check_refusals("outputs");
+}
+
+#[test]
+fn condition_refusals() {
+    check_refusals("conditions");
+}
+
+#[test]
+fn conditions_are_read_and_kept_as_written() {
+    let parsed = parse_ok(
+        "
+            name: etl
+            tasks:
+              - {name: extract, command: x}
+              - name: load
+                upstream: extract
+                command: y
+                if: int(tasks.extract.outputs.rows) > 0 && params.mode != 'dry'
+              - {name: plain, command: z, if: \"has(params.full)\"}
+            on_failure:
+              - name: page
+                command: p
+                if: has(tasks.extract.outputs.rows)
+        ",
+    );
+    let conditions: Vec<Option<&str>> = parsed
+        .spec
+        .tasks
+        .iter()
+        .map(|t| t.condition.as_deref())
+        .collect();
+    assert_eq!(
+        conditions,
+        vec![
+            None,
+            Some("int(tasks.extract.outputs.rows) > 0 && params.mode != 'dry'"),
+            Some("has(params.full)"),
+            Some("has(tasks.extract.outputs.rows)"),
+        ]
+    );
+    let json = serde_json::to_string(&parsed.spec).unwrap();
+    assert!(json.contains("\"if\":\"has(params.full)\""), "{json}");
 }

@@ -4,7 +4,7 @@
 //! The first refusal stops the check: nothing is half-accepted. The rules a user sees are
 //! documented in `docs/workflow-format.md`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroU64;
 
 use serde_saphyr::Spanned;
@@ -20,6 +20,7 @@ use super::model::{
 use super::template::check_key_template;
 use super::values::{is_valid_env_name, is_valid_name, parse_instant, parse_retention};
 use super::{ParsedWorkflow, SpecError};
+use crate::condition;
 use crate::cron::CronSchedule;
 use crate::dag::{Dag, DagError};
 use crate::duration;
@@ -79,6 +80,9 @@ struct TaskLines {
     /// The lines of `command` (or `argv`) and `env`, where output references are written.
     command: usize,
     env: usize,
+    /// Where the `if:` expression starts: line, column, and whether the file holds it as
+    /// written (a plain or quoted one-line scalar), so a column inside it maps to the file.
+    condition: Option<(usize, usize, bool)>,
 }
 
 /// Task settings given once under `defaults`.
@@ -127,6 +131,7 @@ impl Validator<'_> {
         SpecError {
             source_name: self.source_name.to_string(),
             line,
+            column: None,
             field: field.into(),
             message: message.into(),
         }
@@ -462,6 +467,7 @@ impl Validator<'_> {
         let dag = Dag::new(&tasks).map_err(|e| self.dag_error(e, &tasks, &lines))?;
         self.handler_edges(&tasks, &lines)?;
         self.output_references(&dag, &tasks, &lines)?;
+        self.conditions(&dag, &tasks, &lines)?;
         let warnings = dag
             .isolated()
             .into_iter()
@@ -577,6 +583,70 @@ impl Validator<'_> {
                     };
                     return Err(self.err(line, field, why));
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every `if:` parses and type-checks over what its task may read: its direct upstreams'
+    /// states, the outputs of the tasks above it (for a handler, also the graph's tasks).
+    fn conditions(
+        &self,
+        dag: &Dag,
+        tasks: &[TaskSpec],
+        lines: &[TaskLines],
+    ) -> Result<(), SpecError> {
+        for (task, at) in tasks.iter().zip(lines) {
+            let (Some(source), Some((line, column, as_written))) = (&task.condition, at.condition)
+            else {
+                continue;
+            };
+            let field = format!("{}.if", at.path);
+            if task.trigger_rule.starts_with_run() && !condition::tasks_read(source).is_empty() {
+                return Err(self.err(
+                    line,
+                    field,
+                    "trigger_rule always starts this task with the run, before its upstreams \
+                     end: its if: may read params only",
+                ));
+            }
+            let upstream: BTreeSet<String> = task.upstream.iter().cloned().collect();
+            let mut above: BTreeSet<String> = BTreeSet::new();
+            let mut next: Vec<&str> = task.upstream.iter().map(String::as_str).collect();
+            while let Some(up) = next.pop() {
+                if above.insert(up.to_string()) {
+                    next.extend(dag.upstream(up).iter().map(String::as_str));
+                }
+            }
+            if task.handler.is_some() {
+                above.extend(
+                    tasks
+                        .iter()
+                        .filter(|t| t.handler.is_none())
+                        .map(|t| t.name.clone()),
+                );
+            }
+            let scope = condition::Scope {
+                upstream: &upstream,
+                outputs_of: &above,
+            };
+            if let Err(refusal) = condition::check(source, &scope) {
+                let mut err = self.err(line, field, refusal.message);
+                // A column inside the expression maps to the file only when the file holds it
+                // as written; otherwise the message says where in the expression.
+                if as_written {
+                    let before = source.get(..refusal.offset).unwrap_or(source);
+                    err.column = Some(column + before.chars().count());
+                } else {
+                    let at = source
+                        .get(..refusal.offset)
+                        .unwrap_or(source)
+                        .chars()
+                        .count()
+                        + 1;
+                    err.message = format!("at character {at} of the expression: {}", err.message);
+                }
+                return Err(err);
             }
         }
         Ok(())
@@ -894,6 +964,11 @@ impl Validator<'_> {
             Some(n) => self.choice(n, &field("trigger_rule"), "trigger rule")?,
             None => TriggerRule::default(),
         };
+        let condition = file
+            .condition
+            .as_ref()
+            .map(|n| self.non_empty_string(n, &field("if")))
+            .transpose()?;
 
         let task = TaskSpec {
             name,
@@ -914,6 +989,7 @@ impl Validator<'_> {
             unfenced,
             trigger_rule,
             handler: None,
+            condition,
         };
         let lines = TaskLines {
             command: file
@@ -923,6 +999,18 @@ impl Validator<'_> {
                 .or(file.argv.as_ref().map(line))
                 .unwrap_or(line(node)),
             env: file.env.as_ref().map_or(line(node), line),
+            condition: file.condition.as_ref().map(|n| {
+                let raw = super::file::raw_text(self.source, n);
+                let as_written = task.condition.as_deref().is_some_and(|c| {
+                    let inner = raw
+                        .strip_prefix(['"', '\''])
+                        .and_then(|r| r.strip_suffix(['"', '\'']));
+                    raw == c || inner == Some(c)
+                });
+                let quoted = usize::from(raw.starts_with(['"', '\'']));
+                let column = n.referenced.column() as usize + quoted;
+                (line(n), column, as_written && !raw.contains('\n'))
+            }),
             path: path.to_string(),
             task: line(node),
             name: line(name_node),

@@ -32,7 +32,7 @@ const PROMOTE_SCAN: i64 = 500;
 /// characters then share a limit: stricter, never looser).
 const MAX_KEY_CHARS: usize = 191;
 /// The decision log's node column for decisions the store makes inside a transaction.
-const STORE_NODE: &str = "store";
+pub(crate) const STORE_NODE: &str = "store";
 
 /// What the queue needs from a workflow's latest version.
 #[derive(serde::Deserialize, Default)]

@@ -544,6 +544,34 @@ impl AfterBatch {
     }
 }
 
+/// The advance after tasks ended outside a report: roots SKIPPED or FAILED by their `if:` as
+/// their run starts. Judges their downstream in rounds, as a batch of reports does, then ends
+/// the runs that have nothing left (a run whose every root was skipped ends SUCCESS at once).
+pub(crate) async fn advance_after(
+    store: &Store,
+    c: &mut Counted<'_>,
+    ended: Vec<(i64, i64, i64, String)>,
+    now: Millis,
+    placing: &mut Placing<'_>,
+) -> Result<()> {
+    let runs: BTreeSet<i64> = ended.iter().map(|(run, _, _, _)| *run).collect();
+    let mut frontier: Vec<TaskEnd> = ended
+        .into_iter()
+        .map(|(run, workflow, version, task)| TaskEnd {
+            index: usize::MAX,
+            run,
+            workflow,
+            version,
+            task,
+        })
+        .collect();
+    while !frontier.is_empty() {
+        frontier = advance(store, c, &frontier, now, placing, &mut []).await?;
+    }
+    super::run_end::end_runs_if_done(store, c, &runs, now).await?;
+    Ok(())
+}
+
 /// Decides one report on the in-memory row of its instance (read under lock): the row changes
 /// go to `writes`, the row in `keys` moves on (a later report on the same instance in the batch
 /// sees it), and what the batch must do afterwards goes to `after`.
@@ -974,13 +1002,26 @@ async fn judge_candidates(
         let verdicts = verdicts(c, workflow, version, &pairs).await?;
         let mut ready: Vec<Ready> = Vec::new();
         let mut not_run: Vec<NotRun> = Vec::new();
-        for (run, task, priority, verdict, missing) in verdicts {
-            match (verdict.state(), missing) {
-                (None, None) => ready.push((run, task, priority)),
-                (None, Some(missing)) => {
-                    not_run.push((run, task, priority, InstanceState::Failed, Some(missing)))
+        let mut skipped_by_condition: Vec<super::conditions::SkippedByCondition> = Vec::new();
+        for Decided {
+            run,
+            task,
+            priority,
+            verdict,
+            failure,
+            skipped_because,
+        } in verdicts
+        {
+            match (verdict.state(), failure, skipped_because) {
+                (None, None, None) => ready.push((run, task, priority)),
+                (None, Some(failure), _) => {
+                    not_run.push((run, task, priority, InstanceState::Failed, Some(failure)))
                 }
-                (Some(state), _) => not_run.push((run, task, priority, state, None)),
+                (None, None, Some(because)) => {
+                    skipped_by_condition.push((run, task.clone(), because));
+                    not_run.push((run, task, priority, InstanceState::Skipped, None));
+                }
+                (Some(state), _, _) => not_run.push((run, task, priority, state, None)),
             }
         }
         if !ready.is_empty() {
@@ -998,9 +1039,24 @@ async fn judge_candidates(
                     judged[i] = Judged::NotRun;
                 }
             }
+            super::conditions::record_skips(c.uncounted(), workflow, &skipped_by_condition, now)
+                .await?;
         }
     }
     Ok(judged)
+}
+
+/// A (run, task) pair whose rule is decided.
+struct Decided {
+    run: i64,
+    task: String,
+    priority: i64,
+    verdict: Verdict,
+    /// Why a task its rule runs fails before it starts: an output it names is missing, or its
+    /// `if:` cannot be judged.
+    failure: Option<String>,
+    /// Why a task its rule runs is SKIPPED: its `if:` was false.
+    skipped_because: Option<String>,
 }
 
 /// The candidates of one workflow version: (run, task) → position in the batch's candidates.
@@ -1012,17 +1068,18 @@ pub(crate) type Ready = (i64, String, i64);
 /// A task that does not run in a run: (run, task, priority, its state, why it failed). SKIPPED
 /// or UPSTREAM_FAILED without an attempt; FAILED as attempt 1, with the message, when an output
 /// it names was never passed on.
-type NotRun = (i64, String, i64, InstanceState, Option<String>);
+pub(crate) type NotRun = (i64, String, i64, InstanceState, Option<String>);
 
 /// Of the (run, task) pairs of one workflow version, those whose rule is decided, with the
 /// task's priority, the verdict and, for a task that runs, the first output it names that its
-/// run does not have (read only for tasks that name outputs).
+/// run does not have (read only for tasks that name outputs), then its `if:` judged (only for
+/// tasks that have one).
 async fn verdicts(
     c: &mut Counted<'_>,
     workflow: i64,
     version: i64,
     pairs: &[(i64, &str)],
-) -> Result<Vec<(i64, String, i64, Verdict, Option<String>)>> {
+) -> Result<Vec<Decided>> {
     let tasks: Vec<&str> = pairs
         .iter()
         .map(|(_, task)| *task)
@@ -1031,9 +1088,13 @@ async fn verdicts(
         .collect();
     let mut defs: HashMap<String, (u32, i64, TriggerRule)> = HashMap::new();
     let mut refs: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    let mut conditions: HashMap<String, String> = HashMap::new();
     for names in tasks.chunks(NAMES_PER_STATEMENT) {
-        let columns = "upstream_count, priority, trigger_rule, output_refs";
+        let columns = "upstream_count, priority, trigger_rule, output_refs, run_if";
         for row in definitions(c, workflow, version, names, columns).await? {
+            if let Some(source) = row.try_get::<Option<String>, _>("run_if")? {
+                conditions.insert(row.try_get("name")?, source);
+            }
             let rule: String = row.try_get("trigger_rule")?;
             let rule = TriggerRule::parse(&rule)
                 .ok_or_else(|| super::rows::corrupt(format!("unknown trigger rule {rule:?}")))?;
@@ -1098,7 +1159,7 @@ async fn verdicts(
         .map(|(run, _, _, _)| *run)
         .collect();
     let outputs = super::outputs::of_runs(c.uncounted(), &naming).await?;
-    Ok(decided
+    let mut decided: Vec<Decided> = decided
         .into_iter()
         .map(|(run, task, priority, verdict)| {
             let missing = (verdict == Verdict::Run)
@@ -1116,9 +1177,39 @@ async fn verdicts(
                          (it did not succeed, or did not write {key} to $AX_OUTPUT)"
                     ))
                 });
-            (run, task, priority, verdict, missing)
+            Decided {
+                run,
+                task,
+                priority,
+                verdict,
+                failure: missing,
+                skipped_because: None,
+            }
         })
-        .collect())
+        .collect();
+    let conditioned: Vec<(usize, super::conditions::Conditioned<'_>)> = decided
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.verdict == Verdict::Run && d.failure.is_none())
+        .filter_map(|(i, d)| {
+            let source = conditions.get(&d.task)?;
+            Some((i, super::conditions::Conditioned { run: d.run, source }))
+        })
+        .collect();
+    if conditioned.is_empty() {
+        return Ok(decided);
+    }
+    let (at, pending): (Vec<usize>, Vec<_>) = conditioned.into_iter().unzip();
+    let outcomes = super::conditions::judge(c.uncounted(), &pending).await?;
+    drop(pending);
+    for (i, outcome) in at.into_iter().zip(outcomes) {
+        match outcome {
+            super::conditions::Outcome::Run => {}
+            super::conditions::Outcome::Skip(because) => decided[i].skipped_because = Some(because),
+            super::conditions::Outcome::Fail(message) => decided[i].failure = Some(message),
+        }
+    }
+    Ok(decided)
 }
 
 /// Adds to `ends` how the upstream instances of each of `tasks` in each of `runs` ended, by
@@ -1168,7 +1259,7 @@ async fn count_upstream_ends(
 /// attempt (attempt 0): a new row, or its PENDING one (it ran before a rerun from above) moved.
 /// Returns the (run, task) pairs that got it; one that has an instance in another state (it ran
 /// already) is left alone.
-async fn insert_not_run(
+pub(crate) async fn insert_not_run(
     store: &Store,
     c: &mut Counted<'_>,
     workflow: i64,

@@ -9,17 +9,29 @@ use ax_core::ids::{InstanceId, RunId, WorkflowId};
 use sqlx::Row;
 
 use super::Store;
+use super::conditions::{Conditioned, Outcome, SkippedByCondition};
 use super::counted::Counted;
 use super::ids::IdKind;
 use super::placing::Placing;
+use super::reports::NotRun;
 use super::{pow2_chunks, values_rows};
 use crate::{NewAttempt, NewRun, Result};
+use ax_core::state::InstanceState;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What creating a run needs of its workflow version.
 pub(crate) struct VersionFacts {
     pub(crate) task_count: i64,
-    /// The root tasks (no upstream), by name: (name, priority).
-    pub(crate) roots: Vec<(String, i64)>,
+    /// The root tasks (no upstream), by name.
+    pub(crate) roots: Vec<Root>,
+}
+
+/// A task a run starts with.
+pub(crate) struct Root {
+    pub(crate) name: String,
+    pub(crate) priority: i64,
+    /// Its `if:`, judged on the run's params before it starts.
+    pub(crate) condition: Option<String>,
 }
 
 /// The root instances of one run to insert.
@@ -51,9 +63,16 @@ pub(crate) async fn insert_roots_of(
     runs: &[RootsOf<'_>],
     placing: &mut Placing<'_>,
 ) -> Result<usize> {
-    let rows: Vec<(&RootsOf, &(String, i64))> = runs
+    let held = judge_conditions(store, c, runs).await?;
+    let rows: Vec<(&RootsOf, (&String, &i64))> = runs
         .iter()
-        .flat_map(|run| run.facts.roots.iter().map(move |root| (run, root)))
+        .flat_map(|run| {
+            run.facts
+                .roots
+                .iter()
+                .filter(|root| !held.contains(&(run.run_id, root.name.as_str())))
+                .map(move |root| (run, (&root.name, &root.priority)))
+        })
         .collect();
     if rows.is_empty() {
         return Ok(0);
@@ -104,6 +123,73 @@ pub(crate) async fn insert_roots_of(
     Ok(rows.len())
 }
 
+/// Judges the `if:` of the roots of `runs` that have one: a false one is SKIPPED, one that
+/// cannot be judged FAILED, each with its instance, and what is below them is judged at once.
+/// Returns the (run, root) pairs that do not start.
+async fn judge_conditions<'r>(
+    store: &Store,
+    c: &mut Counted<'_>,
+    runs: &'r [RootsOf<'_>],
+) -> Result<BTreeSet<(i64, &'r str)>> {
+    let pending: Vec<(&RootsOf, &Root, Conditioned)> = runs
+        .iter()
+        .flat_map(|run| {
+            run.facts.roots.iter().filter_map(move |root| {
+                let source = root.condition.as_deref()?;
+                let conditioned = Conditioned {
+                    run: run.run_id,
+                    source,
+                };
+                Some((run, root, conditioned))
+            })
+        })
+        .collect();
+    let mut held = BTreeSet::new();
+    if pending.is_empty() {
+        return Ok(held);
+    }
+    let conditioned: Vec<Conditioned> = pending.iter().map(|(_, _, p)| *p).collect();
+    let outcomes = super::conditions::judge(c.uncounted(), &conditioned).await?;
+    // By workflow version, as the advance inserts them.
+    let mut not_run: BTreeMap<(i64, i64), (Vec<NotRun>, Vec<SkippedByCondition>)> = BTreeMap::new();
+    let mut now = 0;
+    for ((run, root, _), outcome) in pending.iter().zip(outcomes) {
+        let (state, message, because) = match outcome {
+            Outcome::Run => continue,
+            Outcome::Skip(because) => (InstanceState::Skipped, None, Some(because)),
+            Outcome::Fail(message) => (InstanceState::Failed, Some(message), None),
+        };
+        held.insert((run.run_id, root.name.as_str()));
+        now = run.now;
+        let entry = not_run.entry((run.workflow_id, run.version)).or_default();
+        entry
+            .0
+            .push((run.run_id, root.name.clone(), root.priority, state, message));
+        if let Some(because) = because {
+            entry.1.push((run.run_id, root.name.clone(), because));
+        }
+    }
+    let mut ended = Vec::new();
+    for ((workflow, version), (rows, skips)) in not_run {
+        for (run, task) in
+            super::reports::insert_not_run(store, c, workflow, version, &rows, now).await?
+        {
+            ended.push((run, workflow, version, task));
+        }
+        super::conditions::record_skips(c.uncounted(), workflow, &skips, now).await?;
+    }
+    // Boxed: ending a run may promote a queued one, whose roots come back here.
+    Box::pin(super::reports::advance_after(
+        store,
+        c,
+        ended,
+        now,
+        &mut Placing::none(),
+    ))
+    .await?;
+    Ok(held)
+}
+
 /// A workflow version's task count and root tasks, one statement; `None` when it does not
 /// exist.
 pub(crate) async fn facts_of_version(
@@ -112,7 +198,7 @@ pub(crate) async fn facts_of_version(
     version: i64,
 ) -> Result<Option<VersionFacts>> {
     let rows = sqlx::query(
-        "SELECT v.task_count, d.name, d.priority FROM workflow_version v \
+        "SELECT v.task_count, d.name, d.priority, d.run_if FROM workflow_version v \
          LEFT JOIN task_definition d ON d.workflow_id = v.workflow_id \
          AND d.version = v.version AND d.start_group = 'run' \
          WHERE v.workflow_id = ? AND v.version = ? ORDER BY d.name",
@@ -130,7 +216,11 @@ pub(crate) async fn facts_of_version(
     };
     for row in &rows {
         if let Some(name) = row.try_get::<Option<String>, _>("name")? {
-            facts.roots.push((name, row.try_get("priority")?));
+            facts.roots.push(Root {
+                name,
+                priority: row.try_get("priority")?,
+                condition: row.try_get("run_if")?,
+            });
         }
     }
     Ok(Some(facts))

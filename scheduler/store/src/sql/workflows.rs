@@ -138,8 +138,8 @@ pub(super) async fn apply_workflow_tx(
         let sql = format!(
             "INSERT INTO task_definition (workflow_id, version, name, command, timeout_ms, \
              retries, retry_backoff_ms, priority, labels_json, upstream_count, app, owner, \
-             trigger_rule, handler, start_group, output_refs) VALUES {}",
-            values_rows(chunk.len(), 16)
+             trigger_rule, handler, start_group, output_refs, run_if) VALUES {}",
+            values_rows(chunk.len(), 17)
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for (task, upstreams) in chunk {
@@ -168,7 +168,8 @@ pub(super) async fn apply_workflow_tx(
                 .bind(task.trigger_rule.as_str())
                 .bind(task.handler.map(Handler::field))
                 .bind(start_group(task))
-                .bind(output_refs_json(task)?);
+                .bind(output_refs_json(task)?)
+                .bind(task.condition.as_deref());
         }
         query.execute(&mut *c).await?;
     }

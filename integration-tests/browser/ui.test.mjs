@@ -429,13 +429,13 @@ test("a 10,000-task workflow's page lists its tasks and says why the graph is no
   await close(page);
 });
 
-test("trigger rules: the run shows SKIPPED and UPSTREAM_FAILED tasks, the handler that ran, and why each did not run", async () => {
+test("trigger rules and conditions: the run shows SKIPPED and UPSTREAM_FAILED tasks, the handler that ran, and why each did not run", async () => {
   const run = await trigger("ui-rules");
   const done = await ended(run.id);
   assert.equal(done.state, "RUN_STATE_FAILED");
   const page = await open(`/runs/${run.id}`);
   const table = page.locator("main table").first();
-  for (const [task, state] of [["on_error", "SKIPPED"], ["publish", "UPSTREAM_FAILED"], ["join", "SUCCESS"], ["page", "SUCCESS"]]) {
+  for (const [task, state] of [["on_error", "SKIPPED"], ["archive", "SKIPPED"], ["publish", "UPSTREAM_FAILED"], ["join", "SUCCESS"], ["page", "SUCCESS"]]) {
     await table.locator("tr", { hasText: task }).getByText(state).first().waitFor({ timeout: GUARD });
   }
   await shot(page, "rules-run");
@@ -447,6 +447,7 @@ test("trigger rules: the run shows SKIPPED and UPSTREAM_FAILED tasks, the handle
   await page.goto(BASE + "/workflows/ui-rules/why");
   await page.getByText("skipped: no upstream failed and trigger_rule is one_failed").waitFor({ timeout: GUARD });
   await page.getByText("will not run: upstream check was FAILED and trigger_rule is all_success").waitFor({ timeout: GUARD });
+  await page.getByText("skipped: if: has(params.archive) is false (params.archive = (none))").waitFor({ timeout: GUARD });
   await shot(page, "rules-why");
   await close(page);
 });

@@ -9,6 +9,7 @@ mod cluster;
 mod cluster_control;
 mod cluster_faults;
 mod cluster_workers;
+mod conditions;
 mod dag_semantics;
 mod deploy;
 mod e2e;
@@ -39,6 +40,7 @@ fn main() -> std::process::ExitCode {
         cluster_control::tests(),
         cluster_faults::tests(),
         cluster_workers::tests(),
+        conditions::tests(),
         dag_semantics::tests(),
         deploy::tests(),
         e2e::tests(),

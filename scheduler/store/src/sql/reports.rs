@@ -1330,13 +1330,34 @@ pub(crate) async fn insert_not_run(
             let Some((_, _, _, to, _)) = of_run.iter().find(|(_, t, _, _, _)| *t == task) else {
                 continue;
             };
+            let from = instance_state(&row.try_get::<String, _>("state")?)?;
             let verdict = match to {
                 InstanceState::Skipped => Verdict::Skip,
                 InstanceState::UpstreamFailed => Verdict::UpstreamFailed,
-                // A rerun task (PENDING) whose output is missing runs and meets it there.
+                // A rerun task (PENDING) that fails before it starts (a missing output, an
+                // if: that cannot be judged) ends FAILED as its next attempt, with the reason.
+                InstanceState::Failed if from == InstanceState::Pending => {
+                    let message = of_run
+                        .iter()
+                        .find(|(_, t, _, _, _)| *t == task)
+                        .and_then(|(_, _, _, _, m)| m.as_deref())
+                        .unwrap_or("failed before it started");
+                    let moved = sqlx::query(
+                        "UPDATE task_instance SET state = 'FAILED', attempt = attempt + 1, \
+                         worker_id = NULL, finished_at = ? WHERE id = ? AND state = 'PENDING'",
+                    )
+                    .bind(now)
+                    .bind(id)
+                    .execute(&mut *c)
+                    .await?;
+                    if moved.rows_affected() == 1 {
+                        failed_attempt(c, id, message, now).await?;
+                        got.push((run, task));
+                    }
+                    continue;
+                }
                 _ => continue,
             };
-            let from = instance_state(&row.try_get::<String, _>("state")?)?;
             if transition(from, Event::Judged(verdict)).is_err() {
                 continue;
             }
@@ -1359,12 +1380,13 @@ pub(crate) async fn insert_not_run(
     Ok(got)
 }
 
-/// The attempt row of an instance failed before it ran (an output it names is missing); none
-/// when the insert found the task's instance there already and `id` was not inserted.
+/// The attempt row, as its current attempt, of an instance failed before it ran (an output it
+/// names is missing, its if: cannot be judged); none when the insert found the task's instance
+/// there already and `id` was not inserted.
 async fn failed_attempt(c: &mut Counted<'_>, id: i64, message: &str, now: Millis) -> Result<()> {
     sqlx::query(
         "INSERT INTO task_attempt (instance_id, attempt, state, finished_at, log_lines, message) \
-         SELECT id, 1, 'FAILED', ?, 0, ? FROM task_instance WHERE id = ?",
+         SELECT id, attempt, 'FAILED', ?, 0, ? FROM task_instance WHERE id = ?",
     )
     .bind(now)
     .bind(message)

@@ -21,6 +21,7 @@ conformance!(
     a_true_condition_runs_its_task,
     a_condition_that_cannot_be_judged_fails_its_task_with_the_reason,
     a_root_condition_is_judged_as_its_run_starts,
+    a_rerun_judges_a_condition_again_on_the_new_values,
 );
 
 fn when(name: &str, upstream: &[&str], condition: &str) -> TaskSpec {
@@ -247,5 +248,45 @@ mod scenarios {
         assert_eq!(got.get("full"), Some(&Failed));
         assert_eq!(got.get("after_full"), Some(&UpstreamFailed));
         assert_eq!(got.get("quick"), Some(&Skipped));
+    }
+
+    pub(super) async fn a_rerun_judges_a_condition_again_on_the_new_values(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(
+            s,
+            &spec(
+                "again",
+                vec![
+                    task("extract", &[]),
+                    when("load", &["extract"], "int(tasks.extract.outputs.rows) > 0"),
+                ],
+            ),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        succeed_with(s, run.id, "extract", &[("rows", "5")]).await;
+        run_task(s, run.id, "load", Outcome::Success).await;
+        // Run again from extract: this time it passes on no rows, so load's if: cannot be
+        // judged, and the PENDING load must end FAILED, not wait for ever.
+        s.rerun_from(run.id, "extract", T0 + 100).await.unwrap();
+        succeed_with(s, run.id, "extract", &[("rows", "0")]).await;
+        let got = states(s, run.id).await;
+        assert_eq!(got.get("load"), Some(&Skipped), "{got:?}");
+        let ended = s.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(ended.state, RunState::Success);
+        s.rerun_from(run.id, "extract", T0 + 200).await.unwrap();
+        succeed_with(s, run.id, "extract", &[]).await;
+        let got = states(s, run.id).await;
+        assert_eq!(got.get("load"), Some(&Failed), "{got:?}");
+        let load = instance_of(s, run.id, "load").await.unwrap();
+        let attempts = s.list_attempts(load.id).await.unwrap();
+        let last = attempts.last().expect("an attempt");
+        assert!(
+            last.message.contains("cannot be judged"),
+            "{}",
+            last.message
+        );
+        let ended = s.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(ended.state, RunState::Failed);
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::spec::TaskSpec;
-use ax_store::Report;
+use ax_store::{Report, Shard};
 
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
@@ -153,7 +153,10 @@ impl DispatchSender {
             working_dir: task.working_dir.clone().unwrap_or_default(),
             timeout_ms: task.timeout_ms,
             logical_time: ready.logical_time,
-            shard: ready.shard.map(|shard| (shard.index, shard.total)),
+            shard: ready
+                .shard
+                .filter(|shard| shard.item.is_none())
+                .map(|shard| (shard.index, shard.total)),
             keep_when_cut_off: task.unfenced,
         };
         (message, span)
@@ -257,9 +260,20 @@ fn task_environment(
     ];
     env.extend(context.map(|(name, value)| (name.to_string(), value)));
     env.extend(ready.run_env.iter().map(|(k, v)| (k.clone(), v.clone())));
-    if let Some(shard) = ready.shard {
-        env.insert("AX_SHARD_INDEX".into(), shard.index.to_string());
-        env.insert("AX_SHARD_TOTAL".into(), shard.total.to_string());
+    match ready.shard {
+        Some(Shard {
+            item: Some(item),
+            index,
+            ..
+        }) => {
+            env.insert("AX_ITEM".into(), item.clone());
+            env.insert("AX_ITEM_INDEX".into(), index.to_string());
+        }
+        Some(shard) => {
+            env.insert("AX_SHARD_INDEX".into(), shard.index.to_string());
+            env.insert("AX_SHARD_TOTAL".into(), shard.total.to_string());
+        }
+        None => {}
     }
     env
 }

@@ -485,7 +485,10 @@ impl Dispatcher {
                 continue;
             };
             let key = format!("{}/{}", spec.name, task.name);
-            let pinned = item.shard.as_ref().map(|shard| shard.worker.as_str());
+            let pinned = item
+                .shard
+                .as_ref()
+                .and_then(|shard| shard.worker.as_deref());
             let ask = Waiting {
                 instance: instance.id,
                 attempt: instance.attempt,

@@ -53,10 +53,12 @@ pub enum DecisionKind {
     /// A task's `if:` was false: it is SKIPPED. The detail holds the expression and the
     /// values it read.
     ConditionFalse,
+    /// A mapped task's list (`for_each`) was empty: it is SKIPPED.
+    EmptyList,
 }
 
 impl DecisionKind {
-    pub const ALL: [DecisionKind; 18] = [
+    pub const ALL: [DecisionKind; 19] = [
         DecisionKind::Fired,
         DecisionKind::Misfired,
         DecisionKind::CaughtUp,
@@ -75,6 +77,7 @@ impl DecisionKind {
         DecisionKind::Stalled,
         DecisionKind::SecretUnavailable,
         DecisionKind::ConditionFalse,
+        DecisionKind::EmptyList,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -97,6 +100,7 @@ impl DecisionKind {
             DecisionKind::Stalled => "stalled",
             DecisionKind::SecretUnavailable => "secret_unavailable",
             DecisionKind::ConditionFalse => "condition_false",
+            DecisionKind::EmptyList => "empty_list",
         }
     }
 

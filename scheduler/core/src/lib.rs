@@ -21,6 +21,7 @@ pub mod dispatch_plan;
 pub mod duration;
 pub mod failure_audit;
 pub mod firing;
+pub mod for_each;
 pub mod ids;
 pub mod layout;
 pub mod limits;

@@ -607,6 +607,7 @@ fn past_tense(kind: DecisionKind) -> &'static str {
         DecisionKind::Stalled => "an attempt's task heartbeat stopped on a live worker",
         DecisionKind::SecretUnavailable => "held: a secret it needs is unavailable",
         DecisionKind::ConditionFalse => "skipped: its if: was false",
+        DecisionKind::EmptyList => "skipped: its for_each list was empty",
     }
 }
 
@@ -663,10 +664,13 @@ fn run_tasks(
             .filter(|instance| instance.state != InstanceState::Pending);
         let explanation = match own {
             Some(instance) => {
-                // A task skipped by its `if:` says so with the values it read; one skipped
+                // A task skipped by its `if:` (or an empty list) says so with the values it read; one skipped
                 // by its rule names the upstreams that decided it.
                 let condition_false = run_decisions.iter().rev().find(|d| {
-                    d.kind == DecisionKind::ConditionFalse && d.instance_id == Some(instance.id)
+                    matches!(
+                        d.kind,
+                        DecisionKind::ConditionFalse | DecisionKind::EmptyList
+                    ) && d.instance_id == Some(instance.id)
                 });
                 let reason = match (instance.state, condition_false) {
                     (InstanceState::Skipped, Some(decision)) => Reason::NotRun {

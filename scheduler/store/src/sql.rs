@@ -17,6 +17,7 @@ mod decisions;
 mod dependents;
 mod dispatch;
 mod downstream_tasks;
+mod fan_out;
 mod gauges;
 mod ids;
 mod instance_locks;
@@ -145,6 +146,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "conditions",
         include_str!("../migrations/mysql/0018_conditions.sql"),
     ),
+    (
+        21,
+        "for_each",
+        include_str!("../migrations/mysql/0021_for_each.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -236,6 +242,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         18,
         "conditions",
         include_str!("../migrations/sqlite/0018_conditions.sql"),
+    ),
+    (
+        21,
+        "for_each",
+        include_str!("../migrations/sqlite/0021_for_each.sql"),
     ),
 ];
 

@@ -18,6 +18,7 @@ mod decisions;
 mod dependents;
 mod dispatch;
 mod endings;
+mod fan_out;
 mod group_cost;
 mod interleavings;
 mod logs;

@@ -100,6 +100,8 @@ pub struct TaskFile {
     pub trigger_rule: Option<Spanned<Choice<crate::trigger_rule::TriggerRule>>>,
     #[serde(rename = "if")]
     pub condition: Option<Spanned<Value>>,
+    pub for_each: Option<Spanned<List<Spanned<Value>>>>,
+    pub max_items: Option<Spanned<Value>>,
 }
 
 /// The values of a string map (`env`, `labels`) in file order; the keys, with their lines,

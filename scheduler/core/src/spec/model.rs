@@ -302,6 +302,19 @@ pub struct TaskSpec {
     /// (`crate::condition`); false makes it SKIPPED.
     #[serde(default, rename = "if", skip_serializing_if = "Option::is_none")]
     pub condition: Option<String>,
+    /// `for_each:`: one instance per item of a list (`crate::for_each`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<crate::for_each::ForEach>,
+    /// `max_items:`: the most items `for_each` may give; `None`: the default (10,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_items: Option<u32>,
+}
+
+impl TaskSpec {
+    /// The most items this task's `for_each` may give.
+    pub fn max_items(&self) -> u32 {
+        self.max_items.unwrap_or(crate::for_each::DEFAULT_MAX_ITEMS)
+    }
 }
 
 impl TaskSpec {

@@ -24,6 +24,7 @@ use crate::condition;
 use crate::cron::CronSchedule;
 use crate::dag::{Dag, DagError};
 use crate::duration;
+use crate::for_each::{self, ForEach};
 use crate::outputs;
 use crate::trigger_rule::TriggerRule;
 
@@ -80,6 +81,7 @@ struct TaskLines {
     /// The lines of `command` (or `argv`) and `env`, where output references are written.
     command: usize,
     env: usize,
+    for_each: usize,
     /// Where the `if:` expression starts: line, column, and whether the file holds it as
     /// written (a plain or quoted one-line scalar), so a column inside it maps to the file.
     condition: Option<(usize, usize, bool)>,
@@ -468,6 +470,7 @@ impl Validator<'_> {
         self.handler_edges(&tasks, &lines)?;
         self.output_references(&dag, &tasks, &lines)?;
         self.conditions(&dag, &tasks, &lines)?;
+        self.mapped_outputs(&dag, &tasks, &lines)?;
         let warnings = dag
             .isolated()
             .into_iter()
@@ -583,6 +586,95 @@ impl Validator<'_> {
                     };
                     return Err(self.err(line, field, why));
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// `for_each:` as a list of scalars, `${NAME}` or `${tasks.T.outputs.K}`.
+    fn for_each(
+        &self,
+        node: &Spanned<List<Spanned<Value>>>,
+        field: &str,
+        max_items: Option<u32>,
+    ) -> Result<ForEach, SpecError> {
+        const EXPECTED: &str = "a list, a param as ${NAME} or an output as ${tasks.T.outputs.K}";
+        match &node.value {
+            List::Items(items) => {
+                let items = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| self.string(item, &format!("{field}[{i}]")))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let max = max_items.unwrap_or(for_each::DEFAULT_MAX_ITEMS);
+                for_each::written(&items, max)
+                    .map_err(|why| self.err(line(node), field, format!("the list {why}")))?;
+                Ok(ForEach::Items(items))
+            }
+            List::Other(other @ (Value::Mapping | Value::List)) => {
+                Err(self.type_err(node, other, field, EXPECTED))
+            }
+            List::Other(scalar) => {
+                let text = self.text(node, scalar, field)?;
+                ForEach::parse_reference(&text).map_err(|why| self.err(line(node), field, why))
+            }
+        }
+    }
+
+    /// A `for_each` output names a task above its task; no output of a mapped task is named
+    /// (its items' outputs are not passed on).
+    fn mapped_outputs(
+        &self,
+        dag: &Dag,
+        tasks: &[TaskSpec],
+        lines: &[TaskLines],
+    ) -> Result<(), SpecError> {
+        let mapped: BTreeSet<&str> = tasks
+            .iter()
+            .filter(|t| t.for_each.is_some())
+            .map(|t| t.name.as_str())
+            .collect();
+        for (task, at) in tasks.iter().zip(lines) {
+            if let Some(ForEach::Output { task: from, key }) = &task.for_each {
+                let field = format!("{}.for_each", at.path);
+                let reference = format!("${{tasks.{from}.outputs.{key}}}");
+                if !dag.contains(from) {
+                    return Err(self.err(
+                        at.for_each,
+                        field,
+                        format!("{reference}: unknown task \"{from}\""),
+                    ));
+                }
+                let above = dag.downstream_closure(from).contains(&task.name.as_str());
+                if !above {
+                    return Err(self.err(
+                        at.for_each,
+                        field,
+                        format!(
+                            "{reference}: task {from} is not upstream of {}, so its outputs \
+                             may not exist when {} runs",
+                            task.name, task.name
+                        ),
+                    ));
+                }
+            }
+            let reads_outputs_of = |from: &str| {
+                task.output_refs().iter().any(|r| r.task == from)
+                    || matches!(&task.for_each, Some(ForEach::Output { task, .. }) if task == from)
+                    || task
+                        .condition
+                        .as_deref()
+                        .is_some_and(|c| c.contains(&format!("tasks.{from}.outputs")))
+            };
+            if let Some(from) = mapped.iter().find(|from| reads_outputs_of(from)) {
+                return Err(self.err(
+                    at.task,
+                    at.path.clone(),
+                    format!(
+                        "task {from} is mapped (for_each): its items' outputs are not passed \
+                         on; read them in a task of its own that the items write to"
+                    ),
+                ));
             }
         }
         Ok(())
@@ -969,6 +1061,30 @@ impl Validator<'_> {
             .as_ref()
             .map(|n| self.non_empty_string(n, &field("if")))
             .transpose()?;
+        let max_items = file
+            .max_items
+            .as_ref()
+            .map(|n| {
+                let ceiling = i64::from(for_each::MAX_ITEMS_CEILING);
+                self.integer(n, &field("max_items"), 1, ceiling)
+                    .map(|n| n as u32)
+            })
+            .transpose()?;
+        let for_each = file
+            .for_each
+            .as_ref()
+            .map(|n| self.for_each(n, &field("for_each"), max_items))
+            .transpose()?;
+        if let (Some(n), None) = (&file.max_items, &for_each) {
+            return Err(self.err(line(n), field("max_items"), "only meaningful with for_each"));
+        }
+        if let (Some(n), Routing::ShardedBroadcast) = (&file.for_each, routing) {
+            return Err(self.err(
+                line(n),
+                field("for_each"),
+                "for_each and routing: sharded_broadcast exclude each other; give one of them",
+            ));
+        }
 
         let task = TaskSpec {
             name,
@@ -990,6 +1106,8 @@ impl Validator<'_> {
             trigger_rule,
             handler: None,
             condition,
+            for_each,
+            max_items,
         };
         let lines = TaskLines {
             command: file
@@ -999,6 +1117,7 @@ impl Validator<'_> {
                 .or(file.argv.as_ref().map(line))
                 .unwrap_or(line(node)),
             env: file.env.as_ref().map_or(line(node), line),
+            for_each: file.for_each.as_ref().map_or(line(node), line),
             condition: file.condition.as_ref().map(|n| {
                 let raw = super::file::raw_text(self.source, n);
                 let as_written = task.condition.as_deref().is_some_and(|c| {

@@ -23,13 +23,17 @@ pub struct WaitingInstance {
     pub shard: Option<Shard>,
 }
 
-/// A shard of a sharded task: which one, of how many, and the worker it is pinned to.
+/// A child of a fan-out: a shard of a sharded task (pinned to its worker), or an item of a
+/// mapped task (`for_each`: the item it runs on, any worker). Which one, of how many.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shard {
     pub parent: InstanceId,
     pub index: u32,
     pub total: u32,
-    pub worker: String,
+    /// The worker a shard is pinned to; `None` for an item.
+    pub worker: Option<String>,
+    /// The item's `AX_ITEM`; `None` for a shard.
+    pub item: Option<String>,
 }
 
 /// The decision to send one attempt to one worker.

@@ -82,7 +82,7 @@ pub(crate) async fn judge(
         .collect())
 }
 
-async fn params_of(
+pub(crate) async fn params_of(
     c: &mut AnyConnection,
     runs: &BTreeSet<i64>,
 ) -> Result<BTreeMap<i64, BTreeMap<String, String>>> {
@@ -138,18 +138,19 @@ async fn states_of(
     Ok(found)
 }
 
-/// A task SKIPPED by its `if:`: (run, task, the line `why` shows).
-pub(crate) type SkippedByCondition = (i64, String, String);
+/// A task its rule runs but that is SKIPPED: (run, task, why: `condition_false` for its `if:`,
+/// `empty_list` for its `for_each`, the line `why` shows).
+pub(crate) type JudgedSkip = (i64, String, DecisionKind, String);
 
-/// Records a `condition_false` decision for each task SKIPPED by its `if:`, naming its
+/// Records the decision of each task SKIPPED by its `if:` or its empty list, naming its
 /// instance, in the advance's transaction.
 pub(crate) async fn record_skips(
     c: &mut AnyConnection,
     workflow: i64,
-    skipped: &[SkippedByCondition],
+    skipped: &[JudgedSkip],
     now: Millis,
 ) -> Result<()> {
-    for (run, task, because) in skipped {
+    for (run, task, kind, because) in skipped {
         sqlx::query(
             "INSERT INTO decision_log (at, workflow_id, slot_at, run_id, instance_id, \
              task_name, kind, detail, node_id) \
@@ -160,7 +161,7 @@ pub(crate) async fn record_skips(
         )
         .bind(now)
         .bind(workflow)
-        .bind(DecisionKind::ConditionFalse.as_str())
+        .bind(kind.as_str())
         .bind(because.as_str())
         .bind(super::queue::STORE_NODE)
         .bind(*run)

@@ -4,6 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ax_core::Millis;
+use ax_core::decision::DecisionKind;
+use ax_core::for_each::ForEach;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::retry::{retries_left, retry_delay_ms};
 use ax_core::state::{Event, InstanceState, transition};
@@ -1002,26 +1004,38 @@ async fn judge_candidates(
         let verdicts = verdicts(c, workflow, version, &pairs).await?;
         let mut ready: Vec<Ready> = Vec::new();
         let mut not_run: Vec<NotRun> = Vec::new();
-        let mut skipped_by_condition: Vec<super::conditions::SkippedByCondition> = Vec::new();
+        let mut skips: Vec<super::conditions::JudgedSkip> = Vec::new();
+        let mut fans: Vec<super::fan_out::FanOut> = Vec::new();
         for Decided {
             run,
             task,
             priority,
             verdict,
             failure,
-            skipped_because,
+            skipped,
+            items,
         } in verdicts
         {
-            match (verdict.state(), failure, skipped_because) {
-                (None, None, None) => ready.push((run, task, priority)),
-                (None, Some(failure), _) => {
+            match (verdict.state(), failure, skipped, items) {
+                (None, None, None, None) => ready.push((run, task, priority)),
+                (None, None, None, Some(items)) => fans.push((run, task, priority, items)),
+                (None, Some(failure), _, _) => {
                     not_run.push((run, task, priority, InstanceState::Failed, Some(failure)))
                 }
-                (None, None, Some(because)) => {
-                    skipped_by_condition.push((run, task.clone(), because));
+                (None, None, Some((kind, because)), _) => {
+                    skips.push((run, task.clone(), kind, because));
                     not_run.push((run, task, priority, InstanceState::Skipped, None));
                 }
-                (Some(state), _, _) => not_run.push((run, task, priority, state, None)),
+                (Some(state), _, _, _) => not_run.push((run, task, priority, state, None)),
+            }
+        }
+        if !fans.is_empty() {
+            let created =
+                super::fan_out::insert_fan_outs(store, c, workflow, version, &fans, now).await?;
+            for ((run, task), n) in created {
+                if let Some(&i) = wanted.get(&(run, task.as_str())) {
+                    judged[i] = Judged::Created(n);
+                }
             }
         }
         if !ready.is_empty() {
@@ -1039,8 +1053,7 @@ async fn judge_candidates(
                     judged[i] = Judged::NotRun;
                 }
             }
-            super::conditions::record_skips(c.uncounted(), workflow, &skipped_by_condition, now)
-                .await?;
+            super::conditions::record_skips(c.uncounted(), workflow, &skips, now).await?;
         }
     }
     Ok(judged)
@@ -1055,8 +1068,10 @@ struct Decided {
     /// Why a task its rule runs fails before it starts: an output it names is missing, or its
     /// `if:` cannot be judged.
     failure: Option<String>,
-    /// Why a task its rule runs is SKIPPED: its `if:` was false.
-    skipped_because: Option<String>,
+    /// Why a task its rule runs is SKIPPED: its `if:` was false, or its list is empty.
+    skipped: Option<(DecisionKind, String)>,
+    /// A mapped task that runs: its items.
+    items: Option<Vec<String>>,
 }
 
 /// The candidates of one workflow version: (run, task) → position in the batch's candidates.
@@ -1089,11 +1104,23 @@ async fn verdicts(
     let mut defs: HashMap<String, (u32, i64, TriggerRule)> = HashMap::new();
     let mut refs: HashMap<String, Vec<(String, String)>> = HashMap::new();
     let mut conditions: HashMap<String, String> = HashMap::new();
+    let mut fan_outs: HashMap<String, (ForEach, u32)> = HashMap::new();
     for names in tasks.chunks(NAMES_PER_STATEMENT) {
-        let columns = "upstream_count, priority, trigger_rule, output_refs, run_if";
+        let columns = "upstream_count, priority, trigger_rule, output_refs, run_if, for_each, \
+                       max_items";
         for row in definitions(c, workflow, version, names, columns).await? {
             if let Some(source) = row.try_get::<Option<String>, _>("run_if")? {
                 conditions.insert(row.try_get("name")?, source);
+            }
+            if let Some(json) = row.try_get::<Option<String>, _>("for_each")? {
+                let for_each: ForEach = serde_json::from_str(&json)
+                    .map_err(|err| super::rows::corrupt(format!("for_each: {err}")))?;
+                let max_items = row
+                    .try_get::<Option<i64>, _>("max_items")?
+                    .map_or(Ok(ax_core::for_each::DEFAULT_MAX_ITEMS), |n| {
+                        to_u32(n, "max items")
+                    })?;
+                fan_outs.insert(row.try_get("name")?, (for_each, max_items));
             }
             let rule: String = row.try_get("trigger_rule")?;
             let rule = TriggerRule::parse(&rule)
@@ -1183,7 +1210,8 @@ async fn verdicts(
                 priority,
                 verdict,
                 failure: missing,
-                skipped_because: None,
+                skipped: None,
+                items: None,
             }
         })
         .collect();
@@ -1196,17 +1224,46 @@ async fn verdicts(
             Some((i, super::conditions::Conditioned { run: d.run, source }))
         })
         .collect();
-    if conditioned.is_empty() {
-        return Ok(decided);
+    if !conditioned.is_empty() {
+        let (at, pending): (Vec<usize>, Vec<_>) = conditioned.into_iter().unzip();
+        let outcomes = super::conditions::judge(c.uncounted(), &pending).await?;
+        drop(pending);
+        for (i, outcome) in at.into_iter().zip(outcomes) {
+            match outcome {
+                super::conditions::Outcome::Run => {}
+                super::conditions::Outcome::Skip(because) => {
+                    decided[i].skipped = Some((DecisionKind::ConditionFalse, because))
+                }
+                super::conditions::Outcome::Fail(message) => decided[i].failure = Some(message),
+            }
+        }
     }
-    let (at, pending): (Vec<usize>, Vec<_>) = conditioned.into_iter().unzip();
-    let outcomes = super::conditions::judge(c.uncounted(), &pending).await?;
-    drop(pending);
-    for (i, outcome) in at.into_iter().zip(outcomes) {
-        match outcome {
-            super::conditions::Outcome::Run => {}
-            super::conditions::Outcome::Skip(because) => decided[i].skipped_because = Some(because),
-            super::conditions::Outcome::Fail(message) => decided[i].failure = Some(message),
+    let mapped: Vec<(usize, super::fan_out::Mapped<'_>)> = decided
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.verdict == Verdict::Run && d.failure.is_none() && d.skipped.is_none())
+        .filter_map(|(i, d)| {
+            let (for_each, max_items) = fan_outs.get(&d.task)?;
+            let mapped = super::fan_out::Mapped {
+                run: d.run,
+                for_each,
+                max_items: *max_items,
+            };
+            Some((i, mapped))
+        })
+        .collect();
+    if !mapped.is_empty() {
+        let (at, pending): (Vec<usize>, Vec<_>) = mapped.into_iter().unzip();
+        let listed = super::fan_out::lists(c.uncounted(), &pending).await?;
+        drop(pending);
+        for (i, listed) in at.into_iter().zip(listed) {
+            match listed {
+                super::fan_out::Listed::Items(items) => decided[i].items = Some(items),
+                super::fan_out::Listed::Empty(because) => {
+                    decided[i].skipped = Some((DecisionKind::EmptyList, because))
+                }
+                super::fan_out::Listed::Refused(message) => decided[i].failure = Some(message),
+            }
         }
     }
     Ok(decided)
@@ -1498,7 +1555,7 @@ pub(crate) async fn insert_first_attempts(
 
 /// The task instances (not shards) of `tasks` in `run`, as rows of `id, task_name, attempt,
 /// state`: where an insert of the advance found an instance already.
-async fn task_instances_of_run<'t>(
+pub(crate) async fn task_instances_of_run<'t>(
     c: &mut Counted<'_>,
     run: i64,
     tasks: impl Iterator<Item = &'t str>,

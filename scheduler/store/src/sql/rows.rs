@@ -28,7 +28,7 @@ pub(crate) const RUN_SELECT: &str = "SELECT r.id, r.workflow_id, w.name AS workf
 pub(crate) const INSTANCE_SELECT: &str = "SELECT ti.id, ti.run_id, ti.workflow_id, \
      w.name AS workflow_name, ti.workflow_version, ti.task_name, ti.state, ti.attempt, \
      ti.worker_id, ti.priority, ti.not_before, ti.created_at, ti.started_at, ti.finished_at, \
-     ti.exit_code, ti.parent_id, ti.shard_index, ti.shard_total, ti.pinned_worker \
+     ti.exit_code, ti.parent_id, ti.shard_index, ti.shard_total, ti.pinned_worker, ti.item \
      FROM task_instance ti JOIN workflow w ON w.id = ti.workflow_id";
 
 pub(crate) const ATTEMPT_SELECT: &str = "SELECT instance_id, attempt, state, worker_id, \
@@ -139,7 +139,7 @@ pub(crate) fn instance(row: &AnyRow) -> Result<InstanceRecord> {
     })
 }
 
-/// The shard facts of a sharded broadcast task's shard instance; `None` for any other.
+/// The fan-out facts of a shard or an item instance; `None` for any other.
 fn shard(row: &AnyRow) -> Result<Option<Shard>> {
     let Some(parent) = row.try_get::<Option<i64>, _>("parent_id")? else {
         return Ok(None);
@@ -151,9 +151,8 @@ fn shard(row: &AnyRow) -> Result<Option<Shard>> {
         parent: InstanceId(parent),
         index: number("shard_index")?,
         total: number("shard_total")?,
-        worker: row
-            .try_get::<Option<String>, _>("pinned_worker")?
-            .unwrap_or_default(),
+        worker: row.try_get("pinned_worker")?,
+        item: row.try_get("item")?,
     }))
 }
 

@@ -4,20 +4,24 @@
 //! (`queue.rs`) get their root instances here: attempt 1 of each task without an upstream,
 //! WAITING, or DISPATCHED when the transaction's [`Placing`] places it.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use ax_core::Millis;
+use ax_core::decision::DecisionKind;
+use ax_core::for_each::{DEFAULT_MAX_ITEMS, ForEach};
 use ax_core::ids::{InstanceId, RunId, WorkflowId};
+use ax_core::state::InstanceState;
 use sqlx::Row;
 
 use super::Store;
-use super::conditions::{Conditioned, Outcome, SkippedByCondition};
+use super::conditions::{Conditioned, JudgedSkip, Outcome};
 use super::counted::Counted;
+use super::fan_out::{FanOut, Listed, Mapped};
 use super::ids::IdKind;
 use super::placing::Placing;
 use super::reports::NotRun;
 use super::{pow2_chunks, values_rows};
 use crate::{NewAttempt, NewRun, Result};
-use ax_core::state::InstanceState;
-use std::collections::{BTreeMap, BTreeSet};
 
 /// What creating a run needs of its workflow version.
 pub(crate) struct VersionFacts {
@@ -32,6 +36,9 @@ pub(crate) struct Root {
     pub(crate) priority: i64,
     /// Its `if:`, judged on the run's params before it starts.
     pub(crate) condition: Option<String>,
+    /// Its `for_each` (a list written in the file or a param) and `max_items`.
+    pub(crate) for_each: Option<ForEach>,
+    pub(crate) max_items: u32,
 }
 
 /// The root instances of one run to insert.
@@ -63,7 +70,7 @@ pub(crate) async fn insert_roots_of(
     runs: &[RootsOf<'_>],
     placing: &mut Placing<'_>,
 ) -> Result<usize> {
-    let held = judge_conditions(store, c, runs).await?;
+    let held = judge_roots(store, c, runs).await?;
     let rows: Vec<(&RootsOf, (&String, &i64))> = runs
         .iter()
         .flat_map(|run| {
@@ -123,51 +130,120 @@ pub(crate) async fn insert_roots_of(
     Ok(rows.len())
 }
 
-/// Judges the `if:` of the roots of `runs` that have one: a false one is SKIPPED, one that
-/// cannot be judged FAILED, each with its instance, and what is below them is judged at once.
-/// Returns the (run, root) pairs that do not start.
-async fn judge_conditions<'r>(
+/// Judges the `if:` of the roots of `runs` that have one, then reads the list of those mapped
+/// (`for_each`): a false `if:` or an empty list is SKIPPED, one that cannot be judged or read
+/// FAILED, each with its instance, and what is below them is judged at once; a mapped root
+/// fans out. Returns the (run, root) pairs not to insert as plain roots.
+async fn judge_roots<'r>(
     store: &Store,
     c: &mut Counted<'_>,
     runs: &'r [RootsOf<'_>],
 ) -> Result<BTreeSet<(i64, &'r str)>> {
-    let pending: Vec<(&RootsOf, &Root, Conditioned)> = runs
+    let special: Vec<(&RootsOf, &Root)> = runs
         .iter()
         .flat_map(|run| {
-            run.facts.roots.iter().filter_map(move |root| {
-                let source = root.condition.as_deref()?;
-                let conditioned = Conditioned {
-                    run: run.run_id,
-                    source,
-                };
-                Some((run, root, conditioned))
-            })
+            run.facts
+                .roots
+                .iter()
+                .filter(|root| root.condition.is_some() || root.for_each.is_some())
+                .map(move |root| (run, root))
         })
         .collect();
     let mut held = BTreeSet::new();
-    if pending.is_empty() {
+    if special.is_empty() {
         return Ok(held);
     }
-    let conditioned: Vec<Conditioned> = pending.iter().map(|(_, _, p)| *p).collect();
-    let outcomes = super::conditions::judge(c.uncounted(), &conditioned).await?;
+    let conditioned: Vec<(usize, Conditioned)> = special
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (run, root))| {
+            let source = root.condition.as_deref()?;
+            Some((
+                i,
+                Conditioned {
+                    run: run.run_id,
+                    source,
+                },
+            ))
+        })
+        .collect();
+    let (at, pending): (Vec<usize>, Vec<Conditioned>) = conditioned.into_iter().unzip();
+    let mut outcomes = vec![Outcome::Run; special.len()];
+    for (i, outcome) in at
+        .into_iter()
+        .zip(super::conditions::judge(c.uncounted(), &pending).await?)
+    {
+        outcomes[i] = outcome;
+    }
+    let mut kinds = vec![DecisionKind::ConditionFalse; special.len()];
+    let mapped: Vec<(usize, Mapped)> = special
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| outcomes[*i] == Outcome::Run)
+        .filter_map(|(i, (run, root))| {
+            let for_each = root.for_each.as_ref()?;
+            Some((
+                i,
+                Mapped {
+                    run: run.run_id,
+                    for_each,
+                    max_items: root.max_items,
+                },
+            ))
+        })
+        .collect();
+    let (at, pending): (Vec<usize>, Vec<Mapped>) = mapped.into_iter().unzip();
+    let mut items: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for (i, listed) in at
+        .into_iter()
+        .zip(super::fan_out::lists(c.uncounted(), &pending).await?)
+    {
+        match listed {
+            Listed::Items(list) => {
+                items.insert(i, list);
+            }
+            Listed::Empty(because) => {
+                outcomes[i] = Outcome::Skip(because);
+                kinds[i] = DecisionKind::EmptyList;
+            }
+            Listed::Refused(message) => outcomes[i] = Outcome::Fail(message),
+        }
+    }
     // By workflow version, as the advance inserts them.
-    let mut not_run: BTreeMap<(i64, i64), (Vec<NotRun>, Vec<SkippedByCondition>)> = BTreeMap::new();
-    let mut now = 0;
-    for ((run, root, _), outcome) in pending.iter().zip(outcomes) {
+    let mut not_run: BTreeMap<(i64, i64), (Vec<NotRun>, Vec<JudgedSkip>)> = BTreeMap::new();
+    let mut fans: BTreeMap<(i64, i64), Vec<FanOut>> = BTreeMap::new();
+    let now = runs.first().map_or(0, |run| run.now);
+    for (i, ((run, root), outcome)) in special.iter().zip(outcomes).enumerate() {
+        let version = (run.workflow_id, run.version);
         let (state, message, because) = match outcome {
-            Outcome::Run => continue,
+            Outcome::Run => {
+                if let Some(list) = items.remove(&i) {
+                    held.insert((run.run_id, root.name.as_str()));
+                    fans.entry(version).or_default().push((
+                        run.run_id,
+                        root.name.clone(),
+                        root.priority,
+                        list,
+                    ));
+                }
+                continue;
+            }
             Outcome::Skip(because) => (InstanceState::Skipped, None, Some(because)),
             Outcome::Fail(message) => (InstanceState::Failed, Some(message), None),
         };
         held.insert((run.run_id, root.name.as_str()));
-        now = run.now;
-        let entry = not_run.entry((run.workflow_id, run.version)).or_default();
+        let entry = not_run.entry(version).or_default();
         entry
             .0
             .push((run.run_id, root.name.clone(), root.priority, state, message));
         if let Some(because) = because {
-            entry.1.push((run.run_id, root.name.clone(), because));
+            entry
+                .1
+                .push((run.run_id, root.name.clone(), kinds[i], because));
         }
+    }
+    for ((workflow, version), fans) in fans {
+        super::fan_out::insert_fan_outs(store, c, workflow, version, &fans, now).await?;
     }
     let mut ended = Vec::new();
     for ((workflow, version), (rows, skips)) in not_run {
@@ -178,15 +254,17 @@ async fn judge_conditions<'r>(
         }
         super::conditions::record_skips(c.uncounted(), workflow, &skips, now).await?;
     }
-    // Boxed: ending a run may promote a queued one, whose roots come back here.
-    Box::pin(super::reports::advance_after(
-        store,
-        c,
-        ended,
-        now,
-        &mut Placing::none(),
-    ))
-    .await?;
+    if !ended.is_empty() {
+        // Boxed: ending a run may promote a queued one, whose roots come back here.
+        Box::pin(super::reports::advance_after(
+            store,
+            c,
+            ended,
+            now,
+            &mut Placing::none(),
+        ))
+        .await?;
+    }
     Ok(held)
 }
 
@@ -198,7 +276,8 @@ pub(crate) async fn facts_of_version(
     version: i64,
 ) -> Result<Option<VersionFacts>> {
     let rows = sqlx::query(
-        "SELECT v.task_count, d.name, d.priority, d.run_if FROM workflow_version v \
+        "SELECT v.task_count, d.name, d.priority, d.run_if, d.for_each, d.max_items \
+         FROM workflow_version v \
          LEFT JOIN task_definition d ON d.workflow_id = v.workflow_id \
          AND d.version = v.version AND d.start_group = 'run' \
          WHERE v.workflow_id = ? AND v.version = ? ORDER BY d.name",
@@ -220,6 +299,16 @@ pub(crate) async fn facts_of_version(
                 name,
                 priority: row.try_get("priority")?,
                 condition: row.try_get("run_if")?,
+                for_each: row
+                    .try_get::<Option<String>, _>("for_each")?
+                    .map(|json| serde_json::from_str(&json))
+                    .transpose()
+                    .map_err(|err| super::rows::corrupt(format!("for_each: {err}")))?,
+                max_items: row
+                    .try_get::<Option<i64>, _>("max_items")?
+                    .map_or(Ok(DEFAULT_MAX_ITEMS), |n| {
+                        super::rows::to_u32(n, "max items")
+                    })?,
             });
         }
     }

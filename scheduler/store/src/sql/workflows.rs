@@ -138,8 +138,9 @@ pub(super) async fn apply_workflow_tx(
         let sql = format!(
             "INSERT INTO task_definition (workflow_id, version, name, command, timeout_ms, \
              retries, retry_backoff_ms, priority, labels_json, upstream_count, app, owner, \
-             trigger_rule, handler, start_group, output_refs, run_if) VALUES {}",
-            values_rows(chunk.len(), 17)
+             trigger_rule, handler, start_group, output_refs, run_if, for_each, max_items) \
+             VALUES {}",
+            values_rows(chunk.len(), 19)
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for (task, upstreams) in chunk {
@@ -169,7 +170,9 @@ pub(super) async fn apply_workflow_tx(
                 .bind(task.handler.map(Handler::field))
                 .bind(start_group(task))
                 .bind(output_refs_json(task)?)
-                .bind(task.condition.as_deref());
+                .bind(task.condition.as_deref())
+                .bind(task.for_each.as_ref().map(to_json).transpose()?)
+                .bind(task.max_items.map(i64::from));
         }
         query.execute(&mut *c).await?;
     }

@@ -336,7 +336,10 @@ mod scenarios {
             let info = shard.shard.as_ref().expect("a shard");
             assert_eq!(info.parent, parent.id);
             assert_eq!(info.total, 3);
-            assert_eq!(info.worker, workers[info.index as usize]);
+            assert_eq!(
+                info.worker.as_deref(),
+                Some(workers[info.index as usize].as_str())
+            );
             assert_eq!(shard.instance.task, "s");
             let _ = i;
         }
@@ -362,12 +365,12 @@ mod scenarios {
         let id = shard.instance.id;
         let attempt = shard.instance.attempt.0;
         assert_eq!(
-            s.mark_dispatched(&[claim(id, attempt, &info.worker, &[])])
+            s.mark_dispatched(&[claim(id, attempt, info.worker.as_deref().unwrap(), &[])])
                 .await
                 .unwrap(),
             vec![true]
         );
-        s.apply_reports(&[started(id, attempt, &info.worker)], T0)
+        s.apply_reports(&[started(id, attempt, info.worker.as_deref().unwrap())], T0)
             .await
             .unwrap();
         s.apply_reports(&[finished(id, attempt, outcome)], T0)

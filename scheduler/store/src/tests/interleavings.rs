@@ -175,7 +175,7 @@ mod scenarios {
     }
 
     pub(super) async fn run_shard(s: &Store, shard: &WaitingInstance, outcome: Outcome) {
-        let worker = shard.shard.as_ref().unwrap().worker.clone();
+        let worker = shard.shard.as_ref().unwrap().worker.clone().unwrap();
         let (id, attempt) = (shard.instance.id, shard.instance.attempt);
         start(s, id, attempt, &worker).await;
         s.apply_reports(&[finished(id, attempt, outcome)], T0)

@@ -1,0 +1,327 @@
+//! Conformance scenarios of mapped tasks (`sql/fan_out.rs`, `sql/reports.rs`,
+//! `sql/run_roots.rs`, `sql/dispatch.rs`): a task with `for_each` judged to run becomes the
+//! RUNNING parent of one WAITING item per element, in the transaction that judged it; the
+//! tasks below wait for every item (fan-in) and follow their rule on the parent's end; an empty
+//! list is SKIPPED with its decision; a list that is no JSON array or is over `max_items`
+//! fails the task before any item exists; a root maps over a param as its run starts.
+
+use std::collections::BTreeMap;
+
+use ax_core::decision::DecisionKind;
+use ax_core::for_each::ForEach;
+use ax_core::ids::{InstanceId, RunId};
+use ax_core::run::RunState;
+use ax_core::spec::TaskSpec;
+use ax_core::state::{InstanceState, Outcome};
+
+use super::support::*;
+use crate::{InstanceRecord, NewRun, Report, Store};
+
+conformance!(
+    an_output_list_fans_out_and_the_join_waits_for_every_item,
+    a_failed_item_fails_its_task_and_the_join_follows_its_rule,
+    an_empty_list_is_skipped_and_a_bad_one_fails_naming_why,
+    a_root_maps_over_a_param_as_its_run_starts,
+);
+
+fn mapped(name: &str, upstream: &[&str], for_each: ForEach) -> TaskSpec {
+    TaskSpec {
+        for_each: Some(for_each),
+        max_items: Some(5),
+        ..task(name, upstream)
+    }
+}
+
+fn files() -> ForEach {
+    ForEach::Output {
+        task: "list".into(),
+        key: "files".into(),
+    }
+}
+
+async fn succeed_with(s: &Store, run: RunId, task: &str, passed: &[(&str, &str)]) {
+    let inst = launch(s, run, task).await;
+    let mut report = finished(inst.id, inst.attempt.0, Outcome::Success, 0);
+    if let Report::Finished { outputs, .. } = &mut report {
+        *outputs = passed
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    }
+    let results = s.apply_reports(&[report], T0 + 30).await.unwrap();
+    applied(&results[0]);
+}
+
+/// The task's instance (the parent, never an item).
+async fn parent_of(s: &Store, run: RunId, task: &str) -> InstanceRecord {
+    s.list_instances(run)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|i| i.task == task && i.shard.is_none())
+        .expect("the task's instance")
+}
+
+/// The task's items, by index: (id, item, state).
+async fn items_of(s: &Store, run: RunId, task: &str) -> Vec<(InstanceId, String, InstanceState)> {
+    let mut items: Vec<(u32, InstanceId, String, InstanceState)> = s
+        .list_instances(run)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|i| i.task == task)
+        .filter_map(|i| {
+            let shard = i.shard?;
+            Some((shard.index, i.id, shard.item?, i.state))
+        })
+        .collect();
+    items.sort_by_key(|(index, _, _, _)| *index);
+    items
+        .into_iter()
+        .map(|(_, id, item, state)| (id, item, state))
+        .collect()
+}
+
+/// Runs item `id` to `outcome`.
+async fn run_item(s: &Store, id: InstanceId, outcome: Outcome) -> crate::Applied {
+    let won = s.mark_dispatched(&[claim(id, 1, "w1")]).await.unwrap();
+    assert_eq!(won, vec![true]);
+    applied(&s.apply_reports(&[started(id, 1)], T0).await.unwrap()[0]);
+    let exit = i32::from(outcome != Outcome::Success);
+    let results = s
+        .apply_reports(&[finished(id, 1, outcome, exit)], T0 + 40)
+        .await
+        .unwrap();
+    applied(&results[0]).clone()
+}
+
+async fn sink_state(s: &Store, run: RunId) -> Option<InstanceState> {
+    instance_of(s, run, "sink").await.map(|i| i.state)
+}
+
+mod scenarios {
+    use super::*;
+    use InstanceState::*;
+
+    pub(super) async fn an_output_list_fans_out_and_the_join_waits_for_every_item(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(
+            s,
+            &spec(
+                "mapper",
+                vec![
+                    task("list", &[]),
+                    mapped("map", &["list"], files()),
+                    task("sink", &["map"]),
+                ],
+            ),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        succeed_with(
+            s,
+            run.id,
+            "list",
+            &[("files", r#"["a.csv", "b.csv", {"n": 3}]"#)],
+        )
+        .await;
+        let parent = parent_of(s, run.id, "map").await;
+        assert_eq!(parent.state, Running, "the parent runs on no worker");
+        assert_eq!(parent.worker_id, None);
+        let items = items_of(s, run.id, "map").await;
+        let listed: Vec<(&str, InstanceState)> = items
+            .iter()
+            .map(|(_, item, st)| (item.as_str(), *st))
+            .collect();
+        assert_eq!(
+            listed,
+            vec![
+                ("a.csv", Waiting),
+                ("b.csv", Waiting),
+                (r#"{"n":3}"#, Waiting)
+            ]
+        );
+        let waiting = s.waiting(T0 + 1_000, 100).await.unwrap();
+        let items_waiting: Vec<Option<String>> = waiting
+            .iter()
+            .filter(|w| w.instance.task == "map")
+            .map(|w| w.shard.as_ref().and_then(|sh| sh.item.clone()))
+            .collect();
+        assert_eq!(
+            items_waiting.len(),
+            3,
+            "every item waits for a worker, the parent does not"
+        );
+        assert!(items_waiting.iter().all(Option::is_some));
+
+        run_item(s, items[0].0, Outcome::Success).await;
+        run_item(s, items[2].0, Outcome::Success).await;
+        assert_eq!(
+            sink_state(s, run.id).await,
+            None,
+            "the join waits for every item"
+        );
+        let last = run_item(s, items[1].0, Outcome::Success).await;
+        assert_eq!(last.new_waiting, 1, "the last item's end starts the join");
+        assert_eq!(parent_of(s, run.id, "map").await.state, Success);
+        assert_eq!(sink_state(s, run.id).await, Some(Waiting));
+        let done = run_task(s, run.id, "sink", Outcome::Success).await;
+        assert_eq!(done.run_finished, Some((run.id, RunState::Success)));
+        let counts = s.run_counts(run.id).await.unwrap();
+        assert_eq!(counts.success, 3, "the run counts its tasks, not the items");
+    }
+
+    pub(super) async fn a_failed_item_fails_its_task_and_the_join_follows_its_rule(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(
+            s,
+            &spec(
+                "mapper",
+                vec![
+                    task("list", &[]),
+                    mapped("map", &["list"], files()),
+                    task("sink", &["map"]),
+                ],
+            ),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        succeed_with(s, run.id, "list", &[("files", "[1, 2]")]).await;
+        let items = items_of(s, run.id, "map").await;
+        run_item(s, items[0].0, Outcome::Failed).await;
+        assert_eq!(parent_of(s, run.id, "map").await.state, Failed);
+        assert_eq!(sink_state(s, run.id).await, Some(UpstreamFailed));
+        let ended = s.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(
+            ended.state,
+            RunState::Running,
+            "the run waits for the other item"
+        );
+        let last = run_item(s, items[1].0, Outcome::Success).await;
+        assert_eq!(last.run_finished, Some((run.id, RunState::Failed)));
+    }
+
+    pub(super) async fn an_empty_list_is_skipped_and_a_bad_one_fails_naming_why(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(
+            s,
+            &spec(
+                "mapper",
+                vec![
+                    task("list", &[]),
+                    mapped("map", &["list"], files()),
+                    task("sink", &["map"]),
+                ],
+            ),
+        )
+        .await;
+        let cases: [(&str, InstanceState, &str); 4] = [
+            (
+                "[]",
+                Skipped,
+                "for_each: output files of task list is an empty list",
+            ),
+            (
+                "a.csv b.csv",
+                Failed,
+                "for_each: output files of task list is not a JSON array",
+            ),
+            (
+                "[1, 2, 3, 4, 5, 6]",
+                Failed,
+                "for_each: output files of task list has 6 items, more than the task's \
+                 max_items 5",
+            ),
+            (
+                "",
+                Failed,
+                "for_each: output files of task list is not a JSON array",
+            ),
+        ];
+        for (i, (list, state, why)) in cases.into_iter().enumerate() {
+            let (run, _) = s
+                .create_run(&new_run(&wf, Some(&format!("case-{i}"))))
+                .await
+                .unwrap();
+            succeed_with(s, run.id, "list", &[("files", list)]).await;
+            let parent = parent_of(s, run.id, "map").await;
+            assert_eq!(parent.state, state, "{list:?}");
+            assert!(
+                items_of(s, run.id, "map").await.is_empty(),
+                "no item for {list:?}"
+            );
+            let said = if state == Skipped {
+                s.list_decisions(wf.id, 0, i64::MAX, 100)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .find(|d| d.kind == DecisionKind::EmptyList && d.run_id == Some(run.id))
+                    .map(|d| d.detail)
+                    .expect("an empty_list decision")
+            } else {
+                s.list_attempts(parent.id).await.unwrap()[0].message.clone()
+            };
+            assert!(said.starts_with(why), "{list:?}: {said}");
+            let below = if state == Skipped {
+                Skipped
+            } else {
+                UpstreamFailed
+            };
+            assert_eq!(sink_state(s, run.id).await, Some(below), "{list:?}");
+        }
+    }
+
+    pub(super) async fn a_root_maps_over_a_param_as_its_run_starts(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(
+            s,
+            &spec(
+                "regions",
+                vec![
+                    mapped("sync", &[], ForEach::Param("regions".into())),
+                    mapped("fixed", &[], ForEach::Items(vec!["x".into(), "y".into()])),
+                ],
+            ),
+        )
+        .await;
+        let (run, _) = s
+            .create_run(&NewRun {
+                params: BTreeMap::from([("regions".to_string(), r#"["eu","us"]"#.to_string())]),
+                ..new_run(&wf, None)
+            })
+            .await
+            .unwrap();
+        let regions: Vec<String> = items_of(s, run.id, "sync")
+            .await
+            .into_iter()
+            .map(|(_, item, _)| item)
+            .collect();
+        assert_eq!(regions, ["eu", "us"]);
+        let fixed: Vec<String> = items_of(s, run.id, "fixed")
+            .await
+            .into_iter()
+            .map(|(_, item, _)| item)
+            .collect();
+        assert_eq!(fixed, ["x", "y"]);
+        // Without the param, the mapped root fails before any item exists.
+        let (bare, _) = s
+            .create_run(&NewRun {
+                params: BTreeMap::new(),
+                dedup_key: Some("bare".into()),
+                ..new_run(&wf, None)
+            })
+            .await
+            .unwrap();
+        assert_eq!(parent_of(s, bare.id, "sync").await.state, Failed);
+        let message = s
+            .list_attempts(parent_of(s, bare.id, "sync").await.id)
+            .await
+            .unwrap()[0]
+            .message
+            .clone();
+        assert_eq!(
+            message,
+            "for_each: param regions is missing: the run has no param regions"
+        );
+    }
+}

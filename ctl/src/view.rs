@@ -228,6 +228,11 @@ pub struct RunView {
     pub created_at: Option<String>,
     pub finished_at: Option<String>,
     pub counts: CountsView,
+    /// Only for a run with a deadline, and once it was missed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline_missed_at: Option<String>,
 }
 
 impl From<&pb::Run> for RunView {
@@ -245,6 +250,8 @@ impl From<&pb::Run> for RunView {
             created_at: rfc3339(r.created_at_ms),
             finished_at: rfc3339(r.finished_at_ms),
             counts: r.counts.as_ref().map(CountsView::from).unwrap_or_default(),
+            deadline_at: rfc3339(r.deadline_at_ms),
+            deadline_missed_at: rfc3339(r.deadline_missed_at_ms),
         }
     }
 }

@@ -451,3 +451,25 @@ test("trigger rules and conditions: the run shows SKIPPED and UPSTREAM_FAILED ta
   await shot(page, "rules-why");
   await close(page);
 });
+
+test("deadlines: a run past its deadline shows it missed on its page, in the runs list and in why", async () => {
+  const run = await trigger("ui-deadline");
+  assert.ok(Number(run.deadlineAtMs) > 0, "the run has a deadline");
+  const done = await ended(run.id);
+  assert.equal(done.state, "RUN_STATE_CANCELLED");
+  assert.ok(Number(done.deadlineMissedAtMs) > 0, "the deadline was judged missed");
+  const page = await open(`/runs/${run.id}`);
+  const row = page.locator("dl.kv dd .deadline");
+  await row.getByText("DEADLINE_MISSED").waitFor({ timeout: GUARD });
+  await row.getByText("judged").waitFor({ timeout: GUARD });
+  await page.locator("main h1").getByText("CANCELLED").waitFor({ timeout: GUARD });
+  await shot(page, "deadline-run");
+  await page.goto(BASE + "/workflows/ui-deadline");
+  await page.locator("main table tr", { hasText: `run ${run.id}` }).getByText("DEADLINE_MISSED").waitFor({ timeout: GUARD });
+  await shot(page, "deadline-runs");
+  await page.goto(BASE + "/workflows/ui-deadline/why");
+  await page.getByText(`run ${run.id} missed its deadline`).waitFor({ timeout: GUARD });
+  await page.locator("main table td", { hasText: /^deadline_missed$/ }).first().waitFor({ timeout: GUARD });
+  await shot(page, "deadline-why");
+  await close(page);
+});

@@ -64,7 +64,11 @@ tasks:
         .run
         .expect("run");
     let ended = client.wait_run(rows.id).await.expect("ends");
-    assert_eq!(ended.state, pb::RunState::Success as i32);
+    assert_eq!(
+        ended.state,
+        pb::RunState::Success as i32,
+        "a run with rows succeeds: {ended:?}"
+    );
     let empty = client
         .trigger("branchy", &[("rows", "0")], "")
         .await

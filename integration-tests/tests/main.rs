@@ -11,6 +11,7 @@ mod cluster_faults;
 mod cluster_workers;
 mod conditions;
 mod dag_semantics;
+mod deadlines;
 mod deploy;
 mod e2e;
 mod faults;
@@ -42,6 +43,7 @@ fn main() -> std::process::ExitCode {
         cluster_workers::tests(),
         conditions::tests(),
         dag_semantics::tests(),
+        deadlines::tests(),
         deploy::tests(),
         e2e::tests(),
         faults::tests(),

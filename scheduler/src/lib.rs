@@ -460,6 +460,7 @@ mod clock;
 pub mod config;
 pub mod connections;
 mod dag_layouts;
+mod deadlines;
 mod dispatch_send;
 mod dispatcher;
 mod failure_alerts;

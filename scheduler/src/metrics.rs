@@ -120,6 +120,8 @@ pub struct Metrics {
     pub log_lag: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Rows this node's purges deleted (retention, `axctl purge`), by kind ([`PURGED_KINDS`]).
     purged: Family<KindLabel, Counter>,
+    /// Runs this node judged past their deadline (`deadlines.rs`): each run once in a cluster.
+    pub deadlines_missed: Counter,
     /// Scrapes whose store reading failed or took too long.
     store_read_errors: Counter,
     gauges: Mutex<StoreGauges>,
@@ -169,6 +171,7 @@ impl Metrics {
             log_lines: Counter::default(),
             log_lag: Gauge::default(),
             purged: Family::default(),
+            deadlines_missed: Counter::default(),
             store_read_errors: Counter::default(),
             gauges: Mutex::new(StoreGauges::default()),
             instances: Family::default(),
@@ -254,6 +257,11 @@ impl Metrics {
             "ax_purged_rows",
             "Rows this node deleted as history past its retention or by axctl purge, by kind (runs, instances, attempts, log_chunks, decisions)",
             metrics.purged.clone(),
+        );
+        registry.register(
+            "ax_deadlines_missed",
+            "Runs this node judged not ended by their workflow's deadline (each run is judged once in the cluster, by one node; with on_deadline: cancel it was cancelled)",
+            metrics.deadlines_missed.clone(),
         );
         registry.register(
             "ax_metrics_store_read_errors",

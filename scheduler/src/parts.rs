@@ -24,8 +24,8 @@ use crate::metrics::Scraped;
 use crate::node::Node;
 use crate::registry::Registry;
 use crate::{
-    audit_writer, auth, backstop, clock, dispatch_send, dispatcher, failure_alerts, grpc,
-    log_writer, metrics, place_now, progress, registry, reporter, retention, run_creator,
+    audit_writer, auth, backstop, clock, deadlines, dispatch_send, dispatcher, failure_alerts,
+    grpc, log_writer, metrics, place_now, progress, registry, reporter, retention, run_creator,
     schedules, secrets, specs, spread, telemetry, wake, watching, worker_refusals, worker_rows,
 };
 
@@ -229,6 +229,20 @@ pub fn build(options: SchedulerOptions, opened: Opened, runs: Runs<'_>) -> Built
         specs.clone(),
         metrics.clone(),
     );
+    let deadlines = deadlines::Deadlines::new(
+        node_id.clone(),
+        deadlines::JUDGE_EVERY,
+        deadlines::DeadlinesParts {
+            store: store.clone(),
+            specs: specs.clone(),
+            registry: registry.clone(),
+            alerter: alerter.clone(),
+            metrics: metrics.clone(),
+            traces: traces.clone(),
+            progress: progress.clone(),
+            dispatch: dispatch_wake.clone(),
+        },
+    );
     metrics.register_readings(metrics::Readings {
         alerter: alerter.clone(),
         guards: guards.clone(),
@@ -250,6 +264,7 @@ pub fn build(options: SchedulerOptions, opened: Opened, runs: Runs<'_>) -> Built
     tasks.spawn(backstop.run(serving.clone()));
     tasks.spawn(spread.run(serving.clone()));
     tasks.spawn(retention.run(serving.clone()));
+    tasks.spawn(deadlines.run(serving.clone()));
     tasks.spawn(gate.clone().flush_failures_until(serving.clone()));
     tasks.spawn(worker_refusals::run(refusals.clone(), serving.clone()));
 

@@ -383,8 +383,18 @@ fn run_detail(r: &pb::Run) -> String {
         ("Created", time(r.created_at_ms)),
         ("Finished", time(r.finished_at_ms)),
         ("Duration", elapsed(r.created_at_ms, r.finished_at_ms)),
+        ("Deadline", deadline(r)),
         ("Tasks", progress(r)),
     ])
+}
+
+/// `-` without a deadline; its time, and when it was missed.
+fn deadline(r: &pb::Run) -> String {
+    match (r.deadline_at_ms, r.deadline_missed_at_ms) {
+        (0, _) => "-".into(),
+        (at, 0) => time(at),
+        (at, missed) => format!("{} (missed, judged {})", time(at), time(missed)),
+    }
 }
 
 fn exit_text(code: Option<i32>) -> String {
@@ -512,4 +522,32 @@ fn instance_detail(i: &pb::Instance) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_shows_its_deadline_and_whether_it_was_missed() {
+        let mut run = pb::Run::default();
+        assert_eq!(deadline(&run), "-");
+        run.deadline_at_ms = 1_767_225_600_000;
+        assert_eq!(deadline(&run), time(1_767_225_600_000));
+        run.deadline_missed_at_ms = 1_767_225_601_000;
+        assert_eq!(
+            deadline(&run),
+            format!(
+                "{} (missed, judged {})",
+                time(1_767_225_600_000),
+                time(1_767_225_601_000)
+            )
+        );
+        assert!(run_detail(&run).contains("(missed, judged "));
+        let view = crate::view::RunView::from(&run);
+        assert!(view.deadline_missed_at.is_some());
+        // A run without a deadline keeps its JSON as it was.
+        let plain = serde_json::to_string(&crate::view::RunView::from(&pb::Run::default()));
+        assert!(!plain.unwrap().contains("deadline"));
+    }
 }

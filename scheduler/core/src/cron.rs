@@ -252,7 +252,7 @@ impl CronSchedule {
 
 /// Maps a wall time in `tz` to an instant: the instant itself when it is unique, the first one
 /// when the wall time occurs twice, and the instant the clocks jump when it falls in a gap.
-fn resolve_wall_time(tz: Tz, wall: NaiveDateTime) -> Option<Millis> {
+pub(crate) fn resolve_wall_time(tz: Tz, wall: NaiveDateTime) -> Option<Millis> {
     match tz.from_local_datetime(&wall) {
         LocalResult::Single(instant) => Some(instant.timestamp_millis()),
         LocalResult::Ambiguous(first, _) => Some(first.timestamp_millis()),

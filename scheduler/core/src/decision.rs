@@ -55,10 +55,13 @@ pub enum DecisionKind {
     ConditionFalse,
     /// A mapped task's list (`for_each`) was empty: it is SKIPPED.
     EmptyList,
+    /// A run had not ended by its deadline (`crate::deadline`): recorded once, alerted, and
+    /// with `on_deadline: cancel` the run was cancelled.
+    DeadlineMissed,
 }
 
 impl DecisionKind {
-    pub const ALL: [DecisionKind; 19] = [
+    pub const ALL: [DecisionKind; 20] = [
         DecisionKind::Fired,
         DecisionKind::Misfired,
         DecisionKind::CaughtUp,
@@ -78,6 +81,7 @@ impl DecisionKind {
         DecisionKind::SecretUnavailable,
         DecisionKind::ConditionFalse,
         DecisionKind::EmptyList,
+        DecisionKind::DeadlineMissed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -101,6 +105,7 @@ impl DecisionKind {
             DecisionKind::SecretUnavailable => "secret_unavailable",
             DecisionKind::ConditionFalse => "condition_false",
             DecisionKind::EmptyList => "empty_list",
+            DecisionKind::DeadlineMissed => "deadline_missed",
         }
     }
 

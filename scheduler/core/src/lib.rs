@@ -15,6 +15,7 @@ pub mod cron;
 pub mod crontab_import;
 pub mod cross_site;
 pub mod dag;
+pub mod deadline;
 pub mod decision;
 pub mod dependency;
 pub mod dispatch_plan;

@@ -483,6 +483,17 @@ pub fn explain(input: &WhyInput) -> Explanation {
                 t(run.logical_time),
                 run.state
             ));
+            if let Some(missed) = decisions
+                .iter()
+                .find(|d| d.kind == DecisionKind::DeadlineMissed && d.run_id == Some(run.id))
+            {
+                verdict.push(format!(
+                    "run {} missed its deadline at {}: {}",
+                    run.id,
+                    t(missed.at),
+                    missed.detail
+                ));
+            }
             let summary = RunSummary {
                 id: run.id,
                 version: run.version,
@@ -608,6 +619,7 @@ fn past_tense(kind: DecisionKind) -> &'static str {
         DecisionKind::SecretUnavailable => "held: a secret it needs is unavailable",
         DecisionKind::ConditionFalse => "skipped: its if: was false",
         DecisionKind::EmptyList => "skipped: its for_each list was empty",
+        DecisionKind::DeadlineMissed => "fired, and its run missed its deadline",
     }
 }
 
@@ -1179,6 +1191,33 @@ mod tests {
             e.verdict[1],
             "the slot at 2026-01-31 02:30:00 UTC was skipped: the workflow was paused"
         );
+    }
+
+    #[test]
+    fn a_missed_deadline_is_told_with_the_nearest_run() {
+        let mut input = input(SLOT + MINUTE);
+        input.run = Some(run(&input, RunState::Running, Vec::new()));
+        let run_id = 41;
+        input.decisions = vec![Decision {
+            at: SLOT + 4 * 60 * MINUTE,
+            run_id: Some(run_id),
+            ..decision(
+                DecisionKind::DeadlineMissed,
+                SLOT,
+                "deadline 06:30 (2026-01-31 06:30:00 UTC) passed before the run ended; the run \
+                 goes on",
+            )
+        }];
+        let e = explain(&input);
+        assert!(
+            e.verdict.contains(&format!(
+                "run {run_id} missed its deadline at 2026-01-31 06:30:00 UTC: deadline 06:30 \
+                 (2026-01-31 06:30:00 UTC) passed before the run ended; the run goes on"
+            )),
+            "{:?}",
+            e.verdict
+        );
+        assert_eq!(e.decisions[0].decision.kind, DecisionKind::DeadlineMissed);
     }
 
     #[test]

@@ -19,7 +19,8 @@
 //! {
 //!   "version": 1,
 //!   "kind": "instance_failed",      // run_failed | instance_failed | instance_timeout |
-//!                                    // worker_lost | retries_exhausted | alerts_suppressed
+//!                                    // worker_lost | retries_exhausted | task_stalled |
+//!                                    // deadline_missed | alerts_suppressed
 //!   "workflow": "daily-sales-etl",   // "" for an alert that is not about one workflow
 //!   "run_id": 12,                    // integer or null
 //!   "instance_id": 34,               // integer or null
@@ -91,16 +92,19 @@ pub enum AlertKind {
     RetriesExhausted,
     /// A running attempt's task heartbeat stopped while its worker is alive (never killed).
     TaskStalled,
+    /// A run had not ended by its workflow's deadline (once per run).
+    DeadlineMissed,
 }
 
 impl AlertKind {
-    pub const ALL: [AlertKind; 6] = [
+    pub const ALL: [AlertKind; 7] = [
         AlertKind::RunFailed,
         AlertKind::InstanceFailed,
         AlertKind::InstanceTimeout,
         AlertKind::WorkerLost,
         AlertKind::RetriesExhausted,
         AlertKind::TaskStalled,
+        AlertKind::DeadlineMissed,
     ];
 
     /// The name used in the webhook schema and in the configuration.
@@ -112,6 +116,7 @@ impl AlertKind {
             AlertKind::WorkerLost => "worker_lost",
             AlertKind::RetriesExhausted => "retries_exhausted",
             AlertKind::TaskStalled => "task_stalled",
+            AlertKind::DeadlineMissed => "deadline_missed",
         }
     }
 
@@ -132,6 +137,7 @@ impl AlertKind {
             AlertKind::WorkerLost => "WORKER LOST",
             AlertKind::RetriesExhausted => "RETRIES EXHAUSTED",
             AlertKind::TaskStalled => "TASK STALLED",
+            AlertKind::DeadlineMissed => "DEADLINE MISSED",
         }
     }
 }

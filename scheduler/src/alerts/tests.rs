@@ -210,6 +210,18 @@ fn the_human_message_names_what_failed_where() {
         run.text(),
         "[ax] RUN FAILED daily-sales-etl (run 12): 2 tasks failed"
     );
+    let late = Alert::new(
+        AlertKind::DeadlineMissed,
+        "daily-sales-etl",
+        "deadline 06:30 (2026-01-02 06:30:00 CST) passed before the run ended; the run goes on",
+        0,
+    )
+    .with_run(12);
+    assert_eq!(
+        late.text(),
+        "[ax] DEADLINE MISSED daily-sales-etl (run 12): deadline 06:30 (2026-01-02 06:30:00 CST) \
+         passed before the run ended; the run goes on"
+    );
     let lost =
         Alert::new(AlertKind::WorkerLost, "", "no heartbeat for 20 s", 0).with_worker("worker-7");
     assert_eq!(

@@ -209,6 +209,8 @@ pub fn run(record: &RunRecord, instance_counts: Option<&InstanceCounts>) -> pb::
         created_at_ms: record.created_at,
         finished_at_ms: record.finished_at.unwrap_or(0),
         counts: instance_counts.map(counts),
+        deadline_at_ms: record.deadline_at.unwrap_or(0),
+        deadline_missed_at_ms: record.deadline_missed_at.unwrap_or(0),
     }
 }
 

@@ -10,7 +10,7 @@
 //! beside its SQL with a doc comment that says what it guarantees: `workflows.rs` (and their
 //! schedules), `run_create.rs`, `runs.rs`, `cancel.rs`, `rerun.rs`, `dispatch.rs`, `reports.rs`,
 //! `logs.rs`, `workers.rs`, `gauges.rs`, `nodes.rs`, `audit.rs`, `access.rs`, `decisions.rs`,
-//! `dependents.rs`, `purge.rs` and `workflow_sets.rs` (batches of files, deletes). The
+//! `dependents.rs`, `deadlines.rs`, `purge.rs` and `workflow_sets.rs` (batches of files, deletes). The
 //! records they take and give live by subject in `records/` and are re-exported here.
 
 use std::sync::Arc;
@@ -22,6 +22,7 @@ mod tests;
 
 pub use records::access::{NewToken, SecretRecord, TokenRecord};
 pub use records::audit::{AuditFilter, AuditRecord};
+pub use records::deadlines::{DeadlineMiss, MissedDeadline};
 pub use records::decisions::DecisionRecord;
 pub use records::dispatch::{ActiveAttempt, DispatchClaim, QueueShare, Shard, WaitingInstance};
 pub use records::logs::{LogChunk, LogStream, MispackedLines, StoredLine};

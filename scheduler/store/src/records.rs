@@ -2,6 +2,7 @@
 
 pub(crate) mod access;
 pub(crate) mod audit;
+pub(crate) mod deadlines;
 pub(crate) mod decisions;
 pub(crate) mod dispatch;
 pub(crate) mod logs;

@@ -13,6 +13,7 @@ mod checkpointer;
 mod conditions;
 mod counted;
 pub(crate) mod db_errors;
+mod deadlines;
 mod decisions;
 mod dependents;
 mod dispatch;
@@ -147,6 +148,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../migrations/mysql/0018_conditions.sql"),
     ),
     (
+        20,
+        "deadlines",
+        include_str!("../migrations/mysql/0020_deadlines.sql"),
+    ),
+    (
         21,
         "for_each",
         include_str!("../migrations/mysql/0021_for_each.sql"),
@@ -242,6 +248,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         18,
         "conditions",
         include_str!("../migrations/sqlite/0018_conditions.sql"),
+    ),
+    (
+        20,
+        "deadlines",
+        include_str!("../migrations/sqlite/0020_deadlines.sql"),
     ),
     (
         21,

@@ -14,6 +14,7 @@ mod audit;
 mod cancel;
 mod claims;
 mod conditions;
+mod deadlines;
 mod decisions;
 mod dependents;
 mod dispatch;

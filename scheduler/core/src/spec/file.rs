@@ -36,6 +36,8 @@ pub struct WorkflowFile {
     pub tasks: Option<Spanned<List<Spanned<Map<TaskFile>>>>>,
     pub on_failure: Option<Spanned<List<Spanned<Map<TaskFile>>>>>,
     pub on_success: Option<Spanned<List<Spanned<Map<TaskFile>>>>>,
+    pub deadline: Option<Spanned<Value>>,
+    pub on_deadline: Option<Spanned<Choice<crate::deadline::OnDeadline>>>,
 }
 
 #[derive(Deserialize)]

@@ -381,6 +381,12 @@ pub struct WorkflowSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,
     pub tasks: Vec<TaskSpec>,
+    /// By when a run must have ended (`crate::deadline`); `None`: no deadline. Left out of the
+    /// stored JSON when unset, as `on_deadline` when it is the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<crate::deadline::Deadline>,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub on_deadline: crate::deadline::OnDeadline,
 }
 
 /// The app of a workflow file that names none.

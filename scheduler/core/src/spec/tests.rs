@@ -192,6 +192,98 @@ const REFUSALS: &[(&str, &str, &str)] = &[
         "wf.yaml:7: tasks[1].if: must not be empty",
     ),
     (
+        "deadlines",
+        "
+            name: etl
+            schedule: {cron: '0 7 * * *', timezone: Asia/Shanghai}
+            deadline: 06:30
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: deadline: 06:30 is not after the logical time of every run: the slot at \
+         2027-01-01 07:00:00 CST (schedule.cron \"0 7 * * *\") is at or after 06:30 on its own \
+         date; a deadline on the next day is written \"+1d 06:30\"",
+    ),
+    (
+        "deadlines",
+        "
+            name: etl
+            schedule: {cron: '30 6 * * MON-FRI'}
+            deadline: '06:30'
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: deadline: 06:30 is not after the logical time of every run: the slot at \
+         2027-01-01 06:30:00 UTC (schedule.cron \"30 6 * * MON-FRI\") is at or after 06:30 on \
+         its own date; a deadline on the next day is written \"+1d 06:30\"",
+    ),
+    (
+        "deadlines",
+        "
+            name: etl
+            deadline: 25:00
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: deadline: invalid deadline \"25:00\": 25:00 is not a time of day (00:00 to \
+         23:59)",
+    ),
+    (
+        "deadlines",
+        "
+            name: etl
+            deadline: 90
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: deadline: \"90\" has no unit: give one, e.g. 90d, 12h, 30m, or a time of \
+         day such as 06:30",
+    ),
+    (
+        "deadlines",
+        "
+            name: etl
+            deadline: 0m
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: deadline: must be more than zero",
+    ),
+    (
+        "deadlines",
+        "
+            name: etl
+            deadline: tomorrow
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: deadline: invalid deadline \"tomorrow\": expected a time of day (06:30), \
+         days after the logical date and a time (+1d 06:30) or a duration from the run's start \
+         (2h, 90m)",
+    ),
+    (
+        "deadlines",
+        "
+            name: etl
+            deadline: [06:30]
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: deadline: expected a time of day or a duration, found a list",
+    ),
+    (
+        "deadlines",
+        "
+            name: etl
+            deadline: 2h
+            on_deadline: kill
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: on_deadline: unknown deadline action \"kill\": expected alert or cancel",
+    ),
+    (
+        "deadlines",
+        "
+            name: etl
+            on_deadline: cancel
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: on_deadline: only meaningful with deadline",
+    ),
+    (
         "outputs",
         "
             name: etl
@@ -356,7 +448,8 @@ const REFUSALS: &[(&str, &str, &str)] = &[
             tasks: [{name: a, command: x}]
         ",
         "wf.yaml:2: <<: unknown field \"<<\"; allowed fields: name, app, owner, description, \
-         schedule, concurrency, retention, defaults, tasks, on_failure, on_success",
+         schedule, concurrency, retention, defaults, tasks, on_failure, on_success, deadline, \
+         on_deadline",
     ),
     (
         "duplicate_keys",
@@ -1001,7 +1094,8 @@ const REFUSALS: &[(&str, &str, &str)] = &[
             tasks: [{name: a, command: x}]
         ",
         "wf.yaml:2: schedul: unknown field \"schedul\"; allowed fields: name, app, owner, \
-         description, schedule, concurrency, retention, defaults, tasks, on_failure, on_success",
+         description, schedule, concurrency, retention, defaults, tasks, on_failure, on_success, deadline, \
+         on_deadline",
     ),
     (
         "unknown_fields_name_the_allowed_ones",
@@ -1014,7 +1108,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
         ",
         "wf.yaml:5: tasks[0].retires: unknown field \"retires\"; allowed fields: name, \
          command, argv, timeout, retries, retry_backoff, env, working_dir, labels, \
-         priority, upstream, concurrency, pool, routing, self_fence, trigger_rule, if",
+         priority, upstream, concurrency, pool, routing, self_fence, trigger_rule, if, for_each, max_items",
     ),
     (
         "unknown_fields_name_the_allowed_ones",
@@ -1299,6 +1393,8 @@ fn canonical_example_round_trip() {
                 ..TaskSpec::default()
             },
         ],
+        deadline: None,
+        on_deadline: Default::default(),
     };
     assert_eq!(parsed.spec, expected);
     assert!(parsed.warnings.is_empty(), "{:?}", parsed.warnings);
@@ -1928,4 +2024,60 @@ fn conditions_are_read_and_kept_as_written() {
     );
     let json = serde_json::to_string(&parsed.spec).unwrap();
     assert!(json.contains("\"if\":\"has(params.full)\""), "{json}");
+}
+
+#[test]
+fn deadline_refusals() {
+    check_refusals("deadlines");
+}
+
+#[test]
+fn a_deadline_is_a_time_of_day_days_after_or_a_duration() {
+    use crate::deadline::{Deadline, OnDeadline};
+    let with = |lines: &str| {
+        let spec = parse_ok(&format!(
+            "name: etl\nschedule: {{cron: '30 2 * * *', timezone: Asia/Shanghai}}\n{lines}\
+             tasks: [{{name: a, command: x}}]\n"
+        ))
+        .spec;
+        (spec.deadline, spec.on_deadline)
+    };
+    let wall = |days, hour, minute| Some(Deadline::WallClock { days, hour, minute });
+    assert_eq!(with(""), (None, OnDeadline::Alert));
+    assert_eq!(
+        with("deadline: 06:30\n"),
+        (wall(0, 6, 30), OnDeadline::Alert)
+    );
+    assert_eq!(
+        with("deadline: '+1d 01:00'\n"),
+        (wall(1, 1, 0), OnDeadline::Alert)
+    );
+    // Before 02:30 on the same day is refused, on the next day it is fine.
+    assert_eq!(
+        with("deadline: +1d 01:00\n"),
+        (wall(1, 1, 0), OnDeadline::Alert)
+    );
+    assert_eq!(
+        with("deadline: 2h\non_deadline: cancel\n"),
+        (
+            Some(Deadline::AfterStart { ms: 7_200_000 }),
+            OnDeadline::Cancel
+        )
+    );
+    // A workflow without cron cannot be checked at apply: its runs' logical times are their
+    // triggers'.
+    let manual = parse_ok("name: etl\ndeadline: 00:01\ntasks: [{name: a, command: x}]\n").spec;
+    assert_eq!(manual.deadline, wall(0, 0, 1));
+    // Unset, the fields stay out of the stored JSON: versions stored before them read the same.
+    let json = serde_json::to_string(&with("").0).unwrap();
+    assert_eq!(json, "null");
+    let plain = parse_ok("name: etl\ntasks: [{name: a, command: x}]\n").spec;
+    let json = serde_json::to_string(&plain).unwrap();
+    assert!(!json.contains("deadline"), "{json}");
+    let set = parse_ok(
+        "name: etl\ndeadline: +1d 06:30\non_deadline: cancel\ntasks: [{name: a, command: x}]\n",
+    )
+    .spec;
+    let json = serde_json::to_string(&set).unwrap();
+    assert_eq!(serde_json::from_str::<WorkflowSpec>(&json).unwrap(), set);
 }

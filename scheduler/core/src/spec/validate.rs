@@ -23,6 +23,7 @@ use super::{ParsedWorkflow, SpecError};
 use crate::condition;
 use crate::cron::CronSchedule;
 use crate::dag::{Dag, DagError};
+use crate::deadline::{self, Deadline, OnDeadline};
 use crate::duration;
 use crate::for_each::{self, ForEach};
 use crate::outputs;
@@ -436,6 +437,7 @@ impl Validator<'_> {
                 format!("workflow {after} cannot depend on itself"),
             ));
         }
+        let (deadline, on_deadline) = self.deadline(file, &schedule)?;
         let defaults = match &file.defaults {
             Some(node) => self.defaults(node)?,
             None => Defaults::default(),
@@ -485,6 +487,8 @@ impl Validator<'_> {
             concurrency,
             retention,
             tasks,
+            deadline,
+            on_deadline,
         };
         Ok(ParsedWorkflow { spec, warnings })
     }
@@ -752,6 +756,60 @@ impl Validator<'_> {
             other => return Err(self.type_err(node, other, FIELD, "a duration or forever")),
         };
         parse_retention(&text).map_err(|message| self.err(line(node), FIELD, message))
+    }
+
+    /// `deadline: 06:30`, `+1d 06:30` or `2h` ([`deadline::parse`]), and `on_deadline`. A
+    /// same-day wall-clock deadline that a cron slot reaches on its own date could never be
+    /// met: refused, naming the slot.
+    fn deadline(
+        &self,
+        file: &WorkflowFile,
+        schedule: &ScheduleSpec,
+    ) -> Result<(Option<Deadline>, OnDeadline), SpecError> {
+        const FIELD: &str = "deadline";
+        let on_deadline = match &file.on_deadline {
+            Some(node) => {
+                let action = self.choice(node, "on_deadline", "deadline action")?;
+                if file.deadline.is_none() {
+                    return Err(self.err(
+                        line(node),
+                        "on_deadline",
+                        "only meaningful with deadline",
+                    ));
+                }
+                action
+            }
+            None => OnDeadline::default(),
+        };
+        let Some(node) = &file.deadline else {
+            return Ok((None, on_deadline));
+        };
+        let text = match &node.value {
+            Value::Text(_) | Value::Typed => self.string(node, FIELD)?,
+            other => {
+                return Err(self.type_err(node, other, FIELD, "a time of day or a duration"));
+            }
+        };
+        let parsed =
+            deadline::parse(&text).map_err(|message| self.err(line(node), FIELD, message))?;
+        if let Some(cron) = schedule.cron.as_deref()
+            && let Ok(cron) = CronSchedule::parse(cron)
+        {
+            let tz: chrono_tz::Tz = schedule.timezone.parse().unwrap_or(chrono_tz::UTC);
+            if let Some(slot) = deadline::first_slot_not_before(&parsed, &cron, tz) {
+                return Err(self.err(
+                    line(node),
+                    FIELD,
+                    format!(
+                        "{parsed} is not after the logical time of every run: the slot at {} \
+                         (schedule.cron \"{cron}\") is at or after {parsed} on its own date; a \
+                         deadline on the next day is written \"+1d {parsed}\"",
+                        crate::why::format_time(slot, tz),
+                    ),
+                ));
+            }
+        }
+        Ok((Some(parsed), on_deadline))
     }
 
     fn schedule(&self, node: &Spanned<Map<ScheduleFile>>) -> Result<ScheduleSpec, SpecError> {

@@ -107,6 +107,7 @@ function since(ms) {
 const STATES = {
   SUCCESS: "✓", FAILED: "✕", UPSTREAM_FAILED: "⊘", SKIPPED: "↷", TIMEOUT: "⏱", RUNNING: "▶", DISPATCHED: "↗",
   WAITING: "…", PENDING: "○", CANCELLED: "■", QUEUED: "≡", LIVE: "●", DEAD: "✕", DRAINING: "◐", PAUSED: "⏸",
+  DEADLINE_MISSED: "!",
 };
 
 /** "RUN_STATE_FAILED", "failed", "upstream_failed" → "FAILED", "UPSTREAM_FAILED". */
@@ -623,7 +624,7 @@ function runsTable(filter) {
       body.append(h("tr", {},
         h("td", {}, link("/runs/" + run.id, "run " + run.id)),
         filter.workflow ? null : h("td", {}, link("/workflows/" + enc(run.workflow), run.workflow)),
-        h("td", {}, chip(run.state)),
+        h("td", {}, chip(run.state), Number(run.deadlineMissedAtMs) ? [" ", chip("DEADLINE_MISSED")] : null),
         h("td", {}, String(run.trigger || "").replace("TRIGGER_KIND_", "").toLowerCase()),
         h("td", {}, time(run.logicalTimeMs)),
         h("td", {}, Number(run.finishedAtMs) ? fmtDuration(run.finishedAtMs - run.createdAtMs) : "running"),
@@ -671,6 +672,7 @@ async function viewRun(view, id) {
       kv([["Workflow", link("/workflows/" + enc(r.workflow), r.workflow + " (version " + r.workflowVersion + ")")],
         ["Trigger", String(r.trigger || "").replace("TRIGGER_KIND_", "").toLowerCase() + (r.triggeredBy ? " by " + r.triggeredBy : "")],
         ["Logical time", time(r.logicalTimeMs)], ["Created", time(r.createdAtMs)], ["Finished", time(r.finishedAtMs)],
+        deadlineRow(r),
         r.idempotencyKey ? ["Idempotency key", r.idempotencyKey] : null,
         ["Params", Object.keys(r.params || {}).length ? table(null, ["Name", "Value"], Object.entries(r.params).map(([k, v]) => [k, h("code", {}, v)])) : "none"]]));
     fill(actions, 
@@ -714,6 +716,15 @@ async function viewRun(view, id) {
     if (TERMINAL_RUN.has(stateName(latest.run.state))) return null;
     return stream("/api/v1/runs/" + id + "/events", { run: render, end: () => {}, error: e => alertBox(actions, e.message) }, refresh);
   });
+}
+
+/** A run's deadline for its page: the time it must end by and, once judged missed, a chip and
+ *  when; none for a run without a deadline. */
+function deadlineRow(r) {
+  const at = Number(r.deadlineAtMs || 0), missed = Number(r.deadlineMissedAtMs || 0);
+  if (!at) return null;
+  return ["Deadline", h("span", { class: "deadline" }, time(at),
+    missed ? [" ", chip("DEADLINE_MISSED"), " judged ", time(missed)] : null)];
 }
 
 /** One row per task, one bar per attempt: a retried task shows its failed attempts beside

@@ -29,6 +29,11 @@ pub struct RunRecord {
     /// The key of keyed concurrency (`concurrency.key` over the params); `None` when the
     /// workflow had no key when the run was created.
     pub run_key: Option<String>,
+    /// By when the run must have ended (`deadline:`); `None` without one, or while a duration
+    /// deadline waits for the run to leave the queue.
+    pub deadline_at: Option<Millis>,
+    /// When a node judged the deadline missed; set once.
+    pub deadline_missed_at: Option<Millis>,
 }
 
 /// A run to create. Unique per (workflow, dedup key): a second create with the same key returns

@@ -125,7 +125,7 @@ impl Store {
     }
 }
 
-async fn cancel_run_tx(
+pub(crate) async fn cancel_run_tx(
     store: &Store,
     c: &mut AnyConnection,
     id: RunId,

@@ -372,11 +372,16 @@ pub(crate) async fn promote(
             }
             continue;
         }
-        let done =
-            sqlx::query("UPDATE run SET state = 'RUNNING' WHERE id = ? AND state = 'QUEUED'")
-                .bind(id.0)
-                .execute(&mut *c)
-                .await?;
+        // A deadline that is a duration counts from now, the run's start.
+        let done = sqlx::query(
+            "UPDATE run SET state = 'RUNNING', \
+             deadline_at = COALESCE(? + deadline_after_ms, deadline_at) \
+             WHERE id = ? AND state = 'QUEUED'",
+        )
+        .bind(now)
+        .bind(id.0)
+        .execute(&mut *c)
+        .await?;
         if done.rows_affected() != 1 {
             continue;
         }

@@ -23,7 +23,8 @@ pub(crate) const WORKFLOW_SELECT: &str = "SELECT w.id, w.name, w.paused, w.creat
 pub(crate) const RUN_SELECT: &str = "SELECT r.id, r.workflow_id, w.name AS workflow_name, \
      r.workflow_version, r.state, r.trigger_type, r.logical_time, r.idempotency_key, \
      r.params_json, r.triggered_by, r.created_at, r.finished_at, r.cancel_requested, \
-     r.run_key FROM run r JOIN workflow w ON w.id = r.workflow_id";
+     r.run_key, r.deadline_at, r.deadline_missed_at FROM run r \
+     JOIN workflow w ON w.id = r.workflow_id";
 
 pub(crate) const INSTANCE_SELECT: &str = "SELECT ti.id, ti.run_id, ti.workflow_id, \
      w.name AS workflow_name, ti.workflow_version, ti.task_name, ti.state, ti.attempt, \
@@ -115,6 +116,8 @@ pub(crate) fn run(row: &AnyRow) -> Result<RunRecord> {
         finished_at: row.try_get("finished_at")?,
         cancel_requested: row.try_get::<i64, _>("cancel_requested")? != 0,
         run_key: row.try_get("run_key")?,
+        deadline_at: row.try_get("deadline_at")?,
+        deadline_missed_at: row.try_get("deadline_missed_at")?,
     })
 }
 

@@ -19,6 +19,7 @@ use sqlx::{AnyConnection, Row};
 
 use super::audit;
 use super::counted::Counted;
+use super::deadlines::{DeadlineColumns, RunDeadline};
 use super::ids::IdKind;
 use super::placing::Placing;
 use super::queue::{self, Limits};
@@ -123,6 +124,7 @@ enum Plan {
 pub(crate) struct WorkflowFacts {
     name: String,
     limits: Limits,
+    deadline: RunDeadline,
 }
 
 /// Creates `runs` in the caller's transaction, in order; a run whose (workflow, dedup key)
@@ -258,8 +260,8 @@ fn initial_state(
 
 const RUN_COLUMNS: &str = "INSERT INTO run (id, workflow_id, workflow_version, state, trigger_type, \
      logical_time, dedup_key, idempotency_key, params_json, triggered_by, cancel_requested, \
-     created_at, run_key, finished_at) VALUES ";
-const RUN_VALUES: usize = 14;
+     created_at, run_key, finished_at, deadline_at, deadline_after_ms) VALUES ";
+const RUN_VALUES: usize = 16;
 
 /// One row of a run insert, bound in `RUN_COLUMNS` order.
 struct RunRow<'a> {
@@ -269,6 +271,7 @@ struct RunRow<'a> {
     params_json: String,
     run_key: Option<String>,
     finished_at: Option<Millis>,
+    deadline: DeadlineColumns,
 }
 
 impl RunRow<'_> {
@@ -290,6 +293,8 @@ impl RunRow<'_> {
             finished_at: self.finished_at,
             cancel_requested: false,
             run_key: self.run_key.clone(),
+            deadline_at: self.deadline.0,
+            deadline_missed_at: None,
         }
     }
 }
@@ -314,6 +319,8 @@ fn bind_run<'q>(
         .bind(run.now)
         .bind(row.run_key.clone())
         .bind(row.finished_at)
+        .bind(row.deadline.0)
+        .bind(row.deadline.1)
 }
 
 /// Decides and inserts one run with its root instances: its admission (for a workflow with
@@ -336,6 +343,7 @@ async fn insert_one(
         params_json: to_json(&run.params)?,
         run_key,
         finished_at,
+        deadline: workflow.deadline.columns(run, state),
     };
     let sql = format!("{RUN_COLUMNS}{}", values_rows(1, RUN_VALUES));
     let inserted = bind_run(sqlx::query(sqlx::AssertSqlSafe(sql)), &row)
@@ -402,7 +410,8 @@ async fn insert_started(
     for (&i, id) in positions.iter().zip(&ids) {
         let run = &runs[i];
         let facts = facts_of(versions, run)?;
-        let run_key = workflow_of(workflows, run)?.limits.run_key(&run.params);
+        let workflow = workflow_of(workflows, run)?;
+        let run_key = workflow.limits.run_key(&run.params);
         let (state, finished_at) = initial_state(&Admission::Start, facts, run.now);
         rows.push(RunRow {
             id: *id,
@@ -411,6 +420,7 @@ async fn insert_started(
             params_json: to_json(&run.params)?,
             run_key,
             finished_at,
+            deadline: workflow.deadline.columns(run, state),
         });
     }
     for chunk in pow2_chunks(&rows) {
@@ -542,12 +552,14 @@ async fn workflow_facts(
         query = query.bind(workflow);
     }
     for row in query.fetch_all(&mut *c).await? {
-        let limits = Limits::from_spec_json(&row.try_get::<String, _>("spec_json")?)?;
+        let spec_json = row.try_get::<String, _>("spec_json")?;
+        let limits = Limits::from_spec_json(&spec_json)?;
         facts.insert(
             row.try_get("id")?,
             WorkflowFacts {
                 name: row.try_get("name")?,
                 limits,
+                deadline: RunDeadline::from_spec_json(&spec_json)?,
             },
         );
     }

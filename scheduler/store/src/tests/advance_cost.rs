@@ -55,6 +55,8 @@ mod scenarios {
             concurrency: Default::default(),
             retention: None,
             tasks,
+            deadline: None,
+            on_deadline: Default::default(),
         }
     }
 

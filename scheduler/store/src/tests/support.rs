@@ -223,6 +223,8 @@ pub(super) fn spec(name: &str, tasks: Vec<TaskSpec>) -> WorkflowSpec {
         concurrency: Default::default(),
         retention: None,
         tasks,
+        deadline: None,
+        on_deadline: Default::default(),
     }
 }
 

@@ -623,6 +623,36 @@ fn past_tense(kind: DecisionKind) -> &'static str {
     }
 }
 
+/// A mapped task's items after its reason: `; 4 items: 3 SUCCESS, 1 FAILED (first: instance
+/// 5)`, the failure being the one to look at next; nothing before it fans out.
+fn items_text(parent: i64, instances: &[InstanceFacts]) -> String {
+    let items: Vec<&InstanceFacts> = instances
+        .iter()
+        .filter(|i| i.shard_of == Some(parent))
+        .collect();
+    if items.is_empty() {
+        return String::new();
+    }
+    let counts: Vec<String> = InstanceState::ALL
+        .into_iter()
+        .filter_map(|state| {
+            let n = items.iter().filter(|i| i.state == state).count();
+            (n > 0).then(|| format!("{n} {state}"))
+        })
+        .collect();
+    let failed = items
+        .iter()
+        .filter(|i| {
+            matches!(
+                i.state,
+                InstanceState::Failed | InstanceState::Timeout | InstanceState::Cancelled
+            )
+        })
+        .min_by_key(|i| i.id);
+    let first = failed.map_or_else(String::new, |i| format!(" (first: instance {})", i.id));
+    format!("; {} items: {}{first}", items.len(), counts.join(", "))
+}
+
 fn run_tasks(
     run: &RunFacts,
     input: &WhyInput,
@@ -694,13 +724,17 @@ fn run_tasks(
                     }
                     _ => instance_reason(instance, task, input, &run_decisions, queued),
                 };
+                let mut text = reason.text(tz);
+                if task.for_each.is_some() {
+                    text.push_str(&items_text(instance.id, &run.instances));
+                }
                 TaskExplanation {
                     task: task.name.clone(),
                     state: instance.state.as_str().into(),
                     instance_id: Some(instance.id),
                     attempt: Some(instance.attempt),
                     worker: instance.worker_id.clone(),
-                    text: reason.text(tz),
+                    text,
                     reason,
                 }
             }
@@ -1094,6 +1128,33 @@ mod tests {
         assert_eq!(
             e.tasks[3].text,
             "will not run: upstream clean was FAILED and trigger_rule is all_success"
+        );
+    }
+
+    #[test]
+    fn a_mapped_task_counts_its_items_and_names_the_first_failure() {
+        let mut parent = instance(4, "copy", InstanceState::Failed);
+        parent.attempt = 1;
+        let item = |id: i64, state| InstanceFacts {
+            shard_of: Some(4),
+            ..instance(id, "copy", state)
+        };
+        let text = items_text(
+            4,
+            &[
+                parent,
+                item(5, InstanceState::Success),
+                item(7, InstanceState::Failed),
+                item(6, InstanceState::Timeout),
+            ],
+        );
+        assert_eq!(
+            text,
+            "; 3 items: 1 SUCCESS, 1 FAILED, 1 TIMEOUT (first: instance 6)"
+        );
+        assert_eq!(
+            items_text(4, &[instance(4, "copy", InstanceState::Waiting)]),
+            ""
         );
     }
 

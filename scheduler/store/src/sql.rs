@@ -39,6 +39,7 @@ mod run_roots;
 mod runs;
 mod schema_check;
 mod shard_retry;
+mod sub_workflows;
 mod workers;
 mod workflow_sets;
 mod workflows;
@@ -148,6 +149,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../migrations/mysql/0018_conditions.sql"),
     ),
     (
+        19,
+        "sub_workflows",
+        include_str!("../migrations/mysql/0019_sub_workflows.sql"),
+    ),
+    (
         20,
         "deadlines",
         include_str!("../migrations/mysql/0020_deadlines.sql"),
@@ -248,6 +254,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         18,
         "conditions",
         include_str!("../migrations/sqlite/0018_conditions.sql"),
+    ),
+    (
+        19,
+        "sub_workflows",
+        include_str!("../migrations/sqlite/0019_sub_workflows.sql"),
     ),
     (
         20,

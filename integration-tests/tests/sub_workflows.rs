@@ -232,6 +232,27 @@ tasks:
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
 
+    // `axctl why` says which child run the task waits on, and its state.
+    let why = client
+        .control()
+        .explain_workflow(pb::ExplainWorkflowRequest {
+            name: "waits-long".into(),
+            at_ms: 0,
+        })
+        .await
+        .expect("ExplainWorkflow")
+        .into_inner();
+    let call = why.tasks.iter().find(|t| t.task == "call").expect("call");
+    assert_eq!(call.reason, "waiting_child", "{call:?}");
+    assert_eq!(
+        call.text,
+        format!(
+            "waiting on its child run {} (slow-child), which is RUNNING; the task ends as that \
+             run ends",
+            child.id
+        )
+    );
+
     client.cancel_run(run.id, "test").await.expect("cancel");
     let child = client
         .wait_run_within(child.id, WITHIN)

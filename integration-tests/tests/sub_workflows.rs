@@ -7,21 +7,28 @@
 
 use std::time::Duration;
 
-use ax_integration_tests::harness::Test;
+use ax_integration_tests::harness::{MYSQL, Test, trial};
 use ax_integration_tests::on_every_backend;
-use ax_integration_tests::{Backend, Cluster, TestClient};
+use ax_integration_tests::{Backend, Cluster, TestClient, TestDb};
 use ax_proto::v1 as pb;
+use ax_scheduler::SchedulerOptions;
 
 /// A hang guard, not a timing assertion.
 const WITHIN: Duration = Duration::from_secs(60);
 
 pub(crate) fn tests() -> Vec<Test> {
-    on_every_backend!(
-        a_child_run_gets_templated_params_and_its_success_ends_the_parent_task,
-        a_failing_child_fails_the_parent_task_and_run,
-        cancelling_the_parent_cancels_the_child_and_kills_its_task,
-        the_examples_folder_applies_whole_and_daily_regions_calls_load_region,
-    )
+    [
+        on_every_backend!(
+            a_child_run_gets_templated_params_and_its_success_ends_the_parent_task,
+            a_failing_child_fails_the_parent_task_and_run,
+            cancelling_the_parent_cancels_the_child_and_kills_its_task,
+            the_examples_folder_applies_whole_and_daily_regions_calls_load_region,
+        ),
+        vec![trial!(async(multi_thread = 4) two_nodes_start_each_child_once).requires(&MYSQL)],
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// One worker with ONE slot: a parent task that held a slot while its child waits for one
@@ -327,4 +334,89 @@ async fn the_examples_folder_applies_whole_and_daily_regions_calls_load_region(b
     }
     regions.sort();
     assert_eq!(regions, ["eu", "us"]);
+}
+
+fn node(url: &str, node_id: &str) -> SchedulerOptions {
+    SchedulerOptions {
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        store_url: url.to_string(),
+        node_id: node_id.into(),
+        node_lease: Duration::from_secs(5),
+        heartbeat_interval: Duration::from_millis(500),
+        ..SchedulerOptions::default()
+    }
+}
+
+/// Two nodes share a MySQL store; both dispatchers look for `run_workflow` tasks and both
+/// sweeps settle waits. Three runs of six parallel calls: each call gets exactly one child,
+/// and every run ends SUCCESS.
+async fn two_nodes_start_each_child_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = TestDb::create(Backend::MySql, dir.path())
+        .await
+        .expect("test db");
+    let n1 = ax_scheduler::start(node(&db.url, "n1")).await.expect("n1");
+    let n2 = ax_scheduler::start(node(&db.url, "n2")).await.expect("n2");
+    let n1_url = format!("http://{}", n1.local_addr());
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let worker = tokio::spawn(ax_worker::run(
+        ax_worker::WorkerOptions {
+            endpoints: vec![n1_url.clone()],
+            worker_id: "w1".into(),
+            capacity: 2,
+            heartbeat_interval: Duration::from_millis(500),
+            ..ax_worker::WorkerOptions::default()
+        },
+        cancel.clone(),
+    ));
+    // The client talks to the other node: applies and triggers land where no worker is.
+    let client = TestClient::connect(&format!("http://{}", n2.local_addr()))
+        .await
+        .expect("client");
+    client
+        .wait_for_workers(1, WITHIN)
+        .await
+        .expect("the worker is live");
+    client
+        .apply("name: leaf\ntasks:\n  - name: t\n    command: 'true'\n")
+        .await
+        .expect("apply leaf");
+    let calls: String = (0..6)
+        .map(|i| format!("  - name: call{i}\n    run_workflow: leaf\n"))
+        .collect();
+    client
+        .apply(&format!("name: fan\ntasks:\n{calls}"))
+        .await
+        .expect("apply fan");
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        runs.push(client.trigger_run("fan").await.expect("trigger"));
+    }
+    let mut children = Vec::new();
+    for run in &runs {
+        let ended = client.wait_run_within(run.id, WITHIN).await.expect("ends");
+        assert_eq!(ended.state, pb::RunState::Success as i32, "{ended:?}");
+        assert_eq!(
+            ended.child_run_ids.len(),
+            6,
+            "one child per call: {ended:?}"
+        );
+        children.extend(ended.child_run_ids.iter().copied());
+    }
+    // Every child run of leaf is one of those, once.
+    let leaf_runs = client.runs("leaf").await.expect("leaf runs");
+    let mut all: Vec<i64> = leaf_runs.iter().map(|r| r.id).collect();
+    all.sort();
+    children.sort();
+    assert_eq!(all, children, "no call has a second child");
+    for run in &leaf_runs {
+        assert_eq!(run.state, pb::RunState::Success as i32);
+        assert_eq!(run.trigger, pb::TriggerKind::Parent as i32);
+    }
+
+    cancel.cancel();
+    let _ = tokio::time::timeout(WITHIN, worker).await;
+    n2.shutdown().await.expect("shutdown n2");
+    n1.shutdown().await.expect("shutdown n1");
+    db.drop_database().await.expect("drop database");
 }

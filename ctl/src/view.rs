@@ -289,6 +289,9 @@ pub struct TaskStatusView {
     pub status: String,
     /// None when the task has no instance.
     pub instance_id: Option<i64>,
+    /// A mapped task's items (`for_each`), counted by state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub items: Option<ItemCountsView>,
 }
 
 impl From<&pb::TaskStatus> for TaskStatusView {
@@ -297,6 +300,24 @@ impl From<&pb::TaskStatus> for TaskStatusView {
             task: t.task.clone(),
             status: t.status.clone(),
             instance_id: (t.instance_id > 0).then_some(t.instance_id),
+            items: t.items.as_ref().map(ItemCountsView::from),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ItemCountsView {
+    pub total: u32,
+    pub states: BTreeMap<String, u32>,
+    pub first_failures: Vec<InstanceView>,
+}
+
+impl From<&pb::ItemCounts> for ItemCountsView {
+    fn from(c: &pb::ItemCounts) -> Self {
+        ItemCountsView {
+            total: c.total,
+            states: c.states.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            first_failures: c.first_failures.iter().map(InstanceView::from).collect(),
         }
     }
 }
@@ -354,6 +375,11 @@ pub struct InstanceView {
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
     pub exit_code: Option<i32>,
+    /// An item of a mapped task: the element it runs on and its 0-based index.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub item: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub item_index: Option<u32>,
     pub attempts: Vec<AttemptView>,
 }
 
@@ -372,6 +398,8 @@ impl From<&pb::Instance> for InstanceView {
             started_at: rfc3339(i.started_at_ms),
             finished_at: rfc3339(i.finished_at_ms),
             exit_code: i.exit_code,
+            item: i.item.clone(),
+            item_index: i.item.as_ref().map(|_| i.shard_index),
             attempts: i.attempts.iter().map(AttemptView::from).collect(),
         }
     }

@@ -452,6 +452,31 @@ test("trigger rules and conditions: the run shows SKIPPED and UPSTREAM_FAILED ta
   await close(page);
 });
 
+test("for_each: a mapped task's items are counted on the run page and listed on the task's page", async () => {
+  const run = await trigger("ui-map");
+  const done = await ended(run.id);
+  assert.equal(done.state, "RUN_STATE_FAILED");
+  const page = await open(`/runs/${run.id}`);
+  const row = page.locator("main table tr", { hasText: "copy" }).first();
+  await row.getByText("5 items: 4 success · 1 failed").waitFor({ timeout: GUARD });
+  await page.locator("main table tr", { hasText: "join" }).getByText("SUCCESS").waitFor({ timeout: GUARD });
+  await shot(page, "map-run");
+  await row.getByText("5 items").click();
+  const items = page.locator("#items table");
+  for (const [item, state] of [["a.csv", "SUCCESS"], ["c.csv", "FAILED"], ["e.csv", "SUCCESS"]]) {
+    await items.locator("tr", { hasText: item }).getByText(state).waitFor({ timeout: GUARD });
+  }
+  await page.getByLabel("Only items in state").selectOption("failed");
+  await items.locator("tbody tr").first().getByText("c.csv").waitFor({ timeout: GUARD });
+  assert.equal(await items.locator("tbody tr").count(), 1, "only the failed item is listed");
+  await shot(page, "map-items");
+  await items.getByText("c.csv").click();
+  await page.locator("dl.kv dd code", { hasText: "c.csv" }).waitFor({ timeout: GUARD });
+  await page.locator("main h1").getByText("FAILED").waitFor({ timeout: GUARD });
+  await shot(page, "map-item");
+  await close(page);
+});
+
 test("deadlines: a run past its deadline shows it missed on its page, in the runs list and in why", async () => {
   const run = await trigger("ui-deadline");
   assert.ok(Number(run.deadlineAtMs) > 0, "the run has a deadline");

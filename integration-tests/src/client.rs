@@ -229,6 +229,7 @@ impl TestClient {
         let request = pb::ListInstancesRequest {
             run_id: run,
             attempts: false,
+            ..Default::default()
         };
         Ok(self.control().list_instances(request).await?.into_inner())
     }

@@ -183,8 +183,8 @@ async fn a_bad_trigger_rule_or_handler_edge_is_refused_with_its_line(backend: Ba
     cluster.shutdown().await.expect("shutdown");
 }
 
-/// `examples/flaky-sync.yaml` and `examples/nightly-report.yaml`, which the README's tour uses,
-/// do what their comments say.
+/// `examples/flaky-sync.yaml`, `examples/nightly-report.yaml` and `examples/copy-files.yaml`,
+/// which the README's tour uses, do what their comments say.
 async fn the_examples_end_as_their_comments_say(backend: Backend) {
     let (cluster, client) = cluster(backend).await;
     let example = |name: &str| {
@@ -270,6 +270,88 @@ async fn the_examples_end_as_their_comments_say(backend: Backend) {
     ];
     want.sort();
     assert_eq!(got, want);
+
+    client
+        .apply(&example("copy-files.yaml"))
+        .await
+        .expect("apply");
+    let (_, ended) = client.run_to_end("copy-files").await.expect("run");
+    assert_eq!(ended.state, pb::RunState::Failed as i32, "broken.csv fails");
+    let mut control = client.control();
+    let grouped = control
+        .list_instances(pb::ListInstancesRequest {
+            run_id: ended.id,
+            group_items: true,
+            ..Default::default()
+        })
+        .await
+        .expect("grouped")
+        .into_inner();
+    let mut got = states(&grouped.instances);
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("copy".to_string(), S::Failed as i32),
+            ("count".to_string(), S::Success as i32),
+            ("list".to_string(), S::Success as i32),
+        ],
+        "the items are left out, their task's instance stays"
+    );
+    let copy = grouped
+        .tasks
+        .iter()
+        .find(|t| t.task == "copy")
+        .expect("copy");
+    let items = copy.items.as_ref().expect("copy's items are counted");
+    assert_eq!(items.total, 4);
+    assert_eq!(items.states.get("SUCCESS"), Some(&3));
+    assert_eq!(items.states.get("FAILED"), Some(&1));
+    let failed: Vec<Option<&str>> = items
+        .first_failures
+        .iter()
+        .map(|i| i.item.as_deref())
+        .collect();
+    assert_eq!(failed, vec![Some("broken.csv")]);
+    let page = control
+        .list_instances(pb::ListInstancesRequest {
+            run_id: ended.id,
+            items_of: copy.instance_id,
+            limit: 2,
+            ..Default::default()
+        })
+        .await
+        .expect("items")
+        .into_inner();
+    let listed: Vec<(u32, Option<&str>)> = page
+        .instances
+        .iter()
+        .map(|i| (i.shard_index, i.item.as_deref()))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![(0, Some("orders.csv")), (1, Some("users.csv"))]
+    );
+    assert_eq!(page.next_items_from, 2);
+    let lines: Vec<String> = client
+        .logs(page.instances[1].id)
+        .await
+        .expect("logs")
+        .into_iter()
+        .map(|l| l.text)
+        .collect();
+    assert_eq!(lines, ["copying users.csv (item 1)"]);
+    let too_many = control
+        .list_instances(pb::ListInstancesRequest {
+            run_id: ended.id,
+            items_of: copy.instance_id,
+            limit: 5_000,
+            ..Default::default()
+        })
+        .await
+        .expect_err("a page holds at most 1,000 items");
+    assert_eq!(too_many.code(), tonic::Code::InvalidArgument);
+    assert!(too_many.message().contains("limit 5000"), "{too_many:?}");
     drop(client);
     cluster.shutdown().await.expect("shutdown");
 }

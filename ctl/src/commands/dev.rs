@@ -174,6 +174,7 @@ pub async fn run_file(ctx: &Ctx, file: &Path, out: &mut impl Write) -> anyhow::R
         .list_instances(ListInstancesRequest {
             run_id: run.id,
             attempts: false,
+            ..Default::default()
         })
         .await
         .map_err(|status| ctx.status(status))?
@@ -196,7 +197,7 @@ fn log_header(instance: &Instance) -> String {
         .map_or_else(|| "no exit code".to_string(), |code| format!("exit {code}"));
     format!(
         "── {} (instance {}, {}, {exit}) ──",
-        instance.task,
+        super::get::task_label(instance),
         instance.id,
         instance_state(instance.state)
     )

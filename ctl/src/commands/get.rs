@@ -1,4 +1,4 @@
-//! `axctl get workflows|workflow NAME|runs|run ID|instances --run ID|instance ID`
+//! `axctl get workflows|workflow NAME|runs|run ID|instances --run ID|items INSTANCE|instance ID`
 
 use std::num::NonZeroU64;
 
@@ -47,6 +47,21 @@ pub enum What {
     },
     /// One instance and the history of its attempts.
     Instance { id: i64 },
+    /// The items of a mapped task (`for_each`), by index: give the task's instance id (the
+    /// ID column of `axctl get run`).
+    Items {
+        #[arg(value_name = "INSTANCE_ID")]
+        instance: i64,
+        /// Only items in this state (waiting, running, success, failed, timeout, cancelled...).
+        #[arg(long)]
+        state: Option<String>,
+        /// Start at this item index (0-based).
+        #[arg(long, default_value_t = 0)]
+        from: u32,
+        /// At most this many items (at most 1,000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -117,7 +132,8 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
                 .into_inner();
             let request = pb::ListInstancesRequest {
                 run_id: id,
-                attempts: false,
+                group_items: true,
+                ..Default::default()
             };
             let instances = client
                 .list_instances(request)
@@ -141,6 +157,7 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
             let request = pb::ListInstancesRequest {
                 run_id,
                 attempts: false,
+                ..Default::default()
             };
             let list = client
                 .list_instances(request)
@@ -149,6 +166,47 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
                 .into_inner();
             let views: Vec<InstanceView> = list.instances.iter().map(InstanceView::from).collect();
             output::emit(ctx.output, &views, || instances_table(&list.instances))
+        }
+        What::Items {
+            instance,
+            state,
+            from,
+            limit,
+        } => {
+            let state = match state.as_deref() {
+                None => pb::InstanceState::Unspecified,
+                Some(name) => {
+                    let full = format!("INSTANCE_STATE_{}", name.to_ascii_uppercase());
+                    pb::InstanceState::from_str_name(&full).ok_or_else(|| {
+                        crate::error::CtlError::usage(format!(
+                            "--state {name:?} is not an instance state (waiting, dispatched, \
+                             running, success, failed, timeout, cancelled, skipped, upstream_failed)"
+                        ))
+                    })?
+                }
+            };
+            let parent = client
+                .get_instance(pb::GetInstanceRequest { id: instance })
+                .await
+                .map_err(st)?
+                .into_inner();
+            let request = pb::ListInstancesRequest {
+                run_id: parent.run_id,
+                items_of: instance,
+                items_from: from,
+                limit,
+                state: state as i32,
+                ..Default::default()
+            };
+            let page = client
+                .list_instances(request)
+                .await
+                .map_err(st)?
+                .into_inner();
+            let views: Vec<InstanceView> = page.instances.iter().map(InstanceView::from).collect();
+            output::emit(ctx.output, &views, || {
+                items_table(&page.instances, page.next_items_from, instance)
+            })
         }
         What::Instance { id } => {
             let request = pb::GetInstanceRequest { id };
@@ -403,9 +461,18 @@ fn exit_text(code: Option<i32>) -> String {
     code.map_or("-".into(), |c| c.to_string())
 }
 
-/// A shard of a sharded broadcast task shows its index: `collect [shard 2/3]` (1-based).
-fn task_label(i: &pb::Instance) -> String {
-    if i.shard_total > 0 {
+/// A shard of a sharded broadcast task shows its index: `collect [shard 2/3]` (1-based); an
+/// item of a mapped task its index and element: `copy [item 3/10: b.csv]`.
+pub fn task_label(i: &pb::Instance) -> String {
+    if let Some(item) = &i.item {
+        format!(
+            "{} [item {}/{}: {}]",
+            i.task,
+            i.shard_index + 1,
+            i.shard_total,
+            short(item, 40)
+        )
+    } else if i.shard_total > 0 {
         format!("{} [shard {}/{}]", i.task, i.shard_index + 1, i.shard_total)
     } else {
         i.task.clone()
@@ -459,6 +526,10 @@ pub fn run_tasks_table(instances: &[pb::Instance], tasks: &[pb::TaskStatus]) -> 
             elapsed(i.started_at_ms, i.finished_at_ms),
         ]);
     }
+    let mapped: Vec<(&pb::TaskStatus, &pb::ItemCounts)> = tasks
+        .iter()
+        .filter_map(|t| t.items.as_ref().map(|items| (t, items)))
+        .collect();
     for t in tasks.iter().filter(|t| t.instance_id == 0) {
         table.row(vec![
             "-".into(),
@@ -471,7 +542,81 @@ pub fn run_tasks_table(instances: &[pb::Instance], tasks: &[pb::TaskStatus]) -> 
             "-".into(),
         ]);
     }
-    table.render()
+    let mut out = table.render();
+    for (t, items) in mapped {
+        out.push_str(&items_summary(t, items));
+    }
+    out
+}
+
+/// A mapped task's items in a few lines: counts by state, the first failures, and the command
+/// that lists them.
+fn items_summary(t: &pb::TaskStatus, items: &pb::ItemCounts) -> String {
+    let mut states: Vec<(&String, &u32)> = items.states.iter().collect();
+    states.sort_by_key(|(_, n)| std::cmp::Reverse(**n));
+    let counts: Vec<String> = states
+        .iter()
+        .map(|(state, n)| format!("{n} {}", state.to_lowercase()))
+        .collect();
+    let mut out = format!(
+        "\nItems of {}: {} ({})\n",
+        t.task,
+        items.total,
+        counts.join(", ")
+    );
+    for failed in &items.first_failures {
+        out.push_str(&format!(
+            "  {} item {} {:?}: instance {}, exit {}, worker {}\n",
+            instance_state(failed.state),
+            failed.shard_index,
+            short(failed.item.as_deref().unwrap_or(""), 40),
+            failed.id,
+            exit_text(failed.exit_code),
+            or_dash(&failed.worker_id),
+        ));
+    }
+    out.push_str(&format!(
+        "  axctl get items {}  lists them\n",
+        t.instance_id
+    ));
+    out
+}
+
+/// A page of items, and how to read the next one.
+fn items_table(items: &[pb::Instance], next_from: u32, parent: i64) -> String {
+    let mut table = Table::new(&[
+        "ID", "INDEX", "ITEM", "STATE", "ATTEMPT", "WORKER", "EXIT", "STARTED", "DURATION",
+    ]);
+    for i in items {
+        table.row(vec![
+            i.id.to_string(),
+            i.shard_index.to_string(),
+            short(i.item.as_deref().unwrap_or(""), 40),
+            instance_state(i.state),
+            i.attempt.to_string(),
+            or_dash(&i.worker_id),
+            exit_text(i.exit_code),
+            time(i.started_at_ms),
+            elapsed(i.started_at_ms, i.finished_at_ms),
+        ]);
+    }
+    let mut out = table.render();
+    if next_from > 0 {
+        out.push_str(&format!(
+            "more: axctl get items {parent} --from {next_from}\n"
+        ));
+    }
+    out
+}
+
+/// At most `max` characters of an item, with `…` when it is cut.
+fn short(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_string()
+    } else {
+        let cut: String = text.chars().take(max - 1).collect();
+        format!("{cut}…")
+    }
 }
 
 fn instance_detail(i: &pb::Instance) -> String {
@@ -479,7 +624,7 @@ fn instance_detail(i: &pb::Instance) -> String {
         ("Instance", i.id.to_string()),
         ("Run", i.run_id.to_string()),
         ("Workflow", i.workflow.clone()),
-        ("Task", i.task.clone()),
+        ("Task", task_label(i)),
         ("State", instance_state(i.state)),
         ("Attempt", i.attempt.to_string()),
         ("Worker", or_dash(&i.worker_id)),
@@ -551,5 +696,55 @@ mod tests {
         // A run without a deadline keeps its JSON as it was.
         let plain = serde_json::to_string(&crate::view::RunView::from(&pb::Run::default()));
         assert!(!plain.unwrap().contains("deadline"));
+    }
+
+    #[test]
+    fn a_mapped_task_shows_its_items_as_counts_and_first_failures() {
+        let parent = pb::Instance {
+            id: 21,
+            task: "copy".into(),
+            state: pb::InstanceState::Failed as i32,
+            attempt: 1,
+            shard_total: 3,
+            ..Default::default()
+        };
+        let failed = pb::Instance {
+            id: 24,
+            task: "copy".into(),
+            state: pb::InstanceState::Failed as i32,
+            exit_code: Some(3),
+            worker_id: "w1".into(),
+            shard_parent_id: 21,
+            shard_index: 2,
+            shard_total: 3,
+            item: Some("broken.csv".into()),
+            ..Default::default()
+        };
+        let status = pb::TaskStatus {
+            task: "copy".into(),
+            status: "failed".into(),
+            instance_id: 21,
+            attempt: 1,
+            items: Some(pb::ItemCounts {
+                total: 3,
+                states: [("SUCCESS".to_string(), 2), ("FAILED".to_string(), 1)].into(),
+                first_failures: vec![failed.clone()],
+            }),
+        };
+        let table = run_tasks_table(&[parent], &[status]);
+        assert!(
+            table.contains("Items of copy: 3 (2 success, 1 failed)"),
+            "{table}"
+        );
+        assert!(
+            table.contains("FAILED item 2 \"broken.csv\": instance 24, exit 3, worker w1"),
+            "{table}"
+        );
+        assert!(table.contains("axctl get items 21"), "{table}");
+        assert_eq!(task_label(&failed), "copy [item 3/3: broken.csv]");
+        let page = items_table(&[failed], 3, 21);
+        assert!(page.contains("broken.csv"), "{page}");
+        assert!(page.contains("more: axctl get items 21 --from 3"), "{page}");
+        assert_eq!(short(&"x".repeat(50), 10), format!("{}…", "x".repeat(9)));
     }
 }

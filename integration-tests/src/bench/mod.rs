@@ -421,6 +421,7 @@ impl Cluster {
             .list_instances(pb::ListInstancesRequest {
                 run_id: run,
                 attempts: false,
+                ..Default::default()
             })
             .await?
             .into_inner()
@@ -476,6 +477,7 @@ impl Cluster {
                             .list_instances(pb::ListInstancesRequest {
                                 run_id: run,
                                 attempts: true,
+                                ..Default::default()
                             })
                             .await?
                             .into_inner()

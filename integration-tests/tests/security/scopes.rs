@@ -291,6 +291,7 @@ async fn finance(scene: &Scene) -> (Vec<i64>, i64) {
         .list_instances(pb::ListInstancesRequest {
             run_id: runs[0],
             attempts: false,
+            ..Default::default()
         })
         .await
         .expect("instances")
@@ -394,6 +395,8 @@ const GRPC_ROWS: &[&str] = &[
     "GetRun",
     "CancelRun",
     "ListInstances",
+    "ListInstances grouping items",
+    "ListInstances items of an instance",
     "RerunRun of the failed part",
     "RerunRun from a task",
     "GetInstance",
@@ -545,13 +548,22 @@ async fn grpc_answer(client: &mut Client, row: &str, t: &Target) -> String {
             })
             .await
             .map(|r| format!("OK {}", r.into_inner().state)),
-        "ListInstances" => client
-            .list_instances(pb::ListInstancesRequest {
-                run_id: t.run,
-                attempts: true,
-            })
-            .await
-            .map(|r| format!("OK {} instances", r.into_inner().instances.len())),
+        "ListInstances" | "ListInstances grouping items" | "ListInstances items of an instance" => {
+            client
+                .list_instances(pb::ListInstancesRequest {
+                    run_id: t.run,
+                    attempts: true,
+                    group_items: row.ends_with("grouping items"),
+                    items_of: if row.ends_with("of an instance") {
+                        t.instance
+                    } else {
+                        0
+                    },
+                    ..Default::default()
+                })
+                .await
+                .map(|r| format!("OK {} instances", r.into_inner().instances.len()))
+        }
         "RerunRun of the failed part" | "RerunRun from a task" => client
             .rerun_run(pb::RerunRunRequest {
                 id: t.run,
@@ -726,6 +738,12 @@ const HTTP_ROWS: &[(&str, &str, &str)] = &[
     ("GET", "/api/v1/runs?workflow={WF}", ""),
     ("GET", "/api/v1/runs/{RUN}", ""),
     ("GET", "/api/v1/runs/{RUN}/instances?attempts=true", ""),
+    ("GET", "/api/v1/runs/{RUN}/instances?group_items=true", ""),
+    (
+        "GET",
+        "/api/v1/runs/{RUN}/instances?items_of={INST}&state=failed",
+        "",
+    ),
     ("GET", "/api/v1/runs/{RUN}/events", ""),
     ("GET", "/api/v1/instances/{INST}", ""),
     ("GET", "/api/v1/instances/{INST}/logs", ""),
@@ -944,6 +962,7 @@ tasks:
         .list_instances(pb::ListInstancesRequest {
             run_id: run.id,
             attempts: false,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -1277,6 +1296,7 @@ tasks:
         .list_instances(pb::ListInstancesRequest {
             run_id: run.id,
             attempts: true,
+            ..Default::default()
         })
         .await
         .unwrap()

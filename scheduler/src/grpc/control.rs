@@ -29,6 +29,7 @@ use crate::specs::VersionedSpec;
 mod access;
 mod backfill;
 mod dag;
+mod items;
 mod purge;
 mod secrets;
 mod sub_workflows;
@@ -745,21 +746,23 @@ impl ControlService for ControlApi {
         let request = request.into_inner();
         let id = RunId(positive_id(request.run_id, "run")?);
         let run = self.visible_run(&call, id).await?;
-        let records = self
-            .node
-            .store
-            .list_instances(id)
-            .await
-            .map_err(store_status)?;
+        if request.items_of != 0 {
+            return self.list_items(&run, &request).await.map(Response::new);
+        }
+        let records = if request.group_items {
+            self.node.store.list_instances_without_items(id).await
+        } else {
+            self.node.store.list_instances(id).await
+        }
+        .map_err(store_status)?;
         let mut attempts: HashMap<InstanceId, Vec<AttemptRecord>> = HashMap::new();
         if request.attempts {
-            for attempt in self
-                .node
-                .store
-                .list_run_attempts(id)
-                .await
-                .map_err(store_status)?
-            {
+            let listed = if request.group_items {
+                self.node.store.list_run_attempts_without_items(id).await
+            } else {
+                self.node.store.list_run_attempts(id).await
+            };
+            for attempt in listed.map_err(store_status)? {
                 attempts
                     .entry(attempt.instance_id)
                     .or_default()
@@ -777,6 +780,7 @@ impl ControlService for ControlApi {
         Ok(Response::new(pb::ListInstancesResponse {
             instances,
             tasks,
+            next_items_from: 0,
         }))
     }
 

@@ -7,8 +7,8 @@ use ax_core::spec::{MisfirePolicy, ScheduleSpec, TaskSpec, TriggerKind, Workflow
 use ax_core::state::InstanceState;
 use ax_proto::v1 as pb;
 use ax_store::{
-    AttemptRecord, InstanceCounts, InstanceRecord, RunRecord, StoreError, WorkflowHead,
-    WorkflowRecord,
+    AttemptRecord, InstanceCounts, InstanceRecord, ItemSummary, RunRecord, StoreError,
+    WorkflowHead, WorkflowRecord,
 };
 use tonic::Status;
 
@@ -262,6 +262,24 @@ pub fn instance(record: &InstanceRecord, attempts: &[AttemptRecord]) -> pb::Inst
         shard_parent_id: record.shard.as_ref().map_or(0, |s| s.parent.0),
         shard_index: record.shard.as_ref().map_or(0, |s| s.index),
         shard_total: record.shard.as_ref().map_or(0, |s| s.total),
+        item: record.shard.as_ref().and_then(|s| s.item.clone()),
+    }
+}
+
+/// A mapped task's items as counts by state and its first failures.
+pub fn item_counts(summary: &ItemSummary) -> pb::ItemCounts {
+    pb::ItemCounts {
+        total: summary.total,
+        states: summary
+            .states
+            .iter()
+            .map(|(state, n)| (state.as_str().to_string(), *n))
+            .collect(),
+        first_failures: summary
+            .first_failures
+            .iter()
+            .map(|i| instance(i, &[]))
+            .collect(),
     }
 }
 

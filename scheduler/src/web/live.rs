@@ -85,6 +85,9 @@ async fn snapshot(api: &Api, peer: &Peer, id: i64) -> Result<RunSnapshot, tonic:
         .list_instances(peer.request(pb::ListInstancesRequest {
             run_id: id,
             attempts: true,
+            // The run page counts a mapped task's items and pages them on the task's page.
+            group_items: true,
+            ..Default::default()
         }))
         .await?
         .into_inner();

@@ -100,6 +100,11 @@ pub(super) async fn get_run(
 #[derive(Deserialize)]
 pub(super) struct InstancesQuery {
     attempts: Option<String>,
+    group_items: Option<String>,
+    items_of: Option<String>,
+    items_from: Option<String>,
+    limit: Option<String>,
+    state: Option<String>,
 }
 
 pub(super) async fn list_instances(
@@ -109,9 +114,22 @@ pub(super) async fn list_instances(
     Query(query): Query<InstancesQuery>,
 ) -> Response {
     let parsed = id_of("id", &id).and_then(|run_id| {
+        let state = match query.state.as_deref() {
+            None | Some("") => pb::InstanceState::Unspecified,
+            Some(name) => {
+                let full = format!("INSTANCE_STATE_{}", name.to_ascii_uppercase());
+                pb::InstanceState::from_str_name(&full)
+                    .ok_or_else(|| BadParam(format!("state: unknown instance state {name:?}")))?
+            }
+        };
         Ok(pb::ListInstancesRequest {
             run_id,
             attempts: flag("attempts", query.attempts.as_deref())?,
+            group_items: flag("group_items", query.group_items.as_deref())?,
+            items_of: number("items_of", query.items_of.as_deref())?,
+            items_from: number("items_from", query.items_from.as_deref())?,
+            limit: number("limit", query.limit.as_deref())?,
+            state: state as i32,
         })
     });
     match parsed {

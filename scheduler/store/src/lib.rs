@@ -25,6 +25,7 @@ pub use records::audit::{AuditFilter, AuditRecord};
 pub use records::deadlines::{DeadlineMiss, MissedDeadline};
 pub use records::decisions::DecisionRecord;
 pub use records::dispatch::{ActiveAttempt, DispatchClaim, QueueShare, Shard, WaitingInstance};
+pub use records::items::{FIRST_FAILURES, ItemPage, ItemSummary, MAX_ITEM_PAGE};
 pub use records::logs::{LogChunk, LogStream, MispackedLines, StoredLine};
 pub use records::nodes::{LeaseClaim, NodeLease};
 pub use records::placement::{NewAttempt, NoPlacement, PlacedAttempt, Placement};

@@ -5,6 +5,7 @@ pub(crate) mod audit;
 pub(crate) mod deadlines;
 pub(crate) mod decisions;
 pub(crate) mod dispatch;
+pub(crate) mod items;
 pub(crate) mod logs;
 pub(crate) mod nodes;
 pub(crate) mod placement;

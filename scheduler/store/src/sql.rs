@@ -22,6 +22,7 @@ mod fan_out;
 mod gauges;
 mod ids;
 mod instance_locks;
+mod items;
 mod locks;
 mod logs;
 mod nodes;

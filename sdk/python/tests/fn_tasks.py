@@ -2,7 +2,7 @@
 
 import sys
 
-from ax_sdk import Tasks
+from ax_sdk import Tasks, upstream
 
 tasks = Tasks()
 
@@ -57,3 +57,16 @@ def use_rows(ctx):
     print(f"rows={ctx.output('count', 'rows')} names={ctx.output_json('count', 'names')}")
     print(ctx.output("count", "note"))
     return {"doubled": ctx.output_json("count", "rows") * 2}
+
+
+@tasks.task("use_typed")
+def use_typed(rows: int = upstream("count", "rows"), names: list = upstream("count", "names")):
+    """Takes its upstream's outputs as typed arguments; returns a list (the output `return`)."""
+    print(f"typed rows+1={rows + 1} names={names}")
+    return [rows, *names]
+
+
+@tasks.task("by_name")
+def by_name(ctx, typed, missing: str = "default"):
+    """Takes what its upstream `typed` returned, by the upstream's name."""
+    print(f"from typed: {typed} ({type(typed).__name__}), missing={missing}, task {ctx.task}")

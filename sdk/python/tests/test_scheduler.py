@@ -289,6 +289,12 @@ tasks:
   - name: use
     upstream: count
     command: ax-python use_rows
+  - name: typed
+    upstream: count
+    command: ax-python use_typed
+  - name: last
+    upstream: typed
+    command: ax-python by_name
 """
 
 
@@ -306,3 +312,8 @@ def test_a_return_value_becomes_outputs_the_next_function_reads(client, worker):
     use = instances["use"]
     assert client.log_text(use.id) == ["rows=3 names=['a', 'b']", "two", "lines"]
     assert dict(use.attempts[-1].outputs) == {"doubled": "6"}
+    typed = instances["typed"]
+    assert client.log_text(typed.id) == ["typed rows+1=4 names=['a', 'b']"]
+    assert dict(typed.attempts[-1].outputs) == {"return": '[3, "a", "b"]'}
+    last = instances["last"]
+    assert client.log_text(last.id) == ["from typed: [3, 'a', 'b'] (list), missing=default, task last"]

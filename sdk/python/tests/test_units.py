@@ -16,7 +16,8 @@ import grpc
 import pytest
 
 from ax_sdk import AxError, Client, ConfigError, Credentials, Tasks, Worker
-from ax_sdk import duration, functions
+from ax_sdk import duration, functions, upstream
+from ax_sdk.arguments import ArgumentError, bind
 from ax_sdk._pb import control_pb2_grpc, worker_pb2_grpc
 from ax_sdk.pb import control
 from ax_sdk.connection import parse_endpoint, parse_endpoints
@@ -435,3 +436,39 @@ def test_outputs_read_as_the_rust_worker_reads_them():
     assert outputs.from_return({"n": 3, "s": "t"}) == {"n": "3", "s": "t"}
     assert outputs.from_return([1, 2]) == {"return": "[1, 2]"}
     assert outputs.env_name("load-db.v2", "rows") == "AX_UPSTREAM_LOAD_DB_V2_rows"
+
+
+def _typed(ctx, count, rows: int = upstream("count", "rows"), note: str = upstream("count", "note")):
+    return ctx, count, rows, note
+
+
+def _only_upstream(names: list = upstream("count", "names")):
+    return names
+
+
+def _plain_one(anything):
+    return anything
+
+
+def test_upstream_values_become_arguments_by_name_and_by_upstream():
+    env = {
+        "AX_UPSTREAM_COUNT_return": '{"a": [1, 2]}',
+        "AX_UPSTREAM_COUNT_rows": "3",
+        "AX_UPSTREAM_COUNT_note": "two\nlines",
+        "AX_UPSTREAM_COUNT_names": '["a", "b"]',
+    }
+    ctx = object()
+    args, kwargs = bind(_typed, ctx, env)
+    assert args == [ctx, {"a": [1, 2]}, 3, "two\nlines"] and kwargs == {}
+    assert bind(_only_upstream, ctx, env) == ([["a", "b"]], {})
+    # A function's only plain parameter is its context, as before upstream arguments.
+    assert bind(_plain_one, ctx, env) == ([ctx], {})
+    assert bind(lambda: None, ctx, env) == ([], {})
+
+
+def test_a_missing_or_unconvertible_upstream_value_is_named():
+    with pytest.raises(ArgumentError, match="parameter count: output return of task count was not passed on"):
+        bind(_typed, object(), {"AX_UPSTREAM_COUNT_rows": "3", "AX_UPSTREAM_COUNT_note": "n"})
+    bad = {"AX_UPSTREAM_COUNT_return": "1", "AX_UPSTREAM_COUNT_rows": "many", "AX_UPSTREAM_COUNT_note": "n"}
+    with pytest.raises(ArgumentError, match="parameter rows: output rows of task count is 'many', not int"):
+        bind(_typed, object(), bad)

@@ -15,7 +15,7 @@ use tonic::Status;
 use super::ControlApi;
 use super::access::Call;
 use crate::clock::now_ms;
-use crate::grpc::convert::store_status;
+use crate::grpc::convert::{self, store_status};
 
 impl ControlApi {
     /// Reruns `task` of run `id` and everything below it; refuses, changing nothing, an unknown
@@ -124,6 +124,20 @@ impl ControlApi {
             .iter()
             .map(|(task, i)| (task.to_string(), i.state))
             .collect();
+        // Only a workflow with a mapped task has items to count.
+        let items: HashMap<i64, pb::ItemCounts> =
+            if version.spec.tasks.iter().any(|t| t.for_each.is_some()) {
+                self.node
+                    .store
+                    .item_summaries(run.id)
+                    .await
+                    .map_err(store_status)?
+                    .iter()
+                    .map(|s| (s.parent.0, convert::item_counts(s)))
+                    .collect()
+            } else {
+                HashMap::new()
+            };
         Ok(task_statuses(&dag, &states)
             .into_iter()
             .map(|(task, status)| {
@@ -132,6 +146,7 @@ impl ControlApi {
                     status: status.as_str().to_string(),
                     instance_id: instance.map_or(0, |i| i.id.0),
                     attempt: instance.map_or(0, |i| i.attempt.0),
+                    items: instance.and_then(|i| items.get(&i.id.0).cloned()),
                     task,
                 }
             })

@@ -687,7 +687,7 @@ async function viewRun(view, id) {
       const started = inst && Number(inst.startedAtMs), finished = inst && Number(inst.finishedAtMs);
       return h("tr", {},
         h("th", { scope: "row" }, inst ? link("/instances/" + inst.id, t.task) : t.task),
-        h("td", {}, chip(s)),
+        h("td", {}, chip(s), t.items ? itemCounts(t.items, inst) : null),
         h("td", {}, inst ? String(inst.attempt) : "–"),
         h("td", {}, inst && inst.workerId ? inst.workerId : "–"),
         h("td", {}, started ? time(started) : "–"),
@@ -700,7 +700,7 @@ async function viewRun(view, id) {
     renderGantt(gantt, r, [...byTask.values()]);
   };
   const refresh = async () => {
-    const [r, instances] = await Promise.all([api("/api/v1/runs/" + id), api("/api/v1/runs/" + id + "/instances?attempts=true")]);
+    const [r, instances] = await Promise.all([api("/api/v1/runs/" + id), api("/api/v1/runs/" + id + "/instances?attempts=true&group_items=true")]);
     if (!view.left) render({ run: r, instances });
     return !TERMINAL_RUN.has(stateName(r.state));
   };
@@ -716,6 +716,52 @@ async function viewRun(view, id) {
     if (TERMINAL_RUN.has(stateName(latest.run.state))) return null;
     return stream("/api/v1/runs/" + id + "/events", { run: render, end: () => {}, error: e => alertBox(actions, e.message) }, refresh);
   });
+}
+
+/** A mapped task's items in one line under its state: "10,000 items: 9,990 success · 8
+ *  failed", linked to the task's page where they are listed. */
+function itemCounts(items, inst) {
+  const parts = Object.entries(items.states || {}).sort((a, b) => b[1] - a[1]).map(([state, n]) => num(n) + " " + state.toLowerCase());
+  const text = num(items.total) + " items: " + parts.join(" · ");
+  return h("div", { class: "items-count" }, inst ? link("/instances/" + inst.id + "#items", text) : text);
+}
+
+/** The items of a mapped task on its page, a page of 100 at a time, filtered by state. */
+function itemsSection(view, instance) {
+  const el = h("section", { id: "items", "aria-label": "Items", hidden: true });
+  const body = h("div");
+  const filter = h("select", { "aria-label": "Only items in state" },
+    ["", "waiting", "running", "success", "failed", "timeout", "cancelled"].map(v => h("option", { value: v }, v || "any state")));
+  let from = 0;
+  const pages = [];
+  const load = async () => {
+    const q = "items_of=" + instance.id + "&items_from=" + from + "&limit=100" + (filter.value ? "&state=" + filter.value : "");
+    const page = await api("/api/v1/runs/" + instance.runId + "/instances?" + q);
+    if (view.left) return;
+    const items = page.instances || [];
+    const next = Number(page.nextItemsFrom || 0);
+    if (!items.length && !filter.value && !from) { el.hidden = true; return; }
+    el.hidden = false;
+    fill(body,
+      items.length ? table(null, ["Index", "Item", "State", "Attempt", "Worker", "Started", "Duration", "Exit code"], items.map(i => {
+        const s = stateName(i.state), started = Number(i.startedAtMs), finished = Number(i.finishedAtMs);
+        return [String(i.shardIndex || 0), link("/instances/" + i.id, i.item || "(empty)"), chip(s), String(i.attempt), i.workerId || "–",
+          started ? time(started) : "–", started ? fmtDuration((finished || Date.now()) - started) : "–",
+          i.exitCode !== undefined && i.exitCode !== null && TERMINAL_INSTANCE.has(s) ? String(i.exitCode) : "–"];
+      })) : h("p", { class: "muted" }, "No item" + (filter.value ? " is " + filter.value : "") + "."),
+      h("div", { class: "toolbar" },
+        pages.length ? button("Previous items", () => { from = pages.pop(); load(); }) : null,
+        next ? button("Next items", () => { pages.push(from); from = next; load(); }) : null));
+  };
+  filter.addEventListener("change", () => { from = 0; pages.length = 0; load(); });
+  el.append(h("h2", {}, "Items"), h("div", { class: "toolbar" }, filter), body);
+  return { el, load };
+}
+
+function button(label, onClick) {
+  const b = h("button", { type: "button" }, label);
+  b.addEventListener("click", onClick);
+  return b;
 }
 
 /** A run's deadline for its page: the time it must end by and, once judged missed, a chip and
@@ -777,14 +823,20 @@ async function viewInstance(view, id) {
   if (view.left) return;
   const header = h("div"), attemptsEl = h("div"), logEl = h("div");
   let attempt = Number(new URLSearchParams(location.search).get("attempt")) || instance.attempt;
+  const isItem = instance.item !== undefined && instance.item !== null;
+  // A mapped task's own instance runs nowhere: its items are what ran. Any task's own
+  // instance may be one; the section shows once a first page of items is found.
+  const items = !isItem && !Number(instance.shardParentId) ? itemsSection(view, instance) : null;
   const renderHeader = () => {
     const s = stateName(instance.state);
     const current = (instance.attempts || []).find(a => a.attempt === instance.attempt) || {};
     const exit = TERMINAL_INSTANCE.has(s) && current.exitCode !== undefined && current.exitCode !== null ? "exit code " + current.exitCode : null;
     fill(header, 
-      h("p", { class: "crumbs" }, link("/", "Workflows"), " / ", link("/workflows/" + enc(instance.workflow), instance.workflow), " / ", link("/runs/" + instance.runId, "run " + instance.runId), " / ", instance.task),
+      h("p", { class: "crumbs" }, link("/", "Workflows"), " / ", link("/workflows/" + enc(instance.workflow), instance.workflow), " / ", link("/runs/" + instance.runId, "run " + instance.runId), " / ",
+        isItem ? [link("/instances/" + instance.shardParentId + "#items", instance.task), " / item " + (instance.shardIndex || 0)] : instance.task),
       h("h1", {}, "Task ", h("span", { class: "task-name" }, instance.task), " ", chip(s), exit ? h("span", { class: "exit" }, " " + exit) : null,
         current.signal ? h("span", { class: "exit" }, " signal " + current.signal) : null),
+      isItem ? kv([["Item", h("code", {}, instance.item)], ["Index", (instance.shardIndex || 0) + " of " + num(instance.shardTotal)]]) : null,
       current.message ? h("p", { class: "message" }, current.message) : null);
     fill(attemptsEl, h("h2", {}, "Attempts"), table(null, ["Attempt", "State", "Worker", "Node", "Dispatched", "Started", "Finished", "Exit code", "Signal", "Lines", "Message"],
       (instance.attempts || []).map(a => [
@@ -801,7 +853,13 @@ async function viewInstance(view, id) {
   const attemptOf = () => (instance.attempts || []).find(a => a.attempt === attempt) || { attempt, logLines: "0", state: instance.state };
   const viewer = logViewer(view, instance, attemptOf(), reload);
   logEl.append(viewer.el);
-  show(instance.task + " · run " + instance.runId, header, attemptsEl, h("h2", {}, "Log of attempt " + attempt), logEl);
+  const logTitle = h("h2", {}, "Log of attempt " + attempt);
+  show(instance.task + " · run " + instance.runId, header, attemptsEl, items ? items.el : null, logTitle, logEl);
+  if (items) {
+    await items.load();
+    // A mapped task's own instance never ran: no attempt, no log, only its items.
+    if (!items.el.hidden && !(instance.attempts || []).length) [attemptsEl, logTitle, logEl].forEach(e => { e.hidden = true; });
+  }
   viewer.start();
 }
 

@@ -3,7 +3,9 @@
 //! RUNNING parent of one WAITING item per element, in the transaction that judged it; the
 //! tasks below wait for every item (fan-in) and follow their rule on the parent's end; an empty
 //! list is SKIPPED with its decision; a list that is no JSON array or is over `max_items`
-//! fails the task before any item exists; a root maps over a param as its run starts.
+//! fails the task before any item exists; a root maps over a param as its run starts; a
+//! task's items are read as counts by state with the first failures, and a page at a time
+//! (`sql/items.rs`).
 
 use std::collections::BTreeMap;
 
@@ -15,13 +17,14 @@ use ax_core::spec::TaskSpec;
 use ax_core::state::{InstanceState, Outcome};
 
 use super::support::*;
-use crate::{InstanceRecord, NewRun, Report, Store};
+use crate::{InstanceRecord, ItemPage, NewRun, Report, Store};
 
 conformance!(
     an_output_list_fans_out_and_the_join_waits_for_every_item,
     a_failed_item_fails_its_task_and_the_join_follows_its_rule,
     an_empty_list_is_skipped_and_a_bad_one_fails_naming_why,
     a_root_maps_over_a_param_as_its_run_starts,
+    items_are_read_as_counts_first_failures_and_pages,
 );
 
 fn mapped(name: &str, upstream: &[&str], for_each: ForEach) -> TaskSpec {
@@ -323,5 +326,91 @@ mod scenarios {
             message,
             "for_each: param regions is missing: the run has no param regions"
         );
+    }
+
+    pub(super) async fn items_are_read_as_counts_first_failures_and_pages(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(
+            s,
+            &spec(
+                "mapper",
+                vec![
+                    task("list", &[]),
+                    mapped("map", &["list"], files()),
+                    task("sink", &["map"]),
+                ],
+            ),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        succeed_with(
+            s,
+            run.id,
+            "list",
+            &[("files", r#"["a", "b", "c", "d", "e"]"#)],
+        )
+        .await;
+        let items = items_of(s, run.id, "map").await;
+        run_item(s, items[3].0, Outcome::Failed).await;
+        run_item(s, items[1].0, Outcome::Failed).await;
+        run_item(s, items[0].0, Outcome::Success).await;
+
+        let parent = parent_of(s, run.id, "map").await;
+        let without: Vec<String> = s
+            .list_instances_without_items(run.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| i.task)
+            .collect();
+        assert_eq!(
+            without,
+            vec!["list", "map", "sink"],
+            "the parent stays, the items go"
+        );
+
+        let summaries = s.item_summaries(run.id).await.unwrap();
+        assert_eq!(summaries.len(), 1);
+        let summary = &summaries[0];
+        assert_eq!(summary.parent, parent.id);
+        assert_eq!(summary.total, 5);
+        assert_eq!(
+            summary.states,
+            vec![(Waiting, 2), (Success, 1), (Failed, 2)]
+        );
+        let failures: Vec<Option<String>> = summary
+            .first_failures
+            .iter()
+            .map(|i| i.shard.as_ref().and_then(|sh| sh.item.clone()))
+            .collect();
+        assert_eq!(
+            failures,
+            vec![Some("b".into()), Some("d".into())],
+            "by index"
+        );
+
+        let page = |state, from_index, limit| ItemPage {
+            state,
+            from_index,
+            limit,
+        };
+        let indexes = |items: Vec<InstanceRecord>| -> Vec<u32> {
+            items
+                .iter()
+                .filter_map(|i| i.shard.as_ref().map(|sh| sh.index))
+                .collect()
+        };
+        let first = s.list_items(parent.id, page(None, 0, 2)).await.unwrap();
+        assert_eq!(indexes(first), vec![0, 1]);
+        let next = s.list_items(parent.id, page(None, 2, 2)).await.unwrap();
+        assert_eq!(indexes(next), vec![2, 3]);
+        let waiting = s
+            .list_items(parent.id, page(Some(Waiting), 0, 10))
+            .await
+            .unwrap();
+        assert_eq!(indexes(waiting), vec![2, 4]);
+        let list = parent_of(s, run.id, "list").await;
+        let none = s.list_items(list.id, page(None, 0, 10)).await.unwrap();
+        assert!(none.is_empty(), "a task without items has no page");
     }
 }

@@ -6,9 +6,10 @@ The generated messages are `ax_sdk.pb.control`, `ax_sdk.pb.worker` and `ax_sdk.p
 """
 
 from . import pb
+from .arguments import upstream
 from .client import AxError, Client
 from .connection import ConfigError, Credentials
 from .functions import TaskContext, Tasks
 from .worker import Worker
 
-__all__ = ["AxError", "Client", "ConfigError", "Credentials", "TaskContext", "Tasks", "Worker", "pb"]
+__all__ = ["AxError", "Client", "ConfigError", "Credentials", "TaskContext", "Tasks", "Worker", "pb", "upstream"]

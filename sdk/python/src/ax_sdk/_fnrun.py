@@ -7,12 +7,12 @@ module's exit status is the attempt's exit code.
 
 import importlib
 import importlib.util
-import inspect
 import json
 import os
 import sys
 import traceback
 
+from ax_sdk.arguments import ArgumentError, bind
 from ax_sdk.functions import SPEC_ENV, TaskContext
 from ax_sdk.outputs import from_return, render
 
@@ -78,11 +78,12 @@ def main():
         return 1
     context = TaskContext.from_environ(spec["args"], os.environ)
     try:
-        takes_context = bool(inspect.signature(function).parameters)
-    except (TypeError, ValueError):
-        takes_context = True
+        args, kwargs = bind(function, context, os.environ)
+    except ArgumentError as error:
+        print(f"ax-python: {spec['name']}: {error}", file=sys.stderr)
+        return 1
     try:
-        result = function(context) if takes_context else function()
+        result = function(*args, **kwargs)
     except SystemExit as exit:
         code = exit.code
         if code is None:

@@ -15,7 +15,8 @@ kills it and whatever it started; what it prints on stdout and stderr are the at
 lines. It gets a `TaskContext` (params, env, args, ids, its upstreams' outputs) if it takes an
 argument. It succeeds when it returns None, True or 0; an int return is the exit code, False is
 exit code 1; a dict (or any other JSON-serialisable value) succeeds and becomes its outputs
-(`outputs.from_return`), which the tasks below it read with `ctx.output(task, key)`; an
+(`outputs.from_return`), which the tasks below it read with `ctx.output(task, key)` or take
+as arguments (`arguments.bind`: by an upstream's name, or `upstream(task, key)`); an
 exception prints its traceback to stderr and exits with code 1; `sys.exit(n)` exits with n.
 
 Functions must be importable by their module and qualified name, as with multiprocessing's

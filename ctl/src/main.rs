@@ -4,6 +4,7 @@
 mod client;
 mod commands;
 mod error;
+mod links;
 mod output;
 mod view;
 mod wait;

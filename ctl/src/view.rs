@@ -233,6 +233,14 @@ pub struct RunView {
     pub deadline_at: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deadline_missed_at: Option<String>,
+    /// Only for a run a `run_workflow` task started: that task's run and name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<i64>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub parent_task: String,
+    /// The runs this run's `run_workflow` tasks started (`get run` only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub child_run_ids: Vec<i64>,
 }
 
 impl From<&pb::Run> for RunView {
@@ -252,6 +260,9 @@ impl From<&pb::Run> for RunView {
             counts: r.counts.as_ref().map(CountsView::from).unwrap_or_default(),
             deadline_at: rfc3339(r.deadline_at_ms),
             deadline_missed_at: rfc3339(r.deadline_missed_at_ms),
+            parent_run_id: (r.parent_run_id != 0).then_some(r.parent_run_id),
+            parent_task: r.parent_task.clone(),
+            child_run_ids: r.child_run_ids.clone(),
         }
     }
 }

@@ -498,3 +498,23 @@ test("deadlines: a run past its deadline shows it missed on its page, in the run
   await shot(page, "deadline-why");
   await close(page);
 });
+
+test("sub-workflows: a parent run links its child run, the child its parent, and the task's attempt its child", async () => {
+  const run = await trigger("ui-caller");
+  const done = await ended(run.id);
+  assert.equal(done.state, "RUN_STATE_SUCCESS");
+  assert.equal((done.childRunIds || []).length, 1, "one child run");
+  const childId = String(done.childRunIds[0]);
+  const page = await open(`/runs/${run.id}`);
+  await page.locator("dl.kv dd .child-runs").getByRole("link", { name: `run ${childId}` }).click();
+  await page.locator("main h1").getByText(`Run ${childId}`).waitFor({ timeout: GUARD });
+  const parent = page.locator("dl.kv dd .parent-run");
+  await parent.getByRole("link", { name: `run ${run.id}` }).waitFor({ timeout: GUARD });
+  await parent.getByRole("link", { name: "call" }).waitFor({ timeout: GUARD });
+  await shot(page, "sub-workflow-child");
+  const call = await instanceOf(run.id, "call");
+  await page.goto(BASE + `/instances/${call.id}`);
+  await page.getByRole("link", { name: `child run ${childId}` }).waitFor({ timeout: GUARD });
+  await shot(page, "sub-workflow-task");
+  await close(page);
+});

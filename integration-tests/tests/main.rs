@@ -27,6 +27,7 @@ mod routing;
 mod scale;
 mod schedule_policies;
 mod security;
+mod sub_workflows;
 mod traces;
 mod trigger_rules;
 mod triggers;
@@ -59,6 +60,7 @@ fn main() -> std::process::ExitCode {
         scale::tests(),
         schedule_policies::tests(),
         security::tests(),
+        sub_workflows::tests(),
         traces::tests(),
         trigger_rules::tests(),
         triggers::tests(),

@@ -33,7 +33,10 @@ use ax_core::limits::{Limit, limits_for};
 use ax_core::placement::Wanted;
 use ax_core::placement::{Placer, Strategy};
 use ax_core::spec::Routing;
-use ax_store::{DecisionRecord, DispatchClaim, Store, WaitingInstance, WorkerRecord};
+use ax_store::{
+    DecisionRecord, DispatchClaim, Store, SubWorkflowStart, SubWorkflowStarted, WaitingInstance,
+    WorkerRecord,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
@@ -87,6 +90,13 @@ const DISPATCH_MARKER_TTL: Duration = Duration::from_secs(30);
 /// has waited this long in any share: a dead node's, or one only this node's workers can run.
 const TAKE_OTHERS_AFTER_MS: Millis = 1_000;
 
+/// How often, at most, the dispatcher looks for `run_workflow` tasks to start outside its
+/// batches (which read only as deep as its workers have room): they take no worker, so they go
+/// even when every slot is full.
+const SUB_WORKFLOWS_EVERY: Duration = Duration::from_millis(100);
+/// `run_workflow` tasks started per look.
+const SUB_WORKFLOWS_PER_LOOK: u32 = 256;
+
 /// How often the dispatcher looks without being woken (retries whose backoff ended, a start
 /// lock that expired).
 const IDLE_POLL: Duration = Duration::from_millis(500);
@@ -114,6 +124,8 @@ pub struct Dispatcher {
     wake: Wake,
     /// Throttled and NoWorker decisions this node already recorded.
     decisions: std::sync::Mutex<DecisionMemo>,
+    /// When it last looked for `run_workflow` tasks outside its batches.
+    sub_workflows_looked: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// What the dispatcher is built from besides its handles.
@@ -160,6 +172,7 @@ impl Dispatcher {
             progress: parts.progress,
             wake: parts.wake,
             decisions: Default::default(),
+            sub_workflows_looked: Default::default(),
         }
     }
 
@@ -183,6 +196,7 @@ impl Dispatcher {
 
     /// Dispatches until nothing more can go out now.
     async fn dispatch_ready(&self) -> anyhow::Result<()> {
+        self.start_waiting_sub_workflows().await?;
         loop {
             // Read about as many waiting instances as there are free slots (twice, so instances no
             // free worker can take do not hide the ones behind them), not a whole batch each time
@@ -243,6 +257,59 @@ impl Dispatcher {
                 return Ok(());
             }
         }
+    }
+
+    /// Starts the WAITING `run_workflow` tasks the store lists, at most every
+    /// [`SUB_WORKFLOWS_EVERY`]: those the batches reach are started there, these are the ones
+    /// behind a full set of worker slots.
+    async fn start_waiting_sub_workflows(&self) -> anyhow::Result<()> {
+        {
+            let mut looked = self
+                .sub_workflows_looked
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if looked.is_some_and(|at| at.elapsed() < SUB_WORKFLOWS_EVERY) {
+                return Ok(());
+            }
+            *looked = Some(std::time::Instant::now());
+        }
+        let waiting = self
+            .store
+            .waiting_sub_workflows(now_ms(), SUB_WORKFLOWS_PER_LOOK)
+            .await?;
+        for (instance, attempt) in waiting {
+            self.start_sub_workflow(instance, attempt).await?;
+        }
+        Ok(())
+    }
+
+    /// Marks a `run_workflow` task's attempt started and starts its child run, in one
+    /// transaction (`Store::start_sub_workflow`): exactly one child per attempt.
+    async fn start_sub_workflow(
+        &self,
+        instance: InstanceId,
+        attempt: ax_core::ids::Attempt,
+    ) -> anyhow::Result<()> {
+        let start = SubWorkflowStart {
+            instance_id: instance,
+            attempt,
+            node_id: self.node_id.clone(),
+            now: now_ms(),
+        };
+        match self.store.start_sub_workflow(&start).await? {
+            SubWorkflowStarted::Started { child } => {
+                tracing::info!(instance = %instance, attempt = %attempt, child = %child.id, workflow = %child.workflow, "sub-workflow started");
+            }
+            SubWorkflowStarted::Failed { reason } => {
+                tracing::warn!(instance = %instance, attempt = %attempt, %reason, "sub-workflow could not start");
+            }
+            SubWorkflowStarted::NotWaiting => return Ok(()),
+        }
+        // The child's first tasks (or the parent's retry, the tasks below a failed start) wait
+        // now: the next pass reads them.
+        self.wake.notify_one();
+        self.progress.bump();
+        Ok(())
     }
 
     /// The plan's settings, from the node's options.
@@ -428,6 +495,12 @@ impl Dispatcher {
                 tracing::error!(instance = %instance.id, task = %instance.task, "task missing from its workflow version");
                 continue;
             };
+            if task.run_workflow.is_some() {
+                // No worker runs it: its child run is started here, in the claim's stead.
+                self.start_sub_workflow(instance.id, instance.attempt)
+                    .await?;
+                continue;
+            }
             let limits = limits_for(
                 instance.workflow_id,
                 task,

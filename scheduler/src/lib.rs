@@ -484,6 +484,7 @@ pub mod secrets;
 mod shutdown;
 mod specs;
 mod spread;
+mod sub_workflows;
 pub mod telemetry;
 pub mod tls;
 mod to_worker;

@@ -26,7 +26,8 @@ use crate::registry::Registry;
 use crate::{
     audit_writer, auth, backstop, clock, deadlines, dispatch_send, dispatcher, failure_alerts,
     grpc, log_writer, metrics, place_now, progress, registry, reporter, retention, run_creator,
-    schedules, secrets, specs, spread, telemetry, wake, watching, worker_refusals, worker_rows,
+    schedules, secrets, specs, spread, sub_workflows, telemetry, wake, watching, worker_refusals,
+    worker_rows,
 };
 
 /// What `start` opened before the parts are built.
@@ -243,6 +244,15 @@ pub fn build(options: SchedulerOptions, opened: Opened, runs: Runs<'_>) -> Built
             dispatch: dispatch_wake.clone(),
         },
     );
+    let sub_workflows = sub_workflows::SubWorkflows::new(
+        sub_workflows::SWEEP_EVERY,
+        sub_workflows::SubWorkflowsParts {
+            store: store.clone(),
+            registry: registry.clone(),
+            progress: progress.clone(),
+            dispatch: dispatch_wake.clone(),
+        },
+    );
     metrics.register_readings(metrics::Readings {
         alerter: alerter.clone(),
         guards: guards.clone(),
@@ -265,6 +275,7 @@ pub fn build(options: SchedulerOptions, opened: Opened, runs: Runs<'_>) -> Built
     tasks.spawn(spread.run(serving.clone()));
     tasks.spawn(retention.run(serving.clone()));
     tasks.spawn(deadlines.run(serving.clone()));
+    tasks.spawn(sub_workflows.run(serving.clone()));
     tasks.spawn(gate.clone().flush_failures_until(serving.clone()));
     tasks.spawn(worker_refusals::run(refusals.clone(), serving.clone()));
 

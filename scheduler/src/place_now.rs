@@ -207,6 +207,10 @@ impl Placement for PlaceNow<'_> {
             .specs
             .cached(attempt.workflow_id, attempt.workflow_version)?;
         let task = spec.task(&attempt.task)?;
+        if task.run_workflow.is_some() {
+            // A sub-workflow runs on no worker: the dispatcher starts its child run.
+            return None;
+        }
         let limited = !limits_for(
             attempt.workflow_id,
             task,

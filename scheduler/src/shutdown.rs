@@ -1,7 +1,7 @@
 //! How a node stops, in order, in one place. Each step's reason:
 //!
 //! 1. **The server stops accepting, and the loops that decide stop** (dispatcher, cron,
-//!    backstop, spread, retention, deadlines, the auth failures' and worker refusals' flushers, the TLS
+//!    backstop, spread, retention, deadlines, sub-workflows, the auth failures' and worker refusals' flushers, the TLS
 //!    reloader): nothing new is started once the node is going.
 //! 2. **Worker streams end**: their senders are dropped, so the server, which waits for open
 //!    streams, can stop; workers reconnect to another node.

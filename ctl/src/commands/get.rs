@@ -442,6 +442,8 @@ fn run_detail(r: &pb::Run) -> String {
         ("Finished", time(r.finished_at_ms)),
         ("Duration", elapsed(r.created_at_ms, r.finished_at_ms)),
         ("Deadline", deadline(r)),
+        ("Parent", crate::links::parent(r)),
+        ("Children", crate::links::children(r)),
         ("Tasks", progress(r)),
     ])
 }
@@ -642,7 +644,7 @@ fn instance_detail(i: &pb::Instance) -> String {
         table.row(vec![
             a.attempt.to_string(),
             instance_state(a.state),
-            or_dash(&a.worker_id),
+            crate::links::worker_or_child(a),
             if a.pid == 0 {
                 "-".into()
             } else {

@@ -412,6 +412,9 @@ const GRPC_ROWS: &[&str] = &[
     "ApplyWorkflows after it",
     "ApplyWorkflows pruning the app, dry run",
     "ApplyWorkflows pruning the app",
+    "ApplyWorkflow calling it with run_workflow, dry run",
+    "ApplyWorkflow calling it with run_workflow",
+    "ApplyWorkflows calling it with run_workflow",
     "DeleteWorkflow",
     "ListWorkflows of the app",
     "ListSecrets of the app",
@@ -443,6 +446,8 @@ async fn grpc_answer(client: &mut Client, row: &str, t: &Target) -> String {
         "name: sales-after\napp: sales\nschedule:\n  after: [{wf}]\ntasks:\n  - name: t\n    \
          command: echo hi\n"
     );
+    let calling =
+        format!("name: sales-calls\napp: sales\ntasks:\n  - name: t\n    run_workflow: {wf}\n");
     let naming = format!(
         "name: sales-secret\napp: sales\ntasks:\n  - name: t\n    command: echo \"$S\"\n    \
          env:\n      S: {{ secret: {} }}\n",
@@ -616,6 +621,24 @@ async fn grpc_answer(client: &mut Client, row: &str, t: &Target) -> String {
                 .await
                 .map(|r| format!("OK {} warnings {:?}", r.outcome, r.warnings))
         }
+        // A sub-workflow of another app would start that app's runs: apply refuses it as it
+        // refuses a name that does not exist, never starting anything.
+        "ApplyWorkflow calling it with run_workflow, dry run"
+        | "ApplyWorkflow calling it with run_workflow" => {
+            applied(client, &calling, row.ends_with("dry run"))
+                .await
+                .map(|r| format!("OK {} warnings {:?}", r.outcome, r.warnings))
+        }
+        "ApplyWorkflows calling it with run_workflow" => client
+            .apply_workflows(pb::ApplyWorkflowsRequest {
+                files: vec![pb::WorkflowFile {
+                    source_name: "calling.yaml".into(),
+                    source: calling.clone(),
+                }],
+                ..Default::default()
+            })
+            .await
+            .map(|r| format!("OK {:?}", r.into_inner().files.len())),
         "ApplyWorkflow naming its secret, dry run" | "ApplyWorkflow naming its secret" => {
             applied(client, &naming, row.ends_with("dry run"))
                 .await
@@ -832,6 +855,19 @@ async fn another_apps_objects_read_as_missing_ones(backend: Backend) {
         }
     }
     assert!(compared > 150, "{compared} answers compared");
+    // And what both read as: a sub-workflow of another app is refused at apply, never started.
+    let mut admin = scene.client(scene.sales(Role::Admin)).await;
+    for row in [
+        "ApplyWorkflow calling it with run_workflow",
+        "ApplyWorkflows calling it with run_workflow",
+    ] {
+        let answer = grpc_answer(&mut admin, row, &finance).await;
+        assert!(
+            answer.starts_with("InvalidArgument")
+                && answer.contains("run_workflow: workflow WF not found in app sales"),
+            "{row}: {answer}"
+        );
+    }
     assert!(
         differences.is_empty(),
         "{} answers tell another app's objects from missing ones:\n{}",

@@ -39,6 +39,7 @@ pub mod shard;
 pub mod spec;
 pub mod spread;
 pub mod state;
+pub mod sub_workflow;
 pub mod task_status;
 pub mod trigger_rule;
 pub mod why;

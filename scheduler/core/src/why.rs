@@ -49,6 +49,16 @@ pub struct InstanceFacts {
     /// Set on a shard of a `sharded_broadcast` task (its parent instance): a shard never
     /// stands for its task, the parent does.
     pub shard_of: Option<i64>,
+    /// For a `run_workflow` task's RUNNING attempt: the child run it waits on.
+    pub child_run: Option<ChildRunFacts>,
+}
+
+/// The child run a `run_workflow` task's attempt started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildRunFacts {
+    pub id: i64,
+    pub workflow: String,
+    pub state: RunState,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -164,6 +174,14 @@ pub enum Reason {
         worker: String,
         since: Option<Millis>,
     },
+    /// A `run_workflow` task whose attempt waits on its child run.
+    WaitingOnChild {
+        run: i64,
+        workflow: String,
+        state: RunState,
+    },
+    /// A `run_workflow` task ready to start its child run (it needs no worker).
+    ChildStarting { workflow: String },
 }
 
 impl Reason {
@@ -191,6 +209,8 @@ impl Reason {
             Reason::ReadyToDispatch { .. } => "ready",
             Reason::Dispatched { .. } => "dispatched",
             Reason::Running { .. } => "running",
+            Reason::WaitingOnChild { .. } => "waiting_child",
+            Reason::ChildStarting { .. } => "child_starting",
         }
     }
 
@@ -286,6 +306,18 @@ impl Reason {
             Reason::Running { worker, since: s } => {
                 format!("running on worker {worker}{}", since(s))
             }
+            Reason::WaitingOnChild {
+                run,
+                workflow,
+                state,
+            } => format!(
+                "waiting on its child run {run} ({workflow}), which is {state}; the task ends \
+                 as that run ends"
+            ),
+            Reason::ChildStarting { workflow } => format!(
+                "ready: the dispatcher starts its child run of {workflow} on its next pass (no \
+                 worker needed)"
+            ),
         }
     }
 }
@@ -469,7 +501,7 @@ pub fn explain(input: &WhyInput) -> Explanation {
             "the workflow runs when each of {} has a successful run for the same logical time",
             schedule.after.join(", ")
         )),
-        TriggerKind::Manual | TriggerKind::Api | TriggerKind::Backfill => {
+        TriggerKind::Manual | TriggerKind::Api | TriggerKind::Backfill | TriggerKind::Parent => {
             verdict.push("the workflow has no schedule: runs start only when triggered".into())
         }
     }
@@ -794,6 +826,13 @@ fn instance_reason(
     run_decisions: &[&Decision],
     queued: Option<&&Decision>,
 ) -> Reason {
+    if let (InstanceState::Running, Some(child)) = (instance.state, &instance.child_run) {
+        return Reason::WaitingOnChild {
+            run: child.id,
+            workflow: child.workflow.clone(),
+            state: child.state,
+        };
+    }
     match instance.state {
         state if state.is_terminal() => Reason::Done {
             state,
@@ -804,6 +843,13 @@ fn instance_reason(
             worker: instance.worker_id.clone().unwrap_or_else(|| "?".into()),
             since: instance.dispatched_at,
         },
+        InstanceState::Waiting
+            if task.run_workflow.is_some() && instance.not_before <= input.now =>
+        {
+            Reason::ChildStarting {
+                workflow: task.run_workflow.clone().unwrap_or_default(),
+            }
+        }
         InstanceState::Running => Reason::Running {
             worker: instance.worker_id.clone().unwrap_or_else(|| "?".into()),
             since: instance.started_at.or(instance.dispatched_at),
@@ -957,6 +1003,7 @@ mod tests {
             started_at: Some(SLOT + 2_000),
             finished_at: state.is_terminal().then_some(SLOT + 60_000),
             shard_of: None,
+            child_run: None,
         }
     }
 
@@ -1376,6 +1423,47 @@ mod tests {
             assert_eq!(task.state, "PENDING");
             assert_eq!(task.text, "run queued: max_active_runs 1 reached");
         }
+    }
+
+    #[test]
+    fn a_run_workflow_task_waits_on_its_child_run() {
+        let mut input = input(SLOT + MINUTE);
+        input.spec.tasks[1].run_workflow = Some("load-region".into());
+        let mut waiting = instance(2, "clean", InstanceState::Running);
+        waiting.worker_id = None;
+        waiting.child_run = Some(ChildRunFacts {
+            id: 77,
+            workflow: "load-region".into(),
+            state: RunState::Running,
+        });
+        input.run = Some(run(
+            &input,
+            RunState::Running,
+            vec![instance(1, "extract", InstanceState::Success), waiting],
+        ));
+        let e = explain(&input);
+        assert_eq!(e.tasks[1].reason.kind(), "waiting_child");
+        assert_eq!(
+            e.tasks[1].text,
+            "waiting on its child run 77 (load-region), which is RUNNING; the task ends as that \
+             run ends"
+        );
+        // Before its child is started it needs no worker, only the dispatcher.
+        input.workers.clear();
+        input.run = Some(run(
+            &input,
+            RunState::Running,
+            vec![
+                instance(1, "extract", InstanceState::Success),
+                instance(2, "clean", InstanceState::Waiting),
+            ],
+        ));
+        let e = explain(&input);
+        assert_eq!(
+            e.tasks[1].text,
+            "ready: the dispatcher starts its child run of load-region on its next pass (no \
+             worker needed)"
+        );
     }
 
     #[test]

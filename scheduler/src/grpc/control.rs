@@ -32,6 +32,7 @@ mod dag;
 mod items;
 mod purge;
 mod secrets;
+mod sub_workflows;
 mod workflow_sets;
 
 use access::Call;
@@ -232,7 +233,11 @@ impl ControlApi {
                 .await
                 .map_err(store_status)?;
         }
-        Ok(convert::instance(record, &attempts))
+        let mut message = convert::instance(record, &attempts);
+        if record.started_at.is_some() {
+            super::sub_workflows::add_child_runs(&self.node.store, record, &mut message).await?;
+        }
+        Ok(message)
     }
 
     /// A run with its instance counts, as the API shows it.
@@ -245,7 +250,9 @@ impl ControlApi {
             .map_err(store_status)?
             .ok_or_else(|| Status::not_found(format!("run {id} not found")))?;
         let counts = self.node.store.run_counts(id).await.map_err(store_status)?;
-        Ok(convert::run(&record, Some(&counts)))
+        let mut message = convert::run(&record, Some(&counts));
+        super::sub_workflows::add_links(&self.node.store, &record, &mut message).await?;
+        Ok(message)
     }
 }
 
@@ -348,6 +355,13 @@ impl ControlService for ControlApi {
         parsed
             .warnings
             .extend(self.check_after(&call, &parsed.spec).await?);
+        let member = ax_core::sub_workflow::Member {
+            file: source_name,
+            source: &request.source,
+            spec: &parsed.spec,
+        };
+        self.check_run_workflows(&[member], &Default::default())
+            .await?;
         let now = now_ms();
         let next = next_fire(&parsed.spec, now)?;
         if request.dry_run {

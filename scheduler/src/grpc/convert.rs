@@ -68,6 +68,7 @@ pub fn trigger(kind: TriggerKind) -> pb::TriggerKind {
         TriggerKind::Api => pb::TriggerKind::Api,
         TriggerKind::Dependency => pb::TriggerKind::Dependency,
         TriggerKind::Backfill => pb::TriggerKind::Backfill,
+        TriggerKind::Parent => pb::TriggerKind::Parent,
     }
 }
 
@@ -211,6 +212,11 @@ pub fn run(record: &RunRecord, instance_counts: Option<&InstanceCounts>) -> pb::
         counts: instance_counts.map(counts),
         deadline_at_ms: record.deadline_at.unwrap_or(0),
         deadline_missed_at_ms: record.deadline_missed_at.unwrap_or(0),
+        parent_run_id: record.parent_run_id.map_or(0, |id| id.0),
+        parent_instance_id: record.parent_instance_id.map_or(0, |id| id.0),
+        // Filled by `GetRun`, which reads them (`ControlApi::run_message`).
+        parent_task: String::new(),
+        child_run_ids: Vec::new(),
     }
 }
 
@@ -233,6 +239,8 @@ pub fn attempt(record: &AttemptRecord) -> pb::Attempt {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+        // Filled by `GetInstance` for a run_workflow task (`ControlApi::instance_message`).
+        child_run_id: 0,
     }
 }
 

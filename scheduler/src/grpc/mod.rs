@@ -2,5 +2,6 @@
 
 pub mod control;
 pub mod convert;
+mod sub_workflows;
 pub mod views;
 pub mod worker;

@@ -333,7 +333,20 @@ pub async fn explain_workflow(
                 .unwrap_or_default()
         };
         let mut instances = Vec::new();
+        // The children the run's run_workflow tasks wait on, by (instance, attempt).
+        let children = store
+            .sub_workflow_waits_of_run(run.id)
+            .await
+            .map_err(store_status)?;
         for record in store.list_instances(run.id).await.map_err(store_status)? {
+            let child_run = children
+                .iter()
+                .find(|w| w.parent_instance_id == record.id && w.parent_attempt == record.attempt)
+                .map(|w| ax_core::why::ChildRunFacts {
+                    id: w.child_run_id.0,
+                    workflow: w.child_workflow.clone(),
+                    state: w.child_state,
+                });
             let dispatched_at = if matches!(
                 record.state,
                 InstanceState::Dispatched | InstanceState::Running
@@ -360,6 +373,7 @@ pub async fn explain_workflow(
                 started_at: record.started_at,
                 finished_at: record.finished_at,
                 shard_of: record.shard.as_ref().map(|shard| shard.parent.0),
+                child_run,
             });
         }
         let counts = store.run_counts(run.id).await.map_err(store_status)?;

@@ -36,6 +36,7 @@ pub use records::runs::{
     ActiveCounts, AttemptRecord, Caller, CancelledAttempt, InstanceCounts, InstanceRecord, NewRun,
     RunRecord,
 };
+pub use records::sub_workflows::{SubWorkflowStart, SubWorkflowStarted, SubWorkflowWait};
 pub use records::workers::WorkerRecord;
 pub use records::workflows::{
     ApplyOutcome, BUSY_RUNS_LISTED, BatchApplied, BatchItem, BusyWorkflow, Deleted, DueSchedule,

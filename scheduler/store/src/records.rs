@@ -13,5 +13,6 @@ pub(crate) mod purge;
 pub(crate) mod reports;
 pub(crate) mod reruns;
 pub(crate) mod runs;
+pub(crate) mod sub_workflows;
 pub(crate) mod workers;
 pub(crate) mod workflows;

@@ -40,6 +40,7 @@ mod run_roots;
 mod runs;
 mod schema_check;
 mod shard_retry;
+mod sub_workflows;
 mod workers;
 mod workflow_sets;
 mod workflows;
@@ -149,6 +150,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../migrations/mysql/0018_conditions.sql"),
     ),
     (
+        19,
+        "sub_workflows",
+        include_str!("../migrations/mysql/0019_sub_workflows.sql"),
+    ),
+    (
         20,
         "deadlines",
         include_str!("../migrations/mysql/0020_deadlines.sql"),
@@ -249,6 +255,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         18,
         "conditions",
         include_str!("../migrations/sqlite/0018_conditions.sql"),
+    ),
+    (
+        19,
+        "sub_workflows",
+        include_str!("../migrations/sqlite/0019_sub_workflows.sql"),
     ),
     (
         20,

@@ -32,6 +32,7 @@ mod queue;
 mod reports;
 mod reruns;
 mod runs;
+mod sub_workflows;
 mod trigger_rules;
 mod workers;
 mod workflow_sets;

@@ -104,6 +104,8 @@ pub struct TaskFile {
     pub condition: Option<Spanned<Value>>,
     pub for_each: Option<Spanned<List<Spanned<Value>>>>,
     pub max_items: Option<Spanned<Value>>,
+    pub run_workflow: Option<Spanned<Value>>,
+    pub params: Option<Spanned<Map<Pairs>>>,
 }
 
 /// The values of a string map (`env`, `labels`) in file order; the keys, with their lines,

@@ -21,6 +21,8 @@ pub enum TriggerKind {
     Dependency,
     /// A slot of `axctl backfill`.
     Backfill,
+    /// Started by a `run_workflow` task of another run (`crate::sub_workflow`).
+    Parent,
 }
 
 impl TriggerKind {
@@ -31,6 +33,7 @@ impl TriggerKind {
             TriggerKind::Api => "api",
             TriggerKind::Dependency => "dependency",
             TriggerKind::Backfill => "backfill",
+            TriggerKind::Parent => "parent",
         }
     }
 
@@ -41,6 +44,7 @@ impl TriggerKind {
             Self::Api,
             Self::Dependency,
             Self::Backfill,
+            Self::Parent,
         ]
         .into_iter()
         .find(|kind| kind.as_str() == s)
@@ -308,6 +312,14 @@ pub struct TaskSpec {
     /// `max_items:`: the most items `for_each` may give; `None`: the default (10,000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_items: Option<u32>,
+    /// `run_workflow:`: the task starts a run of this workflow (of its app) and ends as that
+    /// run ends (`crate::sub_workflow`); it has no command then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_workflow: Option<String>,
+    /// `params:` of a `run_workflow` task: the child run's params, each a template over the
+    /// run's params (`${params.NAME}`) and upstream outputs (`${tasks.T.outputs.K}`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, String>,
 }
 
 impl TaskSpec {
@@ -323,7 +335,8 @@ impl TaskSpec {
     pub fn output_refs(&self) -> Vec<crate::outputs::OutputRef> {
         let texts = std::iter::once(&self.command)
             .chain(&self.argv)
-            .chain(self.env.values());
+            .chain(self.env.values())
+            .chain(self.params.values());
         let mut refs: Vec<crate::outputs::OutputRef> = texts
             .flat_map(|text| crate::outputs::references(text).unwrap_or_default())
             .collect();

@@ -94,6 +94,117 @@ fn check_refusals(topic: &str) {
 /// as it is.
 const REFUSALS: &[(&str, &str, &str)] = &[
     (
+        "sub_workflows",
+        "
+            name: daily
+            tasks:
+              - name: load
+                command: ./load.sh
+                run_workflow: load-region
+        ",
+        "wf.yaml:5: tasks[0].run_workflow: command and run_workflow exclude each other: a task \
+         either runs a command or starts a run of another workflow; give one of them",
+    ),
+    (
+        "sub_workflows",
+        "
+            name: daily
+            tasks:
+              - name: load
+                argv: [./load.sh]
+                run_workflow: load-region
+        ",
+        "wf.yaml:5: tasks[0].run_workflow: argv and run_workflow exclude each other: a task \
+         either runs a command or starts a run of another workflow; give one of them",
+    ),
+    (
+        "sub_workflows",
+        "
+            name: daily
+            tasks:
+              - name: load
+                run_workflow: load-region
+                for_each: [eu, us]
+        ",
+        "wf.yaml:5: tasks[0].for_each: for_each and run_workflow exclude each other: mapping a \
+         sub-workflow over a list is not supported",
+    ),
+    (
+        "sub_workflows",
+        "
+            name: daily
+            tasks:
+              - name: load
+                command: x
+                params: {region: eu}
+        ",
+        "wf.yaml:5: tasks[0].params: only meaningful with run_workflow",
+    ),
+    (
+        "sub_workflows",
+        "
+            name: daily
+            tasks:
+              - name: load
+                run_workflow: daily
+        ",
+        "wf.yaml:4: tasks[0].run_workflow: run_workflow: cycle across workflows: daily → daily \
+         (workflow daily cannot run itself)",
+    ),
+    (
+        "sub_workflows",
+        "
+            name: daily
+            tasks:
+              - name: load
+                run_workflow: load-region
+                params:
+                  day: ${params.day}
+                  region: ${params.re-gion}
+        ",
+        "wf.yaml:7: tasks[0].params.region: ${params.re-gion} is not a param reference: write \
+         ${params.NAME}",
+    ),
+    (
+        "sub_workflows",
+        "
+            name: daily
+            tasks:
+              - name: load
+                run_workflow: load-region
+                params:
+                  1region: eu
+        ",
+        "wf.yaml:6: tasks[0].params.1region: invalid param name \"1region\": expected \
+         [A-Za-z_][A-Za-z0-9_]*, as the child's tasks get it as AX_PARAM_<NAME>",
+    ),
+    (
+        "sub_workflows",
+        "
+            name: daily
+            tasks:
+              - {name: list, command: x}
+              - name: load
+                run_workflow: load-region
+                params:
+                  day: ${tasks.list.outputs.day}
+        ",
+        "wf.yaml:7: tasks[1].params.day: ${tasks.list.outputs.day}: task list is not upstream \
+         of load, so its outputs may not exist when load runs",
+    ),
+    (
+        "sub_workflows",
+        "
+            name: daily
+            tasks:
+              - name: load
+                run_workflow: load-region
+                routing: sharded_broadcast
+        ",
+        "wf.yaml:4: tasks[0].run_workflow: run_workflow and routing: sharded_broadcast exclude \
+         each other: a sub-workflow runs on no worker",
+    ),
+    (
         "conditions",
         "
             name: etl
@@ -658,7 +769,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
               - name: a
                 priority: 1
         ",
-        "wf.yaml:3: tasks[0]: one of command or argv is required",
+        "wf.yaml:3: tasks[0]: one of command, argv or run_workflow is required",
     ),
     (
         "command_and_argv",
@@ -1108,7 +1219,8 @@ const REFUSALS: &[(&str, &str, &str)] = &[
         ",
         "wf.yaml:5: tasks[0].retires: unknown field \"retires\"; allowed fields: name, \
          command, argv, timeout, retries, retry_backoff, env, working_dir, labels, \
-         priority, upstream, concurrency, pool, routing, self_fence, trigger_rule, if, for_each, max_items",
+         priority, upstream, concurrency, pool, routing, self_fence, trigger_rule, if, for_each, \
+         max_items, run_workflow, params",
     ),
     (
         "unknown_fields_name_the_allowed_ones",
@@ -2080,4 +2192,46 @@ fn a_deadline_is_a_time_of_day_days_after_or_a_duration() {
     .spec;
     let json = serde_json::to_string(&set).unwrap();
     assert_eq!(serde_json::from_str::<WorkflowSpec>(&json).unwrap(), set);
+}
+
+#[test]
+fn sub_workflow_refusals() {
+    check_refusals("sub_workflows");
+}
+
+#[test]
+fn a_run_workflow_task_is_read_with_its_params() {
+    let parsed = parse_ok(
+        "
+            name: daily
+            tasks:
+              - {name: list, command: x}
+              - name: load
+                upstream: list
+                run_workflow: load-region
+                retries: 1
+                params:
+                  region: ${params.region}
+                  day: ${tasks.list.outputs.day}
+                  count: 3
+        ",
+    );
+    let load = &parsed.spec.tasks[1];
+    assert_eq!(load.run_workflow.as_deref(), Some("load-region"));
+    assert_eq!(load.command, "");
+    assert_eq!(load.retries, 1);
+    assert_eq!(
+        load.params,
+        BTreeMap::from([
+            ("count".to_string(), "3".to_string()),
+            ("day".to_string(), "${tasks.list.outputs.day}".to_string()),
+            ("region".to_string(), "${params.region}".to_string()),
+        ])
+    );
+    // A task without run_workflow keeps the stored JSON of versions before the field.
+    let json = serde_json::to_string(&parsed.spec.tasks[0]).unwrap();
+    assert!(
+        !json.contains("run_workflow") && !json.contains("params"),
+        "{json}"
+    );
 }

@@ -82,6 +82,9 @@ struct TaskLines {
     /// The lines of `command` (or `argv`) and `env`, where output references are written.
     command: usize,
     env: usize,
+    /// The lines of `params` and `run_workflow` (the task's line when absent).
+    params: usize,
+    run_workflow: usize,
     for_each: usize,
     /// Where the `if:` expression starts: line, column, and whether the file holds it as
     /// written (a plain or quoted one-line scalar), so a column inside it maps to the file.
@@ -355,6 +358,31 @@ impl Validator<'_> {
         Ok(env)
     }
 
+    /// A `run_workflow` task's `params`: names as run params take them, values templates whose
+    /// `${params.NAME}` are well formed (output references are checked with the others).
+    fn sub_workflow_params(
+        &self,
+        map: &Spanned<Map<Pairs>>,
+        path: &str,
+    ) -> Result<BTreeMap<String, String>, SpecError> {
+        let params = self.string_map(map, path, &|name| {
+            (!is_valid_env_name(name)).then(|| {
+                format!(
+                    "invalid param name \"{name}\": expected [A-Za-z_][A-Za-z0-9_]*, as the \
+                     child's tasks get it as AX_PARAM_<NAME>"
+                )
+            })
+        })?;
+        let (_, keys) = self.fields(map, path)?;
+        for key in keys {
+            let value = params.get(&key.name).map_or("", String::as_str);
+            if let Err(problem) = crate::sub_workflow::param_references(value) {
+                return Err(self.err(key.line, join(path, &key.name), problem));
+            }
+        }
+        Ok(params)
+    }
+
     fn labels(
         &self,
         map: &Spanned<Map<Pairs>>,
@@ -473,6 +501,20 @@ impl Validator<'_> {
         self.output_references(&dag, &tasks, &lines)?;
         self.conditions(&dag, &tasks, &lines)?;
         self.mapped_outputs(&dag, &tasks, &lines)?;
+        if let Some((_, at)) = tasks
+            .iter()
+            .zip(&lines)
+            .find(|(task, _)| task.run_workflow.as_deref() == Some(name.as_str()))
+        {
+            let cycle = crate::sub_workflow::CallCycle {
+                path: vec![name.clone(), name.clone()],
+            };
+            return Err(self.err(
+                at.run_workflow,
+                format!("{}.run_workflow", at.path),
+                format!("{cycle} (workflow {name} cannot run itself)"),
+            ));
+        }
         let warnings = dag
             .isolated()
             .into_iter()
@@ -566,6 +608,9 @@ impl Validator<'_> {
             }
             for (name, value) in &task.env {
                 places.push((format!("{}.env.{name}", at.path), at.env, value));
+            }
+            for (name, value) in &task.params {
+                places.push((format!("{}.params.{name}", at.path), at.params, value));
             }
             for (field, line, text) in places {
                 let references = outputs::references(text)
@@ -1028,6 +1073,41 @@ impl Validator<'_> {
             }
             None => None,
         };
+        let run_workflow = file
+            .run_workflow
+            .as_ref()
+            .map(|n| self.name(n, &field("run_workflow")))
+            .transpose()?;
+        if let (Some(n), true) = (&file.run_workflow, command.is_some() || argv.is_some()) {
+            let other = if command.is_some() { "command" } else { "argv" };
+            return Err(self.err(
+                line(n),
+                field("run_workflow"),
+                format!(
+                    "{other} and run_workflow exclude each other: a task either runs a command \
+                     or starts a run of another workflow; give one of them"
+                ),
+            ));
+        }
+        let params = match (&file.params, &run_workflow) {
+            (Some(n), Some(_)) => self.sub_workflow_params(n, &field("params"))?,
+            (Some(n), None) => {
+                return Err(self.err(
+                    line(n),
+                    field("params"),
+                    "only meaningful with run_workflow",
+                ));
+            }
+            (None, _) => BTreeMap::new(),
+        };
+        if let (Some(n), Some(_)) = (&file.for_each, &run_workflow) {
+            return Err(self.err(
+                line(n),
+                field("for_each"),
+                "for_each and run_workflow exclude each other: mapping a sub-workflow over a \
+                 list is not supported",
+            ));
+        }
         let (command, argv) = match (command, argv) {
             (Some(_), Some((line, _))) => {
                 return Err(self.err(
@@ -1036,8 +1116,13 @@ impl Validator<'_> {
                     "command and argv exclude each other; give one of them",
                 ));
             }
+            (None, None) if run_workflow.is_some() => (String::new(), Vec::new()),
             (None, None) => {
-                return Err(self.err(line(node), path, "one of command or argv is required"));
+                return Err(self.err(
+                    line(node),
+                    path,
+                    "one of command, argv or run_workflow is required",
+                ));
             }
             (Some(command), None) => (command, Vec::new()),
             (None, Some((_, argv))) => (String::new(), argv),
@@ -1143,6 +1228,14 @@ impl Validator<'_> {
                 "for_each and routing: sharded_broadcast exclude each other; give one of them",
             ));
         }
+        if let (Some(n), Routing::ShardedBroadcast) = (&file.run_workflow, routing) {
+            return Err(self.err(
+                line(n),
+                field("run_workflow"),
+                "run_workflow and routing: sharded_broadcast exclude each other: a sub-workflow \
+                 runs on no worker",
+            ));
+        }
 
         let task = TaskSpec {
             name,
@@ -1166,6 +1259,8 @@ impl Validator<'_> {
             condition,
             for_each,
             max_items,
+            run_workflow,
+            params,
         };
         let lines = TaskLines {
             command: file
@@ -1175,6 +1270,8 @@ impl Validator<'_> {
                 .or(file.argv.as_ref().map(line))
                 .unwrap_or(line(node)),
             env: file.env.as_ref().map_or(line(node), line),
+            params: file.params.as_ref().map_or(line(node), line),
+            run_workflow: file.run_workflow.as_ref().map_or(line(node), line),
             for_each: file.for_each.as_ref().map_or(line(node), line),
             condition: file.condition.as_ref().map(|n| {
                 let raw = super::file::raw_text(self.source, n);

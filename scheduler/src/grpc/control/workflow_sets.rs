@@ -133,6 +133,15 @@ impl ControlApi {
         };
         let pruned: BTreeSet<String> = plan.gone.iter().map(|w| w.name.clone()).collect();
         let (mut warnings, set_warnings) = self.check_set_after(call, &members, &pruned).await?;
+        let calls: Vec<ax_core::sub_workflow::Member<'_>> = parsed
+            .iter()
+            .map(|p| ax_core::sub_workflow::Member {
+                file: &p.file,
+                source: &p.source,
+                spec: &p.workflow.spec,
+            })
+            .collect();
+        self.check_run_workflows(&calls, &pruned).await?;
         let now = now_ms();
         let mut items = Vec::with_capacity(parsed.len());
         let mut refusals = Refusals::default();

@@ -672,7 +672,7 @@ async function viewRun(view, id) {
       kv([["Workflow", link("/workflows/" + enc(r.workflow), r.workflow + " (version " + r.workflowVersion + ")")],
         ["Trigger", String(r.trigger || "").replace("TRIGGER_KIND_", "").toLowerCase() + (r.triggeredBy ? " by " + r.triggeredBy : "")],
         ["Logical time", time(r.logicalTimeMs)], ["Created", time(r.createdAtMs)], ["Finished", time(r.finishedAtMs)],
-        deadlineRow(r),
+        deadlineRow(r), parentRow(r), childrenRow(r),
         r.idempotencyKey ? ["Idempotency key", r.idempotencyKey] : null,
         ["Params", Object.keys(r.params || {}).length ? table(null, ["Name", "Value"], Object.entries(r.params).map(([k, v]) => [k, h("code", {}, v)])) : "none"]]));
     fill(actions, 
@@ -773,6 +773,21 @@ function deadlineRow(r) {
     missed ? [" ", chip("DEADLINE_MISSED"), " judged ", time(missed)] : null)];
 }
 
+/** A child run's parent: the run and task that started it (run_workflow); none otherwise. */
+function parentRow(r) {
+  if (!Number(r.parentRunId)) return null;
+  return ["Parent", h("span", { class: "parent-run" }, link("/runs/" + r.parentRunId, "run " + r.parentRunId),
+    r.parentTask ? [", task ", link("/instances/" + r.parentInstanceId, r.parentTask)] : null)];
+}
+
+/** The runs this run's run_workflow tasks started, newest first; none without any. */
+function childrenRow(r) {
+  const ids = r.childRunIds || [];
+  if (!ids.length) return null;
+  return ["Children", h("span", { class: "child-runs" },
+    ids.flatMap((id, n) => [n ? ", " : null, link("/runs/" + id, "run " + id)]))];
+}
+
 /** One row per task, one bar per attempt: a retried task shows its failed attempts beside
  *  the one that followed. */
 function renderGantt(el, run, instances) {
@@ -826,7 +841,7 @@ async function viewInstance(view, id) {
     fill(attemptsEl, h("h2", {}, "Attempts"), table(null, ["Attempt", "State", "Worker", "Node", "Dispatched", "Started", "Finished", "Exit code", "Signal", "Lines", "Message"],
       (instance.attempts || []).map(a => [
         a.attempt === attempt ? h("strong", {}, "attempt " + a.attempt + " (shown)") : link("/instances/" + instance.id + "?attempt=" + a.attempt, "attempt " + a.attempt),
-        chip(a.state), a.workerId || "–", a.nodeId || "–", time(a.dispatchedAtMs), time(a.startedAtMs), time(a.finishedAtMs),
+        chip(a.state), a.workerId || (Number(a.childRunId) ? link("/runs/" + a.childRunId, "child run " + a.childRunId) : "–"), a.nodeId || "–", time(a.dispatchedAtMs), time(a.startedAtMs), time(a.finishedAtMs),
         a.exitCode !== undefined && a.exitCode !== null && TERMINAL_INSTANCE.has(stateName(a.state)) ? String(a.exitCode) : "–",
         a.signal ? String(a.signal) : "–", num(a.logLines), a.message || "–"])));
   };

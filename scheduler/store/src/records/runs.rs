@@ -34,6 +34,9 @@ pub struct RunRecord {
     pub deadline_at: Option<Millis>,
     /// When a node judged the deadline missed; set once.
     pub deadline_missed_at: Option<Millis>,
+    /// For a run a `run_workflow` task started: that task's run and instance.
+    pub parent_run_id: Option<RunId>,
+    pub parent_instance_id: Option<InstanceId>,
 }
 
 /// A run to create. Unique per (workflow, dedup key): a second create with the same key returns

@@ -196,7 +196,7 @@ pub(crate) async fn cancel_run_tx(
     Ok(Some(killed))
 }
 
-async fn cancel_instance_tx(
+pub(crate) async fn cancel_instance_tx(
     store: &Store,
     c: &mut AnyConnection,
     id: InstanceId,

@@ -70,7 +70,7 @@ impl Store {
              JOIN task_definition td ON td.workflow_id = ti.workflow_id \
                AND td.version = ti.workflow_version AND td.name = ti.task_name \
              LEFT JOIN task_attempt ta ON ta.instance_id = ti.id AND ta.attempt = ti.attempt \
-             WHERE ti.state IN ('DISPATCHED', 'RUNNING'){on_worker} \
+             WHERE ti.state IN ('DISPATCHED', 'RUNNING'){on_worker} AND td.run_workflow IS NULL \
              AND NOT (ti.shard_slot = 0 AND ti.shard_total IS NOT NULL) ORDER BY ti.id LIMIT ?"
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));

@@ -425,6 +425,7 @@ async fn delete(
         runs: 0,
     };
     if part.is_none() {
+        delete_by(c, "sub_workflow_wait", "parent_run_id", &runs).await?;
         counts.runs = delete_by(c, "run", "id", &runs).await?;
     }
     Ok(counts)

@@ -96,7 +96,7 @@ impl Store {
 
 /// Applies a batch of reports in the caller's transaction, counting the statements it sends
 /// in [`Store::report_statements`].
-async fn apply_reports_tx(
+pub(crate) async fn apply_reports_tx(
     store: &Store,
     c: &mut AnyConnection,
     reports: &[Report],

@@ -23,7 +23,8 @@ pub(crate) const WORKFLOW_SELECT: &str = "SELECT w.id, w.name, w.paused, w.creat
 pub(crate) const RUN_SELECT: &str = "SELECT r.id, r.workflow_id, w.name AS workflow_name, \
      r.workflow_version, r.state, r.trigger_type, r.logical_time, r.idempotency_key, \
      r.params_json, r.triggered_by, r.created_at, r.finished_at, r.cancel_requested, \
-     r.run_key, r.deadline_at, r.deadline_missed_at FROM run r \
+     r.run_key, r.deadline_at, r.deadline_missed_at, r.parent_run_id, r.parent_instance_id \
+     FROM run r \
      JOIN workflow w ON w.id = r.workflow_id";
 
 pub(crate) const INSTANCE_SELECT: &str = "SELECT ti.id, ti.run_id, ti.workflow_id, \
@@ -118,6 +119,10 @@ pub(crate) fn run(row: &AnyRow) -> Result<RunRecord> {
         run_key: row.try_get("run_key")?,
         deadline_at: row.try_get("deadline_at")?,
         deadline_missed_at: row.try_get("deadline_missed_at")?,
+        parent_run_id: row.try_get::<Option<i64>, _>("parent_run_id")?.map(RunId),
+        parent_instance_id: row
+            .try_get::<Option<i64>, _>("parent_instance_id")?
+            .map(InstanceId),
     })
 }
 

@@ -295,6 +295,9 @@ impl RunRow<'_> {
             run_key: self.run_key.clone(),
             deadline_at: self.deadline.0,
             deadline_missed_at: None,
+            // A child run gets its parent in the transaction that starts it (`sub_workflows`).
+            parent_run_id: None,
+            parent_instance_id: None,
         }
     }
 }

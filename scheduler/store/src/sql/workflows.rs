@@ -138,9 +138,9 @@ pub(super) async fn apply_workflow_tx(
         let sql = format!(
             "INSERT INTO task_definition (workflow_id, version, name, command, timeout_ms, \
              retries, retry_backoff_ms, priority, labels_json, upstream_count, app, owner, \
-             trigger_rule, handler, start_group, output_refs, run_if, for_each, max_items) \
-             VALUES {}",
-            values_rows(chunk.len(), 19)
+             trigger_rule, handler, start_group, output_refs, run_if, for_each, max_items, \
+             run_workflow, run_params) VALUES {}",
+            values_rows(chunk.len(), 21)
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for (task, upstreams) in chunk {
@@ -172,7 +172,13 @@ pub(super) async fn apply_workflow_tx(
                 .bind(output_refs_json(task)?)
                 .bind(task.condition.as_deref())
                 .bind(task.for_each.as_ref().map(to_json).transpose()?)
-                .bind(task.max_items.map(i64::from));
+                .bind(task.max_items.map(i64::from))
+                .bind(task.run_workflow.as_deref())
+                .bind(
+                    (!task.params.is_empty())
+                        .then(|| to_json(&task.params))
+                        .transpose()?,
+                );
         }
         query.execute(&mut *c).await?;
     }

@@ -1,0 +1,25 @@
+-- Sub-workflows (`run_workflow:` on a task). A task's `run_workflow` (the workflow it starts a
+-- run of; NULL for a task that runs a command) and its `params` templates (a JSON object).
+-- A child run names the run, instance and attempt that started it. `sub_workflow_wait` has one
+-- row per parent attempt that started a child (its primary key, with the child run's dedup key
+-- `parent:<instance>:<attempt>`, is why one attempt never has two children); `closed_at` is set
+-- once both sides have ended, so the sweep reads only the open waits. The index on
+-- `run_workflow` lets the dispatcher find the few tasks that start a run without a scan.
+ALTER TABLE task_definition ADD COLUMN run_workflow TEXT NULL;
+ALTER TABLE task_definition ADD COLUMN run_params TEXT NULL;
+ALTER TABLE run ADD COLUMN parent_run_id BIGINT NULL;
+ALTER TABLE run ADD COLUMN parent_instance_id BIGINT NULL;
+ALTER TABLE run ADD COLUMN parent_attempt BIGINT NULL;
+CREATE INDEX idx_run_parent ON run (parent_run_id);
+CREATE TABLE sub_workflow_wait (
+    parent_instance_id BIGINT NOT NULL,
+    parent_attempt BIGINT NOT NULL,
+    parent_run_id BIGINT NOT NULL,
+    child_run_id BIGINT NOT NULL,
+    created_at BIGINT NOT NULL,
+    closed_at BIGINT NULL,
+    PRIMARY KEY (parent_instance_id, parent_attempt)
+);
+CREATE INDEX idx_sub_workflow_wait_open ON sub_workflow_wait (closed_at);
+CREATE INDEX idx_sub_workflow_wait_parent_run ON sub_workflow_wait (parent_run_id);
+CREATE INDEX idx_task_definition_run_workflow ON task_definition (run_workflow);

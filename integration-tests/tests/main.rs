@@ -16,6 +16,8 @@ mod deploy;
 mod e2e;
 mod faults;
 mod folders;
+mod for_each;
+mod for_each_faults;
 mod fuzz_stream;
 mod metrics;
 mod outputs;
@@ -49,6 +51,8 @@ fn main() -> std::process::ExitCode {
         e2e::tests(),
         faults::tests(),
         folders::tests(),
+        for_each::tests(),
+        for_each_faults::tests(),
         fuzz_stream::tests(),
         metrics::tests(),
         outputs::tests(),

@@ -3,7 +3,7 @@
 //! memory, and direct SQL for the bulk history of W7 and W11, which no API creates).
 //!
 //! Every workload module is named for what it measures, and [`run_workload`] maps the ids of
-//! `--workload` (S0, W1 … W11, U1) to them; each has `run(&Env) -> anyhow::Result<Measurement>`. A
+//! `--workload` (S0, W1 … W12, U1) to them; each has `run(&Env) -> anyhow::Result<Measurement>`. A
 //! run starts its own [`Cluster`] on a fresh store, so one workload never sees another's rows,
 //! and ends with the correctness checks of [`Cluster::verify_runs`].
 
@@ -14,6 +14,7 @@ pub mod history_reads;
 pub mod idle_workers;
 pub mod large_history;
 pub mod log_throughput;
+pub mod mapped_fan_out;
 pub mod poisson_arrivals;
 pub mod report;
 pub mod seed_load;
@@ -40,7 +41,7 @@ use crate::unique_suffix;
 /// Every workload the harness knows, in the order `all` runs them (S0 first, so W1's ratio to
 /// the spawn ceiling is measured in the same invocation).
 pub const WORKLOADS: &[&str] = &[
-    "S0", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "U1",
+    "S0", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "W12", "U1",
 ];
 
 /// Calls the harness makes at once when it reads back results: enough to hide round trips,
@@ -795,6 +796,7 @@ pub async fn run_workload(id: &str, env: &Env) -> anyhow::Result<Measurement> {
         "W9" => poisson_arrivals::run(env).await,
         "W10" => seed_load::run(env).await,
         "W11" => history_reads::run(env).await,
+        "W12" => mapped_fan_out::run(env).await,
         "U1" => web_ui::run(env).await,
         other => bail!("unknown workload {other}"),
     }

@@ -106,8 +106,13 @@ async fn pass(
     })
 }
 
+/// Tasks of the one-worker pass (W12 maps over as many items, to compare with it).
+pub fn tasks(quick: bool) -> usize {
+    if quick { 200 } else { 10_000 }
+}
+
 pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
-    let tasks: usize = if env.quick { 200 } else { 10_000 };
+    let tasks = tasks(env.quick);
     let mut checks = Checks::default();
     let single = pass(env, &ClusterSpec::one_worker(64), tasks, &mut checks).await?;
 

@@ -1,5 +1,5 @@
 //! `ax-bench`: the benchmark harness. Starts real `ax-scheduler` and `ax-worker` processes
-//! against a chosen store, runs the workloads S0 and W1–W9 (BENCHMARKS.md) through the public
+//! against a chosen store, runs the workloads S0, W1–W12 and U1 (BENCHMARKS.md) through the public
 //! gRPC API, and prints one table (median, min, max, target, pass/miss) and optionally JSON.
 
 use std::path::PathBuf;
@@ -16,7 +16,7 @@ use clap::Parser;
     about = "Benchmarks ax with real processes (see BENCHMARKS.md)"
 )]
 struct Args {
-    /// Workloads to run: S0, W1 … W9, comma separated, or all.
+    /// Workloads to run: S0, W1 … W12, U1, comma separated, or all.
     #[arg(long, default_value = "all")]
     workload: String,
     /// Runs of each workload; the table shows their median, min and max.
@@ -152,6 +152,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         reports.push(report::aggregate(workload, &backend, runs));
     }
     add_spawn_ratio(&mut reports);
+    add_fan_out_ratio(&mut reports, args.quick);
 
     println!("{}", report::table(&reports));
     for r in &reports {
@@ -232,4 +233,33 @@ fn add_spawn_ratio(reports: &mut [WorkloadReport]) {
     if let Some(summary) = worker_way {
         w1.figures.insert(2, summary);
     }
+}
+
+/// W12's target is relative to W1 in the same invocation: W12's trigger -> sink end divided by
+/// the time W1's median rate takes for as many tasks as W12 has items.
+fn add_fan_out_ratio(reports: &mut [WorkloadReport], quick: bool) {
+    let Some(rate) = reports
+        .iter()
+        .find(|r| r.workload == "W1")
+        .and_then(|r| r.figures.iter().find(|f| f.name.starts_with("tasks/s")))
+        .map(|f| f.median)
+        .filter(|rate| *rate > 0.0)
+    else {
+        return;
+    };
+    let w1_seconds = bench::mapped_fan_out::items(quick) as f64 / rate;
+    let Some(w12) = reports.iter_mut().find(|r| r.workload == "W12") else {
+        return;
+    };
+    let Some(total) = w12.figures.iter().find(|f| f.name == "trigger -> sink end") else {
+        return;
+    };
+    let ratios = total.values.iter().map(|v| v / w1_seconds).collect();
+    let summary = report::summarize(
+        "trigger -> sink end / W1's time for as many tasks",
+        "x",
+        ratios,
+        Some(Target::AtMost(1.2)),
+    );
+    w12.figures.insert(1, summary);
 }

@@ -355,8 +355,17 @@ async fn retry_instance_tx(
     if let Some(refused) = super::shard_retry::refuse_retry(c, id).await? {
         return Ok(refused);
     }
-    if !retry_one(c, &key, now).await? {
+    if transition(key.state, Event::ManualRetry).is_err() {
         return Ok(ManualRetry::NotRetryable(key.state));
+    }
+    if super::shard_retry::is_mapped_parent(c, id).await? {
+        if !super::shard_retry::retry_items(c, id, now).await? {
+            return Ok(ManualRetry::NotRetryable(key.state));
+        }
+    } else if !retry_one(c, &key, now).await? {
+        return Ok(ManualRetry::NotRetryable(key.state));
+    } else if let Some(parent) = super::shard_retry::parent_of_item(c, id).await? {
+        super::shard_retry::reopen_parent(c, parent).await?;
     }
     let spec = spec_of_run(c, key.run_id)
         .await?
@@ -396,9 +405,16 @@ async fn rerun_failed_tx(
         if shards_active.iter().any(|(parent, _)| *parent == id) {
             continue;
         }
-        if let Some(key) = load_key(c, id).await?
-            && retry_one(c, &key, now).await?
-        {
+        let Some(key) = load_key(c, id).await? else {
+            continue;
+        };
+        let again = if super::shard_retry::is_mapped_parent(c, id).await? {
+            transition(key.state, Event::ManualRetry).is_ok()
+                && super::shard_retry::retry_items(c, id, now).await?
+        } else {
+            retry_one(c, &key, now).await?
+        };
+        if again {
             retried.push(id);
             tasks.push(key.task);
         }

@@ -10,7 +10,13 @@
 //!   counts only through the parent's attempt it belongs to);
 //! - a parent is retried only once none of its shards is WAITING, DISPATCHED or RUNNING;
 //!   `rerun --failed` leaves such a parent alone and says so.
+//!
+//! A mapped task's items (`for_each`) are each their own piece of work, so retries act on them
+//! one by one: an item of the parent's current attempt is retried on its own (its parent, if
+//! it ended, is RUNNING again until the items settle it), and a retry of the parent (or
+//! `rerun --failed`) retries its unsuccessful items rather than fanning out anew.
 
+use ax_core::Millis;
 use ax_core::ids::InstanceId;
 use sqlx::{AnyConnection, Row};
 
@@ -23,12 +29,21 @@ pub(crate) async fn refuse_retry(
     c: &mut AnyConnection,
     id: InstanceId,
 ) -> Result<Option<ManualRetry>> {
-    let row = sqlx::query("SELECT parent_id FROM task_instance WHERE id = ?")
-        .bind(id.0)
-        .fetch_optional(&mut *c)
-        .await?;
+    let row = sqlx::query(
+        "SELECT i.parent_id, i.item, i.parent_attempt, p.attempt AS current FROM task_instance i \
+         LEFT JOIN task_instance p ON p.id = i.parent_id WHERE i.id = ?",
+    )
+    .bind(id.0)
+    .fetch_optional(&mut *c)
+    .await?;
     let Some(row) = row else { return Ok(None) };
     if let Some(parent) = row.try_get::<Option<i64>, _>("parent_id")? {
+        let item = row.try_get::<Option<String>, _>("item")?.is_some();
+        let current = row.try_get::<Option<i64>, _>("parent_attempt")?
+            == row.try_get::<Option<i64>, _>("current")?;
+        if item && current {
+            return Ok(None);
+        }
         return Ok(Some(ManualRetry::Shard {
             parent: InstanceId(parent),
         }));
@@ -70,4 +85,71 @@ pub(crate) async fn shards_going(
             ))
         })
         .collect()
+}
+
+/// The parent of `id` when `id` is an item of a mapped task.
+pub(crate) async fn parent_of_item(c: &mut AnyConnection, id: InstanceId) -> Result<Option<i64>> {
+    let row = sqlx::query("SELECT parent_id FROM task_instance WHERE id = ? AND item IS NOT NULL")
+        .bind(id.0)
+        .fetch_optional(&mut *c)
+        .await?;
+    Ok(match row {
+        Some(row) => row.try_get("parent_id")?,
+        None => None,
+    })
+}
+
+/// Whether `id` is a mapped task's parent (its children carry items).
+pub(crate) async fn is_mapped_parent(c: &mut AnyConnection, id: InstanceId) -> Result<bool> {
+    let row = sqlx::query(
+        "SELECT id FROM task_instance WHERE parent_id = ? AND item IS NOT NULL LIMIT 1",
+    )
+    .bind(id.0)
+    .fetch_optional(&mut *c)
+    .await?;
+    Ok(row.is_some())
+}
+
+/// A mapped parent that ended is RUNNING again, as its items run again: its end is theirs to
+/// settle. Its attempt stays, which its items belong to.
+pub(crate) async fn reopen_parent(c: &mut AnyConnection, parent: i64) -> Result<()> {
+    sqlx::query(
+        "UPDATE task_instance SET state = 'RUNNING', finished_at = NULL \
+         WHERE id = ? AND state IN ('FAILED', 'TIMEOUT', 'CANCELLED')",
+    )
+    .bind(parent)
+    .execute(&mut *c)
+    .await?;
+    Ok(())
+}
+
+/// Retries every FAILED, TIMEOUT and CANCELLED item of a mapped parent's current attempt (each
+/// WAITING as its next attempt) and reopens the parent; false when no item was retried.
+pub(crate) async fn retry_items(
+    c: &mut AnyConnection,
+    parent: InstanceId,
+    now: Millis,
+) -> Result<bool> {
+    let row = sqlx::query("SELECT attempt FROM task_instance WHERE id = ?")
+        .bind(parent.0)
+        .fetch_optional(&mut *c)
+        .await?;
+    let Some(row) = row else { return Ok(false) };
+    let attempt: i64 = row.try_get("attempt")?;
+    let retried = sqlx::query(
+        "UPDATE task_instance SET state = 'WAITING', attempt = attempt + 1, not_before = ?, \
+         worker_id = NULL, started_at = NULL, finished_at = NULL, exit_code = NULL \
+         WHERE parent_id = ? AND parent_attempt = ? AND item IS NOT NULL \
+         AND state IN ('FAILED', 'TIMEOUT', 'CANCELLED')",
+    )
+    .bind(now)
+    .bind(parent.0)
+    .bind(attempt)
+    .execute(&mut *c)
+    .await?;
+    if retried.rows_affected() == 0 {
+        return Ok(false);
+    }
+    reopen_parent(c, parent.0).await?;
+    Ok(true)
 }

@@ -25,6 +25,7 @@ conformance!(
     an_empty_list_is_skipped_and_a_bad_one_fails_naming_why,
     a_root_maps_over_a_param_as_its_run_starts,
     items_are_read_as_counts_first_failures_and_pages,
+    a_manual_retry_reruns_one_item_and_a_parent_retry_its_failed_items,
 );
 
 fn mapped(name: &str, upstream: &[&str], for_each: ForEach) -> TaskSpec {
@@ -87,12 +88,25 @@ async fn items_of(s: &Store, run: RunId, task: &str) -> Vec<(InstanceId, String,
 
 /// Runs item `id` to `outcome`.
 async fn run_item(s: &Store, id: InstanceId, outcome: Outcome) -> crate::Applied {
-    let won = s.mark_dispatched(&[claim(id, 1, "w1")]).await.unwrap();
+    run_item_attempt(s, id, 1, outcome).await
+}
+
+/// Runs `attempt` of item `id` to `outcome`.
+async fn run_item_attempt(
+    s: &Store,
+    id: InstanceId,
+    attempt: u32,
+    outcome: Outcome,
+) -> crate::Applied {
+    let won = s
+        .mark_dispatched(&[claim(id, attempt, "w1")])
+        .await
+        .unwrap();
     assert_eq!(won, vec![true]);
-    applied(&s.apply_reports(&[started(id, 1)], T0).await.unwrap()[0]);
+    applied(&s.apply_reports(&[started(id, attempt)], T0).await.unwrap()[0]);
     let exit = i32::from(outcome != Outcome::Success);
     let results = s
-        .apply_reports(&[finished(id, 1, outcome, exit)], T0 + 40)
+        .apply_reports(&[finished(id, attempt, outcome, exit)], T0 + 40)
         .await
         .unwrap();
     applied(&results[0]).clone()
@@ -412,5 +426,93 @@ mod scenarios {
         let list = parent_of(s, run.id, "list").await;
         let none = s.list_items(list.id, page(None, 0, 10)).await.unwrap();
         assert!(none.is_empty(), "a task without items has no page");
+    }
+
+    pub(super) async fn a_manual_retry_reruns_one_item_and_a_parent_retry_its_failed_items(
+        ctx: Ctx,
+    ) {
+        let s = ctx.s();
+        let wf = apply(
+            s,
+            &spec(
+                "mapper",
+                vec![
+                    task("list", &[]),
+                    mapped("map", &["list"], files()),
+                    task("sink", &["map"]),
+                ],
+            ),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        succeed_with(s, run.id, "list", &[("files", "[1, 2, 3]")]).await;
+        let items = items_of(s, run.id, "map").await;
+        run_item(s, items[0].0, Outcome::Success).await;
+        run_item(s, items[1].0, Outcome::Failed).await;
+        let last = run_item(s, items[2].0, Outcome::Failed).await;
+        assert_eq!(last.run_finished, Some((run.id, RunState::Failed)));
+        let parent = parent_of(s, run.id, "map").await;
+        assert_eq!(parent.state, Failed);
+
+        // One item is retried on its own; its parent runs again until the items settle it.
+        let retried = s.retry_instance(items[1].0, T0 + 100).await.unwrap();
+        let crate::ManualRetry::Retried(record) = retried else {
+            panic!("an item of the current attempt is retried: {retried:?}");
+        };
+        assert_eq!(
+            (record.id, record.state, record.attempt.0),
+            (items[1].0, Waiting, 2)
+        );
+        let states: Vec<InstanceState> = items_of(s, run.id, "map")
+            .await
+            .iter()
+            .map(|(_, _, st)| *st)
+            .collect();
+        assert_eq!(states, vec![Success, Waiting, Failed], "only that item");
+        let again = parent_of(s, run.id, "map").await;
+        assert_eq!((again.state, again.attempt), (Running, parent.attempt));
+        assert_eq!(sink_state(s, run.id).await, Some(Pending));
+        let reopened = s.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(reopened.state, RunState::Running);
+        assert!(
+            matches!(
+                s.retry_instance(parent.id, T0 + 110).await.unwrap(),
+                crate::ManualRetry::ShardsActive { unfinished: 1 }
+            ),
+            "the parent waits for its item going"
+        );
+
+        // Item 2 succeeds; item 3 is still FAILED, so the task fails again.
+        let done = run_item_attempt(s, items[1].0, 2, Outcome::Success).await;
+        assert_eq!(done.run_finished, Some((run.id, RunState::Failed)));
+        assert_eq!(parent_of(s, run.id, "map").await.state, Failed);
+        assert_eq!(sink_state(s, run.id).await, Some(UpstreamFailed));
+
+        // A retry of the parent retries its failed items, not the whole list.
+        let retried = s.retry_instance(parent.id, T0 + 200).await.unwrap();
+        assert!(
+            matches!(retried, crate::ManualRetry::Retried(ref r) if r.id == parent.id),
+            "{retried:?}"
+        );
+        let after: Vec<(InstanceId, InstanceState)> = items_of(s, run.id, "map")
+            .await
+            .iter()
+            .map(|(id, _, st)| (*id, *st))
+            .collect();
+        assert_eq!(
+            after,
+            vec![
+                (items[0].0, Success),
+                (items[1].0, Success),
+                (items[2].0, Waiting)
+            ],
+            "no item made anew, only the failed one again"
+        );
+        assert_eq!(parent_of(s, run.id, "map").await.state, Running);
+        run_item_attempt(s, items[2].0, 2, Outcome::Success).await;
+        assert_eq!(parent_of(s, run.id, "map").await.state, Success);
+        assert_eq!(sink_state(s, run.id).await, Some(Waiting));
+        let done = run_task(s, run.id, "sink", Outcome::Success).await;
+        assert_eq!(done.run_finished, Some((run.id, RunState::Success)));
     }
 }

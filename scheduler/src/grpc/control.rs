@@ -875,6 +875,12 @@ impl ControlService for ControlApi {
                      (it fans out again)"
                 )));
             }
+            ManualRetry::NotFannedOut => {
+                return Err(Status::failed_precondition(format!(
+                    "instance {id} maps over a list and ended before it fanned out, so it has no \
+                     items to retry: rerun the run from the task its list comes from"
+                )));
+            }
             ManualRetry::ShardsActive { unfinished } => {
                 return Err(Status::failed_precondition(format!(
                     "instance {id} still has {unfinished} unfinished shards: wait for them or \

@@ -54,6 +54,12 @@ impl ControlApi {
                      rerun from that upstream instead"
                 )));
             }
+            RerunFrom::NotFannedOut => {
+                return Err(Status::failed_precondition(format!(
+                    "task {task:?} of run {id} maps over a list and ended before it fanned out, \
+                     so it has no items to run again: rerun from the task its list comes from"
+                )));
+            }
             RerunFrom::Active { busy } => {
                 let busy: Vec<String> = busy
                     .iter()

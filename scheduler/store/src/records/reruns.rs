@@ -25,6 +25,9 @@ pub enum ManualRetry {
     ShardsActive {
         unfinished: u32,
     },
+    /// A mapped task (`for_each`) that ended before it fanned out (its list was refused): it
+    /// has no items to retry; a rerun from the task above it reads the list again.
+    NotFannedOut,
 }
 
 /// The answer to `rerun_failed` (`axctl rerun RUN --failed`).
@@ -65,4 +68,7 @@ pub enum RerunFrom {
     ShardsActive {
         shards: Vec<(String, u32)>,
     },
+    /// The task maps over a list (`for_each`) and ended before it fanned out: it has no items
+    /// to run again; a rerun from the task above it reads the list again.
+    NotFannedOut,
 }

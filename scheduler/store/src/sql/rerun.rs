@@ -58,6 +58,13 @@ impl Store {
     }
 }
 
+/// Whether `task` of `spec` maps over a list (`for_each`).
+fn is_mapped(spec: &ax_core::spec::WorkflowSpec, task: &str) -> bool {
+    spec.tasks
+        .iter()
+        .any(|t| t.name == task && t.for_each.is_some())
+}
+
 async fn rerun_from_tx(
     store: &Store,
     c: &mut AnyConnection,
@@ -130,7 +137,13 @@ async fn rerun_from_tx(
     if transition(state, Event::RerunFrom).is_err() {
         return Ok(RerunFrom::NotRun { state: Some(state) });
     }
-    if !move_to(c, id, attempt, state, InstanceState::Waiting, now).await? {
+    if is_mapped(&spec, task) {
+        // A mapped task runs again as its items, every one of them, on the list it read; a
+        // rerun from the task above it reads the list anew.
+        if !super::shard_retry::rerun_items(c, id, now).await? {
+            return Ok(RerunFrom::NotFannedOut);
+        }
+    } else if !move_to(c, id, attempt, state, InstanceState::Waiting, now).await? {
         return Err(corrupt("instance moved under the run lock"));
     }
     let mut pending = Vec::new();
@@ -358,18 +371,21 @@ async fn retry_instance_tx(
     if transition(key.state, Event::ManualRetry).is_err() {
         return Ok(ManualRetry::NotRetryable(key.state));
     }
+    let spec = spec_of_run(c, key.run_id)
+        .await?
+        .ok_or_else(|| corrupt("retried instance's run vanished"))?;
     if super::shard_retry::is_mapped_parent(c, id).await? {
         if !super::shard_retry::retry_items(c, id, now).await? {
             return Ok(ManualRetry::NotRetryable(key.state));
         }
+    } else if is_mapped(&spec, &key.task) && key.parent_id.is_none() {
+        // Run as a plain task it would run its command once, without an item.
+        return Ok(ManualRetry::NotFannedOut);
     } else if !retry_one(c, &key, now).await? {
         return Ok(ManualRetry::NotRetryable(key.state));
     } else if let Some(parent) = super::shard_retry::parent_of_item(c, id).await? {
         super::shard_retry::reopen_parent(c, parent).await?;
     }
-    let spec = spec_of_run(c, key.run_id)
-        .await?
-        .ok_or_else(|| corrupt("retried instance's run vanished"))?;
     reopen(c, key.run_id, &spec, &[key.task.as_str()], now).await?;
     let record = instance_by_id(c, id)
         .await?
@@ -401,6 +417,9 @@ async fn rerun_failed_tx(
     let shards_active = super::shard_retry::shards_going(c, &ids).await?;
     let mut retried = Vec::new();
     let mut tasks = Vec::new();
+    let spec = spec_of_run(c, run)
+        .await?
+        .ok_or_else(|| corrupt("rerun run vanished"))?;
     for id in ids {
         if shards_active.iter().any(|(parent, _)| *parent == id) {
             continue;
@@ -411,6 +430,10 @@ async fn rerun_failed_tx(
         let again = if super::shard_retry::is_mapped_parent(c, id).await? {
             transition(key.state, Event::ManualRetry).is_ok()
                 && super::shard_retry::retry_items(c, id, now).await?
+        } else if is_mapped(&spec, &key.task) && key.parent_id.is_none() {
+            // Ended before it fanned out: no item to retry, and run plain it would run its
+            // command once without one. A rerun from the task above it reads the list again.
+            false
         } else {
             retry_one(c, &key, now).await?
         };
@@ -420,9 +443,6 @@ async fn rerun_failed_tx(
         }
     }
     if !retried.is_empty() {
-        let spec = spec_of_run(c, run)
-            .await?
-            .ok_or_else(|| corrupt("rerun run vanished"))?;
         let tasks: Vec<&str> = tasks.iter().map(String::as_str).collect();
         reopen(c, run, &spec, &tasks, now).await?;
     }

@@ -153,3 +153,41 @@ pub(crate) async fn retry_items(
     reopen_parent(c, parent.0).await?;
     Ok(true)
 }
+
+/// Runs every ended item of a mapped parent's current attempt again (each WAITING as its next
+/// attempt) and the parent RUNNING until they settle it: a rerun from the mapped task. False
+/// when the parent has no items (it ended before it fanned out).
+pub(crate) async fn rerun_items(
+    c: &mut AnyConnection,
+    parent: InstanceId,
+    now: Millis,
+) -> Result<bool> {
+    let row = sqlx::query("SELECT attempt FROM task_instance WHERE id = ?")
+        .bind(parent.0)
+        .fetch_optional(&mut *c)
+        .await?;
+    let Some(row) = row else { return Ok(false) };
+    let attempt: i64 = row.try_get("attempt")?;
+    let again = sqlx::query(
+        "UPDATE task_instance SET state = 'WAITING', attempt = attempt + 1, not_before = ?, \
+         worker_id = NULL, started_at = NULL, finished_at = NULL, exit_code = NULL \
+         WHERE parent_id = ? AND parent_attempt = ? AND item IS NOT NULL \
+         AND state IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELLED')",
+    )
+    .bind(now)
+    .bind(parent.0)
+    .bind(attempt)
+    .execute(&mut *c)
+    .await?;
+    if again.rows_affected() == 0 {
+        return Ok(false);
+    }
+    sqlx::query(
+        "UPDATE task_instance SET state = 'RUNNING', finished_at = NULL \
+         WHERE id = ? AND state IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELLED')",
+    )
+    .bind(parent.0)
+    .execute(&mut *c)
+    .await?;
+    Ok(true)
+}

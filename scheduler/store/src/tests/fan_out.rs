@@ -17,7 +17,7 @@ use ax_core::spec::TaskSpec;
 use ax_core::state::{InstanceState, Outcome};
 
 use super::support::*;
-use crate::{InstanceRecord, ItemPage, NewRun, Report, Store};
+use crate::{InstanceRecord, ItemPage, ManualRetry, NewRun, Report, RerunFrom, Store};
 
 conformance!(
     an_output_list_fans_out_and_the_join_waits_for_every_item,
@@ -26,6 +26,7 @@ conformance!(
     a_root_maps_over_a_param_as_its_run_starts,
     items_are_read_as_counts_first_failures_and_pages,
     a_manual_retry_reruns_one_item_and_a_parent_retry_its_failed_items,
+    a_rerun_from_a_mapped_task_runs_every_item_and_one_never_fanned_out_is_refused,
 );
 
 fn mapped(name: &str, upstream: &[&str], for_each: ForEach) -> TaskSpec {
@@ -514,5 +515,72 @@ mod scenarios {
         assert_eq!(sink_state(s, run.id).await, Some(Waiting));
         let done = run_task(s, run.id, "sink", Outcome::Success).await;
         assert_eq!(done.run_finished, Some((run.id, RunState::Success)));
+    }
+
+    pub(super) async fn a_rerun_from_a_mapped_task_runs_every_item_and_one_never_fanned_out_is_refused(
+        ctx: Ctx,
+    ) {
+        let s = ctx.s();
+        let wf = apply(
+            s,
+            &spec(
+                "mapper",
+                vec![
+                    task("list", &[]),
+                    mapped("map", &["list"], files()),
+                    task("sink", &["map"]),
+                ],
+            ),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        succeed_with(s, run.id, "list", &[("files", "[1, 2]")]).await;
+        let items = items_of(s, run.id, "map").await;
+        run_item(s, items[0].0, Outcome::Success).await;
+        run_item(s, items[1].0, Outcome::Success).await;
+        run_task(s, run.id, "sink", Outcome::Success).await;
+        let again = s.rerun_from(run.id, "map", T0 + 100).await.unwrap();
+        assert!(matches!(again, RerunFrom::Rerun { .. }), "{again:?}");
+        let parent = parent_of(s, run.id, "map").await;
+        assert_eq!(
+            parent.state, Running,
+            "its items settle it, it runs nowhere"
+        );
+        let states: Vec<InstanceState> = items_of(s, run.id, "map")
+            .await
+            .into_iter()
+            .map(|(_, _, state)| state)
+            .collect();
+        assert_eq!(
+            states,
+            vec![Waiting, Waiting],
+            "every item again, none made anew"
+        );
+        assert_eq!(sink_state(s, run.id).await, Some(Pending));
+        run_item_attempt(s, items[0].0, 2, Outcome::Success).await;
+        run_item_attempt(s, items[1].0, 2, Outcome::Success).await;
+        assert_eq!(parent_of(s, run.id, "map").await.state, Success);
+        assert_eq!(sink_state(s, run.id).await, Some(Waiting));
+
+        // Over the cap (5): FAILED before any item; nothing to retry or rerun as a plain task.
+        let run = start_run(s, &wf).await;
+        succeed_with(s, run.id, "list", &[("files", "[1, 2, 3, 4, 5, 6]")]).await;
+        let refused = parent_of(s, run.id, "map").await;
+        assert_eq!(refused.state, Failed);
+        assert_eq!(
+            s.retry_instance(refused.id, T0 + 200).await.unwrap(),
+            ManualRetry::NotFannedOut
+        );
+        assert_eq!(
+            s.rerun_from(run.id, "map", T0 + 200).await.unwrap(),
+            RerunFrom::NotFannedOut
+        );
+        let rerun = s.rerun_failed(run.id, T0 + 200).await.unwrap().unwrap();
+        assert!(rerun.retried.is_empty(), "{rerun:?}");
+        assert_eq!(
+            parent_of(s, run.id, "map").await.state,
+            Failed,
+            "left as it was"
+        );
     }
 }

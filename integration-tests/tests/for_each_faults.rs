@@ -8,7 +8,7 @@
 //!   item exists exactly once (indexes 0 … 1,999 under the one parent) and ran to its end
 //!   exactly once, with no attempt started twice.
 //! - A worker is killed with kill -9 after its task wrote `$AX_OUTPUT` but before the end was
-//!   reported: the output is never read from the lost attempt. With `retries: 1` the mapped
+//!   reported, on SQLite and on MySQL: the output is never read from the lost attempt. With `retries: 1` the mapped
 //!   task below waits and maps over the retry's list; without retries the list task fails
 //!   naming the lost worker and the task below is UPSTREAM_FAILED, no item created.
 //!
@@ -34,6 +34,8 @@ pub(crate) fn tests() -> Vec<Test> {
         trial!(async(multi_thread = 2) fault_for_each_sqlite_node_killed_while_2000_items_fan_out_runs_each_item_once),
         trial!(async(multi_thread = 2) fault_a_worker_killed_after_writing_its_output_has_the_retry_s_list_mapped),
         trial!(async(multi_thread = 2) fault_a_worker_killed_after_writing_its_output_without_retries_fails_the_run_naming_it),
+        trial!(async(multi_thread = 2) fault_a_worker_killed_after_writing_its_output_on_mysql_has_the_retry_s_list_mapped).requires(&MYSQL),
+        trial!(async(multi_thread = 2) fault_a_worker_killed_after_writing_its_output_on_mysql_without_retries_fails_the_run_naming_it).requires(&MYSQL),
     ]
 }
 
@@ -314,14 +316,17 @@ async fn fault_for_each_sqlite_node_killed_while_2000_items_fan_out_runs_each_it
 /// A worker killed after `list` wrote `$AX_OUTPUT` (attempt 1 writes `["lost"]` and then
 /// sleeps; attempt 2 writes `["x","y","z"]`); returns the run's instances, the run and the
 /// items' ledger.
-async fn worker_killed_after_the_output(retries: u32) -> (Vec<pb::Instance>, pb::Run, Vec<String>) {
+async fn worker_killed_after_the_output(
+    backend: Backend,
+    retries: u32,
+) -> (Vec<pb::Instance>, pb::Run, Vec<String>) {
     let Scene {
         mut cluster,
         client,
         dir,
         worker,
         ..
-    } = Scenario::new(Backend::Sqlite)
+    } = Scenario::new(backend)
         .heartbeats("300ms")
         .dead_after(4)
         .worker_settings(WorkerSettings {
@@ -363,7 +368,24 @@ tasks:
 }
 
 async fn fault_a_worker_killed_after_writing_its_output_has_the_retry_s_list_mapped() {
-    let (instances, run, mut lines) = worker_killed_after_the_output(1).await;
+    retry_s_list_mapped(Backend::Sqlite).await;
+}
+
+async fn fault_a_worker_killed_after_writing_its_output_on_mysql_has_the_retry_s_list_mapped() {
+    retry_s_list_mapped(Backend::MySql).await;
+}
+
+async fn fault_a_worker_killed_after_writing_its_output_without_retries_fails_the_run_naming_it() {
+    no_retry_fails_naming_the_worker(Backend::Sqlite).await;
+}
+
+async fn fault_a_worker_killed_after_writing_its_output_on_mysql_without_retries_fails_the_run_naming_it()
+ {
+    no_retry_fails_naming_the_worker(Backend::MySql).await;
+}
+
+async fn retry_s_list_mapped(backend: Backend) {
+    let (instances, run, mut lines) = worker_killed_after_the_output(backend, 1).await;
     assert_eq!(
         run.state(),
         pb::RunState::Success,
@@ -390,8 +412,8 @@ async fn fault_a_worker_killed_after_writing_its_output_has_the_retry_s_list_map
     );
 }
 
-async fn fault_a_worker_killed_after_writing_its_output_without_retries_fails_the_run_naming_it() {
-    let (instances, run, lines) = worker_killed_after_the_output(0).await;
+async fn no_retry_fails_naming_the_worker(backend: Backend) {
+    let (instances, run, lines) = worker_killed_after_the_output(backend, 0).await;
     assert_eq!(run.state(), pb::RunState::Failed, "{}", summary(&instances));
     let list = instances.iter().find(|i| i.task == "list").expect("list");
     assert_eq!(list.attempts.len(), 1, "{list:?}");

@@ -2,7 +2,7 @@
 //! `run_workflow` task starts a run of another workflow of its app with templated params (the
 //! child's shell task writes what it was given to a file), waits for it without a worker slot,
 //! and ends as it ended; a failing child fails the parent task and run; cancelling the parent
-//! cancels the child and kills its process. The links are shown both ways (`GetRun`,
+//! cancels the child and kills its process, as does the parent task's timeout. The links are shown both ways (`GetRun`,
 //! `GetInstance`, `axctl why`'s facts). Timing is only ever bounded from above, generously.
 
 use std::time::Duration;
@@ -22,6 +22,7 @@ pub(crate) fn tests() -> Vec<Test> {
             a_child_run_gets_templated_params_and_its_success_ends_the_parent_task,
             a_failing_child_fails_the_parent_task_and_run,
             cancelling_the_parent_cancels_the_child_and_kills_its_task,
+            a_parent_task_past_its_timeout_cancels_its_child_and_times_out,
             the_examples_folder_applies_whole_and_daily_regions_calls_load_region,
         ),
         vec![trial!(async(multi_thread = 4) two_nodes_start_each_child_once).requires(&MYSQL)],
@@ -223,21 +224,7 @@ tasks:
     let run = client.trigger_run("waits-long").await.expect("trigger");
     let child = child_of(&client, run.id).await;
     // Wait until the child's process runs.
-    let pid_file = cluster.dir().join("child.pid");
-    let until = tokio::time::Instant::now() + WITHIN;
-    let pid: i32 = loop {
-        if let Some(pid) = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|text| text.trim().parse().ok())
-        {
-            break pid;
-        }
-        assert!(
-            tokio::time::Instant::now() < until,
-            "the child's task never started"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let pid = pid_in(&cluster, "child.pid").await;
 
     // `axctl why` says which child run the task waits on, and its state.
     let why = client
@@ -268,6 +255,80 @@ tasks:
     assert_eq!(child.state, pb::RunState::Cancelled as i32, "{child:?}");
     let parent = client.get_run(run.id).await.expect("parent");
     assert_eq!(parent.state, pb::RunState::Cancelled as i32);
+    // The child's process is killed by its worker.
+    let until = tokio::time::Instant::now() + WITHIN;
+    while process_alive(pid) {
+        assert!(tokio::time::Instant::now() < until, "pid {pid} still runs");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the pid file `name` in the cluster's directory holds a pid.
+async fn pid_in(cluster: &Cluster, name: &str) -> i32 {
+    let pid_file = cluster.dir().join(name);
+    let until = tokio::time::Instant::now() + WITHIN;
+    loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+        {
+            return pid;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "no pid in {name}: the child's task never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn a_parent_task_past_its_timeout_cancels_its_child_and_times_out(backend: Backend) {
+    let (cluster, client) = cluster(backend).await;
+    let dir = cluster.dir().display().to_string();
+    client
+        .apply(&format!(
+            r#"
+name: hangs
+tasks:
+  - name: sleep
+    command: echo $$ > {dir}/hang.pid; exec sleep 300
+"#
+        ))
+        .await
+        .expect("apply child");
+    client
+        .apply(
+            "
+name: bounded
+tasks:
+  - name: call
+    run_workflow: hangs
+    timeout: 2s
+",
+        )
+        .await
+        .expect("apply parent");
+    let run = client.trigger_run("bounded").await.expect("trigger");
+    let child = child_of(&client, run.id).await;
+    let pid = pid_in(&cluster, "hang.pid").await;
+
+    let ended = client.wait_run_within(run.id, WITHIN).await.expect("ends");
+    assert_eq!(ended.state, pb::RunState::Failed as i32, "{ended:?}");
+    let call = instance_of(&client, run.id, "call").await;
+    assert_eq!(call.state, pb::InstanceState::Timeout as i32, "{call:?}");
+    assert_eq!(
+        call.attempts[0].message,
+        format!(
+            "timed out: child run {} (hangs) still active after the task's timeout of 2000 ms; \
+             the child run was cancelled",
+            child.id
+        )
+    );
+    let child = client
+        .wait_run_within(child.id, WITHIN)
+        .await
+        .expect("child ends");
+    assert_eq!(child.state, pb::RunState::Cancelled as i32, "{child:?}");
     // The child's process is killed by its worker.
     let until = tokio::time::Instant::now() + WITHIN;
     while process_alive(pid) {
@@ -334,6 +395,34 @@ async fn the_examples_folder_applies_whole_and_daily_regions_calls_load_region(b
     }
     regions.sort();
     assert_eq!(regions, ["eu", "us"]);
+
+    // The called workflow is not deleted while daily-regions calls it; once the caller is gone
+    // it is.
+    let delete = |name: &str| pb::DeleteWorkflowRequest {
+        name: name.into(),
+        ..Default::default()
+    };
+    let refused = client
+        .control()
+        .delete_workflow(delete("load-region"))
+        .await
+        .expect_err("a called workflow is not deleted");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        refused.message(),
+        "workflow load-region is called by daily-regions (run_workflow): their next runs would \
+         fail that task; change or delete them first"
+    );
+    client
+        .control()
+        .delete_workflow(delete("daily-regions"))
+        .await
+        .expect("the caller is deleted");
+    client
+        .control()
+        .delete_workflow(delete("load-region"))
+        .await
+        .expect("with no caller left, the called one is deleted");
 }
 
 fn node(url: &str, node_id: &str) -> SchedulerOptions {

@@ -1,5 +1,5 @@
-//! The sub-workflow sweep: ends a `run_workflow` task's attempt once its child run has ended,
-//! and cancels a child whose parent attempt ended first (its run cancelled, the task cancelled
+//! The sub-workflow sweep: ends a `run_workflow` task's attempt once its child run has ended
+//! (or TIMEOUT once the task's `timeout:` has passed, cancelling the child), and cancels a child whose parent attempt ended first (its run cancelled, the task cancelled
 //! or retried by hand), so no child outlives what waits on it.
 //!
 //! Every node runs the loop over the open waits (`sub_workflow_wait`); what to do with each is
@@ -70,8 +70,9 @@ impl SubWorkflows {
             .await
             .context("listing open sub-workflow waits")?;
         // One wait that cannot be settled holds up no other: it is tried again next pass.
+        let now = now_ms();
         for wait in waits {
-            if sub_workflow::judge(wait.parent_waiting, wait.child_state) == SweepAction::Wait {
+            if sub_workflow::judge(wait.parent_side(now), wait.child_state) == SweepAction::Wait {
                 continue;
             }
             if let Err(err) = self.settle(&wait).await {
@@ -102,6 +103,12 @@ impl SubWorkflows {
                 child = %wait.child_run_id,
                 end = ?end,
                 "a sub-workflow's child run ended: its task ended so"
+            ),
+            SweepAction::TimeOut => tracing::warn!(
+                instance = %wait.parent_instance_id,
+                attempt = %wait.parent_attempt,
+                child = %wait.child_run_id,
+                "a sub-workflow task outlived its timeout: it timed out and its child run was cancelled"
             ),
             SweepAction::CancelChild => tracing::info!(
                 instance = %wait.parent_instance_id,

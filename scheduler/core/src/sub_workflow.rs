@@ -10,7 +10,9 @@
 //! workflows, and [`render_params`] is what the child's params are made of at its start.
 
 use std::collections::BTreeMap;
+use std::num::NonZeroU64;
 
+use crate::Millis;
 use crate::ids::{Attempt, InstanceId};
 use crate::outputs::{self, Outputs};
 use crate::run::RunState;
@@ -42,6 +44,41 @@ impl ParentEnd {
     }
 }
 
+/// Where the parent's side of a wait stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParentSide {
+    /// Its instance is RUNNING as the attempt that started the child, within its timeout.
+    Waiting,
+    /// Still waiting, but longer than the task's `timeout:`.
+    PastTimeout,
+    /// The attempt has ended (or the instance is gone).
+    Ended,
+}
+
+impl ParentSide {
+    /// The side of an attempt that is RUNNING (`waiting`) since `started_at`, with the task's
+    /// `timeout`, at `now`. A `run_workflow` task's timeout bounds its wait for the child as a
+    /// command's timeout bounds its process; there is no worker grace to add.
+    pub fn of(
+        waiting: bool,
+        started_at: Option<Millis>,
+        timeout_ms: Option<NonZeroU64>,
+        now: Millis,
+    ) -> ParentSide {
+        let past = match (started_at, timeout_ms) {
+            (Some(started), Some(timeout)) => {
+                now.saturating_sub(started) >= i64::try_from(timeout.get()).unwrap_or(i64::MAX)
+            }
+            _ => false,
+        };
+        match (waiting, past) {
+            (false, _) => ParentSide::Ended,
+            (true, false) => ParentSide::Waiting,
+            (true, true) => ParentSide::PastTimeout,
+        }
+    }
+}
+
 /// What the sweep does about one open wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SweepAction {
@@ -49,6 +86,9 @@ pub enum SweepAction {
     Wait,
     /// The child ended while the parent's attempt waits on it: end the attempt so.
     EndParent(ParentEnd),
+    /// The parent's attempt outlived its timeout with the child still active: end the attempt
+    /// TIMEOUT (retried per its `retries`) and cancel the child, in one transaction.
+    TimeOut,
     /// The parent's attempt ended first (cancelled, its run cancelled, retried by hand): the
     /// child is an orphan and is cancelled.
     CancelChild,
@@ -56,20 +96,30 @@ pub enum SweepAction {
     Close,
 }
 
-/// The sweep's decision for a wait whose parent attempt is still RUNNING (`parent_waiting`) or
-/// not, and whose child run is in `child`.
-pub fn judge(parent_waiting: bool, child: RunState) -> SweepAction {
-    match (parent_waiting, ParentEnd::of(child)) {
-        (true, None) => SweepAction::Wait,
-        (true, Some(end)) => SweepAction::EndParent(end),
-        (false, None) => SweepAction::CancelChild,
-        (false, Some(_)) => SweepAction::Close,
+/// The sweep's decision for a wait whose parent is on `parent`'s side and whose child run is in
+/// `child`. A child that has ended wins over a timeout passed in the same instant: its end is
+/// what happened.
+pub fn judge(parent: ParentSide, child: RunState) -> SweepAction {
+    match (parent, ParentEnd::of(child)) {
+        (ParentSide::Waiting, None) => SweepAction::Wait,
+        (ParentSide::PastTimeout, None) => SweepAction::TimeOut,
+        (ParentSide::Waiting | ParentSide::PastTimeout, Some(end)) => SweepAction::EndParent(end),
+        (ParentSide::Ended, None) => SweepAction::CancelChild,
+        (ParentSide::Ended, Some(_)) => SweepAction::Close,
     }
 }
 
 /// The line the parent's attempt ends with: `child run 12 (load-region) ended FAILED`.
 pub fn end_message(child_run: i64, child_workflow: &str, child: RunState) -> String {
     format!("child run {child_run} ({child_workflow}) ended {child}")
+}
+
+/// The line a timed-out parent's attempt ends with.
+pub fn timeout_message(child_run: i64, child_workflow: &str, timeout_ms: u64) -> String {
+    format!(
+        "timed out: child run {child_run} ({child_workflow}) still active after the task's \
+         timeout of {timeout_ms} ms; the child run was cancelled"
+    )
 }
 
 const PARAMS_OPEN: &str = "${params.";
@@ -123,6 +173,35 @@ pub fn render_params(
         rendered.insert(name.clone(), value);
     }
     Ok(rendered)
+}
+
+/// The refusal of deleting `workflow` (of `app`) while live workflows of its app still call it:
+/// their next run would fail the calling task, so they are named for the user to change or
+/// delete first. `None` when nothing calls it. `calls` is each live workflow's callees,
+/// `apps` each live workflow's app.
+pub fn callers_refusal(
+    workflow: &str,
+    app: &str,
+    calls: &BTreeMap<String, Vec<String>>,
+    apps: &BTreeMap<String, String>,
+) -> Option<String> {
+    let callers: Vec<&str> = calls
+        .iter()
+        .filter(|(caller, callees)| {
+            caller.as_str() != workflow
+                && apps.get(*caller).map(String::as_str) == Some(app)
+                && callees.iter().any(|callee| callee == workflow)
+        })
+        .map(|(caller, _)| caller.as_str())
+        .collect();
+    if callers.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "workflow {workflow} is called by {} (run_workflow): their next runs would fail that \
+         task; change or delete them first",
+        callers.join(", ")
+    ))
 }
 
 /// A `run_workflow` would close a loop of workflows calling each other.
@@ -332,40 +411,100 @@ mod tests {
 
     #[test]
     fn the_sweep_ends_parents_cancels_orphans_and_closes_the_rest() {
+        use ParentSide::{Ended, PastTimeout, Waiting};
         let cases = [
-            (true, RunState::Running, SweepAction::Wait),
-            (true, RunState::Queued, SweepAction::Wait),
+            (Waiting, RunState::Running, SweepAction::Wait),
+            (Waiting, RunState::Queued, SweepAction::Wait),
             (
-                true,
+                Waiting,
                 RunState::Success,
                 SweepAction::EndParent(ParentEnd::Success),
             ),
             (
-                true,
+                Waiting,
                 RunState::Failed,
                 SweepAction::EndParent(ParentEnd::Failed),
             ),
             (
-                true,
+                Waiting,
                 RunState::Cancelled,
                 SweepAction::EndParent(ParentEnd::Cancelled),
             ),
-            (false, RunState::Running, SweepAction::CancelChild),
-            (false, RunState::Queued, SweepAction::CancelChild),
-            (false, RunState::Success, SweepAction::Close),
-            (false, RunState::Cancelled, SweepAction::Close),
+            (PastTimeout, RunState::Running, SweepAction::TimeOut),
+            (PastTimeout, RunState::Queued, SweepAction::TimeOut),
+            (
+                PastTimeout,
+                RunState::Success,
+                SweepAction::EndParent(ParentEnd::Success),
+            ),
+            (
+                PastTimeout,
+                RunState::Failed,
+                SweepAction::EndParent(ParentEnd::Failed),
+            ),
+            (Ended, RunState::Running, SweepAction::CancelChild),
+            (Ended, RunState::Queued, SweepAction::CancelChild),
+            (Ended, RunState::Success, SweepAction::Close),
+            (Ended, RunState::Cancelled, SweepAction::Close),
         ];
-        for (parent_waiting, child, action) in cases {
-            assert_eq!(
-                judge(parent_waiting, child),
-                action,
-                "{parent_waiting} {child}"
-            );
+        for (parent, child, action) in cases {
+            assert_eq!(judge(parent, child), action, "{parent:?} {child}");
         }
         assert_eq!(
             end_message(12, "load-region", RunState::Failed),
             "child run 12 (load-region) ended FAILED"
         );
+    }
+
+    #[test]
+    fn a_wait_is_past_its_timeout_from_the_attempts_start() {
+        let minute = NonZeroU64::new(60_000);
+        let cases = [
+            (true, Some(1_000), minute, 60_999, ParentSide::Waiting),
+            (true, Some(1_000), minute, 61_000, ParentSide::PastTimeout),
+            (true, Some(1_000), None, i64::MAX, ParentSide::Waiting),
+            (true, None, minute, i64::MAX, ParentSide::Waiting),
+            (false, Some(1_000), minute, 61_000, ParentSide::Ended),
+            (false, Some(1_000), minute, 0, ParentSide::Ended),
+        ];
+        for (waiting, started, timeout, now, side) in cases {
+            assert_eq!(
+                ParentSide::of(waiting, started, timeout, now),
+                side,
+                "{waiting} {started:?} {timeout:?} {now}"
+            );
+        }
+        assert_eq!(
+            timeout_message(12, "load-region", 90_000),
+            "timed out: child run 12 (load-region) still active after the task's timeout of \
+             90000 ms; the child run was cancelled"
+        );
+    }
+
+    #[test]
+    fn a_workflow_its_app_still_calls_is_not_deleted() {
+        let calls = BTreeMap::from([
+            ("daily".to_string(), vec!["load".to_string()]),
+            (
+                "weekly".to_string(),
+                vec!["load".to_string(), "sum".to_string()],
+            ),
+            ("theirs".to_string(), vec!["load".to_string()]),
+        ]);
+        let apps = BTreeMap::from([
+            ("daily".to_string(), "etl".to_string()),
+            ("weekly".to_string(), "etl".to_string()),
+            ("theirs".to_string(), "other".to_string()),
+        ]);
+        assert_eq!(
+            callers_refusal("load", "etl", &calls, &apps).as_deref(),
+            Some(
+                "workflow load is called by daily, weekly (run_workflow): their next runs would \
+                 fail that task; change or delete them first"
+            )
+        );
+        // Another app's caller (theirs) could never start it: it is not named above.
+        assert_eq!(callers_refusal("daily", "etl", &calls, &apps), None);
     }
 
     #[test]

@@ -201,8 +201,33 @@ const REFUSALS: &[(&str, &str, &str)] = &[
                 run_workflow: load-region
                 routing: sharded_broadcast
         ",
-        "wf.yaml:4: tasks[0].run_workflow: run_workflow and routing: sharded_broadcast exclude \
-         each other: a sub-workflow runs on no worker",
+        "wf.yaml:5: tasks[0].routing: has no effect on a run_workflow task: it takes no worker \
+         and no slot; set routing on the called workflow's tasks (or its concurrency:)",
+    ),
+    (
+        "sub_workflows",
+        "
+            name: daily
+            tasks:
+              - name: load
+                run_workflow: load-region
+                env:
+                  REGION: eu
+        ",
+        "wf.yaml:6: tasks[0].env: has no effect on a run_workflow task: it takes no worker \
+         and no slot; set env on the called workflow's tasks (or its concurrency:)",
+    ),
+    (
+        "sub_workflows",
+        "
+            name: daily
+            tasks:
+              - name: load
+                run_workflow: load-region
+                pool: loaders
+        ",
+        "wf.yaml:5: tasks[0].pool: has no effect on a run_workflow task: it takes no worker \
+         and no slot; set pool on the called workflow's tasks (or its concurrency:)",
     ),
     (
         "conditions",

@@ -1228,13 +1228,29 @@ impl Validator<'_> {
                 "for_each and routing: sharded_broadcast exclude each other; give one of them",
             ));
         }
-        if let (Some(n), Routing::ShardedBroadcast) = (&file.run_workflow, routing) {
-            return Err(self.err(
-                line(n),
-                field("run_workflow"),
-                "run_workflow and routing: sharded_broadcast exclude each other: a sub-workflow \
-                 runs on no worker",
-            ));
+        if file.run_workflow.is_some() {
+            // What only a worker or its queue acts on would be ignored silently: refused, so a
+            // file never says more than ax does.
+            let worker_side = [
+                ("env", file.env.as_ref().map(line)),
+                ("working_dir", file.working_dir.as_ref().map(line)),
+                ("labels", file.labels.as_ref().map(line)),
+                ("routing", file.routing.as_ref().map(line)),
+                ("self_fence", file.self_fence.as_ref().map(line)),
+                ("priority", file.priority.as_ref().map(line)),
+                ("concurrency", file.concurrency.as_ref().map(line)),
+                ("pool", file.pool.as_ref().map(line)),
+            ];
+            if let Some((name, Some(at))) = worker_side.into_iter().find(|(_, at)| at.is_some()) {
+                return Err(self.err(
+                    at,
+                    field(name),
+                    format!(
+                        "has no effect on a run_workflow task: it takes no worker and no slot; \
+                         set {name} on the called workflow's tasks (or its concurrency:)"
+                    ),
+                ));
+            }
         }
 
         let task = TaskSpec {

@@ -479,6 +479,8 @@ impl ControlApi {
         request: pb::DeleteWorkflowRequest,
     ) -> Result<Response<pb::DeleteWorkflowResponse>, Status> {
         let workflow = self.workflow_named(call, &request.name).await?;
+        self.refuse_called(&workflow.name, &workflow.spec.app)
+            .await?;
         let mut cancelled_runs = Vec::new();
         let mut tries = 0;
         let gone = loop {
@@ -555,6 +557,22 @@ impl ControlApi {
             cancelled_runs: cancelled_runs.iter().map(|id| id.0).collect(),
             warnings,
         }))
+    }
+
+    /// Refuses deleting a workflow its app's live workflows still call with `run_workflow`
+    /// (FailedPrecondition naming them): apply keeps every call naming a live workflow, and a
+    /// delete keeps it so too.
+    async fn refuse_called(&self, name: &str, app: &str) -> Result<(), Status> {
+        let store = &self.node.store;
+        let calls = store.workflow_calls().await.map_err(store_status)?;
+        if !calls.values().flatten().any(|callee| callee == name) {
+            return Ok(());
+        }
+        let apps = store.live_workflow_apps().await.map_err(store_status)?;
+        match ax_core::sub_workflow::callers_refusal(name, app, &calls, &apps) {
+            Some(refusal) => Err(Status::failed_precondition(refusal)),
+            None => Ok(()),
+        }
     }
 
     /// Cancels the workflow's RUNNING and QUEUED runs as `CancelRun` does, each with its audit

@@ -689,7 +689,7 @@ async function viewRun(view, id) {
         h("th", { scope: "row" }, inst ? link("/instances/" + inst.id, t.task) : t.task),
         h("td", {}, chip(s), t.items ? itemCounts(t.items, inst) : null),
         h("td", {}, inst ? String(inst.attempt) : "–"),
-        h("td", {}, inst && inst.workerId ? inst.workerId : "–"),
+        h("td", {}, whereItRuns(inst)),
         h("td", {}, started ? time(started) : "–"),
         h("td", {}, started ? fmtDuration((finished || Date.now()) - started) : "–"),
         h("td", {}, inst && inst.exitCode !== undefined && inst.exitCode !== null && TERMINAL_INSTANCE.has(s) ? String(inst.exitCode) : "–"),
@@ -771,6 +771,15 @@ function deadlineRow(r) {
   if (!at) return null;
   return ["Deadline", h("span", { class: "deadline" }, time(at),
     missed ? [" ", chip("DEADLINE_MISSED"), " judged ", time(missed)] : null)];
+}
+
+/** Where an instance's current attempt runs: its worker, or the child run a run_workflow task
+ * waits on (it takes no worker). */
+function whereItRuns(inst) {
+  if (!inst) return "–";
+  if (inst.workerId) return inst.workerId;
+  const current = (inst.attempts || []).find(a => Number(a.attempt) === Number(inst.attempt));
+  return current && Number(current.childRunId) ? link("/runs/" + current.childRunId, "child run " + current.childRunId) : "–";
 }
 
 /** A child run's parent: the run and task that started it (run_workflow); none otherwise. */

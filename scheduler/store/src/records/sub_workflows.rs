@@ -40,6 +40,22 @@ pub struct SubWorkflowWait {
     pub child_state: RunState,
     /// The parent's instance is RUNNING as this attempt.
     pub parent_waiting: bool,
+    /// When the parent's instance started its current attempt.
+    pub parent_started_at: Option<Millis>,
+    /// The parent task's `timeout:`, which bounds its wait for the child.
+    pub parent_timeout_ms: Option<std::num::NonZeroU64>,
     /// Both sides had ended and the sweep closed it.
     pub closed: bool,
+}
+
+impl SubWorkflowWait {
+    /// Where the parent's side stands at `now` (`ax_core::sub_workflow::ParentSide`).
+    pub fn parent_side(&self, now: Millis) -> ax_core::sub_workflow::ParentSide {
+        ax_core::sub_workflow::ParentSide::of(
+            self.parent_waiting,
+            self.parent_started_at,
+            self.parent_timeout_ms,
+            now,
+        )
+    }
 }

@@ -15,7 +15,9 @@ use ax_core::run::RunState;
 use ax_core::state::InstanceState;
 use sqlx::{AnyConnection, Row};
 
+use super::counted::Counted;
 use super::instance_locks::{InstanceKey, load_key, lock_key, lock_runs};
+use super::placing::Placing;
 use super::queue;
 use super::rows::{corrupt, instance_state, to_u32};
 use super::run_end::finish_run_if_done;
@@ -221,12 +223,42 @@ pub(crate) async fn cancel_instance_tx(
                 worker_id: key.worker_id.clone(),
             });
         }
-        super::dispatch::settle_parent_of(c, id, now).await?;
+        // The task that ended: this one, or the sharded or mapped task it belongs to once its
+        // cancel settles that (a parent whose other children still run has not ended).
+        let ended = match key.parent_id {
+            None => Some(key.clone()),
+            Some(parent) => super::dispatch::settle_parent(c, parent, now)
+                .await?
+                .filter(|(_, state)| state.is_terminal())
+                .map(|(parent, _)| parent),
+        };
         let mut cancelled = cancel_shards_of(store, c, &key, now).await?;
         cancelled.push(id.0);
         // Counter rows after every instance row, once.
         super::dispatch::release(c, &cancelled).await?;
-        finish_run_if_done(store, c, key.run_id, now).await?;
+        match ended {
+            // Its downstream is judged as after any failure (a person's cancel counts as one
+            // in the trigger rules), then the run ends if nothing is left.
+            Some(ended) => {
+                let task_end = (
+                    ended.run_id.0,
+                    ended.workflow_id.0,
+                    ended.version,
+                    ended.task,
+                );
+                Box::pin(super::reports::advance_after(
+                    store,
+                    &mut Counted::new(c),
+                    vec![task_end],
+                    now,
+                    &mut Placing::none(),
+                ))
+                .await?;
+            }
+            None => {
+                finish_run_if_done(store, c, key.run_id, now).await?;
+            }
+        }
     }
     let record = instance_by_id(c, id).await?;
     Ok(record.map(|r| (r, killed)))

@@ -540,25 +540,6 @@ async fn still_going(c: &mut AnyConnection, parent: i64, attempt: i64) -> Result
     Ok(going.is_some())
 }
 
-/// After a single instance was cancelled: when it is a shard, its parent is settled.
-pub(crate) async fn settle_parent_of(
-    c: &mut AnyConnection,
-    id: InstanceId,
-    now: Millis,
-) -> Result<()> {
-    let parent: Option<i64> = sqlx::query("SELECT parent_id FROM task_instance WHERE id = ?")
-        .bind(id.0)
-        .fetch_optional(&mut *c)
-        .await?
-        .map(|row| row.try_get("parent_id"))
-        .transpose()?
-        .flatten();
-    if let Some(parent) = parent {
-        settle_parent(c, parent, now).await?;
-    }
-    Ok(())
-}
-
 async fn fan_out_tx(
     store: &Store,
     c: &mut AnyConnection,

@@ -17,12 +17,13 @@
 //! child (its parent attempt ended first), or close the wait when both have ended.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::num::NonZeroU64;
 
 use ax_core::Millis;
 use ax_core::ids::{Attempt, InstanceId, RunId, WorkflowId};
 use ax_core::spec::TriggerKind;
 use ax_core::state::{InstanceState, Outcome};
-use ax_core::sub_workflow::{self, ParentEnd, SweepAction};
+use ax_core::sub_workflow::{self, ParentEnd, ParentSide, SweepAction};
 use sqlx::{AnyConnection, Row};
 
 use super::cancel::cancel_run_tx;
@@ -40,8 +41,11 @@ use crate::{
 
 const WAIT_SELECT: &str = "SELECT w.parent_instance_id, w.parent_attempt, w.parent_run_id, \
      w.child_run_id, w.closed_at, ti.state AS parent_state, ti.attempt AS parent_current, \
+     ti.started_at AS parent_started_at, td.timeout_ms AS parent_timeout_ms, \
      r.state AS child_state, wf.name AS child_workflow FROM sub_workflow_wait w \
      LEFT JOIN task_instance ti ON ti.id = w.parent_instance_id \
+     LEFT JOIN task_definition td ON td.workflow_id = ti.workflow_id \
+       AND td.version = ti.workflow_version AND td.name = ti.task_name \
      JOIN run r ON r.id = w.child_run_id JOIN workflow wf ON wf.id = r.workflow_id";
 
 impl Store {
@@ -143,6 +147,8 @@ fn wait_row(row: &sqlx::any::AnyRow) -> Result<SubWorkflowWait> {
     let parent_waiting = parent_state.as_deref() == Some(InstanceState::Running.as_str())
         && parent_current == Some(i64::from(parent_attempt.0));
     Ok(SubWorkflowWait {
+        parent_started_at: row.try_get("parent_started_at")?,
+        parent_timeout_ms: timeout_of(row.try_get("parent_timeout_ms")?),
         parent_instance_id: InstanceId(row.try_get("parent_instance_id")?),
         parent_attempt,
         parent_run_id: RunId(row.try_get("parent_run_id")?),
@@ -152,6 +158,13 @@ fn wait_row(row: &sqlx::any::AnyRow) -> Result<SubWorkflowWait> {
         parent_waiting,
         closed: row.try_get::<Option<i64>, _>("closed_at")?.is_some(),
     })
+}
+
+/// A task definition's `timeout_ms` column, which holds 0 for no timeout.
+fn timeout_of(column: Option<i64>) -> Option<NonZeroU64> {
+    column
+        .and_then(|ms| u64::try_from(ms).ok())
+        .and_then(NonZeroU64::new)
 }
 
 async fn start_tx(
@@ -443,12 +456,25 @@ async fn settle_tx(
         close(c, instance, attempt, now).await?;
         return Ok(Some((SweepAction::Close, Vec::new())));
     };
-    let action = sub_workflow::judge(parent_waiting, child.state);
+    let (started_at, timeout_ms) = match &parent {
+        Some(key) if parent_waiting => started_and_timeout(c, key).await?,
+        _ => (None, None),
+    };
+    let side = ParentSide::of(parent_waiting, started_at, timeout_ms, now);
+    let action = sub_workflow::judge(side, child.state);
     let mut killed = Vec::new();
     match action {
         SweepAction::Wait => return Ok(None),
         SweepAction::EndParent(end) => {
             end_parent(store, c, instance, attempt, end, &child, now).await?;
+        }
+        SweepAction::TimeOut => {
+            let timeout = timeout_ms.map_or(0, NonZeroU64::get);
+            let message = sub_workflow::timeout_message(child.id.0, &child.workflow, timeout);
+            end_attempt(store, c, instance, attempt, Outcome::Timeout, &message, now).await?;
+            killed = cancel_run_tx(store, c, child_run, now)
+                .await?
+                .unwrap_or_default();
         }
         SweepAction::CancelChild => {
             killed = cancel_run_tx(store, c, child_run, now)
@@ -459,6 +485,29 @@ async fn settle_tx(
     }
     close(c, instance, attempt, now).await?;
     Ok(Some((action, killed)))
+}
+
+/// When a waiting parent's attempt started, and its task's timeout.
+async fn started_and_timeout(
+    c: &mut AnyConnection,
+    key: &super::instance_locks::InstanceKey,
+) -> Result<(Option<Millis>, Option<NonZeroU64>)> {
+    let row = sqlx::query(
+        "SELECT ti.started_at, td.timeout_ms FROM task_instance ti \
+         JOIN task_definition td ON td.workflow_id = ti.workflow_id \
+           AND td.version = ti.workflow_version AND td.name = ti.task_name \
+         WHERE ti.id = ?",
+    )
+    .bind(key.id.0)
+    .fetch_optional(&mut *c)
+    .await?;
+    match row {
+        Some(row) => Ok((
+            row.try_get("started_at")?,
+            timeout_of(row.try_get("timeout_ms")?),
+        )),
+        None => Ok((None, None)),
+    }
 }
 
 async fn end_parent(

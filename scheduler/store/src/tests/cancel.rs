@@ -3,7 +3,9 @@
 
 use ax_core::ids::{Attempt, InstanceId};
 use ax_core::run::RunState;
+use ax_core::spec::TaskSpec;
 use ax_core::state::{InstanceState, Outcome};
+use ax_core::trigger_rule::TriggerRule;
 
 use super::support::*;
 use crate::*;
@@ -11,6 +13,7 @@ use crate::*;
 conformance!(
     cancel_run_returns_live_attempts_and_ends_cancelled,
     cancel_instance_ends_the_run_when_nothing_is_left,
+    the_tasks_below_a_cancelled_instance_follow_their_trigger_rules,
 );
 
 mod scenarios {
@@ -131,6 +134,54 @@ mod scenarios {
         assert_eq!(
             s.get_run(run2.id).await.unwrap().unwrap().state,
             RunState::Running
+        );
+    }
+    /// `a` → `cleanup` (all_done), `a` → `load` (all_success), `a` → `alert` (one_failed): a
+    /// person's cancel of `a` counts as a failure, so `cleanup` and `alert` run and `load` is
+    /// UPSTREAM_FAILED, and the run ends only once they have run.
+    pub(super) async fn the_tasks_below_a_cancelled_instance_follow_their_trigger_rules(ctx: Ctx) {
+        let s = ctx.s();
+        let ruled = |name: &str, rule| TaskSpec {
+            trigger_rule: rule,
+            ..task(name, &["a"])
+        };
+        let wf = apply(
+            s,
+            &spec(
+                "wf",
+                vec![
+                    task("a", &[]),
+                    ruled("cleanup", TriggerRule::AllDone),
+                    ruled("load", TriggerRule::AllSuccess),
+                    ruled("alert", TriggerRule::OneFailed),
+                ],
+            ),
+        )
+        .await;
+        let run = start_run(s, &wf).await;
+        let a = launch(s, run.id, "a").await;
+        s.cancel_instance(a.id, T0 + 7)
+            .await
+            .unwrap()
+            .expect("exists");
+
+        let state = |task: &'static str| {
+            let run = run.id;
+            async move { instance_of(s, run, task).await.map(|i| i.state) }
+        };
+        assert_eq!(state("cleanup").await, Some(InstanceState::Waiting));
+        assert_eq!(state("alert").await, Some(InstanceState::Waiting));
+        assert_eq!(state("load").await, Some(InstanceState::UpstreamFailed));
+        assert_eq!(
+            s.get_run(run.id).await.unwrap().unwrap().state,
+            RunState::Running
+        );
+        run_task(s, run.id, "cleanup", Outcome::Success).await;
+        run_task(s, run.id, "alert", Outcome::Success).await;
+        // An instance cancelled by hand makes the run CANCELLED.
+        assert_eq!(
+            s.get_run(run.id).await.unwrap().unwrap().state,
+            RunState::Cancelled
         );
     }
 }

@@ -9,7 +9,7 @@ use ax_core::ids::{Attempt, InstanceId};
 use ax_core::run::RunState;
 use ax_core::spec::{TriggerKind, WorkflowSpec};
 use ax_core::state::{InstanceState, Outcome};
-use ax_core::sub_workflow::{ParentEnd, SweepAction};
+use ax_core::sub_workflow::{ParentEnd, ParentSide, SweepAction};
 
 use super::support::*;
 use crate::*;
@@ -20,6 +20,7 @@ conformance!(
     cancelling_the_parent_run_cancels_the_child,
     a_retry_of_the_parent_task_starts_a_new_child,
     a_child_of_another_app_is_never_started,
+    a_parent_past_its_timeout_times_out_and_cancels_its_child,
 );
 
 mod scenarios {
@@ -28,8 +29,17 @@ mod scenarios {
     /// `parent` with `call` (run_workflow: `child`, params from the run's `day`), `child` with
     /// one task `load`.
     async fn parent_and_child(s: &Store, retries: u32) -> (WorkflowRecord, WorkflowRecord) {
+        parent_and_child_with(s, retries, None).await
+    }
+
+    async fn parent_and_child_with(
+        s: &Store,
+        retries: u32,
+        timeout_ms: Option<std::num::NonZeroU64>,
+    ) -> (WorkflowRecord, WorkflowRecord) {
         let child = apply(s, &spec("child", vec![task("load", &[])])).await;
         let mut call = task("call", &[]);
+        call.timeout_ms = timeout_ms;
         call.command = String::new();
         call.run_workflow = Some("child".into());
         call.retries = retries;
@@ -329,5 +339,74 @@ mod scenarios {
             attempts[0].message,
             "run_workflow: workflow child not found"
         );
+    }
+    pub(super) async fn a_parent_past_its_timeout_times_out_and_cancels_its_child(ctx: Ctx) {
+        let s = ctx.s();
+        let minute = std::num::NonZeroU64::new(60_000);
+        let (parent, _) = parent_and_child_with(s, 1, minute).await;
+        let run = start_run(s, &parent).await;
+        let (call, first) = start_child(s, &run).await;
+        let load = launch(s, first.id, "load").await;
+        let started = call.started_at.expect("started");
+
+        // Within the timeout the open wait just waits.
+        let waits = s.open_sub_workflow_waits(10).await.unwrap();
+        assert_eq!(waits.len(), 1);
+        assert_eq!(waits[0].parent_timeout_ms, minute);
+        assert_eq!(waits[0].parent_side(started + 59_999), ParentSide::Waiting);
+        assert_eq!(
+            waits[0].parent_side(started + 60_000),
+            ParentSide::PastTimeout
+        );
+        let early = s
+            .settle_sub_workflow(call.id, call.attempt, started + 59_999)
+            .await
+            .unwrap();
+        assert_eq!(early, None);
+
+        // Past it: the attempt ends TIMEOUT, the child is cancelled and its task is to be
+        // killed, and the retry waits for a child of its own.
+        let (action, killed) = s
+            .settle_sub_workflow(call.id, call.attempt, started + 60_000)
+            .await
+            .unwrap()
+            .expect("settled");
+        assert_eq!(action, SweepAction::TimeOut);
+        assert_eq!(
+            killed.iter().map(|k| k.instance_id).collect::<Vec<_>>(),
+            vec![load.id]
+        );
+        assert_eq!(run_state(s, &first).await, RunState::Cancelled);
+        let attempts = s.list_attempts(call.id).await.unwrap();
+        assert_eq!(attempts[0].state, InstanceState::Timeout);
+        assert_eq!(
+            attempts[0].message,
+            format!(
+                "timed out: child run {} (child) still active after the task's timeout of \
+                 60000 ms; the child run was cancelled",
+                first.id.0
+            )
+        );
+        let retry = s.get_instance(call.id).await.unwrap().unwrap();
+        assert_eq!(
+            (retry.state, retry.attempt),
+            (InstanceState::Waiting, Attempt(2))
+        );
+        assert!(s.open_sub_workflow_waits(10).await.unwrap().is_empty());
+
+        // The second attempt times out too: out of retries, the task and its run end so.
+        let (call, second) = start_child(s, &run).await;
+        assert_ne!(second.id, first.id);
+        let started = call.started_at.expect("started");
+        assert_eq!(
+            s.settle_sub_workflow(call.id, call.attempt, started + 60_000)
+                .await
+                .unwrap()
+                .map(|(action, _)| action),
+            Some(SweepAction::TimeOut)
+        );
+        assert_eq!(state_of(s, call.id).await, InstanceState::Timeout);
+        assert_eq!(run_state(s, &second).await, RunState::Cancelled);
+        assert_eq!(run_state(s, &run).await, RunState::Failed);
     }
 }

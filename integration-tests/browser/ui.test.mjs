@@ -509,6 +509,7 @@ test("sub-workflows: a parent run links its child run, the child its parent, and
   // The task's row says where it ran: its child run, not a worker.
   const callRow = page.locator("main table tbody tr", { has: page.getByRole("rowheader", { name: "call" }) });
   await callRow.getByRole("link", { name: `child run ${childId}` }).waitFor({ timeout: GUARD });
+  await shot(page, "sub-workflow-parent");
   await page.locator("dl.kv dd .child-runs").getByRole("link", { name: `run ${childId}` }).click();
   await page.locator("main h1").getByText(`Run ${childId}`).waitFor({ timeout: GUARD });
   const parent = page.locator("dl.kv dd .parent-run");

@@ -141,6 +141,28 @@ tasks:
         attempt.message,
         format!("child run {} (load-region) ended SUCCESS", child.id)
     );
+    // The run's instance list with attempts links the child too (the run page's Worker cell).
+    let listed = client
+        .control()
+        .list_instances(pb::ListInstancesRequest {
+            run_id: run.id,
+            attempts: true,
+            ..Default::default()
+        })
+        .await
+        .expect("list instances")
+        .into_inner();
+    let children: Vec<(String, i64)> = listed
+        .instances
+        .iter()
+        .flat_map(|i| {
+            i.attempts
+                .iter()
+                .map(move |a| (i.task.clone(), a.child_run_id))
+        })
+        .filter(|(_, child)| *child != 0)
+        .collect();
+    assert_eq!(children, [("load-eu".to_string(), child.id)]);
 }
 
 async fn a_failing_child_fails_the_parent_task_and_run(backend: Backend) {

@@ -769,13 +769,17 @@ impl ControlService for ControlApi {
                     .push(attempt);
             }
         }
-        let instances = records
+        let mut instances: Vec<pb::Instance> = records
             .iter()
             .map(|record| {
                 let of_instance = attempts.get(&record.id).map_or(&[][..], Vec::as_slice);
                 convert::instance(record, of_instance)
             })
             .collect();
+        if request.attempts {
+            super::sub_workflows::add_child_runs_to_list(&self.node.store, id, &mut instances)
+                .await?;
+        }
         let tasks = self.task_statuses(&run, &records).await?;
         Ok(Response::new(pb::ListInstancesResponse {
             instances,

@@ -624,6 +624,30 @@ impl Store {
             .collect()
     }
 
+    /// The child run each attempt of `run`'s `run_workflow` tasks started: one read of the
+    /// waits' index by parent run, for a run's instance list.
+    pub async fn child_runs_of_run_attempts(
+        &self,
+        run: RunId,
+    ) -> Result<Vec<(InstanceId, Attempt, RunId)>> {
+        let rows = sqlx::query(
+            "SELECT parent_instance_id, parent_attempt, child_run_id FROM sub_workflow_wait \
+             WHERE parent_run_id = ?",
+        )
+        .bind(run.0)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    InstanceId(row.try_get("parent_instance_id")?),
+                    Attempt(to_u32(row.try_get("parent_attempt")?, "attempt")?),
+                    RunId(row.try_get("child_run_id")?),
+                ))
+            })
+            .collect()
+    }
+
     /// The runs `run`'s `run_workflow` tasks started, newest first.
     pub async fn child_runs(&self, run: RunId) -> Result<Vec<RunId>> {
         let mut c = self.pool.acquire().await?;

@@ -399,6 +399,9 @@ impl Cluster {
             max_line_bytes: self
                 .max_line_bytes
                 .unwrap_or(WorkerOptions::default().max_line_bytes),
+            // The cluster's own: clusters of parallel tests name their workers alike, and a
+            // shared default directory would mix their spill and $AX_OUTPUT files.
+            spill_dir: Some(self.dir().join(format!("spill-{}", spec.id))),
             ..WorkerOptions::default()
         };
         let cancel = CancellationToken::new();

@@ -202,6 +202,11 @@ pub async fn run_with_stats(
         std::env::temp_dir().join(format!("ax-worker-{}", sanitize(&options.worker_id)))
     });
     spill::remove_stale(&spill_dir);
+    let outputs_dir = spill_dir.join("outputs");
+    if let Err(error) = runner::prepare_outputs_dir(&outputs_dir, options.task_user.is_some()) {
+        // Tried again before each attempt; an attempt that cannot have it fails saying why.
+        tracing::warn!(dir = %outputs_dir.display(), %error, "cannot make the $AX_OUTPUT directory");
+    }
     let context = Arc::new(Context {
         attempts: Arc::new(Attempts::new(
             options.max_retained_log_bytes,
@@ -223,7 +228,7 @@ pub async fn run_with_stats(
             batch: options.log_batch,
             task_heartbeat_interval: options.task_heartbeat_interval,
             task_user: options.task_user.clone(),
-            outputs_dir: spill_dir.join("outputs"),
+            outputs_dir,
         }),
         tracker: TaskTracker::new(),
         started_at_ms: now_ms(),

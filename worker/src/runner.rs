@@ -439,23 +439,30 @@ impl Runner {
         report
     }
 
-    /// Makes the attempt's empty `$AX_OUTPUT` file, writable by the task's account only.
+    /// The attempt's `$AX_OUTPUT` path, in a directory only the worker's account can enter.
+    /// The task makes the file when it writes one (most write none, and making and removing a
+    /// file per attempt is a measurable part of a short task's cost); under `--task-user` the
+    /// task's account cannot make files there, so the worker makes it, empty, for that account
+    /// alone.
     fn output_file(&self) -> io::Result<std::path::PathBuf> {
         use std::os::unix::fs::OpenOptionsExt;
         let dir = &self.settings.outputs_dir;
-        std::fs::create_dir_all(dir)?;
+        let task_user = self.settings.task_user.as_ref();
+        if !dir.is_dir() {
+            prepare_outputs_dir(dir, task_user.is_some())?;
+        }
         let path = dir.join(format!(
             "output-{}-{}",
             self.key.instance_id, self.key.attempt
         ));
         // A file left by an earlier worker process under this id is not this attempt's.
         let _ = std::fs::remove_file(&path);
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)?;
-        if let Some(user) = &self.settings.task_user {
+        if let Some(user) = task_user {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)?;
             std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))?;
         }
         Ok(path)
@@ -478,18 +485,34 @@ impl Runner {
     }
 }
 
+/// Makes the directory of the attempts' `$AX_OUTPUT` files (and sets the mode of one left by
+/// an earlier worker): 0700, so that no other account reads a task's outputs whatever mode the
+/// task made its file with; 0711 when tasks run as another account, which may then open the file
+/// made for it but list nothing.
+pub(crate) fn prepare_outputs_dir(dir: &std::path::Path, task_user: bool) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let mode = if task_user { 0o711 } else { 0o700 };
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+}
+
 /// Puts what a successful attempt wrote to `$AX_OUTPUT` in its report, and removes the file. A
 /// file that is not outputs (too large, malformed) fails the attempt, saying why: a downstream
 /// task must not run on a truncated or misread value.
 fn read_outputs(report: &mut AttemptFinished, path: &std::path::Path) {
     let read = std::fs::read(path);
-    let _ = std::fs::remove_file(path);
+    if !matches!(&read, Err(error) if error.kind() == io::ErrorKind::NotFound) {
+        let _ = std::fs::remove_file(path);
+    }
     if report.outcome != AttemptOutcome::Success as i32 {
         return;
     }
     let parsed = match read {
         Ok(bytes) => ax_core::outputs::parse(&bytes).map_err(|e| e.to_string()),
-        // The task removed its own file: it wrote nothing.
+        // The task made no file (or removed its own): it wrote nothing.
         Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(Default::default()),
         Err(error) => Err(format!("cannot read $AX_OUTPUT: {error}")),
     };

@@ -503,7 +503,7 @@ pub(crate) fn prepare_outputs_dir(dir: &std::path::Path, task_user: bool) -> io:
 /// file that is not outputs (too large, malformed) fails the attempt, saying why: a downstream
 /// task must not run on a truncated or misread value.
 fn read_outputs(report: &mut AttemptFinished, path: &std::path::Path) {
-    let read = std::fs::read(path);
+    let read = read_capped(path);
     if !matches!(&read, Err(error) if error.kind() == io::ErrorKind::NotFound) {
         let _ = std::fs::remove_file(path);
     }
@@ -511,7 +511,8 @@ fn read_outputs(report: &mut AttemptFinished, path: &std::path::Path) {
         return;
     }
     let parsed = match read {
-        Ok(bytes) => ax_core::outputs::parse(&bytes).map_err(|e| e.to_string()),
+        Ok(Ok(bytes)) => ax_core::outputs::parse(&bytes).map_err(|e| e.to_string()),
+        Ok(Err(size)) => Err(ax_core::outputs::OutputsError::TooLarge { size }.to_string()),
         // The task made no file (or removed its own): it wrote nothing.
         Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(Default::default()),
         Err(error) => Err(format!("cannot read $AX_OUTPUT: {error}")),
@@ -523,6 +524,22 @@ fn read_outputs(report: &mut AttemptFinished, path: &std::path::Path) {
             report.message = format!("outputs refused: {problem}");
         }
     }
+}
+
+/// The bytes of an `$AX_OUTPUT` file, or its size when that is past what an attempt may pass
+/// on: the task's code is not trusted to keep the file small, and the worker never holds more
+/// of it than the limit (and one byte, which a file still growing may add).
+fn read_capped(path: &std::path::Path) -> io::Result<Result<Vec<u8>, usize>> {
+    use std::io::Read;
+    let limit = ax_core::outputs::MAX_ATTEMPT_BYTES;
+    let file = std::fs::File::open(path)?;
+    let size = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+    if size > limit {
+        return Ok(Err(size));
+    }
+    let mut bytes = Vec::with_capacity(size);
+    file.take(limit as u64 + 1).read_to_end(&mut bytes)?;
+    Ok(Ok(bytes))
 }
 
 /// Sends one attempt's recorded log batches on the current stream, in order, and its task

@@ -513,6 +513,11 @@ mod scenarios {
             s.get_instance(parent).await.unwrap().unwrap().state,
             InstanceState::Failed
         );
+        // The task below is judged at once, as after a reported failure.
+        assert_eq!(
+            instance_of(s, run.id, "d").await.map(|d| d.state),
+            Some(InstanceState::UpstreamFailed)
+        );
         // The other shards still pending: cancelling the run ends it.
         s.cancel_run(run.id, T0).await.unwrap();
         assert_eq!(

@@ -488,13 +488,20 @@ impl Runner {
 /// Makes the directory of the attempts' `$AX_OUTPUT` files (and sets the mode of one left by
 /// an earlier worker): 0700, so that no other account reads a task's outputs whatever mode the
 /// task made its file with; 0711 when tasks run as another account, which may then open the file
-/// made for it but list nothing.
+/// made for it but list nothing. That account must also pass through the spill directory
+/// above it, which gets the same search bits (its own files stay 0600).
 pub(crate) fn prepare_outputs_dir(dir: &std::path::Path, task_user: bool) -> io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)?;
+    if task_user && let Some(parent) = dir.parent() {
+        let mode = std::fs::metadata(parent)?.permissions().mode() & 0o7777;
+        if mode & 0o011 != 0o011 {
+            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(mode | 0o011))?;
+        }
+    }
     let mode = if task_user { 0o711 } else { 0o700 };
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
 }

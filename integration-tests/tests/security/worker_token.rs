@@ -3,7 +3,8 @@
 //! and arguments of its parent and of every ancestor up to the worker (`/proc/PID/environ`,
 //! `/proc/PID/cmdline`) and of the worker's other children (the guardian): the stored log
 //! never holds the token, though it shows the worker's other variables. With `--task-user
-//! nobody` the task runs as nobody (its groups, HOME, USER, LOGNAME) and cannot read the token
+//! nobody` the task runs as nobody (its groups, HOME, USER, LOGNAME), writes its `$AX_OUTPUT`
+//! (made for it in a directory it cannot list) and cannot read the token
 //! file (mode 0600) nor the worker's environment; a worker that is not root refuses
 //! `--task-user` at start. The `--task-user` checks need root and are ignored otherwise.
 
@@ -342,6 +343,8 @@ async fn with_task_user_a_task_runs_as_that_user_and_cannot_read_the_token_file(
          cat {readable}\n\
          cat {file} || echo token-file-refused\n\
          tr '\\0' '\\n' < /proc/$PPID/environ || echo worker-environ-refused\n\
+         echo rows=7 >> \"$AX_OUTPUT\" && echo output-written\n\
+         ls \"$(dirname \"$AX_OUTPUT\")\" || echo outputs-dir-unlisted\n\
          echo done",
         readable = readable.display(),
     );
@@ -362,6 +365,23 @@ async fn with_task_user_a_task_runs_as_that_user_and_cannot_read_the_token_file(
     assert!(log.contains("token-file-refused"), "{log}");
     assert!(log.contains("worker-environ-refused"), "{log}");
     assert!(!log.contains(&token), "{log}");
+    // $AX_OUTPUT is made for the task's account, in a directory it cannot list, and what it
+    // wrote is the attempt's outputs.
+    assert!(log.contains("output-written"), "{log}");
+    assert!(log.contains("outputs-dir-unlisted"), "{log}");
+    let instances = setup
+        .admin
+        .list_instances(pb::ListInstancesRequest {
+            run_id: run.id,
+            attempts: true,
+            ..Default::default()
+        })
+        .await
+        .expect("instances")
+        .into_inner()
+        .instances;
+    let outputs = &instances[0].attempts[0].outputs;
+    assert_eq!(outputs.get("rows").map(String::as_str), Some("7"), "{log}");
     stop(worker).await;
     setup.cluster.shutdown().await.expect("shutdown");
 }

@@ -5,8 +5,8 @@
 //! (no worker takes it), under the dedup key [`dedup_key`] of that attempt, so a start repeated
 //! after a crash finds the child there and never makes a second one. The node's sweep
 //! (`scheduler/src/sub_workflows.rs`) asks [`judge`] about each open wait: end the parent's
-//! attempt as the child ended, cancel a child whose parent attempt ended first, or close the
-//! wait. At apply, [`find_call_cycle`] refuses a `run_workflow` that would close a loop of
+//! attempt as the child ended, time it out past the task's `timeout:` (cancelling the child),
+//! cancel a child whose parent attempt ended first, or close the wait. At apply, [`find_call_cycle`] refuses a `run_workflow` that would close a loop of
 //! workflows, and [`render_params`] is what the child's params are made of at its start.
 
 use std::collections::BTreeMap;

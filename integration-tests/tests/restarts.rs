@@ -345,6 +345,25 @@ async fn fault_a_worker_that_ignores_timeouts_has_the_attempt_timed_out_by_the_s
         .filter(|m| matches!(&m.body, Some(FromScheduler::Cancel(c)) if c.attempt == 1))
         .count();
     assert!(cancels >= 1, "the worker was never told to kill attempt 1");
+    // The worker's report of how the killed process ended may come after the retry's success
+    // ended the run: it is waited for, then it must say SIGTERM.
+    let until = tokio::time::Instant::now() + HANG_GUARD;
+    let timed_out = loop {
+        let instance = client
+            .control()
+            .get_instance(pb::GetInstanceRequest {
+                id: instances[0].id,
+            })
+            .await
+            .expect("get instance")
+            .into_inner();
+        let first = attempt(&instance, 1).clone();
+        if first.signal.is_some() || tokio::time::Instant::now() >= until {
+            break first;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(timed_out.state(), S::Timeout, "{timed_out:?}");
     assert_eq!(timed_out.signal, Some(libc::SIGTERM), "{timed_out:?}");
     assert_eq!(attempt(&instances[0], 2).state(), S::Success);
     drop(worker);

@@ -1099,6 +1099,48 @@ fn is_bind_failure(log: &str) -> bool {
     log.contains("address already in use") || log.contains("addrinuse")
 }
 
+/// Whether process `pid` exists (`kill -0`).
+pub fn process_alive(pid: i32) -> bool {
+    std::process::Command::new("kill")
+        .args(["-0", &pid.to_string()])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map(|status| status.success())
+        .unwrap_or(false)
+}
+
+/// The pid a task wrote to `path` (`echo $$ > FILE`), once it has; panics after `within`, a hang
+/// guard.
+pub async fn pid_from_file(path: &Path, within: Duration) -> i32 {
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(pid) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+        {
+            return pid;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "no pid in {} after {within:?}: the task never started",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until process `pid` is gone; panics after `within`, a hang guard.
+pub async fn wait_gone(pid: i32, within: Duration) {
+    let until = tokio::time::Instant::now() + within;
+    while process_alive(pid) {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "process {pid} still runs after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ax_integration_tests::harness::{MYSQL, Test, trial};
 use ax_integration_tests::on_every_backend;
+use ax_integration_tests::process::{pid_from_file, wait_gone};
 use ax_integration_tests::{Backend, Cluster, TestClient, TestDb, WebhookReceiver};
 use ax_proto::v1 as pb;
 use ax_scheduler::SchedulerOptions;
@@ -72,15 +73,6 @@ async fn missed_decisions(client: &TestClient, workflow: &str) -> Vec<pb::Decisi
         .into_iter()
         .filter(|d| d.kind == "deadline_missed")
         .collect()
-}
-
-fn process_alive(pid: i32) -> bool {
-    std::process::Command::new("kill")
-        .args(["-0", &pid.to_string()])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map(|status| status.success())
-        .unwrap_or(false)
 }
 
 async fn a_run_past_its_deadline_is_alerted_once_and_goes_on(backend: Backend) {
@@ -186,20 +178,7 @@ tasks:
     );
     client.apply(&source).await.expect("apply");
     let run = client.trigger_run("bounded").await.expect("trigger");
-    let until = tokio::time::Instant::now() + WITHIN;
-    let pid: i32 = loop {
-        if let Some(pid) = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|text| text.trim().parse().ok())
-        {
-            break pid;
-        }
-        assert!(
-            tokio::time::Instant::now() < until,
-            "the task never started"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let pid = pid_from_file(&pid_file, WITHIN).await;
 
     let ended = client
         .wait_run_within(run.id, WITHIN)
@@ -207,14 +186,8 @@ tasks:
         .expect("run ends");
     assert_eq!(ended.state, pb::RunState::Cancelled as i32);
     assert!(ended.deadline_missed_at_ms > 0, "{ended:?}");
-    let until = tokio::time::Instant::now() + WITHIN;
-    while process_alive(pid) {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "the task's process {pid} still runs after its run's deadline cancelled it"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // The task's process is killed once its run's deadline cancelled it.
+    wait_gone(pid, WITHIN).await;
     let instances = client.instances(run.id).await.expect("instances");
     assert_eq!(
         instances.len(),

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use ax_integration_tests::harness::{Test, trial};
 use ax_integration_tests::on_every_backend;
+use ax_integration_tests::process::{pid_from_file, process_alive, wait_gone};
 use ax_integration_tests::{Backend, Cluster, TestClient};
 use ax_proto::v1 as pb;
 use ax_scheduler::Strategy;
@@ -604,15 +605,6 @@ tasks:
     cluster.shutdown().await.expect("shutdown");
 }
 
-fn process_alive(pid: i32) -> bool {
-    std::process::Command::new("kill")
-        .args(["-0", &pid.to_string()])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map(|status| status.success())
-        .unwrap_or(false)
-}
-
 async fn cancelling_a_run_kills_its_process_and_starts_nothing_more(backend: Backend) {
     let (cluster, client) = cluster(backend, &[("w1", 2)]).await;
     let pid_file = cluster.dir().join("pid");
@@ -634,27 +626,13 @@ tasks:
         .wait_instance(run.id, "long", pb::InstanceState::Running)
         .await
         .expect("the instance reaches the state");
-    let pid: i32 = loop {
-        if let Some(pid) = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|text| text.trim().parse().ok())
-        {
-            break pid;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let pid = pid_from_file(&pid_file, Duration::from_secs(20)).await;
     assert!(process_alive(pid));
 
     let cancelled = client.cancel_run(run.id, "test").await.expect("cancel");
     assert_eq!(cancelled.state, pb::RunState::Cancelled as i32);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while process_alive(pid) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the cancelled task's process {pid} still runs"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // The cancelled task's process is killed.
+    wait_gone(pid, Duration::from_secs(20)).await;
     let instances = client.instances(run.id).await.expect("instances");
     assert_eq!(
         instances.len(),

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use ax_integration_tests::harness::{MYSQL, Test, trial};
 use ax_integration_tests::on_every_backend;
+use ax_integration_tests::process::{pid_from_file, wait_gone};
 use ax_integration_tests::{Backend, Cluster, TestClient, TestDb};
 use ax_proto::v1 as pb;
 use ax_scheduler::SchedulerOptions;
@@ -246,7 +247,7 @@ tasks:
     let run = client.trigger_run("waits-long").await.expect("trigger");
     let child = child_of(&client, run.id).await;
     // Wait until the child's process runs.
-    let pid = pid_in(&cluster, "child.pid").await;
+    let pid = pid_from_file(&cluster.dir().join("child.pid"), WITHIN).await;
 
     // `axctl why` says which child run the task waits on, and its state.
     let why = client
@@ -278,30 +279,7 @@ tasks:
     let parent = client.get_run(run.id).await.expect("parent");
     assert_eq!(parent.state, pb::RunState::Cancelled as i32);
     // The child's process is killed by its worker.
-    let until = tokio::time::Instant::now() + WITHIN;
-    while process_alive(pid) {
-        assert!(tokio::time::Instant::now() < until, "pid {pid} still runs");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Waits until the pid file `name` in the cluster's directory holds a pid.
-async fn pid_in(cluster: &Cluster, name: &str) -> i32 {
-    let pid_file = cluster.dir().join(name);
-    let until = tokio::time::Instant::now() + WITHIN;
-    loop {
-        if let Some(pid) = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|text| text.trim().parse().ok())
-        {
-            return pid;
-        }
-        assert!(
-            tokio::time::Instant::now() < until,
-            "no pid in {name}: the child's task never started"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_gone(pid, WITHIN).await;
 }
 
 async fn a_parent_task_past_its_timeout_cancels_its_child_and_times_out(backend: Backend) {
@@ -332,7 +310,7 @@ tasks:
         .expect("apply parent");
     let run = client.trigger_run("bounded").await.expect("trigger");
     let child = child_of(&client, run.id).await;
-    let pid = pid_in(&cluster, "hang.pid").await;
+    let pid = pid_from_file(&cluster.dir().join("hang.pid"), WITHIN).await;
 
     let ended = client.wait_run_within(run.id, WITHIN).await.expect("ends");
     assert_eq!(ended.state, pb::RunState::Failed as i32, "{ended:?}");
@@ -352,20 +330,7 @@ tasks:
         .expect("child ends");
     assert_eq!(child.state, pb::RunState::Cancelled as i32, "{child:?}");
     // The child's process is killed by its worker.
-    let until = tokio::time::Instant::now() + WITHIN;
-    while process_alive(pid) {
-        assert!(tokio::time::Instant::now() < until, "pid {pid} still runs");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn process_alive(pid: i32) -> bool {
-    std::process::Command::new("kill")
-        .args(["-0", &pid.to_string()])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map(|status| status.success())
-        .unwrap_or(false)
+    wait_gone(pid, WITHIN).await;
 }
 
 /// `axctl apply -f examples/` as one set (the README's tour), then the example that calls another.

@@ -15,9 +15,7 @@ use ax_core::run::RunState;
 use ax_core::state::InstanceState;
 use sqlx::{AnyConnection, Row};
 
-use super::counted::Counted;
 use super::instance_locks::{InstanceKey, load_key, lock_key, lock_runs};
-use super::placing::Placing;
 use super::queue;
 use super::rows::{corrupt, instance_state, to_u32};
 use super::run_end::finish_run_if_done;
@@ -236,25 +234,10 @@ pub(crate) async fn cancel_instance_tx(
         cancelled.push(id.0);
         // Counter rows after every instance row, once.
         super::dispatch::release(c, &cancelled).await?;
+        // Its downstream is judged as after any failure (a person's cancel counts as one in
+        // the trigger rules).
         match ended {
-            // Its downstream is judged as after any failure (a person's cancel counts as one
-            // in the trigger rules), then the run ends if nothing is left.
-            Some(ended) => {
-                let task_end = (
-                    ended.run_id.0,
-                    ended.workflow_id.0,
-                    ended.version,
-                    ended.task,
-                );
-                Box::pin(super::reports::advance_after(
-                    store,
-                    &mut Counted::new(c),
-                    vec![task_end],
-                    now,
-                    &mut Placing::none(),
-                ))
-                .await?;
-            }
+            Some(ended) => super::reports::advance_after_ended(store, c, &ended, now).await?,
             None => {
                 finish_run_if_done(store, c, key.run_id, now).await?;
             }

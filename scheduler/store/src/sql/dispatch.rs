@@ -670,24 +670,10 @@ async fn fail_shard_tx(
         .execute(&mut *c)
         .await?;
     }
+    // A sharded task ended by this shard has the tasks below it judged, as after a report.
     match settle_parent(c, parent, now).await? {
-        // The sharded task ended by this shard: the tasks below it are judged, as after a
-        // report, and the run ends if nothing is left.
         Some((ended, state)) if state.is_terminal() => {
-            let task_end = (
-                ended.run_id.0,
-                ended.workflow_id.0,
-                ended.version,
-                ended.task,
-            );
-            Box::pin(super::reports::advance_after(
-                store,
-                &mut super::counted::Counted::new(c),
-                vec![task_end],
-                now,
-                &mut super::placing::Placing::none(),
-            ))
-            .await?;
+            super::reports::advance_after_ended(store, c, &ended, now).await?;
         }
         _ => {
             finish_run_if_done(store, c, key.run_id, now).await?;

@@ -574,6 +574,32 @@ pub(crate) async fn advance_after(
     Ok(())
 }
 
+/// [`advance_after`] one task instance that ended outside a report (a person's cancel, a
+/// shard failed for a gone worker settling its parent): its downstream is judged, then its run
+/// ends if nothing is left.
+pub(crate) async fn advance_after_ended(
+    store: &Store,
+    c: &mut AnyConnection,
+    ended: &InstanceKey,
+    now: Millis,
+) -> Result<()> {
+    let task_end = (
+        ended.run_id.0,
+        ended.workflow_id.0,
+        ended.version,
+        ended.task.clone(),
+    );
+    // Boxed: ending a run may promote a queued one, whose roots are advanced in turn.
+    Box::pin(advance_after(
+        store,
+        &mut Counted::new(c),
+        vec![task_end],
+        now,
+        &mut Placing::none(),
+    ))
+    .await
+}
+
 /// Decides one report on the in-memory row of its instance (read under lock): the row changes
 /// go to `writes`, the row in `keys` moves on (a later report on the same instance in the batch
 /// sees it), and what the batch must do afterwards goes to `after`.

@@ -130,28 +130,39 @@ pub(crate) async fn retry_items(
     parent: InstanceId,
     now: Millis,
 ) -> Result<bool> {
+    if !items_again(c, parent, "('FAILED', 'TIMEOUT', 'CANCELLED')", now).await? {
+        return Ok(false);
+    }
+    reopen_parent(c, parent.0).await?;
+    Ok(true)
+}
+
+/// Moves the items of `parent`'s current attempt that are in one of `states` (an SQL list) to
+/// WAITING as their next attempt; false when there was none.
+async fn items_again(
+    c: &mut AnyConnection,
+    parent: InstanceId,
+    states: &str,
+    now: Millis,
+) -> Result<bool> {
     let row = sqlx::query("SELECT attempt FROM task_instance WHERE id = ?")
         .bind(parent.0)
         .fetch_optional(&mut *c)
         .await?;
     let Some(row) = row else { return Ok(false) };
     let attempt: i64 = row.try_get("attempt")?;
-    let retried = sqlx::query(
+    let sql = format!(
         "UPDATE task_instance SET state = 'WAITING', attempt = attempt + 1, not_before = ?, \
          worker_id = NULL, started_at = NULL, finished_at = NULL, exit_code = NULL \
-         WHERE parent_id = ? AND parent_attempt = ? AND item IS NOT NULL \
-         AND state IN ('FAILED', 'TIMEOUT', 'CANCELLED')",
-    )
-    .bind(now)
-    .bind(parent.0)
-    .bind(attempt)
-    .execute(&mut *c)
-    .await?;
-    if retried.rows_affected() == 0 {
-        return Ok(false);
-    }
-    reopen_parent(c, parent.0).await?;
-    Ok(true)
+         WHERE parent_id = ? AND parent_attempt = ? AND item IS NOT NULL AND state IN {states}"
+    );
+    let again = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(now)
+        .bind(parent.0)
+        .bind(attempt)
+        .execute(&mut *c)
+        .await?;
+    Ok(again.rows_affected() > 0)
 }
 
 /// Runs every ended item of a mapped parent's current attempt again (each WAITING as its next
@@ -162,24 +173,8 @@ pub(crate) async fn rerun_items(
     parent: InstanceId,
     now: Millis,
 ) -> Result<bool> {
-    let row = sqlx::query("SELECT attempt FROM task_instance WHERE id = ?")
-        .bind(parent.0)
-        .fetch_optional(&mut *c)
-        .await?;
-    let Some(row) = row else { return Ok(false) };
-    let attempt: i64 = row.try_get("attempt")?;
-    let again = sqlx::query(
-        "UPDATE task_instance SET state = 'WAITING', attempt = attempt + 1, not_before = ?, \
-         worker_id = NULL, started_at = NULL, finished_at = NULL, exit_code = NULL \
-         WHERE parent_id = ? AND parent_attempt = ? AND item IS NOT NULL \
-         AND state IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELLED')",
-    )
-    .bind(now)
-    .bind(parent.0)
-    .bind(attempt)
-    .execute(&mut *c)
-    .await?;
-    if again.rows_affected() == 0 {
+    let ended = "('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELLED')";
+    if !items_again(c, parent, ended, now).await? {
         return Ok(false);
     }
     sqlx::query(

@@ -401,7 +401,7 @@ impl Cluster {
                 .unwrap_or(WorkerOptions::default().max_line_bytes),
             // The cluster's own: clusters of parallel tests name their workers alike, and a
             // shared default directory would mix their spill and $AX_OUTPUT files.
-            spill_dir: Some(self.dir().join(format!("spill-{}", spec.id))),
+            state_dir: Some(self.dir().join(format!("state-{}", spec.id))),
             ..WorkerOptions::default()
         };
         let cancel = CancellationToken::new();

@@ -737,17 +737,17 @@ impl ProcessCluster {
             Some(endpoint) => endpoint.clone(),
             None => self.endpoints_from(first % self.nodes.len()).join(","),
         };
-        // The cluster's own spill directory per id (kept across restarts under that id, as a
+        // The cluster's own state directory per id (kept across restarts under that id, as a
         // host's would be): parallel tests name their workers alike, and the default one in the
-        // temp dir would mix their spill and $AX_OUTPUT files.
-        let spill_dir = self.dir().join(format!("spill-{id}"));
+        // temp dir would mix their ends, spill and $AX_OUTPUT files.
+        let state_dir = self.dir().join(format!("state-{id}"));
         let mut args = vec![
             "--scheduler".to_string(),
             endpoints,
             "--id".into(),
             id.into(),
-            "--spill-dir".into(),
-            spill_dir.display().to_string(),
+            "--state-dir".into(),
+            state_dir.display().to_string(),
         ];
         let optional = [
             ("--heartbeat-interval", heartbeat),

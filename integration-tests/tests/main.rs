@@ -36,6 +36,7 @@ mod triggers;
 mod views;
 mod web_api;
 mod web_ui;
+mod worker_restarts;
 
 fn main() -> std::process::ExitCode {
     let tests: Vec<Vec<Test>> = vec![
@@ -71,6 +72,7 @@ fn main() -> std::process::ExitCode {
         views::tests(),
         web_api::tests(),
         web_ui::tests(),
+        worker_restarts::tests(),
     ];
     harness::run(tests.into_iter().flatten().collect())
 }

@@ -27,6 +27,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::ends::{EndJournal, EndRecord, JournalError, KeptBatch};
 use crate::logs::LogFrame;
 use crate::outgoing::Outgoing;
 use crate::spill::{LogStats, SpillError, SpillFile};
@@ -198,6 +199,8 @@ pub struct Attempts {
     max_spilled_bytes: u64,
     spill_dir: PathBuf,
     stats: Arc<LogStats>,
+    /// Where ends are kept until settled; `None` in tests that do not restart.
+    journal: Option<EndJournal>,
 }
 
 impl Attempts {
@@ -213,7 +216,127 @@ impl Attempts {
             max_spilled_bytes,
             spill_dir,
             stats,
+            journal: None,
         }
+    }
+
+    /// Keeps every end in `journal` until it is settled.
+    pub(crate) fn with_journal(mut self, journal: EndJournal) -> Self {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// Takes back the ends an earlier process under this worker id kept in its journal: each is
+    /// a finished attempt whose started, unacknowledged lines and end are sent on the next
+    /// stream, as if this process had run it.
+    pub(crate) fn restore(&self, records: Vec<EndRecord>) {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        for record in records {
+            let key = record.key();
+            let Some(finished) = record.finished else {
+                continue;
+            };
+            let spill = if record.spill_path.is_empty() {
+                None
+            } else {
+                match SpillFile::reopen(PathBuf::from(&record.spill_path), &record.spilled) {
+                    Ok(spill) => Some(spill),
+                    Err(error) => {
+                        tracing::warn!(%key, %error, "cannot reopen the spill file kept with an end; its lines are lost");
+                        None
+                    }
+                }
+            };
+            let logs: VecDeque<RetainedBatch> = record
+                .batches
+                .into_iter()
+                .map(|batch| RetainedBatch {
+                    frame: LogFrame {
+                        first_seq: batch.first_seq,
+                        last_seq: batch.last_seq,
+                        bytes: batch.frame,
+                    },
+                    sent_on: None,
+                })
+                .collect();
+            state.retained_bytes += logs.iter().map(RetainedBatch::bytes).sum::<usize>();
+            if spill.is_some() {
+                state.spilling.insert(key);
+            }
+            state.seen.insert(key);
+            state.attempts.insert(
+                key,
+                AttemptEntry {
+                    control: None,
+                    started: record.started.map(|started| (started, None)),
+                    logs,
+                    spill,
+                    finished: Some(FinishedReport {
+                        message: finished,
+                        sent_on: None,
+                        first_sent_at: None,
+                        acked: false,
+                    }),
+                    forgotten: false,
+                },
+            );
+        }
+        self.stats.set_retained(state.retained_bytes);
+    }
+
+    /// Keeps `report` with what else the attempt still owes a scheduler (its started and its
+    /// unacknowledged lines) in the ends journal; the answer comes once it is on disk. `None`
+    /// when there is no journal or the attempt is not here any more.
+    pub(crate) fn keep_end(
+        &self,
+        key: AttemptKey,
+        report: &AttemptFinished,
+    ) -> Option<tokio::sync::oneshot::Receiver<Result<(), JournalError>>> {
+        let journal = self.journal.as_ref()?;
+        let (record, spill_file) = {
+            let state = self.lock();
+            let entry = state.attempts.get(&key)?;
+            if entry.forgotten {
+                return None;
+            }
+            let (spilled, spill_file) = match &entry.spill {
+                Some(spill) => {
+                    let (index, file) = spill.index();
+                    (index, Some((spill.path().to_path_buf(), file)))
+                }
+                None => (Vec::new(), None),
+            };
+            let record = EndRecord {
+                instance_id: key.instance_id,
+                attempt: key.attempt,
+                settled: false,
+                started: entry.started.as_ref().map(|(started, _)| *started),
+                finished: Some(report.clone()),
+                batches: entry
+                    .logs
+                    .iter()
+                    .map(|batch| KeptBatch {
+                        first_seq: batch.frame.first_seq,
+                        last_seq: batch.frame.last_seq,
+                        frame: batch.frame.bytes.clone(),
+                    })
+                    .collect(),
+                spill_path: spill_file
+                    .as_ref()
+                    .map(|(path, _)| path.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                spilled,
+            };
+            (record, spill_file)
+        };
+        // The spilled lines must be on disk before the end that points at them.
+        if let Some((path, file)) = spill_file
+            && let Err(error) = file.and_then(|file| file.sync_data())
+        {
+            tracing::warn!(%key, path = %path.display(), %error, "cannot sync the spill file of an ending attempt");
+        }
+        Some(journal.append(&record))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -558,6 +681,9 @@ impl Attempts {
     }
 
     fn remove(&self, state: &mut State, key: AttemptKey) {
+        if let Some(journal) = &self.journal {
+            journal.settle(key);
+        }
         if let Some(entry) = state.attempts.remove(&key) {
             if entry.running() {
                 state.running -= 1;

@@ -4,7 +4,8 @@
 //! attempt's process (timeout, kill, final report) and its log shipper; `spawn` starts that
 //! process without copying the worker's page tables; `logs` reads output into numbered batches,
 //! encoded once; `outgoing` sends them as those bytes; `attempts` is what survives a reconnect
-//! (running attempts, unacknowledged logs, finished reports); `spill` keeps unacknowledged log
+//! (running attempts, unacknowledged logs, finished reports); `ends` keeps each end on disk
+//! until it is acknowledged, which is what survives a restart; `spill` keeps unacknowledged log
 //! batches on disk past the memory bound; `fence` kills attempts when no scheduler has been
 //! reachable for too long; `endpoints` turns the configured endpoints into the addresses dialed
 //! in turn; `backoff` paces reconnects; `credentials` keeps the worker's token out of its tasks'
@@ -30,6 +31,7 @@ pub mod backoff;
 mod command_line;
 pub mod credentials;
 pub mod endpoints;
+mod ends;
 mod fence;
 mod guardian;
 pub mod logs;
@@ -77,7 +79,7 @@ pub struct WorkerOptions {
     /// Longer output lines are split into several lines.
     pub max_line_bytes: usize,
     /// Bytes of unacknowledged log lines kept in memory across all attempts. A batch that does
-    /// not fit goes to its attempt's spill file in `spill_dir` instead, and so does every later
+    /// not fit goes to its attempt's spill file in `state_dir` instead, and so does every later
     /// batch of that attempt until the file is fully acknowledged and deleted.
     pub max_retained_log_bytes: usize,
     /// Bytes of unacknowledged log lines kept in spill files across all attempts. Past it, an
@@ -85,10 +87,13 @@ pub struct WorkerOptions {
     /// some: its task blocks on its full pipe (back-pressure), so a runaway task cannot fill the
     /// worker's disk.
     pub max_spilled_log_bytes: u64,
-    /// Where spill files live; `<temp dir>/ax-worker-<worker id>` when `None`. Spill files left
-    /// there by an earlier process with the same worker id are deleted at start: their attempts
-    /// died with that process.
-    pub spill_dir: Option<PathBuf>,
+    /// What the worker keeps on disk, and what a restart under the same id takes back: the
+    /// journal of ends not yet acknowledged (`ends/`), spill files, and the attempts'
+    /// `$AX_OUTPUT` files (`outputs/`). `<temp dir>/ax-worker-<worker id>` when `None`; it must
+    /// outlive the worker process (not a per-start private temp dir). Spill files left there by
+    /// an earlier process that no kept end points at are deleted at start: their attempts died
+    /// with that process.
+    pub state_dir: Option<PathBuf>,
     pub log_batch: BatchLimits,
     /// How long a sent finished report the scheduler has not acknowledged is kept and replayed
     /// on every new stream (an acknowledged one is dropped at once).
@@ -130,7 +135,7 @@ impl Default for WorkerOptions {
             max_line_bytes: 64 * 1024,
             max_retained_log_bytes: 32 << 20,
             max_spilled_log_bytes: 1 << 30,
-            spill_dir: None,
+            state_dir: None,
             log_batch: BatchLimits::default(),
             finished_retention: Duration::from_secs(3600),
             drain_flush_timeout: Duration::from_secs(5),
@@ -198,22 +203,34 @@ pub async fn run_with_stats(
         .map(|text| Endpoint::parse(text))
         .collect::<Result<Vec<_>, _>>()
         .map_err(WorkerError::from)?;
-    let spill_dir = options.spill_dir.clone().unwrap_or_else(|| {
+    let state_dir = options.state_dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("ax-worker-{}", sanitize(&options.worker_id)))
     });
-    spill::remove_stale(&spill_dir);
-    let outputs_dir = spill_dir.join("outputs");
+    let (journal, kept_ends) = ends::EndJournal::open(&state_dir.join("ends"))
+        .map_err(|error| anyhow::anyhow!("{error} (the worker's state directory, --state-dir)"))?;
+    let kept_spills = kept_ends
+        .iter()
+        .filter(|end| !end.spill_path.is_empty())
+        .map(|end| PathBuf::from(&end.spill_path))
+        .collect();
+    spill::remove_stale(&state_dir, &kept_spills);
+    let outputs_dir = state_dir.join("outputs");
     if let Err(error) = runner::prepare_outputs_dir(&outputs_dir, options.task_user.is_some()) {
         // Tried again before each attempt; an attempt that cannot have it fails saying why.
         tracing::warn!(dir = %outputs_dir.display(), %error, "cannot make the $AX_OUTPUT directory");
     }
     let context = Arc::new(Context {
-        attempts: Arc::new(Attempts::new(
-            options.max_retained_log_bytes,
-            options.max_spilled_log_bytes,
-            spill_dir.clone(),
-            stats,
-        )),
+        attempts: {
+            let attempts = Attempts::new(
+                options.max_retained_log_bytes,
+                options.max_spilled_log_bytes,
+                state_dir.clone(),
+                stats,
+            )
+            .with_journal(journal);
+            attempts.restore(kept_ends);
+            Arc::new(attempts)
+        },
         liveness: Arc::new(Liveness::new()),
         runner: Arc::new(RunnerSettings {
             guardian: match guardian::Guardian::start() {

@@ -52,12 +52,14 @@ struct Args {
     /// not acknowledge it (it is dropped at once when acknowledged).
     #[arg(long, default_value = "1h", value_parser = ax_core::duration::parse)]
     finished_retention: Duration,
-    /// Directory for log lines kept on disk while the scheduler has not acknowledged them, and
-    /// (in `outputs/`) each running attempt's $AX_OUTPUT file; defaults to
+    /// Directory of what the worker keeps on disk and takes back when it restarts under the same
+    /// id: ends not yet acknowledged (`ends/`), log lines past the memory bound, each running
+    /// attempt's $AX_OUTPUT file (`outputs/`). It must outlive the worker process (under
+    /// systemd, its StateDirectory; not a private temp dir). Defaults to
     /// <temp dir>/ax-worker-<id>.
-    #[arg(long)]
-    spill_dir: Option<PathBuf>,
-    /// MiB of unacknowledged log lines the spill directory may hold; past it, tasks whose lines
+    #[arg(long, alias = "spill-dir")]
+    state_dir: Option<PathBuf>,
+    /// MiB of unacknowledged log lines the state directory may hold; past it, tasks whose lines
     /// would go there are paused on their output until the scheduler catches up.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
     max_spill_mib: u64,
@@ -73,7 +75,7 @@ struct Args {
     token_file: Option<PathBuf>,
     /// Run tasks as this account (USER or USER:GROUP, names or numbers), with its groups and
     /// HOME, USER and LOGNAME set for it, instead of the worker's own: then a task cannot read
-    /// the worker's token file, spill directory or /proc entries. The worker must run as root.
+    /// the worker's token file, state directory or /proc entries. The worker must run as root.
     #[arg(long, value_name = "USER[:GROUP]")]
     task_user: Option<String>,
     /// The CA that signed the nodes' certificates (PEM); implies TLS. Without it, https://
@@ -183,7 +185,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         kill_grace: args.kill_grace,
         self_fence_after: args.self_fence_after.0,
         finished_retention: args.finished_retention,
-        spill_dir: args.spill_dir,
+        state_dir: args.state_dir,
         max_spilled_log_bytes: args.max_spill_mib.saturating_mul(1 << 20),
         auth: ax_proto::client::ClientAuth {
             token: args.token,
@@ -273,7 +275,7 @@ mod tests {
         assert_eq!(args.labels, [("gpu".to_string(), "true".to_string())]);
         assert_eq!(args.heartbeat_interval, Duration::from_millis(500));
         assert_eq!(args.capacity, 20);
-        assert_eq!(args.spill_dir, Some(PathBuf::from("/var/tmp/ax")));
+        assert_eq!(args.state_dir, Some(PathBuf::from("/var/tmp/ax")));
         assert_eq!(args.max_spill_mib, 256);
         assert_eq!(
             args.self_fence_after,

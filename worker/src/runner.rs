@@ -478,7 +478,20 @@ impl Runner {
         }
     }
 
+    /// Keeps the end on disk, then records it and sends it: a worker killed after this step
+    /// still reports it when it starts again under the same id.
     async fn send_finished(&self, report: AttemptFinished) {
+        if let Some(kept) = self.attempts.keep_end(self.key, &report) {
+            match kept.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "the end is reported without being kept on disk");
+                }
+                Err(_) => tracing::warn!(
+                    "the ends journal stopped; the end is reported without being kept on disk"
+                ),
+            }
+        }
         if let Some((link, message)) = self.attempts.finished(self.key, report) {
             link.send(message).await;
         }

@@ -5,10 +5,12 @@
 //! carries it, `logs::LogFrame`), in seq order. Alongside it the worker keeps a small index (offset,
 //! length and last seq of every unacknowledged batch), so that batches are read back one at a
 //! time, never a whole file at once, and are sent as they were read; an acknowledgement frees the
-//! index without touching the file. The file is deleted once every batch in it is acknowledged. Writes are positional at the
-//! end of the last complete record, so a failed or partial write is simply overwritten by the
-//! next one. Spill files are not a durable store (no fsync): their attempts die with the worker,
-//! and a new worker process deletes what an earlier one left behind.
+//! index without touching the file. The file is deleted once every batch in it is acknowledged.
+//! Writes are positional at the end of the last complete record, so a failed or partial write is
+//! simply overwritten by the next one. A running attempt's spill file is not synced; when the
+//! attempt ends, the file is synced and its index kept with the end in the ends journal (`ends`),
+//! so a worker restarted under the same id reopens it and sends the rest. A new worker process
+//! deletes every other spill file an earlier one left behind.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -20,6 +22,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use prost::bytes::Bytes;
 
 use crate::attempts::AttemptKey;
+use crate::ends::SpilledBatch;
 use crate::logs::LogFrame;
 
 /// File name suffix of spill files.
@@ -228,6 +231,51 @@ impl SpillFile {
         self.records.is_empty()
     }
 
+    /// The unacknowledged batches' places in the file, for the ends journal, and a handle that
+    /// syncs it.
+    pub(crate) fn index(&self) -> (Vec<SpilledBatch>, io::Result<File>) {
+        let index = self
+            .records
+            .iter()
+            .map(|record| SpilledBatch {
+                start: record.start,
+                len: record.len as u64,
+                last_seq: record.last_seq,
+            })
+            .collect();
+        (index, self.file.try_clone())
+    }
+
+    /// Opens a spill file an earlier worker process left, with the index its ends journal kept.
+    pub(crate) fn reopen(path: PathBuf, index: &[SpilledBatch]) -> Result<Self, SpillError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|source| SpillError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        let records: VecDeque<Record> = index
+            .iter()
+            .map(|batch| Record {
+                start: batch.start,
+                len: usize::try_from(batch.len).unwrap_or(usize::MAX),
+                last_seq: batch.last_seq,
+            })
+            .collect();
+        let written = records
+            .back()
+            .map_or(0, |last| last.start + last.len as u64);
+        Ok(SpillFile {
+            path,
+            file,
+            written,
+            records,
+            sent: None,
+        })
+    }
+
     /// Deletes the file.
     pub(crate) fn delete(self) -> Result<(), SpillError> {
         drop(self.file);
@@ -238,14 +286,15 @@ impl SpillFile {
     }
 }
 
-/// Deletes the spill files an earlier worker process left in `dir`.
-pub(crate) fn remove_stale(dir: &Path) {
+/// Deletes the spill files an earlier worker process left in `dir`, but those in `keep` (the
+/// lines of ends its journal still holds).
+pub(crate) fn remove_stale(dir: &Path, keep: &std::collections::HashSet<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for entry in entries.flatten() {
         let path = entry.path();
-        if path.extension().is_some_and(|ext| ext == SUFFIX) {
+        if path.extension().is_some_and(|ext| ext == SUFFIX) && !keep.contains(&path) {
             match std::fs::remove_file(&path) {
                 Ok(()) => tracing::info!(path = %path.display(), "deleted a stale spill file"),
                 Err(error) => {
@@ -322,9 +371,15 @@ mod tests {
     fn stale_files_are_removed() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("1-1.spill"), b"x").unwrap();
+        std::fs::write(dir.path().join("2-1.spill"), b"x").unwrap();
         std::fs::write(dir.path().join("keep.txt"), b"x").unwrap();
-        remove_stale(dir.path());
+        let journaled = std::collections::HashSet::from([dir.path().join("2-1.spill")]);
+        remove_stale(dir.path(), &journaled);
         assert!(!dir.path().join("1-1.spill").exists());
+        assert!(
+            dir.path().join("2-1.spill").exists(),
+            "an end's lines are kept"
+        );
         assert!(dir.path().join("keep.txt").exists());
     }
 }

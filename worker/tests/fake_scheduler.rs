@@ -1108,7 +1108,7 @@ async fn log_lines_past_the_memory_bound_are_spilled_and_all_delivered_once_in_o
     let stats = Arc::new(LogStats::default());
     let worker = Worker::start_with_stats(&[&first, &second], Arc::clone(&stats), |options| {
         options.max_retained_log_bytes = BOUND;
-        options.spill_dir = Some(spill_dir.path().to_path_buf());
+        options.state_dir = Some(spill_dir.path().to_path_buf());
         options.self_fence_after = None;
     });
     first.dispatch(dispatch(90, format!("seq 1 {LINES}"))).await;
@@ -1194,7 +1194,7 @@ async fn a_chatty_task_is_back_pressured_and_still_timed_out() {
         options.self_fence_after = None;
         options.max_retained_log_bytes = 256 * 1024;
         options.max_spilled_log_bytes = SPILL_BUDGET;
-        options.spill_dir = Some(spill_dir.path().to_path_buf());
+        options.state_dir = Some(spill_dir.path().to_path_buf());
     });
     fake.wait_for("a heartbeat", |_| {
         (!fake.heartbeats().is_empty()).then_some(())

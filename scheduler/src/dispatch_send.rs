@@ -158,6 +158,7 @@ impl DispatchSender {
                 .filter(|shard| shard.item.is_none())
                 .map(|shard| (shard.index, shard.total)),
             keep_when_cut_off: task.unfenced,
+            survive_worker_restart: task.survives_worker_restart,
         };
         (message, span)
     }

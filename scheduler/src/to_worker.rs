@@ -31,6 +31,8 @@ pub struct Dispatch {
     pub shard: Option<(u32, u32)>,
     /// The task opted out of self-fencing.
     pub keep_when_cut_off: bool,
+    /// The task's process outlives a restart of its worker.
+    pub survive_worker_restart: bool,
 }
 
 /// Why the node refused a worker's report or lines.

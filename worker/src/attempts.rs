@@ -139,6 +139,10 @@ struct AttemptEntry {
     finished: Option<FinishedReport>,
     /// Set when the scheduler refused this attempt: it is killed and nothing more is reported.
     forgotten: bool,
+    /// Its process is held outside the worker (`held`), and outlives it.
+    held: bool,
+    /// The last line the scheduler acknowledged.
+    acked_seq: u64,
 }
 
 impl AttemptEntry {
@@ -184,6 +188,9 @@ struct State {
     running: usize,
     /// The attempts that have a spill file.
     spilling: HashSet<AttemptKey>,
+    /// The worker stops without waiting for its running held attempts: its next process takes
+    /// them back.
+    handing_over: bool,
     seen: SeenSet,
     retained_bytes: usize,
     /// The newest stream that replayed or was installed.
@@ -279,6 +286,8 @@ impl Attempts {
                         acked: false,
                     }),
                     forgotten: false,
+                    held: false,
+                    acked_seq: 0,
                 },
             );
         }
@@ -430,8 +439,44 @@ impl Attempts {
         self.lock().running
     }
 
+    /// Running attempts a stopping worker waits for: all of them, but for held ones when it
+    /// hands them over.
+    pub fn awaited_count(&self) -> usize {
+        let state = self.lock();
+        if !state.handing_over {
+            return state.running;
+        }
+        state
+            .attempts
+            .values()
+            .filter(|entry| awaited(&state, entry) && entry.running())
+            .count()
+    }
+
     pub fn set_draining(&self) {
         self.lock().draining = true;
+    }
+
+    /// Drains, leaving running held attempts to the worker's next process.
+    pub fn set_handing_over(&self) {
+        let mut state = self.lock();
+        state.draining = true;
+        state.handing_over = true;
+    }
+
+    /// Marks a running attempt as held (its process outlives the worker).
+    pub(crate) fn hold(&self, key: AttemptKey) {
+        if let Some(entry) = self.lock().attempts.get_mut(&key) {
+            entry.held = true;
+        }
+    }
+
+    /// The last line of the attempt the scheduler acknowledged (0: none, or not here).
+    pub(crate) fn acked_seq(&self, key: AttemptKey) -> u64 {
+        self.lock()
+            .attempts
+            .get(&key)
+            .map_or(0, |entry| entry.acked_seq)
     }
 
     pub fn draining(&self) -> bool {
@@ -759,6 +804,7 @@ impl Attempts {
         let Some(entry) = state.attempts.get_mut(&key) else {
             return;
         };
+        entry.acked_seq = entry.acked_seq.max(seq);
         let mut freed = 0;
         while entry
             .logs
@@ -878,23 +924,32 @@ impl Attempts {
     /// True when nothing runs and every finished report was handed to some stream.
     pub fn all_reported(&self) -> bool {
         let state = self.lock();
-        state.attempts.values().all(|entry| {
-            entry
-                .finished
-                .as_ref()
-                .is_some_and(|report| report.acked || report.sent_on.is_some())
-        })
+        state
+            .attempts
+            .values()
+            .filter(|entry| awaited(&state, entry))
+            .all(|entry| {
+                entry
+                    .finished
+                    .as_ref()
+                    .is_some_and(|report| report.acked || report.sent_on.is_some())
+            })
     }
 
     /// True when every retained log line and every end has been acknowledged: a worker that
     /// drains waits for this (up to its flush timeout), so its successor under the same id does
     /// not find an end the scheduler never stored.
     pub fn all_acked(&self) -> bool {
-        self.lock().attempts.values().all(|entry| {
-            entry.logs.is_empty()
-                && entry.spill.is_none()
-                && entry.finished.as_ref().is_none_or(|report| report.acked)
-        })
+        let state = self.lock();
+        state
+            .attempts
+            .values()
+            .filter(|entry| awaited(&state, entry))
+            .all(|entry| {
+                entry.logs.is_empty()
+                    && entry.spill.is_none()
+                    && entry.finished.as_ref().is_none_or(|report| report.acked)
+            })
     }
 
     /// Bytes of log lines kept in memory until acknowledged.
@@ -902,6 +957,11 @@ impl Attempts {
     pub fn retained_bytes(&self) -> usize {
         self.lock().retained_bytes
     }
+}
+
+/// Whether a stopping worker waits for `entry`: not for a running held attempt it hands over.
+fn awaited(state: &State, entry: &AttemptEntry) -> bool {
+    !(state.handing_over && entry.held && entry.running())
 }
 
 fn wrap(body: Body) -> WorkerMessage {

@@ -96,6 +96,16 @@ impl Liveness {
         }
     }
 
+    /// As [`Liveness::new`], with the last contact `unheard` before now: the count of an
+    /// earlier process of this worker, taken over.
+    pub(crate) fn unheard_since_start(unheard: Duration) -> Self {
+        let now = Instant::now();
+        Liveness {
+            base: now.checked_sub(unheard).unwrap_or(now),
+            ..Liveness::new()
+        }
+    }
+
     fn refusals(&self) -> std::sync::MutexGuard<'_, Refusals> {
         // Whole after any panic (single inserts and reads), so a poisoned lock is still usable.
         self.refusals

@@ -5,7 +5,8 @@
 //! process without copying the worker's page tables; `logs` reads output into numbered batches,
 //! encoded once; `outgoing` sends them as those bytes; `attempts` is what survives a reconnect
 //! (running attempts, unacknowledged logs, finished reports); `ends` keeps each end on disk
-//! until it is acknowledged, which is what survives a restart; `spill` keeps unacknowledged log
+//! until it is acknowledged, which is what survives a restart; `held` runs the attempts whose
+//! process outlives the worker, and takes them back after a restart; `spill` keeps unacknowledged log
 //! batches on disk past the memory bound; `fence` kills attempts when no scheduler has been
 //! reachable for too long; `endpoints` turns the configured endpoints into the addresses dialed
 //! in turn; `backoff` paces reconnects; `credentials` keeps the worker's token out of its tasks'
@@ -34,6 +35,7 @@ pub mod endpoints;
 mod ends;
 mod fence;
 mod guardian;
+pub mod held;
 pub mod logs;
 mod outgoing;
 mod runner;
@@ -116,6 +118,13 @@ pub struct WorkerOptions {
     /// The account tasks run as (`--task-user`); the worker's own when `None`. Needs the worker
     /// to run as root.
     pub task_user: Option<task_user::TaskUser>,
+    /// The program that holds held attempts: `ax-worker` itself (`ax-worker __hold ...`).
+    /// `None`: this process's own executable. Held attempts run as the worker's children when
+    /// it cannot be found.
+    pub holder_program: Option<PathBuf>,
+    /// Cancelled, with the shutdown, to stop without waiting for running held attempts: the
+    /// worker's next process under its id takes them back (an upgrade or a restart).
+    pub hand_over: CancellationToken,
 }
 
 impl Default for WorkerOptions {
@@ -144,6 +153,8 @@ impl Default for WorkerOptions {
             auth: ax_proto::client::ClientAuth::default(),
             token_file: None,
             task_user: None,
+            holder_program: None,
+            hand_over: CancellationToken::new(),
         }
     }
 }
@@ -214,7 +225,21 @@ pub async fn run_with_stats(
         .map(|end| PathBuf::from(&end.spill_path))
         .collect();
     spill::remove_stale(&state_dir, &kept_spills);
+    let held_dirs = held::held_dirs(&state_dir);
     let outputs_dir = state_dir.join("outputs");
+    let liveness = Arc::new(seeded_liveness(&state_dir, !held_dirs.is_empty()));
+    let held_root = state_dir.join(held::HELD_DIR);
+    let fence_writer = match std::fs::create_dir_all(&held_root) {
+        Ok(()) => Some(Arc::new(held::FenceWriter::new(
+            Arc::clone(&liveness),
+            options.self_fence_after,
+            held_root,
+        ))),
+        Err(error) => {
+            tracing::warn!(dir = %held_root.display(), %error, "cannot make the held attempts' directory; attempts that ask to survive a worker restart run as any other");
+            None
+        }
+    };
     if let Err(error) = runner::prepare_outputs_dir(&outputs_dir, options.task_user.is_some()) {
         // Tried again before each attempt; an attempt that cannot have it fails saying why.
         tracing::warn!(dir = %outputs_dir.display(), %error, "cannot make the $AX_OUTPUT directory");
@@ -231,7 +256,7 @@ pub async fn run_with_stats(
             attempts.restore(kept_ends);
             Arc::new(attempts)
         },
-        liveness: Arc::new(Liveness::new()),
+        liveness,
         runner: Arc::new(RunnerSettings {
             guardian: match guardian::Guardian::start() {
                 Ok(guardian) => Some(Arc::new(guardian)),
@@ -246,6 +271,15 @@ pub async fn run_with_stats(
             task_heartbeat_interval: options.task_heartbeat_interval,
             task_user: options.task_user.clone(),
             outputs_dir,
+            state_dir: state_dir.clone(),
+            holder_program: fence_writer.as_ref().and_then(|_| {
+                options.holder_program.clone().or_else(|| {
+                    std::env::current_exe()
+                        .inspect_err(|error| tracing::warn!(%error, "cannot find this program's file; attempts that ask to survive a worker restart run as any other"))
+                        .ok()
+                })
+            }),
+            fence_writer,
         }),
         tracker: TaskTracker::new(),
         started_at_ms: now_ms(),
@@ -265,7 +299,12 @@ pub async fn run_with_stats(
             fencing.clone(),
         ));
     }
+    let fence_file_stop = fencing.child_token();
     let _stop_fencing = fencing.drop_guard();
+    if let Some(writer) = &context.runner.fence_writer {
+        tokio::spawn(keep_fence_file(Arc::clone(writer), fence_file_stop));
+    }
+    adopt_held(&context, held_dirs);
     let mut rotation = Rotation::new(
         endpoints,
         Arc::clone(&context.options.resolver),
@@ -288,8 +327,12 @@ pub async fn run_with_stats(
     tracing::info!(worker_id = %context.options.worker_id, endpoints = ?context.options.endpoints, "worker starting");
     loop {
         if shutdown.is_cancelled() {
-            context.attempts.set_draining();
-            if context.attempts.running_count() == 0 {
+            if context.options.hand_over.is_cancelled() {
+                context.attempts.set_handing_over();
+            } else {
+                context.attempts.set_draining();
+            }
+            if context.attempts.awaited_count() == 0 {
                 if context.attempts.all_reported() && context.attempts.all_acked() {
                     break;
                 }
@@ -374,9 +417,80 @@ pub async fn run_with_stats(
         pause(&context, &mut backoff, &shutdown).await;
     }
     context.tracker.close();
+    if context.options.hand_over.is_cancelled() {
+        let held = context.attempts.running_count();
+        tracing::info!(
+            held,
+            "worker stopped; its next process takes back the held attempts still running"
+        );
+        return Ok(());
+    }
     context.tracker.wait().await;
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// The fence count, taken over from the worker's previous process when it left held attempts:
+/// their holders count from the moment no scheduler may have heard from that process, and a
+/// restart must not start the count again.
+fn seeded_liveness(state_dir: &std::path::Path, held: bool) -> Liveness {
+    let previous = held
+        .then(|| held::FenceState::read(&state_dir.join(held::HELD_DIR)))
+        .flatten();
+    match previous {
+        Some(previous) => {
+            let unheard = held::boot_ms().saturating_sub(previous.unheard_since_ms);
+            let liveness = Liveness::unheard_since_start(Duration::from_millis(unheard));
+            liveness.learn_dead_after(u32::try_from(previous.dead_after_ms).unwrap_or(u32::MAX));
+            liveness
+        }
+        None => Liveness::new(),
+    }
+}
+
+/// Keeps the fence file of the held attempts' holders current (see `held`).
+async fn keep_fence_file(writer: Arc<held::FenceWriter>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(held::FENCE_TICK);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        if let Err(error) = writer.write_now() {
+            tracing::warn!(%error, "cannot write the held attempts' fence file");
+        }
+    }
+}
+
+/// Takes back the held attempts an earlier process under this id left running (or ended):
+/// each is admitted before the first Register, which lists it as running.
+fn adopt_held(context: &Arc<Context>, dirs: Vec<held::HeldDir>) {
+    for dir in dirs {
+        let attempt = match dir.attempt() {
+            Ok(attempt) => attempt,
+            Err(error) => {
+                tracing::warn!(dir = %dir.path().display(), %error, "a held attempt's directory without its attempt; removing it");
+                dir.remove();
+                continue;
+            }
+        };
+        let key = attempt.key();
+        let control = match context.attempts.admit(key, u32::MAX) {
+            attempts::Admission::Accepted(control) => control,
+            // Its end is already in the journal: the directory is left over.
+            attempts::Admission::Duplicate | attempts::Admission::Rejected(_) => {
+                dir.remove();
+                continue;
+            }
+        };
+        context.tracker.spawn(runner::adopt_attempt(
+            Arc::clone(&context.attempts),
+            Arc::clone(&context.runner),
+            dir,
+            attempt,
+            control,
+        ));
+    }
 }
 
 /// 128 random bits as hex: this process's incarnation.
@@ -393,7 +507,7 @@ async fn pause(context: &Context, backoff: &mut Backoff, shutdown: &Cancellation
     tokio::select! {
         () = tokio::time::sleep(delay) => {}
         // A shutdown while idle must not wait out a long backoff.
-        () = shutdown.cancelled(), if context.attempts.running_count() == 0 && !shutdown.is_cancelled() => {}
+        () = shutdown.cancelled(), if context.attempts.awaited_count() == 0 && !shutdown.is_cancelled() => {}
     }
 }
 

@@ -339,6 +339,17 @@ impl Batcher {
     pub fn lines_taken(&self) -> u64 {
         self.next_seq - 1
     }
+
+    /// Lines pushed and not yet taken.
+    pub fn pending_lines(&self) -> u64 {
+        self.lines.count()
+    }
+
+    /// Numbers the next batch from `next_seq`: a restarted worker goes on where the batches an
+    /// earlier process cut end (a held attempt's).
+    pub fn resume_at(&mut self, next_seq: u64) {
+        self.next_seq = next_seq.max(1);
+    }
 }
 
 #[cfg(test)]

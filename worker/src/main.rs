@@ -116,6 +116,15 @@ fn parse_label(text: &str) -> Result<(String, String), String> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // A held attempt's holder is this program too (see `ax_worker::held`): before anything
+    // else, since it has no flags and no token.
+    let arguments: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if arguments
+        .first()
+        .is_some_and(|first| first == ax_worker::held::HOLD_COMMAND)
+    {
+        std::process::exit(ax_worker::held::holder::main(arguments));
+    }
     // SAFETY: the first thing the process does: no other thread exists yet.
     let environment_token = unsafe { ax_worker::credentials::take_environment_token() }
         .filter(|token| !token.trim().is_empty());
@@ -198,9 +207,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
 
     let shutdown = CancellationToken::new();
+    let hand_over = options.hand_over.clone();
     let mut terminate =
         signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut quit = signal(SignalKind::quit()).context("installing the SIGQUIT handler")?;
     let worker = tokio::spawn(ax_worker::run(options, shutdown.clone()));
     tokio::pin!(worker);
     let mut signals = 0;
@@ -209,6 +220,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
             result = &mut worker => return result.context("the worker task panicked")?,
             _ = terminate.recv() => signals += 1,
             _ = interrupt.recv() => signals += 1,
+            _ = quit.recv() => {
+                tracing::info!("SIGQUIT: draining, and handing the held attempts still running to the next process under this id");
+                hand_over.cancel();
+                shutdown.cancel();
+                continue;
+            }
         }
         if signals == 1 {
             tracing::info!("signal received: draining (send another to exit at once)");

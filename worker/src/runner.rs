@@ -1,4 +1,7 @@
 //! One attempt's process: spawn, log pump, timeout, cancellation, and the final report.
+//! A held attempt's process is started and watched through its holder (`held`).
+
+mod held;
 
 use std::io;
 use std::num::NonZeroU64;
@@ -49,11 +52,18 @@ pub struct RunnerSettings {
     pub task_user: Option<crate::task_user::TaskUser>,
     /// Where each attempt's `$AX_OUTPUT` file is made (the worker's spill directory).
     pub outputs_dir: std::path::PathBuf,
+    /// The worker's state directory: held attempts keep their directories under it.
+    pub state_dir: std::path::PathBuf,
+    /// The program that holds held attempts (this worker's own executable); `None` when it
+    /// cannot be found, and held attempts then run as the worker's children.
+    pub holder_program: Option<std::path::PathBuf>,
+    /// Brings the holders' fence file up to date before a holder starts.
+    pub fence_writer: Option<Arc<crate::held::FenceWriter>>,
 }
 
 /// Why the worker is killing an attempt.
-#[derive(Debug, Clone)]
-enum KillReason {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum KillReason {
     Timeout,
     Cancel(String),
     Fence(String),
@@ -67,37 +77,49 @@ pub async fn run_attempt(
     dispatch: Dispatch,
     control: mpsc::UnboundedReceiver<Control>,
 ) {
-    let span = tracing::info_span!(
+    let span = attempt_span(&dispatch);
+    crate::telemetry::join_trace(&span, &dispatch.env);
+    let held = dispatch.survive_worker_restart && settings.holder_program.is_some();
+    let runner = Runner::new(attempts, settings, dispatch, control);
+    if held {
+        runner.run_held().instrument(span).await;
+    } else {
+        runner.run().instrument(span).await;
+    }
+}
+
+/// Takes back a held attempt an earlier worker process under this id started (see `held`).
+pub(crate) async fn adopt_attempt(
+    attempts: Arc<Attempts>,
+    settings: Arc<RunnerSettings>,
+    dir: crate::held::HeldDir,
+    attempt: crate::held::HeldAttempt,
+    control: mpsc::UnboundedReceiver<Control>,
+) {
+    let dispatch = Dispatch {
+        instance_id: attempt.instance_id,
+        attempt: attempt.attempt,
+        task: attempt.task.clone(),
+        timeout_ms: attempt.timeout_ms,
+        keep_when_cut_off: attempt.keep_when_cut_off,
+        survive_worker_restart: true,
+        ..Dispatch::default()
+    };
+    let span = attempt_span(&dispatch);
+    Runner::new(attempts, settings, dispatch, control)
+        .adopt(dir)
+        .instrument(span)
+        .await;
+}
+
+fn attempt_span(dispatch: &Dispatch) -> tracing::Span {
+    tracing::info_span!(
         "attempt",
         instance = dispatch.instance_id,
         attempt = dispatch.attempt,
         task = %dispatch.task,
         otel.name = tracing::field::Empty,
-    );
-    crate::telemetry::join_trace(&span, &dispatch.env);
-    Runner {
-        attempts,
-        key: key_of(&dispatch),
-        watch: Watch {
-            control,
-            control_open: true,
-            pgid: 0,
-            grace: settings.kill_grace,
-            timeout: None,
-            // The wire's 0 is no timeout.
-            time_limit: NonZeroU64::new(dispatch.timeout_ms)
-                .map(|ms| Duration::from_millis(ms.get())),
-            keep_when_cut_off: dispatch.keep_when_cut_off,
-            reason: None,
-            sigkill_at: None,
-            exited: false,
-        },
-        settings,
-        dispatch,
-    }
-    .run()
-    .instrument(span)
-    .await;
+    )
 }
 
 fn key_of(dispatch: &Dispatch) -> AttemptKey {
@@ -115,6 +137,37 @@ struct Runner {
     watch: Watch,
 }
 
+impl Runner {
+    fn new(
+        attempts: Arc<Attempts>,
+        settings: Arc<RunnerSettings>,
+        dispatch: Dispatch,
+        control: mpsc::UnboundedReceiver<Control>,
+    ) -> Runner {
+        Runner {
+            attempts,
+            key: key_of(&dispatch),
+            watch: Watch {
+                control,
+                control_open: true,
+                pgid: 0,
+                holder: None,
+                grace: settings.kill_grace,
+                timeout: None,
+                // The wire's 0 is no timeout.
+                time_limit: NonZeroU64::new(dispatch.timeout_ms)
+                    .map(|ms| Duration::from_millis(ms.get())),
+                keep_when_cut_off: dispatch.keep_when_cut_off,
+                reason: None,
+                sigkill_at: None,
+                exited: false,
+            },
+            settings,
+            dispatch,
+        }
+    }
+}
+
 /// Everything that can end an attempt from the outside: cancel and kill requests, the timeout,
 /// and the SIGKILL that follows a SIGTERM after the grace.
 struct Watch {
@@ -122,6 +175,9 @@ struct Watch {
     control_open: bool,
     /// The process group to signal; 0 until the process is started.
     pgid: i32,
+    /// A held attempt's holder: the worker asks it to end the task, and keeps the reason in the
+    /// attempt's directory for its next process.
+    holder: Option<held::HolderHandle>,
     grace: Duration,
     /// Kept across steps: a timer made anew at each step could be dropped before it fires, every
     /// time, while the task's output keeps the loop busy.
@@ -182,6 +238,12 @@ impl Watch {
             (_, KillReason::Forget) => self.reason = Some(reason),
             (None, _) if !self.exited => self.reason = Some(reason),
             _ => {}
+        }
+        if let Some(holder) = &mut self.holder {
+            if let Some(reason) = &self.reason {
+                holder.end_task(reason);
+            }
+            return;
         }
         if self.sigkill_at.is_none() && signal_group(self.pgid, libc::SIGTERM) {
             self.sigkill_at = Some(Box::pin(sleep(self.grace)));
@@ -329,13 +391,13 @@ impl Runner {
                 read = lines.recv(), if !readers_done && !paused => match read {
                     Some(read) => {
                         if batcher.push(read) {
-                            self.flush(&mut batcher, &shipper);
+                            self.flush(&mut batcher, Some(&shipper));
                         }
                     }
                     None => readers_done = true,
                 },
                 () = sleep_until(batcher.deadline().unwrap_or(start)), if batcher.deadline().is_some() => {
-                    self.flush(&mut batcher, &shipper);
+                    self.flush(&mut batcher, Some(&shipper));
                 }
                 () = sleep_until(drain_until.unwrap_or(start)), if drain_until.is_some() && !readers_done => {
                     tracing::warn!("output pipes still open after the process group ended; closing them");
@@ -358,10 +420,10 @@ impl Runner {
         // Lines already queued by the readers still belong to the attempt.
         while let Ok(read) = lines.try_recv() {
             if batcher.push(read) {
-                self.flush(&mut batcher, &shipper);
+                self.flush(&mut batcher, Some(&shipper));
             }
         }
-        self.flush(&mut batcher, &shipper);
+        self.flush(&mut batcher, Some(&shipper));
         // Every batch is handed to the stream before the end is reported, so a scheduler sees
         // an attempt's lines before its end on one stream.
         shipper.finish().await;
@@ -469,11 +531,13 @@ impl Runner {
     }
 
     /// Cuts the pending lines into a batch and hands it to the shipper.
-    fn flush(&self, batcher: &mut Batcher, shipper: &Shipper) {
+    fn flush(&self, batcher: &mut Batcher, shipper: Option<&Shipper>) {
         let Some(frame) = batcher.take(self.key.instance_id, self.key.attempt, now_ms()) else {
             return;
         };
-        if self.attempts.logs(self.key, frame) {
+        if self.attempts.logs(self.key, frame)
+            && let Some(shipper) = shipper
+        {
             shipper.wake();
         }
     }
@@ -522,7 +586,7 @@ pub(crate) fn prepare_outputs_dir(dir: &std::path::Path, task_user: bool) -> io:
 /// Puts what a successful attempt wrote to `$AX_OUTPUT` in its report, and removes the file. A
 /// file that is not outputs (too large, malformed) fails the attempt, saying why: a downstream
 /// task must not run on a truncated or misread value.
-fn read_outputs(report: &mut AttemptFinished, path: &std::path::Path) {
+pub(crate) fn read_outputs(report: &mut AttemptFinished, path: &std::path::Path) {
     let read = read_capped(path);
     if !matches!(&read, Err(error) if error.kind() == io::ErrorKind::NotFound) {
         let _ = std::fs::remove_file(path);
@@ -675,7 +739,7 @@ async fn elapsed(timer: &mut Option<Pin<Box<Sleep>>>) {
 /// Sends `signal` to the whole process group `pgid` (0 only probes). Returns whether the group
 /// still has members. Signalling the group, not the pid, is what takes grandchildren such as
 /// `sh -c 'sleep 100 & wait'` down with the attempt.
-fn signal_group(pgid: i32, signal: i32) -> bool {
+pub(crate) fn signal_group(pgid: i32, signal: i32) -> bool {
     if pgid <= 1 {
         return false;
     }

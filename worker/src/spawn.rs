@@ -59,6 +59,8 @@ pub struct TaskCommand {
     resolved: Option<PathBuf>,
     /// The account the process runs as; the worker's own when `None`.
     user: Option<Identity>,
+    /// Starts a session of its own and outlives the worker (the holder of a held attempt).
+    detached: bool,
 }
 
 /// A user id, its primary group and every group the process holds.
@@ -81,7 +83,28 @@ impl TaskCommand {
             working_dir: None,
             resolved: None,
             user: None,
+            detached: false,
         }
+    }
+
+    /// Makes the process outlive the worker: it leads a session of its own (no terminal's or
+    /// process group's signal reaches it) and gets no parent-death signal. Only the holder of a
+    /// held attempt is started so; it fences itself (see `held`).
+    pub fn detach(&mut self) -> &mut TaskCommand {
+        self.detached = true;
+        self
+    }
+
+    /// Runs the process as the user `uid` with group `gid` and `groups` (the caller must be
+    /// root); the environment is left as it is.
+    pub fn run_as_ids(
+        &mut self,
+        uid: libc::uid_t,
+        gid: libc::gid_t,
+        groups: Vec<libc::gid_t>,
+    ) -> &mut TaskCommand {
+        self.user = Some(Identity { uid, gid, groups });
+        self
     }
 
     /// Runs the process as `user` (the worker must be root), with `HOME`, `USER` and `LOGNAME`
@@ -113,6 +136,23 @@ impl TaskCommand {
         }
         self.env.insert(key, value.into());
         self
+    }
+
+    /// This command, run by `holder` (its own executable, given `arguments` first): the holder
+    /// runs with this command's environment and working directory, and starts the program with
+    /// its arguments itself (see `held::holder`). The holder runs as the worker's account.
+    pub fn held_by(self, holder: PathBuf, mut arguments: Vec<OsString>) -> TaskCommand {
+        arguments.push(self.program);
+        arguments.extend(self.args);
+        TaskCommand {
+            program: holder.into_os_string(),
+            args: arguments,
+            env: self.env,
+            working_dir: self.working_dir,
+            resolved: None,
+            user: None,
+            detached: false,
+        }
     }
 
     /// The program as given (a name looked up on `PATH`, or a path).
@@ -213,6 +253,7 @@ impl TaskCommand {
             envp,
             working_dir,
             user: self.user.clone(),
+            detached: self.detached,
         })
     }
 
@@ -359,6 +400,7 @@ struct Prepared {
     envp: Vec<CString>,
     working_dir: Option<CString>,
     user: Option<Identity>,
+    detached: bool,
 }
 
 /// The step of the child's setup that failed.
@@ -409,6 +451,8 @@ struct ChildArgs {
     groups: *const libc::gid_t,
     ngroups: usize,
     worker_pid: libc::pid_t,
+    /// Non-zero: a new session instead of a process group, and no parent-death signal.
+    detached: i32,
     failed_step: i32,
     errno: i32,
 }
@@ -436,6 +480,7 @@ fn start(prepared: &Prepared, stdio: [RawFd; 3]) -> io::Result<libc::pid_t> {
         ngroups: prepared.user.as_ref().map_or(0, |user| user.groups.len()),
         // SAFETY: getpid has no preconditions.
         worker_pid: unsafe { libc::getpid() },
+        detached: i32::from(prepared.detached),
         failed_step: Step::None as i32,
         errno: 0,
     };
@@ -495,6 +540,7 @@ fn start(prepared: &Prepared, stdio: [RawFd; 3]) -> io::Result<libc::pid_t> {
                 "the worker exited while the task was starting",
             ));
         }
+        Step::ProcessGroup if prepared.detached => "setsid".to_string(),
         Step::ProcessGroup => "setpgid".to_string(),
         Step::User => format!(
             "switching to uid {} gid {} (--task-user needs the worker to run as root)",
@@ -548,7 +594,12 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         libc::sigemptyset(&mut none);
         libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
 
-        if libc::setpgid(0, 0) != 0 {
+        let grouped = if args.detached != 0 {
+            libc::setsid() >= 0
+        } else {
+            libc::setpgid(0, 0) == 0
+        };
+        if !grouped {
             fail(args, Step::ProcessGroup);
         }
         // Groups first, then the group id, then the user id: once the user id is not root's,
@@ -562,10 +613,10 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         }
         // SIGKILL when the thread that started the child dies, even by `kill -9` of the
         // worker, so a crashed worker leaves no task running that no scheduler can see or fence.
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+        if args.detached == 0 && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
             fail(args, Step::DeathSignal);
         }
-        if libc::getppid() != args.worker_pid {
+        if args.detached == 0 && libc::getppid() != args.worker_pid {
             fail(args, Step::WorkerGone);
         }
         for (target, fd) in args.stdio.into_iter().enumerate() {
@@ -637,9 +688,10 @@ fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(moved) })
 }
 
-fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open returns a new descriptor, or -1. The pid cannot have been recycled:
-    // the child is ours and not yet reaped.
+/// A pidfd for `pid`. For our own unreaped child the pid cannot have been recycled; for any
+/// other process the caller checks afterwards that the pid is still the one it meant.
+pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open returns a new descriptor, or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {
         return Err(io::Error::last_os_error());

@@ -302,6 +302,7 @@ pub fn worker_frame(message: ToWorker) -> Result<pb::SchedulerMessage, Status> {
             shard_index: dispatch.shard.map_or(0, |(index, _)| index),
             shard_total: dispatch.shard.map_or(0, |(_, total)| total),
             keep_when_cut_off: dispatch.keep_when_cut_off,
+            survive_worker_restart: dispatch.survive_worker_restart,
         }),
         ToWorker::Cancel {
             instance,

@@ -99,6 +99,7 @@ pub struct TaskFile {
     pub pool: Option<Spanned<Value>>,
     pub routing: Option<Spanned<Choice<crate::spec::Routing>>>,
     pub self_fence: Option<Spanned<Value>>,
+    pub survive_worker_restart: Option<Spanned<Value>>,
     pub trigger_rule: Option<Spanned<Choice<crate::trigger_rule::TriggerRule>>>,
     #[serde(rename = "if")]
     pub condition: Option<Spanned<Value>>,

@@ -293,6 +293,10 @@ pub struct TaskSpec {
     /// attempt).
     #[serde(default)]
     pub unfenced: bool,
+    /// `survive_worker_restart: true`: the attempt's process outlives a restart of its worker
+    /// (crash, kill -9, upgrade), which takes it back; it costs a holder process per attempt.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub survives_worker_restart: bool,
     /// When the task runs given how its direct upstreams ended (`crate::trigger_rule`). Left
     /// out of the stored JSON when it is the default, as for the fields below, so versions
     /// stored before it existed read back (and compare) unchanged.

@@ -1244,8 +1244,8 @@ const REFUSALS: &[(&str, &str, &str)] = &[
         ",
         "wf.yaml:5: tasks[0].retires: unknown field \"retires\"; allowed fields: name, \
          command, argv, timeout, retries, retry_backoff, env, working_dir, labels, \
-         priority, upstream, concurrency, pool, routing, self_fence, trigger_rule, if, for_each, \
-         max_items, run_workflow, params",
+         priority, upstream, concurrency, pool, routing, self_fence, survive_worker_restart, trigger_rule, if, \
+         for_each, max_items, run_workflow, params",
     ),
     (
         "unknown_fields_name_the_allowed_ones",

@@ -1195,6 +1195,10 @@ impl Validator<'_> {
             Some(n) => !self.boolean(n, &field("self_fence"))?,
             None => false,
         };
+        let survives_worker_restart = match &file.survive_worker_restart {
+            Some(n) => self.boolean(n, &field("survive_worker_restart"))?,
+            None => false,
+        };
         let trigger_rule = match &file.trigger_rule {
             Some(n) => self.choice(n, &field("trigger_rule"), "trigger rule")?,
             None => TriggerRule::default(),
@@ -1237,6 +1241,10 @@ impl Validator<'_> {
                 ("labels", file.labels.as_ref().map(line)),
                 ("routing", file.routing.as_ref().map(line)),
                 ("self_fence", file.self_fence.as_ref().map(line)),
+                (
+                    "survive_worker_restart",
+                    file.survive_worker_restart.as_ref().map(line),
+                ),
                 ("priority", file.priority.as_ref().map(line)),
                 ("concurrency", file.concurrency.as_ref().map(line)),
                 ("pool", file.pool.as_ref().map(line)),
@@ -1270,6 +1278,7 @@ impl Validator<'_> {
             pool,
             routing,
             unfenced,
+            survives_worker_restart,
             trigger_rule,
             handler: None,
             condition,

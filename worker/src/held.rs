@@ -255,6 +255,7 @@ impl HeldDir {
     /// Appends a batch's boundary. Not synced: a worker's crash keeps the page cache, and a
     /// crash of the host takes the holder and its task with it.
     pub(crate) fn append_boundary(&self, boundary: Boundary) -> io::Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
         let mut record = [0u8; BOUNDARY_BYTES];
         record[..8].copy_from_slice(&boundary.first_seq.to_le_bytes());
         record[8..16].copy_from_slice(&boundary.last_seq.to_le_bytes());
@@ -262,6 +263,7 @@ impl HeldDir {
         let mut file = std::fs::OpenOptions::new()
             .append(true)
             .create(true)
+            .mode(0o600)
             .open(self.file("batches"))?;
         file.write_all(&record)
     }

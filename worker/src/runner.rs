@@ -542,22 +542,24 @@ impl Runner {
         }
     }
 
-    /// Keeps the end on disk, then records it and sends it: a worker killed after this step
-    /// still reports it when it starts again under the same id.
+    /// Keeps the end on disk and sends it, and returns once it is on disk: a worker killed after
+    /// that still reports it when it starts again under the same id. The report does not wait
+    /// for the sync: a scheduler that has the end needs nothing from the disk, and one that does
+    /// not is no worse off for having been sent it early (a kill before the sync loses the end
+    /// either way), while each end would otherwise wait a sync before its slot frees.
     async fn send_finished(&self, report: AttemptFinished) {
-        if let Some(kept) = self.attempts.keep_end(self.key, &report) {
+        let kept = self.attempts.keep_end(self.key, &report);
+        if let Some((link, message)) = self.attempts.finished(self.key, report) {
+            link.send(message).await;
+        }
+        if let Some(kept) = kept {
             match kept.await {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => {
-                    tracing::warn!(%error, "the end is reported without being kept on disk");
+                    tracing::warn!(%error, "the end could not be kept on disk");
                 }
-                Err(_) => tracing::warn!(
-                    "the ends journal stopped; the end is reported without being kept on disk"
-                ),
+                Err(_) => tracing::warn!("the ends journal stopped; the end is not kept on disk"),
             }
-        }
-        if let Some((link, message)) = self.attempts.finished(self.key, report) {
-            link.send(message).await;
         }
     }
 }

@@ -41,7 +41,7 @@ use crate::unique_suffix;
 /// Every workload the harness knows, in the order `all` runs them (S0 first, so W1's ratio to
 /// the spawn ceiling is measured in the same invocation).
 pub const WORKLOADS: &[&str] = &[
-    "S0", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "W12", "U1",
+    "S0", "W1", "W1H", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "W12", "U1",
 ];
 
 /// Calls the harness makes at once when it reads back results: enough to hide round trips,
@@ -786,6 +786,7 @@ pub async fn run_workload(id: &str, env: &Env) -> anyhow::Result<Measurement> {
     match id {
         "S0" => spawn_ceiling::run(env).await,
         "W1" => throughput::run(env).await,
+        "W1H" => throughput::run_held(env).await,
         "W2" => chain_latency::run(env).await,
         "W3" => fan_out_fan_in::run(env).await,
         "W4" => log_throughput::run(env).await,

@@ -4,6 +4,10 @@
 //! WAITING), from the API; dispatch → start is its part after the scheduler handed the attempt
 //! to the worker.
 //!
+//! W1H is the one-worker pass with every task asking to survive a worker restart
+//! (`survive_worker_restart: true`): each attempt then costs a holder process, and the figure
+//! beside W1's in the same invocation is that cost.
+//!
 //! On MySQL it then runs the same tasks on three workers of capacity 22 behind one node and
 //! behind three nodes, in the same invocation, and reports both rates, their ratio and each
 //! node's CPU, which says whether the nodes or the store are the ceiling.
@@ -31,15 +35,21 @@ async fn pass(
     env: &Env,
     spec: &ClusterSpec,
     tasks: usize,
+    held: bool,
     checks: &mut Checks,
 ) -> anyhow::Result<Pass> {
     let mut cluster = env.start(spec).await?;
     let spec: Vec<(String, String, Vec<String>)> = (0..tasks)
         .map(|i| (format!("t{i:05}"), "true".to_string(), Vec::new()))
         .collect();
-    cluster
-        .apply(&workflow_yaml("w1-independent", None, &spec))
-        .await?;
+    let mut yaml = workflow_yaml("w1-independent", None, &spec);
+    if held {
+        yaml = yaml.replace(
+            "    command: \"true\"\n",
+            "    command: \"true\"\n    survive_worker_restart: true\n",
+        );
+    }
+    cluster.apply(&yaml).await?;
 
     let pids = cluster.scheduler_pids();
     let cpu_before: Vec<f64> = pids
@@ -106,6 +116,34 @@ async fn pass(
     })
 }
 
+/// W1H: W1's one-worker pass, every task held (see the module's doc).
+pub async fn run_held(env: &Env) -> anyhow::Result<Measurement> {
+    let tasks = tasks(env.quick);
+    let mut checks = Checks::default();
+    let held = pass(env, &ClusterSpec::one_worker(64), tasks, true, &mut checks).await?;
+    let mut m = Measurement::default();
+    m.figure(
+        "tasks/s trigger -> all SUCCESS",
+        "1/s",
+        held.tasks_per_s,
+        None,
+    );
+    m.figure(
+        "dispatch -> start p50",
+        "ms",
+        percentile(&held.dispatch_to_start, 50.0),
+        None,
+    );
+    m.figure(
+        "worker CPU (without its tasks)",
+        "% of a core",
+        held.worker_cpu * 100.0,
+        None,
+    );
+    m.checks = checks.0;
+    Ok(m)
+}
+
 /// Tasks of the one-worker pass (W12 maps over as many items, to compare with it).
 pub fn tasks(quick: bool) -> usize {
     if quick { 200 } else { 10_000 }
@@ -114,7 +152,7 @@ pub fn tasks(quick: bool) -> usize {
 pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
     let tasks = tasks(env.quick);
     let mut checks = Checks::default();
-    let single = pass(env, &ClusterSpec::one_worker(64), tasks, &mut checks).await?;
+    let single = pass(env, &ClusterSpec::one_worker(64), tasks, false, &mut checks).await?;
 
     let mut m = Measurement::default();
     m.figure(
@@ -164,8 +202,22 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
     }
 
     if matches!(env.store, StoreChoice::MySql(_)) {
-        let one = pass(env, &ClusterSpec::nodes(1, 3, 22), tasks, &mut checks).await?;
-        let three = pass(env, &ClusterSpec::nodes(3, 3, 22), tasks, &mut checks).await?;
+        let one = pass(
+            env,
+            &ClusterSpec::nodes(1, 3, 22),
+            tasks,
+            false,
+            &mut checks,
+        )
+        .await?;
+        let three = pass(
+            env,
+            &ClusterSpec::nodes(3, 3, 22),
+            tasks,
+            false,
+            &mut checks,
+        )
+        .await?;
         for (label, result) in [("1 node", &one), ("3 nodes", &three)] {
             m.figure(
                 &format!("3 workers, {label}: tasks/s"),

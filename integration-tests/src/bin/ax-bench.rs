@@ -153,6 +153,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     }
     add_spawn_ratio(&mut reports);
     add_fan_out_ratio(&mut reports, args.quick);
+    add_held_ratio(&mut reports);
 
     println!("{}", report::table(&reports));
     for r in &reports {
@@ -233,6 +234,28 @@ fn add_spawn_ratio(reports: &mut [WorkloadReport]) {
     if let Some(summary) = worker_way {
         w1.figures.insert(2, summary);
     }
+}
+
+/// W1H against W1 in the same invocation: what holding every task costs.
+fn add_held_ratio(reports: &mut [WorkloadReport]) {
+    let Some(rate) = reports
+        .iter()
+        .find(|r| r.workload == "W1")
+        .and_then(|r| r.figures.iter().find(|f| f.name.starts_with("tasks/s")))
+        .map(|f| f.median)
+        .filter(|rate| *rate > 0.0)
+    else {
+        return;
+    };
+    let Some(held) = reports.iter_mut().find(|r| r.workload == "W1H") else {
+        return;
+    };
+    let Some(held_rate) = held.figures.iter().find(|f| f.name.starts_with("tasks/s")) else {
+        return;
+    };
+    let ratios = held_rate.values.iter().map(|v| v / rate).collect();
+    let summary = report::summarize("tasks/s / W1 tasks/s", "x", ratios, None);
+    held.figures.insert(1, summary);
 }
 
 /// W12's target is relative to W1 in the same invocation: W12's trigger -> sink end divided by

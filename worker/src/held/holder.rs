@@ -11,6 +11,7 @@
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -135,6 +136,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
     if let Ok(log) = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
+        .mode(0o600)
         .open(dir.path().join("holder.log"))
     {
         // SAFETY: dup2 onto our own stderr; the file stays open through the new descriptor.
@@ -203,6 +205,7 @@ async fn hold(args: &HoldArgs, dir: &HeldDir) -> HeldEnd {
     let mut spool = match std::fs::OpenOptions::new()
         .append(true)
         .create(true)
+        .mode(0o600)
         .open(dir.lines_path())
     {
         Ok(file) => file,

@@ -1,9 +1,10 @@
 //! The journal of attempt ends: what a worker restarted under the same id still owes a scheduler.
 //!
-//! Before an attempt's `AttemptFinished` is sent, the worker appends it to this journal, with the
+As an attempt's `AttemptFinished` is sent, the worker appends it to this journal, with the
 //! attempt's `AttemptStarted`, its log batches the scheduler has not acknowledged, and the index
-//! of its spill file if it has one, and waits until the journal is on disk (`fdatasync`). A worker
-//! killed at any later instant finds the end here when it starts again: it lists the attempt in
+//! of its spill file if it has one; the runner ends once the journal is on disk (`fdatasync`),
+//! but the report does not wait for it (see `runner::send_finished`). A worker killed at any
+//! later instant finds the end here when it starts again: it lists the attempt in
 //! `Register.finished` and sends the started, the lines and the end again, so the scheduler
 //! stores the end the process really had instead of counting the attempt lost. Once the attempt
 //! is settled (its end and every line acknowledged, or the scheduler refused it, or its

@@ -33,6 +33,7 @@ mod sub_workflows;
 mod traces;
 mod trigger_rules;
 mod triggers;
+mod upgrades;
 mod views;
 mod web_api;
 mod web_ui;
@@ -69,6 +70,7 @@ fn main() -> std::process::ExitCode {
         traces::tests(),
         trigger_rules::tests(),
         triggers::tests(),
+        upgrades::tests(),
         views::tests(),
         web_api::tests(),
         web_ui::tests(),

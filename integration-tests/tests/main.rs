@@ -4,6 +4,7 @@
 
 use ax_integration_tests::harness::{self, Test};
 
+mod backups;
 mod bench_quick;
 mod cluster;
 mod cluster_control;
@@ -41,6 +42,7 @@ mod worker_restarts;
 
 fn main() -> std::process::ExitCode {
     let tests: Vec<Vec<Test>> = vec![
+        backups::tests(),
         bench_quick::tests(),
         cluster::tests(),
         cluster_control::tests(),

@@ -163,3 +163,18 @@ pub fn binaries() -> anyhow::Result<PathBuf> {
     );
     Ok(dir)
 }
+
+/// The release of the `ax-scheduler` in `dir`, as its `--version` says (`ax-scheduler 0.1.0`).
+pub fn release_of(dir: &Path) -> anyhow::Result<String> {
+    let program = dir.join("ax-scheduler");
+    let output = Command::new(&program)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {} --version", program.display()))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.split_whitespace()
+        .nth(1)
+        .map(str::to_string)
+        .with_context(|| format!("{} --version said {text:?}", program.display()))
+}

@@ -307,7 +307,9 @@ async fn upgrade_rolling_from_the_previous_release_and_back_under_dag_and_cron_l
         .await
         .expect("the build's thread")
         .expect("the previous release's binaries");
-    let old_version = "0.1.0";
+    let old_version = previous_release::release_of(&old).expect("the previous release's version");
+    let old_version = old_version.as_str();
+    assert_ne!(old_version, THIS, "the previous release is this one");
     let settings = SchedulerSettings {
         redis: RedisChoice::FromEnv,
         nodes: NODES,

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ax_core::release::Release;
 use ax_integration_tests::client::{RUN_GUARD, summary};
 use ax_integration_tests::fault_kit::{
     Lines, check_invariants_of_runs, numbered_lines, read_notes, script,
@@ -36,6 +37,7 @@ use crate::cluster_faults::{
 pub(crate) fn tests() -> Vec<Test> {
     vec![
         trial!(async(multi_thread = 2) upgrade_every_node_and_worker_says_its_release_and_one_that_says_none_is_unknown),
+        trial!(async(multi_thread = 2) upgrade_a_node_refuses_a_schema_two_versions_ahead_naming_both),
         trial!(async(multi_thread = 2) upgrade_rolling_from_the_previous_release_and_back_under_dag_and_cron_load_loses_nothing)
             .requires(&MYSQL)
             .requires(&REDIS)
@@ -123,6 +125,62 @@ async fn upgrade_every_node_and_worker_says_its_release_and_one_that_says_none_i
 
     silent.die();
     cluster.shutdown().await.expect("clean shutdown");
+}
+
+// ---------------------------------------------------------------------------------------------
+// A schema too far ahead.
+
+/// A node stopped, its store's record rewritten as a release two versions ahead would leave it:
+/// the node started again exits before it serves, naming both versions, and the record stays.
+async fn upgrade_a_node_refuses_a_schema_two_versions_ahead_naming_both() {
+    let mut cluster = ProcessCluster::start(Backend::Sqlite, false)
+        .await
+        .expect("a node");
+    let mut node = cluster.take_scheduler().expect("the node");
+    node.terminate().expect("SIGTERM");
+    node.wait_exit(HANG_GUARD).await.expect("the node stops");
+
+    let this = Release::parse(THIS).expect("this release");
+    let ahead = this.series().next().next().first();
+    let its_oldest = this.series().next().first();
+    let url = cluster.store_url().to_string();
+    let mut conn = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("open the store");
+    sqlx::query(
+        "UPDATE schema_release SET release_name = ?, migration = 99, oldest_release = ? \
+         WHERE id = 1",
+    )
+    .bind(ahead.to_string())
+    .bind(its_oldest.to_string())
+    .execute(&mut conn)
+    .await
+    .expect("rewrite the record");
+    conn.close().await.expect("close");
+
+    let refused = cluster
+        .start_scheduler()
+        .await
+        .expect_err("the node refuses the schema");
+    let expected = format!(
+        "the store's schema is of ax {ahead} (migration 99); this node is ax {THIS} and runs on \
+         schemas of {} or {}: upgrade this node",
+        this.series(),
+        this.series().next()
+    );
+    assert!(format!("{refused:#}").contains(&expected), "{refused:#}");
+    let mut conn = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("open the store");
+    let kept: String = sqlx::query_scalar("SELECT release_name FROM schema_release")
+        .fetch_one(&mut conn)
+        .await
+        .expect("the record");
+    assert_eq!(
+        kept,
+        ahead.to_string(),
+        "the refusing node changed the record"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -109,7 +109,8 @@ enum Command {
     Logs(logs::Args),
     /// List the workers known to the scheduler cluster.
     Workers(workers::Args),
-    /// List the scheduler nodes: their leases, clock offsets from the store and workers.
+    /// List the scheduler nodes (leases, clock offsets from the store), the workers on each,
+    /// every node's and worker's release, and the release of the store's schema.
     Cluster(cluster::Args),
     /// Pause a workflow's schedule: no new cron runs until it is resumed.
     Pause(pause::Args),

@@ -286,6 +286,16 @@ pub fn ago(ms: i64) -> String {
     format!("{} ago", ax_core::humane_duration(now_ms() - ms))
 }
 
+/// A node's or worker's release as reported; `unknown` when it reported none (a worker need not
+/// send one).
+pub fn version_or_unknown(version: &str) -> String {
+    if version.is_empty() {
+        "unknown".into()
+    } else {
+        version.to_string()
+    }
+}
+
 /// `-` for empty cells, so columns never look shifted.
 pub fn or_dash(text: &str) -> String {
     if text.is_empty() {

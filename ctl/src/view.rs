@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use ax_proto::v1 as pb;
 use serde::Serialize;
 
-use crate::output::rfc3339;
+use crate::output::{rfc3339, version_or_unknown};
 
 /// `RUN_STATE_SUCCESS` → `SUCCESS`; an enum value this build does not know stays visible.
 fn enum_name(name: Option<&'static str>, prefix: &str, raw: i32) -> String {
@@ -448,14 +448,35 @@ pub struct NodeView {
     /// The node's clock minus the store's.
     pub clock_offset_ms: i64,
     pub workers: u32,
+    /// The node's workers that are not dead, counted by their release (`unknown` for a worker
+    /// that sent none): how far a rolling upgrade of the workers has gone.
+    pub worker_versions: BTreeMap<String, u32>,
     /// `name=limit` pairs.
     pub pools: String,
     /// Now on the store's clock, which the lease times are judged against.
     pub store_now: Option<String>,
+    /// The release that migrated the store's schema, its highest migration and the oldest
+    /// release that may run on it; empty when the store records none.
+    pub schema_release: String,
+    pub schema_migration: i64,
+    pub schema_oldest_release: String,
 }
 
 impl NodeView {
-    pub fn new(node: &pb::NodeInfo, store_now_ms: i64) -> Self {
+    pub fn new(
+        node: &pb::NodeInfo,
+        list: &pb::ListNodesResponse,
+        workers: &[pb::WorkerInfo],
+    ) -> Self {
+        let mut worker_versions = BTreeMap::new();
+        for worker in workers
+            .iter()
+            .filter(|w| w.scheduler_node == node.node_id && w.state != pb::WorkerState::Dead as i32)
+        {
+            *worker_versions
+                .entry(version_or_unknown(&worker.version))
+                .or_insert(0) += 1;
+        }
         NodeView {
             node_id: node.node_id.clone(),
             live: node.live,
@@ -466,8 +487,12 @@ impl NodeView {
             expires_at: rfc3339(node.expires_at_ms),
             clock_offset_ms: node.clock_offset_ms,
             workers: node.workers,
+            worker_versions,
             pools: node.pools.clone(),
-            store_now: rfc3339(store_now_ms),
+            store_now: rfc3339(list.store_now_ms),
+            schema_release: list.schema_release.clone(),
+            schema_migration: list.schema_migration,
+            schema_oldest_release: list.schema_oldest_release.clone(),
         }
     }
 }

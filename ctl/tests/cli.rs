@@ -471,6 +471,22 @@ async fn cluster_lists_the_nodes_on_the_store_clock() {
                 pools: String::new(),
             },
         ];
+        s.schema = ("0.2.0".into(), 22, "0.1.0".into());
+        s.workers = vec![
+            pb::WorkerInfo {
+                id: "w-new".into(),
+                version: "0.2.0".into(),
+                state: pb::WorkerState::Live as i32,
+                scheduler_node: "n1".into(),
+                ..Default::default()
+            },
+            pb::WorkerInfo {
+                id: "w-silent".into(),
+                state: pb::WorkerState::Live as i32,
+                scheduler_node: "n1".into(),
+                ..Default::default()
+            },
+        ];
     });
     let server = fake.clone().start().await;
     let out = axctl(&server, &["cluster"]).await;
@@ -492,6 +508,23 @@ async fn cluster_lists_the_nodes_on_the_store_clock() {
         lines[2].contains("n2") && lines[2].contains("GONE") && lines[2].contains("expired 1m ago"),
         "{out:?}"
     );
+    // Each worker with its node and release; one that sent none is unknown.
+    assert!(
+        lines[4].starts_with("WORKER") && lines[4].contains("VERSION"),
+        "{out:?}"
+    );
+    assert!(
+        lines[5].starts_with("w-new") && lines[5].contains("0.2.0"),
+        "{out:?}"
+    );
+    assert!(
+        lines[6].starts_with("w-silent") && lines[6].contains("unknown"),
+        "{out:?}"
+    );
+    assert_eq!(
+        lines[8], "store schema: ax 0.2.0 (migration 22); nodes of ax 0.1.0 or later may run on it",
+        "{out:?}"
+    );
     let out = axctl(&server, &["-o", "json", "cluster"]).await;
     let nodes: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
     assert_eq!(nodes[0]["node_id"], "n1");
@@ -499,7 +532,15 @@ async fn cluster_lists_the_nodes_on_the_store_clock() {
     assert_eq!(nodes[1]["live"], false);
     assert_eq!(nodes[0]["pools"], "etl=4");
     assert_eq!(nodes[0]["store_now"], "2026-01-01T00:00:00.000Z");
-    assert_eq!(fake.with(|s| s.calls.clone()), ["ListNodes", "ListNodes"]);
+    assert_eq!(nodes[0]["worker_versions"]["0.2.0"], 1);
+    assert_eq!(nodes[0]["worker_versions"]["unknown"], 1);
+    assert_eq!(nodes[1]["worker_versions"], serde_json::json!({}));
+    assert_eq!(nodes[0]["schema_release"], "0.2.0");
+    assert_eq!(nodes[0]["schema_oldest_release"], "0.1.0");
+    assert_eq!(
+        fake.with(|s| s.calls.clone()),
+        ["ListNodes", "ListWorkers", "ListNodes", "ListWorkers"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -365,6 +365,16 @@ test("bad input: unknown ids and names are a 404 page that names them, as text",
   await close(page);
 });
 
+test("the workers page shows each worker's and node's release and the store's schema release", async () => {
+  const page = await open("/workers");
+  const main = page.locator("main");
+  await main.getByText(/^Store schema: ax \d+\.\d+\.\d+ \(migration \d+\); nodes of ax \d+\.\d+\.\d+ or later may run on it\.$/).waitFor({ timeout: GUARD });
+  const version = (await api("/api/v1/nodes")).nodes[0].version;
+  assert.match(version, /^\d+\.\d+\.\d+/);
+  await main.locator("tr", { hasText: "ui-worker" }).getByText(version, { exact: true }).first().waitFor({ timeout: GUARD });
+  await close(page);
+});
+
 test("an unreachable scheduler is announced and the page recovers on its own", async () => {
   const page = await open("/workers");
   await page.locator("main h1", { hasText: "Workers" }).waitFor({ timeout: GUARD });

@@ -6,6 +6,7 @@ pub mod client;
 pub mod fault_kit;
 pub mod flood;
 pub mod mariadb_server;
+pub mod previous_release;
 pub mod process;
 pub mod proto_worker;
 pub mod proxy;

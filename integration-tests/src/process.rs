@@ -277,6 +277,10 @@ pub struct SchedulerSettings {
     /// `RUST_LOG` of every process; unset (the programs' default) when `None`. The cluster
     /// waits for a node's `info` line "scheduler starting".
     pub rust_log: Option<String>,
+    /// The directory of another build's `ax-scheduler` (a previous release) that every node
+    /// starts from until [`ProcessCluster::set_node_binaries`] says otherwise; the cluster's own
+    /// build when `None`.
+    pub binaries: Option<PathBuf>,
 }
 
 impl Default for SchedulerSettings {
@@ -296,6 +300,7 @@ impl Default for SchedulerSettings {
             open_files: None,
             extra_args: Vec::new(),
             rust_log: Some(TEST_LOG.into()),
+            binaries: None,
         }
     }
 }
@@ -318,6 +323,10 @@ pub struct WorkerSettings {
     pub labels: Vec<(String, String)>,
     /// `--otlp-endpoint`: the worker exports its spans there.
     pub otlp_endpoint: Option<String>,
+    /// The directory of another build's `ax-worker` (a previous release,
+    /// [`crate::previous_release`]); this build's when `None`. Such a worker is given its state
+    /// directory as `--spill-dir`, the name 0.1.0 knows (this build takes it too).
+    pub binaries: Option<PathBuf>,
 }
 
 /// One scheduler node of a [`ProcessCluster`].
@@ -330,6 +339,9 @@ struct SchedulerNode {
     database_proxy: Option<TcpProxy>,
     process: Option<Process>,
     starts: u32,
+    /// The directory of another build's `ax-scheduler` (a previous release); the cluster's when
+    /// `None`. Taken by the node's next start.
+    binaries: Option<PathBuf>,
 }
 
 /// Where a [`ProcessCluster`] that is not a test's sandbox runs: the benchmark harness's
@@ -453,6 +465,7 @@ impl ProcessCluster {
                 database_proxy,
                 process: None,
                 starts: 0,
+                binaries: settings.binaries.clone(),
             });
         }
         let mut cluster = ProcessCluster {
@@ -561,6 +574,12 @@ impl ProcessCluster {
         )
     }
 
+    /// Runs node `index`, from its next start on, from the `ax-scheduler` in `binaries` (another
+    /// build: a previous release), or from the cluster's own with `None`.
+    pub fn set_node_binaries(&mut self, index: usize, binaries: Option<PathBuf>) {
+        self.nodes[index].binaries = binaries;
+    }
+
     /// Kills node `index` with SIGKILL (a crash: no lease given up, no stream closed cleanly)
     /// and reaps it; its log stays in the dump of a failed test.
     pub async fn kill_node(&mut self, index: usize) -> anyhow::Result<()> {
@@ -589,6 +608,10 @@ impl ProcessCluster {
     }
 
     fn spawn_scheduler(&mut self, index: usize) -> anyhow::Result<Process> {
+        let program = match &self.nodes[index].binaries {
+            Some(dir) => built(dir, "ax-scheduler", ".ci/build-previous-release builds it")?,
+            None => self.binary("ax-scheduler")?,
+        };
         let node = &mut self.nodes[index];
         node.starts += 1;
         let name = format!("ax-scheduler {}#{}", node.id, node.starts);
@@ -643,19 +666,18 @@ impl ProcessCluster {
             let mut limited = vec![
                 format!("--nofile={limit}"),
                 "--".into(),
-                self.binary("ax-scheduler")?.display().to_string(),
+                program.display().to_string(),
             ];
             limited.extend(args);
             return self.spawn_program(&name, Path::new("prlimit"), &limited, false);
         }
         match self.settings.clock_shift.clone() {
             Some(shift) => {
-                let scheduler = self.binary("ax-scheduler")?;
-                let mut shifted = vec!["-f".to_string(), shift, scheduler.display().to_string()];
+                let mut shifted = vec!["-f".to_string(), shift, program.display().to_string()];
                 shifted.extend(args);
                 self.spawn_program(&name, Path::new("faketime"), &shifted, true)
             }
-            None => self.spawn(&name, "ax-scheduler", &args),
+            None => self.spawn_program(&name, &program, &args, false),
         }
     }
 
@@ -666,11 +688,6 @@ impl ProcessCluster {
             .join(format!("{}.log", name.replace('#', "-")));
         self.logs.push((name.to_string(), log.clone()));
         log
-    }
-
-    fn spawn(&mut self, name: &str, program: &str, args: &[String]) -> anyhow::Result<Process> {
-        let program = self.binary(program)?;
-        self.spawn_program(name, &program, args, false)
     }
 
     /// Starts `program` (a wrapper of its child when `group`) with the cluster's log level and
@@ -740,13 +757,17 @@ impl ProcessCluster {
         // The cluster's own state directory per id (kept across restarts under that id, as a
         // host's would be): parallel tests name their workers alike, and the default one in the
         // temp dir would mix their ends, spill and $AX_OUTPUT files.
-        let state_dir = self.dir().join(format!("state-{id}"));
+        let state_dir = self.worker_state_dir(id);
+        let state_flag = match settings.binaries {
+            Some(_) => "--spill-dir",
+            None => "--state-dir",
+        };
         let mut args = vec![
             "--scheduler".to_string(),
             endpoints,
             "--id".into(),
             id.into(),
-            "--state-dir".into(),
+            state_flag.into(),
             state_dir.display().to_string(),
         ];
         let optional = [
@@ -779,8 +800,40 @@ impl ProcessCluster {
         } else {
             format!("ax-worker {id}#{}", starts + 1)
         };
-        let process = self.spawn(&name, "ax-worker", &args)?;
+        let program = match &settings.binaries {
+            Some(dir) => built(dir, "ax-worker", ".ci/build-previous-release builds it")?,
+            None => self.binary("ax-worker")?,
+        };
+        let process = self.spawn_program(&name, &program, &args, false)?;
         self.workers.push(process);
+        Ok(())
+    }
+
+    /// The state directory of worker `id` (`--state-dir`), kept across its restarts.
+    pub fn worker_state_dir(&self, id: &str) -> PathBuf {
+        self.dir().join(format!("state-{id}"))
+    }
+
+    /// The Redis the nodes keep their guards in and their namespace, when they use one.
+    pub fn redis(&self) -> Option<(&str, &str)> {
+        self.redis
+            .as_ref()
+            .map(|(url, namespace)| (url.as_str(), namespace.as_str()))
+    }
+
+    /// Stops worker `id` with SIGTERM (it drains: takes no new dispatch, lets its running
+    /// attempts end and reports them) and waits, under the hang guard, for a clean exit; takes
+    /// it out of the cluster.
+    pub async fn stop_worker(&mut self, id: &str) -> anyhow::Result<()> {
+        let index = self
+            .worker_index(id)
+            .with_context(|| format!("no worker {id}"))?;
+        let mut worker = self.workers.remove(index);
+        worker.terminate()?;
+        let status = worker.wait_exit(HANG_GUARD).await?;
+        if !worker.exited_cleanly(status) {
+            bail!("{} exited with {status} after SIGTERM", worker.name);
+        }
         Ok(())
     }
 

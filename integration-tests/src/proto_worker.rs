@@ -47,6 +47,8 @@ pub struct ProtoWorkerOptions {
     /// The bearer token to present (a node with `--auth tokens`).
     pub token: Option<String>,
     pub labels: std::collections::BTreeMap<String, String>,
+    /// `Register.version`; empty sends none (a worker need not say its release).
+    pub version: String,
 }
 
 impl ProtoWorkerOptions {
@@ -61,6 +63,7 @@ impl ProtoWorkerOptions {
             max_line_bytes: None,
             token: None,
             labels: Default::default(),
+            version: "proto-worker".into(),
         }
     }
 }
@@ -100,7 +103,7 @@ impl ProtoWorker {
             let register = pb::Register {
                 protocol: pb::ProtocolVersion::ProtocolVersion1 as i32,
                 worker_id: options.id.clone(),
-                version: "proto-worker".into(),
+                version: options.version.clone(),
                 labels: options.labels.clone().into_iter().collect(),
                 capacity: options.capacity,
                 started_at_ms,

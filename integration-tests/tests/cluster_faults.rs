@@ -352,7 +352,7 @@ async fn wait_succeeded(client: &TestClient, runs: &[i64], at_least: u32, what: 
 }
 
 /// Attempts that had started and not ended, by the ledger.
-fn in_flight(notes: &[Note]) -> usize {
+pub(crate) fn in_flight(notes: &[Note]) -> usize {
     let ended: BTreeSet<(i64, u32)> = notes
         .iter()
         .filter(|n| n.what == "end")
@@ -366,7 +366,7 @@ fn in_flight(notes: &[Note]) -> usize {
 
 /// Nothing that ran to its end ran again: no attempt of an instance starts after an attempt of
 /// it wrote its `end` note (the tasks here cannot fail once they are there).
-fn ran_again(notes: &[Note]) -> Vec<String> {
+pub(crate) fn ran_again(notes: &[Note]) -> Vec<String> {
     let mut ended: BTreeMap<i64, &Note> = BTreeMap::new();
     let mut failures = Vec::new();
     for note in notes {
@@ -386,7 +386,7 @@ fn ran_again(notes: &[Note]) -> Vec<String> {
 }
 
 /// Instances that needed more than one attempt.
-fn retried(instances: &[pb::Instance]) -> usize {
+pub(crate) fn retried(instances: &[pb::Instance]) -> usize {
     instances.iter().filter(|i| i.attempts.len() > 1).count()
 }
 
@@ -591,13 +591,13 @@ const SOAK_LINES: u32 = 2;
 
 /// One line of the soak's slot ledger: `workflow slot instance attempt start|end`.
 #[derive(Debug)]
-struct SlotNote {
-    workflow: String,
-    slot_ms: i64,
-    what: String,
+pub(crate) struct SlotNote {
+    pub(crate) workflow: String,
+    pub(crate) slot_ms: i64,
+    pub(crate) what: String,
 }
 
-fn read_slot_notes(path: &Path) -> Vec<SlotNote> {
+pub(crate) fn read_slot_notes(path: &Path) -> Vec<SlotNote> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     text.lines()
         .map(|line| {
@@ -617,16 +617,16 @@ fn read_slot_notes(path: &Path) -> Vec<SlotNote> {
 
 /// A run as the store has it.
 #[derive(Debug)]
-struct StoredRun {
-    id: i64,
-    workflow: String,
-    logical_time: i64,
-    dedup_key: Option<String>,
-    state: String,
+pub(crate) struct StoredRun {
+    pub(crate) id: i64,
+    pub(crate) workflow: String,
+    pub(crate) logical_time: i64,
+    pub(crate) dedup_key: Option<String>,
+    pub(crate) state: String,
 }
 
 /// Every run of the store, read from the database itself.
-async fn stored_runs(url: &str) -> Vec<StoredRun> {
+pub(crate) async fn stored_runs(url: &str) -> Vec<StoredRun> {
     let mut conn = sqlx::MySqlConnection::connect(url)
         .await
         .expect("connect to the store");
@@ -650,18 +650,18 @@ async fn stored_runs(url: &str) -> Vec<StoredRun> {
 
 /// The soak's verdict on one workflow's slots.
 #[derive(Debug, Default)]
-struct SlotFigures {
-    fires: usize,
-    in_window: usize,
-    duplicates: Vec<String>,
-    missed: Vec<i64>,
-    not_run_once: Vec<String>,
+pub(crate) struct SlotFigures {
+    pub(crate) fires: usize,
+    pub(crate) in_window: usize,
+    pub(crate) duplicates: Vec<String>,
+    pub(crate) missed: Vec<i64>,
+    pub(crate) not_run_once: Vec<String>,
 }
 
 /// Judges one workflow: every slot of the window has exactly one run (dedup key
 /// `cron:<slot>`), every run's task ran exactly once to its end by the ledger, and no slot has
 /// two runs or two executions.
-fn judge_slots(
+pub(crate) fn judge_slots(
     workflow: &str,
     runs: &[StoredRun],
     ledger: &[SlotNote],

@@ -4,6 +4,7 @@
 
 use ax_integration_tests::harness::{self, Test};
 
+mod backups;
 mod bench_quick;
 mod cluster;
 mod cluster_control;
@@ -33,6 +34,7 @@ mod sub_workflows;
 mod traces;
 mod trigger_rules;
 mod triggers;
+mod upgrades;
 mod views;
 mod web_api;
 mod web_ui;
@@ -40,6 +42,7 @@ mod worker_restarts;
 
 fn main() -> std::process::ExitCode {
     let tests: Vec<Vec<Test>> = vec![
+        backups::tests(),
         bench_quick::tests(),
         cluster::tests(),
         cluster_control::tests(),
@@ -69,6 +72,7 @@ fn main() -> std::process::ExitCode {
         traces::tests(),
         trigger_rules::tests(),
         triggers::tests(),
+        upgrades::tests(),
         views::tests(),
         web_api::tests(),
         web_ui::tests(),

@@ -41,3 +41,38 @@ fn the_example_config_parses() {
     assert_eq!(channels, vec!["ops-feishu", "pager"]);
     assert_eq!(options.pools.get("etl"), Some(&4));
 }
+
+/// The Python SDK is released with ax: its version (one place, `version.py`, which
+/// pyproject.toml reads) is the workspace's, and the changelog has a section for it.
+#[test]
+fn the_python_sdk_and_the_changelog_carry_the_workspace_version() {
+    let version = env!("CARGO_PKG_VERSION");
+    let sdk = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../sdk/python/src/ax_sdk/version.py"
+    ))
+    .expect("the SDK's version.py");
+    assert!(
+        sdk.lines()
+            .any(|line| line.trim() == format!("__version__ = \"{version}\"")),
+        "sdk/python/src/ax_sdk/version.py does not say __version__ = \"{version}\""
+    );
+    let pyproject = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../sdk/python/pyproject.toml"
+    ))
+    .expect("the SDK's pyproject.toml");
+    assert!(
+        pyproject.contains("attr = \"ax_sdk.version.__version__\""),
+        "pyproject.toml must take its version from ax_sdk/version.py"
+    );
+    let changelog =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../CHANGELOG.md"))
+            .expect("CHANGELOG.md");
+    assert!(
+        changelog
+            .lines()
+            .any(|line| line == format!("## {version}")),
+        "CHANGELOG.md has no section `## {version}`"
+    );
+}

@@ -3,7 +3,7 @@
 use ax_proto::v1::{ListWorkersRequest, WorkerInfo};
 
 use crate::client::Ctx;
-use crate::output::{self, Table, ago, or_dash, time};
+use crate::output::{self, Table, ago, or_dash, time, version_or_unknown};
 use crate::view::{WorkerView, worker_state};
 
 #[derive(Debug, clap::Args)]
@@ -39,7 +39,7 @@ fn workers_table(workers: &[WorkerInfo]) -> String {
             w.id.clone(),
             worker_state(w.state),
             or_dash(&w.hostname),
-            or_dash(&w.version),
+            version_or_unknown(&w.version),
             format!("{}/{}", w.running, w.capacity),
             or_dash(&labels.join(",")),
             time(w.started_at_ms),

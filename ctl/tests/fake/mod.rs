@@ -34,6 +34,8 @@ pub struct State {
     pub nodes: Vec<pb::NodeInfo>,
     /// Now on the store's clock, as `ListNodes` answers it.
     pub store_now_ms: i64,
+    /// The store's schema as `ListNodes` answers it: release, migration, oldest release.
+    pub schema: (String, i64, String),
     /// New runs end in this state after this many GetRun polls.
     pub run_script: (u32, pb::RunState),
     pub idempotency: HashMap<String, i64>,
@@ -69,6 +71,7 @@ impl Default for State {
             workers: Vec::new(),
             nodes: Vec::new(),
             store_now_ms: 0,
+            schema: Default::default(),
             run_script: (3, pb::RunState::Success),
             idempotency: HashMap::new(),
             views: Views::default(),
@@ -732,9 +735,13 @@ impl ControlService for Fake {
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
         self.record("ListNodes");
         let (nodes, store_now_ms) = self.with(|s| (s.nodes.clone(), s.store_now_ms));
+        let schema = self.with(|s| s.schema.clone());
         Ok(Response::new(pb::ListNodesResponse {
             nodes,
             store_now_ms,
+            schema_release: schema.0,
+            schema_migration: schema.1,
+            schema_oldest_release: schema.2,
         }))
     }
 

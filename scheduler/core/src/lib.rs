@@ -31,6 +31,7 @@ pub mod mask;
 pub mod outputs;
 pub mod params;
 pub mod placement;
+pub mod release;
 pub mod render;
 pub mod retention;
 pub mod retry;

@@ -1121,9 +1121,22 @@ impl ControlService for ControlApi {
                 pools: lease.pools,
             })
             .collect();
+        let schema = self
+            .node
+            .store
+            .schema_release()
+            .await
+            .map_err(store_status)?;
         Ok(Response::new(pb::ListNodesResponse {
             nodes,
             store_now_ms: store_now,
+            schema_release: schema
+                .as_ref()
+                .map_or_else(String::new, |s| s.release.to_string()),
+            schema_migration: schema.as_ref().map_or(0, |s| s.migration),
+            schema_oldest_release: schema
+                .as_ref()
+                .map_or_else(String::new, |s| s.oldest_release.to_string()),
         }))
     }
 

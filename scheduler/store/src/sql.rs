@@ -39,6 +39,7 @@ mod run_end;
 mod run_roots;
 mod runs;
 mod schema_check;
+pub(crate) mod schema_release;
 mod shard_retry;
 mod sub_workflows;
 mod workers;
@@ -52,7 +53,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
-use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{AnyConnection, AnyPool, Executor};
 
 use crate::{Backend, Result, StoreError};
@@ -164,6 +164,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "for_each",
         include_str!("../migrations/mysql/0021_for_each.sql"),
     ),
+    (
+        22,
+        "schema_release",
+        include_str!("../migrations/mysql/0022_schema_release.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -270,6 +275,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         21,
         "for_each",
         include_str!("../migrations/sqlite/0021_for_each.sql"),
+    ),
+    (
+        22,
+        "schema_release",
+        include_str!("../migrations/sqlite/0022_schema_release.sql"),
     ),
 ];
 
@@ -635,23 +645,10 @@ impl Store {
         Ok(store)
     }
 
+    /// Runs `migrations` as this release of ax, under the version policy
+    /// (`schema_release.rs`).
     async fn migrate(&self, migrations: &[(i64, &'static str, &'static str)]) -> Result<()> {
-        let migrations = migrations
-            .iter()
-            .map(|&(version, description, sql)| {
-                Migration::new(
-                    version,
-                    description.into(),
-                    MigrationType::Simple,
-                    sqlx::SqlSafeStr::into_sql_str(sql),
-                    false,
-                )
-            })
-            .collect();
-        Migrator::with_migrations(migrations)
-            .run(&self.pool)
-            .await?;
-        Ok(())
+        schema_release::migrate(self, migrations, &schema_release::this_release()).await
     }
 
     /// The database this store is on.

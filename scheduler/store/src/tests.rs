@@ -29,6 +29,7 @@ mod outputs;
 mod placement;
 mod purge;
 mod queue;
+mod release;
 mod reports;
 mod reruns;
 mod runs;

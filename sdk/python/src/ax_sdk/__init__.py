@@ -10,6 +10,7 @@ from .arguments import upstream
 from .client import AxError, Client
 from .connection import ConfigError, Credentials
 from .functions import TaskContext, Tasks
+from .version import __version__
 from .worker import Worker
 
-__all__ = ["AxError", "Client", "ConfigError", "Credentials", "TaskContext", "Tasks", "Worker", "pb", "upstream"]
+__all__ = ["__version__", "AxError", "Client", "ConfigError", "Credentials", "TaskContext", "Tasks", "Worker", "pb", "upstream"]

@@ -60,10 +60,11 @@ from ._pb import types_pb2 as types
 from ._pb import worker_pb2 as wpb
 from ._pb import worker_pb2_grpc
 from .connection import ConfigError, Credentials, Endpoint, parse_endpoints
+from .version import __version__
 
 log = logging.getLogger("ax_sdk.worker")
 
-VERSION = "ax-sdk-python/0.1.0"
+VERSION = "ax-sdk-python/" + __version__
 
 # LogBatch limits: lines and body bytes per batch, and how long a line may wait for company.
 BATCH_MAX_LINES = 4096

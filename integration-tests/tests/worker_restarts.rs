@@ -15,6 +15,8 @@
 //!   lines): the tasks run on, the worker takes them back, every line is stored once;
 //! - killed as its held tasks end, with the scheduler down: every end is the process's own;
 //! - a timeout and a cancel reach a task taken back;
+//! - a worker stopped with SIGQUIT (an upgrade) ends once its other tasks did, and its next
+//!   process takes the held ones back;
 //! - a worker that stays away past the fence delay: the holder kills the task before the node
 //!   counts the worker dead, and the retry never overlaps it.
 
@@ -36,6 +38,7 @@ pub(crate) fn tests() -> Vec<Test> {
         trial!(async(multi_thread = 2) fault_held_tasks_that_end_while_worker_and_scheduler_are_down_keep_their_ends).requires(&MYSQL).requires(&REDIS),
         trial!(async(multi_thread = 2) fault_a_timeout_and_a_cancel_reach_held_tasks_taken_back).requires(&MYSQL).requires(&REDIS),
         trial!(async(multi_thread = 2) fault_a_held_task_whose_worker_stays_away_fences_itself_before_its_retry).requires(&MYSQL).requires(&REDIS),
+        trial!(async(multi_thread = 2) a_worker_stopped_with_sigquit_drains_the_others_and_hands_held_tasks_over).requires(&MYSQL).requires(&REDIS),
     ]
 }
 
@@ -464,5 +467,67 @@ async fn fault_a_held_task_whose_worker_stays_away_fences_itself_before_its_retr
     // check_invariants proves that the retry never overlapped the fenced first attempt.
     let instances = check_invariants(&client, run_id, &effects, Lines::Unchecked).await;
     assert_eq!(instances[0].attempt, 2, "{}", summary(&instances));
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
+async fn a_worker_stopped_with_sigquit_drains_the_others_and_hands_held_tasks_over() {
+    let Scene {
+        mut cluster,
+        client,
+        effects,
+        dir,
+        worker,
+        ..
+    } = scenario().start().await;
+    let held = script(&dir, "held", &effects, &numbered_lines(12, "0.3"));
+    let plain = script(&dir, "plain", &effects, &numbered_lines(12, "0.08"));
+    let yaml = held_workflow("upgrade", "", &[("held".into(), held)])
+        + "\n"
+        + &workflow("x", "", &[("plain".into(), plain)])
+            .split_once("tasks:\n")
+            .map(|(_, tasks)| tasks.to_string())
+            .unwrap_or_default();
+    let run_id = apply_and_trigger(&client, &yaml).await;
+    let notes = wait_notes(&effects, "two starts", |notes| {
+        notes.iter().filter(|n| n.what == "start").count() == 2
+    })
+    .await;
+    let pids = started_pids(&notes, |_| true);
+    let worker_pid = cluster.worker_pid("w1").expect("the worker's pid");
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(i32::try_from(worker_pid).expect("a pid"), libc::SIGQUIT) };
+    let gone = wait_pids_gone(&[worker_pid], Duration::from_secs(20)).await;
+    assert!(gone.is_empty(), "the worker did not stop on SIGQUIT");
+    cluster.kill_worker("w1").await.expect("reap the worker");
+    let notes = read_notes(&effects);
+    let ended: Vec<u32> = notes
+        .iter()
+        .filter(|n| n.what == "end")
+        .map(|n| n.pid)
+        .collect();
+    assert_eq!(
+        ended.len(),
+        1,
+        "the plain task was drained, the held one not: {notes:?}"
+    );
+    let held_pid = pids
+        .iter()
+        .copied()
+        .find(|pid| !ended.contains(pid))
+        .expect("the held task's pid");
+    assert!(pid_alive(held_pid), "the held task died with its worker");
+    cluster
+        .start_worker_with("w1", &worker)
+        .expect("worker again");
+
+    let run = client.wait_run(run_id).await.expect("the run ends");
+    let instances = check_invariants(&client, run_id, &effects, Lines::Exactly(12)).await;
+    assert_eq!(
+        run.state(),
+        pb::RunState::Success,
+        "{}",
+        summary(&instances)
+    );
+    every_attempt_first_and_succeeded(&instances);
     cluster.shutdown().await.expect("clean shutdown");
 }

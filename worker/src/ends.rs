@@ -1,6 +1,6 @@
 //! The journal of attempt ends: what a worker restarted under the same id still owes a scheduler.
 //!
-As an attempt's `AttemptFinished` is sent, the worker appends it to this journal, with the
+//! As an attempt's `AttemptFinished` is sent, the worker appends it to this journal, with the
 //! attempt's `AttemptStarted`, its log batches the scheduler has not acknowledged, and the index
 //! of its spill file if it has one; the runner ends once the journal is on disk (`fdatasync`),
 //! but the report does not wait for it (see `runner::send_finished`). A worker killed at any

@@ -251,7 +251,11 @@ impl Session {
         loop {
             if shutdown.is_cancelled() && !draining {
                 draining = true;
-                self.context.attempts.set_draining();
+                if options.hand_over.is_cancelled() {
+                    self.context.attempts.set_handing_over();
+                } else {
+                    self.context.attempts.set_draining();
+                }
                 tracing::info!(
                     running = self.context.attempts.running_count(),
                     "draining: no new attempts"

@@ -27,6 +27,7 @@ use crate::node::Node;
 use crate::specs::VersionedSpec;
 
 mod access;
+mod admission;
 mod backfill;
 mod dag;
 mod items;
@@ -544,6 +545,9 @@ impl ControlService for ControlApi {
         }
         let workflow = self.latest_spec(&call, &request.name).await?;
         keyed_trigger_check(&workflow.versioned.spec, &request.params)?;
+        // Judged before the idempotency key is looked at: a refusal creates nothing, and a
+        // retry of it with the same key is the first try.
+        admission::admit(&self.node, &call, &workflow.versioned.spec, 1)?;
         let now = now_ms();
         let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
         let actor = if request.actor.is_empty() {
@@ -1057,7 +1061,7 @@ impl ControlService for ControlApi {
         let call = Call::of(&request);
         let request = request.into_inner();
         let workflow = self.workflow_named(&call, &request.name).await?;
-        let response = backfill::backfill(&self.node, &workflow, &request).await?;
+        let response = backfill::backfill(&self.node, &call, &workflow, &request).await?;
         if !request.dry_run {
             let detail = format!(
                 "{} .. {}: {} runs created, {} slots already had one",

@@ -4,6 +4,7 @@
 
 use ax_integration_tests::harness::{self, Test};
 
+mod admission;
 mod bench_quick;
 mod cluster;
 mod cluster_control;
@@ -40,6 +41,7 @@ mod worker_restarts;
 
 fn main() -> std::process::ExitCode {
     let tests: Vec<Vec<Test>> = vec![
+        admission::tests(),
         bench_quick::tests(),
         cluster::tests(),
         cluster_control::tests(),

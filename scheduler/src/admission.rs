@@ -8,15 +8,17 @@
 //! to each of a thousand triggers a second, the very load the bound is there to shed. Instead a
 //! node reads the counts a few times a second (one indexed range over the WAITING instances,
 //! which the bounds keep near their values, so its cost is bounded too) and adds, on top of the
-//! latest reading, the root instances of every run it admitted since that reading began. A check
-//! is then a lock and two map lookups. The estimate does not see, until the next reading, the
+//! latest reading, the root instances of every run it admitted that the reading may not have
+//! seen: those still being created when it began, and those created since. A check is then a
+//! lock and two map lookups. The estimate does not see, until the next reading, the
 //! instances that started meanwhile (it errs high: a caller may be refused up to [`READ_EVERY`]
 //! after the queue went back under the bound, and is told to come back after a second anyway)
 //! nor what other nodes admitted, and what cron fires, dependency fires, retries and advances
 //! added (it errs low).
 //!
 //! **How far past a bound a cluster can go.** On one node, at most the root instances of one
-//! run: every admission is counted before the next check, so concurrent triggers see each other.
+//! run: every admission counts from its check until a reading that began after its run was
+//! created, so concurrent triggers see each other and no reading loses one in flight.
 //! With N nodes each judges by its own estimate, so within one reading interval each may admit up
 //! to the room it saw: after a reading of `w` waiting under a bound `b`, the store can reach
 //! `w + N × (b − w)`, that is at most `(N − 1) × (b − w)` past the bound, and never more than the
@@ -84,12 +86,12 @@ impl Admission {
     }
 
     /// Judges a request to create a run of `app`'s workflow whose root tasks are `instances`
-    /// WAITING instances, at `now`. An admitted one is counted at once, so that the requests
-    /// arriving together see each other; a refused one is counted in
-    /// `ax_triggers_refused_total`.
-    pub fn request(&self, app: &str, instances: u64, now: Millis) -> Result<(), Refusal> {
+    /// WAITING instances, at `now`. An admitted one counts at once, so that the requests
+    /// arriving together see each other, and its [`Ticket`] says when its run was created; a
+    /// refused one is counted in `ax_triggers_refused_total`.
+    pub fn request(&self, app: &str, instances: u64, now: Millis) -> Result<Ticket<'_>, Refusal> {
         if !self.bounds.any() {
-            return Ok(());
+            return Ok(Ticket::none(self));
         }
         let mut estimate = self.estimate();
         match decide(&self.bounds, estimate.waiting(app), Origin::Request, now) {
@@ -106,7 +108,12 @@ impl Admission {
             }
             Verdict::Admit | Verdict::AdmitPast(_) => {
                 estimate.admit(app, instances);
-                Ok(())
+                Ok(Ticket {
+                    admission: self,
+                    app: app.to_string(),
+                    instances,
+                    settled: false,
+                })
             }
         }
     }
@@ -149,6 +156,47 @@ impl Admission {
         };
         self.estimate().read(reading, mark);
         Ok(())
+    }
+}
+
+/// An admitted request, counted until it is settled: its run created (and from then on in
+/// every reading that begins), or not. Dropped unsettled, it counts as not created.
+pub struct Ticket<'a> {
+    admission: &'a Admission,
+    app: String,
+    instances: u64,
+    settled: bool,
+}
+
+impl<'a> Ticket<'a> {
+    /// A ticket of a node without bounds: it counts nothing.
+    fn none(admission: &'a Admission) -> Ticket<'a> {
+        Ticket {
+            admission,
+            app: String::new(),
+            instances: 0,
+            settled: true,
+        }
+    }
+
+    /// The request is done: `created` says whether it created its run(s).
+    pub fn settle(mut self, created: bool) {
+        self.settle_once(created);
+    }
+
+    fn settle_once(&mut self, created: bool) {
+        if !self.settled {
+            self.settled = true;
+            self.admission
+                .estimate()
+                .settle(&self.app, self.instances, created);
+        }
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        self.settle_once(false);
     }
 }
 

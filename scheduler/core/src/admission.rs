@@ -10,7 +10,7 @@
 //! ([`Verdict::AdmitPast`], [`past_detail`]).
 //!
 //! The counts are a node's [`Estimate`]: the latest reading of the store plus what the node
-//! itself admitted since that reading began. Why an estimate is good enough, and how far a
+//! itself admitted that the reading may not have seen. Why an estimate is good enough, and how far a
 //! cluster can go past a bound, is in the node's `admission.rs`.
 
 use std::collections::HashMap;
@@ -71,23 +71,50 @@ pub struct Reading {
     pub by_app: HashMap<String, u64>,
 }
 
-/// What a node had admitted when a reading began; see [`Estimate::begin_reading`].
+/// Instances in total and by app.
 #[derive(Debug, Clone, Default)]
-pub struct Mark {
+pub struct Counts {
     total: u64,
     by_app: HashMap<String, u64>,
 }
 
-/// A node's estimate of the instances waiting: its latest reading plus the instances it admitted
-/// since that reading began. An instance admitted while a reading ran may be counted twice
-/// (in the reading and on top of it) until the next one: the estimate errs high, never low.
+impl Counts {
+    fn add(&mut self, app: &str, n: u64) {
+        self.total = self.total.saturating_add(n);
+        let by_app = self.by_app.entry(app.to_string()).or_default();
+        *by_app = by_app.saturating_add(n);
+    }
+
+    fn remove(&mut self, app: &str, n: u64) {
+        self.total = self.total.saturating_sub(n);
+        if let Some(by_app) = self.by_app.get_mut(app) {
+            *by_app = by_app.saturating_sub(n);
+        }
+    }
+
+    fn app(&self, app: &str) -> u64 {
+        self.by_app.get(app).copied().unwrap_or(0)
+    }
+}
+
+/// What a node had created when a reading began; see [`Estimate::begin_reading`].
+#[derive(Debug, Clone, Default)]
+pub struct Mark(Counts);
+
+/// A node's estimate of the instances waiting: its latest reading, plus the instances it
+/// admitted whose runs are not created yet, plus those it created since that reading began.
+/// A run created before a reading began is in the reading; one admitted and not yet created
+/// when it began is counted on top, and may be counted twice (in the reading too) until the
+/// next one: the estimate errs high, never low, about the node's own admissions.
 #[derive(Debug, Clone, Default)]
 pub struct Estimate {
     reading: Option<Reading>,
-    /// Everything this node admitted since it started, in total and by app.
-    admitted: Mark,
-    /// `admitted` as it was when the current reading began.
-    at_reading: Mark,
+    /// Admitted, their runs being created.
+    pending: Counts,
+    /// Created since the node started.
+    created: Counts,
+    /// `created` as it was when the current reading began.
+    at_reading: Counts,
 }
 
 /// The instances waiting as a node estimates them, for one app.
@@ -100,45 +127,58 @@ pub struct Waiting {
 }
 
 impl Estimate {
-    /// What the node has admitted so far: pass it to [`Estimate::read`] with the reading that
+    /// What the node has created so far: pass it to [`Estimate::read`] with the reading that
     /// begins now.
     pub fn begin_reading(&self) -> Mark {
-        self.admitted.clone()
+        Mark(self.created.clone())
     }
 
-    /// Takes a new reading, begun when `mark` was taken: only what was admitted after that
-    /// counts on top of it.
+    /// Takes a new reading, begun when `mark` was taken: only what was created after that, and
+    /// what is still being created, counts on top of it.
     pub fn read(&mut self, reading: Reading, mark: Mark) {
         self.reading = Some(reading);
-        self.at_reading = mark;
+        self.at_reading = mark.0;
     }
 
-    /// Counts `instances` this node just admitted for `app` (a new run's root tasks).
+    /// Counts `instances` this node just admitted for `app` (a new run's root tasks), from
+    /// now on, while their run is being created.
     pub fn admit(&mut self, app: &str, instances: u64) {
-        self.admitted.total = self.admitted.total.saturating_add(instances);
-        let by_app = self.admitted.by_app.entry(app.to_string()).or_default();
-        *by_app = by_app.saturating_add(instances);
+        self.pending.add(app, instances);
+    }
+
+    /// The run admitted with `instances` for `app` was created (`created`), or not (refused by
+    /// the store, an existing run returned for its key): it counts on top of the readings that
+    /// began before now, and only those.
+    pub fn settle(&mut self, app: &str, instances: u64, created: bool) {
+        self.pending.remove(app, instances);
+        if created {
+            self.created.add(app, instances);
+        }
     }
 
     /// The estimate for `app`, or `None` before the first reading.
     pub fn waiting(&self, app: &str) -> Option<Waiting> {
         let reading = self.reading.as_ref()?;
-        let since = |now: u64, then: u64| now.saturating_sub(then);
-        let app_since = since(
-            self.admitted.by_app.get(app).copied().unwrap_or(0),
-            self.at_reading.by_app.get(app).copied().unwrap_or(0),
-        );
+        let on_top = |pending: u64, created: u64, at_reading: u64| {
+            pending.saturating_add(created.saturating_sub(at_reading))
+        };
         Some(Waiting {
             read_at: reading.at,
-            total: reading
-                .total
-                .saturating_add(since(self.admitted.total, self.at_reading.total)),
+            total: reading.total.saturating_add(on_top(
+                self.pending.total,
+                self.created.total,
+                self.at_reading.total,
+            )),
             app: reading
                 .by_app
                 .get(app)
                 .copied()
                 .unwrap_or(0)
-                .saturating_add(app_since),
+                .saturating_add(on_top(
+                    self.pending.app(app),
+                    self.created.app(app),
+                    self.at_reading.app(app),
+                )),
         })
     }
 }
@@ -421,29 +461,39 @@ mod tests {
     }
 
     #[test]
-    fn what_the_node_admits_counts_until_the_next_reading_and_not_after() {
+    fn what_the_node_admits_counts_until_a_reading_that_began_after_its_run_was_created() {
         let mut e = estimate(30, &[("etl", 30)]);
         for _ in 0..9 {
             e.admit("etl", 1);
+            e.settle("etl", 1, true);
         }
         assert_eq!(
             decide(&BOUNDS, e.waiting("etl"), Origin::Request, NOW),
             Verdict::Admit
         );
+        // Admitted and still being created: it counts.
         e.admit("etl", 1);
         assert!(matches!(
             decide(&BOUNDS, e.waiting("etl"), Origin::Request, NOW),
             Verdict::Refuse { .. }
         ));
-        // A reading that began before the last admissions counts them on top; one that began
-        // after them does not count them twice.
+        // A reading that began while it was being created may not see it: it stays on top,
+        // with what is created after the reading began. Once created before a reading began,
+        // the reading has it.
         let mark = e.begin_reading();
         e.admit("etl", 5);
-        e.read(reading(12, &[("etl", 12)]), mark);
-        assert_eq!(e.waiting("etl").map(|w| (w.app, w.total)), Some((17, 17)));
+        e.settle("etl", 5, true);
+        e.read(reading(39, &[("etl", 39)]), mark);
+        assert_eq!(e.waiting("etl").map(|w| (w.app, w.total)), Some((45, 45)));
+        e.settle("etl", 1, true);
         let mark = e.begin_reading();
-        e.read(reading(12, &[("etl", 12)]), mark);
-        assert_eq!(e.waiting("etl").map(|w| (w.app, w.total)), Some((12, 12)));
+        e.read(reading(45, &[("etl", 45)]), mark);
+        assert_eq!(e.waiting("etl").map(|w| (w.app, w.total)), Some((45, 45)));
+        // A run not created (an existing one returned for its key) leaves nothing behind.
+        e.admit("web", 2);
+        assert_eq!(e.waiting("web").map(|w| (w.app, w.total)), Some((2, 47)));
+        e.settle("web", 2, false);
+        assert_eq!(e.waiting("web").map(|w| (w.app, w.total)), Some((0, 45)));
     }
 
     #[test]

@@ -547,7 +547,7 @@ impl ControlService for ControlApi {
         keyed_trigger_check(&workflow.versioned.spec, &request.params)?;
         // Judged before the idempotency key is looked at: a refusal creates nothing, and a
         // retry of it with the same key is the first try.
-        admission::admit(&self.node, &call, &workflow.versioned.spec, 1)?;
+        let ticket = admission::admit(&self.node, &call, &workflow.versioned.spec, 1)?;
         let now = now_ms();
         let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
         let actor = if request.actor.is_empty() {
@@ -580,6 +580,7 @@ impl ControlService for ControlApi {
             audit_from: Some(call.caller.clone()),
         };
         let (run, created) = self.node.runs.create(new_run).await.map_err(store_status)?;
+        ticket.settle(created);
         if created {
             // Its audit row was written with it (`audit_from`).
             self.node.dispatch_wake.notify_one();

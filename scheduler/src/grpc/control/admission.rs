@@ -9,6 +9,7 @@ use ax_proto::v1 as pb;
 use tonic::Status;
 
 use super::access::Call;
+use crate::admission::Ticket;
 use crate::clock::now_ms;
 use crate::node::Node;
 
@@ -17,18 +18,19 @@ pub(super) fn root_instances(spec: &WorkflowSpec) -> u64 {
     spec.tasks.iter().filter(|t| t.upstream.is_empty()).count() as u64
 }
 
-/// Admits `runs` new runs of `spec` for `call`, or refuses them all. The workflow's app's
-/// count is shown to whoever may see the workflow; the cluster's count, which spans every
-/// app, only to a caller not scoped to one.
-pub(super) fn admit(
-    node: &Node,
+/// Admits `runs` new runs of `spec` for `call` (settle the ticket once they are created), or
+/// refuses them all. The workflow's app's count is shown to whoever may see the workflow; the
+/// cluster's count, which spans every app, only to a caller not scoped to one.
+pub(super) fn admit<'a>(
+    node: &'a Node,
     call: &Call,
     spec: &WorkflowSpec,
     runs: u64,
-) -> Result<(), Status> {
+) -> Result<Ticket<'a>, Status> {
     let instances = root_instances(spec).saturating_mul(runs);
-    let Err(refusal) = node.admission.request(&spec.app, instances, now_ms()) else {
-        return Ok(());
+    let refusal = match node.admission.request(&spec.app, instances, now_ms()) {
+        Ok(ticket) => return Ok(ticket),
+        Err(refusal) => refusal,
     };
     let count_visible = refusal.past.bound == Bound::App || call.app_scope().is_none();
     let overloaded = pb::Overloaded {

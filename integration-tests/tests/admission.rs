@@ -250,7 +250,7 @@ async fn triggers_past_a_bound_are_refused_with_a_hint_and_fires_go_on_explained
     for decision in &past {
         assert!(fired_ids.contains(&decision.run_id), "{decision:?}");
         assert!(
-            decision.detail.contains("app \"etl\" had")
+            decision.detail.contains("of app \"etl\" were waiting")
                 && decision.detail.ends_with("a cron fire is never refused"),
             "{decision:?}"
         );

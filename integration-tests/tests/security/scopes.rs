@@ -1420,7 +1420,7 @@ async fn a_refusal_for_load_tells_a_scoped_caller_no_other_apps_count(backend: B
         ("total", "sales", 0, 3)
     );
     assert!(refused.message().contains("bound of 3"), "{refused:?}");
-    assert!(!refused.message().contains("has 3"), "{refused:?}");
+    assert!(!refused.message().contains("3 instances"), "{refused:?}");
     let http = reqwest::Client::new()
         .post(format!("{endpoint}/api/v1/workflows/sales-wf/trigger"))
         .bearer_auth(&sales)
@@ -1433,7 +1433,10 @@ async fn a_refusal_for_load_tells_a_scoped_caller_no_other_apps_count(backend: B
     let body: serde_json::Value = http.json().await.expect("json");
     assert_eq!(body["overloaded"]["waiting"], "0", "{body}");
     assert!(
-        !body["message"].as_str().unwrap_or("").contains("has 3"),
+        !body["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("3 instances"),
         "{body}"
     );
 
@@ -1443,7 +1446,10 @@ async fn a_refusal_for_load_tells_a_scoped_caller_no_other_apps_count(backend: B
         .expect_err("refused at the total bound");
     let seen = ax_proto::overloaded::of(&unscoped).expect("a refusal for load");
     assert_eq!((seen.bound.as_str(), seen.waiting), ("total", 3));
-    assert!(unscoped.message().contains("has 3"), "{unscoped:?}");
+    assert!(
+        unscoped.message().contains("3 instances are waiting"),
+        "{unscoped:?}"
+    );
 
     let other_app = sales_client
         .trigger_workflow(trigger("finance-wf"))

@@ -307,17 +307,17 @@ pub fn refusal_message(
 ) -> String {
     let why = match past.bound {
         Bound::App => format!(
-            "{} have {} instances waiting, at or past their bound of {}",
-            app_name(app),
+            "{} instances of {} are waiting, at or past the bound of {} per app",
             past.waiting,
+            app_name(app),
             past.limit
         ),
         Bound::Total if count_visible => format!(
-            "the cluster has {} instances waiting, at or past its bound of {}",
+            "{} instances are waiting in the cluster, at or past its bound of {}",
             past.waiting, past.limit
         ),
         Bound::Total => format!(
-            "the cluster's instances waiting are at or past its bound of {}",
+            "the instances waiting in the cluster are at or past its bound of {}",
             past.limit
         ),
     };
@@ -339,13 +339,13 @@ pub fn past_detail(trigger: TriggerKind, app: &str, past: &Past) -> String {
     };
     let bound = match past.bound {
         Bound::App => format!(
-            "{} had {} instances waiting (bound {})",
-            app_name(app),
+            "{} instances of {} were waiting (bound {} per app)",
             past.waiting,
+            app_name(app),
             past.limit
         ),
         Bound::Total => format!(
-            "the cluster's instances waiting were at its bound of {}",
+            "the instances waiting in the cluster were at its bound of {}",
             past.limit
         ),
     };
@@ -572,7 +572,10 @@ mod tests {
             limit: 10_000,
         };
         let seen = refusal_message("load", "etl", &total, 2_000, true);
-        assert!(seen.contains("12345 instances waiting"), "{seen}");
+        assert!(
+            seen.contains("12345 instances are waiting in the cluster"),
+            "{seen}"
+        );
         assert!(seen.contains("try again in 2s"), "{seen}");
         let scoped = refusal_message("load", "etl", &total, 2_000, false);
         assert!(!scoped.contains("12345"), "{scoped}");
@@ -587,7 +590,7 @@ mod tests {
         };
         let own = refusal_message("load", "", &app, 1_000, false);
         assert!(
-            own.contains("the workflows without an app have 41 instances waiting"),
+            own.contains("41 instances of the workflows without an app are waiting"),
             "{own}"
         );
     }

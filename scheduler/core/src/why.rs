@@ -1319,8 +1319,8 @@ mod tests {
         let mut input = input(SLOT + MINUTE);
         input.run = Some(run(&input, RunState::Running, Vec::new()));
         let run_id = 41;
-        let detail = "admitted past the bound on waiting instances: app \"etl\" had 12 instances \
-                      waiting (bound 10); a cron fire is never refused";
+        let detail = "admitted past the bound on waiting instances: 12 instances of app \"etl\" \
+                      were waiting (bound 10 per app); a cron fire is never refused";
         input.decisions = vec![
             Decision {
                 run_id: Some(run_id),

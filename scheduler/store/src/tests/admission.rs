@@ -139,8 +139,8 @@ mod scenarios {
         );
         assert_eq!(
             etl_decisions[0].detail,
-            "admitted past the bound on waiting instances: app \"etl\" had 7 instances waiting \
-             (bound 5); a cron fire is never refused"
+            "admitted past the bound on waiting instances: 7 instances of app \"etl\" were waiting \
+             (bound 5 per app); a cron fire is never refused"
         );
         assert!(decisions(web.id).await.is_empty());
 

@@ -6,15 +6,16 @@
 //!
 //! **Why an estimate.** Counting the WAITING instances for every trigger would add a range scan
 //! to each of a thousand triggers a second, the very load the bound is there to shed. Instead a
-//! node reads the counts a few times a second (one indexed range over the WAITING instances,
-//! which the bounds keep near their values, so its cost is bounded too) and adds, on top of the
-//! latest reading, the root instances of every run it admitted that the reading may not have
-//! seen: those still being created when it began, and those created since. A check is then a
-//! lock and two map lookups. The estimate does not see, until the next reading, the
-//! instances that started meanwhile (it errs high: a caller may be refused up to [`READ_EVERY`]
-//! after the queue went back under the bound, and is told to come back after a second anyway)
-//! nor what other nodes admitted, and what cron fires, dependency fires, retries and advances
-//! added (it errs low).
+//! node reads the counts four times a second (a count of the state index's WAITING range; once
+//! the queue is past half the per-app bound, a count by app too, which looks up each waiting
+//! instance's workflow: the bounds keep the queue near them, so that cost is bounded as well)
+//! and adds, on top of the latest reading, the root instances of every run it admitted that the
+//! reading may not have seen: those still being created when it began, and those created since.
+//! A check is then a lock and two map lookups. Until the next reading the estimate does not see
+//! the instances that started meanwhile (it errs high: a caller may be refused up to
+//! [`READ_EVERY`] after the queue went back under the bound, and is told to come back after a
+//! second anyway), nor what other nodes admitted and what fires, retries and advances added (it
+//! errs low).
 //!
 //! **How far past a bound a cluster can go.** On one node, at most the root instances of one
 //! run: every admission counts from its check until a reading that began after its run was
@@ -35,7 +36,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ax_core::Millis;
-use ax_core::admission::{Bounds, Estimate, Origin, Past, Reading, Verdict, decide};
+use ax_core::admission::{Bounds, Estimate, Origin, Past, Reading, Verdict, decide, read_by_app};
 use ax_core::spec::TriggerKind;
 use ax_store::{Store, WaitingBounds};
 use tokio_util::sync::CancellationToken;
@@ -145,22 +146,24 @@ impl Admission {
     async fn read(&self) -> Result<(), ax_store::StoreError> {
         let mark = self.estimate().begin_reading();
         let at = now_ms();
-        let counts = self
-            .store
-            .waiting_counts(self.bounds.per_app.is_some())
-            .await?;
+        let mut counts = self.store.waiting_counts(false).await?;
+        let by_app = read_by_app(&self.bounds, counts.total);
+        if by_app {
+            counts = self.store.waiting_counts(true).await?;
+        }
         let reading = Reading {
             at,
             total: counts.total,
-            by_app: counts.by_app,
+            by_app: by_app.then_some(counts.by_app),
         };
         self.estimate().read(reading, mark);
         Ok(())
     }
 }
 
-/// An admitted request, counted until it is settled: its run created (and from then on in
-/// every reading that begins), or not. Dropped unsettled, it counts as not created.
+/// An admitted request, counted until it is settled: its run created with some root tasks
+/// WAITING (those then count until a reading begins), or not. Dropped unsettled, it counts as
+/// not created.
 pub struct Ticket<'a> {
     admission: &'a Admission,
     app: String,
@@ -179,24 +182,34 @@ impl<'a> Ticket<'a> {
         }
     }
 
-    /// The request is done: `created` says whether it created its run(s).
-    pub fn settle(mut self, created: bool) {
-        self.settle_once(created);
+    /// The request is done, and left `waiting` instances WAITING (its runs' root tasks, less
+    /// those placed on workers at once; 0 when it created nothing).
+    pub fn settle(mut self, waiting: u64) {
+        self.settle_once(waiting);
     }
 
-    fn settle_once(&mut self, created: bool) {
+    /// The request is done, and left as many instances waiting as it was admitted with (or none
+    /// when it created nothing): the estimate errs high until the next reading.
+    pub fn settle_all(self, created: bool) {
+        let waiting = if created { self.instances } else { 0 };
+        self.settle(waiting);
+    }
+
+    fn settle_once(&mut self, waiting: u64) {
         if !self.settled {
             self.settled = true;
-            self.admission
-                .estimate()
-                .settle(&self.app, self.instances, created);
+            self.admission.estimate().settle(
+                &self.app,
+                self.instances,
+                waiting.min(self.instances),
+            );
         }
     }
 }
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        self.settle_once(false);
+        self.settle_once(0);
     }
 }
 

@@ -62,13 +62,21 @@ impl Default for Bounds {
     }
 }
 
-/// What the store said at `at`: WAITING instances in total and by app. `by_app` is empty when
-/// no per-app bound is set (it is not read then).
+/// What the store said at `at`: WAITING instances in total and, when read, by app.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reading {
     pub at: Millis,
     pub total: u64,
-    pub by_app: HashMap<String, u64>,
+    /// `None` when not read: each app then counts as the total, which it cannot exceed.
+    pub by_app: Option<HashMap<String, u64>>,
+}
+
+/// Whether a reading needs the counts by app: with a per-app bound, once the total has reached
+/// half of it. Below that no app is near its bound, and counting the total (the state index's
+/// range alone) spares a lookup per waiting instance; taking the total for each app's count
+/// then errs high by less than half the bound.
+pub fn read_by_app(bounds: &Bounds, total: u64) -> bool {
+    bounds.per_app.is_some_and(|bound| total >= bound / 2)
 }
 
 /// Instances in total and by app.
@@ -146,14 +154,13 @@ impl Estimate {
         self.pending.add(app, instances);
     }
 
-    /// The run admitted with `instances` for `app` was created (`created`), or not (refused by
-    /// the store, an existing run returned for its key): it counts on top of the readings that
-    /// began before now, and only those.
-    pub fn settle(&mut self, app: &str, instances: u64, created: bool) {
+    /// The run admitted with `instances` for `app` was created with `waiting` of them WAITING
+    /// (0 when it was not created, an existing run was returned for its key, or its root tasks
+    /// were placed on workers at once): those count on top of the readings that began before
+    /// now, and only those.
+    pub fn settle(&mut self, app: &str, instances: u64, waiting: u64) {
         self.pending.remove(app, instances);
-        if created {
-            self.created.add(app, instances);
-        }
+        self.created.add(app, waiting);
     }
 
     /// The estimate for `app`, or `None` before the first reading.
@@ -171,9 +178,10 @@ impl Estimate {
             )),
             app: reading
                 .by_app
-                .get(app)
-                .copied()
-                .unwrap_or(0)
+                .as_ref()
+                .map_or(reading.total, |by_app| {
+                    by_app.get(app).copied().unwrap_or(0)
+                })
                 .saturating_add(on_top(
                     self.pending.app(app),
                     self.created.app(app),
@@ -379,7 +387,7 @@ mod tests {
         Reading {
             at: NOW,
             total,
-            by_app: apps.iter().map(|(a, n)| (a.to_string(), *n)).collect(),
+            by_app: Some(apps.iter().map(|(a, n)| (a.to_string(), *n)).collect()),
         }
     }
 
@@ -465,7 +473,7 @@ mod tests {
         let mut e = estimate(30, &[("etl", 30)]);
         for _ in 0..9 {
             e.admit("etl", 1);
-            e.settle("etl", 1, true);
+            e.settle("etl", 1, 1);
         }
         assert_eq!(
             decide(&BOUNDS, e.waiting("etl"), Origin::Request, NOW),
@@ -482,17 +490,18 @@ mod tests {
         // the reading has it.
         let mark = e.begin_reading();
         e.admit("etl", 5);
-        e.settle("etl", 5, true);
+        e.settle("etl", 5, 5);
         e.read(reading(39, &[("etl", 39)]), mark);
         assert_eq!(e.waiting("etl").map(|w| (w.app, w.total)), Some((45, 45)));
-        e.settle("etl", 1, true);
+        e.settle("etl", 1, 1);
         let mark = e.begin_reading();
         e.read(reading(45, &[("etl", 45)]), mark);
         assert_eq!(e.waiting("etl").map(|w| (w.app, w.total)), Some((45, 45)));
-        // A run not created (an existing one returned for its key) leaves nothing behind.
+        // A run not created (an existing one returned for its key), or whose tasks were placed
+        // at once, leaves nothing behind.
         e.admit("web", 2);
         assert_eq!(e.waiting("web").map(|w| (w.app, w.total)), Some((2, 47)));
-        e.settle("web", 2, false);
+        e.settle("web", 2, 0);
         assert_eq!(e.waiting("web").map(|w| (w.app, w.total)), Some((0, 45)));
     }
 
@@ -530,6 +539,30 @@ mod tests {
             decide(&only_total, e.waiting("etl"), Origin::Request, NOW),
             Verdict::Admit
         );
+    }
+
+    #[test]
+    fn by_app_is_read_from_half_the_per_app_bound_and_each_app_is_the_total_without_it() {
+        assert!(!read_by_app(&BOUNDS, 19));
+        assert!(read_by_app(&BOUNDS, 20));
+        let only_total = Bounds {
+            total: Some(100),
+            per_app: None,
+        };
+        assert!(!read_by_app(&only_total, 1_000));
+        let mut e = Estimate::default();
+        let mark = e.begin_reading();
+        e.read(
+            Reading {
+                at: NOW,
+                total: 19,
+                by_app: None,
+            },
+            mark,
+        );
+        e.admit("web", 1);
+        assert_eq!(e.waiting("etl").map(|w| (w.app, w.total)), Some((19, 20)));
+        assert_eq!(e.waiting("web").map(|w| (w.app, w.total)), Some((20, 20)));
     }
 
     #[test]

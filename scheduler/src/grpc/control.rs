@@ -579,8 +579,19 @@ impl ControlService for ControlApi {
             now,
             audit_from: Some(call.caller.clone()),
         };
-        let (run, created) = self.node.runs.create(new_run).await.map_err(store_status)?;
-        ticket.settle(created);
+        let (run, created, placed) = self
+            .node
+            .runs
+            .create_placed(new_run)
+            .await
+            .map_err(store_status)?;
+        // Root tasks placed on a worker at once never wait.
+        let waiting = counts_at_creation(run.state, &workflow.versioned.spec).waiting;
+        ticket.settle(if created {
+            u64::from(waiting.saturating_sub(placed))
+        } else {
+            0
+        });
         if created {
             // Its audit row was written with it (`audit_from`).
             self.node.dispatch_wake.notify_one();

@@ -119,7 +119,7 @@ pub async fn backfill(
     }
     // Slots that had their run already are counted as created until the next reading: the
     // estimate errs high.
-    ticket.settle(response.created > 0);
+    ticket.settle_all(response.created > 0);
     if response.created > 0 {
         node.dispatch_wake.notify_one();
         node.bump_progress();

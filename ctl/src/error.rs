@@ -19,6 +19,8 @@ pub enum Exit {
     Conflict = 6,
     /// No valid token, or one whose role or app does not allow the call.
     Denied = 7,
+    /// Refused for load (a bound on waiting instances) past `--retry-for`.
+    Overloaded = 8,
     RunFailed = 10,
     RunCancelled = 11,
     /// `axctl diff`: applying would change something.
@@ -111,6 +113,9 @@ pub fn from_status(status: &Status, server: &str) -> CtlError {
             Exit::Denied,
             format!("permission denied: {}", or("no details")),
         ),
+        Code::ResourceExhausted if ax_proto::overloaded::of(status).is_some() => {
+            CtlError::new(Exit::Overloaded, or("refused for load"))
+        }
         code => CtlError::new(
             Exit::Other,
             format!("server error ({code:?}): {}", or("no details")),

@@ -6,6 +6,7 @@ mod commands;
 mod error;
 mod links;
 mod output;
+mod overload;
 mod view;
 mod wait;
 
@@ -38,6 +39,8 @@ Exit codes:
     5    server unreachable or unavailable
     6    failed precondition or conflict (e.g. cancelling a finished run)
     7    not authenticated (no valid token) or not allowed (the token's role or app)
+    8    refused for load: the workflow's app or the cluster had as many instances waiting as
+         its bound allows, and trigger or backfill was still refused after --retry-for
     10   a waited run ended FAILED
     11   a waited run ended CANCELLED
     12   `axctl diff`: applying would change something (0: nothing would)

@@ -272,6 +272,50 @@ async fn trigger_prints_the_run_id_and_says_when_it_already_existed() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn trigger_refused_for_load_waits_as_hinted_says_so_and_gives_up_with_exit_8() {
+    let (fake, server) = seeded().await;
+    let overloaded = pb::Overloaded {
+        bound: "app".into(),
+        app: "etl".into(),
+        waiting: 5,
+        limit: 5,
+        retry_after_ms: 300,
+    };
+    fake.with(|s| s.refuse_triggers = (2, Some(overloaded.clone())));
+    let started = std::time::Instant::now();
+    let out = axctl(&server, &["trigger", "etl"]).await;
+    assert_eq!((out.code, out.stdout.as_str()), (0, "100\n"), "{out:?}");
+    // Two waits of at least the hint each, both said on stderr.
+    assert!(started.elapsed() >= std::time::Duration::from_millis(600));
+    let waits: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|line| line.starts_with("trigger etl: refused for load ("))
+        .collect();
+    assert_eq!(waits.len(), 2, "{out:?}");
+    assert!(waits[0].contains("the bound is met"), "{out:?}");
+    assert!(waits[0].contains("trying again in "), "{out:?}");
+    assert!(
+        waits[1].contains("(refusal 2, giving up after 1m)"),
+        "{out:?}"
+    );
+    assert!(out.stderr.contains("run 100 created"), "{out:?}");
+    assert_eq!(fake.with(|s| s.triggers.len()), 3);
+
+    // Still refused when --retry-for is spent: exit 8, nothing created.
+    fake.with(|s| s.refuse_triggers = (100, Some(overloaded)));
+    let out = axctl(&server, &["trigger", "etl", "--retry-for", "1s"]).await;
+    assert_eq!(out.code, 8, "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(out.stderr.contains("--retry-for waits longer"), "{out:?}");
+    let out = axctl(&server, &["trigger", "etl", "--retry-for", "0"]).await;
+    assert_eq!(out.code, 8, "{out:?}");
+    assert!(!out.stderr.contains("trying again"), "{out:?}");
+    assert!(out.stderr.contains("(refused once; "), "{out:?}");
+    assert_eq!(fake.with(|s| s.runs.len()), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn trigger_wait_exit_code_follows_the_run() {
     for (state, code, name) in [
         (pb::RunState::Success, 0, "SUCCESS"),

@@ -158,6 +158,7 @@ pub struct ClusterBuilder {
     public_urls: Vec<String>,
     audit_retention: Option<Duration>,
     heartbeat_interval: Option<Duration>,
+    admission: ax_core::admission::Bounds,
 }
 
 impl ClusterBuilder {
@@ -165,6 +166,13 @@ impl ClusterBuilder {
     /// of them, and a worker stream silent for two is taken over by another.
     pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
         self.heartbeat_interval = Some(interval);
+        self
+    }
+
+    /// The bounds on waiting instances (the scheduler's `--max-waiting` and
+    /// `--max-waiting-per-app`; the product's defaults unset).
+    pub fn max_waiting(mut self, bounds: ax_core::admission::Bounds) -> Self {
+        self.admission = bounds;
         self
     }
 
@@ -317,6 +325,7 @@ impl ClusterBuilder {
                 .audit_retention
                 .or(SchedulerOptions::default().audit_retention),
             connections: Default::default(),
+            admission: self.admission,
         };
         let scheduler = ax_scheduler::start(options).await?;
         let addr = scheduler.local_addr();
@@ -372,6 +381,7 @@ impl Cluster {
             public_urls: Vec::new(),
             audit_retention: None,
             heartbeat_interval: None,
+            admission: ax_core::admission::Bounds::DEFAULT,
         }
     }
 

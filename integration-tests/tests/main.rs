@@ -4,6 +4,7 @@
 
 use ax_integration_tests::harness::{self, Test};
 
+mod admission;
 mod backups;
 mod bench_quick;
 mod cluster;
@@ -42,6 +43,7 @@ mod worker_restarts;
 
 fn main() -> std::process::ExitCode {
     let tests: Vec<Vec<Test>> = vec![
+        admission::tests(),
         backups::tests(),
         bench_quick::tests(),
         cluster::tests(),

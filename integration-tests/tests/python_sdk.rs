@@ -23,6 +23,11 @@
 //! `python_workers_tasks_die_with_it` kills the worker with SIGKILL: its guardian kills the
 //! task's process group.
 //!
+//! `python_client_waits_out_a_refusal_for_load` gives a scheduler process a bound of 2 waiting
+//! instances per app and no worker: the SDK's client triggers twice, and its third trigger is
+//! refused for load, tried again (each wait logged) and finally raised with the bound, while
+//! the store holds exactly the two runs.
+//!
 //! Without AX_TEST_PYTHON they are ignored, saying why, except under CI=true, where they fail.
 
 use std::path::{Path, PathBuf};
@@ -123,6 +128,7 @@ pub(crate) fn tests() -> Vec<Test> {
             trial!(async(multi_thread = 4) python_worker_fences_itself_when_cut_off_from_a_live_scheduler).requires(&PYTHON),
             trial!(async(multi_thread = 4) python_workers_move_between_nodes_and_fail_over).requires(&PYTHON).requires(&MYSQL),
             trial!(async(multi_thread = 4) python_workers_tasks_die_with_it).requires(&PYTHON),
+            trial!(async(multi_thread = 4) python_client_waits_out_a_refusal_for_load).requires(&PYTHON),
         ],
         on_every_backend!(requires(&PYTHON); python_sdk_suite),
     ]
@@ -677,6 +683,83 @@ tasks:
 
 /// A Python worker killed with SIGKILL cannot clean up: its guardian kills the process groups of
 /// its tasks, so nothing it ran survives it (worker.proto: a task should die with its worker).
+/// The SDK's client against a real scheduler at its bound on waiting instances.
+const REFUSED_FOR_LOAD: &str = r#"
+import logging, sys, time
+from ax_sdk import AxError, Client
+logging.basicConfig(level=logging.WARNING, format="%(name)s %(message)s")
+client = Client(sys.argv[1], retry_for=2.5)
+client.apply(source="name: py-burst\napp: py\ntasks:\n  - name: t\n    command: 'true'\n")
+time.sleep(0.7)  # past the node's first reading of the queue
+for _ in range(2):
+    print("accepted", client.trigger("py-burst").run.id, flush=True)
+try:
+    client.trigger("py-burst")
+    print("not refused")
+except AxError as error:
+    o = error.overloaded
+    print("refused", error.code.name, o.bound, o.app, o.waiting, o.limit, error.refusals)
+"#;
+
+async fn python_client_waits_out_a_refusal_for_load() {
+    let python = python();
+    let settings = SchedulerSettings {
+        extra_args: vec!["--max-waiting-per-app".into(), "2".into()],
+        ..SchedulerSettings::default()
+    };
+    let cluster = ProcessCluster::start_with(Backend::Sqlite, settings)
+        .await
+        .expect("a scheduler starts");
+    let output = tokio::time::timeout(
+        SUITE_GUARD,
+        tokio::process::Command::new(&python)
+            .args(["-c", REFUSED_FOR_LOAD, &cluster.endpoint()])
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the script ends within its guard")
+    .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}{stderr}");
+    let accepted: Vec<i64> = stdout
+        .lines()
+        .filter_map(|line| line.strip_prefix("accepted ")?.parse().ok())
+        .collect();
+    assert_eq!(accepted.len(), 2, "{stdout}");
+    let refused = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("refused "))
+        .unwrap_or_else(|| panic!("not refused: {stdout}{stderr}"));
+    let fields: Vec<&str> = refused.split(' ').collect();
+    assert_eq!(
+        fields[..5],
+        ["RESOURCE_EXHAUSTED", "app", "py", "2", "2"],
+        "{stdout}"
+    );
+    let refusals: usize = fields[5].parse().expect("refusals");
+    assert!(refusals >= 2, "{stdout}");
+    let waits = stderr
+        .lines()
+        .filter(|line| line.starts_with("ax_sdk TriggerWorkflow refused for load"))
+        .count();
+    assert_eq!(waits, refusals - 1, "{stderr}");
+    let client = cluster.client().await.expect("a client");
+    let mut stored: Vec<i64> = client
+        .runs("py-burst")
+        .await
+        .expect("runs")
+        .iter()
+        .map(|run| run.id)
+        .collect();
+    stored.sort_unstable();
+    assert_eq!(stored, accepted, "nothing refused was created");
+    cluster.shutdown().await.expect("shutdown");
+}
+
 async fn python_workers_tasks_die_with_it() {
     let python = python();
     let cluster = ProcessCluster::start(Backend::Sqlite, false)

@@ -2,6 +2,7 @@
 
 pub mod client;
 pub mod codec;
+pub mod overloaded;
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod v1 {

@@ -1,12 +1,28 @@
 //! Errors as the JSON API and the gate answer them over HTTP: a gRPC status's code as its
-//! HTTP status (as gRPC-gateway maps them), with `{"code", "message"}` as the body.
+//! HTTP status (as gRPC-gateway maps them), with `{"code", "message"}` as the body. A refusal
+//! for load (`ax_proto::overloaded`) is a 429 with `Retry-After` and the bound it met in the
+//! body's `overloaded`.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 /// A handler's status as the JSON API answers it.
 pub fn status_error(status: &tonic::Status) -> Response {
-    error(http_status(status.code()), status.code(), status.message())
+    let Some(overloaded) = ax_proto::overloaded::of(status) else {
+        return error(http_status(status.code()), status.code(), status.message());
+    };
+    let body = serde_json::json!({
+        "code": format!("{:?}", status.code()),
+        "message": status.message(),
+        "overloaded": overloaded,
+    });
+    let retry_after = ax_proto::overloaded::retry_after_secs(&overloaded);
+    (
+        http_status(status.code()),
+        [(axum::http::header::RETRY_AFTER, retry_after.to_string())],
+        axum::Json(body),
+    )
+        .into_response()
 }
 
 /// An error answer: the HTTP status, and `{"code", "message"}` as the body.

@@ -99,6 +99,9 @@ pub struct SchedulerOptions {
     pub public_urls: Vec<String>,
     /// The limits every connection to the node's port and ops listener is held to.
     pub connections: connections::ConnectionLimits,
+    /// The bounds on WAITING instances, per app and in total, past which API triggers and
+    /// backfills are refused (`admission.rs`); `Bounds::DEFAULT` unless set.
+    pub admission: ax_core::admission::Bounds,
 }
 
 impl Default for SchedulerOptions {
@@ -134,6 +137,7 @@ impl Default for SchedulerOptions {
             otlp_endpoint: None,
             public_urls: Vec::new(),
             connections: connections::ConnectionLimits::default(),
+            admission: ax_core::admission::Bounds::DEFAULT,
         }
     }
 }
@@ -452,6 +456,7 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+mod admission;
 pub mod alerts;
 mod audit_writer;
 pub mod auth;

@@ -77,6 +77,14 @@ const REFUSED_REGISTERS: [&str; 4] = ["id", "labels", "certificate", "second_str
 /// The kinds of `ax_purged_rows_total`.
 const PURGED_KINDS: [&str; 5] = ["runs", "instances", "attempts", "log_chunks", "decisions"];
 
+/// The labels of `ax_triggers_refused_total`: the workflow's app ("" for none) and the bound
+/// met (`app` or `total`). Apps are few by design, as labels must be.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusedTriggerLabel {
+    app: String,
+    bound: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
     state: &'static str,
@@ -122,6 +130,9 @@ pub struct Metrics {
     purged: Family<KindLabel, Counter>,
     /// Runs this node judged past their deadline (`deadlines.rs`): each run once in a cluster.
     pub deadlines_missed: Counter,
+    /// Triggers and backfills this node refused at a bound on waiting instances
+    /// (`admission.rs`), by app and bound.
+    triggers_refused: Family<RefusedTriggerLabel, Counter>,
     /// Scrapes whose store reading failed or took too long.
     store_read_errors: Counter,
     gauges: Mutex<StoreGauges>,
@@ -172,6 +183,7 @@ impl Metrics {
             log_lag: Gauge::default(),
             purged: Family::default(),
             deadlines_missed: Counter::default(),
+            triggers_refused: Family::default(),
             store_read_errors: Counter::default(),
             gauges: Mutex::new(StoreGauges::default()),
             instances: Family::default(),
@@ -262,6 +274,11 @@ impl Metrics {
             "ax_deadlines_missed",
             "Runs this node judged not ended by their workflow's deadline (each run is judged once in the cluster, by one node; with on_deadline: cancel it was cancelled)",
             metrics.deadlines_missed.clone(),
+        );
+        registry.register(
+            "ax_triggers_refused",
+            "Triggers (TriggerWorkflow, the HTTP API's trigger, BackfillWorkflow) this node refused with RESOURCE_EXHAUSTED (HTTP 429) because the workflow's app or the cluster had as many instances waiting as its bound allows, by app and bound (app, total); nothing was created for them",
+            metrics.triggers_refused.clone(),
         );
         registry.register(
             "ax_metrics_store_read_errors",
@@ -355,6 +372,16 @@ impl Metrics {
                 self.purged.get_or_create(&KindLabel { kind }).inc_by(n);
             }
         }
+    }
+
+    /// Counts a trigger refused at a bound on waiting instances (`admission.rs`).
+    pub fn trigger_refused(&self, app: &str, bound: ax_core::admission::Bound) {
+        self.triggers_refused
+            .get_or_create(&RefusedTriggerLabel {
+                app: app.to_string(),
+                bound: bound.as_str(),
+            })
+            .inc();
     }
 
     pub fn report_refused(&self, reason: &'static str) {

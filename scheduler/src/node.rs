@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::SchedulerOptions;
+use crate::admission::Admission;
 use crate::audit_writer::AuditWriter;
 use crate::auth::Gate;
 use crate::dag_layouts::DagLayouts;
@@ -32,6 +33,8 @@ pub struct Node {
     pub logs: Logs,
     /// Creates runs in groups (one transaction per burst of triggers).
     pub runs: RunCreator,
+    /// The bounds on waiting instances a trigger passes before it creates anything.
+    pub admission: Arc<Admission>,
     /// Records audit rows in groups (one transaction per burst of control calls).
     pub audit: AuditWriter,
     /// Who may call what (tokens); every request on the port passes it.

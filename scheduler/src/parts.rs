@@ -24,10 +24,10 @@ use crate::metrics::Scraped;
 use crate::node::Node;
 use crate::registry::Registry;
 use crate::{
-    audit_writer, auth, backstop, clock, deadlines, dispatch_send, dispatcher, failure_alerts,
-    grpc, log_writer, metrics, place_now, progress, registry, reporter, retention, run_creator,
-    schedules, secrets, specs, spread, sub_workflows, telemetry, wake, watching, worker_refusals,
-    worker_rows,
+    admission, audit_writer, auth, backstop, clock, deadlines, dispatch_send, dispatcher,
+    failure_alerts, grpc, log_writer, metrics, place_now, progress, registry, reporter, retention,
+    run_creator, schedules, secrets, specs, spread, sub_workflows, telemetry, wake, watching,
+    worker_refusals, worker_rows,
 };
 
 /// What `start` opened before the parts are built.
@@ -103,6 +103,15 @@ pub fn build(options: SchedulerOptions, opened: Opened, runs: Runs<'_>) -> Built
         tasks.clone(),
     ));
     let metrics = Arc::new(metrics::Metrics::new());
+    let admission = Arc::new(admission::Admission::new(
+        options.admission,
+        node_id.clone(),
+        store.clone(),
+        metrics.clone(),
+    ));
+    // The store asks it about the runs it creates that are never refused (cron and dependency
+    // fires, child runs); a store opened for this node alone has none set before.
+    store.set_waiting_bounds(admission.clone());
     let failure_alerts =
         failure_alerts::FailureAlerts::new(alerter.clone(), store.clone(), tasks.clone());
     let dispatch_sender = dispatch_send::DispatchSender::new(
@@ -276,6 +285,7 @@ pub fn build(options: SchedulerOptions, opened: Opened, runs: Runs<'_>) -> Built
     tasks.spawn(retention.run(serving.clone()));
     tasks.spawn(deadlines.run(serving.clone()));
     tasks.spawn(sub_workflows.run(serving.clone()));
+    tasks.spawn(admission.clone().run(serving.clone()));
     tasks.spawn(gate.clone().flush_failures_until(serving.clone()));
     tasks.spawn(worker_refusals::run(refusals.clone(), serving.clone()));
 
@@ -312,6 +322,7 @@ pub fn build(options: SchedulerOptions, opened: Opened, runs: Runs<'_>) -> Built
         specs,
         logs,
         runs,
+        admission,
         audit,
         gate: gate.clone(),
         secrets,

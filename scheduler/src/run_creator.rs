@@ -2,9 +2,10 @@
 //! backfill slot) goes through one task; the runs that arrive together are one transaction
 //! (`Store::create_runs`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
+use ax_core::ids::RunId;
 use ax_store::{NewRun, RunRecord, Store, StoreError};
 
 use crate::group_commit::{GroupCommit, GroupWrite};
@@ -41,11 +42,15 @@ impl NewRuns {
     }
 }
 
+/// A run as created: the run, whether it is new, and how many of its root tasks were placed
+/// on a worker in its transaction (created DISPATCHED, not WAITING).
+pub type Created = (RunRecord, bool, u32);
+
 impl GroupWrite for NewRuns {
     type Item = NewRun;
-    type Done = (RunRecord, bool);
+    type Done = Created;
 
-    async fn write_group(&self, runs: &[NewRun]) -> Result<Vec<(RunRecord, bool)>, StoreError> {
+    async fn write_group(&self, runs: &[NewRun]) -> Result<Vec<Created>, StoreError> {
         // Placement answers from memory: the versions are loaded before the transaction.
         let versions: BTreeSet<_> = runs
             .iter()
@@ -57,10 +62,24 @@ impl GroupWrite for NewRuns {
         let mut placement = self.placing.begin();
         match self.store.create_runs_placed(runs, &mut placement).await {
             Ok((created, placed)) => {
+                let mut placed_of: HashMap<RunId, u32> = HashMap::new();
+                for attempt in &placed {
+                    *placed_of.entry(attempt.attempt.run_id).or_default() += 1;
+                }
                 for undone in placement.send(placed).await {
                     self.reports.put_back(undone).await;
                 }
-                Ok(created)
+                Ok(created
+                    .into_iter()
+                    .map(|(run, new)| {
+                        let placed = if new {
+                            placed_of.get(&run.id).copied().unwrap_or(0)
+                        } else {
+                            0
+                        };
+                        (run, new, placed)
+                    })
+                    .collect())
             }
             Err(err) => {
                 placement.abandon();
@@ -69,8 +88,9 @@ impl GroupWrite for NewRuns {
         }
     }
 
-    async fn write_one(&self, run: &NewRun) -> Result<(RunRecord, bool), StoreError> {
-        self.store.create_run(run).await
+    async fn write_one(&self, run: &NewRun) -> Result<Created, StoreError> {
+        let (run, new) = self.store.create_run(run).await?;
+        Ok((run, new, 0))
     }
 }
 
@@ -78,6 +98,13 @@ impl RunCreator {
     /// Creates `run` as `Store::create_run` does: returns the run and whether it is new (a run
     /// with the same dedup or idempotency key is returned as it is).
     pub async fn create(&self, run: NewRun) -> Result<(RunRecord, bool), StoreError> {
+        let (run, new, _) = self.submit(run).await?;
+        Ok((run, new))
+    }
+
+    /// [`RunCreator::create`], also answering how many of a new run's root tasks were placed
+    /// on a worker at once (the others wait), for the bounds on waiting instances.
+    pub async fn create_placed(&self, run: NewRun) -> Result<Created, StoreError> {
         self.submit(run).await
     }
 }

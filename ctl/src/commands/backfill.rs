@@ -28,6 +28,11 @@ pub struct Args {
     /// List the slots without creating runs.
     #[arg(long)]
     pub dry_run: bool,
+    /// While the scheduler refuses the backfill for load (too many instances waiting), try
+    /// again after growing, jittered waits that honour its hint, for at most this long (0 does
+    /// not try again); then exit 8.
+    #[arg(long, value_name = "DURATION", default_value = crate::overload::DEFAULT_RETRY_FOR, value_parser = crate::overload::parse_retry_for)]
+    pub retry_for: std::time::Duration,
 }
 
 #[derive(Debug, Serialize)]
@@ -89,11 +94,15 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
         actor: ctx.actor.clone(),
         dry_run: args.dry_run,
     };
-    let response = client
-        .backfill_workflow(request)
-        .await
-        .map_err(st)?
-        .into_inner();
+    let what = format!("backfill {}", output::escape(&args.name));
+    let response = crate::overload::with_retries(&what, args.retry_for, || {
+        let mut client = client.clone();
+        let request = request.clone();
+        async move { client.backfill_workflow(request).await }
+    })
+    .await
+    .map_err(|err| err.into_error(ctx))?
+    .into_inner();
     let view = BackfillView {
         workflow: args.name.clone(),
         dry_run: args.dry_run,

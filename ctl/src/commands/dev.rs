@@ -168,7 +168,15 @@ pub async fn run_file(ctx: &Ctx, file: &Path, out: &mut impl Write) -> anyhow::R
         .workflow
         .map(|w| w.name)
         .context("the server answered the apply without a workflow")?;
-    let (run, _) = trigger::trigger(ctx, &mut client, &name, HashMap::new(), None).await?;
+    let (run, _) = trigger::trigger(
+        ctx,
+        &mut client,
+        &name,
+        HashMap::new(),
+        None,
+        std::time::Duration::ZERO,
+    )
+    .await?;
     let run = wait::wait_for_run(ctx, &mut client, run.id).await?;
     let mut instances = client
         .list_instances(ListInstancesRequest {

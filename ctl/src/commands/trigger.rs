@@ -1,4 +1,4 @@
-//! `axctl trigger NAME [--param k=v ...] [--idempotency-key K] [--wait]`
+//! `axctl trigger NAME [--param k=v ...] [--idempotency-key K] [--retry-for D] [--wait]`
 
 use std::collections::HashMap;
 
@@ -7,6 +7,7 @@ use ax_proto::v1::{Run, TriggerWorkflowRequest};
 use crate::client::{Client, Ctx};
 use crate::error::{CtlError, Exit};
 use crate::output;
+use crate::overload;
 use crate::view::{RunView, TriggerView};
 use crate::wait;
 
@@ -27,6 +28,12 @@ pub struct Args {
     /// Wait for the run to end, showing progress on stderr; the exit code tells how it ended.
     #[arg(long)]
     pub wait: bool,
+
+    /// While the scheduler refuses the trigger for load (too many instances waiting), try again
+    /// after growing, jittered waits that honour its hint, for at most this long (e.g. 30s, 5m;
+    /// 0 does not try again); then exit 8.
+    #[arg(long, value_name = "DURATION", default_value = crate::overload::DEFAULT_RETRY_FOR, value_parser = crate::overload::parse_retry_for)]
+    pub retry_for: std::time::Duration,
 }
 
 /// Checks one `--param` at parse time, so a bad one is a usage error before any RPC.
@@ -59,8 +66,15 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<Exit> {
         }
     }
     let mut client = ctx.connect().await?;
-    let (run, created) =
-        trigger(ctx, &mut client, &args.name, params, args.idempotency_key).await?;
+    let (run, created) = trigger(
+        ctx,
+        &mut client,
+        &args.name,
+        params,
+        args.idempotency_key,
+        args.retry_for,
+    )
+    .await?;
     if !args.wait {
         let view = TriggerView {
             created,
@@ -78,13 +92,15 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<Exit> {
     Ok(wait::exit_for(run.state))
 }
 
-/// Triggers a run and says on stderr what happened. Shared with `axctl dev --run`.
+/// Triggers a run, trying again for `retry_for` while it is refused for load, and says on
+/// stderr what happened. Shared with `axctl dev --run`.
 pub async fn trigger(
     ctx: &Ctx,
     client: &mut Client,
     name: &str,
     params: HashMap<String, String>,
     idempotency_key: Option<String>,
+    retry_for: std::time::Duration,
 ) -> anyhow::Result<(Run, bool)> {
     let request = TriggerWorkflowRequest {
         name: name.to_string(),
@@ -93,11 +109,15 @@ pub async fn trigger(
         actor: ctx.actor.clone(),
         logical_time_ms: 0,
     };
-    let response = client
-        .trigger_workflow(request)
-        .await
-        .map_err(|status| ctx.status(status))?
-        .into_inner();
+    let what = format!("trigger {}", output::escape(name));
+    let response = overload::with_retries(&what, retry_for, || {
+        let mut client = client.clone();
+        let request = request.clone();
+        async move { client.trigger_workflow(request).await }
+    })
+    .await
+    .map_err(|err| err.into_error(ctx))?
+    .into_inner();
     let run = response
         .run
         .ok_or_else(|| anyhow::anyhow!("the server answered the trigger without a run"))?;

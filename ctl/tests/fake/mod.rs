@@ -45,6 +45,9 @@ pub struct State {
     pub purges: Vec<pb::PurgeRunsRequest>,
     pub set_applies: Vec<pb::ApplyWorkflowsRequest>,
     pub deletes: Vec<pb::DeleteWorkflowRequest>,
+    /// TriggerWorkflow refuses this many calls for load (the bound `Overloaded` says), then
+    /// answers as usual.
+    pub refuse_triggers: (u32, Option<pb::Overloaded>),
 }
 
 #[derive(Default)]
@@ -79,6 +82,7 @@ impl Default for State {
             purges: Vec::new(),
             set_applies: Vec::new(),
             deletes: Vec::new(),
+            refuse_triggers: (0, None),
         }
     }
 }
@@ -496,6 +500,13 @@ impl ControlService for Fake {
         let req = request.into_inner();
         self.with(|s| {
             s.triggers.push(req.clone());
+            if let (left @ 1.., Some(overloaded)) = &mut s.refuse_triggers {
+                *left -= 1;
+                return Err(ax_proto::overloaded::status(
+                    format!("workflow {:?} not triggered: the bound is met", req.name),
+                    overloaded,
+                ));
+            }
             let Some(workflow) = s.workflows.iter().find(|w| w.name == req.name).cloned() else {
                 return Err(Status::not_found(format!(
                     "workflow \"{}\" not found",

@@ -118,6 +118,10 @@ pub struct Env {
     pub quick: bool,
     /// W9 steps its arrival rate up until the p99 passes 100 ms (`--sweep`).
     pub sweep: bool,
+    /// W9 offers this rate for a minute instead, counting refusals for load (`--overload`).
+    pub overload: Option<f64>,
+    /// Flags every scheduler node is given besides the harness's own (`--max-waiting` …).
+    pub scheduler_args: Vec<String>,
     pub scratch: PathBuf,
     /// MySQL databases created by this harness that are not dropped yet.
     databases: Mutex<Vec<String>>,
@@ -171,6 +175,8 @@ impl Env {
             redis,
             quick,
             sweep: false,
+            overload: None,
+            scheduler_args: Vec::new(),
             scratch,
             databases: Mutex::new(Vec::new()),
         }
@@ -215,6 +221,7 @@ impl Env {
             spread_interval: None,
             nodes: spec.nodes.max(1),
             rust_log: std::env::var("AX_BENCH_LOG").ok(),
+            extra_args: self.scheduler_args.clone(),
             ..SchedulerSettings::default()
         };
         let site = Site {

@@ -36,6 +36,18 @@ struct Args {
     /// then hold twice that rate for a minute (the knee, and what happens past it).
     #[arg(long)]
     sweep: bool,
+    /// W9 only: offer this many triggers a second for a minute to one node and one worker of
+    /// 64 (the sweep's setup), e.g. twice the knee; report the accepted triggers' queue -> start
+    /// and count the ones refused for load (as refusals, not errors).
+    #[arg(long, value_name = "RATE", conflicts_with = "sweep")]
+    overload: Option<f64>,
+    /// The schedulers' --max-waiting (instances waiting in the cluster before API triggers are
+    /// refused; 0: no bound). Unset: the product's default.
+    #[arg(long, value_name = "N")]
+    max_waiting: Option<u64>,
+    /// The schedulers' --max-waiting-per-app (0: no bound). Unset: the product's default.
+    #[arg(long, value_name = "N")]
+    max_waiting_per_app: Option<u64>,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -110,6 +122,15 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         scratch.path().to_path_buf(),
     );
     env.sweep = args.sweep;
+    env.overload = args.overload;
+    if let Some(n) = args.max_waiting {
+        env.scheduler_args
+            .extend(["--max-waiting".to_string(), n.to_string()]);
+    }
+    if let Some(n) = args.max_waiting_per_app {
+        env.scheduler_args
+            .extend(["--max-waiting-per-app".to_string(), n.to_string()]);
+    }
     let started_at_ms = bench::wall_ms();
     let mut reports: Vec<WorkloadReport> = Vec::new();
     for workload in workloads {

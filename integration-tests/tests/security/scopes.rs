@@ -11,6 +11,10 @@
 //! secrets its task could have been given only, so masking tells no task whether a string is
 //! another app's secret. A scoped run list pages over its own app's runs only.
 //!
+//! A trigger refused for load (the bounds on waiting instances) tells a scoped caller the bound
+//! it met and its own app's count, never the cluster's, which spans the other apps; a trigger
+//! of another app's workflow reads as missing before any bound is looked at.
+//!
 //! Runs on SQLite and, with `AX_TEST_MYSQL_URL`, MySQL.
 
 use std::collections::BTreeSet;
@@ -1334,6 +1338,136 @@ tasks:
 }
 
 /// Each named scenario on SQLite and, where `AX_TEST_MYSQL_URL` is set, on MySQL.
+/// A node asking for tokens with a cluster-wide bound of 3 waiting instances and no worker:
+/// finance's 3 runs fill it. The sales operator's trigger is refused at the total bound without
+/// the count (gRPC and HTTP); the unscoped admin sees it; the sales operator's trigger of the
+/// finance workflow is the not-found of a missing one, whatever the bounds.
+async fn a_refusal_for_load_tells_a_scoped_caller_no_other_apps_count(backend: Backend) {
+    let cluster = Cluster::builder(backend)
+        .auth(AuthMode::Tokens)
+        .auth_failures_per_address(100_000)
+        .max_waiting(ax_core::admission::Bounds {
+            total: Some(3),
+            per_app: Some(100),
+        })
+        .start()
+        .await
+        .expect("cluster");
+    let store = ax_store::open(cluster.store_url()).await.expect("store");
+    let now = chrono::Utc::now().timestamp_millis();
+    let make = async |name: &str, role: Role, app: Option<&str>| {
+        let request = TokenRequest {
+            name: name.into(),
+            role,
+            app: app.map(str::to_string),
+            lifetime_ms: None,
+            created_by: "test".into(),
+            worker: None,
+        };
+        create(store.as_ref(), request, now).await.expect("token").0
+    };
+    let root = make("root", Role::Admin, None).await;
+    let sales = make("sales-operator", Role::Operator, Some("sales")).await;
+    let endpoint = cluster.endpoint();
+    let client = async |token: &str| {
+        let auth = ClientAuth {
+            token: Some(token.to_string()),
+            ..ClientAuth::default()
+        };
+        let channel = auth
+            .endpoint(&endpoint, None)
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        ControlServiceClient::with_interceptor(channel, auth.bearer().expect("bearer"))
+    };
+    let mut root_client = client(&root).await;
+    let mut sales_client = client(&sales).await;
+    let finance = "name: finance-wf\napp: finance\ntasks:\n  - name: t\n    command: \"true\"\n";
+    apply(&mut root_client, finance, false)
+        .await
+        .expect("apply finance");
+    apply(&mut root_client, SALES_WF, false)
+        .await
+        .expect("apply sales");
+    let trigger = |name: &str| pb::TriggerWorkflowRequest {
+        name: name.into(),
+        ..Default::default()
+    };
+    // Past the node's first reading, then finance fills the cluster's bound.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    for _ in 0..3 {
+        root_client
+            .trigger_workflow(trigger("finance-wf"))
+            .await
+            .expect("finance trigger");
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    let refused = sales_client
+        .trigger_workflow(trigger("sales-wf"))
+        .await
+        .expect_err("refused at the total bound");
+    let seen = ax_proto::overloaded::of(&refused).expect("a refusal for load");
+    assert_eq!(
+        (
+            seen.bound.as_str(),
+            seen.app.as_str(),
+            seen.waiting,
+            seen.limit
+        ),
+        ("total", "sales", 0, 3)
+    );
+    assert!(refused.message().contains("bound of 3"), "{refused:?}");
+    assert!(!refused.message().contains("3 instances"), "{refused:?}");
+    let http = reqwest::Client::new()
+        .post(format!("{endpoint}/api/v1/workflows/sales-wf/trigger"))
+        .bearer_auth(&sales)
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(http.status().as_u16(), 429);
+    let body: serde_json::Value = http.json().await.expect("json");
+    assert_eq!(body["overloaded"]["waiting"], "0", "{body}");
+    assert!(
+        !body["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("3 instances"),
+        "{body}"
+    );
+
+    let unscoped = root_client
+        .trigger_workflow(trigger("sales-wf"))
+        .await
+        .expect_err("refused at the total bound");
+    let seen = ax_proto::overloaded::of(&unscoped).expect("a refusal for load");
+    assert_eq!((seen.bound.as_str(), seen.waiting), ("total", 3));
+    assert!(
+        unscoped.message().contains("3 instances are waiting"),
+        "{unscoped:?}"
+    );
+
+    let other_app = sales_client
+        .trigger_workflow(trigger("finance-wf"))
+        .await
+        .expect_err("another app's workflow");
+    let missing = sales_client
+        .trigger_workflow(trigger("no-such-wf"))
+        .await
+        .expect_err("a missing workflow");
+    assert_eq!(other_app.code(), Code::NotFound);
+    assert_eq!(
+        other_app.message().replace("finance-wf", "NAME"),
+        missing.message().replace("no-such-wf", "NAME")
+    );
+    assert!(ax_proto::overloaded::of(&other_app).is_none());
+    cluster.shutdown().await.expect("shutdown");
+}
+
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
         vec![$(
@@ -1359,5 +1493,6 @@ pub(crate) fn tests() -> Vec<Test> {
         secrets_are_listed_set_and_deleted_within_the_callers_app,
         a_scoped_run_list_pages_over_its_own_apps_runs_only,
         a_dispatch_takes_its_apps_secret_or_a_global_one_never_another_apps,
+        a_refusal_for_load_tells_a_scoped_caller_no_other_apps_count,
     )
 }

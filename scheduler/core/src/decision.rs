@@ -58,10 +58,14 @@ pub enum DecisionKind {
     /// A run had not ended by its deadline (`crate::deadline`): recorded once, alerted, and
     /// with `on_deadline: cancel` the run was cancelled.
     DeadlineMissed,
+    /// A run that is never refused (a cron or dependency fire, a child run, a backfill slot)
+    /// was created while its app's or the cluster's WAITING instances were at a bound
+    /// (`crate::admission`), where an API trigger would have been refused.
+    AdmittedOverBound,
 }
 
 impl DecisionKind {
-    pub const ALL: [DecisionKind; 20] = [
+    pub const ALL: [DecisionKind; 21] = [
         DecisionKind::Fired,
         DecisionKind::Misfired,
         DecisionKind::CaughtUp,
@@ -82,6 +86,7 @@ impl DecisionKind {
         DecisionKind::ConditionFalse,
         DecisionKind::EmptyList,
         DecisionKind::DeadlineMissed,
+        DecisionKind::AdmittedOverBound,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -106,6 +111,7 @@ impl DecisionKind {
             DecisionKind::ConditionFalse => "condition_false",
             DecisionKind::EmptyList => "empty_list",
             DecisionKind::DeadlineMissed => "deadline_missed",
+            DecisionKind::AdmittedOverBound => "admitted_over_bound",
         }
     }
 

@@ -7,6 +7,7 @@
 //! fake clock and chosen draws.
 
 pub mod access;
+pub mod admission;
 pub mod app_scope;
 pub mod audit_text;
 pub mod condition;

@@ -526,6 +526,12 @@ pub fn explain(input: &WhyInput) -> Explanation {
                     missed.detail
                 ));
             }
+            if let Some(past) = decisions
+                .iter()
+                .find(|d| d.kind == DecisionKind::AdmittedOverBound && d.run_id == Some(run.id))
+            {
+                verdict.push(format!("run {} was {}", run.id, past.detail));
+            }
             let summary = RunSummary {
                 id: run.id,
                 version: run.version,
@@ -600,8 +606,14 @@ fn slot_verdict(slot: Millis, input: &WhyInput, decisions: &[Decision], tz: Tz) 
         .filter(|d| d.slot_at == slot && d.instance_id.is_none() && d.task.is_none())
         .collect();
     // The last decision about the slot is its fate; an earlier `queued` may be followed by
-    // `dequeued`, a `fired` by nothing.
-    if let Some(last) = about_slot.last() {
+    // `dequeued`, a `fired` by nothing. Being admitted past a bound is said of the run beside
+    // its fate (`explain`), so it is the fate only when nothing else was recorded.
+    let fate = about_slot
+        .iter()
+        .rev()
+        .find(|d| d.kind != DecisionKind::AdmittedOverBound)
+        .or(about_slot.last());
+    if let Some(last) = fate {
         let detail = if last.detail.is_empty() {
             String::new()
         } else {
@@ -652,6 +664,7 @@ fn past_tense(kind: DecisionKind) -> &'static str {
         DecisionKind::ConditionFalse => "skipped: its if: was false",
         DecisionKind::EmptyList => "skipped: its for_each list was empty",
         DecisionKind::DeadlineMissed => "fired, and its run missed its deadline",
+        DecisionKind::AdmittedOverBound => "fired past the bound on waiting instances",
     }
 }
 
@@ -1299,6 +1312,43 @@ mod tests {
             e.verdict[1],
             "the slot at 2026-01-31 02:30:00 UTC was skipped: the workflow was paused"
         );
+    }
+
+    #[test]
+    fn a_fire_admitted_past_the_bound_is_told_beside_the_slots_fate() {
+        let mut input = input(SLOT + MINUTE);
+        input.run = Some(run(&input, RunState::Running, Vec::new()));
+        let run_id = 41;
+        let detail = "admitted past the bound on waiting instances: 12 instances of app \"etl\" \
+                      were waiting (bound 10 per app); a cron fire is never refused";
+        input.decisions = vec![
+            Decision {
+                run_id: Some(run_id),
+                ..decision(DecisionKind::AdmittedOverBound, SLOT, detail)
+            },
+            Decision {
+                run_id: Some(run_id),
+                ..decision(DecisionKind::Fired, SLOT, "cron slot")
+            },
+        ];
+        for order in [false, true] {
+            if order {
+                input.decisions.reverse();
+            }
+            let e = explain(&input);
+            assert!(
+                e.verdict.contains(&format!(
+                    "the slot at 2026-01-31 02:30:00 UTC was fired (run {run_id}): cron slot"
+                )),
+                "{:?}",
+                e.verdict
+            );
+            assert!(
+                e.verdict.contains(&format!("run {run_id} was {detail}")),
+                "{:?}",
+                e.verdict
+            );
+        }
     }
 
     #[test]

@@ -123,6 +123,15 @@ pub struct Settings {
     /// The most runs one backfill may create.
     #[arg(long, env = "AX_MAX_BACKFILL_RUNS")]
     pub max_backfill_runs: Option<u32>,
+    /// The most task instances waiting to start in the whole cluster: at it, API triggers and
+    /// backfills are refused (RESOURCE_EXHAUSTED, HTTP 429) with a hint of when to try again;
+    /// cron and dependency fires still go in. 0 for no bound (default 10000).
+    #[arg(long, env = "AX_MAX_WAITING")]
+    pub max_waiting: Option<u64>,
+    /// The same bound for the workflows of one app (those without an app count as one app).
+    /// 0 for no bound (default 5000).
+    #[arg(long, env = "AX_MAX_WAITING_PER_APP")]
+    pub max_waiting_per_app: Option<u64>,
     /// How long ended runs are kept when their workflow sets no `retention`, e.g. 90d; `forever`
     /// (the default) keeps them.
     #[arg(long, env = "AX_RETENTION", value_parser = read::<Retention>)]
@@ -388,6 +397,12 @@ impl Settings {
             Some(Retention::Keep { ms }) => Some(Duration::from_millis(ms)),
             None => default,
         };
+        // 0 is no bound, as 0 is off for the durations that can be switched off.
+        let bound = |setting: Option<u64>, default: Option<u64>| match setting {
+            Some(0) => None,
+            Some(n) => Some(n),
+            None => default,
+        };
         let options = SchedulerOptions {
             listen,
             secret_key,
@@ -436,6 +451,10 @@ impl Settings {
                 idle_timeout: self.idle_connection_timeout.unwrap_or(c.idle_timeout),
                 keepalive_interval: self.keepalive_interval.unwrap_or(c.keepalive_interval),
                 keepalive_timeout: self.keepalive_timeout.unwrap_or(c.keepalive_timeout),
+            },
+            admission: ax_core::admission::Bounds {
+                total: bound(self.max_waiting, d.admission.total),
+                per_app: bound(self.max_waiting_per_app, d.admission.per_app),
             },
         };
         check(&options, file, origin)?;

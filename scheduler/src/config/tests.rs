@@ -437,6 +437,49 @@ fn the_lease_settings_come_from_flags_or_the_file_and_a_short_lease_is_refused()
 }
 
 #[test]
+fn the_bounds_on_waiting_instances_come_from_flags_or_the_file_and_zero_is_no_bound() {
+    use ax_core::admission::Bounds;
+    let defaults = Args::parse_from(["ax-scheduler"]).into_options().unwrap();
+    assert_eq!(defaults.admission, Bounds::DEFAULT);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ax.toml");
+    std::fs::write(
+        &path,
+        "max_waiting = 800
+max_waiting_per_app = 300
+",
+    )
+    .unwrap();
+    let file = path.to_str().unwrap();
+    let from_file = Args::parse_from(["ax-scheduler", "--config", file])
+        .into_options()
+        .unwrap();
+    assert_eq!(
+        from_file.admission,
+        Bounds {
+            total: Some(800),
+            per_app: Some(300)
+        }
+    );
+    let off = Args::parse_from([
+        "ax-scheduler",
+        "--config",
+        file,
+        "--max-waiting-per-app",
+        "0",
+    ])
+    .into_options()
+    .unwrap();
+    assert_eq!(
+        off.admission,
+        Bounds {
+            total: Some(800),
+            per_app: None
+        }
+    );
+}
+
+#[test]
 fn the_spread_interval_comes_from_flags_or_the_file_and_zero_turns_it_off() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ax.toml");

@@ -27,6 +27,7 @@ use crate::node::Node;
 use crate::specs::VersionedSpec;
 
 mod access;
+mod admission;
 mod backfill;
 mod dag;
 mod items;
@@ -544,6 +545,9 @@ impl ControlService for ControlApi {
         }
         let workflow = self.latest_spec(&call, &request.name).await?;
         keyed_trigger_check(&workflow.versioned.spec, &request.params)?;
+        // Judged before the idempotency key is looked at: a refusal creates nothing, and a
+        // retry of it with the same key is the first try.
+        let ticket = admission::admit(&self.node, &call, &workflow.versioned.spec, 1)?;
         let now = now_ms();
         let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
         let actor = if request.actor.is_empty() {
@@ -575,7 +579,19 @@ impl ControlService for ControlApi {
             now,
             audit_from: Some(call.caller.clone()),
         };
-        let (run, created) = self.node.runs.create(new_run).await.map_err(store_status)?;
+        let (run, created, placed) = self
+            .node
+            .runs
+            .create_placed(new_run)
+            .await
+            .map_err(store_status)?;
+        // Root tasks placed on a worker at once never wait.
+        let waiting = counts_at_creation(run.state, &workflow.versioned.spec).waiting;
+        ticket.settle(if created {
+            u64::from(waiting.saturating_sub(placed))
+        } else {
+            0
+        });
         if created {
             // Its audit row was written with it (`audit_from`).
             self.node.dispatch_wake.notify_one();
@@ -1057,7 +1073,7 @@ impl ControlService for ControlApi {
         let call = Call::of(&request);
         let request = request.into_inner();
         let workflow = self.workflow_named(&call, &request.name).await?;
-        let response = backfill::backfill(&self.node, &workflow, &request).await?;
+        let response = backfill::backfill(&self.node, &call, &workflow, &request).await?;
         if !request.dry_run {
             let detail = format!(
                 "{} .. {}: {} runs created, {} slots already had one",

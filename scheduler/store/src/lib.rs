@@ -21,6 +21,7 @@ mod sql;
 mod tests;
 
 pub use records::access::{NewToken, SecretRecord, TokenRecord};
+pub use records::admission::WaitingBounds;
 pub use records::audit::{AuditFilter, AuditRecord};
 pub use records::deadlines::{DeadlineMiss, MissedDeadline};
 pub use records::decisions::DecisionRecord;
@@ -34,7 +35,7 @@ pub use records::reports::{Applied, AttemptEnd, Report, ReportResult};
 pub use records::reruns::{ManualRetry, RerunFailed, RerunFrom};
 pub use records::runs::{
     ActiveCounts, AttemptRecord, Caller, CancelledAttempt, InstanceCounts, InstanceRecord, NewRun,
-    RunRecord,
+    RunRecord, WaitingCounts,
 };
 pub use records::sub_workflows::{SubWorkflowStart, SubWorkflowStarted, SubWorkflowWait};
 pub use records::workers::WorkerRecord;

@@ -1,6 +1,7 @@
 //! The records the store takes and gives, by subject; the crate root re-exports each.
 
 pub(crate) mod access;
+pub(crate) mod admission;
 pub(crate) mod audit;
 pub(crate) mod deadlines;
 pub(crate) mod decisions;

@@ -478,6 +478,9 @@ pub struct Store {
     create_statements: AtomicU64,
     /// Each finished task's direct downstream tasks, read once (versions never change).
     pub(crate) downstream_tasks: downstream_tasks::DownstreamTasks,
+    /// The node's bounds on waiting instances, asked when a run that is never refused is
+    /// created (`run_create.rs`); unset, no such decision is recorded.
+    pub(crate) waiting_bounds: std::sync::OnceLock<Arc<dyn crate::WaitingBounds>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -592,6 +595,7 @@ impl Store {
             report_statements: AtomicU64::new(0),
             create_statements: AtomicU64::new(0),
             downstream_tasks: Default::default(),
+            waiting_bounds: Default::default(),
         };
         store.migrate(SQLITE_MIGRATIONS).await?;
         Ok(store)
@@ -638,6 +642,7 @@ impl Store {
             report_statements: AtomicU64::new(0),
             create_statements: AtomicU64::new(0),
             downstream_tasks: Default::default(),
+            waiting_bounds: Default::default(),
         };
         schema_check::refuse_read_only(&store).await?;
         schema_check::migrate_alone(&store, MYSQL_MIGRATIONS).await?;
@@ -681,6 +686,13 @@ impl Store {
 
     pub(crate) fn count_create_statements(&self, n: u64) {
         self.create_statements.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Gives the store the node's bounds on waiting instances: from now on, a run that is never
+    /// refused (a cron or dependency fire, a child run, a backfill slot) created past one gets an
+    /// `admitted_over_bound` decision in its transaction. Set once; false when already set.
+    pub fn set_waiting_bounds(&self, bounds: Arc<dyn crate::WaitingBounds>) -> bool {
+        self.waiting_bounds.set(bounds).is_ok()
     }
 
     /// Closes the pools (tests drop their MySQL database afterwards).

@@ -8,6 +8,7 @@
 mod support;
 
 mod access;
+mod admission;
 mod advance;
 mod advance_cost;
 mod audit;

@@ -305,6 +305,109 @@ def _self_signed(directory):
     return cert, key
 
 
+class _Overloaded(control_pb2_grpc.ControlServiceServicer):
+    """Refuses the first `refuse` TriggerWorkflow calls for load, as the scheduler does (the
+    trailers `retry-after` and `ax-overloaded-bin`), then creates run 7; other refusals as asked."""
+
+    def __init__(self, refuse, hint_ms=200, code=grpc.StatusCode.RESOURCE_EXHAUSTED, hinted=True):
+        self.refuse = refuse
+        self.hint_ms = hint_ms
+        self.code = code
+        self.hinted = hinted
+        self.calls = []
+
+    def TriggerWorkflow(self, request, context):
+        self.calls.append(time.monotonic())
+        if len(self.calls) <= self.refuse:
+            if self.hinted:
+                overloaded = control.Overloaded(
+                    bound="app", app="etl", waiting=5, limit=5, retry_after_ms=self.hint_ms
+                )
+                context.set_trailing_metadata(
+                    (
+                        ("retry-after", "1"),
+                        ("ax-overloaded-bin", overloaded.SerializeToString()),
+                    )
+                )
+            context.abort(self.code, f"workflow {request.name!r} not triggered: the bound is met")
+        return control.TriggerWorkflowResponse(run=control.Run(id=7, workflow=request.name), created=True)
+
+
+def _serving(servicer):
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    control_pb2_grpc.add_ControlServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"http://127.0.0.1:{port}"
+
+
+def test_the_retry_delay_is_the_schedulers_policy():
+    from ax_sdk.client import retry_delay
+
+    # The same table as ax_core::admission's test of client_retry_delay_ms.
+    assert retry_delay(1, 0, 0.0) == 0.25
+    assert retry_delay(1, 0, 1.0) == 0.5
+    assert retry_delay(4, 0, 1.0) == 4.0
+    assert retry_delay(40, 0, 1.0) == 30.0
+    assert retry_delay(1, 1_000, 0.0) == 1.0
+    assert retry_delay(1, 1_000, 1.0) == 1.25
+    assert retry_delay(6, 1_000, 0.0) == 8.0
+
+
+def test_a_trigger_refused_for_load_waits_past_the_hint_logs_and_tries_again(caplog):
+    servicer = _Overloaded(refuse=2, hint_ms=300)
+    server, address = _serving(servicer)
+    try:
+        with Client(address) as client, caplog.at_level("WARNING", logger="ax_sdk"):
+            answer = client.trigger("etl")
+        assert answer.run.id == 7
+        assert len(servicer.calls) == 3
+        for before, after in zip(servicer.calls, servicer.calls[1:]):
+            assert after - before >= 0.3
+        waits = [r.getMessage() for r in caplog.records if "refused for load" in r.getMessage()]
+        assert len(waits) == 2, waits
+        assert "the bound is met" in waits[0] and "(refusal 2, giving up after 60s)" in waits[1]
+    finally:
+        server.stop(None)
+
+
+def test_a_trigger_still_refused_after_retry_for_raises_with_the_bound():
+    servicer = _Overloaded(refuse=1_000, hint_ms=300)
+    server, address = _serving(servicer)
+    try:
+        with Client(address, retry_for=1.0) as client:
+            started = time.monotonic()
+            with pytest.raises(AxError) as raised:
+                client.trigger("etl")
+            assert time.monotonic() - started <= 1.5
+            error = raised.value
+            assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert (error.overloaded.bound, error.overloaded.app, error.overloaded.limit) == ("app", "etl", 5)
+            assert error.refusals == len(servicer.calls) >= 2
+            calls = len(servicer.calls)
+            with pytest.raises(AxError):
+                client.trigger("etl", retry_for=0)
+            assert len(servicer.calls) == calls + 1
+    finally:
+        server.stop(None)
+
+
+def test_other_refusals_are_not_tried_again():
+    for servicer in (
+        _Overloaded(refuse=5, code=grpc.StatusCode.NOT_FOUND),
+        # Too many failed authentications: RESOURCE_EXHAUSTED without the hint.
+        _Overloaded(refuse=5, hinted=False),
+    ):
+        server, address = _serving(servicer)
+        try:
+            with Client(address) as client, pytest.raises(AxError) as raised:
+                client.trigger("etl")
+            assert raised.value.overloaded is None
+            assert len(servicer.calls) == 1
+        finally:
+            server.stop(None)
+
+
 def test_https_addresses_verify_the_server_against_the_ca_file(tmp_path):
     cert, key = _self_signed(tmp_path)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))

@@ -7,7 +7,8 @@
 //! `max_active_runs` and the keyed limit, and queued runs start in creation order, that is in
 //! slot order. Nothing is created when the request is refused: reversed range, more slots than
 //! the maximum (the request's, capped by the scheduler's `max_backfill_runs`), a workflow
-//! without a cron schedule.
+//! without a cron schedule, the workflow's app or the cluster at its bound on waiting instances
+//! (`admission.rs`; a dry run is never refused).
 
 use ax_core::cron::{CronSchedule, parse_timezone};
 use ax_core::decision::DecisionKind;
@@ -17,12 +18,14 @@ use ax_proto::v1 as pb;
 use ax_store::{DecisionRecord, NewRun, WorkflowRecord};
 use tonic::Status;
 
+use super::access::Call;
 use crate::clock::now_ms;
 use crate::grpc::convert::{self, store_status};
 use crate::node::Node;
 
 pub async fn backfill(
     node: &Node,
+    call: &Call,
     workflow: &WorkflowRecord,
     request: &pb::BackfillWorkflowRequest,
 ) -> Result<pb::BackfillWorkflowResponse, Status> {
@@ -68,6 +71,9 @@ pub async fn backfill(
             .collect();
         return Ok(response);
     }
+    // Judged once, for every slot: a backfill is refused whole or goes in whole (its slots
+    // past a bound then say so, as cron fires do).
+    let ticket = super::admission::admit(node, call, &workflow.spec, slots.len() as u64)?;
     let actor = if request.actor.trim().is_empty() {
         "anonymous".to_string()
     } else {
@@ -111,6 +117,9 @@ pub async fn backfill(
             created,
         });
     }
+    // Slots that had their run already are counted as created until the next reading: the
+    // estimate errs high.
+    ticket.settle_all(response.created > 0);
     if response.created > 0 {
         node.dispatch_wake.notify_one();
         node.bump_progress();

@@ -136,6 +136,15 @@ pub struct ActiveCounts {
     pub oldest_ready_since: Option<Millis>,
 }
 
+/// WAITING instances in the whole store, and by the app of their workflow when asked
+/// (`Store::waiting_counts`), for a node's bounds on them (`ax_core::admission`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WaitingCounts {
+    pub total: u64,
+    /// Empty when not asked for.
+    pub by_app: std::collections::HashMap<String, u64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct InstanceCounts {
     pub waiting: u32,

@@ -1,11 +1,13 @@
 //! The counts a node's `/metrics` shows as gauges: active instances by state, runs waiting in
-//! the run queue, and how long the oldest ready instance has waited. Each is one indexed range count (`idx_task_instance_queue` and `idx_run_state`
-//! lead with the state), so its cost follows what is active now, never the history.
+//! the run queue, and how long the oldest ready instance has waited; and the WAITING instances
+//! its bounds on waiting instances read (`waiting_counts`). Each is one indexed range count
+//! (`idx_task_instance_queue` and `idx_run_state` lead with the state), so its cost follows what
+//! is active now, never the history.
 
 use sqlx::Row;
 
 use super::Store;
-use crate::{ActiveCounts, Result};
+use crate::{ActiveCounts, Result, WaitingCounts};
 
 impl Store {
     /// Instances WAITING, DISPATCHED and RUNNING and runs QUEUED and RUNNING, store-wide: one
@@ -51,6 +53,34 @@ impl Store {
         .fetch_one(&self.pool)
         .await?;
         counts.oldest_ready_since = row.try_get::<Option<i64>, _>("since")?;
+        Ok(counts)
+    }
+
+    /// WAITING instances store-wide and, with `by_app`, by the app of their workflow. The
+    /// WAITING range of the state index is walked either way; by app, each row is looked up for
+    /// its workflow, whose row gives the app. Its cost follows the instances waiting, which the
+    /// bounds this reading serves keep near them.
+    pub async fn waiting_counts(&self, by_app: bool) -> Result<WaitingCounts> {
+        let mut counts = WaitingCounts::default();
+        if !by_app {
+            let row =
+                sqlx::query("SELECT COUNT(*) AS n FROM task_instance WHERE state = 'WAITING'")
+                    .fetch_one(&self.pool)
+                    .await?;
+            counts.total = row.try_get::<i64, _>("n")?.max(0) as u64;
+            return Ok(counts);
+        }
+        let rows = sqlx::query(
+            "SELECT w.app, COUNT(*) AS n FROM task_instance i JOIN workflow w \
+             ON w.id = i.workflow_id WHERE i.state = 'WAITING' GROUP BY w.app",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        for row in rows {
+            let n = row.try_get::<i64, _>("n")?.max(0) as u64;
+            counts.total += n;
+            counts.by_app.insert(row.try_get("app")?, n);
+        }
         Ok(counts)
     }
 }

@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ax_core::Millis;
+use ax_core::admission::{Origin, past_detail};
 use ax_core::audit_text;
 use ax_core::decision::DecisionKind;
 use ax_core::firing::Admission;
@@ -123,6 +124,8 @@ enum Plan {
 /// its latest version).
 pub(crate) struct WorkflowFacts {
     name: String,
+    /// Its app, for the bounds on waiting instances.
+    app: String,
     limits: Limits,
     deadline: RunDeadline,
 }
@@ -190,7 +193,61 @@ pub(crate) async fn create_runs_tx(
         created.push(outcome);
     }
     insert_trigger_audits(c, runs, &created).await?;
+    insert_past_bound_decisions(store, c, runs, &created, &workflows).await?;
     Ok(created)
+}
+
+/// The `admitted_over_bound` decisions of the new runs that are never refused (cron and
+/// dependency fires, child runs, backfill slots) and were created past a bound on waiting
+/// instances, as the node's bounds say (`Store::set_waiting_bounds`), in the runs' transaction.
+/// Requests (API triggers) were judged before they came here. Rare, so sent outside the
+/// statement count.
+async fn insert_past_bound_decisions(
+    store: &Store,
+    c: &mut Counted<'_>,
+    runs: &[NewRun],
+    created: &[Created],
+    workflows: &HashMap<i64, WorkflowFacts>,
+) -> Result<()> {
+    let Some(bounds) = store.waiting_bounds.get() else {
+        return Ok(());
+    };
+    let mut decisions = Vec::new();
+    for (run, created) in runs.iter().zip(created) {
+        let Created::New(record) = created else {
+            continue;
+        };
+        if Origin::of(run.trigger) != Origin::Fact {
+            continue;
+        }
+        let app = workflow_of(workflows, run)?.app.as_str();
+        if let Some(past) = bounds.past_bound(app, run.trigger, run.now) {
+            decisions.push((record.id, run, past_detail(run.trigger, app, &past)));
+        }
+    }
+    let node = bounds.node_id().to_string();
+    for chunk in pow2_chunks(&decisions) {
+        let sql = format!(
+            "INSERT INTO decision_log (at, workflow_id, slot_at, run_id, instance_id, task_name, \
+             kind, detail, node_id) VALUES {}",
+            values_rows(chunk.len(), 9)
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (id, run, detail) in chunk {
+            query = query
+                .bind(run.now)
+                .bind(run.workflow_id.0)
+                .bind(run.logical_time)
+                .bind(id.0)
+                .bind(None::<i64>)
+                .bind(None::<String>)
+                .bind(DecisionKind::AdmittedOverBound.as_str())
+                .bind(detail.clone())
+                .bind(node.clone());
+        }
+        query.execute(c.uncounted()).await?;
+    }
+    Ok(())
 }
 
 /// The `trigger` audit rows of the new runs that asked for one, in the runs' transaction: a
@@ -546,7 +603,7 @@ async fn workflow_facts(
     }
     let (list, padded) = in_list(workflows);
     let sql = format!(
-        "SELECT w.id, w.name, v.spec_json FROM workflow w JOIN workflow_version v \
+        "SELECT w.id, w.name, w.app, v.spec_json FROM workflow w JOIN workflow_version v \
          ON v.workflow_id = w.id AND v.version = w.latest_version WHERE w.id IN ({list}) \
          AND w.deleted_at IS NULL"
     );
@@ -561,6 +618,7 @@ async fn workflow_facts(
             row.try_get("id")?,
             WorkflowFacts {
                 name: row.try_get("name")?,
+                app: row.try_get("app")?,
                 limits,
                 deadline: RunDeadline::from_spec_json(&spec_json)?,
             },

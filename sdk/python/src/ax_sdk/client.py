@@ -4,11 +4,20 @@ Every scheduler node serves the whole API, so a client given several addresses u
 that answers and moves to the next when a call finds its node unavailable. Calls return the
 generated protobuf messages (`ax_sdk.pb`); a refused call raises `AxError` with the gRPC status
 code and the scheduler's message.
+
+A trigger or backfill the scheduler refuses for load (RESOURCE_EXHAUSTED with the trailers
+`retry-after` and `ax-overloaded-bin`: too many task instances waiting) is tried again after a
+jittered, growing wait never shorter than the scheduler's hint, for at most `retry_for` seconds,
+each wait logged on the `ax_sdk` logger; then `AxError` is raised with `overloaded` set. The
+policy is the scheduler's own (`ax_core::admission::client_retry_delay_ms`), so axctl and this
+client wait alike.
 """
 
 from __future__ import annotations
 
 import getpass
+import logging
+import random
 import time
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Optional, Union
@@ -23,15 +32,59 @@ from .connection import Credentials, parse_endpoints
 # A run in one of these states is over.
 FINAL_RUN_STATES = frozenset({types.RUN_STATE_SUCCESS, types.RUN_STATE_FAILED, types.RUN_STATE_CANCELLED})
 
+# The trailer of a refusal for load: an encoded `ax.v1.Overloaded`.
+OVERLOADED_TRAILER = "ax-overloaded-bin"
+
+# How long trigger and backfill keep trying while refused for load, unless told otherwise.
+DEFAULT_RETRY_FOR = 60.0
+
+log = logging.getLogger("ax_sdk")
+
 
 class AxError(Exception):
-    """A call the scheduler refused or could not answer."""
+    """A call the scheduler refused or could not answer. `overloaded` is the bound a refusal for
+    load met (`pb.control.Overloaded`), None for any other refusal; `refusals` counts the refusals
+    for load before the client gave up."""
 
-    def __init__(self, call: str, code: grpc.StatusCode, details: str):
+    def __init__(
+        self,
+        call: str,
+        code: grpc.StatusCode,
+        details: str,
+        overloaded: Optional[control.Overloaded] = None,
+        refusals: int = 0,
+    ):
         super().__init__(f"{call}: {code.name}: {details}")
         self.call = call
         self.code = code
         self.details = details
+        self.overloaded = overloaded
+        self.refusals = refusals
+
+
+def _overloaded(error: grpc.RpcError) -> Optional[control.Overloaded]:
+    """The refusal for load an error carries, if it is one."""
+    if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    for key, value in error.trailing_metadata() or ():
+        if key == OVERLOADED_TRAILER:
+            try:
+                return control.Overloaded.FromString(value)
+            except Exception:  # a trailer that does not decode is no hint
+                return None
+    return None
+
+
+def retry_delay(refusals: int, hint_ms: int, unit_random: float) -> float:
+    """Seconds to wait before the try after `refusals` refusals for load (1-based): exponential
+    from half a second to 30 s, jittered down to half, never sooner than the hint stretched by up to
+    a quarter. `ax_core::admission::client_retry_delay_ms`, in seconds."""
+    r = min(max(unit_random, 0.0), 1.0)
+    exponent = min(max(refusals - 1, 0), 16)
+    full = min(500 * (1 << exponent), 30_000)
+    backoff = int(full * (0.5 + 0.5 * r))
+    hinted = int(hint_ms * (1.0 + 0.25 * r))
+    return max(backoff, hinted) / 1000.0
 
 
 def _default_actor() -> str:
@@ -47,7 +100,8 @@ class Client:
     `addresses`: one address or several (a list, or comma-separated), each `http://host:port`,
     `https://host:port` or `host:port`. `token`/`token_file`: a bearer token sent as
     `authorization: Bearer <token>`. `tls_ca`: the CA file for https:// addresses.
-    `actor`: who the audit trail records for mutating calls.
+    `actor`: who the audit trail records for mutating calls. `retry_for`: how many seconds
+    `trigger` and `backfill` keep trying while refused for load (0: not at all).
     """
 
     def __init__(
@@ -61,8 +115,10 @@ class Client:
         tls_key: Optional[str] = None,
         actor: Optional[str] = None,
         timeout: float = 30.0,
+        retry_for: float = DEFAULT_RETRY_FOR,
     ):
         self._endpoints = parse_endpoints(addresses)
+        self._retry_for = retry_for
         self._credentials = Credentials.load(token, token_file, tls_ca, tls_cert, tls_key)
         self._actor = actor or _default_actor()
         self._timeout = timeout
@@ -124,7 +180,34 @@ class Client:
                 self.close()
                 self._current = (self._current + 1) % len(self._endpoints)
         assert last is not None
-        raise AxError(name, last.code(), last.details() or "") from None
+        raise AxError(name, last.code(), last.details() or "", _overloaded(last)) from None
+
+    def _call_patiently(self, name: str, request, retry_for: Optional[float]):
+        """`_call`, tried again while refused for load, for at most `retry_for` seconds (the
+        client's when None). A refusal creates nothing, so trying again cannot double a run."""
+        patience = self._retry_for if retry_for is None else retry_for
+        start = time.monotonic()
+        refusals = 0
+        while True:
+            try:
+                return self._call(name, request)
+            except AxError as error:
+                if error.overloaded is None:
+                    raise
+                refusals += 1
+                error.refusals = refusals
+                delay = retry_delay(refusals, error.overloaded.retry_after_ms, random.random())
+                if time.monotonic() - start + delay > patience:
+                    raise
+                log.warning(
+                    "%s refused for load (%s); trying again in %.1fs (refusal %d, giving up after %gs)",
+                    name,
+                    error.details,
+                    delay,
+                    refusals,
+                    patience,
+                )
+                time.sleep(delay)
 
     # ------------------------------------------------------------------------------------------
     # Workflows.
@@ -173,9 +256,11 @@ class Client:
         *,
         idempotency_key: str = "",
         logical_time_ms: int = 0,
+        retry_for: Optional[float] = None,
     ) -> control.TriggerWorkflowResponse:
         """Starts a run. A repeated idempotency key returns the first call's run with
-        `created` False. Each param reaches every task as AX_PARAM_<NAME>."""
+        `created` False. Each param reaches every task as AX_PARAM_<NAME>. Refused for load, it
+        tries again for `retry_for` seconds (the client's `retry_for` when None)."""
         request = control.TriggerWorkflowRequest(
             name=workflow,
             params={str(k): str(v) for k, v in (params or {}).items()},
@@ -183,7 +268,7 @@ class Client:
             actor=self._actor,
             logical_time_ms=logical_time_ms,
         )
-        return self._call("TriggerWorkflow", request)
+        return self._call_patiently("TriggerWorkflow", request, retry_for)
 
     def get_run(self, run_id: int) -> control.Run:
         return self._call("GetRun", control.GetRunRequest(id=run_id))
@@ -274,8 +359,16 @@ class Client:
     def explain(self, workflow: str, at_ms: int = 0) -> control.Explanation:
         return self._call("ExplainWorkflow", control.ExplainWorkflowRequest(name=workflow, at_ms=at_ms))
 
-    def backfill(self, workflow: str, from_ms: int, to_ms: int, dry_run: bool = False):
+    def backfill(
+        self,
+        workflow: str,
+        from_ms: int,
+        to_ms: int,
+        dry_run: bool = False,
+        retry_for: Optional[float] = None,
+    ):
+        """One run per cron slot of the range; refused for load, tried again as `trigger` is."""
         request = control.BackfillWorkflowRequest(
             name=workflow, from_ms=from_ms, to_ms=to_ms, dry_run=dry_run, actor=self._actor
         )
-        return self._call("BackfillWorkflow", request)
+        return self._call_patiently("BackfillWorkflow", request, retry_for)

@@ -542,6 +542,18 @@ impl Drop for WebhookReceiver {
     }
 }
 
+/// A state directory of its own for an in-process worker (`WorkerOptions::state_dir`): the
+/// default, `<temp dir>/ax-worker-<id>`, is shared by every worker of an id on the host, and
+/// tests run side by side with the same ids would take each other's ends.
+pub fn fresh_state_dir() -> PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    std::env::temp_dir().join(format!(
+        "ax-test-state-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
 /// A binary of this workspace, built next to the test executable (`cargo test --workspace`
 /// builds every binary before it runs any test).
 pub fn binary(name: &str) -> anyhow::Result<PathBuf> {

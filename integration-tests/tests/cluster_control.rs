@@ -73,6 +73,7 @@ impl TwoNodes {
         let options = WorkerOptions {
             endpoints: vec![self.endpoint(node)],
             worker_id: id.into(),
+            state_dir: Some(ax_integration_tests::fresh_state_dir()),
             labels: labels
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))

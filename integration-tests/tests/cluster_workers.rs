@@ -143,6 +143,7 @@ impl Sandbox {
         let options = WorkerOptions {
             endpoints,
             worker_id: id.into(),
+            state_dir: Some(ax_integration_tests::fresh_state_dir()),
             capacity,
             heartbeat_interval: HEARTBEAT,
             task_heartbeat_interval: Duration::from_secs(2),

@@ -238,6 +238,7 @@ async fn two_nodes_judge_a_missed_deadline_once() {
         ax_worker::WorkerOptions {
             endpoints: vec![n2_url.clone()],
             worker_id: "w1".into(),
+            state_dir: Some(ax_integration_tests::fresh_state_dir()),
             capacity: 4,
             heartbeat_interval: Duration::from_millis(500),
             ..ax_worker::WorkerOptions::default()

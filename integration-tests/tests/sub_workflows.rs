@@ -439,6 +439,7 @@ async fn two_nodes_start_each_child_once() {
         ax_worker::WorkerOptions {
             endpoints: vec![n1_url.clone()],
             worker_id: "w1".into(),
+            state_dir: Some(ax_integration_tests::fresh_state_dir()),
             capacity: 2,
             heartbeat_interval: Duration::from_millis(500),
             ..ax_worker::WorkerOptions::default()

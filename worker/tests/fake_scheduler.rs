@@ -304,6 +304,9 @@ impl Drop for FakeScheduler {
 struct Worker {
     handle: JoinHandle<anyhow::Result<()>>,
     shutdown: CancellationToken,
+    /// The worker's own state directory, unless the test gave one: tests run side by side with
+    /// the same worker ids, and the default under the shared temp dir would mix their ends.
+    _state: Option<tempfile::TempDir>,
 }
 
 impl Worker {
@@ -329,9 +332,21 @@ impl Worker {
         };
         options.labels.insert("pool".into(), "test".into());
         tweak(&mut options);
+        let state = match options.state_dir {
+            Some(_) => None,
+            None => {
+                let state = tempfile::tempdir().expect("a state directory");
+                options.state_dir = Some(state.path().to_path_buf());
+                Some(state)
+            }
+        };
         let shutdown = CancellationToken::new();
         let handle = tokio::spawn(ax_worker::run_with_stats(options, shutdown.clone(), stats));
-        Worker { handle, shutdown }
+        Worker {
+            handle,
+            shutdown,
+            _state: state,
+        }
     }
 
     async fn stop(self) {
@@ -960,8 +975,10 @@ async fn shutdown_with_nothing_running_returns_promptly_even_without_a_scheduler
     let url = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
     let shutdown = CancellationToken::new();
+    let state = tempfile::tempdir().expect("a state directory");
     let options = WorkerOptions {
         endpoints: vec![url],
+        state_dir: Some(state.path().to_path_buf()),
         ..WorkerOptions::default()
     };
     let handle = tokio::spawn(ax_worker::run(options, shutdown.clone()));

@@ -931,6 +931,10 @@ async fn tls_with_worker_certificates_and_a_certificate_replaced_without_a_resta
                 key.into(),
             ]);
         }
+        args.extend([
+            "--state-dir".into(),
+            d.join(format!("state-{id}")).display().to_string(),
+        ]);
         Process::spawn(
             id,
             &ax_integration_tests::binary("ax-worker").unwrap(),

@@ -106,6 +106,7 @@ impl Scene {
         let options = ax_worker::WorkerOptions {
             endpoints: vec![endpoint.clone()],
             worker_id: "w1".into(),
+            state_dir: Some(ax_integration_tests::fresh_state_dir()),
             capacity: 4,
             heartbeat_interval: Duration::from_millis(500),
             task_heartbeat_interval: Duration::from_secs(2),

@@ -120,6 +120,10 @@ fn start_worker(
         .args(["--scheduler", &setup.cluster.endpoint(), "--id", id])
         .args(["--label", &format!("variant={id}")])
         .args(["--heartbeat-interval", "500ms"])
+        // Its own state directory: the default, under the shared temp dir, would hand it the
+        // ends of an earlier test's worker of the same id.
+        .arg("--state-dir")
+        .arg(dir.join(format!("state-{id}")))
         .args(args)
         .env_remove("AX_TOKEN")
         .env_remove("AX_TOKEN_FILE")

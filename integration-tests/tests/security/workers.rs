@@ -736,6 +736,7 @@ async fn a_killed_or_cut_worker_takes_its_id_back_at_once(backend: Backend) {
         let options = ax_worker::WorkerOptions {
             endpoints,
             worker_id: id.into(),
+            state_dir: Some(ax_integration_tests::fresh_state_dir()),
             capacity: 2,
             heartbeat_interval: Duration::from_millis(300),
             task_heartbeat_interval: Duration::from_secs(2),
@@ -1121,6 +1122,10 @@ async fn certificate_names_compare_to_worker_ids_exactly() {
         ]
         .iter()
         .map(|s| s.to_string())
+        .chain([
+            "--state-dir".to_string(),
+            d.join(format!("state-{stem}")).display().to_string(),
+        ])
         .collect();
         Process::spawn(
             stem,

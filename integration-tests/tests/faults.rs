@@ -961,11 +961,17 @@ async fn fault_duplicate_dispatch_messages_start_one_process() {
     let dir = tempfile::tempdir().expect("tempdir");
     let effects = dir.path().join("effects");
     let command = script(dir.path(), "once", &effects, &numbered_lines(3, "0.3"));
+    // A state directory of its own: the default one (under the machine's temp directory, by
+    // worker id) keeps the ends journal of an earlier run of this test, whose worker ran this
+    // very attempt, and this worker would refuse it as a duplicate from the start.
+    let state_dir = dir.path().join("state");
     let args: Vec<String> = [
         "--scheduler",
         &url,
         "--id",
         "dup",
+        "--state-dir",
+        state_dir.to_str().expect("a UTF-8 temp path"),
         "--heartbeat-interval",
         "300ms",
         "--task-heartbeat-interval",

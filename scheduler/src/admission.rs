@@ -10,7 +10,8 @@
 //! the queue is past half the per-app bound, a count by app too, which looks up each waiting
 //! instance's workflow: the bounds keep the queue near them, so that cost is bounded as well)
 //! and adds, on top of the latest reading, the root instances of every run it admitted that the
-//! reading may not have seen: those still being created when it began, and those created since.
+//! reading may not have seen: those still being created when it began, and those created since
+//! (less the root tasks placed on a worker in the creating transaction, which never wait).
 //! A check is then a lock and two map lookups. Until the next reading the estimate does not see
 //! the instances that started meanwhile (it errs high: a caller may be refused up to
 //! [`READ_EVERY`] after the queue went back under the bound, and is told to come back after a

@@ -979,10 +979,6 @@ async fn fault_duplicate_dispatch_messages_start_one_process() {
     ]
     .iter()
     .map(|s| s.to_string())
-    .chain([
-        "--state-dir".to_string(),
-        dir.path().join("state").display().to_string(),
-    ])
     .collect();
     let mut worker = Process::spawn(
         "ax-worker dup",

@@ -257,15 +257,19 @@ fn add_spawn_ratio(reports: &mut [WorkloadReport]) {
     }
 }
 
-/// W1H against W1 in the same invocation: what holding every task costs.
-fn add_held_ratio(reports: &mut [WorkloadReport]) {
-    let Some(rate) = reports
+/// W1's median tasks/s in this invocation, when it ran and did something.
+fn w1_median_rate(reports: &[WorkloadReport]) -> Option<f64> {
+    reports
         .iter()
         .find(|r| r.workload == "W1")
         .and_then(|r| r.figures.iter().find(|f| f.name.starts_with("tasks/s")))
         .map(|f| f.median)
         .filter(|rate| *rate > 0.0)
-    else {
+}
+
+/// W1H against W1 in the same invocation: what holding every task costs.
+fn add_held_ratio(reports: &mut [WorkloadReport]) {
+    let Some(rate) = w1_median_rate(reports) else {
         return;
     };
     let Some(held) = reports.iter_mut().find(|r| r.workload == "W1H") else {
@@ -282,13 +286,7 @@ fn add_held_ratio(reports: &mut [WorkloadReport]) {
 /// W12's target is relative to W1 in the same invocation: W12's trigger -> sink end divided by
 /// the time W1's median rate takes for as many tasks as W12 has items.
 fn add_fan_out_ratio(reports: &mut [WorkloadReport], quick: bool) {
-    let Some(rate) = reports
-        .iter()
-        .find(|r| r.workload == "W1")
-        .and_then(|r| r.figures.iter().find(|f| f.name.starts_with("tasks/s")))
-        .map(|f| f.median)
-        .filter(|rate| *rate > 0.0)
-    else {
+    let Some(rate) = w1_median_rate(reports) else {
         return;
     };
     let w1_seconds = bench::mapped_fan_out::items(quick) as f64 / rate;

@@ -315,7 +315,7 @@ impl Runner {
                     unsafe { libc::kill(child.id().cast_signed(), libc::SIGKILL) };
                 }
                 process.exited().await;
-                let batcher = self.recut_or_new(&dir);
+                let batcher = self.recut_or_new(&dir).batcher;
                 return self.finish_held(dir, output_file, batcher).await;
             }
         };
@@ -440,8 +440,7 @@ impl Runner {
         self.take_spooled(&mut reader, &mut batcher, &dir, Some(&shipper));
         self.cut(&mut batcher, &dir, reader.offset(), Some(&shipper));
         shipper.finish().await;
-        self.finish_held(dir, output_file, Spooled { batcher, offset: 0 })
-            .await;
+        self.finish_held(dir, output_file, batcher).await;
     }
 
     /// Reads what the holder spooled since the last call into the batcher, cutting full
@@ -497,9 +496,8 @@ impl Runner {
         mut self,
         dir: HeldDir,
         output_file: std::path::PathBuf,
-        spooled: Spooled,
+        batcher: Batcher,
     ) {
-        let batcher = spooled.batcher;
         let kill = self.watch.reason.take().or_else(|| dir.kill_note());
         if matches!(kill, Some(KillReason::Forget)) {
             self.attempts.finished(self.key, AttemptFinished::default());

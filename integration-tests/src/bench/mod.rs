@@ -120,6 +120,8 @@ pub struct Env {
     pub sweep: bool,
     /// W9 offers this rate for a minute instead, counting refusals for load (`--overload`).
     pub overload: Option<f64>,
+    /// W9 compares one node with this many, the same three workers behind each (`--nodes`).
+    pub nodes: Option<usize>,
     /// Flags every scheduler node is given besides the harness's own (`--max-waiting` …).
     pub scheduler_args: Vec<String>,
     pub scratch: PathBuf,
@@ -176,6 +178,7 @@ impl Env {
             quick,
             sweep: false,
             overload: None,
+            nodes: None,
             scheduler_args: Vec::new(),
             scratch,
             databases: Mutex::new(Vec::new()),

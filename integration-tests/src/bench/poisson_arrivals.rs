@@ -15,6 +15,10 @@
 //! latency that keeps growing while the offered rate is steady is a collapse; triggers the node
 //! refuses as overloaded are counted apart from errors.
 //!
+//! With `--nodes N` it runs only the cluster comparison, behind one node and behind N; with
+//! `--sweep --nodes N` it sweeps both setups instead and reports the ratio of their knees (more
+//! nodes must not lower it).
+//!
 //! With `--overload RATE` it offers RATE for a minute to the sweep's setup (one node, one worker
 //! of 64), typically twice the knee, with the node's bounds on waiting instances as the
 //! harness was given them (`--max-waiting`, `--max-waiting-per-app`; the product's defaults
@@ -354,7 +358,10 @@ async fn start(env: &Env, spec: &ClusterSpec) -> anyhow::Result<Cluster> {
 
 pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
     if env.sweep {
-        return sweep(env).await;
+        return match env.nodes {
+            Some(nodes) => sweep_cluster(env, nodes).await,
+            None => sweep(env).await,
+        };
     }
     if let Some(rate) = env.overload {
         return overload(env, rate).await;
@@ -370,27 +377,32 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
     let mut m = Measurement::default();
     let mut checks = Checks::default();
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-    let mut cluster = start(env, &ClusterSpec::one_worker(64)).await?;
-    for (rate, duration, p99_target) in phases {
-        let measured = phase(env, &mut cluster, "", rate, duration, &mut rng, &mut checks).await?;
-        measured.report(&mut m, Some(p99_target), rate <= 200.0);
+    if env.nodes.is_none() {
+        let mut cluster = start(env, &ClusterSpec::one_worker(64)).await?;
+        for (rate, duration, p99_target) in phases {
+            let measured =
+                phase(env, &mut cluster, "", rate, duration, &mut rng, &mut checks).await?;
+            measured.report(&mut m, Some(p99_target), rate <= 200.0);
+        }
+        cluster.shutdown().await?;
     }
-    cluster.shutdown().await?;
 
     // On MySQL: the same arrivals at the higher rate on three workers behind one node, then
-    // behind three nodes (triggers spread over the nodes).
+    // behind three nodes (or `--nodes`; triggers spread over the nodes).
     if matches!(env.store, StoreChoice::MySql(_)) {
+        let many = env.nodes.unwrap_or(3);
         let (rate, duration) = if env.quick {
             (20.0, Duration::from_secs(5))
         } else {
             (500.0, Duration::from_secs(60))
         };
-        for (nodes, prefix) in [(1, "3 workers, 1 node "), (3, "3 workers, 3 nodes ")] {
+        for nodes in [1, many] {
+            let prefix = setup_label(nodes);
             let mut cluster = start(env, &ClusterSpec::nodes(nodes, 3, 22)).await?;
             let measured = phase(
                 env,
                 &mut cluster,
-                prefix,
+                &prefix,
                 rate,
                 duration,
                 &mut rng,
@@ -408,39 +420,18 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
 /// Steps the rate up until the p99 passes `KNEE_P99_MS`, then offers twice that rate for a
 /// minute to see what happens past the knee.
 async fn sweep(env: &Env) -> anyhow::Result<Measurement> {
-    let (step, overload, rates): (Duration, Duration, &[f64]) = if env.quick {
-        (
-            Duration::from_secs(3),
-            Duration::from_secs(6),
-            &[20.0, 40.0],
-        )
+    let overload = if env.quick {
+        Duration::from_secs(6)
     } else {
-        (SWEEP_STEP, Duration::from_secs(60), SWEEP_RATES)
+        Duration::from_secs(60)
     };
     let mut m = Measurement::default();
     let mut checks = Checks::default();
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     let mut cluster = start(env, &ClusterSpec::one_worker(64)).await?;
-    let mut knee = None;
-    let mut crossed = None;
-    for &rate in rates {
-        let measured = phase(
-            env,
-            &mut cluster,
-            "sweep ",
-            rate,
-            step,
-            &mut rng,
-            &mut checks,
-        )
+    let (knee, crossed) = Steps::of(env)
+        .climb(env, &mut cluster, "sweep ", &mut rng, &mut m, &mut checks)
         .await?;
-        measured.report(&mut m, None, false);
-        if measured.p(99.0) > KNEE_P99_MS {
-            crossed = Some(rate);
-            break;
-        }
-        knee = Some(rate);
-    }
     m.figure(
         "knee: highest rate with queue -> start p99 <= 100 ms",
         "1/s",
@@ -479,6 +470,104 @@ async fn sweep(env: &Env) -> anyhow::Result<Measurement> {
         ));
     }
     cluster.shutdown().await?;
+    m.checks = checks.0;
+    Ok(m)
+}
+
+/// The rates a sweep offers, each for `step`.
+struct Steps<'a> {
+    rates: &'a [f64],
+    step: Duration,
+}
+
+impl Steps<'_> {
+    fn of(env: &Env) -> Steps<'static> {
+        if env.quick {
+            Steps {
+                rates: &[20.0, 40.0],
+                step: Duration::from_secs(3),
+            }
+        } else {
+            Steps {
+                rates: SWEEP_RATES,
+                step: SWEEP_STEP,
+            }
+        }
+    }
+
+    /// Offers each rate in turn until the p99 passes `KNEE_P99_MS`: (the highest rate that
+    /// kept under it, the rate that crossed it).
+    async fn climb(
+        &self,
+        env: &Env,
+        cluster: &mut Cluster,
+        label: &str,
+        rng: &mut rand::rngs::StdRng,
+        m: &mut Measurement,
+        checks: &mut Checks,
+    ) -> anyhow::Result<(Option<f64>, Option<f64>)> {
+        let mut knee = None;
+        for &rate in self.rates {
+            let measured = phase(env, cluster, label, rate, self.step, rng, checks).await?;
+            measured.report(m, None, false);
+            if measured.p(99.0) > KNEE_P99_MS {
+                return Ok((knee, Some(rate)));
+            }
+            knee = Some(rate);
+        }
+        Ok((knee, None))
+    }
+}
+
+/// A figure's prefix for three workers of 22 behind `nodes` nodes.
+fn setup_label(nodes: usize) -> String {
+    let plural = if nodes == 1 { "" } else { "s" };
+    format!("3 workers, {nodes} node{plural} ")
+}
+
+/// `--sweep --nodes N`: the knee of three workers of 22 behind one node, then behind `nodes`
+/// nodes (triggers spread over them), and the ratio of the two.
+async fn sweep_cluster(env: &Env, nodes: usize) -> anyhow::Result<Measurement> {
+    anyhow::ensure!(
+        matches!(env.store, StoreChoice::MySql(_)),
+        "W9 --sweep --nodes needs a MySQL store (--store mysql://…)"
+    );
+    let mut m = Measurement::default();
+    let mut checks = Checks::default();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let steps = Steps::of(env);
+    let mut knees = Vec::new();
+    for n in [1, nodes] {
+        let label = setup_label(n);
+        let mut cluster = start(env, &ClusterSpec::nodes(n, 3, 22)).await?;
+        let (knee, _) = steps
+            .climb(
+                env,
+                &mut cluster,
+                &format!("{label}sweep "),
+                &mut rng,
+                &mut m,
+                &mut checks,
+            )
+            .await?;
+        cluster.shutdown().await?;
+        let knee = knee.unwrap_or(0.0);
+        m.figure(
+            &format!("{label}knee: highest rate with queue -> start p99 <= 100 ms"),
+            "1/s",
+            knee,
+            None,
+        );
+        knees.push(knee);
+    }
+    if knees[0] > 0.0 {
+        m.figure(
+            &format!("knee with {nodes} nodes / with 1 node"),
+            "",
+            knees[1] / knees[0],
+            Some(Target::AtLeast(1.0)),
+        );
+    }
     m.checks = checks.0;
     Ok(m)
 }

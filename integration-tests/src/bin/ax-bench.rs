@@ -41,6 +41,11 @@ struct Args {
     /// and count the ones refused for load (as refusals, not errors).
     #[arg(long, value_name = "RATE", conflicts_with = "sweep")]
     overload: Option<f64>,
+    /// W9 only: compare 3 workers of 22 behind one node with the same workers behind N nodes
+    /// (triggers spread over the nodes) and nothing else: at 500/s for a minute each, or with
+    /// `--sweep` each setup's knee.
+    #[arg(long, value_name = "N", conflicts_with = "overload")]
+    nodes: Option<usize>,
     /// The schedulers' --max-waiting (instances waiting in the cluster before API triggers are
     /// refused; 0: no bound). Unset: the product's default.
     #[arg(long, value_name = "N")]
@@ -123,6 +128,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     );
     env.sweep = args.sweep;
     env.overload = args.overload;
+    env.nodes = args.nodes;
     if let Some(n) = args.max_waiting {
         env.scheduler_args
             .extend(["--max-waiting".to_string(), n.to_string()]);

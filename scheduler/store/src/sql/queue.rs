@@ -5,10 +5,12 @@
 //! Race-free across scheduler nodes: on MySQL the workflow row is locked (`FOR UPDATE`) before
 //! the active and same-key runs are counted, so two nodes creating or promoting runs of one
 //! workflow take turns; SQLite serializes writers anyway. Every run end locks the workflow row
-//! before looking for queued runs (see [`promote`]). Lock order is run rows, then the workflow
-//! rows (all those a run end needs, ascending: `sql/locks.rs`), then the queued run's row, which
-//! is started by a conditional update (`state = 'QUEUED'`), so a concurrent cancel of that run
-//! (which locks the workflow row first too) wins or loses cleanly.
+//! before looking for queued runs: shared, so that run ends on several nodes do not queue
+//! behind each other, and exclusively to promote one (`sql/locks.rs`, [`promote`]). Lock order
+//! is run rows, then the workflow rows (all those a run end needs, ascending: `sql/locks.rs`),
+//! then the queued run's row, which is started by a conditional update (`state = 'QUEUED'`), so
+//! a concurrent cancel of that run (which locks the workflow row first too) wins or loses
+//! cleanly.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -42,12 +42,14 @@ mod runner;
 mod session;
 pub mod spawn;
 mod spill;
+mod state_lock;
 pub mod task_user;
 pub mod telemetry;
 
 pub use logs::BatchLimits;
 pub use session::SessionError;
 pub use spill::LogStats;
+pub use state_lock::StateLockError;
 
 use attempts::Attempts;
 use backoff::Backoff;
@@ -170,6 +172,8 @@ pub enum WorkerError {
     ZeroCapacity,
     #[error(transparent)]
     TaskUser(#[from] task_user::TaskUserError),
+    #[error(transparent)]
+    StateDir(#[from] state_lock::StateLockError),
 }
 
 /// What the connection and the runners share.
@@ -217,6 +221,16 @@ pub async fn run_with_stats(
     let state_dir = options.state_dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("ax-worker-{}", sanitize(&options.worker_id)))
     });
+    // Held for the whole run: nothing below may touch the directory without it.
+    let _state_lock = {
+        let dir = state_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            state_lock::StateLock::take(&dir, state_lock::WAIT_FOR_PREDECESSOR)
+        })
+        .await
+        .map_err(|error| anyhow::anyhow!("taking the state directory's lock: {error}"))?
+        .map_err(WorkerError::from)?
+    };
     let (journal, kept_ends) = ends::EndJournal::open(&state_dir.join("ends"))
         .map_err(|error| anyhow::anyhow!("{error} (the worker's state directory, --state-dir)"))?;
     let kept_spills = kept_ends

@@ -152,14 +152,25 @@ impl Node {
     }
 
     /// The audit rows about worker `id` with `action`.
-    async fn audit(&self, action: &str, id: &str) -> Vec<ax_store::AuditRecord> {
-        self.store
-            .list_audit(10_000)
-            .await
-            .expect("audit")
-            .into_iter()
-            .filter(|row| row.action == action && row.target == format!("worker/{id}"))
-            .collect()
+    /// The audit rows of `action` on worker `id`, once there are `at_least` of them (or the
+    /// guard passed): the node's audit writer stores them a group at a time, after the call
+    /// that caused them has answered.
+    async fn audit(&self, action: &str, id: &str, at_least: usize) -> Vec<ax_store::AuditRecord> {
+        let deadline = tokio::time::Instant::now() + GUARD;
+        loop {
+            let rows: Vec<ax_store::AuditRecord> = self
+                .store
+                .list_audit(10_000)
+                .await
+                .expect("audit")
+                .into_iter()
+                .filter(|row| row.action == action && row.target == format!("worker/{id}"))
+                .collect();
+            if rows.len() >= at_least || tokio::time::Instant::now() > deadline {
+                return rows;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// The value of one series of the node's `/metrics` (0 when it is not there).
@@ -640,7 +651,7 @@ async fn a_token_takes_only_its_ids_and_a_live_id_is_not_taken(backend: Backend)
             .len(),
         1
     );
-    let refusals = node.audit("worker_register_refused", "w1").await;
+    let refusals = node.audit("worker_register_refused", "w1", 2).await;
     let tokens: Vec<&str> = refusals.iter().map(|r| r.token.as_str()).collect();
     assert!(
         tokens.contains(&"etl") && tokens.contains(&"anyone"),
@@ -972,14 +983,7 @@ async fn frames_about_attempts_not_dispatched_to_the_stream_are_refused(backend:
             "{kind}"
         );
     }
-    let deadline = tokio::time::Instant::now() + GUARD;
-    let rows = loop {
-        let rows = node.audit("worker_frame_refused", "rogue").await;
-        if rows.len() >= 5 || tokio::time::Instant::now() > deadline {
-            break rows;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let rows = node.audit("worker_frame_refused", "rogue", 5).await;
     assert_eq!(rows.len(), 5, "{rows:?}");
     assert!(rows.iter().all(|row| row.token == "rogue"), "{rows:?}");
     assert!(

@@ -7,12 +7,17 @@
 //!   its own timeouts. Bytes already read are held, not dropped, as a network holds them in its
 //!   buffers, and flow again after the heal.
 //!
+//! A proxy can also be made **slow**: every chunk waits a while before it is passed on, either
+//! way, as behind a congested network or in front of a database that answers late; an end then
+//! learns that its peer is late, not that it is gone.
+//!
 //! A heal forwards again. A worker pointed at the proxy instead of its scheduler, or a scheduler
 //! whose store url points at it instead of MySQL, sees a network partition on demand.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -30,6 +35,8 @@ pub enum Link {
     Open,
     Cut,
     Blackhole,
+    /// Every chunk waits this long before it is written on.
+    Slow(Duration),
 }
 
 /// A running proxy. Dropping it stops it and closes every connection through it.
@@ -108,6 +115,11 @@ impl TcpProxy {
         self.shared.link.send_replace(Link::Blackhole);
     }
 
+    /// Passes every chunk on `delay` late, either way, until [`TcpProxy::heal`].
+    pub fn slow(&self, delay: Duration) {
+        self.shared.link.send_replace(Link::Slow(delay));
+    }
+
     /// Forwards again: held bytes and held connections go on, new connections are forwarded.
     pub fn heal(&self) {
         self.shared.link.send_replace(Link::Open);
@@ -143,7 +155,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     loop {
         let Ok((inbound, _)) = listener.accept().await else {
             // Out of descriptors or similar: keep serving, the test's hang guard decides.
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
         if shared.link() == Link::Cut {
@@ -193,7 +205,8 @@ async fn connect_and_forward(inbound: TcpStream, shared: &Shared) {
 }
 
 /// Copies one direction. In a blackhole nothing is read (the sender's buffers fill, as behind
-/// a silent network) and a chunk already read waits before it is written.
+/// a silent network) and a chunk already read waits before it is written; a slow link holds
+/// each chunk for its delay.
 async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut link: watch::Receiver<Link>) {
     let mut buffer = vec![0u8; CHUNK];
     loop {
@@ -207,8 +220,15 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut link: watch::
             }
             Ok(read) => read,
         };
-        if link.wait_for(|p| *p != Link::Blackhole).await.is_err() {
-            return;
+        let delay = match link.wait_for(|p| *p != Link::Blackhole).await {
+            Ok(passed) => match *passed {
+                Link::Slow(delay) => Some(delay),
+                _ => None,
+            },
+            Err(_) => return,
+        };
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
         }
         if to.write_all(&buffer[..read]).await.is_err() {
             return;
@@ -218,8 +238,6 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut link: watch::
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     /// How long a byte that should come back may take. A hang guard.
@@ -277,6 +295,21 @@ mod tests {
             echoed(&mut open, GUARD).await.as_deref(),
             Some(&b""[..]),
             "a cut closes the connection"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_slow_link_passes_bytes_on_late_either_way() {
+        let proxy = TcpProxy::start(echo_server().await).await.expect("proxy");
+        let mut stream = TcpStream::connect(proxy.addr()).await.expect("connect");
+        proxy.slow(SILENCE);
+        let sent = tokio::time::Instant::now();
+        stream.write_all(b"a").await.expect("write");
+        assert_eq!(echoed(&mut stream, GUARD).await.as_deref(), Some(&b"a"[..]));
+        assert!(
+            sent.elapsed() >= 2 * SILENCE,
+            "a round trip took {:?}, under the delay each way",
+            sent.elapsed()
         );
     }
 }

@@ -1,8 +1,9 @@
 //! The scheduler cluster's proof by faults: three real `ax-scheduler` nodes on one MariaDB
 //! database (with Redis, or with each node's in-process guards), three real workers spread over
 //! them, real shell tasks, and faults dealt to the nodes: kill -9 of each node in turn, a rolling
-//! restart, a node partitioned from the database by a proxy (cut, or blackholed), and a soak of
-//! per-second cron workflows with a node killed every few seconds.
+//! restart, a node partitioned from the database by a proxy (cut, or blackholed), a node whose
+//! database answers late through it (not cut off), and a soak of per-second cron workflows with
+//! a node killed every few seconds.
 //!
 //! Every test judges from a ledger the tasks append to outside ax (`fault_kit`: `instance
 //! attempt pid ms start|tick|end`), joined with the store's attempt history: every run ends
@@ -38,6 +39,7 @@ pub(crate) fn tests() -> Vec<Test> {
         trial!(async(multi_thread = 2) fault_cluster_rolling_restart_of_every_node_under_load_loses_nothing).requires(&MYSQL).requires(&REDIS),
         trial!(async(multi_thread = 2) fault_cluster_a_node_cut_off_from_the_database_hands_its_workers_over).requires(&MYSQL),
         trial!(async(multi_thread = 2) fault_cluster_a_node_blackholed_from_the_database_hands_its_workers_over).requires(&MYSQL).requires(&REDIS),
+        trial!(async(multi_thread = 2) fault_cluster_a_node_whose_database_answers_late_is_not_cut_off).requires(&MYSQL),
         trial!(fault_cluster_slot_judge_catches_misses_duplicates_and_tasks_not_run_once),
         trial!(async(multi_thread = 2) fault_cluster_soak_of_per_second_cron_with_nodes_killed_fires_every_slot_once).requires(&MYSQL).requires(&REDIS),
     ]
@@ -65,6 +67,14 @@ const SOAK_EDGE_MS: i64 = 2_000;
 const PARTITION: Duration = Duration::from_secs(8);
 /// How often a wait polls.
 const POLL: Duration = Duration::from_millis(100);
+/// How late a slow proxy passes each chunk on. A lease renewal (a ping, a read of the
+/// database's clock and an update: three round trips, each crossing the delay twice) takes at
+/// least 480 ms, past the renewal interval (400 ms, a fifth of the 2 s lease). One that must
+/// open its connection first (a handshake, the session's settings, the statements' preparation:
+/// nine round trips) takes about 1.5 s, still within the 2 s cut-off.
+const LATE: Duration = Duration::from_millis(80);
+/// How long the database answers late: three cut-off times.
+const LATE_FOR: Duration = Duration::from_secs(6);
 
 // ---------------------------------------------------------------------------------------------
 // The sandbox.
@@ -579,6 +589,62 @@ async fn fault_cluster_a_node_cut_off_from_the_database_hands_its_workers_over()
 
 async fn fault_cluster_a_node_blackholed_from_the_database_hands_its_workers_over() {
     a_node_partitioned_from_the_database(RedisChoice::FromEnv, Partition::Blackhole).await;
+}
+
+/// A node whose database answers every renewal later than the renewal interval, but within the
+/// cut-off time, still reaches its store: it is not cut off (its workers would leave it for
+/// nothing), and its lease stays live.
+async fn fault_cluster_a_node_whose_database_answers_late_is_not_cut_off() {
+    let Scene {
+        cluster, client, ..
+    } = scenario(RedisChoice::None, true).nodes(1).start().await;
+    let proxy = cluster
+        .database_proxy(0)
+        .expect("n1's proxy to the database");
+    wait_renewed(&client).await;
+    proxy.slow(LATE);
+    tokio::time::sleep(LATE_FOR).await;
+    let nodes = client
+        .control()
+        .list_nodes(pb::ListNodesRequest {})
+        .await
+        .expect("n1 lists the nodes")
+        .into_inner()
+        .nodes;
+    proxy.heal();
+    let log = cluster.node_logs(0);
+    assert!(
+        !log.contains("this node cannot reach its store"),
+        "a database that answers late cut n1 off:\n{log}"
+    );
+    assert!(
+        nodes.iter().all(|node| node.live),
+        "n1's lease lapsed while its database answered late: {nodes:?}"
+    );
+    cluster.shutdown().await.expect("clean shutdown");
+}
+
+/// Waits until the node of `client` has renewed its lease since it claimed it: its lease
+/// connection is open then, and a renewal is its three round trips.
+async fn wait_renewed(client: &TestClient) {
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    loop {
+        let last = match client.control().list_nodes(pb::ListNodesRequest {}).await {
+            Ok(listed) => {
+                let nodes = listed.into_inner().nodes;
+                if nodes.iter().all(|n| n.renewed_at_ms > n.started_at_ms) {
+                    return;
+                }
+                format!("{nodes:?}")
+            }
+            Err(status) => status.to_string(),
+        };
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no lease renewed after {HANG_GUARD:?}: {last}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -260,18 +260,7 @@ impl Membership {
                 _ = ticker.tick() => {}
             }
             let sent = clock::local_ms();
-            // A renewal that hangs (a database that stopped answering) counts as failed once
-            // the next renewal is due.
-            let renewed = tokio::time::timeout(
-                interval,
-                self.store.renew_node_lease(
-                    &self.member.node_id,
-                    &self.incarnation,
-                    lease_ms,
-                    offset,
-                ),
-            )
-            .await;
+            let renewed = self.renew(lease_ms, offset, renewed_at).await;
             let received = clock::local_ms();
             match renewed {
                 Ok(Ok(Some(db_now))) if !id_taken => {
@@ -303,24 +292,56 @@ impl Membership {
                 ),
                 Err(_) => tracing::warn!(
                     node = %self.member.node_id,
-                    waited_ms = interval.as_millis() as u64,
+                    waited_ms = self.member.cut_off_after.as_millis() as u64,
                     "renewing this node's lease got no answer in time; retrying"
                 ),
             }
-            let silent = renewed_at.elapsed();
-            if self.store.backend() == Backend::MySql
-                && silent > self.member.cut_off_after
-                && self.standing.set(false)
-            {
-                tracing::error!(
-                    node = %self.member.node_id,
-                    silent_ms = silent.as_millis() as u64,
-                    "this node cannot reach its store: it stops dispatching and closes its \
-                     workers' streams so they move to other nodes, until the store answers"
-                );
-            }
+            self.cut_off_if_silent(renewed_at);
         }
         self.leave().await;
+    }
+
+    /// One renewal of the lease. The node is cut off on time while it is in flight (once the
+    /// last renewal is `cut_off_after` old), but the renewal itself is given up only after a
+    /// whole `cut_off_after`: a database that answers late still answers. Renewals dropped at
+    /// the next interval would never land while the database took longer than that to answer
+    /// (each next one finding the lease connection busy with the dropped answer, or lost with
+    /// it), and a loaded database would cut the node off while it answered every renewal.
+    async fn renew(
+        &self,
+        lease_ms: u64,
+        offset: i64,
+        renewed_at: Instant,
+    ) -> Result<ax_store::Result<Option<i64>>, tokio::time::error::Elapsed> {
+        let renewal = tokio::time::timeout(
+            self.member.cut_off_after,
+            self.store
+                .renew_node_lease(&self.member.node_id, &self.incarnation, lease_ms, offset),
+        );
+        tokio::pin!(renewal);
+        tokio::select! {
+            renewed = &mut renewal => renewed,
+            () = tokio::time::sleep_until(renewed_at + self.member.cut_off_after) => {
+                self.cut_off_if_silent(renewed_at);
+                renewal.await
+            }
+        }
+    }
+
+    /// Cuts the node off (on MySQL) once its lease has gone unrenewed for `cut_off_after`.
+    fn cut_off_if_silent(&self, renewed_at: Instant) {
+        let silent = renewed_at.elapsed();
+        if self.store.backend() == Backend::MySql
+            && silent >= self.member.cut_off_after
+            && self.standing.set(false)
+        {
+            tracing::error!(
+                node = %self.member.node_id,
+                silent_ms = silent.as_millis() as u64,
+                "this node cannot reach its store: it stops dispatching and closes its \
+                 workers' streams so they move to other nodes, until the store answers"
+            );
+        }
     }
 
     /// Reads the live nodes that hold live workers and takes this node's place among them by id

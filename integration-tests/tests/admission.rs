@@ -32,7 +32,12 @@ const BOUNDS: Bounds = Bounds {
 };
 
 pub(crate) fn tests() -> Vec<Test> {
-    on_every_backend!(triggers_past_a_bound_are_refused_with_a_hint_and_fires_go_on_explained)
+    let mut tests =
+        on_every_backend!(triggers_past_a_bound_are_refused_with_a_hint_and_fires_go_on_explained);
+    tests.extend(on_every_backend!(
+        a_retried_key_past_the_bound_gets_its_run_and_a_new_key_is_refused
+    ));
+    tests
 }
 
 fn one_task(name: &str, app: &str) -> String {
@@ -76,6 +81,61 @@ async fn trigger_times(
         }
     }
     (accepted, refused)
+}
+
+fn keyed(workflow: &str, key: &str) -> pb::TriggerWorkflowRequest {
+    pb::TriggerWorkflowRequest {
+        name: workflow.into(),
+        actor: "admission-test".into(),
+        idempotency_key: key.into(),
+        ..Default::default()
+    }
+}
+
+/// A client whose keyed trigger was accepted but whose answer it lost retries with the same
+/// key: past the bound it gets that run (created: false), since answering creates nothing,
+/// while a trigger with a new key is refused.
+async fn a_retried_key_past_the_bound_gets_its_run_and_a_new_key_is_refused(backend: Backend) {
+    let cluster = Cluster::builder(backend)
+        .max_waiting(BOUNDS)
+        .start()
+        .await
+        .expect("cluster starts");
+    let client = cluster.client().await.expect("client");
+    client
+        .apply(&one_task("keyed", "etl"))
+        .await
+        .expect("apply");
+    tokio::time::sleep(SETTLE).await;
+    let first = client
+        .control()
+        .trigger_workflow(keyed("keyed", "order-1"))
+        .await
+        .expect("the first keyed trigger")
+        .into_inner();
+    assert!(first.created);
+    let first_run = first.run.expect("a run").id;
+    // Fill the app's bound (5) with runs of no key, then let the estimate settle on them.
+    let (filled, _) = trigger_times(&client, "keyed", 8).await;
+    assert!(filled.len() >= 3, "accepted {filled:?}");
+    tokio::time::sleep(SETTLE).await;
+    let refused = client
+        .control()
+        .trigger_workflow(keyed("keyed", "order-2"))
+        .await
+        .expect_err("a new key past the bound");
+    assert_eq!(overloaded(&refused).bound, "app");
+    let again = client
+        .control()
+        .trigger_workflow(keyed("keyed", "order-1"))
+        .await
+        .expect("the retried key past the bound")
+        .into_inner();
+    assert!(!again.created);
+    assert_eq!(again.run.expect("its run").id, first_run);
+    let stored = client.runs("keyed").await.expect("runs");
+    assert_eq!(stored.len(), 1 + filled.len(), "{stored:?}");
+    cluster.shutdown().await.expect("shutdown");
 }
 
 /// The `value` of the metric line `name{labels}`, if the scrape has it.

@@ -155,6 +155,28 @@ impl ControlApi {
         })
     }
 
+    /// The answer to a trigger whose dedup key already has a run of `workflow`: that run, not
+    /// created now.
+    async fn existing_run(
+        &self,
+        workflow: WorkflowId,
+        dedup_key: &str,
+    ) -> Result<Option<pb::TriggerWorkflowResponse>, Status> {
+        let store = &self.node.store;
+        let Some(run) = store
+            .run_by_dedup_key(workflow, dedup_key)
+            .await
+            .map_err(store_status)?
+        else {
+            return Ok(None);
+        };
+        let counts = store.run_counts(run.id).await.map_err(store_status)?;
+        Ok(Some(pb::TriggerWorkflowResponse {
+            run: Some(convert::run(&run, Some(&counts))),
+            created: false,
+        }))
+    }
+
     /// The workflow called `name`, if it exists and the caller may see it.
     async fn workflow_named(&self, call: &Call, name: &str) -> Result<WorkflowRecord, Status> {
         require_name(name)?;
@@ -545,11 +567,24 @@ impl ControlService for ControlApi {
         }
         let workflow = self.latest_spec(&call, &request.name).await?;
         keyed_trigger_check(&workflow.versioned.spec, &request.params)?;
-        // Judged before the idempotency key is looked at: a refusal creates nothing, and a
-        // retry of it with the same key is the first try.
-        let ticket = admission::admit(&self.node, &call, &workflow.versioned.spec, 1)?;
-        let now = now_ms();
         let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
+        let dedup_key = key.as_ref().map(|key| format!("key:{key}"));
+        // A refusal creates nothing, so a retry of a refused trigger with its key is the first
+        // try. A key that already has a run is answered with it, bound or not: a client that
+        // lost the answer to an accepted trigger gets its run instead of a refusal.
+        let ticket = match admission::admit(&self.node, &call, &workflow.versioned.spec, 1) {
+            Ok(ticket) => ticket,
+            Err(refusal) => {
+                let Some(dedup_key) = &dedup_key else {
+                    return Err(refusal);
+                };
+                return match self.existing_run(workflow.id, dedup_key).await? {
+                    Some(answer) => Ok(Response::new(answer)),
+                    None => Err(refusal),
+                };
+            }
+        };
+        let now = now_ms();
         let actor = if request.actor.is_empty() {
             "anonymous".to_string()
         } else {
@@ -568,7 +603,7 @@ impl ControlService for ControlApi {
             } else {
                 now
             },
-            dedup_key: key.as_ref().map(|key| format!("key:{key}")),
+            dedup_key,
             idempotency_key: key,
             params: request
                 .params

@@ -45,6 +45,24 @@ impl Store {
         run_by_id(&mut c, id).await
     }
 
+    /// The run of `workflow` under `dedup_key` (unique per workflow), if any.
+    pub async fn run_by_dedup_key(
+        &self,
+        workflow: WorkflowId,
+        dedup_key: &str,
+    ) -> Result<Option<RunRecord>> {
+        let sql = format!(
+            "{} WHERE r.workflow_id = ? AND r.dedup_key = ?",
+            rows::RUN_SELECT
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(workflow.0)
+            .bind(dedup_key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(rows::run).transpose()
+    }
+
     /// Newest first; with `before`, only runs with a smaller id (the next page).
     pub async fn list_runs(
         &self,

@@ -70,12 +70,11 @@ async fn trigger_times(
 ) -> (Vec<i64>, Vec<tonic::Status>) {
     let (mut accepted, mut refused) = (Vec::new(), Vec::new());
     for _ in 0..times {
-        let request = pb::TriggerWorkflowRequest {
-            name: workflow.into(),
-            actor: "admission-test".into(),
-            ..Default::default()
-        };
-        match client.control().trigger_workflow(request).await {
+        match client
+            .control()
+            .trigger_workflow(request(workflow, ""))
+            .await
+        {
             Ok(answer) => accepted.push(answer.into_inner().run.expect("a run").id),
             Err(status) => refused.push(status),
         }
@@ -83,7 +82,8 @@ async fn trigger_times(
     (accepted, refused)
 }
 
-fn keyed(workflow: &str, key: &str) -> pb::TriggerWorkflowRequest {
+/// A trigger of `workflow` under the idempotency `key` (none when empty).
+fn request(workflow: &str, key: &str) -> pb::TriggerWorkflowRequest {
     pb::TriggerWorkflowRequest {
         name: workflow.into(),
         actor: "admission-test".into(),
@@ -109,7 +109,7 @@ async fn a_retried_key_past_the_bound_gets_its_run_and_a_new_key_is_refused(back
     tokio::time::sleep(SETTLE).await;
     let first = client
         .control()
-        .trigger_workflow(keyed("keyed", "order-1"))
+        .trigger_workflow(request("keyed", "order-1"))
         .await
         .expect("the first keyed trigger")
         .into_inner();
@@ -121,13 +121,13 @@ async fn a_retried_key_past_the_bound_gets_its_run_and_a_new_key_is_refused(back
     tokio::time::sleep(SETTLE).await;
     let refused = client
         .control()
-        .trigger_workflow(keyed("keyed", "order-2"))
+        .trigger_workflow(request("keyed", "order-2"))
         .await
         .expect_err("a new key past the bound");
     assert_eq!(overloaded(&refused).bound, "app");
     let again = client
         .control()
-        .trigger_workflow(keyed("keyed", "order-1"))
+        .trigger_workflow(request("keyed", "order-1"))
         .await
         .expect("the retried key past the bound")
         .into_inner();

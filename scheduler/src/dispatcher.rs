@@ -87,8 +87,13 @@ const DISPATCH_MARKER_TTL: Duration = Duration::from_secs(30);
 
 /// With several nodes, each reads its own share of the WAITING queue first (instance id modulo
 /// the live nodes), so nodes do not all plan and claim the same instances; then it takes what
-/// has waited this long in any share: a dead node's, or one only this node's workers can run.
-const TAKE_OTHERS_AFTER_MS: Millis = 1_000;
+/// has waited this long in any share: a dead node's, one only this node's workers can run, or
+/// one whose node has no free slot. A node with room takes its share within a pass or two, and
+/// a pass takes up to about 50 ms on a loaded MySQL, so an instance this old is one its owner
+/// cannot take now: taken sooner, the nodes would race their owners' claims; left longer, free
+/// slots idle beside a full node (a second here was most of three nodes' p99 at 500 triggers/s,
+/// each node's workers filling in turn while the others had room).
+const TAKE_OTHERS_AFTER_MS: Millis = 200;
 
 /// How often, at most, the dispatcher looks for `run_workflow` tasks to start outside its
 /// batches (which read only as deep as its workers have room): they take no worker, so they go

@@ -60,8 +60,15 @@ impl GroupWrite for NewRuns {
             self.specs.get(workflow, version).await?;
         }
         let mut placement = self.placing.begin();
+        let started = std::time::Instant::now();
         match self.store.create_runs_placed(runs, &mut placement).await {
             Ok((created, placed)) => {
+                tracing::debug!(
+                    runs = runs.len(),
+                    placed = placed.len(),
+                    elapsed_us = started.elapsed().as_micros() as u64,
+                    "runs created"
+                );
                 let mut placed_of: HashMap<RunId, u32> = HashMap::new();
                 for attempt in &placed {
                     *placed_of.entry(attempt.attempt.run_id).or_default() += 1;

@@ -61,6 +61,48 @@ struct Phase {
     store_cpu: Option<f64>,
     store: Option<StoreActivity>,
     lag_max: f64,
+    tail: Tail,
+}
+
+/// Where the slowest hundredth of a phase's instances (queue → start at or past the p99) spent
+/// their time, split at the attempt's dispatch, and how they fall in time: a tail spread over
+/// the whole phase is a steady cost, one in a few seconds is a stall.
+#[derive(Debug, Default)]
+struct Tail {
+    /// Median created → dispatched (in the queue, or until the transaction that placed it).
+    to_dispatch: f64,
+    /// Median dispatched → started (the send and the worker's spawn).
+    from_dispatch: f64,
+    /// Distinct seconds of the phase its instances were created in.
+    seconds: usize,
+}
+
+impl Tail {
+    fn of(instances: &[ax_proto::v1::Instance], p99: f64) -> Tail {
+        let slow: Vec<(&ax_proto::v1::Instance, i64)> = instances
+            .iter()
+            .filter(|i| (i.started_at_ms - i.created_at_ms) as f64 >= p99)
+            .filter_map(|i| i.attempts.first().map(|a| (i, a.dispatched_at_ms)))
+            .collect();
+        if slow.is_empty() {
+            return Tail::default();
+        }
+        let to: Vec<f64> = slow
+            .iter()
+            .map(|(i, dispatched)| (dispatched - i.created_at_ms) as f64)
+            .collect();
+        let from: Vec<f64> = slow
+            .iter()
+            .map(|(i, dispatched)| (i.started_at_ms - dispatched) as f64)
+            .collect();
+        let seconds: std::collections::BTreeSet<i64> =
+            slow.iter().map(|(i, _)| i.created_at_ms / 1000).collect();
+        Tail {
+            to_dispatch: percentile(&to, 50.0),
+            from_dispatch: percentile(&from, 50.0),
+            seconds: seconds.len(),
+        }
+    }
 }
 
 impl Phase {
@@ -101,6 +143,24 @@ impl Phase {
             "ms",
             self.p(99.0),
             p99_target.map(Target::AtMost),
+        );
+        m.figure(
+            &format!("{label} tail (>= p99): created -> dispatched p50"),
+            "ms",
+            self.tail.to_dispatch,
+            None,
+        );
+        m.figure(
+            &format!("{label} tail (>= p99): dispatched -> started p50"),
+            "ms",
+            self.tail.from_dispatch,
+            None,
+        );
+        m.figure(
+            &format!("{label} tail (>= p99): seconds it was created in"),
+            "",
+            self.tail.seconds as f64,
+            None,
         );
         m.figure(
             &format!("{label} arrival -> start p99"),
@@ -328,6 +388,7 @@ async fn phase(
         .max()
         .unwrap_or(start_wall);
     let completed_per_s = instances.len() as f64 / ((last_end - start_wall).max(1) as f64 / 1000.0);
+    let tail = Tail::of(&instances, percentile(&queue, 99.0));
     Ok(Phase {
         label,
         offered: arrivals.len() as f64 / duration.as_secs_f64(),
@@ -341,6 +402,7 @@ async fn phase(
         store_cpu,
         store,
         lag_max,
+        tail,
     })
 }
 

@@ -60,7 +60,8 @@ struct Args {
     /// target/release for a release build).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
-    /// Keep the scratch directory (stores and process logs) instead of deleting it.
+    /// Keep the scratch directory (stores and process logs) and the MySQL databases instead of
+    /// deleting them.
     #[arg(long)]
     keep: bool,
 }
@@ -147,7 +148,10 @@ async fn run(args: Args) -> anyhow::Result<bool> {
                 args.runs
             );
             let outcome = bench::run_workload(workload, &env).await;
-            if let Err(err) = env.drop_databases().await {
+            // With --keep the MySQL databases stay too, for reading a run's rows afterwards.
+            if !args.keep
+                && let Err(err) = env.drop_databases().await
+            {
                 eprintln!("ax-bench: dropping the run's database failed: {err:#}");
             }
             match &outcome {

@@ -622,15 +622,20 @@ impl ControlService for ControlApi {
             .map_err(store_status)?;
         // Root tasks placed on a worker at once never wait.
         let waiting = counts_at_creation(run.state, &workflow.versioned.spec).waiting;
-        ticket.settle(if created {
+        let left_waiting = if created {
             u64::from(waiting.saturating_sub(placed))
         } else {
             0
-        });
+        };
+        ticket.settle(left_waiting);
         if created {
             // Its audit row was written with it (`audit_from`).
-            self.node.dispatch_wake.notify_one();
             self.node.bump_progress();
+        }
+        if left_waiting > 0 {
+            // Only what is left WAITING needs a dispatch pass: waking it for a run whose tasks
+            // were all placed costs a read of the queue that finds nothing (one per trigger).
+            self.node.dispatch_wake.notify_one();
         }
         // A new run's counts are known from its spec as created; an existing one's are read.
         let counts = if created {

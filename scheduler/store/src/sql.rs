@@ -169,6 +169,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "schema_release",
         include_str!("../migrations/mysql/0022_schema_release.sql"),
     ),
+    (
+        23,
+        "queue_in_ready_order",
+        include_str!("../migrations/mysql/0023_queue_in_ready_order.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -280,6 +285,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         22,
         "schema_release",
         include_str!("../migrations/sqlite/0022_schema_release.sql"),
+    ),
+    (
+        23,
+        "queue_in_ready_order",
+        include_str!("../migrations/sqlite/0023_queue_in_ready_order.sql"),
     ),
 ];
 

@@ -100,7 +100,8 @@ impl Store {
             .collect()
     }
 
-    /// WAITING instances with `not_before <= now`, highest priority first, then oldest.
+    /// WAITING instances with `not_before <= now`, highest priority first, then in the order they
+    /// became ready (`not_before`), then by id.
     pub async fn waiting(&self, now: Millis, limit: u32) -> Result<Vec<WaitingInstance>> {
         read_waiting(self, now, limit, None).await
     }
@@ -824,7 +825,7 @@ async fn read_waiting(
     let sql = format!(
         "{} JOIN run r{by_key} r.id = ti.run_id \
          WHERE ti.state = 'WAITING' AND ti.not_before <= ? AND r.state = 'RUNNING'{in_share} \
-         ORDER BY ti.priority DESC, ti.id LIMIT ?",
+         ORDER BY ti.priority DESC, ti.not_before, ti.id LIMIT ?",
         rows::INSTANCE_SELECT
             .replace(
                 "ti.exit_code,",

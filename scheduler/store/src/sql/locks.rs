@@ -52,9 +52,16 @@ pub(crate) async fn lock_workflows_of_ending_runs(
         return Ok(BTreeSet::new());
     }
     let (list, padded) = in_list(workflows.iter().copied());
+    // Only MySQL chooses between a shared and an exclusive hold; SQLite locks nothing and skips
+    // the look for queued runs.
+    let first_queued = match store.dialect {
+        Dialect::MySql => {
+            "(SELECT MIN(q.id) FROM run q WHERE q.workflow_id = w.id AND q.state = 'QUEUED')"
+        }
+        Dialect::Sqlite => "NULL",
+    };
     let sql = format!(
-        "SELECT w.id, d.downstream_id, (SELECT MIN(q.id) FROM run q \
-         WHERE q.workflow_id = w.id AND q.state = 'QUEUED') AS first_queued \
+        "SELECT w.id, d.downstream_id, {first_queued} AS first_queued \
          FROM workflow w LEFT JOIN workflow_dependency d ON d.upstream_name = w.name \
          WHERE w.id IN ({list})"
     );

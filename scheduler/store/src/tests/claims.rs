@@ -8,7 +8,7 @@ use ax_core::state::{InstanceState, Outcome};
 use super::support::*;
 
 conformance!(
-    waiting_orders_by_priority_then_id_and_respects_backoff,
+    waiting_orders_by_priority_then_readiness_and_respects_backoff,
     mark_dispatched_is_a_conditional_claim,
     active_attempts_list_what_is_on_workers_with_their_timeouts,
 );
@@ -16,7 +16,7 @@ conformance!(
 mod scenarios {
     use super::*;
 
-    pub(super) async fn waiting_orders_by_priority_then_id_and_respects_backoff(ctx: Ctx) {
+    pub(super) async fn waiting_orders_by_priority_then_readiness_and_respects_backoff(ctx: Ctx) {
         let s = ctx.s();
         let mut hi = task("hi", &[]);
         hi.priority = 10;
@@ -50,7 +50,8 @@ mod scenarios {
         );
         assert!(waiting.windows(2).all(|w| {
             let (a, b) = (&w[0].instance, &w[1].instance);
-            a.priority > b.priority || (a.priority == b.priority && a.id < b.id)
+            a.priority > b.priority
+                || (a.priority == b.priority && (a.not_before, a.id) < (b.not_before, b.id))
         }));
         let first = &waiting[0];
         assert_eq!(first.logical_time, T0);
@@ -72,12 +73,24 @@ mod scenarios {
             let got: Vec<InstanceId> = mine.iter().map(|w| w.instance.id).collect();
             assert_eq!(got, expected);
         }
-        // After the longest possible backoff the retry is waiting too, first by priority.
+        // After the longest possible backoff the retry is waiting too, by priority among the
+        // first, and behind the instance of its priority that was ready before it (r2's first
+        // attempt, though r1's instance has the lower id).
         let later = s.waiting(T0 + 30 + 60_000, 100).await.unwrap();
         assert_eq!(later.len(), 8);
+        let head: Vec<(RunId, &str, Attempt)> = later[..2]
+            .iter()
+            .map(|w| {
+                (
+                    w.instance.run_id,
+                    w.instance.task.as_str(),
+                    w.instance.attempt,
+                )
+            })
+            .collect();
         assert_eq!(
-            (later[0].instance.task.as_str(), later[0].instance.attempt),
-            ("flaky", Attempt(2))
+            head,
+            [(r2.id, "flaky", Attempt(1)), (r1.id, "flaky", Attempt(2))]
         );
     }
 

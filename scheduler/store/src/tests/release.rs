@@ -57,6 +57,9 @@ mod scenarios {
         Migrator::with_migrations(migrations).run(&store.pool).await
     }
 
+    /// A migration of a later release: past any this build has.
+    const LATER: i64 = 1_000;
+
     /// Records a migration this build does not know in `table`, as a newer release would.
     async fn record_unknown_migration(store: &Store, table: &str, version: i64) {
         sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -155,15 +158,15 @@ mod scenarios {
     ) {
         // What 0.3.0 would leave: a migration of its own, a fence that keeps 0.1.0 out, and its
         // record (0.2.0 may still run).
-        record_unknown_migration(ctx.s(), "ax_migrations", 23).await;
+        record_unknown_migration(ctx.s(), "ax_migrations", LATER).await;
         record_unknown_migration(ctx.s(), "_sqlx_migrations", 10_023).await;
-        set_record(ctx.s(), "0.3.0", 23, "0.2.0").await;
+        set_record(ctx.s(), "0.3.0", LATER, "0.2.0").await;
 
         let node = ctx.second_store().await;
         let record = node.schema_release().await.unwrap().expect("a record");
         assert_eq!(
             (record.release, record.migration, record.oldest_release),
-            (r("0.3.0"), 23, r("0.2.0")),
+            (r("0.3.0"), LATER, r("0.2.0")),
             "a node of the version before leaves the newer record"
         );
         node.apply_workflow(&spec("on-next", vec![task("a", &[])]), "", None, T0)
@@ -178,8 +181,8 @@ mod scenarios {
     }
 
     pub(super) async fn a_node_refuses_a_schema_more_than_one_version_ahead_naming_both(ctx: Ctx) {
-        record_unknown_migration(ctx.s(), "ax_migrations", 23).await;
-        set_record(ctx.s(), "0.4.0", 23, "0.3.0").await;
+        record_unknown_migration(ctx.s(), "ax_migrations", LATER).await;
+        set_record(ctx.s(), "0.4.0", LATER, "0.3.0").await;
         let node = crate::sql::schema_release::this_release();
         let refused = crate::sql::schema_release::migrate(
             ctx.s(),
@@ -193,7 +196,7 @@ mod scenarios {
         match refused {
             Err(StoreError::Unusable(message)) => assert_eq!(
                 message,
-                "the store's schema is of ax 0.4.0 (migration 23); this node is ax 0.2.0 and \
+                "the store's schema is of ax 0.4.0 (migration 1000); this node is ax 0.2.0 and \
                  runs on schemas of 0.2.x or 0.3.x: upgrade this node"
             ),
             other => panic!("expected a refusal, got {other:?}"),

@@ -106,6 +106,15 @@ const SUB_WORKFLOWS_PER_LOOK: u32 = 256;
 /// lock that expired).
 const IDLE_POLL: Duration = Duration::from_millis(500);
 
+/// How often a node of several looks while it is busy (woken within [`BUSY_FOR`]) and has free
+/// slots. Another node's trigger that found no free slot there creates its instance WAITING in
+/// this node's share, and nothing wakes this node for it: at a hundred triggers a second over
+/// three nodes, waiting for this node's own next event was most of its p99 (54 ms against 18
+/// on one node). An idle cluster still looks every `IDLE_POLL`.
+const BUSY_POLL: Duration = Duration::from_millis(20);
+/// How long after its last wake-up a node counts as busy.
+const BUSY_FOR: Duration = Duration::from_secs(1);
+
 /// The dispatcher: its settings, the node's parts it reads and writes, and what it remembers
 /// between passes.
 pub struct Dispatcher {
@@ -182,6 +191,7 @@ impl Dispatcher {
     }
 
     pub async fn run(self, cancel: CancellationToken) {
+        let mut woken_at = std::time::Instant::now();
         loop {
             // A node cut off from its store claims nothing (its workers are moving elsewhere) until
             // the store answers again.
@@ -191,9 +201,17 @@ impl Dispatcher {
                 self.watching.store_failed(&err);
                 tracing::error!(error = %err, "dispatch pass failed");
             }
+            let poll = if self.standing.share().is_some()
+                && woken_at.elapsed() < BUSY_FOR
+                && free_slots(&self.registry.slots()) > 0
+            {
+                BUSY_POLL
+            } else {
+                IDLE_POLL
+            };
             tokio::select! {
-                _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(IDLE_POLL) => {}
+                _ = self.wake.notified() => woken_at = std::time::Instant::now(),
+                _ = tokio::time::sleep(poll) => {}
                 _ = cancel.cancelled() => return,
             }
         }

@@ -76,6 +76,8 @@ start_node() {
 
 case "$COMMAND" in
 start)
+  # A cluster already running here is stopped first: its data directories go.
+  "$0" stop "$DIR"
   rm -rf "$DIR"
   for n in 1 2 3; do config "$n"; done
   # As mysql, not root: the joiner's rsync daemon (the state transfer) would run as nobody.

@@ -3,9 +3,11 @@
 //! or a copy made without its indexes, would let a cron slot fire twice or an attempt be
 //! claimed twice, silently; so a node refuses to start on it and names the missing key.
 
+use std::time::{Duration, Instant};
+
 use sqlx::Row;
 
-use super::Store;
+use super::{Store, write_tx};
 use crate::{Result, StoreError};
 
 /// A unique key ax relies on: its table, its columns in order, and what it guarantees.
@@ -75,42 +77,125 @@ pub(crate) async fn refuse_read_only(store: &Store) -> Result<()> {
 }
 
 /// How long a node waits for another node's migrations before it gives up.
-const MIGRATION_WAIT_S: i64 = 600;
+const MIGRATION_WAIT: Duration = Duration::from_secs(600);
+/// How long the migration lock holds without renewal: a node killed while it migrates leaves a
+/// row that the others may take after this.
+const LOCK_TTL_MS: i64 = 60_000;
+/// How often the holder renews the lock while its migrations run.
+const LOCK_RENEW_EVERY: Duration = Duration::from_secs(10);
+/// How often a waiting node tries to take the lock.
+const LOCK_POLL: Duration = Duration::from_millis(250);
 
-/// Runs the migrations while holding a named lock on the database, so nodes started together
-/// on a new database migrate one after the other (the others then find nothing to do). The
-/// migrator's own lock asks for an infinite wait with a negative timeout, which MariaDB answers
-/// at once with NULL, so without this lock two nodes apply migration 1 side by side and one of
-/// them finds it "partially applied".
+/// Runs the migrations while holding the database's migration lock, so nodes started together
+/// on a new database migrate one after the other (the others then find nothing to do).
+///
+/// The lock is a committed row (`ax_migration_lock`: its owner and an expiry in the database's
+/// clock), not a named lock: `GET_LOCK` holds on one server only, so on a multi-primary
+/// cluster (Galera, Group Replication) nodes on two database servers both took it and applied
+/// migration 1 side by side. Taking the row is a write, which every engine orders: two takers
+/// on two servers conflict at commit (a deadlock error, retried) and the loser then reads the
+/// winner's row. The holder renews the expiry while it migrates and deletes the row after; a
+/// node killed while it migrates leaves a row that expires. The table is created outside the
+/// migrations, since it guards them (a DDL statement every engine applies in order, and a no-op
+/// on every node but the first).
 pub(crate) async fn migrate_alone(
     store: &Store,
     migrations: &[(i64, &'static str, &'static str)],
 ) -> Result<()> {
-    let mut holder = store.pool.acquire().await?;
-    // The holder sits idle while the migrations run on other connections: the server must not
-    // drop it (and the lock with it) after the pool's short `wait_timeout`.
-    sqlx::query("SET SESSION wait_timeout = 28800")
-        .execute(&mut *holder)
-        .await?;
-    let row = sqlx::query("SELECT GET_LOCK(CONCAT('ax-migrate-', DATABASE()), ?) AS got")
-        .bind(MIGRATION_WAIT_S)
-        .fetch_one(&mut *holder)
-        .await?;
-    let got: Option<i64> = row.try_get("got")?;
-    if got != Some(1) {
-        return Err(StoreError::Unusable(format!(
-            "another scheduler node has been migrating this database for {MIGRATION_WAIT_S} s; \
-             start this node again once it is done"
-        )));
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS ax_migration_lock (id BIGINT NOT NULL PRIMARY KEY, \
+         owner VARCHAR(191) NOT NULL, expires_at BIGINT NOT NULL) ENGINE=InnoDB",
+    )
+    .execute(&store.pool)
+    .await?;
+    let owner = format!(
+        "pid {} at {:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    );
+    let waited = Instant::now();
+    let mut holder = take_migration_lock(store, &owner).await?;
+    while holder != owner {
+        if waited.elapsed() >= MIGRATION_WAIT {
+            return Err(StoreError::Unusable(format!(
+                "another scheduler node ({holder}) has been migrating this database for {} s; \
+                 start this node again once it is done",
+                MIGRATION_WAIT.as_secs()
+            )));
+        }
+        tokio::time::sleep(LOCK_POLL).await;
+        holder = take_migration_lock(store, &owner).await?;
     }
-    let migrated = store.migrate(migrations).await;
-    // The lock goes with the connection anyway; releasing it lets a waiting node in at once.
-    let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT('ax-migrate-', DATABASE()))")
-        .execute(&mut *holder)
+    catch_up_with_the_cluster(store).await?;
+    let renewing = async {
+        loop {
+            tokio::time::sleep(LOCK_RENEW_EVERY).await;
+            if let Err(err) = take_migration_lock(store, &owner).await {
+                tracing::warn!(error = %err, "renewing the migration lock failed; retrying");
+            }
+        }
+    };
+    let migrated = tokio::select! {
+        migrated = store.migrate(migrations) => migrated,
+        never = renewing => never,
+    };
+    // The row expires anyway; deleting it lets a waiting node in at once.
+    let _ = sqlx::query("DELETE FROM ax_migration_lock WHERE id = 1 AND owner = ?")
+        .bind(&owner)
+        .execute(&store.pool)
         .await;
-    // Its long `wait_timeout` must not serve a transaction later: the pool opens another.
-    let _ = holder.close().await;
     migrated
+}
+
+/// On a Galera node, waits until this database server has applied what the cluster committed
+/// before now. Galera certifies a commit on every server but applies it on the others a moment
+/// later: a node that takes the lock just after another released it could otherwise read the
+/// tables of that node's migrations without their rows yet (seen: the schema release record
+/// missing). One causal read (`wsrep_sync_wait`) covers every later read of this server.
+async fn catch_up_with_the_cluster(store: &Store) -> Result<()> {
+    let mut c = store.pool.acquire().await?;
+    let wsrep = sqlx::query("SHOW VARIABLES LIKE 'wsrep_on'")
+        .fetch_optional(&mut *c)
+        .await?;
+    let on = match wsrep {
+        Some(row) => row.try_get::<String, _>(1)?.eq_ignore_ascii_case("ON"),
+        None => false,
+    };
+    if on {
+        sqlx::query("SET SESSION wsrep_sync_wait = 1")
+            .execute(&mut *c)
+            .await?;
+        sqlx::query("SELECT COUNT(*) FROM ax_migration_lock")
+            .fetch_one(&mut *c)
+            .await?;
+        sqlx::query("SET SESSION wsrep_sync_wait = 0")
+            .execute(&mut *c)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Takes the migration lock for `owner` when it is free or expired, or renews it when `owner`
+/// holds it; returns who holds it now.
+async fn take_migration_lock(store: &Store, owner: &str) -> Result<String> {
+    // The assignments apply left to right: `expires_at` sees the owner just set.
+    write_tx!(store, |c| async {
+        sqlx::query(
+            "INSERT INTO ax_migration_lock (id, owner, expires_at) \
+             VALUES (1, ?, ROUND(UNIX_TIMESTAMP(NOW(3)) * 1000) + ?) \
+             ON DUPLICATE KEY UPDATE \
+             owner = IF(expires_at < ROUND(UNIX_TIMESTAMP(NOW(3)) * 1000), VALUES(owner), owner), \
+             expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)",
+        )
+        .bind(owner)
+        .bind(LOCK_TTL_MS)
+        .execute(&mut *c)
+        .await?;
+        let row = sqlx::query("SELECT owner FROM ax_migration_lock WHERE id = 1")
+            .fetch_one(&mut *c)
+            .await?;
+        Ok::<String, StoreError>(row.try_get("owner")?)
+    })
 }
 
 /// Refuses a database that lacks one of [`REQUIRED_KEYS`] (as a primary or unique key on

@@ -230,6 +230,47 @@ async fn a_mysql_session_gone_silent_in_a_transaction_frees_its_locks_after_the_
     .await;
 }
 
+#[tokio::test]
+#[cfg_attr(
+    ax_test_without_mysql,
+    ignore = "set AX_TEST_MYSQL_URL=mysql://USER@HOST:PORT to run the MySQL variants"
+)]
+async fn a_mysql_node_waits_for_a_migration_lock_another_holds_until_it_expires() {
+    on_backend(Backend::MySql, |ctx| async move {
+        async fn rows(store: &Store) -> i64 {
+            sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM ax_migration_lock")
+                .fetch_one(&store.pool)
+                .await
+                .unwrap()
+        }
+        assert_eq!(rows(&ctx.store).await, 0, "released after migrating");
+        // A node on another database server holds the lock, and then dies: its row expires.
+        sqlx::query(
+            "INSERT INTO ax_migration_lock (id, owner, expires_at) \
+             VALUES (1, 'pid 1 at elsewhere', ROUND(UNIX_TIMESTAMP(NOW(3)) * 1000) + 1500)",
+        )
+        .execute(&ctx.store.pool)
+        .await
+        .unwrap();
+        let started = std::time::Instant::now();
+        let second = Store::connect(&ctx.url)
+            .await
+            .expect("the node starts once the lock expires");
+        assert!(
+            started.elapsed() >= std::time::Duration::from_millis(1_200),
+            "the node migrated beside the lock's holder ({:?})",
+            started.elapsed()
+        );
+        assert_eq!(
+            rows(&second).await,
+            0,
+            "the expired row was taken, then released"
+        );
+        second.close().await;
+    })
+    .await;
+}
+
 #[test]
 fn migrations_are_paired_per_backend() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");

@@ -162,19 +162,33 @@ impl ControlApi {
         workflow: WorkflowId,
         dedup_key: &str,
     ) -> Result<Option<pb::TriggerWorkflowResponse>, Status> {
-        let store = &self.node.store;
-        let Some(run) = store
+        let run = self
+            .node
+            .store
             .run_by_dedup_key(workflow, dedup_key)
             .await
-            .map_err(store_status)?
-        else {
-            return Ok(None);
-        };
-        let counts = store.run_counts(run.id).await.map_err(store_status)?;
-        Ok(Some(pb::TriggerWorkflowResponse {
+            .map_err(store_status)?;
+        match run {
+            Some(run) => Ok(Some(self.answer_existing(run).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The answer to a trigger that found its run already there: the run with its counts read.
+    async fn answer_existing(
+        &self,
+        run: ax_store::RunRecord,
+    ) -> Result<pb::TriggerWorkflowResponse, Status> {
+        let counts = self
+            .node
+            .store
+            .run_counts(run.id)
+            .await
+            .map_err(store_status)?;
+        Ok(pb::TriggerWorkflowResponse {
             run: Some(convert::run(&run, Some(&counts))),
             created: false,
-        }))
+        })
     }
 
     /// The workflow called `name`, if it exists and the caller may see it.
@@ -637,19 +651,14 @@ impl ControlService for ControlApi {
             // were all placed costs a read of the queue that finds nothing (one per trigger).
             self.node.dispatch_wake.notify_one();
         }
-        // A new run's counts are known from its spec as created; an existing one's are read.
-        let counts = if created {
-            counts_at_creation(run.state, &workflow.versioned.spec)
-        } else {
-            self.node
-                .store
-                .run_counts(run.id)
-                .await
-                .map_err(store_status)?
-        };
+        if !created {
+            return Ok(Response::new(self.answer_existing(run).await?));
+        }
+        // A new run's counts are known from its spec as created.
+        let counts = counts_at_creation(run.state, &workflow.versioned.spec);
         Ok(Response::new(pb::TriggerWorkflowResponse {
             run: Some(convert::run(&run, Some(&counts))),
-            created,
+            created: true,
         }))
     }
 

@@ -464,7 +464,8 @@ impl BatchPath {
     }
 
     /// A report for an attempt that is not current: the worker is told, and told to kill the
-    /// process (the attempt number is the fencing token).
+    /// process (the attempt number is the fencing token), as a cancel when the scheduler ended
+    /// the attempt itself ([`answer_to_stale`]).
     async fn refuse(&self, worker: &str, report: &Report, result: &ReportResult) {
         let (instance_id, attempt) = report.key();
         let finished = matches!(report, Report::Finished { .. } | Report::Rejected { .. });
@@ -475,6 +476,13 @@ impl BatchPath {
             // The worker says this attempt's process is over: the start lock is free for the next
             // (a no-op unless this attempt holds it).
             self.guards.release_start(instance_id, attempt).await;
+        }
+        if let StaleAnswer::Cancel(reason) = answer_to_stale(report, result) {
+            tracing::info!(instance = %instance_id, %attempt, worker, %reason, "report of an attempt the scheduler ended; telling the worker to kill it");
+            self.metrics.report_refused("stale");
+            self.registry
+                .tell_cancel(worker, instance_id, attempt, &reason);
+            return;
         }
         let why = match result {
             ReportResult::NotFound => to_worker::Refusal::Unknown,
@@ -503,5 +511,114 @@ impl BatchPath {
                 why,
             });
         }
+    }
+}
+
+/// How a worker is answered about a report the store did not apply.
+#[derive(Debug, PartialEq, Eq)]
+enum StaleAnswer {
+    /// Kill the process as a cancel and report its end: the store keeps that end as the
+    /// attempt's late ending.
+    Cancel(String),
+    /// Refuse the report (a refused report of a running process has the worker kill and forget
+    /// it).
+    Refuse,
+}
+
+/// A report of a running process (started, task heartbeat) whose attempt the scheduler itself
+/// ended while the report was on its way (a cancel, the backstop's timeout) is answered with a
+/// cancel, as the worker would have been told had the end come first: a refusal would have it
+/// forget the attempt, and the process's exit code or signal would be lost.
+fn answer_to_stale(report: &Report, result: &ReportResult) -> StaleAnswer {
+    let (instance_id, attempt) = report.key();
+    let running = matches!(
+        report,
+        Report::Started { .. } | Report::TaskHeartbeat { .. }
+    );
+    match result {
+        ReportResult::Stale {
+            current_attempt,
+            state: state @ (InstanceState::Cancelled | InstanceState::Timeout),
+        } if running && *current_attempt == attempt => StaleAnswer::Cancel(format!(
+            "attempt {attempt} of instance {instance_id} was ended {state}"
+        )),
+        _ => StaleAnswer::Refuse,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn started(attempt: u32) -> Report {
+        Report::Started {
+            instance_id: InstanceId(7),
+            attempt: Attempt(attempt),
+            worker_id: "w1".into(),
+            pid: 1,
+            at: 0,
+        }
+    }
+
+    fn stale(current: u32, state: InstanceState) -> ReportResult {
+        ReportResult::Stale {
+            current_attempt: Attempt(current),
+            state,
+        }
+    }
+
+    #[test]
+    fn a_running_report_of_an_attempt_the_scheduler_ended_is_answered_with_a_cancel() {
+        for state in [InstanceState::Cancelled, InstanceState::Timeout] {
+            assert_eq!(
+                answer_to_stale(&started(2), &stale(2, state)),
+                StaleAnswer::Cancel(format!("attempt 2 of instance 7 was ended {state}"))
+            );
+        }
+        let heartbeat = Report::TaskHeartbeat {
+            instance_id: InstanceId(7),
+            attempt: Attempt(1),
+            worker_id: Some("w1".into()),
+            at: 0,
+        };
+        assert!(matches!(
+            answer_to_stale(&heartbeat, &stale(1, InstanceState::Cancelled)),
+            StaleAnswer::Cancel(_)
+        ));
+    }
+
+    #[test]
+    fn other_stale_reports_are_refused() {
+        // The instance went on to a later attempt: this one is not the worker's to report.
+        assert_eq!(
+            answer_to_stale(&started(1), &stale(2, InstanceState::Cancelled)),
+            StaleAnswer::Refuse
+        );
+        // The attempt ended some other way (its own end, another worker's).
+        assert_eq!(
+            answer_to_stale(&started(1), &stale(1, InstanceState::Failed)),
+            StaleAnswer::Refuse
+        );
+        assert_eq!(
+            answer_to_stale(&started(1), &ReportResult::NotFound),
+            StaleAnswer::Refuse
+        );
+        // An end is never answered with a cancel: its process is over.
+        let finished = Report::Finished {
+            instance_id: InstanceId(7),
+            attempt: Attempt(1),
+            worker_id: Some("w1".into()),
+            end: AttemptEnd::Finished(ax_core::state::Outcome::Failed),
+            exit_code: None,
+            signal: Some(15),
+            at: 0,
+            log_lines: 0,
+            message: String::new(),
+            outputs: Default::default(),
+        };
+        assert_eq!(
+            answer_to_stale(&finished, &stale(1, InstanceState::Cancelled)),
+            StaleAnswer::Refuse
+        );
     }
 }

@@ -63,8 +63,8 @@ async fn cancel_one(
 }
 
 /// Cancelling a sharded task's instance cancels its unfinished shards too. Their workers are not
-/// told at once: a shard's next report (a task heartbeat, its end) is refused, and a refused
-/// report makes the worker kill it.
+/// told at once: a shard's next report of its running process (a task heartbeat) is answered with
+/// a cancel, and the backstop of the node its worker is connected to tells it within a second.
 /// Returns the cancelled shards, whose scopes the caller releases.
 pub(crate) async fn cancel_shards_of(
     store: &Store,

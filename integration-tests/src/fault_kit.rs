@@ -443,6 +443,8 @@ pub struct Scenario {
     worker: WorkerSettings,
     /// Each with settings of its own, or the scenario's when `None`.
     workers: Vec<(String, Option<WorkerSettings>, Route)>,
+    /// The Galera database the nodes run on, each on a member of its own; MySQL's when `None`.
+    galera: Option<String>,
 }
 
 /// How a worker of a scenario reaches the scheduler.
@@ -474,7 +476,14 @@ impl Scenario {
             settings: SchedulerSettings::default(),
             worker: WorkerSettings::default(),
             workers: Vec::new(),
+            galera: None,
         }
+    }
+
+    /// The nodes on `db` of the Galera cluster, node `i` on member `i` (the caller drops `db`).
+    pub fn galera(mut self, db: &crate::galera::GaleraDb) -> Scenario {
+        self.galera = Some(db.name.clone());
+        self
     }
 
     /// `n1` … `nN` on the one store (MySQL).
@@ -563,10 +572,15 @@ impl Scenario {
             settings,
             worker,
             workers,
+            galera,
         } = self;
-        let mut cluster = ProcessCluster::start_with(backend, settings)
-            .await
-            .expect("the scheduler process starts");
+        let started = match galera {
+            Some(name) => {
+                ProcessCluster::start_on_galera(&crate::galera::GaleraDb { name }, settings).await
+            }
+            None => ProcessCluster::start_with(backend, settings).await,
+        };
+        let mut cluster = started.expect("the scheduler process starts");
         let client = cluster.client().await.expect("a client of the scheduler");
         let proxy = match workers.iter().any(|(_, _, route)| *route == Route::Proxy) {
             true => {

@@ -5,6 +5,7 @@ pub mod browser;
 pub mod client;
 pub mod fault_kit;
 pub mod flood;
+pub mod galera;
 pub mod mariadb_server;
 pub mod previous_release;
 pub mod process;

@@ -272,6 +272,9 @@ pub struct SchedulerSettings {
     pub otlp_endpoint: Option<String>,
     /// Runs the scheduler under `prlimit --nofile=N`: it may hold at most N open files.
     pub open_files: Option<u32>,
+    /// Each node's own store url, node `i` taking the `i`-th (a member of a multi-primary
+    /// cluster each); every node takes the cluster's when empty.
+    pub node_store_urls: Vec<String>,
     /// Further flags, given as they are.
     pub extra_args: Vec<String>,
     /// `RUST_LOG` of every process; unset (the programs' default) when `None`. The cluster
@@ -298,6 +301,7 @@ impl Default for SchedulerSettings {
             database_proxies: false,
             otlp_endpoint: None,
             open_files: None,
+            node_store_urls: Vec::new(),
             extra_args: Vec::new(),
             rust_log: Some(TEST_LOG.into()),
             binaries: None,
@@ -413,6 +417,21 @@ impl ProcessCluster {
         Self::launch(Scratch::Test(dir), Some(db), store_url, None, settings).await
     }
 
+    /// The nodes of `settings` on `db` of the Galera cluster, node `i` on member `i` (wrapping
+    /// around), unless `settings` names the members. The database is the caller's to drop.
+    pub async fn start_on_galera(
+        db: &crate::galera::GaleraDb,
+        mut settings: SchedulerSettings,
+    ) -> anyhow::Result<Self> {
+        if settings.node_store_urls.is_empty() {
+            settings.node_store_urls = (0..settings.nodes)
+                .map(|i| db.url(i % crate::galera::MEMBERS + 1))
+                .collect();
+        }
+        let dir = tempfile::tempdir()?;
+        Self::launch(Scratch::Test(dir), None, db.url(1), None, settings).await
+    }
+
     /// The nodes of `settings` on a [`Site`]'s store, binaries and directory. The store is the
     /// site's to drop.
     pub async fn start_at(site: Site, settings: SchedulerSettings) -> anyhow::Result<Self> {
@@ -455,6 +474,8 @@ impl ProcessCluster {
                     .await
                     .context("starting a proxy to MySQL")?;
                 (mysql_url_through(&store_url, proxy.addr())?, Some(proxy))
+            } else if let Some(url) = settings.node_store_urls.get(n - 1) {
+                (url.clone(), None)
             } else {
                 (store_url.clone(), None)
             };

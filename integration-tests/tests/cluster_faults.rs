@@ -23,6 +23,7 @@ use ax_integration_tests::client::{RUN_GUARD, summary};
 use ax_integration_tests::fault_kit::{
     Lines, Note, Scenario, Scene, check_invariants_of_runs, numbered_lines, read_notes, script,
 };
+use ax_integration_tests::galera::{self, GALERA, GaleraDb};
 use ax_integration_tests::harness::{Test, trial};
 use ax_integration_tests::process::{HANG_GUARD, ProcessCluster, RedisChoice, WorkerSettings};
 use ax_integration_tests::requirements::{MYSQL, REDIS};
@@ -42,6 +43,9 @@ pub(crate) fn tests() -> Vec<Test> {
         trial!(async(multi_thread = 2) fault_cluster_a_node_whose_database_answers_late_is_not_cut_off).requires(&MYSQL),
         trial!(fault_cluster_slot_judge_catches_misses_duplicates_and_tasks_not_run_once),
         trial!(async(multi_thread = 2) fault_cluster_soak_of_per_second_cron_with_nodes_killed_fires_every_slot_once).requires(&MYSQL).requires(&REDIS),
+        trial!(async(multi_thread = 2) fault_galera_kill_9_of_a_database_member_under_load_cuts_off_only_its_node_and_loses_nothing).requires(&GALERA).requires(&REDIS),
+        trial!(async(multi_thread = 2) fault_galera_kill_9_of_each_node_in_turn_loses_nothing_and_runs_nothing_twice).requires(&GALERA).requires(&REDIS),
+        trial!(async(multi_thread = 2) fault_galera_soak_of_per_second_cron_with_nodes_killed_fires_every_slot_once).requires(&GALERA).requires(&REDIS),
     ]
 }
 
@@ -93,13 +97,20 @@ struct Nodes {
 /// lease's length to hand its workers over before the other nodes would find them dead. The
 /// workers' kill grace is under the self-fencing margin (3/4 of the 4 s threshold): a fenced
 /// task's process group is dead before the other nodes could find its worker dead.
-fn scenario(redis: RedisChoice, database_proxies: bool) -> Scenario {
-    Scenario::new(Backend::MySql)
+fn scenario(redis: RedisChoice, database_proxies: bool, galera: Option<&GaleraDb>) -> Scenario {
+    let scenario = Scenario::new(Backend::MySql);
+    // On Galera the default threshold, 20 s (40 × 500 ms): a commit stall of the cluster's
+    // (5 s while it drops a member) must not outlast half of it (`membership`).
+    let (scenario, dead_after) = match galera {
+        Some(db) => (scenario.galera(db), 40),
+        None => (scenario, 8),
+    };
+    scenario
         .nodes(NODES)
         .redis(redis)
         .database_proxies(database_proxies)
         .heartbeats("500ms")
-        .dead_after(8)
+        .dead_after(dead_after)
         .worker_settings(WorkerSettings {
             capacity: Some(8),
             kill_grace: Some("1s".into()),
@@ -111,12 +122,21 @@ impl Nodes {
     /// Starts the nodes and the workers (each knowing every node) and waits until each node holds
     /// one (the nodes spread them).
     async fn start(redis: RedisChoice, database_proxies: bool) -> Nodes {
+        Nodes::start_on(redis, database_proxies, None).await
+    }
+
+    /// [`Nodes::start`], on `galera` (each node on a member of its own) when given.
+    async fn start_on(
+        redis: RedisChoice,
+        database_proxies: bool,
+        galera: Option<&GaleraDb>,
+    ) -> Nodes {
         let Scene {
             mut cluster,
             effects,
             worker,
             ..
-        } = scenario(redis, database_proxies).start().await;
+        } = scenario(redis, database_proxies, galera).start().await;
         let mut clients = Vec::new();
         for index in 0..NODES {
             clients.push(
@@ -436,8 +456,8 @@ enum Down {
 /// Takes each node down in turn (n1, n2, n3) while DAG runs are going, each when another
 /// quarter of the instances has succeeded; checks that its workers move to the other nodes and
 /// that work goes on without it, then starts it again (same id, same port) before the next.
-async fn each_node_down_in_turn(redis: RedisChoice, down: Down) {
-    let mut nodes = Nodes::start(redis, false).await;
+async fn each_node_down_in_turn(redis: RedisChoice, down: Down, galera: Option<&GaleraDb>) {
+    let mut nodes = Nodes::start_on(redis, false, galera).await;
     let runs = nodes.start_dag_runs().await;
     let total = RUNS * TASKS_PER_RUN;
     let mut in_flight_at = Vec::new();
@@ -483,16 +503,16 @@ async fn each_node_down_in_turn(redis: RedisChoice, down: Down) {
 
 async fn fault_cluster_kill_9_of_each_node_in_turn_with_redis_loses_nothing_and_runs_nothing_twice()
 {
-    each_node_down_in_turn(RedisChoice::FromEnv, Down::Killed).await;
+    each_node_down_in_turn(RedisChoice::FromEnv, Down::Killed, None).await;
 }
 
 async fn fault_cluster_kill_9_of_each_node_in_turn_without_redis_loses_nothing_and_runs_nothing_twice()
  {
-    each_node_down_in_turn(RedisChoice::None, Down::Killed).await;
+    each_node_down_in_turn(RedisChoice::None, Down::Killed, None).await;
 }
 
 async fn fault_cluster_rolling_restart_of_every_node_under_load_loses_nothing() {
-    each_node_down_in_turn(RedisChoice::FromEnv, Down::Stopped).await;
+    each_node_down_in_turn(RedisChoice::FromEnv, Down::Stopped, None).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -597,7 +617,10 @@ async fn fault_cluster_a_node_blackholed_from_the_database_hands_its_workers_ove
 async fn fault_cluster_a_node_whose_database_answers_late_is_not_cut_off() {
     let Scene {
         cluster, client, ..
-    } = scenario(RedisChoice::None, true).nodes(1).start().await;
+    } = scenario(RedisChoice::None, true, None)
+        .nodes(1)
+        .start()
+        .await;
     let proxy = cluster
         .database_proxy(0)
         .expect("n1's proxy to the database");
@@ -850,8 +873,13 @@ fn now_ms() -> i64 {
 /// missed, every slot's task run exactly once to SUCCESS, no attempt started twice or
 /// overlapping. 45 s by default; `AX_SOAK_SECS=300` for a longer soak.
 async fn fault_cluster_soak_of_per_second_cron_with_nodes_killed_fires_every_slot_once() {
+    soak_with_nodes_killed(None).await;
+}
+
+/// The soak, on `galera` (each node on a member of its own) when given.
+async fn soak_with_nodes_killed(galera: Option<&GaleraDb>) {
     let soak = soak_duration();
-    let mut nodes = Nodes::start(RedisChoice::FromEnv, false).await;
+    let mut nodes = Nodes::start_on(RedisChoice::FromEnv, false, galera).await;
     let dir = nodes.cluster.dir().to_path_buf();
     let ledger = dir.join("slots");
     let body = format!(
@@ -982,4 +1010,93 @@ async fn fault_cluster_soak_of_per_second_cron_with_nodes_killed_fires_every_slo
         "the window holds only {in_window} slots"
     );
     nodes.cluster.shutdown().await.expect("clean shutdown");
+}
+
+// ---------------------------------------------------------------------------------------------
+// On a multi-primary Galera cluster: each node on a member of its own.
+
+/// How long a killed Galera member stays down.
+const MEMBER_DOWN: Duration = Duration::from_secs(10);
+
+/// Runs `test` on a database of its own on the Galera cluster, alone among the Galera tests.
+async fn on_galera<F, Fut>(test: F)
+where
+    F: FnOnce(GaleraDb) -> Fut,
+    Fut: std::future::Future<Output = GaleraDb>,
+{
+    let _alone = galera::exclusive().await;
+    let db = GaleraDb::create().await.expect("a Galera database");
+    let db = test(db).await;
+    db.drop_database().await.expect("drop the Galera database");
+}
+
+/// kill -9 of the Galera member under `n2` while DAG runs are going, and its rejoin. `n2`'s
+/// renewals fail, so it is cut off and its workers move; `n1` and `n3` wait out the cluster's
+/// commit stall while it drops the member and are not cut off. Nothing is lost or run twice.
+async fn fault_galera_kill_9_of_a_database_member_under_load_cuts_off_only_its_node_and_loses_nothing()
+ {
+    on_galera(|db| async move {
+        let nodes = Nodes::start_on(RedisChoice::FromEnv, false, Some(&db)).await;
+        let (member, node) = (2, 1);
+        let runs = nodes.start_dag_runs().await;
+        let total = RUNS * TASKS_PER_RUN;
+        wait_succeeded(&nodes.clients[0], &runs, total / 4, "before the kill").await;
+        let held = nodes.workers_on(node).await;
+        assert!(!held.is_empty(), "n2 holds no worker when its member dies");
+        galera::kill(member).await.expect("kill -9 of member 2");
+        let killed_at = tokio::time::Instant::now();
+        let in_flight_at_kill = in_flight(&read_notes(&nodes.effects));
+        nodes.wait_moved(0, &held, node).await;
+        let done = succeeded(&nodes.clients[0], &runs).await.unwrap_or(0);
+        wait_succeeded(
+            &nodes.clients[0],
+            &runs,
+            (done + 30).min(total),
+            "while member 2 is down",
+        )
+        .await;
+        tokio::time::sleep(MEMBER_DOWN.saturating_sub(killed_at.elapsed())).await;
+        galera::rejoin(member).await.expect("member 2 rejoins");
+        nodes.wait_all_nodes_live(0).await;
+        let instances = nodes.finish_dag_runs(&runs).await;
+        for index in [0, 2] {
+            let log = nodes.cluster.node_logs(index);
+            assert!(
+                !log.contains("this node cannot reach its store"),
+                "{} was cut off by another member's death:\n{log}",
+                nodes.id(index)
+            );
+        }
+        assert!(
+            nodes
+                .cluster
+                .node_logs(node)
+                .contains("this node cannot reach its store"),
+            "n2 was not cut off when its member died"
+        );
+        println!(
+            "Galera member 2 killed for {} s: {in_flight_at_kill} attempts in flight at the kill; workers {held:?} moved; {} instances needed another attempt",
+            MEMBER_DOWN.as_secs(),
+            retried(&instances)
+        );
+        nodes.cluster.shutdown().await.expect("clean shutdown");
+        db
+    })
+    .await;
+}
+
+async fn fault_galera_kill_9_of_each_node_in_turn_loses_nothing_and_runs_nothing_twice() {
+    on_galera(|db| async move {
+        each_node_down_in_turn(RedisChoice::FromEnv, Down::Killed, Some(&db)).await;
+        db
+    })
+    .await;
+}
+
+async fn fault_galera_soak_of_per_second_cron_with_nodes_killed_fires_every_slot_once() {
+    on_galera(|db| async move {
+        soak_with_nodes_killed(Some(&db)).await;
+        db
+    })
+    .await;
 }

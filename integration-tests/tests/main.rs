@@ -21,6 +21,7 @@ mod folders;
 mod for_each;
 mod for_each_faults;
 mod fuzz_stream;
+mod galera;
 mod metrics;
 mod outputs;
 mod processes;
@@ -60,6 +61,7 @@ fn main() -> std::process::ExitCode {
         for_each::tests(),
         for_each_faults::tests(),
         fuzz_stream::tests(),
+        galera::tests(),
         metrics::tests(),
         outputs::tests(),
         processes::tests(),

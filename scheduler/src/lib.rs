@@ -207,6 +207,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     // off in the middle of a transaction on its row is recorded on its new node by then.
     let store_options = ax_store::StoreOptions {
         silent_client_timeout: options.node_lease,
+        ..ax_store::StoreOptions::default()
     };
     let store = ax_store::open_with(&options.store_url, &store_options)
         .await
@@ -219,6 +220,19 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
             "the dead-worker threshold is not longer than the node lease: a worker moving off a \
              node cut off from the store may be judged dead before its new node can record it, \
              and what it finished meanwhile would run again"
+        );
+    }
+    let cut_off_after = membership::cut_off_after(worker_dead_after);
+    let cut_off_when_stalled =
+        membership::cut_off_when_stalled(cut_off_after, store.commit_stall());
+    if !membership::cut_off_leaves_time_to_move(cut_off_when_stalled, worker_dead_after) {
+        tracing::warn!(
+            cut_off_when_stalled_ms = cut_off_when_stalled.as_millis() as u64,
+            worker_dead_after_ms = worker_dead_after.as_millis() as u64,
+            "the database cluster may stall commits for longer than half the dead-worker \
+             threshold (evs.suspect_timeout): a node cut off from it would close its workers' \
+             streams too late for them to move before their fence; raise \
+             --dead-after-missed-heartbeats or lower evs.suspect_timeout"
         );
     }
     if options.auth == AuthMode::Tokens {
@@ -243,7 +257,8 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
         max_clock_offset: options.max_clock_offset,
         pools: membership::pools_text(&options.pools),
         worker_dead_after,
-        cut_off_after: membership::cut_off_after(worker_dead_after),
+        cut_off_after,
+        cut_off_when_stalled,
     };
     let bind = || async {
         connections::bind(options.listen).with_context(|| format!("binding {}", options.listen))
@@ -281,6 +296,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
     let serving = CancellationToken::new();
     let draining = CancellationToken::new();
     let tasks = TaskTracker::new();
+    let standing = membership.standing();
     let parts::Built {
         node,
         streams,
@@ -294,7 +310,7 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
             store,
             guards,
             alerter: alerter.clone(),
-            standing: membership.standing(),
+            standing: standing.clone(),
         },
         parts::Runs {
             tasks: &tasks,
@@ -341,7 +357,12 @@ pub async fn start(options: SchedulerOptions) -> anyhow::Result<RunningScheduler
                 .max_decoding_message_size(grpc::control::MAX_REQUEST_BYTES),
         )
         .prepare();
+    // Outermost: a node cut off from its store answers at once, before a token is looked up.
     let service = tower::ServiceBuilder::new()
+        .layer(cut_off_gate::CutOffLayer::new(
+            standing.clone(),
+            &node.options.node_id,
+        ))
         .layer(auth::AuthLayer::new(gate, names))
         .service(routes);
     if let Some(tls) = &tls {
@@ -464,6 +485,7 @@ mod backstop;
 mod clock;
 pub mod config;
 pub mod connections;
+mod cut_off_gate;
 mod dag_layouts;
 mod deadlines;
 mod dispatch_send;

@@ -35,8 +35,12 @@ pub struct Member {
     pub address: String,
     pub lease: Duration,
     pub max_clock_offset: Duration,
-    /// How long without a renewal makes the node cut off from its store.
+    /// How long without a renewal makes the node cut off from its store, once its renewals
+    /// fail (refused, connection lost, the server not ready).
     pub cut_off_after: Duration,
+    /// How long a renewal may stay unanswered before the node is cut off: longer on a cluster
+    /// that holds every commit while it drops a silent member ([`cut_off_when_stalled`]).
+    pub cut_off_when_stalled: Duration,
     /// A worker silent this long is dead (and holds no node's share of the queue).
     pub worker_dead_after: Duration,
     /// The node's `[pools]`, as [`pools_text`] writes them.
@@ -101,6 +105,25 @@ impl Member {
 /// recorded) is still far off.
 pub fn cut_off_after(worker_dead_after: Duration) -> Duration {
     (worker_dead_after / 8).max(Duration::from_secs(2))
+}
+
+/// How long an unanswered renewal may wait before the node takes the silence for its own. A
+/// cluster that holds every commit while it drops a member that stopped answering
+/// (`commit_stall`: Galera's `evs.suspect_timeout`, 5 s by default) stalls every node's renewal
+/// at once, and every node would be cut off and its workers moved for one database server's
+/// death: the node waits that stall and 2 s more. A renewal that fails (the node's own server
+/// gone or out of the cluster) still cuts it off after [`cut_off_after`].
+pub fn cut_off_when_stalled(cut_off_after: Duration, commit_stall: Option<Duration>) -> Duration {
+    match commit_stall {
+        Some(stall) => cut_off_after.max(stall + Duration::from_secs(2)),
+        None => cut_off_after,
+    }
+}
+
+/// Whether a cut-off threshold leaves the workers of a cut-off node time to move: they fence
+/// themselves at ¾ of the dead-worker threshold, so the node must let them go well before.
+pub fn cut_off_leaves_time_to_move(cut_off_after: Duration, worker_dead_after: Duration) -> bool {
+    cut_off_after <= worker_dead_after / 2
 }
 
 /// Whether this node reaches its store, and its share of the WAITING queue.
@@ -262,6 +285,16 @@ impl Membership {
             let sent = clock::local_ms();
             let renewed = self.renew(lease_ms, offset, renewed_at).await;
             let received = clock::local_ms();
+            // A cluster member that answers but is out of sync or outside the primary component
+            // serves no decisions: the renewal does not count, and the node is cut off in time.
+            let renewed = match renewed {
+                Ok(Ok(Some(db_now))) => match self.member_unready().await {
+                    Some(why) => Ok(Err(why)),
+                    None => Ok(Ok(Some(db_now))),
+                },
+                other => other.map(|answer| answer.map_err(anyhow::Error::from)),
+            };
+            let failed = matches!(renewed, Ok(Err(_)));
             match renewed {
                 Ok(Ok(Some(db_now))) if !id_taken => {
                     offset = observe_offset(sent, received, db_now, &self.member);
@@ -292,13 +325,33 @@ impl Membership {
                 ),
                 Err(_) => tracing::warn!(
                     node = %self.member.node_id,
-                    waited_ms = self.member.cut_off_after.as_millis() as u64,
+                    waited_ms = self.member.cut_off_when_stalled.as_millis() as u64,
                     "renewing this node's lease got no answer in time; retrying"
                 ),
             }
-            self.cut_off_if_silent(renewed_at);
+            let threshold = if failed {
+                self.member.cut_off_after
+            } else {
+                self.member.cut_off_when_stalled
+            };
+            self.cut_off_if_silent(renewed_at, threshold);
         }
         self.leave().await;
+    }
+
+    /// Why this node's database server, a cluster member, cannot serve now; `None` when it can
+    /// or is a single server.
+    async fn member_unready(&self) -> Option<anyhow::Error> {
+        if self.store.engine() == ax_store::Engine::Single {
+            return None;
+        }
+        match self.store.unready().await {
+            Ok(None) => None,
+            Ok(Some(why)) => Some(anyhow::anyhow!(why)),
+            Err(err) => {
+                Some(anyhow::Error::from(err).context("reading the cluster member's state"))
+            }
+        }
     }
 
     /// One renewal of the lease. The node is cut off on time while it is in flight (once the
@@ -314,26 +367,24 @@ impl Membership {
         renewed_at: Instant,
     ) -> Result<ax_store::Result<Option<i64>>, tokio::time::error::Elapsed> {
         let renewal = tokio::time::timeout(
-            self.member.cut_off_after,
+            self.member.cut_off_when_stalled,
             self.store
                 .renew_node_lease(&self.member.node_id, &self.incarnation, lease_ms, offset),
         );
         tokio::pin!(renewal);
         tokio::select! {
             renewed = &mut renewal => renewed,
-            () = tokio::time::sleep_until(renewed_at + self.member.cut_off_after) => {
-                self.cut_off_if_silent(renewed_at);
+            () = tokio::time::sleep_until(renewed_at + self.member.cut_off_when_stalled) => {
+                self.cut_off_if_silent(renewed_at, self.member.cut_off_when_stalled);
                 renewal.await
             }
         }
     }
 
-    /// Cuts the node off (on MySQL) once its lease has gone unrenewed for `cut_off_after`.
-    fn cut_off_if_silent(&self, renewed_at: Instant) {
+    /// Cuts the node off (on MySQL) once its lease has gone unrenewed for `threshold`.
+    fn cut_off_if_silent(&self, renewed_at: Instant, threshold: Duration) {
         let silent = renewed_at.elapsed();
-        if self.store.backend() == Backend::MySql
-            && silent >= self.member.cut_off_after
-            && self.standing.set(false)
+        if self.store.backend() == Backend::MySql && silent >= threshold && self.standing.set(false)
         {
             tracing::error!(
                 node = %self.member.node_id,
@@ -471,6 +522,29 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+
+    #[test]
+    fn a_cluster_that_stalls_commits_while_it_drops_a_member_does_not_cut_nodes_off_in_it() {
+        let dead = Duration::from_secs(20);
+        // An eighth of the dead-worker threshold, at least 2 s.
+        assert_eq!(cut_off_after(dead), Duration::from_millis(2_500));
+        assert_eq!(
+            cut_off_after(Duration::from_secs(8)),
+            Duration::from_secs(2)
+        );
+        // A single server: a stalled renewal counts as a failed one.
+        assert_eq!(
+            cut_off_when_stalled(cut_off_after(dead), None),
+            cut_off_after(dead)
+        );
+        // Galera's default 5 s suspect timeout, and 2 s more.
+        let galera = cut_off_when_stalled(cut_off_after(dead), Some(Duration::from_secs(5)));
+        assert_eq!(galera, Duration::from_secs(7));
+        assert!(cut_off_leaves_time_to_move(galera, dead));
+        // A suspect timeout too long for the threshold is told.
+        let slow = cut_off_when_stalled(cut_off_after(dead), Some(Duration::from_secs(15)));
+        assert!(!cut_off_leaves_time_to_move(slow, dead));
+    }
 
     fn lease(node_id: &str, pools: &str, expires_at: i64) -> NodeLease {
         NodeLease {

@@ -477,12 +477,20 @@ impl BatchPath {
             // (a no-op unless this attempt holds it).
             self.guards.release_start(instance_id, attempt).await;
         }
-        if let StaleAnswer::Cancel(reason) = answer_to_stale(report, result) {
-            tracing::info!(instance = %instance_id, %attempt, worker, %reason, "report of an attempt the scheduler ended; telling the worker to kill it");
-            self.metrics.report_refused("stale");
-            self.registry
-                .tell_cancel(worker, instance_id, attempt, &reason);
-            return;
+        match answer_to_stale(report, result) {
+            StaleAnswer::Cancel(reason) => {
+                tracing::info!(instance = %instance_id, %attempt, worker, %reason, "report of an attempt the scheduler ended; telling the worker to kill it");
+                self.metrics.report_refused("stale");
+                self.registry
+                    .tell_cancel(worker, instance_id, attempt, &reason);
+                return;
+            }
+            StaleAnswer::Stored => {
+                tracing::debug!(instance = %instance_id, %attempt, worker, "an end stored already was reported again");
+                self.acknowledge_finished(worker, instance_id, attempt);
+                return;
+            }
+            StaleAnswer::Refuse => {}
         }
         let why = match result {
             ReportResult::NotFound => to_worker::Refusal::Unknown,
@@ -520,6 +528,9 @@ enum StaleAnswer {
     /// Kill the process as a cancel and report its end: the store keeps that end as the
     /// attempt's late ending.
     Cancel(String),
+    /// The end is the one stored already (a worker offers the ends acknowledged in its last
+    /// seconds again to each new stream): acknowledge it again.
+    Stored,
     /// Refuse the report (a refused report of a running process has the worker kill and forget
     /// it).
     Refuse,
@@ -542,6 +553,20 @@ fn answer_to_stale(report: &Report, result: &ReportResult) -> StaleAnswer {
         } if running && *current_attempt == attempt => StaleAnswer::Cancel(format!(
             "attempt {attempt} of instance {instance_id} was ended {state}"
         )),
+        ReportResult::Stale {
+            current_attempt,
+            state: InstanceState::Success,
+        } if *current_attempt == attempt
+            && matches!(
+                report,
+                Report::Finished {
+                    end: AttemptEnd::Finished(ax_core::state::Outcome::Success),
+                    ..
+                }
+            ) =>
+        {
+            StaleAnswer::Stored
+        }
         _ => StaleAnswer::Refuse,
     }
 }
@@ -549,6 +574,7 @@ fn answer_to_stale(report: &Report, result: &ReportResult) -> StaleAnswer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ax_core::state::Outcome;
 
     fn started(attempt: u32) -> Report {
         Report::Started {
@@ -604,20 +630,59 @@ mod tests {
             StaleAnswer::Refuse
         );
         // An end is never answered with a cancel: its process is over.
-        let finished = Report::Finished {
+        assert_eq!(
+            answer_to_stale(
+                &finished(1, Outcome::Failed),
+                &stale(1, InstanceState::Cancelled)
+            ),
+            StaleAnswer::Refuse
+        );
+    }
+
+    fn finished(attempt: u32, outcome: Outcome) -> Report {
+        Report::Finished {
             instance_id: InstanceId(7),
-            attempt: Attempt(1),
+            attempt: Attempt(attempt),
             worker_id: Some("w1".into()),
-            end: AttemptEnd::Finished(ax_core::state::Outcome::Failed),
-            exit_code: None,
-            signal: Some(15),
+            end: AttemptEnd::Finished(outcome),
+            exit_code: Some(0),
+            signal: None,
             at: 0,
             log_lines: 0,
             message: String::new(),
             outputs: Default::default(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_success_reported_again_is_acknowledged_and_anything_else_refused() {
         assert_eq!(
-            answer_to_stale(&finished, &stale(1, InstanceState::Cancelled)),
+            answer_to_stale(
+                &finished(2, Outcome::Success),
+                &stale(2, InstanceState::Success)
+            ),
+            StaleAnswer::Stored
+        );
+        // Another attempt succeeded, or this one ended otherwise: the report is not the stored end.
+        assert_eq!(
+            answer_to_stale(
+                &finished(1, Outcome::Success),
+                &stale(2, InstanceState::Success)
+            ),
+            StaleAnswer::Refuse
+        );
+        assert_eq!(
+            answer_to_stale(
+                &finished(1, Outcome::Success),
+                &stale(1, InstanceState::Failed)
+            ),
+            StaleAnswer::Refuse
+        );
+        assert_eq!(
+            answer_to_stale(
+                &finished(1, Outcome::Failed),
+                &stale(1, InstanceState::Success)
+            ),
             StaleAnswer::Refuse
         );
     }

@@ -196,6 +196,38 @@ struct State {
     /// The newest stream that replayed or was installed.
     newest_epoch: u64,
     draining: bool,
+    /// Ends acknowledged within [`RECENT_ENDS_KEPT`], oldest first, offered again to every new
+    /// stream ([`Attempts::unacknowledged`], [`Attempts::replay_or_install`]).
+    recent_ends: VecDeque<RecentEnd>,
+}
+
+/// How long an acknowledged end is offered again to the next stream. A node acknowledges an end
+/// once its database server committed it; a member of a multi-primary cluster that dies a moment
+/// later may take such a commit with it (seen with Galera under kill -9: the other members never
+/// had it), and the node the worker registers with next would end the attempt lost and run it
+/// again. Offered again, the end is stored if it is missing, and acknowledged as a duplicate if
+/// not. Kept in memory only.
+const RECENT_ENDS_KEPT: Duration = Duration::from_secs(30);
+/// At most this many recent ends are kept (a busy worker's last few seconds).
+const RECENT_ENDS_MAX: usize = 2_048;
+
+#[derive(Debug)]
+struct RecentEnd {
+    acked_at: Instant,
+    key: AttemptKey,
+    message: AttemptFinished,
+    sent_on: Option<u64>,
+}
+
+impl State {
+    fn prune_recent_ends(&mut self, now: Instant) {
+        while self.recent_ends.front().is_some_and(|end| {
+            now.duration_since(end.acked_at) >= RECENT_ENDS_KEPT
+                || self.recent_ends.len() > RECENT_ENDS_MAX
+        }) {
+            self.recent_ends.pop_front();
+        }
+    }
 }
 
 /// The worker's attempts, shared by the connection and the runners.
@@ -397,9 +429,20 @@ impl Attempts {
     }
 
     /// Attempts that ended here whose report the scheduler has neither acknowledged nor
-    /// refused (Register.finished): their reports follow on the next stream.
+    /// refused, and those acknowledged within [`RECENT_ENDS_KEPT`] (Register.finished): their
+    /// reports follow on the next stream.
     pub fn unacknowledged(&self) -> Vec<AttemptRef> {
-        self.refs(|entry| entry.finished.as_ref().is_some_and(|report| !report.acked))
+        let mut refs =
+            self.refs(|entry| entry.finished.as_ref().is_some_and(|report| !report.acked));
+        let mut state = self.lock();
+        state.prune_recent_ends(Instant::now());
+        refs.extend(state.recent_ends.iter().map(|end| AttemptRef {
+            instance_id: end.key.instance_id,
+            attempt: end.key.attempt,
+        }));
+        refs.sort_by_key(|r| (r.instance_id, r.attempt));
+        refs.dedup_by_key(|r| (r.instance_id, r.attempt));
+        refs
     }
 
     /// The attempts not forgotten that `keep` selects, in (instance, attempt) order.
@@ -430,9 +473,18 @@ impl Attempts {
             return;
         };
         report.acked = true;
+        let message = report.message.clone();
         if entry.settled() {
             self.remove(&mut state, key);
         }
+        let now = Instant::now();
+        state.recent_ends.push_back(RecentEnd {
+            acked_at: now,
+            key,
+            message,
+            sent_on: None,
+        });
+        state.prune_recent_ends(now);
     }
 
     pub fn running_count(&self) -> usize {
@@ -907,6 +959,16 @@ impl Attempts {
                 ));
             }
         }
+        // Acknowledged ends go again once to each new stream.
+        state.prune_recent_ends(now);
+        for end in &mut state.recent_ends {
+            if end.sent_on.is_none_or(|sent| sent < epoch) {
+                end.sent_on = Some(epoch);
+                out.push(Replay::Message(
+                    wrap(Body::Finished(end.message.clone())).into(),
+                ));
+            }
+        }
         if out.is_empty() {
             state.link = Some(link.clone());
         }
@@ -1135,20 +1197,33 @@ mod tests {
         let (second, _rx) = link(2);
         assert_eq!(attempts.replay_or_install(&second).len(), 2);
         attempts.detach(2);
-        // Acknowledged: no longer listed or resent, though its lines still are until acked.
+        // Acknowledged: its lines are resent until acked; the end is offered once more to each
+        // new stream for a while (a cluster member that died after the commit may have taken
+        // it along), and listed with the unacknowledged ones.
         attempts.finished_acked(key(1));
-        assert!(listed(&attempts).is_empty());
         assert!(attempts.all_reported());
+        assert_eq!(listed(&attempts), [key(1)]);
         let (third, _rx) = link(3);
         let replay = messages(attempts.replay_or_install(&third));
         assert_eq!(log_seqs(&replay), [1]);
-        assert_eq!(replay.len(), 1);
-        // Once its lines are acknowledged too nothing of it is kept, but a repeated dispatch is
-        // still a duplicate.
+        assert_eq!(replay.len(), 2);
+        assert!(attempts.replay_or_install(&third).is_empty());
+        // Once its lines are acknowledged too nothing of it is kept but the recent end, and a
+        // repeated dispatch is still a duplicate; a second acknowledgement adds nothing.
         attempts.ack(key(1), 2);
+        attempts.finished_acked(key(1));
         assert!(attempts.all_acked());
         assert_eq!(attempts.lock().attempts.len(), 0);
+        assert_eq!(attempts.lock().recent_ends.len(), 1);
         assert!(matches!(attempts.admit(key(1), 1), Admission::Duplicate));
+        attempts.detach(3);
+        let (fourth, _rx) = link(4);
+        assert_eq!(messages(attempts.replay_or_install(&fourth)).len(), 1);
+        // Past the time it is kept, it goes.
+        attempts
+            .lock()
+            .prune_recent_ends(Instant::now() + RECENT_ENDS_KEPT);
+        assert!(listed(&attempts).is_empty());
     }
 
     #[test]

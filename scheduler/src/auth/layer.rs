@@ -136,7 +136,7 @@ where
     }
 }
 
-fn is_grpc_request<B>(request: &Request<B>) -> bool {
+pub(crate) fn is_grpc_request<B>(request: &Request<B>) -> bool {
     request
         .headers()
         .get(header::CONTENT_TYPE)

@@ -14,7 +14,7 @@
 //!
 //! With authentication off (the loopback default), every request passes with no identity.
 
-mod layer;
+pub(crate) mod layer;
 pub mod tokens;
 
 use std::collections::HashMap;

@@ -44,6 +44,7 @@ pub use records::workflows::{
     GoneWorkflow, PlannedApply, PrunePlan, WorkflowHead, WorkflowRecord,
 };
 pub use sql::Store;
+pub use sql::engine::Engine;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -96,12 +97,17 @@ pub struct StoreOptions {
     /// off from the database in the middle of a transaction holds that transaction's row locks
     /// for this long, and every other node needing those rows waits for it.
     pub silent_client_timeout: std::time::Duration,
+    /// MySQL: decide as on a multi-primary cluster member (writing the rows a decision locks)
+    /// whatever the server is; a member is detected and needs no option. Tests run a single
+    /// server so, to check what that adds.
+    pub write_locked_rows: bool,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
             silent_client_timeout: std::time::Duration::from_secs(10),
+            write_locked_rows: false,
         }
     }
 }

@@ -18,6 +18,7 @@ mod decisions;
 mod dependents;
 mod dispatch;
 mod downstream_tasks;
+pub(crate) mod engine;
 mod fan_out;
 mod gauges;
 mod ids;
@@ -174,6 +175,11 @@ pub(crate) const MYSQL_MIGRATIONS: &[(i64, &str, &str)] = &[
         "queue_in_ready_order",
         include_str!("../migrations/mysql/0023_queue_in_ready_order.sql"),
     ),
+    (
+        24,
+        "lock_version",
+        include_str!("../migrations/mysql/0024_lock_version.sql"),
+    ),
 ];
 pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -290,6 +296,11 @@ pub(crate) const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         23,
         "queue_in_ready_order",
         include_str!("../migrations/sqlite/0023_queue_in_ready_order.sql"),
+    ),
+    (
+        24,
+        "lock_version",
+        include_str!("../migrations/sqlite/0024_lock_version.sql"),
     ),
 ];
 
@@ -471,6 +482,12 @@ pub(crate) fn pow2_chunks<T>(rows: &[T]) -> Vec<&[T]> {
 pub struct Store {
     pub(crate) pool: AnyPool,
     pub(crate) dialect: Dialect,
+    /// A single server or a member of a multi-primary cluster (`engine.rs`).
+    pub(crate) engine: engine::Engine,
+    /// Whether decisions write the rows they lock: on a cluster member, or when asked.
+    pub(crate) locks_are_local: bool,
+    /// How long the cluster may stall every commit while it drops a silent member.
+    commit_stall: Option<Duration>,
     /// MySQL only: a small pool of its own for id reservations, so a transaction that needs a new
     /// block never waits for a connection its own pool may not have.
     id_pool: Option<AnyPool>,
@@ -515,7 +532,7 @@ impl Store {
         if url.starts_with("sqlite:") {
             Self::connect_sqlite(url).await
         } else if url.starts_with("mysql://") {
-            Self::connect_mysql(url, options.silent_client_timeout).await
+            Self::connect_mysql(url, options).await
         } else {
             Err(StoreError::UnsupportedUrl(url.to_string()))
         }
@@ -597,6 +614,9 @@ impl Store {
         let store = Store {
             pool,
             dialect: Dialect::Sqlite,
+            engine: engine::Engine::Single,
+            locks_are_local: false,
+            commit_stall: None,
             id_pool: None,
             lease_pool: None,
             ids: IdBlocks::default(),
@@ -611,7 +631,8 @@ impl Store {
         Ok(store)
     }
 
-    async fn connect_mysql(url: &str, silent_client_timeout: Duration) -> Result<Store> {
+    async fn connect_mysql(url: &str, store_options: &crate::StoreOptions) -> Result<Store> {
+        let silent_client_timeout = store_options.silent_client_timeout;
         let options = AnyConnectOptions::from_str(&with_statement_cache(url))?;
         // A node that falls silent in the middle of a transaction (partitioned from the database
         // while its connection stays open) would keep its row locks, and stall every node that
@@ -641,9 +662,14 @@ impl Store {
         let pool = pool_options(16).connect_with(options.clone()).await?;
         let id_pool = pool_options(2).connect_with(options.clone()).await?;
         let lease_pool = pool_options(1).connect_with(options).await?;
+        let engine = engine::detect(&pool).await?;
+        let commit_stall = engine::commit_stall(&pool, engine).await?;
         let store = Store {
             pool,
             dialect: Dialect::MySql,
+            engine,
+            locks_are_local: engine.locks_are_local() || store_options.write_locked_rows,
+            commit_stall,
             id_pool: Some(id_pool),
             lease_pool: Some(lease_pool),
             ids: IdBlocks::default(),
@@ -655,6 +681,9 @@ impl Store {
             waiting_bounds: Default::default(),
         };
         schema_check::refuse_read_only(&store).await?;
+        if let Some(why) = engine::unready(&store.pool, engine).await? {
+            return Err(StoreError::Unusable(why));
+        }
         schema_check::migrate_alone(&store, MYSQL_MIGRATIONS).await?;
         schema_check::require_unique_keys(&store).await?;
         Ok(store)
@@ -672,6 +701,24 @@ impl Store {
             Dialect::MySql => Backend::MySql,
             Dialect::Sqlite => Backend::Sqlite,
         }
+    }
+
+    /// A single server, or the member of a multi-primary cluster this node writes to.
+    pub fn engine(&self) -> engine::Engine {
+        self.engine
+    }
+
+    /// How long the database may hold every commit while its cluster drops a member that
+    /// stopped answering (Galera's `evs.suspect_timeout`); `None` on a single server. A node
+    /// must not take such a stall for being cut off.
+    pub fn commit_stall(&self) -> Option<Duration> {
+        self.commit_stall
+    }
+
+    /// Why the database server may not serve ax now (a cluster member out of sync or outside
+    /// the primary component); `None` when it may, and always on a single server.
+    pub async fn unready(&self) -> Result<Option<String>> {
+        engine::unready(&self.pool, self.engine).await
     }
 
     /// The statements `apply_reports` has sent to the database since this store was opened:

@@ -20,6 +20,7 @@ mod decisions;
 mod dependents;
 mod dispatch;
 mod endings;
+mod engine;
 mod fan_out;
 mod group_cost;
 mod interleavings;

@@ -46,6 +46,20 @@ pub(crate) const MYSQL_DEADLOCK: u16 = 1213;
 /// MySQL `ER_LOCK_WAIT_TIMEOUT`: a row lock was not granted within `innodb_lock_wait_timeout`.
 pub(crate) const MYSQL_LOCK_WAIT_TIMEOUT: u16 = 1205;
 
+/// MySQL `ER_TRANSACTION_ROLLBACK_DURING_COMMIT`: Group Replication rolled the transaction back at
+/// commit (it lost certification to a conflicting transaction of another member); tried again,
+/// it reads what won.
+pub(crate) const MYSQL_ROLLBACK_DURING_COMMIT: u16 = 3101;
+
+/// MySQL `ER_UNKNOWN_COM_ERROR`, which a Galera node returns for every statement while it is not
+/// part of the primary component or not synced ("WSREP has not yet prepared node for application
+/// use"): this server cannot serve writes now, as if it were out of reach.
+pub(crate) const MYSQL_WSREP_NOT_READY: u16 = 1047;
+
+/// MySQL `ER_RUN_HOOK_ERROR`: Group Replication's commit hook failed (the member left the group or
+/// is in error): this server cannot commit now.
+pub(crate) const MYSQL_REPLICATION_HOOK_ERROR: u16 = 3100;
+
 /// SQLite `SQLITE_BUSY`: another connection (of this or another process) holds the lock the
 /// statement needs, past the busy timeout.
 pub(crate) const SQLITE_BUSY: i32 = 5;
@@ -112,7 +126,10 @@ pub(crate) fn is_retryable(err: &StoreError) -> bool {
         return false;
     };
     match code_of(db.as_ref()) {
-        Code::MySql(number) => matches!(number, MYSQL_DEADLOCK | MYSQL_LOCK_WAIT_TIMEOUT),
+        Code::MySql(number) => matches!(
+            number,
+            MYSQL_DEADLOCK | MYSQL_LOCK_WAIT_TIMEOUT | MYSQL_ROLLBACK_DURING_COMMIT
+        ),
         Code::Sqlite(code) => matches!(
             code,
             SQLITE_BUSY
@@ -126,16 +143,21 @@ pub(crate) fn is_retryable(err: &StoreError) -> bool {
 }
 
 /// Whether the database could not be reached (connection lost or refused, pool exhausted or
-/// closed), as opposed to a statement it refused.
+/// closed), or the server answers but cannot serve: a cluster member outside the primary
+/// component or out of the group. Either way this node is cut off from the store.
 pub(crate) fn is_unreachable(err: &StoreError) -> bool {
-    matches!(
-        err,
+    match err {
         StoreError::Database(
             sqlx::Error::Io(_)
-                | sqlx::Error::Tls(_)
-                | sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::WorkerCrashed
-        )
-    )
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed,
+        ) => true,
+        StoreError::Database(sqlx::Error::Database(db)) => matches!(
+            code_of(db.as_ref()),
+            Code::MySql(MYSQL_WSREP_NOT_READY | MYSQL_REPLICATION_HOOK_ERROR)
+        ),
+        _ => false,
+    }
 }

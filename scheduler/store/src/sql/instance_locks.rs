@@ -14,6 +14,7 @@ use ax_core::state::InstanceState;
 use sqlx::{AnyConnection, Row};
 
 use super::counted::Counted;
+use super::engine::{Locked, touch};
 use super::rows::{instance_state, to_u32};
 use super::{Dialect, Store, in_list};
 use crate::Result;
@@ -135,12 +136,25 @@ pub(crate) async fn lock_run_rows(
         return Ok(());
     }
     // One statement; InnoDB locks the rows as it walks the primary key, in ascending id order.
-    let (list, runs) = in_list(runs.iter().copied());
+    let ids = runs;
+    let (list, padded) = in_list(runs.iter().copied());
     let sql = format!("SELECT id FROM run WHERE id IN ({list}) ORDER BY id FOR UPDATE");
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for run in runs {
+    for &run in &padded {
         query = query.bind(run);
     }
     query.fetch_all(&mut *c).await?;
-    Ok(())
+    touch_runs(store, c, ids).await
+}
+
+/// On a cluster member, writes the locked run rows too (`engine.rs`): two batches on two
+/// servers that each end one of a run's last two tasks then conflict, instead of each seeing
+/// the other's task unfinished and neither ending the run (or creating the fan-in's instance).
+pub(crate) async fn touch_runs(
+    store: &Store,
+    c: &mut Counted<'_>,
+    runs: &BTreeSet<i64>,
+) -> Result<()> {
+    let runs: Vec<i64> = runs.iter().copied().collect();
+    touch(store, c, Locked::Run, &runs).await
 }

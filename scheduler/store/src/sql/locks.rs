@@ -27,6 +27,7 @@ use std::collections::BTreeSet;
 use sqlx::Row;
 
 use super::counted::Counted;
+use super::engine::{Locked, touch};
 use super::{Dialect, Store, in_list};
 use crate::Result;
 
@@ -86,6 +87,10 @@ pub(crate) async fn lock_workflows_of_ending_runs(
         for (hold, ids) in ascending_runs(&locked, &exclusive) {
             lock_rows(c, hold, &ids).await?;
         }
+        // On a cluster member a shared hold is written too: a creator under limits on another
+        // server then conflicts with this end, as it waits for it on one server.
+        let locked: Vec<i64> = locked.into_iter().collect();
+        touch(store, c, Locked::Workflow, &locked).await?;
     }
     Ok(with_dependents)
 }

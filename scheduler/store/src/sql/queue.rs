@@ -22,6 +22,7 @@ use ax_core::spec::{ConcurrencySpec, OverlapPolicy, ScheduleSpec, TriggerKind};
 use sqlx::{AnyConnection, Row};
 
 use super::counted::Counted;
+use super::engine::{Locked, touch};
 use super::placing::Placing;
 use super::rows::{corrupt, to_u32};
 use super::run_roots::{RootsOf, facts_of_version, insert_roots_of};
@@ -124,7 +125,7 @@ pub(crate) async fn lock_workflow(
         .bind(id.0)
         .fetch_optional(&mut *c)
         .await?;
-    Ok(())
+    touch(store, &mut Counted::new(c), Locked::Workflow, &[id.0]).await
 }
 
 /// Runs of the workflow in `state` (with `key` when given; only unscheduled ones when

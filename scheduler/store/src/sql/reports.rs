@@ -16,7 +16,7 @@ use super::counted::Counted;
 use super::dispatch::Ended;
 use super::downstream_tasks::VersionTask;
 use super::ids::IdKind;
-use super::instance_locks::{InstanceKey, load_keys, lock_run_rows};
+use super::instance_locks::{InstanceKey, load_keys, lock_run_rows, touch_runs};
 use super::patch::{Patches, Table, Value};
 use super::placing::{Placed, Placing};
 use super::rows::{instance_state, map_json, to_u32};
@@ -136,6 +136,7 @@ async fn apply_counted(
         }
         if placing.is_active() {
             lock_run_rows_noting(c, &runs, placing).await?;
+            touch_runs(store, c, &runs).await?;
         } else {
             lock_run_rows(store, c, &runs).await?;
         }

@@ -153,25 +153,19 @@ pub(crate) async fn migrate_alone(
 /// tables of that node's migrations without their rows yet (seen: the schema release record
 /// missing). One causal read (`wsrep_sync_wait`) covers every later read of this server.
 async fn catch_up_with_the_cluster(store: &Store) -> Result<()> {
-    let mut c = store.pool.acquire().await?;
-    let wsrep = sqlx::query("SHOW VARIABLES LIKE 'wsrep_on'")
-        .fetch_optional(&mut *c)
-        .await?;
-    let on = match wsrep {
-        Some(row) => row.try_get::<String, _>(1)?.eq_ignore_ascii_case("ON"),
-        None => false,
-    };
-    if on {
-        sqlx::query("SET SESSION wsrep_sync_wait = 1")
-            .execute(&mut *c)
-            .await?;
-        sqlx::query("SELECT COUNT(*) FROM ax_migration_lock")
-            .fetch_one(&mut *c)
-            .await?;
-        sqlx::query("SET SESSION wsrep_sync_wait = 0")
-            .execute(&mut *c)
-            .await?;
+    if store.engine != super::engine::Engine::Galera {
+        return Ok(());
     }
+    let mut c = store.pool.acquire().await?;
+    sqlx::query("SET SESSION wsrep_sync_wait = 1")
+        .execute(&mut *c)
+        .await?;
+    sqlx::query("SELECT COUNT(*) FROM ax_migration_lock")
+        .fetch_one(&mut *c)
+        .await?;
+    sqlx::query("SET SESSION wsrep_sync_wait = 0")
+        .execute(&mut *c)
+        .await?;
     Ok(())
 }
 

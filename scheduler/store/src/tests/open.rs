@@ -199,6 +199,7 @@ async fn a_mysql_session_gone_silent_in_a_transaction_frees_its_locks_after_the_
             .unwrap();
         let options = StoreOptions {
             silent_client_timeout: std::time::Duration::from_secs(1),
+            ..StoreOptions::default()
         };
         let silent = Store::connect_with(&ctx.url, &options).await.unwrap();
         let mut tx = silent.pool.begin().await.unwrap();

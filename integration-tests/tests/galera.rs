@@ -1,0 +1,156 @@
+//! ax on a multi-primary MariaDB Galera cluster (`ax_integration_tests::galera`), each node on a
+//! member of its own: three nodes started together on an empty database all start (they migrate
+//! one after the other under the migration lock, a committed row), and a workflow limited to one
+//! active run, triggered on all three nodes at once round after round, never has two runs at a
+//! time, by the ledger its task appends to (a row lock holds on one member only, so each decision
+//! also writes the rows it locked, and Galera's certification orders them). The fault tests on
+//! Galera (a member killed under load, nodes killed, the per-second cron soak) are in
+//! `cluster_faults`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ax_integration_tests::TestClient;
+use ax_integration_tests::fault_kit::{read_notes, script};
+use ax_integration_tests::galera::{self, GALERA, GaleraDb, MEMBERS};
+use ax_integration_tests::harness::{Test, trial};
+use ax_proto::v1 as pb;
+use ax_scheduler::{RunningScheduler, SchedulerOptions};
+use ax_worker::WorkerOptions;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) fn tests() -> Vec<Test> {
+    vec![
+        trial!(async(multi_thread = 2) galera_three_nodes_started_together_on_an_empty_database_all_start).requires(&GALERA),
+        trial!(async(multi_thread = 2) galera_one_active_run_holds_when_every_node_triggers_at_once).requires(&GALERA),
+    ]
+}
+
+/// Rounds of the run-limit race: each triggers the workflow on the three nodes at once.
+const ROUNDS: usize = 18;
+/// What a test waits for at most before it calls a hang a failure.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+fn node(url: String, id: &str) -> SchedulerOptions {
+    SchedulerOptions {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        store_url: url,
+        node_id: id.into(),
+        node_lease: Duration::from_secs(2),
+        heartbeat_interval: Duration::from_millis(500),
+        ..SchedulerOptions::default()
+    }
+}
+
+/// The three nodes, started at once, node `i` on member `i`.
+async fn start_together(db: &GaleraDb) -> Vec<RunningScheduler> {
+    let (a, b, c) = tokio::join!(
+        ax_scheduler::start(node(db.url(1), "n1")),
+        ax_scheduler::start(node(db.url(2), "n2")),
+        ax_scheduler::start(node(db.url(3), "n3")),
+    );
+    [a, b, c]
+        .into_iter()
+        .map(|started| started.expect("every node starts"))
+        .collect()
+}
+
+async fn galera_three_nodes_started_together_on_an_empty_database_all_start() {
+    let _alone = galera::exclusive().await;
+    let db = GaleraDb::create().await.expect("a Galera database");
+    let nodes = start_together(&db).await;
+    // Every member has the whole schema and the three leases.
+    for member in 1..=MEMBERS {
+        let store = ax_store::open(&db.url(member)).await.expect("store");
+        assert_eq!(store.engine(), ax_store::Engine::Galera);
+        let (_, leases) = store.list_node_leases().await.expect("leases");
+        assert_eq!(leases.len(), 3, "member {member}: {leases:?}");
+        store.close().await;
+    }
+    for node in nodes {
+        node.shutdown().await.expect("shutdown");
+    }
+    db.drop_database().await.expect("drop the database");
+}
+
+async fn galera_one_active_run_holds_when_every_node_triggers_at_once() {
+    let _alone = galera::exclusive().await;
+    let db = GaleraDb::create().await.expect("a Galera database");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let effects = dir.path().join("effects");
+    let nodes = start_together(&db).await;
+    let mut clients = Vec::new();
+    for node in &nodes {
+        let endpoint = format!("http://{}", node.local_addr());
+        clients.push(TestClient::connect(&endpoint).await.expect("client"));
+    }
+    let worker = CancellationToken::new();
+    let options = WorkerOptions {
+        endpoints: clients.iter().map(|c| c.endpoint().to_string()).collect(),
+        worker_id: "w1".into(),
+        state_dir: Some(ax_integration_tests::fresh_state_dir()),
+        capacity: 8,
+        heartbeat_interval: Duration::from_millis(500),
+        ..WorkerOptions::default()
+    };
+    let worker_task = tokio::spawn(ax_worker::run(options, worker.clone()));
+    clients[0]
+        .wait_worker_live("w1", HANG_GUARD)
+        .await
+        .expect("w1 live");
+    let command = script(dir.path(), "serial", &effects, "sleep 0.2");
+    let yaml = format!(
+        "name: serial\nschedule:\n  max_active_runs: 1\ntasks:\n  - name: step\n    command: \"{}\"\n",
+        command.replace('\\', "\\\\").replace('"', "\\\"")
+    );
+    clients[0].apply(&yaml).await.expect("apply");
+
+    // Each round starts with no run active, so that the three creations race for the one
+    // place (later runs of a round queue behind the first, and are promoted one at a time).
+    let mut runs = Vec::new();
+    for _ in 0..ROUNDS {
+        let (a, b, c) = tokio::join!(
+            clients[0].trigger_run("serial"),
+            clients[1].trigger_run("serial"),
+            clients[2].trigger_run("serial"),
+        );
+        for run in [a, b, c] {
+            let run = run.expect("trigger").id;
+            runs.push(run);
+        }
+        for run in &runs[runs.len() - 3..] {
+            let ended = clients[0]
+                .wait_run_within(*run, HANG_GUARD)
+                .await
+                .expect("the run ends");
+            assert_eq!(ended.state(), pb::RunState::Success, "run {run}");
+        }
+    }
+
+    // By the ledger: one task ran at a time, and each run's task ran once.
+    let notes = read_notes(&effects);
+    let mut running = 0i32;
+    let mut most = 0i32;
+    for note in &notes {
+        match note.what.as_str() {
+            "start" => running += 1,
+            "end" => running -= 1,
+            _ => {}
+        }
+        most = most.max(running);
+    }
+    let starts = notes.iter().filter(|n| n.what == "start").count();
+    println!(
+        "{} runs triggered three at a time on three Galera members: at most {most} running at once, {starts} starts",
+        runs.len()
+    );
+    assert_eq!(most, 1, "two runs were active at once:\n{notes:#?}");
+    assert_eq!(starts, runs.len(), "a task ran other than once");
+
+    worker.cancel();
+    let _ = tokio::time::timeout(HANG_GUARD, worker_task).await;
+    for node in nodes {
+        node.shutdown().await.expect("shutdown");
+    }
+    db.drop_database().await.expect("drop the database");
+}

@@ -551,6 +551,23 @@ async fn a_node_partitioned_from_the_database(redis: RedisChoice, partition: Par
     let in_flight_at_partition = in_flight(&read_notes(&nodes.effects));
 
     nodes.wait_moved(0, &held, cut_off).await;
+    // The cut-off node answers at once, with the reason (it used to wait for a database
+    // connection until its pool gave up, 30 s; 5 s only catches a hang).
+    let asked = tokio::time::Instant::now();
+    let answer = nodes.clients[cut_off]
+        .control()
+        .get_run(pb::GetRunRequest { id: runs[0] })
+        .await;
+    assert!(
+        matches!(&answer, Err(status) if status.code() == tonic::Code::Unavailable
+            && status.message().contains("cannot reach its store")),
+        "{answer:?}"
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "the cut-off node took {:?} to answer",
+        asked.elapsed()
+    );
     let done = succeeded(&nodes.clients[0], &runs).await.unwrap_or(0);
     // On a slow machine most of the work may be done by the time the workers moved.
     wait_succeeded(

@@ -5,7 +5,9 @@
 //! time, by the ledger its task appends to (a row lock holds on one member only, so each decision
 //! also writes the rows it locked, and Galera's certification orders them). The fault tests on
 //! Galera (a member killed under load, nodes killed, the per-second cron soak) are in
-//! `cluster_faults`.
+//! `cluster_faults`. A member isolated from the others (`gmcast.isolate`, outside the primary
+//! component) cuts off its node, which then answers every API call and registration with
+//! UNAVAILABLE at once, and no node starts on it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -17,12 +19,14 @@ use ax_integration_tests::harness::{Test, trial};
 use ax_proto::v1 as pb;
 use ax_scheduler::{RunningScheduler, SchedulerOptions};
 use ax_worker::WorkerOptions;
+use sqlx::Connection;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) fn tests() -> Vec<Test> {
     vec![
         trial!(async(multi_thread = 2) galera_three_nodes_started_together_on_an_empty_database_all_start).requires(&GALERA),
         trial!(async(multi_thread = 2) galera_one_active_run_holds_when_every_node_triggers_at_once).requires(&GALERA),
+        trial!(async(multi_thread = 2) galera_a_node_whose_member_leaves_the_cluster_is_cut_off_and_refuses_at_once).requires(&GALERA),
     ]
 }
 
@@ -153,4 +157,150 @@ async fn galera_one_active_run_holds_when_every_node_triggers_at_once() {
         node.shutdown().await.expect("shutdown");
     }
     db.drop_database().await.expect("drop the database");
+}
+
+/// Calls on a node until one is refused as cut off; returns the refusal and how long that call
+/// took.
+async fn wait_refused(client: &TestClient) -> (tonic::Status, Duration) {
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    loop {
+        let asked = tokio::time::Instant::now();
+        match client.control().list_nodes(pb::ListNodesRequest {}).await {
+            Err(status) if status.message().contains("cannot reach its store") => {
+                return (status, asked.elapsed());
+            }
+            _ => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the node on the isolated member was not cut off"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn galera_a_node_whose_member_leaves_the_cluster_is_cut_off_and_refuses_at_once() {
+    let _alone = galera::exclusive().await;
+    let db = GaleraDb::create().await.expect("a Galera database");
+    let nodes = start_together(&db).await;
+    let endpoint = |i: usize| format!("http://{}", nodes[i].local_addr());
+    let n3 = TestClient::connect(&endpoint(2))
+        .await
+        .expect("client of n3");
+    let isolate = |on: u8| async move {
+        let mut conn = sqlx::MySqlConnection::connect(&galera::server_url(3))
+            .await
+            .expect("member 3");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SET GLOBAL wsrep_provider_options = 'gmcast.isolate={on}'"
+        )))
+        .execute(&mut conn)
+        .await
+        .expect("isolate member 3");
+    };
+    isolate(1).await;
+    let (refused, took) = wait_refused(&n3).await;
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    // At once, not after a pool's 30 s: 5 s only catches a hang.
+    let asked = tokio::time::Instant::now();
+    let again = n3.control().list_nodes(pb::ListNodesRequest {}).await;
+    assert!(
+        matches!(&again, Err(status) if status.code() == tonic::Code::Unavailable),
+        "{again:?}"
+    );
+    assert!(
+        took.max(asked.elapsed()) < Duration::from_secs(5),
+        "a call to the cut-off node took {:?}",
+        took.max(asked.elapsed())
+    );
+    // The JSON API says the same, and a worker's registration is refused with the reason.
+    let response = reqwest::get(format!("{}/api/v1/runs", endpoint(2)))
+        .await
+        .expect("an HTTP answer");
+    assert_eq!(response.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    let body = response.text().await.expect("body");
+    assert!(body.contains("cannot reach its store"), "{body}");
+    let registered = register(&endpoint(2)).await;
+    assert!(
+        matches!(&registered, Err(status) if status.code() == tonic::Code::Unavailable
+            && status.message().contains("cannot reach its store")),
+        "{registered:?}"
+    );
+    // The other nodes serve, and no node starts on the isolated member.
+    let n1 = TestClient::connect(&endpoint(0))
+        .await
+        .expect("client of n1");
+    n1.control()
+        .list_nodes(pb::ListNodesRequest {})
+        .await
+        .expect("n1 answers");
+    let started = ax_scheduler::start(node(db.url(3), "n4")).await;
+    let refusal = match started {
+        Ok(node) => {
+            node.shutdown().await.expect("shutdown");
+            panic!("a node started on a member outside the primary component");
+        }
+        Err(err) => format!("{err:#}"),
+    };
+    assert!(
+        refusal.contains("not ready") || refusal.contains("WSREP"),
+        "{refusal}"
+    );
+    println!("a node on an isolated member: {refused:?}; a new node: {refusal}");
+
+    // Back in the cluster, the node serves again.
+    isolate(0).await;
+    galera::all_synced(HANG_GUARD)
+        .await
+        .expect("member 3 rejoins");
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    while n3
+        .control()
+        .list_nodes(pb::ListNodesRequest {})
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "n3 did not serve again after its member rejoined"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for node in nodes {
+        node.shutdown().await.expect("shutdown");
+    }
+    db.drop_database().await.expect("drop the database");
+}
+
+/// Opens a worker stream on `endpoint` with a Register frame; the stream once registered, else
+/// the status it was refused with.
+async fn register(endpoint: &str) -> Result<(), tonic::Status> {
+    use pb::worker_message::Body;
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = pb::worker_service_client::WorkerServiceClient::new(channel);
+    let register = pb::Register {
+        protocol: pb::ProtocolVersion::ProtocolVersion1 as i32,
+        worker_id: "w9".into(),
+        version: "test".into(),
+        capacity: 1,
+        started_at_ms: chrono::Utc::now().timestamp_millis(),
+        hostname: "test".into(),
+        incarnation: "0123456789abcdef0123".into(),
+        ..Default::default()
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(pb::WorkerMessage {
+        body: Some(Body::Register(register)),
+    })
+    .await
+    .expect("queue Register");
+    let mut inbound = client
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    inbound.message().await.map(|_| ())
 }

@@ -111,11 +111,11 @@ pub fn cut_off_after(worker_dead_after: Duration) -> Duration {
 /// cluster that holds every commit while it drops a member that stopped answering
 /// (`commit_stall`: Galera's `evs.suspect_timeout`, 5 s by default) stalls every node's renewal
 /// at once, and every node would be cut off and its workers moved for one database server's
-/// death: the node waits that stall and 2 s more. A renewal that fails (the node's own server
+/// death: the node waits that stall and 3 s more (forming the new view takes a second or so). A renewal that fails (the node's own server
 /// gone or out of the cluster) still cuts it off after [`cut_off_after`].
 pub fn cut_off_when_stalled(cut_off_after: Duration, commit_stall: Option<Duration>) -> Duration {
     match commit_stall {
-        Some(stall) => cut_off_after.max(stall + Duration::from_secs(2)),
+        Some(stall) => cut_off_after.max(stall + Duration::from_secs(3)),
         None => cut_off_after,
     }
 }
@@ -537,9 +537,9 @@ mod tests {
             cut_off_when_stalled(cut_off_after(dead), None),
             cut_off_after(dead)
         );
-        // Galera's default 5 s suspect timeout, and 2 s more.
+        // Galera's default 5 s suspect timeout, and 3 s more.
         let galera = cut_off_when_stalled(cut_off_after(dead), Some(Duration::from_secs(5)));
-        assert_eq!(galera, Duration::from_secs(7));
+        assert_eq!(galera, Duration::from_secs(8));
         assert!(cut_off_leaves_time_to_move(galera, dead));
         // A suspect timeout too long for the threshold is told.
         let slow = cut_off_when_stalled(cut_off_after(dead), Some(Duration::from_secs(15)));

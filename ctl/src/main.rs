@@ -142,7 +142,10 @@ enum Command {
     /// Set, list and delete the secrets workflows name in a task's env (admin): an app's
     /// (--app) or global ones.
     Secret(secret::Args),
+    /// Create, list and revoke API tokens (admin): a role, an app scope, an expiry; a worker
+    /// token names the worker ids it may register. A token is shown once, at creation.
     Token(token::Args),
+    /// Show the token the node sees for this call, its role and app.
     Whoami(whoami::Args),
 }
 

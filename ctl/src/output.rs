@@ -249,12 +249,13 @@ fn datetime(ms: i64) -> Option<DateTime<Utc>> {
     DateTime::from_timestamp_millis(ms)
 }
 
-/// A time for tables: local, to the second, `2024-05-01 14:03:22`; `-` when unset (0).
+/// A time for tables: local, to the second, with its offset (`2024-05-01 14:03:22 +08:00`); `-`
+/// when unset (0).
 pub fn time(ms: i64) -> String {
     match datetime(ms) {
         Some(t) => t
             .with_timezone(&Local)
-            .format("%Y-%m-%d %H:%M:%S")
+            .format("%Y-%m-%d %H:%M:%S %:z")
             .to_string(),
         None => "-".into(),
     }
@@ -342,7 +343,14 @@ mod tests {
             rfc3339(1_700_000_000_123).as_deref(),
             Some("2023-11-14T22:13:20.123Z")
         );
-        assert_eq!(time(1_700_000_000_123).len(), "2023-11-14 22:13:20".len());
+        // Local time, and the offset that says which.
+        let shown = time(1_700_000_000_123);
+        assert_eq!(shown.len(), "2023-11-14 22:13:20 +00:00".len(), "{shown}");
+        let (_, offset) = shown.rsplit_once(' ').expect("an offset");
+        assert!(
+            offset.starts_with(['+', '-']) && offset.len() == 6,
+            "{shown}"
+        );
     }
 
     #[test]

@@ -370,7 +370,7 @@ async fn logs_print_lines_in_order_with_optional_prefixes() {
     let out = axctl(&server, &["logs", "1", "--timestamps"]).await;
     let first = out.stdout.lines().next().unwrap();
     assert!(
-        first.ends_with(" one") && first.len() == "2023-11-14 22:13:21 one".len(),
+        first.ends_with(" one") && first.len() == "2023-11-14 22:13:21 +00:00 one".len(),
         "{out:?}"
     );
     let out = axctl(&server, &["-o", "json", "logs", "1"]).await;
@@ -923,6 +923,28 @@ async fn backfill_reads_times_in_the_workflow_time_zone_and_refuses_bad_ones() {
     );
     assert_eq!(sent[0].actor, "tester@host");
 
+    // A bare date as --to takes in its whole day: January, given as its first and last days,
+    // ends a millisecond before February begins in Paris.
+    let out = axctl(
+        &server,
+        &[
+            "backfill",
+            "etl",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-31",
+            "--dry-run",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let sent = fake.with(|s| s.backfills.clone());
+    assert_eq!(
+        (sent[1].from_ms, sent[1].to_ms),
+        (1_767_222_000_000, 1_769_900_400_000 - 1)
+    );
+
     let out = axctl(
         &server,
         &[
@@ -970,7 +992,7 @@ async fn backfill_reads_times_in_the_workflow_time_zone_and_refuses_bad_ones() {
     assert!(help.stdout.contains("backfill"), "{help:?}");
     assert_eq!(
         fake.with(|s| s.backfills.len()),
-        1,
+        2,
         "refusals send no backfill"
     );
 }
@@ -1502,4 +1524,27 @@ CRON_TZ=Asia/Shanghai
     assert!(lines[0].starts_with("bad:2: schedule: "), "{out:?}");
     assert!(lines[1].starts_with("bad:3: entry: "), "{out:?}");
     assert!(!dir.path().join("bad-out").exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_command_says_what_it_does_in_the_help() {
+    let out = axctl("http://127.0.0.1:1", &["--help"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    let commands: Vec<&str> = out
+        .stdout
+        .lines()
+        .skip_while(|line| !line.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .collect();
+    assert!(commands.len() > 20, "{out:?}");
+    for line in commands {
+        let mut words = line.split_whitespace();
+        let name = words.next().unwrap_or_default();
+        assert!(
+            words.next().is_some(),
+            "`axctl {name}` has no description in --help:\n{}",
+            out.stdout
+        );
+    }
 }

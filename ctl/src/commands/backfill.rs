@@ -1,7 +1,8 @@
 //! `axctl backfill WORKFLOW --from TIME --to TIME [--max N] [--dry-run]`
 //!
 //! Times are RFC 3339 (`2026-01-31T08:30:00+08:00`) or `YYYY-MM-DD[THH:MM[:SS]]` read in the
-//! workflow's time zone (asked of the scheduler first).
+//! workflow's time zone (asked of the scheduler first). Both ends are inclusive, and a bare date
+//! given as `--to` takes in that whole day.
 
 use ax_proto::v1::{BackfillWorkflowRequest, BackfillWorkflowResponse, GetWorkflowRequest};
 use serde::Serialize;
@@ -18,7 +19,7 @@ pub struct Args {
     /// The first logical time (inclusive).
     #[arg(long)]
     pub from: String,
-    /// The last logical time (inclusive).
+    /// The last logical time (inclusive; a bare date, 2026-01-31, includes that whole day).
     #[arg(long)]
     pub to: String,
     /// Refuse when the range has more slots than this, at least 1 (capped by the scheduler's
@@ -77,7 +78,12 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
         .parse()
         .map_err(|_| CtlError::usage(format!("workflow time zone {zone:?} is unknown here")))?;
     let instant = |flag: &str, text: &str| {
-        ax_core::spec::parse_instant(text, tz).ok_or_else(|| {
+        let parsed = if flag == "to" {
+            ax_core::spec::parse_range_end(text, tz)
+        } else {
+            ax_core::spec::parse_instant(text, tz)
+        };
+        parsed.ok_or_else(|| {
             CtlError::usage(format!(
                 "--{flag} {text:?}: expected RFC 3339 (2026-01-31T08:30:00+08:00) or \
                  YYYY-MM-DD[THH:MM[:SS]] in {zone}"

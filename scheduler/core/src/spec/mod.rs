@@ -23,7 +23,9 @@ pub use model::{
     WorkflowSpec,
 };
 pub use template::check_key_template;
-pub use values::{is_valid_env_name, is_valid_name, parse_instant, parse_retention};
+pub use values::{
+    is_valid_env_name, is_valid_name, parse_instant, parse_range_end, parse_retention,
+};
 
 /// A parsed and validated workflow file.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1983,6 +1983,16 @@ fn instants_in_a_time_zone() {
         parse_instant("2026-11-01T05:30:00Z", chrono_tz::UTC)
     );
     assert_eq!(parse_instant("2026-13-01", ny), None);
+    // A bare date as the end of a range takes in its whole day, in the zone.
+    assert_eq!(
+        parse_range_end("2026-01-31", ny),
+        parse_instant("2026-02-01T05:00:00Z", chrono_tz::UTC).map(|ms| ms - 1)
+    );
+    assert_eq!(
+        parse_range_end("2026-01-31T08:30", ny),
+        parse_instant("2026-01-31T08:30", ny)
+    );
+    assert_eq!(parse_range_end("2026-02-30", ny), None);
     assert_eq!(parse_instant("", ny), None);
 }
 

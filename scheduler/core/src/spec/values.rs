@@ -48,6 +48,20 @@ pub fn parse_retention(text: &str) -> Result<Retention, String> {
     }
 }
 
+/// The last instant of a range given as [`parse_instant`] reads it, inclusive: a bare date
+/// (`2026-01-31`) stands for that whole day, so its end is the last millisecond before the next
+/// day begins in `tz`; any other form is the instant itself.
+pub fn parse_range_end(text: &str, tz: chrono_tz::Tz) -> Option<crate::Millis> {
+    let text = text.trim();
+    match chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        Ok(date) => {
+            let next = date.succ_opt()?.format("%Y-%m-%d").to_string();
+            parse_instant(&next, tz).map(|start| start - 1)
+        }
+        Err(_) => parse_instant(text, tz),
+    }
+}
+
 /// Reads `2026-01-31`, `2026-01-31T08:30`, `2026-01-31T08:30:00` (wall time in `tz`; a time in
 /// a spring-forward gap moves to after the gap, a repeated one takes its first occurrence) or an
 /// RFC 3339 instant with its own offset.

@@ -449,7 +449,7 @@ async fn backfill_refusals_create_nothing(backend: Backend) {
             "--from",
             "2026-03-08T04:00",
             "--to",
-            "2026-03-08",
+            "2026-03-08T03:00",
         ],
     );
     assert_eq!(code, 4, "reversed: {err}");

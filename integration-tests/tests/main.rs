@@ -38,6 +38,7 @@ mod trigger_rules;
 mod triggers;
 mod upgrades;
 mod views;
+mod watch_run;
 mod web_api;
 mod web_ui;
 mod worker_restarts;
@@ -78,6 +79,7 @@ fn main() -> std::process::ExitCode {
         triggers::tests(),
         upgrades::tests(),
         views::tests(),
+        watch_run::tests(),
         web_api::tests(),
         web_ui::tests(),
         worker_restarts::tests(),

@@ -483,7 +483,7 @@ tasks:
     let function = &instances[0];
     assert_eq!(function.worker_id, "py-reattach");
     let lines = client.logs(function.id).await.expect("logs");
-    assert_eq!(texts(&lines, pb::LogStream::Stdout), ["returning 0"]);
+    assert_eq!(texts(&lines, pb::LogStream::Stdout), ["exiting with 0"]);
 
     // SIGTERM drains the worker: nothing runs, so it exits at once and cleanly.
     worker.0.terminate().expect("SIGTERM");

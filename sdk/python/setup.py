@@ -1,11 +1,16 @@
-"""Build hook of the ax Python SDK: generates the gRPC stubs from the repository's proto files.
+"""Build hook of the ax Python SDK: generates the gRPC stubs from ax's proto files.
 
-Nothing generated is committed. While a wheel is built (`pip install ./sdk/python`, `pip wheel`),
-`build_py` runs grpcio-tools over `ax/v1/*.proto` and writes the modules into the build output as
-the package `ax_sdk._pb`; an editable install (`pip install -e`) writes them into
-`src/ax_sdk/_pb/` instead, which is gitignored.
+Nothing generated is committed. While a wheel is built (`pip install ./sdk/python`, `pip wheel`,
+or from the sdist), grpcio-tools compiles `ax/v1/*.proto` and `build_py` writes the modules into
+the build output as the package `ax_sdk._pb`; an editable install (`pip install -e`) writes them
+into `src/ax_sdk/_pb/` instead, which is gitignored.
 
-The proto files are found in `$AX_PROTO_DIR`, else `../../proto` (the repository's `proto/`).
+The proto files are found in `$AX_PROTO_DIR`, else `../../proto` (the repository's `proto/`),
+else `proto/` beside this file (where the sdist carries them: `sdist` copies them in).
+
+The dependency floors are read from what was generated: generated messages refuse a protobuf
+runtime older than the protoc that wrote them, and generated services a grpcio older than the
+grpcio-tools, so `protobuf>=` and `grpcio>=` are those versions, whichever grpcio-tools builds.
 """
 
 import os
@@ -17,6 +22,7 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 HERE = Path(__file__).resolve().parent
 PROTOS = ["ax/v1/types.proto", "ax/v1/worker.proto", "ax/v1/control.proto"]
@@ -79,6 +85,33 @@ def generate(target: Path) -> None:
         )
 
 
+_GENERATED = None
+
+
+def generated() -> Path:
+    """The stubs, generated once per build into a scratch directory."""
+    global _GENERATED
+    if _GENERATED is None:
+        _GENERATED = Path(tempfile.mkdtemp(prefix="ax-sdk-stubs-"))
+        generate(_GENERATED)
+    return _GENERATED
+
+
+def dependency_floors() -> list:
+    """`grpcio>=` and `protobuf>=` as the generated code checks them at import."""
+    stubs = generated()
+    messages = (stubs / "types_pb2.py").read_text(encoding="utf-8")
+    found = re.search(
+        r"ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.PUBLIC,\s*(\d+),\s*(\d+),\s*(\d+)",
+        messages,
+    )
+    services = (stubs / "worker_pb2_grpc.py").read_text(encoding="utf-8")
+    grpc_found = re.search(r"GRPC_GENERATED_VERSION = '([0-9.]+)'", services)
+    if found is None or grpc_found is None:
+        raise SystemExit("ax-sdk build: cannot read the protobuf and grpcio versions the stubs need")
+    return [f"grpcio>={grpc_found.group(1)}", f"protobuf>={'.'.join(found.groups())}"]
+
+
 class BuildPyWithStubs(build_py):
     def run(self):
         super().run()
@@ -88,7 +121,7 @@ class BuildPyWithStubs(build_py):
             target = Path(self.build_lib) / "ax_sdk" / "_pb"
         if target.exists():
             shutil.rmtree(target)
-        generate(target)
+        shutil.copytree(generated(), target)
         print(f"ax-sdk: generated gRPC stubs in {target}", file=sys.stderr)
 
     def get_outputs(self, include_bytecode=True):
@@ -99,4 +132,16 @@ class BuildPyWithStubs(build_py):
         return outputs
 
 
-setup(cmdclass={"build_py": BuildPyWithStubs})
+class SdistWithProtos(sdist):
+    """The sdist carries the proto files, so a wheel builds from it anywhere."""
+
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        root = proto_root()
+        for name in PROTOS:
+            target = Path(base_dir) / "proto" / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / name, target)
+
+
+setup(cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProtos}, install_requires=dependency_floors())

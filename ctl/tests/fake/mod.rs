@@ -701,6 +701,17 @@ impl ControlService for Fake {
         })
     }
 
+    type WatchRunStream = ReceiverStream<Result<pb::Run, Status>>;
+
+    async fn watch_run(
+        &self,
+        _request: Request<pb::WatchRunRequest>,
+    ) -> Result<Response<Self::WatchRunStream>, Status> {
+        // axctl polls GetRun; the fake answers as a server without WatchRun would.
+        self.record("WatchRun");
+        Err(Status::unimplemented("WatchRun"))
+    }
+
     type GetLogsStream = ReceiverStream<Result<pb::LogChunk, Status>>;
 
     async fn get_logs(

@@ -194,6 +194,13 @@ async fn call(client: &mut Client, method: &str) -> Code {
             })
             .await
             .map(drop),
+        "WatchRun" => client
+            .watch_run(pb::WatchRunRequest {
+                id: 1,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
         "ListWorkers" => client
             .list_workers(pb::ListWorkersRequest {})
             .await

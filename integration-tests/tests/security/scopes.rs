@@ -398,6 +398,7 @@ const GRPC_ROWS: &[&str] = &[
     "PurgeRuns, dry run",
     "PurgeRuns",
     "GetRun",
+    "WatchRun",
     "CancelRun",
     "ListInstances",
     "ListInstances grouping items",
@@ -546,6 +547,24 @@ async fn grpc_answer(client: &mut Client, row: &str, t: &Target) -> String {
             .get_run(pb::GetRunRequest { id: t.run })
             .await
             .map(|r| format!("OK {}", r.into_inner().state)),
+        "WatchRun" => match client
+            .watch_run(pb::WatchRunRequest {
+                id: t.run,
+                ..Default::default()
+            })
+            .await
+        {
+            Err(status) => Err(status),
+            Ok(stream) => {
+                let mut stream = stream.into_inner();
+                match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
+                    Ok(Ok(Some(run))) => ok(format!("{}", run.state)),
+                    Ok(Ok(None)) => ok("an empty stream".into()),
+                    Ok(Err(status)) => Err(status),
+                    Err(_) => ok("a stream that waits".into()),
+                }
+            }
+        },
         "CancelRun" => client
             .cancel_run(pb::CancelRunRequest {
                 id: t.run,

@@ -113,7 +113,7 @@ impl Identity {
 /// needs `admin`: a method added to the API is closed until it is listed here.
 pub fn control_method_needs(method: &str) -> Need {
     match method {
-        "ListWorkflows" | "GetWorkflow" | "ListRuns" | "GetRun" | "ListInstances"
+        "ListWorkflows" | "GetWorkflow" | "ListRuns" | "GetRun" | "WatchRun" | "ListInstances"
         | "GetInstance" | "GetLogs" | "ListWorkers" | "ListNodes" | "GetDag"
         | "ExplainWorkflow" | "ListAudit" | "WhoAmI" => Need::Role(Role::Viewer),
         "TriggerWorkflow" | "CancelRun" | "CancelInstance" | "RetryInstance" | "RerunRun"

@@ -34,6 +34,7 @@ mod items;
 mod purge;
 mod secrets;
 mod sub_workflows;
+mod watch;
 mod workflow_sets;
 
 use access::Call;
@@ -365,6 +366,7 @@ fn positive_id(id: i64, what: &str) -> Result<i64, Status> {
 }
 
 type LogStreamOut = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
+type RunStreamOut = Pin<Box<dyn Stream<Item = Result<pb::Run, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl ControlService for ControlApi {
@@ -757,6 +759,35 @@ impl ControlService for ControlApi {
             self.visible_run(&call, id).await?;
         }
         Ok(Response::new(self.run_message(id).await?))
+    }
+
+    type WatchRunStream = RunStreamOut;
+
+    async fn watch_run(
+        &self,
+        request: Request<pb::WatchRunRequest>,
+    ) -> Result<Response<Self::WatchRunStream>, Status> {
+        let call = Call::of(&request);
+        let request = request.into_inner();
+        let id = RunId(positive_id(request.id, "run")?);
+        let settle = watch::settle_time(request.settle_ms)?;
+        self.visible_run(&call, id).await?;
+        let (sender, receiver) = mpsc::channel(4);
+        let api = ControlApi {
+            node: self.node.clone(),
+        };
+        self.node.tasks.spawn(async move {
+            tokio::select! {
+                watched = api.stream_run_changes(id, settle, &sender) => {
+                    if let Err(status) = watched {
+                        let _ = sender.send(Err(status)).await;
+                    }
+                }
+                // The stream ends with the node's server.
+                () = api.node.stopping.cancelled() => {}
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
 
     async fn cancel_run(

@@ -16,8 +16,8 @@ def greet(ctx):
 
 @tasks.task("exit_with")
 def exit_with(ctx):
-    print(f"returning {ctx.args[0]}")
-    return int(ctx.args[0])
+    print(f"exiting with {ctx.args[0]}")
+    sys.exit(int(ctx.args[0]))
 
 
 @tasks.task("boom")
@@ -70,3 +70,38 @@ def use_typed(rows: int = upstream("count", "rows"), names: list = upstream("cou
 def by_name(ctx, typed, missing: str = "default"):
     """Takes what its upstream `typed` returned, by the upstream's name."""
     print(f"from typed: {typed} ({type(typed).__name__}), missing={missing}, task {ctx.task}")
+
+
+@tasks.task("slow_to_stop")
+def slow_to_stop(ctx):
+    """On a cancel, takes 0.3 s to clean up (within the test worker's kill grace of 1 s), then
+    writes where its first argument says."""
+    import time
+
+    from ax_sdk import Cancelled
+
+    print("working", flush=True)
+    try:
+        time.sleep(300)
+    except Cancelled:
+        print("cancelled: cleaning up", flush=True)
+        time.sleep(0.3)
+        with open(ctx.args[0], "w") as done:
+            done.write("cleaned up")
+        raise
+
+
+@tasks.task("typed_params")
+def typed_params(n: int, flag: bool, window: dict, names: list[str], note: str = "none") -> dict:
+    """Params arrive typed; the return value is the outputs."""
+    print(f"n+1={n + 1} flag={flag!r} window={window} names={names} note={note}")
+    return {"n_squared": n * n, "flag": not flag}
+
+
+@tasks.task("async_fetch")
+async def async_fetch(n: int) -> list:
+    import asyncio
+
+    await asyncio.sleep(0.05)
+    print(f"fetched {n}")
+    return list(range(n))

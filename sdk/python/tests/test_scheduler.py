@@ -1,11 +1,16 @@
 """The client and the worker against a real scheduler on a fresh store (see conftest.py)."""
 
+import asyncio
+import os
+import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from ax_sdk import AxError
+from ax_sdk import AsyncClient, AxError, InstanceState, RunState
 from ax_sdk.pb import control, types
 
 from conftest import GUARD, WORKER_ID, pid_alive, wait_for
@@ -227,7 +232,7 @@ def test_python_functions_run_as_tasks(client, worker, facts):
     returns_code = instances["returns_code"]
     assert returns_code.state == types.INSTANCE_STATE_FAILED
     assert returns_code.exit_code == 4
-    assert client.log_text(returns_code.id) == ["returning 4"]
+    assert client.log_text(returns_code.id) == ["exiting with 4"]
 
     raises = instances["raises"]
     assert raises.state == types.INSTANCE_STATE_FAILED
@@ -308,12 +313,163 @@ def test_a_return_value_becomes_outputs_the_next_function_reads(client, worker):
     ]
     instances = by_task(client, run.id)
     count = instances["count"]
-    assert dict(count.attempts[-1].outputs) == {"rows": "3", "names": '["a", "b"]', "note": "two\nlines"}
+    assert dict(count.attempts[-1].outputs) == {
+        "return": '{"rows": 3, "names": ["a", "b"], "note": "two\\nlines"}',
+        "rows": "3",
+        "names": '["a", "b"]',
+        "note": "two\nlines",
+    }
     use = instances["use"]
     assert client.log_text(use.id) == ["rows=3 names=['a', 'b']", "two", "lines"]
-    assert dict(use.attempts[-1].outputs) == {"doubled": "6"}
+    assert dict(use.attempts[-1].outputs) == {"return": '{"doubled": 6}', "doubled": "6"}
     typed = instances["typed"]
     assert client.log_text(typed.id) == ["typed rows+1=4 names=['a', 'b']"]
     assert dict(typed.attempts[-1].outputs) == {"return": '[3, "a", "b"]'}
     last = instances["last"]
     assert client.log_text(last.id) == ["from typed: [3, 'a', 'b'] (list), missing=default, task last"]
+
+
+def test_wait_returns_once_a_cancelled_function_has_cleaned_up(client, worker, out_dir):
+    marker = out_dir / "cleaned-up"
+    client.apply(
+        source=f"""
+name: py-slow-stop
+tasks:
+  - name: slow
+    argv: [ax-python, slow_to_stop, "{marker}"]
+    labels: {{sdk: python}}
+"""
+    )
+    run = client.trigger("py-slow-stop").run
+    (instance,) = client.instances(run.id)
+    wait_for(lambda: client.log_text(instance.id) == ["working"], "the function's line")
+    client.cancel_run(run.id, reason="wait test")
+    ended = client.wait(run.id, timeout=GUARD)
+    # The run was CANCELLED at once; wait returned only once the process had ended, after its
+    # clean-up (one Cancelled, 0.3 s of work), with the signal stored.
+    assert ended.state == RunState.CANCELLED, ended
+    assert marker.read_text() == "cleaned up"
+    (attempt,) = client.get_instance(instance.id).attempts
+    assert attempt.state == InstanceState.CANCELLED
+    assert attempt.signal == signal.SIGTERM, attempt
+    assert not attempt.process_may_run
+    assert client.log_text(instance.id) == [
+        "working",
+        "cancelled: cleaning up",
+        "ax-python: stopped by SIGTERM (a cancel or a timeout)",
+    ]
+
+
+def test_params_reach_functions_typed_and_returns_are_outputs(client, worker):
+    client.apply(
+        source="""
+name: py-typed
+defaults:
+  labels: {sdk: python}
+tasks:
+  - name: params
+    command: ax-python typed_params
+  - name: fetch
+    command: ax-python async_fetch
+"""
+    )
+    params = {"n": 3, "flag": True, "window": {"days": 7}, "names": ["a", "b"], "note": "plain text"}
+    triggered = client.trigger("py-typed", params)
+    # Strings go as they are, anything else as JSON.
+    assert triggered.run.params == {
+        "n": "3",
+        "flag": "true",
+        "window": '{"days": 7}',
+        "names": '["a", "b"]',
+        "note": "plain text",
+    }
+    run = client.wait(triggered.run_id, timeout=GUARD)
+    instances = by_task(client, run.id)
+    assert run.state is RunState.SUCCESS, [(i.task, client.log_text(i.id)) for i in instances.values()]
+    assert client.log_text(instances["params"].id) == [
+        "n+1=4 flag=True window={'days': 7} names=['a', 'b'] note=plain text"
+    ]
+    assert instances["params"].outputs == {"return": '{"n_squared": 9, "flag": false}', "n_squared": "9", "flag": "false"}
+    assert client.log_text(instances["fetch"].id) == ["fetched 3"]
+    assert instances["fetch"].outputs == {"return": "[0, 1, 2]"}
+
+
+def test_a_param_that_does_not_convert_fails_the_attempt_naming_it(client, worker):
+    client.apply(source="name: py-typed-bad\ntasks:\n  - name: f\n    command: ax-python async_fetch\n    labels: {sdk: python}\n")
+    run = client.wait(client.trigger("py-typed-bad", {"n": "three"}).run_id, timeout=GUARD)
+    assert run.state is RunState.FAILED
+    (instance,) = client.instances(run.id)
+    assert client.log_text(instance.id) == [
+        "ax-python: async_fetch: parameter n: param n is 'three', not int: expected an integer, got \"three\""
+    ]
+
+
+def test_the_async_client_triggers_waits_and_reads_logs(scheduler, worker):
+    async def scenario():
+        async with AsyncClient(scheduler, token=os.environ.get("AX_TEST_TOKEN") or None) as client:
+            await client.apply(source="name: py-async\ntasks:\n  - name: t\n    command: echo one; echo two\n")
+            triggered = await client.trigger("py-async", idempotency_key="py-async-1")
+            again = await client.trigger("py-async", idempotency_key="py-async-1")
+            assert (triggered.created, again.created, again.run_id) == (True, False, triggered.run_id)
+            changes = [run.state async for run in client.watch(triggered.run_id)]
+            run = await client.wait(triggered.run_id, timeout=GUARD)
+            (instance,) = await client.instances(run.id)
+            lines = [line.text async for line in client.logs(instance.id)]
+            return changes, run, lines
+
+    changes, run, lines = asyncio.run(scenario())
+    assert run.state is RunState.SUCCESS
+    assert changes[-1] is RunState.SUCCESS, changes
+    assert lines == ["one", "two"]
+
+
+def test_the_orders_example_runs_as_its_readme_says(scheduler, client, out_dir):
+    """The example's worker module served by `python -m ax_sdk`, its workflow built in Python,
+    and its client, blocking and asyncio, each run as a user runs them."""
+    example = REPO / "sdk" / "python" / "examples" / "orders"
+    env = dict(os.environ, AX_SERVER=scheduler, AX_SCHEDULER=scheduler)
+    for name, value in (("AX_TOKEN", "AX_TEST_TOKEN"),):
+        if os.environ.get(value):
+            env[name] = os.environ[value]
+    worker_env = dict(env)
+    if os.environ.get("AX_TEST_WORKER_TOKEN"):
+        worker_env["AX_TOKEN"] = os.environ["AX_TEST_WORKER_TOKEN"]
+    log = open(out_dir / "orders-worker.log", "w")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "ax_sdk", "--module", "tasks.py", "--label", "worker=orders", "--id", "py-orders"],
+        cwd=example,
+        env=worker_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for(lambda: any(w.id == "py-orders" and w.state == 1 for w in client.list_workers()), "the example's worker")
+        printed = subprocess.run(
+            [sys.executable, "workflow.py"], cwd=example, env=env, capture_output=True, text=True, timeout=GUARD
+        )
+        assert printed.returncode == 0, printed.stderr
+        assert 'argv:\n      - "ax-python"\n      - "total"\n    upstream:\n      - "extract"\n      - "enrich"' in printed.stdout
+        outputs = {}
+        for mode in ([], ["--async"]):
+            done = subprocess.run(
+                [sys.executable, "client.py", "2026-01-31", *mode],
+                cwd=example,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=GUARD,
+            )
+            assert done.returncode == 0, (done.stdout, done.stderr, (out_dir / "orders-worker.log").read_text())
+            outputs[tuple(mode)] = done.stdout
+        # 4 orders: 100 EUR, 110 USD, 120 CNY, 130 EUR = 346.8 EUR; in USD and in CNY.
+        assert re.fullmatch(
+            r'run \d+ SUCCESS: \{"day": "2026-01-31", "orders": 4, "total": 376\.96, "currency": "USD"\}\n', outputs[()]
+        ), outputs[()]
+        assert re.fullmatch(
+            r'run \d+ SUCCESS: \{"day": "2026-01-31", "orders": 4, "total": 2667\.69, "currency": "CNY"\}\n',
+            outputs[("--async",)],
+        ), outputs[("--async",)]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=GUARD)
+        log.close()

@@ -496,7 +496,7 @@ def test_a_function_of_the_main_script_runs_without_its_main_block(tmp_path):
     script.write_text(
         "def hello(ctx):\n"
         "    print('hello', ctx.args, ctx.params, ctx.run_id)\n"
-        "    return 5\n"
+        "    raise SystemExit(5)\n"
         "if __name__ == '__main__':\n"
         "    print('the main block ran')\n"
     )
@@ -536,7 +536,11 @@ def test_outputs_read_as_the_rust_worker_reads_them():
         outputs.parse(over)
     rendered = outputs.render({"a": "1", "b": "x\ny"})
     assert outputs.parse(rendered.encode()) == {"a": "1", "b": "x\ny"}
-    assert outputs.from_return({"n": 3, "s": "t"}) == {"n": "3", "s": "t"}
+    assert outputs.from_return({"n": 3, "s": "t", "not-a-name": 1}) == {
+        "return": '{"n": 3, "s": "t", "not-a-name": 1}',
+        "n": "3",
+        "s": "t",
+    }
     assert outputs.from_return([1, 2]) == {"return": "[1, 2]"}
     assert outputs.env_name("load-db.v2", "rows") == "AX_UPSTREAM_LOAD_DB_V2_rows"
 
@@ -570,8 +574,96 @@ def test_upstream_values_become_arguments_by_name_and_by_upstream():
 
 
 def test_a_missing_or_unconvertible_upstream_value_is_named():
-    with pytest.raises(ArgumentError, match="parameter count: output return of task count was not passed on"):
+    with pytest.raises(ArgumentError, match="parameter count: no direct upstream task count passed on a value and the run has no param count"):
         bind(_typed, object(), {"AX_UPSTREAM_COUNT_rows": "3", "AX_UPSTREAM_COUNT_note": "n"})
     bad = {"AX_UPSTREAM_COUNT_return": "1", "AX_UPSTREAM_COUNT_rows": "many", "AX_UPSTREAM_COUNT_note": "n"}
     with pytest.raises(ArgumentError, match="parameter rows: output rows of task count is 'many', not int"):
         bind(_typed, object(), bad)
+
+
+class _Refusing(worker_pb2_grpc.WorkerServiceServicer):
+    """A worker service that refuses every stream's credentials with `code`."""
+
+    def __init__(self, code):
+        self.code = code
+        self.calls = 0
+
+    def Connect(self, request_iterator, context):
+        self.calls += 1
+        context.abort(self.code, "token not accepted (create one with axctl token create --role worker)")
+
+
+@pytest.mark.parametrize(
+    "code, advice",
+    [
+        (grpc.StatusCode.UNAUTHENTICATED, "Give the worker a valid token: Worker(token=...)"),
+        (grpc.StatusCode.PERMISSION_DENIED, "Give it a worker token whose worker ids include 'unit-refused'"),
+    ],
+)
+def test_a_refused_token_stops_the_worker_with_an_sdk_worded_error(code, advice):
+    from ax_sdk import WorkerRefused
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    refusing = _Refusing(code)
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(refusing, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        worker = Worker(f"http://127.0.0.1:{port}", "unit-refused", token="wrong")
+        raised = queue.Queue()
+
+        def serve():
+            try:
+                worker.run()
+                raised.put(None)
+            except BaseException as error:  # what run() raised, for the assertion below
+                raised.put(error)
+
+        import threading
+
+        threading.Thread(target=serve, daemon=True).start()
+        error = raised.get(timeout=30)
+        assert isinstance(error, WorkerRefused), error
+        assert f"the scheduler at http://127.0.0.1:{port} refused worker 'unit-refused' ({code.name}:" in str(error)
+        assert advice in str(error)
+        # Asked once: trying again cannot help.
+        assert refusing.calls == 1
+    finally:
+        server.stop(None)
+
+
+def test_an_address_refusing_connections_is_warned_about_at_once(caplog):
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    caplog.set_level("WARNING", logger="ax_sdk")
+    worker = Worker(f"http://127.0.0.1:{port}", "unit-unreachable")
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        wanted = f"cannot connect to http://127.0.0.1:{port} (connection refused: is a scheduler running there?); trying again"
+        while wanted not in caplog.messages:
+            assert time.monotonic() < deadline, caplog.messages
+            time.sleep(0.05)
+        time.sleep(1.0)
+        # Once, not on every try of the next half minute.
+        assert caplog.messages.count(wanted) == 1, caplog.messages
+    finally:
+        worker.stop(drain=False, timeout=5)
+
+
+def test_the_sdk_enums_are_the_protocols():
+    from ax_sdk import InstanceState, RunState, Trigger
+    from ax_sdk.pb import types
+
+    for enum_type, proto_enum, prefix in (
+        (RunState, types.RunState, "RUN_STATE_"),
+        (InstanceState, types.InstanceState, "INSTANCE_STATE_"),
+        (Trigger, types.TriggerKind, "TRIGGER_KIND_"),
+    ):
+        assert {m.name: m.value for m in enum_type} == {
+            name[len(prefix):]: value for name, value in proto_enum.items()
+        }
+    assert str(RunState.SUCCESS) == "SUCCESS" and RunState.FAILED.ended and not RunState.QUEUED.ended

@@ -5,15 +5,19 @@ variable AX_SDK_FUNCTION (see `functions.child_spec`), in a process group of its
 module's exit status is the attempt's exit code.
 """
 
+import asyncio
 import importlib
 import importlib.util
+import inspect
 import json
 import os
+import signal
 import sys
 import traceback
+from typing import Any
 
 from ax_sdk.arguments import ArgumentError, bind
-from ax_sdk.functions import SPEC_ENV, TaskContext
+from ax_sdk.functions import SPEC_ENV, Cancelled, TaskContext
 from ax_sdk.outputs import from_return, render
 
 
@@ -32,16 +36,6 @@ def _load(spec):
     for part in spec["qualname"].split("."):
         target = getattr(target, part)
     return target
-
-
-def _exit_code(result):
-    if result is None or result is True:
-        return 0
-    if result is False:
-        return 1
-    if isinstance(result, int):
-        return result & 0xFF if result >= 0 else 1
-    return _pass_on(result)
 
 
 def _pass_on(result):
@@ -70,9 +64,12 @@ def main():
         return 2
     spec = json.loads(raw)
     sys.path[:] = spec["sys_path"]
+    stop = _Stop()
     try:
         function = _load(spec)
     except BaseException:
+        if stop.signalled:
+            return stop.exit()
         traceback.print_exc()
         print(f"ax-python: cannot load task function {spec['name']!r} ({spec['module']}.{spec['qualname']})", file=sys.stderr)
         return 1
@@ -83,19 +80,84 @@ def main():
         print(f"ax-python: {spec['name']}: {error}", file=sys.stderr)
         return 1
     try:
-        result = function(*args, **kwargs)
+        if inspect.iscoroutinefunction(function):
+            result = _run_async(function(*args, **kwargs), stop)
+        else:
+            result = function(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = _run_async(result, stop)
     except SystemExit as exit:
-        code = exit.code
-        if code is None:
-            return 0
-        if isinstance(code, int):
-            return code & 0xFF
-        print(code, file=sys.stderr)
-        return 1
-    except BaseException:
+        if stop.signalled:
+            return stop.exit()
+        return _exit_status(exit.code)
+    except BaseException as error:
+        if stop.signalled:
+            if not isinstance(error, (Cancelled, asyncio.CancelledError)):
+                traceback.print_exc()
+            return stop.exit()
         traceback.print_exc()
         return 1
-    return _exit_code(result)
+    if stop.signalled:
+        return stop.exit()
+    if result is None:
+        return 0
+    return _pass_on(result)
+
+
+class _Stop:
+    """SIGTERM (a cancel or a timeout) raises `Cancelled` in the function, once: its `finally`
+    blocks and context managers run before the process ends; a second SIGTERM changes nothing
+    (the worker's SIGKILL follows its grace). The process then ends by SIGTERM itself, so the
+    attempt's end says what stopped it."""
+
+    def __init__(self) -> None:
+        self.signalled = False
+        self._task: "asyncio.Task[Any] | None" = None
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, _signum, _frame):
+        if self.signalled:
+            return
+        self.signalled = True
+        if self._task is not None:
+            self._task.cancel("ax: the attempt is stopped (SIGTERM: a cancel or a timeout)")
+            return
+        raise Cancelled("the attempt is stopped (SIGTERM: a cancel or a timeout)")
+
+    def watch(self, task: "asyncio.Task[Any]") -> None:
+        """An async function is stopped by cancelling its task, as asyncio code expects."""
+        self._task = task
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._on_sigterm, signal.SIGTERM, None)
+
+    def exit(self) -> int:
+        print("ax-python: stopped by SIGTERM (a cancel or a timeout)", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return 128 + signal.SIGTERM
+
+
+def _run_async(awaitable, stop):
+    async def supervised():
+        task = asyncio.ensure_future(awaitable)
+        stop.watch(task)
+        return await task
+
+    return asyncio.run(supervised())
+
+
+def _exit_status(code):
+    """The exit code of `sys.exit(code)`: an int in 0..255 as it is, None 0, anything else 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int) and not isinstance(code, bool):
+        if 0 <= code <= 255:
+            return code
+        print(f"ax-python: sys.exit({code}) is outside 0..255; the exit code is 1", file=sys.stderr)
+        return 1
+    print(code, file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -1,32 +1,35 @@
-"""A task function's arguments: the context, and its upstreams' values by name or by `upstream()`.
+"""A task function's arguments: the context, the run's params and its upstreams' values.
 
     @tasks.task("load")
-    def load(ctx, extract, rows: int = upstream("count", "rows")):
+    def load(ctx: TaskContext, extract: list[Row], day: datetime.date,
+             rows: int = upstream("count", "rows"), region: str = param("region", "eu")) -> Report:
         ...
 
 - The first parameter gets the `TaskContext` when it is named `ctx` or `context`, is annotated
-  `TaskContext`, or is the function's only parameter without an `upstream()` default (the
-  convention before upstream arguments existed).
+  `TaskContext`, or is the function's only parameter, unannotated, and named after no param
+  or upstream (the convention before typed arguments existed).
 - A parameter with an `upstream(TASK, KEY)` default gets output KEY of direct upstream TASK
   (`KEY` "return" by default: the value TASK's function returned).
-- Any other parameter is named after a direct upstream task (`-` and `.` in the task's name as
-  `_`) and gets the value that task's function returned.
+- A parameter with a `param(NAME, default)` default gets the run's param NAME.
+- Any other parameter gets the value of the direct upstream task it is named after (`-` and
+  `.` in the task's name as `_`) when that task passed one on, else the run's param of its
+  name, else its own default.
 
-Values are read from the `AX_UPSTREAM_<TASK>_<KEY>` environment the scheduler sets, and
-converted by the parameter's annotation: `str` takes the text as it is, `int`, `float` and
-`bool` parse it, anything else (or no annotation) reads it as JSON (text that is not JSON stays
-text). A missing value or one that does not convert fails the attempt before the function
-runs, naming the parameter, the task and the key.
+Values are read from the environment the scheduler sets (`AX_UPSTREAM_<TASK>_<KEY>`,
+`AX_PARAM_<name>`) and converted by the parameter's annotation (`convert.from_text`: JSON
+into ints, bools, lists, dicts, enums, dataclasses, pydantic models, ...). A missing value or
+one that does not convert fails the attempt before the function runs, naming the parameter,
+where its value comes from and what was wrong.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Tuple
 
+from ax_sdk.convert import ConversionError, from_text, type_name
 from ax_sdk.outputs import env_name
 
 
@@ -42,9 +45,26 @@ class Upstream:
     key: str = "return"
 
 
+_NO_DEFAULT: Any = object()
+
+
+@dataclass(frozen=True)
+class Param:
+    """Where a parameter's value comes from: the run's param `name` (`default` without it)."""
+
+    name: str
+    default: Any = _NO_DEFAULT
+
+
 def upstream(task: str, key: str = "return") -> Any:
     """A parameter's default that reads output `key` of direct upstream `task`."""
     return Upstream(task, key)
+
+
+def param(name: str, default: Any = _NO_DEFAULT) -> Any:
+    """A parameter's default that reads the run's param `name`, or `default` when the run has
+    none (without `default`, a run without it fails the attempt)."""
+    return Param(name, default)
 
 
 _CONTEXT_NAMES = ("ctx", "context")
@@ -68,27 +88,59 @@ def bind(function: Callable[..., Any], context: Any, environ: Mapping[str, str])
     kwargs: Dict[str, Any] = {}
     for i, parameter in enumerate(plain):
         default = parameter.default
-        if i == 0 and not isinstance(default, Upstream) and (
-            parameter.name in _CONTEXT_NAMES
-            or hints.get(parameter.name) is TaskContext
-            or len([p for p in plain if not isinstance(p.default, Upstream)]) == 1
-        ):
+        name = parameter.name
+        annotation = hints.get(name)
+        if i == 0 and _takes_context(parameter, annotation, plain, environ, TaskContext):
             value: Any = context
         elif isinstance(default, Upstream):
-            value = _read(parameter.name, default, hints.get(parameter.name), environ)
-        elif default is not inspect.Parameter.empty and env_name(parameter.name, "return") not in environ:
-            # An optional parameter with nothing upstream keeps its default.
+            value = _read_upstream(name, default, annotation, environ)
+        elif isinstance(default, Param):
+            found = _read_param(name, default.name, annotation, environ)
+            if found is _NO_DEFAULT:
+                if default.default is _NO_DEFAULT:
+                    raise ArgumentError(f"parameter {name}: the run has no param {default.name}")
+                found = default.default
+            value = found
+        elif env_name(name, "return") in environ:
+            value = _read_upstream(name, Upstream(name), annotation, environ)
+        elif param_env_name(name) in environ:
+            value = _read_param(name, name, annotation, environ)
+        elif default is not inspect.Parameter.empty:
+            # An optional parameter with nothing upstream and no param keeps its default.
             continue
         else:
-            value = _read(parameter.name, Upstream(parameter.name), hints.get(parameter.name), environ)
+            raise ArgumentError(
+                f"parameter {name}: no direct upstream task {name} passed on a value and the run "
+                f"has no param {name} (name an upstream task or a param, or read another with "
+                f"upstream(TASK, KEY) or param(NAME))"
+            )
         if parameter.kind == parameter.KEYWORD_ONLY:
-            kwargs[parameter.name] = value
+            kwargs[name] = value
         else:
             args.append(value)
     return args, kwargs
 
 
-def _read(name: str, source: Upstream, annotation: Any, environ: Mapping[str, str]) -> Any:
+def param_env_name(name: str) -> str:
+    """`AX_PARAM_<name>`, the param's name as the trigger gave it."""
+    return f"AX_PARAM_{name}"
+
+
+def _takes_context(parameter: Any, annotation: Any, plain: List[Any], environ: Mapping[str, str], context_type: Any) -> bool:
+    if isinstance(parameter.default, (Upstream, Param)):
+        return False
+    if parameter.name in _CONTEXT_NAMES or annotation is context_type:
+        return True
+    unmarked = [p for p in plain if not isinstance(p.default, (Upstream, Param))]
+    return (
+        len(unmarked) == 1
+        and parameter.annotation is inspect.Parameter.empty
+        and env_name(parameter.name, "return") not in environ
+        and param_env_name(parameter.name) not in environ
+    )
+
+
+def _read_upstream(name: str, source: Upstream, annotation: Any, environ: Mapping[str, str]) -> Any:
     text = environ.get(env_name(source.task, source.key))
     what = f"parameter {name}: output {source.key} of task {source.task}"
     if text is None:
@@ -96,32 +148,19 @@ def _read(name: str, source: Upstream, annotation: Any, environ: Mapping[str, st
             f"{what} was not passed on (is {source.task} a direct upstream, and did it "
             f"{'return a value' if source.key == 'return' else 'write ' + source.key}?)"
         )
+    return _convert(what, text, annotation)
+
+
+def _read_param(name: str, param_name: str, annotation: Any, environ: Mapping[str, str]) -> Any:
+    text = environ.get(param_env_name(param_name))
+    if text is None:
+        return _NO_DEFAULT
+    return _convert(f"parameter {name}: param {param_name}", text, annotation)
+
+
+def _convert(what: str, text: str, annotation: Any) -> Any:
     try:
-        return _convert(text, annotation)
-    except (TypeError, ValueError) as error:
+        return from_text(text, annotation)
+    except ConversionError as error:
         shown = text if len(text) <= 60 else text[:59] + "…"
-        raise ArgumentError(f"{what} is {shown!r}, not {_type_name(annotation)}: {error}") from None
-
-
-def _convert(text: str, annotation: Any) -> Any:
-    if annotation is str:
-        return text
-    if annotation is int:
-        return int(text)
-    if annotation is float:
-        return float(text)
-    if annotation is bool:
-        value = json.loads(text)
-        if not isinstance(value, bool):
-            raise ValueError("expected true or false")
-        return value
-    try:
-        return json.loads(text)
-    except ValueError:
-        if annotation is None or annotation is Any:
-            return text
-        raise
-
-
-def _type_name(annotation: Any) -> str:
-    return getattr(annotation, "__name__", None) or str(annotation)
+        raise ArgumentError(f"{what} is {shown!r}, not {type_name(annotation)}: {error}") from None

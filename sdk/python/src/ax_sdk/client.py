@@ -20,17 +20,25 @@ import logging
 import random
 import time
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Mapping, Optional, Union
 
 import grpc
 
 from ._pb import control_pb2 as control
 from ._pb import control_pb2_grpc
-from ._pb import types_pb2 as types
 from .connection import Credentials, parse_endpoints
+from .convert import to_json
+from .runs import Instance, Run, RunState, Triggered
+
+if TYPE_CHECKING:
+    from .workflow import Workflow
 
 # A run in one of these states is over.
-FINAL_RUN_STATES = frozenset({types.RUN_STATE_SUCCESS, types.RUN_STATE_FAILED, types.RUN_STATE_CANCELLED})
+FINAL_RUN_STATES = frozenset({RunState.SUCCESS, RunState.FAILED, RunState.CANCELLED})
+
+# How long `wait` waits, after the run ended, for the processes of its cancelled or timed-out
+# attempts to be reported ended, unless told otherwise.
+DEFAULT_SETTLE = 30.0
 
 # The trailer of a refusal for load: an encoded `ax.v1.Overloaded`.
 OVERLOADED_TRAILER = "ax-overloaded-bin"
@@ -95,7 +103,8 @@ def _default_actor() -> str:
 
 
 class Client:
-    """A control API client.
+    """A control API client. Runs, instances and attempts come back typed (`ax_sdk.runs`); the
+    other calls return the generated messages (`ax_sdk.pb.control`).
 
     `addresses`: one address or several (a list, or comma-separated), each `http://host:port`,
     `https://host:port` or `host:port`. `token`/`token_file`: a bearer token sent as
@@ -127,22 +136,27 @@ class Client:
         self._stub: Optional[control_pb2_grpc.ControlServiceStub] = None
 
     @staticmethod
-    def from_env(**kwargs) -> "Client":
-        """AX_SERVER (default http://127.0.0.1:7070) with AX_TOKEN/AX_TOKEN_FILE and AX_TLS_CA, as
-        axctl reads them; keyword arguments override."""
+    def from_env(
+        *,
+        actor: Optional[str] = None,
+        timeout: float = 30.0,
+        retry_for: float = DEFAULT_RETRY_FOR,
+    ) -> "Client":
+        """AX_SERVER (default http://127.0.0.1:7070) with AX_TOKEN/AX_TOKEN_FILE, AX_TLS_CA,
+        AX_TLS_CERT and AX_TLS_KEY, as axctl reads them."""
         import os
 
         creds = Credentials.from_env()
-        settings = dict(
-            addresses=os.environ.get("AX_SERVER") or "http://127.0.0.1:7070",
+        return Client(
+            os.environ.get("AX_SERVER") or "http://127.0.0.1:7070",
             token=creds.token,
             tls_ca=creds.tls_ca,
             tls_cert=creds.tls_cert,
             tls_key=creds.tls_key,
+            actor=actor,
+            timeout=timeout,
+            retry_for=retry_for,
         )
-        settings.update(kwargs)
-        addresses = settings.pop("addresses")
-        return Client(addresses, **settings)
 
     def close(self) -> None:
         if self._channel is not None:
@@ -153,7 +167,7 @@ class Client:
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------------------------------------
@@ -165,7 +179,7 @@ class Client:
             self._stub = control_pb2_grpc.ControlServiceStub(self._channel)
         return self._stub
 
-    def _call(self, name: str, request, timeout: Optional[float] = None):
+    def _call(self, name: str, request: Any, timeout: Optional[float] = None) -> Any:
         """Calls `name`, moving to the next address while a node is unavailable (the call did not
         reach a scheduler, so trying it elsewhere cannot double it)."""
         last = None
@@ -182,7 +196,7 @@ class Client:
         assert last is not None
         raise AxError(name, last.code(), last.details() or "", _overloaded(last)) from None
 
-    def _call_patiently(self, name: str, request, retry_for: Optional[float]):
+    def _call_patiently(self, name: str, request: Any, retry_for: Optional[float]) -> Any:
         """`_call`, tried again while refused for load, for at most `retry_for` seconds (the
         client's when None). A refusal creates nothing, so trying again cannot double a run."""
         patience = self._retry_for if retry_for is None else retry_for
@@ -214,23 +228,17 @@ class Client:
 
     def apply(
         self,
-        path: Optional[Union[str, Path]] = None,
+        path: Union[None, str, Path, "Workflow"] = None,
         *,
         source: Optional[str] = None,
         source_name: Optional[str] = None,
         dry_run: bool = False,
     ) -> control.ApplyWorkflowResponse:
-        """Applies a workflow file (or its text as `source`). A refusal names file:line: field."""
-        if (path is None) == (source is None):
-            raise ValueError("apply needs a workflow file path or its source text, exactly one")
-        if path is not None:
-            try:
-                source = Path(path).read_text(encoding="utf-8")
-            except OSError as error:
-                raise ValueError(f"cannot read workflow file {path}: {error.strerror or error}") from None
-            source_name = source_name or str(path)
+        """Applies a workflow file, a `Workflow` built in Python, or a file's text as `source`.
+        A refusal names file:line: field."""
+        source, source_name = _workflow_source(path, source, source_name)
         request = control.ApplyWorkflowRequest(
-            source=source, source_name=source_name or "workflow.yaml", dry_run=dry_run, actor=self._actor
+            source=source, source_name=source_name, dry_run=dry_run, actor=self._actor
         )
         return self._call("ApplyWorkflow", request)
 
@@ -252,55 +260,114 @@ class Client:
     def trigger(
         self,
         workflow: str,
-        params: Optional[Mapping[str, str]] = None,
+        params: Optional[Mapping[str, Any]] = None,
         *,
         idempotency_key: str = "",
         logical_time_ms: int = 0,
         retry_for: Optional[float] = None,
-    ) -> control.TriggerWorkflowResponse:
+    ) -> Triggered:
         """Starts a run. A repeated idempotency key returns the first call's run with
-        `created` False. Each param reaches every task as AX_PARAM_<NAME>. Refused for load, it
-        tries again for `retry_for` seconds (the client's `retry_for` when None)."""
+        `created` False. Each param reaches every task as AX_PARAM_<name>: a string as it is,
+        any other value as JSON (`{"n": 3, "flag": True}` gives `3` and `true`), which a task
+        function's annotated parameters read back typed. Refused for load, it tries again for
+        `retry_for` seconds (the client's `retry_for` when None)."""
         request = control.TriggerWorkflowRequest(
             name=workflow,
-            params={str(k): str(v) for k, v in (params or {}).items()},
+            params=encode_params(params),
             idempotency_key=idempotency_key,
             actor=self._actor,
             logical_time_ms=logical_time_ms,
         )
-        return self._call_patiently("TriggerWorkflow", request, retry_for)
+        response = self._call_patiently("TriggerWorkflow", request, retry_for)
+        return Triggered(run=Run.from_pb(response.run), created=response.created)
 
-    def get_run(self, run_id: int) -> control.Run:
-        return self._call("GetRun", control.GetRunRequest(id=run_id))
+    def get_run(self, run_id: int) -> Run:
+        return Run.from_pb(self._call("GetRun", control.GetRunRequest(id=run_id)))
 
-    def list_runs(self, workflow: str = "", limit: int = 50, state: int = 0) -> control.ListRunsResponse:
-        return self._call("ListRuns", control.ListRunsRequest(workflow=workflow, limit=limit, state=state))
+    def list_runs(self, workflow: str = "", limit: int = 50, state: int = 0) -> List[Run]:
+        """The newest runs (of `workflow`, in `state` when given), newest first."""
+        response = self._call("ListRuns", control.ListRunsRequest(workflow=workflow, limit=limit, state=state))
+        return [Run.from_pb(run) for run in response.runs]
 
-    def wait(self, run_id: int, timeout: Optional[float] = None, poll: float = 0.25) -> control.Run:
-        """Waits until the run is SUCCESS, FAILED or CANCELLED and returns it. Raises
-        TimeoutError after `timeout` seconds (None: no limit). While its node is unavailable
-        (restarting) it keeps polling."""
+    def watch(self, run_id: int, settle: float = DEFAULT_SETTLE, timeout: Optional[float] = None) -> Iterator[Run]:
+        """The run now, then each change of its state or counts, as the scheduler streams them
+        (`WatchRun`); the iterator ends once the run has ended and its processes have (at most
+        `settle` seconds after its end). A broken stream, or one open `timeout` seconds, raises
+        AxError."""
+        request = control.WatchRunRequest(id=run_id, settle_ms=_settle_ms(settle))
+        stub = self._connect()
+        try:
+            for message in stub.WatchRun(request, timeout=timeout):
+                yield Run.from_pb(message)
+        except grpc.RpcError as error:
+            raise AxError("WatchRun", error.code(), error.details() or "") from None
+
+    def wait(self, run_id: int, timeout: Optional[float] = None, settle: float = DEFAULT_SETTLE) -> Run:
+        """Waits until the run is SUCCESS, FAILED or CANCELLED and the processes of its
+        attempts have ended (a cancelled or timed-out attempt's process is killed after the
+        run ends; at most `settle` seconds more), and returns it. Raises TimeoutError after
+        `timeout` seconds (None: no limit). It follows the scheduler's stream of the run's
+        changes, and while its node is unavailable (restarting) it tries the stream again, on
+        the next address when there are several."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        seen = "nothing yet"
+        last: Optional[Run] = None
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"run {run_id} did not end within {timeout} s (last seen: {seen})")
+            try:
+                for run in self.watch(run_id, settle, remaining):
+                    last = run
+                    seen = str(run.state)
+                if last is not None and last.state.ended:
+                    return last
+            except AxError as error:
+                if error.code == grpc.StatusCode.UNIMPLEMENTED:
+                    return self._poll_until_ended(run_id, deadline, timeout, settle)
+                if error.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+                    raise
+                if error.code == grpc.StatusCode.UNAVAILABLE:
+                    seen = f"scheduler unavailable ({error.details})"
+                    self._next_endpoint()
+                    time.sleep(0.25)
+
+    def _next_endpoint(self) -> None:
+        if len(self._endpoints) > 1:
+            self.close()
+            self._current = (self._current + 1) % len(self._endpoints)
+
+    def _poll_until_ended(self, run_id: int, deadline: Optional[float], timeout: Optional[float], settle: float) -> Run:
+        """`wait` against a scheduler without WatchRun (0.1): GetRun four times a
+        second, then the run's instances until no process may run."""
+        ended_at: Optional[float] = None
+        seen = "nothing yet"
         while True:
             try:
                 run = self.get_run(run_id)
-                if run.state in FINAL_RUN_STATES:
-                    return run
-                seen = types.RunState.Name(run.state)
+                seen = str(run.state)
+                if run.state.ended:
+                    ended_at = ended_at or time.monotonic()
+                    settled = not any(
+                        a.process_may_run for i in self.instances(run_id) for a in i.attempts
+                    )
+                    if settled or time.monotonic() - ended_at >= settle:
+                        return run
             except AxError as error:
                 if error.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise
                 seen = f"scheduler unavailable ({error.details})"
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"run {run_id} did not end within {timeout} s (last seen: {seen})")
-            time.sleep(poll)
+            time.sleep(0.25)
 
-    def cancel_run(self, run_id: int, reason: str = "") -> control.Run:
-        return self._call("CancelRun", control.CancelRunRequest(id=run_id, actor=self._actor, reason=reason))
+    def cancel_run(self, run_id: int, reason: str = "") -> Run:
+        request = control.CancelRunRequest(id=run_id, actor=self._actor, reason=reason)
+        return Run.from_pb(self._call("CancelRun", request))
 
-    def rerun(self, run_id: int, *, failed: bool = False, from_task: str = "") -> control.Run:
+    def rerun(self, run_id: int, *, failed: bool = False, from_task: str = "") -> Run:
         request = control.RerunRunRequest(id=run_id, failed=failed, from_task=from_task, actor=self._actor)
-        return self._call("RerunRun", request)
+        return Run.from_pb(self._call("RerunRun", request))
 
     # ------------------------------------------------------------------------------------------
     # Instances and logs.
@@ -308,19 +375,20 @@ class Client:
     def list_instances(self, run_id: int, attempts: bool = False) -> control.ListInstancesResponse:
         return self._call("ListInstances", control.ListInstancesRequest(run_id=run_id, attempts=attempts))
 
-    def instances(self, run_id: int) -> "list[control.Instance]":
+    def instances(self, run_id: int) -> List[Instance]:
         """The run's instances, each with its attempts."""
-        return list(self.list_instances(run_id, attempts=True).instances)
+        return [Instance.from_pb(i) for i in self.list_instances(run_id, attempts=True).instances]
 
-    def get_instance(self, instance_id: int) -> control.Instance:
-        return self._call("GetInstance", control.GetInstanceRequest(id=instance_id))
+    def get_instance(self, instance_id: int) -> Instance:
+        return Instance.from_pb(self._call("GetInstance", control.GetInstanceRequest(id=instance_id)))
 
-    def cancel_instance(self, instance_id: int, reason: str = "") -> control.Instance:
+    def cancel_instance(self, instance_id: int, reason: str = "") -> Instance:
         request = control.CancelInstanceRequest(id=instance_id, actor=self._actor, reason=reason)
-        return self._call("CancelInstance", request)
+        return Instance.from_pb(self._call("CancelInstance", request))
 
-    def retry_instance(self, instance_id: int) -> control.Instance:
-        return self._call("RetryInstance", control.RetryInstanceRequest(id=instance_id, actor=self._actor))
+    def retry_instance(self, instance_id: int) -> Instance:
+        request = control.RetryInstanceRequest(id=instance_id, actor=self._actor)
+        return Instance.from_pb(self._call("RetryInstance", request))
 
     def logs(
         self,
@@ -343,14 +411,14 @@ class Client:
         except grpc.RpcError as error:
             raise AxError("GetLogs", error.code(), error.details() or "") from None
 
-    def log_text(self, instance_id: int, attempt: int = 0) -> "list[str]":
+    def log_text(self, instance_id: int, attempt: int = 0) -> List[str]:
         """The text of every stored line of the attempt."""
         return [line.text for line in self.logs(instance_id, attempt=attempt)]
 
     # ------------------------------------------------------------------------------------------
     # The cluster.
 
-    def list_workers(self) -> "list[control.WorkerInfo]":
+    def list_workers(self) -> List[control.WorkerInfo]:
         return list(self._call("ListWorkers", control.ListWorkersRequest()).workers)
 
     def list_nodes(self) -> control.ListNodesResponse:
@@ -366,9 +434,43 @@ class Client:
         to_ms: int,
         dry_run: bool = False,
         retry_for: Optional[float] = None,
-    ):
+    ) -> control.BackfillWorkflowResponse:
         """One run per cron slot of the range; refused for load, tried again as `trigger` is."""
         request = control.BackfillWorkflowRequest(
             name=workflow, from_ms=from_ms, to_ms=to_ms, dry_run=dry_run, actor=self._actor
         )
         return self._call_patiently("BackfillWorkflow", request, retry_for)
+
+
+def encode_params(params: Optional[Mapping[str, Any]]) -> Mapping[str, str]:
+    """A trigger's params as the protocol carries them: strings as they are, other values as
+    JSON (`convert.to_json`: dataclasses, enums and dates included)."""
+    return {str(k): v if isinstance(v, str) else to_json(v) for k, v in (params or {}).items()}
+
+
+def _settle_ms(settle: float) -> int:
+    if not 0 < settle <= 600:
+        raise ValueError(f"settle must be more than 0 and at most 600 seconds, not {settle}")
+    return max(1, int(settle * 1000))
+
+
+def _workflow_source(
+    path: Union[None, str, Path, "Workflow"], source: Optional[str], source_name: Optional[str]
+) -> "tuple[str, str]":
+    """The text and name of what `apply` was given: a file, a `Workflow`, or text."""
+    from .workflow import Workflow
+
+    if isinstance(path, Workflow):
+        if source is not None:
+            raise ValueError("apply takes a Workflow or source text, not both")
+        return path.to_yaml(), source_name or f"{path.name} (built in Python)"
+    if (path is None) == (source is None):
+        raise ValueError("apply needs a workflow file path, a Workflow or source text, exactly one")
+    if path is not None:
+        try:
+            source = Path(path).read_text(encoding="utf-8")
+        except OSError as error:
+            raise ValueError(f"cannot read workflow file {path}: {error.strerror or error}") from None
+        source_name = source_name or str(path)
+    assert source is not None
+    return source, source_name or "workflow.yaml"

@@ -177,6 +177,24 @@ class Credentials:
         return channel
 
 
+    def aio_channel(self, endpoint: Endpoint) -> "grpc.aio.Channel":
+        """An asyncio channel to `endpoint`; its callers send `metadata()` with each call."""
+        import grpc.aio
+
+        opts = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+        if endpoint.tls:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=self._ca_pem,
+                private_key=self._key_pem,
+                certificate_chain=self._cert_pem,
+            )
+            return grpc.aio.secure_channel(endpoint.target, creds, options=opts)
+        return grpc.aio.insecure_channel(endpoint.target, options=opts)
+
+
 class _CallDetails(grpc.ClientCallDetails):
     def __init__(self, details, metadata):
         self.method = details.method

@@ -12,12 +12,19 @@ fails to start (`ax-python: not found`), so route such tasks to Python workers w
 The function runs in a child process of its own (a fresh interpreter that imports the
 function's module), in a process group of its own like a shell task, so a cancel or a timeout
 kills it and whatever it started; what it prints on stdout and stderr are the attempt's log
-lines. It gets a `TaskContext` (params, env, args, ids, its upstreams' outputs) if it takes an
-argument. It succeeds when it returns None, True or 0; an int return is the exit code, False is
-exit code 1; a dict (or any other JSON-serialisable value) succeeds and becomes its outputs
-(`outputs.from_return`), which the tasks below it read with `ctx.output(task, key)` or take
-as arguments (`arguments.bind`: by an upstream's name, or `upstream(task, key)`); an
-exception prints its traceback to stderr and exits with code 1; `sys.exit(n)` exits with n.
+lines. An `async def` function runs in an event loop of its own (`asyncio.run`).
+
+What it takes (`arguments.bind`): the `TaskContext` (params, env, args, ids, its upstreams'
+outputs), the run's params and its upstreams' return values, by name or by `param()` /
+`upstream()`, each converted to the parameter's annotation (`convert`).
+
+How it ends: returning None succeeds with no outputs; returning anything else succeeds and
+the value becomes its outputs (`outputs.from_return`: the output `return` as JSON, and a
+dict's keys each as an output too), which the tasks below it take as arguments; an exception
+prints its traceback to stderr and fails the attempt (exit code 1); `sys.exit(n)` exits with n.
+A cancel or a timeout raises `Cancelled` in the function (once), so its `finally` blocks run;
+an async function's task is cancelled instead (`asyncio.CancelledError`, which `Cancelled`
+extends). The process then ends by SIGTERM.
 
 Functions must be importable by their module and qualified name, as with multiprocessing's
 spawn: defined at the top level of a module (or of the worker's main script, which the child
@@ -26,18 +33,29 @@ loads under another name, so its `if __name__ == "__main__":` block does not run
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, ParamSpec, Sequence, Tuple, TypeVar, overload
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
 
 # The first word of a command (or argv[0]) that selects a registered function.
 COMMAND = "ax-python"
 
 # The environment variable the child runner reads its function from (JSON).
 SPEC_ENV = "AX_SDK_FUNCTION"
+
+
+class Cancelled(asyncio.CancelledError):
+    """Raised in a task function when its attempt is cancelled or timed out (SIGTERM): a
+    BaseException, so `except Exception` does not swallow it and `finally` blocks run. Catch it
+    only to clean up, then let it go on: the attempt ends cancelled whatever the function does."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +73,28 @@ class TaskContext:
     logical_time: str
     shard_index: Optional[int] = None
     shard_total: Optional[int] = None
+
+    @overload
+    def param(self, name: str) -> str: ...
+    @overload
+    def param(self, name: str, as_type: "type[T]") -> T: ...
+    @overload
+    def param(self, name: str, as_type: "type[T]", default: T) -> T: ...
+
+    def param(self, name: str, as_type: Any = str, default: Any = ...) -> Any:
+        """The run's param `name` converted to `as_type` (`convert.from_text`); `default` when
+        the run has none (without one, a KeyError names the param)."""
+        from ax_sdk.convert import ConversionError, from_text, type_name
+
+        text = self.params.get(name)
+        if text is None:
+            if default is ...:
+                raise KeyError(f"the run has no param {name}")
+            return default
+        try:
+            return from_text(text, as_type)
+        except ConversionError as error:
+            raise ValueError(f"param {name} is {text!r}, not {type_name(as_type)}: {error}") from None
 
     def output(self, task: str, key: str, default: Optional[str] = None) -> Optional[str]:
         """The output `key` a direct upstream `task` passed on, as text (`default` when it
@@ -113,17 +153,25 @@ class Tasks:
     def __init__(self) -> None:
         self._functions: Dict[str, FunctionRef] = {}
 
-    def task(self, name: Optional[str] = None) -> Callable[[Callable], Callable]:
-        """Registers the decorated function under `name` (its own name by default) and returns
-        it unchanged."""
+    @overload
+    def task(self, name: Callable[P, R]) -> Callable[P, R]: ...
+    @overload
+    def task(self, name: Optional[str] = None) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
-        def register(function: Callable) -> Callable:
+    def task(self, name: Any = None) -> Any:
+        """Registers the decorated function under `name` (its own name by default) and returns
+        it unchanged, signature and all: `@tasks.task` or `@tasks.task("name")`."""
+        if callable(name):
+            self.add(name)
+            return name
+
+        def register(function: Callable[P, R]) -> Callable[P, R]:
             self.add(function, name)
             return function
 
         return register
 
-    def add(self, function: Callable, name: Optional[str] = None) -> None:
+    def add(self, function: Callable[..., Any], name: Optional[str] = None) -> None:
         name = name or function.__name__
         if not name or any(c.isspace() for c in name):
             raise ValueError(f"task function name {name!r} must be non-empty and without whitespace")
@@ -145,6 +193,10 @@ class Tasks:
         if existing is not None and existing != ref:
             raise ValueError(f"task function name {name!r} is already registered for {existing.module}.{existing.qualname}")
         self._functions[name] = ref
+        try:
+            setattr(function, _NAME_ATTRIBUTE, name)
+        except (AttributeError, TypeError):  # a builtin takes no attributes; the builder asks for a name
+            pass
 
     def get(self, name: str) -> Optional[FunctionRef]:
         return self._functions.get(name)
@@ -158,6 +210,16 @@ class Tasks:
             if existing is not None and existing != ref:
                 raise ValueError(f"task function name {ref.name!r} is registered twice")
             self._functions[ref.name] = ref
+
+
+# Where a registered function keeps the name it is registered under, for the workflow builder.
+_NAME_ATTRIBUTE = "__ax_task_name__"
+
+
+def registered_name(function: Callable[..., Any]) -> Optional[str]:
+    """The name `function` is registered under as a task function, or None."""
+    name = getattr(function, _NAME_ATTRIBUTE, None)
+    return name if isinstance(name, str) else None
 
 
 def function_call(command: str, argv: Sequence[str]) -> Optional[Tuple[str, List[str]]]:

@@ -8,10 +8,11 @@ the line, with the Rust worker's words (`ax_core::outputs`): a truncated value i
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from typing import Any, Dict, Mapping
+
+from ax_sdk.convert import to_json
 
 MAX_ATTEMPT_BYTES = 64 * 1024
 
@@ -77,11 +78,17 @@ def render(outputs: Mapping[str, str]) -> str:
 
 
 def from_return(value: Any) -> Dict[str, str]:
-    """A function's return value as outputs: a dict gives one output per key (a string as it
-    is, anything else as JSON); any other value is the output `return`, as JSON."""
+    """A function's return value as outputs: the output `return` holds it as JSON
+    (`convert.to_json`: dataclasses, pydantic models, enums and dates included), so a function
+    below takes it whole as an argument. A dict also gives one output per key that is a valid
+    output name (a string as it is, anything else as JSON), for shell tasks below to read as
+    `${tasks.T.outputs.KEY}`; a key named `return` is the dict's own."""
+    outputs: Dict[str, str] = {"return": to_json(value)}
     if isinstance(value, Mapping):
-        return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in value.items()}
-    return {"return": json.dumps(value)}
+        for key, item in value.items():
+            if isinstance(key, str) and _KEY.match(key):
+                outputs[key] = item if isinstance(item, str) else to_json(item)
+    return outputs
 
 
 def env_name(task: str, key: str) -> str:

@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 import zlib
-from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, overload
 
 import grpc
 
@@ -60,6 +60,7 @@ from ._pb import types_pb2 as types
 from ._pb import worker_pb2 as wpb
 from ._pb import worker_pb2_grpc
 from .connection import ConfigError, Credentials, Endpoint, parse_endpoints
+from .functions import P, R
 from .version import __version__
 
 log = logging.getLogger("ax_sdk.worker")
@@ -73,6 +74,9 @@ BATCH_DELAY = 0.05
 
 # The fraction of the scheduler's dead-worker threshold after which a cut-off worker fences.
 FENCE_FRACTION = 0.75
+
+# How often an endpoint that cannot be reached is warned about while it stays so, in seconds.
+UNREACHABLE_WARNING_EVERY = 30.0
 
 Key = Tuple[int, int]
 
@@ -133,6 +137,10 @@ def _killpg(group: int, sig: int) -> bool:
         return False
     except PermissionError:
         return True
+
+
+class WorkerRefused(Exception):
+    """A scheduler refused the worker's credentials (UNAUTHENTICATED or PERMISSION_DENIED)."""
 
 
 class _Attempt:
@@ -345,16 +353,25 @@ class Worker:
         self._resolved: Dict[str, Optional[List[Tuple]]] = {}
         self._refused: Dict[Tuple, float] = {}
         self._registrations = 0
+        self._warned_unreachable: Dict[str, float] = {}
+        # Why the worker stopped by itself (its credentials refused); `run()` raises it.
+        self.error: Optional[WorkerRefused] = None
 
     # ------------------------------------------------------------------------------------------
     # Public surface.
 
-    def task(self, name: Optional[str] = None) -> Callable[[Callable], Callable]:
-        """Registers a Python function as a task: `@worker.task("name")`."""
+    @overload
+    def task(self, name: Callable[P, R]) -> Callable[P, R]: ...
+    @overload
+    def task(self, name: Optional[str] = None) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+    def task(self, name: Any = None) -> Any:
+        """Registers a Python function as a task: `@worker.task` or `@worker.task("name")`."""
         return self.tasks.task(name)
 
     def run(self) -> None:
-        """Serves until stopped. In the main thread, SIGTERM and SIGINT drain the worker (no new
+        """Serves until stopped; raises `WorkerRefused` when a scheduler refuses the worker's
+        credentials (nothing changes by trying again). In the main thread, SIGTERM and SIGINT drain the worker (no new
         attempts; the running ones finish and their ends are acknowledged); a second one stops
         it at once, killing what still runs."""
         if threading.current_thread() is threading.main_thread():
@@ -376,6 +393,8 @@ class Worker:
             pass
         for thread in self._threads:
             thread.join(timeout=10)
+        if self.error is not None:
+            raise self.error
 
     def start(self) -> "Worker":
         """Starts serving in background threads and returns at once."""
@@ -521,7 +540,7 @@ class Worker:
                 # A bug here must not end the worker's only connection loop.
                 log.exception("the stream to %s failed", endpoint.address)
                 outcome, move_to = "failed", None
-            if self._stopped.is_set():
+            if self._stopped.is_set() or outcome == "refused":
                 return
             if outcome == "moved":
                 index = self._move_target(index, move_to)
@@ -568,34 +587,68 @@ class Worker:
             return None
         return sorted({(info[0], info[4][:2]) for info in infos})
 
-    def _probe(self, endpoint: Endpoint) -> bool:
+    def _probe(self, endpoint: Endpoint) -> Optional[str]:
         """Resolves the endpoint and tries a TCP connection to each of its addresses, noting each
-        active refusal for self-fencing; True when one accepted."""
+        active refusal for self-fencing; None when one accepted, else why none did."""
         addresses = self._addresses(endpoint)
         with self._lock:
             self._resolved[endpoint.address] = addresses
+        if not addresses:
+            return f"{endpoint.host} does not resolve"
+        problem = "no address answered"
         accepted = False
-        for family, sockaddr in addresses or ():
+        for family, sockaddr in addresses:
             try:
                 with socket.socket(family, socket.SOCK_STREAM) as probe:
                     probe.settimeout(min(2.0, self.register_timeout))
                     probe.connect(sockaddr)
                 accepted = True
-            except ConnectionRefusedError:
-                with self._lock:
-                    self._refused[(family, sockaddr)] = time.monotonic()
             except OSError as error:
-                if error.errno == errno.ECONNREFUSED:
+                if isinstance(error, ConnectionRefusedError) or error.errno == errno.ECONNREFUSED:
                     with self._lock:
                         self._refused[(family, sockaddr)] = time.monotonic()
-        return accepted
+                    problem = "connection refused: is a scheduler running there?"
+                else:
+                    problem = error.strerror or str(error) or type(error).__name__
+        return None if accepted else problem
+
+    def _unreachable(self, endpoint: Endpoint, problem: str) -> None:
+        """Warns that an endpoint cannot be reached: at once, then every UNREACHABLE_WARNING_EVERY
+        seconds while it stays so."""
+        now = time.monotonic()
+        last = self._warned_unreachable.get(endpoint.address)
+        if last is None or now - last >= UNREACHABLE_WARNING_EVERY:
+            self._warned_unreachable[endpoint.address] = now
+            log.warning("cannot connect to %s (%s); trying again", endpoint.address, problem)
+        else:
+            log.debug("%s does not accept connections: %s", endpoint.address, problem)
+
+    def _refuse(self, endpoint: Endpoint, error: grpc.RpcError) -> None:
+        """A scheduler refused this worker's credentials: trying again cannot help, so the worker
+        stops, and `run()` raises the refusal."""
+        code = error.code()
+        self.error = WorkerRefused(
+            f"the scheduler at {endpoint.address} refused worker {self.worker_id!r} "
+            f"({code.name}: {error.details()}). "
+            + (
+                "Give the worker a valid token: Worker(token=...) or Worker(token_file=...), "
+                "--token/--token-file, or AX_TOKEN/AX_TOKEN_FILE"
+                if code == grpc.StatusCode.UNAUTHENTICATED
+                else f"Give it a worker token whose worker ids include {self.worker_id!r} (and the "
+                "apps and labels it serves)"
+            )
+        )
+        log.error("%s", self.error)
+        threading.Thread(target=self.stop, kwargs={"drain": False}, name="ax-refused-stop", daemon=True).start()
 
     def _serve(self, endpoint: Endpoint) -> Tuple[str, Optional[str]]:
         """One stream: ("failed", None), ("registered", None) once a registered stream ended, or
         ("moved", to_address)."""
-        if not self._probe(endpoint):
-            log.debug("%s does not accept connections", endpoint.address)
+        problem = self._probe(endpoint)
+        if problem is not None:
+            self._unreachable(endpoint, problem)
             return "failed", None
+        self._warned_unreachable.pop(endpoint.address, None)
         channel = self.credentials.channel(endpoint)
         session = _Session(endpoint)
         try:
@@ -611,6 +664,9 @@ class Worker:
             try:
                 first = next(call)
             except grpc.RpcError as error:
+                if error.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    self._refuse(endpoint, error)
+                    return "refused", None
                 log.warning("registering with %s failed: %s: %s", endpoint.address, error.code().name, error.details())
                 return "failed", None
             except StopIteration:
@@ -952,10 +1008,14 @@ class Worker:
             self._stopped.wait(BATCH_DELAY)
 
     def _kill(self, attempt: _Attempt, reason: str, message: str) -> None:
-        """SIGTERM to the attempt's group, SIGKILL after the kill grace. The first reason sticks."""
-        if attempt.kill_reason is None:
-            attempt.kill_reason = reason
-            attempt.kill_message = message
+        """SIGTERM to the attempt's group, SIGKILL after the kill grace, once: the first reason
+        sticks, and a cancel from a second node or a timeout after a cancel sends nothing more
+        (a task's handler runs once)."""
+        if attempt.kill_reason is not None:
+            log.info("attempt %s is already being stopped (%s); not signalled again", attempt.key, message)
+            return
+        attempt.kill_reason = reason
+        attempt.kill_message = message
         group = attempt.pid
         _killpg(group, signal.SIGTERM)
 
@@ -1221,5 +1281,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ", ".join(e.address for e in worker.endpoints),
         ", ".join(worker.tasks.names()) or "none",
     )
-    worker.run()
+    try:
+        worker.run()
+    except WorkerRefused as error:
+        print(f"ax-python-worker: {error}", file=sys.stderr)
+        return 3
     return 0

@@ -5,6 +5,7 @@ mod client;
 mod commands;
 mod error;
 mod links;
+mod lookup;
 mod output;
 mod overload;
 mod view;
@@ -86,6 +87,11 @@ struct Cli {
     #[arg(long, global = true)]
     raw: bool,
 
+    /// Show every time in UTC. By default tables show times in this machine's zone with their
+    /// offset, and `why` and a workflow's next fires in the workflow's zone.
+    #[arg(long, global = true, env = "AX_UTC")]
+    utc: bool,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -123,6 +129,8 @@ enum Command {
     Cancel(cancel::Args),
     /// Retry one failed, timed-out or cancelled instance as a new attempt.
     Retry(retry::Args),
+    /// Wait for a run to end; the exit code is its outcome (0, 10 failed, 11 cancelled).
+    Wait(commands::wait::Args),
     /// Rerun the failed part of a run, or a task and everything below it, as new attempts.
     Rerun(rerun::Args),
     /// Run a scheduler and a worker in this process (SQLite store, no Redis).
@@ -153,6 +161,7 @@ enum Command {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     output::set_raw(cli.raw);
+    output::set_utc(cli.utc);
     // `axctl dev` logs at info while it serves; with `--run` the run's own output is the show.
     init_tracing(matches!(&cli.command, Command::Dev(args) if args.run.is_none()));
     if matches!(cli.output, Output::Ascii | Output::Dot | Output::Mermaid)
@@ -196,6 +205,7 @@ async fn main() -> ExitCode {
         Command::Resume(args) => resume::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Cancel(args) => cancel::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Retry(args) => retry::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Wait(args) => commands::wait::run(&ctx, args).await,
         Command::Rerun(args) => rerun::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Dev(args) => dev::run(&ctx, args).await,
         Command::Dag(args) => dag::run(&ctx, args).await.map(|()| Exit::Ok),

@@ -106,6 +106,18 @@ pub fn raw() -> bool {
     RAW.load(Ordering::Relaxed)
 }
 
+/// `--utc`: every time is shown in UTC, the workflow's own zone (`why`, next fires) included.
+static UTC: AtomicBool = AtomicBool::new(false);
+
+/// Sets `--utc` for the process (once, from `main`).
+pub fn set_utc(utc: bool) {
+    UTC.store(utc, Ordering::Relaxed);
+}
+
+pub fn utc() -> bool {
+    UTC.load(Ordering::Relaxed)
+}
+
 /// Whether text bound for stdout is escaped: stdout is a terminal and `--raw` was not given.
 pub fn escapes_stdout() -> bool {
     !raw() && std::io::stdout().is_terminal()
@@ -253,6 +265,7 @@ fn datetime(ms: i64) -> Option<DateTime<Utc>> {
 /// when unset (0).
 pub fn time(ms: i64) -> String {
     match datetime(ms) {
+        Some(t) if utc() => t.format("%Y-%m-%d %H:%M:%S %:z").to_string(),
         Some(t) => t
             .with_timezone(&Local)
             .format("%Y-%m-%d %H:%M:%S %:z")

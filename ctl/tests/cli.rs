@@ -786,6 +786,19 @@ async fn why_prints_one_screen_and_reads_at_in_the_workflow_time_zone() {
     }
     assert_eq!(fake.with(|s| s.views.explain_requests[0].at_ms), 0, "now");
 
+    // --utc: the same screen with every time in UTC, and tables too.
+    let out = axctl(&server, &["--utc", "why", "etl"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stdout
+            .contains("Previous slot:  2026-01-31 01:30:00 UTC\n"),
+        "{}",
+        out.stdout
+    );
+    let out = axctl(&server, &["--utc", "get", "instance", "1"]).await;
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains(" +00:00"), "{}", out.stdout);
+
     // A wall time is read in the workflow's zone (Europe/Paris, UTC+1 in January).
     let out = axctl(&server, &["why", "etl", "--at", "2026-01-31T02:30"]).await;
     assert_eq!(out.code, 0, "{out:?}");
@@ -799,7 +812,8 @@ async fn why_prints_one_screen_and_reads_at_in_the_workflow_time_zone() {
     assert_eq!(value["decisions"][0]["kind"], "skipped_overlap");
     assert_eq!(value["run"]["id"], 40);
     let asked: Vec<i64> = fake.with(|s| s.views.explain_requests.iter().map(|r| r.at_ms).collect());
-    assert_eq!(asked[1..], [1_769_823_000_000, 1_769_823_000_000]);
+    // (The first two are the screens of now, in the zone and in UTC.)
+    assert_eq!(asked[2..], [1_769_823_000_000, 1_769_823_000_000]);
 
     let out = axctl(&server, &["why", "etl", "--at", "yesterday"]).await;
     assert_eq!(out.code, 2, "{out:?}");
@@ -1195,18 +1209,19 @@ async fn on_a_terminal_logs_audit_and_runs_show_control_characters_escaped() {
     assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out));
     let text = String::from_utf8(out.clone()).unwrap();
     assert!(!has_control(&out), "{text:?}");
+    // On a terminal each line says its stream; a forged prefix is text after the real one.
     assert_eq!(
         text,
-        "\\u001b]0;pwned-title\\u0007hello\n\
-         \\u001b[2J\\u001b[Hcleared\n\
-         \\u001b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\u0007copied\n\
-         x\\u000derr|forged\n\
-         bidi \\u202etxt.exe\n"
+        "out|\\u001b]0;pwned-title\\u0007hello\n\
+         out|\\u001b[2J\\u001b[Hcleared\n\
+         out|\\u001b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\u0007copied\n\
+         out|x\\u000derr|forged\n\
+         out|bidi \\u202etxt.exe\n"
     );
-    let (_, out) = axctl_on_terminal(&server, &["logs", "1", "--streams"]).await;
+    let (_, out) = axctl_on_terminal(&server, &["logs", "1", "--raw"]).await;
     assert!(
-        String::from_utf8_lossy(&out).contains("out|x\\u000derr|forged\n"),
-        "the forged prefix is text after the real one"
+        String::from_utf8_lossy(&out).starts_with("\x1b]0;pwned-title\x07hello\n"),
+        "--raw writes the bytes as stored, without prefixes"
     );
 
     // `--raw` keeps the bytes, on a terminal too.

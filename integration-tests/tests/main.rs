@@ -26,6 +26,7 @@ mod metrics;
 mod outputs;
 mod processes;
 mod python_sdk;
+mod readme;
 mod restarts;
 mod retention;
 mod routing;
@@ -67,6 +68,7 @@ fn main() -> std::process::ExitCode {
         outputs::tests(),
         processes::tests(),
         python_sdk::tests(),
+        readme::tests(),
         restarts::tests(),
         retention::tests(),
         routing::tests(),

@@ -50,8 +50,11 @@ pub enum What {
     /// The items of a mapped task (`for_each`), by index: give the task's instance id (the
     /// ID column of `axctl get run`).
     Items {
+        /// The mapped task's instance, or with TASK, the run whose mapped task to list.
         #[arg(value_name = "INSTANCE_ID")]
         instance: i64,
+        /// A mapped task of run INSTANCE_ID (`axctl get items 12 copy`).
+        task: Option<String>,
         /// Only items in this state (waiting, running, success, failed, timeout, cancelled...).
         #[arg(long)]
         state: Option<String>,
@@ -169,10 +172,17 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
         }
         What::Items {
             instance,
+            task,
             state,
             from,
             limit,
         } => {
+            let instance = match &task {
+                None => instance,
+                Some(task) => {
+                    crate::lookup::task_instance(ctx, &mut client, instance, task).await?
+                }
+            };
             let state = match state.as_deref() {
                 None => pb::InstanceState::Unspecified,
                 Some(name) => {
@@ -319,6 +329,7 @@ pub fn workflow_detail(w: &pb::Workflow) -> String {
             .schedule
             .as_ref()
             .and_then(|s| s.timezone.parse::<chrono_tz::Tz>().ok())
+            .filter(|_| !crate::output::utc())
             .unwrap_or(chrono_tz::UTC);
         out.push_str("\nNext fires:\n");
         for ms in w.next_fires_ms.iter().take(5) {

@@ -1,5 +1,7 @@
 //! `axctl logs INSTANCE [--attempt N] [-f] [--timestamps] [--streams]`
 //!
+//! On a terminal each line is prefixed with its stream (`out|`, `err|`).
+//!
 //! A line's text is the task's: on a terminal, or after a `--streams` or `--timestamps`
 //! prefix, the characters a terminal acts on are shown escaped (`output::escape`), so a task
 //! cannot set the window title, clear the screen, write the clipboard or print a line that
@@ -31,9 +33,16 @@ pub struct Args {
     #[arg(long)]
     pub timestamps: bool,
 
-    /// Prefix each line with its stream, `out|` or `err|`.
+    /// Prefix each line with its stream, `out|` or `err|` (on a terminal they are, unless
+    /// `--raw`).
     #[arg(long)]
     pub streams: bool,
+}
+
+/// Whether lines are prefixed with their stream: when asked, and on a terminal unless `--raw`
+/// (a person reading tells stderr from stdout; a file or a pipe gets the task's bytes).
+fn marks_streams(asked: bool, terminal: bool, raw: bool) -> bool {
+    asked || (terminal && !raw)
 }
 
 impl Format {
@@ -57,13 +66,14 @@ pub struct Format {
 
 pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
     let mut client = ctx.connect().await?;
+    let terminal = std::io::stdout().is_terminal();
     let format = Format {
         timestamps: args.timestamps,
-        streams: args.streams,
+        streams: marks_streams(args.streams, terminal, output::raw()),
         output: Some(ctx.output),
         escape: false,
     }
-    .escaping(std::io::stdout().is_terminal());
+    .escaping(terminal);
     let mut stdout = std::io::stdout().lock();
     copy_logs(
         ctx,
@@ -208,5 +218,13 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "x\rerr|forged\nout|x\\u000derr|forged\n"
         );
+    }
+
+    #[test]
+    fn a_terminal_sees_each_lines_stream_and_a_file_the_bytes() {
+        assert!(marks_streams(false, true, false));
+        assert!(!marks_streams(false, false, false));
+        assert!(!marks_streams(false, true, true));
+        assert!(marks_streams(true, false, true));
     }
 }

@@ -21,6 +21,7 @@ pub mod retry;
 pub mod secret;
 pub mod token;
 pub mod trigger;
+pub mod wait;
 pub mod whoami;
 pub mod why;
 pub mod workers;

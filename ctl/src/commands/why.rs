@@ -80,7 +80,11 @@ fn zone(name: &str) -> Tz {
 
 /// The one screen: schedule, verdict, decisions, the nearest run's tasks.
 pub fn screen(e: &pb::Explanation) -> String {
-    let tz = zone(&e.timezone);
+    let tz = if output::utc() {
+        chrono_tz::UTC
+    } else {
+        zone(&e.timezone)
+    };
     let t = |ms: i64| {
         if ms > 0 {
             format_time(ms, tz)

@@ -87,16 +87,19 @@ def main():
             if inspect.isawaitable(result):
                 result = _run_async(result, stop)
     except SystemExit as exit:
+        stop.quiet()
         if stop.signalled:
             return stop.exit()
         return _exit_status(exit.code)
     except BaseException as error:
+        stop.quiet()
         if stop.signalled:
             if not isinstance(error, (Cancelled, asyncio.CancelledError)):
                 traceback.print_exc()
             return stop.exit()
         traceback.print_exc()
         return 1
+    stop.quiet()
     if stop.signalled:
         return stop.exit()
     if result is None:
@@ -123,6 +126,14 @@ class _Stop:
             self._task.cancel("ax: the attempt is stopped (SIGTERM: a cancel or a timeout)")
             return
         raise Cancelled("the attempt is stopped (SIGTERM: a cancel or a timeout)")
+
+    def quiet(self) -> None:
+        """The function is over: a SIGTERM from now on is noted, not raised, so writing its
+        outputs is never cut half-way; the process then ends by SIGTERM as after a cancel."""
+        signal.signal(signal.SIGTERM, self._note)
+
+    def _note(self, _signum, _frame):
+        self.signalled = True
 
     def watch(self, task: "asyncio.Task[Any]") -> None:
         """An async function is stopped by cancelling its task, as asyncio code expects."""

@@ -3,14 +3,15 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use ax_proto::v1::{GetRunRequest, InstanceCounts, Run, RunState};
+use ax_proto::v1::{GetRunRequest, InstanceCounts, Run, RunState, WatchRunRequest};
 use tonic::Code;
 
 use crate::client::{Client, Ctx};
 use crate::error::Exit;
 use crate::view::run_state;
 
-/// How often the run is polled.
+/// How often the run is polled (a node without `WatchRun`), and how soon a node that went
+/// away is tried again.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 /// How long a server that went away mid-wait (a restart, a failover to another node) is waited
@@ -74,12 +75,83 @@ pub fn progress_line(run: &Run) -> String {
     line
 }
 
-/// Polls the run until it ends and returns its last state. On a terminal, progress is one line
-/// rewritten in place; otherwise (CI logs, files) a line is written each time it changes.
+/// Follows the run until it ends (and its processes have: `WatchRun`) and returns its last
+/// state. On a terminal, progress is one line rewritten in place; otherwise (CI logs, files) a
+/// line is written each time it changes. A node without `WatchRun` (0.1) is polled instead; a
+/// node that goes away mid-wait (a restart, a failover) is tried again for a while, since the
+/// run goes on without us.
 pub async fn wait_for_run(ctx: &Ctx, client: &mut Client, run_id: i64) -> anyhow::Result<Run> {
-    let tty = std::io::stderr().is_terminal();
-    let started = Instant::now();
-    let mut last_line = String::new();
+    let mut progress = Progress::new();
+    let mut unavailable_since: Option<Instant> = None;
+    loop {
+        let status = match follow(client, run_id, &mut progress).await {
+            Ok(Some(run)) => return Ok(progress.done(run)),
+            // The stream ended before the run did (its node is stopping): follow it again.
+            Ok(None) => {
+                unavailable_since = None;
+                continue;
+            }
+            Err(status) => status,
+        };
+        match status.code() {
+            Code::Unimplemented => return poll(ctx, client, run_id, progress).await,
+            Code::Unavailable | Code::Cancelled => {
+                let since = *unavailable_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > UNAVAILABLE_GRACE {
+                    progress.abandon();
+                    return Err(ctx.status(status));
+                }
+                tokio::time::sleep(POLL_INTERVAL).await;
+            }
+            _ => {
+                progress.abandon();
+                return Err(ctx.status(status));
+            }
+        }
+    }
+}
+
+/// One `WatchRun` stream: the ended run, `None` when the stream closed first.
+async fn follow(
+    client: &mut Client,
+    run_id: i64,
+    progress: &mut Progress,
+) -> Result<Option<Run>, tonic::Status> {
+    let mut stream = client
+        .watch_run(WatchRunRequest {
+            id: run_id,
+            settle_ms: 0,
+        })
+        .await?
+        .into_inner();
+    let mut last: Option<Run> = None;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            message = stream.message() => match message? {
+                Some(run) => {
+                    progress.show(&run);
+                    last = Some(run);
+                }
+                None => return Ok(last.filter(|run| is_final(run.state))),
+            },
+            // The elapsed time on a terminal keeps counting between changes.
+            _ = tick.tick() => {
+                if let Some(run) = &last {
+                    progress.show(run);
+                }
+            }
+        }
+    }
+}
+
+/// Polls the run until it ends: for a node without `WatchRun`.
+async fn poll(
+    ctx: &Ctx,
+    client: &mut Client,
+    run_id: i64,
+    mut progress: Progress,
+) -> anyhow::Result<Run> {
     let mut unavailable_since: Option<Instant> = None;
     loop {
         let run = match client.get_run(GetRunRequest { id: run_id }).await {
@@ -90,38 +162,67 @@ pub async fn wait_for_run(ctx: &Ctx, client: &mut Client, run_id: i64) -> anyhow
             Err(status) if status.code() == Code::Unavailable => {
                 let since = *unavailable_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > UNAVAILABLE_GRACE {
-                    if tty {
-                        eprintln!();
-                    }
+                    progress.abandon();
                     return Err(ctx.status(status));
                 }
                 tokio::time::sleep(POLL_INTERVAL).await;
                 continue;
             }
             Err(status) => {
-                if tty && !last_line.is_empty() {
-                    eprintln!();
-                }
+                progress.abandon();
                 return Err(ctx.status(status));
             }
         };
-        let line = progress_line(&run);
-        if tty {
-            let elapsed = ax_core::humane_duration(started.elapsed().as_millis() as i64);
+        progress.show(&run);
+        if is_final(run.state) {
+            return Ok(progress.done(run));
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// The progress line on stderr.
+struct Progress {
+    tty: bool,
+    started: Instant,
+    last_line: String,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        Progress {
+            tty: std::io::stderr().is_terminal(),
+            started: Instant::now(),
+            last_line: String::new(),
+        }
+    }
+
+    fn show(&mut self, run: &Run) {
+        let line = progress_line(run);
+        if self.tty {
+            let elapsed = ax_core::humane_duration(self.started.elapsed().as_millis() as i64);
             // Carriage return plus "erase line" redraws the same line.
             eprint!("\r\x1b[2K{line} ({elapsed})");
             let _ = std::io::stderr().flush();
-        } else if line != last_line {
+        } else if line != self.last_line {
             eprintln!("{line}");
         }
-        last_line = line;
-        if is_final(run.state) {
-            if tty {
-                eprintln!();
-            }
-            return Ok(run);
+        self.last_line = line;
+    }
+
+    /// The run ended: the line is left as it is.
+    fn done(self, run: Run) -> Run {
+        if self.tty {
+            eprintln!();
         }
-        tokio::time::sleep(POLL_INTERVAL).await;
+        run
+    }
+
+    /// An error follows: it starts on a line of its own.
+    fn abandon(&self) {
+        if self.tty && !self.last_line.is_empty() {
+            eprintln!();
+        }
     }
 }
 

@@ -9,19 +9,21 @@ import asyncio
 import importlib
 import importlib.util
 import inspect
+import io
 import json
 import os
 import signal
 import sys
 import traceback
-from typing import Any
+from types import FrameType
+from typing import Any, Awaitable, Dict, Optional
 
 from ax_sdk.arguments import ArgumentError, bind
 from ax_sdk.functions import SPEC_ENV, Cancelled, TaskContext
 from ax_sdk.outputs import from_return, render
 
 
-def _load(spec):
+def _load(spec: Dict[str, Any]) -> Any:
     if spec.get("file"):
         # The worker's main script, loaded under another name so its __main__ block stays idle.
         module_spec = importlib.util.spec_from_file_location("__ax_task_main__", spec["file"])
@@ -38,7 +40,7 @@ def _load(spec):
     return target
 
 
-def _pass_on(result):
+def _pass_on(result: Any) -> int:
     """Writes a returned value to $AX_OUTPUT, for the tasks below; 1 when it cannot be."""
     path = os.environ.get("AX_OUTPUT")
     if not path:
@@ -55,9 +57,10 @@ def _pass_on(result):
     return 0
 
 
-def main():
+def main() -> int:
     for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=True, errors="replace")
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True, errors="replace")
     raw = os.environ.pop(SPEC_ENV, None)
     if raw is None:
         print(f"ax_sdk._fnrun: {SPEC_ENV} is not set; the worker starts this module", file=sys.stderr)
@@ -118,7 +121,7 @@ class _Stop:
         self._task: "asyncio.Task[Any] | None" = None
         signal.signal(signal.SIGTERM, self._on_sigterm)
 
-    def _on_sigterm(self, _signum, _frame):
+    def _on_sigterm(self, _signum: int, _frame: Optional[FrameType]) -> None:
         if self.signalled:
             return
         self.signalled = True
@@ -132,7 +135,7 @@ class _Stop:
         outputs is never cut half-way; the process then ends by SIGTERM as after a cancel."""
         signal.signal(signal.SIGTERM, self._note)
 
-    def _note(self, _signum, _frame):
+    def _note(self, _signum: int, _frame: Optional[FrameType]) -> None:
         self.signalled = True
 
     def watch(self, task: "asyncio.Task[Any]") -> None:
@@ -149,8 +152,8 @@ class _Stop:
         return 128 + signal.SIGTERM
 
 
-def _run_async(awaitable, stop):
-    async def supervised():
+def _run_async(awaitable: Awaitable[Any], stop: _Stop) -> Any:
+    async def supervised() -> Any:
         task = asyncio.ensure_future(awaitable)
         stop.watch(task)
         return await task
@@ -158,7 +161,7 @@ def _run_async(awaitable, stop):
     return asyncio.run(supervised())
 
 
-def _exit_status(code):
+def _exit_status(code: object) -> int:
     """The exit code of `sys.exit(code)`: an int in 0..255 as it is, None 0, anything else 1."""
     if code is None:
         return 0

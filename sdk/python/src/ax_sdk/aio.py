@@ -16,7 +16,7 @@ import asyncio
 import random
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, List, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, List, Mapping, Optional, Union, cast
 
 import grpc
 import grpc.aio
@@ -108,7 +108,7 @@ class AsyncClient:
     def _connect(self) -> Any:
         if self._stub is None:
             self._channel = self._credentials.aio_channel(self._endpoints[self._current])
-            self._stub = control_pb2_grpc.ControlServiceStub(self._channel)
+            self._stub = control_pb2_grpc.ControlServiceStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub
 
     async def _next_endpoint(self) -> None:
@@ -187,7 +187,7 @@ class AsyncClient:
         return Run.from_pb(await self._call("GetRun", control.GetRunRequest(id=run_id)))
 
     async def list_runs(self, workflow: str = "", limit: int = 50, state: int = 0) -> List[Run]:
-        response = await self._call("ListRuns", control.ListRunsRequest(workflow=workflow, limit=limit, state=state))
+        response = await self._call("ListRuns", control.ListRunsRequest(workflow=workflow, limit=limit, state=cast(Any, state)))
         return [Run.from_pb(run) for run in response.runs]
 
     async def watch(

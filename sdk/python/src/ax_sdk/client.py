@@ -20,7 +20,7 @@ import logging
 import random
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Mapping, Optional, Union, cast
 
 import grpc
 
@@ -70,7 +70,7 @@ class AxError(Exception):
         self.refusals = refusals
 
 
-def _overloaded(error: grpc.RpcError) -> Optional[control.Overloaded]:
+def _overloaded(error: Any) -> Optional[control.Overloaded]:
     """The refusal for load an error carries, if it is one."""
     if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
         return None
@@ -176,7 +176,7 @@ class Client:
     def _connect(self) -> control_pb2_grpc.ControlServiceStub:
         if self._stub is None:
             self._channel = self._credentials.channel(self._endpoints[self._current])
-            self._stub = control_pb2_grpc.ControlServiceStub(self._channel)
+            self._stub = control_pb2_grpc.ControlServiceStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub
 
     def _call(self, name: str, request: Any, timeout: Optional[float] = None) -> Any:
@@ -240,19 +240,19 @@ class Client:
         request = control.ApplyWorkflowRequest(
             source=source, source_name=source_name, dry_run=dry_run, actor=self._actor
         )
-        return self._call("ApplyWorkflow", request)
+        return cast(control.ApplyWorkflowResponse, self._call("ApplyWorkflow", request))
 
     def get_workflow(self, name: str) -> control.Workflow:
-        return self._call("GetWorkflow", control.GetWorkflowRequest(name=name))
+        return cast(control.Workflow, self._call("GetWorkflow", control.GetWorkflowRequest(name=name)))
 
     def list_workflows(self, app: str = "") -> control.ListWorkflowsResponse:
-        return self._call("ListWorkflows", control.ListWorkflowsRequest(app=app, summary=True))
+        return cast(control.ListWorkflowsResponse, self._call("ListWorkflows", control.ListWorkflowsRequest(app=app, summary=True)))
 
     def pause(self, name: str) -> control.Workflow:
-        return self._call("PauseWorkflow", control.PauseWorkflowRequest(name=name, actor=self._actor))
+        return cast(control.Workflow, self._call("PauseWorkflow", control.PauseWorkflowRequest(name=name, actor=self._actor)))
 
     def resume(self, name: str) -> control.Workflow:
-        return self._call("ResumeWorkflow", control.ResumeWorkflowRequest(name=name, actor=self._actor))
+        return cast(control.Workflow, self._call("ResumeWorkflow", control.ResumeWorkflowRequest(name=name, actor=self._actor)))
 
     # ------------------------------------------------------------------------------------------
     # Runs.
@@ -286,7 +286,7 @@ class Client:
 
     def list_runs(self, workflow: str = "", limit: int = 50, state: int = 0) -> List[Run]:
         """The newest runs (of `workflow`, in `state` when given), newest first."""
-        response = self._call("ListRuns", control.ListRunsRequest(workflow=workflow, limit=limit, state=state))
+        response = self._call("ListRuns", control.ListRunsRequest(workflow=workflow, limit=limit, state=cast(Any, state)))
         return [Run.from_pb(run) for run in response.runs]
 
     def watch(self, run_id: int, settle: float = DEFAULT_SETTLE, timeout: Optional[float] = None) -> Iterator[Run]:
@@ -373,7 +373,7 @@ class Client:
     # Instances and logs.
 
     def list_instances(self, run_id: int, attempts: bool = False) -> control.ListInstancesResponse:
-        return self._call("ListInstances", control.ListInstancesRequest(run_id=run_id, attempts=attempts))
+        return cast(control.ListInstancesResponse, self._call("ListInstances", control.ListInstancesRequest(run_id=run_id, attempts=attempts)))
 
     def instances(self, run_id: int) -> List[Instance]:
         """The run's instances, each with its attempts."""
@@ -422,10 +422,10 @@ class Client:
         return list(self._call("ListWorkers", control.ListWorkersRequest()).workers)
 
     def list_nodes(self) -> control.ListNodesResponse:
-        return self._call("ListNodes", control.ListNodesRequest())
+        return cast(control.ListNodesResponse, self._call("ListNodes", control.ListNodesRequest()))
 
     def explain(self, workflow: str, at_ms: int = 0) -> control.Explanation:
-        return self._call("ExplainWorkflow", control.ExplainWorkflowRequest(name=workflow, at_ms=at_ms))
+        return cast(control.Explanation, self._call("ExplainWorkflow", control.ExplainWorkflowRequest(name=workflow, at_ms=at_ms)))
 
     def backfill(
         self,
@@ -439,7 +439,7 @@ class Client:
         request = control.BackfillWorkflowRequest(
             name=workflow, from_ms=from_ms, to_ms=to_ms, dry_run=dry_run, actor=self._actor
         )
-        return self._call_patiently("BackfillWorkflow", request, retry_for)
+        return cast(control.BackfillWorkflowResponse, self._call_patiently("BackfillWorkflow", request, retry_for))
 
 
 def encode_params(params: Optional[Mapping[str, Any]]) -> Mapping[str, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, Optional, Sequence, Tuple, Union
 from urllib.parse import urlsplit
 
 import grpc
@@ -125,7 +125,7 @@ class Credentials:
         if token is not None:
             token = _check_token(token, "the token option")
         elif token_file is not None:
-            raw = _read(token_file, "token file")
+            raw = _read(token_file, "token file") or b""
             token = _check_token(raw.decode("utf-8", "replace"), f"token file {token_file}")
         if (tls_cert is None) != (tls_key is None):
             raise ConfigError("a client certificate needs both tls_cert and tls_key")
@@ -196,10 +196,10 @@ class Credentials:
 
 
 class _CallDetails(grpc.ClientCallDetails):
-    def __init__(self, details, metadata):
+    def __init__(self, details: Any, metadata: Sequence[Tuple[str, str]]) -> None:
         self.method = details.method
         self.timeout = details.timeout
-        self.metadata = metadata
+        self.metadata = tuple(metadata)
         self.credentials = details.credentials
         self.wait_for_ready = getattr(details, "wait_for_ready", None)
         self.compression = getattr(details, "compression", None)
@@ -213,20 +213,20 @@ class _Metadata(
 ):
     """Adds fixed metadata (the bearer token) to every call."""
 
-    def __init__(self, metadata):
+    def __init__(self, metadata: Sequence[Tuple[str, str]]) -> None:
         self._metadata = tuple(metadata)
 
-    def _details(self, details):
+    def _details(self, details: Any) -> _CallDetails:
         return _CallDetails(details, tuple(details.metadata or ()) + self._metadata)
 
-    def intercept_unary_unary(self, continuation, details, request):
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(self._details(details), request)
 
-    def intercept_unary_stream(self, continuation, details, request):
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(self._details(details), request)
 
-    def intercept_stream_unary(self, continuation, details, requests):
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
         return continuation(self._details(details), requests)
 
-    def intercept_stream_stream(self, continuation, details, requests):
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
         return continuation(self._details(details), requests)

@@ -60,7 +60,8 @@ def parse_ns(text: str) -> int:
         whole = number.group(1) or ""
         fraction = (number.group(2) if number.group(1) is not None else number.group(3)) or ""
         after = rest[number.end() :].lstrip()
-        letters = _LETTERS.match(after).group(0)
+        matched = _LETTERS.match(after)
+        letters = matched.group(0) if matched else ""
         if not letters:
             if not (first and not after):
                 raise _invalid(text)

@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 import zlib
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, overload
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, cast, overload
 
 import grpc
 
@@ -79,6 +79,9 @@ FENCE_FRACTION = 0.75
 UNREACHABLE_WARNING_EVERY = 30.0
 
 Key = Tuple[int, int]
+
+# A resolved address of an endpoint: (address family, (host, port)).
+Address = Tuple[int, Tuple[Any, ...]]
 
 
 def _output_file(key: Key) -> str:
@@ -149,7 +152,7 @@ class _Attempt:
     def __init__(self, dispatch: wpb.Dispatch):
         self.dispatch = dispatch
         self.key: Key = (dispatch.instance_id, dispatch.attempt)
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: Optional["subprocess.Popen[bytes]"] = None
         self.pid = 0
         self.started_at_ms = 0
         self.started_mono = 0.0
@@ -210,7 +213,7 @@ class _Guardian:
     still listed when its pipe from the worker closes."""
 
     def __init__(self) -> None:
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: Optional["subprocess.Popen[bytes]"] = None
         self._lock = threading.Lock()
         try:
             self._proc = subprocess.Popen(
@@ -350,8 +353,8 @@ class Worker:
         # (None: it did not resolve), and each address's last active refusal.
         self._dead_after_ms = 0
         self._last_contact = time.monotonic()
-        self._resolved: Dict[str, Optional[List[Tuple]]] = {}
-        self._refused: Dict[Tuple, float] = {}
+        self._resolved: Dict[str, Optional[List[Address]]] = {}
+        self._refused: Dict[Address, float] = {}
         self._registrations = 0
         self._warned_unreachable: Dict[str, float] = {}
         # Why the worker stopped by itself (its credentials refused); `run()` raises it.
@@ -377,7 +380,7 @@ class Worker:
         if threading.current_thread() is threading.main_thread():
             signals = {"count": 0}
 
-            def on_signal(signum, _frame):
+            def on_signal(signum: int, _frame: object) -> None:
                 signals["count"] += 1
                 if signals["count"] == 1:
                     log.info("signal %s: draining (send another to stop at once)", signum)
@@ -472,7 +475,7 @@ class Worker:
     # Sending. Every send happens under the lock, onto the registered stream only; what is not
     # sent stays in the attempts' state and goes out on the next stream.
 
-    def _send(self, body: str, message) -> bool:
+    def _send(self, body: str, message: Any) -> bool:
         session = self._session
         if session is None or not session.registered or session.closed.is_set():
             return False
@@ -580,7 +583,7 @@ class Worker:
         return (index + 1) % len(self.endpoints)
 
     @staticmethod
-    def _addresses(endpoint: Endpoint) -> Optional[List[Tuple]]:
+    def _addresses(endpoint: Endpoint) -> Optional[List[Address]]:
         try:
             infos = socket.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
         except OSError:
@@ -652,7 +655,7 @@ class Worker:
         channel = self.credentials.channel(endpoint)
         session = _Session(endpoint)
         try:
-            stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            stub = worker_pb2_grpc.WorkerServiceStub(channel)  # type: ignore[no-untyped-call]
             with self._lock:
                 register = self._register_frame()
             session.outgoing.put(wpb.WorkerMessage(register=register))
@@ -711,7 +714,8 @@ class Worker:
                     attempt.sent_batches = 0
 
     def _register_frame(self) -> wpb.Register:
-        running, finished = [], []
+        running: List[wpb.AttemptRef] = []
+        finished: List[wpb.AttemptRef] = []
         for attempt in self._attempts.values():
             if attempt.forgotten:
                 continue
@@ -828,9 +832,9 @@ class Worker:
                     del attempt.batches[:acked]
                     attempt.sent_batches = max(0, attempt.sent_batches - acked)
         elif kind == "finished_ack":
-            ack = message.finished_ack
+            finished_ack = message.finished_ack
             with self._lock:
-                attempt = self._attempts.get((ack.instance_id, ack.attempt))
+                attempt = self._attempts.get((finished_ack.instance_id, finished_ack.attempt))
                 if attempt is not None and attempt.finished is not None:
                     self._drop(attempt)
         elif kind == "cancel":
@@ -953,7 +957,7 @@ class Worker:
     # ------------------------------------------------------------------------------------------
     # Attempts.
 
-    def _read(self, attempt: _Attempt, pipe, stream: int) -> None:
+    def _read(self, attempt: _Attempt, pipe: IO[bytes], stream: int) -> None:
         """Reads one pipe into numbered lines; a line longer than max_line_bytes is cut into
         several at a UTF-8 character boundary."""
         limit = self.max_line_bytes
@@ -1019,7 +1023,7 @@ class Worker:
         group = attempt.pid
         _killpg(group, signal.SIGTERM)
 
-        def hard_kill():
+        def hard_kill() -> None:
             if not attempt.exited.is_set():
                 _killpg(group, signal.SIGKILL)
 
@@ -1087,8 +1091,8 @@ class Worker:
         self,
         attempt: _Attempt,
         outcome: int,
-        exit_code,
-        sig,
+        exit_code: Optional[int],
+        sig: Optional[int],
         message: str,
         outputs: Optional[Dict[str, str]] = None,
     ) -> None:
@@ -1096,7 +1100,7 @@ class Worker:
         finished = wpb.AttemptFinished(
             instance_id=attempt.key[0],
             attempt=attempt.key[1],
-            outcome=outcome,
+            outcome=cast(Any, outcome),
             finished_at_ms=_now_ms(),
             log_lines=attempt.next_seq - 1,
             message=message,
@@ -1134,7 +1138,7 @@ class Worker:
         base = self._last_contact
         resolved = [self._resolved.get(e.address) for e in self.endpoints]
         if resolved and all(r for r in resolved):
-            oldest = min(self._refused.get(address, 0.0) for r in resolved for address in r)
+            oldest = min(self._refused.get(address, 0.0) for r in resolved for address in r or ())
             base = max(base, oldest)
         return base
 
@@ -1190,7 +1194,7 @@ def _label(text: str) -> Tuple[str, str]:
     return key, value
 
 
-def _load_module(spec: str):
+def _load_module(spec: str) -> Any:
     """Imports a module by name or a .py file by path."""
     import importlib
     import importlib.util

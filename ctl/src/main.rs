@@ -89,7 +89,7 @@ struct Cli {
 
     /// Show every time in UTC. By default tables show times in this machine's zone with their
     /// offset, and `why` and a workflow's next fires in the workflow's zone.
-    #[arg(long, global = true, env = "AX_UTC")]
+    #[arg(long, global = true, env = "AX_UTC", value_parser = clap::builder::FalseyValueParser::new())]
     utc: bool,
 
     #[command(subcommand)]

@@ -86,9 +86,9 @@ pub async fn wait_for_run(ctx: &Ctx, client: &mut Client, run_id: i64) -> anyhow
     loop {
         let status = match follow(client, run_id, &mut progress).await {
             Ok(Some(run)) => return Ok(progress.done(run)),
-            // The stream ended before the run did (its node is stopping): follow it again.
+            // The stream ended before the run did: follow it again, a moment later.
             Ok(None) => {
-                unavailable_since = None;
+                tokio::time::sleep(POLL_INTERVAL).await;
                 continue;
             }
             Err(status) => status,

@@ -798,6 +798,20 @@ async fn why_prints_one_screen_and_reads_at_in_the_workflow_time_zone() {
     let out = axctl(&server, &["--utc", "get", "instance", "1"]).await;
     assert_eq!(out.code, 0, "{out:?}");
     assert!(out.stdout.contains(" +00:00"), "{}", out.stdout);
+    // AX_UTC=1 does as --utc (a shell's way of saying yes).
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_axctl"))
+        .env("AX_UTC", "1")
+        .env("RUST_LOG", "off")
+        .args(["--server", &server, "why", "etl"])
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout)
+            .contains("Previous slot:  2026-01-31 01:30:00 UTC\n"),
+        "{output:?}"
+    );
 
     // A wall time is read in the workflow's zone (Europe/Paris, UTC+1 in January).
     let out = axctl(&server, &["why", "etl", "--at", "2026-01-31T02:30"]).await;
@@ -812,8 +826,8 @@ async fn why_prints_one_screen_and_reads_at_in_the_workflow_time_zone() {
     assert_eq!(value["decisions"][0]["kind"], "skipped_overlap");
     assert_eq!(value["run"]["id"], 40);
     let asked: Vec<i64> = fake.with(|s| s.views.explain_requests.iter().map(|r| r.at_ms).collect());
-    // (The first two are the screens of now, in the zone and in UTC.)
-    assert_eq!(asked[2..], [1_769_823_000_000, 1_769_823_000_000]);
+    // (The first three are the screens of now: in the zone, with --utc and with AX_UTC.)
+    assert_eq!(asked[3..], [1_769_823_000_000, 1_769_823_000_000]);
 
     let out = axctl(&server, &["why", "etl", "--at", "yesterday"]).await;
     assert_eq!(out.code, 2, "{out:?}");

@@ -19,6 +19,7 @@ pub(crate) fn tests() -> Vec<Test> {
     on_every_backend!(
         the_stream_ends_after_a_cancelled_process_is_gone,
         a_finished_run_is_sent_once_and_the_stream_ends,
+        a_stopping_node_ends_the_stream_with_unavailable,
     )
 }
 
@@ -149,4 +150,49 @@ async fn a_finished_run_is_sent_once_and_the_stream_ends(backend: Backend) {
         too_long.message()
     );
     cluster.shutdown().await.expect("shutdown");
+}
+
+async fn a_stopping_node_ends_the_stream_with_unavailable(backend: Backend) {
+    // No worker: the run waits for one, and the cluster's shutdown stops the node at once.
+    let cluster = Cluster::builder(backend)
+        .start()
+        .await
+        .expect("cluster starts");
+    let client = cluster.client().await.expect("client");
+    client
+        .apply("name: long\ntasks:\n  - name: t\n    command: sleep 60\n")
+        .await
+        .expect("apply");
+    let run = client.trigger_run("long").await.expect("trigger");
+    let mut stream = client
+        .control()
+        .watch_run(pb::WatchRunRequest {
+            id: run.id,
+            settle_ms: 0,
+        })
+        .await
+        .expect("WatchRun")
+        .into_inner();
+    stream.message().await.expect("a message").expect("the run");
+    // The node stops while the run waits: the stream ends at once, saying so, and the
+    // shutdown does not wait for it.
+    let stopping = tokio::spawn(cluster.shutdown());
+    let ended = tokio::time::timeout(WITHIN, async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the stream ends with the node");
+    let status = ended.expect_err("an error status");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status}");
+    assert!(status.message().contains("is stopping"), "{status}");
+    tokio::time::timeout(WITHIN, stopping)
+        .await
+        .expect("the node stops")
+        .expect("join")
+        .expect("shutdown");
 }

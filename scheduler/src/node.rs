@@ -56,8 +56,10 @@ pub struct Node {
     pub progress: Progress,
     /// Where the services' own tasks run (log followers), so that shutdown waits for them.
     pub tasks: TaskTracker,
-    /// Cancelled when the node stops serving: the services' tasks end.
-    pub stopping: CancellationToken,
+    /// Cancelled when the node stops serving (the first step of its shutdown): the streams a
+    /// client follows (`WatchRun`, `GetLogs` with follow) end then, with UNAVAILABLE, so the
+    /// server's connections close without waiting for them.
+    pub serving: CancellationToken,
 }
 
 impl Node {

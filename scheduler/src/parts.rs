@@ -334,7 +334,7 @@ pub fn build(options: SchedulerOptions, opened: Opened, runs: Runs<'_>) -> Built
         scraped: scraped.clone(),
         progress,
         tasks: tasks.clone(),
-        stopping: draining.clone(),
+        serving: serving.clone(),
         options,
     });
     Built {

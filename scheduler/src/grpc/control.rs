@@ -365,6 +365,15 @@ fn positive_id(id: i64, what: &str) -> Result<i64, Status> {
     Ok(id)
 }
 
+/// What a followed stream ends with when its node stops serving: the client follows on at
+/// another node, or this one once it is back.
+fn stopping_status(node: &Node) -> Status {
+    Status::unavailable(format!(
+        "scheduler node {} is stopping; follow on at another node",
+        node.options.node_id
+    ))
+}
+
 type LogStreamOut = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
 type RunStreamOut = Pin<Box<dyn Stream<Item = Result<pb::Run, Status>> + Send>>;
 
@@ -777,14 +786,12 @@ impl ControlService for ControlApi {
             node: self.node.clone(),
         };
         self.node.tasks.spawn(async move {
-            tokio::select! {
-                watched = api.stream_run_changes(id, settle, &sender) => {
-                    if let Err(status) = watched {
-                        let _ = sender.send(Err(status)).await;
-                    }
-                }
-                // The stream ends with the node's server.
-                () = api.node.stopping.cancelled() => {}
+            let outcome = tokio::select! {
+                watched = api.stream_run_changes(id, settle, &sender) => watched,
+                () = api.node.serving.cancelled() => Err(stopping_status(&api.node)),
+            };
+            if let Err(status) = outcome {
+                let _ = sender.send(Err(status)).await;
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
@@ -1097,14 +1104,12 @@ impl ControlService for ControlApi {
         let (sender, receiver) = mpsc::channel(16);
         let node = self.node.clone();
         self.node.tasks.spawn(async move {
-            tokio::select! {
-                streamed = stream_logs(&node, id, attempt, &request, &sender) => {
-                    if let Err(status) = streamed {
-                        let _ = sender.send(Err(status)).await;
-                    }
-                }
-                // The stream ends with the node's server.
-                () = node.stopping.cancelled() => {}
+            let outcome = tokio::select! {
+                streamed = stream_logs(&node, id, attempt, &request, &sender) => streamed,
+                () = node.serving.cancelled() => Err(stopping_status(&node)),
+            };
+            if let Err(status) = outcome {
+                let _ = sender.send(Err(status)).await;
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))

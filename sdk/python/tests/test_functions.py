@@ -296,3 +296,64 @@ def test_a_function_that_swallows_the_cancel_still_ends_cancelled(tmp_path):
     )
     assert done.returncode == -signal.SIGTERM, done.stderr
     assert passed == {}
+
+
+def _two_optional(ctx, a: int = 1, b: int = 2):
+    return a, b
+
+
+def test_a_skipped_optional_parameter_leaves_the_next_ones_in_place():
+    ctx = object()
+    args, kwargs = bind(_two_optional, ctx, {"AX_PARAM_b": "5"})
+    assert _two_optional(*args, **kwargs) == (1, 5)
+    assert (args, kwargs) == ([ctx], {"b": 5})
+
+
+def test_text_stays_text_where_the_annotation_takes_a_string():
+    class Code(enum.Enum):
+        ONE = "1"
+        X = "x"
+
+    assert from_text("1.10", Optional[str]) == "1.10"
+    assert from_text('"quoted"', Optional[str]) == '"quoted"'
+    assert from_text("null", Optional[str]) is None
+    assert from_text("3", int | str) == 3
+    assert from_text("abc", int | str) == "abc"
+    assert from_text("1", Literal["1", "2"]) == "1"
+    assert from_text("1", Code) is Code.ONE
+    with pytest.raises(ConversionError, match="expected one of 1"):
+        from_text("true", Literal[1])
+
+
+def test_params_go_bare_when_their_json_is_a_string():
+    from ax_sdk.client import encode_params
+
+    assert encode_params({"day": datetime.date(2026, 1, 31), "color": Color.RED, "n": 3, "s": "x", "l": ["a"]}) == {
+        "day": "2026-01-31",
+        "color": "red",
+        "n": "3",
+        "s": "x",
+        "l": '["a"]',
+    }
+    # And they read back typed.
+    assert from_text("2026-01-31", datetime.date) == datetime.date(2026, 1, 31)
+    assert from_text("red", Color) is Color.RED
+
+
+def _unresolvable(ctx, window: "NotImportedAtRunTime"):  # noqa: F821 - the point of the test
+    return window
+
+
+def test_an_annotation_that_does_not_resolve_is_named_when_its_value_is_converted():
+    with pytest.raises(ArgumentError, match="the annotation 'NotImportedAtRunTime' does not resolve"):
+        bind(_unresolvable, object(), {"AX_PARAM_window": "{}"})
+
+
+def test_the_builder_quotes_keys_yaml_would_read_as_something_else():
+    from ax_sdk import Workflow
+
+    workflow = Workflow("keys")
+    workflow.shell("t", "true", env={"null": "a", "ON": "b", "1x": "c", "plain_key-2": "d"})
+    text = workflow.to_yaml()
+    for line in ('"null": "a"', '"ON": "b"', '"1x": "c"', 'plain_key-2: "d"'):
+        assert line in text, text

@@ -5,8 +5,9 @@
 //! [`LOOK_EVERY`] (a change made on another node is seen by then). Once the run has ended the
 //! stream stays open until no attempt's process may still run: a cancel or a timeout ends the
 //! attempt in the store first, and its worker reports the process's end (exit code or signal)
-//! after the kill. A process whose end never comes (its worker is gone) holds the stream for the
-//! request's settle time at most.
+//! after the kill. A process whose end never comes (its worker is gone) holds the stream until
+//! the request's settle time has passed since the run ended, at most. Reads are at least
+//! [`MIN_INTERVAL`] apart.
 
 use std::time::Duration;
 
@@ -22,6 +23,10 @@ use crate::grpc::convert::store_status;
 
 /// How often the run is read when nothing on this node made progress.
 const LOOK_EVERY: Duration = Duration::from_millis(500);
+
+/// The least time between two reads of the run, however busy the node: a node makes progress
+/// many times a second, and each watcher reads the store each time.
+const MIN_INTERVAL: Duration = Duration::from_millis(250);
 
 /// How long the stream waits for processes after the run ended, unless the request says.
 const DEFAULT_SETTLE: Duration = Duration::from_secs(30);
@@ -66,25 +71,35 @@ impl ControlApi {
     ) -> Result<(), Status> {
         let mut progress = self.node.watch_progress();
         let mut last: Option<pb::Run> = None;
-        let mut ended_at: Option<tokio::time::Instant> = None;
         loop {
+            let read_at = tokio::time::Instant::now();
             let run = self.run_message(id).await?;
             let ended = run_ended(&run);
+            let finished_at_ms = run.finished_at_ms;
             if last.as_ref() != Some(&run) {
                 last = Some(run.clone());
                 if sender.send(Ok(run)).await.is_err() {
                     return Ok(());
                 }
             }
-            if ended {
-                let since = *ended_at.get_or_insert_with(tokio::time::Instant::now);
-                if since.elapsed() >= settle || !self.processes_may_run(id).await? {
-                    return Ok(());
-                }
+            // The settle time counts from the run's end, not from this watch: a wait on a run
+            // that ended long ago, with a process whose end never came, does not wait again.
+            if ended
+                && (settled(
+                    finished_at_ms,
+                    chrono::Utc::now().timestamp_millis(),
+                    settle,
+                ) || !self.processes_may_run(id).await?)
+            {
+                return Ok(());
             }
             tokio::select! {
                 _ = progress.changed() => {}
                 _ = tokio::time::sleep(LOOK_EVERY) => {}
+                _ = sender.closed() => return Ok(()),
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(read_at + MIN_INTERVAL) => {}
                 _ = sender.closed() => return Ok(()),
             }
         }
@@ -113,6 +128,11 @@ impl ControlApi {
         }
         Ok(false)
     }
+}
+
+/// Whether the settle time since the run's end (`finished_at_ms`, 0 when unknown) is over.
+fn settled(finished_at_ms: i64, now_ms: i64, settle: Duration) -> bool {
+    finished_at_ms > 0 && now_ms.saturating_sub(finished_at_ms) >= settle.as_millis() as i64
 }
 
 fn run_ended(run: &pb::Run) -> bool {
@@ -170,6 +190,15 @@ mod tests {
             ..attempt(InstanceState::Cancelled)
         };
         assert!(!process_may_run(&never_started));
+    }
+
+    #[test]
+    fn the_settle_time_counts_from_the_runs_end() {
+        let settle = Duration::from_secs(30);
+        assert!(!settled(1_000_000, 1_000_000 + 29_999, settle));
+        assert!(settled(1_000_000, 1_000_000 + 30_000, settle));
+        // An end not recorded yet waits for the processes.
+        assert!(!settled(0, 1_000_000, settle));
     }
 
     #[test]

@@ -76,12 +76,14 @@ def main() -> int:
         traceback.print_exc()
         print(f"ax-python: cannot load task function {spec['name']!r} ({spec['module']}.{spec['qualname']})", file=sys.stderr)
         return 1
-    context = TaskContext.from_environ(spec["args"], os.environ)
     try:
+        context = TaskContext.from_environ(spec["args"], os.environ)
         args, kwargs = bind(function, context, os.environ)
     except ArgumentError as error:
         print(f"ax-python: {spec['name']}: {error}", file=sys.stderr)
         return 1
+    except Cancelled:
+        return stop.exit()
     try:
         if inspect.iscoroutinefunction(function):
             result = _run_async(function(*args, **kwargs), stop)
@@ -107,7 +109,9 @@ def main() -> int:
         return stop.exit()
     if result is None:
         return 0
-    return _pass_on(result)
+    code = _pass_on(result)
+    # A SIGTERM while the outputs were written: the attempt is stopped all the same.
+    return stop.exit() if stop.signalled else code
 
 
 class _Stop:

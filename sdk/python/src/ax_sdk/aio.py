@@ -220,6 +220,8 @@ class AsyncClient:
                 if last is not None and last.state.ended:
                     return last
             except AxError as error:
+                if error.code == grpc.StatusCode.UNIMPLEMENTED:
+                    return await self._poll_until_ended(run_id, deadline, timeout, settle)
                 if error.code not in (
                     grpc.StatusCode.UNAVAILABLE,
                     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -229,7 +231,32 @@ class AsyncClient:
                 if error.code == grpc.StatusCode.UNAVAILABLE:
                     seen = f"scheduler unavailable ({error.details})"
                     await self._next_endpoint()
-                    await asyncio.sleep(0.25)
+            # The stream ended before the run did (its node is stopping) or broke: again soon.
+            await asyncio.sleep(0.25)
+
+    async def _poll_until_ended(
+        self, run_id: int, deadline: Optional[float], timeout: Optional[float], settle: float
+    ) -> Run:
+        """`wait` against a scheduler without WatchRun (0.1), as `Client._poll_until_ended`."""
+        ended_at: Optional[float] = None
+        seen = "nothing yet"
+        while True:
+            try:
+                run = await self.get_run(run_id)
+                seen = str(run.state)
+                if run.state.ended:
+                    ended_at = ended_at or time.monotonic()
+                    instances = await self.instances(run_id)
+                    settled = not any(a.process_may_run for i in instances for a in i.attempts)
+                    if settled or time.monotonic() - ended_at >= settle:
+                        return run
+            except AxError as error:
+                if error.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                seen = f"scheduler unavailable ({error.details})"
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id} did not end within {timeout} s (last seen: {seen})")
+            await asyncio.sleep(0.25)
 
     async def cancel_run(self, run_id: int, reason: str = "") -> Run:
         request = control.CancelRunRequest(id=run_id, actor=self._actor, reason=reason)

@@ -81,15 +81,18 @@ def bind(function: Callable[..., Any], context: Any, environ: Mapping[str, str])
         return [context], {}
     try:
         hints = typing.get_type_hints(function)
-    except Exception:  # an annotation that does not resolve is no conversion
-        hints = {}
+    except Exception:  # one annotation that does not resolve: each is resolved on its own below
+        hints = None
     plain = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     args: List[Any] = []
     kwargs: Dict[str, Any] = {}
+    # Once an optional parameter keeps its default, the ones after it go by keyword, so no
+    # value lands in the wrong place.
+    skipped = False
     for i, parameter in enumerate(plain):
         default = parameter.default
         name = parameter.name
-        annotation = hints.get(name)
+        annotation = hints.get(name) if hints is not None else _annotation(function, parameter)
         if i == 0 and _takes_context(parameter, annotation, plain, environ, TaskContext):
             value: Any = context
         elif isinstance(default, Upstream):
@@ -107,6 +110,7 @@ def bind(function: Callable[..., Any], context: Any, environ: Mapping[str, str])
             value = _read_param(name, name, annotation, environ)
         elif default is not inspect.Parameter.empty:
             # An optional parameter with nothing upstream and no param keeps its default.
+            skipped = True
             continue
         else:
             raise ArgumentError(
@@ -114,11 +118,37 @@ def bind(function: Callable[..., Any], context: Any, environ: Mapping[str, str])
                 f"has no param {name} (name an upstream task or a param, or read another with "
                 f"upstream(TASK, KEY) or param(NAME))"
             )
-        if parameter.kind == parameter.KEYWORD_ONLY:
+        if parameter.kind == parameter.KEYWORD_ONLY or (skipped and parameter.kind == parameter.POSITIONAL_OR_KEYWORD):
             kwargs[name] = value
+        elif skipped:
+            raise ArgumentError(
+                f"parameter {name} is positional-only and follows an optional parameter that keeps "
+                "its default: it cannot be given a value"
+            )
         else:
             args.append(value)
     return args, kwargs
+
+
+@dataclass(frozen=True)
+class _Unresolved:
+    """An annotation that does not resolve at run time; converting to it is an error."""
+
+    text: str
+    error: str
+
+
+def _annotation(function: Callable[..., Any], parameter: inspect.Parameter) -> Any:
+    """A parameter's annotation, resolved on its own (another one of the function's did not)."""
+    annotation = parameter.annotation
+    if annotation is inspect.Parameter.empty:
+        return None
+    if not isinstance(annotation, str):
+        return annotation
+    try:
+        return eval(annotation, getattr(function, "__globals__", {}))  # the function's own text
+    except Exception as error:
+        return _Unresolved(annotation, f"{type(error).__name__}: {error}")
 
 
 def param_env_name(name: str) -> str:
@@ -130,6 +160,8 @@ def _takes_context(parameter: Any, annotation: Any, plain: List[Any], environ: M
     if isinstance(parameter.default, (Upstream, Param)):
         return False
     if parameter.name in _CONTEXT_NAMES or annotation is context_type:
+        return True
+    if isinstance(annotation, _Unresolved) and annotation.text.rsplit(".", 1)[-1] == "TaskContext":
         return True
     unmarked = [p for p in plain if not isinstance(p.default, (Upstream, Param))]
     return (
@@ -159,6 +191,11 @@ def _read_param(name: str, param_name: str, annotation: Any, environ: Mapping[st
 
 
 def _convert(what: str, text: str, annotation: Any) -> Any:
+    if isinstance(annotation, _Unresolved):
+        raise ArgumentError(
+            f"{what}: the annotation {annotation.text!r} does not resolve in the function's module "
+            f"({annotation.error}); import what it names at run time, not only under TYPE_CHECKING"
+        )
     try:
         return from_text(text, annotation)
     except ConversionError as error:

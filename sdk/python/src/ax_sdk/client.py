@@ -16,11 +16,12 @@ client wait alike.
 from __future__ import annotations
 
 import getpass
+import json
 import logging
 import random
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Mapping, Optional, Union, cast
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Mapping, Optional, Union, cast
 
 import grpc
 
@@ -330,7 +331,8 @@ class Client:
                 if error.code == grpc.StatusCode.UNAVAILABLE:
                     seen = f"scheduler unavailable ({error.details})"
                     self._next_endpoint()
-                    time.sleep(0.25)
+            # The stream ended before the run did (its node is stopping) or broke: again soon.
+            time.sleep(0.25)
 
     def _next_endpoint(self) -> None:
         if len(self._endpoints) > 1:
@@ -444,8 +446,16 @@ class Client:
 
 def encode_params(params: Optional[Mapping[str, Any]]) -> Mapping[str, str]:
     """A trigger's params as the protocol carries them: strings as they are, other values as
-    JSON (`convert.to_json`: dataclasses, enums and dates included)."""
-    return {str(k): v if isinstance(v, str) else to_json(v) for k, v in (params or {}).items()}
+    JSON (`convert.to_json`: dataclasses, enums and dates included), except that a value whose
+    JSON is a string goes bare (a date as `2026-01-31`, an enum by its value), as a shell task
+    and `${params.NAME}` expect it."""
+    encoded: Dict[str, str] = {}
+    for key, value in (params or {}).items():
+        text = value if isinstance(value, str) else to_json(value)
+        if not isinstance(value, str) and text.startswith('"'):
+            text = json.loads(text)
+        encoded[str(key)] = text
+    return encoded
 
 
 def _settle_ms(settle: float) -> int:

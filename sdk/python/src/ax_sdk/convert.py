@@ -37,14 +37,53 @@ class ConversionError(ValueError):
 
 
 def from_text(text: str, annotation: Any) -> Any:
-    """The value of environment text `text` as `annotation` (None or Any: JSON, else the text)."""
+    """The value of environment text `text` as `annotation` (None or Any: JSON, else the text).
+
+    Text is what a param is, so where the annotation takes a string the text is tried as it is
+    before its JSON reading: `Optional[str]` keeps "1.10" and `Literal["1"]` takes "1"; a union
+    tries its other members on the JSON value first (`int | str` reads "3" as 3)."""
     if annotation is str:
         return text
     try:
         value: Any = json.loads(text)
     except ValueError:
         value = text
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or isinstance(annotation, types.UnionType):
+        members = typing.get_args(annotation)
+        if value is None and NoneType in members:
+            return None
+        for member in members:
+            if member is NoneType or _takes_text(member):
+                continue
+            try:
+                return coerce(value, member)
+            except ConversionError:
+                continue
+        for member in members:
+            if member is not NoneType and _takes_text(member):
+                try:
+                    return coerce(text, member)
+                except ConversionError:
+                    continue
+        raise ConversionError(f"expected {type_name(annotation)}, got {_shown(value)}")
+    if _takes_text(annotation):
+        try:
+            return coerce(text, annotation)
+        except ConversionError:
+            pass
     return coerce(value, annotation)
+
+
+def _takes_text(annotation: Any) -> bool:
+    """A string annotation, a Literal of strings, or an Enum of string values."""
+    if annotation is str:
+        return True
+    if typing.get_origin(annotation) is typing.Literal:
+        return any(isinstance(a, str) for a in typing.get_args(annotation))
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return any(isinstance(m.value, str) for m in annotation)
+    return False
 
 
 def coerce(value: Any, annotation: Any) -> Any:
@@ -69,7 +108,8 @@ def coerce(value: Any, annotation: Any) -> Any:
                 continue
         raise ConversionError(f"expected {type_name(annotation)}, got {_shown(value)}")
     if origin is typing.Literal:
-        if value in args:
+        # By type as well as value: True is not the literal 1, nor 1 the literal "1".
+        if any(value == a and type(value) is type(a) for a in args):
             return value
         raise ConversionError(f"expected one of {', '.join(repr(a) for a in args)}, got {_shown(value)}")
     if origin is not None and origin is getattr(typing, "Annotated", None):

@@ -294,5 +294,16 @@ def _yaml(value: Any, indent: int) -> str:
     return pad + _scalar(value)
 
 
+# Plain keys a YAML parser reads as something else than a string.
+_NOT_STRINGS = {"null", "nul", "~", "true", "false", "yes", "no", "on", "off", "y", "n"}
+
+
 def _plain_key(key: str) -> bool:
-    return bool(key) and all(c.isalnum() or c in "_-" for c in key) and not key[0].isdigit()
+    """Whether a key can be written unquoted: a name (letters, digits, `_`, `-`, starting with a
+    letter or `_`) that YAML does not read as null or a boolean."""
+    return (
+        bool(key)
+        and (key[0].isalpha() or key[0] == "_")
+        and all(c.isascii() and (c.isalnum() or c in "_-") for c in key)
+        and key.lower() not in _NOT_STRINGS
+    )

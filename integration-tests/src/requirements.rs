@@ -12,6 +12,14 @@ pub static PYTHON: Requirement = Requirement::env(
      (.ci/run makes .ci/venv) to run the Python SDK and Kubernetes checks",
 );
 
+/// A Node (20 or later) and the TypeScript SDK built with it (`npm ci && npm run build` in
+/// `sdk/typescript`).
+pub static NODE: Requirement = Requirement::env(
+    "AX_TEST_NODE",
+    "point it at a node (20 or later) after `npm ci && npm run build` in sdk/typescript \
+     (.ci/run does both) to run the TypeScript SDK's tests",
+);
+
 /// chromium, node, and the browser scripts' node modules ([`crate::browser::tools`]).
 pub static BROWSER: Requirement = Requirement::custom(
     || crate::browser::tools().map(|_| ()),

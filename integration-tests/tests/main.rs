@@ -37,6 +37,7 @@ mod sub_workflows;
 mod traces;
 mod trigger_rules;
 mod triggers;
+mod typescript_sdk;
 mod upgrades;
 mod views;
 mod watch_run;
@@ -79,6 +80,7 @@ fn main() -> std::process::ExitCode {
         traces::tests(),
         trigger_rules::tests(),
         triggers::tests(),
+        typescript_sdk::tests(),
         upgrades::tests(),
         views::tests(),
         watch_run::tests(),

@@ -23,7 +23,9 @@ def orders_workflow() -> Workflow:
     workflow.python(extract, labels=PYTHON_WORKER)
     workflow.python(enrich, labels=PYTHON_WORKER)  # upstream extract: its parameter says so
     workflow.python(total, labels=PYTHON_WORKER)  # upstreams extract and enrich
-    workflow.shell("publish", "echo published: ${tasks.total.outputs.return}", upstream="total")
+    # The report reaches the shell through the environment, where no quote of it is read as
+    # shell syntax (a ${tasks...} template is pasted into the command text).
+    workflow.shell("publish", 'echo "published: $AX_UPSTREAM_TOTAL_return"', upstream="total")
     return workflow
 
 

@@ -19,7 +19,9 @@ export function ordersWorkflow(): Workflow {
   workflow.task(extract, { labels: NODE_WORKER });
   workflow.task(enrich, { labels: NODE_WORKER }); // upstream extract: its inputs say so
   workflow.task(total, { labels: NODE_WORKER }); // upstreams extract and enrich
-  workflow.shell("publish", "echo published: ${tasks.total.outputs.return}", { upstream: "total" });
+  // The report reaches the shell through the environment, where no quote of it is read as shell
+  // syntax (a ${tasks...} template is pasted into the command text).
+  workflow.shell("publish", 'echo "published: $AX_UPSTREAM_TOTAL_return"', { upstream: "total" });
   return workflow;
 }
 

@@ -141,14 +141,32 @@ impl Node {
         }
     }
 
+    /// The attempt's stored lines, once as many are stored as the attempt produced (or the guard
+    /// passed): the node's log writer stores them a moment after the end it reported.
     async fn lines(&self, instance: InstanceId, attempt: u32) -> Vec<String> {
-        self.store
-            .read_logs(instance, Attempt(attempt), 0, 1_000)
-            .await
-            .expect("logs")
-            .into_iter()
-            .map(|line| line.text)
-            .collect()
+        let deadline = tokio::time::Instant::now() + GUARD;
+        loop {
+            let produced = self
+                .store
+                .list_attempts(instance)
+                .await
+                .expect("attempts")
+                .into_iter()
+                .find(|a| a.attempt == Attempt(attempt))
+                .map_or(0, |a| a.log_lines);
+            let lines: Vec<String> = self
+                .store
+                .read_logs(instance, Attempt(attempt), 0, 1_000)
+                .await
+                .expect("logs")
+                .into_iter()
+                .map(|line| line.text)
+                .collect();
+            if lines.len() as u64 >= produced || tokio::time::Instant::now() > deadline {
+                return lines;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// The audit rows about worker `id` with `action`.

@@ -671,6 +671,33 @@ fn decide(
         };
         return decide(&lost, now, index, keys, policies, writes, after);
     }
+    if let Report::Finished {
+        worker_id: Some(worker),
+        end: AttemptEnd::Finished(_),
+        at,
+        ..
+    } = report
+        && key.state == InstanceState::Dispatched
+    {
+        // The end of the attempt dispatched to this worker, with its start not stored: the start
+        // report was lost with a stream, or a batch lost it. The attempt number and the worker
+        // say it is this attempt's process, and its end proves it ran: the start is recorded
+        // first, at the end's time (its own is unknown), rather than the end refused and the
+        // worker's success forgotten and run again.
+        let started = Report::Started {
+            instance_id: id,
+            attempt,
+            worker_id: worker.clone(),
+            pid: 0,
+            at: *at,
+        };
+        if let ReportResult::Applied(_) =
+            decide(&started, now, index, keys, policies, writes, after)
+        {
+            return decide(report, now, index, keys, policies, writes, after);
+        }
+        return stale_now;
+    }
     match report {
         Report::Rejected {
             reason, withdrawn, ..

@@ -15,6 +15,7 @@ conformance!(
     a_withdrawal_that_finds_its_attempt_running_loses_it,
     a_withdrawal_decided_for_one_worker_spares_the_attempt_sent_to_another,
     a_withdrawal_of_an_earlier_dispatch_spares_the_same_attempt_sent_again,
+    an_end_whose_start_was_not_stored_is_recorded_with_its_start,
 );
 
 mod scenarios {
@@ -309,5 +310,67 @@ mod scenarios {
             (now.state, now.attempt),
             (InstanceState::Waiting, Attempt(2))
         );
+    }
+
+    /// A worker's success of the attempt dispatched to it, while the store still has it
+    /// DISPATCHED (its Started report never landed): the end is the proof the process ran, so
+    /// it is recorded (started at the end's time) and the run goes on, instead of the success
+    /// being refused and the task run again. Another worker's end, or an end of another
+    /// attempt, is still refused.
+    pub(super) async fn an_end_whose_start_was_not_stored_is_recorded_with_its_start(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("wf", vec![task("a", &[]), task("b", &["a"])])).await;
+        let run = start_run(s, &wf).await;
+        let a = instance_of(s, run.id, "a").await.unwrap();
+        assert!(s.mark_dispatched(&[claim(a.id, 1, "w1")]).await.unwrap()[0]);
+        let mut from_w2 = succeeded_on_w1(a.id, 1);
+        if let Report::Finished { worker_id, .. } = &mut from_w2 {
+            *worker_id = Some("w2".into());
+        }
+        assert_eq!(
+            s.apply_reports(&[from_w2], T0 + 20).await.unwrap(),
+            [ReportResult::NotYours]
+        );
+        let results = s
+            .apply_reports(&[succeeded_on_w1(a.id, 1)], T0 + 30)
+            .await
+            .unwrap();
+        assert!(
+            matches!(results[0], ReportResult::Applied(_)),
+            "{results:?}"
+        );
+        let now = s.get_instance(a.id).await.unwrap().unwrap();
+        assert_eq!(
+            (now.state, now.attempt),
+            (InstanceState::Success, Attempt(1))
+        );
+        let attempts = s.list_attempts(a.id).await.unwrap();
+        assert_eq!(attempts.len(), 1);
+        assert_eq!(
+            (
+                attempts[0].state,
+                attempts[0].started_at,
+                attempts[0].finished_at
+            ),
+            (InstanceState::Success, Some(T0 + 30), Some(T0 + 30))
+        );
+        // The run went on: b is ready.
+        let b = instance_of(s, run.id, "b").await.unwrap();
+        assert_eq!(b.state, InstanceState::Waiting);
+    }
+
+    fn succeeded_on_w1(id: InstanceId, attempt: u32) -> Report {
+        Report::Finished {
+            instance_id: id,
+            attempt: Attempt(attempt),
+            worker_id: Some("w1".into()),
+            end: AttemptEnd::Finished(Outcome::Success),
+            exit_code: Some(0),
+            signal: None,
+            at: T0 + 30,
+            log_lines: 3,
+            message: String::new(),
+            outputs: Default::default(),
+        }
     }
 }

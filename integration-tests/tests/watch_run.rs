@@ -9,7 +9,7 @@ use std::time::Duration;
 use ax_integration_tests::harness::Test;
 use ax_integration_tests::on_every_backend;
 use ax_integration_tests::process::pid_from_file;
-use ax_integration_tests::{Backend, Cluster};
+use ax_integration_tests::{Backend, Cluster, TestClient};
 use ax_proto::v1 as pb;
 
 /// A hang guard, not a timing assertion.
@@ -21,6 +21,19 @@ pub(crate) fn tests() -> Vec<Test> {
         a_finished_run_is_sent_once_and_the_stream_ends,
         a_stopping_node_ends_the_stream_with_unavailable,
     )
+}
+
+/// A `WatchRun` stream of `run` with the default settle time.
+async fn watch(client: &TestClient, run: i64) -> tonic::Streaming<pb::Run> {
+    client
+        .control()
+        .watch_run(pb::WatchRunRequest {
+            id: run,
+            settle_ms: 0,
+        })
+        .await
+        .expect("WatchRun")
+        .into_inner()
 }
 
 async fn the_stream_ends_after_a_cancelled_process_is_gone(backend: Backend) {
@@ -44,15 +57,7 @@ async fn the_stream_ends_after_a_cancelled_process_is_gone(backend: Backend) {
     let run = client.trigger_run("slow-stop").await.expect("trigger");
     pid_from_file(&pid_file, WITHIN).await;
 
-    let mut stream = client
-        .control()
-        .watch_run(pb::WatchRunRequest {
-            id: run.id,
-            settle_ms: 0,
-        })
-        .await
-        .expect("WatchRun")
-        .into_inner();
+    let mut stream = watch(&client, run.id).await;
     let first = stream.message().await.expect("a message").expect("the run");
     assert_eq!(first.id, run.id);
     assert_eq!(first.state, pb::RunState::Running as i32, "{first:?}");
@@ -104,15 +109,7 @@ async fn a_finished_run_is_sent_once_and_the_stream_ends(backend: Backend) {
         .expect("apply");
     let run = client.trigger_run("quick").await.expect("trigger");
     let ended = client.wait_run_within(run.id, WITHIN).await.expect("ends");
-    let mut stream = client
-        .control()
-        .watch_run(pb::WatchRunRequest {
-            id: run.id,
-            settle_ms: 0,
-        })
-        .await
-        .expect("WatchRun")
-        .into_inner();
+    let mut stream = watch(&client, run.id).await;
     let sent = tokio::time::timeout(WITHIN, async {
         let mut sent = Vec::new();
         while let Some(run) = stream.message().await.expect("the stream holds") {
@@ -164,15 +161,7 @@ async fn a_stopping_node_ends_the_stream_with_unavailable(backend: Backend) {
         .await
         .expect("apply");
     let run = client.trigger_run("long").await.expect("trigger");
-    let mut stream = client
-        .control()
-        .watch_run(pb::WatchRunRequest {
-            id: run.id,
-            settle_ms: 0,
-        })
-        .await
-        .expect("WatchRun")
-        .into_inner();
+    let mut stream = watch(&client, run.id).await;
     stream.message().await.expect("a message").expect("the run");
     // The node stops while the run waits: the stream ends at once, saying so, and the
     // shutdown does not wait for it.

@@ -17,8 +17,8 @@ use clap::{Parser, Subcommand};
 
 use crate::client::Ctx;
 use crate::commands::{
-    apply, audit, backfill, cancel, cluster, dag, delete, dev, diff, get, import, logs, pause,
-    purge, rerun, resume, retry, secret, token, trigger, whoami, why, workers,
+    apply, audit, backfill, cancel, cluster, dag, delete, dev, diff, get, import, logs, mark,
+    pause, purge, rerun, resume, retry, secret, token, trigger, whoami, why, workers,
 };
 use crate::error::Exit;
 use crate::output::Output;
@@ -129,6 +129,8 @@ enum Command {
     Cancel(cancel::Args),
     /// Retry one failed, timed-out or cancelled instance as a new attempt.
     Retry(retry::Args),
+    /// Mark an instance SUCCESS or FAILED without running it (a reason is required).
+    Mark(mark::Args),
     /// Wait for a run to end; the exit code is its outcome (0, 10 failed, 11 cancelled).
     Wait(commands::wait::Args),
     /// Rerun the failed part of a run, or a task and everything below it, as new attempts.
@@ -205,6 +207,7 @@ async fn main() -> ExitCode {
         Command::Resume(args) => resume::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Cancel(args) => cancel::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Retry(args) => retry::run(&ctx, args).await.map(|()| Exit::Ok),
+        Command::Mark(args) => mark::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Wait(args) => commands::wait::run(&ctx, args).await,
         Command::Rerun(args) => rerun::run(&ctx, args).await.map(|()| Exit::Ok),
         Command::Dev(args) => dev::run(&ctx, args).await,

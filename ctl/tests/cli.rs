@@ -613,6 +613,33 @@ async fn pause_resume_and_cancel() {
     assert_eq!(out.stdout, "instance 1 CANCELLED\n", "{out:?}");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn mark_sets_a_state_with_a_reason_and_refuses_one_without() {
+    let (fake, server) = seeded().await;
+    let out = axctl(&server, &["mark", "1", "--success"]).await;
+    assert_eq!(out.code, 2, "clap wants --reason: {out:?}");
+    assert!(out.stderr.contains("--reason"), "{out:?}");
+    let out = axctl(
+        &server,
+        &["mark", "1", "--failed", "--success", "--reason", "x"],
+    )
+    .await;
+    assert_eq!(out.code, 2, "one state only: {out:?}");
+    let out = axctl(
+        &server,
+        &["mark", "1", "--success", "--reason", "fixed by hand"],
+    )
+    .await;
+    assert_eq!(out.stdout, "instance 1 SUCCESS (attempt 1)\n", "{out:?}");
+    let out = axctl(&server, &["mark", "1", "--failed", "--reason", " "]).await;
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(out.stderr.contains("needs a reason"), "{out:?}");
+    assert_eq!(
+        fake.calls().iter().filter(|c| *c == "MarkInstance").count(),
+        2
+    );
+}
+
 /// The diamond of `ax_core::render`'s golden files (workflow `etl` version 3, run 7), as the
 /// server sends it.
 fn diamond_dag(with_run: bool) -> pb::Dag {

@@ -9,6 +9,9 @@
 //   AX_UI_PAGES   comma-separated paths kept open for the idle phases
 //   AX_UI_IDLE_S  seconds of each idle phase (visible, then hidden)
 //   AX_UI_LOADS   cold loads of each timed page (default 5)
+//   AX_UI_GRID    a workflow whose grid is timed (cold loads until every cell is drawn) and
+//                 then kept open alone for two idle phases (grid_visible, grid_hidden)
+//   AX_UI_GRID_RUNS  the grid's runs (columns), default 100
 
 import { chromium } from "playwright-core";
 
@@ -76,6 +79,42 @@ if (process.env.AX_UI_PAGES) {
   }
   result.hidden_requests = await phase("hidden");
   console.log(JSON.stringify({ phase: "done", at: Date.now() }));
+}
+if (process.env.AX_UI_GRID) {
+  const runs = Number(process.env.AX_UI_GRID_RUNS || 100);
+  const api = `${BASE}/api/v1/workflows/${process.env.AX_UI_GRID}/grid?limit=${runs}`;
+  // The matrix's JSON: its size, and how long the node takes to answer it.
+  result.grid_api_ms = [];
+  for (let n = 0; n < LOADS; n++) {
+    const started = Date.now();
+    const text = await (await fetch(api)).text();
+    result.grid_api_ms.push(Date.now() - started);
+    result.grid_bytes = text.length;
+    const grid = JSON.parse(text);
+    result.grid_cells = grid.runs.length * grid.tasks.length;
+  }
+  const path = `/workflows/${process.env.AX_UI_GRID}/grid?runs=${runs}`;
+  result.grid_ms = await coldLoads(path, n => document.querySelectorAll("table.grid a.gcell").length === n, result.grid_cells);
+  // The grid alone, open (its live stream) and then hidden.
+  const page = await fresh();
+  page.requests = 0;
+  page.on("request", () => { page.requests += 1; });
+  await page.goto(BASE + path);
+  await page.waitForFunction(n => document.querySelectorAll("table.grid a.gcell").length === n, result.grid_cells, { timeout: GUARD, polling: 100 });
+  const idle = async name => {
+    page.requests = 0;
+    console.log(JSON.stringify({ phase: name, at: Date.now() }));
+    await new Promise(r => setTimeout(r, IDLE_S * 1000));
+    return { [path]: page.requests };
+  };
+  result.grid_visible_requests = await idle("grid_visible");
+  await page.evaluate(() => {
+    Object.defineProperty(document, "visibilityState", { configurable: true, get: () => "hidden" });
+    Object.defineProperty(document, "hidden", { configurable: true, get: () => true });
+    document.dispatchEvent(new Event("visibilitychange"));
+  });
+  result.grid_hidden_requests = await idle("grid_hidden");
+  console.log(JSON.stringify({ phase: "grid_done", at: Date.now() }));
 }
 await browser.close();
 console.log(JSON.stringify(result));

@@ -1,81 +1,12 @@
-// The web UI's checks in a real browser (Debian's chromium through playwright-core), against
-// the scheduler at AX_UI_URL with the fixtures of ./fixtures applied (web_ui.rs does that).
-// Every check saves a screenshot in AX_UI_SHOTS. Run by `cargo test -p ax-integration-tests -- web_ui::`.
+// The web UI's first checks in a real browser (Debian's chromium through playwright-core),
+// against the scheduler at AX_UI_URL with the fixtures of ./fixtures applied (web_ui.rs does
+// that; common.mjs has what the suites share). Every check saves a screenshot in AX_UI_SHOTS.
+// Run by `cargo test -p ax-integration-tests -- web_ui::`.
 
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
-import { createRequire } from "node:module";
-import { chromium } from "playwright-core";
-
-const BASE = process.env.AX_UI_URL;
-const SHOTS = process.env.AX_UI_SHOTS;
-if (!BASE || !SHOTS) throw new Error("AX_UI_URL and AX_UI_SHOTS must be set (web_ui.rs sets them)");
-const AXE = readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
-
-/** A hang guard for waits, not a timing assertion. */
-const GUARD = 30_000;
-
-let browser;
-before(async () => {
-  browser = await chromium.launch({ executablePath: process.env.AX_CHROMIUM || "/usr/bin/chromium", args: ["--no-sandbox"] });
-});
-after(async () => { await browser?.close(); });
-
-/** A fresh page; any script error or dialog on it fails the check that made it. */
-async function open(path, options = {}) {
-  const context = await browser.newContext({
-    viewport: { width: 1360, height: 900 },
-    timezoneId: options.timezoneId || "UTC",
-    locale: "en-US",
-    colorScheme: options.colorScheme || "light",
-    bypassCSP: Boolean(options.bypassCSP),
-    acceptDownloads: true,
-  });
-  const page = await context.newPage();
-  page.problems = [];
-  page.on("pageerror", err => page.problems.push("page error: " + err.message));
-  page.on("dialog", dialog => { page.problems.push("a dialog opened: " + dialog.message()); dialog.dismiss(); });
-  page.on("console", msg => { if (msg.type() === "error" && !/Failed to load resource|net::ERR_FAILED|EventSource/.test(msg.text())) page.problems.push("console error: " + msg.text()); });
-  if (path !== null) await page.goto(BASE + path);
-  return page;
-}
-
-async function close(page) {
-  assert.deepEqual(page.problems, [], "the page had problems");
-  await page.context().close();
-}
-
-const shot = (page, name) => page.screenshot({ path: `${SHOTS}/${name}.png` });
-
-async function api(path, body) {
-  const response = await fetch(BASE + path, body === undefined ? undefined : {
-    method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),
-  });
-  const json = await response.json();
-  if (!response.ok) throw new Error(`${path}: ${response.status} ${json.message}`);
-  return json;
-}
-
-async function until(what, check, guard = GUARD) {
-  const deadline = Date.now() + guard;
-  for (;;) {
-    const value = await check();
-    if (value) return value;
-    if (Date.now() > deadline) throw new Error("timed out waiting for " + what);
-    await new Promise(r => setTimeout(r, 100));
-  }
-}
-
-const ENDED = ["RUN_STATE_SUCCESS", "RUN_STATE_FAILED", "RUN_STATE_CANCELLED"];
-const trigger = async (workflow, body = {}) => (await api(`/api/v1/workflows/${workflow}/trigger`, body)).run;
-const ended = id => until(`run ${id} to end`, async () => { const r = await api(`/api/v1/runs/${id}`); return ENDED.includes(r.state) && r; });
-async function instanceOf(runId, task) {
-  return until(`an instance of ${task} in run ${runId}`, async () => {
-    const list = await api(`/api/v1/runs/${runId}/instances`);
-    return (list.instances || []).find(i => i.task === task);
-  });
-}
+import { AXE, BASE, GUARD, api, close, ended, instanceOf, open, shot, trigger, until } from "./common.mjs";
 
 test("(a) a cold deep link to a failed task shows its name, FAILED and exit code 3, output as text", async () => {
   const run = await trigger("ui-failing");
@@ -256,7 +187,8 @@ test("(f) in Asia/Tokyo, the UTC toggle changes the times shown and survives a r
   await created.waitFor({ timeout: GUARD });
   const local = await created.innerText();
   assert.match(local, /GMT\+9|JST/, local);
-  await page.getByRole("button", { name: /Times in Asia\/Tokyo/ }).click();
+  assert.equal(await page.locator("#zone-now").innerText(), "Times in Asia/Tokyo");
+  await page.getByRole("button", { name: "UTC times" }).click();
   await page.locator(".kv dd time", { hasText: "UTC" }).first().waitFor({ timeout: GUARD });
   const utc = await page.locator(".kv dd time").first().innerText();
   assert.notEqual(utc, local);
@@ -265,7 +197,8 @@ test("(f) in Asia/Tokyo, the UTC toggle changes the times shown and survives a r
   await shot(page, "f-utc");
   await page.reload();
   await page.locator(".kv dd time", { hasText: "UTC" }).first().waitFor({ timeout: GUARD });
-  assert.equal(await page.getByRole("button", { name: "Times in UTC" }).getAttribute("aria-pressed"), "true");
+  assert.equal(await page.getByRole("button", { name: "UTC times" }).getAttribute("aria-pressed"), "true");
+  assert.equal(await page.locator("#zone-now").innerText(), "Times in UTC");
   await close(page);
 });
 

@@ -22,6 +22,7 @@ mod for_each;
 mod for_each_faults;
 mod fuzz_stream;
 mod galera;
+mod marks;
 mod metrics;
 mod outputs;
 mod processes;
@@ -65,6 +66,7 @@ fn main() -> std::process::ExitCode {
         for_each_faults::tests(),
         fuzz_stream::tests(),
         galera::tests(),
+        marks::tests(),
         metrics::tests(),
         outputs::tests(),
         processes::tests(),

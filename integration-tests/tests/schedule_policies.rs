@@ -424,6 +424,51 @@ async fn backfill_creates_one_run_per_slot_in_order_and_never_doubles(backend: B
         }
         previous = Some(span);
     }
+    // `get runs` finds them by trigger and logical time (both bounds inclusive).
+    let found = axctl_ok(
+        &cluster,
+        &[
+            "-o",
+            "json",
+            "get",
+            "runs",
+            "--workflow",
+            "bf",
+            "--trigger",
+            "backfill",
+            "--from",
+            "2026-03-08T07:00:00Z",
+            "--to",
+            "2026-03-08T08:00:00Z",
+        ],
+    );
+    let times: Vec<&str> = found
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|run| run["logical_time"].as_str().expect("logical time"))
+        .collect();
+    assert_eq!(
+        times,
+        ["2026-03-08T08:00:00.000Z", "2026-03-08T07:00:00.000Z"]
+    );
+    let cron = axctl_ok(
+        &cluster,
+        &[
+            "-o",
+            "json",
+            "get",
+            "runs",
+            "--workflow",
+            "bf",
+            "--trigger",
+            "cron",
+        ],
+    );
+    assert_eq!(cron.as_array().map(Vec::len), Some(0), "{cron}");
+    let (code, err) = axctl_exit(&cluster, &["get", "runs", "--from", "yesterday"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--from \"yesterday\""), "{err}");
     let decisions = decisions(&cluster, "bf").await;
     assert_eq!(count(&decisions, DecisionKind::Fired), 6);
     assert!(count(&decisions, DecisionKind::Queued) >= 1);

@@ -23,6 +23,7 @@ pub(crate) fn tests() -> Vec<Test> {
         every_task_sees_the_params_and_its_run_through_axctl,
         a_repeated_idempotency_key_returns_the_existing_run_through_axctl,
         bad_params_are_refused_with_their_name_and_create_nothing,
+        declared_params_fill_triggers_and_the_runs_nobody_gave_params_to,
     )
 }
 
@@ -305,5 +306,123 @@ async fn bad_params_are_refused_with_their_name_and_create_nothing(backend: Back
     let (id, _) = trigger_ok(&cluster, &["strict", "--param", &at_limit]).await;
     let run = client.wait_run(id).await.expect("run ends");
     assert_eq!(run.state, pb::RunState::Success as i32, "{run:?}");
+    cluster.shutdown().await.expect("shutdown");
+}
+
+/// A workflow's declared params: a trigger's missing ones take their defaults (its tasks see
+/// them), a missing required one or a value outside the choices is refused naming it and
+/// creates nothing; a cron run and the dependency run it starts get their own defaults; a cron
+/// workflow may not require a param.
+async fn declared_params_fill_triggers_and_the_runs_nobody_gave_params_to(backend: Backend) {
+    let (cluster, client) = cluster(backend).await;
+    client
+        .apply(
+            r#"name: declared
+params:
+  region: {default: eu, description: Where}
+  env: {required: true, choices: [staging, prod]}
+tasks:
+  - name: show
+    command: echo "region=$AX_PARAM_region env=$AX_PARAM_env"
+"#,
+        )
+        .await
+        .expect("apply");
+    let (id, _) = trigger_ok(&cluster, &["declared", "--param", "env=prod"]).await;
+    let run = client.wait_run(id).await.expect("run ends");
+    assert_eq!(run.state, pb::RunState::Success as i32, "{run:?}");
+    let params: Vec<(&str, &str)> = run
+        .params
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect::<std::collections::BTreeMap<_, _>>()
+        .into_iter()
+        .collect();
+    assert_eq!(params, [("env", "prod"), ("region", "eu")]);
+    let instances = client.instances(id).await.expect("instances");
+    let lines = client.logs(instances[0].id).await.expect("logs");
+    assert_eq!(lines[0].text, "region=eu env=prod");
+    for (args, message) in [
+        (
+            vec!["trigger", "declared"],
+            "missing required param \"env\"",
+        ),
+        (
+            vec!["trigger", "declared", "--param", "env="],
+            "param \"env\" is required and must not be empty",
+        ),
+        (
+            vec!["trigger", "declared", "--param", "env=qa"],
+            "param \"env\": \"qa\" is not one of its choices (staging, prod)",
+        ),
+    ] {
+        let out = axctl(&cluster, &args).await;
+        let stderr = text(&out.stderr);
+        assert_eq!(code(&out), EXIT_INVALID_ARGUMENT, "{message}: {stderr}");
+        assert!(stderr.contains(message), "expected {message:?} in {stderr}");
+    }
+    assert_eq!(client.runs("declared").await.expect("runs").len(), 1);
+
+    // A required param on a cron workflow is refused at apply, naming it.
+    let refused = client
+        .apply(
+            "name: cron-required\nschedule: {cron: '0 2 * * *'}\nparams:\n  env: {required: true}\n\
+             tasks: [{name: a, command: 'true'}]\n",
+        )
+        .await
+        .expect_err("refused");
+    // (The status's message is shown quoted, its quotes escaped.)
+    let refused = format!("{refused:#}");
+    assert!(
+        refused.contains("params.env: param ") && refused.contains("is required without a default"),
+        "{refused}"
+    );
+
+    // Runs nobody gave params to: each gets its workflow's own defaults.
+    client
+        .apply(
+            "name: declared-dep\nschedule: {after: [declared-cron]}\nparams:\n  day: {default: d1}\n\
+             tasks: [{name: a, command: 'true'}]\n",
+        )
+        .await
+        .expect("apply dependent");
+    client
+        .apply(
+            "name: declared-cron\nschedule: {cron: '* * * * * *'}\nparams:\n  region: {default: eu}\n\
+             concurrency: {key: '${region}'}\ntasks: [{name: a, command: 'true'}]\n",
+        )
+        .await
+        .expect("apply cron");
+    let deadline = tokio::time::Instant::now() + RUN_TIMEOUT;
+    let dependent = loop {
+        let runs = client.runs("declared-dep").await.expect("runs");
+        if let Some(run) = runs.into_iter().next() {
+            break run;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no dependency run within {RUN_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    client.pause("declared-cron").await.expect("pause");
+    let fired = client.runs("declared-cron").await.expect("runs");
+    assert!(!fired.is_empty());
+    for run in &fired {
+        assert_eq!(run.trigger, pb::TriggerKind::Cron as i32);
+        let params: Vec<(&str, &str)> = run
+            .params
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(params, [("region", "eu")], "run {}", run.id);
+    }
+    assert_eq!(dependent.trigger, pb::TriggerKind::Dependency as i32);
+    assert_eq!(
+        dependent.params.get("day").map(String::as_str),
+        Some("d1"),
+        "{dependent:?}"
+    );
+    assert_eq!(dependent.params.len(), 1, "{dependent:?}");
     cluster.shutdown().await.expect("shutdown");
 }

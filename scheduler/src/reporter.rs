@@ -419,7 +419,8 @@ impl BatchPath {
     /// Tells the worker its AttemptFinished is stored, so it stops resending it.
     fn acknowledge_finished(&self, worker: &str, instance: InstanceId, attempt: Attempt) {
         if let Some(outbox) = self.registry.outbox(worker) {
-            // A full queue: the worker resends the report on its next stream, and it is acked then.
+            // A full queue: the worker sends the report again (on this stream after 15 s
+            // unanswered, or on its next one), and the store's answer to a repeated end acks it.
             outbox.tell(ToWorker::FinishedAck { instance, attempt });
         }
     }

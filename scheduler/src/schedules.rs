@@ -214,7 +214,8 @@ impl Schedules {
                 slot: planned.at,
                 trigger: TriggerKind::Cron,
                 late: planned.late,
-                params: BTreeMap::new(),
+                // A fire passes no params: the run gets the declared defaults.
+                params: ax_core::params::defaults(&spec.params),
                 triggered_by: format!("cron@{}", self.node_id),
             };
             let outcome = self.fire_slot(&fire, now).await?;

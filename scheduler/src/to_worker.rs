@@ -113,3 +113,80 @@ impl Outbox {
         self.sender.is_closed()
     }
 }
+
+/// What a worker's stream sends: the outbox's messages until `served` fires (or its sender is
+/// dropped) as the stream's reading side ends. From then on the queue takes nothing new and the
+/// stream ends once what was queued is sent, whoever still holds a sender (a heartbeat's
+/// acknowledgement waiting on a store write, say): a worker is never left talking into a stream
+/// that nobody reads, and reconnects to send its reports again.
+pub fn until_served(
+    receiver: mpsc::Receiver<ToWorker>,
+    served: tokio::sync::oneshot::Receiver<()>,
+) -> impl futures::Stream<Item = ToWorker> {
+    futures::stream::unfold(
+        (receiver, Some(served)),
+        |(mut receiver, mut served)| async move {
+            loop {
+                let Some(signal) = served.as_mut() else {
+                    let message = receiver.recv().await?;
+                    return Some((message, (receiver, None)));
+                };
+                tokio::select! {
+                    biased;
+                    message = receiver.recv() => {
+                        let message = message?;
+                        return Some((message, (receiver, served)));
+                    }
+                    _ = signal => {
+                        receiver.close();
+                        served = None;
+                    }
+                }
+            }
+        },
+    )
+}
+
+#[cfg(test)]
+mod stream_tests {
+    use futures::StreamExt;
+
+    use super::*;
+
+    fn cut_off() -> ToWorker {
+        ToWorker::CutOff {
+            node_id: "n1".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_ends_once_served_after_sending_what_was_queued() {
+        let (outbox, receiver) = outbox(8);
+        let (served, signal) = tokio::sync::oneshot::channel();
+        let stream = until_served(receiver, signal);
+        // Another holder of the outbox (a pending acknowledgement) outlives the serving.
+        let held = outbox.clone();
+        assert!(outbox.tell(cut_off()));
+        drop(served);
+        let sent: Vec<ToWorker> =
+            tokio::time::timeout(std::time::Duration::from_secs(5), stream.collect())
+                .await
+                .expect("the stream ends though a sender is held");
+        assert_eq!(sent.len(), 1, "what was queued before the end is sent");
+        assert!(!held.tell(cut_off()), "nothing is queued after the end");
+    }
+
+    #[tokio::test]
+    async fn a_stream_goes_on_while_served() {
+        let (outbox, receiver) = outbox(8);
+        let (_served, signal) = tokio::sync::oneshot::channel::<()>();
+        let mut stream = Box::pin(until_served(receiver, signal));
+        assert!(outbox.tell(cut_off()));
+        assert!(stream.next().await.is_some());
+        drop(outbox);
+        assert!(
+            stream.next().await.is_none(),
+            "no sender left: the stream ends"
+        );
+    }
+}

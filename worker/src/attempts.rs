@@ -124,9 +124,19 @@ struct FinishedReport {
     message: AttemptFinished,
     sent_on: Option<u64>,
     first_sent_at: Option<Instant>,
+    /// When it was last handed to a stream: an end unanswered on a live stream for
+    /// [`END_RESEND_AFTER`] is sent on it again ([`Attempts::ends_to_resend`]).
+    last_sent_at: Option<Instant>,
     /// The scheduler stored it (FinishedAck): never resent.
     acked: bool,
 }
+
+/// How long an end may go unanswered (neither acknowledged nor refused) on a live stream before
+/// it is sent on that stream again. A node answers every end it stores or refuses within its
+/// report batch (milliseconds; seconds through a database's commit stall), so an end unanswered
+/// this long was lost inside the node; waiting for the stream to break would leave its attempt
+/// RUNNING for as long as the stream lives. A repeated end is acknowledged as the one stored.
+pub(crate) const END_RESEND_AFTER: Duration = Duration::from_secs(15);
 
 #[derive(Debug, Default)]
 struct AttemptEntry {
@@ -315,6 +325,7 @@ impl Attempts {
                         message: finished,
                         sent_on: None,
                         first_sent_at: None,
+                        last_sent_at: None,
                         acked: false,
                     }),
                     forgotten: false,
@@ -768,10 +779,12 @@ impl Attempts {
         if entry.finished.is_none() {
             state.running -= 1;
         }
+        let sent_at = link.as_ref().map(|_| Instant::now());
         entry.finished = Some(FinishedReport {
             message: message.clone(),
             sent_on: link.as_ref().map(|link| link.epoch),
-            first_sent_at: link.as_ref().map(|_| Instant::now()),
+            first_sent_at: sent_at,
+            last_sent_at: sent_at,
             acked: false,
         });
         Some((link?, wrap(Body::Finished(message))))
@@ -954,6 +967,7 @@ impl Attempts {
             {
                 report.sent_on = Some(epoch);
                 report.first_sent_at.get_or_insert(now);
+                report.last_sent_at = Some(now);
                 out.push(Replay::Message(
                     wrap(Body::Finished(report.message.clone())).into(),
                 ));
@@ -973,6 +987,39 @@ impl Attempts {
             state.link = Some(link.clone());
         }
         out
+    }
+
+    /// The ends handed to the live stream `epoch` that it has left unanswered (neither
+    /// acknowledged nor refused) for `after` or longer, as of `now`, marked as sent again at
+    /// `now`: the caller sends them on that stream. Without this an end lost inside a node (a
+    /// report it took and never stored nor refused) would wait for the stream to break, however
+    /// long it lives, its attempt RUNNING meanwhile. Nothing while `epoch` is not the installed
+    /// stream: a replay on the next one sends what is unacknowledged anyway.
+    pub fn ends_to_resend(&self, epoch: u64, now: Instant, after: Duration) -> Vec<WorkerMessage> {
+        let mut state = self.lock();
+        if state.link.as_ref().is_none_or(|link| link.epoch != epoch) {
+            return Vec::new();
+        }
+        let mut due: Vec<(AttemptKey, WorkerMessage)> = state
+            .attempts
+            .iter_mut()
+            .filter(|(_, entry)| !entry.forgotten)
+            .filter_map(|(key, entry)| {
+                let report = entry.finished.as_mut()?;
+                let unanswered = !report.acked
+                    && report.sent_on == Some(epoch)
+                    && report
+                        .last_sent_at
+                        .is_some_and(|sent| now.saturating_duration_since(sent) >= after);
+                if !unanswered {
+                    return None;
+                }
+                report.last_sent_at = Some(now);
+                Some((*key, wrap(Body::Finished(report.message.clone()))))
+            })
+            .collect();
+        due.sort_by_key(|(key, _)| *key);
+        due.into_iter().map(|(_, message)| message).collect()
     }
 
     /// Removes `epoch`'s stream as the current one.
@@ -1224,6 +1271,87 @@ mod tests {
             .lock()
             .prune_recent_ends(Instant::now() + RECENT_ENDS_KEPT);
         assert!(listed(&attempts).is_empty());
+    }
+
+    /// An end the live stream leaves unanswered (a node took it and neither stored nor refused
+    /// it) is sent on that stream again after [`END_RESEND_AFTER`], and again each time as long
+    /// as it goes unanswered; never once acknowledged, never for a stream that is not the
+    /// installed one, and never for an attempt the scheduler refused.
+    #[test]
+    fn an_end_unanswered_on_a_live_stream_is_sent_on_it_again() {
+        let (attempts, _dir) = attempts(1 << 20);
+        let _one = attempts.admit(key(1), 2);
+        let _two = attempts.admit(key(2), 2);
+        let (live, _rx) = link(1);
+        assert!(attempts.replay_or_install(&live).is_empty(), "installed");
+        let base = Instant::now();
+        let report = |attempt: u32| AttemptFinished {
+            instance_id: 7,
+            attempt,
+            exit_code: Some(0),
+            finished_at_ms: 1_000 + i64::from(attempt),
+            ..AttemptFinished::default()
+        };
+        let (sent_on, _) = attempts.finished(key(1), report(1)).expect("sent at once");
+        assert_eq!(sent_on.epoch, 1);
+        let after = END_RESEND_AFTER;
+        let due = |at: Duration| attempts.ends_to_resend(1, base + at, after);
+        let finished_of = |messages: Vec<WorkerMessage>| -> Vec<AttemptFinished> {
+            messages
+                .into_iter()
+                .map(|message| match message.body {
+                    Some(Body::Finished(finished)) => finished,
+                    other => panic!("expected an end, got {other:?}"),
+                })
+                .collect()
+        };
+        // Answered in time, nothing is sent again.
+        assert!(due(Duration::from_secs(1)).is_empty());
+        // Unanswered past the delay: the very same report goes again, once per delay.
+        let again = finished_of(due(after + Duration::from_secs(1)));
+        assert_eq!(again, [report(1)]);
+        assert!(due(after + Duration::from_secs(2)).is_empty());
+        assert_eq!(
+            finished_of(due(2 * after + Duration::from_secs(2))),
+            [report(1)]
+        );
+        // Another stream than the installed one gets nothing (the next one's replay sends it).
+        assert!(
+            attempts
+                .ends_to_resend(2, base + 10 * after, after)
+                .is_empty()
+        );
+        // Once acknowledged, never again; a refused attempt's end neither.
+        attempts.finished_acked(key(1));
+        assert!(due(10 * after).is_empty());
+        attempts.finished(key(2), report(2)).expect("sent at once");
+        attempts.forget(key(2), false);
+        assert!(due(20 * after).is_empty());
+    }
+
+    /// An end reported while no stream was up goes with the next stream's replay, and is sent on
+    /// that stream again if it leaves it unanswered.
+    #[test]
+    fn an_end_replayed_on_a_new_stream_is_sent_again_if_unanswered() {
+        let (attempts, _dir) = attempts(1 << 20);
+        let _one = attempts.admit(key(1), 1);
+        assert!(
+            attempts
+                .finished(key(1), AttemptFinished::default())
+                .is_none()
+        );
+        let base = Instant::now();
+        // Not handed to any stream yet: the replay's to send.
+        assert!(
+            attempts
+                .ends_to_resend(1, base + 10 * END_RESEND_AFTER, END_RESEND_AFTER)
+                .is_empty()
+        );
+        let (next, _rx) = link(1);
+        assert_eq!(messages(attempts.replay_or_install(&next)).len(), 1);
+        assert!(attempts.replay_or_install(&next).is_empty(), "installed");
+        let later = Instant::now() + END_RESEND_AFTER;
+        assert_eq!(attempts.ends_to_resend(1, later, END_RESEND_AFTER).len(), 1);
     }
 
     #[test]

@@ -80,7 +80,10 @@ pub struct WorkerOptions {
     /// First and largest reconnect delay (exponential, full jitter).
     pub reconnect_initial: Duration,
     pub reconnect_max: Duration,
-    /// Longer output lines are split into several lines.
+    /// The longest output line kept whole (bytes of UTF-8, without its newline); a longer one is
+    /// cut into lines of this many bytes, at a character boundary. 1 MiB by default: a line a
+    /// task prints (a JSON document, a minified file) stays one line in the viewer and in the
+    /// download, and a batch that carries one stays far below the node's 4 MiB message limit.
     pub max_line_bytes: usize,
     /// Bytes of unacknowledged log lines kept in memory across all attempts. A batch that does
     /// not fit goes to its attempt's spill file in `state_dir` instead, and so does every later
@@ -143,7 +146,7 @@ impl Default for WorkerOptions {
             register_timeout: Duration::from_secs(10),
             reconnect_initial: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(10),
-            max_line_bytes: 64 * 1024,
+            max_line_bytes: logs::MAX_LINE_BYTES,
             max_retained_log_bytes: 32 << 20,
             max_spilled_log_bytes: 1 << 30,
             state_dir: None,

@@ -17,6 +17,10 @@ use tokio::time::Instant;
 /// leaves the pipe as it was.
 const CHATTY_PIPE_CAPACITY: i32 = 1 << 20;
 
+/// The longest output line ax-worker keeps whole by default (`WorkerOptions::max_line_bytes`):
+/// 1 MiB. A longer line is cut into lines of this size; `docs/web-ui.md` tells users so.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
 /// Bytes read from a pipe at once. Reading in chunks of this size (instead of `read_line`) keeps
 /// memory bounded even when a task prints gigabytes without a newline.
 const READ_CHUNK: usize = 16 * 1024;

@@ -16,7 +16,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::attempts::{Admission, AttemptKey, Link, Replay};
+use crate::attempts::{Admission, AttemptKey, END_RESEND_AFTER, Link, Replay};
 use crate::runner::run_attempt;
 use crate::{Context, now_ms};
 use crate::{fence, outgoing};
@@ -292,6 +292,7 @@ impl Session {
                 _ = heartbeat.tick() => {
                     self.context.attempts.prune(options.finished_retention);
                     self.heartbeat(&link).await?;
+                    self.resend_unanswered_ends(&link).await?;
                 }
                 _ = drain_poll.tick(), if draining => {}
                 () = shutdown.cancelled(), if !draining => {}
@@ -476,6 +477,28 @@ impl Session {
         } else {
             Err(SessionError::OutgoingClosed)
         }
+    }
+
+    /// Sends again the ends this stream has left unanswered for [`END_RESEND_AFTER`]: the node
+    /// acknowledges a repeated end as the one it stored, so this is safe, and it is what gets an
+    /// end lost inside a node stored while the stream stays up.
+    async fn resend_unanswered_ends(&self, link: &Link) -> Result<(), SessionError> {
+        let attempts = &self.context.attempts;
+        let due = attempts.ends_to_resend(link.epoch, Instant::now(), END_RESEND_AFTER);
+        if due.is_empty() {
+            return Ok(());
+        }
+        tracing::warn!(
+            ends = due.len(),
+            after_s = END_RESEND_AFTER.as_secs(),
+            "ends not acknowledged on this stream in time; sending them again"
+        );
+        for message in due {
+            if !link.send(message).await {
+                return Err(SessionError::OutgoingClosed);
+            }
+        }
+        Ok(())
     }
 
     async fn heartbeat(&self, link: &Link) -> Result<(), SessionError> {

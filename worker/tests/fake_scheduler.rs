@@ -743,20 +743,26 @@ async fn a_refused_report_with_kill_kills_and_reports_nothing_more() {
     );
 }
 
+/// A line up to the default limit (1 MiB) is kept whole; a longer one is cut into lines of
+/// 1 MiB.
 #[tokio::test]
-async fn a_long_line_is_split() {
+async fn a_long_line_is_kept_whole_up_to_the_limit_and_cut_past_it() {
     let fake = FakeScheduler::start().await;
     let worker = Worker::start(&[&fake], |_| {});
     fake.dispatch(dispatch(
         40,
-        "head -c 204800 /dev/zero | tr '\\0' a; echo; echo tail",
+        "head -c 204800 /dev/zero | tr '\\0' a; echo; \
+         head -c 2500000 /dev/zero | tr '\\0' a; echo; echo tail",
     ))
     .await;
     let finished = fake.finished(40, 1).await;
     assert_eq!(outcome(&finished), AttemptOutcome::Success);
     let lines = fake.lines(40);
     let lengths: Vec<usize> = lines.iter().map(|(_, _, text)| text.len()).collect();
-    assert_eq!(lengths, [65536, 65536, 65536, 8192, 4]);
+    assert_eq!(
+        lengths,
+        [204_800, 1 << 20, 1 << 20, 2_500_000 - (2 << 20), 4]
+    );
     assert!(
         lines[..4]
             .iter()

@@ -134,7 +134,9 @@ fn table(args: &Args, response: &BackfillWorkflowResponse) -> String {
             Some(run) => (run.id.to_string(), run_state(run.state)),
             None => ("-".into(), "-".into()),
         };
-        let note = if args.dry_run {
+        let note = if args.dry_run && slot.run.is_some() {
+            "has a run already"
+        } else if args.dry_run {
             "would run"
         } else if slot.created {
             "created"

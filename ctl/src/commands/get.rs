@@ -6,6 +6,7 @@ use ax_proto::v1 as pb;
 use clap::Subcommand;
 
 use crate::client::Ctx;
+use crate::error::CtlError;
 use crate::output::{self, Table, elapsed, fields, or_dash, time};
 use crate::view::{
     InstanceView, RunDetailView, RunView, TaskStatusView, WorkflowView, instance_state, run_state,
@@ -35,6 +36,17 @@ pub enum What {
         /// Only runs in this state.
         #[arg(long, value_enum)]
         state: Option<StateFilter>,
+        /// Only runs started this way.
+        #[arg(long, value_enum)]
+        trigger: Option<TriggerFilter>,
+        /// Only runs whose logical time is at or after this: RFC 3339, or YYYY-MM-DD[THH:MM[:SS]]
+        /// in UTC.
+        #[arg(long, value_name = "TIME")]
+        from: Option<String>,
+        /// Only runs whose logical time is at or before this (a bare date takes in its whole
+        /// day).
+        #[arg(long, value_name = "TIME")]
+        to: Option<String>,
         #[arg(long, default_value_t = 20)]
         limit: u32,
     },
@@ -88,6 +100,45 @@ impl From<StateFilter> for pb::RunState {
     }
 }
 
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum TriggerFilter {
+    Cron,
+    Manual,
+    Api,
+    Dependency,
+    Backfill,
+    Parent,
+}
+
+impl From<TriggerFilter> for pb::TriggerKind {
+    fn from(t: TriggerFilter) -> Self {
+        match t {
+            TriggerFilter::Cron => pb::TriggerKind::Cron,
+            TriggerFilter::Manual => pb::TriggerKind::Manual,
+            TriggerFilter::Api => pb::TriggerKind::Api,
+            TriggerFilter::Dependency => pb::TriggerKind::Dependency,
+            TriggerFilter::Backfill => pb::TriggerKind::Backfill,
+            TriggerFilter::Parent => pb::TriggerKind::Parent,
+        }
+    }
+}
+
+/// A `--from`/`--to` bound of `get runs` in ms (0 when absent); bare times are UTC.
+fn logical_bound(flag: &str, text: Option<&str>) -> Result<i64, CtlError> {
+    let Some(text) = text else { return Ok(0) };
+    let parsed = if flag == "to" {
+        ax_core::spec::parse_range_end(text, chrono_tz::UTC)
+    } else {
+        ax_core::spec::parse_instant(text, chrono_tz::UTC)
+    };
+    parsed.ok_or_else(|| {
+        CtlError::usage(format!(
+            "--{flag} {text:?}: expected RFC 3339 (2026-01-31T08:30:00+08:00) or \
+             YYYY-MM-DD[THH:MM[:SS]] in UTC"
+        ))
+    })
+}
+
 pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
     let mut client = ctx.connect().await?;
     let st = |status| ctx.status(status);
@@ -115,12 +166,18 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
         What::Runs {
             workflow,
             state,
+            trigger,
+            from,
+            to,
             limit,
         } => {
             let request = pb::ListRunsRequest {
                 workflow: workflow.unwrap_or_default(),
                 limit,
                 state: state.map_or(0, |s| pb::RunState::from(s) as i32),
+                trigger: trigger.map_or(0, |t| pb::TriggerKind::from(t) as i32),
+                logical_from_ms: logical_bound("from", from.as_deref())?,
+                logical_to_ms: logical_bound("to", to.as_deref())?,
                 ..Default::default()
             };
             let list = client.list_runs(request).await.map_err(st)?.into_inner();
@@ -188,7 +245,7 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
                 Some(name) => {
                     let full = format!("INSTANCE_STATE_{}", name.to_ascii_uppercase());
                     pb::InstanceState::from_str_name(&full).ok_or_else(|| {
-                        crate::error::CtlError::usage(format!(
+                        CtlError::usage(format!(
                             "--state {name:?} is not an instance state (waiting, dispatched, \
                              running, success, failed, timeout, cancelled, skipped, upstream_failed)"
                         ))

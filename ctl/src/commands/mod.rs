@@ -13,6 +13,7 @@ pub mod folder;
 pub mod get;
 pub mod import;
 pub mod logs;
+pub mod mark;
 pub mod pause;
 pub mod purge;
 pub mod rerun;

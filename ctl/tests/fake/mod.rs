@@ -686,6 +686,27 @@ impl ControlService for Fake {
         })
     }
 
+    async fn mark_instance(
+        &self,
+        request: Request<pb::MarkInstanceRequest>,
+    ) -> Result<Response<pb::Instance>, Status> {
+        self.record("MarkInstance");
+        let request = request.into_inner();
+        if request.reason.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "a mark needs a reason (say why the task's outcome is overridden)",
+            ));
+        }
+        let id = request.id;
+        self.with(|s| {
+            let Some(i) = s.instances.iter_mut().find(|i| i.id == id) else {
+                return Err(Status::not_found(format!("instance {id} not found")));
+            };
+            i.state = request.state;
+            Ok(Response::new(i.clone()))
+        })
+    }
+
     async fn rerun_run(
         &self,
         request: Request<pb::RerunRunRequest>,
@@ -906,6 +927,14 @@ impl ControlService for Fake {
             created: 0,
             existing: 0,
         }))
+    }
+
+    async fn get_grid(
+        &self,
+        _request: Request<pb::GetGridRequest>,
+    ) -> Result<Response<pb::Grid>, Status> {
+        self.record("GetGrid");
+        Err(Status::unimplemented("axctl does not read the grid"))
     }
 
     async fn purge_runs(

@@ -3,8 +3,11 @@
 //! workflow's task list, each over several cold loads; and what an idle UI costs: the
 //! scheduler's CPU with no browser, with six pages open and visible (the workflows list, a
 //! finished run and task, the workers, a running run and its task's live log), and with the
-//! same pages hidden, plus the requests those pages made in each phase. Needs node, chromium
-//! and `npm ci` in `integration-tests/browser`; without them the workload is unsupported.
+//! same pages hidden, plus the requests those pages made in each phase. Then the grid of a
+//! 300-task workflow with 100 runs (issue 38): its JSON's size and read time, cold loads until
+//! every one of its 30,000 cells is drawn, and the scheduler's CPU with the grid alone open
+//! (its live stream) and hidden. Needs node, chromium and `npm ci` in
+//! `integration-tests/browser`; without them the workload is unsupported.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -29,6 +32,8 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         }
     };
     let (loads, idle) = if env.quick { (1, 3) } else { (5, 30) };
+    // The grid's runs: 100 of a 300-task workflow (10 when quick).
+    let grid_runs: usize = if env.quick { 10 } else { GRID_RUNS };
     let mut cluster = env.start(&ClusterSpec::one_worker(4)).await?;
     cluster.apply(&layered("u1-dag", 50, 40)).await?;
     cluster.apply(&layered("u1-huge", 100, 100)).await?;
@@ -38,8 +43,23 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
     cluster
         .apply("name: u1-live\ntasks:\n  - name: waits\n    command: echo started; sleep 600\n")
         .await?;
+    cluster.apply(&layered("u1-grid", 3, 100)).await?;
     let http = reqwest::Client::new();
     let base = cluster.endpoint.clone();
+    let mut grid_ids = Vec::with_capacity(grid_runs);
+    while grid_ids.len() < grid_runs {
+        match cluster.trigger("u1-grid").await {
+            Ok(run) => grid_ids.push(run.id),
+            // 300 waiting instances a run: past the app's bound, the trigger waits its turn.
+            Err(err) if refused_for_load(&err) => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    for id in &grid_ids {
+        wait_ended(&http, &base, *id, Duration::from_secs(900)).await?;
+    }
     let done = cluster.trigger("u1-done").await?;
     cluster
         .wait_run(done.id, Duration::from_secs(60), Duration::from_millis(100))
@@ -68,6 +88,8 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         .env("AX_UI_PAGES", paths.join(","))
         .env("AX_UI_IDLE_S", idle.to_string())
         .env("AX_UI_LOADS", loads.to_string())
+        .env("AX_UI_GRID", "u1-grid")
+        .env("AX_UI_GRID_RUNS", grid_runs.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -117,6 +139,10 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
             .unwrap_or(0);
         total as f64 * 60.0 / idle as f64
     };
+    let grid_visible = share("grid_visible", "grid_hidden").context("no grid phase")?;
+    let grid_hidden = share("grid_hidden", "grid_done").context("no hidden grid phase")?;
+    let grid_ms = numbers(&result["grid_ms"]);
+    let grid_api_ms = numbers(&result["grid_api_ms"]);
     let dag_ms = numbers(&result["dag_ms"]);
     let huge_ms = numbers(&result["huge_ms"]);
 
@@ -126,7 +152,18 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         dag_ms.len() == loads && huge_ms.len() == loads && result["dag_nodes"] == 2_000,
         format!("{result}"),
     );
+    checks.add(
+        "every cold load of the grid drew every cell",
+        grid_ms.len() == loads && result["grid_cells"] == grid_runs * 300,
+        format!("{}", result["grid_cells"]),
+    );
     let hidden_requests = per_minute("hidden_requests");
+    let grid_hidden_requests = per_minute("grid_hidden_requests");
+    checks.add(
+        "a hidden grid makes no request",
+        grid_hidden_requests == 0.0,
+        format!("{}", result["grid_hidden_requests"]),
+    );
     checks.add(
         "hidden pages make no request",
         hidden_requests == 0.0,
@@ -165,6 +202,54 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         hidden_requests,
         None,
     );
+    m.figure(
+        &format!("grid of {grid_runs} runs × 300 tasks drawn, cold load median"),
+        "ms",
+        percentile(&grid_ms, 50.0),
+        None,
+    );
+    m.figure(
+        &format!("grid of {grid_runs} runs × 300 tasks drawn, cold load max"),
+        "ms",
+        percentile(&grid_ms, 100.0),
+        None,
+    );
+    m.figure(
+        "grid JSON (GetGrid) read, median",
+        "ms",
+        percentile(&grid_api_ms, 50.0),
+        None,
+    );
+    m.figure(
+        "grid JSON size",
+        "KB",
+        result["grid_bytes"].as_f64().unwrap_or(0.0) / 1000.0,
+        None,
+    );
+    m.figure(
+        "scheduler CPU, grid open",
+        "% of a core",
+        grid_visible,
+        None,
+    );
+    m.figure(
+        "scheduler CPU, grid hidden",
+        "% of a core",
+        grid_hidden,
+        None,
+    );
+    m.figure(
+        "requests by the open grid",
+        "1/min",
+        per_minute("grid_visible_requests"),
+        None,
+    );
+    m.figure(
+        "requests by the hidden grid",
+        "1/min",
+        grid_hidden_requests,
+        None,
+    );
     m.notes.push(format!(
         "{loads} cold loads of each timed page; idle phases of {idle} s each; requests open: {}, hidden: {}",
         result["visible_requests"], result["hidden_requests"]
@@ -183,6 +268,50 @@ pub async fn run(env: &Env) -> anyhow::Result<Measurement> {
         .await?;
     cluster.shutdown().await?;
     Ok(m)
+}
+
+/// The most runs a grid shows: U1 measures it full.
+const GRID_RUNS: usize = 100;
+
+/// Whether a trigger was refused for the waiting instances' bound (it creates nothing then).
+fn refused_for_load(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<tonic::Status>()
+            .is_some_and(|status| status.code() == tonic::Code::ResourceExhausted)
+    })
+}
+
+/// Waits until run `id` has ended (a queued run has not).
+async fn wait_ended(
+    http: &reqwest::Client,
+    base: &str,
+    id: i64,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let run: Value = http
+            .get(format!("{base}/api/v1/runs/{id}"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let state = run["state"].as_str().unwrap_or_default();
+        if [
+            "RUN_STATE_SUCCESS",
+            "RUN_STATE_FAILED",
+            "RUN_STATE_CANCELLED",
+        ]
+        .contains(&state)
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("run {id} is {state} after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// The run's first instance id, once it exists (and, if `running`, once it runs).

@@ -188,6 +188,28 @@ fn attacks(cookie: Option<&str>, node: &str) -> Vec<Attack> {
             expect: StatusCode::FORBIDDEN,
         },
         Attack {
+            what: "a JSON POST to the backfill from another page",
+            method: reqwest::Method::POST,
+            path: "/api/v1/workflows/victim/backfill".to_string(),
+            headers: cookie(vec![
+                ("content-type", "application/json".into()),
+                ("origin", ATTACKER_PAGE.into()),
+            ]),
+            body: br#"{"fromMs": "0", "toMs": "86400000"}"#.to_vec(),
+            expect: StatusCode::FORBIDDEN,
+        },
+        Attack {
+            what: "a JSON POST marking an instance from another page",
+            method: reqwest::Method::POST,
+            path: "/api/v1/instances/1/mark".to_string(),
+            headers: cookie(vec![
+                ("content-type", "application/json".into()),
+                ("origin", ATTACKER_PAGE.into()),
+            ]),
+            body: br#"{"state": "INSTANCE_STATE_SUCCESS", "reason": "x"}"#.to_vec(),
+            expect: StatusCode::FORBIDDEN,
+        },
+        Attack {
             what: "a JSON POST that says only Sec-Fetch-Site: cross-site",
             method: reqwest::Method::POST,
             path: api_trigger,
@@ -213,6 +235,17 @@ fn attacks(cookie: Option<&str>, node: &str) -> Vec<Attack> {
             what: "an event stream opened by another origin",
             method: reqwest::Method::GET,
             path: "/api/v1/runs/1/events".into(),
+            headers: cookie(vec![
+                ("accept", "text/event-stream".into()),
+                ("origin", "http://localhost:9".into()),
+            ]),
+            body: Vec::new(),
+            expect: StatusCode::FORBIDDEN,
+        },
+        Attack {
+            what: "a workflow's grid stream opened by another origin",
+            method: reqwest::Method::GET,
+            path: "/api/v1/workflows/victim/grid/events".into(),
             headers: cookie(vec![
                 ("accept", "text/event-stream".into()),
                 ("origin", "http://localhost:9".into()),

@@ -179,6 +179,15 @@ async fn call(client: &mut Client, method: &str) -> Code {
             })
             .await
             .map(drop),
+        "MarkInstance" => client
+            .mark_instance(pb::MarkInstanceRequest {
+                id: 1,
+                state: pb::InstanceState::Success.into(),
+                reason: "security check".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
         "RerunRun" => client
             .rerun_run(pb::RerunRunRequest {
                 id: 1,
@@ -208,6 +217,13 @@ async fn call(client: &mut Client, method: &str) -> Code {
         "ListNodes" => client.list_nodes(pb::ListNodesRequest {}).await.map(drop),
         "GetDag" => client
             .get_dag(pb::GetDagRequest {
+                workflow: name,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "GetGrid" => client
+            .get_grid(pb::GetGridRequest {
                 workflow: name,
                 ..Default::default()
             })
@@ -567,6 +583,15 @@ async fn every_call_is_refused_where_its_role_says_and_a_refusal_changes_nothing
         .await
         .expect("post");
     assert_eq!(trigger.status(), 403);
+    // A backfill, dry run or not, is an operator's call too.
+    let backfill = http
+        .post(format!("{endpoint}/api/v1/workflows/guarded/backfill"))
+        .bearer_auth(&tokens.viewer)
+        .json(&serde_json::json!({"fromMs": "0", "toMs": "86400000", "dryRun": true}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(backfill.status(), 403);
     // The JSON API keeps the scope too, the graph's export included.
     for path in [
         "/api/v1/workflows/books",

@@ -392,6 +392,7 @@ const GRPC_ROWS: &[&str] = &[
     "GetDag",
     "GetDag of a run, on a workflow of one's own",
     "GetDag of a run's version, on a workflow of one's own",
+    "GetGrid",
     "ExplainWorkflow",
     "BackfillWorkflow, dry run",
     "BackfillWorkflow",
@@ -408,6 +409,7 @@ const GRPC_ROWS: &[&str] = &[
     "GetInstance",
     "CancelInstance",
     "RetryInstance",
+    "MarkInstance",
     "GetLogs",
     "GetLogs of an attempt",
     "ApplyWorkflow after it, dry run",
@@ -514,6 +516,13 @@ async fn grpc_answer(client: &mut Client, row: &str, t: &Target) -> String {
             })
             .await
             .map(|r| format!("OK {} nodes", r.into_inner().nodes.len())),
+        "GetGrid" => client
+            .get_grid(pb::GetGridRequest {
+                workflow: wf,
+                ..Default::default()
+            })
+            .await
+            .map(|r| format!("OK {} runs", r.into_inner().runs.len())),
         "ExplainWorkflow" => client
             .explain_workflow(pb::ExplainWorkflowRequest {
                 name: wf,
@@ -615,6 +624,15 @@ async fn grpc_answer(client: &mut Client, row: &str, t: &Target) -> String {
         "RetryInstance" => client
             .retry_instance(pb::RetryInstanceRequest {
                 id: t.instance,
+                ..Default::default()
+            })
+            .await
+            .map(|r| format!("OK {}", r.into_inner().state)),
+        "MarkInstance" => client
+            .mark_instance(pb::MarkInstanceRequest {
+                id: t.instance,
+                state: pb::InstanceState::Success.into(),
+                reason: "scope check".into(),
                 ..Default::default()
             })
             .await
@@ -752,6 +770,8 @@ const HTTP_ROWS: &[(&str, &str, &str)] = &[
     ("GET", "/api/v1/workflows/{WF}/dag?layout=true", ""),
     ("GET", "/api/v1/workflows/{WF}/dag/export?format=dot", ""),
     ("GET", "/api/v1/workflows/{WF}/why", ""),
+    ("GET", "/api/v1/workflows/{WF}/grid", ""),
+    ("GET", "/api/v1/workflows/{WF}/grid/events", ""),
     ("GET", "/api/v1/workflows/sales-wf/dag?run={RUN}", ""),
     (
         "GET",
@@ -776,6 +796,16 @@ const HTTP_ROWS: &[(&str, &str, &str)] = &[
     ("GET", "/api/v1/instances/{INST}/logs/tail", ""),
     ("GET", "/api/v1/audit?target=workflow/{WF}", ""),
     ("POST", "/api/v1/workflows/{WF}/trigger", "{}"),
+    (
+        "POST",
+        "/api/v1/workflows/{WF}/backfill",
+        r#"{"fromMs": "1767225600000", "toMs": "1767312000000", "dryRun": true}"#,
+    ),
+    (
+        "POST",
+        "/api/v1/workflows/{WF}/backfill",
+        r#"{"fromMs": "1767225600000", "toMs": "1767312000000"}"#,
+    ),
     ("POST", "/api/v1/workflows/{WF}/pause", "{}"),
     ("POST", "/api/v1/workflows/{WF}/resume", "{}"),
     ("POST", "/api/v1/runs/{RUN}/cancel", "{}"),
@@ -785,7 +815,17 @@ const HTTP_ROWS: &[(&str, &str, &str)] = &[
         "/api/v1/runs/{RUN}/rerun",
         r#"{"fromTask": "extract"}"#,
     ),
+    (
+        "POST",
+        "/api/v1/runs/{RUN}/rerun",
+        r#"{"tasks": ["extract"]}"#,
+    ),
     ("POST", "/api/v1/instances/{INST}/retry", "{}"),
+    (
+        "POST",
+        "/api/v1/instances/{INST}/mark",
+        r#"{"state": "INSTANCE_STATE_SUCCESS", "reason": "scope check"}"#,
+    ),
     ("POST", "/api/v1/instances/{INST}/cancel", "{}"),
 ];
 

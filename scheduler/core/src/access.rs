@@ -3,7 +3,7 @@
 //!
 //! A workflow's commands run on the workers, so defining one is the most powerful act in ax:
 //! applying workflows and managing tokens and secrets is `admin`'s; triggering, cancelling,
-//! retrying, rerunning, pausing and backfilling is `operator`'s; reading is `viewer`'s. Each
+//! retrying, rerunning, marking, pausing and backfilling is `operator`'s; reading is `viewer`'s. Each
 //! role includes the ones below it. `worker` is a role of its own: it may hold a worker stream
 //! and nothing else, and only a worker token may (a worker receives tasks' secrets, so no other
 //! role is one by accident); what it may register and run is its [`WorkerScope`]. A token
@@ -114,10 +114,12 @@ impl Identity {
 pub fn control_method_needs(method: &str) -> Need {
     match method {
         "ListWorkflows" | "GetWorkflow" | "ListRuns" | "GetRun" | "WatchRun" | "ListInstances"
-        | "GetInstance" | "GetLogs" | "ListWorkers" | "ListNodes" | "GetDag"
+        | "GetInstance" | "GetLogs" | "ListWorkers" | "ListNodes" | "GetDag" | "GetGrid"
         | "ExplainWorkflow" | "ListAudit" | "WhoAmI" => Need::Role(Role::Viewer),
         "TriggerWorkflow" | "CancelRun" | "CancelInstance" | "RetryInstance" | "RerunRun"
-        | "PauseWorkflow" | "ResumeWorkflow" | "BackfillWorkflow" => Need::Role(Role::Operator),
+        | "MarkInstance" | "PauseWorkflow" | "ResumeWorkflow" | "BackfillWorkflow" => {
+            Need::Role(Role::Operator)
+        }
         // Deleting history is an admin's call, like defining what runs and who may call;
         // deleting a workflow is part of defining what runs.
         "ApplyWorkflow" | "ApplyWorkflows" | "DeleteWorkflow" | "CreateToken" | "ListTokens"
@@ -361,6 +363,11 @@ mod tests {
                 "/ax.v1.ControlService/GetLogs",
                 Need::Role(Role::Viewer),
             ),
+            (
+                "POST",
+                "/ax.v1.ControlService/MarkInstance",
+                Need::Role(Role::Operator),
+            ),
             ("POST", "/ax.v1.WorkerService/Connect", Need::WorkerStream),
             ("POST", "/grpc.health.v1.Health/Check", Need::Nothing),
             (
@@ -376,11 +383,36 @@ mod tests {
             ("POST", "/ax.v2.Other/Call", Need::Role(Role::Admin)),
             ("GET", "/api/v1/runs", Need::Role(Role::Viewer)),
             (
+                "GET",
+                "/api/v1/workflows/etl/grid",
+                Need::Role(Role::Viewer),
+            ),
+            (
+                "GET",
+                "/api/v1/workflows/etl/grid/events",
+                Need::Role(Role::Viewer),
+            ),
+            (
+                "POST",
+                "/ax.v1.ControlService/GetGrid",
+                Need::Role(Role::Viewer),
+            ),
+            (
                 "POST",
                 "/api/v1/workflows/etl/trigger",
                 Need::Role(Role::Operator),
             ),
+            (
+                "POST",
+                "/api/v1/workflows/etl/backfill",
+                Need::Role(Role::Operator),
+            ),
             ("POST", "/api/v1/session", Need::Nothing),
+            (
+                "POST",
+                "/api/v1/instances/7/mark",
+                Need::Role(Role::Operator),
+            ),
             ("GET", "/metrics", Need::Role(Role::Viewer)),
             ("GET", "/", Need::Nothing),
             ("GET", "/runs/12", Need::Nothing),

@@ -28,6 +28,7 @@ pub mod ids;
 pub mod layout;
 pub mod limits;
 pub mod liveness;
+pub mod mark;
 pub mod mask;
 pub mod outputs;
 pub mod params;

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::spec::is_valid_env_name;
+use crate::spec::{ParamSpec, is_valid_env_name};
 
 /// At most this many params per run.
 pub const MAX_PARAMS: usize = 256;
@@ -104,9 +104,163 @@ pub fn check<'a>(
     Ok(())
 }
 
+/// Why a trigger's params do not meet what the workflow declares (`params:` in its file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeclaredError {
+    /// A required param was not given.
+    Missing { name: String },
+    /// A required param was given empty.
+    Empty { name: String },
+    /// A param with choices was given another value.
+    NotAChoice {
+        name: String,
+        value: String,
+        choices: Vec<String>,
+    },
+}
+
+impl fmt::Display for DeclaredError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeclaredError::Missing { name } => write!(
+                f,
+                "missing required param {name:?}: the workflow declares it required without a \
+                 default, so a trigger must give it (--param {name}=VALUE)"
+            ),
+            DeclaredError::Empty { name } => {
+                write!(f, "param {name:?} is required and must not be empty")
+            }
+            DeclaredError::NotAChoice {
+                name,
+                value,
+                choices,
+            } => write!(
+                f,
+                "param {name:?}: {value:?} is not one of its choices ({})",
+                choices.join(", ")
+            ),
+        }
+    }
+}
+
+impl std::error::Error for DeclaredError {}
+
+/// The params of a run nobody gave any to (a cron fire, a dependency or a backfill slot): each
+/// declared default.
+pub fn defaults(declared: &[ParamSpec]) -> BTreeMap<String, String> {
+    let mut params = BTreeMap::new();
+    fill_defaults(declared, &mut params);
+    params
+}
+
+/// Gives each declared param that `params` lacks its default, if it has one. A param that is
+/// given keeps its value, even empty: an empty value is a value.
+pub fn fill_defaults(declared: &[ParamSpec], params: &mut BTreeMap<String, String>) {
+    for param in declared {
+        if let Some(default) = &param.default
+            && !params.contains_key(&param.name)
+        {
+            params.insert(param.name.clone(), default.clone());
+        }
+    }
+}
+
+/// A trigger's params as its run gets them: the declared defaults filled in, then every
+/// declared rule checked (the first problem in declaration order is reported). Params the
+/// workflow does not declare pass as they are: a workflow's declarations describe its params,
+/// they do not close the set (files written before declarations existed keep working).
+pub fn apply_declared(
+    declared: &[ParamSpec],
+    params: &mut BTreeMap<String, String>,
+) -> Result<(), DeclaredError> {
+    fill_defaults(declared, params);
+    for param in declared {
+        match params.get(&param.name) {
+            None if param.required => {
+                return Err(DeclaredError::Missing {
+                    name: param.name.clone(),
+                });
+            }
+            None => {}
+            Some(value) if param.required && value.is_empty() => {
+                return Err(DeclaredError::Empty {
+                    name: param.name.clone(),
+                });
+            }
+            Some(value) if !param.choices.is_empty() && !param.choices.contains(value) => {
+                return Err(DeclaredError::NotAChoice {
+                    name: param.name.clone(),
+                    value: value.clone(),
+                    choices: param.choices.clone(),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn declared() -> Vec<ParamSpec> {
+        vec![
+            ParamSpec {
+                name: "day".into(),
+                default: Some("2026-01-01".into()),
+                ..Default::default()
+            },
+            ParamSpec {
+                name: "env".into(),
+                required: true,
+                choices: vec!["staging".into(), "prod".into()],
+                ..Default::default()
+            },
+            ParamSpec {
+                name: "note".into(),
+                ..Default::default()
+            },
+        ]
+    }
+
+    #[test]
+    fn defaults_fill_what_a_trigger_leaves_out() {
+        let mut given = params(&[("env", "prod"), ("extra", "kept")]);
+        assert_eq!(apply_declared(&declared(), &mut given), Ok(()));
+        assert_eq!(
+            given,
+            params(&[("day", "2026-01-01"), ("env", "prod"), ("extra", "kept")])
+        );
+        let mut given = params(&[("env", "staging"), ("day", "")]);
+        assert_eq!(apply_declared(&declared(), &mut given), Ok(()));
+        assert_eq!(given["day"], "", "a value given empty stays empty");
+        assert_eq!(defaults(&declared()), params(&[("day", "2026-01-01")]));
+    }
+
+    #[test]
+    fn a_required_param_must_be_given_and_not_empty() {
+        let err = apply_declared(&declared(), &mut params(&[])).unwrap_err();
+        assert_eq!(err, DeclaredError::Missing { name: "env".into() });
+        assert!(
+            err.to_string().contains("missing required param \"env\""),
+            "{err}"
+        );
+        assert_eq!(
+            apply_declared(&declared(), &mut params(&[("env", "")])),
+            Err(DeclaredError::Empty { name: "env".into() })
+        );
+    }
+
+    #[test]
+    fn a_param_with_choices_takes_only_those() {
+        let err = apply_declared(&declared(), &mut params(&[("env", "qa")])).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("\"qa\" is not one of its choices (staging, prod)"),
+            "{err}"
+        );
+    }
 
     fn params(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

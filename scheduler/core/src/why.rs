@@ -133,8 +133,9 @@ pub enum Reason {
     },
     /// No run yet: the next cron slot has not come.
     NotYetTime { next_fire: Option<Millis> },
-    /// No run, though the slot after the time asked about has passed (a time in the past).
-    SlotPassed { slot: Millis },
+    /// No run, though the slot asked about has passed: the one at or before a time in the
+    /// past, else the next one once it has come. `recorded`: decisions about the slot exist.
+    SlotPassed { slot: Millis, recorded: bool },
     /// No run yet, and none comes by itself: the workflow runs when triggered.
     NotTriggered,
     /// Its upstreams have not all succeeded yet: (task, state).
@@ -239,8 +240,19 @@ impl Reason {
             Reason::NotYetTime { next_fire: None } => {
                 "not yet time, and the schedule has no further slot".into()
             }
-            Reason::SlotPassed { slot } => format!(
+            Reason::SlotPassed {
+                slot,
+                recorded: true,
+            } => format!(
                 "no run: the slot at {} passed without one (see the decisions)",
+                t(*slot)
+            ),
+            Reason::SlotPassed {
+                slot,
+                recorded: false,
+            } => format!(
+                "no run: the slot at {} passed without one, and no decision about it is \
+                 recorded",
                 t(*slot)
             ),
             Reason::NotTriggered => "no run: the workflow runs only when triggered".into(),
@@ -546,10 +558,22 @@ pub fn explain(input: &WhyInput) -> Explanation {
         }
         None => {
             verdict.push("the workflow has no run yet".into());
+            let passed = |slot: Millis| Reason::SlotPassed {
+                slot,
+                recorded: decisions.iter().any(|d| d.slot_at == slot),
+            };
+            // A time in the past asks about the slot it falls in; the present, about what
+            // comes next.
             let reason = match schedule.trigger {
-                TriggerKind::Cron => match schedule.next_slot {
-                    Some(slot) if slot <= input.now => Reason::SlotPassed { slot },
-                    next_fire => Reason::NotYetTime { next_fire },
+                TriggerKind::Cron => match (schedule.previous_slot, schedule.next_slot) {
+                    (Some(slot), _)
+                        if input.at < input.now
+                            && schedule.start_at.is_none_or(|start| slot >= start) =>
+                    {
+                        passed(slot)
+                    }
+                    (_, Some(slot)) if slot <= input.now => passed(slot),
+                    (_, next_fire) => Reason::NotYetTime { next_fire },
                 },
                 _ => Reason::NotTriggered,
             };
@@ -1097,14 +1121,45 @@ mod tests {
     }
 
     #[test]
-    fn a_past_time_without_a_run_is_not_called_not_yet_time() {
+    fn a_past_time_without_a_run_is_explained_by_its_own_slot() {
+        // Asked about 02:20 the next morning's slot is not the one meant: the slot the time
+        // falls in is the day before's.
         let mut input = input(SLOT - 10 * MINUTE);
         input.now = SLOT + HOUR;
         let e = explain(&input);
-        assert_eq!(e.tasks[0].reason, Reason::SlotPassed { slot: SLOT });
+        let slot = SLOT - 24 * HOUR;
+        assert_eq!(
+            e.tasks[0].reason,
+            Reason::SlotPassed {
+                slot,
+                recorded: false
+            }
+        );
         assert_eq!(
             e.tasks[0].text,
-            "no run: the slot at 2026-01-31 02:30:00 UTC passed without one (see the decisions)"
+            "no run: the slot at 2026-01-30 02:30:00 UTC passed without one, and no decision \
+             about it is recorded"
+        );
+        // With decisions about that slot, the tasks point to them.
+        input.decisions = vec![decision(DecisionKind::SkippedOverlap, slot, "")];
+        let e = explain(&input);
+        assert_eq!(
+            e.tasks[0].text,
+            "no run: the slot at 2026-01-30 02:30:00 UTC passed without one (see the decisions)"
+        );
+        assert!(e.decisions.iter().any(|line| line.decision.slot_at == slot));
+        // Before the schedule's start, the first slot is the one asked about, once it has come.
+        let mut input = input.clone();
+        input.decisions.clear();
+        input.at = SLOT - 2 * MINUTE;
+        input.spec.schedule.start_at = Some(SLOT - MINUTE);
+        let e = explain(&input);
+        assert_eq!(
+            e.tasks[0].reason,
+            Reason::SlotPassed {
+                slot: SLOT,
+                recorded: false
+            }
         );
     }
 

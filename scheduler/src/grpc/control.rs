@@ -30,9 +30,12 @@ mod access;
 mod admission;
 mod backfill;
 mod dag;
+mod grid;
 mod items;
+mod mark;
 mod purge;
 mod secrets;
+mod selection;
 mod sub_workflows;
 mod watch;
 mod workflow_sets;
@@ -591,7 +594,19 @@ impl ControlService for ControlApi {
             ));
         }
         let workflow = self.latest_spec(&call, &request.name).await?;
-        keyed_trigger_check(&workflow.versioned.spec, &request.params)?;
+        // The run's params as its tasks and its concurrency key see them: the declared
+        // defaults filled in, the declared rules met.
+        let mut params: BTreeMap<String, String> = request.params.clone().into_iter().collect();
+        ax_core::params::apply_declared(&workflow.versioned.spec.params, &mut params).map_err(
+            |err| {
+                Status::invalid_argument(format!(
+                    "workflow {}: {err}",
+                    workflow.versioned.spec.name
+                ))
+            },
+        )?;
+        ax_core::params::check(&params).map_err(|err| Status::invalid_argument(err.to_string()))?;
+        keyed_trigger_check(&workflow.versioned.spec, &params)?;
         let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
         let dedup_key = key.as_ref().map(|key| format!("key:{key}"));
         // A refusal creates nothing, so a retry of a refused trigger with its key is the first
@@ -630,11 +645,7 @@ impl ControlService for ControlApi {
             },
             dedup_key,
             idempotency_key: key,
-            params: request
-                .params
-                .clone()
-                .into_iter()
-                .collect::<BTreeMap<_, _>>(),
+            params,
             triggered_by: actor,
             now,
             audit_from: Some(call.caller.clone()),
@@ -679,7 +690,26 @@ impl ControlService for ControlApi {
     ) -> Result<Response<pb::ListRunsResponse>, Status> {
         let call = Call::of(&request);
         let request = request.into_inner();
-        let state = convert::run_state_from(request.state)?;
+        let bound = |ms: i64, field: &str| match ms {
+            0 => Ok(None),
+            ms if ms > 0 => Ok(Some(ms)),
+            ms => Err(Status::invalid_argument(format!(
+                "{field}: {ms} is before 1970; give milliseconds since the epoch, or 0 for no bound"
+            ))),
+        };
+        let filter = ax_store::RunFilter {
+            state: convert::run_state_from(request.state)?,
+            trigger: convert::trigger_from(request.trigger)?,
+            logical_from: bound(request.logical_from_ms, "logical_from_ms")?,
+            logical_to: bound(request.logical_to_ms, "logical_to_ms")?,
+        };
+        if let (Some(from), Some(to)) = (filter.logical_from, filter.logical_to)
+            && from > to
+        {
+            return Err(Status::invalid_argument(format!(
+                "logical_from_ms {from} is after logical_to_ms {to}: the range is reversed"
+            )));
+        }
         let workflow = (!request.workflow.is_empty()).then_some(request.workflow.as_str());
         if let Some(name) = workflow {
             self.workflow_named(&call, name).await?;
@@ -710,13 +740,13 @@ impl ControlService for ControlApi {
                     .collect();
                 self.node
                     .store
-                    .list_runs_of(&own, state, before, limit + 1)
+                    .find_runs_of(&own, &filter, before, limit + 1)
                     .await
             }
             _ => {
                 self.node
                     .store
-                    .list_runs(workflow, state, before, limit + 1)
+                    .find_runs(workflow, &filter, before, limit + 1)
                     .await
             }
         }
@@ -1009,6 +1039,14 @@ impl ControlService for ControlApi {
         Ok(Response::new(self.instance_message(&record).await?))
     }
 
+    async fn mark_instance(
+        &self,
+        request: Request<pb::MarkInstanceRequest>,
+    ) -> Result<Response<pb::Instance>, Status> {
+        let call = Call::of(&request);
+        Ok(Response::new(self.mark(&call, request.into_inner()).await?))
+    }
+
     async fn rerun_run(
         &self,
         request: Request<pb::RerunRunRequest>,
@@ -1019,6 +1057,10 @@ impl ControlService for ControlApi {
         let run = self.visible_run(&call, id).await?;
         self.refuse_deleted(run.workflow_id, &run.workflow).await?;
         let from_task = request.from_task.trim();
+        if !request.tasks.is_empty() {
+            let run = self.rerun_selection(id, &request, &call.caller).await?;
+            return Ok(Response::new(run));
+        }
         if !from_task.is_empty() && request.failed {
             return Err(Status::invalid_argument(
                 "say one thing to rerun: failed = true or from_task, not both",
@@ -1123,6 +1165,16 @@ impl ControlService for ControlApi {
         let request = request.into_inner();
         self.check_dag_scope(&call, &request).await?;
         super::views::get_dag(&self.node, request)
+            .await
+            .map(Response::new)
+    }
+
+    async fn get_grid(
+        &self,
+        request: Request<pb::GetGridRequest>,
+    ) -> Result<Response<pb::Grid>, Status> {
+        let call = Call::of(&request);
+        self.grid(&call, request.into_inner())
             .await
             .map(Response::new)
     }
@@ -1478,11 +1530,9 @@ async fn stream_logs(
 /// Refuses a trigger of a keyed workflow that lacks a param its `concurrency.key` names.
 fn keyed_trigger_check(
     spec: &ax_core::spec::WorkflowSpec,
-    params: &std::collections::HashMap<String, String>,
+    params: &BTreeMap<String, String>,
 ) -> Result<(), Status> {
-    let params: BTreeMap<String, String> =
-        params.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     spec.concurrency
-        .check_trigger_params(&params)
+        .check_trigger_params(params)
         .map_err(|message| Status::invalid_argument(format!("workflow {}: {message}", spec.name)))
 }

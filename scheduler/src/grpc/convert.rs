@@ -61,6 +61,22 @@ pub fn run_state_from(state: i32) -> Result<Option<RunState>, Status> {
     }
 }
 
+/// A list's trigger filter: `None` for UNSPECIFIED (any).
+pub fn trigger_from(kind: i32) -> Result<Option<TriggerKind>, Status> {
+    match pb::TriggerKind::try_from(kind) {
+        Ok(pb::TriggerKind::Unspecified) => Ok(None),
+        Ok(pb::TriggerKind::Cron) => Ok(Some(TriggerKind::Cron)),
+        Ok(pb::TriggerKind::Manual) => Ok(Some(TriggerKind::Manual)),
+        Ok(pb::TriggerKind::Api) => Ok(Some(TriggerKind::Api)),
+        Ok(pb::TriggerKind::Dependency) => Ok(Some(TriggerKind::Dependency)),
+        Ok(pb::TriggerKind::Backfill) => Ok(Some(TriggerKind::Backfill)),
+        Ok(pb::TriggerKind::Parent) => Ok(Some(TriggerKind::Parent)),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "unknown trigger kind {kind}"
+        ))),
+    }
+}
+
 pub fn trigger(kind: TriggerKind) -> pb::TriggerKind {
     match kind {
         TriggerKind::Cron => pb::TriggerKind::Cron,
@@ -139,7 +155,20 @@ pub fn workflow(record: &WorkflowRecord, now: i64) -> pb::Workflow {
     pb::Workflow {
         tasks: record.spec.tasks.iter().map(task).collect(),
         source: record.source.clone(),
+        params: record.spec.params.iter().map(declared_param).collect(),
         ..workflow_summary(record, now)
+    }
+}
+
+/// A declared param (`params:` of the workflow file), as a trigger form reads it.
+pub fn declared_param(param: &ax_core::spec::ParamSpec) -> pb::WorkflowParam {
+    pb::WorkflowParam {
+        name: param.name.clone(),
+        description: param.description.clone(),
+        default_value: param.default.clone().unwrap_or_default(),
+        has_default: param.default.is_some(),
+        required: param.required,
+        choices: param.choices.clone(),
     }
 }
 
@@ -178,6 +207,7 @@ pub fn head_summary(head: &WorkflowHead, spec: &WorkflowSpec, now: i64) -> pb::W
         source: String::new(),
         recent_runs: Vec::new(),
         task_count: u32::try_from(spec.tasks.len()).unwrap_or(u32::MAX),
+        params: Vec::new(),
     }
 }
 

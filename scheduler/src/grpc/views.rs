@@ -148,6 +148,8 @@ fn dag_message(graph: &Graph, laid: Option<&Result<Layout, Omitted>>) -> pb::Dag
         has_edge[u] = true;
         has_edge[d] = true;
     }
+    // A graph of one task is not "isolated": being alone is the point (as `Dag::isolated` says).
+    let tasks = graph.nodes.iter().filter(|n| n.handler.is_none()).count();
     let placed = |i: usize| match laid {
         Some(Ok(layout)) => layout.nodes.get(i).copied(),
         _ => None,
@@ -171,7 +173,7 @@ fn dag_message(graph: &Graph, laid: Option<&Result<Layout, Omitted>>) -> pb::Dag
                         .unwrap_or_default(),
                     instance_id: node.instance_id.unwrap_or(0),
                     upstream,
-                    isolated: !has_edge[i] && node.handler.is_none(),
+                    isolated: tasks > 1 && !has_edge[i] && node.handler.is_none(),
                     trigger_rule: node.rule.as_str().to_string(),
                     handler: node
                         .handler

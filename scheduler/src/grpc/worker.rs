@@ -31,7 +31,6 @@ use ax_proto::v1::{
 };
 use ax_store::{ActiveAttempt, AttemptEnd, LogChunk, LogStream, Report, Store, WorkerRecord};
 use futures::{Stream, StreamExt};
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
@@ -236,8 +235,9 @@ impl WorkerService for WorkerApi {
         };
         // The welcome goes out first, before anything queued once the worker is visible to the
         // dispatcher, so no Dispatch can overtake it.
+        let (served, serving_ended) = tokio::sync::oneshot::channel::<()>();
         let frames = futures::stream::once(std::future::ready(Ok(welcome)))
-            .chain(ReceiverStream::new(receiver).map(convert::worker_frame));
+            .chain(to_worker::until_served(receiver, serving_ended).map(convert::worker_frame));
         // The new stream replaces the old one before the store is read for what the worker
         // lacks: a dispatch claimed before this moment either went out on the old stream (and
         // is ended below: another node's after a grace) or is refused by the registry (planned
@@ -284,6 +284,8 @@ impl WorkerService for WorkerApi {
 
         let tasks = streams.tasks.clone();
         tasks.spawn(async move {
+            // When this task ends, whatever ended it, so does the stream's sending side.
+            let _served = served;
             let attached = Attached {
                 worker: &profile.id,
                 connection,

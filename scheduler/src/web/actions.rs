@@ -70,6 +70,17 @@ pub(super) async fn trigger(
     answer(api.trigger_workflow(peer.request(request)).await)
 }
 
+/// A backfill of the workflow's cron slots in a range, or with `dryRun` the slots alone.
+pub(super) async fn backfill(
+    State(api): State<Api>,
+    peer: Peer,
+    Path(name): Path<String>,
+    Action(request): Action<pb::BackfillWorkflowRequest>,
+) -> Response {
+    let request = pb::BackfillWorkflowRequest { name, ..request };
+    answer(api.backfill_workflow(peer.request(request)).await)
+}
+
 pub(super) async fn pause(
     State(api): State<Api>,
     peer: Peer,
@@ -144,6 +155,21 @@ pub(super) async fn cancel_instance(
     match id_of("id", &id) {
         Ok(id) => answer(
             api.cancel_instance(peer.request(pb::CancelInstanceRequest { id, ..request }))
+                .await,
+        ),
+        Err(bad) => bad.into_response(),
+    }
+}
+
+pub(super) async fn mark_instance(
+    State(api): State<Api>,
+    peer: Peer,
+    Path(id): Path<String>,
+    Action(request): Action<pb::MarkInstanceRequest>,
+) -> Response {
+    match id_of("id", &id) {
+        Ok(id) => answer(
+            api.mark_instance(peer.request(pb::MarkInstanceRequest { id, ..request }))
                 .await,
         ),
         Err(bad) => bad.into_response(),

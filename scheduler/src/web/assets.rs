@@ -3,6 +3,7 @@
 //! time, gets `304 Not Modified` while the node runs the same build, and an upgraded node's
 //! page the moment it serves one.
 
+use std::borrow::Cow;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
@@ -22,12 +23,39 @@ const INDEX: Asset = Asset {
     body: include_str!("assets/index.html"),
 };
 
+/// A script module of the page.
+macro_rules! module {
+    ($name:literal) => {
+        Asset {
+            name: $name,
+            content_type: "text/javascript; charset=utf-8",
+            body: include_str!(concat!("assets/", $name)),
+        }
+    };
+}
+
 const FILES: &[Asset] = &[
-    Asset {
-        name: "app.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_str!("assets/app.js"),
-    },
+    module!("app.js"),
+    module!("actions.js"),
+    module!("ansi.js"),
+    module!("api.js"),
+    module!("audit.js"),
+    module!("backfill.js"),
+    module!("dag.js"),
+    module!("dom.js"),
+    module!("format.js"),
+    module!("grid.js"),
+    module!("instance.js"),
+    module!("logs.js"),
+    module!("marks.js"),
+    module!("router.js"),
+    module!("run.js"),
+    module!("runs.js"),
+    module!("session.js"),
+    module!("trigger.js"),
+    module!("why.js"),
+    module!("workers.js"),
+    module!("workflows.js"),
     Asset {
         name: "app.css",
         content_type: "text/css; charset=utf-8",
@@ -36,14 +64,27 @@ const FILES: &[Asset] = &[
 ];
 
 /// A digest of the file's bytes. The files are small: hashing one per request costs microseconds.
-fn etag(asset: &Asset) -> String {
+fn etag(body: &str) -> String {
     let mut hasher = DefaultHasher::new();
-    asset.body.hash(&mut hasher);
+    body.hash(&mut hasher);
     format!("\"{:016x}\"", hasher.finish())
 }
 
+/// The file's text. A debug build reads it from `AX_UI_DIR` when that is set, so the page can
+/// be changed and reloaded without a rebuild; only the files named here are ever read.
+fn body_of(asset: &Asset) -> Cow<'static, str> {
+    #[cfg(debug_assertions)]
+    if let Some(dir) = std::env::var_os("AX_UI_DIR")
+        && let Ok(text) = std::fs::read_to_string(std::path::Path::new(&dir).join(asset.name))
+    {
+        return Cow::Owned(text);
+    }
+    Cow::Borrowed(asset.body)
+}
+
 fn send(asset: &Asset, request: &HeaderMap) -> Response {
-    let tag = etag(asset);
+    let body = body_of(asset);
+    let tag = etag(&body);
     let fresh = request
         .get(header::IF_NONE_MATCH)
         .and_then(|value| value.to_str().ok())
@@ -78,7 +119,7 @@ fn send(asset: &Asset, request: &HeaderMap) -> Response {
     if fresh {
         return (StatusCode::NOT_MODIFIED, headers).into_response();
     }
-    (headers, asset.body).into_response()
+    (headers, body.into_owned()).into_response()
 }
 
 /// The page itself, for every path the API and the assets do not claim.
@@ -94,5 +135,32 @@ pub(super) async fn asset(Path(file): Path<String>, request: HeaderMap) -> Respo
             tonic::Code::NotFound,
             &format!("no such file: /assets/{file}"),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every file in `assets/` is served: a module left out of `FILES` would fail to load in
+    /// the browser, and with it the page.
+    #[test]
+    fn every_file_in_the_assets_folder_is_served() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/web/assets");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .expect("assets folder")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .filter(|name| name != INDEX.name)
+            .collect();
+        on_disk.sort();
+        let mut served: Vec<String> = FILES.iter().map(|asset| asset.name.to_owned()).collect();
+        served.sort();
+        assert_eq!(on_disk, served);
     }
 }

@@ -9,6 +9,7 @@
 
 mod actions;
 mod assets;
+mod grid;
 mod live;
 mod logs;
 mod reads;
@@ -40,7 +41,13 @@ pub fn router(api: ControlApi) -> Router {
             get(reads::export_dag),
         )
         .route("/api/v1/workflows/{name}/why", get(reads::explain_workflow))
+        .route("/api/v1/workflows/{name}/grid", get(grid::get_grid))
+        .route(
+            "/api/v1/workflows/{name}/grid/events",
+            get(grid::grid_events),
+        )
         .route("/api/v1/workflows/{name}/trigger", post(actions::trigger))
+        .route("/api/v1/workflows/{name}/backfill", post(actions::backfill))
         .route("/api/v1/workflows/{name}/pause", post(actions::pause))
         .route("/api/v1/workflows/{name}/resume", post(actions::resume))
         .route("/api/v1/runs", get(reads::list_runs))
@@ -61,6 +68,7 @@ pub fn router(api: ControlApi) -> Router {
             "/api/v1/instances/{id}/cancel",
             post(actions::cancel_instance),
         )
+        .route("/api/v1/instances/{id}/mark", post(actions::mark_instance))
         .route("/api/v1/workers", get(reads::list_workers))
         .route("/api/v1/nodes", get(reads::list_nodes))
         .route("/api/v1/audit", get(reads::list_audit))

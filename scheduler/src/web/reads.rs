@@ -53,6 +53,9 @@ pub(super) struct RunsQuery {
     limit: Option<String>,
     state: Option<String>,
     before: Option<String>,
+    trigger: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
 }
 
 pub(super) async fn list_runs(
@@ -71,9 +74,19 @@ pub(super) async fn list_runs(
                     .ok_or_else(|| BadParam(format!("state: unknown run state {name:?}")))?
             }
         };
-        Ok::<_, BadParam>((limit, before_id, state))
+        let trigger = match query.trigger.as_deref() {
+            None | Some("") => pb::TriggerKind::Unspecified,
+            Some(name) => {
+                let full = format!("TRIGGER_KIND_{}", name.to_ascii_uppercase());
+                pb::TriggerKind::from_str_name(&full)
+                    .ok_or_else(|| BadParam(format!("trigger: unknown trigger {name:?}")))?
+            }
+        };
+        let from = number::<i64>("from", query.from.as_deref())?;
+        let to = number::<i64>("to", query.to.as_deref())?;
+        Ok::<_, BadParam>((limit, before_id, state, trigger, from, to))
     })();
-    let (limit, before_id, state) = match parsed {
+    let (limit, before_id, state, trigger, logical_from_ms, logical_to_ms) = match parsed {
         Ok(parsed) => parsed,
         Err(bad) => return bad.into_response(),
     };
@@ -82,6 +95,9 @@ pub(super) async fn list_runs(
         limit,
         state: state as i32,
         before_id,
+        trigger: trigger as i32,
+        logical_from_ms,
+        logical_to_ms,
     };
     answer(api.list_runs(peer.request(request)).await)
 }

@@ -26,16 +26,18 @@ pub use records::audit::{AuditFilter, AuditRecord};
 pub use records::deadlines::{DeadlineMiss, MissedDeadline};
 pub use records::decisions::DecisionRecord;
 pub use records::dispatch::{ActiveAttempt, DispatchClaim, QueueShare, Shard, WaitingInstance};
+pub use records::grid::{GridCell, GridParts};
 pub use records::items::{FIRST_FAILURES, ItemPage, ItemSummary, MAX_ITEM_PAGE};
 pub use records::logs::{LogChunk, LogStream, MispackedLines, StoredLine};
+pub use records::marks::MarkAnswer;
 pub use records::nodes::{LeaseClaim, NodeLease};
 pub use records::placement::{NewAttempt, NoPlacement, PlacedAttempt, Placement};
 pub use records::purge::{PurgeCounts, PurgeCursor, PurgeProgress, PurgeStep};
 pub use records::reports::{Applied, AttemptEnd, Report, ReportResult};
-pub use records::reruns::{ManualRetry, RerunFailed, RerunFrom};
+pub use records::reruns::{ManualRetry, RerunFailed, RerunFrom, RerunSelection};
 pub use records::runs::{
     ActiveCounts, AttemptRecord, Caller, CancelledAttempt, InstanceCounts, InstanceRecord, NewRun,
-    RunRecord, WaitingCounts,
+    RunFilter, RunRecord, WaitingCounts,
 };
 pub use records::sub_workflows::{SubWorkflowStart, SubWorkflowStarted, SubWorkflowWait};
 pub use records::workers::WorkerRecord;

@@ -38,7 +38,23 @@ pub struct WorkflowFile {
     pub on_success: Option<Spanned<List<Spanned<Map<TaskFile>>>>>,
     pub deadline: Option<Spanned<Value>>,
     pub on_deadline: Option<Spanned<Choice<crate::deadline::OnDeadline>>>,
+    pub params: Option<Spanned<Map<ParamPairs>>>,
 }
+
+/// One declared param (`params.NAME`); null (`NAME:` alone) declares an optional param with
+/// no default.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamFile {
+    pub description: Option<Spanned<Value>>,
+    pub default: Option<Spanned<Value>>,
+    pub required: Option<Spanned<Value>>,
+    pub choices: Option<Spanned<List<Spanned<Value>>>>,
+}
+
+/// The declarations of `params` in file order; the names, with their lines, are in the
+/// enclosing [`Map`].
+pub struct ParamPairs(pub Vec<Spanned<Map<ParamFile>>>);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -556,6 +572,28 @@ impl<'de> Deserialize<'de> for Pairs {
             }
         }
         deserializer.deserialize_map(PairsVisitor)
+    }
+}
+
+impl<'de> Deserialize<'de> for ParamPairs {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ParamPairsVisitor;
+        impl<'de> de::Visitor<'de> for ParamPairsVisitor {
+            type Value = ParamPairs;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a mapping")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ParamPairs, A::Error> {
+                let mut values = Vec::new();
+                while map.next_key::<IgnoredAny>()?.is_some() {
+                    values.push(map.next_value::<Spanned<Map<ParamFile>>>()?);
+                }
+                Ok(ParamPairs(values))
+            }
+        }
+        deserializer.deserialize_map(ParamPairsVisitor)
     }
 }
 

@@ -19,8 +19,8 @@ mod tests;
 
 pub use model::{
     ConcurrencySpec, DEFAULT_APP, DEFAULT_MAX_CATCH_UP, DEFAULT_RETRY_BACKOFF_MS, Handler,
-    MisfirePolicy, OverlapPolicy, Retention, Routing, ScheduleSpec, TaskSpec, TriggerKind,
-    WorkflowSpec,
+    MisfirePolicy, OverlapPolicy, ParamSpec, Retention, Routing, ScheduleSpec, TaskSpec,
+    TriggerKind, WorkflowSpec,
 };
 pub use template::check_key_template;
 pub use values::{

@@ -404,6 +404,31 @@ pub struct WorkflowSpec {
     pub deadline: Option<crate::deadline::Deadline>,
     #[serde(default, skip_serializing_if = "is_default")]
     pub on_deadline: crate::deadline::OnDeadline,
+    /// `params:`: the params a run of this workflow takes, in file order (`crate::params`
+    /// fills in their defaults where runs are created). Left out of the stored JSON when none
+    /// are declared, so versions stored before the field existed read back unchanged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub params: Vec<ParamSpec>,
+}
+
+/// A param a workflow declares: what the trigger form shows and what a run gets when its
+/// trigger leaves the param out.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ParamSpec {
+    pub name: String,
+    /// What the param is for: the form's help text.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    /// The value a run gets when its trigger gives none (scheduled, dependency and backfill
+    /// runs always get it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
+    /// A trigger must give it: one without it is refused, naming it. Never set with a default.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub required: bool,
+    /// The only values it may take, when not empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub choices: Vec<String>,
 }
 
 /// The app of a workflow file that names none.

@@ -585,7 +585,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
         ",
         "wf.yaml:2: <<: unknown field \"<<\"; allowed fields: name, app, owner, description, \
          schedule, concurrency, retention, defaults, tasks, on_failure, on_success, deadline, \
-         on_deadline",
+         on_deadline, params",
     ),
     (
         "duplicate_keys",
@@ -1231,7 +1231,7 @@ const REFUSALS: &[(&str, &str, &str)] = &[
         ",
         "wf.yaml:2: schedul: unknown field \"schedul\"; allowed fields: name, app, owner, \
          description, schedule, concurrency, retention, defaults, tasks, on_failure, on_success, deadline, \
-         on_deadline",
+         on_deadline, params",
     ),
     (
         "unknown_fields_name_the_allowed_ones",
@@ -1449,6 +1449,118 @@ const REFUSALS: &[(&str, &str, &str)] = &[
         ",
         "wf.yaml:2: (yaml): YAML aliases are not supported",
     ),
+    (
+        "declared_params",
+        "
+            name: etl
+            params:
+              1day: {default: x}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: params.1day: invalid param name \"1day\": expected [A-Za-z_][A-Za-z0-9_]* \
+         of at most 128 bytes, as tasks get it as AX_PARAM_<NAME>",
+    ),
+    (
+        "declared_params",
+        "
+            name: etl
+            params:
+              env: {required: true, default: prod}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: params.env.required: a param with a default is never missing: drop \
+         required or the default",
+    ),
+    (
+        "declared_params",
+        "
+            name: etl
+            params:
+              env:
+                choices: [staging, prod]
+                default: qa
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:5: params.env.default: \"qa\" is not one of the choices (staging, prod)",
+    ),
+    (
+        "declared_params",
+        "
+            name: etl
+            params:
+              env:
+                choices: [staging, staging]
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:4: params.env.choices[1]: duplicate choice \"staging\"",
+    ),
+    (
+        "declared_params",
+        "
+            name: etl
+            params:
+              env: {choices: []}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: params.env.choices: must list at least one value",
+    ),
+    (
+        "declared_params",
+        "
+            name: etl
+            params:
+              env: {colour: red}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: params.env.colour: unknown field \"colour\"; allowed fields: description, \
+         default, required, choices",
+    ),
+    (
+        "declared_params",
+        "
+            name: etl
+            params:
+              env: {required: yes}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:3: params.env.required: expected true or false, found a string",
+    ),
+    (
+        "declared_params",
+        "
+            name: etl
+            params: [env]
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:2: params: expected a mapping, found a list",
+    ),
+    (
+        "declared_params",
+        "
+            name: etl
+            schedule: {cron: '0 * * * *'}
+            params:
+              day: {default: today}
+              env: {required: true}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:5: params.env: param \"env\" is required without a default, but this \
+         workflow's runs also start from a cron schedule (schedule.cron), which pass no params: \
+         give it a default",
+    ),
+    (
+        "declared_params",
+        "
+            name: etl
+            schedule: {after: [extract]}
+            params:
+              env: {required: true}
+            tasks: [{name: a, command: x}]
+        ",
+        "wf.yaml:4: params.env: param \"env\" is required without a default, but this \
+         workflow's runs also start from upstream workflows (schedule.after), which pass no \
+         params: give it a default",
+    ),
 ];
 
 fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -1532,6 +1644,7 @@ fn canonical_example_round_trip() {
         ],
         deadline: None,
         on_deadline: Default::default(),
+        params: Vec::new(),
     };
     assert_eq!(parsed.spec, expected);
     assert!(parsed.warnings.is_empty(), "{:?}", parsed.warnings);
@@ -2269,4 +2382,70 @@ fn a_run_workflow_task_is_read_with_its_params() {
         !json.contains("run_workflow") && !json.contains("params"),
         "{json}"
     );
+}
+
+#[test]
+fn declared_params_refusals() {
+    check_refusals("declared_params");
+}
+
+#[test]
+fn params_are_declared_in_file_order_with_defaults_and_choices() {
+    let parsed = parse_ok(
+        "
+        name: etl
+        schedule: {cron: '0 2 * * *'}
+        params:
+          day:
+            default: 2026-01-01
+            description: The day to load
+          limit: {default: 10}
+          env:
+            choices: [staging, prod]
+            default: staging
+          note:
+        tasks: [{name: a, command: x}]
+    ",
+    );
+    let params = &parsed.spec.params;
+    let names: Vec<&str> = params.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["day", "limit", "env", "note"]);
+    assert_eq!(params[0].default.as_deref(), Some("2026-01-01"));
+    assert_eq!(params[0].description, "The day to load");
+    assert_eq!(
+        params[1].default.as_deref(),
+        Some("10"),
+        "a number is kept as typed"
+    );
+    assert_eq!(params[2].choices, strings(&["staging", "prod"]));
+    assert_eq!(
+        params[3],
+        ParamSpec {
+            name: "note".into(),
+            ..ParamSpec::default()
+        }
+    );
+    // Stored and read back unchanged; a spec without params stores no `params` key.
+    let json = serde_json::to_string(&parsed.spec).unwrap();
+    let back: WorkflowSpec = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, parsed.spec);
+    let plain = parse_ok("name: x\ntasks: [{name: a, command: x}]\n");
+    assert!(
+        !serde_json::to_string(&plain.spec)
+            .unwrap()
+            .contains("params")
+    );
+}
+
+#[test]
+fn a_manual_workflow_may_require_a_param() {
+    let parsed = parse_ok(
+        "
+        name: deploy
+        params:
+          env: {required: true, choices: [staging, prod], description: Where to}
+        tasks: [{name: a, command: x}]
+    ",
+    );
+    assert!(parsed.spec.params[0].required);
 }

@@ -11,11 +11,12 @@ use serde_saphyr::Spanned;
 
 use super::file::{
     self, ConcurrencyFile, DefaultsFile, EnvPairs, EnvValue, Key, List, Map, MisfireName, Pairs,
-    ScheduleFile, TaskFile, Value, WorkflowFile, line,
+    ParamFile, ParamPairs, ScheduleFile, TaskFile, Value, WorkflowFile, line,
 };
 use super::model::{
     ConcurrencySpec, DEFAULT_APP, DEFAULT_MAX_CATCH_UP, DEFAULT_RETRY_BACKOFF_MS, Handler,
-    MisfirePolicy, Retention, Routing, ScheduleSpec, TaskSpec, TriggerKind, WorkflowSpec,
+    MisfirePolicy, ParamSpec, Retention, Routing, ScheduleSpec, TaskSpec, TriggerKind,
+    WorkflowSpec,
 };
 use super::template::check_key_template;
 use super::values::{is_valid_env_name, is_valid_name, parse_instant, parse_retention};
@@ -466,6 +467,10 @@ impl Validator<'_> {
             ));
         }
         let (deadline, on_deadline) = self.deadline(file, &schedule)?;
+        let params = match &file.params {
+            Some(node) => self.params(node, &schedule)?,
+            None => Vec::new(),
+        };
         let defaults = match &file.defaults {
             Some(node) => self.defaults(node)?,
             None => Defaults::default(),
@@ -531,8 +536,146 @@ impl Validator<'_> {
             tasks,
             deadline,
             on_deadline,
+            params,
         };
         Ok(ParsedWorkflow { spec, warnings })
+    }
+
+    /// `params:`: the declared params in file order. A required param without a default is
+    /// refused on a workflow whose runs start without a trigger's params (a cron schedule or
+    /// upstream workflows): each of those runs would lack it.
+    fn params(
+        &self,
+        node: &Spanned<Map<ParamPairs>>,
+        schedule: &ScheduleSpec,
+    ) -> Result<Vec<ParamSpec>, SpecError> {
+        let (ParamPairs(values), keys) = self.fields(node, "params")?;
+        if keys.len() > crate::params::MAX_PARAMS {
+            return Err(self.err(
+                line(node),
+                "params",
+                format!(
+                    "{} params declared (max {})",
+                    keys.len(),
+                    crate::params::MAX_PARAMS
+                ),
+            ));
+        }
+        let mut declared = Vec::with_capacity(keys.len());
+        for (key, value) in keys.iter().zip(values) {
+            let param = self.param(key, value)?;
+            if param.required && schedule.trigger != TriggerKind::Manual {
+                let (source, field) = match schedule.trigger {
+                    TriggerKind::Dependency => ("upstream workflows", "schedule.after"),
+                    _ => ("a cron schedule", "schedule.cron"),
+                };
+                return Err(self.err(
+                    key.line,
+                    format!("params.{}", key.name),
+                    format!(
+                        "param \"{}\" is required without a default, but this workflow's runs \
+                         also start from {source} ({field}), which pass no params: give it a \
+                         default",
+                        key.name
+                    ),
+                ));
+            }
+            declared.push(param);
+        }
+        Ok(declared)
+    }
+
+    /// One declared param, `params.NAME`.
+    fn param(&self, key: &Key, node: &Spanned<Map<ParamFile>>) -> Result<ParamSpec, SpecError> {
+        use crate::params::{MAX_NAME_BYTES, MAX_VALUE_BYTES};
+        let path = format!("params.{}", key.name);
+        if key.name.len() > MAX_NAME_BYTES || !is_valid_env_name(&key.name) {
+            return Err(self.err(
+                key.line,
+                path,
+                format!(
+                    "invalid param name \"{}\": expected [A-Za-z_][A-Za-z0-9_]* of at most \
+                     {MAX_NAME_BYTES} bytes, as tasks get it as AX_PARAM_<NAME>",
+                    key.name
+                ),
+            ));
+        }
+        let mut param = ParamSpec {
+            name: key.name.clone(),
+            ..ParamSpec::default()
+        };
+        if let Map::Other(Value::Null) = &node.value {
+            return Ok(param);
+        }
+        let (file, _) = self.fields(node, &path)?;
+        let value = |node: &Spanned<Value>, field: &str| -> Result<String, SpecError> {
+            let text = self.string(node, field)?;
+            if text.len() > MAX_VALUE_BYTES {
+                return Err(self.err(
+                    line(node),
+                    field,
+                    format!("{} bytes (max {MAX_VALUE_BYTES})", text.len()),
+                ));
+            }
+            if text.contains('\0') {
+                return Err(self.err(line(node), field, "contains a NUL byte"));
+            }
+            Ok(text)
+        };
+        if let Some(node) = &file.description {
+            param.description = self.string(node, &join(&path, "description"))?;
+        }
+        if let Some(node) = &file.default {
+            param.default = Some(value(node, &join(&path, "default"))?);
+        }
+        if let Some(node) = &file.required {
+            param.required = self.boolean(node, &join(&path, "required"))?;
+            if param.required && param.default.is_some() {
+                return Err(self.err(
+                    line(node),
+                    join(&path, "required"),
+                    "a param with a default is never missing: drop required or the default",
+                ));
+            }
+        }
+        if let Some(node) = &file.choices {
+            let field = join(&path, "choices");
+            let items = match &node.value {
+                List::Items(items) => items,
+                List::Other(other) => {
+                    return Err(self.type_err(node, other, &field, "a list of values"));
+                }
+            };
+            if items.is_empty() {
+                return Err(self.err(line(node), field, "must list at least one value"));
+            }
+            for (i, item) in items.iter().enumerate() {
+                let item_field = format!("{field}[{i}]");
+                let choice = value(item, &item_field)?;
+                if param.choices.contains(&choice) {
+                    return Err(self.err(
+                        line(item),
+                        item_field,
+                        format!("duplicate choice \"{choice}\""),
+                    ));
+                }
+                param.choices.push(choice);
+            }
+            if let Some(default) = &param.default
+                && !param.choices.contains(default)
+            {
+                let at = file.default.as_ref().map_or(line(node), line);
+                return Err(self.err(
+                    at,
+                    join(&path, "default"),
+                    format!(
+                        "\"{default}\" is not one of the choices ({})",
+                        param.choices.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(param)
     }
 
     /// The tasks of `tasks`, `on_failure` or `on_success`, appended to `tasks` (marked with

@@ -8,7 +8,9 @@
 //! slot order. Nothing is created when the request is refused: reversed range, more slots than
 //! the maximum (the request's, capped by the scheduler's `max_backfill_runs`), a workflow
 //! without a cron schedule, the workflow's app or the cluster at its bound on waiting instances
-//! (`admission.rs`; a dry run is never refused).
+//! (`admission.rs`; a dry run is never refused). A dry run lists the slots with the runs they
+//! already have, and counts those as `existing`. Each run gets the workflow's declared param
+//! defaults, as a cron fire's does.
 
 use ax_core::cron::{CronSchedule, parse_timezone};
 use ax_core::decision::DecisionKind;
@@ -61,14 +63,22 @@ pub async fn backfill(
     })?;
     let mut response = pb::BackfillWorkflowResponse::default();
     if request.dry_run {
-        response.slots = slots
-            .iter()
-            .map(|&slot| pb::BackfillSlot {
+        // Each slot with the run it already has, if any: what a backfill would leave alone.
+        for slot in slots {
+            let run = node
+                .store
+                .run_by_dedup_key(workflow.id, &format!("cron:{slot}"))
+                .await
+                .map_err(store_status)?;
+            if run.is_some() {
+                response.existing += 1;
+            }
+            response.slots.push(pb::BackfillSlot {
                 logical_time_ms: slot,
-                run: None,
+                run: run.as_ref().map(|run| convert::run(run, None)),
                 created: false,
-            })
-            .collect();
+            });
+        }
         return Ok(response);
     }
     // Judged once, for every slot: a backfill is refused whole or goes in whole (its slots
@@ -89,7 +99,8 @@ pub async fn backfill(
             logical_time: slot,
             dedup_key: Some(format!("cron:{slot}")),
             idempotency_key: None,
-            params: Default::default(),
+            // A slot passes no params: the run gets the declared defaults.
+            params: ax_core::params::defaults(&workflow.spec.params),
             triggered_by: actor.clone(),
             now,
             audit_from: None,

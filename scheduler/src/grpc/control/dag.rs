@@ -35,53 +35,7 @@ impl ControlApi {
             .map_err(store_status)?;
         let (again, pending) = match answer {
             RerunFrom::Rerun { again, pending } => (again, pending),
-            RerunFrom::RunNotFound => return Err(Status::not_found(format!("run {id} not found"))),
-            RerunFrom::UnknownTask { tasks } => {
-                return Err(Status::not_found(format!(
-                    "run {id} has no task {task:?}; its tasks are: {}",
-                    tasks.join(", ")
-                )));
-            }
-            RerunFrom::NotRun { state: None } => {
-                return Err(Status::failed_precondition(format!(
-                    "task {task:?} has not run in run {id} (an upstream did not succeed): \
-                     rerun from that upstream instead"
-                )));
-            }
-            RerunFrom::NotRun { state: Some(state) } => {
-                return Err(Status::failed_precondition(format!(
-                    "task {task:?} of run {id} is {state} (waiting for an upstream rerun): \
-                     rerun from that upstream instead"
-                )));
-            }
-            RerunFrom::NotFannedOut => {
-                return Err(Status::failed_precondition(format!(
-                    "task {task:?} of run {id} maps over a list and ended before it fanned out, \
-                     so it has no items to run again: rerun from the task its list comes from"
-                )));
-            }
-            RerunFrom::Active { busy } => {
-                let busy: Vec<String> = busy
-                    .iter()
-                    .map(|(task, state)| format!("{task} is {state}"))
-                    .collect();
-                return Err(Status::failed_precondition(format!(
-                    "run {id} cannot rerun from {task:?} while it or its downstream is still \
-                     active ({}): wait for it or cancel it first",
-                    busy.join(", ")
-                )));
-            }
-            RerunFrom::ShardsActive { shards } => {
-                let shards: Vec<String> = shards
-                    .iter()
-                    .map(|(task, n)| format!("{task} has {n} unfinished shards"))
-                    .collect();
-                return Err(Status::failed_precondition(format!(
-                    "run {id} cannot rerun from {task:?} while shards of it or its downstream \
-                     are still going ({}): wait for them or cancel them first",
-                    shards.join(", ")
-                )));
-            }
+            why => return Err(rerun_refused(id, task, why)),
         };
         let pending: Vec<String> = pending.iter().map(ToString::to_string).collect();
         let detail = format!(
@@ -233,5 +187,54 @@ impl ControlApi {
                 )
             })
             .collect())
+    }
+}
+
+/// Why a rerun from `task` (alone or in a selection) of run `id` was refused, as a status that
+/// says what to do instead.
+pub(super) fn rerun_refused(id: RunId, task: &str, why: RerunFrom) -> Status {
+    match why {
+        RerunFrom::Rerun { .. } => Status::internal(format!(
+            "run {id}: a rerun from {task:?} was refused and done at once"
+        )),
+        RerunFrom::RunNotFound => Status::not_found(format!("run {id} not found")),
+        RerunFrom::UnknownTask { tasks } => Status::not_found(format!(
+            "run {id} has no task {task:?}; its tasks are: {}",
+            tasks.join(", ")
+        )),
+        RerunFrom::NotRun { state: None } => Status::failed_precondition(format!(
+            "task {task:?} has not run in run {id} (an upstream did not succeed): \
+                     rerun from that upstream instead"
+        )),
+        RerunFrom::NotRun { state: Some(state) } => Status::failed_precondition(format!(
+            "task {task:?} of run {id} is {state} (waiting for an upstream rerun): \
+                     rerun from that upstream instead"
+        )),
+        RerunFrom::NotFannedOut => Status::failed_precondition(format!(
+            "task {task:?} of run {id} maps over a list and ended before it fanned out, \
+                     so it has no items to run again: rerun from the task its list comes from"
+        )),
+        RerunFrom::Active { busy } => {
+            let busy: Vec<String> = busy
+                .iter()
+                .map(|(task, state)| format!("{task} is {state}"))
+                .collect();
+            Status::failed_precondition(format!(
+                "run {id} cannot rerun from {task:?} while it or its downstream is still \
+                     active ({}): wait for it or cancel it first",
+                busy.join(", ")
+            ))
+        }
+        RerunFrom::ShardsActive { shards } => {
+            let shards: Vec<String> = shards
+                .iter()
+                .map(|(task, n)| format!("{task} has {n} unfinished shards"))
+                .collect();
+            Status::failed_precondition(format!(
+                "run {id} cannot rerun from {task:?} while shards of it or its downstream \
+                     are still going ({}): wait for them or cancel them first",
+                shards.join(", ")
+            ))
+        }
     }
 }

@@ -72,3 +72,18 @@ pub enum RerunFrom {
     /// to run again; a rerun from the task above it reads the list again.
     NotFannedOut,
 }
+
+/// The answer to `rerun_tasks` (a selection of tasks, each with everything below it).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RerunSelection {
+    /// The chosen tasks no other chosen task is above are WAITING as their next attempt
+    /// (`again`); `pending` are the instances below them (chosen or not) that ran before and
+    /// wait for their upstreams again. The run is running.
+    Rerun {
+        again: Vec<InstanceId>,
+        pending: Vec<InstanceId>,
+    },
+    /// Nothing changed: `task` of the selection cannot run again, `why` as for a rerun from it
+    /// alone.
+    Refused { task: String, why: RerunFrom },
+}

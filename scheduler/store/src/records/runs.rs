@@ -39,6 +39,28 @@ pub struct RunRecord {
     pub parent_instance_id: Option<InstanceId>,
 }
 
+/// What a list of runs is narrowed to, besides its workflows. Every field left at its default
+/// narrows nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunFilter {
+    pub state: Option<RunState>,
+    pub trigger: Option<TriggerKind>,
+    /// Runs whose logical time is at or after this.
+    pub logical_from: Option<Millis>,
+    /// Runs whose logical time is at or before this.
+    pub logical_to: Option<Millis>,
+}
+
+impl RunFilter {
+    /// Only runs in `state`, when given.
+    pub fn state(state: Option<RunState>) -> RunFilter {
+        RunFilter {
+            state,
+            ..RunFilter::default()
+        }
+    }
+}
+
 /// A run to create. Unique per (workflow, dedup key): a second create with the same key returns
 /// the first run and creates nothing.
 #[derive(Debug, Clone, PartialEq)]

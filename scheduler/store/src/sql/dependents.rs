@@ -20,7 +20,7 @@ use sqlx::{AnyConnection, Row};
 
 use super::run_create::{Created, create_run_tx};
 use super::{Store, values_rows};
-use crate::{NewRun, Result};
+use crate::{NewRun, Result, StoreError};
 
 /// The decision log's node for decisions taken inside the run-end transaction: whichever node
 /// applied the report that ended the upstream run.
@@ -175,7 +175,7 @@ async fn on_upstream_success(
             logical_time,
             dedup_key: Some(dependency::dedup_key(logical_time)),
             idempotency_key: None,
-            params: BTreeMap::new(),
+            params: ax_core::params::defaults(&declared_params(c, dependent, version).await?),
             triggered_by: dependency::upstream_runs_text(upstream_runs),
             now,
             audit_from: None,
@@ -224,4 +224,31 @@ async fn record(
     .execute(&mut *c)
     .await?;
     Ok(())
+}
+
+/// The params a workflow version declares (`params:` in its file): a run its upstreams start
+/// is given none, so it gets their defaults; a child run's are held to them.
+pub(super) async fn declared_params(
+    c: &mut AnyConnection,
+    workflow: WorkflowId,
+    version: i64,
+) -> Result<Vec<ax_core::spec::ParamSpec>> {
+    #[derive(serde::Deserialize)]
+    struct Declared {
+        #[serde(default)]
+        params: Vec<ax_core::spec::ParamSpec>,
+    }
+    let row =
+        sqlx::query("SELECT spec_json FROM workflow_version WHERE workflow_id = ? AND version = ?")
+            .bind(workflow.0)
+            .bind(version)
+            .fetch_optional(&mut *c)
+            .await?;
+    let Some(row) = row else {
+        return Ok(Vec::new());
+    };
+    let spec_json: String = row.try_get("spec_json")?;
+    let declared: Declared = serde_json::from_str(&spec_json)
+        .map_err(|err| StoreError::Corrupt(format!("stored workflow spec: {err}")))?;
+    Ok(declared.params)
 }

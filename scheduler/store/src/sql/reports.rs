@@ -336,32 +336,50 @@ where
 /// A worker's report of how an attempt ended that the scheduler had already ended itself (a
 /// cancel, or the backstop's timeout), from the worker the attempt was dispatched to: the
 /// attempt keeps its state and gets the process's exit code, signal and line count, and the
-/// report counts as applied (the worker may forget it). One read per such report: they are
-/// rare, and a batch without them reads nothing more.
+/// report counts as applied (the worker may forget it). An end the store already holds, the
+/// same report again (the attempt's row ended as it says, at its time, on its worker; or applied
+/// earlier in this batch), counts as applied too and changes nothing: a worker resends an end
+/// until it is acknowledged (on a live stream too, when an answer is late), and a duplicate must
+/// be acknowledged, not refused. One read per such report: they are rare, and a batch without
+/// them reads nothing more.
 async fn record_late_endings(
     c: &mut Counted<'_>,
     reports: &[Report],
     results: &mut [ReportResult],
     writes: &mut Writes,
 ) -> Result<()> {
+    // The worker ends applied so far in this batch, by (instance, attempt, worker, time).
+    let mut applied_ends: BTreeSet<(i64, u32, &str, Millis)> = BTreeSet::new();
     for (report, result) in reports.iter().zip(results.iter_mut()) {
         let Report::Finished {
             instance_id,
             attempt,
             worker_id: Some(reporter),
+            end,
             exit_code,
             signal,
+            at,
             log_lines,
             ..
         } = report
         else {
             continue;
         };
+        let this_end = (instance_id.0, attempt.0, reporter.as_str(), *at);
+        if matches!(result, ReportResult::Applied(_)) {
+            applied_ends.insert(this_end);
+            continue;
+        }
         if !matches!(result, ReportResult::Stale { .. }) {
             continue;
         }
+        if applied_ends.contains(&this_end) {
+            *result = ReportResult::Applied(Applied::default());
+            continue;
+        }
         let row = sqlx::query(
-            "SELECT state, worker_id FROM task_attempt WHERE instance_id = ? AND attempt = ?",
+            "SELECT state, worker_id, finished_at FROM task_attempt \
+             WHERE instance_id = ? AND attempt = ?",
         )
         .bind(instance_id.0)
         .bind(i64::from(attempt.0))
@@ -370,8 +388,21 @@ async fn record_late_endings(
         let Some(row) = row else { continue };
         let state = instance_state(&row.try_get::<String, _>("state")?)?;
         let worker: Option<String> = row.try_get("worker_id")?;
+        if worker.as_deref() != Some(reporter.as_str()) {
+            continue;
+        }
+        let finished_at: Option<i64> = row.try_get("finished_at")?;
+        let reported_state = match end {
+            AttemptEnd::Finished(outcome) => outcome.state(),
+            AttemptEnd::SpawnFailed => InstanceState::Failed,
+        };
+        if state == reported_state && finished_at == Some(*at) {
+            // This very end is stored: acknowledged again, nothing written.
+            *result = ReportResult::Applied(Applied::default());
+            continue;
+        }
         let ended_here = matches!(state, InstanceState::Cancelled | InstanceState::Timeout);
-        if !ended_here || worker.as_deref() != Some(reporter.as_str()) {
+        if !ended_here {
             continue;
         }
         writes.attempts.set(

@@ -27,7 +27,7 @@ use super::instance_locks::{InstanceKey, load_key, lock_runs};
 use super::rows::{corrupt, instance_state, to_u32};
 use super::runs::{instance_by_id, run_by_id};
 use super::{Store, placeholders, write_tx};
-use crate::{ManualRetry, RerunFailed, RerunFrom, Result};
+use crate::{ManualRetry, RerunFailed, RerunFrom, RerunSelection, Result};
 
 /// The new attempt's columns when an instance goes back to WAITING.
 const FRESH_ATTEMPT: &str = "attempt = attempt + 1, worker_id = NULL, not_before = ?, \
@@ -54,7 +54,31 @@ impl Store {
     /// earlier attempts keep their records, and the run is running again. Changes nothing unless
     /// the answer is `Rerun`.
     pub async fn rerun_from(&self, run: RunId, task: &str, now: Millis) -> Result<RerunFrom> {
-        write_tx!(self, |c| rerun_from_tx(self, c, run, task, now))
+        let answer = write_tx!(self, |c| rerun_tasks_tx(self, c, run, &[task], now))?;
+        Ok(match answer {
+            RerunSelection::Rerun { again, pending } => RerunFrom::Rerun {
+                again: again
+                    .first()
+                    .copied()
+                    .ok_or_else(|| corrupt("a rerun from one task reran nothing"))?,
+                pending,
+            },
+            RerunSelection::Refused { why, .. } => why,
+        })
+    }
+
+    /// Reruns a selection of a run's tasks and everything below each (Airflow's "clear with
+    /// downstream"), in one transaction: each chosen task no other chosen task is above goes
+    /// WAITING as its next attempt, every instance below them that ran (a chosen one too)
+    /// becomes PENDING, earlier attempts keep their records, and the run is running again.
+    /// Changes nothing unless the answer is `Rerun`.
+    pub async fn rerun_tasks(
+        &self,
+        run: RunId,
+        tasks: &[&str],
+        now: Millis,
+    ) -> Result<RerunSelection> {
+        write_tx!(self, |c| rerun_tasks_tx(self, c, run, tasks, now))
     }
 }
 
@@ -65,26 +89,53 @@ fn is_mapped(spec: &ax_core::spec::WorkflowSpec, task: &str) -> bool {
         .any(|t| t.name == task && t.for_each.is_some())
 }
 
-async fn rerun_from_tx(
+async fn rerun_tasks_tx(
     store: &Store,
     c: &mut AnyConnection,
     run: RunId,
-    task: &str,
+    chosen: &[&str],
     now: Millis,
-) -> Result<RerunFrom> {
+) -> Result<RerunSelection> {
+    let first = chosen.first().copied().unwrap_or_default().to_string();
+    let refused = |task: &str, why| RerunSelection::Refused {
+        task: task.to_string(),
+        why,
+    };
     lock_runs(store, c, &BTreeSet::from([run.0])).await?;
     let Some(spec) = spec_of_run(c, run).await? else {
-        return Ok(RerunFrom::RunNotFound);
+        return Ok(refused(&first, RerunFrom::RunNotFound));
     };
     let dag = spec
         .dag()
         .map_err(|err| corrupt(format!("stored workflow DAG: {err}")))?;
-    if !dag.contains(task) {
-        return Ok(RerunFrom::UnknownTask {
-            tasks: dag.tasks().to_vec(),
-        });
+    if let Some(unknown) = chosen.iter().find(|task| !dag.contains(task)) {
+        return Ok(refused(
+            unknown,
+            RerunFrom::UnknownTask {
+                tasks: dag.tasks().to_vec(),
+            },
+        ));
     }
-    let affected = dag.downstream_closure(task);
+    // What runs again: each chosen task's downstream closure. The tops (chosen tasks no other
+    // chosen task is above) go again at once; everything else below waits for them.
+    let mut below: BTreeSet<&str> = BTreeSet::new();
+    let mut affected: Vec<&str> = Vec::new();
+    for task in chosen {
+        for (n, name) in dag.downstream_closure(task).into_iter().enumerate() {
+            if n > 0 {
+                below.insert(name);
+            }
+            if !affected.contains(&name) {
+                affected.push(name);
+            }
+        }
+    }
+    let mut tops: Vec<&str> = Vec::new();
+    for task in chosen {
+        if !below.contains(task) && !tops.contains(task) {
+            tops.push(task);
+        }
+    }
     // Task instances only (shard_slot 0): a sharded task's shards carry its name too, and its
     // instance (the parent) is what goes back to WAITING or PENDING, to fan out again.
     let sql = format!(
@@ -115,7 +166,7 @@ async fn rerun_from_tx(
         })
         .collect();
     if !busy.is_empty() {
-        return Ok(RerunFrom::Active { busy });
+        return Ok(refused(&first, RerunFrom::Active { busy }));
     }
     // A sharded task that failed on its first failed shard may still have shards going: its
     // next attempt would fan out beside them.
@@ -129,25 +180,36 @@ async fn rerun_from_tx(
         .collect();
     let shards = unfinished_shards(c, &parents).await?;
     if !shards.is_empty() {
-        return Ok(RerunFrom::ShardsActive { shards });
+        return Ok(refused(&first, RerunFrom::ShardsActive { shards }));
     }
-    let Some(&(id, state, attempt)) = instances.get(task) else {
-        return Ok(RerunFrom::NotRun { state: None });
-    };
-    if transition(state, Event::RerunFrom).is_err() {
-        return Ok(RerunFrom::NotRun { state: Some(state) });
-    }
-    if is_mapped(&spec, task) {
-        // A mapped task runs again as its items, every one of them, on the list it read; a
-        // rerun from the task above it reads the list anew.
-        if !super::shard_retry::rerun_items(c, id, now).await? {
-            return Ok(RerunFrom::NotFannedOut);
+    // Every top must be able to go again before anything moves.
+    for task in &tops {
+        let Some(&(_, state, _)) = instances.get(*task) else {
+            return Ok(refused(task, RerunFrom::NotRun { state: None }));
+        };
+        if transition(state, Event::RerunFrom).is_err() {
+            return Ok(refused(task, RerunFrom::NotRun { state: Some(state) }));
         }
-    } else if !move_to(c, id, attempt, state, InstanceState::Waiting, now).await? {
-        return Err(corrupt("instance moved under the run lock"));
+    }
+    let mut again = Vec::new();
+    for task in &tops {
+        let &(id, state, attempt) = &instances[*task];
+        if is_mapped(&spec, task) {
+            // A mapped task runs again as its items, every one of them, on the list it read; a
+            // rerun from the task above it reads the list anew.
+            if !super::shard_retry::rerun_items(c, id, now).await? {
+                if again.is_empty() {
+                    return Ok(refused(task, RerunFrom::NotFannedOut));
+                }
+                return Err(corrupt("a mapped task lost its items under the run lock"));
+            }
+        } else if !move_to(c, id, attempt, state, InstanceState::Waiting, now).await? {
+            return Err(corrupt("instance moved under the run lock"));
+        }
+        again.push(id);
     }
     let mut pending = Vec::new();
-    for name in affected.iter().skip(1) {
+    for name in affected.iter().filter(|name| below.contains(*name)) {
         let Some(&(id, state, attempt)) = instances.get(*name) else {
             continue;
         };
@@ -160,7 +222,7 @@ async fn rerun_from_tx(
         }
     }
     reopen(c, run, &spec, &[], now).await?;
-    Ok(RerunFrom::Rerun { again: id, pending })
+    Ok(RerunSelection::Rerun { again, pending })
 }
 
 /// For each of `parents` (task, instance) with shards still WAITING, DISPATCHED or RUNNING:
@@ -261,7 +323,7 @@ async fn retry_one(c: &mut AnyConnection, key: &InstanceKey, now: Millis) -> Res
 }
 
 /// The spec of a run's workflow version.
-async fn spec_of_run(c: &mut AnyConnection, run: RunId) -> Result<Option<WorkflowSpec>> {
+pub(crate) async fn spec_of_run(c: &mut AnyConnection, run: RunId) -> Result<Option<WorkflowSpec>> {
     let row = sqlx::query(
         "SELECT v.spec_json FROM run r JOIN workflow_version v \
          ON v.workflow_id = r.workflow_id AND v.version = r.workflow_version WHERE r.id = ?",
@@ -282,7 +344,7 @@ async fn spec_of_run(c: &mut AnyConnection, run: RunId) -> Result<Option<Workflo
 /// (PENDING), to be judged anew, and the run is RUNNING. Unless a handler itself is retried,
 /// the run's handlers that ran wait for its next outcome (PENDING) and the run has no handler
 /// outcome yet.
-async fn reopen(
+pub(crate) async fn reopen(
     c: &mut AnyConnection,
     run: RunId,
     spec: &WorkflowSpec,

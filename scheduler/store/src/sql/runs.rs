@@ -16,7 +16,7 @@ use sqlx::{AnyConnection, Row};
 
 use super::rows::{self, instance_state, to_u32};
 use super::{Store, in_list};
-use crate::{AttemptRecord, InstanceCounts, InstanceRecord, Result, RunRecord};
+use crate::{AttemptRecord, InstanceCounts, InstanceRecord, Result, RunFilter, RunRecord};
 
 pub(crate) async fn run_by_id(c: &mut AnyConnection, id: RunId) -> Result<Option<RunRecord>> {
     let sql = format!("{} WHERE r.id = ?", rows::RUN_SELECT);
@@ -71,6 +71,18 @@ impl Store {
         before: Option<RunId>,
         limit: u32,
     ) -> Result<Vec<RunRecord>> {
+        self.find_runs(workflow, &RunFilter::state(state), before, limit)
+            .await
+    }
+
+    /// [`Store::list_runs`] narrowed by `filter`.
+    pub async fn find_runs(
+        &self,
+        workflow: Option<&str>,
+        filter: &RunFilter,
+        before: Option<RunId>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>> {
         let workflow_ids = match workflow {
             None => None,
             Some(name) => {
@@ -85,7 +97,7 @@ impl Store {
                 }
             }
         };
-        runs_page(self, workflow_ids.as_deref(), state, before, limit).await
+        runs_page(self, workflow_ids.as_deref(), filter, before, limit).await
     }
 
     /// [`Store::list_runs`] over the runs of `workflows` only (none when it is empty): an app's
@@ -97,10 +109,22 @@ impl Store {
         before: Option<RunId>,
         limit: u32,
     ) -> Result<Vec<RunRecord>> {
+        self.find_runs_of(workflows, &RunFilter::state(state), before, limit)
+            .await
+    }
+
+    /// [`Store::list_runs_of`] narrowed by `filter`.
+    pub async fn find_runs_of(
+        &self,
+        workflows: &[WorkflowId],
+        filter: &RunFilter,
+        before: Option<RunId>,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>> {
         if workflows.is_empty() {
             return Ok(Vec::new());
         }
-        runs_page(self, Some(workflows), state, before, limit).await
+        runs_page(self, Some(workflows), filter, before, limit).await
     }
 
     pub async fn run_counts(&self, id: RunId) -> Result<InstanceCounts> {
@@ -270,7 +294,7 @@ impl Store {
 async fn runs_page(
     store: &Store,
     workflows: Option<&[WorkflowId]>,
-    state: Option<RunState>,
+    filter: &RunFilter,
     before: Option<RunId>,
     limit: u32,
 ) -> Result<Vec<RunRecord>> {
@@ -290,8 +314,17 @@ async fn runs_page(
             page.push_str(&format!(" AND r.workflow_id IN ({})", ids.join(", ")));
         }
     }
-    if let Some(state) = state {
+    if let Some(state) = filter.state {
         page.push_str(&format!(" AND r.state = '{}'", state.as_str()));
+    }
+    if let Some(trigger) = filter.trigger {
+        page.push_str(&format!(" AND r.trigger_type = '{}'", trigger.as_str()));
+    }
+    if let Some(from) = filter.logical_from {
+        page.push_str(&format!(" AND r.logical_time >= {from}"));
+    }
+    if let Some(to) = filter.logical_to {
+        page.push_str(&format!(" AND r.logical_time <= {to}"));
     }
     if let Some(before) = before {
         page.push_str(&format!(" AND r.id < {}", before.0));

@@ -192,12 +192,18 @@ async fn start_tx(
     mark_running(c, start).await?;
     let child = child_workflow(c, &definition.workflow, &definition.app).await?;
     let params = child_params(c, &parent_run, &definition.templates).await?;
-    let ((workflow_id, version), params) = match (child, params) {
+    let ((workflow_id, version), mut params) = match (child, params) {
         (Ok(found), Ok(params)) => (found, params),
         (Err(reason), _) | (_, Err(reason)) => {
             return fail_start(store, c, start, reason).await;
         }
     };
+    // The child's own declarations: its defaults filled in, its required params present.
+    let declared = super::dependents::declared_params(c, workflow_id, i64::from(version)).await?;
+    if let Err(why) = ax_core::params::apply_declared(&declared, &mut params) {
+        let reason = format!("run_workflow: the child's params are refused: {why}");
+        return fail_start(store, c, start, reason).await;
+    }
     let dedup = sub_workflow::dedup_key(start.instance_id, start.attempt);
     let new_run = NewRun {
         workflow_id,

@@ -57,6 +57,7 @@ mod scenarios {
             tasks,
             deadline: None,
             on_deadline: Default::default(),
+            params: Vec::new(),
         }
     }
 

@@ -16,6 +16,7 @@ conformance!(
     a_withdrawal_decided_for_one_worker_spares_the_attempt_sent_to_another,
     a_withdrawal_of_an_earlier_dispatch_spares_the_same_attempt_sent_again,
     an_end_whose_start_was_not_stored_is_recorded_with_its_start,
+    a_repeated_end_is_acknowledged_as_the_one_stored,
 );
 
 mod scenarios {
@@ -357,6 +358,103 @@ mod scenarios {
         // The run went on: b is ready.
         let b = instance_of(s, run.id, "b").await.unwrap();
         assert_eq!(b.state, InstanceState::Waiting);
+    }
+
+    /// A worker sends an end again until it is acknowledged: on each new stream, and on a live
+    /// stream that left it unanswered. The same end again (its attempt's row ended as it says,
+    /// at its time, on its worker, or applied earlier in the same batch) is applied as nothing
+    /// new, so the node acknowledges it, instead of refusing it as stale once the instance has
+    /// moved on (a retry, a success); it changes nothing. Another end of that attempt (another
+    /// time, another worker) is still refused.
+    pub(super) async fn a_repeated_end_is_acknowledged_as_the_one_stored(ctx: Ctx) {
+        let s = ctx.s();
+        let mut flaky = task("a", &[]);
+        flaky.retries = 1;
+        let wf = apply(s, &spec("wf", vec![flaky, task("c", &[])])).await;
+        let run = start_run(s, &wf).await;
+        let nothing_new = [ReportResult::Applied(Applied::default())];
+
+        // A failure with a retry left: the instance goes on to attempt 2.
+        let a = launch(s, run.id, "a").await;
+        let results = s
+            .apply_reports(&[failed_on_w1(a.id, 1)], T0 + 30)
+            .await
+            .unwrap();
+        assert!(applied(&results[0]).retry_scheduled, "{results:?}");
+        let moved_on = s.get_instance(a.id).await.unwrap().unwrap();
+        assert_eq!(
+            (moved_on.state, moved_on.attempt),
+            (InstanceState::Waiting, Attempt(2))
+        );
+        let again = s
+            .apply_reports(&[failed_on_w1(a.id, 1)], T0 + 45)
+            .await
+            .unwrap();
+        assert_eq!(again, nothing_new);
+        let now = s.get_instance(a.id).await.unwrap().unwrap();
+        assert_eq!((now.state, now.attempt), (moved_on.state, moved_on.attempt));
+        let first = &s.list_attempts(a.id).await.unwrap()[0];
+        assert_eq!(
+            (first.state, first.exit_code, first.finished_at),
+            (InstanceState::Failed, Some(1), Some(T0 + 30))
+        );
+
+        // Another end of attempt 1 is not this one: refused as before.
+        let mut later = failed_on_w1(a.id, 1);
+        if let Report::Finished { at, .. } = &mut later {
+            *at = T0 + 31;
+        }
+        assert!(
+            matches!(
+                s.apply_reports(&[later], T0 + 46).await.unwrap()[0],
+                ReportResult::Stale { .. }
+            ),
+            "another end of the attempt"
+        );
+        let mut from_w2 = failed_on_w1(a.id, 1);
+        if let Report::Finished { worker_id, .. } = &mut from_w2 {
+            *worker_id = Some("w2".into());
+        }
+        assert_eq!(
+            s.apply_reports(&[from_w2], T0 + 47).await.unwrap(),
+            [ReportResult::NotYours]
+        );
+
+        // Attempt 2 succeeds; its success again is acknowledged, and the run is not ended twice.
+        assert!(s.mark_dispatched(&[claim(a.id, 2, "w1")]).await.unwrap()[0]);
+        s.apply_reports(&[started(a.id, 2)], T0 + 50).await.unwrap();
+        let results = s
+            .apply_reports(&[succeeded_on_w1(a.id, 2)], T0 + 60)
+            .await
+            .unwrap();
+        assert_eq!(
+            applied(&results[0]).attempt_state,
+            Some(InstanceState::Success)
+        );
+        let again = s
+            .apply_reports(&[succeeded_on_w1(a.id, 2)], T0 + 70)
+            .await
+            .unwrap();
+        assert_eq!(again, nothing_new);
+
+        // The same end twice in one batch (a resend that caught up with the first): both are
+        // answered as applied, the second as nothing new.
+        let c = launch(s, run.id, "c").await;
+        let results = s
+            .apply_reports(&[failed_on_w1(c.id, 1), failed_on_w1(c.id, 1)], T0 + 80)
+            .await
+            .unwrap();
+        assert_eq!(
+            applied(&results[0]).attempt_state,
+            Some(InstanceState::Failed)
+        );
+        assert_eq!(results[1], nothing_new[0]);
+        let c_now = s.get_instance(c.id).await.unwrap().unwrap();
+        assert_eq!(c_now.state, InstanceState::Failed);
+        assert_eq!(
+            s.get_run(run.id).await.unwrap().unwrap().state,
+            RunState::Failed
+        );
     }
 
     fn succeeded_on_w1(id: InstanceId, attempt: u32) -> Report {

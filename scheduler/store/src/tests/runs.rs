@@ -24,6 +24,7 @@ conformance!(
     runs_near_a_time_are_the_latest_before_and_the_earliest_after,
     ids_are_unique_across_two_stores,
     list_runs_newest_first_with_filters,
+    runs_are_found_by_trigger_and_logical_time,
 );
 
 mod scenarios {
@@ -337,6 +338,85 @@ mod scenarios {
         // Ids stay small and readable: two blocks of a thousand at most per kind and store.
         assert!(runs.iter().all(|r| r.0 < 5_000), "{runs:?}");
         other.close().await;
+    }
+
+    pub(super) async fn runs_are_found_by_trigger_and_logical_time(ctx: Ctx) {
+        let s = ctx.s();
+        let wf = apply(s, &spec("found", vec![task("a", &[])])).await;
+        let other = apply(s, &spec("other", vec![task("a", &[])])).await;
+        let make = async |wf: &WorkflowRecord, trigger, logical_time: i64| {
+            let run = NewRun {
+                trigger,
+                logical_time,
+                ..manual(wf)
+            };
+            s.create_run(&run).await.expect("create run").0.id
+        };
+        let cron_early = make(&wf, TriggerKind::Cron, T0).await;
+        let manual_mid = make(&wf, TriggerKind::Manual, T0 + 1_000).await;
+        let cron_late = make(&wf, TriggerKind::Cron, T0 + 2_000).await;
+        let other_cron = make(&other, TriggerKind::Cron, T0 + 1_000).await;
+        let find = async |workflow, filter: RunFilter, before| {
+            s.find_runs(workflow, &filter, before, 10)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| r.id)
+                .collect::<Vec<_>>()
+        };
+        let cron = RunFilter {
+            trigger: Some(TriggerKind::Cron),
+            ..RunFilter::default()
+        };
+        assert_eq!(
+            find(None, cron, None).await,
+            [other_cron, cron_late, cron_early]
+        );
+        assert_eq!(
+            find(Some("found"), cron, None).await,
+            [cron_late, cron_early]
+        );
+        // Both bounds are inclusive.
+        let middle = RunFilter {
+            logical_from: Some(T0 + 1_000),
+            logical_to: Some(T0 + 2_000),
+            ..RunFilter::default()
+        };
+        assert_eq!(
+            find(Some("found"), middle, None).await,
+            [cron_late, manual_mid]
+        );
+        assert_eq!(
+            find(
+                Some("found"),
+                RunFilter {
+                    trigger: Some(TriggerKind::Cron),
+                    ..middle
+                },
+                None
+            )
+            .await,
+            [cron_late]
+        );
+        assert_eq!(
+            find(Some("found"), middle, Some(cron_late)).await,
+            [manual_mid],
+            "pages follow the filter"
+        );
+        let none = RunFilter {
+            logical_from: Some(T0 + 3_000),
+            ..RunFilter::default()
+        };
+        assert!(find(None, none, None).await.is_empty());
+        assert_eq!(
+            s.find_runs_of(&[wf.id, other.id], &middle, None, 10)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| r.id)
+                .collect::<Vec<_>>(),
+            [other_cron, cron_late, manual_mid]
+        );
     }
 
     pub(super) async fn list_runs_newest_first_with_filters(ctx: Ctx) {

@@ -225,6 +225,7 @@ pub(super) fn spec(name: &str, tasks: Vec<TaskSpec>) -> WorkflowSpec {
         tasks,
         deadline: None,
         on_deadline: Default::default(),
+        params: Vec::new(),
     }
 }
 

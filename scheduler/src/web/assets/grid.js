@@ -16,6 +16,8 @@ const LETTERS = { ".": "NONE", W: "WAITING", D: "DISPATCHED", R: "RUNNING", S: "
 /** Item states from worst to best: a mapped cell names its worst. */
 const SEVERITY = ["FAILED", "TIMEOUT", "CANCELLED", "UPSTREAM_FAILED", "RUNNING", "DISPATCHED", "WAITING", "PENDING", "SKIPPED", "SUCCESS"];
 const RUN_CHOICES = [25, 50, 100];
+/** Rows drawn at once; the others as they near the view. More than a screen holds. */
+const FIRST_ROWS = 40;
 
 const runState = run => stateName(run.state);
 const ended = run => ["SUCCESS", "FAILED", "CANCELLED"].includes(runState(run));
@@ -84,33 +86,60 @@ export async function viewGrid(view, name) {
   /** The cell elements by run id, then row. */
   let cells = new Map();
   let focusKey = null;
+  let observer = null;
+  const scroller = h("div", { class: "grid-scroll" }, table);
+  view.onLeave(() => { if (observer) observer.disconnect(); });
 
   const key = (runId, row) => runId + ":" + row;
   const rowsShown = () => [...table.tBodies[0].rows].filter(tr => !tr.hidden);
 
+  /** Fills a row's cells from the grid as it is now (a row is drawn when it nears the view). */
+  const fillRow = tr => {
+    if (!tr || !tr.classList.contains("gunfilled")) return;
+    tr.classList.remove("gunfilled");
+    if (observer) observer.unobserve(tr);
+    const row = Number(tr.dataset.row), task = grid.tasks[row];
+    tr.lastChild.remove();
+    for (const run of grid.runs || []) {
+      const td = document.createElement("td");
+      const a = document.createElement("a");
+      a.tabIndex = -1;
+      a.dataset.key = key(run.id, row);
+      paintCell(a, cellOf(task, run, row));
+      td.append(a);
+      tr.append(td);
+      cells.get(String(run.id))[row] = a;
+    }
+  };
+
   const render = () => {
     const active = document.activeElement && table.contains(document.activeElement) ? document.activeElement : null;
     const tasks = grid.tasks || [], columns = grid.runs || [];
-    cells = new Map(columns.map(run => [String(run.id), []]));
+    cells = new Map(columns.map(run => [String(run.id), new Array(tasks.length)]));
+    if (observer) observer.disconnect();
+    // Rows past the first screens are drawn as they near the view: the browser styles and
+    // lays out the cells shown, not all 30,000 at once.
+    observer = new IntersectionObserver(entries => {
+      for (const entry of entries) if (entry.isIntersecting) fillRow(entry.target);
+    }, { root: scroller, rootMargin: "600px 0px" });
     const head = h("tr", {}, h("th", { scope: "col", class: "gcorner" }, "Task \\ run"), columns.map(runHeader));
     const body = document.createElement("tbody");
-    tasks.forEach((task, row) => {
+    const rows = tasks.map((task, row) => {
       const tr = document.createElement("tr");
       tr.dataset.task = task.name;
-      tr.append(taskHeader(task));
-      for (const run of columns) {
-        const td = document.createElement("td");
-        const a = document.createElement("a");
-        a.tabIndex = -1;
-        a.dataset.key = key(run.id, row);
-        paintCell(a, cellOf(task, run, row));
-        td.append(a);
-        tr.append(td);
-        cells.get(String(run.id)).push(a);
-      }
+      tr.dataset.row = String(row);
+      tr.className = "gunfilled";
+      tr.append(taskHeader(task), h("td", { colspan: String(Math.max(1, columns.length)), class: "gpending" }));
       body.append(tr);
+      return tr;
     });
-    table.replaceChildren(h("caption", { class: "visually-hidden" }, "Runs of " + name + ", oldest left, newest right; tasks in graph order"), h("thead", {}, head), body);
+    // Fixed widths: the browser lays the table out from its columns, not from its cells.
+    const cols = h("colgroup", {}, h("col", { class: "gtasks" }), columns.map(() => h("col", { class: "gruncol" })));
+    table.style.width = "calc(15rem + " + columns.length + " * 1.45rem)";
+    table.replaceChildren(h("caption", { class: "visually-hidden" }, "Runs of " + name + ", oldest left, newest right; tasks in graph order"), cols, h("thead", {}, head), body);
+    rows.slice(0, FIRST_ROWS).forEach(fillRow);
+    if (focusKey) fillRow(rows[Number(focusKey.split(":")[1])]);
+    for (const tr of rows) if (tr.classList.contains("gunfilled")) observer.observe(tr);
     applyFilter();
     // One tab stop: the cell focused before, or the newest run's first task.
     const again = focusKey && table.querySelector("a.gcell[data-key=\"" + CSS.escape(focusKey) + "\"]");
@@ -123,6 +152,7 @@ export async function viewGrid(view, name) {
 
   const firstCell = () => {
     const tr = rowsShown()[0];
+    fillRow(tr);
     return tr && tr.cells.length > 1 ? tr.cells[tr.cells.length - 1].firstChild : null;
   };
 
@@ -160,7 +190,7 @@ export async function viewGrid(view, name) {
     if (!a) return;
     const td = a.parentElement, tr = td.parentElement;
     const rows = rowsShown(), r = rows.indexOf(tr), last = tr.cells.length - 1;
-    const at = (row, col) => row && row.cells[Math.min(Math.max(col, 1), row.cells.length - 1)]?.firstChild;
+    const at = (row, col) => { fillRow(row); return row && row.cells[Math.min(Math.max(col, 1), row.cells.length - 1)]?.firstChild; };
     let to = null;
     switch (event.key) {
       case "ArrowLeft": to = at(tr, td.cellIndex - 1); break;
@@ -233,7 +263,7 @@ export async function viewGrid(view, name) {
     h("div", { class: "toolbar" }, filter, " ", runs, " ", pager),
     legend(),
     status,
-    h("div", { class: "grid-scroll" }, table));
+    scroller);
   render();
   // Only the newest page changes; an older page is read once.
   if (!before) {

@@ -80,21 +80,7 @@ impl Store {
             query = query.bind(*id);
         }
         let rows = query.fetch_all(&self.pool).await?;
-        // parent -> (its latest fan-out's attempt, that fan-out's counts by state)
-        let mut latest: HashMap<i64, (i64, HashMap<InstanceState, u32>)> = HashMap::new();
-        for row in &rows {
-            let parent: i64 = row.try_get("parent_id")?;
-            let attempt: i64 = row.try_get("parent_attempt")?;
-            let state = instance_state(&row.try_get::<String, _>("state")?)?;
-            let n = to_u32(row.try_get("n")?, "item count")?;
-            let entry = latest.entry(parent).or_insert((attempt, HashMap::new()));
-            if attempt > entry.0 {
-                *entry = (attempt, HashMap::new());
-            }
-            if attempt == entry.0 {
-                entry.1.insert(state, n);
-            }
-        }
+        let latest = super::items::latest_fan_outs(&rows)?;
         // In the states' order, as `item_summaries` gives them.
         Ok(latest
             .into_iter()

@@ -19,6 +19,30 @@ use crate::{AttemptRecord, FIRST_FAILURES, InstanceRecord, ItemPage, ItemSummary
 
 const FAILED_STATES: &str = "('FAILED', 'TIMEOUT', 'CANCELLED')";
 
+/// A mapped task's fan-out: its attempt and its items' counts by state.
+pub(super) type FanOut = (i64, HashMap<InstanceState, u32>);
+
+/// Item counts grouped by (parent_id, parent_attempt, state) folded to each mapped task's latest
+/// fan-out: parent -> (that fan-out's attempt, its counts by state). An earlier fan-out's items
+/// (a retried mapped task's) are history, not the task's state.
+pub(super) fn latest_fan_outs(rows: &[sqlx::any::AnyRow]) -> Result<BTreeMap<i64, FanOut>> {
+    let mut latest: BTreeMap<i64, FanOut> = BTreeMap::new();
+    for row in rows {
+        let parent: i64 = row.try_get("parent_id")?;
+        let attempt: i64 = row.try_get("parent_attempt")?;
+        let state = instance_state(&row.try_get::<String, _>("state")?)?;
+        let n = to_u32(row.try_get("n")?, "item count")?;
+        let entry = latest.entry(parent).or_insert((attempt, HashMap::new()));
+        if attempt > entry.0 {
+            *entry = (attempt, HashMap::new());
+        }
+        if attempt == entry.0 {
+            entry.1.insert(state, n);
+        }
+    }
+    Ok(latest)
+}
+
 impl Store {
     /// A run's instances by id, its mapped tasks' items left out (their parents stay).
     pub async fn list_instances_without_items(&self, run: RunId) -> Result<Vec<InstanceRecord>> {
@@ -57,21 +81,7 @@ impl Store {
         .bind(run.0)
         .fetch_all(&self.pool)
         .await?;
-        // parent -> (its latest fan-out's attempt, that fan-out's counts)
-        let mut latest: BTreeMap<i64, (i64, HashMap<InstanceState, u32>)> = BTreeMap::new();
-        for row in &rows {
-            let parent: i64 = row.try_get("parent_id")?;
-            let attempt: i64 = row.try_get("parent_attempt")?;
-            let state = instance_state(&row.try_get::<String, _>("state")?)?;
-            let n = to_u32(row.try_get("n")?, "item count")?;
-            let entry = latest.entry(parent).or_insert((attempt, HashMap::new()));
-            if attempt > entry.0 {
-                *entry = (attempt, HashMap::new());
-            }
-            if attempt == entry.0 {
-                entry.1.insert(state, n);
-            }
-        }
+        let latest = latest_fan_outs(&rows)?;
         let mut summaries = Vec::with_capacity(latest.len());
         for (parent, (attempt, counts)) in latest {
             let failed: u32 = counts

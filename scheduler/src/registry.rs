@@ -377,8 +377,8 @@ impl Registry {
         self.lock().get(worker).map(|entry| entry.outbox.clone())
     }
 
-    /// Tells the worker, if it is connected here, to kill the attempt's process; false when it
-    /// is not connected here or its queue is full.
+    /// Tells the worker, if it is connected here, to kill the attempt's process (waiting for
+    /// room when its queue is full); false when it is not connected here.
     pub fn tell_cancel(
         &self,
         worker: &str,
@@ -389,7 +389,7 @@ impl Registry {
         let Some(outbox) = self.outbox(worker) else {
             return false;
         };
-        outbox.tell(ToWorker::Cancel {
+        outbox.tell_even_when_full(ToWorker::Cancel {
             instance,
             attempt,
             reason: reason.to_string(),

@@ -108,6 +108,22 @@ impl Outbox {
         self.sender.try_send(message).is_ok()
     }
 
+    /// Queues `message`, waiting in a task of its own for room when the queue is full: for a
+    /// message that has no other way to the worker while the stream stays up (a cancel; the
+    /// task heartbeat that would repeat it comes only every 30 s). False when the stream is gone
+    /// (a new stream's registration settles what it missed).
+    pub fn tell_even_when_full(&self, message: ToWorker) -> bool {
+        match self.sender.try_send(message) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+            Err(mpsc::error::TrySendError::Full(message)) => {
+                let sender = self.sender.clone();
+                tokio::spawn(async move { sender.send(message).await });
+                true
+            }
+        }
+    }
+
     /// Whether the stream has ended.
     pub fn is_closed(&self) -> bool {
         self.sender.is_closed()
@@ -174,6 +190,22 @@ mod stream_tests {
                 .expect("the stream ends though a sender is held");
         assert_eq!(sent.len(), 1, "what was queued before the end is sent");
         assert!(!held.tell(cut_off()), "nothing is queued after the end");
+    }
+
+    #[tokio::test]
+    async fn a_message_told_to_a_full_queue_waits_for_room() {
+        let (outbox, receiver) = outbox(1);
+        let (_served, signal) = tokio::sync::oneshot::channel::<()>();
+        let mut stream = Box::pin(until_served(receiver, signal));
+        assert!(outbox.tell(cut_off()));
+        assert!(!outbox.tell(cut_off()), "the queue is full");
+        assert!(outbox.tell_even_when_full(cut_off()));
+        for _ in 0..2 {
+            tokio::time::timeout(std::time::Duration::from_secs(5), stream.next())
+                .await
+                .expect("a message within the guard")
+                .expect("the stream goes on");
+        }
     }
 
     #[tokio::test]

@@ -47,6 +47,14 @@ mod web_ui;
 mod worker_restarts;
 
 fn main() -> std::process::ExitCode {
+    // In-process nodes and workers log to stderr under `AX_TEST_TRACE=FILTER` (`info`,
+    // `ax_worker=debug`), to see what they did in a failing test; silent otherwise.
+    if let Ok(filter) = std::env::var("AX_TEST_TRACE") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let tests: Vec<Vec<Test>> = vec![
         admission::tests(),
         backups::tests(),

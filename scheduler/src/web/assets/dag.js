@@ -49,8 +49,8 @@ export function dagView(dag, options = {}) {
     const box = h("g", { class: "node" + (state ? " s-" + state.toLowerCase() : "") + (n.isolated ? " isolated" : ""), transform: `translate(${n.x - W / 2},${n.y - H / 2})`, "data-task": n.task },
       h("rect", { width: W, height: H, rx: 6 }),
       h("text", { x: 10, y: state || n.isolated || n.handler ? 18 : 27, class: "name" }, n.task.length > 26 ? n.task.slice(0, 25) + "…" : n.task),
-      h("text", { x: 10, y: 35, class: "sub" }, state ? (STATES[state] || "") + " " + state : n.handler ? n.handler : n.isolated ? "isolated" : ""),
-      h("title", {}, label(n)));
+      h("text", { x: 10, y: 35, class: "sub" }, state ? subState(state) : n.handler ? n.handler : n.isolated ? "isolated" : ""),
+      h("title", { "aria-hidden": "true" }, label(n)));
     const href = n.instanceId && n.instanceId !== "0" ? "/instances/" + n.instanceId : options.taskHref ? options.taskHref(n) : null;
     const el = href ? svgLink(href, { "aria-label": label(n), class: "node-link" }, box)
       : (box.setAttribute("tabindex", "0"), box.setAttribute("role", "img"), box.setAttribute("aria-label", label(n)), box);
@@ -133,7 +133,7 @@ export function dagView(dag, options = {}) {
         const n = byTask.get(task);
         n.state = state;
         g.setAttribute("class", g.getAttribute("class").replace(/\bs-[a-z_]+/g, "").trim() + " s-" + state.toLowerCase());
-        g.querySelector(".sub").textContent = (STATES[state] || "") + " " + state;
+        g.querySelector(".sub").replaceChildren(...subState(state));
         g.querySelector("title").textContent = label(n);
         const holder = g.parentNode;
         if (holder && holder.tagName.toLowerCase() === "a") holder.setAttribute("aria-label", label(n));
@@ -148,4 +148,11 @@ export function dagView(dag, options = {}) {
       }
     },
   };
+}
+
+/** A node's state line: the glyph hidden from assistive technology, so the text read out
+ *  ("SUCCESS") is the one the node's name ("task X: SUCCESS") contains (its hover title is
+ *  hidden from it too, being the name again). */
+function subState(state) {
+  return [h("tspan", { "aria-hidden": "true" }, STATES[state] || ""), " " + state];
 }

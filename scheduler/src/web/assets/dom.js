@@ -17,7 +17,7 @@ export function h(tag, attrs, ...children) {
   return el;
 }
 // Links inside the graph are made with svgLink(); an <a> from h() is always HTML.
-export const SVG_TAGS = new Set(["svg", "g", "rect", "path", "text", "title"]);
+export const SVG_TAGS = new Set(["svg", "g", "rect", "path", "text", "tspan", "title"]);
 
 export function append(el, children) {
   for (const child of children.flat(Infinity)) {

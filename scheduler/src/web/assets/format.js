@@ -99,8 +99,8 @@ export function since(ms) {
 // Each state has a name in text, a glyph and a colour (a palette told apart with the common
 // colour-vision deficiencies; failed and upstream-failed also differ in glyph and border).
 export const STATES = {
-  SUCCESS: "✓", FAILED: "✕", UPSTREAM_FAILED: "⊘", SKIPPED: "↷", TIMEOUT: "⏱", RUNNING: "▶", DISPATCHED: "↗",
-  WAITING: "…", PENDING: "○", CANCELLED: "■", QUEUED: "≡", LIVE: "●", DEAD: "✕", DRAINING: "◐", PAUSED: "⏸",
+  SUCCESS: "✓", FAILED: "✕", UPSTREAM_FAILED: "⊘", SKIPPED: "↷", TIMEOUT: "◷", RUNNING: "▶", DISPATCHED: "↗",
+  WAITING: "…", PENDING: "○", CANCELLED: "■", QUEUED: "≡", LIVE: "●", DEAD: "✕", DRAINING: "◐", PAUSED: "∥",
   DEADLINE_MISSED: "!",
 };
 

@@ -5,6 +5,7 @@ import { TERMINAL_INSTANCE, chip, stateName, time } from "./format.js";
 import { api, enc } from "./api.js";
 import { itemsSection } from "./run.js";
 import { logViewer } from "./logs.js";
+import { markButton, markable } from "./marks.js";
 
 export async function viewInstance(view, id) {
   let instance = await api("/api/v1/instances/" + id);
@@ -25,7 +26,10 @@ export async function viewInstance(view, id) {
       h("h1", {}, "Task ", h("span", { class: "task-name" }, instance.task), " ", chip(s), exit ? h("span", { class: "exit" }, " " + exit) : null,
         current.signal ? h("span", { class: "exit" }, " signal " + current.signal) : null),
       isItem ? kv([["Item", h("code", {}, instance.item)], ["Index", (instance.shardIndex || 0) + " of " + num(instance.shardTotal)]]) : null,
-      current.message ? h("p", { class: "message" }, current.message) : null);
+      current.message ? h("p", { class: "message" }, current.message) : null,
+      // A person's verdict here too: an item of a mapped task is marked on its own page.
+      h("p", { class: "actions" }, ["SUCCESS", "FAILED"].filter(to => markable(s, to))
+        .map(to => [markButton(to, isItem ? instance.task + " item " + (instance.shardIndex || 0) : instance.task, instance.id, () => reload()), " "])));
     fill(attemptsEl, h("h2", {}, "Attempts"), table(null, ["Attempt", "State", "Worker", "Node", "Dispatched", "Started", "Finished", "Exit code", "Signal", "Lines", "Message"],
       (instance.attempts || []).map(a => [
         a.attempt === attempt ? h("strong", {}, "attempt " + a.attempt + " (shown)") : link("/instances/" + instance.id + "?attempt=" + a.attempt, "attempt " + a.attempt),

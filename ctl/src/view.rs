@@ -127,8 +127,34 @@ pub struct WorkflowView {
     pub created_at: Option<String>,
     pub updated_at: Option<String>,
     pub next_fires: Vec<String>,
+    /// The params it declares, in file order; left out when it declares none (and of a list).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub params: Vec<ParamView>,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub source: String,
+}
+
+/// A declared param (`params:` in the workflow file).
+#[derive(Debug, Serialize)]
+pub struct ParamView {
+    pub name: String,
+    pub description: String,
+    /// None (null) when the param has no default; an empty default is `""`.
+    pub default: Option<String>,
+    pub required: bool,
+    pub choices: Vec<String>,
+}
+
+impl From<&pb::WorkflowParam> for ParamView {
+    fn from(p: &pb::WorkflowParam) -> Self {
+        ParamView {
+            name: p.name.clone(),
+            description: p.description.clone(),
+            default: p.has_default.then(|| p.default_value.clone()),
+            required: p.required,
+            choices: p.choices.clone(),
+        }
+    }
 }
 
 impl From<&pb::Workflow> for WorkflowView {
@@ -161,6 +187,7 @@ impl From<&pb::Workflow> for WorkflowView {
                 .iter()
                 .filter_map(|ms| rfc3339(*ms))
                 .collect(),
+            params: w.params.iter().map(ParamView::from).collect(),
             source: w.source.clone(),
         }
     }

@@ -107,6 +107,8 @@ test("an item of a mapped task is marked SUCCESS on its own page; its task settl
   const dialog = page.getByRole("dialog", { name: `Mark success: copy item ${item.shardIndex || 0}` });
   await dialog.getByRole("textbox", { name: "Reason" }).fill("copied b.csv by hand");
   await dialog.getByRole("button", { name: "Mark success" }).click();
+  // The run was FAILED before the mark: it is reopened and ends again.
+  await until("the item to be SUCCESS", async () => (await instanceState(item.id)) === "INSTANCE_STATE_SUCCESS");
   assert.equal((await ended(run.id)).state, "RUN_STATE_SUCCESS");
   const settled = (await api(`/api/v1/runs/${run.id}/instances`)).instances;
   assert.equal(settled.find(i => i.task === "copy" && !Number(i.shardParentId)).state, "INSTANCE_STATE_SUCCESS");

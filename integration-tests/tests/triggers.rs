@@ -309,8 +309,8 @@ async fn bad_params_are_refused_with_their_name_and_create_nothing(backend: Back
     cluster.shutdown().await.expect("shutdown");
 }
 
-/// A workflow's declared params: a trigger's missing ones take their defaults (its tasks see
-/// them), a missing required one or a value outside the choices is refused naming it and
+/// A workflow's declared params: `axctl get workflow` lists them (table and JSON), a trigger's
+/// missing ones take their defaults (its tasks see them), a missing required one or a value outside the choices is refused naming it and
 /// creates nothing; a cron run and the dependency run it starts get their own defaults; a cron
 /// workflow may not require a param.
 async fn declared_params_fill_triggers_and_the_runs_nobody_gave_params_to(backend: Backend) {
@@ -328,6 +328,35 @@ tasks:
         )
         .await
         .expect("apply");
+    // `axctl get workflow` lists the declarations in file order, in its table and its JSON.
+    let out = axctl(&cluster, &["get", "workflow", "declared"]).await;
+    let shown = text(&out.stdout);
+    assert_eq!(code(&out), 0, "{shown}{}", text(&out.stderr));
+    let rows: Vec<&str> = shown
+        .lines()
+        .skip_while(|line| !line.starts_with("PARAM"))
+        .take(3)
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            "PARAM    DEFAULT   REQUIRED   CHOICES         DESCRIPTION",
+            "region   eu        no         -               Where",
+            "env      -         yes        staging, prod   -",
+        ],
+        "{shown}"
+    );
+    let out = axctl(&cluster, &["-o", "json", "get", "workflow", "declared"]).await;
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("axctl's JSON");
+    assert_eq!(
+        json["params"],
+        serde_json::json!([
+            {"name": "region", "description": "Where", "default": "eu", "required": false, "choices": []},
+            {"name": "env", "description": "", "default": null, "required": true, "choices": ["staging", "prod"]},
+        ]),
+        "{json}"
+    );
     let (id, _) = trigger_ok(&cluster, &["declared", "--param", "env=prod"]).await;
     let run = client.wait_run(id).await.expect("run ends");
     assert_eq!(run.state, pb::RunState::Success as i32, "{run:?}");

@@ -351,17 +351,15 @@ pub fn workflow_detail(w: &pb::Workflow) -> String {
         ("Updated", time(w.updated_at_ms)),
     ]);
     out.push('\n');
+    if !w.params.is_empty() {
+        out.push_str(&params_table(&w.params));
+        out.push('\n');
+    }
     let mut tasks = Table::new(&["TASK", "UPSTREAM", "RETRIES", "TIMEOUT", "COMMAND"]);
     for t in &w.tasks {
         let command = if t.argv.is_empty() {
             // A table row is one line: a script shows its first line (`-o yaml` has it all).
-            let mut lines = t.command.trim().lines();
-            let first = lines.next().unwrap_or_default().to_string();
-            if lines.next().is_some() {
-                format!("{first} …")
-            } else {
-                first
-            }
+            first_line(&t.command)
         } else {
             t.argv.join(" ")
         };
@@ -401,6 +399,52 @@ pub fn workflow_detail(w: &pb::Workflow) -> String {
         }
     }
     out
+}
+
+/// A text's first line, with ` …` when more follow: a table row is one line.
+fn first_line(text: &str) -> String {
+    let mut lines = text.trim().lines();
+    let first = lines.next().unwrap_or_default().to_string();
+    if lines.next().is_some() {
+        format!("{first} …")
+    } else {
+        first
+    }
+}
+
+/// The params a workflow declares, in file order: a default or a choice as it is, quoted when it
+/// would read as nothing (`""`, `"-"`), `-` for no default and for any value.
+fn params_table(params: &[pb::WorkflowParam]) -> String {
+    fn value(text: &str) -> String {
+        if text.is_empty() || text == "-" || text.trim() != text {
+            format!("{text:?}")
+        } else {
+            text.to_string()
+        }
+    }
+    let mut table = Table::new(&["PARAM", "DEFAULT", "REQUIRED", "CHOICES", "DESCRIPTION"]);
+    for p in params {
+        table.row(vec![
+            p.name.clone(),
+            if p.has_default {
+                value(&p.default_value)
+            } else {
+                "-".into()
+            },
+            if p.required { "yes" } else { "no" }.into(),
+            if p.choices.is_empty() {
+                "-".into()
+            } else {
+                p.choices
+                    .iter()
+                    .map(|c| value(c))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+            or_dash(&first_line(&p.description)),
+        ]);
+    }
+    table.render()
 }
 
 /// `misfire fire_once, overlap queue, max active runs 2, window 2026-01-01 .. -, key ${customer} ≤ 1`
@@ -814,5 +858,59 @@ mod tests {
         assert!(page.contains("broken.csv"), "{page}");
         assert!(page.contains("more: axctl get items 21 --from 3"), "{page}");
         assert_eq!(short(&"x".repeat(50), 10), format!("{}…", "x".repeat(9)));
+    }
+
+    #[test]
+    fn a_workflow_shows_its_declared_params_and_their_json() {
+        let param = |name: &str, default: Option<&str>, required: bool, choices: &[&str]| {
+            pb::WorkflowParam {
+                name: name.into(),
+                description: String::new(),
+                default_value: default.unwrap_or_default().into(),
+                has_default: default.is_some(),
+                required,
+                choices: choices.iter().map(|c| c.to_string()).collect(),
+            }
+        };
+        let mut region = param("region", Some("eu"), false, &[]);
+        region.description = "Where the data lives\nsecond line".into();
+        let w = pb::Workflow {
+            name: "declared".into(),
+            params: vec![
+                region,
+                param("env", None, true, &["staging", "prod"]),
+                param("blank", Some(""), false, &[]),
+                param("note", None, false, &[]),
+            ],
+            ..Default::default()
+        };
+        let text = workflow_detail(&w);
+        let rows: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("PARAM"))
+            .take(5)
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                "PARAM    DEFAULT   REQUIRED   CHOICES         DESCRIPTION",
+                "region   eu        no         -               Where the data lives …",
+                "env      -         yes        staging, prod   -",
+                "blank    \"\"        no         -               -",
+                "note     -         no         -               -",
+            ],
+            "{text}"
+        );
+        let json = serde_json::to_value(crate::view::WorkflowView::from(&w)).unwrap();
+        assert_eq!(json["params"][0]["default"], "eu");
+        assert_eq!(json["params"][1]["default"], serde_json::Value::Null);
+        assert_eq!(json["params"][1]["choices"][1], "prod");
+        assert_eq!(json["params"][2]["default"], "");
+        assert_eq!(json["params"][3]["required"], false);
+        // A workflow that declares none shows no table and keeps its JSON as it was.
+        let plain = pb::Workflow::default();
+        assert!(!workflow_detail(&plain).contains("PARAM"));
+        let json = serde_json::to_string(&crate::view::WorkflowView::from(&plain)).unwrap();
+        assert!(!json.contains("params"), "{json}");
     }
 }

@@ -8,9 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
 
-from ax_sdk import AsyncClient, AxError, InstanceState, RunState
+from ax_sdk import AsyncClient, AxError, InstanceState, RunState, WorkflowParam
 from ax_sdk.pb import control, types
 
 from conftest import GUARD, WORKER_ID, pid_alive, wait_for
@@ -473,3 +474,207 @@ def test_the_orders_example_runs_as_its_readme_says(scheduler, client, out_dir):
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=GUARD)
         log.close()
+
+
+DECLARED_WORKFLOW = """
+name: py-declared
+params:
+  region: {default: eu, description: Where the data lives}
+  env: {required: true, choices: [staging, prod]}
+  blank: {default: ""}
+  note:
+tasks:
+  - name: show
+    command: echo "region=$AX_PARAM_region env=$AX_PARAM_env"
+"""
+
+
+def test_a_workflows_declared_params_come_back_typed(scheduler, client, worker):
+    client.apply(source=DECLARED_WORKFLOW)
+    workflow = client.get_workflow("py-declared")
+    assert [p.name for p in workflow.params] == ["region", "env", "blank", "note"]
+    expected = [
+        WorkflowParam("region", "Where the data lives", "eu", False, (), workflow.params[0]),
+        WorkflowParam("env", "", None, True, ("staging", "prod"), workflow.params[1]),
+        WorkflowParam("blank", "", "", False, (), workflow.params[2]),
+        WorkflowParam("note", "", None, False, (), workflow.params[3]),
+    ]
+    assert WorkflowParam.of(workflow) == expected
+    assert client.workflow_params("py-declared") == expected
+    # A workflow that declares none has none; a trigger is held to the declarations.
+    client.apply(source="name: py-undeclared\ntasks:\n  - name: t\n    command: 'true'\n")
+    assert client.workflow_params("py-undeclared") == []
+    with pytest.raises(AxError) as refused:
+        client.trigger("py-declared", {"env": "qa"})
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert 'param "env": "qa" is not one of its choices (staging, prod)' in refused.value.details
+
+    async def declared():
+        async with AsyncClient(scheduler, token=os.environ.get("AX_TEST_TOKEN") or None) as aio:
+            return (await aio.get_workflow("py-declared")).params, await aio.workflow_params("py-declared")
+
+    params, typed = asyncio.run(declared())
+    assert list(params) == list(workflow.params)
+    assert typed == expected
+
+
+MARKS_WORKFLOW = """
+name: py-marks
+tasks:
+  - name: extract
+    command: echo extracting; exit 3
+  - name: load
+    upstream: extract
+    command: echo loaded
+"""
+
+
+def test_a_mark_overrides_an_outcome_and_the_run_follows(scheduler, client, worker):
+    client.apply(source=MARKS_WORKFLOW)
+    run = client.wait(client.trigger("py-marks").run_id, timeout=GUARD)
+    assert run.state is RunState.FAILED
+    instances = by_task(client, run.id)
+    assert instances["load"].state is InstanceState.UPSTREAM_FAILED
+    extract = instances["extract"]
+
+    # Refused, changing nothing: no reason; a state not SUCCESS or FAILED (before any call); the
+    # state it has already.
+    with pytest.raises(AxError) as refused:
+        client.mark(extract.id, InstanceState.SUCCESS, reason="  ")
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "a mark needs a reason" in refused.value.details
+    for bad in (InstanceState.RUNNING, "running", "skipped", 99, True):
+        with pytest.raises(ValueError, match=r"an instance can be marked SUCCESS or FAILED only, not"):
+            client.mark(extract.id, bad, reason="x")  # type: ignore[arg-type]
+    with pytest.raises(AxError) as refused:
+        client.mark(extract.id, "failed", reason="it failed")
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"instance {extract.id} cannot be marked FAILED" in refused.value.details
+    with pytest.raises(AxError) as refused:
+        client.mark(987654, "success", reason="no such")
+    assert refused.value.code == grpc.StatusCode.NOT_FOUND
+    assert client.get_run(run.id).state is RunState.FAILED
+
+    marked = client.mark(extract.id, "Success", reason="the rows were loaded by hand")
+    assert (marked.id, marked.state, marked.attempt) == (extract.id, InstanceState.SUCCESS, 1)
+    # The attempt keeps how it ended, and says who marked it and why.
+    assert marked.attempts[-1].exit_code == 3
+    assert marked.attempts[-1].message == (
+        "exited with code 3; marked SUCCESS by python-sdk-tests: the rows were loaded by hand"
+    )
+    # The run reopened: load runs now, and the run ends SUCCESS.
+    run = client.wait(run.id, timeout=GUARD)
+    assert run.state is RunState.SUCCESS, run
+    instances = by_task(client, run.id)
+    assert instances["load"].state is InstanceState.SUCCESS
+    assert client.log_text(instances["load"].id) == ["loaded"]
+
+
+def test_a_failed_mark_kills_a_running_attempt(client, worker, out_dir):
+    pids = out_dir / "mark"
+    pids.mkdir(exist_ok=True)
+    client.apply(
+        source=f"""
+name: py-mark-running
+tasks:
+  - name: sleeps
+    retries: 2
+    env: {{PIDS: "{pids}"}}
+    command: |
+      sleep 300 &
+      echo $! > "$PIDS/child"
+      echo $$ > "$PIDS/leader"
+      wait
+  - name: after
+    upstream: sleeps
+    command: echo never
+"""
+    )
+    run = client.trigger("py-mark-running").run
+    leader = read_pid(pids / "leader")
+    child = read_pid(pids / "child")
+    (instance,) = [i for i in client.instances(run.id) if i.task == "sleeps"]
+    wait_for(lambda: client.get_instance(instance.id).state is InstanceState.RUNNING, "the task RUNNING")
+    marked = client.mark(instance.id, InstanceState.FAILED, reason="stuck on a lock")
+    assert marked.state is InstanceState.FAILED
+    ended = client.wait(run.id, timeout=GUARD)
+    assert ended.state is RunState.FAILED, ended
+    wait_for(lambda: not pid_alive(leader) and not pid_alive(child), "the marked task's processes to be gone")
+    instances = by_task(client, run.id)
+    # No retry after a mark, and what needs the task does not run.
+    assert (instances["sleeps"].state, instances["sleeps"].attempt) == (InstanceState.FAILED, 1)
+    assert instances["after"].state is InstanceState.UPSTREAM_FAILED
+
+
+RERUN_WORKFLOW = """
+name: py-rerun
+tasks:
+  - name: a
+    command: echo a
+  - name: b
+    upstream: a
+    command: echo b
+  - name: c
+    upstream: b
+    command: echo c
+  - name: d
+    command: echo d
+"""
+
+
+def test_a_rerun_of_chosen_tasks_runs_them_and_what_is_below_them(scheduler, client, worker):
+    client.apply(source=RERUN_WORKFLOW)
+    run = client.wait(client.trigger("py-rerun").run_id, timeout=GUARD)
+    assert run.state is RunState.SUCCESS
+
+    def attempts():
+        return {task: i.attempt for task, i in by_task(client, run.id).items()}
+
+    # Refused, changing nothing: several things to rerun at once, an unknown task, an empty name.
+    with pytest.raises(AxError) as refused:
+        client.rerun(run.id, failed=True, tasks=["b"])
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "say one thing to rerun" in refused.value.details
+    with pytest.raises(AxError) as refused:
+        client.rerun(run.id, tasks=["b", "nope"])
+    assert refused.value.code == grpc.StatusCode.NOT_FOUND
+    assert f'run {run.id} has no task "nope"; its tasks are: a, b, c, d' in refused.value.details
+    with pytest.raises(AxError, match="a task name is empty"):
+        client.rerun(run.id, tasks=[""])
+    with pytest.raises(TypeError, match="tasks are task names"):
+        client.rerun(run.id, tasks=[3])  # type: ignore[list-item]
+    assert attempts() == {"a": 1, "b": 1, "c": 1, "d": 1}
+
+    rerun = client.rerun(run.id, tasks=["b"])
+    assert rerun.id == run.id
+    run = client.wait(run.id, timeout=GUARD)
+    assert run.state is RunState.SUCCESS
+    assert attempts() == {"a": 1, "b": 2, "c": 2, "d": 1}
+    # One name alone is a task, not its letters; the async client reruns as the blocking one.
+    client.wait(client.rerun(run.id, tasks="d").id, timeout=GUARD)
+    assert attempts() == {"a": 1, "b": 2, "c": 2, "d": 2}
+
+    async def rerun_async():
+        async with AsyncClient(scheduler, token=os.environ.get("AX_TEST_TOKEN") or None) as aio:
+            await aio.rerun(run.id, tasks=("a", "c"))
+            return await aio.wait(run.id, timeout=GUARD)
+
+    assert asyncio.run(rerun_async()).state is RunState.SUCCESS
+    assert attempts() == {"a": 2, "b": 3, "c": 3, "d": 2}
+
+
+def test_the_async_client_marks(scheduler, client, worker):
+    client.apply(source=MARKS_WORKFLOW.replace("py-marks", "py-marks-async"))
+    run = client.wait(client.trigger("py-marks-async").run_id, timeout=GUARD)
+    extract = by_task(client, run.id)["extract"]
+
+    async def scenario():
+        async with AsyncClient(scheduler, token=os.environ.get("AX_TEST_TOKEN") or None) as aio:
+            with pytest.raises(AxError, match="a mark needs a reason"):
+                await aio.mark(extract.id, InstanceState.SUCCESS, reason="")
+            marked = await aio.mark(extract.id, InstanceState.SUCCESS, reason="done by hand")
+            return marked, await aio.wait(run.id, timeout=GUARD)
+
+    marked, ended = asyncio.run(scenario())
+    assert marked.state is InstanceState.SUCCESS
+    assert ended.state is RunState.SUCCESS

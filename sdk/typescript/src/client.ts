@@ -25,13 +25,16 @@ import { toJson } from "./outputs.js";
 import { Channel, isServiceError, statusName, type Method } from "./rpc.js";
 import {
   instanceFromPb,
+  instanceStateValue,
   runEnded,
   runFromPb,
   runStateValue,
+  workflowParams,
   type Instance,
   type Run,
   type RunState,
   type Triggered,
+  type WorkflowParam,
 } from "./runs.js";
 import {
   ControlService,
@@ -174,6 +177,27 @@ export interface TriggerOptions {
   /** The run's logical time; the trigger time when unset. */
   logicalTime?: Date | number;
   retryForMs?: number;
+}
+
+/** What `rerun` runs again: exactly one of the three. */
+export interface RerunOptions {
+  /** Every FAILED, TIMEOUT and CANCELLED instance; their downstream follows. */
+  failed?: boolean;
+  /** This task and everything below it. */
+  fromTask?: string;
+  /**
+   * Exactly these tasks (a name or several) and everything below each, like Airflow's "clear with
+   * downstream": a chosen task below another chosen one waits for it.
+   */
+  tasks?: string | readonly string[];
+}
+
+/** The outcomes `mark` sets. */
+export type MarkState = "SUCCESS" | "FAILED";
+
+export interface MarkOptions {
+  /** Why the outcome is overridden: required; the audit trail and the attempt's message keep it. */
+  reason: string;
 }
 
 export interface WaitOptions {
@@ -324,8 +348,14 @@ export class Client {
     });
   }
 
+  /** The workflow's latest version: its tasks, schedule, source, and the params it declares (`params`; typed by `workflowParams`). */
   getWorkflow(name: string): Promise<PbWorkflow> {
     return this.call(ControlService.method.getWorkflow, { name });
+  }
+
+  /** The params the workflow declares (`params:` in its file), in file order, typed: what a trigger form asks for. */
+  async workflowParams(name: string): Promise<WorkflowParam[]> {
+    return workflowParams(await this.getWorkflow(name));
   }
 
   async listWorkflows(app = ""): Promise<PbWorkflow[]> {
@@ -475,13 +505,20 @@ export class Client {
     return runFromPb(await this.call(ControlService.method.cancelRun, { id: BigInt(runId), actor: this.actor, reason }));
   }
 
-  /** New attempts for the failed part (`failed`) or from a task down (`fromTask`). */
-  async rerun(runId: number, options: { failed?: boolean; fromTask?: string } = {}): Promise<Run> {
+  /**
+   * New attempts for part of a run: the failed part (`failed`), a task and everything below it
+   * (`fromTask`), or chosen tasks and everything below each (`tasks`). The earlier attempts keep
+   * their records. A refusal (none or several of the three, an unknown task, a task still active)
+   * throws AxError naming it, and nothing is rerun.
+   */
+  async rerun(runId: number, options: RerunOptions = {}): Promise<Run> {
+    const tasks = options.tasks ?? [];
     return runFromPb(
       await this.call(ControlService.method.rerunRun, {
         id: BigInt(runId),
         failed: options.failed ?? false,
         fromTask: options.fromTask ?? "",
+        tasks: typeof tasks === "string" ? [tasks] : [...tasks],
         actor: this.actor,
       }),
     );
@@ -511,6 +548,31 @@ export class Client {
 
   async retryInstance(instanceId: number): Promise<Instance> {
     return instanceFromPb(await this.call(ControlService.method.retryInstance, { id: BigInt(instanceId), actor: this.actor }));
+  }
+
+  /**
+   * Marks the instance SUCCESS or FAILED without running it (operator role; docs/dag-semantics.md,
+   * "Marks"): a running attempt is killed and not retried, what depends on the task follows its
+   * trigger rules, an ended run runs again until nothing is left. `reason` is required. A refusal
+   * (no reason, a state the instance has already, a PENDING instance, a mapped task with items
+   * still going) throws AxError saying why, and changes nothing; a state other than SUCCESS or
+   * FAILED throws a RangeError before any call.
+   *
+   *     await client.mark(instance.id, "SUCCESS", { reason: "loaded by hand" });
+   */
+  async mark(instanceId: number, state: MarkState, options: MarkOptions): Promise<Instance> {
+    const name = typeof state === "string" ? state.trim().toUpperCase() : "";
+    if (name !== "SUCCESS" && name !== "FAILED") {
+      throw new RangeError(`an instance can be marked SUCCESS or FAILED only, not ${JSON.stringify(state)}`);
+    }
+    return instanceFromPb(
+      await this.call(ControlService.method.markInstance, {
+        id: BigInt(instanceId),
+        state: instanceStateValue(name),
+        reason: options?.reason ?? "",
+        actor: this.actor,
+      }),
+    );
   }
 
   /**

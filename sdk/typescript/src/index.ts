@@ -5,7 +5,16 @@
  */
 
 export { Client, AxError, WaitTimeout, encodeParams, retryDelayMs, DEFAULT_SETTLE_MS, DEFAULT_RETRY_FOR_MS } from "./client.js";
-export type { ClientOptions, LogLine, TriggerOptions, WaitOptions, WorkflowSource } from "./client.js";
+export type {
+  ClientOptions,
+  LogLine,
+  MarkOptions,
+  MarkState,
+  RerunOptions,
+  TriggerOptions,
+  WaitOptions,
+  WorkflowSource,
+} from "./client.js";
 export { ConfigError, Credentials, parseEndpoint, parseEndpoints, DEFAULT_PORT } from "./connection.js";
 export type { CredentialOptions, Endpoint } from "./connection.js";
 export { DurationError, parseDurationMs, parseDurationNs } from "./duration.js";
@@ -48,8 +57,8 @@ export {
   toJson,
   upstreamEnvName,
 } from "./outputs.js";
-export { instanceEnded, runEnded } from "./runs.js";
-export type { Attempt, Instance, InstanceState, Run, RunState, Trigger, Triggered } from "./runs.js";
+export { instanceEnded, runEnded, workflowParams } from "./runs.js";
+export type { Attempt, Instance, InstanceState, Run, RunState, Trigger, Triggered, WorkflowParam } from "./runs.js";
 export { VERSION } from "./version.js";
 export { Worker, WorkerRefused, WORKER_VERSION } from "./worker.js";
 export type { WorkerOptions } from "./worker.js";

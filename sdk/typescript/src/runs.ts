@@ -1,7 +1,7 @@
 /**
- * Runs, instances and attempts as the client returns them: ids as numbers, states as their
- * names ("SUCCESS"), times as Dates (null for none). Each keeps the message it was made from as
- * `pb`, for the fields this view leaves out.
+ * Runs, instances and attempts as the client returns them, and a workflow's declared params: ids
+ * as numbers, states as their names ("SUCCESS"), times as Dates (null for none). Each keeps the
+ * message it was made from as `pb`, for the fields this view leaves out.
  *
  *     const run = await client.wait(runId);
  *     if (run.state === "FAILED") {
@@ -13,6 +13,8 @@ import type {
   Attempt as PbAttempt,
   Instance as PbInstance,
   Run as PbRun,
+  Workflow as PbWorkflow,
+  WorkflowParam as PbWorkflowParam,
 } from "./gen/ax/v1/control_pb.js";
 import { InstanceState as PbInstanceState, RunState as PbRunState, TriggerKind } from "./gen/ax/v1/types_pb.js";
 
@@ -213,4 +215,36 @@ export function instanceFromPb(message: PbInstance): Instance {
 export interface Triggered {
   readonly run: Run;
   readonly created: boolean;
+}
+
+/**
+ * A param the workflow declares (`params:` in its file, docs/workflow-format.md): a trigger that
+ * leaves it out gets `default`, a `required` one must be given (not empty), one with `choices`
+ * takes only those.
+ */
+export interface WorkflowParam {
+  readonly name: string;
+  readonly description: string;
+  /** The default; undefined when the param has none (an empty string is a default). */
+  readonly default: string | undefined;
+  readonly required: boolean;
+  /** The only values it may take; empty: any value. */
+  readonly choices: readonly string[];
+  readonly pb: PbWorkflowParam;
+}
+
+export function workflowParamFromPb(message: PbWorkflowParam): WorkflowParam {
+  return {
+    name: message.name,
+    description: message.description,
+    default: message.hasDefault ? message.defaultValue : undefined,
+    required: message.required,
+    choices: [...message.choices],
+    pb: message,
+  };
+}
+
+/** The params a workflow (as `getWorkflow` returns it) declares, in file order. */
+export function workflowParams(workflow: PbWorkflow): WorkflowParam[] {
+  return workflow.params.map(workflowParamFromPb);
 }

@@ -1,7 +1,7 @@
 /**
  * The client against a fake scheduler: the bearer token on every call, TLS with a CA file, the
- * retries of a trigger refused for load, and `wait` following WatchRun across an unavailable
- * node.
+ * retries of a trigger refused for load, `wait` following WatchRun across an unavailable node,
+ * and what mark, rerun and a workflow's declared params send and read.
  */
 
 import assert from "node:assert/strict";
@@ -14,18 +14,27 @@ import { afterEach, test } from "node:test";
 import * as grpc from "@grpc/grpc-js";
 import { create, toBinary } from "@bufbuild/protobuf";
 
-import { AxError, Client, retryDelayMs, WaitTimeout, Worker } from "../src/index.js";
+import { AxError, Client, retryDelayMs, WaitTimeout, Worker, workflowParams } from "../src/index.js";
 import {
+  AttemptSchema,
   InstanceCountsSchema,
+  InstanceSchema,
   OverloadedSchema,
   RunSchema,
   TriggerWorkflowResponseSchema,
+  WorkflowParamSchema,
+  WorkflowSchema,
   type GetRunRequest,
+  type GetWorkflowRequest,
+  type Instance as PbInstance,
+  type MarkInstanceRequest,
+  type RerunRunRequest,
   type Run as PbRun,
   type TriggerWorkflowRequest,
   type WatchRunRequest,
+  type Workflow as PbWorkflow,
 } from "../src/gen/ax/v1/control_pb.js";
-import { RunState } from "../src/gen/ax/v1/types_pb.js";
+import { InstanceState, RunState } from "../src/gen/ax/v1/types_pb.js";
 import { FakeScheduler, recordingLogger } from "./fake.js";
 
 const cleanups: Array<() => Promise<void> | void> = [];
@@ -229,4 +238,129 @@ test("https addresses verify the scheduler against the CA file, for the client a
   const stream = await scheduler.stream(0);
   await stream.until((s) => s.frames.length > 0, "the Register over TLS");
   assert.equal(stream.of("register")[0]!.workerId, "unit-tls");
+});
+
+/** Answers MarkInstance, RerunRun and GetWorkflow as the scheduler words them, recording each request. */
+function controls() {
+  const marks: MarkInstanceRequest[] = [];
+  const reruns: RerunRunRequest[] = [];
+  return {
+    marks,
+    reruns,
+    control: {
+      markInstance: (call: grpc.ServerUnaryCall<MarkInstanceRequest, PbInstance>, callback: grpc.sendUnaryData<PbInstance>) => {
+        marks.push(call.request);
+        if (call.request.reason.trim() === "") {
+          callback({ code: grpc.status.INVALID_ARGUMENT, details: "a mark needs a reason (say why the task's outcome is overridden)" });
+          return;
+        }
+        const note = `marked ${InstanceState[call.request.state]} by ${call.request.actor}: ${call.request.reason}`;
+        callback(
+          null,
+          create(InstanceSchema, {
+            id: call.request.id,
+            task: "extract",
+            state: call.request.state,
+            attempt: 1,
+            attempts: [create(AttemptSchema, { attempt: 1, state: call.request.state, message: note })],
+          }),
+        );
+      },
+      rerunRun: (call: grpc.ServerUnaryCall<RerunRunRequest, PbRun>, callback: grpc.sendUnaryData<PbRun>) => {
+        reruns.push(call.request);
+        if (call.request.tasks.includes("nope")) {
+          callback({ code: grpc.status.NOT_FOUND, details: `run ${call.request.id} has no task "nope"; its tasks are: a, b` });
+          return;
+        }
+        callback(null, create(RunSchema, { id: call.request.id, state: RunState.RUNNING }));
+      },
+      getWorkflow: (call: grpc.ServerUnaryCall<GetWorkflowRequest, PbWorkflow>, callback: grpc.sendUnaryData<PbWorkflow>) =>
+        callback(
+          null,
+          create(WorkflowSchema, {
+            name: call.request.name,
+            params: [
+              create(WorkflowParamSchema, { name: "region", description: "Where", defaultValue: "eu", hasDefault: true }),
+              create(WorkflowParamSchema, { name: "env", required: true, choices: ["staging", "prod"] }),
+              create(WorkflowParamSchema, { name: "blank", defaultValue: "", hasDefault: true }),
+            ],
+          }),
+        ),
+    },
+  };
+}
+
+test("mark sends the state, the reason and the actor, and a refusal names what was wrong", async () => {
+  const service = controls();
+  const scheduler = await fake({ control: service.control });
+  const marking = client(scheduler.address, { actor: "ts-tests" });
+  const marked = await marking.mark(12, "SUCCESS", { reason: "loaded by hand" });
+  assert.deepEqual([marked.id, marked.state, marked.attempt], [12, "SUCCESS", 1]);
+  assert.equal(marked.attempts[0]!.message, "marked SUCCESS by ts-tests: loaded by hand");
+  assert.equal((await marking.mark(13, "FAILED", { reason: "stuck" })).state, "FAILED");
+  assert.deepEqual(
+    service.marks.map((m) => [m.id, m.state, m.reason, m.actor]),
+    [
+      [12n, InstanceState.SUCCESS, "loaded by hand", "ts-tests"],
+      [13n, InstanceState.FAILED, "stuck", "ts-tests"],
+    ],
+  );
+  // The scheduler's refusal, as it words it.
+  const refused = await marking.mark(12, "SUCCESS", { reason: " " }).catch((e: unknown) => e);
+  assert.ok(refused instanceof AxError);
+  assert.equal(refused.codeName, "INVALID_ARGUMENT");
+  assert.equal(refused.message, "MarkInstance: INVALID_ARGUMENT: a mark needs a reason (say why the task's outcome is overridden)");
+  // A state that is no outcome is refused before any call (for callers the types do not hold).
+  const calls = service.marks.length;
+  for (const bad of ["RUNNING", "skipped", undefined]) {
+    await assert.rejects(
+      marking.mark(12, bad as unknown as "SUCCESS", { reason: "x" }),
+      (e: unknown) => e instanceof RangeError && e.message === `an instance can be marked SUCCESS or FAILED only, not ${JSON.stringify(bad)}`,
+    );
+  }
+  assert.equal(service.marks.length, calls);
+});
+
+test("rerun sends the chosen tasks, one name or several", async () => {
+  const service = controls();
+  const scheduler = await fake({ control: service.control });
+  const rerunning = client(scheduler.address, { actor: "ts-tests" });
+  const run = await rerunning.rerun(40, { tasks: ["b", "c"] });
+  assert.deepEqual([run.id, run.state], [40, "RUNNING"]);
+  await rerunning.rerun(40, { tasks: "b" });
+  await rerunning.rerun(40, { fromTask: "a" });
+  await rerunning.rerun(40, { failed: true });
+  assert.deepEqual(
+    service.reruns.map((r) => [r.id, r.failed, r.fromTask, r.tasks, r.actor]),
+    [
+      [40n, false, "", ["b", "c"], "ts-tests"],
+      [40n, false, "", ["b"], "ts-tests"],
+      [40n, false, "a", [], "ts-tests"],
+      [40n, true, "", [], "ts-tests"],
+    ],
+  );
+  const refused = await rerunning.rerun(40, { tasks: ["nope"] }).catch((e: unknown) => e);
+  assert.ok(refused instanceof AxError);
+  assert.equal(refused.codeName, "NOT_FOUND");
+  assert.equal(refused.details, 'run 40 has no task "nope"; its tasks are: a, b');
+});
+
+test("a workflow's declared params come back typed, an empty default a default", async () => {
+  const scheduler = await fake({ control: controls().control });
+  const reading = client(scheduler.address);
+  const workflow = await reading.getWorkflow("etl");
+  assert.deepEqual(
+    workflow.params.map((p) => p.name),
+    ["region", "env", "blank"],
+  );
+  const params = await reading.workflowParams("etl");
+  assert.deepEqual(
+    params.map(({ pb: _pb, ...view }) => view),
+    [
+      { name: "region", description: "Where", default: "eu", required: false, choices: [] },
+      { name: "env", description: "", default: undefined, required: true, choices: ["staging", "prod"] },
+      { name: "blank", description: "", default: "", required: false, choices: [] },
+    ],
+  );
+  assert.deepEqual(workflowParams(workflow), params);
 });

@@ -12,7 +12,7 @@ from .arguments import ArgumentError, param, upstream
 from .client import AxError, Client
 from .connection import ConfigError, Credentials
 from .functions import Cancelled, TaskContext, Tasks
-from .runs import Attempt, Instance, InstanceState, Run, RunState, Trigger, Triggered
+from .runs import Attempt, Instance, InstanceState, Run, RunState, Trigger, Triggered, WorkflowParam
 from .version import __version__
 from .worker import Worker, WorkerRefused
 from .workflow import Task, Workflow
@@ -39,6 +39,7 @@ __all__ = [
     "Worker",
     "WorkerRefused",
     "Workflow",
+    "WorkflowParam",
     "param",
     "pb",
     "upstream",

@@ -27,16 +27,19 @@ from .client import (
     DEFAULT_RETRY_FOR,
     DEFAULT_SETTLE,
     AxError,
+    MarkState,
     _default_actor,
+    _mark_state,
     _overloaded,
     _settle_ms,
+    _task_names,
     _workflow_source,
     encode_params,
     log,
     retry_delay,
 )
 from .connection import Credentials, parse_endpoints
-from .runs import Instance, Run, Triggered
+from .runs import Instance, Run, Triggered, WorkflowParam
 
 if TYPE_CHECKING:
     from .workflow import Workflow
@@ -164,6 +167,15 @@ class AsyncClient:
         response: control.ApplyWorkflowResponse = await self._call("ApplyWorkflow", request)
         return response
 
+    async def get_workflow(self, name: str) -> control.Workflow:
+        """As `Client.get_workflow`: the latest version, its declared params in `.params`."""
+        workflow: control.Workflow = await self._call("GetWorkflow", control.GetWorkflowRequest(name=name))
+        return workflow
+
+    async def workflow_params(self, name: str) -> List[WorkflowParam]:
+        """As `Client.workflow_params`: the params the workflow declares, in file order, typed."""
+        return WorkflowParam.of(await self.get_workflow(name))
+
     async def trigger(
         self,
         workflow: str,
@@ -262,8 +274,18 @@ class AsyncClient:
         request = control.CancelRunRequest(id=run_id, actor=self._actor, reason=reason)
         return Run.from_pb(await self._call("CancelRun", request))
 
-    async def rerun(self, run_id: int, *, failed: bool = False, from_task: str = "") -> Run:
-        request = control.RerunRunRequest(id=run_id, failed=failed, from_task=from_task, actor=self._actor)
+    async def rerun(
+        self,
+        run_id: int,
+        *,
+        failed: bool = False,
+        from_task: str = "",
+        tasks: Union[str, Iterable[str]] = (),
+    ) -> Run:
+        """As `Client.rerun`: `failed=True`, `from_task` or `tasks` (with everything below each)."""
+        request = control.RerunRunRequest(
+            id=run_id, failed=failed, from_task=from_task, tasks=_task_names(tasks), actor=self._actor
+        )
         return Run.from_pb(await self._call("RerunRun", request))
 
     # ------------------------------------------------------------------------------------------
@@ -283,6 +305,13 @@ class AsyncClient:
     async def retry_instance(self, instance_id: int) -> Instance:
         request = control.RetryInstanceRequest(id=instance_id, actor=self._actor)
         return Instance.from_pb(await self._call("RetryInstance", request))
+
+    async def mark(self, instance_id: int, state: MarkState, *, reason: str) -> Instance:
+        """As `Client.mark`: SUCCESS or FAILED without running it, a reason required."""
+        request = control.MarkInstanceRequest(
+            id=instance_id, state=cast(Any, _mark_state(state)), reason=reason, actor=self._actor
+        )
+        return Instance.from_pb(await self._call("MarkInstance", request))
 
     async def logs(
         self, instance_id: int, *, attempt: int = 0, follow: bool = False, after_seq: int = 0

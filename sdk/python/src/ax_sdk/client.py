@@ -29,10 +29,14 @@ from ._pb import control_pb2 as control
 from ._pb import control_pb2_grpc
 from .connection import Credentials, parse_endpoints
 from .convert import to_json
-from .runs import Instance, Run, RunState, Triggered
+from .runs import Instance, InstanceState, Run, RunState, Triggered, WorkflowParam
 
 if TYPE_CHECKING:
     from .workflow import Workflow
+
+# What `mark` takes as the state: an InstanceState (or its protocol value), or its name.
+MarkState = Union[InstanceState, int, str]
+
 
 # A run in one of these states is over.
 FINAL_RUN_STATES = frozenset({RunState.SUCCESS, RunState.FAILED, RunState.CANCELLED})
@@ -244,7 +248,14 @@ class Client:
         return cast(control.ApplyWorkflowResponse, self._call("ApplyWorkflow", request))
 
     def get_workflow(self, name: str) -> control.Workflow:
+        """The workflow's latest version: its tasks, schedule, source, and the params it declares
+        (`.params`, typed by `WorkflowParam.of` or `workflow_params`)."""
         return cast(control.Workflow, self._call("GetWorkflow", control.GetWorkflowRequest(name=name)))
+
+    def workflow_params(self, name: str) -> List[WorkflowParam]:
+        """The params the workflow declares (`params:` in its file), in file order, typed: what a
+        trigger form asks for."""
+        return WorkflowParam.of(self.get_workflow(name))
 
     def list_workflows(self, app: str = "") -> control.ListWorkflowsResponse:
         return cast(control.ListWorkflowsResponse, self._call("ListWorkflows", control.ListWorkflowsRequest(app=app, summary=True)))
@@ -367,8 +378,23 @@ class Client:
         request = control.CancelRunRequest(id=run_id, actor=self._actor, reason=reason)
         return Run.from_pb(self._call("CancelRun", request))
 
-    def rerun(self, run_id: int, *, failed: bool = False, from_task: str = "") -> Run:
-        request = control.RerunRunRequest(id=run_id, failed=failed, from_task=from_task, actor=self._actor)
+    def rerun(
+        self,
+        run_id: int,
+        *,
+        failed: bool = False,
+        from_task: str = "",
+        tasks: Union[str, Iterable[str]] = (),
+    ) -> Run:
+        """New attempts for part of a run, one of: `failed=True`, every FAILED, TIMEOUT and
+        CANCELLED instance (their downstream follows); `from_task`, that task and everything below
+        it; `tasks`, exactly those tasks (a name or several) and everything below each, like
+        Airflow's "clear with downstream" (a chosen task below another waits for it). The earlier
+        attempts keep their records. A refusal (none or several of the three, an unknown task, a
+        task still active) raises AxError naming it, and nothing is rerun."""
+        request = control.RerunRunRequest(
+            id=run_id, failed=failed, from_task=from_task, tasks=_task_names(tasks), actor=self._actor
+        )
         return Run.from_pb(self._call("RerunRun", request))
 
     # ------------------------------------------------------------------------------------------
@@ -391,6 +417,19 @@ class Client:
     def retry_instance(self, instance_id: int) -> Instance:
         request = control.RetryInstanceRequest(id=instance_id, actor=self._actor)
         return Instance.from_pb(self._call("RetryInstance", request))
+
+    def mark(self, instance_id: int, state: MarkState, *, reason: str) -> Instance:
+        """Marks the instance SUCCESS or FAILED without running it (operator role;
+        docs/dag-semantics.md, "Marks"): a running attempt is killed and not retried, what
+        depends on the task follows its trigger rules, an ended run runs again until nothing is
+        left. `state` is `InstanceState.SUCCESS` or `InstanceState.FAILED`, or `"success"` or
+        `"failed"`. `reason` is required: the audit trail and the attempt's message keep it. A
+        refusal (no reason, a state the instance has already, a PENDING instance, a mapped task
+        with items still going) raises AxError saying why, and changes nothing."""
+        request = control.MarkInstanceRequest(
+            id=instance_id, state=cast(Any, _mark_state(state)), reason=reason, actor=self._actor
+        )
+        return Instance.from_pb(self._call("MarkInstance", request))
 
     def logs(
         self,
@@ -442,6 +481,31 @@ class Client:
             name=workflow, from_ms=from_ms, to_ms=to_ms, dry_run=dry_run, actor=self._actor
         )
         return cast(control.BackfillWorkflowResponse, self._call_patiently("BackfillWorkflow", request, retry_for))
+
+
+def _mark_state(state: MarkState) -> InstanceState:
+    """SUCCESS or FAILED, from what `mark` was given; anything else is refused, naming it."""
+    found: Optional[InstanceState] = None
+    if isinstance(state, str):
+        name = state.strip().upper()
+        name = name[len("INSTANCE_STATE_"):] if name.startswith("INSTANCE_STATE_") else name
+        found = InstanceState.__members__.get(name)
+    elif isinstance(state, int) and not isinstance(state, bool):
+        found = InstanceState(state) if state in InstanceState._value2member_map_ else None
+    if found is None or found not in (InstanceState.SUCCESS, InstanceState.FAILED):
+        raise ValueError(f"an instance can be marked SUCCESS or FAILED only, not {state!r}")
+    return found
+
+
+def _task_names(tasks: Union[str, Iterable[str]]) -> List[str]:
+    """The tasks of a rerun: one name, or several."""
+    if isinstance(tasks, str):
+        return [tasks]
+    names = list(tasks)
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"tasks are task names (strings), not {type(name).__name__} {name!r}")
+    return names
 
 
 def encode_params(params: Optional[Mapping[str, Any]]) -> Mapping[str, str]:

@@ -1,6 +1,6 @@
-"""Runs, instances and attempts as the clients return them: typed, with states as enums and
-times as aware datetimes. Each keeps the message it was made from as `pb`, for the fields
-this view leaves out.
+"""Runs, instances and attempts as the clients return them, and a workflow's declared params:
+typed, with states as enums and times as aware datetimes. Each keeps the message it was made
+from as `pb`, for the fields this view leaves out.
 
     run = client.wait(run_id)
     if run.state is RunState.FAILED:
@@ -235,6 +235,37 @@ class Instance:
             item=message.item if message.HasField("item") else None,
             pb=message,
         )
+
+
+@dataclass(frozen=True)
+class WorkflowParam:
+    """A param the workflow declares (`params:` in its file, docs/workflow-format.md): a trigger
+    that leaves it out gets `default`, a `required` one must be given (not empty), one with
+    `choices` takes only those. `default` is None when the param has none (an empty string is a
+    default)."""
+
+    name: str
+    description: str
+    default: Optional[str]
+    required: bool
+    choices: Tuple[str, ...]
+    pb: control.WorkflowParam
+
+    @staticmethod
+    def from_pb(message: control.WorkflowParam) -> "WorkflowParam":
+        return WorkflowParam(
+            name=message.name,
+            description=message.description,
+            default=message.default_value if message.has_default else None,
+            required=message.required,
+            choices=tuple(message.choices),
+            pb=message,
+        )
+
+    @staticmethod
+    def of(workflow: control.Workflow) -> List["WorkflowParam"]:
+        """The params a workflow (as `get_workflow` returns it) declares, in file order."""
+        return [WorkflowParam.from_pb(p) for p in workflow.params]
 
 
 @dataclass(frozen=True)

@@ -452,6 +452,29 @@ async fn backfill_creates_one_run_per_slot_in_order_and_never_doubles(backend: B
         times,
         ["2026-03-08T08:00:00.000Z", "2026-03-08T07:00:00.000Z"]
     );
+    // Bare times are the workflow's own (New York: 03:00 EDT is 07:00Z, 04:00 EDT 08:00Z).
+    let zoned = axctl_ok(
+        &cluster,
+        &[
+            "-o",
+            "json",
+            "get",
+            "runs",
+            "--workflow",
+            "bf",
+            "--from",
+            "2026-03-08T03:00",
+            "--to",
+            "2026-03-08T04:00",
+        ],
+    );
+    let zoned_times: Vec<&str> = zoned
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|run| run["logical_time"].as_str().expect("logical time"))
+        .collect();
+    assert_eq!(zoned_times, times, "{zoned}");
     let cron = axctl_ok(
         &cluster,
         &[

@@ -8,6 +8,7 @@ use ax_proto::v1::{BackfillWorkflowRequest, BackfillWorkflowResponse, GetWorkflo
 use serde::Serialize;
 
 use crate::client::Ctx;
+use crate::commands::get::{logical_bound, workflow_zone};
 use crate::error::CtlError;
 use crate::output::{self, Table, rfc3339, time};
 use crate::view::{RunView, run_state};
@@ -68,28 +69,8 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
         .await
         .map_err(st)?
         .into_inner();
-    let zone = workflow
-        .schedule
-        .as_ref()
-        .map(|s| s.timezone.as_str())
-        .filter(|tz| !tz.is_empty())
-        .unwrap_or("UTC");
-    let tz: chrono_tz::Tz = zone
-        .parse()
-        .map_err(|_| CtlError::usage(format!("workflow time zone {zone:?} is unknown here")))?;
-    let instant = |flag: &str, text: &str| {
-        let parsed = if flag == "to" {
-            ax_core::spec::parse_range_end(text, tz)
-        } else {
-            ax_core::spec::parse_instant(text, tz)
-        };
-        parsed.ok_or_else(|| {
-            CtlError::usage(format!(
-                "--{flag} {text:?}: expected RFC 3339 (2026-01-31T08:30:00+08:00) or \
-                 YYYY-MM-DD[THH:MM[:SS]] in {zone}"
-            ))
-        })
-    };
+    let (tz, zone) = workflow_zone(&workflow)?;
+    let instant = |flag: &str, text: &str| logical_bound(flag, text, tz, &zone);
     let from_ms = instant("from", &args.from)?;
     let to_ms = instant("to", &args.to)?;
     let request = BackfillWorkflowRequest {

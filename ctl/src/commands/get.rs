@@ -40,7 +40,7 @@ pub enum What {
         #[arg(long, value_enum)]
         trigger: Option<TriggerFilter>,
         /// Only runs whose logical time is at or after this: RFC 3339, or YYYY-MM-DD[THH:MM[:SS]]
-        /// in UTC.
+        /// in the workflow's time zone (with --workflow; UTC without).
         #[arg(long, value_name = "TIME")]
         from: Option<String>,
         /// Only runs whose logical time is at or before this (a bare date takes in its whole
@@ -123,18 +123,37 @@ impl From<TriggerFilter> for pb::TriggerKind {
     }
 }
 
-/// A `--from`/`--to` bound of `get runs` in ms (0 when absent); bare times are UTC.
-fn logical_bound(flag: &str, text: Option<&str>) -> Result<i64, CtlError> {
-    let Some(text) = text else { return Ok(0) };
+/// The zone a workflow's bare times are read in: its schedule's, UTC when it has none.
+pub(crate) fn workflow_zone(workflow: &pb::Workflow) -> Result<(chrono_tz::Tz, String), CtlError> {
+    let zone = workflow
+        .schedule
+        .as_ref()
+        .map(|s| s.timezone.as_str())
+        .filter(|tz| !tz.is_empty())
+        .unwrap_or("UTC");
+    let tz = zone
+        .parse()
+        .map_err(|_| CtlError::usage(format!("workflow time zone {zone:?} is unknown here")))?;
+    Ok((tz, zone.to_string()))
+}
+
+/// A `--from`/`--to` time in ms: RFC 3339, or a bare time read in `tz` (named `zone`); a bare
+/// `--to` date takes in its whole day.
+pub(crate) fn logical_bound(
+    flag: &str,
+    text: &str,
+    tz: chrono_tz::Tz,
+    zone: &str,
+) -> Result<i64, CtlError> {
     let parsed = if flag == "to" {
-        ax_core::spec::parse_range_end(text, chrono_tz::UTC)
+        ax_core::spec::parse_range_end(text, tz)
     } else {
-        ax_core::spec::parse_instant(text, chrono_tz::UTC)
+        ax_core::spec::parse_instant(text, tz)
     };
     parsed.ok_or_else(|| {
         CtlError::usage(format!(
             "--{flag} {text:?}: expected RFC 3339 (2026-01-31T08:30:00+08:00) or \
-             YYYY-MM-DD[THH:MM[:SS]] in UTC"
+             YYYY-MM-DD[THH:MM[:SS]] in {zone}"
         ))
     })
 }
@@ -171,13 +190,26 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<()> {
             to,
             limit,
         } => {
+            // Bare times are in the workflow's zone, as its schedule and backfills read them;
+            // across workflows, in UTC.
+            let (tz, zone) = match (&workflow, from.is_some() || to.is_some()) {
+                (Some(name), true) => {
+                    let request = pb::GetWorkflowRequest { name: name.clone() };
+                    workflow_zone(&client.get_workflow(request).await.map_err(st)?.into_inner())?
+                }
+                _ => (chrono_tz::UTC, "UTC".to_string()),
+            };
+            let bound = |flag: &str, text: &Option<String>| match text {
+                Some(text) => logical_bound(flag, text, tz, &zone),
+                None => Ok(0),
+            };
             let request = pb::ListRunsRequest {
+                logical_from_ms: bound("from", &from)?,
+                logical_to_ms: bound("to", &to)?,
                 workflow: workflow.unwrap_or_default(),
                 limit,
                 state: state.map_or(0, |s| pb::RunState::from(s) as i32),
                 trigger: trigger.map_or(0, |t| pb::TriggerKind::from(t) as i32),
-                logical_from_ms: logical_bound("from", from.as_deref())?,
-                logical_to_ms: logical_bound("to", to.as_deref())?,
                 ..Default::default()
             };
             let list = client.list_runs(request).await.map_err(st)?.into_inner();

@@ -378,7 +378,7 @@ async fn record_late_endings(
             continue;
         }
         let row = sqlx::query(
-            "SELECT state, worker_id, finished_at FROM task_attempt \
+            "SELECT state, worker_id, finished_at, exit_code, signal_num FROM task_attempt \
              WHERE instance_id = ? AND attempt = ?",
         )
         .bind(instance_id.0)
@@ -396,8 +396,15 @@ async fn record_late_endings(
             AttemptEnd::Finished(outcome) => outcome.state(),
             AttemptEnd::SpawnFailed => InstanceState::Failed,
         };
-        if state == reported_state && finished_at == Some(*at) {
-            // This very end is stored: acknowledged again, nothing written.
+        let stored_exit: Option<i64> = row.try_get("exit_code")?;
+        let stored_signal: Option<i64> = row.try_get("signal_num")?;
+        if state == reported_state
+            && finished_at == Some(*at)
+            && stored_exit == exit_code.map(i64::from)
+            && stored_signal == signal.map(i64::from)
+        {
+            // This very end is stored (an end the scheduler gave the attempt itself has no
+            // exit code or signal): acknowledged again, nothing written.
             *result = ReportResult::Applied(Applied::default());
             continue;
         }

@@ -348,6 +348,15 @@ tasks:
     command: sleep 0.2
 "#;
 
+/// The logical times of `axctl -o json get runs`' runs, in its order.
+fn logical_times(runs: &serde_json::Value) -> Vec<&str> {
+    runs.as_array()
+        .expect("a list")
+        .iter()
+        .map(|run| run["logical_time"].as_str().expect("logical time"))
+        .collect()
+}
+
 /// 2026-03-08T05:00:00Z, 00:00 EST; the clocks jump at 07:00Z (02:00 EST → 03:00 EDT).
 const SPRING_0500Z: i64 = 1_772_946_000_000;
 const HOUR: i64 = 3_600_000;
@@ -442,12 +451,7 @@ async fn backfill_creates_one_run_per_slot_in_order_and_never_doubles(backend: B
             "2026-03-08T08:00:00Z",
         ],
     );
-    let times: Vec<&str> = found
-        .as_array()
-        .expect("a list")
-        .iter()
-        .map(|run| run["logical_time"].as_str().expect("logical time"))
-        .collect();
+    let times = logical_times(&found);
     assert_eq!(
         times,
         ["2026-03-08T08:00:00.000Z", "2026-03-08T07:00:00.000Z"]
@@ -468,13 +472,7 @@ async fn backfill_creates_one_run_per_slot_in_order_and_never_doubles(backend: B
             "2026-03-08T04:00",
         ],
     );
-    let zoned_times: Vec<&str> = zoned
-        .as_array()
-        .expect("a list")
-        .iter()
-        .map(|run| run["logical_time"].as_str().expect("logical time"))
-        .collect();
-    assert_eq!(zoned_times, times, "{zoned}");
+    assert_eq!(logical_times(&zoned), times, "{zoned}");
     let cron = axctl_ok(
         &cluster,
         &[

@@ -2,6 +2,7 @@
 
 pub mod client;
 pub mod codec;
+pub mod cut_off;
 pub mod overloaded;
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]

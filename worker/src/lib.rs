@@ -338,6 +338,8 @@ pub async fn run_with_stats(
     let mut refused_in_a_row = 0usize;
     // The last stream ended because its node asked this worker to move.
     let mut moving = false;
+    // Nodes in a row that answered they cannot reach their store.
+    let mut cut_off_in_a_row = 0;
     // Set once shutdown was requested and nothing runs any more: reports not yet delivered get
     // until then to find a stream.
     let mut give_up_at: Option<Instant> = None;
@@ -407,6 +409,11 @@ pub async fn run_with_stats(
                 continue;
             }
             Err(error) => {
+                cut_off_in_a_row = if error.is_node_cut_off() {
+                    cut_off_in_a_row + 1
+                } else {
+                    0
+                };
                 let refused = error.is_refused();
                 if refused {
                     context.liveness.refused(target.address);
@@ -423,10 +430,14 @@ pub async fn run_with_stats(
         if outcome.registered {
             backoff.reset();
         }
-        // A move costs no backoff, even when the node moved to does not take the worker.
-        if after_move {
+        // A move costs no backoff, even when the node moved to does not take the worker; nor
+        // does a node that cannot reach its store, while another node may (its workers must
+        // register elsewhere within the dead-worker threshold, part of which the node's
+        // silence in the store has used).
+        if after_move || (cut_off_in_a_row > 0 && cut_off_in_a_row < rotation.len()) {
             continue;
         }
+        cut_off_in_a_row = 0;
         if refused_in_a_row > 0 && refused_in_a_row < rotation.len() {
             continue;
         }

@@ -63,6 +63,11 @@ impl SessionError {
         }
         false
     }
+
+    /// The node cannot reach its store: another node may, at once.
+    pub fn is_node_cut_off(&self) -> bool {
+        matches!(self, SessionError::Status(status) if ax_proto::cut_off::is_cut_off(status))
+    }
 }
 
 /// How a connection ended well.

@@ -391,7 +391,5 @@ fn refusal_code(why: Refusal) -> tonic::Code {
 
 /// Why a node cut off from its store serves no worker: the worker goes to another node.
 pub fn cut_off_status(node_id: &str) -> Status {
-    Status::unavailable(format!(
-        "scheduler node {node_id} cannot reach its store; connect to another node"
-    ))
+    ax_proto::cut_off::status(node_id)
 }

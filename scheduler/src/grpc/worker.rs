@@ -183,16 +183,14 @@ impl WorkerService for WorkerApi {
         }
 
         // Re-attach: attempts the worker runs that are still current are adopted; the rest are
-        // stale and the worker kills them. Attempts it says ended are left to their reports,
-        // which follow on this stream.
+        // stale and the worker kills them. Attempts it says ended (up to thousands: it lists
+        // the ends acknowledged in its last 30 s too) are left to their reports, which follow
+        // on this stream, and cost the registration no read: a registration that reads one row
+        // per end takes seconds on a loaded store, and a worker moving between nodes must
+        // register well within the dead-worker threshold.
         let mut adopted = Vec::new();
         let mut stale = Vec::new();
-        let claimed = register
-            .running
-            .iter()
-            .map(|r| (r, true))
-            .chain(register.finished.iter().map(|r| (r, false)));
-        for (reference, running) in claimed {
+        for reference in &register.running {
             let instance = InstanceId(reference.instance_id);
             let attempt = Attempt(reference.attempt);
             let current = streams
@@ -211,13 +209,8 @@ impl WorkerService for WorkerApi {
                             InstanceState::Dispatched | InstanceState::Running
                         ) =>
                 {
-                    if running {
-                        adopted.push((instance, attempt));
-                    }
+                    adopted.push((instance, attempt));
                 }
-                // An ended attempt's report is still worth storing (a late ending); the store
-                // decides, and refuses what is not.
-                _ if !running => {}
                 _ => stale.push(*reference),
             }
         }

@@ -12,13 +12,14 @@
 //! still going (and of those that just ended) only, never the whole matrix; the stream sends
 //! only the columns whose content changed. It reads at most four times a second while runs
 //! change on this node and once a second otherwise (changes made by other nodes of a cluster
-//! wake nothing here), and not at all while the page is hidden: the page closes it then.
+//! wake nothing here), less often when a read takes long (a pause of ten times the read after
+//! it), and not at all while the page is hidden: the page closes it then.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::hash::{Hash, Hasher};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ax_proto::v1 as pb;
 use ax_proto::v1::control_service_server::ControlService;
@@ -33,8 +34,13 @@ use super::{Api, BadParam, Peer, answer, number, status_error};
 
 /// The shortest time between two reads while runs change.
 const MIN_INTERVAL: Duration = Duration::from_millis(250);
-/// The longest: changes made by other nodes of a cluster wake nothing here.
+/// The longest wait for a change after the pause: changes made by other nodes of a cluster
+/// wake nothing here.
 const MAX_INTERVAL: Duration = Duration::from_secs(1);
+/// A read's time stretches the pause after it to this many times as long: a stream over a big
+/// workflow's many running runs (tens of thousands of cells a read) reads less often, and takes
+/// at most about a tenth of a core from the runs it shows.
+const PAUSE_PER_READ: u32 = 10;
 
 #[derive(Deserialize)]
 pub(super) struct GridQuery {
@@ -207,29 +213,31 @@ fn changes(
         window: Vec::new(),
     };
     // The state: the progress watch, the request, what was sent, whether the stream is over,
-    // and whether to wait before reading (right after an event, nothing has changed yet).
+    // and the pause before the next read (none before the first).
     futures::stream::unfold(
-        (progress, request, sent, false, false),
-        move |(mut progress, mut request, mut sent, done, mut wait)| {
+        (progress, request, sent, false, Duration::ZERO),
+        move |(mut progress, mut request, mut sent, done, mut pause)| {
             let (api, peer) = (api.clone(), peer.clone());
             async move {
                 if done {
                     return None;
                 }
                 loop {
-                    if wait {
-                        tokio::time::sleep(MIN_INTERVAL).await;
+                    if !pause.is_zero() {
+                        tokio::time::sleep(pause).await;
                         let _ = tokio::time::timeout(MAX_INTERVAL, progress.changed()).await;
                     }
-                    wait = true;
-                    match next_event(&api, &peer, &mut request, &mut sent).await {
+                    let started = Instant::now();
+                    let read = next_event(&api, &peer, &mut request, &mut sent).await;
+                    pause = MIN_INTERVAL.max(started.elapsed() * PAUSE_PER_READ);
+                    match read {
                         Ok(Some(event)) => {
-                            return Some((Ok(event), (progress, request, sent, false, true)));
+                            return Some((Ok(event), (progress, request, sent, false, pause)));
                         }
                         Ok(None) => {}
                         Err(status) => {
                             let event = error_event(&status);
-                            return Some((Ok(event), (progress, request, sent, true, true)));
+                            return Some((Ok(event), (progress, request, sent, true, pause)));
                         }
                     }
                 }

@@ -22,16 +22,25 @@ export function showPrefs() {
   theme.setAttribute("aria-pressed", String(prefs.theme === "dark"));
 }
 
+/** Formatters by zone ("" for the browser's): making one costs far more than formatting with
+ *  it, and a page such as the grid formats hundreds of times. */
+const formatters = new Map();
+
 /** A stored time (ms since the epoch, as a string or number) in the chosen zone, or in `zone`
  *  (an IANA name) when given. */
 export function fmtTime(ms, zone) {
   const n = Number(ms || 0);
   if (!n) return "–";
-  const options = { year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23", timeZoneName: "short" };
-  if (zone) options.timeZone = zone;
-  else if (prefs.utc) options.timeZone = "UTC";
+  const timeZone = zone || (prefs.utc ? "UTC" : "");
   try {
-    return new Intl.DateTimeFormat("en-CA", options).format(new Date(n)).replace(",", "");
+    let format = formatters.get(timeZone);
+    if (!format) {
+      const options = { year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23", timeZoneName: "short" };
+      if (timeZone) options.timeZone = timeZone;
+      format = new Intl.DateTimeFormat("en-CA", options);
+      formatters.set(timeZone, format);
+    }
+    return format.format(new Date(n)).replace(",", "");
   } catch (_) {
     // A zone this browser does not know: the chosen zone, named as such.
     return fmtTime(n);

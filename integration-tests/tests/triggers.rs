@@ -310,8 +310,8 @@ async fn bad_params_are_refused_with_their_name_and_create_nothing(backend: Back
 }
 
 /// A workflow's declared params: `axctl get workflow` lists them (table and JSON), a trigger's
-/// missing ones take their defaults (its tasks see them), a missing required one or a value outside the choices is refused naming it and
-/// creates nothing; a cron run and the dependency run it starts get their own defaults; a cron
+/// missing ones take their defaults (its tasks see them), a missing required one or a value
+/// outside the choices is refused naming it and creates nothing; a cron run and the dependency run it starts get their own defaults; a cron
 /// workflow may not require a param.
 async fn declared_params_fill_triggers_and_the_runs_nobody_gave_params_to(backend: Backend) {
     let (cluster, client) = cluster(backend).await;

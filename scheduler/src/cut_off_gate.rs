@@ -79,7 +79,7 @@ where
         let standing = self.layer.standing.clone();
         let node_id = self.layer.node_id.clone();
         let refused = move || {
-            let status = crate::grpc::convert::cut_off_status(&node_id);
+            let status = ax_proto::cut_off::status(&node_id);
             if grpc {
                 status.into_http::<tonic::body::Body>()
             } else {

@@ -333,13 +333,12 @@ pub async fn run_with_stats(
         context.options.reconnect_max,
     );
     let mut epoch = 0u64;
-    // Addresses that refused a connection in a row: until every one in the pass has, the next
-    // is tried at once (all of them down is what lets the fence wait; see `fence`).
-    let mut refused_in_a_row = 0usize;
+    // Addresses in a row that refused a connection or answered that their node cannot reach
+    // its store: until every one in the pass has, the next is tried at once (only refusals
+    // count for the fence: all nodes down is what lets it wait; see `fence`).
+    let mut turned_away_in_a_row = 0usize;
     // The last stream ended because its node asked this worker to move.
     let mut moving = false;
-    // Nodes in a row that answered they cannot reach their store.
-    let mut cut_off_in_a_row = 0;
     // Set once shutdown was requested and nothing runs any more: reports not yet delivered get
     // until then to find a stream.
     let mut give_up_at: Option<Instant> = None;
@@ -404,22 +403,21 @@ pub async fn run_with_stats(
                     );
                 });
                 backoff.reset();
-                refused_in_a_row = 0;
+                turned_away_in_a_row = 0;
                 moving = true;
                 continue;
             }
             Err(error) => {
-                cut_off_in_a_row = if error.is_node_cut_off() {
-                    cut_off_in_a_row + 1
-                } else {
-                    0
-                };
                 let refused = error.is_refused();
                 if refused {
                     context.liveness.refused(target.address);
-                    refused_in_a_row += 1;
+                }
+                // A node that cannot reach its store sends the worker on as a refusal does,
+                // though it proves nothing about liveness: another node may take it.
+                if refused || error.is_node_cut_off() {
+                    turned_away_in_a_row += 1;
                 } else {
-                    refused_in_a_row = 0;
+                    turned_away_in_a_row = 0;
                 }
                 let error = error_chain(&error);
                 span.in_scope(|| {
@@ -430,18 +428,17 @@ pub async fn run_with_stats(
         if outcome.registered {
             backoff.reset();
         }
-        // A move costs no backoff, even when the node moved to does not take the worker; nor
-        // does a node that cannot reach its store, while another node may (its workers must
-        // register elsewhere within the dead-worker threshold, part of which the node's
-        // silence in the store has used).
-        if after_move || (cut_off_in_a_row > 0 && cut_off_in_a_row < rotation.len()) {
+        // A move costs no backoff, even when the node moved to does not take the worker.
+        if after_move {
             continue;
         }
-        cut_off_in_a_row = 0;
-        if refused_in_a_row > 0 && refused_in_a_row < rotation.len() {
+        // Nor does a node that refused or cannot reach its store while another may take the
+        // worker (a cut-off node's silence in the store has used part of the dead-worker
+        // threshold in which its workers must register elsewhere).
+        if turned_away_in_a_row > 0 && turned_away_in_a_row < rotation.len() {
             continue;
         }
-        refused_in_a_row = 0;
+        turned_away_in_a_row = 0;
         pause(&context, &mut backoff, &shutdown).await;
     }
     context.tracker.close();

@@ -375,7 +375,7 @@ pub fn worker_frame(message: ToWorker) -> Result<pb::SchedulerMessage, Status> {
         ToWorker::MoveElsewhere { reason, to_address } => {
             Body::MoveElsewhere(pb::MoveElsewhere { reason, to_address })
         }
-        ToWorker::CutOff { node_id } => return Err(cut_off_status(&node_id)),
+        ToWorker::CutOff { node_id } => return Err(ax_proto::cut_off::status(&node_id)),
     };
     Ok(pb::SchedulerMessage { body: Some(body) })
 }
@@ -387,9 +387,4 @@ fn refusal_code(why: Refusal) -> tonic::Code {
         Refusal::Unknown => tonic::Code::NotFound,
         Refusal::Stale => tonic::Code::FailedPrecondition,
     }
-}
-
-/// Why a node cut off from its store serves no worker: the worker goes to another node.
-pub fn cut_off_status(node_id: &str) -> Status {
-    ax_proto::cut_off::status(node_id)
 }

@@ -173,7 +173,7 @@ impl WorkerService for WorkerApi {
             return Err(Status::unauthenticated(why));
         }
         if streams.standing.is_cut_off() {
-            return Err(convert::cut_off_status(&streams.node_id));
+            return Err(ax_proto::cut_off::status(&streams.node_id));
         }
         let silent_after_ms =
             streams.heartbeat_interval.as_millis() as i64 * SILENT_AFTER_HEARTBEATS;

@@ -30,7 +30,11 @@ pub const HANG_GUARD: Duration = Duration::from_secs(60);
 const HEARTBEAT_INTERVAL: &str = "500ms";
 
 /// The log level of a test's processes: tests read their `info` lines.
-const TEST_LOG: &str = "info";
+/// The `RUST_LOG` of the processes a test starts: `AX_TEST_TRACE` when set (it must keep
+/// `info`, which tests read: `info,ax_worker=debug`), else `info`.
+fn test_log() -> String {
+    std::env::var("AX_TEST_TRACE").unwrap_or_else(|_| "info".into())
+}
 
 /// How often a scheduler start is retried when its port was taken by someone else meanwhile.
 const BIND_ATTEMPTS: u32 = 10;
@@ -56,7 +60,7 @@ impl Process {
         dir: &Path,
         log: PathBuf,
     ) -> anyhow::Result<Self> {
-        Self::start(name, program, args, dir, log, false, Some(TEST_LOG))
+        Self::start(name, program, args, dir, log, false, Some(&test_log()))
     }
 
     /// [`Process::spawn`] for a wrapper whose program is its child (`faketime PROGRAM …`): both
@@ -70,7 +74,7 @@ impl Process {
         dir: &Path,
         log: PathBuf,
     ) -> anyhow::Result<Self> {
-        Self::start(name, program, args, dir, log, true, Some(TEST_LOG))
+        Self::start(name, program, args, dir, log, true, Some(&test_log()))
     }
 
     /// `RUST_LOG` is `rust_log`, or unset (the program's default) when `None`.
@@ -303,7 +307,7 @@ impl Default for SchedulerSettings {
             open_files: None,
             node_store_urls: Vec::new(),
             extra_args: Vec::new(),
-            rust_log: Some(TEST_LOG.into()),
+            rust_log: Some(test_log()),
             binaries: None,
         }
     }

@@ -296,6 +296,15 @@ impl BatchPath {
     async fn answer(&self, batch: &[Envelope], results: Vec<ReportResult>) -> Effects {
         let mut effects = Effects::default();
         for (envelope, result) in batch.iter().zip(results) {
+            if let Report::Finished {
+                instance_id,
+                attempt,
+                ..
+            } = &envelope.report
+            {
+                // One line per end, for following an attempt's end through a fault.
+                tracing::debug!(instance = %instance_id, %attempt, worker = %envelope.worker, from_worker = envelope.from_worker, ?result, "attempt end stored");
+            }
             match (&envelope.report, result) {
                 (report, ReportResult::Applied(applied)) => {
                     self.applied(envelope, report, applied, &mut effects).await

@@ -787,6 +787,7 @@ impl Attempts {
             last_sent_at: sent_at,
             acked: false,
         });
+        tracing::debug!(instance = key.instance_id, attempt = key.attempt, stream = ?link.as_ref().map(|link| link.epoch), "attempt ended");
         Some((link?, wrap(Body::Finished(message))))
     }
 

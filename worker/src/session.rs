@@ -414,6 +414,11 @@ impl Session {
                 );
             }
             Some(scheduler_message::Body::FinishedAck(ack)) => {
+                tracing::debug!(
+                    instance = ack.instance_id,
+                    attempt = ack.attempt,
+                    "end acknowledged"
+                );
                 attempts.finished_acked(AttemptKey {
                     instance_id: ack.instance_id,
                     attempt: ack.attempt,

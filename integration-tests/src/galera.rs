@@ -106,6 +106,35 @@ pub async fn all_synced(within: Duration) -> anyhow::Result<()> {
     }
 }
 
+/// Member `n` with its applying of the others' commits paused, until [`Paused::resume`]:
+/// `FLUSH TABLES WITH READ LOCK` desyncs it, so the others commit on without waiting for it,
+/// its plain reads fall behind theirs, and its own writes wait. A causal read there
+/// (`wsrep_sync_wait`) waits for the resume. Dropped, its connection closes, which resumes too.
+pub struct Paused {
+    conn: sqlx::MySqlConnection,
+}
+
+pub async fn pause_applying(n: usize) -> anyhow::Result<Paused> {
+    let mut conn = sqlx::MySqlConnection::connect(&server_url(n))
+        .await
+        .with_context(|| format!("connecting to Galera member {n}"))?;
+    sqlx::query("FLUSH TABLES WITH READ LOCK")
+        .execute(&mut conn)
+        .await
+        .with_context(|| format!("pausing member {n}"))?;
+    Ok(Paused { conn })
+}
+
+impl Paused {
+    pub async fn resume(mut self) -> anyhow::Result<()> {
+        sqlx::query("UNLOCK TABLES")
+            .execute(&mut self.conn)
+            .await
+            .context("resuming the member")?;
+        Ok(())
+    }
+}
+
 /// A database of one test on the cluster: created on member 1, dropped by
 /// [`GaleraDb::drop_database`].
 pub struct GaleraDb {

@@ -7,7 +7,9 @@
 //! Galera (a member killed under load, nodes killed, the per-second cron soak) are in
 //! `cluster_faults`. A member isolated from the others (`gmcast.isolate`, outside the primary
 //! component) cuts off its node, which then answers every API call and registration with
-//! UNAVAILABLE at once, and no node starts on it.
+//! UNAVAILABLE at once, and no node starts on it. A worker that moves, with a task running, to a
+//! node whose member has not yet applied that task's dispatch keeps it: the registration waits
+//! for the member (a causal read) rather than judge the task unknown and kill it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -27,6 +29,7 @@ pub(crate) fn tests() -> Vec<Test> {
         trial!(async(multi_thread = 2) galera_three_nodes_started_together_on_an_empty_database_all_start).requires(&GALERA),
         trial!(async(multi_thread = 2) galera_one_active_run_holds_when_every_node_triggers_at_once).requires(&GALERA),
         trial!(async(multi_thread = 2) galera_a_node_whose_member_leaves_the_cluster_is_cut_off_and_refuses_at_once).requires(&GALERA),
+        trial!(async(multi_thread = 2) galera_a_worker_moving_to_a_member_that_lags_keeps_its_running_task).requires(&GALERA),
     ]
 }
 
@@ -303,4 +306,131 @@ async fn register(endpoint: &str) -> Result<(), tonic::Status> {
         .await?
         .into_inner();
     inbound.message().await.map(|_| ())
+}
+
+/// Two nodes on members 1 and 2 and one worker. The member of the node the worker is not on is
+/// paused (it stops applying the others' commits) before a run is triggered, so the run, its
+/// dispatch and the task's start exist on the worker's member only. That node stops; the worker
+/// moves to the other with the task running. Read there without waiting, the task's attempt
+/// does not exist and the worker would be told to kill it (what happened under a member's
+/// death: a success never stored, its attempt RUNNING for good). The registration waits for
+/// the member instead; once it is resumed, the task is adopted and its end stored, once.
+async fn galera_a_worker_moving_to_a_member_that_lags_keeps_its_running_task() {
+    let _alone = galera::exclusive().await;
+    let db = GaleraDb::create().await.expect("a Galera database");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let effects = dir.path().join("effects");
+    // The dead-worker threshold Galera needs (20 s: a commit stall must not outlast half of
+    // it), which also lets the worker wait out the pause without fencing itself.
+    let patient = |url: String, id: &str| SchedulerOptions {
+        dead_after_missed_heartbeats: 40,
+        ..node(url, id)
+    };
+    let (a, b) = tokio::join!(
+        ax_scheduler::start(patient(db.url(1), "n1")),
+        ax_scheduler::start(patient(db.url(2), "n2")),
+    );
+    let mut nodes: Vec<Option<RunningScheduler>> =
+        vec![Some(a.expect("n1 starts")), Some(b.expect("n2 starts"))];
+    let endpoints: Vec<String> = nodes
+        .iter()
+        .flatten()
+        .map(|node| format!("http://{}", node.local_addr()))
+        .collect();
+    let mut clients = Vec::new();
+    for endpoint in &endpoints {
+        clients.push(TestClient::connect(endpoint).await.expect("client"));
+    }
+    let worker = CancellationToken::new();
+    let options = WorkerOptions {
+        endpoints: endpoints.clone(),
+        worker_id: "w1".into(),
+        state_dir: Some(ax_integration_tests::fresh_state_dir()),
+        capacity: 2,
+        heartbeat_interval: Duration::from_millis(500),
+        ..WorkerOptions::default()
+    };
+    let worker_task = tokio::spawn(ax_worker::run(options, worker.clone()));
+    clients[0]
+        .wait_worker_live("w1", HANG_GUARD)
+        .await
+        .expect("w1 live");
+    let on = |node: &str| usize::from(node == "n2");
+    let held_by = clients[0]
+        .workers()
+        .await
+        .expect("workers")
+        .into_iter()
+        .find(|w| w.id == "w1")
+        .map(|w| on(&w.scheduler_node))
+        .expect("w1 listed");
+    let other = 1 - held_by;
+    let command = script(dir.path(), "long", &effects, "sleep 4");
+    let yaml = format!(
+        "name: long\ntasks:\n  - name: step\n    command: \"{}\"\n",
+        command.replace('\\', "\\\\").replace('"', "\\\"")
+    );
+    clients[held_by].apply(&yaml).await.expect("apply");
+    galera::all_synced(HANG_GUARD)
+        .await
+        .expect("the workflow on every member");
+
+    let paused = galera::pause_applying(other + 1)
+        .await
+        .expect("pause the other member");
+    let run = clients[held_by]
+        .trigger_run("long")
+        .await
+        .expect("trigger")
+        .id;
+    clients[held_by]
+        .wait_instance(run, "step", pb::InstanceState::Running)
+        .await
+        .expect("the task runs");
+    nodes[held_by]
+        .take()
+        .expect("the worker's node")
+        .shutdown()
+        .await
+        .expect("the worker's node stops");
+    // Long enough for the worker to be at the other node's door, short of that node's cut-off
+    // (its own writes wait too).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    paused.resume().await.expect("resume the member");
+    galera::all_synced(HANG_GUARD)
+        .await
+        .expect("the member catches up");
+
+    let ended = clients[other]
+        .wait_run_within(run, HANG_GUARD)
+        .await
+        .expect("the run ends");
+    let instances = clients[other].instances(run).await.expect("instances");
+    assert_eq!(ended.state(), pb::RunState::Success, "{instances:#?}");
+    assert_eq!(
+        instances[0].attempt, 1,
+        "the task ran again: {instances:#?}"
+    );
+    let notes = read_notes(&effects);
+    let starts = notes.iter().filter(|n| n.what == "start").count();
+    let ends = notes.iter().filter(|n| n.what == "end").count();
+    assert_eq!((starts, ends), (1, 1), "{notes:#?}");
+    let moved_to = clients[other]
+        .workers()
+        .await
+        .expect("workers")
+        .into_iter()
+        .find(|w| w.id == "w1")
+        .map(|w| w.scheduler_node);
+    println!(
+        "w1 moved from n{} to {moved_to:?} with its task running; it ended once",
+        held_by + 1
+    );
+
+    worker.cancel();
+    let _ = tokio::time::timeout(HANG_GUARD, worker_task).await;
+    for node in nodes.into_iter().flatten() {
+        node.shutdown().await.expect("shutdown");
+    }
+    db.drop_database().await.expect("drop the database");
 }

@@ -175,6 +175,17 @@ impl WorkerService for WorkerApi {
         if streams.standing.is_cut_off() {
             return Err(ax_proto::cut_off::status(&streams.node_id));
         }
+        // A member of a multi-primary cluster may not have applied yet what another node wrote
+        // of this worker and its attempts (their dispatch, on the worker's previous node):
+        // judged on such a read, a running attempt would be called stale and killed, or an end
+        // the worker replays refused as not its own, and as those decisions write nothing, no
+        // certification would catch them. The reads of this registration, and the reports that
+        // follow it, wait for the member first (at once on a single server).
+        streams
+            .store
+            .catch_up_with_the_cluster()
+            .await
+            .map_err(|err| Status::unavailable(format!("store: {err}")))?;
         let silent_after_ms =
             streams.heartbeat_interval.as_millis() as i64 * SILENT_AFTER_HEARTBEATS;
         if let Err(why) = live_elsewhere(&streams, &profile, silent_after_ms).await? {

@@ -710,6 +710,14 @@ impl Store {
         self.engine
     }
 
+    /// Waits until this node's database server has applied what its cluster committed before
+    /// the call, so that the reads after it are at least that new; returns at once on a single
+    /// server. A member of a multi-primary cluster applies the others' commits a moment after
+    /// they return (longer while the cluster drops a member), and a read there may not see them.
+    pub async fn catch_up_with_the_cluster(&self) -> Result<()> {
+        engine::catch_up(&self.pool, self.engine).await
+    }
+
     /// How long the database may hold every commit while its cluster drops a member that
     /// stopped answering (Galera's `evs.suspect_timeout`); `None` on a single server. A node
     /// must not take such a stall for being cut off.

@@ -77,6 +77,36 @@ pub(crate) async fn detect(pool: &AnyPool) -> Result<Engine> {
     Ok(Engine::Single)
 }
 
+/// Waits until this server has applied what the cluster committed before the call: a causal
+/// read (Galera's `wsrep_sync_wait`, Group Replication's `group_replication_consistency =
+/// BEFORE`), after which every read on this server, on any connection, sees at least that.
+/// Nothing on a single server. A member certifies what a transaction *writes*; a decision that
+/// writes nothing (a worker's attempt judged unknown and killed) needs this instead.
+pub(crate) async fn catch_up(pool: &AnyPool, engine: Engine) -> Result<()> {
+    let (set, reset) = match engine {
+        Engine::Single => return Ok(()),
+        Engine::Galera => (
+            "SET SESSION wsrep_sync_wait = 1",
+            "SET SESSION wsrep_sync_wait = DEFAULT",
+        ),
+        Engine::GroupReplication => (
+            "SET SESSION group_replication_consistency = 'BEFORE'",
+            "SET SESSION group_replication_consistency = DEFAULT",
+        ),
+    };
+    let mut c = pool.acquire().await?;
+    sqlx::query(set).execute(&mut *c).await?;
+    let read = sqlx::query("SELECT COUNT(*) FROM ax_migration_lock")
+        .fetch_one(&mut *c)
+        .await;
+    if sqlx::query(reset).execute(&mut *c).await.is_err() {
+        // The session would keep waiting on every read: it is not handed out again.
+        c.close_on_drop();
+    }
+    read?;
+    Ok(())
+}
+
 /// How long the cluster may hold every commit while it drops a member that stopped answering:
 /// Galera waits `evs.suspect_timeout` (5 s by default) before it suspects the member, and only
 /// then forms a new view. `None` on a single server, and on Group Replication (whose members

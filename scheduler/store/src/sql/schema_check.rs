@@ -126,7 +126,9 @@ pub(crate) async fn migrate_alone(
         tokio::time::sleep(LOCK_POLL).await;
         holder = take_migration_lock(store, &owner).await?;
     }
-    catch_up_with_the_cluster(store).await?;
+    // The node before may have just released the lock: on a cluster member its migrations may
+    // not be applied here yet (seen on Galera: the schema release record missing).
+    store.catch_up_with_the_cluster().await?;
     let renewing = async {
         loop {
             tokio::time::sleep(LOCK_RENEW_EVERY).await;
@@ -145,28 +147,6 @@ pub(crate) async fn migrate_alone(
         .execute(&store.pool)
         .await;
     migrated
-}
-
-/// On a Galera node, waits until this database server has applied what the cluster committed
-/// before now. Galera certifies a commit on every server but applies it on the others a moment
-/// later: a node that takes the lock just after another released it could otherwise read the
-/// tables of that node's migrations without their rows yet (seen: the schema release record
-/// missing). One causal read (`wsrep_sync_wait`) covers every later read of this server.
-async fn catch_up_with_the_cluster(store: &Store) -> Result<()> {
-    if store.engine != super::engine::Engine::Galera {
-        return Ok(());
-    }
-    let mut c = store.pool.acquire().await?;
-    sqlx::query("SET SESSION wsrep_sync_wait = 1")
-        .execute(&mut *c)
-        .await?;
-    sqlx::query("SELECT COUNT(*) FROM ax_migration_lock")
-        .fetch_one(&mut *c)
-        .await?;
-    sqlx::query("SET SESSION wsrep_sync_wait = 0")
-        .execute(&mut *c)
-        .await?;
-    Ok(())
 }
 
 /// Takes the migration lock for `owner` when it is free or expired, or renews it when `owner`

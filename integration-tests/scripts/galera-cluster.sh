@@ -47,6 +47,9 @@ wsrep_node_name = n$n
 wsrep_node_address = 127.0.0.1:457$n
 wsrep_provider_options = "gmcast.listen_addr=tcp://127.0.0.1:457$n;ist.recv_addr=127.0.0.1:458$n;gcache.size=64M"
 wsrep_sst_method = rsync
+# Certification conflicts and brute-force aborts in error.log: what a fault test's failure is
+# read against.
+wsrep_log_conflicts = ON
 wsrep_sst_receive_address = 127.0.0.1:459$n
 EOF
 }

@@ -249,11 +249,32 @@ impl Nodes {
         runs
     }
 
+    /// The instances of `run` not ended yet, with their attempts, as each node reads them from
+    /// its own store (on Galera, its own member): what a run that does not end is waiting for.
+    async fn unfinished(&self, run: i64) -> String {
+        let mut seen = String::new();
+        for (index, client) in self.clients.iter().enumerate() {
+            let unfinished = client.instances(run).await.map(|instances| {
+                instances
+                    .into_iter()
+                    .filter(|i| matches!(i.state(), S::Waiting | S::Dispatched | S::Running))
+                    .collect::<Vec<_>>()
+            });
+            seen.push_str(&format!(
+                "unfinished as {} reads them: {unfinished:#?}\n",
+                self.id(index)
+            ));
+        }
+        seen
+    }
+
     /// Waits for the DAG runs to end and checks every invariant; returns the instances.
     async fn finish_dag_runs(&self, runs: &[i64]) -> Vec<pb::Instance> {
         let client = &self.clients[0];
         for run in runs {
-            client.wait_run(*run).await.expect("the run ends");
+            if let Err(err) = client.wait_run(*run).await {
+                panic!("the run ends: {err:#}\n{}", self.unfinished(*run).await);
+            }
         }
         let instances =
             check_invariants_of_runs(client, runs, &self.effects, Lines::Exactly(LINES.into()))

@@ -300,10 +300,20 @@ impl BatchPath {
                 instance_id,
                 attempt,
                 ..
+            }
+            | Report::Started {
+                instance_id,
+                attempt,
+                ..
             } = &envelope.report
             {
-                // One line per end, for following an attempt's end through a fault.
-                tracing::debug!(instance = %instance_id, %attempt, worker = %envelope.worker, from_worker = envelope.from_worker, ?result, "attempt end stored");
+                // One line per start and end, for following an attempt through a fault.
+                let kind = if ends_attempt(&envelope.report) {
+                    "end"
+                } else {
+                    "start"
+                };
+                tracing::debug!(instance = %instance_id, %attempt, worker = %envelope.worker, from_worker = envelope.from_worker, kind, ?result, "attempt report stored");
             }
             match (&envelope.report, result) {
                 (report, ReportResult::Applied(applied)) => {

@@ -163,4 +163,24 @@ mod tests {
         served.sort();
         assert_eq!(on_disk, served);
     }
+
+    /// The page asks for every module at once (`modulepreload`) rather than level by level as
+    /// imports are parsed: a module missing from its list would load a round trip later.
+    #[test]
+    fn the_page_preloads_every_module_it_imports() {
+        let mut preloaded: Vec<&str> = INDEX
+            .body
+            .lines()
+            .filter_map(|line| line.strip_prefix("<link rel=\"modulepreload\" href=\"/assets/"))
+            .filter_map(|rest| rest.strip_suffix("\">"))
+            .collect();
+        preloaded.sort();
+        let mut modules: Vec<&str> = FILES
+            .iter()
+            .filter(|asset| asset.name.ends_with(".js") && asset.name != "app.js")
+            .map(|asset| asset.name)
+            .collect();
+        modules.sort();
+        assert_eq!(preloaded, modules);
+    }
 }

@@ -355,6 +355,13 @@ tasks:
     client.apply(&source).await.expect("apply");
     let run = client.trigger_run("lost_output").await.expect("trigger").id;
     wait_file(&dir.join("written"), "attempt 1 wrote its output").await;
+    // The start stored too: a worker that dies before it is (under load its report can lag the
+    // task) has the attempt withdrawn and run again without counting against retries, which is
+    // another case than this one.
+    client
+        .wait_instance(run, "list", S::Running)
+        .await
+        .expect("attempt 1's start stored");
     cluster.kill_worker("a").await.expect("SIGKILL worker a");
     cluster
         .start_live_worker("b", &worker)

@@ -33,6 +33,33 @@ pub(crate) fn tests() -> Vec<Test> {
     ]
 }
 
+/// Worker `w1` in this process, knowing `endpoints`, LIVE as `client` sees it; cancel the token
+/// to stop it.
+async fn live_worker(
+    client: &TestClient,
+    endpoints: Vec<String>,
+    capacity: u32,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let worker = CancellationToken::new();
+    let options = WorkerOptions {
+        endpoints,
+        worker_id: "w1".into(),
+        state_dir: Some(ax_integration_tests::fresh_state_dir()),
+        capacity,
+        heartbeat_interval: Duration::from_millis(500),
+        ..WorkerOptions::default()
+    };
+    let task = tokio::spawn(ax_worker::run(options, worker.clone()));
+    client
+        .wait_worker_live("w1", HANG_GUARD)
+        .await
+        .expect("w1 live");
+    (worker, task)
+}
+
 /// Rounds of the run-limit race: each triggers the workflow on the three nodes at once.
 const ROUNDS: usize = 18;
 /// What a test waits for at most before it calls a hang a failure.
@@ -91,20 +118,8 @@ async fn galera_one_active_run_holds_when_every_node_triggers_at_once() {
         let endpoint = format!("http://{}", node.local_addr());
         clients.push(TestClient::connect(&endpoint).await.expect("client"));
     }
-    let worker = CancellationToken::new();
-    let options = WorkerOptions {
-        endpoints: clients.iter().map(|c| c.endpoint().to_string()).collect(),
-        worker_id: "w1".into(),
-        state_dir: Some(ax_integration_tests::fresh_state_dir()),
-        capacity: 8,
-        heartbeat_interval: Duration::from_millis(500),
-        ..WorkerOptions::default()
-    };
-    let worker_task = tokio::spawn(ax_worker::run(options, worker.clone()));
-    clients[0]
-        .wait_worker_live("w1", HANG_GUARD)
-        .await
-        .expect("w1 live");
+    let endpoints: Vec<String> = clients.iter().map(|c| c.endpoint().to_string()).collect();
+    let (worker, worker_task) = live_worker(&clients[0], endpoints, 8).await;
     let command = script(dir.path(), "serial", &effects, "sleep 0.2");
     let yaml = format!(
         "name: serial\nschedule:\n  max_active_runs: 1\ntasks:\n  - name: step\n    command: \"{}\"\n",
@@ -341,20 +356,7 @@ async fn galera_a_worker_moving_to_a_member_that_lags_keeps_its_running_task() {
     for endpoint in &endpoints {
         clients.push(TestClient::connect(endpoint).await.expect("client"));
     }
-    let worker = CancellationToken::new();
-    let options = WorkerOptions {
-        endpoints: endpoints.clone(),
-        worker_id: "w1".into(),
-        state_dir: Some(ax_integration_tests::fresh_state_dir()),
-        capacity: 2,
-        heartbeat_interval: Duration::from_millis(500),
-        ..WorkerOptions::default()
-    };
-    let worker_task = tokio::spawn(ax_worker::run(options, worker.clone()));
-    clients[0]
-        .wait_worker_live("w1", HANG_GUARD)
-        .await
-        .expect("w1 live");
+    let (worker, worker_task) = live_worker(&clients[0], endpoints, 2).await;
     let on = |node: &str| usize::from(node == "n2");
     let held_by = clients[0]
         .workers()

@@ -308,12 +308,7 @@ impl BatchPath {
             } = &envelope.report
             {
                 // One line per start and end, for following an attempt through a fault.
-                let kind = if ends_attempt(&envelope.report) {
-                    "end"
-                } else {
-                    "start"
-                };
-                tracing::debug!(instance = %instance_id, %attempt, worker = %envelope.worker, from_worker = envelope.from_worker, kind, ?result, "attempt report stored");
+                tracing::debug!(instance = %instance_id, %attempt, worker = %envelope.worker, from_worker = envelope.from_worker, end = ends_attempt(&envelope.report), ?result, "attempt report stored");
             }
             match (&envelope.report, result) {
                 (report, ReportResult::Applied(applied)) => {
